@@ -1,0 +1,54 @@
+"""``chestnut``: the one command-line entry point.
+
+Subcommands are loaded lazily (importing tinygrad costs seconds): each row of :data:`COMMANDS`
+names the module that implements it. A module provides ``add_arguments(parser)`` and
+``run(args) -> int`` (the process exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "dump": ("chestnut.msgs.dump", "print live messages of a service"),
+    "record": ("chestnut.msgs.logger", "record every logged service to segment files"),
+    "twin": ("chestnut.backend.sim.cli", "run the Chestnut twin daemon and inject faults"),
+    "probe": ("chestnut.backend.probe", "run the qualification ladder against a dock or the twin"),
+    "run": ("chestnut.node.main", "run the supervised inference node"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="chestnut", description="Supervised inference node for the Chestnut USB GPU dock."
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (repeat for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        if name in sys.argv[1:2]:  # only the chosen command's module is imported
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    saved, sys.argv = sys.argv, [sys.argv[0], *argv]
+    try:
+        args = build_parser().parse_args(argv)
+    finally:
+        sys.argv = saved
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return int(importlib.import_module(args._module).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

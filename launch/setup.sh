@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Idempotent set-up of a chestnut checkout: system packages, a virtual environment in .venv and
+# the package with its dev extras. Safe to run again; does only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v clang >/dev/null || need_apt+=(clang)          # tinygrad's CPU device compiles with clang
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing system packages: ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.chestnut-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup: installing chestnut and its Python dependencies into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[dev]"
+  touch "$stamp"
+fi

@@ -1,0 +1,49 @@
+"""The service registry: every topic on the bus, its nominal rate and how it is logged.
+
+A service name is the name of the ``Event`` union member it carries (cereal's convention).
+``frequency_hz == 0`` means on demand: such a service is always *alive* and its rate is not checked.
+``decimation`` keeps every n-th message in a light ("qlog") log; ``None`` keeps none.
+Rates come from DESIGN.md: camera 20 Hz (openpilot's model rate), health 5 Hz, node state 1 Hz.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    frequency_hz: float  # Hz; 0 = on demand
+    should_log: bool
+    decimation: int | None  # keep every n-th message in the light log; None = never
+
+
+SERVICE_LIST: dict[str, Service] = {
+    s.name: s
+    for s in (
+        Service("initData", 0.0, True, 1),
+        Service("cameraFrame", 20.0, True, None),
+        Service("modelOutput", 20.0, True, 20),
+        Service("chestnutActive", 20.0, True, 1),
+        Service("chestnutHealth", 5.0, True, 1),
+        Service("nodeState", 1.0, True, 1),
+        Service("controlState", 20.0, True, 10),
+        Service("twinState", 1.0, True, 1),
+    )
+}
+
+
+class UnknownServiceError(KeyError):
+    """Raised for a service name that is not in :data:`SERVICE_LIST`."""
+
+    def __str__(self) -> str:
+        return f"unknown service {self.args[0]!r}; known services: {', '.join(sorted(SERVICE_LIST))}"
+
+
+def get_service(name: str) -> Service:
+    """Return the registry entry for ``name``; raises :class:`UnknownServiceError` if absent."""
+    try:
+        return SERVICE_LIST[name]
+    except KeyError:
+        raise UnknownServiceError(name) from None
