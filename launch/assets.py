@@ -1,0 +1,259 @@
+"""Real inputs, offline: the pretrained model and the real frames the main job uses.
+
+- Model: PaddleOCR's pretrained PP-OCRv4 text detector, ``ch_PP-OCRv4_det_infer.onnx``, shipped
+  inside the PyPI wheel ``rapidocr-onnxruntime==1.4.4`` (installed with ``--no-deps`` by
+  ``launch/setup.sh``). Input ``x`` float32 [N,3,H,W] (H, W multiples of 32, BGR,
+  ``(img/255 - 0.5)/0.5``), output float32 [N,1,H,W], a text probability in [0, 1] (FACTS.md §5).
+- Frames: ``images/traffic_sequence.mp4`` (350 real city-traffic frames, 704x576) and
+  ``images/road.png`` from the PyPI wheel ``mvtb-data==1.6.1``, decoded with PyAV.
+
+``chestnut model prepare`` turns any ONNX file into a *prepared* model the node can serve:
+symbolic input dimensions fixed to the configured shape, tinygrad 0.14's ``Resize``-roi problem
+repaired, checked (ONNX checker; agreement with onnxruntime within 1e-4 on a real frame), and a
+metadata file written beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chestnut.backend.errors import ModelError
+
+log = logging.getLogger("chestnut.assets")
+
+PPOCR_WHEEL = "rapidocr-onnxruntime==1.4.4"
+PPOCR_DET_FILE = "models/ch_PP-OCRv4_det_infer.onnx"
+FRAMES_WHEEL = "mvtb-data==1.6.1"
+DEFAULT_SHAPE: tuple[int, int, int, int] = (1, 3, 128, 256)  # N, C, H, W: openpilot's 128x256 model input
+AGREEMENT_TOL = 1e-4  # max |tinygrad - onnxruntime| accepted on a real frame (FACTS.md §5 measured ~2e-5)
+# tinygrad 0.14 rejects the empty `roi` of Resize; in `asymmetric` mode roi is never read, so any
+# well-formed value works. This one is the identity box for a 4-D tensor (ONNX Resize spec).
+IDENTITY_ROI = np.array([0, 0, 0, 0, 1, 1, 1, 1], dtype=np.float32)
+
+
+def cache_dir() -> Path:
+    """``$CHESTNUT_CACHE`` or ``~/.cache/chestnut``: prepared models and compile caches."""
+    return Path(os.environ.get("CHESTNUT_CACHE") or Path.home() / ".cache" / "chestnut")
+
+
+def _package_dir(module: str, wheel: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ModelError("missing_asset", f"the PyPI package {wheel} is not installed; run `bash launch/setup.sh`")
+    return Path(spec.origin).parent
+
+
+def ppocr_det_path() -> Path:
+    """Path of the original PP-OCRv4 detector inside the installed ``rapidocr_onnxruntime`` package."""
+    p = _package_dir("rapidocr_onnxruntime", PPOCR_WHEEL) / PPOCR_DET_FILE
+    if not p.is_file():
+        raise ModelError("missing_asset", f"{p} is missing from {PPOCR_WHEEL}")
+    return p
+
+
+def traffic_video_path() -> Path:
+    """Path of the real traffic video (350 frames, 704x576) in the ``mvtb-data`` wheel."""
+    return _package_dir("mvtbdata", FRAMES_WHEEL) / "images" / "traffic_sequence.mp4"
+
+
+def road_image_path() -> Path:
+    """Path of the real road image (driver's seat view) in the ``mvtb-data`` wheel."""
+    return _package_dir("mvtbdata", FRAMES_WHEEL) / "images" / "road.png"
+
+
+def read_image_bgr(path: Path, height: int, width: int) -> np.ndarray:
+    """Decode an image (any format FFmpeg reads) into uint8 [height, width, 3] BGR."""
+    import av
+
+    with av.open(str(path)) as container:
+        frame = next(container.decode(video=0))
+        return frame.to_ndarray(format="bgr24", width=width, height=height)
+
+
+def bgr_to_input(img: np.ndarray) -> np.ndarray:
+    """uint8 [H,W,3] BGR -> float32 [1,3,H,W] normalised as PP-OCR expects: ``(img/255 - 0.5)/0.5``."""
+    x = (img.astype(np.float32) / 255.0 - 0.5) / 0.5
+    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
+
+
+def repair_and_fix_shape(model: Any, input_shape: tuple[int, ...]) -> tuple[Any, int]:
+    """Fix the first graph input's dims to ``input_shape`` and give every ``Resize`` an explicit roi.
+
+    Returns (model, number of Resize nodes repaired). Raises ModelError if the rank differs.
+    """
+    from onnx import numpy_helper
+
+    inp = model.graph.input[0]
+    dims = inp.type.tensor_type.shape.dim
+    if len(dims) != len(input_shape):
+        raise ModelError("bad_input_shape", f"input {inp.name!r} has rank {len(dims)}, shape given {list(input_shape)}")
+    for d, v in zip(dims, input_shape, strict=True):
+        d.ClearField("dim_param")
+        d.dim_value = int(v)
+    # outputs: drop symbolic dims so shape inference recomputes them
+    for out in model.graph.output:
+        for d in out.type.tensor_type.shape.dim:
+            if d.HasField("dim_param"):
+                d.ClearField("dim_param")
+    constants = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant"}
+    repaired = 0
+    for node in model.graph.node:
+        if node.op_type != "Resize" or len(node.input) < 2 or not node.input[1]:
+            continue
+        roi = constants.get(node.input[1])
+        if roi is None:
+            continue
+        value = next((a for a in roi.attribute if a.name == "value"), None)
+        if value is not None and numpy_helper.to_array(value.t).size == 0:
+            value.t.CopyFrom(numpy_helper.from_array(IDENTITY_ROI, value.t.name))
+            repaired += 1
+    return model, repaired
+
+
+def rename_value(model: Any, old: str, new: str) -> None:
+    """Rename a value (node outputs, node inputs, graph outputs) throughout the graph."""
+    for node in model.graph.node:
+        for seq in (node.input, node.output):
+            for i, name in enumerate(seq):
+                if name == old:
+                    seq[i] = new
+    for v in (*model.graph.output, *model.graph.value_info):
+        if v.name == old:
+            v.name = new
+
+
+def expose_logits(model: Any, prob_name: str = "text_prob", logits_name: str = "text_logits") -> str | None:
+    """Add the input of a final ``Sigmoid`` as a second graph output; name them ``prob_name``/``logits_name``.
+
+    Returns the logits output's name, or None if the graph does not end in a Sigmoid.
+
+    A text-probability map of a frame without text is ~0 everywhere (sigmoid saturation), which makes
+    agreement and zero/stale checks weak; the pre-sigmoid logits carry the same decision with full
+    dynamic range. The computation is unchanged: only an output is added.
+    """
+    import onnx
+
+    outputs = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        if node.op_type == "Sigmoid" and node.output[0] in outputs and node.input[0] not in outputs:
+            inferred = onnx.shape_inference.infer_shapes(model)
+            info = next((v for v in inferred.graph.value_info if v.name == node.input[0]), None)
+            if info is None:
+                return None
+            out = model.graph.output.add()
+            out.CopyFrom(info)
+            sig_in, sig_out = str(node.input[0]), str(node.output[0])
+            rename_value(model, sig_out, prob_name)
+            rename_value(model, sig_in, logits_name)
+            return logits_name
+    return None
+
+
+def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_frame: np.ndarray | None) -> dict[str, Any]:
+    """Prepare ``src`` into ``out`` (+ ``out.with_suffix('.json')`` metadata); returns the metadata.
+
+    ``check_frame``: a uint8 [H,W,3] BGR real frame for the onnxruntime agreement check (PP-OCR
+    normalisation), or None to check on a fixed random input. Raises ModelError on any failed check.
+    """
+    import onnx
+
+    if not src.is_file():
+        raise ModelError("missing_model", f"model file {src} does not exist")
+    model = onnx.load(str(src))
+    model, repaired = repair_and_fix_shape(model, input_shape)
+    logits = expose_logits(model)
+    try:
+        onnx.checker.check_model(model)
+        model = onnx.shape_inference.infer_shapes(model)
+    except Exception as e:  # onnx raises its own ValidationError and friends
+        raise ModelError("bad_model", f"ONNX checker rejected the prepared model: {e}") from e
+    out.parent.mkdir(parents=True, exist_ok=True)
+    data = model.SerializeToString()
+    tmp = out.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, out)
+
+    x = bgr_to_input(check_frame) if check_frame is not None else \
+        np.random.default_rng(0).standard_normal(input_shape).astype(np.float32)
+    meta: dict[str, Any] = {
+        "source": str(src), "sha256": hashlib.sha256(data).hexdigest(), "input_name": model.graph.input[0].name,
+        "input_shape": list(input_shape), "resize_roi_repaired": repaired, "logits_output": logits,
+        "output_names": [o.name for o in model.graph.output], "prepared_unix_s": int(time.time()),
+    }
+    meta.update(agreement_check(out, {meta["input_name"]: x}))
+    if meta["max_abs_diff_vs_onnxruntime"] is not None and meta["max_abs_diff_vs_onnxruntime"] > AGREEMENT_TOL:
+        raise ModelError("bad_model", f"tinygrad and onnxruntime disagree by {meta['max_abs_diff_vs_onnxruntime']:.3g} "
+                         f"> {AGREEMENT_TOL} on the check frame")
+    out.with_suffix(".json").write_text(json.dumps(meta, indent=2))
+    return meta
+
+
+def agreement_check(path: Path, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Run ``path`` with tinygrad (CPU) and onnxruntime on ``inputs``; report the largest difference."""
+    from chestnut.fallback.model import OnnxModel
+
+    t0 = time.monotonic()
+    ours = OnnxModel(path).run(inputs)
+    first_call_s = time.monotonic() - t0
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return {"max_abs_diff_vs_onnxruntime": None, "first_call_s": first_call_s}
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
+    diff = max(float(np.max(np.abs(o - r))) for o, r in zip(ours.values(), ref, strict=True))
+    return {"max_abs_diff_vs_onnxruntime": diff, "first_call_s": first_call_s}
+
+
+def default_model_path() -> Path:
+    return cache_dir() / "models" / "ppocr_det_128x256.onnx"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True)
+    prep = sub.add_parser("prepare", help="fix shapes, repair, check and record a model for the node")
+    prep.add_argument("--onnx", type=Path, help="source ONNX file (default: PP-OCRv4 det from rapidocr-onnxruntime)")
+    prep.add_argument("--shape", default=",".join(map(str, DEFAULT_SHAPE)), help="input shape N,C,H,W")
+    prep.add_argument("--out", type=Path, help=f"prepared model path (default: {default_model_path()})")
+    prep.add_argument("--force", action="store_true", help="prepare again even if up to date")
+    sub.add_parser("paths", help="print where the model and frames are")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "paths":
+        for name, fn in (("model", default_model_path), ("ppocr_det", ppocr_det_path),
+                         ("traffic_video", traffic_video_path), ("road_image", road_image_path)):
+            try:
+                print(f"{name}: {fn()}")
+            except ModelError as e:
+                print(f"{name}: {e}")
+        return 0
+    shape = tuple(int(s) for s in args.shape.split(","))
+    src = args.onnx or ppocr_det_path()
+    out = args.out or (default_model_path() if args.onnx is None else cache_dir() / "models" / f"{src.stem}.onnx")
+    meta_path = out.with_suffix(".json")
+    if not args.force and out.is_file() and meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("source") == str(src) and meta.get("input_shape") == list(shape):
+            print(f"model ready: {out} (sha256 {meta['sha256'][:16]}, max |tinygrad-onnxruntime| "
+                  f"{meta['max_abs_diff_vs_onnxruntime']})")
+            return 0
+    frame = None
+    try:
+        frame = read_image_bgr(road_image_path(), shape[2], shape[3])
+    except ModelError as e:
+        log.warning("no real frame for the agreement check (%s); using a fixed random input", e)
+    print(f"preparing {src} -> {out} (input {list(shape)}); the first tinygrad run compiles, this takes a while")
+    meta = prepare_model(src, out, shape, frame)
+    print(f"model ready: {out} (sha256 {meta['sha256'][:16]}, {meta['resize_roi_repaired']} Resize nodes repaired, "
+          f"max |tinygrad-onnxruntime| {meta['max_abs_diff_vs_onnxruntime']:.2e}, first call {meta['first_call_s']:.1f} s)")
+    return 0
