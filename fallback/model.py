@@ -13,9 +13,11 @@ replays; input shapes and dtypes must never change afterwards, which :meth:`Onnx
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,9 @@ from typing import Any
 import numpy as np
 
 from chestnut.backend.errors import ConfigError, ModelError
+from chestnut.fallback.jitcache import CacheKey, JitCache
+
+log = logging.getLogger("chestnut.model")
 
 
 @dataclass(frozen=True)
@@ -64,16 +69,72 @@ def model_id(name: str, onnx_bytes: bytes) -> str:
     return f"{name}@{hashlib.sha256(onnx_bytes).hexdigest()[:16]}"
 
 
+def _graph_inputs(onnx_bytes: bytes, name: str, shapes: dict[str, tuple[int, ...]]) -> tuple[TensorSpec, ...]:
+    """Input specs read with the ``onnx`` package (initializers excluded); raises ModelError."""
+    import onnx
+    from onnx import helper
+
+    try:
+        graph = onnx.load_from_string(onnx_bytes).graph
+    except Exception as e:  # protobuf raises DecodeError and friends
+        raise ModelError("bad_model", f"{name} is not a readable ONNX model: {e}") from e
+    inits = {i.name for i in graph.initializer}
+    specs = []
+    for inp in graph.input:
+        if inp.name in inits:
+            continue
+        dims = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in inp.type.tensor_type.shape.dim)
+        shape = tuple(shapes[inp.name]) if inp.name in shapes else dims
+        if not all(isinstance(d, int) and d > 0 for d in shape):
+            raise ModelError(
+                "bad_input_shape", f"input {inp.name!r} of {name} has shape {list(dims)}; give a fixed shape"
+            )
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)).name
+        specs.append(TensorSpec(inp.name, tuple(int(d) for d in shape), dtype))
+    return tuple(specs)
+
+
+def verification_inputs(specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
+    """A fixed, seeded input per spec (floats ~ N(0,1), integers in [0, 100)): the compile cache's check input."""
+    rng = np.random.default_rng(20261130)
+    out = {}
+    for s in specs:
+        dt = np.dtype(s.dtype)
+        out[s.name] = (
+            rng.standard_normal(s.shape).astype(dt) if dt.kind == "f" else rng.integers(0, 100, s.shape).astype(dt)
+        )
+    return out
+
+
+def outputs_digest(outputs: dict[str, np.ndarray]) -> str:
+    """sha256 over the outputs' names, shapes, dtypes and bytes, in name order."""
+    h = hashlib.sha256()
+    for k in sorted(outputs):
+        a = np.ascontiguousarray(outputs[k])
+        h.update(f"{k}|{a.shape}|{a.dtype}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
 class OnnxModel:
-    """An ONNX model on the host CPU with fixed input shapes.
+    """An ONNX model on the host CPU (tinygrad, ``DEV=CPU``) with fixed input shapes, captured in a TinyJit.
 
     ``source`` is a path or the model's bytes. ``input_shapes`` fixes symbolic dimensions
-    (name -> shape); a graph input without a fixed shape and without an entry raises ModelError.
-    Raises :class:`ModelError` for a missing file or a graph tinygrad cannot parse.
+    (name -> shape). With ``jit_cache`` (a :class:`~chestnut.fallback.jitcache.JitCache`) the
+    captured JIT is loaded from / stored to the compile cache, and the model is ready (captured and
+    verified) when the constructor returns; ``progress`` receives one line per build phase.
+    Raises :class:`ModelError` for a missing file, an unreadable graph, a non-fixed input shape, or a
+    graph tinygrad cannot parse.
     """
 
-    def __init__(self, source: str | Path | bytes, name: str | None = None,
-                 input_shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+    def __init__(
+        self,
+        source: str | Path | bytes,
+        name: str | None = None,
+        input_shapes: dict[str, tuple[int, ...]] | None = None,
+        jit_cache: JitCache | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
         ensure_cpu_device()
         if isinstance(source, bytes):
             self.onnx_bytes = source
@@ -86,27 +147,61 @@ class OnnxModel:
             self.name = name or path.stem
         self.sha256 = hashlib.sha256(self.onnx_bytes).hexdigest()
         self.model_id = model_id(self.name, self.onnx_bytes)
+        self.inputs: tuple[TensorSpec, ...] = _graph_inputs(self.onnx_bytes, self.name, input_shapes or {})
+        self._outputs: tuple[TensorSpec, ...] | None = None
+        self._lock = threading.Lock()
+        self.cache_hit = False
+        from importlib.metadata import version
+
+        from tinygrad import Device, Tensor
+
+        tinygrad_version = version("tinygrad")
+
+        self._Tensor = Tensor
+        self._runner: Any = None
+        self._jit: Any = None
+        say = progress or (lambda _msg: None)
+        if jit_cache is None:
+            self._build_runner()
+            return
+        key = CacheKey(
+            self.sha256, tuple((s.name, s.shape, s.dtype) for s in self.inputs), Device.DEFAULT, tinygrad_version
+        )
+        if (hit := jit_cache.load(key)) is not None:
+            self._jit, meta = hit
+            self._outputs = tuple(TensorSpec.from_json(o) for o in meta["outputs"])
+            say(f"{self.name}: compile cache hit ({key.digest[:12]}), verifying")
+            if self._verify_digest() == meta["verify_digest"]:
+                self.cache_hit = True
+                return
+            log.warning("compile cache entry %s reproduced a different output; rebuilding", key.digest[:12])
+            self._outputs = None
+        say(f"{self.name}: parsing the ONNX graph")
+        self._build_runner()
+        say(f"{self.name}: first run (compiles every kernel; tens of seconds for a real model)")
+        self.run(self.zero_inputs())
+        say(f"{self.name}: capturing the JIT")
+        self.run(self.zero_inputs())
+        digest = self._verify_digest()
+        jit_cache.store(
+            key,
+            self._jit,
+            {"outputs": [o.to_json() for o in self.outputs], "verify_digest": digest, "model_name": self.name},
+        )
+        say(f"{self.name}: compiled and cached ({key.digest[:12]})")
+
+    def _build_runner(self) -> None:
         from tinygrad import Tensor, TinyJit, dtypes
         from tinygrad.nn.onnx import OnnxRunner
 
         try:
             self._runner = OnnxRunner(Tensor(self.onnx_bytes, dtype=dtypes.uint8))
-        except Exception as e:  # tinygrad raises plain exceptions for bad graphs
+        except Exception as e:  # tinygrad raises plain exceptions for graphs it cannot parse
             raise ModelError("bad_model", f"tinygrad could not parse {self.name}: {type(e).__name__}: {e}") from e
-        shapes = input_shapes or {}
-        self.inputs: tuple[TensorSpec, ...] = tuple(
-            self._input_spec(n, spec, shapes.get(n)) for n, spec in self._runner.graph_inputs.items()
-        )
-        self._Tensor = Tensor
         self._jit = TinyJit(self._forward)
-        self._lock = threading.Lock()
-        self._outputs: tuple[TensorSpec, ...] | None = None
 
-    def _input_spec(self, name: str, spec: Any, override: tuple[int, ...] | None) -> TensorSpec:
-        shape = tuple(override) if override is not None else tuple(spec.shape)
-        if not all(isinstance(d, int) and d > 0 for d in shape):
-            raise ModelError("bad_input_shape", f"input {name!r} has shape {spec.shape}; give a fixed shape")
-        return TensorSpec(name, shape, np.dtype(spec.dtype.fmt or "f").name if hasattr(spec.dtype, "fmt") else "float32")
+    def _verify_digest(self) -> str:
+        return outputs_digest(self.run(verification_inputs(self.inputs)))
 
     def _forward(self, **inputs: Any) -> dict[str, Any]:
         return {k: v.realize() for k, v in self._runner(inputs).items()}
@@ -126,7 +221,9 @@ class OnnxModel:
         for s in self.inputs:
             a = inputs[s.name]
             if tuple(a.shape) != s.shape or a.dtype != np.dtype(s.dtype):
-                raise ModelError("bad_input", f"input {s.name!r}: got {a.dtype}{list(a.shape)}, want {s.dtype}{list(s.shape)}")
+                raise ModelError(
+                    "bad_input", f"input {s.name!r}: got {a.dtype}{list(a.shape)}, want {s.dtype}{list(s.shape)}"
+                )
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once. ``inputs``: name -> array of the declared shape and dtype. Returns name -> a fresh array."""
@@ -148,5 +245,8 @@ class OnnxModel:
 
     def signature(self) -> dict[str, Any]:
         """``{"sha256", "inputs": [...], "outputs": [...]}`` as JSON-ready data."""
-        return {"sha256": self.sha256, "inputs": [s.to_json() for s in self.inputs],
-                "outputs": [s.to_json() for s in self.outputs]}
+        return {
+            "sha256": self.sha256,
+            "inputs": [s.to_json() for s in self.inputs],
+            "outputs": [s.to_json() for s in self.outputs],
+        }

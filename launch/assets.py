@@ -183,17 +183,28 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
     tmp.write_bytes(data)
     os.replace(tmp, out)
 
-    x = bgr_to_input(check_frame) if check_frame is not None else \
-        np.random.default_rng(0).standard_normal(input_shape).astype(np.float32)
+    x = (
+        bgr_to_input(check_frame)
+        if check_frame is not None
+        else np.random.default_rng(0).standard_normal(input_shape).astype(np.float32)
+    )
     meta: dict[str, Any] = {
-        "source": str(src), "sha256": hashlib.sha256(data).hexdigest(), "input_name": model.graph.input[0].name,
-        "input_shape": list(input_shape), "resize_roi_repaired": repaired, "logits_output": logits,
-        "output_names": [o.name for o in model.graph.output], "prepared_unix_s": int(time.time()),
+        "source": str(src),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "input_name": model.graph.input[0].name,
+        "input_shape": list(input_shape),
+        "resize_roi_repaired": repaired,
+        "logits_output": logits,
+        "output_names": [o.name for o in model.graph.output],
+        "prepared_unix_s": int(time.time()),
     }
     meta.update(agreement_check(out, {meta["input_name"]: x}))
     if meta["max_abs_diff_vs_onnxruntime"] is not None and meta["max_abs_diff_vs_onnxruntime"] > AGREEMENT_TOL:
-        raise ModelError("bad_model", f"tinygrad and onnxruntime disagree by {meta['max_abs_diff_vs_onnxruntime']:.3g} "
-                         f"> {AGREEMENT_TOL} on the check frame")
+        raise ModelError(
+            "bad_model",
+            f"tinygrad and onnxruntime disagree by {meta['max_abs_diff_vs_onnxruntime']:.3g} "
+            f"> {AGREEMENT_TOL} on the check frame",
+        )
     out.with_suffix(".json").write_text(json.dumps(meta, indent=2))
     return meta
 
@@ -230,8 +241,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "paths":
-        for name, fn in (("model", default_model_path), ("ppocr_det", ppocr_det_path),
-                         ("traffic_video", traffic_video_path), ("road_image", road_image_path)):
+        for name, fn in (
+            ("model", default_model_path),
+            ("ppocr_det", ppocr_det_path),
+            ("traffic_video", traffic_video_path),
+            ("road_image", road_image_path),
+        ):
             try:
                 print(f"{name}: {fn()}")
             except ModelError as e:
@@ -244,8 +259,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.force and out.is_file() and meta_path.is_file():
         meta = json.loads(meta_path.read_text())
         if meta.get("source") == str(src) and meta.get("input_shape") == list(shape):
-            print(f"model ready: {out} (sha256 {meta['sha256'][:16]}, max |tinygrad-onnxruntime| "
-                  f"{meta['max_abs_diff_vs_onnxruntime']})")
+            print(
+                f"model ready: {out} (sha256 {meta['sha256'][:16]}, max |tinygrad-onnxruntime| "
+                f"{meta['max_abs_diff_vs_onnxruntime']})"
+            )
             return 0
     frame = None
     try:
@@ -254,6 +271,9 @@ def run(args: argparse.Namespace) -> int:
         log.warning("no real frame for the agreement check (%s); using a fixed random input", e)
     print(f"preparing {src} -> {out} (input {list(shape)}); the first tinygrad run compiles, this takes a while")
     meta = prepare_model(src, out, shape, frame)
-    print(f"model ready: {out} (sha256 {meta['sha256'][:16]}, {meta['resize_roi_repaired']} Resize nodes repaired, "
-          f"max |tinygrad-onnxruntime| {meta['max_abs_diff_vs_onnxruntime']:.2e}, first call {meta['first_call_s']:.1f} s)")
+    print(
+        f"model ready: {out} (sha256 {meta['sha256'][:16]}, {meta['resize_roi_repaired']} Resize nodes repaired, "
+        f"max |tinygrad-onnxruntime| {meta['max_abs_diff_vs_onnxruntime']:.2e}, "
+        f"first call {meta['first_call_s']:.1f} s)"
+    )
     return 0
