@@ -10,10 +10,10 @@ model and configuration problems are not dock faults and have their own classes.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class Layer(str, Enum):
+class Layer(StrEnum):
     """A health layer; the values match ``LayerHealth.Layer`` in ``msgs/chestnut.capnp``."""
 
     USB = "usb"

@@ -9,7 +9,7 @@ errors of :mod:`chestnut.backend.errors`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,7 +19,7 @@ from chestnut.backend.errors import Layer
 from chestnut.fallback.model import TensorSpec
 
 
-class StepResult(str, Enum):
+class StepResult(StrEnum):
     PASS = "pass"
     WARN = "warn"   # usable, with a known hazard (e.g. USB 2 link speed)
     FAIL = "fail"
