@@ -1,0 +1,418 @@
+"""Per-layer health of the dock (DESIGN.md "The four health layers") and ``ChestnutActive``.
+
+Four layers, ``usb`` -> ``pcie`` -> ``gpu`` -> ``output``; a good lower layer never implies a good
+upper one. Each layer has a :class:`LayerStatus`: a level (OK / WARN / ERROR / STALE, ROS 2
+``diagnostic_msgs/DiagnosticStatus``), a reason, counters, the time its level last changed and the
+time of its last evidence.
+
+Evidence (:class:`Evidence`) comes from the backend's typed errors, the qualification ladder, the
+watchdog, the worker's successful runs, dock probes and the output checks; the ``evidence_from_*``
+functions turn each into plain data. :class:`HealthMonitor` applies it with debouncing and
+hysteresis (AUTOSAR's pattern, FACTS.md §4):
+
+- a *hard* bad observation (a typed error, a failed ladder step, a hung worker, a non-finite
+  output ...) makes the layer ERROR at once;
+- a *soft* bad observation (an LTSSM read from a probe, a stale or disagreeing output) makes it
+  ERROR only after ``fail_after`` consecutive ones (openpilot's hardware daemon declares PCIe
+  failed after two consecutive bad LTSSM reads); before that the level is unchanged and the
+  ``bad_run`` counter shows the suspicion;
+- WARN evidence (usable with a known hazard: a USB 2 link, one late frame) applies at once;
+- improving (ERROR -> WARN/OK, WARN -> OK) takes ``recover_after`` consecutive good observations;
+- no evidence within ``stale_after_ms`` turns an OK or WARN layer STALE (a layer with no evidence
+  yet starts STALE). An ERROR layer stays ERROR: positive evidence of a fault does not expire
+  by silence, only good observations clear it.
+
+Levels keep the schema's wire values (ok=0, warn=1, error=2, stale=3) but are *ranked*
+OK < WARN < STALE < ERROR (:data:`SEVERITY`, :func:`worst`): an ERROR is evidence of a fault,
+STALE only the absence of evidence. ``max()`` over raw levels would rank STALE worst; use
+:func:`worst`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from chestnut.backend.errors import ChestnutError, Layer
+from chestnut.backend.interface import DockObservation, LadderReport, StepResult
+from chestnut.node.supervisor import Source
+from chestnut.node.validity import ValidityReport
+from chestnut.node.watchdog import ActionKind, WatchdogAction
+
+NS_PER_MS = 1_000_000
+
+LAYERS: tuple[Layer, ...] = (Layer.USB, Layer.PCIE, Layer.GPU, Layer.OUTPUT)
+"""The layers, bottom up; the order of ``ChestnutHealth.layers`` and of ``chestnut_active``'s search."""
+
+LTSSM_L0 = 0x78  # tinygrad 0.14 CustomASM24Controller: LTSSM byte at XDATA 0xB450 reads 0x78 with the link up
+LTSSM_STUCK = 0x4C  # a link that trains into 0x4C and sticks there: a known firmware failure (FACTS.md §1)
+SUPERSPEED_MBPS = 5000  # openpilot's hardware daemon: slower than 5000 Mbps is a slow USB link (FACTS.md §3)
+
+
+class Level(IntEnum):
+    """ROS 2 diagnostic levels; the values are the schema's ``Level`` wire values. Rank with :func:`worst`."""
+
+    OK = 0
+    WARN = 1
+    ERROR = 2
+    STALE = 3
+
+    @property
+    def severity(self) -> int:
+        return SEVERITY[self]
+
+
+SEVERITY: dict[Level, int] = {Level.OK: 0, Level.WARN: 1, Level.STALE: 2, Level.ERROR: 3}
+"""Ranking for aggregation: OK < WARN < STALE < ERROR."""
+
+
+def worst(levels: Iterable[Level]) -> Level:
+    """The most severe level by :data:`SEVERITY` (ERROR over STALE); OK for no levels."""
+    return max(levels, key=SEVERITY.__getitem__, default=Level.OK)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One observation of one layer. ``level`` is OK, WARN or ERROR (STALE is never observed, only
+    inferred). ``hard`` ERRORs apply at once; soft ones are debounced. ``tag`` names the counter a
+    bad observation bumps (e.g. ``"disconnect"``, ``"deadline_miss"``)."""
+
+    layer: Layer
+    level: Level
+    reason: str
+    hard: bool = False
+    tag: str = ""
+
+    def __post_init__(self) -> None:
+        if self.level is Level.STALE:
+            raise ValueError("STALE is inferred from missing evidence, never observed")
+
+
+@dataclass(frozen=True)
+class DebounceConfig:
+    """Debouncing of one layer: ``fail_after`` consecutive soft bad observations make it ERROR,
+    ``recover_after`` consecutive good ones clear a fault, ``stale_after_ms`` without evidence make it STALE."""
+
+    fail_after: int = 1
+    recover_after: int = 3
+    stale_after_ms: float = 1000.0
+
+    def __post_init__(self) -> None:
+        if self.fail_after < 1 or self.recover_after < 1 or self.stale_after_ms <= 0:
+            raise ValueError("fail_after and recover_after must be >= 1 and stale_after_ms > 0")
+
+
+DEFAULT_DEBOUNCE: dict[Layer, DebounceConfig] = {
+    Layer.USB: DebounceConfig(fail_after=2),
+    Layer.PCIE: DebounceConfig(fail_after=2),  # openpilot: PCIe failed after two consecutive bad LTSSM reads
+    Layer.GPU: DebounceConfig(fail_after=1),
+    Layer.OUTPUT: DebounceConfig(fail_after=3),  # stale / disagreeing outputs: a run of 3 frames
+}
+"""Per-layer defaults. ``recover_after=3`` (0.15 s of good frames at 20 Hz) and ``stale_after_ms=1000``
+(20 frames at 20 Hz) are our choices: both well inside the 20 shadow frames a return needs."""
+
+
+@dataclass(frozen=True)
+class LayerStatus:
+    """A snapshot of one layer (``LayerHealth`` in the schema). Times in ns, CLOCK_MONOTONIC; 0 = never."""
+
+    layer: Layer
+    level: Level
+    reason: str
+    counters: Mapping[str, int] = field(default_factory=dict)
+    last_change_ns: int = 0
+    last_evidence_ns: int = 0
+
+
+@dataclass(frozen=True)
+class LayerChange:
+    """A layer's level changed (returned by :meth:`HealthMonitor.apply` / :meth:`HealthMonitor.refresh`)."""
+
+    layer: Layer
+    old: Level
+    new: Level
+    reason: str
+    at_ns: int
+
+
+class LayerMonitor:
+    """One layer's debounced level (see the module docstring for the rules)."""
+
+    def __init__(self, layer: Layer, config: DebounceConfig | None = None) -> None:
+        self.layer = layer
+        self.config = config or DEFAULT_DEBOUNCE[layer]
+        self._stale_ns = int(self.config.stale_after_ms * NS_PER_MS)
+        self.debounced = Level.OK  # the level the evidence supports (OK / WARN / ERROR)
+        self.level = Level.STALE  # what is published: debounced, or STALE without fresh evidence
+        self.reason = "no evidence yet"
+        self._debounced_reason = "ok"
+        self.fault_reason = ""
+        self.last_change_ns = 0
+        self.last_evidence_ns: int | None = None
+        self.bad_run = 0  # consecutive bad observations
+        self.ok_run = 0  # consecutive OK observations
+        self.usable_run = 0  # consecutive OK-or-WARN observations
+        self.counters: dict[str, int] = {"observations": 0, "bad": 0, "faults": 0, "recoveries": 0, "stale": 0}
+
+    def observe(self, ev: Evidence, now_ns: int) -> LayerChange | None:
+        """Apply one observation at ``now_ns``; returns the change of the published level, if any."""
+        if ev.layer is not self.layer:
+            raise ValueError(f"evidence for {ev.layer.value} given to the {self.layer.value} layer")
+        c = self.config
+        self.counters["observations"] += 1
+        self.last_evidence_ns = now_ns
+        if ev.level is Level.ERROR:
+            self.counters["bad"] += 1
+            if ev.tag:
+                self.counters[ev.tag] = self.counters.get(ev.tag, 0) + 1
+            self.bad_run += 1
+            self.ok_run = self.usable_run = 0
+            if ev.hard or self.bad_run >= c.fail_after:
+                if self.debounced is not Level.ERROR:
+                    self.counters["faults"] += 1
+                self.debounced, self.fault_reason = Level.ERROR, ev.reason
+                self._debounced_reason = ev.reason
+        else:
+            self.bad_run = 0
+            self.usable_run += 1
+            self.ok_run = self.ok_run + 1 if ev.level is Level.OK else 0
+            if ev.level is Level.WARN and ev.tag:
+                self.counters[ev.tag] = self.counters.get(ev.tag, 0) + 1
+            if self.debounced is Level.ERROR:
+                if self.usable_run >= c.recover_after:
+                    self.counters["recoveries"] += 1
+                    self.debounced = Level.OK if self.ok_run >= c.recover_after else Level.WARN
+                    self._debounced_reason = ev.reason
+                else:
+                    self._debounced_reason = (f"{self.fault_reason} (recovering: {self.usable_run}/"
+                                              f"{c.recover_after} good)")
+            elif ev.level is Level.WARN:
+                self.debounced, self._debounced_reason = Level.WARN, ev.reason
+            elif self.debounced is Level.WARN:
+                if self.ok_run >= c.recover_after:
+                    self.debounced, self._debounced_reason = Level.OK, ev.reason
+            else:
+                self._debounced_reason = ev.reason
+        return self._publish(self.debounced, self._debounced_reason, now_ns)
+
+    def refresh(self, now_ns: int) -> LayerChange | None:
+        """Re-evaluate staleness at ``now_ns``."""
+        if self.debounced is Level.ERROR:
+            return self._publish(Level.ERROR, self._debounced_reason, now_ns)
+        if self.last_evidence_ns is None:
+            return self._publish(Level.STALE, "no evidence yet", now_ns)
+        age = now_ns - self.last_evidence_ns
+        if age > self._stale_ns:
+            return self._publish(Level.STALE, f"no evidence for {age / NS_PER_MS:.0f} ms "
+                                 f"(window {self._stale_ns / NS_PER_MS:.0f} ms)", now_ns)
+        return self._publish(self.debounced, self._debounced_reason, now_ns)
+
+    def _publish(self, level: Level, reason: str, now_ns: int) -> LayerChange | None:
+        old = self.level
+        self.level, self.reason = level, reason
+        if level is old:
+            return None
+        if level is Level.STALE:
+            self.counters["stale"] += 1
+        self.last_change_ns = now_ns
+        return LayerChange(self.layer, old, level, reason, now_ns)
+
+    def status(self) -> LayerStatus:
+        counters = dict(self.counters, bad_run=self.bad_run, good_run=self.usable_run)
+        return LayerStatus(self.layer, self.level, self.reason, counters, self.last_change_ns,
+                           self.last_evidence_ns or 0)
+
+
+class HealthMonitor:
+    """The four layers. ``apply`` evidence as it arrives and ``refresh`` periodically (staleness)."""
+
+    def __init__(self, configs: Mapping[Layer, DebounceConfig] | None = None) -> None:
+        cfg = dict(DEFAULT_DEBOUNCE, **(configs or {}))
+        self.layers: dict[Layer, LayerMonitor] = {la: LayerMonitor(la, cfg[la]) for la in LAYERS}
+
+    def apply(self, evidence: Iterable[Evidence], now_ns: int) -> list[LayerChange]:
+        """Apply observations in order, then refresh every layer's staleness at ``now_ns``.
+        Returns the published level changes, in order (a layer may appear more than once)."""
+        changes = [ch for ev in evidence if (ch := self.layers[ev.layer].observe(ev, now_ns)) is not None]
+        return changes + self.refresh(now_ns)
+
+    def refresh(self, now_ns: int) -> list[LayerChange]:
+        return [ch for m in self.layers.values() if (ch := m.refresh(now_ns)) is not None]
+
+    def status(self, layer: Layer) -> LayerStatus:
+        return self.layers[layer].status()
+
+    def statuses(self) -> tuple[LayerStatus, ...]:
+        """One status per layer, in :data:`LAYERS` order."""
+        return tuple(self.layers[la].status() for la in LAYERS)
+
+    @property
+    def overall(self) -> Level:
+        return worst(m.level for m in self.layers.values())
+
+    def first_not_ok(self) -> LayerStatus | None:
+        """The lowest layer that is not OK (the root-most cause), or None."""
+        return next((s for s in self.statuses() if s.level is not Level.OK), None)
+
+
+def chestnut_active(health: HealthMonitor | Iterable[LayerStatus], serving_source: Source) -> tuple[bool, str]:
+    """``ChestnutActive``: true only when all four layers are OK **and** the primary serves.
+
+    Returns ``(active, reason)``; the reason is the first (lowest) non-OK layer with its level and
+    reason, else the serving source when it is not the primary, else ``"all layers OK"``. A missing
+    layer counts as not OK.
+    """
+    statuses = health.statuses() if isinstance(health, HealthMonitor) else tuple(health)
+    by_layer = {s.layer: s for s in statuses}
+    for la in LAYERS:
+        s = by_layer.get(la)
+        if s is None:
+            return False, f"{la.value}: no status"
+        if s.level is not Level.OK:
+            return False, f"{la.value} {s.level.name}: {s.reason}"
+    if serving_source is not Source.PRIMARY:
+        return False, f"{serving_source.value} serving, not the primary"
+    return True, "all layers OK"
+
+
+class ActiveFlag:
+    """The published ``ChestnutActive`` with ``since`` = when ``active`` last changed (ns).
+
+    ``update`` returns True when ``active`` or the source changed, i.e. when the node must publish
+    at once rather than wait for the next frame.
+    """
+
+    def __init__(self, now_ns: int) -> None:
+        self.active = False
+        self.source = Source.NONE
+        self.reason = "node starting"
+        self.since_ns = now_ns
+
+    def update(self, active: bool, reason: str, source: Source, now_ns: int) -> bool:
+        changed = active != self.active or source is not self.source
+        if active != self.active:
+            self.since_ns = now_ns
+        self.active, self.reason, self.source = active, reason, source
+        return changed
+
+
+# ---------------------------------------------------------------- evidence from each source
+
+
+def evidence_from_error(err: ChestnutError) -> Evidence | None:
+    """A typed backend error is hard evidence against its layer (the worker must be replaced anyway:
+    tinygrad's errors are sticky, FACTS.md §2). Model and config errors carry no layer: None."""
+    if err.layer is None:
+        return None
+    reason = f"{err.reason}: {err.detail}" if err.detail else err.reason
+    return Evidence(err.layer, Level.ERROR, reason, hard=True, tag=err.reason)
+
+
+_STEP_LEVEL = {StepResult.PASS: Level.OK, StepResult.WARN: Level.WARN, StepResult.FAIL: Level.ERROR}
+
+
+def evidence_from_ladder(report: LadderReport) -> list[Evidence]:
+    """One observation per layer the ladder reached: the worst of that layer's steps, with the first
+    such step as the reason (``"<step>: <detail>"``). A failed step is hard; skipped steps give no
+    evidence. Layers in :data:`LAYERS` order."""
+    out = []
+    for la in LAYERS:
+        steps = [s for s in report.steps if s.layer is la and s.result in _STEP_LEVEL]
+        if not steps:
+            continue
+        level = worst(_STEP_LEVEL[s.result] for s in steps)
+        step = next(s for s in steps if _STEP_LEVEL[s.result] is level)
+        reason = f"{step.name}: {step.detail}" if step.detail else step.name
+        if level is Level.ERROR and step.advice:
+            reason += f" ({step.advice})"
+        tag = step.name if level is not Level.OK else ""
+        out.append(Evidence(la, level, reason, hard=level is Level.ERROR, tag=tag))
+    return out
+
+
+def evidence_from_watchdog(action: WatchdogAction) -> Evidence | None:
+    """Watchdog actions as evidence: one deadline miss is a gpu WARN (the result came, late; the 3000 ms
+    wait timeout was kept); a miss run, a hung or silent worker is a hard gpu ERROR; a logical fault a
+    hard output ERROR. A discarded late result is no new evidence (its miss was counted)."""
+    if action.kind is ActionKind.DISCARD_LATE:
+        return None
+    if action.kind is ActionKind.ANSWER_FROM_FALLBACK:
+        if action.entity != "deadline":
+            return None  # worker gone/replaced, or a request out of sequence: its cause is reported on its own
+        return Evidence(Layer.GPU, Level.WARN, action.reason, tag="deadline_miss")
+    layer = action.layer or Layer.GPU
+    tag = {"deadline": "deadline_miss_run", "hang": "hang", "alive": "heartbeat_lost"}.get(action.entity, "logical")
+    return Evidence(layer, Level.ERROR, action.reason, hard=True, tag=tag)
+
+
+def evidence_from_run(elapsed_ms: float) -> list[Evidence]:
+    """A primary inference that returned (before the watchdog ruled on it): its USB transfers
+    completed, its TLPs got good completions and its fences advanced within the wait timeout."""
+    return [
+        Evidence(Layer.USB, Level.OK, "transfers complete"),
+        Evidence(Layer.PCIE, Level.OK, "TLP completions good"),
+        Evidence(Layer.GPU, Level.OK, f"fences advanced; run took {elapsed_ms:.1f} ms"),
+    ]
+
+
+def evidence_from_validity(report: ValidityReport) -> Evidence:
+    """The output checks of one frame of the primary: OK, or ERROR (hard or soft per the failing check)."""
+    f = report.first_failure
+    if f is None:
+        return Evidence(Layer.OUTPUT, Level.OK, "output valid")
+    return Evidence(Layer.OUTPUT, Level.ERROR, f.reason, hard=f.hard, tag=f.check.value)
+
+
+def evidence_from_observation(obs: DockObservation) -> list[Evidence]:
+    """A dock probe (:meth:`PrimaryRunner.probe` or a cheap enumeration). USB: absent -> hard ERROR;
+    slower than SuperSpeed -> WARN. PCIe: LTSSM other than 0x78 -> soft ERROR (debounced, as
+    openpilot's hardware daemon does). Fields that were not read give no evidence."""
+    if not obs.present:
+        return [Evidence(Layer.USB, Level.ERROR, "no Chestnut dock enumerated", hard=True, tag="absent")]
+    out = []
+    where = f" at bus {obs.bus_address[0]} address {obs.bus_address[1]}" if obs.bus_address else ""
+    ids = f"{obs.vid_pid[0]:04x}:{obs.vid_pid[1]:04x}" if obs.vid_pid else "dock"
+    if obs.speed_mbps is not None and obs.speed_mbps < SUPERSPEED_MBPS:
+        out.append(Evidence(Layer.USB, Level.WARN, f"{ids}{where} at {obs.speed_mbps} Mbps, not SuperSpeed "
+                            "(USB 2: large reads time out, bulk writes truncate)", tag="slow_link"))
+    else:
+        speed = f" at {obs.speed_mbps} Mbps" if obs.speed_mbps is not None else ""
+        out.append(Evidence(Layer.USB, Level.OK, f"{ids}{where}{speed}"))
+    if obs.ltssm is not None:
+        if obs.ltssm == LTSSM_L0:
+            out.append(Evidence(Layer.PCIE, Level.OK, "LTSSM=0x78 (link up)"))
+        else:
+            known = " (stuck in 0x4C: known firmware failure)" if obs.ltssm == LTSSM_STUCK else ""
+            out.append(Evidence(Layer.PCIE, Level.ERROR, f"LTSSM=0x{obs.ltssm:02x}, not 0x78{known}", tag="ltssm"))
+    return out
+
+
+# ---------------------------------------------------------------- messages
+
+
+def fill_health(builder: Any, health: HealthMonitor) -> None:
+    """Fill a ``ChestnutHealth`` builder (``msgs.schema.log``): one ``LayerHealth`` per layer in
+    :data:`LAYERS` order, and ``overall`` = :func:`worst` of the layers."""
+    statuses = health.statuses()
+    layers = builder.init("layers", len(statuses))
+    for entry, s in zip(layers, statuses, strict=True):
+        entry.layer = s.layer.value
+        entry.level = s.level.name.lower()
+        entry.reason = s.reason
+        counters = entry.init("counters", len(s.counters))
+        for c, (name, value) in zip(counters, s.counters.items(), strict=True):
+            c.name = name
+            c.value = value
+        entry.lastChange = s.last_change_ns
+        entry.lastEvidence = s.last_evidence_ns
+    builder.overall = worst(s.level for s in statuses).name.lower()
+
+
+def fill_active(builder: Any, flag: ActiveFlag) -> None:
+    """Fill a ``ChestnutActive`` builder from an :class:`ActiveFlag`."""
+    builder.active = flag.active
+    builder.source = flag.source.value
+    builder.reason = flag.reason
+    builder.since = flag.since_ns

@@ -1,0 +1,342 @@
+"""Output validity: the checks behind the ``output`` health layer (DESIGN.md "The four health layers").
+
+Each check returns a :class:`CheckResult` with a precise, human-readable reason. The checks, in the
+order :func:`check_outputs` runs them:
+
+============  ===========================================================  ========
+check         passes when                                                  severity
+============  ===========================================================  ========
+present       exactly the declared output names came back                  hard
+shape         the tensor's shape equals the declared ``TensorSpec.shape``  hard
+dtype         the tensor's dtype equals the declared ``TensorSpec.dtype``  hard
+finite        no NaN and no +-inf (openpilot modeld fails over on these)   hard
+range         every finite value lies in the declared ``[lo, hi]``         hard
+stale         not (output identical to the previous one while the input    soft
+              changed), compared by fingerprint
+agreement     ``|a-b| <= max(tol, tol*max(|a|,|b|))`` element-wise against  soft
+              the fallback's output (openpilot process replay's tolerance;
+              NaN equals only NaN)
+============  ===========================================================  ========
+
+*Hard* failures make the output layer ERROR at once; *soft* ones are debounced by
+:mod:`chestnut.node.health` (a bit-identical output on a changed input, or a disagreement within
+float noise of the tolerance, can happen once without a fault; a run of them cannot).
+Whatever the severity, a frame whose output fails any check is not served from the primary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from chestnut.fallback.model import TensorSpec
+
+DEFAULT_AGREEMENT_TOL = 1e-3
+"""Default primary-vs-fallback tolerance (absolute below 1, relative above). Our choice: the
+dock's GPU and the host CPU round differently; PP-OCRv4 through tinygrad matches onnxruntime to
+~2e-5 (FACTS.md §5), so 1e-3 leaves room for a GPU's reordering. Configure it per output."""
+
+
+class Check(StrEnum):
+    PRESENT = "present"
+    SHAPE = "shape"
+    DTYPE = "dtype"
+    FINITE = "finite"
+    RANGE = "range"
+    STALE = "stale"
+    AGREEMENT = "agreement"
+
+
+HARD_CHECKS: frozenset[Check] = frozenset({Check.PRESENT, Check.SHAPE, Check.DTYPE, Check.FINITE, Check.RANGE})
+"""Checks whose failure expires at once (no debouncing); the others are debounced by health."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check on one output tensor (``output`` is ``""`` for checks over the whole output set)."""
+
+    check: Check
+    output: str
+    ok: bool
+    reason: str
+    max_abs_diff: float = 0.0  # agreement only: largest |primary - fallback|; inf for a NaN mismatch
+
+    @property
+    def hard(self) -> bool:
+        """True when a failure of this check expires at once (see :data:`HARD_CHECKS`)."""
+        return self.check in HARD_CHECKS
+
+
+@dataclass(frozen=True)
+class OutputContract:
+    """The declared contract of one output: its spec, an optional value range and the agreement tolerance.
+
+    ``value_range`` is inclusive ``(lo, hi)``, e.g. ``(0.0, 1.0)`` for a probability map; ``None``
+    means unbounded. ``tol`` is the primary-vs-fallback tolerance for this output.
+    """
+
+    spec: TensorSpec
+    value_range: tuple[float, float] | None = None
+    tol: float = DEFAULT_AGREEMENT_TOL
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def contracts_from_specs(specs: Iterable[TensorSpec], ranges: Mapping[str, tuple[float, float]] | None = None,
+                         tol: float = DEFAULT_AGREEMENT_TOL) -> tuple[OutputContract, ...]:
+    """One :class:`OutputContract` per spec, with ``ranges[name]`` where given. Raises ``ValueError``
+    for a range whose ``lo > hi`` or a range naming an undeclared output."""
+    specs = tuple(specs)
+    ranges = dict(ranges or {})
+    unknown = sorted(set(ranges) - {s.name for s in specs})
+    if unknown:
+        raise ValueError(f"value range given for undeclared output(s) {unknown}")
+    for name, (lo, hi) in ranges.items():
+        if lo > hi:
+            raise ValueError(f"value range of {name!r} is empty: lo={lo} > hi={hi}")
+    return tuple(OutputContract(s, ranges.get(s.name), tol) for s in specs)
+
+
+def _ok(check: Check, output: str) -> CheckResult:
+    return CheckResult(check, output, True, "ok")
+
+
+def _index(arr: np.ndarray, flat: int) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.unravel_index(flat, arr.shape)) if arr.ndim else ()
+
+
+def check_present(outputs: Mapping[str, np.ndarray], contracts: Iterable[OutputContract]) -> CheckResult:
+    """Exactly the declared names: reports missing and undeclared outputs (sorted)."""
+    declared = {c.name for c in contracts}
+    missing, extra = sorted(declared - set(outputs)), sorted(set(outputs) - declared)
+    if not missing and not extra:
+        return _ok(Check.PRESENT, "")
+    parts = ([f"missing output(s) {missing}"] if missing else []) + ([f"undeclared output(s) {extra}"] if extra else [])
+    return CheckResult(Check.PRESENT, "", False, "; ".join(parts))
+
+
+def check_shape(name: str, arr: np.ndarray, spec: TensorSpec) -> CheckResult:
+    if tuple(arr.shape) == tuple(spec.shape):
+        return _ok(Check.SHAPE, name)
+    return CheckResult(Check.SHAPE, name, False, f"{name}: shape {tuple(arr.shape)} != declared {tuple(spec.shape)}")
+
+
+def check_dtype(name: str, arr: np.ndarray, spec: TensorSpec) -> CheckResult:
+    if arr.dtype == np.dtype(spec.dtype):
+        return _ok(Check.DTYPE, name)
+    declared = np.dtype(spec.dtype).name
+    return CheckResult(Check.DTYPE, name, False, f"{name}: dtype {arr.dtype.name} != declared {declared}")
+
+
+def check_finite(name: str, arr: np.ndarray) -> CheckResult:
+    """No NaN and no +-inf. Integer and bool tensors are finite by construction."""
+    if arr.dtype.kind not in "fc" or bool(np.isfinite(arr).all()):
+        return _ok(Check.FINITE, name)
+    bad = ~np.isfinite(arr)
+    n_nan = int(np.count_nonzero(np.isnan(arr)))
+    n_inf = int(np.count_nonzero(bad)) - n_nan
+    first = _index(arr, int(np.flatnonzero(bad)[0]))
+    return CheckResult(Check.FINITE, name, False,
+                       f"{name}: {n_nan + n_inf} non-finite value(s) ({n_nan} NaN, {n_inf} inf), first at {first}")
+
+
+def check_range(name: str, arr: np.ndarray, value_range: tuple[float, float] | None) -> CheckResult:
+    """Every value in the inclusive ``value_range``; NaN is not counted here (:func:`check_finite` is)."""
+    if value_range is None or arr.size == 0:
+        return _ok(Check.RANGE, name)
+    lo, hi = value_range
+    bad = (arr < lo) | (arr > hi)
+    n = int(np.count_nonzero(bad))
+    if n == 0:
+        return _ok(Check.RANGE, name)
+    vals = arr[bad]
+    first = _index(arr, int(np.flatnonzero(bad)[0]))
+    return CheckResult(Check.RANGE, name, False,
+                       f"{name}: {n} value(s) outside [{lo:g}, {hi:g}] (min {float(vals.min()):g}, "
+                       f"max {float(vals.max()):g}), first at {first}")
+
+
+def fingerprint(data: Mapping[str, np.ndarray] | np.ndarray | bytes | memoryview) -> bytes:
+    """The first 16 bytes of a SHA-256 over tensors (names, dtypes, shapes and bytes, in name order) or raw bytes.
+
+    Cheap enough per frame (a 128x256x3 uint8 frame hashes in ~0.06 ms where the CPU has SHA
+    instructions); equal inputs give equal fingerprints, any changed byte, name, shape or dtype a
+    different one.
+    """
+    h = hashlib.sha256()
+    if isinstance(data, bytes | memoryview):
+        h.update(data)
+        return h.digest()[:16]
+    items = [("", data)] if isinstance(data, np.ndarray) else sorted(data.items())
+    for name, arr in items:
+        a = np.ascontiguousarray(arr)
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.data)
+    return h.digest()[:16]
+
+
+class StaleDetector:
+    """Flags an output identical to the previous one while the input changed (one detector per model).
+
+    ``check(input_fp, output_fp)`` compares fingerprints (see :func:`fingerprint`) with the previous
+    call's. The first call, and any call whose input equals the previous input, pass.
+    ``run`` counts consecutive stale frames.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the previous frame (call when a new worker or model starts)."""
+        self._prev_input: bytes | None = None
+        self._prev_output: bytes | None = None
+        self.run = 0
+
+    def check(self, input_fp: bytes, output_fp: bytes) -> CheckResult:
+        stale = (self._prev_input is not None and input_fp != self._prev_input and output_fp == self._prev_output)
+        self._prev_input, self._prev_output = input_fp, output_fp
+        if not stale:
+            self.run = 0
+            return _ok(Check.STALE, "")
+        self.run += 1
+        return CheckResult(Check.STALE, "", False,
+                           f"output identical to the previous frame's while the input changed ({self.run} in a row)")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Element-wise comparison of two tensors under openpilot's replay tolerance."""
+
+    ok: bool
+    max_abs_diff: float  # inf when one side is NaN where the other is not, or inf vs finite
+    n_mismatch: int
+    first_mismatch: tuple[int, ...] | None
+
+
+def compare_tensors(a: np.ndarray, b: np.ndarray, tol: float) -> Comparison:
+    """``|a-b| <= max(tol, tol*max(|a|,|b|))`` element-wise (openpilot process replay).
+
+    Computed in the wider float type of the two (at least float32: float32 outputs are compared in
+    float32, float64 ones in float64). Equal values always match; NaN matches only NaN and an
+    infinity only the same infinity (taken literally, ``tol*max(|a|,|b|)`` would be infinite and let
+    +inf match anything). Shapes must be equal (raises ``ValueError`` otherwise: the caller checks
+    shapes first). The common case (everything finite and within tolerance) takes one fast pass.
+    """
+    if a.shape != b.shape:
+        raise ValueError(f"cannot compare shapes {a.shape} and {b.shape}")
+    dt = np.result_type(a.dtype, b.dtype, np.float32)
+    x, y = np.asarray(a, dtype=dt), np.asarray(b, dtype=dt)
+    if x.size == 0:
+        return Comparison(True, 0.0, 0, None)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.subtract(x, y)
+        np.abs(diff, out=diff)
+        bound = np.abs(x)
+        np.maximum(bound, np.abs(y), out=bound)
+        bound *= tol
+        np.maximum(bound, tol, out=bound)
+        if bool(np.less_equal(diff, bound).all()):  # NaN compares False; an infinity shows up in the max below
+            dmax = float(diff.max())
+            if np.isfinite(dmax):
+                return Comparison(True, dmax, 0, None)
+    return _compare_slow(x, y, tol)
+
+
+def _compare_slow(x: np.ndarray, y: np.ndarray, tol: float) -> Comparison:
+    """:func:`compare_tensors` with NaN and infinity handling and the mismatch details."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(x - y)
+        same = (x == y) | (np.isnan(x) & np.isnan(y))
+        bound = np.maximum(tol, tol * np.maximum(np.abs(x), np.abs(y)))
+        match = same | (np.isfinite(x) & np.isfinite(y) & (diff <= bound))
+    diff[same] = 0.0
+    diff[np.isnan(diff)] = np.inf  # NaN against a number
+    n_mismatch = int(match.size - np.count_nonzero(match))
+    first = _index(x, int(np.flatnonzero(~match)[0])) if n_mismatch else None
+    return Comparison(n_mismatch == 0, float(diff.max()) if diff.size else 0.0, n_mismatch, first)
+
+
+def check_agreement(name: str, primary: np.ndarray, fallback: np.ndarray, tol: float) -> CheckResult:
+    """The primary's tensor against the fallback's under :func:`compare_tensors`; reports the max abs diff."""
+    if primary.shape != fallback.shape:
+        return CheckResult(Check.AGREEMENT, name, False,
+                           f"{name}: primary shape {primary.shape} != fallback shape {fallback.shape}", np.inf)
+    c = compare_tensors(primary, fallback, tol)
+    if c.ok:
+        return CheckResult(Check.AGREEMENT, name, True, "ok", c.max_abs_diff)
+    return CheckResult(Check.AGREEMENT, name, False,
+                       f"{name}: {c.n_mismatch} value(s) differ from the fallback beyond tol {tol:g} "
+                       f"(max abs diff {c.max_abs_diff:g}, first at {c.first_mismatch})", c.max_abs_diff)
+
+
+@dataclass(frozen=True)
+class ValidityReport:
+    """All check results for one frame's output, in the order they ran."""
+
+    results: tuple[CheckResult, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def first_failure(self) -> CheckResult | None:
+        return next((r for r in self.results if not r.ok), None)
+
+    @property
+    def reason(self) -> str:
+        """The first failure's reason, or ``"ok"``."""
+        f = self.first_failure
+        return f.reason if f is not None else "ok"
+
+    @property
+    def agreement_checked(self) -> bool:
+        """Whether the primary was compared with the fallback (``modelOutput.agreementChecked``)."""
+        return any(r.check is Check.AGREEMENT for r in self.results)
+
+    @property
+    def primary_agrees(self) -> bool:
+        """All agreement checks passed (``modelOutput.primaryAgrees``); False when none ran."""
+        agr = [r for r in self.results if r.check is Check.AGREEMENT]
+        return bool(agr) and all(r.ok for r in agr)
+
+    @property
+    def max_abs_diff(self) -> float:
+        """Largest |primary - fallback| over all outputs (``modelOutput.maxAbsDiff``); 0 when none compared."""
+        return max((r.max_abs_diff for r in self.results if r.check is Check.AGREEMENT), default=0.0)
+
+
+def check_outputs(outputs: Mapping[str, np.ndarray], contracts: Iterable[OutputContract], *,
+                  input_fp: bytes | None = None, stale: StaleDetector | None = None,
+                  reference: Mapping[str, np.ndarray] | None = None) -> ValidityReport:
+    """Run every check on one frame's output (see the module table for order and severity).
+
+    ``stale`` with ``input_fp`` enables the stale check (the output's fingerprint is computed here);
+    ``reference`` (the fallback's outputs for the same frame) enables the agreement check for every
+    declared output present in both. Never raises for bad output data: every problem is a result.
+    """
+    contracts = tuple(contracts)
+    results = [check_present(outputs, contracts)]
+    for c in contracts:
+        arr = outputs.get(c.name)
+        if arr is None:
+            continue
+        arr = np.asarray(arr)
+        results.append(check_shape(c.name, arr, c.spec))
+        results.append(check_dtype(c.name, arr, c.spec))
+        results.append(check_finite(c.name, arr))
+        results.append(check_range(c.name, arr, c.value_range))
+    if stale is not None and input_fp is not None:
+        results.append(stale.check(input_fp, fingerprint({k: np.asarray(v) for k, v in outputs.items()})))
+    if reference is not None:
+        for c in contracts:
+            if c.name in outputs and c.name in reference:
+                results.append(check_agreement(c.name, np.asarray(outputs[c.name]), np.asarray(reference[c.name]),
+                                               c.tol))
+    return ValidityReport(tuple(results))

@@ -1,0 +1,349 @@
+"""Per-layer health and ChestnutActive as pure code: debouncing, hysteresis, staleness, evidence, messages."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chestnut.backend.errors import ConfigError, GpuLayerError, Layer, ModelError, PcieLayerError, UsbLayerError
+from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, StepResult
+from chestnut.msgs.schema import log
+from chestnut.node.health import (
+    LAYERS,
+    ActiveFlag,
+    DebounceConfig,
+    Evidence,
+    HealthMonitor,
+    LayerChange,
+    LayerMonitor,
+    LayerStatus,
+    Level,
+    chestnut_active,
+    evidence_from_error,
+    evidence_from_ladder,
+    evidence_from_observation,
+    evidence_from_run,
+    evidence_from_validity,
+    evidence_from_watchdog,
+    fill_active,
+    fill_health,
+    worst,
+)
+from chestnut.node.supervisor import Source
+from chestnut.node.validity import Check, CheckResult, ValidityReport
+from chestnut.node.watchdog import ActionKind, WatchdogAction
+
+MS = 1_000_000
+OK, WARN, ERROR, STALE = Level.OK, Level.WARN, Level.ERROR, Level.STALE
+
+
+def ev(layer, level, reason="r", hard=False, tag=""):
+    return Evidence(layer, level, reason, hard, tag)
+
+
+def all_ok(mon: HealthMonitor, now_ns: int) -> None:
+    mon.apply([ev(la, OK, "fine") for la in LAYERS], now_ns)
+
+
+# ---------------------------------------------------------------- levels
+
+
+def test_levels_are_the_schema_wire_values():
+    assert {lv.name.lower(): int(lv) for lv in Level} == dict(log.Level.schema.enumerants)
+
+
+def test_worst_ranks_error_above_stale():
+    assert worst([OK, STALE, ERROR, WARN]) is ERROR
+    assert worst([OK, STALE, WARN]) is STALE
+    assert worst([OK, WARN]) is WARN
+    assert worst([]) is OK
+    assert max([ERROR, STALE]) is STALE  # the trap worst() exists for
+
+
+@given(st.lists(st.sampled_from(list(Level)), min_size=1))
+def test_worst_is_one_of_them_and_no_less_severe_than_any(levels):
+    w = worst(levels)
+    assert w in levels and all(w.severity >= lv.severity for lv in levels)
+
+
+def test_stale_is_never_evidence():
+    with pytest.raises(ValueError, match="STALE is inferred"):
+        Evidence(Layer.USB, STALE, "x")
+
+
+# ---------------------------------------------------------------- one layer
+
+
+def test_a_layer_without_evidence_is_stale():
+    m = LayerMonitor(Layer.GPU)
+    assert (m.level, m.reason) == (STALE, "no evidence yet")
+    assert m.refresh(5 * MS) is None
+
+
+def test_first_good_evidence_makes_the_layer_ok_at_once():
+    m = LayerMonitor(Layer.GPU)
+    assert m.observe(ev(Layer.GPU, OK, "fence advanced"), 7 * MS) == LayerChange(Layer.GPU, STALE, OK, "fence advanced",
+                                                                                  7 * MS)
+    s = m.status()
+    assert (s.level, s.reason, s.last_change_ns, s.last_evidence_ns) == (OK, "fence advanced", 7 * MS, 7 * MS)
+
+
+def test_a_hard_error_expires_at_once():
+    m = LayerMonitor(Layer.PCIE)  # fail_after=2 for soft evidence
+    m.observe(ev(Layer.PCIE, OK), 0)
+    ch = m.observe(ev(Layer.PCIE, ERROR, "pcie_link: PCIe link not up", hard=True, tag="pcie_link"), 3 * MS)
+    assert ch == LayerChange(Layer.PCIE, OK, ERROR, "pcie_link: PCIe link not up", 3 * MS)
+    s = m.status()
+    assert s.counters == {"observations": 2, "bad": 1, "faults": 1, "recoveries": 0, "stale": 0, "pcie_link": 1,
+                          "bad_run": 1, "good_run": 0}
+
+
+def test_soft_errors_are_debounced_over_fail_after_consecutive_observations():
+    m = LayerMonitor(Layer.PCIE)  # openpilot: PCIe failed after two consecutive bad LTSSM reads
+    m.observe(ev(Layer.PCIE, OK, "LTSSM=0x78"), 0)
+    assert m.observe(ev(Layer.PCIE, ERROR, "LTSSM=0x00", tag="ltssm"), 1 * MS) is None
+    assert (m.level, m.reason, m.bad_run) == (OK, "LTSSM=0x78", 1)
+    assert m.observe(ev(Layer.PCIE, OK, "LTSSM=0x78"), 2 * MS) is None  # the run is broken
+    assert m.observe(ev(Layer.PCIE, ERROR, "LTSSM=0x00", tag="ltssm"), 3 * MS) is None
+    ch = m.observe(ev(Layer.PCIE, ERROR, "LTSSM=0x4c", tag="ltssm"), 4 * MS)
+    assert ch == LayerChange(Layer.PCIE, OK, ERROR, "LTSSM=0x4c", 4 * MS)
+    assert m.counters["ltssm"] == 3 and m.counters["faults"] == 1
+
+
+def test_recovery_takes_recover_after_consecutive_good_observations():
+    m = LayerMonitor(Layer.GPU, DebounceConfig(recover_after=3))
+    m.observe(ev(Layer.GPU, ERROR, "fence_stall", hard=True), 0)
+    assert m.observe(ev(Layer.GPU, OK, "fence advanced"), 1 * MS) is None
+    assert (m.level, m.reason) == (ERROR, "fence_stall (recovering: 1/3 good)")
+    m.observe(ev(Layer.GPU, OK, "fence advanced"), 2 * MS)
+    m.observe(ev(Layer.GPU, ERROR, "hang", hard=True), 3 * MS)  # a relapse restarts the count
+    m.observe(ev(Layer.GPU, OK, "fence advanced"), 4 * MS)
+    m.observe(ev(Layer.GPU, OK, "fence advanced"), 5 * MS)
+    assert (m.level, m.reason) == (ERROR, "hang (recovering: 2/3 good)")
+    assert m.observe(ev(Layer.GPU, OK, "fence advanced"), 6 * MS) == LayerChange(Layer.GPU, ERROR, OK,
+                                                                                  "fence advanced", 6 * MS)
+    assert (m.counters["faults"], m.counters["recoveries"]) == (1, 1)  # the relapse was inside one fault
+
+
+def test_recovery_through_warn_evidence_lands_on_warn():
+    m = LayerMonitor(Layer.USB, DebounceConfig(recover_after=2))
+    m.observe(ev(Layer.USB, ERROR, "disconnect", hard=True), 0)
+    m.observe(ev(Layer.USB, WARN, "480 Mbps"), 1 * MS)
+    assert m.observe(ev(Layer.USB, OK, "5000 Mbps"), 2 * MS).new is WARN  # 2 usable, only 1 OK in a row
+    assert m.observe(ev(Layer.USB, OK, "5000 Mbps"), 3 * MS) == LayerChange(Layer.USB, WARN, OK, "5000 Mbps", 3 * MS)
+
+
+def test_warn_applies_at_once_and_clears_with_hysteresis():
+    m = LayerMonitor(Layer.USB, DebounceConfig(recover_after=2))
+    m.observe(ev(Layer.USB, OK, "ok"), 0)
+    assert m.observe(ev(Layer.USB, WARN, "480 Mbps", tag="slow_link"), 1 * MS).new is WARN
+    assert m.observe(ev(Layer.USB, OK, "ok"), 2 * MS) is None
+    assert m.observe(ev(Layer.USB, OK, "ok"), 3 * MS).new is OK
+    assert m.counters["slow_link"] == 1
+
+
+def test_a_layer_without_fresh_evidence_goes_stale_and_comes_back():
+    m = LayerMonitor(Layer.GPU, DebounceConfig(stale_after_ms=1000))
+    m.observe(ev(Layer.GPU, OK, "fence advanced"), 10 * MS)
+    assert m.refresh(1010 * MS) is None  # exactly the window: still fresh
+    ch = m.refresh(1010 * MS + 1)
+    assert ch == LayerChange(Layer.GPU, OK, STALE, "no evidence for 1000 ms (window 1000 ms)", 1010 * MS + 1)
+    assert m.status().last_change_ns == 1010 * MS + 1 and m.counters["stale"] == 1
+    assert m.observe(ev(Layer.GPU, OK, "fence advanced"), 2000 * MS).new is OK
+
+
+def test_an_error_does_not_expire_by_silence():
+    m = LayerMonitor(Layer.GPU, DebounceConfig(stale_after_ms=1000))
+    m.observe(ev(Layer.GPU, ERROR, "hang", hard=True), 0)
+    assert m.refresh(3600 * 1000 * MS) is None
+    assert (m.level, m.reason) == (ERROR, "hang")
+
+
+def test_evidence_for_another_layer_is_refused():
+    with pytest.raises(ValueError, match="evidence for usb given to the gpu layer"):
+        LayerMonitor(Layer.GPU).observe(ev(Layer.USB, OK), 0)
+
+
+# ---------------------------------------------------------------- the monitor and ChestnutActive
+
+
+def test_monitor_starts_all_stale_and_inactive():
+    mon = HealthMonitor()
+    assert [s.level for s in mon.statuses()] == [STALE] * 4 and mon.overall is STALE
+    assert chestnut_active(mon, Source.PRIMARY) == (False, "usb STALE: no evidence yet")
+
+
+def test_chestnut_active_only_with_all_layers_ok_and_the_primary_serving():
+    mon = HealthMonitor()
+    all_ok(mon, 0)
+    assert chestnut_active(mon, Source.PRIMARY) == (True, "all layers OK")
+    assert chestnut_active(mon, Source.FALLBACK) == (False, "fallback serving, not the primary")
+    assert chestnut_active(mon, Source.NONE) == (False, "none serving, not the primary")
+    mon.apply([ev(Layer.OUTPUT, ERROR, "prob: 1 non-finite value(s) (1 NaN, 0 inf), first at (0, 0, 0, 0)",
+                  hard=True)], 1 * MS)
+    assert chestnut_active(mon, Source.PRIMARY) == (
+        False, "output ERROR: prob: 1 non-finite value(s) (1 NaN, 0 inf), first at (0, 0, 0, 0)")
+    mon.apply([ev(Layer.PCIE, WARN, "slow completions")], 2 * MS)
+    assert chestnut_active(mon, Source.PRIMARY) == (False, "pcie WARN: slow completions")  # the lowest layer first
+    assert mon.first_not_ok().layer is Layer.PCIE and mon.overall is ERROR
+
+
+def test_chestnut_active_treats_a_missing_layer_as_not_ok():
+    statuses = [LayerStatus(la, OK, "ok") for la in LAYERS if la is not Layer.GPU]
+    assert chestnut_active(statuses, Source.PRIMARY) == (False, "gpu: no status")
+
+
+@given(st.lists(st.sampled_from(list(Level)), min_size=4, max_size=4), st.sampled_from(list(Source)))
+def test_chestnut_active_iff_all_ok_and_primary(levels, source):
+    statuses = [LayerStatus(la, lv, "why") for la, lv in zip(LAYERS, levels, strict=True)]
+    active, reason = chestnut_active(statuses, source)
+    assert active == (all(lv is OK for lv in levels) and source is Source.PRIMARY)
+    assert (reason == "all layers OK") == active
+
+
+evidence_st = st.builds(
+    Evidence, st.sampled_from(LAYERS), st.sampled_from([OK, WARN, ERROR]), st.sampled_from(["a", "b"]),
+    st.booleans(), st.sampled_from(["", "t"]))
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.lists(evidence_st, max_size=4), st.integers(0, 1500)), max_size=40),
+       st.sampled_from(list(Source)))
+def test_monitor_invariants_over_random_evidence(steps, source):
+    mon = HealthMonitor()
+    now = 0
+    history: dict[Layer, list[Evidence]] = {la: [] for la in LAYERS}
+    for evidence, dt_ms in steps:
+        now += dt_ms * MS
+        for e in evidence:
+            history[e.layer].append(e)
+        mon.apply(evidence, now)
+        active, _ = chestnut_active(mon, source)
+        statuses = mon.statuses()
+        assert not active or (source is Source.PRIMARY and all(s.level is OK for s in statuses))
+        for s in statuses:
+            seen = history[s.layer]
+            if s.level is ERROR:  # only ever after bad evidence
+                assert any(e.level is ERROR for e in seen)
+            if seen and seen[-1].level is ERROR and seen[-1].hard:  # a hard error always shows at once
+                assert s.level is ERROR
+            if not seen:
+                assert s.level is STALE
+            assert s.last_change_ns <= now and s.last_evidence_ns <= now
+
+
+# ---------------------------------------------------------------- evidence
+
+
+def test_typed_errors_are_hard_evidence_against_their_layer():
+    e = evidence_from_error(GpuLayerError("fence_stall", "Wait timeout: 3000 ms! (fence 7, expected 8)"))
+    assert e == Evidence(Layer.GPU, ERROR, "fence_stall: Wait timeout: 3000 ms! (fence 7, expected 8)", True,
+                         "fence_stall")
+    assert evidence_from_error(UsbLayerError("disconnect")) == Evidence(Layer.USB, ERROR, "disconnect", True,
+                                                                        "disconnect")
+    assert evidence_from_error(PcieLayerError("tlp", "UR")).layer is Layer.PCIE
+    assert evidence_from_error(ModelError("missing_model", "x.onnx")) is None
+    assert evidence_from_error(ConfigError("firmware", "cache empty")) is None
+
+
+def test_ladder_gives_one_observation_per_reached_layer():
+    report = LadderReport([
+        LadderStep("usb_ids", Layer.USB, StepResult.PASS, 0.01, "0xadd1:0x0001 custom"),
+        LadderStep("link_speed", Layer.USB, StepResult.WARN, 0.0, "480 Mbps"),
+        LadderStep("link_stability", Layer.USB, StepResult.PASS, 2.0, "0 errors/s"),
+        LadderStep("ltssm", Layer.PCIE, StepResult.FAIL, 0.5, "LTSSM=0x4c after power-on", "power-cycle the dock"),
+        LadderStep("gpu_arch", Layer.GPU, StepResult.SKIPPED),
+    ])
+    assert evidence_from_ladder(report) == [
+        Evidence(Layer.USB, WARN, "link_speed: 480 Mbps", False, "link_speed"),
+        Evidence(Layer.PCIE, ERROR, "ltssm: LTSSM=0x4c after power-on (power-cycle the dock)", True, "ltssm"),
+    ]
+    passed = LadderReport([LadderStep("gpu_arch", Layer.GPU, StepResult.PASS, 0.1, "gfx1100")])
+    assert evidence_from_ladder(passed) == [Evidence(Layer.GPU, OK, "gpu_arch: gfx1100")]
+
+
+def test_watchdog_actions_as_evidence():
+    miss = WatchdogAction(ActionKind.ANSWER_FROM_FALLBACK, "deadline", "frame 3: late", 0, 3)
+    assert evidence_from_watchdog(miss) == Evidence(Layer.GPU, WARN, "frame 3: late", False, "deadline_miss")
+    gone = WatchdogAction(ActionKind.ANSWER_FROM_FALLBACK, "worker", "worker gone with frame 3 unanswered", 0, 3)
+    assert evidence_from_watchdog(gone) is None
+    assert evidence_from_watchdog(WatchdogAction(ActionKind.DISCARD_LATE, "deadline", "late", 0, 3)) is None
+    hang = WatchdogAction(ActionKind.KILL_WORKER, "hang", "worker hung", 0, 3, Layer.GPU)
+    assert evidence_from_watchdog(hang) == Evidence(Layer.GPU, ERROR, "worker hung", True, "hang")
+    run = WatchdogAction(ActionKind.FAIL_OVER, "deadline", "3 consecutive", 0, None, Layer.GPU)
+    assert evidence_from_watchdog(run) == Evidence(Layer.GPU, ERROR, "3 consecutive", True, "deadline_miss_run")
+    alive = WatchdogAction(ActionKind.KILL_WORKER, "alive", "heartbeat lost", 0, None, Layer.GPU)
+    assert evidence_from_watchdog(alive).tag == "heartbeat_lost"
+    logical = WatchdogAction(ActionKind.KILL_WORKER, "logical", "out of order", 0, None, Layer.OUTPUT)
+    assert evidence_from_watchdog(logical) == Evidence(Layer.OUTPUT, ERROR, "out of order", True, "logical")
+
+
+def test_a_returned_run_is_good_evidence_for_the_three_dock_layers():
+    assert evidence_from_run(12.345) == [
+        Evidence(Layer.USB, OK, "transfers complete"),
+        Evidence(Layer.PCIE, OK, "TLP completions good"),
+        Evidence(Layer.GPU, OK, "fences advanced; run took 12.3 ms"),
+    ]
+
+
+def test_validity_as_evidence_keeps_the_checks_severity():
+    good = ValidityReport((CheckResult(Check.FINITE, "prob", True, "ok"),))
+    assert evidence_from_validity(good) == Evidence(Layer.OUTPUT, OK, "output valid")
+    stale = ValidityReport((CheckResult(Check.STALE, "", False, "identical"),))
+    assert evidence_from_validity(stale) == Evidence(Layer.OUTPUT, ERROR, "identical", False, "stale")
+    nan = ValidityReport((CheckResult(Check.FINITE, "prob", False, "NaN"),))
+    assert evidence_from_validity(nan) == Evidence(Layer.OUTPUT, ERROR, "NaN", True, "finite")
+
+
+def test_dock_observations_as_evidence():
+    assert evidence_from_observation(DockObservation(False)) == [
+        Evidence(Layer.USB, ERROR, "no Chestnut dock enumerated", True, "absent")]
+    slow = DockObservation(True, (0xADD1, 0x0001), (2, 7), 480, 0, 0x78)
+    assert evidence_from_observation(slow) == [
+        Evidence(Layer.USB, WARN, "add1:0001 at bus 2 address 7 at 480 Mbps, not SuperSpeed "
+                 "(USB 2: large reads time out, bulk writes truncate)", False, "slow_link"),
+        Evidence(Layer.PCIE, OK, "LTSSM=0x78 (link up)"),
+    ]
+    stuck = DockObservation(True, (0xADD1, 0x0001), (2, 7), 10000, 0, 0x4C)
+    assert evidence_from_observation(stuck) == [
+        Evidence(Layer.USB, OK, "add1:0001 at bus 2 address 7 at 10000 Mbps"),
+        Evidence(Layer.PCIE, ERROR, "LTSSM=0x4c, not 0x78 (stuck in 0x4C: known firmware failure)", False, "ltssm"),
+    ]
+    assert evidence_from_observation(DockObservation(True)) == [Evidence(Layer.USB, OK, "dock")]
+
+
+# ---------------------------------------------------------------- messages
+
+
+def test_fill_health_round_trips_through_the_schema():
+    mon = HealthMonitor()
+    all_ok(mon, 5 * MS)
+    mon.apply([ev(Layer.GPU, ERROR, "fence_stall: Wait timeout", hard=True, tag="fence_stall")], 9 * MS)
+    msg = log.Event.new_message()
+    fill_health(msg.init("chestnutHealth"), mon)
+    with log.Event.from_bytes(msg.to_bytes()) as r:
+        h = r.chestnutHealth
+        assert [str(x.layer) for x in h.layers] == ["usb", "pcie", "gpu", "output"]
+        assert [str(x.level) for x in h.layers] == ["ok", "ok", "error", "ok"]
+        assert str(h.overall) == "error"
+        gpu = h.layers[2]
+        assert gpu.reason == "fence_stall: Wait timeout"
+        assert (gpu.lastChange, gpu.lastEvidence) == (9 * MS, 9 * MS)
+        assert {c.name: c.value for c in gpu.counters} == {
+            "observations": 2, "bad": 1, "faults": 1, "recoveries": 0, "stale": 0, "fence_stall": 1,
+            "bad_run": 1, "good_run": 0}
+        assert (h.layers[0].lastChange, h.layers[0].reason) == (5 * MS, "fine")
+
+
+def test_active_flag_tracks_since_and_says_when_to_publish_at_once():
+    flag = ActiveFlag(0)
+    assert flag.update(False, "usb STALE: no evidence yet", Source.NONE, 1 * MS) is False
+    assert flag.update(False, "fallback serving, not the primary", Source.FALLBACK, 2 * MS) is True  # source changed
+    assert flag.since_ns == 0
+    assert flag.update(True, "all layers OK", Source.PRIMARY, 3 * MS) is True and flag.since_ns == 3 * MS
+    assert flag.update(True, "all layers OK", Source.PRIMARY, 4 * MS) is False and flag.since_ns == 3 * MS
+    assert flag.update(False, "gpu ERROR: hang", Source.PRIMARY, 5 * MS) is True and flag.since_ns == 5 * MS
+    msg = log.Event.new_message()
+    fill_active(msg.init("chestnutActive"), flag)
+    with log.Event.from_bytes(msg.to_bytes()) as r:
+        a = r.chestnutActive
+        assert (a.active, str(a.source), a.reason, a.since) == (False, "primary", "gpu ERROR: hang", 5 * MS)
