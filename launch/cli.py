@@ -15,10 +15,15 @@ import sys
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "dump": ("chestnut.msgs.dump", "print live messages of a service"),
+    "demo": ("chestnut.msgs.demo", "live pub/sub demo: synthetic camera frames and SubMaster checks"),
     "record": ("chestnut.msgs.logger", "record every logged service to segment files"),
     "twin": ("chestnut.backend.sim.cli", "run the Chestnut twin daemon and inject faults"),
     "probe": ("chestnut.backend.probe", "run the qualification ladder against a dock or the twin"),
     "run": ("chestnut.node.main", "run the supervised inference node"),
+    "model": ("chestnut.launch.assets", "prepare a model for the node (default: the pretrained PP-OCRv4 detector)"),
+    "camera": ("chestnut.launch.camerad", "publish real frames as cameraFrame (default: a real traffic video)"),
+    "control": ("chestnut.launch.controld", "the reference control daemon: engages only while every check passes"),
+    "top": ("chestnut.launch.top", "live terminal view of the stack: state, ChestnutActive, health, rates"),
 }
 
 

@@ -1,0 +1,136 @@
+"""``chestnut camera``: a camerad-like source publishing real frames as ``cameraFrame``.
+
+By default it loops the real city-traffic video of the PyPI wheel ``mvtb-data==1.6.1`` (350 frames,
+704x576), decoded with PyAV and resized to the model input (default 128x256, the shape openpilot's
+models use), at 20 Hz. Any video, image folder or single image works (``--source``).
+
+Timing as a camera gives it: ``frameId`` counts from 0 and never repeats within a run;
+``timestampSof`` (ns, CLOCK_MONOTONIC) is the frame's scheduled start on a drift-free 1/rate grid;
+``timestampEof`` is when the frame was decoded, resized and ready (readout done). A source that falls
+behind its schedule skips ticks rather than bursting, and the skipped ids are never reused, so
+downstream frame-drop accounting sees real gaps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from chestnut.msgs.messaging import PubMaster, new_message
+from chestnut.msgs.schema import log as schema
+
+log = logging.getLogger("chestnut.camera")
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".tif", ".tiff", ".webp"}
+
+
+def iter_frames(source: Path, height: int, width: int, loop: bool = True) -> Iterator[np.ndarray]:
+    """Yield uint8 [height, width, 3] BGR frames from a video, an image folder or one image.
+
+    Raises FileNotFoundError for a missing source and ValueError for a folder without images or a
+    file FFmpeg cannot decode.
+    """
+    import av
+
+    if not source.exists():
+        raise FileNotFoundError(f"camera source {source} does not exist")
+    if source.is_dir():
+        files = sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise ValueError(f"camera source {source} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    else:
+        files = [source]
+    while True:
+        n = 0
+        for f in files:
+            try:
+                with av.open(str(f)) as container:
+                    for frame in container.decode(video=0):
+                        n += 1
+                        yield frame.to_ndarray(format="bgr24", width=width, height=height)
+            except av.error.FFmpegError as e:
+                raise ValueError(f"camera source {f} cannot be decoded: {e}") from e
+        if n == 0:
+            raise ValueError(f"camera source {source} has no video frames")
+        if not loop:
+            return
+
+
+def fill_frame(frame_id: int, img: np.ndarray, sof_ns: int, eof_ns: int, source_name: str) -> object:
+    """Build a ``cameraFrame`` Event for a uint8 [H, W, 3] BGR image."""
+    msg = new_message("cameraFrame")
+    cf = msg.cameraFrame
+    cf.frameId = frame_id
+    cf.timestampSof = sof_ns
+    cf.timestampEof = eof_ns
+    cf.height, cf.width = int(img.shape[0]), int(img.shape[1])
+    cf.encoding = schema.CameraFrame.PixelEncoding.bgr888
+    cf.data = np.ascontiguousarray(img).tobytes()
+    cf.sourceName = source_name
+    return msg
+
+
+def frame_to_array(cf: object) -> np.ndarray:
+    """A ``cameraFrame`` reader -> uint8 [H, W, C] array (a copy). Raises ValueError on a size mismatch."""
+    channels = 1 if str(cf.encoding) == "gray8" else 3  # type: ignore[attr-defined]
+    h, w = int(cf.height), int(cf.width)  # type: ignore[attr-defined]
+    data = cf.data  # type: ignore[attr-defined]
+    if len(data) != h * w * channels:
+        raise ValueError(f"cameraFrame {cf.frameId}: {len(data)} bytes for {h}x{w}x{channels}")  # type: ignore[attr-defined]
+    return np.frombuffer(data, np.uint8).reshape(h, w, channels).copy()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--source", type=Path, help="video, image folder or image (default: mvtb-data traffic video)")
+    p.add_argument("--rate", type=float, default=20.0, help="frames per second (default 20)")
+    p.add_argument("--height", type=int, default=128)
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--frames", type=int, default=0, help="stop after this many frames (0 = run until stopped)")
+    p.add_argument("--no-loop", action="store_true", help="stop at the end of the source instead of looping")
+
+
+def run(args: argparse.Namespace) -> int:
+    from chestnut.launch.assets import traffic_video_path
+
+    source = args.source or traffic_video_path()
+    if args.rate <= 0:
+        raise SystemExit("--rate must be > 0")
+    stop = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    period_ns = int(1e9 / args.rate)
+    frames = iter_frames(Path(source), args.height, args.width, loop=not args.no_loop)
+    sent = skipped = 0
+    with PubMaster(["cameraFrame"]) as pm:
+        log.info("camera: %s at %.1f Hz, %dx%d", source, args.rate, args.width, args.height)
+        t0 = time.monotonic_ns()
+        frame_id = 0
+        while not stop and (args.frames == 0 or sent < args.frames):
+            sof = t0 + frame_id * period_ns
+            now = time.monotonic_ns()
+            if now < sof:
+                time.sleep((sof - now) / 1e9)
+            elif now - sof > period_ns:  # fell behind: skip whole ticks, never burst
+                behind = (now - sof) // period_ns
+                frame_id += int(behind)
+                skipped += int(behind)
+                continue
+            img = next(frames, None)
+            if img is None:
+                break
+            pm.send("cameraFrame", fill_frame(frame_id, img, sof, time.monotonic_ns(), Path(source).name))
+            sent += 1
+            frame_id += 1
+    log.info("camera: sent %d frames, skipped %d ticks", sent, skipped)
+    return 0

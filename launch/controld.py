@@ -1,0 +1,160 @@
+"""``chestnut control``: the reference control daemon, the node's contract partner.
+
+It consumes ``modelOutput``, ``chestnutActive`` and ``chestnutHealth`` through ``SubMaster`` and
+decides like openpilot's control daemon (FACTS.md §3):
+
+- It may engage only while every check passes: the three services are alive, freq_ok and valid,
+  ``chestnutActive.active`` is true (every health layer OK and the primary serving), and frames are
+  not dropping. "The dock is enumerated" is never permission: only ``active`` is.
+- While engaged, any failed condition starts a **soft disable**: control is exited after
+  ``SOFT_DISABLE_S`` (3 s, openpilot's soft-disable time) unless every condition clears first.
+  Conditions: ``commIssue`` (a check failed), ``modelLagging`` (frame drops above 1 %),
+  ``chestnutInactive`` (``active`` went false), ``modelSourceChanged`` (the serving model is not the
+  one that was serving at engagement).
+- ``allowSourceSwitch`` tells the node when it may swap the model source: only while not engaged.
+
+:class:`ControlLogic` is the pure decision (clock passed in); :func:`run` is the process loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from dataclasses import dataclass, field
+
+from chestnut.msgs.messaging import PubMaster, SubMaster, new_message
+
+log = logging.getLogger("chestnut.control")
+
+SOFT_DISABLE_S = 3.0          # openpilot: soft disable exits control after 3 s
+FRAME_DROP_MAX_PERC = 1.0     # openpilot controlsd: model lagging above 1 % dropped frames
+ENGAGE_STABLE_S = 1.0         # auto-engage after all checks passed continuously this long
+SERVICES = ("modelOutput", "chestnutActive", "chestnutHealth")
+NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class ControlInputs:
+    """One step's evidence: the SubMaster verdicts and the newest messages' fields."""
+
+    checks_ok: bool               # alive, freq_ok and valid for SERVICES
+    active: bool                  # chestnutActive.active
+    source: str                   # chestnutActive.source ("primary", "fallback", "none")
+    frame_drop_perc: float        # modelOutput.frameDropPerc, %
+
+
+@dataclass
+class ControlState:
+    engaged: bool = False
+    soft_disabling: bool = False
+    soft_disable_remaining_s: float = 0.0
+    events: list[str] = field(default_factory=list)
+    can_engage: bool = False
+    allow_source_switch: bool = True
+
+
+class ControlLogic:
+    """The reference control decision. ``auto_engage``: engage by itself after ``ENGAGE_STABLE_S`` of
+    passing checks (a stand-in for the driver's engage button)."""
+
+    def __init__(self, auto_engage: bool = True) -> None:
+        self.auto_engage = auto_engage
+        self.engaged = False
+        self.engaged_source: str | None = None
+        self.soft_disable_start_ns: int | None = None
+        self.ok_since_ns: int | None = None
+        self.engage_requested = False
+
+    def conditions(self, x: ControlInputs) -> list[str]:
+        """The failing conditions (event names) for these inputs, in a fixed order."""
+        events = []
+        if not x.checks_ok:
+            events.append("commIssue")
+        if x.frame_drop_perc > FRAME_DROP_MAX_PERC:
+            events.append("modelLagging")
+        if not x.active:
+            events.append("chestnutInactive")
+        if self.engaged and self.engaged_source is not None and x.source != self.engaged_source:
+            events.append("modelSourceChanged")
+        return events
+
+    def request_engage(self) -> None:
+        """The driver's button: engage at the next step that allows it."""
+        self.engage_requested = True
+
+    def step(self, now_ns: int, x: ControlInputs) -> ControlState:
+        events = self.conditions(x)
+        can_engage = not events and not self.engaged
+        if events:
+            self.ok_since_ns = None
+        elif self.ok_since_ns is None:
+            self.ok_since_ns = now_ns
+        out_events = list(events)
+        if self.engaged:
+            if events:
+                if self.soft_disable_start_ns is None:
+                    self.soft_disable_start_ns = now_ns
+                    log.warning("soft disable: %s", ", ".join(events))
+                elapsed_s = (now_ns - self.soft_disable_start_ns) / NS
+                if elapsed_s >= SOFT_DISABLE_S:
+                    self.engaged, self.engaged_source, self.soft_disable_start_ns = False, None, None
+                    out_events.append("disengaged")
+                    log.warning("control exited after %.1f s of soft disable", elapsed_s)
+            elif self.soft_disable_start_ns is not None:
+                self.soft_disable_start_ns = None
+                out_events.append("softDisableCleared")
+        else:
+            stable = self.ok_since_ns is not None and (now_ns - self.ok_since_ns) / NS >= ENGAGE_STABLE_S
+            if can_engage and (self.engage_requested or (self.auto_engage and stable)):
+                self.engaged, self.engaged_source, self.engage_requested = True, x.source, False
+                out_events.append("engaged")
+                log.info("engaged on the %s model", x.source)
+        soft = self.engaged and self.soft_disable_start_ns is not None
+        remaining = max(0.0, SOFT_DISABLE_S - (now_ns - self.soft_disable_start_ns) / NS) if soft else 0.0
+        return ControlState(engaged=self.engaged, soft_disabling=soft, soft_disable_remaining_s=remaining,
+                            events=out_events, can_engage=not events,
+                            allow_source_switch=not self.engaged)
+
+
+def fill_control_state(st: ControlState) -> object:
+    msg = new_message("controlState")
+    cs = msg.controlState
+    cs.engaged, cs.softDisabling = st.engaged, st.soft_disabling
+    cs.softDisableRemaining = st.soft_disable_remaining_s
+    cs.canEngage, cs.allowSourceSwitch = st.can_engage, st.allow_source_switch
+    ev = cs.init("events", len(st.events))
+    for i, e in enumerate(st.events):
+        ev[i] = e
+    return msg
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-auto-engage", action="store_true", help="never engage by itself")
+    p.add_argument("--rate", type=float, default=20.0, help="controlState rate, Hz (default 20)")
+
+
+def run(args: argparse.Namespace) -> int:
+    stop = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    logic = ControlLogic(auto_engage=not args.no_auto_engage)
+    period_ms = max(1, int(1000 / args.rate))
+    with SubMaster(list(SERVICES)) as sm, PubMaster(["controlState"]) as pm:
+        was_engaged = False
+        while not stop:
+            sm.update(period_ms)
+            x = ControlInputs(checks_ok=sm.all_checks(), active=bool(sm["chestnutActive"].active),
+                              source=str(sm["chestnutActive"].source),
+                              frame_drop_perc=float(sm["modelOutput"].frameDropPerc))
+            st = logic.step(sm.mono_time_ns(), x)
+            if st.engaged != was_engaged:
+                log.info("controlState: engaged=%s events=%s", st.engaged, st.events)
+                was_engaged = st.engaged
+            pm.send("controlState", fill_control_state(st))
+    return 0

@@ -1,0 +1,128 @@
+"""``chestnut dump SERVICE [SERVICE ...]``: print live messages, one line each (like cereal's dump).
+
+Text line: ``<logMonoTime s> <service> valid=<bool> <member as JSON>``; ``Data`` fields are shown as
+``"<N bytes>"``. ``--json``: one JSON object per line with ``logMonoTime`` (ns), ``service``, ``valid``
+and the member under its service name. ``--raw``: no decoding: ``<receive time s> <service> <N> bytes
+<hex of the first 32 bytes>`` (malformed messages show too). ``-n COUNT`` stops after COUNT messages.
+Ctrl-C (or a closed pipe) ends it with exit code 0. Malformed messages are counted and dropped as in
+every subscriber; after a ``-n`` run their counts per reason go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import zmq
+
+from chestnut.msgs.messaging import SubSocket, drain_sock, drain_sock_raw, sub_sock
+from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError
+
+RAW_HEX_BYTES = 32  # bytes of each raw message shown in hex
+POLL_MS = 100  # ms between checks for Ctrl-C / closed pipes when nothing arrives
+
+
+def _plain(value: Any) -> Any:
+    """``to_dict()`` output made JSON-able: bytes become ``"<N bytes>"``."""
+    if isinstance(value, bytes | bytearray):
+        return f"<{len(value)} bytes>"
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def event_dict(event: Any) -> dict[str, Any]:
+    """A JSON-able dict of an ``Event``: ``logMonoTime`` (ns), ``service``, ``valid``, ``<service>``."""
+    service = event.which()
+    return {
+        "logMonoTime": event.logMonoTime,
+        "service": service,
+        "valid": bool(event.valid),
+        service: _plain(getattr(event, service).to_dict()),
+    }
+
+
+def format_event(event: Any, as_json: bool = False) -> str:
+    """One line for ``event`` (see the module doc for the two layouts)."""
+    d = event_dict(event)
+    if as_json:
+        return json.dumps(d)
+    service = d["service"]
+    return f"{d['logMonoTime'] / 1e9:.6f} {service} valid={d['valid']} {json.dumps(d[service])}"
+
+
+def format_raw(service: str, data: bytes, recv_time_ns: int) -> str:
+    """One line for undecoded bytes: receive time (s), service, length and a hex prefix."""
+    more = "..." if len(data) > RAW_HEX_BYTES else ""
+    return f"{recv_time_ns / 1e9:.6f} {service} {len(data)} bytes {data[:RAW_HEX_BYTES].hex()}{more}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("services", nargs="+", metavar="SERVICE", help=f"one of: {', '.join(SERVICE_LIST)}")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--json", action="store_true", help="one JSON object per message")
+    mode.add_argument("--raw", action="store_true", help="undecoded: length and a hex prefix of each message")
+    parser.add_argument("-n", "--count", type=int, default=None, metavar="COUNT", help="stop after COUNT messages")
+    parser.add_argument("--prefix", default=None, help="runtime prefix of the stack (default: $CHESTNUT_PREFIX)")
+
+
+def dump(
+    services: list[str],
+    out: Any = sys.stdout,
+    as_json: bool = False,
+    raw: bool = False,
+    count: int | None = None,
+    prefix: str | None = None,
+) -> dict[str, dict[str, int]]:
+    """Print messages of ``services`` to ``out`` until ``count`` are printed (or forever).
+
+    Returns the malformed-message counts per service (reason -> count). Raises
+    :class:`UnknownServiceError` for an unregistered service; KeyboardInterrupt and BrokenPipeError
+    propagate to the caller after the sockets are closed.
+    """
+    poller = zmq.Poller()
+    socks: list[SubSocket] = []
+    try:
+        for s in dict.fromkeys(services):
+            socks.append(sub_sock(s, poller, prefix=prefix))
+        printed = 0
+        while count is None or printed < count:
+            if not poller.poll(POLL_MS):
+                continue
+            for sock in socks:
+                if raw:
+                    now_ns = time.monotonic_ns()
+                    lines = [format_raw(sock.service, data, now_ns) for data in drain_sock_raw(sock)]
+                else:
+                    lines = [format_event(event, as_json) for event in drain_sock(sock)]
+                for line in lines[: None if count is None else count - printed]:
+                    print(line, file=out, flush=True)
+                    printed += 1
+        return {sock.service: dict(sock.malformed or {}) for sock in socks}
+    finally:
+        for sock in socks:
+            sock.close(linger=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        malformed = dump(args.services, sys.stdout, args.json, args.raw, args.count, args.prefix)
+    except UnknownServiceError as e:
+        print(f"chestnut dump: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:
+        # the reader went away (e.g. `| head`): silence the interpreter's final flush of stdout
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    for service, reasons in malformed.items():
+        if reasons:
+            print(f"{service}: dropped malformed messages: {reasons}", file=sys.stderr)
+    return 0

@@ -1,0 +1,525 @@
+"""ZeroMQ pub/sub of Cap'n Proto ``Event``s: the stack's messaging API (cereal's vocabulary).
+
+- :func:`endpoint` -- where a service lives: ``ipc://<runtime_dir(prefix)>/<service>`` by default,
+  ``tcp://127.0.0.1:<port>`` (loopback only) when asked.
+- :func:`new_message` / :func:`log_from_bytes` -- build and decode ``Event``s; decoding is bounded
+  (:data:`~chestnut.msgs.schema.TRAVERSAL_LIMIT_WORDS`) and validates every pointer up front, so a
+  malformed message fails here with :class:`MalformedMessageError` and never later in a consumer.
+- :func:`pub_sock` / :func:`sub_sock` -- thin wrappers over pyzmq PUB/SUB sockets sharing one
+  ``zmq.Context`` per process. The publisher binds, subscribers connect (cereal's topology). One
+  publisher per service and prefix: a second bind takes the endpoint over.
+- :func:`recv_one`, :func:`recv_one_or_none`, :func:`drain_sock` -- receive decoded events; malformed
+  ones are counted per reason on the socket (:attr:`SubSocket.malformed`), logged once per reason and
+  dropped.
+- :class:`PubMaster` and :class:`SubMaster` -- the aggregates. SubMaster's checks (alive / freq_ok /
+  valid) are the pure :class:`~chestnut.msgs.submaster.SubMasterChecks`; this module adds sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import capnp
+import zmq
+
+from chestnut.msgs.paths import runtime_dir
+from chestnut.msgs.schema import MAX_MESSAGE_BYTES, TRAVERSAL_LIMIT_WORDS, log
+from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError, get_service
+from chestnut.msgs.submaster import SubMasterChecks
+
+__all__ = [
+    "READER_TRAVERSAL_LIMIT_WORDS",
+    "REASON_FRAMING",
+    "REASON_OVERSIZE",
+    "REASON_POINTER",
+    "REASON_UNKNOWN_MEMBER",
+    "REASON_WRONG_SERVICE",
+    "TCP_BASE_PORT_ENV",
+    "MalformedMessageError",
+    "PubMaster",
+    "SubMaster",
+    "SubSocket",
+    "UnknownServiceError",
+    "context",
+    "drain_sock",
+    "drain_sock_raw",
+    "endpoint",
+    "log_from_bytes",
+    "new_message",
+    "pub_sock",
+    "recv_one",
+    "recv_one_or_none",
+    "sub_sock",
+]
+
+_log = logging.getLogger(__name__)
+
+TCP_BASE_PORT_ENV = "CHESTNUT_TCP_BASE_PORT"
+"""When set, every service uses TCP on loopback at ``base + <index of the service in SERVICE_LIST>``."""
+
+# Malformed-message reasons (the keys of SubSocket.malformed / SubMaster.malformed[service]).
+REASON_OVERSIZE = "oversize"  # longer than schema.MAX_MESSAGE_BYTES
+REASON_FRAMING = "framing"  # not a Cap'n Proto message: length, segment table, truncated segments
+REASON_POINTER = "pointer"  # a pointer out of bounds, or the traversal limit exceeded
+REASON_UNKNOWN_MEMBER = "unknown member"  # a union discriminant or enum value this schema does not name
+REASON_WRONG_SERVICE = "wrong service"  # a well-formed Event whose union member is not the socket's service
+
+
+READER_TRAVERSAL_LIMIT_WORDS = 16 * TRAVERSAL_LIMIT_WORDS
+"""Traversal budget (64-bit words) of a reader returned by :func:`log_from_bytes`. The message was
+already traversed in full once under ``TRAVERSAL_LIMIT_WORDS``, so this bounds only re-reads: every
+read of a ``Data``/``Text``/list field counts its size again, and a reader over budget raises
+``capnp.KjException`` on the next read. 16 whole-message re-reads of the largest accepted message
+(~86 reads of a 1920x1080x3 frame's ``data``, ~5400 of a 128x256x3 one); copy big fields once rather
+than re-reading them."""
+
+
+class MalformedMessageError(ValueError):
+    """Bytes that are not a well-formed ``Event`` of this schema.
+
+    ``reason`` is one of the ``REASON_*`` constants of this module; the message says what failed.
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"malformed Event ({reason}): {detail}")
+        self.reason = reason
+
+
+# ---------------------------------------------------------------- endpoints
+
+
+def endpoint(service: str, prefix: str | None = None, tcp_port: int | None = None) -> str:
+    """The ZeroMQ address of ``service``.
+
+    ``ipc://<runtime_dir(prefix)>/<service>`` (the private 0700 directory of ``msgs.paths``; ``prefix``
+    defaults to ``$CHESTNUT_PREFIX``) unless TCP is asked for: an explicit ``tcp_port``, or
+    ``$CHESTNUT_TCP_BASE_PORT`` (port = base + the service's index in ``SERVICE_LIST``). TCP is bound
+    to 127.0.0.1 only, and the prefix does not apply to it (parallel stacks use different base ports).
+
+    Raises :class:`UnknownServiceError` for a service not in the registry, ``ValueError`` for a bad
+    port or prefix.
+    """
+    get_service(service)
+    if tcp_port is None and (base := os.environ.get(TCP_BASE_PORT_ENV)):
+        try:
+            tcp_port = int(base) + list(SERVICE_LIST).index(service)
+        except ValueError:
+            raise ValueError(f"{TCP_BASE_PORT_ENV}={base!r} is not a port number") from None
+    if tcp_port is not None:
+        if not 1 <= tcp_port <= 65535:
+            raise ValueError(f"TCP port {tcp_port} for {service!r} is outside 1..65535")
+        return f"tcp://127.0.0.1:{tcp_port}"
+    return f"ipc://{runtime_dir(prefix)}/{service}"
+
+
+# ---------------------------------------------------------------- messages
+
+
+def new_message(service: str | None = None, valid: bool = True, size: int | None = None) -> Any:
+    """A new ``Event`` builder stamped with ``logMonoTime = time.monotonic_ns()`` (ns, CLOCK_MONOTONIC).
+
+    ``service`` initialises that union member (``size`` = element count when the member is a list).
+    Raises :class:`UnknownServiceError` for a name that is not a registered service.
+    """
+    msg = log.Event.new_message()
+    msg.logMonoTime = time.monotonic_ns()
+    msg.valid = valid
+    if service is not None:
+        get_service(service)
+        if size is None:
+            msg.init(service)
+        else:
+            msg.init(service, size)
+    return msg
+
+
+# Field kinds that can be malformed: pointers (out of bounds, over the traversal limit) and enums
+# (a value this schema does not name). Other scalars cannot: reads outside a struct's data section
+# return the default.
+_CHECKED_KINDS = frozenset({"text", "data", "struct", "list", "anyPointer", "interface", "enum"})
+
+
+class _StructPlan:
+    """What to check in a struct: its checked non-union fields and, per union member, the member's check.
+
+    Each check is ``(name, kind, sub)``: ``sub`` is a ``_StructPlan`` (struct), ``(element kind,
+    element sub)`` (list), the enumerant count (enum) or None.
+    """
+
+    __slots__ = ("fields", "union", "display_name")
+
+    def __init__(self) -> None:
+        self.fields: list[tuple[str, str, Any]] = []
+        self.union: dict[str, list[tuple[str, str, Any]]] | None = None
+        self.display_name = ""
+
+
+_plans: dict[int, _StructPlan] = {}
+
+
+def _struct_plan(schema: Any) -> _StructPlan:
+    """The (memoised, recursion-safe) check plan of a ``_StructSchema``."""
+    node_id = schema.node.id
+    plan = _plans.get(node_id)
+    if plan is None:
+        plan = _plans[node_id] = _StructPlan()
+        plan.display_name = schema.node.displayName
+        fields = schema.fields
+        plan.fields = [c for name in schema.non_union_fields for c in _field_checks(fields[name])]
+        if schema.union_fields:
+            plan.union = {name: _field_checks(fields[name]) for name in schema.union_fields}
+    return plan
+
+
+def _field_checks(field: Any) -> list[tuple[str, str, Any]]:
+    name = field.proto.name
+    if field.proto.which() == "group":
+        return [(name, "struct", _struct_plan(field.schema))]
+    kind = field.proto.slot.type.which()
+    if kind not in _CHECKED_KINDS:
+        return []
+    if kind == "struct":
+        return [(name, kind, _struct_plan(field.schema))]
+    if kind == "list":
+        return [(name, kind, _list_checks(field.schema, field.proto.slot.type.list.elementType))]
+    if kind == "enum":
+        return [(name, kind, len(field.schema.enumerants))]
+    return [(name, kind, None)]
+
+
+def _list_checks(list_schema: Any, elem_type: Any) -> tuple[str, Any]:
+    """(element kind, element sub) of a ``_ListSchema`` whose element ``Type`` proto is ``elem_type``."""
+    kind = elem_type.which()
+    if kind == "struct":
+        return kind, _struct_plan(list_schema.elementType)
+    if kind == "enum":
+        return kind, len(list_schema.elementType.enumerants)
+    if kind == "list":
+        return kind, _list_checks(list_schema.elementType, elem_type.list.elementType)
+    return "leaf", None
+
+
+class _UnknownEnumerant(Exception):
+    pass
+
+
+def _walk_struct(reader: Any, plan: _StructPlan) -> str | None:
+    """Resolve every pointer and enum reachable from ``reader``; returns its union member's name (if any).
+
+    Raises ``KjException`` on a bad pointer, :class:`_UnknownEnumerant` on a union discriminant or
+    enum value the schema does not name.
+    """
+    for name, kind, sub in plan.fields:
+        _walk_field(reader, name, kind, sub)
+    if plan.union is not None:
+        try:
+            member = reader.which()
+        except capnp.KjException:
+            raise _UnknownEnumerant(f"{plan.display_name}: union discriminant not in this schema") from None
+        for name, kind, sub in plan.union[member]:
+            _walk_field(reader, name, kind, sub)
+        return member
+    return None
+
+
+def _walk_field(reader: Any, name: str, kind: str, sub: Any) -> None:
+    if kind == "data":
+        try:
+            reader.get_data_as_view(name)  # bounds-checked like a read, without copying the bytes
+        except ValueError:  # pycapnp cannot view an empty (null) Data: read it the copying way
+            getattr(reader, name)
+    else:
+        _walk_value(getattr(reader, name), kind, sub)
+
+
+def _walk_value(value: Any, kind: str, sub: Any) -> None:
+    if kind == "struct":
+        _walk_struct(value, sub)
+    elif kind == "enum":
+        if value.raw >= sub:
+            raise _UnknownEnumerant(f"enum value {value.raw} (this schema names {sub})")
+    elif kind == "list":
+        elem_kind, elem_sub = sub
+        if elem_kind == "leaf":
+            for _ in value:  # text/data elements are pointers; scalar elements cost one pass
+                pass
+        else:
+            for item in value:
+                _walk_value(item, elem_kind, elem_sub)
+
+
+def log_from_bytes(data: bytes | bytearray | memoryview) -> Any:
+    """Decode one ``Event`` (a ``_DynamicStructReader``) from its unpacked Cap'n Proto bytes.
+
+    Every pointer and enum of the message is resolved once here, under the bounded traversal limit
+    ``schema.TRAVERSAL_LIMIT_WORDS`` (64-bit words), so a returned reader never raises later on a
+    malformed field. The returned reader is a fresh one with the (bounded) budget
+    :data:`READER_TRAVERSAL_LIMIT_WORDS` for re-reads. Zero-copy: it keeps ``data`` (as bytes) alive.
+
+    Raises :class:`MalformedMessageError` with ``reason``: ``oversize`` (more than
+    ``schema.MAX_MESSAGE_BYTES`` bytes), ``framing`` (length not a multiple of 8, bad segment table,
+    truncated), ``pointer`` (out-of-bounds pointer or traversal limit exceeded), ``unknown member``
+    (union discriminant unknown to this schema, e.g. from a newer writer).
+    """
+    return _decode_event(data)[0]
+
+
+def _decode_event(data: bytes | bytearray | memoryview) -> tuple[Any, str]:
+    """:func:`log_from_bytes` that also returns the event's union member name."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise MalformedMessageError(REASON_OVERSIZE, f"{len(data)} bytes > limit {MAX_MESSAGE_BYTES}")
+    buf = data if isinstance(data, bytes) else bytes(data)
+    try:
+        with log.Event.from_bytes(buf, traversal_limit_in_words=TRAVERSAL_LIMIT_WORDS) as check:
+            pass
+    except (ValueError, capnp.KjException) as e:
+        raise MalformedMessageError(REASON_FRAMING, _first_line(e)) from None
+    try:
+        member = _walk_struct(check, _EVENT_PLAN)
+    except _UnknownEnumerant as e:
+        raise MalformedMessageError(REASON_UNKNOWN_MEMBER, str(e)) from None
+    except (capnp.KjException, ValueError) as e:
+        raise MalformedMessageError(REASON_POINTER, _first_line(e)) from None
+    with log.Event.from_bytes(buf, traversal_limit_in_words=READER_TRAVERSAL_LIMIT_WORDS) as event:
+        return event, str(member)  # Event always has a union
+
+
+_EVENT_PLAN = _struct_plan(log.Event.schema)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+# ---------------------------------------------------------------- sockets
+
+
+def context() -> zmq.Context:
+    """The process's shared ZeroMQ context (a new one after ``fork``; pyzmq's ``Context.instance``)."""
+    return zmq.Context.instance()
+
+
+class SubSocket(zmq.Socket):
+    """A SUB socket bound to one service; counts malformed messages per reason.
+
+    Attributes: ``service`` (str), ``malformed`` (``Counter`` reason -> count).
+    """
+
+    service: str = ""
+    malformed: Counter[str] | None = None
+
+    def count_malformed(self, err: MalformedMessageError) -> None:
+        """Count ``err`` under its reason; the first of each reason is logged (WARNING)."""
+        assert self.malformed is not None
+        self.malformed[err.reason] += 1
+        if self.malformed[err.reason] == 1:
+            _log.warning("%s: dropped a malformed message: %s (further ones are only counted)", self.service, err)
+
+
+def pub_sock(service: str, prefix: str | None = None, tcp_port: int | None = None) -> zmq.Socket:
+    """A PUB socket bound to :func:`endpoint` of ``service``. Raises :class:`UnknownServiceError`."""
+    addr = endpoint(service, prefix, tcp_port)
+    sock = context().socket(zmq.PUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(addr)
+    return sock
+
+
+def sub_sock(
+    service: str,
+    poller: zmq.Poller | None = None,
+    conflate: bool = False,
+    timeout_ms: int | None = None,
+    prefix: str | None = None,
+    tcp_port: int | None = None,
+) -> SubSocket:
+    """A SUB socket connected to :func:`endpoint` of ``service``, subscribed to everything.
+
+    ``conflate`` keeps only the newest message (ZMQ_CONFLATE); ``timeout_ms`` bounds a blocking
+    :func:`recv_one` (None = block forever); ``poller`` registers the socket for ``POLLIN``.
+    Raises :class:`UnknownServiceError`.
+    """
+    addr = endpoint(service, prefix, tcp_port)
+    sock = context().socket(zmq.SUB, socket_class=SubSocket)
+    sock.service = service
+    sock.malformed = Counter()
+    sock.setsockopt(zmq.LINGER, 0)
+    if conflate:
+        sock.setsockopt(zmq.CONFLATE, 1)
+    if timeout_ms is not None:
+        sock.setsockopt(zmq.RCVTIMEO, int(timeout_ms))
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(addr)
+    if poller is not None:
+        poller.register(sock, zmq.POLLIN)
+    return sock
+
+
+def _decode(sock: SubSocket, data: bytes) -> Any | None:
+    """The event in ``data``, or None (counted on ``sock``) when malformed or of another service."""
+    try:
+        event, member = _decode_event(data)
+        if member != sock.service:
+            raise MalformedMessageError(REASON_WRONG_SERVICE, f"got {member!r} on {sock.service!r}")
+    except MalformedMessageError as err:
+        sock.count_malformed(err)
+        return None
+    return event
+
+
+def recv_one(sock: SubSocket) -> Any | None:
+    """Block for the next well-formed event (bounded by the socket's ``timeout_ms``); None on timeout."""
+    while True:
+        try:
+            data = sock.recv()
+        except zmq.Again:
+            return None
+        event = _decode(sock, data)
+        if event is not None:
+            return event
+
+
+def recv_one_or_none(sock: SubSocket) -> Any | None:
+    """The next well-formed event if one is queued, else None (never blocks)."""
+    while True:
+        try:
+            data = sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        event = _decode(sock, data)
+        if event is not None:
+            return event
+
+
+def drain_sock_raw(sock: zmq.Socket, wait_for_one: bool = False) -> list[bytes]:
+    """Every queued message as raw bytes, undecoded (for loggers). ``wait_for_one`` blocks for the first."""
+    out: list[bytes] = []
+    while True:
+        try:
+            out.append(sock.recv(0 if wait_for_one and not out else zmq.NOBLOCK))
+        except zmq.Again:
+            return out
+
+
+def drain_sock(sock: SubSocket, wait_for_one: bool = False) -> list[Any]:
+    """Every queued well-formed event, oldest first; malformed ones are counted and dropped."""
+    events = []
+    for data in drain_sock_raw(sock, wait_for_one):
+        event = _decode(sock, data)
+        if event is not None:
+            events.append(event)
+    return events
+
+
+# ---------------------------------------------------------------- aggregates
+
+
+class PubMaster:
+    """One PUB socket per service. ``send(service, msg)`` takes an ``Event`` builder or its bytes.
+
+    Raises :class:`UnknownServiceError` for an unregistered service (here and in :meth:`send`).
+    """
+
+    def __init__(self, services: Iterable[str], prefix: str | None = None) -> None:
+        self.sock: dict[str, zmq.Socket] = {}
+        try:
+            for service in services:
+                self.sock[service] = pub_sock(service, prefix)
+        except BaseException:
+            self.close()
+            raise
+
+    def send(self, service: str, msg: Any) -> None:
+        """Publish ``msg`` (an ``Event`` builder, or already serialised bytes) on ``service``.
+
+        A builder whose union member is not ``service`` raises ``ValueError`` (subscribers would
+        drop it as ``wrong service``).
+        """
+        sock = self.sock.get(service)
+        if sock is None:
+            get_service(service)
+            raise ValueError(f"PubMaster has no socket for {service!r}; it publishes {sorted(self.sock)}")
+        if not isinstance(msg, bytes | bytearray | memoryview):
+            member = msg.which()
+            if member != service:
+                raise ValueError(f"an Event carrying {member!r} sent on {service!r}")
+            msg = msg.to_bytes()
+        sock.send(msg)
+
+    def close(self) -> None:
+        for sock in self.sock.values():
+            sock.close(linger=0)
+        self.sock.clear()
+
+    def __enter__(self) -> PubMaster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SubMaster(SubMasterChecks):
+    """Subscribes to ``services`` and keeps openpilot's alive / freq_ok / valid per service.
+
+    ``update(timeout_ms)`` waits up to ``timeout_ms`` for a message (on the ``poll`` services only when
+    given, else on any), then drains every socket and re-evaluates the checks at the clock's time.
+    All state (``updated``, ``recv_time_ns``, ``recv_frame``, ``alive``, ``freq_ok``, ``valid``,
+    ``malformed``, ``sm[service]``, ``all_checks()`` ...) is that of
+    :class:`~chestnut.msgs.submaster.SubMasterChecks`. ``mono_time_ns`` is the clock (ns).
+    Raises :class:`UnknownServiceError` for an unregistered service.
+    """
+
+    def __init__(
+        self,
+        services: Iterable[str],
+        poll: str | Iterable[str] | None = None,
+        ignore_alive: Iterable[str] = (),
+        ignore_valid: Iterable[str] = (),
+        ignore_avg_freq: Iterable[str] = (),
+        prefix: str | None = None,
+        mono_time_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        super().__init__(services, ignore_alive, ignore_valid, ignore_avg_freq)
+        self.mono_time_ns = mono_time_ns
+        polled = [poll] if isinstance(poll, str) else list(poll or ())
+        for s in polled:
+            if s not in self.services:
+                get_service(s)
+                raise ValueError(f"poll service {s!r} is not among the subscribed services {self.services}")
+        self.poll = polled
+        self.poller = zmq.Poller()
+        self.sock: dict[str, SubSocket] = {}
+        try:
+            for s in self.services:
+                sock = self.sock[s] = sub_sock(s, self.poller if not polled or s in polled else None, prefix=prefix)
+                assert sock.malformed is not None
+                self.malformed[s] = sock.malformed  # counted by the socket as messages are drained
+        except BaseException:
+            self.close()
+            raise
+
+    def update(self, timeout_ms: int = 100) -> None:
+        """Wait up to ``timeout_ms`` (ms) for new messages, drain all sockets, re-evaluate the checks."""
+        if timeout_ms > 0:
+            self.poller.poll(timeout_ms)
+        events = []
+        for sock in self.sock.values():
+            events.extend(drain_sock(sock))
+        self.update_msgs(self.mono_time_ns(), events)
+
+    def close(self) -> None:
+        for sock in self.sock.values():
+            sock.close(linger=0)
+        self.sock.clear()
+
+    def __enter__(self) -> SubMaster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,70 @@
+"""The reference control daemon's decisions, with a fake clock (ns)."""
+
+from chestnut.launch.controld import ControlInputs, ControlLogic
+
+S = 1_000_000_000
+OK = ControlInputs(checks_ok=True, active=True, source="primary", frame_drop_perc=0.0)
+
+
+def run_until(logic, t0, t1, x, dt=S // 20):
+    st = None
+    t = t0
+    while t <= t1:
+        st = logic.step(t, x)
+        t += dt
+    return st
+
+
+def test_engages_only_after_a_second_of_passing_checks():
+    c = ControlLogic()
+    assert c.step(0, OK).engaged is False
+    st = c.step(S - 1, OK)
+    assert (st.engaged, st.can_engage, st.events) == (False, True, [])
+    st = c.step(S, OK)
+    assert (st.engaged, st.events, st.allow_source_switch) == (True, ["engaged"], False)
+
+
+def test_never_engages_while_inactive_even_if_checks_pass():
+    c = ControlLogic()
+    x = ControlInputs(checks_ok=True, active=False, source="fallback", frame_drop_perc=0.0)
+    st = run_until(c, 0, 5 * S, x)
+    assert (st.engaged, st.can_engage, st.events) == (False, False, ["chestnutInactive"])
+
+
+def test_source_change_soft_disables_then_exits_control_after_3_s():
+    c = ControlLogic()
+    run_until(c, 0, S, OK)
+    x = ControlInputs(checks_ok=True, active=False, source="fallback", frame_drop_perc=0.0)
+    st = c.step(2 * S, x)
+    assert (st.engaged, st.soft_disabling, st.soft_disable_remaining_s) == (True, True, 3.0)
+    assert st.events == ["chestnutInactive", "modelSourceChanged"]
+    st = c.step(2 * S + 2 * S, x)
+    assert (st.engaged, st.soft_disabling) == (True, True) and abs(st.soft_disable_remaining_s - 1.0) < 1e-9
+    st = c.step(5 * S, x)
+    assert (st.engaged, st.soft_disabling, st.events[-1], st.allow_source_switch) == (False, False, "disengaged", True)
+
+
+def test_frame_drops_above_one_percent_soft_disable_and_clear():
+    c = ControlLogic()
+    run_until(c, 0, S, OK)
+    lag = ControlInputs(checks_ok=True, active=True, source="primary", frame_drop_perc=1.5)
+    st = c.step(2 * S, lag)
+    assert (st.soft_disabling, st.events) == (True, ["modelLagging"])
+    st = c.step(3 * S, OK)
+    assert (st.engaged, st.soft_disabling, st.events) == (True, False, ["softDisableCleared"])
+
+
+def test_exactly_one_percent_is_not_lagging():
+    c = ControlLogic()
+    x = ControlInputs(checks_ok=True, active=True, source="primary", frame_drop_perc=1.0)
+    assert c.conditions(x) == []
+
+
+def test_failed_checks_are_a_comm_issue_and_block_engagement():
+    c = ControlLogic(auto_engage=False)
+    c.request_engage()
+    bad = ControlInputs(checks_ok=False, active=True, source="primary", frame_drop_perc=0.0)
+    st = c.step(0, bad)
+    assert (st.engaged, st.events) == (False, ["commIssue"])
+    st = c.step(1, OK)  # the button press waits for a step that allows it
+    assert (st.engaged, st.events) == (True, ["engaged"])

@@ -1,0 +1,493 @@
+"""Messaging over real ZeroMQ sockets and real processes: endpoints, bounded decoding, SubMaster, dump, demo."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import re
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from chestnut.msgs import messaging
+from chestnut.msgs.demo import publish_camera_frames
+from chestnut.msgs.messaging import (
+    MalformedMessageError,
+    PubMaster,
+    SubMaster,
+    drain_sock,
+    endpoint,
+    log_from_bytes,
+    new_message,
+    pub_sock,
+    recv_one,
+    sub_sock,
+)
+from chestnut.msgs.paths import current_prefix
+from chestnut.msgs.schema import MAX_MESSAGE_BYTES, TRAVERSAL_LIMIT_WORDS, log
+from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError
+
+CAM = "cameraFrame"
+SPAWN = mp.get_context("spawn")
+CLI = [sys.executable, "-m", "chestnut.launch.cli"]
+
+
+def join(proc, timeout_s: float = 10.0) -> int | None:
+    proc.join(timeout_s)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(2.0)
+    return proc.exitcode
+
+
+# ---------------------------------------------------------------- crafted malformed messages
+
+
+def _word_index_of_list_pointer(seg: bytes, elem_size: int, count: int) -> int:
+    for w in range(0, len(seg) // 8):
+        (word,) = struct.unpack_from("<Q", seg, 8 * w)
+        if word & 3 == 1 and (word >> 32) & 7 == elem_size and word >> 35 == count:
+            return w
+    raise AssertionError("list pointer not found")
+
+
+def amplified_message(copies: int = 600, text_bytes: int = 65535) -> bytes:
+    """controlState.events: ``copies`` Text pointers all aimed at one 64 KiB text (traversal amplification)."""
+    msg = log.Event.new_message(num_first_segment_words=text_bytes // 8 + 4 * copies + 64)  # one segment
+    events = msg.init("controlState").init("events", copies)
+    events[0] = "x" * text_bytes
+    for i in range(1, copies):
+        events[i] = "y"
+    data = bytearray(msg.to_bytes())
+    assert struct.unpack_from("<II", data, 0)[0] == 0, "expected a single segment"
+    seg = memoryview(data)[8:]
+    w0 = _word_index_of_list_pointer(bytes(seg), 2, text_bytes + 1)
+    (p0,) = struct.unpack_from("<Q", seg, 8 * w0)
+    target = w0 + 1 + ((p0 >> 2) & 0x3FFFFFFF)
+    for i in range(1, copies):
+        offset = (target - (w0 + i + 1)) & 0x3FFFFFFF
+        struct.pack_into("<Q", seg, 8 * (w0 + i), 1 | offset << 2 | (p0 >> 32) << 32)
+    return bytes(data)
+
+
+def _differing_byte(a: bytes, b: bytes, lo: int = 0, hi: int | None = None) -> int:
+    diffs = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y and lo <= i < (hi or len(a))]
+    assert len(diffs) == 1
+    return diffs[0]
+
+
+def unknown_member_message() -> bytes:
+    """An Event whose union discriminant (as a newer schema might write) is not in ours."""
+    a, b = new_message("initData"), new_message("cameraFrame")
+    a.logMonoTime = b.logMonoTime = 0
+    data = bytearray(b.to_bytes())
+    data[_differing_byte(a.to_bytes(), bytes(data), 16, 32)] = 99  # in the root's data section
+    return bytes(data)
+
+
+def unknown_enum_message() -> bytes:
+    a, b = new_message(CAM), new_message(CAM)
+    a.logMonoTime = b.logMonoTime = 0
+    b.cameraFrame.encoding = "gray8"
+    data = bytearray(b.to_bytes())
+    data[_differing_byte(a.to_bytes(), bytes(data))] = 77
+    return bytes(data)
+
+
+def out_of_bounds_message() -> bytes:
+    """A cameraFrame whose segment table claims fewer words than its data pointer needs."""
+    msg = new_message(CAM)
+    msg.cameraFrame.data = b"p" * 800
+    data = msg.to_bytes()
+    count, words = struct.unpack_from("<II", data, 0)
+    assert count == 0
+    short = words - 50
+    return struct.pack("<II", 0, short) + data[8 : 8 + 8 * short]
+
+
+def good_frame(frame_id: int, valid: bool = True) -> bytes:
+    msg = new_message(CAM, valid=valid)
+    msg.cameraFrame.frameId = frame_id
+    msg.cameraFrame.data = bytes(range(256)) * 4
+    return msg.to_bytes()
+
+
+MALFORMED = {
+    "garbage": (b"\xde\xad\xbe\xef" * 6, "framing"),
+    "truncated": (good_frame(5)[:-16], "framing"),
+    "odd length": (good_frame(5) + b"\x00", "framing"),
+    "empty": (b"", "framing"),
+    "oversize": (bytes(MAX_MESSAGE_BYTES + 8), "oversize"),
+    "unknown union member": (unknown_member_message(), "unknown member"),
+    "unknown enum value": (unknown_enum_message(), "unknown member"),
+    "out-of-bounds pointer": (out_of_bounds_message(), "pointer"),
+    "traversal amplification": (amplified_message(), "pointer"),
+}
+
+
+# ---------------------------------------------------------------- endpoints, messages, decoding
+
+
+def test_endpoint_is_ipc_in_the_private_runtime_dir_and_tcp_on_loopback_only_when_asked(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv(messaging.TCP_BASE_PORT_ENV, raising=False)
+    base = tmp_path / f"chestnut-{os.getuid()}"
+    assert endpoint(CAM, prefix="a") == f"ipc://{base}/a/{CAM}"
+    assert endpoint(CAM) == f"ipc://{base}/{current_prefix()}/{CAM}"
+    assert stat.S_IMODE((base / "a").stat().st_mode) == 0o700
+    assert endpoint(CAM, tcp_port=8123) == "tcp://127.0.0.1:8123"
+    monkeypatch.setenv(messaging.TCP_BASE_PORT_ENV, "9000")
+    assert endpoint("initData") == "tcp://127.0.0.1:9000"
+    assert endpoint("modelOutput") == f"tcp://127.0.0.1:{9000 + list(SERVICE_LIST).index('modelOutput')}"
+    with pytest.raises(ValueError, match="outside 1..65535"):
+        endpoint(CAM, tcp_port=70000)
+    monkeypatch.setenv(messaging.TCP_BASE_PORT_ENV, "many")
+    with pytest.raises(ValueError, match="CHESTNUT_TCP_BASE_PORT='many' is not a port number"):
+        endpoint(CAM)
+
+
+def test_unknown_service_names_are_a_clear_error_at_every_call_site():
+    calls = [
+        lambda: endpoint("modelV2"),
+        lambda: new_message("modelV2"),
+        lambda: pub_sock("modelV2"),
+        lambda: sub_sock("modelV2"),
+        lambda: PubMaster([CAM, "modelV2"]),
+        lambda: SubMaster([CAM, "modelV2"]),
+    ]
+    for call in calls:
+        with pytest.raises(UnknownServiceError, match="unknown service 'modelV2'; known services: cameraFrame"):
+            call()
+    with PubMaster([CAM]) as pm, pytest.raises(UnknownServiceError, match="'modelV2'"):
+        pm.send("modelV2", b"")
+
+
+def test_new_message_stamps_monotonic_time_and_valid():
+    before = time.monotonic_ns()
+    msg = new_message(CAM, valid=False)
+    after = time.monotonic_ns()
+    assert before <= msg.logMonoTime <= after
+    assert (msg.valid, msg.which(), msg.cameraFrame.frameId) == (False, CAM, 0)
+    assert new_message().valid is True
+
+
+def test_log_from_bytes_round_trips_every_field_exactly():
+    msg = new_message("modelOutput", valid=False)
+    mo = msg.modelOutput
+    mo.frameId, mo.source, mo.modelId, mo.executionTime = 41, "fallback", "det@0123456789abcdef", 0.25
+    outs = mo.init("outputs", 2)
+    for i, t in enumerate(outs):
+        t.name, t.shape, t.dtype, t.data = f"out{i}", [1, 2, 3], "float32", bytes(range(24))
+    mo.reason = "primary missed the deadline"
+    data = msg.to_bytes()
+    event = log_from_bytes(data)
+    assert event.to_dict() == msg.to_dict()
+    assert event.modelOutput.outputs[1].data == bytes(range(24))
+    assert log_from_bytes(bytearray(data)).to_dict() == log_from_bytes(memoryview(data)).to_dict() == msg.to_dict()
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_bytes_raise_a_clear_error_with_the_reason(name):
+    data, reason = MALFORMED[name]
+    with pytest.raises(MalformedMessageError, match=rf"malformed Event \({reason}\)") as info:
+        log_from_bytes(data)
+    assert info.value.reason == reason and isinstance(info.value, ValueError)
+
+
+def test_the_amplified_message_is_small_but_exceeds_the_traversal_limit():
+    data = amplified_message()
+    assert len(data) < 100_000 and 600 * 65536 // 8 > TRAVERSAL_LIMIT_WORDS
+    with pytest.raises(MalformedMessageError, match="traversal limit"):
+        log_from_bytes(data)
+
+
+SAMPLES = [good_frame(3), amplified_message(copies=4, text_bytes=100), MALFORMED["unknown enum value"][0]]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sample=st.sampled_from(range(len(SAMPLES))),
+    edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=6),
+)
+def test_corrupted_bytes_either_decode_fully_or_raise_malformed(sample, edits):
+    data = bytearray(SAMPLES[sample])
+    for pos, value in edits:
+        data[pos % len(data)] = value
+    try:
+        event = log_from_bytes(bytes(data))
+    except MalformedMessageError:
+        return
+    str(event)  # every field readable: no exception from a pointer or enum later
+    event.to_dict()
+
+
+# ---------------------------------------------------------------- sockets in one process
+
+
+def _connected_pair(service: str = CAM, **sub_kwargs):
+    pub = pub_sock(service)
+    sub = sub_sock(service, **sub_kwargs)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # ZeroMQ drops messages until the subscription has arrived
+        pub.send(good_frame(0))
+        if sub.poll(20):
+            drain_sock(sub)
+            return pub, sub
+    raise AssertionError("subscriber never connected")
+
+
+@pytest.mark.timeout(30)
+def test_conflate_keeps_only_the_newest_message_and_timeout_bounds_recv_one():
+    pub, sub = _connected_pair(conflate=True, timeout_ms=200)
+    try:
+        for i in range(1, 11):
+            pub.send(good_frame(i))
+        time.sleep(0.2)
+        assert [e.cameraFrame.frameId for e in drain_sock(sub)] == [10]
+        t0 = time.monotonic()
+        assert recv_one(sub) is None
+        assert 0.15 <= time.monotonic() - t0 < 2.0
+    finally:
+        pub.close()
+        sub.close()
+
+
+def test_pubmaster_refuses_an_event_of_another_service():
+    with PubMaster([CAM]) as pm:
+        with pytest.raises(ValueError, match="an Event carrying 'nodeState' sent on 'cameraFrame'"):
+            pm.send(CAM, new_message("nodeState"))
+        with pytest.raises(ValueError, match="PubMaster has no socket for 'nodeState'"):
+            pm.send("nodeState", new_message("nodeState"))
+
+
+@pytest.mark.timeout(30)
+def test_submaster_waits_on_its_poll_service_only_but_drains_every_socket():
+    with pytest.raises(ValueError, match="poll service 'nodeState' is not among the subscribed services"):
+        SubMaster([CAM], poll="nodeState")
+    with PubMaster([CAM, "nodeState"]) as pm, SubMaster([CAM, "nodeState"], poll="nodeState") as sm:
+        deadline = time.monotonic() + 5
+        while not (sm.seen[CAM] and sm.seen["nodeState"]) and time.monotonic() < deadline:
+            pm.send(CAM, good_frame(0))
+            pm.send("nodeState", new_message("nodeState").to_bytes())
+            sm.update(20)
+        time.sleep(0.1)
+        sm.update(0)  # nothing left in flight
+        pm.send(CAM, good_frame(1))
+        t0 = time.monotonic()
+        sm.update(300)  # a cameraFrame does not end the wait...
+        assert time.monotonic() - t0 >= 0.25
+        assert (sm.updated[CAM], sm[CAM].frameId, sm.updated["nodeState"]) == (True, 1, False)  # ...but is drained
+        pm.send("nodeState", new_message("nodeState").to_bytes())
+        t0 = time.monotonic()
+        sm.update(5000)
+        assert time.monotonic() - t0 < 2.5 and sm.updated == {CAM: False, "nodeState": True}
+
+
+# ---------------------------------------------------------------- publisher and subscriber in two processes
+
+
+class RecordingClock:
+    def __init__(self) -> None:
+        self.last_ns = 0
+
+    def __call__(self) -> int:
+        self.last_ns = time.monotonic_ns()
+        return self.last_ns
+
+
+@pytest.mark.timeout(60)
+def test_alive_freq_ok_valid_follow_a_publisher_in_another_process_that_slows_stops_and_sends_invalid():
+    # frames 0-39: 20 Hz valid; 40-49: 20 Hz valid=False; 50-61: 8 Hz valid (frame 50 comes 50 ms
+    # after 49, then 125 ms apart); then the publisher exits
+    phases = [(20.0, 2.0, True), (20.0, 0.5, False), (8.0, 1.5, True)]
+    clock = RecordingClock()
+    sm = SubMaster([CAM], mono_time_ns=clock)
+    pub = SPAWN.Process(target=publish_camera_frames, args=(phases, current_prefix()), kwargs={"start_delay_s": 0.5})
+    pub.start()
+    samples = []  # (t_ns, updated, frameId, alive, freq_ok, valid)
+    last_recv_ns = None
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            sm.update(10)
+            checks = (sm.alive[CAM], sm.freq_ok[CAM], sm.valid[CAM])
+            samples.append((clock.last_ns, sm.updated[CAM], sm[CAM].frameId, *checks))
+            if sm.updated[CAM]:
+                last_recv_ns = clock.last_ns
+            if not pub.is_alive() and last_recv_ns and clock.last_ns - last_recv_ns > 800_000_000:
+                break
+    finally:
+        assert join(pub) == 0
+        sm.close()
+    assert sm.recv_count[CAM] == 62 and sm[CAM].frameId == 61
+    first = next(i for i, s in enumerate(samples) if s[1])
+    assert all(s[3:] == (False, False, False) for s in samples[:first])  # never received
+    received = [s for s in samples if s[1]]
+    assert all(s[5] is (not 40 <= s[2] <= 49) for s in received)  # valid = the newest message's flag
+    at_39 = next(s for s in received if s[2] == 39)
+    assert at_39[3:] == (True, True, True)  # 20 Hz for 2 s: alive, freq_ok, valid
+    assert all(s[4] is False for s in received if s[2] >= 57)  # 8 Hz < 16 Hz once the short window holds it
+    t50 = next(s[0] for s in received if s[2] >= 50)
+    assert all(s[3] for s in samples if t50 <= s[0] <= last_recv_ns)  # 125 ms gaps: alive throughout
+    after = [s for s in samples if s[0] > last_recv_ns]
+    assert all(s[3] is (s[0] - last_recv_ns < 500_000_000) for s in after)  # stopped: alive for 10 / 20 Hz
+    assert after[-1][3:] == (False, False, True)
+
+
+def _send_malformed(prefix: str, ready, done) -> None:  # type: ignore[no-untyped-def]
+    with PubMaster([CAM], prefix=prefix) as pm:
+        while not ready.wait(0.02):
+            pm.send(CAM, good_frame(0))
+        for _ in range(2):
+            for data, _reason in MALFORMED.values():
+                pm.send(CAM, data)
+            pm.send(CAM, new_message("nodeState").to_bytes())  # a well-formed Event of another service
+        for i in (1, 2, 3):
+            pm.send(CAM, good_frame(i))
+        done.wait(10)
+
+
+@pytest.mark.timeout(60)
+def test_malformed_messages_from_another_process_are_counted_logged_once_per_reason_and_dropped(caplog):
+    caplog.set_level(logging.WARNING, logger="chestnut.msgs.messaging")
+    ready, done = SPAWN.Event(), SPAWN.Event()
+    sm = SubMaster([CAM])
+    pub = SPAWN.Process(target=_send_malformed, args=(current_prefix(), ready, done))
+    pub.start()
+    frames = []
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and 3 not in frames:
+            sm.update(50)
+            if sm.updated[CAM]:
+                ready.set()
+                frames.append(sm[CAM].frameId)
+    finally:
+        done.set()
+        assert join(pub) == 0
+        sm.close()
+    assert frames[-1] == 3 and set(frames) <= {0, 1, 2, 3}  # no malformed message got through
+    assert dict(sm.malformed[CAM]) == {
+        "framing": 8, "oversize": 2, "unknown member": 4, "pointer": 4, "wrong service": 2
+    }
+    warnings = [r.getMessage() for r in caplog.records if "dropped a malformed message" in r.getMessage()]
+    assert len(warnings) == 5
+    assert {re.search(r"malformed Event \(([a-z ]+)\)", w).group(1) for w in warnings} == set(sm.malformed[CAM])
+    assert (sm.valid[CAM], sm[CAM].frameId) == (True, 3)
+
+
+@pytest.mark.timeout(60)
+def test_parallel_prefixes_do_not_see_each_other():
+    tag = current_prefix()
+    prefixes = {"A": f"{tag}-a", "B": f"{tag}-b"}
+    socks = {name: sub_sock(CAM, prefix=p) for name, p in prefixes.items()}
+    quiet = sub_sock(CAM, prefix=f"{tag}-c")
+    pubs = [
+        SPAWN.Process(
+            target=publish_camera_frames,
+            args=([(50.0, 1.0, True)], p),
+            kwargs={"start_delay_s": 0.3, "source_name": name},
+        )
+        for name, p in prefixes.items()
+    ]
+    for p in pubs:
+        p.start()
+    seen: dict[str, list[str]] = {name: [] for name in socks}
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(p.is_alive() for p in pubs):
+            time.sleep(0.05)
+            for name, sock in socks.items():
+                seen[name] += [e.cameraFrame.sourceName for e in drain_sock(sock)]
+        for name, sock in socks.items():
+            seen[name] += [e.cameraFrame.sourceName for e in drain_sock(sock)]
+        assert [join(p) for p in pubs] == [0, 0]
+        assert drain_sock(quiet) == []
+    finally:
+        for sock in [*socks.values(), quiet]:
+            sock.close()
+    assert set(seen["A"]) == {"A"} and set(seen["B"]) == {"B"}
+    assert len(seen["A"]) == len(seen["B"]) == 50
+
+
+# ---------------------------------------------------------------- chestnut dump / chestnut demo
+
+
+@pytest.mark.timeout(90)
+def test_dump_prints_one_line_per_message_in_text_json_and_raw():
+    pub = SPAWN.Process(target=publish_camera_frames, args=([(20.0, 20.0, True)], current_prefix()))
+    modes = {"text": [], "json": ["--json"], "raw": ["--raw"]}
+    procs = {
+        mode: subprocess.Popen(
+            [*CLI, "dump", CAM, "-n", "3", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for mode, extra in modes.items()
+    }
+    pub.start()
+    try:
+        outs = {mode: p.communicate(timeout=60) for mode, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+        pub.terminate()
+        join(pub)
+    for mode, p in procs.items():
+        assert p.returncode == 0, outs[mode][1]
+    text = outs["text"][0].splitlines()
+    assert len(text) == 3
+    assert all(
+        re.fullmatch(r"\d+\.\d{6} cameraFrame valid=True \{\"frameId\": \d+, .*\"data\": \"<6144 bytes>\".*\}", line)
+        for line in text
+    ), text
+    events = [json.loads(line) for line in outs["json"][0].splitlines()]
+    assert len(events) == 3
+    ids = [e["cameraFrame"]["frameId"] for e in events]
+    assert ids == list(range(ids[0], ids[0] + 3))
+    e = events[0]
+    assert (e["service"], e["valid"], e["cameraFrame"]["width"], e["cameraFrame"]["height"]) == (CAM, True, 64, 32)
+    assert e["cameraFrame"]["encoding"] == "bgr888" and e["cameraFrame"]["data"] == "<6144 bytes>"
+    assert isinstance(e["logMonoTime"], int)
+    raw = outs["raw"][0].splitlines()
+    assert len(raw) == 3 and all(re.fullmatch(r"\d+\.\d{6} cameraFrame \d+ bytes [0-9a-f]{64}\.\.\.", r) for r in raw)
+
+
+@pytest.mark.timeout(60)
+def test_dump_exits_cleanly_on_ctrl_c_and_rejects_unknown_services():
+    bad = subprocess.run([*CLI, "dump", "modelV2"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "unknown service 'modelV2'" in bad.stderr
+    pub = SPAWN.Process(target=publish_camera_frames, args=([(20.0, 20.0, True)], current_prefix()))
+    pub.start()
+    proc = subprocess.Popen([*CLI, "dump", CAM], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and " cameraFrame valid=True " in proc.stdout.readline()  # running
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        pub.terminate()
+        join(pub)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+
+
+@pytest.mark.timeout(60)
+def test_demo_shows_the_checks_and_exits_0_with_a_summary():
+    done = subprocess.run([*CLI, "demo", "--seconds", "2"], capture_output=True, text=True, timeout=45)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any("alive=True  freq_ok=True  valid=True" in line for line in lines), lines
+    assert re.fullmatch(
+        r"demo: received (\d+) of \1 frames; all_checks held \d+\.\d s of \d+\.\d s and held at the last frame; "
+        r"malformed 0",
+        lines[-1],
+    ), lines[-1]
