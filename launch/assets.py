@@ -81,9 +81,10 @@ def read_image_bgr(path: Path, height: int, width: int) -> np.ndarray:
 
 
 def bgr_to_input(img: np.ndarray) -> np.ndarray:
-    """uint8 [H,W,3] BGR -> float32 [1,3,H,W] normalised as PP-OCR expects: ``(img/255 - 0.5)/0.5``."""
-    x = (img.astype(np.float32) / 255.0 - 0.5) / 0.5
-    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
+    """uint8 [H,W,3] BGR -> float32 [1,3,H,W] normalised as PP-OCR expects (``node.preprocess`` ``ppocr``)."""
+    from chestnut.node.preprocess import PREPROCESSORS
+
+    return PREPROCESSORS["ppocr"](img)
 
 
 def repair_and_fix_shape(model: Any, input_shape: tuple[int, ...]) -> tuple[Any, int]:
