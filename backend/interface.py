@@ -36,6 +36,13 @@ class LadderStep:
     duration_s: float = 0.0
     detail: str = ""        # what was seen (e.g. "LTSSM=0x78 after power-on, 12 ms")
     advice: str = ""        # on failure: what to do about it
+    reason: str = ""        # on failure: the typed error's reason tag (e.g. "no_dock", "ltssm_stuck")
+    error: Any = field(default=None, repr=False, compare=False)  # on failure: the typed ChestnutError
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "layer": self.layer.value, "result": self.result.value,
+                "duration_s": round(self.duration_s, 6), "detail": self.detail, "advice": self.advice,
+                "reason": self.reason}
 
 
 @dataclass
@@ -50,6 +57,12 @@ class LadderReport:
     def first_failure(self) -> LadderStep | None:
         return next((s for s in self.steps if s.result is StepResult.FAIL), None)
 
+    def step(self, name: str) -> LadderStep | None:
+        return next((s for s in self.steps if s.name == name), None)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [s.to_json() for s in self.steps]
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -58,7 +71,7 @@ class ModelSpec:
     path: Path
     name: str
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    fingerprint: dict[str, Any] | None = None  # see chestnut.backend.ladder for the format
+    fingerprint: dict[str, Any] | None = None  # see chestnut.backend.fingerprint for the format
 
 
 @dataclass

@@ -79,7 +79,8 @@ GPU_DEVICE_ID = 0x7550
 GPU_ARCH = "gfx1201"
 SUPPORTED_ARCHS: tuple[str, ...] = ("gfx1100", "gfx1101", "gfx1102", "gfx1200", "gfx1201")
 # (device id -> arch) the host uses to name the architecture from config space
-DEVICE_ARCHS: dict[int, str] = {0x744C: "gfx1100", 0x7480: "gfx1102", 0x7550: "gfx1201", 0x7590: "gfx1200"}
+DEVICE_ARCHS: dict[int, str] = {0x744C: "gfx1100", 0x7480: "gfx1102", 0x7550: "gfx1201", 0x7590: "gfx1200",
+                                0x73BF: "gfx1030", 0x73DF: "gfx1031"}  # the last two: RDNA2, not supported
 
 # ------------------------------------------------------------------ BARs of the GPU (bus 4)
 # AMD's layout: BAR0 = VRAM (64-bit, prefetchable, resizable), BAR2 = doorbells (64-bit,
@@ -105,9 +106,13 @@ RING_VRAM_OFFSET = 0x0
 RING_BYTES = 0x100000             # 1 MiB ring; VRAM below VRAM_HEAP_OFFSET is reserved
 VRAM_HEAP_OFFSET = 0x200000       # first VRAM byte the host may allocate for buffers
 DOORBELL_BAR_OFFSET = 0x0
+DOORBELL_QUEUE_RESET = 0x8        # BAR2 offset: a posted write of any value abandons the packet being executed and
+#                                   every packet not yet started (read pointer := write pointer); CPL_RPTR is updated
 CPL_QUEUE_FENCE = 0x0             # u32: seq of the last completed packet
 CPL_STATUS = 0x4                  # u32: status of that packet (STATUS_*)
 CPL_SIGNAL = 0x8                  # u32: value written by OP_SIGNAL
+CPL_RPTR = 0xC                    # u32: the engine's read pointer (bytes consumed since GPU reset), written before
+#                                   CPL_QUEUE_FENCE; a fresh host process continues its write pointer from here
 
 OP_NOP = 0x00
 OP_COPYIN = 0x01   # half, payload_nbytes, dst_lo, dst_hi, chunk_seq: wait for the sentinel of chunk_seq in that
@@ -117,6 +122,7 @@ OP_COPYOUT = 0x02  # half, nbytes (<= SRAM_HALF), src_lo, src_hi: copy VRAM to t
 OP_LOAD = 0x03     # program_id, onnx_lo, onnx_hi, onnx_nbytes, sig_lo, sig_hi: compile the ONNX model held in
 #                    VRAM (tinygrad on the host CPU, cached by sha256); write its signature at sig: u32 length
 #                    then UTF-8 JSON {"sha256", "inputs": [{name, shape, dtype}], "outputs": [...]}
+#                    (on STATUS_COMPILE_FAILED the JSON is {"error": message})
 OP_RUN = 0x04      # program_id, table_lo, table_hi: table = u32 n_in, u32 n_out, then per tensor u64 vram
 #                    offset, u64 nbytes, inputs then outputs in signature order
 OP_SIGNAL = 0x05   # value: write value to completion page + CPL_SIGNAL
@@ -128,6 +134,11 @@ STATUS_NO_PROGRAM = 3
 STATUS_COMPILE_FAILED = 4
 STATUS_RUN_FAILED = 5
 STATUS_OUT_OF_RANGE = 6
+
+# Packet lengths in dwords (dword0's ndwords must match): NOP 2, COPYIN 7, COPYOUT 6, LOAD 8, RUN 5, SIGNAL 3.
+# After each packet the engine writes CPL_STATUS, then CPL_RPTR, then CPL_QUEUE_FENCE (the host polls the fence
+# last-written). A COPYIN with a bad sentinel block completes with STATUS_CRC: the block is cleared, the payload is
+# not copied and the copy-in fence does not move. Reference implementation: chestnut.backend.sim.engine.
 
 # The sentinel block (SENTINEL_BLOCK bytes) follows the 512-padded payload of a chunk in its SRAM half
 # (for a full chunk: the last 512 bytes of the half). Layout, u32 LE: [0] payload nbytes, [1] crc32 of

@@ -24,6 +24,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "camera": ("chestnut.launch.camerad", "publish real frames as cameraFrame (default: a real traffic video)"),
     "control": ("chestnut.launch.controld", "the reference control daemon: engages only while every check passes"),
     "top": ("chestnut.launch.top", "live terminal view of the stack: state, ChestnutActive, health, rates"),
+    "replay": ("chestnut.node.replay", "re-run the models over a log's frames and compare with its logged outputs"),
+    "check": ("chestnut.node.contracts", "check the node's contracts over a whole log; report every violation"),
+    "launch": ("chestnut.launch.stack", "the whole stack (twin, logger, control, node, camera) under supervisord"),
 }
 
 
@@ -33,10 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (repeat for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    chosen = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
-        if name in sys.argv[1:2]:  # only the chosen command's module is imported
+        if name == chosen:  # only the chosen command's module is imported
             importlib.import_module(module).add_arguments(p)
     return parser
 

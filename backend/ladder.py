@@ -1,0 +1,444 @@
+"""The qualification ladder: the evidence, step by step, that the dock may serve the primary model.
+
+DESIGN.md "Qualification, activation and recovery"; MISSION.md point 3 (no single "present" bit).
+The rungs, in order, each with the health layer it speaks for:
+
+=================  ======  ==========================================================================
+``usb_ids``        usb     a device with a Chestnut VID/PID (0xADD1:0x0001, 0x3801:0x0001) is
+                           enumerated and its product string starts with ``custom`` / ``AS2462``
+``link_speed``     usb     SuperSpeed (>= 5000 Mbps); USB 2 is a WARN with its known hazards
+``link_stability`` usb     link errors over a short window <= 5 per second (openpilot hardwared)
+``ltssm``          pcie    LTSSM 0x78, after a 0xF3 power-on and a bounded wait for training if needed
+``gpu_arch``       gpu     an AMD GPU (vendor 0x1002) of a supported architecture on bus 4
+``model_loaded``   gpu     the model is loaded on the dock
+``warmup``         output  one inference on the fingerprint's fixed input matches the recorded
+                           fingerprint (:mod:`chestnut.backend.fingerprint`)
+=================  ======  ==========================================================================
+
+Every step is timed and has a bound (``bound_s``): its waits are bounded by construction (transfer
+timeouts, the training wait, the stability window) and a step that still overruns its bound fails.
+The ladder stops at the first failure: later steps are reported ``skipped``. A failure carries the
+reason (the typed error's ``reason: detail``) and advice (what a person should do about it).
+
+The USB steps use pyusb (``usb.core.find`` with an optional ``backend=``, so the twin's pyusb face
+works too) and never claim the interface: another process may own the dock, and the bridge's vendor
+requests are device-recipient control transfers that need no claim.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import usb.core
+import usb.util
+
+from chestnut.backend import protocol as P
+from chestnut.backend.bridge import Bridge, LinkTraining
+from chestnut.backend.classify import advice_for, classify
+from chestnut.backend.errors import ChestnutError, Layer, ModelError, OutputLayerError, UsbLayerError
+from chestnut.backend.fingerprint import compare, fixed_inputs
+from chestnut.backend.interface import LadderReport, LadderStep, ModelSpec, StepResult
+
+STEPS: tuple[tuple[str, Layer], ...] = (
+    ("usb_ids", Layer.USB), ("link_speed", Layer.USB), ("link_stability", Layer.USB), ("ltssm", Layer.PCIE),
+    ("gpu_arch", Layer.GPU), ("model_loaded", Layer.GPU), ("warmup", Layer.OUTPUT),
+)
+DOCK_STEPS = tuple(name for name, _ in STEPS[:5])
+MODEL_STEPS = tuple(name for name, _ in STEPS[5:])
+LAYER_OF = dict(STEPS)
+
+# libusb_speed (LIBUSB_SPEED_LOW..SUPER_PLUS, as pyusb's Device.speed reports it) -> Mbps
+SPEED_MBPS: dict[int, int] = {1: 1, 2: 12, 3: P.HIGHSPEED_MBPS, 4: P.SUPERSPEED_MBPS, 5: 10000}
+USB2_HAZARDS = ("USB 2 link (480 Mbps): the bridge's vendor control reads over 64 bytes time out and bulk OUT "
+                "transfers can be silently truncated (a corrupt copy-in); copies are ~10x slower")
+MAX_LINK_ERRORS_PER_S = 5.0  # openpilot hardwared: <= 5 link errors/s over its window is stable
+
+STEP_ADVICE: dict[str, str] = {
+    "usb_ids": "plug the dock in and power it; `lsusb -d add1:0001` should list it",
+    "link_speed": "use a SuperSpeed (USB 3) port and cable",
+    "link_stability": "reseat or replace the USB cable; avoid hubs; check the dock's power supply",
+    "ltssm": "power-cycle the dock; a link that sticks at 0x4C needs the bridge firmware reflashed",
+    "gpu_arch": "the dock must carry a supported AMD GPU (" + ", ".join(P.SUPPORTED_ARCHS) + ")",
+    "model_loaded": "check the model file and that the GPU firmware cache is filled",
+    "warmup": "the dock computes wrong numbers: do not serve from it; re-record the fingerprint only if the "
+              "model changed",
+}
+
+
+@dataclass(frozen=True)
+class LadderConfig:
+    """Bounds and thresholds of the ladder.
+
+    ``ctrl_timeout_ms``: every vendor control transfer of the ladder (100 ms, as openpilot's hardware
+    daemon reads the LTSSM); ``stability_window_s``: the link-error sampling window (openpilot: 2 s;
+    shorter here so the ladder stays quick); ``train_timeout_ms``: the wait for link training after
+    power-on; ``wait_timeout_ms``: the device wait timeout the runners use; ``require_fingerprint``:
+    a model without a recorded fingerprint fails the warm-up step instead of passing with a WARN.
+    """
+
+    ctrl_timeout_ms: int = 100
+    stability_window_s: float = 0.5
+    stability_poll_s: float = 0.02
+    max_link_errors_per_s: float = MAX_LINK_ERRORS_PER_S
+    train_timeout_ms: int = 1000
+    wait_timeout_ms: int = P.WAIT_TIMEOUT_MS
+    require_fingerprint: bool = True
+    load_bound_s: float = 120.0
+    warmup_bound_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a passing step saw: PASS or WARN and a one-line detail (plus advice for a WARN)."""
+
+    result: StepResult
+    detail: str
+    advice: str = ""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One rung to run: ``run()`` returns an :class:`Outcome` or raises (typed or not)."""
+
+    name: str
+    bound_s: float
+    run: Callable[[], Outcome]
+
+    @property
+    def layer(self) -> Layer:
+        return LAYER_OF[self.name]
+
+
+def run_steps(steps: Sequence[Step], report: LadderReport | None = None,
+              clock: Callable[[], float] = time.monotonic,
+              on_step: Callable[[LadderStep], None] | None = None) -> LadderReport:
+    """Run ``steps`` in order into ``report`` (new if None), stopping at the first failure.
+
+    Every step gets a :class:`LadderStep` entry; those not reached stay ``skipped``. A raised
+    exception is classified (:func:`chestnut.backend.classify.classify`, the step's layer by default)
+    and reported as ``FAIL`` with ``"reason: detail"`` and advice. A step that took longer than its
+    ``bound_s`` fails even if it returned. ``on_step`` sees each entry as soon as it is decided.
+    """
+    from chestnut.backend.errors import LAYER_ERRORS
+
+    report = report if report is not None else LadderReport()
+    failed_already = report.first_failure is not None
+    entries = []
+    for step in steps:
+        entry = LadderStep(step.name, step.layer)
+        report.steps.append(entry)
+        entries.append((step, entry))
+    for step, entry in entries:
+        if failed_already:
+            break
+        t0 = clock()
+        try:
+            out = step.run()
+            entry.result, entry.detail, entry.advice = out.result, out.detail, out.advice
+        except Exception as e:  # every failure becomes a typed error and a FAIL entry
+            err = classify(e, default=LAYER_ERRORS[step.layer])
+            entry.result = StepResult.FAIL
+            entry.detail = f"{type(err).__name__} {err}"
+            entry.advice = advice_for(err) or STEP_ADVICE[step.name]
+            entry.reason, entry.error = err.reason, err
+        entry.duration_s = clock() - t0
+        if entry.result is not StepResult.FAIL and entry.duration_s > step.bound_s:
+            entry.result = StepResult.FAIL
+            entry.detail = f"took {entry.duration_s:.3f} s, over its bound of {step.bound_s:.3f} s ({entry.detail})"
+            entry.advice, entry.reason = STEP_ADVICE[step.name], "over_bound"
+        failed_already = entry.result is StepResult.FAIL
+        if on_step is not None:
+            on_step(entry)
+    return report
+
+
+# ------------------------------------------------------------------ pyusb: the dock without claiming it
+class PyusbTransport:
+    """tinygrad ``USB3``-style transport over a pyusb device: vendor control transfers, and bulk on 0x02/0x81.
+
+    Control transfers to the device need no interface claim; bulk transfers make pyusb claim
+    interface 0 (only use them in the process that owns the dock). pyusb errors propagate as
+    ``usb.core.USBError`` (classified by :class:`~chestnut.backend.bridge.Bridge`).
+    """
+
+    def __init__(self, dev: Any) -> None:
+        self.dev = dev
+
+    def control_write(self, request: int, value: int = 0, index: int = 0, data: bytes = b"",
+                      timeout: int = 1000) -> int:
+        n = self.dev.ctrl_transfer(P.REQTYPE_VENDOR_OUT, request, value, index, bytes(data), timeout)
+        if n != len(data):
+            raise UsbLayerError("short_transfer", f"control OUT 0x{request:02X}: wrote {n} of {len(data)} bytes")
+        return int(n)
+
+    def control_read(self, request: int, length: int, value: int = 0, index: int = 0, timeout: int = 1000) -> bytes:
+        return bytes(self.dev.ctrl_transfer(P.REQTYPE_VENDOR_IN, request, value, index, length, timeout))
+
+    def bulk_write(self, payload: bytes, timeout: int = 1000) -> int:
+        n = self.dev.write(P.EP_BULK_OUT, payload, timeout)
+        if n != len(payload):
+            raise UsbLayerError("short_transfer", f"bulk OUT 0x02: wrote {n} of {len(payload)} bytes")
+        return int(n)
+
+    def bulk_read(self, length: int, timeout: int = 1000) -> bytes:
+        return bytes(self.dev.read(P.EP_BULK_IN, length, timeout))
+
+
+def release_device(dev: Any) -> None:
+    """Close pyusb's handle on ``dev`` (``usb.util.dispose_resources``); a vanished device is no error."""
+    try:
+        usb.util.dispose_resources(dev)
+    except Exception:  # the device may be gone already; there is nothing left to release
+        pass
+
+
+class UsbDock:
+    """The dock as pyusb enumerates it.
+
+    ``backend`` is passed to ``usb.core.find`` (None = libusb); ``link_errors(dev)`` returns the
+    dock's USB link-error counter when the platform exposes one (the twin does), else None.
+    """
+
+    def __init__(self, backend: Any = None, ctrl_timeout_ms: int = 100,
+                 link_errors: Callable[[Any], int | None] | None = None) -> None:
+        self.backend = backend
+        self.ctrl_timeout_ms = ctrl_timeout_ms
+        self._link_errors = link_errors
+
+    def link_errors(self, dev: Any) -> int | None:
+        """The link-error counter of ``dev`` or None; a failure to read it counts as unknown."""
+        if self._link_errors is None:
+            return None
+        try:
+            return self._link_errors(dev)
+        except Exception:  # the counter is optional evidence: unknown, not a failure
+            return None
+
+    def find_all(self) -> list[Any]:
+        """Every enumerated device with a Chestnut VID/PID. Raises ConfigError(no_libusb) or a USB error."""
+        try:
+            found: list[Any] = []
+            for vid, pid in P.USB_IDS:
+                found += list(usb.core.find(find_all=True, idVendor=vid, idProduct=pid, backend=self.backend))
+            return found
+        except ChestnutError:
+            raise
+        except Exception as e:
+            raise classify(e, default=UsbLayerError) from e
+
+    def find(self) -> Any:
+        """The first dock, or UsbLayerError ``no_dock`` ("no Chestnut dock found")."""
+        docks = self.find_all()
+        if not docks:
+            ids = ", ".join(f"0x{v:04X}:0x{p:04X}" for v, p in P.USB_IDS)
+            raise UsbLayerError("no_dock", f"no Chestnut dock found (no USB device {ids} enumerated)")
+        return docks[0]
+
+    def product(self, dev: Any) -> str:
+        """The product string (a standard GET_DESCRIPTOR request). Raises a typed USB error."""
+        try:
+            return str(usb.util.get_string(dev, dev.iProduct) or "")
+        except Exception as e:
+            raise classify(e, default=UsbLayerError) from e
+
+    @staticmethod
+    def speed_mbps(dev: Any) -> int | None:
+        return SPEED_MBPS.get(int(dev.speed)) if dev.speed is not None else None
+
+    def bridge(self, dev: Any, **kw: Any) -> Bridge:
+        """A :class:`Bridge` over control transfers to ``dev`` (``ctrl_timeout_ms`` per transfer)."""
+        return Bridge(PyusbTransport(dev), ctrl_timeout_ms=self.ctrl_timeout_ms, **kw)
+
+
+# ------------------------------------------------------------------ the dock's rungs
+class DockQualifier:
+    """Builds and runs the dock rungs against a :class:`UsbDock`.
+
+    ``gpu_step`` implements ``gpu_arch`` for the runner (the twin sets up the BARs and reads config
+    space through the bridge; the real runner opens tinygrad's device, which does that itself);
+    None uses :meth:`gpu_arch_via_bridge`. ``reset_gpu``: if the link is already up, switch PCIe
+    power off first (0xF3 0) so the GPU starts from reset, as a fresh driver initialisation does;
+    the link then has to train again within the bounded wait. After :meth:`run`, ``dev``,
+    ``bridge``, ``training``, ``bars`` and ``gpu`` hold what was found.
+    """
+
+    def __init__(self, dock: UsbDock, config: LadderConfig | None = None,
+                 gpu_step: Callable[[DockQualifier], Outcome] | None = None, reset_gpu: bool = False,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.dock = dock
+        self.reset_gpu = reset_gpu
+        self.config = config or LadderConfig(ctrl_timeout_ms=dock.ctrl_timeout_ms)
+        self._gpu_step = gpu_step
+        self.clock, self.sleep = clock, sleep
+        self.dev: Any = None
+        self._bridge: Bridge | None = None
+        self.training: LinkTraining | None = None
+        self.gpu: Any = None
+        self.bars: dict[int, tuple[int, int]] = {}
+
+    @property
+    def bridge(self) -> Bridge:
+        if self._bridge is None:
+            self._bridge = self.dock.bridge(self.dev)
+        return self._bridge
+
+    def steps(self) -> list[Step]:
+        c = self.config
+        ctrl_s = c.ctrl_timeout_ms / 1e3
+        return [
+            Step("usb_ids", 2.0 + 4 * ctrl_s, self.usb_ids),
+            Step("link_speed", 1.0, self.link_speed),
+            Step("link_stability", c.stability_window_s + 2 * ctrl_s + 1.0, self.link_stability),
+            Step("ltssm", P.PCIE_POWER_TIMEOUT_MS / 1e3 + c.train_timeout_ms / 1e3 + 4 * ctrl_s, self.ltssm),
+            Step("gpu_arch", 30.0, self.gpu_arch),
+        ]
+
+    def run(self, report: LadderReport | None = None,
+            on_step: Callable[[LadderStep], None] | None = None) -> LadderReport:
+        return run_steps(self.steps(), report, self.clock, on_step)
+
+    def release(self) -> None:
+        """Close pyusb's handle on the dock (never claimed); the qualifier's findings stay readable."""
+        if self.dev is not None:
+            release_device(self.dev)
+        self._bridge = None
+
+    def usb_ids(self) -> Outcome:
+        self.dev = self.dock.find()
+        self._bridge = None
+        product = self.dock.product(self.dev)
+        where = f"0x{self.dev.idVendor:04X}:0x{self.dev.idProduct:04X} at bus {self.dev.bus} address {self.dev.address}"
+        if not product.startswith(P.PRODUCT_PREFIXES):
+            raise UsbLayerError("bad_product", f"{where}: product string {product!r} does not start with "
+                                               f"{' or '.join(map(repr, P.PRODUCT_PREFIXES))}")
+        return Outcome(StepResult.PASS, f"{where}, product {product!r}")
+
+    def link_speed(self) -> Outcome:
+        mbps = self.dock.speed_mbps(self.dev)
+        if mbps is None:
+            return Outcome(StepResult.WARN, "link speed unknown", "use a SuperSpeed port; " + USB2_HAZARDS)
+        if mbps >= P.SUPERSPEED_MBPS:
+            return Outcome(StepResult.PASS, f"SuperSpeed, {mbps} Mbps")
+        return Outcome(StepResult.WARN, f"{mbps} Mbps, below SuperSpeed ({P.SUPERSPEED_MBPS} Mbps)",
+                       USB2_HAZARDS + "; move the dock to a USB 3 port")
+
+    def link_stability(self) -> Outcome:
+        """Count link errors over the window: the device's counter delta plus failed probe reads.
+
+        Probe reads are LTSSM reads (one control transfer each, ``ctrl_timeout_ms``); a read that
+        times out or fails counts as an error; losing the device fails the step at once.
+        """
+        c = self.config
+        before = self.dock.link_errors(self.dev)
+        reads = failed = 0
+        last_err: ChestnutError | None = None
+        t0 = self.clock()
+        while True:
+            reads += 1
+            try:
+                self.bridge.ltssm()
+            except ChestnutError as e:
+                if e.reason in ("disconnect", "no_dock", "not_found"):
+                    raise
+                failed += 1
+                last_err = e
+            if self.clock() - t0 >= c.stability_window_s:
+                break
+            self.sleep(c.stability_poll_s)
+        window = max(self.clock() - t0, 1e-6)
+        after = self.dock.link_errors(self.dev)
+        counted = (after - before) if before is not None and after is not None else 0
+        rate = (counted + failed) / window
+        src = f"counter +{counted}, " if before is not None else "no counter, "
+        detail = f"{rate:.1f} errors/s over {window:.2f} s ({src}{failed}/{reads} probe reads failed)"
+        if rate > c.max_link_errors_per_s:
+            why = f"; last: {last_err}" if last_err is not None else ""
+            raise UsbLayerError("unstable_link", f"{detail}, above {c.max_link_errors_per_s:g}/s{why}")
+        return Outcome(StepResult.PASS, detail)
+
+    def ltssm(self) -> Outcome:
+        first = self.bridge.ltssm()
+        reset = ""
+        if self.reset_gpu and first == P.LTSSM_L0:
+            self.bridge.set_pcie_power(False)
+            reset = "GPU reset (0xF3 off), "
+        self.training = self.bridge.ensure_link(self.config.train_timeout_ms)
+        t = self.training
+        how = f"after 0xF3 power-on, {t.elapsed_ms:.0f} ms, {t.polls} reads" if t.powered_on else "already up"
+        return Outcome(StepResult.PASS, f"LTSSM=0x{t.ltssm:02X} (L0) {reset}{how}; first read 0x{first:02X}")
+
+    def gpu_arch(self) -> Outcome:
+        return self._gpu_step(self) if self._gpu_step is not None else self.gpu_arch_via_bridge()
+
+    def gpu_arch_via_bridge(self) -> Outcome:
+        """Assign the BARs (tinygrad's ``pci_setup_usb_bars`` steps) and check the GPU's vendor/device id."""
+        self.bars = self.bridge.setup_bars()
+        self.gpu = self.bridge.check_gpu()
+        vram = self.bars.get(0, (0, 0))[1]
+        return Outcome(StepResult.PASS, f"AMD {self.gpu.describe()}, BAR0 {vram >> 20} MiB")
+
+
+# ------------------------------------------------------------------ the model's rungs
+def model_steps(runner: Any, spec: ModelSpec, config: LadderConfig | None = None) -> list[Step]:
+    """``model_loaded`` (``runner.load(spec)``) and ``warmup`` (one run on the fingerprint's fixed input)."""
+    c = config or LadderConfig()
+    state: dict[str, Any] = {}
+
+    def loaded() -> Outcome:
+        ins, outs = runner.load(spec)
+        state["inputs"], state["outputs"] = ins, outs
+        desc = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in ins)
+        odesc = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in outs)
+        return Outcome(StepResult.PASS, f"{spec.name}: {desc} -> {odesc}")
+
+    def warmup() -> Outcome:
+        fp = spec.fingerprint
+        if fp is None:
+            if c.require_fingerprint:
+                raise ModelError("no_fingerprint", f"{spec.name} has no recorded fingerprint")
+            fp_seed = None
+        else:
+            fp_seed = int(fp["seed"])
+        from chestnut.backend.fingerprint import DEFAULT_SEED
+
+        inputs = fixed_inputs(state["inputs"], fp_seed if fp_seed is not None else DEFAULT_SEED)
+        outputs = runner.run(inputs)
+        for name, a in outputs.items():
+            if isinstance(a, np.ndarray) and a.dtype.kind == "f" and not np.isfinite(a).all():
+                raise OutputLayerError("nonfinite", f"{name}: {int((~np.isfinite(a)).sum())} non-finite values")
+        if fp is None:
+            return Outcome(StepResult.WARN, "ran, but no fingerprint is recorded: output validity unverified",
+                           "record one with `chestnut probe --record-fingerprint FILE --model MODEL`")
+        check = compare(fp, outputs)
+        if not check.ok:
+            raise OutputLayerError("fingerprint_mismatch", check.detail)
+        return Outcome(StepResult.PASS, check.detail)
+
+    return [Step("model_loaded", c.load_bound_s, loaded), Step("warmup", c.warmup_bound_s, warmup)]
+
+
+def full_ladder(runner: Any, spec: ModelSpec | None, config: LadderConfig | None = None,
+                on_step: Callable[[LadderStep], None] | None = None) -> LadderReport:
+    """``runner.qualify()`` then, if ``spec`` is given, the model rungs; stops at the first failure.
+
+    ``on_step`` sees each rung as it is decided (the dock rungs after ``qualify()`` returns, unless the
+    runner's ``qualify`` accepts ``on_step`` itself).
+    """
+    streamed = "on_step" in inspect.signature(runner.qualify).parameters
+    try:
+        report = runner.qualify(on_step=on_step) if streamed else runner.qualify()
+    except ChestnutError as e:
+        report, streamed = LadderReport(), False
+        report.steps.append(LadderStep("usb_ids", Layer.USB, StepResult.FAIL, 0.0, f"{type(e).__name__} {e}",
+                                       advice_for(e) or STEP_ADVICE["usb_ids"], e.reason, e))
+    if not streamed and on_step is not None:
+        for entry in report.steps:
+            on_step(entry)
+    if spec is not None:
+        run_steps(model_steps(runner, spec, config), report, on_step=on_step)
+    return report

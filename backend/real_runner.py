@@ -1,0 +1,473 @@
+"""The primary runner on a real Chestnut dock: tinygrad 0.14 with ``DEV=USB+AMD:LLVM``, kept thin.
+
+What it adds around tinygrad (FACTS.md §1-§2):
+
+- **Environment first.** ``DEV=USB+AMD:LLVM``, ``GMMU=0`` and ``HCQDEV_WAIT_TIMEOUT_MS=3000`` are
+  set before tinygrad is imported (its ``getenv`` is cached), only in the process that owns the dock
+  (:func:`prepare_environment` raises :class:`ConfigError` if tinygrad is already imported with other
+  settings). ``Device.DEFAULT`` is never evaluated with ``DEV`` unset.
+- **The GPU firmware cache.** tinygrad downloads AMD firmware on first use into
+  ``~/.cache/tinygrad/downloads/fw/`` (file name = md5 of the linux-firmware URL). An offline node
+  needs it filled in advance: :func:`check_firmware_cache` says so clearly, and
+  :func:`fill_firmware` (``chestnut probe --fill-firmware DIR``) fills it from a local copy of
+  linux-firmware's ``amdgpu/`` files, checking each file's sha256 against tinygrad's table.
+- **The device lock.** tinygrad takes a non-blocking ``flock`` on ``<tmpdir>/am_usb:<bus>-<addr>.lock``
+  and never releases it. :class:`DockLock` waits for it with back-off and then names the lock file
+  and the process holding it, instead of failing on the first try.
+- **Clear errors.** Every tinygrad failure is classified (:mod:`chestnut.backend.classify`); no dock is
+  "no Chestnut dock found", never an ``ExceptionGroup``; a link that is not at LTSSM 0x78 is a PCIe
+  error. The ladder's dock steps run through pyusb before tinygrad opens the device, and the LTSSM
+  step powers the link on with a bounded wait for training (tinygrad 0.14 reads it only once).
+- **The model.** ``OnnxRunner`` in a ``TinyJit`` on the dock (captured on the 2nd call).
+"""
+
+from __future__ import annotations
+
+import ast
+import fcntl
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chestnut.backend import protocol as P
+from chestnut.backend.classify import classify
+from chestnut.backend.errors import ChestnutError, ConfigError, GpuLayerError, ModelError, UsbLayerError
+from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec, StepResult
+from chestnut.backend.ladder import DockQualifier, LadderConfig, Outcome, UsbDock, release_device
+from chestnut.fallback.model import TensorSpec
+
+REAL_DEV = "USB+AMD:LLVM"       # tinygrad 0.14: the AMD GPU behind the USB bridge, LLVM compiler
+TINYGRAD_DEVICE = "AMD"
+LOCK_DEVPREF = "am"             # tinygrad 0.14 USBPCIDevice("AM", ...) -> lock "am_usb:<bus>-<addr>.lock"
+FW_COMMIT = "0a6871b19abf5d6e024b5d208b101ae53e7fa0de"  # tinygrad 0.14 helpers.fetch_fw pins linux-firmware here
+FW_URL = "https://gitlab.com/kernel-firmware/linux-firmware/-/raw/{commit}/{path}/{name}"
+LOCK_BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0)
+
+
+# ------------------------------------------------------------------ environment
+def real_environment(wait_timeout_ms: int = P.WAIT_TIMEOUT_MS) -> dict[str, str]:
+    """The variables tinygrad must see at import in the dock's process (FACTS.md §2)."""
+    return {"DEV": REAL_DEV, "GMMU": "0", "HCQDEV_WAIT_TIMEOUT_MS": str(int(wait_timeout_ms))}
+
+
+def prepare_environment(wait_timeout_ms: int = P.WAIT_TIMEOUT_MS, environ: MutableMapping[str, str] | None = None,
+                        modules: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Set :func:`real_environment` in ``environ`` (default ``os.environ``) before tinygrad's import.
+
+    Raises :class:`ConfigError` ``tinygrad_imported`` if tinygrad is already imported in this process
+    and the environment differs (its cached ``getenv`` would ignore the new values). Returns the
+    variables set.
+    """
+    environ = os.environ if environ is None else environ
+    modules = sys.modules if modules is None else modules
+    want = real_environment(wait_timeout_ms)
+    if "tinygrad" in modules:
+        wrong = {k: environ.get(k) for k, v in want.items() if environ.get(k) != v}
+        if wrong:
+            raise ConfigError("tinygrad_imported", f"tinygrad was imported in this process before the dock's "
+                                                   f"environment was set ({wrong} instead of {want}); run the "
+                                                   f"dock in a fresh process")
+        return want
+    environ.update(want)
+    return want
+
+
+# ------------------------------------------------------------------ GPU firmware cache
+def tinygrad_root() -> Path:
+    """tinygrad's package directory, found without importing it."""
+    spec = importlib.util.find_spec("tinygrad")
+    if spec is None or spec.origin is None:
+        raise ConfigError("no_tinygrad", "tinygrad is not installed")
+    return Path(spec.origin).parent
+
+
+def firmware_hashes() -> dict[str, str]:
+    """tinygrad 0.14's AMD firmware table (``runtime/autogen/am/fw.py``): file name -> sha256, read as text."""
+    src = (tinygrad_root() / "runtime" / "autogen" / "am" / "fw.py").read_text()
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "hashes" for t in node.targets):
+            return dict(ast.literal_eval(node.value))
+    raise ConfigError("no_firmware_table", "tinygrad's runtime/autogen/am/fw.py has no `hashes` table")
+
+
+def downloads_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """tinygrad 0.14 ``helpers._ensure_downloads_dir``: ``/raid/downloads`` on a tinybox, else
+    ``$XDG_CACHE_HOME`` (default ``~/.cache``) ``/tinygrad/downloads``."""
+    environ = os.environ if environ is None else environ
+    if Path("/etc/tinybox-release").is_file():
+        return Path("/raid/downloads")
+    return Path(environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))) / "tinygrad" / "downloads"
+
+
+def firmware_url(name: str, path: str = "amdgpu") -> str:
+    return FW_URL.format(commit=FW_COMMIT, path=path, name=name)
+
+
+def firmware_cache_file(name: str, environ: Mapping[str, str] | None = None) -> Path:
+    """Where tinygrad's ``fetch(url, subdir="fw")`` keeps firmware ``name``: ``<downloads>/fw/<md5(url)>``."""
+    return downloads_dir(environ) / "fw" / hashlib.md5(firmware_url(name).encode()).hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def firmware_status(environ: Mapping[str, str] | None = None,
+                    hashes: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
+    """(cached with the right sha256, not cached) firmware names of tinygrad's table."""
+    hashes = firmware_hashes() if hashes is None else hashes
+    present: list[str] = []
+    missing: list[str] = []
+    for name, sha in sorted(hashes.items()):
+        f = firmware_cache_file(name, environ)
+        (present if f.is_file() and _sha256(f) == sha else missing).append(name)
+    return present, missing
+
+
+def check_firmware_cache(environ: Mapping[str, str] | None = None,
+                         hashes: Mapping[str, str] | None = None) -> int:
+    """Raise ConfigError ``firmware_missing`` if the cache holds none of tinygrad's AMD firmware files.
+
+    (Which files a GPU needs is known only once tinygrad reads its IP versions; an empty cache is
+    certain to fail offline, a partial one is reported by the load if a file is missing.) Returns the
+    number of files cached.
+    """
+    present, missing = firmware_status(environ, hashes)
+    if not present:
+        where = downloads_dir(environ) / "fw"
+        raise ConfigError("firmware_missing", f"the GPU firmware cache {where} holds none of the {len(missing)} AMD "
+                                              f"firmware files tinygrad needs, and an offline node cannot download "
+                                              f"them: fill it with `chestnut probe --fill-firmware DIR` (DIR = a "
+                                              f"copy of linux-firmware's amdgpu/ files)")
+    return len(present)
+
+
+@dataclass
+class FirmwareFill:
+    """What :func:`fill_firmware` did, by firmware file name."""
+
+    copied: list[str] = field(default_factory=list)
+    already: list[str] = field(default_factory=list)
+    bad_hash: list[str] = field(default_factory=list)
+    not_found: list[str] = field(default_factory=list)
+
+
+def _read_firmware(src: Path, name: str) -> bytes | None:
+    for base in (src, src / "amdgpu"):
+        if (base / name).is_file():
+            return (base / name).read_bytes()
+        if (base / f"{name}.zst").is_file():
+            import zstandard
+
+            return zstandard.ZstdDecompressor().decompress((base / f"{name}.zst").read_bytes(),
+                                                           max_output_size=64 << 20)
+    return None
+
+
+def fill_firmware(src: Path, environ: Mapping[str, str] | None = None,
+                  hashes: Mapping[str, str] | None = None) -> FirmwareFill:
+    """Copy tinygrad's AMD firmware files from ``src`` (or ``src/amdgpu``; ``.zst`` accepted) into the cache.
+
+    A file is written only if its sha256 matches tinygrad's table; writes are atomic (temp + rename).
+    Raises ConfigError ``no_firmware_dir`` if ``src`` is not a directory.
+    """
+    if not src.is_dir():
+        raise ConfigError("no_firmware_dir", f"{src} is not a directory")
+    hashes = firmware_hashes() if hashes is None else hashes
+    out = FirmwareFill()
+    for name, sha in sorted(hashes.items()):
+        dest = firmware_cache_file(name, environ)
+        if dest.is_file() and _sha256(dest) == sha:
+            out.already.append(name)
+            continue
+        data = _read_firmware(src, name)
+        if data is None:
+            out.not_found.append(name)
+            continue
+        if hashlib.sha256(data).hexdigest() != sha:
+            out.bad_hash.append(name)
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=dest.parent, delete=False) as tmp:
+            tmp.write(data)
+        os.replace(tmp.name, dest)
+        out.copied.append(name)
+    return out
+
+
+# ------------------------------------------------------------------ the device lock
+def dock_lock_path(bus: int, address: int) -> Path:
+    """tinygrad 0.14's lock file for the dock at ``bus``/``address``: ``<tempdir>/am_usb:<bus>-<addr>.lock``
+    (``System.flock_acquire(f"{devpref.lower()}_{pcibus.lower()}.lock")``, placed by ``helpers.temp``)."""
+    return Path(tempfile.gettempdir()) / f"{LOCK_DEVPREF}_usb:{bus}-{address}.lock"
+
+
+def lock_holders(path: Path, proc_locks: Path = Path("/proc/locks")) -> list[int]:
+    """PIDs holding a ``flock`` on ``path`` according to ``/proc/locks`` (empty if unknown)."""
+    try:
+        st = path.stat()
+        lines = proc_locks.read_text().splitlines()
+    except OSError:
+        return []
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []
+    for line in lines:
+        parts = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 12345 08:01:1234 0 EOF"
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == dev and parts[4].isdigit():
+            pids.append(int(parts[4]))
+    return pids
+
+
+class DockLock:
+    """tinygrad's exclusive, non-blocking ``flock`` on the dock's lock file, taken with back-off.
+
+    :meth:`acquire` retries for ``timeout_s`` (sleeps :data:`LOCK_BACKOFF_S`, growing), then raises
+    UsbLayerError ``lock_held`` naming the lock file and the holding PIDs. The lock is held until
+    :meth:`release` or process exit (tinygrad itself never releases it).
+    """
+
+    def __init__(self, path: Path, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = Path(path)
+        self.fd: int | None = None
+        self._sleep, self._clock = sleep, clock
+
+    def try_acquire(self) -> bool:
+        if self.fd is not None:
+            return True
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        try:
+            os.fchmod(fd, 0o666)  # as tinygrad creates it, so another user's process can lock it too
+        except OSError:
+            pass
+        self.fd = fd
+        return True
+
+    def acquire(self, timeout_s: float) -> DockLock:
+        deadline = self._clock() + timeout_s
+        attempt = 0
+        while not self.try_acquire():
+            if self._clock() >= deadline:
+                holders = lock_holders(self.path)
+                who = f"held by pid {', '.join(map(str, holders))}" if holders else "held by another process"
+                raise UsbLayerError("lock_held", f"the dock's lock file {self.path} is {who} (waited {timeout_s:g} s); "
+                                                 f"stop that process or wait for it to exit")
+            self._sleep(min(LOCK_BACKOFF_S[min(attempt, len(LOCK_BACKOFF_S) - 1)], max(0.0, deadline - self._clock())))
+            attempt += 1
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def wait_free(self, timeout_s: float) -> None:
+        """Wait (with back-off) until nobody holds the lock, then leave it free for tinygrad to take."""
+        self.acquire(timeout_s)
+        self.release()
+
+
+# ------------------------------------------------------------------ the runner
+class RealRunner:
+    """:class:`~chestnut.backend.interface.PrimaryRunner` on a real dock through tinygrad 0.14.
+
+    Construct it only in the process that will own the dock (it sets the environment; see
+    :func:`prepare_environment`). ``usb_backend`` is passed to pyusb for the ladder's USB steps.
+    """
+
+    kind = "real"
+
+    def __init__(self, *, wait_timeout_ms: int = P.WAIT_TIMEOUT_MS, lock_timeout_s: float = 10.0,
+                 config: LadderConfig | None = None, usb_backend: Any = None) -> None:
+        prepare_environment(wait_timeout_ms)
+        self.config = config or LadderConfig(wait_timeout_ms=wait_timeout_ms)
+        self.lock_timeout_s = lock_timeout_s
+        self.dock = UsbDock(usb_backend, self.config.ctrl_timeout_ms)
+        self.device: Any = None
+        self._jit: Any = None
+        self._runner: Any = None
+        self._inputs: tuple[TensorSpec, ...] = ()
+        self._outputs: tuple[TensorSpec, ...] = ()
+        self._qualifier: DockQualifier | None = None
+        self._failed: ChestnutError | None = None
+
+    # ------------------------------------------------------------------ qualification
+    def qualify(self, on_step: Callable[[LadderStep], None] | None = None) -> LadderReport:
+        """The dock rungs: USB steps and the LTSSM through pyusb (no claim), then ``gpu_arch`` by opening
+        tinygrad's device (firmware cache check, lock with back-off, BARs and GPU init inside tinygrad)."""
+        self._qualifier = DockQualifier(self.dock, self.config, gpu_step=self._gpu_step)
+        return self._qualifier.run(on_step=on_step)
+
+    def _gpu_step(self, q: DockQualifier) -> Outcome:
+        check_firmware_cache()
+        DockLock(dock_lock_path(q.dev.bus, q.dev.address)).wait_free(self.lock_timeout_s)
+        self.device = self._open_device(dock_lock_path(q.dev.bus, q.dev.address))
+        arch = str(getattr(self.device, "arch", ""))
+        if arch not in P.SUPPORTED_ARCHS:
+            raise GpuLayerError("unsupported_arch", f"tinygrad opened a {arch or 'unknown'} GPU; supported: "
+                                                    f"{', '.join(P.SUPPORTED_ARCHS)}")
+        return Outcome(StepResult.PASS, f"AMD {arch} opened by tinygrad ({REAL_DEV})")
+
+    def _open_device(self, lock_path: Path) -> Any:
+        """``Device["AMD"]`` with lock retries; every failure typed (no ExceptionGroup, "no Chestnut dock found")."""
+        deadline = time.monotonic() + self.lock_timeout_s
+        attempt = 0
+        while True:
+            try:
+                from tinygrad import Device
+
+                return Device[TINYGRAD_DEVICE]
+            except Exception as e:
+                err = translate(e)
+                if err.reason == "lock_held" and time.monotonic() < deadline:
+                    time.sleep(LOCK_BACKOFF_S[min(attempt, len(LOCK_BACKOFF_S) - 1)])
+                    attempt += 1
+                    continue
+                if err.reason == "lock_held":
+                    holders = lock_holders(lock_path)
+                    who = f"pid {', '.join(map(str, holders))}" if holders else "another process"
+                    raise UsbLayerError("lock_held", f"the dock's lock file {lock_path} is held by {who} "
+                                                     f"({err.detail})") from e
+                raise err from e
+
+    # ------------------------------------------------------------------ model
+    def load(self, model: ModelSpec) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+        """Parse the ONNX model, move it to the dock and capture its JIT (three warm-up calls on zeros)."""
+        self._check_alive()
+        if self.device is None:
+            report = self.qualify()
+            failure = report.first_failure
+            if failure is not None:
+                raise failure.error or GpuLayerError("not_qualified", failure.detail)
+        from chestnut.fallback.model import _graph_inputs
+
+        path = Path(model.path)
+        if not path.is_file():
+            raise ModelError("missing_model", f"model file {path} does not exist")
+        onnx_bytes = path.read_bytes()
+        self._inputs = _graph_inputs(onnx_bytes, model.name, dict(model.input_shapes))
+        try:
+            from tinygrad import Tensor, TinyJit, dtypes
+            from tinygrad.nn.onnx import OnnxRunner
+
+            runner = OnnxRunner(Tensor(onnx_bytes, dtype=dtypes.uint8, device="CPU"))
+            runner.to(TINYGRAD_DEVICE)
+            self._runner = runner
+            self._jit = TinyJit(lambda **kw: {k: v.realize() for k, v in runner(kw).items()})
+            outs: dict[str, np.ndarray] = {}
+            for _ in range(3):
+                outs = self._call({s.name: np.zeros(s.shape, s.dtype) for s in self._inputs})
+        except ChestnutError:
+            raise
+        except Exception as e:
+            raise self._fail(translate(e)) from e
+        self._outputs = tuple(TensorSpec(k, tuple(v.shape), v.dtype.name) for k, v in outs.items())
+        return self._inputs, self._outputs
+
+    def _call(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from tinygrad import Tensor
+
+        out = self._jit(**{k: Tensor(np.ascontiguousarray(v), device=TINYGRAD_DEVICE).realize()
+                           for k, v in inputs.items()})
+        return {k: v.numpy().copy() for k, v in out.items()}
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One inference on the dock. ModelError for wrong inputs; a layer error for any dock failure."""
+        self._check_alive()
+        if self._jit is None:
+            raise ModelError("not_loaded", "no model is loaded")
+        check_inputs(self._inputs, inputs)
+        try:
+            return self._call(inputs)
+        except Exception as e:
+            raise self._fail(translate(e)) from e
+
+    # ------------------------------------------------------------------ health
+    def probe(self) -> DockObservation:
+        """USB presence, IDs, bus/address and speed (pyusb), and the LTSSM byte (one control transfer)."""
+        try:
+            docks = self.dock.find_all()
+        except ChestnutError as e:
+            return DockObservation(False, extra={"error": str(e)})
+        if not docks:
+            return DockObservation(False)
+        d = docks[0]
+        obs = DockObservation(True, (d.idVendor, d.idProduct), (d.bus, d.address), self.dock.speed_mbps(d))
+        try:
+            obs.ltssm = self.dock.bridge(d).ltssm()
+        except ChestnutError as e:
+            obs.extra["ltssm_error"] = str(e)
+        finally:
+            release_device(d)
+        if self._failed is not None:
+            obs.extra["failed"] = str(self._failed)
+        return obs
+
+    def close(self) -> None:
+        """Drop the model and pyusb's handle; tinygrad keeps its lock and claim until the process exits."""
+        self._jit = None
+        if self._qualifier is not None:
+            self._qualifier.release()
+
+    def _check_alive(self) -> None:
+        if self._failed is not None:
+            raise type(self._failed)(self._failed.reason, f"the dock failed earlier in this process and tinygrad "
+                                                          f"keeps that state; start a fresh process "
+                                                          f"({self._failed.detail})")
+
+    def _fail(self, err: ChestnutError) -> ChestnutError:
+        if err.layer is not None:
+            self._failed = err
+        return err
+
+
+def check_inputs(specs: tuple[TensorSpec, ...], inputs: dict[str, np.ndarray]) -> None:
+    """Raise ModelError unless ``inputs`` has exactly ``specs``' names, shapes and dtypes."""
+    if set(inputs) != {s.name for s in specs}:
+        raise ModelError("bad_input", f"inputs {sorted(inputs)} != model inputs {[s.name for s in specs]}")
+    for s in specs:
+        a = inputs[s.name]
+        if not isinstance(a, np.ndarray) or tuple(a.shape) != s.shape or a.dtype != np.dtype(s.dtype):
+            got = f"{a.dtype}{list(a.shape)}" if isinstance(a, np.ndarray) else type(a).__name__
+            raise ModelError("bad_input", f"input {s.name!r}: got {got}, want {s.dtype}{list(s.shape)}")
+
+
+def translate(exc: BaseException) -> ChestnutError:
+    """tinygrad's failure as a typed error, with the dock-specific wording of FACTS.md §2.
+
+    No dock (tinygrad: "AMD:0 does not exist (0 devices available)", possibly inside an
+    ExceptionGroup) becomes UsbLayerError ``no_dock`` "no Chestnut dock found ..."; a missing GPU
+    firmware download becomes ConfigError with the fill command; everything else is :func:`classify`.
+    """
+    err = classify(exc)
+    if err.reason == "no_dock":
+        ids = ", ".join(f"0x{v:04X}:0x{p:04X}" for v, p in P.USB_IDS)
+        out: ChestnutError = UsbLayerError("no_dock", f"no Chestnut dock found (no USB device {ids}): {err.detail}")
+    elif err.reason == "firmware_download_failed":
+        out = ConfigError("firmware_missing", f"the GPU firmware is not in {downloads_dir() / 'fw'} and cannot be "
+                                              f"downloaded: fill the cache with `chestnut probe --fill-firmware DIR` "
+                                              f"({err.detail})")
+    else:
+        return err
+    out.__cause__ = exc
+    return out
+

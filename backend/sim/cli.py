@@ -1,0 +1,153 @@
+"""``chestnut twin ...``: run the Chestnut twin and break it on purpose.
+
+    chestnut twin serve [--training-delay-ms MS] [--bus N] [--address N] [--link-mbps X --latency-us Y]
+    chestnut twin fault KIND [--once|--repeat] [--probability P] [--for SECONDS] [--phase PHASE]
+                             [--after N] [--on TARGET] [--status ur|ca] [--delay-ms MS] [--off-s S]
+                             [--nbytes N] [--seed N]
+    chestnut twin clear [ID]
+    chestnut twin status [--json]
+    chestnut twin devices
+    chestnut twin kinds
+    chestnut twin plug | unplug | power-cycle [--off-s S]
+
+Every command but ``serve`` talks to the daemon of ``$CHESTNUT_PREFIX`` (or ``--prefix``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import zlib
+from typing import Any
+
+from chestnut.backend.sim.faults import KINDS, TLP_STATUSES, Phase
+
+
+def default_bus_address(prefix: str) -> tuple[int, int]:
+    """A bus number and first address derived from the prefix, so parallel twins never share tinygrad's
+    lock file name (``am_usb:<bus>-<addr>.lock``)."""
+    h = zlib.crc32(prefix.encode())
+    return 16 + h % 200, 2 + (h >> 8) % 100
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prefix", help="runtime prefix of the twin (default: $CHESTNUT_PREFIX)")
+    sub = parser.add_subparsers(dest="twin_command", metavar="SUBCOMMAND", required=True)
+
+    s = sub.add_parser("serve", help="run the twin daemon in the foreground")
+    s.add_argument("--training-delay-ms", type=float, default=20.0, help="PCIe link training time after 0xF3 on")
+    s.add_argument("--bus", type=int, help="USB bus number (default: derived from the prefix)")
+    s.add_argument("--address", type=int, help="first USB device address (default: derived from the prefix)")
+    s.add_argument("--link-mbps", type=float, help="timing model: link bandwidth (e.g. 5000); off by default")
+    s.add_argument("--latency-us", type=float, default=0.0, help="timing model: per-transfer latency (e.g. 125)")
+
+    f = sub.add_parser("fault", help="inject a fault (see `chestnut twin kinds`)")
+    f.add_argument("kind", choices=sorted(KINDS), metavar="KIND")
+    mode = f.add_mutually_exclusive_group()
+    mode.add_argument("--once", dest="repeat", action="store_const", const=False, help="fire at most once")
+    mode.add_argument("--repeat", dest="repeat", action="store_const", const=True, help="fire at every opportunity")
+    f.add_argument("--probability", type=float, default=1.0, help="fire with this probability per opportunity")
+    f.add_argument("--for", dest="for_s", type=float, metavar="SECONDS", help="exist only this long")
+    f.add_argument("--phase", choices=[p.value for p in Phase], help="only while the twin is in this phase")
+    f.add_argument("--after", type=int, default=0, metavar="N", help="let the first N opportunities through")
+    f.add_argument("--on", help="transfer faults: any, control, control_in, control_out, bulk, bulk_in, bulk_out, "
+                                "async, or a vendor request number such as 0xE4")
+    f.add_argument("--status", choices=TLP_STATUSES, default="ca", help="bad_tlp: completion status")
+    f.add_argument("--delay-ms", type=float, default=500.0, help="slow_gpu: added latency per packet")
+    f.add_argument("--off-s", type=float, default=2.0, help="brownout: seconds the dock stays gone")
+    f.add_argument("--nbytes", type=int, help="short: bytes moved; usb2: bytes of each bulk OUT kept")
+    f.add_argument("--seed", type=int, help="seed of the --probability draw")
+
+    c = sub.add_parser("clear", help="remove one fault (by id) or all")
+    c.add_argument("id", type=int, nargs="?")
+    st = sub.add_parser("status", help="show the dock's state and the injected faults")
+    st.add_argument("--json", action="store_true", help="print JSON")
+    sub.add_parser("devices", help="list what a fresh USB enumeration sees")
+    sub.add_parser("kinds", help="list the fault kinds with their symptom and recovery")
+    sub.add_parser("plug", help="plug the dock in (it enumerates at a new address)")
+    sub.add_parser("unplug", help="pull the dock's cable")
+    pc = sub.add_parser("power-cycle", help="switch the dock off and on (clears a wedge; VRAM is lost)")
+    pc.add_argument("--off-s", type=float, default=0.0, help="seconds to stay off")
+
+
+def _print_status(st: dict[str, Any]) -> None:
+    u, b, g = st["usb"], st["bridge"], st["gpu"]
+    present = f"present at {u['bus']}-{u['address']}" if u["present"] else "absent"
+    print(f"usb:    {present}, {u['vid_pid'][0]:04x}:{u['vid_pid'][1]:04x} {u['product']!r}, {u['speed_mbps']} Mbps, "
+          f"link errors {u['link_errors']}, halted {[hex(e) for e in u['halted']]}, {u['open_handles']} handles")
+    print(f"bridge: LTSSM {b['ltssm']:#04x}, PCIe power {'on' if b['pcie_power'] else 'off'}, "
+          f"wedged {b['wedged']}, copy-in fence {b['copyin_fence']}")
+    bars = ", ".join(f"BAR{i} {a:#x}+{s:#x}" for i, (a, s) in st["pcie"]["bars"].items())
+    print(f"pcie:   {bars}")
+    print(f"gpu:    hung {g['hung']}, executing {g['executing']}, executed {g['executed']}, queue fence "
+          f"{g['queue_fence']} (status {g['status']}), programs {g['programs']}, VRAM pages {st['vram_pages']}")
+    print(f"phase:  {st['phase']}" + (f", lock file {st['lock_file']}" if st["lock_file"] else ""))
+    if not st["faults"]:
+        print("faults: none")
+    for f in st["faults"]:
+        how = "repeat" if f["repeat"] or (f["repeat"] is None and KINDS[f["kind"]].default_repeat) else "once"
+        extra = "".join(f" {k}={f[k]}" for k in ("probability", "for_s", "phase", "after", "on") if f[k] not in
+                        (None, 0, 1.0))
+        print(f"fault {f['id']}: {f['kind']} ({how}{extra}) fired {f['fired']}/{f['opportunities']} opportunities")
+
+
+def run(args: argparse.Namespace) -> int:
+    from chestnut.msgs.paths import current_prefix
+
+    prefix = args.prefix or current_prefix()
+    cmd = args.twin_command
+    if cmd == "serve":
+        from chestnut.backend.sim.daemon import serve
+        from chestnut.backend.sim.twin import TwinConfig
+
+        bus, address = default_bus_address(prefix)
+        config = TwinConfig(bus=args.bus if args.bus is not None else bus,
+                            first_address=args.address if args.address is not None else address,
+                            training_delay_s=args.training_delay_ms / 1000, link_mbps=args.link_mbps,
+                            latency_us=args.latency_us)
+        if not (1 <= config.bus <= 255 and 1 <= config.first_address <= 127):
+            print("--bus must be in 1..255 and --address in 1..127", file=sys.stderr)
+            return 2
+        return serve(config, prefix)
+    if cmd == "kinds":
+        for name, info in KINDS.items():
+            print(f"{name}\n  symptom:  {info.symptom}\n  recovery: {info.recovery}")
+        return 0
+
+    from chestnut.backend.sim.client import TwinClient, TwinNotRunning
+
+    try:
+        with TwinClient(prefix) as client:
+            if cmd == "fault":
+                entry = client.fault(args.kind, repeat=args.repeat, probability=args.probability, for_s=args.for_s,
+                                     phase=args.phase, after=args.after, on=args.on, status=args.status,
+                                     delay_ms=args.delay_ms, off_s=args.off_s, nbytes=args.nbytes, seed=args.seed)
+                print(f"fault {entry['id']}: {entry['kind']} -- {entry['symptom']}")
+            elif cmd == "clear":
+                print(f"cleared {client.clear(args.id)} fault(s)")
+            elif cmd == "status":
+                st = client.status()
+                if args.json:
+                    print(json.dumps(st, indent=2))
+                else:
+                    _print_status(st)
+            elif cmd == "devices":
+                for d in client.enumerate():
+                    print(f"Bus {d.bus:03d} Device {d.address:03d}: ID {d.vid:04x}:{d.pid:04x} {d.speed_mbps} Mbps")
+            elif cmd == "plug":
+                info = client.plug()
+                print(f"plugged in at {info.bus}-{info.address}" if info else "plugged in")
+            elif cmd == "unplug":
+                client.unplug()
+                print("unplugged")
+            elif cmd == "power-cycle":
+                client.power_cycle(args.off_s)
+                print(f"power-cycled (off {args.off_s} s)")
+    except TwinNotRunning as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    except ValueError as e:
+        print(f"rejected: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,401 @@
+"""Talking to the twin: :class:`TwinClient` (over the daemon's socket, or in-process) and the daemon's life.
+
+A ``TwinClient`` is one connection, i.e. one "host process's view" of the dock. Its USB methods
+mirror libusb (handles, timeouts in ms) and raise :class:`~.libusb_codes.UsbError`; its admin methods
+(faults, status, plug/unplug/power-cycle) raise ``ValueError`` for bad arguments. If the daemon dies,
+USB methods fail with ``LIBUSB_ERROR_NO_DEVICE`` (to a host, a vanished twin is an unplugged dock)
+and admin methods with :class:`TwinNotRunning`.
+
+In tests::
+
+    with running_twin() as twin:            # spawns `chestnut twin serve` for $CHESTNUT_PREFIX
+        dev = twin.enumerate()[0]
+        h = twin.open(dev.bus, dev.address)
+        twin.fault("timeout", on="0xE4")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from chestnut.backend.sim import wire as W
+from chestnut.backend.sim.faults import FaultSpec
+from chestnut.backend.sim.libusb_codes import LIBUSB_ERROR_INVALID_PARAM, LIBUSB_ERROR_NO_DEVICE, UsbError
+from chestnut.backend.sim.twin import DeviceInfo, Twin
+from chestnut.msgs.paths import current_prefix, runtime_dir
+
+
+class TwinNotRunning(ConnectionError):
+    """No twin daemon answers at the socket (or it went away)."""
+
+
+def socket_path(prefix: str | None = None) -> Path:
+    """``<runtime_dir(prefix)>/twin.sock``."""
+    return runtime_dir(prefix) / W.SOCKET_NAME
+
+
+class TwinClient:
+    """A connection to the twin. ``prefix`` picks the daemon (default ``$CHESTNUT_PREFIX``); ``twin`` instead
+    binds the client to an in-process :class:`Twin` (same methods, no socket). Thread-safe: requests on
+    one connection are serialised. Raises :class:`TwinNotRunning` if no daemon answers."""
+
+    daemon: TwinDaemon | None = None  # set by running_twin()
+
+    def __init__(self, prefix: str | None = None, *, twin: Twin | None = None, connect_timeout_s: float = 2.0) -> None:
+        self._twin = twin
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._hdr = bytearray(W.RSP.size)
+        self._dead = False
+        self.prefix = current_prefix() if prefix is None else prefix
+        self.path = socket_path(self.prefix) if twin is None else None
+        if twin is None:
+            assert self.path is not None
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(connect_timeout_s)
+            try:
+                s.connect(str(self.path))
+            except OSError as e:
+                s.close()
+                raise TwinNotRunning(f"no twin daemon at {self.path} ({e.strerror or e}); "
+                                     f"start one with `chestnut twin serve`") from None
+            s.settimeout(None)
+            self._sock = s
+
+    @classmethod
+    def in_process(cls, twin: Twin) -> TwinClient:
+        return cls(twin=twin)
+
+    @property
+    def local(self) -> bool:
+        return self._twin is not None
+
+    # ------------------------------------------------------------------ connection
+    def close_connection(self) -> None:
+        """Close the connection; the daemon closes every handle it opened (releasing claims)."""
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            self._dead = True
+
+    def __enter__(self) -> TwinClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close_connection()
+
+    def _gone(self) -> None:
+        self._dead = True
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _request(self, op: int, *, b0: int = 0, b1: int = 0, value: int = 0, index: int = 0, handle: int = 0,
+                 length: int = 0, timeout_ms: int = 0, flags: int = 0,
+                 payload: bytes | bytearray | memoryview = b"",
+                 into: memoryview | None = None, admin: bool = False) -> tuple[int, bytes | int]:
+        """One round trip. Returns (value, payload) -- or (value, nbytes) when ``into`` receives the payload."""
+        with self._lock:
+            s = self._sock
+            if s is None or self._dead:
+                if admin:
+                    raise TwinNotRunning(f"the connection to {self.path} is closed")
+                raise UsbError(LIBUSB_ERROR_NO_DEVICE, "the twin daemon is gone")
+            hdr = W.REQ.pack(len(payload), op, flags, b0, b1, value, index, handle, length, timeout_ms)
+            try:
+                if len(payload):
+                    self._send_gather(s, hdr, payload)
+                else:
+                    s.sendall(hdr)
+                self._recv_exact(s, memoryview(self._hdr))
+                n, status, rvalue = W.RSP.unpack(self._hdr)
+                if status == W.ST_OK and into is not None and n <= len(into):
+                    self._recv_exact(s, into[:n])
+                    return rvalue, n
+                body = bytearray(n)
+                self._recv_exact(s, memoryview(body))
+            except OSError:
+                self._gone()
+                if admin:
+                    raise TwinNotRunning(f"the twin daemon at {self.path} went away") from None
+                raise UsbError(LIBUSB_ERROR_NO_DEVICE, "the twin daemon went away") from None
+        if status == W.ST_OK:
+            return rvalue, bytes(body)
+        detail = body.decode(errors="replace")
+        if status == W.ST_BAD_ARGUMENT:
+            raise ValueError(detail)
+        if status == W.ST_BAD_FRAME:
+            raise RuntimeError(f"the twin rejected the request frame: {detail}")
+        raise UsbError(status, detail, transferred=rvalue)
+
+    @staticmethod
+    def _send_gather(s: socket.socket, hdr: bytes, payload: bytes | bytearray | memoryview) -> None:
+        """Header and payload in one sendmsg (no copy of the payload); finish what a partial send left."""
+        sent = s.sendmsg([hdr, payload])
+        if sent < len(hdr):
+            s.sendall(hdr[sent:])
+            s.sendall(payload)
+        elif sent < len(hdr) + len(payload):
+            s.sendall(memoryview(payload)[sent - len(hdr):])
+
+    @staticmethod
+    def _recv_exact(s: socket.socket, mv: memoryview) -> None:
+        got = 0
+        while got < len(mv):
+            k = s.recv_into(mv[got:])
+            if k == 0:
+                raise ConnectionResetError("twin daemon closed the connection")
+            got += k
+
+    # ------------------------------------------------------------------ USB host view
+    def ping(self) -> None:
+        if self._twin is None:
+            self._request(W.OP_PING, admin=True)
+
+    def enumerate(self) -> list[DeviceInfo]:
+        """What a fresh libusb device list sees now (never cached)."""
+        if self._twin is not None:
+            return self._twin.enumerate()
+        _, body = self._request(W.OP_ENUMERATE, admin=True)
+        assert isinstance(body, bytes)
+        return [DeviceInfo.from_json(d) for d in json.loads(body)]
+
+    def open(self, bus: int, address: int) -> int:
+        """Open the device at ``bus``/``address``; returns a handle. Raises UsbError(NO_DEVICE)."""
+        if self._twin is not None:
+            return self._twin.open(bus, address)
+        if not (0 <= bus <= 0xFF and 0 <= address <= 0xFF):
+            raise UsbError(LIBUSB_ERROR_NO_DEVICE, f"no device at {bus}-{address}")
+        return self._request(W.OP_OPEN, b0=bus, b1=address)[0]
+
+    def close(self, handle: int) -> None:
+        """Close a device handle (releases its claims). Never raises for a gone device."""
+        if self._twin is not None:
+            self._twin.close_handle(handle)
+            return
+        with contextlib.suppress(UsbError):
+            self._request(W.OP_CLOSE, handle=handle)
+
+    def claim_interface(self, handle: int, intf: int) -> None:
+        if self._twin is not None:
+            return self._twin.claim_interface(handle, intf)
+        self._request(W.OP_CLAIM, handle=handle, index=intf)
+
+    def release_interface(self, handle: int, intf: int) -> None:
+        if self._twin is not None:
+            return self._twin.release_interface(handle, intf)
+        self._request(W.OP_RELEASE, handle=handle, index=intf)
+
+    def clear_halt(self, handle: int, endpoint: int) -> None:
+        if self._twin is not None:
+            return self._twin.clear_halt(handle, endpoint)
+        self._request(W.OP_CLEAR_HALT, handle=handle, b0=endpoint)
+
+    def set_configuration(self, handle: int, configuration: int) -> None:
+        self.ctrl_transfer(handle, 0x00, 0x09, configuration, 0, b"", 1000)
+
+    def ctrl_transfer(self, handle: int, bm_request_type: int, b_request: int, w_value: int = 0, w_index: int = 0,
+                      data_or_length: bytes | bytearray | memoryview | int = 0, timeout_ms: int = 1000, *,
+                      is_async: bool = False) -> bytes | int:
+        """A control transfer: IN returns the bytes read (``data_or_length`` = wLength), OUT the bytes written."""
+        if self._twin is not None:
+            return self._twin.ctrl_transfer(handle, bm_request_type, b_request, w_value, w_index, data_or_length,
+                                            timeout_ms, is_async=is_async)
+        is_in = bool(bm_request_type & 0x80)
+        if is_in != isinstance(data_or_length, int) or not (0 <= bm_request_type <= 0xFF and 0 <= b_request <= 0xFF
+                                                             and 0 <= w_value <= 0xFFFF and 0 <= w_index <= 0xFFFF):
+            raise UsbError(LIBUSB_ERROR_INVALID_PARAM, "bad control transfer arguments")
+        value, body = self._request(
+            W.OP_CTRL, b0=bm_request_type, b1=b_request, value=w_value, index=w_index, handle=handle,
+            length=data_or_length if isinstance(data_or_length, int) else 0, timeout_ms=max(0, timeout_ms),
+            flags=W.FLAG_ASYNC if is_async else 0, payload=b"" if isinstance(data_or_length, int) else data_or_length)
+        return body if is_in else value
+
+    def bulk_write(self, handle: int, endpoint: int, data: bytes | bytearray | memoryview, timeout_ms: int = 1000, *,
+                   is_async: bool = False) -> int:
+        """Bulk OUT; returns the bytes the device accepted."""
+        if self._twin is not None:
+            return self._twin.bulk_write(handle, endpoint, data, timeout_ms, is_async=is_async)
+        mv = memoryview(data).cast("B")
+        return self._request(W.OP_BULK_OUT, b0=endpoint, handle=handle, timeout_ms=max(0, timeout_ms),
+                             flags=W.FLAG_ASYNC if is_async else 0, payload=mv)[0]
+
+    def bulk_read(self, handle: int, endpoint: int, length: int, timeout_ms: int = 1000, *,
+                  is_async: bool = False) -> bytes:
+        """Bulk IN of up to ``length`` bytes."""
+        if self._twin is not None:
+            return self._twin.bulk_read(handle, endpoint, length, timeout_ms, is_async=is_async)
+        body = self._request(W.OP_BULK_IN, b0=endpoint, handle=handle, length=length,
+                             timeout_ms=max(0, timeout_ms), flags=W.FLAG_ASYNC if is_async else 0)[1]
+        assert isinstance(body, bytes)
+        return body
+
+    def bulk_read_into(self, handle: int, endpoint: int, out: memoryview, timeout_ms: int = 1000, *,
+                       is_async: bool = False) -> int:
+        """Bulk IN straight into ``out`` (a writable byte buffer); returns the bytes read."""
+        out = memoryview(out).cast("B")
+        if self._twin is not None:
+            data = self._twin.bulk_read(handle, endpoint, len(out), timeout_ms, is_async=is_async)
+            out[:len(data)] = data
+            return len(data)
+        n = self._request(W.OP_BULK_IN, b0=endpoint, handle=handle, length=len(out), timeout_ms=max(0, timeout_ms),
+                          flags=W.FLAG_ASYNC if is_async else 0, into=out)[1]
+        assert isinstance(n, int)
+        return n
+
+    # ------------------------------------------------------------------ admin: faults, status, power
+    def _admin(self, cmd: str, **args: Any) -> Any:
+        if self._twin is not None:
+            return _admin_local(self._twin, cmd, args)
+        _, body = self._request(W.OP_ADMIN, payload=json.dumps({"cmd": cmd, **args}).encode(), admin=True)
+        assert isinstance(body, bytes)
+        return json.loads(body) if body else None
+
+    def fault(self, kind: str, **params: Any) -> dict[str, Any]:
+        """Inject a fault: ``kind`` and :class:`~.faults.FaultSpec` fields (``repeat``, ``probability``,
+        ``for_s``, ``phase``, ``after``, ``on``, ``status``, ``delay_ms``, ``off_s``, ``nbytes``, ``seed``).
+        Returns its status entry (with ``id``). Raises ValueError for a bad spec."""
+        return self.inject(FaultSpec(kind, **params))
+
+    def inject(self, spec: FaultSpec) -> dict[str, Any]:
+        return dict(self._admin("fault", spec=spec.validate().to_json()))
+
+    def clear(self, fault_id: int | None = None) -> int:
+        """Remove one fault or all; returns how many. Latched states (wedge, hang, halt) stay."""
+        return int(self._admin("clear", id=fault_id))
+
+    def status(self) -> dict[str, Any]:
+        return dict(self._admin("status"))
+
+    def plug(self) -> DeviceInfo | None:
+        d = self._admin("plug")
+        return DeviceInfo.from_json(d) if d else None
+
+    def unplug(self) -> None:
+        self._admin("unplug")
+
+    def power_cycle(self, off_s: float = 0.0) -> None:
+        self._admin("power_cycle", off_s=off_s)
+
+    def set_phase(self, phase: str) -> None:
+        self._admin("set_phase", phase=phase)
+
+
+def _admin_local(twin: Twin, cmd: str, args: dict[str, Any]) -> Any:
+    """Execute an admin command on a Twin; shared by the in-process client and the daemon."""
+    if cmd == "fault":
+        return twin.inject(FaultSpec.from_json(dict(args["spec"])))
+    if cmd == "clear":
+        fid = args.get("id")
+        return twin.clear(None if fid is None else int(fid))
+    if cmd == "status":
+        return twin.status()
+    if cmd == "plug":
+        info = twin.plug()
+        return None if info is None else info.to_json()
+    if cmd == "unplug":
+        twin.unplug()
+        return None
+    if cmd == "power_cycle":
+        off_s = float(args.get("off_s", 0.0))
+        if not 0 <= off_s <= 3600:
+            raise ValueError(f"off_s {off_s} is not in [0, 3600]")
+        twin.power_cycle(off_s)
+        return None
+    if cmd == "set_phase":
+        twin.set_phase(str(args.get("phase")))
+        return None
+    raise ValueError(f"unknown admin command {cmd!r}")
+
+
+# ---------------------------------------------------------------------- the daemon's life
+class TwinDaemon:
+    """A ``chestnut twin serve`` child process for ``prefix`` (default ``$CHESTNUT_PREFIX``).
+
+    ``args`` are extra ``serve`` options (e.g. ``["--training-delay-ms", "5"]``). Its log goes to
+    ``<runtime_dir>/twin.log``. :meth:`start` waits until the socket answers (raises RuntimeError if the
+    process dies or ``timeout_s`` passes); :meth:`stop` sends SIGTERM, waits, then kills.
+    """
+
+    def __init__(self, prefix: str | None = None, args: list[str] | tuple[str, ...] = (), timeout_s: float = 20.0):
+        self.prefix = current_prefix() if prefix is None else prefix
+        self.args = list(args)
+        self.timeout_s = timeout_s
+        self.process: subprocess.Popen[bytes] | None = None
+        self.socket_path = socket_path(self.prefix)
+        self.log_path = runtime_dir(self.prefix) / W.LOG_NAME
+
+    def start(self) -> TwinDaemon:
+        env = {**os.environ, "CHESTNUT_PREFIX": self.prefix}
+        with open(self.log_path, "ab") as logf:
+            self.process = subprocess.Popen([sys.executable, "-m", "chestnut.launch.cli", "twin", "serve", *self.args],
+                                            env=env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the twin daemon exited with {self.process.returncode}; log:\n{self.log_tail()}")
+            try:
+                with TwinClient(self.prefix, connect_timeout_s=0.5) as c:
+                    c.ping()
+                return self
+            except (TwinNotRunning, RuntimeError):
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the twin daemon did not answer within {self.timeout_s} s; log:\n{self.log_tail()}")
+            time.sleep(0.02)
+
+    def log_tail(self, nbytes: int = 4000) -> str:
+        try:
+            return self.log_path.read_bytes()[-nbytes:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def client(self) -> TwinClient:
+        return TwinClient(self.prefix)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def stop(self, timeout_s: float = 5.0) -> int | None:
+        """SIGTERM, wait ``timeout_s``, then SIGKILL. Returns the exit code."""
+        p = self.process
+        if p is None:
+            return None
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        return p.returncode
+
+    def __enter__(self) -> TwinDaemon:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def running_twin(prefix: str | None = None, args: list[str] | tuple[str, ...] = ()) -> Iterator[TwinClient]:
+    """Spawn ``chestnut twin serve`` for ``prefix``, wait for its socket, yield a connected client; on exit
+    close the client and stop the daemon (SIGTERM, then SIGKILL after 5 s). ``client.daemon`` is the
+    :class:`TwinDaemon`."""
+    with TwinDaemon(prefix, args) as daemon, daemon.client() as client:
+        client.daemon = daemon
+        yield client

@@ -1,0 +1,260 @@
+"""``chestnut twin serve``: the process that *is* the dock for every client.
+
+It owns one :class:`~.twin.Twin` -- so the dock's state (a wedge, a hang, a new address, loaded
+programs) outlives any client, like hardware -- and serves clients over the Unix socket
+``<runtime_dir()>/twin.sock`` with the framing of :mod:`.wire`: a thread per connection, preallocated
+receive buffers, bulk payloads raw after a small header.
+
+A client that goes away is cleaned up: its open handles are closed (releasing interface claims); a
+bulk OUT whose payload did not arrive in full is discarded, never applied in part; a wait (NAK,
+timing model) of a client that closed its socket is abandoned. Nothing a client sends can stop the
+daemon: a malformed frame closes that connection, a malformed USB request gets a STALL, a bug inside a
+request is logged and answered with ``LIBUSB_ERROR_OTHER``. SIGTERM/SIGINT stop it within a second.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from chestnut.backend.sim import wire as W
+from chestnut.backend.sim.client import _admin_local
+from chestnut.backend.sim.libusb_codes import LIBUSB_ERROR_INVALID_PARAM, LIBUSB_ERROR_OTHER, UsbError
+from chestnut.backend.sim.twin import Twin, TwinConfig
+from chestnut.msgs.paths import runtime_dir
+
+log = logging.getLogger(__name__)
+
+ACCEPT_POLL_S = 0.2
+INITIAL_BUFFER = 1 << 20
+
+
+def _recv_exact(sock: socket.socket, mv: memoryview) -> bool:
+    """Fill ``mv``; False if the peer closed before it was full."""
+    got = 0
+    while got < len(mv):
+        k = sock.recv_into(mv[got:])
+        if k == 0:
+            return False
+        got += k
+    return True
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """Whether the client has closed its end (used to abandon its waits)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except (OSError, ValueError):
+        return True
+
+
+class _Connection:
+    """One client: its socket, its handles, its buffers."""
+
+    def __init__(self, twin: Twin, sock: socket.socket, number: int) -> None:
+        self.twin = twin
+        self.sock = sock
+        self.number = number
+        self.handles: set[int] = set()
+        self.hdr = bytearray(W.REQ.size)
+        self.buf = bytearray(INITIAL_BUFFER)
+
+    def cancelled(self) -> bool:
+        return _peer_closed(self.sock)
+
+    def serve(self) -> None:
+        hmv = memoryview(self.hdr)
+        try:
+            while _recv_exact(self.sock, hmv):
+                plen, op, flags, b0, b1, value, index, handle, length, timeout_ms = W.REQ.unpack(self.hdr)
+                if plen > W.MAX_PAYLOAD or op not in W.OPS or length > W.MAX_PAYLOAD:
+                    self._reply(W.ST_BAD_FRAME, 0, f"bad frame: op {op}, payload {plen}, length {length}".encode())
+                    log.warning("client %d: bad frame (op %d, payload %d); closing", self.number, op, plen)
+                    return
+                if plen > len(self.buf):
+                    self.buf = bytearray(plen)
+                payload = memoryview(self.buf)[:plen]
+                if not _recv_exact(self.sock, payload):
+                    log.info("client %d went away mid-request (op %d); request discarded", self.number, op)
+                    return
+                status, rvalue, out = self._execute(op, flags, b0, b1, value, index, handle, length, timeout_ms,
+                                                    payload)
+                self._reply(status, rvalue, out)
+        except OSError as e:
+            log.info("client %d: %s", self.number, e)
+        finally:
+            for h in self.handles:
+                self.twin.close_handle(h)
+            self.sock.close()
+
+    def _reply(self, status: int, value: int, out: bytes | memoryview) -> None:
+        hdr = W.RSP.pack(len(out), status, value & 0xFFFFFFFF)
+        if not len(out):
+            self.sock.sendall(hdr)
+            return
+        sent = self.sock.sendmsg([hdr, out])
+        if sent < len(hdr):
+            self.sock.sendall(hdr[sent:])
+            self.sock.sendall(out)
+        elif sent < len(hdr) + len(out):
+            self.sock.sendall(memoryview(out)[sent - len(hdr):])
+
+    def _own(self, handle: int) -> int:
+        if handle not in self.handles:
+            raise UsbError(LIBUSB_ERROR_INVALID_PARAM, f"handle {handle} was not opened on this connection")
+        return handle
+
+    def _execute(self, op: int, flags: int, b0: int, b1: int, value: int, index: int, handle: int, length: int,
+                 timeout_ms: int, payload: memoryview) -> tuple[int, int, bytes]:
+        try:
+            return W.ST_OK, *self._dispatch(op, flags, b0, b1, value, index, handle, length, timeout_ms, payload)
+        except UsbError as e:
+            return e.code, e.transferred, e.detail.encode()
+        except ValueError as e:
+            return W.ST_BAD_ARGUMENT, 0, str(e).encode()
+        except Exception as e:  # a twin bug must never take the daemon down
+            log.exception("client %d: op %d failed inside the twin", self.number, op)
+            return LIBUSB_ERROR_OTHER, 0, f"{type(e).__name__}: {e}".encode()
+
+    def _dispatch(self, op: int, flags: int, b0: int, b1: int, value: int, index: int, handle: int, length: int,
+                  timeout_ms: int, payload: memoryview) -> tuple[int, bytes]:
+        tw, is_async = self.twin, bool(flags & W.FLAG_ASYNC)
+        if op == W.OP_CTRL:
+            result = tw.ctrl_transfer(self._own(handle), b0, b1, value, index,
+                                      length if b0 & 0x80 else bytes(payload), timeout_ms,
+                                      is_async=is_async, cancel=self.cancelled)
+            return (0, result) if isinstance(result, bytes) else (result, b"")
+        if op == W.OP_BULK_OUT:
+            return tw.bulk_write(self._own(handle), b0, payload, timeout_ms, is_async=is_async,
+                                 cancel=self.cancelled), b""
+        if op == W.OP_BULK_IN:
+            return 0, tw.bulk_read(self._own(handle), b0, length, timeout_ms, is_async=is_async,
+                                   cancel=self.cancelled)
+        if op == W.OP_PING:
+            return 0, b""
+        if op == W.OP_ENUMERATE:
+            return 0, json.dumps([d.to_json() for d in tw.enumerate()]).encode()
+        if op == W.OP_OPEN:
+            h = tw.open(b0, b1)
+            self.handles.add(h)
+            return h, b""
+        if op == W.OP_CLOSE:
+            tw.close_handle(self._own(handle))
+            self.handles.discard(handle)
+            return 0, b""
+        if op == W.OP_CLAIM:
+            tw.claim_interface(self._own(handle), index)
+            return 0, b""
+        if op == W.OP_RELEASE:
+            tw.release_interface(self._own(handle), index)
+            return 0, b""
+        if op == W.OP_CLEAR_HALT:
+            tw.clear_halt(self._own(handle), b0)
+            return 0, b""
+        assert op == W.OP_ADMIN
+        try:
+            req: Any = json.loads(bytes(payload))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"admin request is not JSON: {e}") from None
+        if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
+            raise ValueError("admin request must be a JSON object with a 'cmd'")
+        cmd = req.pop("cmd")
+        try:
+            result = _admin_local(tw, cmd, req)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"admin {cmd}: bad arguments ({e})") from None
+        return 0, b"" if result is None else json.dumps(result).encode()
+
+
+class TwinServer:
+    """Serves one Twin on a Unix socket at ``path`` until :meth:`stop`."""
+
+    def __init__(self, twin: Twin, path: Path) -> None:
+        self.twin = twin
+        self.path = path
+        self._stop = threading.Event()
+        self._listener: socket.socket | None = None
+        self._count = 0
+
+    def bind(self) -> None:
+        """Bind the socket; raises RuntimeError if another daemon already answers there."""
+        if self.path.exists():
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(self.path))
+                raise RuntimeError(f"a twin daemon is already serving at {self.path}")
+            except (ConnectionRefusedError, FileNotFoundError):
+                self.path.unlink(missing_ok=True)  # stale socket of a daemon that died
+            finally:
+                probe.close()
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(str(self.path))
+        os.chmod(self.path, 0o600)
+        s.listen(64)
+        s.settimeout(ACCEPT_POLL_S)
+        self._listener = s
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def serve_forever(self) -> None:
+        assert self._listener is not None, "bind() first"
+        try:
+            while not self._stop.is_set():
+                try:
+                    conn, _ = self._listener.accept()
+                except TimeoutError:
+                    continue
+                except OSError as e:
+                    if self._stop.is_set():
+                        break
+                    log.warning("accept: %s", e)
+                    continue
+                conn.settimeout(None)
+                self._count += 1
+                c = _Connection(self.twin, conn, self._count)
+                threading.Thread(target=c.serve, name=f"twin-client-{self._count}", daemon=True).start()
+        finally:
+            self._listener.close()
+            self.path.unlink(missing_ok=True)
+
+
+def serve(config: TwinConfig, prefix: str | None = None) -> int:
+    """Run the daemon in this process until SIGTERM/SIGINT. Returns the exit code."""
+    path = runtime_dir(prefix) / W.SOCKET_NAME
+    twin = Twin(config)
+    server = TwinServer(twin, path)
+    try:
+        server.bind()
+    except (RuntimeError, OSError) as e:
+        log.error("%s", e)
+        twin.close()
+        return 1
+
+    def on_signal(signum: int, frame: object) -> None:
+        log.info("signal %d: stopping", signum)
+        server.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    d = twin.enumerate()[0]
+    log.info("twin serving at %s: %04x:%04x at %d-%d, %d Mbps, pid %d", path, d.vid, d.pid, d.bus, d.address,
+             d.speed_mbps, os.getpid())
+    try:
+        server.serve_forever()
+    finally:
+        twin.close()
+    log.info("twin stopped")
+    return 0

@@ -1,0 +1,438 @@
+"""The twin's GPU engine: executes chestnut's command packets from the ring in VRAM.
+
+The format is defined in ``backend/protocol.py`` ("GPU command packets"); in short:
+
+- The host writes packets into the ring at VRAM ``RING_VRAM_OFFSET`` (``RING_BYTES`` long) with
+  streaming memory-write TLPs through BAR0, then posts the new write pointer -- bytes written since the
+  GPU came out of reset, u32, wrapping; ring offset = pointer % ``RING_BYTES`` -- to the doorbell
+  (BAR2 + ``DOORBELL_BAR_OFFSET``). A posted write of any value to BAR2 + ``DOORBELL_QUEUE_RESET``
+  abandons the packet being executed and every packet not yet started (read pointer := write pointer).
+- Packet: dword0 = opcode | ndwords << 16 (ndwords counts the whole packet), dword1 = seq, then the
+  opcode's arguments (u32 LE; 64-bit VRAM offsets as lo, hi). Lengths: NOP 2, COPYIN 7, COPYOUT 6,
+  LOAD 8, RUN 5, SIGNAL 3 dwords. A wrong ndwords or an unknown opcode completes with
+  ``STATUS_BAD_PACKET`` (a packet running past the write pointer also drops the rest of the ring).
+- After each packet the engine writes, in this order, the status (completion page + ``CPL_STATUS``),
+  its read pointer (``CPL_RPTR``) and the packet's seq (``CPL_QUEUE_FENCE``). The completion page is
+  GPU address 0x822000 = XDATA 0xB800, read by the host with 0xE4.
+- ``OP_COPYIN half, nbytes, dst_lo, dst_hi, chunk_seq``: wait (no time limit, as a GPU wait packet)
+  for the sentinel ``SENTINEL_MAGIC | seq`` in the last dword of the sentinel block, which sits at
+  ``half*SRAM_HALF + round_up(nbytes, 512)``; check the block (nbytes, zlib.crc32 of the payload, seq);
+  copy the payload to VRAM ``dst``; clear the 512-byte block; write ``chunk_seq + 1`` to the copy-in
+  fence (GPU 0x820800 = XDATA 0xA800). A bad block gives ``STATUS_CRC``: the block is cleared, the
+  payload not copied, the copy-in fence not moved.
+- ``OP_COPYOUT half, nbytes, src_lo, src_hi``: copy VRAM to the start of that SRAM half
+  (``nbytes <= SRAM_HALF``); the host then arms a 0xF2 read of that half and bulk-reads it.
+- ``OP_LOAD program_id, onnx_lo, onnx_hi, onnx_nbytes, sig_lo, sig_hi``: compile the ONNX model held
+  in VRAM with :class:`chestnut.fallback.model.OnnxModel` (tinygrad on the host CPU, cached by
+  sha256, warmed so its JIT is captured) and write its signature at ``sig``: u32 length, then UTF-8
+  JSON ``{"sha256", "inputs": [{name, shape, dtype}], "outputs": [...]}``; on ``STATUS_COMPILE_FAILED``
+  the JSON is ``{"error": message}``.
+- ``OP_RUN program_id, table_lo, table_hi``: the table is u32 n_in, u32 n_out, then per tensor
+  u64 VRAM offset, u64 nbytes, inputs then outputs in signature order; each nbytes must equal the
+  tensor's size.
+- ``OP_SIGNAL value``: write ``value`` to completion page + ``CPL_SIGNAL``.
+
+Faults acting here (:mod:`.faults`): ``gpu_hang`` and ``slow_gpu`` at each packet start,
+``sentinel_stuck`` at each COPYIN, ``fence_stall`` at each packet's completion writes, ``nan_output``,
+``stale_output`` and ``zero_output`` at each RUN's outputs.
+
+Threading: one engine thread per twin, started by the first doorbell. It takes the twin's lock to
+touch state and releases it while compiling, running a model or waiting; a GPU reset (PCIe power off,
+power-cycle, brown-out) or a queue reset while it works makes it drop what it was doing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import struct
+import threading
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from chestnut.backend import protocol as P
+from chestnut.backend.sim.faults import PhaseEvent
+
+if TYPE_CHECKING:
+    from chestnut.backend.sim.twin import Twin
+    from chestnut.fallback.model import OnnxModel
+
+log = logging.getLogger(__name__)
+
+PACKET_DWORDS: dict[int, int] = {P.OP_NOP: 2, P.OP_COPYIN: 7, P.OP_COPYOUT: 6, P.OP_LOAD: 8, P.OP_RUN: 5,
+                                 P.OP_SIGNAL: 3}
+OP_NAMES = {P.OP_NOP: "NOP", P.OP_COPYIN: "COPYIN", P.OP_COPYOUT: "COPYOUT", P.OP_LOAD: "LOAD", P.OP_RUN: "RUN",
+            P.OP_SIGNAL: "SIGNAL"}
+MAX_ONNX_BYTES = 1 << 30
+MAX_TENSORS = 256
+WAIT_POLL_S = 0.5
+COMPILE_CACHE_SIZE = 8
+
+_cache: OrderedDict[str, OnnxModel] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def compile_program(onnx_bytes: bytes) -> OnnxModel:
+    """The warmed :class:`OnnxModel` for these bytes, compiled once per process (LRU by sha256).
+
+    Raises :class:`chestnut.backend.errors.ModelError` for a graph tinygrad cannot parse.
+    """
+    from chestnut.fallback.model import OnnxModel
+
+    sha = hashlib.sha256(onnx_bytes).hexdigest()
+    with _cache_lock:
+        model = _cache.get(sha)
+        if model is not None:
+            _cache.move_to_end(sha)
+            return model
+        model = OnnxModel(onnx_bytes, name=f"program-{sha[:12]}")
+        model.warm()
+        _cache[sha] = model
+        while len(_cache) > COMPILE_CACHE_SIZE:
+            _cache.popitem(last=False)
+        return model
+
+
+def sentinel_block(payload: bytes | memoryview, seq: int) -> bytes:
+    """The 512-byte sentinel block that must follow ``payload`` (chunk ``seq``) in its SRAM half."""
+    block = bytearray(P.SENTINEL_BLOCK)
+    struct.pack_into("<III", block, 0, len(payload), zlib.crc32(payload), seq)
+    struct.pack_into("<I", block, 4 * P.SENTINEL_MAGIC_DW, P.sentinel_value(seq))
+    return bytes(block)
+
+
+def round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+@dataclass
+class Program:
+    model: OnnxModel
+    signature: dict[str, Any]
+    last_outputs: list[bytes] | None = None
+
+
+class _Aborted(Exception):
+    """The GPU or the queue was reset while a packet ran."""
+
+
+@dataclass
+class _Done:
+    status: int
+    fences: list[tuple[int, int]] = field(default_factory=list)  # (GPU system address, u32) written before the cpl
+
+
+class Engine:
+    """The GPU's command processor. Lock-held methods are called by the :class:`Twin` with its lock."""
+
+    def __init__(self, twin: Twin) -> None:
+        self.twin = twin
+        self.rptr = 0
+        self.wptr = 0
+        self.gpu_epoch = 0
+        self.queue_epoch = 0
+        self.hung = False
+        self.programs: dict[int, Program] = {}
+        self.executed = 0
+        self.current: str | None = None
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ called with the twin's lock held
+    def doorbell_write(self, offset: int, value: int) -> None:
+        if offset == P.DOORBELL_BAR_OFFSET:
+            self.wptr = value & 0xFFFFFFFF
+            if self._thread is None and not self._stop:
+                self._thread = threading.Thread(target=self._loop, name="twin-gpu-engine", daemon=True)
+                self._thread.start()
+            self.twin.cv.notify_all()
+        elif offset == P.DOORBELL_QUEUE_RESET:
+            self.queue_epoch += 1
+            self.rptr = self.wptr
+            self.current = None
+            self._write_u32(P.CPL_PAGE_GPU_ADDR + P.CPL_RPTR, self.rptr)
+            self.twin.cv.notify_all()
+            log.info("queue reset: read pointer %#x", self.rptr)
+
+    def reset(self) -> None:
+        """GPU reset: the queue, the hang and the loaded programs are gone."""
+        self.gpu_epoch += 1
+        self.rptr = self.wptr = 0
+        self.hung = False
+        self.programs.clear()
+        self.current = None
+        self.twin.cv.notify_all()
+
+    def status(self) -> dict[str, Any]:
+        return {"rptr": self.rptr, "wptr": self.wptr, "hung": self.hung, "executing": self.current,
+                "executed": self.executed,
+                "programs": {str(k): v.signature.get("sha256", "")[:16] for k, v in self.programs.items()},
+                "queue_fence": self._read_cpl(P.CPL_QUEUE_FENCE), "status": self._read_cpl(P.CPL_STATUS)}
+
+    def _read_cpl(self, off: int) -> int:
+        x = P.XDATA_CPL_PAGE + off
+        return int.from_bytes(self.twin.xdata[x:x + 4], "little")
+
+    def _write_u32(self, gpu_addr: int, value: int) -> None:
+        self.twin.gpu_system_write(gpu_addr, struct.pack("<I", value & 0xFFFFFFFF))
+
+    # ------------------------------------------------------------------ life
+    def stop(self) -> None:
+        with self.twin.lock:
+            self._stop = True
+            self.twin.cv.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=5)
+
+    def _epochs(self) -> tuple[int, int]:
+        return self.gpu_epoch, self.queue_epoch
+
+    def _check(self, epochs: tuple[int, int]) -> None:
+        """Lock held: raise _Aborted if the GPU or the queue was reset since ``epochs``."""
+        if self._stop or self._epochs() != epochs:
+            raise _Aborted
+
+    def _sleep(self, seconds: float, epochs: tuple[int, int]) -> None:
+        tw = self.twin
+        deadline = tw.clock() + seconds
+        with tw.lock:
+            while (left := deadline - tw.clock()) > 0:
+                self._check(epochs)
+                tw.cv.wait(min(left, WAIT_POLL_S))
+            self._check(epochs)
+
+    # ------------------------------------------------------------------ the loop
+    def _loop(self) -> None:
+        tw = self.twin
+        while True:
+            with tw.lock:
+                while not self._stop and (self.hung or self.rptr == self.wptr):
+                    tw.cv.wait(WAIT_POLL_S)
+                if self._stop:
+                    return
+                epochs = self._epochs()
+                start = self.rptr
+                fetched = self._fetch(start)
+            if fetched is None:
+                continue
+            op, seq, args, nbytes = fetched
+            try:
+                done = self._execute(op, seq, args, epochs)
+            except _Aborted:
+                log.info("packet seq %d (%s) abandoned: reset", seq, OP_NAMES.get(op, op))
+                continue
+            except Exception:  # an engine bug must not kill the twin
+                log.exception("packet seq %d (%s) failed inside the twin", seq, OP_NAMES.get(op, op))
+                done = _Done(P.STATUS_BAD_PACKET)
+            with tw.lock:
+                if self._epochs() != epochs or self._stop:
+                    continue
+                self.rptr = (start + nbytes) & 0xFFFFFFFF
+                self._complete(seq, done)
+
+    def _ring_read(self, ptr: int, nbytes: int) -> bytes:
+        off = P.RING_VRAM_OFFSET + ptr % P.RING_BYTES
+        first = min(nbytes, P.RING_VRAM_OFFSET + P.RING_BYTES - off)
+        data = self.twin.vram.read(off, first)
+        if first < nbytes:
+            data += self.twin.vram.read(P.RING_VRAM_OFFSET, nbytes - first)
+        return data
+
+    def _fetch(self, start: int) -> tuple[int, int, tuple[int, ...], int] | None:
+        """Lock held: decode the packet at ``start``; a malformed one is completed here (returns None)."""
+        pending = (self.wptr - start) & 0xFFFFFFFF
+        if pending < 8 or pending % 4:
+            self._drop_ring(0, f"{pending} pending bytes")
+            return None
+        dw0, seq = struct.unpack("<II", self._ring_read(start, 8))
+        op, ndw = dw0 & 0xFFFF, dw0 >> 16
+        if ndw < 2 or ndw * 4 > pending:
+            self._drop_ring(seq, f"ndwords {ndw} with {pending} bytes pending")
+            return None
+        if PACKET_DWORDS.get(op) != ndw:
+            log.warning("bad packet seq %d: opcode %#x with %d dwords", seq, op, ndw)
+            self.rptr = (start + ndw * 4) & 0xFFFFFFFF
+            self._complete(seq, _Done(P.STATUS_BAD_PACKET))
+            return None
+        args = struct.unpack(f"<{ndw - 2}I", self._ring_read(start + 8, (ndw - 2) * 4))
+        return op, seq, args, ndw * 4
+
+    def _drop_ring(self, seq: int, why: str) -> None:
+        log.warning("bad packet (%s): dropping the ring up to the write pointer", why)
+        self.rptr = self.wptr
+        self._complete(seq, _Done(P.STATUS_BAD_PACKET))
+
+    def _complete(self, seq: int, done: _Done) -> None:
+        """Lock held: the packet's fence writes, then status, read pointer and queue fence."""
+        self.executed += 1
+        self.current = None
+        if self.twin.fire("fence_stall"):
+            log.info("fence_stall: completion writes of seq %d skipped", seq)
+            return
+        for addr, value in done.fences:
+            self._write_u32(addr, value)
+        self._write_u32(P.CPL_PAGE_GPU_ADDR + P.CPL_STATUS, done.status)
+        self._write_u32(P.CPL_PAGE_GPU_ADDR + P.CPL_RPTR, self.rptr)
+        self._write_u32(P.CPL_PAGE_GPU_ADDR + P.CPL_QUEUE_FENCE, seq)
+
+    # ------------------------------------------------------------------ packets
+    def _execute(self, op: int, seq: int, args: tuple[int, ...], epochs: tuple[int, int]) -> _Done:
+        tw = self.twin
+        with tw.lock:
+            self._check(epochs)
+            self.current = f"{OP_NAMES[op]} seq {seq}"
+            if tw.fire("gpu_hang"):
+                log.info("gpu_hang: the engine stops at seq %d", seq)
+                self.hung = True
+            while self.hung:
+                self._check(epochs)
+                tw.cv.wait(WAIT_POLL_S)
+            slow = tw.fire("slow_gpu")
+        if slow is not None:
+            self._sleep(slow.spec.delay_ms / 1000, epochs)
+        if op == P.OP_NOP:
+            return _Done(P.STATUS_OK)
+        if op == P.OP_SIGNAL:
+            return _Done(P.STATUS_OK, [(P.CPL_PAGE_GPU_ADDR + P.CPL_SIGNAL, args[0])])
+        if op == P.OP_COPYIN:
+            return self._copyin(*args, epochs=epochs)
+        if op == P.OP_COPYOUT:
+            return self._copyout(*args, epochs=epochs)
+        if op == P.OP_LOAD:
+            return self._load(*args, epochs=epochs)
+        return self._run(*args, epochs=epochs)
+
+    def _copyin(self, half: int, nbytes: int, dst_lo: int, dst_hi: int, chunk_seq: int, *,
+                epochs: tuple[int, int]) -> _Done:
+        tw = self.twin
+        if half not in (0, 1) or not 0 < nbytes <= P.CHUNK_PAYLOAD:
+            return _Done(P.STATUS_BAD_PACKET)
+        base = half * P.SRAM_HALF
+        block = base + round_up(nbytes, P.SECTOR)
+        magic_at = block + 4 * P.SENTINEL_MAGIC_DW
+        want = P.sentinel_value(chunk_seq)
+        with tw.lock:
+            stuck = tw.fire("sentinel_stuck") is not None
+            while stuck or struct.unpack_from("<I", tw.sram, magic_at)[0] != want:
+                self._check(epochs)
+                tw.cv.wait(WAIT_POLL_S)
+            got_n, crc, got_seq = struct.unpack_from("<III", tw.sram, block)
+            payload = bytes(tw.sram[base:base + nbytes])
+            tw.sram[block:block + P.SENTINEL_BLOCK] = bytes(P.SENTINEL_BLOCK)
+            tw.cv.notify_all()
+            if (got_n, got_seq) != (nbytes, chunk_seq) or crc != zlib.crc32(payload):
+                log.warning("COPYIN chunk %d: bad sentinel block (nbytes %d/%d, seq %d, crc %#x)", chunk_seq,
+                            got_n, nbytes, got_seq, crc)
+                return _Done(P.STATUS_CRC)
+            dst = dst_lo | dst_hi << 32
+            if dst + nbytes > tw.vram.size:
+                return _Done(P.STATUS_OUT_OF_RANGE)
+            tw.vram.write(dst, payload)
+        return _Done(P.STATUS_OK, [(P.SYS_PAGE_GPU_ADDR + (P.XDATA_COPYIN_FENCE - P.XDATA_SYS_PAGE),
+                                    chunk_seq + 1)])
+
+    def _copyout(self, half: int, nbytes: int, src_lo: int, src_hi: int, *, epochs: tuple[int, int]) -> _Done:
+        tw = self.twin
+        if half not in (0, 1) or not 0 < nbytes <= P.SRAM_HALF:
+            return _Done(P.STATUS_BAD_PACKET)
+        src = src_lo | src_hi << 32
+        with tw.lock:
+            self._check(epochs)
+            if src + nbytes > tw.vram.size:
+                return _Done(P.STATUS_OUT_OF_RANGE)
+            base = half * P.SRAM_HALF
+            tw.vram.readinto(src, memoryview(tw.sram)[base:base + nbytes])
+        return _Done(P.STATUS_OK)
+
+    def _write_signature(self, sig: int, doc: dict[str, Any]) -> bool:
+        raw = json.dumps(doc).encode()
+        if sig + 4 + len(raw) > self.twin.vram.size:
+            return False
+        self.twin.vram.write(sig, struct.pack("<I", len(raw)) + raw)
+        return True
+
+    def _load(self, program_id: int, onnx_lo: int, onnx_hi: int, onnx_nbytes: int, sig_lo: int, sig_hi: int, *,
+              epochs: tuple[int, int]) -> _Done:
+        tw = self.twin
+        src, sig = onnx_lo | onnx_hi << 32, sig_lo | sig_hi << 32
+        with tw.lock:
+            self._check(epochs)
+            tw.phase_event(PhaseEvent.LOAD)
+            if not 0 < onnx_nbytes <= MAX_ONNX_BYTES or src + onnx_nbytes > tw.vram.size:
+                return _Done(P.STATUS_OUT_OF_RANGE)
+            onnx_bytes = tw.vram.read(src, onnx_nbytes)
+        try:
+            model = compile_program(onnx_bytes)
+            signature = model.signature()
+        except Exception as e:  # ModelError, or tinygrad failing on an odd graph
+            log.warning("LOAD program %d failed: %s", program_id, e)
+            with tw.lock:
+                self._check(epochs)
+                self._write_signature(sig, {"error": f"{type(e).__name__}: {e}"})
+            return _Done(P.STATUS_COMPILE_FAILED)
+        with tw.lock:
+            self._check(epochs)
+            if not self._write_signature(sig, signature):
+                return _Done(P.STATUS_OUT_OF_RANGE)
+            self.programs[program_id] = Program(model, signature)
+        log.info("LOAD program %d: %s", program_id, signature["sha256"][:16])
+        return _Done(P.STATUS_OK)
+
+    def _run(self, program_id: int, table_lo: int, table_hi: int, *, epochs: tuple[int, int]) -> _Done:
+        tw = self.twin
+        table = table_lo | table_hi << 32
+        with tw.lock:
+            self._check(epochs)
+            prog = self.programs.get(program_id)
+            if prog is None:
+                return _Done(P.STATUS_NO_PROGRAM)
+            specs_in, specs_out = prog.model.inputs, prog.model.outputs
+            if table + 8 > tw.vram.size:
+                return _Done(P.STATUS_OUT_OF_RANGE)
+            n_in, n_out = struct.unpack("<II", tw.vram.read(table, 8))
+            if (n_in, n_out) != (len(specs_in), len(specs_out)) or n_in + n_out > MAX_TENSORS:
+                return _Done(P.STATUS_BAD_PACKET)
+            entries = struct.unpack(f"<{2 * (n_in + n_out)}Q", tw.vram.read(table + 8, 16 * (n_in + n_out)))
+            places = list(zip(entries[0::2], entries[1::2], strict=True))
+            for (off, nb), spec in zip(places, (*specs_in, *specs_out), strict=True):
+                if nb != spec.nbytes:
+                    return _Done(P.STATUS_BAD_PACKET)
+                if off + nb > tw.vram.size:
+                    return _Done(P.STATUS_OUT_OF_RANGE)
+            inputs = {s.name: np.frombuffer(tw.vram.read(off, nb), dtype=s.dtype).reshape(s.shape)
+                      for (off, nb), s in zip(places[:n_in], specs_in, strict=True)}
+        try:
+            result = prog.model.run(inputs)
+            outputs = [np.ascontiguousarray(result[s.name], dtype=s.dtype).tobytes() for s in specs_out]
+        except Exception as e:
+            log.warning("RUN program %d failed: %s", program_id, e)
+            return _Done(P.STATUS_RUN_FAILED)
+        with tw.lock:
+            self._check(epochs)
+            outputs, faulted = self._output_faults(prog, outputs)
+            for (off, _), data in zip(places[n_in:], outputs, strict=True):
+                tw.vram.write(off, data)
+            prog.last_outputs = outputs
+            if not faulted:
+                tw.phase_event(PhaseEvent.RUN_OK)
+        return _Done(P.STATUS_OK)
+
+    def _output_faults(self, prog: Program, outputs: list[bytes]) -> tuple[list[bytes], bool]:
+        """Lock held: the outputs as the output faults leave them, and whether one fired."""
+        tw = self.twin
+        specs = prog.model.outputs
+        if tw.fire("nan_output"):
+            return [np.full(s.shape, np.nan, s.dtype).tobytes() if np.dtype(s.dtype).kind == "f" else o
+                    for s, o in zip(specs, outputs, strict=True)], True
+        if tw.fire("stale_output"):
+            stale = prog.last_outputs if prog.last_outputs is not None else [bytes(len(o)) for o in outputs]
+            return stale, True
+        if tw.fire("zero_output"):
+            return [bytes(len(o)) for o in outputs], True
+        return outputs, False

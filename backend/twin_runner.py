@@ -1,0 +1,305 @@
+"""The primary runner on the Chestnut twin: the dock's protocol end to end, with the model on the twin's GPU.
+
+:class:`TwinRunner` talks to a twin daemon (``chestnut twin serve``) the way a host talks to a dock:
+
+- ``qualify()``: the ladder's dock rungs through the twin's **pyusb face** (``usb.core.find`` with the
+  twin's backend; control transfers only, no interface claimed) and :class:`~chestnut.backend.bridge.Bridge`:
+  IDs and product string, link speed, link stability (the twin's link-error counter plus failed probe
+  reads), LTSSM (GPU reset, power-on, bounded training wait), BARs and the GPU's vendor/architecture.
+- the data path: tinygrad's lock file for the dock (:class:`~chestnut.backend.real_runner.DockLock`,
+  with back-off), then the twin's **tinygrad-style USB3 face** (which claims the interface) from this
+  process's cached device list -- like tinygrad, a process does not see a re-enumerated dock -- with
+  the command queue and the copy protocol (:mod:`chestnut.backend.copy`) attached.
+- ``load()``: the real ONNX bytes are copied into VRAM chunk by chunk, ``OP_LOAD`` compiles them on
+  the twin's GPU (bounded by ``load_timeout_ms``: compiling is slow), the signature is read back and
+  checked against the file's sha256, the input/output buffers and the ``OP_RUN`` tensor table are
+  placed in VRAM.
+- ``run()``: inputs copied in, ``OP_RUN``, outputs copied out; every wait bounded by ``wait_timeout_ms``.
+
+Errors are typed (:mod:`chestnut.backend.errors`). A dock-layer error (USB, PCIe, GPU) is sticky, as
+tinygrad's error state and latched async errors are: later calls raise it again until a fresh runner
+(in the node: a fresh worker process) qualifies the dock again. Model errors (bad inputs) are not sticky.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chestnut.backend import protocol as P
+from chestnut.backend.bridge import Bridge, round_up
+from chestnut.backend.classify import classify
+from chestnut.backend.copy import CommandQueue, CopyProtocol, Packet, lo_hi
+from chestnut.backend.errors import ChestnutError, GpuLayerError, ModelError, UsbLayerError
+from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec
+from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock, release_device
+from chestnut.backend.real_runner import DockLock, check_inputs, dock_lock_path
+from chestnut.fallback.model import TensorSpec
+from chestnut.msgs.paths import current_prefix
+
+SIGNATURE_MAX_BYTES = 1 << 20   # VRAM reserved for OP_LOAD's signature (u32 length + JSON)
+VRAM_ALIGN = 0x1000
+PROGRAM_ID = 1
+
+
+class VramHeap:
+    """A bump allocator over VRAM offsets ``[start, end)``, ``VRAM_ALIGN``-aligned. Raises GpuLayerError when full."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end, self.next = start, end, start
+
+    def alloc(self, nbytes: int) -> int:
+        off = self.next
+        if off + nbytes > self.end:
+            raise GpuLayerError("vram_full", f"{nbytes} bytes do not fit in VRAM [{self.start:#x}, {self.end:#x}) "
+                                             f"at {off:#x}")
+        self.next = round_up(off + max(nbytes, 1), VRAM_ALIGN)
+        return off
+
+    def reset(self) -> None:
+        self.next = self.start
+
+
+class TwinRunner:
+    """:class:`~chestnut.backend.interface.PrimaryRunner` over the twin daemon of ``prefix``.
+
+    ``wait_timeout_ms`` bounds every wait of the copy protocol and the queue (default 3000);
+    ``load_timeout_ms`` bounds ``OP_LOAD`` (compiling); ``ctrl_timeout_ms`` bounds each control
+    transfer of the data path, TLP requests included (tinygrad: 1000 ms, 5000 ms for 0xF0; here
+    one bound, below the wait timeout); ``config`` holds the ladder's bounds.
+    """
+
+    kind = "twin"
+
+    def __init__(self, prefix: str | None = None, *, wait_timeout_ms: int = P.WAIT_TIMEOUT_MS,
+                 load_timeout_ms: int = 120_000, ctrl_timeout_ms: int = P.USB_CTRL_TIMEOUT_MS,
+                 lock_timeout_s: float = 2.0, reset_gpu: bool = True, config: LadderConfig | None = None) -> None:
+        from chestnut.backend.sim.client import TwinClient, TwinNotRunning
+        from chestnut.backend.sim.pyusb_backend import twin_backend
+
+        self.prefix = current_prefix() if prefix is None else prefix
+        self.wait_timeout_ms = wait_timeout_ms
+        self.load_timeout_ms = load_timeout_ms
+        self.ctrl_timeout_ms = ctrl_timeout_ms
+        self.lock_timeout_s = lock_timeout_s
+        self.reset_gpu = reset_gpu
+        self.config = config or LadderConfig(wait_timeout_ms=wait_timeout_ms)
+        self._TwinClient, self._TwinNotRunning = TwinClient, TwinNotRunning
+        self.dock = UsbDock(twin_backend(self.prefix, cached=False), self.config.ctrl_timeout_ms,
+                            link_errors=self._link_errors)
+        self.qualifier: DockQualifier | None = None
+        self.usb: Any = None
+        self.bridge: Bridge | None = None
+        self.queue: CommandQueue | None = None
+        self.copy: CopyProtocol | None = None
+        self._lock: DockLock | None = None
+        self._where: tuple[int, int] | None = None
+        self._bars: dict[int, tuple[int, int]] = {}
+        self._inputs: tuple[TensorSpec, ...] = ()
+        self._outputs: tuple[TensorSpec, ...] = ()
+        self._buffers: dict[str, tuple[int, int]] = {}
+        self._table = 0
+        self._loaded = False
+        self._failed: ChestnutError | None = None
+        self.signature: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ evidence from the twin
+    def _link_errors(self, dev: Any) -> int | None:
+        try:
+            with self._TwinClient(self.prefix) as c:
+                infos = c.enumerate()
+        except self._TwinNotRunning:
+            return None
+        return next((d.link_errors for d in infos if (d.bus, d.address) == (dev.bus, dev.address)), None)
+
+    # ------------------------------------------------------------------ qualification
+    def qualify(self, on_step: Callable[[LadderStep], None] | None = None) -> LadderReport:
+        """The dock rungs (IDs, speed, stability, LTSSM with GPU reset, BARs + architecture)."""
+        self.qualifier = DockQualifier(self.dock, self.config, reset_gpu=self.reset_gpu)
+        report = self.qualifier.run(on_step=on_step)
+        if report.passed:
+            q = self.qualifier
+            self._where = (q.dev.bus, q.dev.address)
+            self._bars = dict(q.bars)
+        return report
+
+    def _ensure_qualified(self) -> None:
+        if self._where is not None:
+            return
+        report = self.qualify()
+        failure = report.first_failure
+        if failure is not None:
+            raise failure.error if isinstance(failure.error, ChestnutError) else \
+                GpuLayerError("not_qualified", f"{failure.name}: {failure.detail}")
+
+    # ------------------------------------------------------------------ the data path
+    def _open_data_path(self) -> None:
+        """Lock, open the twin's USB3 face at the qualified address, attach the queue and the copy protocol."""
+        if self.copy is not None:
+            return
+        from chestnut.backend.sim.usb3 import TwinUSB3
+
+        assert self._where is not None
+        bus, address = self._where
+        self._lock = DockLock(dock_lock_path(bus, address)).acquire(self.lock_timeout_s)
+        listed = [d for vid, pid in P.USB_IDS for d, _ in TwinUSB3.list_devices(vid, pid, prefix=self.prefix)]
+        dev = next((d for d in listed if (d.bus, d.address) == (bus, address)), None)
+        if dev is None:
+            seen = ", ".join(f"{d.bus}-{d.address}" for d in listed) or "nothing"
+            raise UsbLayerError("stale_device_list", f"the dock is at {bus}-{address} but this process's cached device "
+                                                     f"list shows {seen} (it re-enumerated); start a fresh process")
+        self.usb = TwinUSB3(dev)
+        bridge = Bridge(self.usb, ctrl_timeout_ms=self.ctrl_timeout_ms, bulk_timeout_ms=self.wait_timeout_ms,
+                        tlp_timeout_ms=self.ctrl_timeout_ms)
+        bridge.bars = dict(self._bars)
+        queue = CommandQueue(bridge, self.wait_timeout_ms)
+        queue.attach()
+        copy = CopyProtocol(bridge, queue, self.wait_timeout_ms)
+        copy.attach()
+        self.bridge, self.queue, self.copy = bridge, queue, copy
+
+    def _guard(self, fn: Any) -> Any:
+        """Run ``fn()``; a dock-layer error becomes sticky, anything untyped is classified first."""
+        if self._failed is not None:
+            raise type(self._failed)(self._failed.reason, f"the dock failed earlier in this runner; qualify it again "
+                                                          f"from a fresh process ({self._failed.detail})")
+        try:
+            return fn()
+        except ChestnutError as e:
+            if e.layer is not None:
+                self._failed = e
+            raise
+        except Exception as e:
+            err = classify(e)
+            if err.layer is not None:
+                self._failed = err
+            raise err from e
+
+    # ------------------------------------------------------------------ model
+    def load(self, model: ModelSpec) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+        """Upload ``model``'s ONNX bytes through the copy protocol, compile it on the twin (``OP_LOAD``) and
+        place its buffers. Returns (input specs, output specs). Raises ModelError or a layer error."""
+        path = Path(model.path)
+        if not path.is_file():
+            raise ModelError("missing_model", f"model file {path} does not exist")
+        onnx_bytes = path.read_bytes()
+
+        def do() -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+            self._ensure_qualified()
+            self._open_data_path()
+            assert self.copy is not None and self.queue is not None
+            heap = VramHeap(P.VRAM_HEAP_OFFSET, self._bars.get(0, (0, P.BAR0_VRAM_BYTES_DEFAULT))[1])
+            onnx_off = heap.alloc(len(onnx_bytes))
+            sig_off = heap.alloc(SIGNATURE_MAX_BYTES)
+            self.copy.copy_in(onnx_off, onnx_bytes)
+            (seq,) = self.queue.submit([Packet(P.OP_LOAD, (PROGRAM_ID, *lo_hi(onnx_off), len(onnx_bytes),
+                                                           *lo_hi(sig_off)))])
+            try:
+                self.queue.wait(seq, f"OP_LOAD of {model.name}", self.load_timeout_ms)
+            except ModelError as e:
+                raise ModelError(e.reason, f"{e.detail}: {self._read_signature(sig_off).get('error', '')}") from e
+            sig = self._read_signature(sig_off)
+            sha = hashlib.sha256(onnx_bytes).hexdigest()
+            if sig.get("sha256") != sha:
+                raise GpuLayerError("signature_mismatch", f"the GPU compiled {sig.get('sha256')!r}, the file is {sha}")
+            self.signature = sig
+            ins = tuple(TensorSpec.from_json(d) for d in sig["inputs"])
+            outs = tuple(TensorSpec.from_json(d) for d in sig["outputs"])
+            for s in ins:
+                want = model.input_shapes.get(s.name)
+                if want is not None and tuple(want) != s.shape:
+                    raise ModelError("bad_input_shape", f"{model.name}: input {s.name!r} is {list(s.shape)} on the "
+                                                        f"dock, the model spec asks for {list(want)}")
+            self._buffers = {s.name: (heap.alloc(s.nbytes), s.nbytes) for s in (*ins, *outs)}
+            table = struct.pack("<II", len(ins), len(outs)) + b"".join(
+                struct.pack("<QQ", *self._buffers[s.name]) for s in (*ins, *outs))
+            self._table = heap.alloc(len(table))
+            self.copy.copy_in(self._table, table)
+            self._inputs, self._outputs, self._loaded = ins, outs, True
+            return ins, outs
+
+        return self._guard(do)
+
+    def _read_signature(self, sig_off: int) -> dict[str, Any]:
+        assert self.copy is not None
+        n = struct.unpack("<I", self.copy.copy_out(sig_off, 4))[0]
+        if not 0 < n <= SIGNATURE_MAX_BYTES - 4:
+            raise GpuLayerError("bad_signature", f"signature length {n} at VRAM {sig_off:#x}")
+        try:
+            doc = json.loads(bytes(self.copy.copy_out(sig_off + 4, n)))
+        except ValueError as e:
+            raise GpuLayerError("bad_signature", f"the signature is not JSON: {e}") from e
+        return doc if isinstance(doc, dict) else {}
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One inference: inputs copied in, ``OP_RUN``, outputs copied out. ModelError for bad inputs."""
+        if not self._loaded:
+            raise ModelError("not_loaded", "no model is loaded")
+        check_inputs(self._inputs, inputs)
+
+        def do() -> dict[str, np.ndarray]:
+            assert self.copy is not None and self.queue is not None
+            for s in self._inputs:
+                self.copy.copy_in(self._buffers[s.name][0], np.ascontiguousarray(inputs[s.name]).data)
+            (seq,) = self.queue.submit([Packet(P.OP_RUN, (PROGRAM_ID, *lo_hi(self._table)))])
+            self.queue.wait(seq, "OP_RUN")
+            out = {}
+            for s in self._outputs:
+                off, nbytes = self._buffers[s.name]
+                out[s.name] = np.frombuffer(self.copy.copy_out(off, nbytes), dtype=s.dtype).reshape(s.shape).copy()
+            return out
+
+        return self._guard(do)
+
+    # ------------------------------------------------------------------ health
+    def probe(self) -> DockObservation:
+        """Cheap per-layer evidence through the pyusb face (fresh enumeration): presence, IDs, address,
+        speed, link errors, LTSSM and the copy-in fence. Never raises: failures land in ``extra``."""
+        try:
+            docks = self.dock.find_all()
+        except ChestnutError as e:
+            return DockObservation(False, extra={"error": str(e)})
+        if not docks:
+            return DockObservation(False)
+        d = docks[0]
+        obs = DockObservation(True, (d.idVendor, d.idProduct), (d.bus, d.address), self.dock.speed_mbps(d),
+                              self.dock.link_errors(d))
+        try:
+            bridge = self.dock.bridge(d)
+            obs.ltssm = bridge.ltssm()
+            obs.fence = bridge.xdata_u32(P.XDATA_COPYIN_FENCE)
+        except ChestnutError as e:
+            obs.extra["error"] = str(e)
+        finally:
+            release_device(d)
+        if self._failed is not None:
+            obs.extra["failed"] = str(self._failed)
+        return obs
+
+    def close(self) -> None:
+        """Close the USB3 face (releases the interface) and the lock. Idempotent; never raises."""
+        if self.usb is not None:
+            try:
+                self.usb.close()
+            except Exception:  # the dock may be gone; closing must not fail
+                pass
+            self.usb = None
+        self.bridge = self.queue = self.copy = None
+        if self.qualifier is not None:
+            self.qualifier.release()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+        self._loaded = False
+
+    def __enter__(self) -> TwinRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

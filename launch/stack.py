@@ -1,0 +1,270 @@
+"""``chestnut launch``: the whole stack under supervisord, for a bounded time or until Ctrl-C.
+
+Programs (started in this order, stopped in reverse): the twin of the dock, the logger, the
+reference control daemon, the node, the camera source. supervisord (the PyPI ``supervisor``
+package) runs them with restart policies and per-program logs; the configuration is rendered from
+``launch/supervisord.conf`` into the run directory ``runs/<UTC time>/``, which also holds the logs
+(``logs/``: rlog + MCAP segments) and every program's output.
+
+While the stack runs, a live status (``chestnut top``'s view) is shown, and faults given with
+``--fault KIND@START[+DURATION]`` are injected into the twin at those times (seconds after the node
+first answers a frame) and cleared after their duration. At the end the stack is stopped cleanly
+and a summary is printed from the recorded log: frames in and out, outputs per source, latencies,
+time to the first output and to ``ChestnutActive``, state transitions and faults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("chestnut.launch")
+
+TEMPLATE = Path(__file__).with_name("supervisord.conf")
+PROGRAMS = ("twin", "record", "control", "node", "camera")
+NS = 1_000_000_000
+
+
+@dataclasses.dataclass
+class FaultPlan:
+    kind: str
+    start_s: float
+    duration_s: float | None
+    params: dict[str, Any]
+
+    @classmethod
+    def parse(cls, text: str) -> FaultPlan:
+        """``KIND@START[+DURATION][,key=value...]``, e.g. ``gpu_hang@20+10`` or ``slow_gpu@5+10,delay_ms=400``."""
+        head, *kvs = text.split(",")
+        try:
+            kind, when = head.split("@", 1)
+            start, _, dur = when.partition("+")
+            params = {}
+            for kv in kvs:
+                k, _, v = kv.partition("=")
+                params[k.strip()] = float(v) if v.replace(".", "", 1).isdigit() else v
+            return cls(kind.strip(), float(start), float(dur) if dur else None, params)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"--fault {text!r}: want KIND@START[+DURATION][,key=value]") from e
+
+
+def render_config(run_dir: Path, prefix: str, rate_hz: float, node_args: list[str], twin_args: list[str]) -> Path:
+    """Write ``supervisord.conf`` for this run; returns its path."""
+    py = sys.executable
+    text = TEMPLATE.read_text().format(
+        run_dir=run_dir, python=py, prefix=prefix, rate=rate_hz, node_args=" ".join(node_args),
+        twin_args=" ".join(twin_args), log_dir=run_dir / "logs", path=os.environ.get("PATH", ""),
+    )
+    conf = run_dir / "supervisord.conf"
+    conf.write_text(text)
+    return conf
+
+
+def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
+    """Read the run's log and compute the summary figures."""
+    from chestnut.msgs.logfile import LogReader
+
+    reader = LogReader([log_dir])
+    cams: dict[int, int] = {}
+    outs: dict[int, tuple[str, float, float, int]] = {}
+    by_source: Counter[str] = Counter()
+    transitions: list[tuple[float, str, str]] = []
+    first_out_ns = first_active_ns = 0
+    last_state = None
+    engaged_events: list[tuple[float, str]] = []
+    last_engaged = False
+    for t, service, ev in reader:
+        if service == "cameraFrame":
+            cams[ev.cameraFrame.frameId] = t
+        elif service == "modelOutput":
+            mo = ev.modelOutput
+            outs[mo.frameId] = (str(mo.source), mo.executionTime, mo.frameAge, t)
+            by_source[str(mo.source)] += 1
+            first_out_ns = first_out_ns or t
+        elif service == "chestnutActive":
+            if ev.chestnutActive.active and not first_active_ns:
+                first_active_ns = t
+        elif service == "nodeState":
+            st = str(ev.nodeState.state)
+            if st != last_state:
+                transitions.append(((t - t_launch_ns) / NS, st, ev.nodeState.reason))
+                last_state = st
+        elif service == "controlState":
+            eng = bool(ev.controlState.engaged)
+            if eng != last_engaged:
+                engaged_events.append(((t - t_launch_ns) / NS, "engaged" if eng else
+                                       "disengaged: " + ", ".join(ev.controlState.events)))
+                last_engaged = eng
+    answered = [f for f in cams if f in outs]
+    missing = sorted(f for f in cams if f not in outs)
+    # frames still in flight when the camera stopped are not missing: only those before the last answered one
+    last_out = max(outs, default=-1)
+    missing = [f for f in missing if f < last_out]
+    ex = np.array([outs[f][1] for f in answered]) * 1e3 if answered else np.zeros(1)
+    age = np.array([outs[f][2] for f in answered]) * 1e3 if answered else np.zeros(1)
+    span_s = (max(cams.values()) - min(cams.values())) / NS if len(cams) > 1 else 0.0
+    return {
+        "frames_in": len(cams), "outputs": len(outs), "missing_outputs": missing,
+        "by_source": dict(by_source), "frame_rate_hz": (len(cams) - 1) / span_s if span_s else 0.0,
+        "exec_ms_p50": float(np.percentile(ex, 50)), "exec_ms_p99": float(np.percentile(ex, 99)),
+        "frame_age_ms_p50": float(np.percentile(age, 50)), "frame_age_ms_p99": float(np.percentile(age, 99)),
+        "first_output_s": (first_out_ns - t_launch_ns) / NS if first_out_ns else None,
+        "first_active_s": (first_active_ns - t_launch_ns) / NS if first_active_ns else None,
+        "transitions": transitions, "control": engaged_events,
+        "log_damage": [str(d) for d in reader.damage],
+    }
+
+
+def print_summary(s: dict[str, Any], run_dir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = Table(title=f"chestnut launch: {run_dir}", show_header=False)
+    t.add_row("frames in / outputs out", f"{s['frames_in']} / {s['outputs']}  (missing: {len(s['missing_outputs'])})")
+    t.add_row("outputs by source", ", ".join(f"{k} {v}" for k, v in sorted(s["by_source"].items())))
+    t.add_row("camera rate", f"{s['frame_rate_hz']:.1f} Hz")
+    t.add_row("execution time p50 / p99", f"{s['exec_ms_p50']:.1f} / {s['exec_ms_p99']:.1f} ms")
+    t.add_row("frame age p50 / p99", f"{s['frame_age_ms_p50']:.1f} / {s['frame_age_ms_p99']:.1f} ms")
+    fo, fa = s["first_output_s"], s["first_active_s"]
+    t.add_row("launch -> first modelOutput", f"{fo:.1f} s" if fo is not None else "never")
+    t.add_row("launch -> ChestnutActive", f"{fa:.1f} s" if fa is not None else "never")
+    con.print(t)
+    if s["transitions"]:
+        tr = Table(title="node state transitions")
+        for c in ("t (s)", "state", "reason"):
+            tr.add_column(c)
+        for when, st, why in s["transitions"]:
+            tr.add_row(f"{when:.1f}", st, why)
+        con.print(tr)
+    for when, what in s["control"]:
+        con.print(f"control {when:6.1f} s  {what}")
+    for d in s["log_damage"]:
+        con.print(f"[red]log damage:[/red] {d}")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seconds", type=float, default=60.0,
+                   help="run this long after the first output (0 = until Ctrl-C)")
+    p.add_argument("--rate", type=float, default=20.0, help="camera rate, Hz")
+    p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run directories go (default ./runs)")
+    p.add_argument("--fault", type=FaultPlan.parse, action="append", default=[],
+                   help="inject KIND@START[+DURATION][,key=value] (s after the first output); repeatable")
+    p.add_argument("--twin-engine", choices=("onnxruntime", "tinygrad"), default="onnxruntime",
+                   help="how the twin's GPU executes programs (default onnxruntime: real time on 2 cores)")
+    p.add_argument("--node-config", type=Path, help="node TOML (default: launch/node.toml)")
+    p.add_argument("--no-live", action="store_true", help="no live status view")
+    p.add_argument("--json", type=Path, help="also write the summary as JSON here")
+
+
+def _wait_first_output(view: Any, deadline_s: float) -> bool:
+    t_end = time.monotonic() + deadline_s
+    while time.monotonic() < t_end:
+        view.update(100)
+        if view.sm.seen["modelOutput"]:
+            return True
+    return False
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.live import Live
+
+    from chestnut.backend.sim.client import TwinClient
+    from chestnut.launch.assets import default_model_path
+    from chestnut.launch.top import StackView
+    from chestnut.msgs.paths import current_prefix
+
+    if shutil.which("supervisord", path=str(Path(sys.executable).parent)) is None:
+        log.error("supervisord not found next to %s; run `bash launch/setup.sh`", sys.executable)
+        return 2
+    if args.node_config is None and not default_model_path().is_file():
+        log.error("the default model is not prepared: run `chestnut model prepare` (part of launch/setup.sh)")
+        return 2
+    prefix = current_prefix()
+    run_dir = (args.runs_dir / time.strftime("%Y-%m-%d--%H-%M-%S", time.gmtime())).resolve()
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    node_args = ["--config", str(args.node_config.resolve())] if args.node_config else []
+    conf = render_config(run_dir, prefix, args.rate, node_args, ["--engine", args.twin_engine])
+    supervisord = str(Path(sys.executable).parent / "supervisord")
+    t_launch = time.monotonic_ns()
+    proc = subprocess.Popen([supervisord, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    log.info("stack launched under supervisord pid %d (run dir %s)", proc.pid, run_dir)
+    stop = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    view = StackView()
+    injected: list[tuple[FaultPlan, int | None]] = []
+    try:
+        if not _wait_first_output(view, 180.0):
+            log.error("no modelOutput within 180 s; see %s", run_dir)
+            stop = True
+        t0 = time.monotonic()
+        pending = sorted(args.fault, key=lambda f: f.start_s)
+        with Live(view.render(), refresh_per_second=4, transient=False) if not args.no_live else _Null() as live:
+            next_draw = 0.0
+            while not stop and (args.seconds <= 0 or time.monotonic() - t0 < args.seconds) and proc.poll() is None:
+                view.update(50)
+                el = time.monotonic() - t0
+                while pending and el >= pending[0].start_s:
+                    f = pending.pop(0)
+                    try:
+                        with TwinClient(prefix) as tc:
+                            info = tc.fault(f.kind, **f.params)
+                        injected.append((f, info.get("id") if isinstance(info, dict) else None))
+                        log.warning("t=%.1f s: injected %s %s", el, f.kind, f.params or "")
+                    except Exception as e:  # the twin refuses a bad fault: say so, keep running
+                        log.error("could not inject %s: %s", f.kind, e)
+                for f, fid in list(injected):
+                    if f.duration_s is not None and el >= f.start_s + f.duration_s:
+                        with TwinClient(prefix) as tc:
+                            tc.clear(fid)
+                        injected.remove((f, fid))
+                        log.warning("t=%.1f s: cleared %s", el, f.kind)
+                if time.monotonic() >= next_draw:
+                    live.update(view.render())
+                    next_draw = time.monotonic() + 0.25
+    finally:
+        view.close()
+        log.info("stopping the stack")
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    summary = summarize(run_dir / "logs", t_launch)
+    print_summary(summary, run_dir)
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1))
+    return 0 if summary["outputs"] > 0 and not summary["missing_outputs"] else 1
+
+
+class _Null:
+    def __enter__(self) -> _Null:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, *_a: object) -> None:
+        return None

@@ -1,0 +1,1029 @@
+"""Log segments: writers and readers of the two on-disk formats.
+
+**Layout** (openpilot's route / segment naming): ``<log_dir>/<route>--<n>/<name>.zst`` and
+``<log_dir>/<route>--<n>/<name>.mcap``. ``route`` is the UTC start time ``YYYY-MM-DD--HH-MM-SS``
+(``-2``, ``-3`` ... appended if that route already exists), ``n`` counts segments from 0, ``name`` is
+``rlog`` (every logged message) or ``qlog`` (the light log: every ``decimation``-th message of a
+service, :data:`chestnut.msgs.services.SERVICE_LIST`). The first message of every file is an
+``initData`` header (package versions, hostname, schema sha256, wall time, segment length, config).
+
+**rlog** (``.zst``, openpilot's layout): one zstd frame holding the concatenation of ``Event``
+messages, each in standard unpacked Cap'n Proto framing (segment table + segments, pycapnp
+``to_bytes()``). Written by the ``zstandard`` library in streaming mode.
+
+**MCAP** (``.mcap``, the ``mcap`` package): message and schema encoding ``capnproto`` (MCAP format
+registry); one schema named ``chestnut.capnp:Event`` (the root struct's ``displayName``) whose data
+is the binary ``CodeGeneratorRequest`` of ``msgs/chestnut.capnp``; one channel per service with
+topic = service name; ``log_time = publish_time = logMonoTime`` (ns, CLOCK_MONOTONIC); zstd chunks.
+
+**Crash bound**: a writer flushes (zstd ``FLUSH_BLOCK`` / a finished MCAP chunk, then the file
+object) once :data:`FLUSH_EVERY_MESSAGES` messages are pending or :data:`FLUSH_INTERVAL_S` seconds
+have passed since the last flush, checked on every write and on every :meth:`RouteWriter.tick`. A
+killed process therefore loses at most the messages of its last ``min(N messages, T s + the tick
+period)`` (defaults: 100 messages, 1 s + 0.1 s for ``chestnut record``), plus the OS page cache on
+power loss unless ``fsync`` is on. Closed segments are complete: the zstd frame is ended and the
+MCAP summary and footer are written.
+
+**Reading**: :class:`LogReader` yields ``(logMonoTime, service, event)`` in time order across
+segments; a truncated or corrupt file yields everything before the damage and reports it as a
+:class:`LogDamage` (file, byte offset, reason). Every message is validated by
+:func:`chestnut.msgs.messaging.log_from_bytes` (bounded traversal limit).
+
+**Schema data without a system ``capnp``**: :func:`code_generator_request` builds the request from
+the schema nodes pycapnp's parser already holds, typed by the ``schema.capnp`` that ships inside the
+pycapnp wheel, so a fresh machine needs nothing beyond ``pip install pycapnp``. Its nodes equal
+those of ``capnp compile -o- chestnut.capnp`` (capnp 0.9.2) except for the source byte ranges
+(``startByte``/``endByte``, filled here) and the optional ``sourceInfo`` (doc comments, omitted).
+"""
+
+from __future__ import annotations
+
+import abc
+import heapq
+import importlib.metadata
+import itertools
+import json
+import os
+import platform
+import socket
+import struct
+import time
+from collections import Counter
+from collections.abc import Callable, Generator, Iterable, Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import capnp
+import zstandard as zstd
+from mcap.exceptions import McapError
+from mcap.records import Channel, Chunk, Message, Schema
+from mcap.stream_reader import StreamReader, breakup_chunk
+from mcap.well_known import MessageEncoding, SchemaEncoding
+from mcap.writer import MCAP0_MAGIC, CompressionType
+from mcap.writer import Writer as _McapWriter
+
+from chestnut.msgs.messaging import REASON_UNKNOWN_MEMBER, MalformedMessageError, log_from_bytes, new_message
+from chestnut.msgs.schema import MAX_MESSAGE_BYTES, SCHEMA_PATH, SCHEMA_SHA256, log
+from chestnut.msgs.services import SERVICE_LIST
+
+__all__ = [
+    "FLUSH_EVERY_MESSAGES",
+    "FLUSH_INTERVAL_S",
+    "FORMATS",
+    "MCAP_SCHEMA_NAME",
+    "SEGMENT_SECONDS",
+    "FlushPolicy",
+    "LogDamage",
+    "LogReader",
+    "McapSegmentWriter",
+    "RlogSegmentWriter",
+    "RouteWriter",
+    "SegmentFileReader",
+    "code_generator_request",
+    "find_log_files",
+    "framed_message_size",
+    "init_data_event",
+    "new_route_name",
+    "package_versions",
+    "parse_segment_dir",
+]
+
+SEGMENT_SECONDS = 60.0  # s, nominal segment length (openpilot's loggerd uses 60 s segments)
+FLUSH_EVERY_MESSAGES = 100  # flush once this many messages are pending ...
+FLUSH_INTERVAL_S = 1.0  # ... or this many seconds have passed since the last flush
+ZSTD_LEVEL = 3  # zstd's own default level: ~2 MB/s of 20 Hz frames costs a few % of one core
+MCAP_CHUNK_BYTES = 1024 * 1024  # uncompressed MCAP chunk size before it is closed (mcap's default)
+FORMATS = ("zst", "mcap")  # file suffixes of the two formats
+LOG_NAMES = ("rlog", "qlog")  # full log, light (decimated) log
+MCAP_SCHEMA_NAME = "chestnut.capnp:Event"  # MCAP registry: the root struct node's displayName
+MCAP_LIBRARY = "chestnut"
+SCHEMA_FILE_NAME = SCHEMA_PATH.name  # "chestnut.capnp", the displayName of the schema's file node
+
+READ_CHUNK_BYTES = 32 * 1024  # compressed bytes fed to the zstd decompressor per step
+CAPNP_MAX_SEGMENTS = 512  # segment-table limit (libcapnp's readMessage refuses more)
+MCAP_RECORD_LIMIT_BYTES = 2 * MAX_MESSAGE_BYTES + MCAP_CHUNK_BYTES  # one chunk: <= chunk size + one message
+MAX_DAMAGE_PER_FILE = 100  # a file this damaged is abandoned after its 100th report
+DEFAULT_REORDER_WINDOW_NS = 1_000_000_000  # ns of logMonoTime a file may be out of order by
+
+VERSIONED_PACKAGES = ("chestnut", "tinygrad", "pycapnp", "pyzmq", "zstandard", "mcap", "numpy")
+
+
+# ---------------------------------------------------------------- schema data for MCAP
+
+
+@cache
+def _schema_capnp() -> Any:
+    """pycapnp's bundled ``capnp/schema.capnp`` (the types of ``CodeGeneratorRequest``), own parser."""
+    pkg_dir = Path(capnp.__file__).parent
+    parser = capnp.SchemaParser()
+    return parser.load(str(pkg_dir / "schema.capnp"), imports=[str(pkg_dir.parent)])
+
+
+def _collect_nodes(parsed: Any, nodes: dict[int, Any]) -> None:
+    """Add ``parsed``'s schema node, its nested declarations and its group nodes to ``nodes``."""
+    node = parsed.node
+    if node.id in nodes:
+        return
+    nodes[node.id] = node
+    for nested in parsed.get_proto().nestedNodes:
+        _collect_nodes(parsed.get_nested(nested.name), nodes)
+    if node.which() == "struct":
+        for field in parsed.as_struct().fields.values():
+            if field.proto.which() == "group":
+                _collect_nodes(field.schema, nodes)
+
+
+def _referenced_ids(node: Any) -> Iterator[int]:
+    """Type ids that the fields of a struct node refer to (struct, enum, interface; through lists)."""
+    if node.which() != "struct":
+        return
+    for field in node.struct.fields:
+        if field.which() != "slot":
+            continue
+        typ = field.slot.type
+        while typ.which() == "list":
+            typ = typ.list.elementType
+        kind = typ.which()
+        if kind in ("struct", "enum", "interface"):
+            yield getattr(typ, kind).typeId
+
+
+@cache
+def code_generator_request() -> bytes:
+    """The binary ``CodeGeneratorRequest`` of ``msgs/chestnut.capnp`` (unpacked Cap'n Proto bytes).
+
+    What ``capnp compile -o- chestnut.capnp`` writes, built from pycapnp's parsed nodes: every node
+    of the file (file, structs, enums, nested declarations, groups), ``requestedFiles`` = the schema
+    file with its ``displayName``, ``capnpVersion`` = the libcapnp pycapnp is built on. Raises
+    ``ValueError`` if the schema refers to a type outside its own file (imports are not bundled).
+    """
+    sc = _schema_capnp()
+    nodes: dict[int, Any] = {}
+    _collect_nodes(log.schema, nodes)
+    for node in nodes.values():
+        for type_id in _referenced_ids(node):
+            if type_id not in nodes:
+                raise ValueError(f"{node.displayName} refers to type id {type_id:#x} outside {SCHEMA_FILE_NAME}")
+    file_node = log.schema.node
+    if file_node.displayName != SCHEMA_FILE_NAME:
+        raise ValueError(f"schema file node is named {file_node.displayName!r}, expected {SCHEMA_FILE_NAME!r}")
+    req = sc.CodeGeneratorRequest.new_message()
+    out = req.init("nodes", len(nodes))
+    for i, node in enumerate(nodes.values()):
+        # The parsed nodes are typed by pycapnp's compiled-in schema.capnp; a copy through bytes
+        # re-types them as the loaded schema.capnp's Node so they can be set into the list.
+        with sc.Node.from_bytes(node.as_builder().to_bytes()) as copy:
+            out[i] = copy
+    requested = req.init("requestedFiles", 1)[0]
+    requested.id = file_node.id
+    requested.filename = SCHEMA_FILE_NAME
+    version = req.capnpVersion
+    version.major = capnp.version.LIBCAPNP_VERSION_MAJOR
+    version.minor = capnp.version.LIBCAPNP_VERSION_MINOR
+    version.micro = capnp.version.LIBCAPNP_VERSION_MICRO
+    return req.to_bytes()
+
+
+# ---------------------------------------------------------------- the initData header
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions of the packages that shape a log: name -> version ("absent" if missing)."""
+    return dict(_package_versions())
+
+
+@cache
+def _package_versions() -> tuple[tuple[str, str], ...]:
+    versions = {}
+    for name in VERSIONED_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    versions["libcapnp"] = (
+        f"{capnp.version.LIBCAPNP_VERSION_MAJOR}.{capnp.version.LIBCAPNP_VERSION_MINOR}."
+        f"{capnp.version.LIBCAPNP_VERSION_MICRO}"
+    )
+    versions["python"] = platform.python_version()
+    return tuple(versions.items())
+
+
+def init_data_event(segment_seconds: float, config: dict[str, Any] | None = None) -> bytes:
+    """The serialized ``initData`` header of a log file (``Event`` bytes, logMonoTime = now in ns).
+
+    ``config`` is stored as JSON (keys sorted); versions from :func:`package_versions`.
+    """
+    msg = new_message("initData")
+    init = msg.initData
+    versions = package_versions()
+    kvs = init.init("versions", len(versions))
+    for kv, (key, value) in zip(kvs, versions.items(), strict=True):
+        kv.key = key
+        kv.value = value
+    init.config = json.dumps(config or {}, sort_keys=True)
+    init.hostname = socket.gethostname()
+    init.wallTimeNanos = time.time_ns()
+    init.schemaHash = SCHEMA_SHA256
+    init.segmentSeconds = float(segment_seconds)
+    return msg.to_bytes()
+
+
+# ---------------------------------------------------------------- segment file writers
+
+
+@dataclass(frozen=True)
+class FlushPolicy:
+    """When a segment writer flushes: ``every_messages`` pending messages or ``interval_s`` seconds.
+
+    ``fsync`` also forces the data to the disk on every flush (survives power loss; costs latency).
+    """
+
+    every_messages: int = FLUSH_EVERY_MESSAGES
+    interval_s: float = FLUSH_INTERVAL_S
+    fsync: bool = False
+
+    def __post_init__(self) -> None:
+        if self.every_messages < 1 or not self.interval_s > 0:
+            raise ValueError(f"flush policy needs every_messages >= 1 and interval_s > 0, got {self}")
+
+
+class _SegmentFileWriter(abc.ABC):
+    """One log file; the flush bookkeeping shared by both formats. ``clock`` is in seconds."""
+
+    def __init__(self, path: Path, policy: FlushPolicy, clock: Callable[[], float]) -> None:
+        self.path = Path(path)
+        self.policy = policy
+        self._clock = clock
+        self._pending = 0
+        self._last_flush_s = clock()
+        self.messages = 0
+        self.closed = False
+
+    def write(self, service: str, log_mono_time_ns: int, data: bytes) -> None:
+        """Append one serialized ``Event`` of ``service`` (its ``logMonoTime`` in ns); may flush."""
+        if self.closed:
+            raise ValueError(f"{self.path} is closed")
+        self._write(service, log_mono_time_ns, data)
+        self.messages += 1
+        self._pending += 1
+        self.maybe_flush()
+
+    def maybe_flush(self) -> bool:
+        """Flush if the policy says so (pending messages or elapsed time); returns whether it did."""
+        if self.closed or not self._pending:
+            return False
+        if self._pending >= self.policy.every_messages or self._clock() - self._last_flush_s >= self.policy.interval_s:
+            self.flush()
+            return True
+        return False
+
+    def flush(self) -> None:
+        """Make everything written so far readable by a reader of the file (and durable if ``fsync``)."""
+        self._flush()
+        if self.policy.fsync:
+            os.fsync(self._fileno())
+        self._pending = 0
+        self._last_flush_s = self._clock()
+
+    def close(self) -> None:
+        """Finish the file (zstd frame end / MCAP summary and footer) and close it. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self._close()
+
+    @abc.abstractmethod
+    def _write(self, service: str, log_mono_time_ns: int, data: bytes) -> None:
+        """Append ``data`` to the format's stream."""
+
+    @abc.abstractmethod
+    def _flush(self) -> None:
+        """Push everything appended so far to the file object and flush it."""
+
+    @abc.abstractmethod
+    def _close(self) -> None:
+        """End the format's stream and close the file."""
+
+    @abc.abstractmethod
+    def _fileno(self) -> int:
+        """The OS file descriptor (for fsync)."""
+
+
+class RlogSegmentWriter(_SegmentFileWriter):
+    """``.zst``: a zstd frame of concatenated ``Event`` bytes (openpilot's rlog layout).
+
+    The file is created exclusively (``FileExistsError`` if present). A flush ends a zstd block
+    (``FLUSH_BLOCK``), so every message before it decompresses even if the frame is never ended.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        policy: FlushPolicy = FlushPolicy(),
+        clock: Callable[[], float] = time.monotonic,
+        level: int = ZSTD_LEVEL,
+    ) -> None:
+        super().__init__(path, policy, clock)
+        self._fh = open(self.path, "xb")  # noqa: SIM115 - owned by the writer, closed in _close
+        self._z = zstd.ZstdCompressor(level=level, write_checksum=True).stream_writer(self._fh, closefd=False)
+
+    def _write(self, service: str, log_mono_time_ns: int, data: bytes) -> None:
+        self._z.write(data)
+
+    def _flush(self) -> None:
+        self._z.flush(zstd.FLUSH_BLOCK)
+        self._fh.flush()
+
+    def _fileno(self) -> int:
+        return self._fh.fileno()
+
+    def _close(self) -> None:
+        try:
+            self._z.close()  # ends the frame (content checksum included); the file stays open
+            self._fh.flush()
+            if self.policy.fsync:
+                os.fsync(self._fh.fileno())
+        finally:
+            self._fh.close()
+
+
+class McapSegmentWriter(_SegmentFileWriter):
+    """``.mcap``: the ``mcap`` package's writer, ``capnproto`` encodings, one channel per service.
+
+    Channels are registered on a service's first message (topic = service name). A flush ends the
+    open chunk. ``metadata`` (str -> str) is written as an MCAP metadata record named ``chestnut``.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        policy: FlushPolicy = FlushPolicy(),
+        clock: Callable[[], float] = time.monotonic,
+        metadata: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(path, policy, clock)
+        self._fh = open(self.path, "xb")  # noqa: SIM115 - owned by the writer, closed in _close
+        self._mcap = _McapWriter(self._fh, chunk_size=MCAP_CHUNK_BYTES, compression=CompressionType.ZSTD)
+        self._mcap.start(profile="", library=f"{MCAP_LIBRARY} {package_versions()['chestnut']}")
+        self._schema_id = self._mcap.register_schema(
+            name=MCAP_SCHEMA_NAME, encoding=SchemaEncoding.CapnProto, data=code_generator_request()
+        )
+        self._channels: dict[str, int] = {}
+        self._sequence: Counter[int] = Counter()
+        if metadata:
+            self._mcap.add_metadata(MCAP_LIBRARY, dict(metadata))
+
+    def _write(self, service: str, log_mono_time_ns: int, data: bytes) -> None:
+        channel_id = self._channels.get(service)
+        if channel_id is None:
+            channel_id = self._mcap.register_channel(
+                topic=service, message_encoding=MessageEncoding.CapnProto, schema_id=self._schema_id
+            )
+            self._channels[service] = channel_id
+        seq = self._sequence[channel_id]
+        self._sequence[channel_id] = (seq + 1) & 0xFFFFFFFF
+        self._mcap.add_message(
+            channel_id=channel_id, log_time=log_mono_time_ns, publish_time=log_mono_time_ns, data=data, sequence=seq
+        )
+
+    def _flush(self) -> None:
+        self._mcap.flush()
+
+    def _fileno(self) -> int:
+        return self._fh.fileno()
+
+    def _close(self) -> None:
+        try:
+            self._mcap.finish()
+            self._fh.flush()
+            if self.policy.fsync:
+                os.fsync(self._fh.fileno())
+        finally:
+            self._fh.close()
+
+
+_WRITERS: dict[str, type[_SegmentFileWriter]] = {"zst": RlogSegmentWriter, "mcap": McapSegmentWriter}
+
+
+# ---------------------------------------------------------------- routes and segments
+
+
+def new_route_name(log_dir: Path, now_s: float | None = None) -> str:
+    """A route name for a log starting now: UTC ``YYYY-MM-DD--HH-MM-SS``, suffixed ``-2``, ``-3`` ...
+    if a route of that name already has segments in ``log_dir``."""
+    base = time.strftime("%Y-%m-%d--%H-%M-%S", time.gmtime(time.time() if now_s is None else now_s))
+    log_dir = Path(log_dir)
+    for k in itertools.count(1):
+        route = base if k == 1 else f"{base}-{k}"
+        if not any(log_dir.glob(f"{route}--*")):
+            return route
+    raise AssertionError("unreachable")
+
+
+def parse_segment_dir(name: str) -> tuple[str, int] | None:
+    """``"<route>--<n>"`` -> ``(route, n)``; None if ``name`` is not a segment directory name."""
+    route, sep, n = name.rpartition("--")
+    if not sep or not route or not n.isdigit():
+        return None
+    return route, int(n)
+
+
+class RouteWriter:
+    """Writes one route: segments of ``segment_seconds`` under ``log_dir``, in the chosen formats.
+
+    ``full`` writes ``rlog.*`` (every message); ``light`` writes ``qlog.*`` (every
+    ``decimation``-th message of each service, none of a service whose decimation is None or that
+    is not registered). Each file starts with the ``initData`` header. ``clock`` (s, monotonic)
+    drives rotation and the flush policy; call :meth:`tick` at least every ``policy.interval_s``
+    so that the time bounds hold when no message arrives. Raises ``ValueError`` for an unknown
+    format, no format, no log kind or a non-positive segment length.
+    """
+
+    def __init__(
+        self,
+        log_dir: Path | str,
+        *,
+        formats: Iterable[str] = FORMATS,
+        full: bool = True,
+        light: bool = False,
+        segment_seconds: float = SEGMENT_SECONDS,
+        policy: FlushPolicy = FlushPolicy(),
+        config: dict[str, Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        route: str | None = None,
+    ) -> None:
+        self.formats = tuple(dict.fromkeys(formats))
+        unknown = [f for f in self.formats if f not in FORMATS]
+        if unknown or not self.formats:
+            raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {list(formats)}")
+        if not (full or light):
+            raise ValueError("a route writes the full log, the light log, or both")
+        if not segment_seconds > 0:
+            raise ValueError(f"segment_seconds must be > 0, got {segment_seconds}")
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.names = tuple(n for n, on in zip(LOG_NAMES, (full, light), strict=True) if on)
+        self.segment_seconds = float(segment_seconds)
+        self.policy = policy
+        self.config = dict(config or {})
+        self._clock = clock
+        self.route = route or new_route_name(self.log_dir)
+        self.segment = -1
+        self.messages = 0
+        self._files: dict[tuple[str, str], _SegmentFileWriter] = {}
+        self._light_seen: Counter[str] = Counter()
+        self._segment_end_s = 0.0
+        self._open_segment(0)
+
+    @property
+    def segment_dir(self) -> Path:
+        """The directory of the open segment, ``<log_dir>/<route>--<segment>``."""
+        return self.log_dir / f"{self.route}--{self.segment}"
+
+    def files(self) -> list[Path]:
+        """Paths of the open segment's files."""
+        return [w.path for w in self._files.values()]
+
+    def _open_segment(self, n: int) -> None:
+        self.segment = n
+        seg_dir = self.segment_dir
+        seg_dir.mkdir(parents=True, exist_ok=False)
+        config = {
+            **self.config,
+            "route": self.route,
+            "segment": n,
+            "formats": list(self.formats),
+            "logs": list(self.names),
+            "flush_every_messages": self.policy.every_messages,
+            "flush_interval_s": self.policy.interval_s,
+        }
+        header = init_data_event(self.segment_seconds, config)
+        header_time = log_from_bytes(header).logMonoTime
+        meta = {"route": self.route, "segment": str(n), "schema_sha256": SCHEMA_SHA256}
+        for name in self.names:
+            for fmt in self.formats:
+                path = seg_dir / f"{name}.{fmt}"
+                if fmt == "mcap":
+                    writer: _SegmentFileWriter = McapSegmentWriter(path, self.policy, self._clock, metadata=meta)
+                else:
+                    writer = _WRITERS[fmt](path, self.policy, self._clock)
+                writer.write("initData", header_time, header)
+                writer.flush()
+                self._files[(name, fmt)] = writer
+        self._segment_end_s = self._clock() + self.segment_seconds
+
+    def _close_segment(self) -> None:
+        errors = []
+        for writer in self._files.values():
+            try:
+                writer.close()
+            except OSError as e:  # one failing file must not keep the others open
+                errors.append(e)
+        self._files.clear()
+        if errors:
+            raise errors[0]
+
+    def rotate_if_due(self) -> bool:
+        """Close the open segment and open the next one if its time is up; returns whether it did."""
+        if self._clock() < self._segment_end_s:
+            return False
+        self._close_segment()
+        self._open_segment(self.segment + 1)
+        return True
+
+    def write(self, service: str, log_mono_time_ns: int, data: bytes) -> None:
+        """Log one serialized ``Event`` of ``service`` (after rotating if the segment is over)."""
+        self.rotate_if_due()
+        self.messages += 1
+        for name in self.names:
+            if name == "qlog" and not self._keep_light(service):
+                continue
+            for fmt in self.formats:
+                self._files[(name, fmt)].write(service, log_mono_time_ns, data)
+        if "qlog" in self.names:
+            self._light_seen[service] += 1
+
+    def _keep_light(self, service: str) -> bool:
+        entry = SERVICE_LIST.get(service)
+        if entry is None or entry.decimation is None:
+            return False
+        return self._light_seen[service] % entry.decimation == 0
+
+    def tick(self) -> None:
+        """Rotate if due and apply the time bound of the flush policy to every open file."""
+        self.rotate_if_due()
+        for writer in self._files.values():
+            writer.maybe_flush()
+
+    def flush(self) -> None:
+        """Flush every open file now."""
+        for writer in self._files.values():
+            writer.flush()
+
+    def close(self) -> None:
+        """Close the open segment's files cleanly (frame end, MCAP footer). Idempotent."""
+        self._close_segment()
+
+    def __enter__(self) -> RouteWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class LogDamage:
+    """Where a log file stops being readable and why.
+
+    ``offset`` (bytes): every message before it was yielded. For ``.mcap`` it is the file offset of
+    the damaged record; for ``.zst`` it is the offset in the *decompressed* stream of ``Event``s
+    (the start of the first message that could not be read), since zstd gives no compressed offset
+    per message.
+    """
+
+    path: Path
+    offset: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: byte {self.offset}: {self.reason}"
+
+
+def framed_message_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> int | None:
+    """Total size in bytes of the unpacked Cap'n Proto message starting at ``buf[pos]``.
+
+    Standard framing (Cap'n Proto encoding spec): u32 segment count - 1, u32 size in words of each
+    segment, padding to 8 bytes, then the segments. Returns None when ``buf`` does not yet hold the
+    whole segment table. Raises ``ValueError`` for more than :data:`CAPNP_MAX_SEGMENTS` segments or a
+    message larger than ``schema.MAX_MESSAGE_BYTES``.
+    """
+    avail = len(buf) - pos
+    if avail < 4:
+        return None
+    (n_segments,) = struct.unpack_from("<I", buf, pos)
+    n_segments += 1
+    if n_segments > CAPNP_MAX_SEGMENTS:
+        raise ValueError(f"segment table claims {n_segments} segments (limit {CAPNP_MAX_SEGMENTS})")
+    header = 4 + 4 * n_segments
+    header += header % 8
+    if avail < header:
+        return None
+    words = sum(struct.unpack_from(f"<{n_segments}I", buf, pos + 4))
+    total = header + 8 * words
+    if total > MAX_MESSAGE_BYTES:
+        raise ValueError(f"message of {total} bytes exceeds the limit of {MAX_MESSAGE_BYTES}")
+    return total
+
+
+_MCAP_ERRORS = (McapError, ValueError, struct.error, zstd.ZstdError, UnicodeDecodeError, KeyError)
+
+
+def _mcap_record_end(fh: Any, pos: int, size: int) -> int | None:
+    """End offset of the MCAP record at ``pos`` (u8 opcode, u64 length, body); None if it extends
+    past ``size`` (the file ends inside it)."""
+    if pos + 9 > size:
+        return None
+    fh.seek(pos)
+    (length,) = struct.unpack("<Q", fh.read(9)[1:])
+    end = pos + 9 + length
+    return end if end <= size else None
+
+
+# (logMonoTime ns, service, serialized Event, decoded Event reader)
+LogItem = tuple[int, str, bytes, Any]
+
+
+class _ZstdFeed:
+    """A zstd decoder across concatenated frames: ``feed(bytes) -> bytes`` (raises ``ZstdError``)."""
+
+    def __init__(self) -> None:
+        self._dobj = zstd.ZstdDecompressor().decompressobj()
+        self.in_frame = False  # bytes of a frame whose end has not been seen were fed
+        self.frames_ended = 0
+
+    def feed(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            out.append(self._dobj.decompress(data))
+            data = b""
+            self.in_frame = not self._dobj.eof
+            if self._dobj.eof:  # the frame ended; the rest of the input may start another one
+                self.frames_ended += 1
+                data = self._dobj.unused_data
+                self._dobj = zstd.ZstdDecompressor().decompressobj()
+        return b"".join(out)
+
+
+class SegmentFileReader:
+    """Reads one ``.zst`` or ``.mcap`` log file in file order; never raises on bad content.
+
+    Iterating yields :data:`LogItem` tuples. Afterwards: ``damage`` (list of :class:`LogDamage`,
+    also passed to ``on_damage`` as found), ``complete`` (the zstd frame was ended / the MCAP footer
+    was read), ``unknown_members`` (messages of a union member this schema does not know, skipped:
+    a newer writer's). Raises ``ValueError`` for a file whose suffix is neither ``.zst`` nor ``.mcap``.
+    """
+
+    def __init__(self, path: Path | str, on_damage: Callable[[LogDamage], None] | None = None) -> None:
+        self.path = Path(path)
+        if self.path.suffix not in (".zst", ".mcap"):
+            raise ValueError(f"{self.path}: not a log file (expected a .zst or .mcap suffix)")
+        self.on_damage = on_damage
+        self.damage: list[LogDamage] = []
+        self.complete = False
+        self.unknown_members = 0
+
+    def _report(self, offset: int, reason: str) -> None:
+        dmg = LogDamage(self.path, offset, reason)
+        self.damage.append(dmg)
+        if self.on_damage is not None:
+            self.on_damage(dmg)
+
+    def _decode(self, data: bytes, offset: int, topic: str | None = None) -> LogItem | None:
+        """The item for ``data``, or None (reported as damage, or counted as an unknown member)."""
+        try:
+            event = log_from_bytes(data)
+        except MalformedMessageError as e:
+            if e.reason == REASON_UNKNOWN_MEMBER:
+                self.unknown_members += 1
+            else:
+                self._report(offset, str(e))
+            return None
+        service = event.which()
+        if topic is not None and service != topic:
+            self._report(offset, f"a {service!r} message on channel {topic!r}")
+            return None
+        return event.logMonoTime, service, data, event
+
+    def __iter__(self) -> Generator[LogItem, None, None]:
+        try:
+            if self.path.suffix == ".zst":
+                yield from self._iter_rlog()
+            else:
+                yield from self._iter_mcap()
+        except OSError as e:
+            self._report(0, f"cannot read: {e}")
+
+    def _too_damaged(self, offset: int) -> bool:
+        """True (and reported) once a file has :data:`MAX_DAMAGE_PER_FILE` damage reports."""
+        if len(self.damage) < MAX_DAMAGE_PER_FILE:
+            return False
+        self._report(offset, f"abandoned after {MAX_DAMAGE_PER_FILE} damage reports")
+        return True
+
+    def _iter_rlog(self) -> Iterator[LogItem]:
+        buf = bytearray()  # decompressed bytes not yet parsed: at most one incomplete message
+        base = 0  # decompressed offset of buf[0]
+        pieces = self._zstd_pieces()
+        while True:
+            try:
+                piece = next(pieces)
+            except StopIteration as stop:
+                failure = stop.value
+                break
+            buf += piece
+            consumed = yield from self._parse(buf, base)
+            if consumed is None:
+                pieces.close()
+                return
+            del buf[:consumed]
+            base += consumed
+        if buf:
+            why = f"; {failure}" if failure else ""
+            self._report(base, f"truncated message: the stream ends {len(buf)} bytes into it{why}")
+        elif failure is not None:
+            self._report(base, failure)
+        else:
+            self.complete = True
+
+    def _zstd_pieces(self) -> Generator[bytes, None, str | None]:
+        """Decompressed pieces of the file, in order; returns None if every frame was ended, else
+        why the stream stops. After a zstd error, the failing input is replayed byte by byte from a
+        fresh decoder so that every block before the damage is still delivered."""
+        with open(self.path, "rb") as fh:
+            dec = _ZstdFeed()
+            offset = 0  # compressed offset of the next chunk
+            while chunk := fh.read(READ_CHUNK_BYTES):
+                try:
+                    out = dec.feed(chunk)
+                except zstd.ZstdError as e:
+                    yield from self._zstd_salvage(fh, offset, len(chunk))
+                    return f"zstd: {e}"
+                offset += len(chunk)
+                if out:
+                    yield out
+        if dec.in_frame:
+            return "zstd frame not finished (the writer did not close the file)"
+        if not dec.frames_ended:
+            return "empty file"
+        return None
+
+    @staticmethod
+    def _zstd_salvage(fh: Any, fail_offset: int, fail_len: int) -> Iterator[bytes]:
+        """Output of the ``fail_len`` compressed bytes at ``fail_offset`` up to the first bad one."""
+        fh.seek(0)
+        dec = _ZstdFeed()
+        while fh.tell() < fail_offset:
+            dec.feed(fh.read(min(READ_CHUNK_BYTES, fail_offset - fh.tell())))  # delivered already
+        for byte in fh.read(fail_len):
+            try:
+                out = dec.feed(bytes((byte,)))
+            except zstd.ZstdError:
+                return
+            if out:
+                yield out
+
+    def _parse(self, buf: bytearray, base: int) -> Generator[LogItem, None, int | None]:
+        """Yield the complete messages at the start of ``buf`` (decompressed offset ``base``).
+
+        Returns the number of bytes consumed, or None when reading must stop (broken framing, or
+        too much damage).
+        """
+        pos = 0
+        while True:
+            try:
+                size = framed_message_size(buf, pos)
+            except ValueError as e:
+                self._report(base + pos, f"framing: {e}")
+                return None
+            if size is None or len(buf) - pos < size:
+                return pos
+            item = self._decode(bytes(buf[pos : pos + size]), base + pos)
+            pos += size
+            if item is not None:
+                yield item
+            elif self._too_damaged(base + pos):
+                return None
+
+    def _iter_mcap(self) -> Iterator[LogItem]:
+        size = self.path.stat().st_size
+        channels: dict[int, Channel] = {}
+        schemas: dict[int, Schema] = {}
+        bad_channels: set[int] = set()
+        with open(self.path, "rb") as fh:
+            if size == 0:
+                self._report(0, "empty file")
+                return
+            if fh.read(len(MCAP0_MAGIC)) != MCAP0_MAGIC:
+                self._report(0, "not an MCAP file (bad magic)")
+                return
+            pos = fh.tell()  # file offset of the next record
+            records = self._mcap_records(fh)
+            while True:
+                try:
+                    record = next(records)
+                except StopIteration:
+                    self.complete = True
+                    return
+                except _MCAP_ERRORS as e:
+                    end = _mcap_record_end(fh, pos, size)
+                    if pos == size:
+                        self._report(pos, "no footer: the file ends after its last complete record")
+                        return
+                    if end is None:
+                        self._report(pos, "truncated record: the file ends inside it")
+                        return
+                    # the record's own length is intact: skip it and go on with the next one
+                    self._report(pos, f"unreadable record: {type(e).__name__}: {e}")
+                    if self._too_damaged(pos):
+                        return
+                    fh.seek(end)
+                    pos = end
+                    records = self._mcap_records(fh)
+                    continue
+                inner: list[Any] = [record]
+                if isinstance(record, Chunk):
+                    inner = self._chunk_records(record, pos)
+                for rec in inner:
+                    if isinstance(rec, Schema):
+                        schemas[rec.id] = rec
+                    elif isinstance(rec, Channel):
+                        channels[rec.id] = rec
+                    elif isinstance(rec, Message):
+                        item = self._mcap_message(rec, pos, channels, schemas, bad_channels)
+                        if item is not None:
+                            yield item
+                        elif self._too_damaged(pos):
+                            return
+                pos = fh.tell()
+
+    @staticmethod
+    def _mcap_records(fh: Any) -> Iterator[Any]:
+        """MCAP records from the current position of ``fh`` (after the leading magic), chunks whole."""
+        return StreamReader(
+            fh, skip_magic=True, emit_chunks=True, validate_crcs=True, record_size_limit=MCAP_RECORD_LIMIT_BYTES
+        ).records
+
+    def _chunk_records(self, chunk: Chunk, pos: int) -> list[Any]:
+        """The records inside ``chunk`` (CRC checked); [] and a damage report when it is bad."""
+        if chunk.uncompressed_size > MCAP_RECORD_LIMIT_BYTES:
+            self._report(pos, f"chunk claims {chunk.uncompressed_size} uncompressed bytes")
+            return []
+        try:
+            return breakup_chunk(chunk, validate_crc=True)
+        except _MCAP_ERRORS as e:
+            self._report(pos, f"bad chunk: {type(e).__name__}: {e}")
+            return []
+
+    def _mcap_message(
+        self, rec: Message, pos: int, channels: dict[int, Channel], schemas: dict[int, Schema], bad: set[int]
+    ) -> LogItem | None:
+        channel = channels.get(rec.channel_id)
+        if channel is None:
+            self._report(pos, f"message on unknown channel {rec.channel_id}")
+            return None
+        schema = schemas.get(channel.schema_id)
+        if channel.message_encoding != MessageEncoding.CapnProto or schema is None or schema.name != MCAP_SCHEMA_NAME:
+            if channel.id not in bad:
+                bad.add(channel.id)
+                self._report(pos, f"channel {channel.topic!r} is not {MCAP_SCHEMA_NAME} in capnproto encoding")
+            return None
+        return self._decode(rec.data, pos, topic=channel.topic)
+
+
+def find_log_files(paths: Iterable[Path | str] | Path | str, name: str = "rlog", fmt: str = "auto") -> list[Path]:
+    """The log files named by ``paths``: files as given; directories searched recursively for
+    ``<name>.zst`` / ``<name>.mcap``. A segment holding both formats contributes one file: ``fmt``
+    ``"auto"`` prefers ``.zst`` (openpilot's format), ``"zst"`` or ``"mcap"`` take only that one.
+    Sorted by (route, segment, path). Raises ``FileNotFoundError`` for a missing path or when
+    nothing is found, ``ValueError`` for a bad ``name`` or ``fmt``.
+    """
+    if name not in LOG_NAMES:
+        raise ValueError(f"log name must be one of {LOG_NAMES}, got {name!r}")
+    if fmt not in ("auto", *FORMATS):
+        raise ValueError(f"fmt must be 'auto' or one of {FORMATS}, got {fmt!r}")
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    prefs = FORMATS if fmt == "auto" else (fmt,)
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_file():
+            found.append(p)
+        elif p.is_dir():
+            by_dir: dict[Path, dict[str, Path]] = {}
+            for suffix in prefs:
+                for f in p.rglob(f"{name}.{suffix}"):
+                    by_dir.setdefault(f.parent, {})[suffix] = f
+            for options in by_dir.values():
+                found.append(next(options[s] for s in prefs if s in options))
+        else:
+            raise FileNotFoundError(f"{p}: no such file or directory")
+    if not found:
+        raise FileNotFoundError(f"no {name}.{'/'.join(prefs)} under {', '.join(map(str, paths))}")
+
+    def key(f: Path) -> tuple[str, int, str]:
+        seg = parse_segment_dir(f.parent.name)
+        return (seg[0], seg[1], str(f)) if seg else ("", -1, str(f))
+
+    return sorted(dict.fromkeys(found), key=key)
+
+
+def _reorder(items: Iterable[LogItem], window_ns: int) -> Generator[LogItem, None, None]:
+    """Items sorted by logMonoTime within a sliding window of ``window_ns`` (bounded memory)."""
+    heap: list[tuple[int, int, LogItem]] = []
+    seq = itertools.count()
+    newest = None
+    for item in items:
+        heapq.heappush(heap, (item[0], next(seq), item))
+        newest = item[0] if newest is None else max(newest, item[0])
+        while heap and heap[0][0] <= newest - window_ns:
+            yield heapq.heappop(heap)[2]
+    while heap:
+        yield heapq.heappop(heap)[2]
+
+
+class LogReader:
+    """Every message of a set of log files, in ``logMonoTime`` order across files and segments.
+
+    ``paths`` are files or directories (see :func:`find_log_files` for ``name`` and ``fmt``).
+    Iterating yields ``(logMonoTime ns, service, event)`` (an ``Event`` reader);
+    :meth:`iter_raw` yields ``(logMonoTime, service, bytes)``. Files are merged by time, opened
+    lazily (only files whose time range overlaps are open together). Within a file, order is
+    restored within ``reorder_window_ns`` of logMonoTime; anything later than that is still yielded
+    and counted in ``out_of_order``. Damaged files yield what precedes the damage; each damage goes
+    to ``damage`` (list of :class:`LogDamage`) and to ``on_damage``. ``complete`` maps each file to
+    whether it was cleanly closed; ``unknown_members`` counts skipped messages of unknown services.
+    """
+
+    def __init__(
+        self,
+        paths: Iterable[Path | str] | Path | str,
+        *,
+        name: str = "rlog",
+        fmt: str = "auto",
+        reorder_window_ns: int = DEFAULT_REORDER_WINDOW_NS,
+        on_damage: Callable[[LogDamage], None] | None = None,
+    ) -> None:
+        self.files = find_log_files(paths, name, fmt)
+        self.reorder_window_ns = int(reorder_window_ns)
+        self.on_damage = on_damage
+        self.damage: list[LogDamage] = []
+        self.complete: dict[Path, bool] = {}
+        self.unknown_members = 0
+        self.out_of_order = 0
+
+    def _report(self, dmg: LogDamage) -> None:
+        self.damage.append(dmg)
+        if self.on_damage is not None:
+            self.on_damage(dmg)
+
+    def _stream(self, path: Path) -> Iterator[LogItem]:
+        reader = SegmentFileReader(path, on_damage=self._report)
+        yield from _reorder(reader, self.reorder_window_ns)
+        self.complete[path] = reader.complete
+        self.unknown_members += reader.unknown_members
+
+    def _first_time(self, path: Path) -> int | None:
+        """logMonoTime of the file's first item; a file with none has its damage reported here."""
+        reader = SegmentFileReader(path)
+        inner = reader.__iter__()
+        items = _reorder(inner, self.reorder_window_ns)
+        try:
+            first = next(items, None)
+        finally:
+            items.close()
+            inner.close()
+        if first is None:
+            for dmg in reader.damage:
+                self._report(dmg)
+            self.complete[path] = reader.complete
+            self.unknown_members += reader.unknown_members
+            return None
+        return first[0]
+
+    def _merged(self) -> Iterator[LogItem]:
+        starts = sorted((t, i, p) for i, p in enumerate(self.files) if (t := self._first_time(p)) is not None)
+        pending = list(reversed(starts))
+        heap: list[tuple[int, int, LogItem, Iterator[LogItem]]] = []
+        seq = itertools.count()
+        last = None
+
+        def push(it: Iterator[LogItem]) -> None:
+            item = next(it, None)
+            if item is not None:
+                heapq.heappush(heap, (item[0], next(seq), item, it))
+
+        while heap or pending:
+            while pending and (not heap or pending[-1][0] <= heap[0][0]):
+                push(self._stream(pending.pop()[2]))
+            if not heap:
+                continue
+            t, _, item, it = heapq.heappop(heap)
+            if last is not None and t < last:
+                self.out_of_order += 1
+            last = t if last is None else max(last, t)
+            yield item
+            push(it)
+
+    def __iter__(self) -> Iterator[tuple[int, str, Any]]:
+        for t, service, _, event in self._merged():
+            yield t, service, event
+
+    def iter_raw(self) -> Iterator[tuple[int, str, bytes]]:
+        """``(logMonoTime ns, service, serialized Event bytes)`` in the same order as iteration."""
+        for t, service, data, _ in self._merged():
+            yield t, service, data

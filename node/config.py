@@ -1,0 +1,180 @@
+"""The node's configuration: a TOML file (``launch/node.toml`` is the default) plus command-line flags.
+
+Every field has a default, so ``chestnut run`` with no file serves the prepared PP-OCRv4 detector
+(``chestnut model prepare``) on the twin. Paths may use ``~``. A malformed file or value raises
+:class:`~chestnut.backend.errors.ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chestnut.backend.errors import ConfigError
+from chestnut.backend.protocol import WAIT_TIMEOUT_MS
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "launch" / "node.toml"
+DOCK_KINDS = ("twin", "real", "cpu", "none")
+
+
+@dataclass
+class ModelConfig:
+    path: Path = Path("~/.cache/chestnut/models/ppocr_det_128x256.onnx")
+    name: str = "ppocr_det"
+    input: str = "x"
+    shape: tuple[int, ...] = (1, 3, 128, 256)  # N, C, H, W
+    preprocess: str = "ppocr"
+    fingerprint: Path | None = None            # default: <path>.fingerprint.json when it exists
+    ranges: dict[str, tuple[float, float]] = field(default_factory=lambda: {"text_prob": (0.0, 1.0)})
+
+
+@dataclass
+class FallbackConfig:
+    path: Path | None = None                   # default: the primary's model file
+    engine: str = "onnxruntime"                # onnxruntime | tinygrad
+    standby: str = "hot"                       # hot: every frame; warm: only when needed
+    threads: int = 1
+
+
+@dataclass
+class DockConfig:
+    kind: str = "twin"                         # twin | real | cpu (primary on the host) | none
+    wait_timeout_ms: float = WAIT_TIMEOUT_MS   # tinygrad's HCQDEV_WAIT_TIMEOUT_MS / our fence waits
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TimingConfig:
+    frame_service: str = "cameraFrame"
+    deadline_ms: float = 150.0                 # openpilot modeld's per-frame deadline for the big model
+    shadow_frames: int = 20                    # agreeing shadow frames before a return to the primary
+    agreement_tol: float = 1e-3                # |a-b| <= max(tol, tol*max(|a|,|b|))
+    health_hz: float = 5.0
+    node_state_hz: float = 1.0
+    probe_hz: float = 1.0
+
+
+@dataclass
+class NodeConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    fallback: FallbackConfig = field(default_factory=FallbackConfig)
+    dock: DockConfig = field(default_factory=DockConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+
+    def to_json(self) -> dict[str, Any]:
+        def conv(v: Any) -> Any:
+            if isinstance(v, Path):
+                return str(v)
+            if isinstance(v, dict):
+                return {k: conv(x) for k, x in v.items()}
+            if isinstance(v, (list, tuple)):
+                return [conv(x) for x in v]
+            return v
+
+        return conv(dataclasses.asdict(self))
+
+    @property
+    def fallback_path(self) -> Path:
+        return self.fallback.path or self.model.path
+
+    @property
+    def fingerprint_path(self) -> Path:
+        return self.model.fingerprint or self.model.path.with_suffix(".fingerprint.json")
+
+
+def _apply(section: Any, values: dict[str, Any], where: str) -> None:
+    names = {f.name: f for f in dataclasses.fields(section)}
+    for key, value in values.items():
+        if key not in names:
+            raise ConfigError("config", f"unknown key {where}.{key}; known: {', '.join(sorted(names))}")
+        current = getattr(section, key)
+        try:
+            if key == "ranges":
+                value = {k: (float(v[0]), float(v[1])) for k, v in value.items()}
+            elif isinstance(current, Path) or key in ("path", "fingerprint"):
+                value = Path(value).expanduser() if value not in (None, "") else None
+            elif isinstance(current, tuple):
+                value = tuple(int(v) for v in value)
+            elif isinstance(current, bool):
+                value = bool(value)
+            elif isinstance(current, int):
+                value = int(value)
+            elif isinstance(current, float):
+                value = float(value)
+            elif isinstance(current, str):
+                value = str(value)
+        except (TypeError, ValueError, IndexError, AttributeError) as e:
+            raise ConfigError("config", f"{where}.{key} = {value!r}: {e}") from e
+        setattr(section, key, value)
+
+
+def validate(cfg: NodeConfig) -> NodeConfig:
+    """Check values; raises ConfigError naming the key."""
+    if cfg.dock.kind not in DOCK_KINDS:
+        raise ConfigError("config", f"dock.kind = {cfg.dock.kind!r}; use one of {', '.join(DOCK_KINDS)}")
+    if cfg.fallback.engine not in ("onnxruntime", "tinygrad"):
+        raise ConfigError("config", f"fallback.engine = {cfg.fallback.engine!r}; use onnxruntime or tinygrad")
+    if cfg.fallback.standby not in ("hot", "warm"):
+        raise ConfigError("config", f"fallback.standby = {cfg.fallback.standby!r}; use hot or warm")
+    if len(cfg.model.shape) != 4 or min(cfg.model.shape) <= 0:
+        raise ConfigError("config", f"model.shape = {list(cfg.model.shape)}; want N, C, H, W > 0")
+    if not 0 < cfg.timing.deadline_ms < cfg.dock.wait_timeout_ms:
+        raise ConfigError("config", f"timing.deadline_ms = {cfg.timing.deadline_ms}; want 0 < it < the wait timeout")
+    cfg.model.path = cfg.model.path.expanduser()
+    if cfg.fallback.path is not None:
+        cfg.fallback.path = cfg.fallback.path.expanduser()
+    return cfg
+
+
+def load_config(path: Path | None) -> NodeConfig:
+    """Read ``path`` (TOML) over the defaults; ``None`` = the defaults alone."""
+    cfg = NodeConfig()
+    if path is None:
+        return validate(cfg)
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError("config", f"cannot read {path}: {e}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("config", f"{path} is not valid TOML: {e}") from e
+    for name, values in data.items():
+        section = getattr(cfg, name, None)
+        if section is None or not isinstance(values, dict):
+            raise ConfigError("config", f"unknown section [{name}] in {path}; known: model, fallback, dock, timing")
+        _apply(section, values, name)
+    return validate(cfg)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help=f"TOML file (default: {DEFAULT_CONFIG} when present)")
+    p.add_argument("--model", type=Path, help="primary model (ONNX)")
+    p.add_argument("--fallback-model", type=Path, help="fallback model (ONNX; default: the primary's file)")
+    p.add_argument("--dock", choices=DOCK_KINDS, help="where the primary runs")
+    p.add_argument("--standby", choices=("hot", "warm"), help="fallback standby mode")
+    p.add_argument("--deadline-ms", type=float, help="per-frame deadline for the primary, ms")
+    p.add_argument("--wait-timeout-ms", type=float, help="device wait timeout, ms (default 3000)")
+    p.add_argument("--shadow-frames", type=int, help="agreeing shadow frames before returning to the primary")
+
+
+def from_args(args: argparse.Namespace) -> NodeConfig:
+    path = args.config if args.config is not None else (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
+    cfg = load_config(path)
+    if args.model is not None:
+        cfg.model.path = args.model.expanduser()
+    if args.fallback_model is not None:
+        cfg.fallback.path = args.fallback_model.expanduser()
+    if args.dock is not None:
+        cfg.dock.kind = args.dock
+    if args.standby is not None:
+        cfg.fallback.standby = args.standby
+    if args.deadline_ms is not None:
+        cfg.timing.deadline_ms = args.deadline_ms
+    if args.wait_timeout_ms is not None:
+        cfg.dock.wait_timeout_ms = args.wait_timeout_ms
+    if args.shadow_frames is not None:
+        cfg.timing.shadow_frames = args.shadow_frames
+    return validate(cfg)

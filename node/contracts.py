@@ -1,0 +1,738 @@
+"""``chestnut check``: the node's contracts, checked over a whole log.
+
+A log is read file by file with :class:`~chestnut.msgs.logfile.LogReader` and reduced to light
+records (no pixels, no tensors), merged in ``logMonoTime`` order into a :class:`Timeline`. Each
+contract is a small function over that time-ordered stream, registered by name in
+:data:`CONTRACTS`; it yields every :class:`Violation` it finds, with its time and frame id.
+
+=======================  ==================================================================================
+contract                 holds when (source of the rule)
+=======================  ==================================================================================
+log_intact               every log file reads to its end: a truncated or corrupt file is reported with its
+                         byte offset (:class:`~chestnut.msgs.logfile.LogDamage`); the rest is still checked
+one_output_per_frame     every ``cameraFrame`` has exactly one ``modelOutput`` (DESIGN.md "Timing contracts");
+                         frames still in flight at the log's end (EOF + deadline + slack after its last
+                         message) and frames whose answer fell into unreadable log are excused
+frame_ids_increase       ``frameId`` strictly increases within ``cameraFrame`` and within ``modelOutput``
+deadline_or_fallback     no ``modelOutput`` from the primary later than the per-frame deadline + slack after
+                         its frame's ``timestampEof`` (150 ms, openpilot modeld; ``timing.deadline_ms``)
+active_only_when_healthy ``chestnutActive.active`` is never true while a layer is not OK (the layer's level
+                         at that instant, reconstructed from ``chestnutHealth`` and each layer's
+                         ``lastChange``) or while its source is not the primary; a frame served by the
+                         fallback never leaves a consumer believing ``active`` (DESIGN.md "health layers")
+switch_has_reason        every change of ``modelOutput.source`` between primary and fallback is announced
+                         with a reason, after the previous output and before the next frame: a ``nodeState``
+                         with a reason, or a ``chestnutActive`` naming the new source with a reason (the node
+                         publishes the output, then ``chestnutActive``, then ``nodeState``: ``node/main.py``)
+control_disengages       ``controlState.engaged`` never starts while ``chestnutActive`` is false, and never
+                         lasts longer than the soft-disable time (3 s, openpilot) + slack after
+                         ``chestnutActive`` went false or ``canEngage`` went false
+health_not_silent        ``chestnutHealth`` never silent longer than its service allows: 10 / f (cereal's
+                         *alive*; 5 Hz -> 2 s, :data:`~chestnut.msgs.services.SERVICE_LIST`)
+worker_answers           while ``nodeState`` is ``active``, no frame waits longer than the wait timeout +
+                         the hang margin (3000 + 250 ms, :mod:`chestnut.node.watchdog`) for a primary answer
+=======================  ==================================================================================
+
+Times are ``logMonoTime`` in ns (CLOCK_MONOTONIC); reports show seconds since the log's first message.
+Missing data is never evidence: a contract that needs a message to be present excuses any window
+that overlaps a gap left by a damaged file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chestnut.launch.controld import SOFT_DISABLE_S
+from chestnut.msgs.logfile import LogDamage, LogReader, find_log_files
+from chestnut.msgs.services import SERVICE_LIST
+from chestnut.node.watchdog import FRAME_DEADLINE_MS, HANG_MARGIN_MS, WAIT_TIMEOUT_MS
+
+log = logging.getLogger("chestnut.check")
+
+NS_PER_S = 1_000_000_000
+NS_PER_MS = 1_000_000
+SLACK_MS = 100.0
+"""Publishing slack on top of every time bound (ms, our choice): the node publishes a fallback answer
+after the deadline plus one fallback inference (~15 ms for PP-OCRv4 on onnxruntime, 2 cores), and a
+loaded 2-core host adds scheduling jitter."""
+ALIVE_PERIODS = 10.0  # cereal SubMaster: a service is alive if a message came within 10 / frequency s
+LAYER_NAMES = ("usb", "pcie", "gpu", "output")  # LayerHealth.Layer order
+
+
+# ---------------------------------------------------------------- parameters
+
+
+@dataclass(frozen=True)
+class CheckParams:
+    """The bounds the contracts use. Defaults are the node's (see the module table for sources)."""
+
+    deadline_ms: float = FRAME_DEADLINE_MS
+    slack_ms: float = SLACK_MS
+    wait_timeout_ms: float = WAIT_TIMEOUT_MS
+    hang_margin_ms: float = HANG_MARGIN_MS
+    soft_disable_s: float = SOFT_DISABLE_S
+    health_hz: float = SERVICE_LIST["chestnutHealth"].frequency_hz
+
+    @property
+    def answer_bound_ns(self) -> int:
+        """Deadline + slack, ns: the latest a frame's answer may come."""
+        return int((self.deadline_ms + self.slack_ms) * NS_PER_MS)
+
+    @property
+    def hang_bound_ns(self) -> int:
+        return int((self.wait_timeout_ms + self.hang_margin_ms) * NS_PER_MS)
+
+    @property
+    def health_silence_ns(self) -> int:
+        return int(ALIVE_PERIODS / self.health_hz * NS_PER_S)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], **overrides: Any) -> CheckParams:
+        """Bounds from the node's configuration (``initData.config``: ``timing.deadline_ms``,
+        ``timing.health_hz``, ``dock.wait_timeout_ms``); keys that are absent keep the defaults."""
+        values: dict[str, Any] = {}
+        timing = config.get("timing") if isinstance(config.get("timing"), dict) else {}
+        dock = config.get("dock") if isinstance(config.get("dock"), dict) else {}
+        for key, section, name in (("deadline_ms", timing, "deadline_ms"), ("health_hz", timing, "health_hz"),
+                                   ("wait_timeout_ms", dock, "wait_timeout_ms")):
+            if isinstance(section.get(name), int | float) and section[name] > 0:
+                values[key] = float(section[name])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+# ---------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class FrameRec:
+    t_ns: int
+    frame_id: int
+    eof_ns: int
+    service: str = "cameraFrame"
+
+
+@dataclass(frozen=True, slots=True)
+class OutputRec:
+    t_ns: int
+    frame_id: int
+    source: str
+    model_id: str
+    execution_time_s: float
+    frame_age_s: float
+    frame_drop_perc: float
+    deadline_missed: bool
+    agreement_checked: bool
+    primary_agrees: bool
+    max_abs_diff: float
+    reason: str
+    service: str = "modelOutput"
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveRec:
+    t_ns: int
+    active: bool
+    source: str
+    reason: str
+    since_ns: int
+    service: str = "chestnutActive"
+
+
+@dataclass(frozen=True, slots=True)
+class LayerRec:
+    layer: str
+    level: str
+    reason: str
+    last_change_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class HealthRec:
+    t_ns: int
+    layers: tuple[LayerRec, ...]
+    overall: str
+    service: str = "chestnutHealth"
+
+    def layer(self, name: str) -> LayerRec | None:
+        return next((la for la in self.layers if la.layer == name), None)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStateRec:
+    t_ns: int
+    state: str
+    reason: str
+    worker_pid: int
+    restarts: int
+    service: str = "nodeState"
+
+
+@dataclass(frozen=True, slots=True)
+class ControlRec:
+    t_ns: int
+    engaged: bool
+    soft_disabling: bool
+    can_engage: bool
+    events: tuple[str, ...]
+    service: str = "controlState"
+
+
+@dataclass(frozen=True, slots=True)
+class InitRec:
+    t_ns: int
+    config: dict[str, Any]
+    service: str = "initData"
+
+
+Record = FrameRec | OutputRec | ActiveRec | HealthRec | NodeStateRec | ControlRec | InitRec
+
+
+def _init_record(t: int, ev: Any) -> InitRec:
+    try:
+        config = json.loads(ev.initData.config or "{}")
+    except ValueError:
+        config = {}
+    return InitRec(t, config if isinstance(config, dict) else {})
+
+
+def _health_record(t: int, ev: Any) -> HealthRec:
+    h = ev.chestnutHealth
+    layers = tuple(LayerRec(str(la.layer), str(la.level), la.reason, la.lastChange) for la in h.layers)
+    return HealthRec(t, layers, str(h.overall))
+
+
+def _output_record(t: int, ev: Any) -> OutputRec:
+    m = ev.modelOutput
+    return OutputRec(t, m.frameId, str(m.source), m.modelId, float(m.executionTime), float(m.frameAge),
+                     float(m.frameDropPerc), m.deadlineMissed, m.agreementChecked, m.primaryAgrees,
+                     float(m.maxAbsDiff), m.reason)
+
+
+_RECORDERS: dict[str, Callable[[int, Any], Record]] = {
+    "cameraFrame": lambda t, ev: FrameRec(t, ev.cameraFrame.frameId, ev.cameraFrame.timestampEof),
+    "modelOutput": _output_record,
+    "chestnutActive": lambda t, ev: ActiveRec(t, ev.chestnutActive.active, str(ev.chestnutActive.source),
+                                              ev.chestnutActive.reason, ev.chestnutActive.since),
+    "chestnutHealth": _health_record,
+    "nodeState": lambda t, ev: NodeStateRec(t, str(ev.nodeState.state), ev.nodeState.reason,
+                                            ev.nodeState.workerPid, ev.nodeState.restarts),
+    "controlState": lambda t, ev: ControlRec(t, ev.controlState.engaged, ev.controlState.softDisabling,
+                                             ev.controlState.canEngage, tuple(ev.controlState.events)),
+    "initData": _init_record,
+}
+
+
+def record_of(t_ns: int, service: str, event: Any) -> Record | None:
+    """The light record of one logged ``Event`` reader (None for services no contract reads)."""
+    recorder = _RECORDERS.get(service)
+    return recorder(t_ns, event) if recorder is not None else None
+
+
+# ---------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class DamageRec:
+    """A :class:`~chestnut.msgs.logfile.LogDamage` with where it sits in the drive: ``t_ns`` = the last
+    message read from the file before it (None: none), ``frame_id`` = the last frame read from it."""
+
+    path: str
+    offset: int
+    reason: str
+    t_ns: int | None
+    frame_id: int | None
+
+
+@dataclass
+class FileExtract:
+    """What one log file holds, as records, and where it was damaged.
+
+    ``gaps`` are (start ns, end ns or None) windows of unreadable log inside this file; None = the
+    damage ran to the end of the file (the next file, if any, closes the gap).
+    """
+
+    path: str
+    records: list[Record] = field(default_factory=list)
+    damage: list[DamageRec] = field(default_factory=list)
+    gaps: list[tuple[int | None, int | None]] = field(default_factory=list)
+    first_ns: int | None = None
+    last_ns: int | None = None
+
+
+class FileRecorder:
+    """Collects :class:`FileExtract` data while a file is read (also used by replay's own pass)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.extract = FileExtract(str(path))
+        self._last_frame: int | None = None
+        self._open_gap: int | None | bool = False  # False: no gap open; else its start (None = before anything)
+
+    def on_damage(self, dmg: LogDamage) -> None:
+        x = self.extract
+        x.damage.append(DamageRec(str(dmg.path), dmg.offset, dmg.reason, x.last_ns, self._last_frame))
+        if self._open_gap is False:
+            self._open_gap = x.last_ns
+
+    def add(self, t_ns: int, service: str, event: Any) -> Record | None:
+        x = self.extract
+        if self._open_gap is not False:
+            x.gaps.append((self._open_gap, t_ns))  # type: ignore[arg-type]
+            self._open_gap = False
+        if x.first_ns is None:
+            x.first_ns = t_ns
+        x.last_ns = t_ns if x.last_ns is None else max(x.last_ns, t_ns)
+        rec = record_of(t_ns, service, event)
+        if rec is not None:
+            x.records.append(rec)
+            if isinstance(rec, FrameRec):
+                self._last_frame = rec.frame_id
+        return rec
+
+    def finish(self) -> FileExtract:
+        if self._open_gap is not False:
+            self.extract.gaps.append((self._open_gap, None))  # type: ignore[arg-type]
+            self._open_gap = False
+        return self.extract
+
+
+def extract_file(path: Path | str) -> FileExtract:
+    """Read one log file (``.zst`` or ``.mcap``) into records; damage is recorded, never raised."""
+    rec = FileRecorder(path)
+    reader = LogReader(path, on_damage=rec.on_damage)
+    for t, service, event in reader:
+        rec.add(t, service, event)
+    return rec.finish()
+
+
+@dataclass
+class Timeline:
+    """Every record of a log in ``logMonoTime`` order (ties: file order, then file position), the
+    per-service lists, the damage, and the gaps (ns windows; an open end is the log's end)."""
+
+    events: list[Record]
+    damage: list[DamageRec]
+    gaps: list[tuple[int, int]]
+    files: list[str]
+    start_ns: int
+    end_ns: int
+    frames: list[FrameRec] = field(default_factory=list)
+    outputs: list[OutputRec] = field(default_factory=list)
+    actives: list[ActiveRec] = field(default_factory=list)
+    healths: list[HealthRec] = field(default_factory=list)
+    node_states: list[NodeStateRec] = field(default_factory=list)
+    controls: list[ControlRec] = field(default_factory=list)
+    inits: list[InitRec] = field(default_factory=list)
+
+    @classmethod
+    def from_extracts(cls, extracts: Sequence[FileExtract]) -> Timeline:
+        """Merge per-file extracts (in segment order) into one timeline."""
+        keyed = [(r.t_ns, i, j, r) for i, x in enumerate(extracts) for j, r in enumerate(x.records)]
+        keyed.sort(key=lambda k: k[:3])
+        events = [k[3] for k in keyed]
+        firsts = [x.first_ns for x in extracts if x.first_ns is not None]
+        lasts = [x.last_ns for x in extracts if x.last_ns is not None]
+        start = min(firsts) if firsts else 0
+        end = max(lasts) if lasts else 0
+        gaps: list[tuple[int, int]] = []
+        for i, x in enumerate(extracts):
+            for g0, g1 in x.gaps:
+                if g1 is None:  # damage ran to the end of the file: the next file's first message closes it
+                    g1 = next((y.first_ns for y in extracts[i + 1:] if y.first_ns is not None), end)
+                if g0 is None:  # nothing readable before it: the previous file's last message opens it
+                    g0 = next((y.last_ns for y in reversed(extracts[:i]) if y.last_ns is not None), start)
+                gaps.append((g0, max(g0, g1)))
+        tl = cls(events, [d for x in extracts for d in x.damage], sorted(gaps), [x.path for x in extracts],
+                 start, end)
+        lists: dict[type, list[Any]] = {FrameRec: tl.frames, OutputRec: tl.outputs, ActiveRec: tl.actives,
+                                        HealthRec: tl.healths, NodeStateRec: tl.node_states,
+                                        ControlRec: tl.controls, InitRec: tl.inits}
+        for r in events:
+            lists[type(r)].append(r)
+        tl._frame_times = [f.t_ns for f in tl.frames]
+        tl._health_times = [h.t_ns for h in tl.healths]
+        return tl
+
+    def overlaps_gap(self, t0: int, t1: int) -> bool:
+        """Whether [t0, t1] (ns) touches unreadable log."""
+        return any(g0 <= t1 and t0 <= g1 for g0, g1 in self.gaps)
+
+    def frame_at(self, t_ns: int) -> int | None:
+        """The id of the newest ``cameraFrame`` logged at or before ``t_ns`` (None before the first)."""
+        i = bisect.bisect_right(self._frame_times, t_ns)
+        return self.frames[i - 1].frame_id if i else None
+
+    def node_config(self) -> dict[str, Any]:
+        """The node's configuration: the first ``initData`` whose config has a ``model`` section (the
+        node's own header); the logger's segment headers carry only the logger's settings."""
+        return next((r.config for r in self.inits if isinstance(r.config.get("model"), dict)), {})
+
+    def layer_at(self, name: str, t_ns: int) -> LayerRec | None:
+        """The level of layer ``name`` at ``t_ns``: the next ``chestnutHealth`` if its ``lastChange`` for
+        the layer is at or before ``t_ns`` (the change had happened), else the previous one."""
+        i = bisect.bisect_right(self._health_times, t_ns)
+        if i < len(self.healths):
+            nxt = self.healths[i].layer(name)
+            if nxt is not None and nxt.last_change_ns <= t_ns:
+                return nxt
+        return self.healths[i - 1].layer(name) if i else None
+
+    def seconds(self, t_ns: int | None) -> float:
+        """``t_ns`` as seconds since the log's first message."""
+        return 0.0 if t_ns is None else (t_ns - self.start_ns) / NS_PER_S
+
+    _frame_times: list[int] = field(default_factory=list, repr=False)
+    _health_times: list[int] = field(default_factory=list, repr=False)
+
+
+def read_timeline(paths: Iterable[Path | str] | Path | str) -> Timeline:
+    """Find the log files under ``paths`` (rlog; ``.zst`` preferred) and merge them into a timeline.
+    Raises ``FileNotFoundError`` when there is none."""
+    return Timeline.from_extracts([extract_file(p) for p in find_log_files(paths)])
+
+
+# ---------------------------------------------------------------- contracts
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken contract: when (``t_ns``, ns), which frame, and what exactly."""
+
+    t_ns: int
+    contract: str
+    frame_id: int | None
+    message: str
+
+
+ContractFn = Callable[[Timeline, CheckParams], Iterator[Violation]]
+
+
+@dataclass(frozen=True)
+class Contract:
+    name: str
+    description: str
+    fn: ContractFn
+
+
+CONTRACTS: dict[str, Contract] = {}
+"""The registry, in report order: name -> :class:`Contract`."""
+
+
+def contract(name: str, description: str) -> Callable[[ContractFn], ContractFn]:
+    def register(fn: ContractFn) -> ContractFn:
+        if name in CONTRACTS:
+            raise ValueError(f"contract {name!r} registered twice")
+        CONTRACTS[name] = Contract(name, description, fn)
+        return fn
+
+    return register
+
+
+def _v(tl: Timeline, name: str, t_ns: int, message: str, frame_id: int | None = None) -> Violation:
+    return Violation(t_ns, name, tl.frame_at(t_ns) if frame_id is None else frame_id, message)
+
+
+@contract("log_intact", "every log file reads to its end (truncation and corruption reported with the byte offset)")
+def log_intact(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
+    for d in tl.damage:
+        t = d.t_ns if d.t_ns is not None else tl.start_ns
+        yield Violation(t, "log_intact", d.frame_id, f"{d.path}: byte {d.offset}: {d.reason}")
+
+
+@contract("one_output_per_frame", "every cameraFrame has exactly one modelOutput")
+def one_output_per_frame(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
+    name = "one_output_per_frame"
+    by_frame: dict[int, list[OutputRec]] = {}
+    for o in tl.outputs:
+        by_frame.setdefault(o.frame_id, []).append(o)
+    bound = p.answer_bound_ns
+    seen: set[int] = set()
+    for f in tl.frames:
+        seen.add(f.frame_id)
+        answers = by_frame.get(f.frame_id, [])
+        if len(answers) > 1:
+            for extra in answers[1:]:
+                yield _v(tl, name, extra.t_ns, f"frame {f.frame_id} answered {len(answers)} times "
+                         f"(sources {', '.join(a.source for a in answers)})", f.frame_id)
+        elif not answers:
+            due = max(f.eof_ns, f.t_ns) + bound
+            if due > tl.end_ns or tl.overlaps_gap(f.t_ns, due):
+                continue  # in flight at the end of the log, or its answer fell into unreadable log
+            yield _v(tl, name, f.t_ns, f"frame {f.frame_id} has no modelOutput", f.frame_id)
+    first = tl.frames[0].frame_id if tl.frames else None
+    for fid, answers in by_frame.items():
+        if fid in seen or first is None or fid < first:
+            continue  # a frame from before the log began
+        o = answers[0]
+        eof = o.t_ns - int(o.frame_age_s * NS_PER_S)
+        if tl.overlaps_gap(eof - bound, o.t_ns):
+            continue
+        yield _v(tl, name, o.t_ns, f"modelOutput for frame {fid}, which is not in the log", fid)
+
+
+@contract("frame_ids_increase", "frame ids strictly increase within cameraFrame and within modelOutput")
+def frame_ids_increase(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
+    last: dict[str, int] = {}
+    for r in tl.events:
+        if isinstance(r, FrameRec | OutputRec):
+            prev = last.get(r.service)
+            if prev is not None and r.frame_id <= prev:
+                yield Violation(r.t_ns, "frame_ids_increase", r.frame_id,
+                                f"{r.service} frame id {r.frame_id} after {prev}")
+            last[r.service] = r.frame_id if prev is None else max(prev, r.frame_id)
+
+
+@contract("deadline_or_fallback", "no primary output later than the per-frame deadline + slack")
+def deadline_or_fallback(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
+    eof = {f.frame_id: f.eof_ns for f in tl.frames}
+    for o in tl.outputs:
+        if o.source != "primary":
+            continue
+        frame_eof = eof.get(o.frame_id, o.t_ns - int(o.frame_age_s * NS_PER_S))
+        late_ms = (o.t_ns - frame_eof) / NS_PER_MS
+        if late_ms > p.deadline_ms + p.slack_ms:
+            yield _v(tl, "deadline_or_fallback", o.t_ns, f"primary output {late_ms:.1f} ms after the frame's EOF "
+                     f"(deadline {p.deadline_ms:g} ms + slack {p.slack_ms:g} ms)", o.frame_id)
+
+
+@contract("active_only_when_healthy", "ChestnutActive never true while a layer is not OK or the fallback serves")
+def active_only_when_healthy(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
+    name = "active_only_when_healthy"
+    for a in tl.actives:
+        if not a.active:
+            continue
+        why = []
+        if a.source != "primary":
+            why.append(f"its source is {a.source}")
+        for layer in LAYER_NAMES:
+            la = tl.layer_at(layer, a.t_ns)
+            if la is None:
+                why.append(f"no health reported for {layer}")
+            elif la.level != "ok":
+                why.append(f"{layer} is {la.level.upper()} ({la.reason})")
+        if why:
+            yield _v(tl, name, a.t_ns, "chestnutActive true while " + "; ".join(why))
+    # A fallback-served frame: the consumer's view of ``active`` after the frame's publications must be false.
+    events = tl.events
+    latest: ActiveRec | None = None
+    for i, r in enumerate(events):
+        if isinstance(r, ActiveRec):
+            latest = r
+        elif isinstance(r, OutputRec) and r.source == "fallback" and latest is not None and latest.active:
+            after = None
+            for nxt in events[i + 1:]:
+                if isinstance(nxt, FrameRec | OutputRec):
+                    break
+                if isinstance(nxt, ActiveRec):
+                    after = nxt
+                    break
+            if after is None or after.active:
+                yield _v(tl, name, r.t_ns, f"frame {r.frame_id} served by the fallback while chestnutActive "
+                         "stayed true", r.frame_id)
+
+
+@contract("switch_has_reason", "every source switch is announced with a reason in chestnutActive or nodeState")
+def switch_has_reason(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
+    events = tl.events
+    prev: OutputRec | None = None
+    prev_i = -1
+    for i, r in enumerate(events):
+        if not isinstance(r, OutputRec) or r.source not in ("primary", "fallback"):
+            continue  # an unusable frame answered without a model (source none) is no switch
+        if prev is not None and r.source != prev.source:
+            end = next((j for j in range(i + 1, len(events)) if isinstance(events[j], FrameRec)), len(events))
+            window = events[prev_i + 1:end]
+            announced = any(
+                (isinstance(w, NodeStateRec) and w.reason)
+                or (isinstance(w, ActiveRec) and w.source == r.source and w.reason)
+                for w in window
+            )
+            t_end = events[end].t_ns if end < len(events) else tl.end_ns
+            if not announced and not tl.overlaps_gap(prev.t_ns, t_end):
+                yield _v(tl, "switch_has_reason", r.t_ns, f"source switched {prev.source} -> {r.source} at frame "
+                         f"{r.frame_id} with no reason in chestnutActive or nodeState", r.frame_id)
+        prev, prev_i = r, i
+
+
+@contract("control_disengages", "the control daemon is never engaged while checks failed beyond the soft disable")
+def control_disengages(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
+    """At most one violation per engagement and fault: engaging while ``chestnutActive`` is false, or still
+    engaged soft-disable + slack after ``chestnutActive`` or ``canEngage`` went false."""
+    name = "control_disengages"
+    limit_ns = int((p.soft_disable_s + p.slack_ms / 1000.0) * NS_PER_S)
+    latest: ActiveRec | None = None
+    inactive_since: int | None = None  # when the consumer last saw chestnutActive turn false
+    checks_failed_since: int | None = None  # when canEngage last turned false
+    engaged = False
+    reported = False  # this engagement's fault is reported
+    for r in tl.events:
+        if isinstance(r, ActiveRec):
+            if r.active:
+                inactive_since = None
+            elif inactive_since is None:
+                inactive_since = r.t_ns
+            latest = r
+            continue
+        if not isinstance(r, ControlRec):
+            continue
+        if r.can_engage:
+            checks_failed_since = None
+        elif checks_failed_since is None:
+            checks_failed_since = r.t_ns
+        if not r.engaged or (inactive_since is None and checks_failed_since is None):
+            reported = False
+        if r.engaged and not engaged and latest is not None and not latest.active:
+            reported = True
+            yield _v(tl, name, r.t_ns, f"engaged while chestnutActive was false ({latest.reason})")
+        elif r.engaged and not reported:
+            since = min((s for s in (inactive_since, checks_failed_since) if s is not None), default=None)
+            if since is not None and r.t_ns - since > limit_ns and not tl.overlaps_gap(since, r.t_ns):
+                reported = True
+                what = "chestnutActive went false" if since == inactive_since else "its checks failed"
+                yield _v(tl, name, r.t_ns, f"still engaged {(r.t_ns - since) / NS_PER_S:.2f} s after {what} "
+                         f"(soft disable {p.soft_disable_s:g} s)")
+        engaged = r.engaged
+
+
+@contract("health_not_silent", "chestnutHealth never silent longer than 10 / its frequency")
+def health_not_silent(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
+    name = "health_not_silent"
+    limit = p.health_silence_ns
+    if not tl.healths:
+        if tl.outputs:
+            yield _v(tl, name, tl.outputs[0].t_ns, "no chestnutHealth in a log with modelOutputs")
+        return
+    times = [h.t_ns for h in tl.healths] + [tl.end_ns]
+    for t0, t1 in zip(times, times[1:], strict=False):
+        if t1 - t0 > limit and not tl.overlaps_gap(t0, t1):
+            ending = "the log ends" if t1 == tl.end_ns and t0 == times[-2] else "the next one"
+            yield _v(tl, name, t0 + limit, f"chestnutHealth silent for {(t1 - t0) / NS_PER_S:.2f} s until "
+                     f"{ending} (allowed {limit / NS_PER_S:g} s)")
+
+
+@contract("worker_answers", "while active, no frame waits longer than the wait timeout + margin for the primary")
+def worker_answers(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
+    name = "worker_answers"
+    bound = p.hang_bound_ns
+    active = False
+    waiting_since: int | None = None  # EOF of the oldest frame since the last primary answer
+    waiting_frame: int | None = None
+    reported = False
+    for r in tl.events:
+        if isinstance(r, NodeStateRec):
+            now_active = r.state == "active"
+            if now_active != active:
+                waiting_since, waiting_frame, reported = None, None, False
+            active = now_active
+        elif isinstance(r, OutputRec) and r.source == "primary":
+            waiting_since, waiting_frame, reported = None, None, False
+        elif isinstance(r, FrameRec) and active and waiting_since is None:
+            waiting_since, waiting_frame = min(r.eof_ns, r.t_ns), r.frame_id
+        if (active and waiting_since is not None and not reported and r.t_ns - waiting_since > bound
+                and not tl.overlaps_gap(waiting_since, r.t_ns)):
+            reported = True
+            yield _v(tl, name, r.t_ns, f"no primary answer for {(r.t_ns - waiting_since) / NS_PER_MS:.0f} ms since "
+                     f"frame {waiting_frame} while nodeState was active (bound {bound / NS_PER_MS:g} ms)",
+                     waiting_frame)
+
+
+def check_timeline(tl: Timeline, params: CheckParams, only: Iterable[str] | None = None) -> list[Violation]:
+    """Run the contracts (all, or those named in ``only``) over ``tl``; violations sorted by time,
+    then contract. Raises ``KeyError`` for an unknown contract name."""
+    names = list(CONTRACTS) if only is None else list(only)
+    for n in names:
+        if n not in CONTRACTS:
+            raise KeyError(f"unknown contract {n!r}; known: {', '.join(CONTRACTS)}")
+    order = {n: i for i, n in enumerate(CONTRACTS)}
+    found = [v for n in names for v in CONTRACTS[n].fn(tl, params)]
+    return sorted(found, key=lambda v: (v.t_ns, order[v.contract], v.frame_id or 0, v.message))
+
+
+@dataclass
+class CheckResult:
+    timeline: Timeline
+    params: CheckParams
+    violations: list[Violation]
+
+    def counts(self) -> dict[str, int]:
+        """Violations per contract, every contract listed (0 when it held)."""
+        out = dict.fromkeys(CONTRACTS, 0)
+        for v in self.violations:
+            out[v.contract] += 1
+        return out
+
+
+def check_log(paths: Iterable[Path | str] | Path | str, params: CheckParams | None = None,
+              only: Iterable[str] | None = None, **overrides: Any) -> CheckResult:
+    """Read the log under ``paths`` and check it. ``params`` default to the node's configuration found
+    in the log (``initData``) with ``overrides`` (e.g. ``slack_ms=50``) on top."""
+    tl = read_timeline(paths)
+    if params is None:
+        params = CheckParams.from_config(tl.node_config(), **overrides)
+    return CheckResult(tl, params, check_timeline(tl, params, only))
+
+
+# ---------------------------------------------------------------- command line
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="log files or directories (rlog.zst / rlog.mcap)")
+    p.add_argument("--report", type=Path, metavar="DIR", help="write plots and an HTML report to DIR")
+    p.add_argument("--contract", action="append", metavar="NAME",
+                   help=f"check only this contract (repeatable); known: {', '.join(CONTRACTS)}")
+    p.add_argument("--deadline-ms", type=float, help="per-frame deadline (default: the log's config, else 150)")
+    p.add_argument("--slack-ms", type=float, help=f"publishing slack on every bound (default {SLACK_MS:g})")
+    p.add_argument("--wait-timeout-ms", type=float, help="device wait timeout (default: the log's config, else 3000)")
+
+
+def print_violations(result: CheckResult, console: Any) -> None:
+    from rich.table import Table
+
+    tl = result.timeline
+    summary = Table(title="contracts", show_edge=False)
+    summary.add_column("contract")
+    summary.add_column("violations", justify="right")
+    for name, n in result.counts().items():
+        summary.add_row(name, f"[red]{n}[/red]" if n else "[green]0[/green]")
+    console.print(summary)
+    if result.violations:
+        table = Table(title="violations", show_edge=False)
+        for col, just in (("t (s)", "right"), ("frame", "right"), ("contract", "left"), ("what", "left")):
+            table.add_column(col, justify=just)  # type: ignore[arg-type]
+        for v in result.violations:
+            table.add_row(f"{tl.seconds(v.t_ns):.3f}", "-" if v.frame_id is None else str(v.frame_id), v.contract,
+                          v.message)
+        console.print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console(stderr=False)
+    try:
+        result = check_log(args.logs, only=args.contract, deadline_ms=args.deadline_ms, slack_ms=args.slack_ms,
+                           wait_timeout_ms=args.wait_timeout_ms)
+    except (FileNotFoundError, KeyError, ValueError) as e:
+        log.error("%s", e)
+        return 2
+    tl = result.timeline
+    p = result.params
+    console.print(f"{len(tl.files)} file(s), {tl.seconds(tl.end_ns):.1f} s, {len(tl.frames)} frames, "
+                  f"{len(tl.outputs)} outputs; deadline {p.deadline_ms:g} ms, slack {p.slack_ms:g} ms, "
+                  f"wait timeout {p.wait_timeout_ms:g} ms")
+    print_violations(result, console)
+    if args.report is not None:
+        from chestnut.node.report import write_report
+
+        index = write_report(args.report, tl, violations=result.violations, title="chestnut check")
+        console.print(f"report: {index}")
+    n = len(result.violations)
+    console.print(f"[{'red' if n else 'green'}]{n} violation(s)[/]")
+    return 1 if n else 0

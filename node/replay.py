@@ -1,0 +1,878 @@
+"""``chestnut replay``: re-run the models over a log's camera frames and compare with its logged outputs.
+
+In the manner of openpilot's process replay (FACTS.md §3): the same number of outputs, aligned by
+frame id, float values equal within ``|a-b| <= max(tol, tol*max(|a|,|b|))``, NaN equal only to NaN
+(:func:`chestnut.node.validity.compare_tensors`). Each logged ``modelOutput`` is re-run with the
+source that served it (``--source logged``) or with one source forced for every frame:
+
+- ``primary``: the primary model on the host CPU through tinygrad (:class:`~chestnut.fallback.model.OnnxModel`,
+  ``DEV=CPU``), the kernels the twin's GPU engine runs, so twin-served frames replay bit-exactly;
+  frames a real dock served replay within the tolerance;
+- ``fallback``: :class:`~chestnut.fallback.standby.FallbackModel` with the engine named in the log's
+  configuration (onnxruntime by default), one intra-op thread like the node's.
+
+Frames are preprocessed by :func:`chestnut.node.preprocess.preprocess` with the name the node logged,
+so replay feeds the models exactly what the node fed them.
+
+**Units of work.** One segment file is one unit: :func:`replay_segment` takes a :class:`SegmentTask`
+(the segment's path, the next segment's path, the resolved :class:`ReplayPlan`) and returns a
+picklable :class:`SegmentResult`. Frames whose answer was logged in the next segment are looked up
+there (at most :data:`LOOKAHEAD_S` of it is read). Units run in parallel on a spawn-context
+``ProcessPoolExecutor`` (``--workers``); any engine that can call a function on a path could take them.
+
+**Determinism.** Models run single-threaded, results are ordered by segment then log time, and
+timings are kept apart from the results (:meth:`ReplayResult.digest` covers the results only): the
+same log replayed twice, with any number of workers, gives identical results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import multiprocessing as mp
+import os
+import queue
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chestnut.launch.camerad import frame_to_array
+from chestnut.msgs.logfile import LogReader, find_log_files
+from chestnut.node.contracts import NS_PER_MS, NS_PER_S, SLACK_MS, DamageRec, FileExtract, FileRecorder, Timeline
+from chestnut.node.validity import compare_tensors
+from chestnut.node.watchdog import FRAME_DEADLINE_MS
+
+log = logging.getLogger("chestnut.replay")
+
+DEFAULT_TOL = 1e-4
+"""Replay tolerance (openpilot process replay's form; our default). The twin's primary replays bit-exactly
+and onnxruntime is deterministic single-threaded, so any real difference is far above 1e-4."""
+LOOKAHEAD_S = 10.0  # s of the next segment read for answers to the frames at a segment's end
+STALE_PENDING_S = 10.0  # s after which a frame still waiting for its output is declared unanswered
+SOURCES = ("logged", "primary", "fallback")
+ENGINES = ("tinygrad", "onnxruntime")
+PROGRESS_EVERY_FRAMES = 8
+
+
+class ReplayError(RuntimeError):
+    """Replay cannot start: no usable model, or a log without the configuration it needs."""
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """One model to replay with: ONNX file, engine, input name and NCHW shape, and its identity.
+
+    ``sha16`` is the first 16 hex digits of the file's sha256 (the hash part of ``modelOutput.modelId``).
+    """
+
+    path: str
+    name: str
+    engine: str
+    input_name: str
+    input_shape: tuple[int, ...]
+    sha16: str
+    threads: int = 1
+
+    @property
+    def model_id(self) -> str:
+        return f"{self.name}@{self.sha16}"
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """Everything a unit of work needs besides its segment: picklable, resolved once in the parent."""
+
+    preprocess: str
+    primary: ModelRef | None
+    fallback: ModelRef | None
+    source: str = "logged"
+    tol: float = DEFAULT_TOL
+    deadline_ms: float = FRAME_DEADLINE_MS
+    slack_ms: float = SLACK_MS
+    jit_cache: bool = True
+    config_origin: str = "the log"
+
+    def model_for(self, logged_source: str) -> tuple[str, ModelRef | None]:
+        """(source replayed with, its model) for a frame the log says ``logged_source`` served."""
+        src = logged_source if self.source == "logged" else self.source
+        return src, {"primary": self.primary, "fallback": self.fallback}.get(src)
+
+    @property
+    def answer_bound_ns(self) -> int:
+        return int((self.deadline_ms + self.slack_ms) * NS_PER_MS)
+
+
+def _sha16(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _graph_input(path: Path) -> tuple[str, tuple[int, ...]]:
+    from chestnut.fallback.model import _graph_inputs
+
+    specs = _graph_inputs(path.read_bytes(), path.stem, {})
+    if len(specs) != 1:
+        raise ReplayError(f"{path} has {len(specs)} inputs; replay feeds one image input (give the node's config)")
+    return specs[0].name, specs[0].shape
+
+
+def resolve_plan(node_config: dict[str, Any], *, model: Path | None = None, fallback_model: Path | None = None,
+                 source: str = "logged", tol: float = DEFAULT_TOL, slack_ms: float = SLACK_MS,
+                 jit_cache: bool = True, config_origin: str = "the log") -> ReplayPlan:
+    """The plan from the node's logged configuration (``initData.config``, :class:`chestnut.node.config.NodeConfig`
+    JSON: ``model.{path,name,input,shape,preprocess}``, ``fallback.{path,engine,threads}``,
+    ``timing.deadline_ms``; a top-level ``preprocess`` overrides) with ``model`` / ``fallback_model``
+    given on the command line taking precedence over the logged paths. A model file other than the
+    configured one is fed by its own graph's input name and shape.
+
+    Raises :class:`ReplayError` when a needed model file is missing or the log names no model and
+    none is given, ``ValueError`` for a bad ``source`` or ``tol``.
+    """
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+    if not tol > 0:
+        raise ValueError(f"tol must be > 0, got {tol}")
+    mcfg = node_config.get("model") if isinstance(node_config.get("model"), dict) else {}
+    fcfg = node_config.get("fallback") if isinstance(node_config.get("fallback"), dict) else {}
+    tcfg = node_config.get("timing") if isinstance(node_config.get("timing"), dict) else {}
+    preprocess = str(node_config.get("preprocess") or mcfg.get("preprocess") or "ppocr")
+    primary_given = model or mcfg.get("path")
+    if not primary_given:
+        raise ReplayError("the log names no model (no node initData with a model section): give --model PATH")
+    primary_path = Path(primary_given).expanduser()
+    fb_given = fallback_model or fcfg.get("path")
+    fallback_path = Path(fb_given).expanduser() if fb_given else primary_path
+    name = str(mcfg.get("name") or primary_path.stem)
+    engine = str(fcfg.get("engine") or "onnxruntime")
+    if engine not in ENGINES:
+        raise ReplayError(f"the log's fallback engine {engine!r} is not one of {ENGINES}")
+
+    configured = Path(mcfg["path"]).expanduser() if mcfg.get("path") else None
+
+    def ref(path: Path, role: str, eng: str, threads: int) -> ModelRef:
+        if not path.is_file():
+            flag = "--model" if role == "primary" else "--fallback-model"
+            raise ReplayError(f"{role} model {path} not found on this machine: give {flag} PATH")
+        if mcfg.get("input") and mcfg.get("shape") and path == configured:
+            input_name, shape = str(mcfg["input"]), tuple(int(s) for s in mcfg["shape"])
+        else:
+            input_name, shape = _graph_input(path)
+        nm = name if role == "primary" else path.stem
+        return ModelRef(str(path), nm, eng, input_name, shape, _sha16(path), threads)
+
+    needs = {"primary", "fallback"} if source == "logged" else {source}
+    primary = ref(primary_path, "primary", "tinygrad", 1) if "primary" in needs else None
+    fallback = ref(fallback_path, "fallback", engine, int(fcfg.get("threads") or 1)) if "fallback" in needs else None
+    deadline = tcfg.get("deadline_ms")
+    return ReplayPlan(preprocess, primary, fallback, source, float(tol),
+                      float(deadline) if isinstance(deadline, int | float) and deadline > 0 else FRAME_DEADLINE_MS,
+                      float(slack_ms), jit_cache, config_origin)
+
+
+def find_node_config(files: Iterable[Path]) -> dict[str, Any]:
+    """The node's configuration as logged: the first ``initData`` whose config has a ``model`` section
+    (the logger's own segment headers lack it), searched in the first log file only (the node publishes
+    it when it starts; a full scan would cost a second pass over every frame). ``{}`` when absent."""
+    for path in list(files)[:1]:
+        for _t, service, event in LogReader(path):
+            if service != "initData":
+                continue
+            try:
+                config = json.loads(event.initData.config or "{}")
+            except ValueError:
+                continue
+            if isinstance(config, dict) and isinstance(config.get("model"), dict):
+                return config
+    return {}
+
+
+def default_node_config() -> tuple[dict[str, Any], str]:
+    """(the configuration ``chestnut run`` uses without flags, where it comes from): ``launch/node.toml``
+    when present, else the built-in defaults of :class:`chestnut.node.config.NodeConfig`."""
+    from chestnut.backend.errors import ConfigError
+    from chestnut.node.config import DEFAULT_CONFIG, NodeConfig, load_config
+
+    try:
+        if DEFAULT_CONFIG.is_file():
+            return load_config(DEFAULT_CONFIG).to_json(), str(DEFAULT_CONFIG)
+    except ConfigError as e:
+        log.warning("%s", e)
+    return NodeConfig().to_json(), "the node's built-in defaults"
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    """One output tensor of one frame, replayed against logged. ``first_mismatch`` is an index."""
+
+    name: str
+    ok: bool
+    max_abs_diff: float
+    n_mismatch: int
+    size: int
+    first_mismatch: tuple[int, ...] | None = None
+    note: str = ""
+
+
+# Frame outcome kinds. Excused ones (ok=True) are counted but never a mismatch.
+KIND_OK = "ok"
+KIND_VALUES = "values"  # a tensor differs beyond the tolerance
+KIND_STRUCTURE = "structure"  # output names, shapes or dtypes differ
+KIND_MISSING = "missing_output"  # a logged frame has no logged output
+KIND_DUPLICATE = "duplicate_output"  # a second output for one frame
+KIND_ORPHAN = "output_without_frame"  # an output for a frame that is not in the log
+KIND_INPUT = "bad_input"  # the logged frame cannot be preprocessed / the model raised
+KIND_NO_MODEL = "no_model"  # the output's source has no model to replay with (e.g. source none)
+KIND_LATE = "late_output"  # an output more than STALE_PENDING_S after its frame
+KIND_IN_FLIGHT = "in_flight"  # excused: still in flight when the log ended
+KIND_LOST = "lost_to_damage"  # excused: its answer fell into unreadable log
+EXCUSED = frozenset({KIND_OK, KIND_IN_FLIGHT, KIND_LOST})
+
+
+@dataclass(frozen=True)
+class FrameResult:
+    """One frame (or one unmatched output). ``t_ns`` is the output's logMonoTime, else the frame's."""
+
+    frame_id: int
+    t_ns: int
+    kind: str
+    logged_source: str = ""
+    replayed_with: str = ""
+    detail: str = ""
+    tensors: tuple[TensorDiff, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.kind in EXCUSED
+
+    @property
+    def max_abs_diff(self) -> float:
+        return max((t.max_abs_diff for t in self.tensors), default=0.0)
+
+
+@dataclass(frozen=True)
+class ModelIdCheck:
+    """The model replay ran against the model the log says produced the outputs, per (source, logged id)."""
+
+    source: str
+    logged_id: str
+    replay_id: str
+    frames: int
+    first_frame: int
+
+    @property
+    def same_bytes(self) -> bool:
+        """Equal sha256 prefixes: the same model file (names may differ)."""
+        return self.logged_id.rpartition("@")[2] == self.replay_id.rpartition("@")[2]
+
+    def describe(self) -> str:
+        if self.same_bytes:
+            note = "" if self.logged_id == self.replay_id else f" (name differs: replayed as {self.replay_id})"
+            return f"{self.source}: log model {self.logged_id} = replay model{note}"
+        return (f"{self.source}: MODEL DIFFERS: the log's outputs came from {self.logged_id} but replay runs "
+                f"{self.replay_id} ({self.frames} frame(s) from frame {self.first_frame})")
+
+
+@dataclass
+class SegmentResult:
+    """A unit's result. ``frames`` in log order; ``extract`` holds the segment's records (for reports);
+    ``infer_s`` (model runs), ``load_s`` (model loads, compiles and warm-ups in this unit) and ``wall_s``
+    are timings (s), outside :meth:`ReplayResult.digest`."""
+
+    index: int
+    path: str
+    frames: list[FrameResult]
+    damage: list[DamageRec]
+    model_ids: list[ModelIdCheck]
+    skipped_head: int
+    extract: FileExtract
+    infer_s: float = 0.0
+    load_s: float = 0.0
+    wall_s: float = 0.0
+    pid: int = 0
+
+
+@dataclass
+class ReplayResult:
+    plan: ReplayPlan
+    segments: list[SegmentResult]
+    workers: int
+    wall_s: float
+
+    @property
+    def frames(self) -> list[FrameResult]:
+        return [f for s in self.segments for f in s.frames]
+
+    @property
+    def damage(self) -> list[DamageRec]:
+        return [d for s in self.segments for d in s.damage]
+
+    @property
+    def mismatches(self) -> list[FrameResult]:
+        return [f for f in self.frames if not f.ok]
+
+    @property
+    def model_ids(self) -> list[ModelIdCheck]:
+        merged: dict[tuple[str, str, str], ModelIdCheck] = {}
+        for s in self.segments:
+            for m in s.model_ids:
+                k = (m.source, m.logged_id, m.replay_id)
+                old = merged.get(k)
+                merged[k] = m if old is None else replace(old, frames=old.frames + m.frames)
+        return list(merged.values())
+
+    @property
+    def model_mismatches(self) -> list[ModelIdCheck]:
+        return [m for m in self.model_ids if not m.same_bytes]
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches and not self.model_mismatches and not self.damage
+
+    def replayed(self) -> dict[str, int]:
+        """Frames compared per source replayed with."""
+        out: dict[str, int] = {}
+        for f in self.frames:
+            if f.replayed_with:
+                out[f.replayed_with] = out.get(f.replayed_with, 0) + 1
+        return out
+
+    def tensor_maxima(self) -> dict[str, tuple[float, int]]:
+        """Per tensor name: (largest abs difference over all frames, the frame where it occurred)."""
+        out: dict[str, tuple[float, int]] = {}
+        for f in self.frames:
+            for t in f.tensors:
+                if t.name not in out or t.max_abs_diff > out[t.name][0]:
+                    out[t.name] = (t.max_abs_diff, f.frame_id)
+        return out
+
+    def timeline(self) -> Timeline:
+        return Timeline.from_extracts([s.extract for s in self.segments])
+
+    def digest(self) -> str:
+        """sha256 over every result (frames, damage, model ids), timings excluded."""
+        body = {
+            "frames": [asdict(f) for f in self.frames],
+            "damage": [asdict(d) for d in self.damage],
+            "model_ids": [asdict(m) for m in self.model_ids],
+            "skipped_head": [s.skipped_head for s in self.segments],
+        }
+        return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- tensors and frames
+
+_DTYPES = {"float32", "float16", "uint8", "int32", "int64", "float64", "int8", "uint16", "int16", "uint32", "bool"}
+
+
+def tensor_to_array(t: Any) -> tuple[str, np.ndarray]:
+    """A ``Tensor`` reader -> (name, array of its shape and dtype, little-endian). Raises ``ValueError``
+    when the data length does not match the shape and dtype."""
+    dtype = str(t.dtype)
+    if dtype not in _DTYPES:
+        raise ValueError(f"tensor {t.name!r}: unknown dtype {dtype}")
+    dt = np.dtype(dtype).newbyteorder("<")
+    shape = tuple(int(s) for s in t.shape)
+    data = t.data
+    want = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    if len(data) != want:
+        raise ValueError(f"tensor {t.name!r}: {len(data)} bytes for {dtype}{list(shape)} ({want} expected)")
+    return t.name, np.frombuffer(data, dt).reshape(shape).astype(dt.newbyteorder("="), copy=True)
+
+
+def compare_outputs(logged: dict[str, np.ndarray], replayed: dict[str, np.ndarray],
+                    tol: float) -> tuple[str, str, tuple[TensorDiff, ...]]:
+    """(kind, detail, per-tensor diffs) of one frame: names, then shapes and dtypes, then values."""
+    missing, extra = sorted(set(logged) - set(replayed)), sorted(set(replayed) - set(logged))
+    diffs: list[TensorDiff] = []
+    problems: list[str] = []
+    if missing or extra:
+        problems.append(f"logged outputs {sorted(logged)} != replayed {sorted(replayed)}")
+    kind = KIND_STRUCTURE if problems else KIND_OK
+    for name in sorted(set(logged) & set(replayed)):
+        a, b = logged[name], replayed[name]
+        if a.shape != b.shape or a.dtype != b.dtype:
+            kind = KIND_STRUCTURE
+            note = f"logged {a.dtype}{list(a.shape)} vs replayed {b.dtype}{list(b.shape)}"
+            problems.append(f"{name}: {note}")
+            diffs.append(TensorDiff(name, False, float("inf"), int(a.size), int(a.size), None, note))
+            continue
+        c = compare_tensors(a, b, tol)
+        diffs.append(TensorDiff(name, c.ok, c.max_abs_diff, c.n_mismatch, int(a.size), c.first_mismatch))
+        if not c.ok:
+            if kind == KIND_OK:
+                kind = KIND_VALUES
+            problems.append(f"{name}: {c.n_mismatch}/{a.size} value(s) beyond tol {tol:g}, max abs diff "
+                            f"{c.max_abs_diff:.6g}, first at {c.first_mismatch}")
+    return kind, "; ".join(problems), tuple(diffs)
+
+
+# ---------------------------------------------------------------- models (one set per process)
+
+_MODELS: dict[tuple[ModelRef, bool], Any] = {}
+
+
+def _model(ref: ModelRef, jit_cache: bool) -> Any:
+    """The loaded model for ``ref`` in this process, loaded once (tinygrad compiles once per process;
+    with ``jit_cache`` the captured JIT comes from :class:`~chestnut.fallback.jitcache.JitCache`).
+    ``tinygrad``: :class:`~chestnut.fallback.model.OnnxModel`; ``onnxruntime``: :class:`FallbackModel`."""
+    key = (ref, jit_cache)
+    if key not in _MODELS:
+        from chestnut.fallback.jitcache import JitCache
+
+        cache = JitCache() if jit_cache else None
+        shapes = {ref.input_name: ref.input_shape}
+        if ref.engine == "tinygrad":
+            from chestnut.fallback.model import OnnxModel
+
+            model: Any = OnnxModel(Path(ref.path), name=ref.name, input_shapes=shapes, jit_cache=cache)
+            if cache is None:
+                model.warm()  # first call compiles, second captures the JIT: keep both out of the inference time
+            _MODELS[key] = model
+        else:
+            from chestnut.fallback.standby import FallbackModel
+
+            _MODELS[key] = FallbackModel(Path(ref.path), ref.engine, name=ref.name, input_shapes=shapes,
+                                         threads=ref.threads)
+    return _MODELS[key]
+
+
+# ---------------------------------------------------------------- one unit of work
+
+
+@dataclass(frozen=True)
+class SegmentTask:
+    """One segment file to replay; ``next_path`` is the following segment (answers that crossed over)."""
+
+    index: int
+    path: str
+    next_path: str | None
+    plan: ReplayPlan
+
+
+@dataclass
+class _Pending:
+    t_ns: int
+    eof_ns: int
+    image: np.ndarray | None
+    error: str = ""
+
+
+def _overlaps(gaps: list[tuple[int | None, int | None]], t0: int, t1: int) -> bool:
+    """Whether [t0, t1] (ns) touches one of a file's unreadable windows (None = open-ended)."""
+    return any((g0 is None or g0 <= t1) and (g1 is None or t0 <= g1) for g0, g1 in gaps)
+
+
+class _SegmentReplayer:
+    def __init__(self, task: SegmentTask, on_frame: Callable[[int], None] | None) -> None:
+        self.task = task
+        self.plan = task.plan
+        self.on_frame = on_frame or (lambda _n: None)
+        self.frames: list[FrameResult] = []
+        self.ids: dict[tuple[str, str], list[int]] = {}  # (source, logged id) -> [frames, first frame]
+        self.infer_s = 0.0
+        self.load_s = 0.0
+        self.done = 0
+
+    def replay_output(self, fid: int, pending: _Pending, t_ns: int, mo: Any) -> None:
+        """Re-run frame ``fid`` with the model for the logged output ``mo`` and record the comparison."""
+        from chestnut.node.preprocess import preprocess
+
+        logged_source = str(mo.source)
+        base: dict[str, Any] = {"frame_id": fid, "t_ns": t_ns, "logged_source": logged_source}
+        self.done += 1
+        if self.done % PROGRESS_EVERY_FRAMES == 0:
+            self.on_frame(PROGRESS_EVERY_FRAMES)
+        if logged_source == "none":  # the node found the frame unusable: it must fail preprocessing here too
+            self.frames.append(self._unusable(base, pending, mo))
+            return
+        src, ref = self.plan.model_for(logged_source)
+        if ref is None:
+            self.frames.append(FrameResult(**base, kind=KIND_NO_MODEL,
+                                           detail=f"no model to replay a {logged_source!r} output with"))
+            return
+        entry = self.ids.setdefault((src, mo.modelId), [0, fid])
+        entry[0] += 1
+        base["replayed_with"] = src
+        if pending.image is None:
+            self.frames.append(FrameResult(**base, kind=KIND_INPUT, detail=pending.error))
+            return
+        try:
+            logged = dict(tensor_to_array(t) for t in mo.outputs)
+        except ValueError as e:
+            self.frames.append(FrameResult(**base, kind=KIND_STRUCTURE, detail=f"logged output unreadable: {e}"))
+            return
+        try:
+            inputs = preprocess(self.plan.preprocess, pending.image, ref.input_name, ref.input_shape)
+        except (KeyError, ValueError) as e:
+            self.frames.append(FrameResult(**base, kind=KIND_INPUT, detail=f"{type(e).__name__}: {e}"))
+            return
+        t0 = time.perf_counter()
+        model = _model(ref, self.plan.jit_cache)
+        t1 = time.perf_counter()
+        replayed = model.run(inputs)
+        self.load_s += t1 - t0
+        self.infer_s += time.perf_counter() - t1
+        kind, detail, diffs = compare_outputs(logged, replayed, self.plan.tol)
+        self.frames.append(FrameResult(**base, kind=kind, detail=detail, tensors=diffs))
+
+    def _unusable(self, base: dict[str, Any], pending: _Pending, mo: Any) -> FrameResult:
+        """A frame the node answered without a model (source none): OK when replay cannot use it either."""
+        from chestnut.node.preprocess import preprocess
+
+        ref = self.plan.primary or self.plan.fallback
+        if pending.image is None:
+            return FrameResult(**base, kind=KIND_OK, detail=f"unusable frame, as logged: {pending.error}")
+        try:
+            if ref is not None:
+                preprocess(self.plan.preprocess, pending.image, ref.input_name, ref.input_shape)
+        except (KeyError, ValueError) as e:
+            return FrameResult(**base, kind=KIND_OK, detail=f"unusable frame, as logged: {e}")
+        return FrameResult(**base, kind=KIND_INPUT, detail=f"the node answered without a model ({mo.reason}) "
+                           "but the frame preprocesses")
+
+    def run(self) -> SegmentResult:
+        t_start = time.perf_counter()
+        task, plan = self.task, self.plan
+        recorder = FileRecorder(task.path)
+        pending: dict[int, _Pending] = {}  # frames waiting for their output, in log order
+        expired: dict[int, _Pending] = {}  # frames that waited longer than STALE_PENDING_S (pixels dropped)
+        answered: dict[int, int] = {}
+        first_frame: int | None = None
+        skipped_head = 0
+        early: dict[int, tuple[int, Any]] = {}  # outputs logged before their frame: frame id -> (t, Event)
+        stale_ns = int(STALE_PENDING_S * NS_PER_S)
+        for t, service, ev in LogReader(task.path, on_damage=recorder.on_damage):
+            recorder.add(t, service, ev)
+            if service == "cameraFrame":
+                cf = ev.cameraFrame
+                fid = int(cf.frameId)
+                first_frame = fid if first_frame is None else first_frame
+                try:
+                    p = _Pending(t, int(cf.timestampEof), frame_to_array(cf))  # as the node reads it
+                except ValueError as e:
+                    p = _Pending(t, int(cf.timestampEof), None, str(e))
+                if fid in early:  # its output was logged before it (frame ids out of order)
+                    t_out, ev_out = early.pop(fid)
+                    answered[fid] = 1
+                    self.replay_output(fid, p, t_out, ev_out.modelOutput)
+                    continue
+                pending[fid] = p
+                while pending:  # bounded memory: a frame unanswered this long is not answered at all
+                    old_id, old = next(iter(pending.items()))
+                    if t - old.t_ns <= stale_ns:
+                        break
+                    del pending[old_id]
+                    expired[old_id] = _Pending(old.t_ns, old.eof_ns, None)
+            elif service == "modelOutput":
+                mo = ev.modelOutput
+                fid = int(mo.frameId)
+                if fid in pending:
+                    answered[fid] = 1
+                    self.replay_output(fid, pending.pop(fid), t, mo)
+                elif fid in answered:
+                    answered[fid] += 1
+                    self.frames.append(FrameResult(fid, t, KIND_DUPLICATE, str(mo.source), detail=(
+                        f"frame {fid} answered {answered[fid]} times")))
+                elif fid in expired:
+                    p = expired.pop(fid)
+                    answered[fid] = 1
+                    self.frames.append(FrameResult(fid, t, KIND_LATE, str(mo.source), detail=(
+                        f"frame {fid} answered {(t - p.t_ns) / NS_PER_S:.1f} s after it was logged")))
+                elif first_frame is None or fid < first_frame:
+                    skipped_head += 1  # the previous segment's frame (its unit replays it), or before the log
+                else:
+                    early[fid] = (t, ev)  # aligned by frame id: its frame may still come
+        extract = recorder.finish()
+        orphans = [FrameResult(fid, t, KIND_ORPHAN, str(ev.modelOutput.source),
+                               detail=f"modelOutput for frame {fid}, which is not in the log")
+                   for fid, (t, ev) in early.items()]
+        end_ns = extract.last_ns or 0
+        if pending and task.next_path is not None:
+            self._look_ahead(pending, task.next_path)
+        bound = plan.answer_bound_ns
+        for fid, p in sorted({**expired, **pending}.items()):
+            due = max(p.eof_ns, p.t_ns) + bound
+            if _overlaps(extract.gaps, p.t_ns, due):
+                self.frames.append(FrameResult(fid, p.t_ns, KIND_LOST, detail="its answer fell into unreadable log"))
+            elif task.next_path is None and due > end_ns:
+                self.frames.append(FrameResult(fid, p.t_ns, KIND_IN_FLIGHT, detail="in flight at the end of the log"))
+            else:
+                self.frames.append(FrameResult(fid, p.t_ns, KIND_MISSING, detail=f"frame {fid} has no modelOutput"))
+        self.frames.extend(o for o in orphans if not _overlaps(extract.gaps, o.t_ns - bound, o.t_ns))
+        self.frames.sort(key=lambda f: (f.t_ns, f.frame_id, f.kind))
+        ids = [ModelIdCheck(src, logged, self._replay_id(src), n, first) for (src, logged), (n, first)
+               in sorted(self.ids.items())]
+        return SegmentResult(task.index, task.path, self.frames, list(extract.damage), ids, skipped_head, extract,
+                             self.infer_s, self.load_s, time.perf_counter() - t_start, os.getpid())
+
+    def _replay_id(self, src: str) -> str:
+        ref = {"primary": self.plan.primary, "fallback": self.plan.fallback}[src]
+        return ref.model_id if ref is not None else ""
+
+    def _look_ahead(self, pending: dict[int, _Pending], next_path: str) -> None:
+        """Answers to this segment's last frames, logged at the start of the next segment."""
+        horizon = max(p.t_ns for p in pending.values()) + int(LOOKAHEAD_S * NS_PER_S)
+        reader = iter(LogReader(next_path))
+        try:
+            for t, service, ev in reader:
+                if t > horizon or not pending:
+                    break
+                if service == "modelOutput" and int(ev.modelOutput.frameId) in pending:
+                    fid = int(ev.modelOutput.frameId)
+                    self.replay_output(fid, pending.pop(fid), t, ev.modelOutput)
+        finally:
+            close = getattr(reader, "close", None)
+            if close is not None:
+                close()
+
+
+def replay_segment(task: SegmentTask, on_frame: Callable[[int], None] | None = None) -> SegmentResult:
+    """Replay one segment file: the unit of work. ``on_frame(n)`` is told every few frames done.
+
+    Never raises for bad log content (damage and bad frames are results); raises
+    :class:`~chestnut.backend.errors.ModelError` when a model cannot be loaded.
+    """
+    return _SegmentReplayer(task, on_frame).run()
+
+
+# ---------------------------------------------------------------- many units
+
+_progress_queue: Any = None
+
+
+def _init_pool_worker(progress_queue: Any) -> None:
+    global _progress_queue
+    _progress_queue = progress_queue
+    from chestnut.fallback.model import ensure_cpu_device
+
+    ensure_cpu_device()
+
+
+def _pool_replay(task: SegmentTask) -> SegmentResult:
+    q = _progress_queue
+
+    def on_frame(n: int) -> None:
+        if q is not None:
+            q.put_nowait(n)
+
+    result = replay_segment(task, on_frame)
+    return result
+
+
+def plan_tasks(files: list[Path], plan: ReplayPlan) -> list[SegmentTask]:
+    """One task per file, each knowing the next file of the same route (answers that crossed over)."""
+    from chestnut.msgs.logfile import parse_segment_dir
+
+    tasks = []
+    for i, f in enumerate(files):
+        nxt = files[i + 1] if i + 1 < len(files) else None
+        seg, seg_next = parse_segment_dir(f.parent.name), parse_segment_dir(nxt.parent.name) if nxt else None
+        if nxt is not None and (seg is None or seg_next is None or seg_next != (seg[0], seg[1] + 1)):
+            nxt = None
+        tasks.append(SegmentTask(i, str(f), str(nxt) if nxt else None, plan))
+    return tasks
+
+
+def replay(paths: Iterable[Path | str] | Path | str, plan: ReplayPlan | None = None, *, workers: int = 1,
+           pool: bool | None = None, progress: bool = False, **plan_args: Any) -> ReplayResult:
+    """Replay every segment under ``paths``.
+
+    ``plan`` defaults to :func:`resolve_plan` over the node configuration found in the log with
+    ``plan_args`` (``model``, ``fallback_model``, ``source``, ``tol``, ``slack_ms``, ``jit_cache``).
+    ``workers`` processes (spawn context) run the segments; ``pool`` (default: ``workers > 1``) False
+    runs them in this process. ``progress`` shows a rich progress bar on stderr. Raises
+    ``FileNotFoundError`` when there is no log, :class:`ReplayError` when no model can be found.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    files = find_log_files(paths)
+    if plan is None:
+        config, origin = find_node_config(files), "the log's node initData"
+        if not config:
+            config, origin = default_node_config()
+            origin = f"{origin} (the log carries no node configuration)"
+        plan = resolve_plan(config, config_origin=origin, **plan_args)
+    tasks = plan_tasks(files, plan)
+    use_pool = workers > 1 if pool is None else pool
+    t0 = time.perf_counter()
+    with _Progress(len(tasks), progress) as bar:
+        if not use_pool:
+            from chestnut.fallback.model import ensure_cpu_device
+
+            ensure_cpu_device()
+            results = []
+            for task in tasks:
+                results.append(replay_segment(task, bar.frames))
+                bar.segment_done()
+        else:
+            results = list(_run_pool(tasks, workers, bar))
+    results.sort(key=lambda r: r.index)
+    return ReplayResult(plan, results, workers if use_pool else 1, time.perf_counter() - t0)
+
+
+def _run_pool(tasks: list[SegmentTask], workers: int, bar: _Progress) -> Iterator[SegmentResult]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    try:
+        with ProcessPoolExecutor(max_workers=min(workers, len(tasks)) or 1, mp_context=ctx,
+                                 initializer=_init_pool_worker, initargs=(q,)) as ex:
+            futures: set[Future[SegmentResult]] = {ex.submit(_pool_replay, t) for t in tasks}
+            while futures:
+                done, futures = wait(futures, timeout=0.2, return_when=FIRST_COMPLETED)
+                _drain(q, bar)
+                for fut in done:
+                    yield fut.result()
+                    bar.segment_done()
+            _drain(q, bar)
+    finally:
+        q.close()
+        q.join_thread()
+
+
+def _drain(q: Any, bar: _Progress) -> None:
+    while True:
+        try:
+            bar.frames(q.get_nowait())
+        except queue.Empty:
+            return
+
+
+class _Progress:
+    """A rich progress bar over segments with a frame counter (no-op when disabled)."""
+
+    def __init__(self, segments: int, enabled: bool) -> None:
+        self.enabled = enabled
+        self.segments = segments
+        self.count = 0
+        self._p: Any = None
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._p = Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TextColumn("segments"),
+                               TextColumn("{task.fields[frames]} frames"), TimeElapsedColumn(),
+                               console=Console(stderr=True))
+            self._p.start()
+            self._task = self._p.add_task("replay", total=self.segments, frames=0)
+        return self
+
+    def frames(self, n: int) -> None:
+        self.count += n
+        if self._p is not None:
+            self._p.update(self._task, frames=self.count)
+
+    def segment_done(self) -> None:
+        if self._p is not None:
+            self._p.advance(self._task)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._p is not None:
+            self._p.stop()
+
+
+# ---------------------------------------------------------------- command line
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="log files or directories (rlog.zst / rlog.mcap)")
+    p.add_argument("--model", type=Path, help="primary model (default: the path in the log's config)")
+    p.add_argument("--fallback-model", type=Path, help="fallback model (default: the log's config)")
+    p.add_argument("--source", choices=SOURCES, default="logged",
+                   help="replay each frame with the source that served it (logged) or force one")
+    p.add_argument("--tol", type=float, default=DEFAULT_TOL, help=f"tolerance (default {DEFAULT_TOL:g})")
+    p.add_argument("--workers", type=int, default=1, help="processes replaying segments in parallel (default 1)")
+    p.add_argument("--report", type=Path, metavar="DIR", help="write plots and an HTML report to DIR")
+    p.add_argument("--slack-ms", type=float, default=SLACK_MS, help="slack on the answer deadline for frames "
+                   f"in flight at the log's end (default {SLACK_MS:g})")
+    p.add_argument("--no-jit-cache", action="store_true", help="compile the tinygrad model afresh in every process")
+    p.add_argument("--top", type=int, default=10, help="frames listed with the largest differences (default 10)")
+
+
+def print_result(result: ReplayResult, console: Any, top: int = 10) -> None:
+    from rich.table import Table
+
+    plan = result.plan
+    console.print(f"configuration: {plan.config_origin}")
+    for m in result.model_ids:
+        console.print(("[red]" if not m.same_bytes else "") + m.describe() + ("[/red]" if not m.same_bytes else ""))
+    frames = result.frames
+    counts: dict[str, int] = {}
+    for f in frames:
+        counts[f.kind] = counts.get(f.kind, 0) + 1
+    summary = Table(title=f"replay (tol {plan.tol:g}, source {plan.source}, preprocess {plan.preprocess})",
+                    show_edge=False)
+    summary.add_column("outcome")
+    summary.add_column("frames", justify="right")
+    for kind in sorted(counts, key=lambda k: (k not in EXCUSED, k)):
+        style = "green" if kind == KIND_OK else ("yellow" if kind in EXCUSED else "red")
+        summary.add_row(f"[{style}]{kind}[/{style}]", str(counts[kind]))
+    console.print(summary)
+    maxima = result.tensor_maxima()
+    if maxima:
+        t = Table(title="largest difference per tensor", show_edge=False)
+        for col in ("tensor", "max abs diff", "frame"):
+            t.add_column(col)
+        for name, (d, fid) in sorted(maxima.items()):
+            t.add_row(name, f"{d:.6g}", str(fid))
+        console.print(t)
+    worst = sorted((f for f in frames if f.max_abs_diff > 0 or not f.ok), key=lambda f: (f.ok, -f.max_abs_diff,
+                                                                                          f.frame_id))
+    if worst and top > 0:
+        t = Table(title=f"frames with the largest differences (top {top})", show_edge=False)
+        for col in ("frame", "logged", "replayed", "outcome", "max abs diff", "detail"):
+            t.add_column(col)
+        for f in worst[:top]:
+            t.add_row(str(f.frame_id), f.logged_source, f.replayed_with, f.kind, f"{f.max_abs_diff:.6g}",
+                      f.detail or "-")
+        console.print(t)
+    for d in result.damage:
+        console.print(f"[red]log damage: {d.path}: byte {d.offset}: {d.reason}[/red]")
+    infer = sum(s.infer_s for s in result.segments)
+    n = sum(1 for f in frames if f.replayed_with)
+    rate = n / result.wall_s if result.wall_s > 0 else 0.0
+    console.print(f"{len(result.segments)} segment(s), {n} frames replayed in {result.wall_s:.2f} s "
+                  f"({rate:.1f} frames/s with {result.workers} worker(s); inference {infer:.2f} s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console()
+    try:
+        result = replay(args.logs, workers=args.workers, progress=console.is_terminal, model=args.model,
+                        fallback_model=args.fallback_model, source=args.source, tol=args.tol, slack_ms=args.slack_ms,
+                        jit_cache=not args.no_jit_cache)
+    except (FileNotFoundError, ReplayError, ValueError) as e:
+        log.error("%s", e)
+        return 2
+    print_result(result, console, args.top)
+    if args.report is not None:
+        from chestnut.node.report import write_report
+
+        index = write_report(args.report, result.timeline(), replay=result, title="chestnut replay")
+        console.print(f"report: {index}")
+    bad = len(result.mismatches) + len(result.model_mismatches) + len(result.damage)
+    console.print(f"[{'red' if bad else 'green'}]{len(result.mismatches)} mismatch(es), "
+                  f"{len(result.model_mismatches)} model id mismatch(es), {len(result.damage)} damaged file(s)[/]")
+    return 1 if bad else 0
+
+
+__all__ = [
+    "DEFAULT_TOL", "FrameResult", "ModelIdCheck", "ModelRef", "ReplayError", "ReplayPlan", "ReplayResult",
+    "SegmentResult", "SegmentTask", "TensorDiff", "compare_outputs", "find_node_config", "plan_tasks",
+    "replay", "replay_segment", "resolve_plan", "tensor_to_array",
+]

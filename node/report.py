@@ -1,0 +1,404 @@
+"""``--report DIR``: plots and one self-contained HTML page for a checked or replayed log.
+
+Written by :func:`write_report` (matplotlib, Agg backend, no display needed):
+
+- ``timeline.png``: one shared time axis (s since the log's first message), top to bottom: per-frame
+  latency (``executionTime`` and ``frameAge``, ms, coloured by the serving source, with the deadline);
+  the serving source, ``ChestnutActive`` and the control daemon's engagement; each health layer's level
+  (OK / WARN / STALE / ERROR, ROS 2 colours); the node's state with its transitions and the
+  violations and log damage as fault markers; frame drops (``frameDropPerc``) and deadline misses.
+- ``agreement.png``: primary-vs-fallback ``maxAbsDiff`` where both ran (hot standby, shadow frames),
+  against the node's agreement tolerance; after a replay, each frame's replayed-vs-logged difference.
+- ``latency.png``: the latency distributions per source.
+- ``index.html``: a summary table, the images (embedded as base64 PNG, so the page is one file), the
+  violations and, after a replay, the model identities and the mismatches.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from chestnut.node.contracts import CONTRACTS, LAYER_NAMES, Timeline, Violation
+
+if TYPE_CHECKING:
+    from chestnut.node.replay import ReplayResult
+
+LEVEL_COLORS = {"ok": "#2ca02c", "warn": "#f2b701", "stale": "#9e9e9e", "error": "#d62728"}
+SOURCE_COLORS = {"primary": "#1f77b4", "fallback": "#ff7f0e", "none": "#9e9e9e"}
+STATE_COLORS = {"starting": "#c7c7c7", "qualifying": "#aec7e8", "loading": "#9edae5", "active": "#2ca02c",
+                "degraded": "#ff7f0e", "recovering": "#9467bd", "stopping": "#7f7f7f"}
+DPI = 110
+MAX_LABELLED_FAULTS = 12  # violations named on the timeline; more would overlap (the table lists them all)
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _spans(times: Sequence[float], values: Sequence[str], end: float) -> dict[str, list[tuple[float, float]]]:
+    """(start, width) spans per value of a step signal that holds each value until the next sample."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    i, n = 0, len(times)
+    while i < n:
+        j = i
+        while j + 1 < n and values[j + 1] == values[i]:  # one span per run of equal samples
+            j += 1
+        t0, t1 = times[i], times[j + 1] if j + 1 < n else end
+        if t1 > t0:
+            out.setdefault(values[i], []).append((t0, t1 - t0))
+        i = j + 1
+    return out
+
+
+def _band(ax: Any, row: float, spans: dict[str, list[tuple[float, float]]], colors: dict[str, str]) -> None:
+    for value, segs in spans.items():
+        ax.broken_barh(segs, (row - 0.4, 0.8), facecolors=colors.get(value, "#444444"), linewidth=0)
+
+
+def _legend(ax: Any, handles: Any = None, labels: Any = None, ncol: int = 4) -> None:
+    """A legend above the panel's right end, clear of the data."""
+    args = () if handles is None else (handles, labels)
+    ax.legend(*args, loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=7, ncol=ncol, frameon=False,
+              borderaxespad=0.1, handletextpad=0.4, columnspacing=1.0)
+
+
+def _no_data(ax: Any, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} in this log", transform=ax.transAxes, ha="center", va="center", color="#777777")
+
+
+def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path) -> None:
+    """The five-panel timeline (see the module docstring)."""
+    plt = _plt()
+    sec = tl.seconds
+    end = max(sec(tl.end_ns), 1e-3)
+    fig, axes = plt.subplots(5, 1, figsize=(12, 11), sharex=True,
+                             gridspec_kw={"height_ratios": [3, 1.4, 1.8, 1.4, 1.6]})
+    ax_lat, ax_src, ax_health, ax_state, ax_drop = axes
+
+    # latency
+    deadline_ms = float(tl.node_config().get("timing", {}).get("deadline_ms", 150.0)) if tl.node_config() else 150.0
+    if tl.outputs:
+        for src, color in SOURCE_COLORS.items():
+            outs = [o for o in tl.outputs if o.source == src]
+            if not outs:
+                continue
+            t = [sec(o.t_ns) for o in outs]
+            ax_lat.scatter(t, [o.frame_age_s * 1e3 for o in outs], s=9, color=color, label=f"frameAge ({src})")
+            ax_lat.scatter(t, [o.execution_time_s * 1e3 for o in outs], s=9, color=color, marker="x", alpha=0.6,
+                           label=f"executionTime ({src})")
+        ax_lat.axhline(deadline_ms, color="#d62728", linestyle="--", linewidth=1, label=f"deadline {deadline_ms:g} ms")
+        _legend(ax_lat, ncol=5)
+        ax_lat.set_yscale("symlog", linthresh=1.0)
+    else:
+        _no_data(ax_lat, "modelOutput")
+    ax_lat.set_ylabel("latency (ms)")
+    ax_lat.set_title("per-frame latency by serving source", loc="left", fontsize=10)
+    ax_lat.grid(True, alpha=0.3)
+
+    # serving source, ChestnutActive, control
+    rows = []
+    if tl.outputs:
+        _band(ax_src, 2, _spans([sec(o.t_ns) for o in tl.outputs], [o.source for o in tl.outputs], end), SOURCE_COLORS)
+    rows.append("source")
+    if tl.actives:
+        _band(ax_src, 1, _spans([sec(a.t_ns) for a in tl.actives], ["on" if a.active else "off" for a in tl.actives],
+                                end), {"on": "#2ca02c", "off": "#e0e0e0"})
+    rows.append("ChestnutActive")
+    if tl.controls:
+        _band(ax_src, 0, _spans([sec(c.t_ns) for c in tl.controls],
+                                ["soft" if c.engaged and c.soft_disabling else ("on" if c.engaged else "off")
+                                 for c in tl.controls], end), {"on": "#2ca02c", "soft": "#f2b701", "off": "#e0e0e0"})
+    rows.append("control engaged")
+    ax_src.set_yticks([2, 1, 0], rows)
+    ax_src.set_ylim(-0.6, 2.6)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (SOURCE_COLORS["primary"], SOURCE_COLORS["fallback"],
+                                                               "#2ca02c", "#f2b701")]
+    _legend(ax_src, handles, ["primary", "fallback", "active / engaged", "soft-disabling"], ncol=4)
+    ax_src.set_title("serving source, ChestnutActive, control daemon", loc="left", fontsize=10)
+
+    # health layers
+    if tl.healths:
+        times = [sec(h.t_ns) for h in tl.healths]
+        for row, layer in enumerate(reversed(LAYER_NAMES)):
+            levels = [(h.layer(layer).level if h.layer(layer) is not None else "stale") for h in tl.healths]
+            _band(ax_health, row, _spans(times, levels, end), LEVEL_COLORS)
+        handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in LEVEL_COLORS.values()]
+        _legend(ax_health, handles, [k.upper() for k in LEVEL_COLORS], ncol=4)
+    else:
+        _no_data(ax_health, "chestnutHealth")
+    ax_health.set_yticks(range(len(LAYER_NAMES)), list(reversed(LAYER_NAMES)))
+    ax_health.set_ylim(-0.6, len(LAYER_NAMES) - 0.4)
+    ax_health.set_title("health layers", loc="left", fontsize=10)
+
+    # node state, transitions, faults
+    if tl.node_states:
+        times = [sec(s.t_ns) for s in tl.node_states]
+        _band(ax_state, 1, _spans(times, [s.state for s in tl.node_states], end), STATE_COLORS)
+        for state, segs in _spans(times, [s.state for s in tl.node_states], end).items():
+            for t0, width in segs:
+                if width > 0.05 * end:  # name the spans wide enough to hold their name
+                    ax_state.text(t0 + width / 2, 1, state, ha="center", va="center", fontsize=8, color="white",
+                                  fontweight="bold")
+        prev = None
+        for s in tl.node_states:
+            if prev is not None and s.state != prev:
+                ax_state.axvline(sec(s.t_ns), color="#555555", linewidth=0.6, alpha=0.6)
+            prev = s.state
+    for v in violations:
+        ax_state.plot([sec(v.t_ns)], [0], marker="v", color="#d62728", markersize=7)
+        if len(violations) <= MAX_LABELLED_FAULTS:
+            ax_state.annotate(f"{v.contract}\nframe {v.frame_id}", (sec(v.t_ns), -0.2), fontsize=6, ha="center",
+                              va="top", color="#d62728")
+    for d in tl.damage:
+        ax_state.plot([sec(d.t_ns if d.t_ns is not None else tl.start_ns)], [0], marker="X", color="black",
+                      markersize=8)
+    ax_state.set_yticks([1, 0], ["node state", "faults"])
+    ax_state.set_ylim(-0.9, 1.6)
+    handles = [plt.Line2D([], [], marker="v", color="#d62728", linestyle=""),
+               plt.Line2D([], [], marker="X", color="black", linestyle="")]
+    handles += [plt.Rectangle((0, 0), 1, 1, color=c) for c in STATE_COLORS.values()]
+    _legend(ax_state, handles, [f"violation ({len(violations)})", f"log damage ({len(tl.damage)})",
+                                *STATE_COLORS], ncol=9)
+    ax_state.set_title("node state, faults", loc="left", fontsize=10)
+
+    # frame drops and deadline misses
+    if tl.outputs:
+        ax_drop.plot([sec(o.t_ns) for o in tl.outputs], [o.frame_drop_perc for o in tl.outputs], color="#1f77b4",
+                     linewidth=1, label="frameDropPerc")
+        misses = [o for o in tl.outputs if o.deadline_missed]
+        if misses:
+            ax_drop.scatter([sec(o.t_ns) for o in misses], [o.frame_drop_perc for o in misses], color="#d62728",
+                            marker="|", s=80, label=f"deadline missed ({len(misses)})")
+        missing = [v for v in violations if v.contract == "one_output_per_frame"]
+        if missing:
+            ax_drop.scatter([sec(v.t_ns) for v in missing], [0] * len(missing), color="black", marker="x", s=30,
+                            label=f"frame without one output ({len(missing)})")
+        ax_drop.axhline(1.0, color="#d62728", linestyle=":", linewidth=1, label="1 % (control soft-disables)")
+        _legend(ax_drop, ncol=4)
+        ax_drop.set_ylim(bottom=-0.1, top=max(2.0, max(o.frame_drop_perc for o in tl.outputs) * 1.2))
+    else:
+        _no_data(ax_drop, "modelOutput")
+    ax_drop.set_ylabel("frames dropped (%)")
+    ax_drop.set_title("frame drops and deadline misses", loc="left", fontsize=10)
+    ax_drop.set_xlabel("time since the log's first message (s)")
+    ax_drop.set_xlim(0, end)
+    ax_drop.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def plot_agreement(tl: Timeline, path: Path, replay: ReplayResult | None = None) -> None:
+    """Primary/fallback agreement where both ran; and replayed-vs-logged differences after a replay."""
+    plt = _plt()
+    sec = tl.seconds
+    panels = 2 if replay is not None else 1
+    fig, axes = plt.subplots(panels, 1, figsize=(12, 3.2 * panels), sharex=True, squeeze=False)
+    ax = axes[0][0]
+    checked = [o for o in tl.outputs if o.agreement_checked]
+    tol = float(tl.node_config().get("timing", {}).get("agreement_tol", 1e-3)) if tl.node_config() else 1e-3
+    if checked:
+        for agrees, color, label in ((True, "#2ca02c", "agrees"), (False, "#d62728", "disagrees")):
+            pts = [o for o in checked if o.primary_agrees == agrees]
+            if pts:
+                ax.scatter([sec(o.t_ns) for o in pts], [max(o.max_abs_diff, 1e-12) for o in pts], s=9, color=color,
+                           label=f"{label} ({len(pts)})")
+        ax.axhline(tol, color="#d62728", linestyle="--", linewidth=1, label=f"agreement tol {tol:g}")
+        ax.set_yscale("log")
+        _legend(ax, ncol=3)
+    else:
+        _no_data(ax, "frame where both models ran")
+    ax.set_ylabel("max |primary - fallback|")
+    ax.set_title("primary / fallback agreement (hot standby and shadow frames)", loc="left", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    if replay is not None:
+        ax = axes[1][0]
+        frames = [f for f in replay.frames if f.tensors]
+        for src, color in SOURCE_COLORS.items():
+            pts = [f for f in frames if f.replayed_with == src]
+            if pts:
+                ax.scatter([sec(f.t_ns) for f in pts], [max(f.max_abs_diff, 1e-12) for f in pts], s=9, color=color,
+                           label=f"replayed with {src} ({len(pts)})")
+        bad = [f for f in replay.mismatches if f.tensors]
+        if bad:
+            ax.scatter([sec(f.t_ns) for f in bad], [max(f.max_abs_diff, 1e-12) for f in bad], s=40,
+                       facecolors="none", edgecolors="#d62728", label=f"mismatch ({len(bad)})")
+        ax.axhline(replay.plan.tol, color="#d62728", linestyle="--", linewidth=1, label=f"tol {replay.plan.tol:g}")
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=1e-13)
+        _legend(ax, ncol=4)
+        ax.set_ylabel("max |replayed - logged|")
+        ax.set_title("replay: largest difference per frame (1e-12 = identical)", loc="left", fontsize=10)
+        ax.grid(True, alpha=0.3)
+    axes[-1][0].set_xlabel("time since the log's first message (s)")
+    axes[-1][0].set_xlim(0, max(sec(tl.end_ns), 1e-3))
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def plot_latency(tl: Timeline, path: Path) -> None:
+    """Histograms of frameAge and executionTime per source (ms)."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.4))
+    for ax, attr, label in ((axes[0], "frame_age_s", "frameAge (ms)"), (axes[1], "execution_time_s",
+                                                                         "executionTime (ms)")):
+        any_data = False
+        for src, color in SOURCE_COLORS.items():
+            vals = [getattr(o, attr) * 1e3 for o in tl.outputs if o.source == src]
+            if vals:
+                any_data = True
+                ax.hist(vals, bins=40, color=color, alpha=0.6, label=f"{src} ({len(vals)})")
+        if any_data:
+            ax.legend(fontsize=7)
+        else:
+            _no_data(ax, "modelOutput")
+        ax.set_xlabel(label)
+        ax.set_ylabel("frames")
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- summary and HTML
+
+
+def _pct(vals: Sequence[float], q: float) -> str:
+    return f"{float(np.percentile(vals, q)):.1f}" if vals else "-"
+
+
+def summary_rows(tl: Timeline, violations: Sequence[Violation] | None,
+                 replay: ReplayResult | None = None) -> list[tuple[str, str]]:
+    """(label, value) rows of the summary table."""
+    rows = [("log files", str(len(tl.files))), ("duration", f"{tl.seconds(tl.end_ns):.2f} s"),
+            ("camera frames", str(len(tl.frames))), ("model outputs", str(len(tl.outputs)))]
+    for src in ("primary", "fallback"):
+        outs = [o for o in tl.outputs if o.source == src]
+        if outs:
+            age = [o.frame_age_s * 1e3 for o in outs]
+            ex = [o.execution_time_s * 1e3 for o in outs]
+            rows.append((f"served by {src}", f"{len(outs)} ({100 * len(outs) / len(tl.outputs):.1f} %); frameAge "
+                         f"p50/p95/p99 {_pct(age, 50)}/{_pct(age, 95)}/{_pct(age, 99)} ms; executionTime "
+                         f"p50/p99 {_pct(ex, 50)}/{_pct(ex, 99)} ms"))
+    rows.append(("deadline misses", str(sum(o.deadline_missed for o in tl.outputs))))
+    if tl.outputs:
+        rows.append(("frame drops (max)", f"{max(o.frame_drop_perc for o in tl.outputs):.2f} %"))
+    if tl.actives:
+        on = _spans([a.t_ns for a in tl.actives], ["on" if a.active else "off" for a in tl.actives], tl.end_ns)
+        on_ns = sum(w for _, w in on.get("on", []))
+        total = max(tl.end_ns - tl.actives[0].t_ns, 1)
+        rows.append(("ChestnutActive true", f"{100 * on_ns / total:.1f} % of the time"))
+    transitions = [(a.state, b.state) for a, b in zip(tl.node_states, tl.node_states[1:], strict=False)
+                   if a.state != b.state]
+    rows.append(("node state transitions", str(len(transitions))))
+    if tl.node_states:
+        rows.append(("worker restarts", str(max(s.restarts for s in tl.node_states))))
+    rows.append(("log damage", str(len(tl.damage))))
+    if violations is not None:
+        rows.append(("contract violations", str(len(violations))))
+    if replay is not None:
+        n = sum(1 for f in replay.frames if f.replayed_with)
+        rows.append(("frames replayed", f"{n} ({', '.join(f'{k} {v}' for k, v in sorted(replay.replayed().items()))})"))
+        rows.append(("replay mismatches", str(len(replay.mismatches))))
+        rows.append(("model id mismatches", str(len(replay.model_mismatches))))
+    return rows
+
+
+def _img(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"><figcaption>' \
+           f"{html.escape(alt)}</figcaption></figure>"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], classes: Sequence[str] | None = None) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = []
+    for i, row in enumerate(rows):
+        cls = f' class="{classes[i]}"' if classes and classes[i] else ""
+        body.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1340px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; } tr.bad td { background: #fde8e8; } tr.good td { background: #eaf6ea; }
+figure { margin: 1em 0; } img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: 0.85em; color: #666; } .verdict { font-size: 1.1em; font-weight: 600; }
+.ok { color: #2ca02c; } .fail { color: #d62728; }
+"""
+
+
+def write_report(out_dir: Path | str, timeline: Timeline, *, violations: Sequence[Violation] | None = None,
+                 replay: ReplayResult | None = None, title: str = "chestnut") -> Path:
+    """Write the PNGs and ``index.html`` into ``out_dir`` (created); returns the HTML page's path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tl = timeline
+    vs = list(violations or [])
+    plot_timeline(tl, vs, out / "timeline.png")
+    plot_agreement(tl, out / "agreement.png", replay)
+    plot_latency(tl, out / "latency.png")
+    bad = bool(vs) or (replay is not None and not replay.ok)
+    verdict = ("<p class='verdict fail'>FAIL: " if bad else "<p class='verdict ok'>PASS: ") + html.escape(
+        ", ".join(p for p in (
+            f"{len(vs)} contract violation(s)" if violations is not None else "",
+            f"{len(replay.mismatches)} replay mismatch(es), {len(replay.model_mismatches)} model id mismatch(es)"
+            if replay is not None else "",
+            f"{len(tl.damage)} damaged file(s)") if p)) + "</p>"
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>", verdict,
+             "<h2>summary</h2>", _table(("", ""), summary_rows(tl, violations, replay))]
+    if violations is not None:
+        counts = dict.fromkeys(CONTRACTS, 0)
+        for v in vs:
+            counts[v.contract] = counts.get(v.contract, 0) + 1
+        parts += ["<h2>contracts</h2>", _table(("contract", "holds when", "violations"),
+                                               [(n, CONTRACTS[n].description if n in CONTRACTS else "", c)
+                                                for n, c in counts.items()],
+                                               ["bad" if c else "good" for c in counts.values()])]
+    parts += ["<h2>timeline</h2>", _img(out / "timeline.png", "latency and source; ChestnutActive and control; "
+                                        "health layers; node state and faults; frame drops"),
+              _img(out / "agreement.png", "agreement"), _img(out / "latency.png", "latency distributions")]
+    if violations is not None:
+        parts.append(f"<h2>violations ({len(vs)})</h2>")
+        parts.append(_table(("t (s)", "frame", "contract", "what"),
+                            [(f"{tl.seconds(v.t_ns):.3f}", "-" if v.frame_id is None else v.frame_id, v.contract,
+                              v.message) for v in vs], ["bad"] * len(vs)) if vs else "<p>none</p>")
+    if tl.damage:
+        parts += ["<h2>log damage</h2>", _table(("file", "byte offset", "reason", "last good t (s)", "last frame"),
+                                                [(d.path, d.offset, d.reason, f"{tl.seconds(d.t_ns):.3f}",
+                                                  "-" if d.frame_id is None else d.frame_id) for d in tl.damage],
+                                                ["bad"] * len(tl.damage))]
+    if replay is not None:
+        parts += ["<h2>replay: models</h2>",
+                  _table(("source", "log's model id", "replay's model id", "frames", "same model"),
+                         [(m.source, m.logged_id, m.replay_id, m.frames, "yes" if m.same_bytes else "NO")
+                          for m in replay.model_ids], ["good" if m.same_bytes else "bad" for m in replay.model_ids])]
+        parts += ["<h2>replay: largest difference per tensor</h2>",
+                  _table(("tensor", "max abs diff", "frame"), [(k, f"{d:.6g}", fid) for k, (d, fid)
+                                                               in sorted(replay.tensor_maxima().items())])]
+        mm = replay.mismatches
+        parts.append(f"<h2>replay: mismatches ({len(mm)})</h2>")
+        parts.append(_table(("t (s)", "frame", "logged", "replayed with", "outcome", "max abs diff", "detail"),
+                            [(f"{tl.seconds(f.t_ns):.3f}", f.frame_id, f.logged_source, f.replayed_with, f.kind,
+                              f"{f.max_abs_diff:.6g}", f.detail) for f in mm], ["bad"] * len(mm))
+                     if mm else "<p>none</p>")
+    parts.append("</body></html>")
+    index = out / "index.html"
+    index.write_text("\n".join(parts))
+    return index

@@ -1,0 +1,55 @@
+"""``chestnut probe``: the ladder printed step by step against the twin daemon, and its exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from chestnut.backend.sim.client import running_twin
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def probe(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("DEV", "GMMU", "HCQDEV_WAIT_TIMEOUT_MS")}
+    return subprocess.run([sys.executable, "-m", "chestnut.launch.cli", "probe", *args], env=env,
+                          capture_output=True, text=True, timeout=100)
+
+
+def test_probe_prints_every_rung_and_exits_0_when_qualified(tiny_onnx, tmp_path):
+    fp = tmp_path / "tiny.fp.json"
+    rec = probe("--record-fingerprint", str(fp), "--model", str(tiny_onnx))
+    assert rec.returncode == 0, rec.stderr
+    assert json.loads(fp.read_text())["outputs"]["prob"]["shape"] == [1, 1, 16, 32]
+    with running_twin():
+        out = probe("--twin", "--model", str(tiny_onnx), "--fingerprint", str(fp))
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    rungs = [line.split()[1] for line in lines if line.startswith("[")]
+    assert rungs == ["usb_ids", "link_speed", "link_stability", "ltssm", "gpu_arch", "model_loaded", "warmup"]
+    assert all(line.startswith("[PASS]") for line in lines if line.startswith("["))
+    assert " ms " in lines[1] and "bit-exact" in out.stdout and lines[-1] == "qualified"
+
+
+def test_probe_names_the_first_failure_and_what_to_do(tmp_path):
+    with running_twin() as twin:
+        twin.fault("ltssm_stuck", repeat=True)
+        out = probe("--twin")
+        js = probe("--twin", "--json")
+    assert out.returncode == 1
+    assert "[FAIL] ltssm" in out.stdout and "[SKIP] gpu_arch" in out.stdout
+    assert "first failure: ltssm (pcie layer)" in out.stdout and "LTSSM=0x4C" in out.stdout
+    assert "what to do: power-cycle the dock" in out.stdout
+    steps = json.loads(js.stdout)
+    assert js.returncode == 1 and [s["result"] for s in steps] == ["pass", "pass", "pass", "fail", "skipped"]
+    assert steps[3]["reason"] == "ltssm_stuck"
+
+
+def test_probe_without_a_twin_says_no_dock_and_how_to_start_one():
+    out = probe("--twin", "--prefix", f"t{os.getpid()}-nobody")
+    assert out.returncode == 1
+    assert "no Chestnut dock found" in out.stdout and "chestnut twin serve" in out.stdout

@@ -1,0 +1,336 @@
+"""The twin daemon: state outlives clients, like hardware; nothing a client does can break it.
+
+Every test runs its own `chestnut twin serve` under the test's private prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from chestnut.backend import protocol as P
+from chestnut.backend.sim import wire as W
+from chestnut.backend.sim.client import TwinClient, TwinDaemon, TwinNotRunning, running_twin, socket_path
+from chestnut.backend.sim.libusb_codes import (
+    LIBUSB_ERROR_INVALID_PARAM,
+    LIBUSB_ERROR_NO_DEVICE,
+    LIBUSB_ERROR_PIPE,
+    LIBUSB_ERROR_TIMEOUT,
+    UsbError,
+)
+
+IN, OUT = P.REQTYPE_VENDOR_IN, P.REQTYPE_VENDOR_OUT
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def twin():
+    with running_twin(args=["--training-delay-ms", "2"]) as client:
+        yield client
+
+
+def opened(client: TwinClient) -> int:
+    d = client.enumerate()[0]
+    return client.open(d.bus, d.address)
+
+
+def child(script: str, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=dict(os.environ), text=True, **popen)
+
+
+def cli(*args: str, prefix: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ) if prefix is None else {**os.environ, "CHESTNUT_PREFIX": prefix}
+    return subprocess.run([sys.executable, "-m", "chestnut.launch.cli", "twin", *args], env=env, capture_output=True,
+                          text=True, timeout=30)
+
+
+def sram_arm_write(client, h, nbytes, slot=0):
+    sectors = nbytes // 512
+    client.ctrl_transfer(h, OUT, P.REQ_SRAM, sectors, slot | (-(-nbytes // P.SRAM_SLOT)) << 8, b"")
+
+
+def sram_read(client, h, nbytes, slot=0):
+    sectors = nbytes // 512
+    client.ctrl_transfer(h, OUT, P.REQ_SRAM, sectors | 0x8000, slot | (-(-nbytes // P.SRAM_SLOT)) << 8, b"")
+    return client.bulk_read(h, P.EP_BULK_IN, nbytes)
+
+
+# ---------------------------------------------------------------------- state outlives clients
+def test_a_second_client_sees_what_the_first_wrote(twin):
+    h = opened(twin)
+    twin.ctrl_transfer(h, OUT, P.REQ_XDATA_WRITE, 0xA123, 0x5A, b"")
+    with TwinClient() as other:
+        assert other.enumerate() == twin.enumerate()
+        assert other.ctrl_transfer(opened(other), IN, P.REQ_XDATA_READ, 0xA123, 0, 1) == b"\x5a"
+
+
+def test_state_written_by_a_client_process_outlives_it(twin):
+    p = child("""
+        from chestnut.backend.sim.client import TwinClient
+        c = TwinClient()
+        d = c.enumerate()[0]
+        h = c.open(d.bus, d.address)
+        c.claim_interface(h, 0)
+        c.ctrl_transfer(h, 0x40, 0xF2, 128, 16 | 4 << 8, b"")
+        c.bulk_write(h, 0x02, bytes(range(256)) * 256)
+        c.ctrl_transfer(h, 0x40, 0xE5, 0xA800, 7, b"")
+    """)
+    assert p.wait(30) == 0
+    h = opened(twin)
+    assert sram_read(twin, h, 65536, slot=16) == bytes(range(256)) * 256
+    assert twin.ctrl_transfer(h, IN, P.REQ_XDATA_READ, 0xA800, 0, 1) == b"\x07"
+    st = twin.status()["usb"]
+    assert (st["open_handles"], st["claimed"]) == (1, {})  # the child's handle and claim went with it
+    twin.claim_interface(h, 0)
+
+
+def test_a_client_killed_mid_bulk_transfer_leaves_the_twin_consistent(twin):
+    p = child("""
+        import sys, time
+        from chestnut.backend.sim import wire as W
+        from chestnut.backend.sim.client import TwinClient
+        c = TwinClient()
+        d = c.enumerate()[0]
+        h = c.open(d.bus, d.address)
+        c.claim_interface(h, 0)
+        c.ctrl_transfer(h, 0x40, 0xF2, 512, 0 | 16 << 8, b"")
+        # a 256 KiB bulk OUT of which only 100 KiB ever leave the host
+        c._sock.sendall(W.REQ.pack(1 << 18, W.OP_BULK_OUT, 0, 0x02, 0, 0, 0, h, 0, 1000) + b"\\xee" * 100000)
+        print("sent", flush=True)
+        time.sleep(60)
+    """, stdout=subprocess.PIPE)
+    assert p.stdout.readline().strip() == "sent"
+    p.send_signal(signal.SIGKILL)
+    p.wait(10)
+    time.sleep(0.2)
+    st = twin.status()
+    assert st["usb"]["open_handles"] == 0 and st["usb"]["claimed"] == {}
+    assert st["bridge"]["out_stream"] == {"kind": "sram", "base": 0, "total": 1 << 18, "pos": 0}  # still armed
+    h = opened(twin)
+    twin.claim_interface(h, 0)
+    assert sram_read(twin, h, 1 << 18) == bytes(1 << 18)  # nothing of the partial transfer was applied
+    sram_arm_write(twin, h, 1 << 18)
+    assert twin.bulk_write(h, P.EP_BULK_OUT, b"\x11" * (1 << 18)) == 1 << 18
+    assert sram_read(twin, h, 1 << 18) == b"\x11" * (1 << 18)
+
+
+def test_a_client_killed_while_the_device_naks_is_cleaned_up(twin):
+    p = child("""
+        from chestnut.backend.sim.client import TwinClient
+        c = TwinClient()
+        d = c.enumerate()[0]
+        h = c.open(d.bus, d.address)
+        c.claim_interface(h, 0)
+        print("waiting", flush=True)
+        c.bulk_read(h, 0x81, 512, 0)   # nothing armed, no timeout: NAKs forever
+    """, stdout=subprocess.PIPE)
+    assert p.stdout.readline().strip() == "waiting"
+    time.sleep(0.1)
+    p.send_signal(signal.SIGKILL)
+    p.wait(10)
+    deadline = time.monotonic() + 5
+    while twin.status()["usb"]["open_handles"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert twin.status()["usb"]["claimed"] == {}
+    h = opened(twin)
+    twin.claim_interface(h, 0)
+
+
+def test_a_wedged_bridge_stays_wedged_for_new_clients_until_power_cycled(twin):
+    h = opened(twin)
+    twin.fault("wedged")
+    with pytest.raises(UsbError) as e:
+        twin.ctrl_transfer(h, IN, P.REQ_XDATA_READ, P.XDATA_LTSSM, 0, 1, 100)
+    assert e.value.code == LIBUSB_ERROR_TIMEOUT
+    twin.clear()  # the fault is gone, the wedge is not
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        from chestnut.backend.sim.usb3 import TwinUSB3
+        (dev, name), = TwinUSB3.list_devices(0xADD1, 0x0001)
+        usb = TwinUSB3(dev)            # standard requests still answer: it opens, the product string reads
+        print(usb.product)
+        try:
+            usb.control_read(0xE4, 1, value=0xB450, timeout=100)
+        except RuntimeError as e:
+            print(e)
+    """)], env=dict(os.environ), capture_output=True, text=True, timeout=30)
+    assert p.stdout.splitlines() == ["custom ASM2464PD Chestnut", "libusb_control_transfer: Operation timed out"]
+    old = twin.enumerate()[0]
+    twin.power_cycle()
+    new = twin.enumerate()[0]
+    assert new.address == old.address + 1 and not twin.status()["bridge"]["wedged"]
+    assert twin.ctrl_transfer(opened(twin), IN, P.REQ_XDATA_READ, P.XDATA_LTSSM, 0, 1, 100) == bytes([P.LTSSM_DETECT])
+
+
+REENUM_CHILD = """
+    import sys
+    from chestnut.backend.sim.usb3 import TwinUSB3
+    (dev, name), = TwinUSB3.list_devices(0xADD1, 0x0001)
+    usb = TwinUSB3(dev)
+    usb.control_read(0xE4, 1, value=0xB450)
+    print(name, flush=True)
+    sys.stdin.readline()
+    for step in (lambda: usb.control_read(0xE4, 1, value=0xB450), lambda: TwinUSB3(dev)):
+        try:
+            step()
+            print("ok")
+        except RuntimeError as e:
+            print(e)
+    print(*[n for _, n in TwinUSB3.list_devices(0xADD1, 0x0001)], flush=True)
+"""
+
+
+def test_a_reenumerated_dock_is_seen_only_by_a_fresh_process(twin):
+    first = twin.enumerate()[0]
+    p = child(REENUM_CHILD, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert p.stdout.readline().strip() == f"usb:{first.bus}-{first.address}"
+    twin.fault("reenumerate")
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    out = p.communicate(timeout=30)[0].splitlines()
+    assert out == ["libusb_control_transfer: No such device (it may have been disconnected)",
+                   "libusb_open: No such device (it may have been disconnected)",
+                   f"usb:{first.bus}-{first.address}"]  # its cached list still names the old address
+    fresh = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        from chestnut.backend.sim.usb3 import TwinUSB3
+        (dev, name), = TwinUSB3.list_devices(0xADD1, 0x0001)
+        print(name, hex(TwinUSB3(dev).control_read(0xE4, 1, value=0xB450)[0]))
+    """)], env=dict(os.environ), capture_output=True, text=True, timeout=30)
+    assert fresh.stdout.strip() == f"usb:{first.bus}-{first.address + 1} 0x0"
+
+
+# ---------------------------------------------------------------------- robustness
+def raw_exchange(path, data: bytes) -> bytes:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(str(path))
+    s.sendall(data)
+    chunks = []
+    while True:
+        try:
+            b = s.recv(65536)
+        except (TimeoutError, ConnectionResetError):  # the daemon closed with our garbage unread
+            break
+        if not b:
+            break
+        chunks.append(b)
+    s.close()
+    return b"".join(chunks)
+
+
+def test_malformed_frames_close_only_that_connection(twin):
+    path = socket_path()
+    bad_op = raw_exchange(path, W.REQ.pack(0, 99, 0, 0, 0, 0, 0, 0, 0, 0))
+    n, status, _ = W.RSP.unpack(bad_op[:W.RSP.size])
+    assert status == W.ST_BAD_FRAME and b"op 99" in bad_op[W.RSP.size:]
+    huge = raw_exchange(path, W.REQ.pack(W.MAX_PAYLOAD + 1, W.OP_BULK_OUT, 0, 2, 0, 0, 0, 1, 0, 0))
+    assert W.RSP.unpack(huge[:W.RSP.size])[1] == W.ST_BAD_FRAME
+    assert raw_exchange(path, b"\x01\x02\x03") == b""  # a truncated header: the connection just ends
+    http = raw_exchange(path, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
+    assert http == b"" or W.RSP.unpack(http[:W.RSP.size])[1] == W.ST_BAD_FRAME
+    twin.ping()
+    h = opened(twin)
+    assert twin.ctrl_transfer(h, IN, P.REQ_XDATA_READ, P.XDATA_LTSSM, 0, 1) == b"\x00"
+
+
+def test_bad_admin_requests_and_foreign_handles_are_rejected(twin):
+    with pytest.raises(ValueError, match="unknown fault kind"):
+        twin.fault("meteor_strike")
+    with pytest.raises(ValueError, match="unknown admin command"):
+        twin._admin("format_disk")
+    with pytest.raises(ValueError, match="not JSON"):
+        twin._request(W.OP_ADMIN, payload=b"\xff{", admin=True)
+    h = opened(twin)
+    with TwinClient() as other, pytest.raises(UsbError) as e:
+        other.ctrl_transfer(h, IN, P.REQ_XDATA_READ, 0, 0, 1)
+    assert e.value.code == LIBUSB_ERROR_INVALID_PARAM
+
+
+def test_random_requests_never_crash_the_daemon(twin):
+    rng = random.Random(1234)
+    h = opened(twin)
+    codes = set()
+    for _ in range(400):
+        bm = rng.choice([0x40, 0xC0, 0x00, 0x80, 0x21, 0xC1])
+        req = rng.choice([0xE4, 0xE5, 0xF0, 0xF2, 0xF3, 0x06, 0x09, rng.randrange(256)])
+        if req == 0xF3:
+            continue
+        data = rng.randrange(300) if bm & 0x80 else rng.randbytes(rng.choice([0, 1, 12, 13, 64]))
+        try:
+            twin.ctrl_transfer(h, bm, req, rng.randrange(0x10000), rng.randrange(0x10000), data, 20)
+        except UsbError as e:
+            codes.add(e.code)
+        for fn in (lambda: twin.bulk_write(h, 0x02, rng.randbytes(rng.choice([0, 4, 512])), 20),
+                   lambda: twin.bulk_read(h, 0x81, rng.choice([4, 512]), 5)):
+            if rng.random() < 0.1:
+                try:
+                    fn()
+                except UsbError as e:
+                    codes.add(e.code)
+        if rng.random() < 0.05:
+            twin.set_configuration(h, 1)
+    assert codes <= {LIBUSB_ERROR_PIPE, LIBUSB_ERROR_TIMEOUT, LIBUSB_ERROR_INVALID_PARAM}
+    twin.ping()
+    assert twin.enumerate()[0].vid == 0xADD1
+
+
+def test_daemon_death_looks_like_an_unplug_to_its_clients():
+    with TwinDaemon(args=["--training-delay-ms", "2"]) as daemon, daemon.client() as c:
+        h = opened(c)
+        daemon.process.send_signal(signal.SIGKILL)
+        daemon.process.wait(10)
+        with pytest.raises(UsbError) as e:
+            c.ctrl_transfer(h, IN, P.REQ_XDATA_READ, P.XDATA_LTSSM, 0, 1)
+        assert e.value.code == LIBUSB_ERROR_NO_DEVICE
+        with pytest.raises(TwinNotRunning):
+            c.status()
+    # a stale socket file does not stop the next daemon
+    with running_twin() as again:
+        again.ping()
+
+
+def test_sigterm_stops_the_daemon_and_a_second_daemon_refuses_the_socket():
+    daemon = TwinDaemon().start()
+    second = subprocess.run([sys.executable, "-m", "chestnut.launch.cli", "twin", "serve"], env=dict(os.environ),
+                            capture_output=True, text=True, timeout=30)
+    assert second.returncode == 1 and "already serving" in second.stderr
+    t0 = time.monotonic()
+    assert daemon.stop() == 0
+    assert time.monotonic() - t0 < 2.0
+    assert not socket_path().exists()
+
+
+# ---------------------------------------------------------------------- the command line
+def test_cli_injects_lists_and_clears_faults_and_moves_the_dock(twin):
+    r = cli("fault", "timeout", "--repeat", "--on", "0xE4", "--phase", "serving")
+    assert r.returncode == 0 and r.stdout.startswith("fault 1: timeout -- the device NAKs")
+    st = json.loads(cli("status", "--json").stdout)
+    (f,) = st["faults"]
+    assert (f["kind"], f["repeat"], f["on"], f["phase"], f["fired"]) == ("timeout", True, "0xE4", "serving", 0)
+    assert "fault 1: timeout (repeat phase=serving on=0xE4) fired 0/0" in cli("status").stdout
+    assert cli("clear").stdout.strip() == "cleared 1 fault(s)"
+    assert cli("fault", "meteor").returncode == 2
+    bad = cli("fault", "timeout", "--probability", "2")
+    assert bad.returncode == 2 and "probability 2.0 is not in [0, 1]" in bad.stderr
+    old = twin.enumerate()[0]
+    assert cli("unplug").stdout.strip() == "unplugged" and twin.enumerate() == []
+    assert cli("devices").stdout == ""
+    assert cli("plug").stdout.strip() == f"plugged in at {old.bus}-{old.address + 1}"
+    assert cli("power-cycle", "--off-s", "0.3").returncode == 0
+    assert twin.enumerate() == []
+    time.sleep(0.6)
+    assert cli("devices").stdout.strip() == f"Bus {old.bus:03d} Device {old.address + 2:03d}: ID add1:0001 5000 Mbps"
+    assert "lost_receipt" in cli("kinds").stdout
+
+
+def test_cli_without_a_daemon_says_so():
+    r = cli("status", prefix="nobody-serves-here")
+    assert r.returncode == 1 and "no twin daemon at" in r.stderr and "chestnut twin serve" in r.stderr
