@@ -53,6 +53,14 @@ def cli(*args: str, prefix: str | None = None) -> subprocess.CompletedProcess:
                           text=True, timeout=30)
 
 
+def eventually(fn, timeout_s=5.0):
+    """Poll ``fn`` until it returns true (the daemon notices a dead client asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while not fn():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
 def sram_arm_write(client, h, nbytes, slot=0):
     sectors = nbytes // 512
     client.ctrl_transfer(h, OUT, P.REQ_SRAM, sectors, slot | (-(-nbytes // P.SRAM_SLOT)) << 8, b"")
@@ -111,9 +119,9 @@ def test_a_client_killed_mid_bulk_transfer_leaves_the_twin_consistent(twin):
     assert p.stdout.readline().strip() == "sent"
     p.send_signal(signal.SIGKILL)
     p.wait(10)
-    time.sleep(0.2)
+    eventually(lambda: twin.status()["usb"]["open_handles"] == 0)
     st = twin.status()
-    assert st["usb"]["open_handles"] == 0 and st["usb"]["claimed"] == {}
+    assert st["usb"]["claimed"] == {}
     assert st["bridge"]["out_stream"] == {"kind": "sram", "base": 0, "total": 1 << 18, "pos": 0}  # still armed
     h = opened(twin)
     twin.claim_interface(h, 0)
@@ -137,9 +145,7 @@ def test_a_client_killed_while_the_device_naks_is_cleaned_up(twin):
     time.sleep(0.1)
     p.send_signal(signal.SIGKILL)
     p.wait(10)
-    deadline = time.monotonic() + 5
-    while twin.status()["usb"]["open_handles"] and time.monotonic() < deadline:
-        time.sleep(0.02)
+    eventually(lambda: twin.status()["usb"]["open_handles"] == 0)
     assert twin.status()["usb"]["claimed"] == {}
     h = opened(twin)
     twin.claim_interface(h, 0)
@@ -304,7 +310,7 @@ def test_sigterm_stops_the_daemon_and_a_second_daemon_refuses_the_socket():
     assert second.returncode == 1 and "already serving" in second.stderr
     t0 = time.monotonic()
     assert daemon.stop() == 0
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 5.0  # the process manager's stop budget
     assert not socket_path().exists()
 
 

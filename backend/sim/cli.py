@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--latency-us", type=float, default=0.0, help="timing model: per-transfer latency (e.g. 125)")
 
     f = sub.add_parser("fault", help="inject a fault (see `chestnut twin kinds`)")
-    f.add_argument("kind", choices=sorted(KINDS), metavar="KIND")
+    f.add_argument("kind", choices=sorted(KINDS), metavar="KIND", help=", ".join(KINDS))
     mode = f.add_mutually_exclusive_group()
     mode.add_argument("--once", dest="repeat", action="store_const", const=False, help="fire at most once")
     mode.add_argument("--repeat", dest="repeat", action="store_const", const=True, help="fire at every opportunity")

@@ -72,6 +72,7 @@ MAX_ONNX_BYTES = 1 << 30
 MAX_TENSORS = 256
 WAIT_POLL_S = 0.5
 COMPILE_CACHE_SIZE = 8
+STOP_JOIN_S = 1.0
 
 _cache: OrderedDict[str, OnnxModel] = OrderedDict()
 _cache_lock = threading.Lock()
@@ -188,7 +189,7 @@ class Engine:
             self.twin.cv.notify_all()
             thread = self._thread
         if thread is not None:
-            thread.join(timeout=5)
+            thread.join(timeout=STOP_JOIN_S)  # a compile in progress is not waited for: the thread is a daemon
 
     def _epochs(self) -> tuple[int, int]:
         return self.gpu_epoch, self.queue_epoch

@@ -92,6 +92,7 @@ USB2_CONTROL_READ_MAX = 64     # vendor control reads above this time out on a U
 USB2_BULK_OUT_KEEP = 32768     # bytes of a bulk OUT that reach the device on a USB 2 link (default)
 MAX_STREAM_BYTES = 64 << 20    # largest 0xF0 streaming transfer the twin accepts
 NAK_POLL_S = 0.05              # how often a NAK wait looks for cancellation / device loss
+SHORT_SLEEP_S = 0.005          # timing-model waits shorter than this use time.sleep
 STANDARD, VENDOR = 0, 2
 XDATA_SYS_END = P.XDATA_SYS_PAGE + 0x1000
 XDATA_CPL_END = P.XDATA_CPL_PAGE + 0x1000
@@ -237,7 +238,7 @@ class Twin:
             self._release_lock_file()
             self.cv.notify_all()
         self.engine.stop()
-        self._housekeeper.join(timeout=2)
+        self._housekeeper.join(timeout=1)
 
     def _housekeeping(self) -> None:
         while True:
@@ -515,15 +516,24 @@ class Twin:
         return self.config.latency_us * 1e-6 + (nbytes * 8 / (mbps * 1e6) if mbps else 0.0)
 
     def _finish(self, h: _Handle, nbytes: int, timeout_ms: int, cancel: Callable[[], bool] | None,
-                extra_s: float = 0.0) -> None:
-        """Apply the timing model (and any device-side delay) to a completed transfer."""
+                extra_s: float = 0.0, start_s: float | None = None) -> None:
+        """Apply the timing model (and any device-side delay) to a completed transfer that began at ``start_s``:
+        it returns ``link time + extra_s`` after its start, not after the twin's own processing."""
         duration = self._link_time_s(nbytes) + extra_s
         if duration <= 0:
             return
         if timeout_ms > 0 and duration > timeout_ms / 1000:
             self._wait(h, timeout_ms / 1000, cancel)
             raise UsbError(LIBUSB_ERROR_TIMEOUT, "the transfer took longer than its timeout")
-        self._wait(h, duration, cancel)
+        left = duration - (self.clock() - start_s if start_s is not None else 0.0)
+        if left <= 0:
+            return
+        if left < SHORT_SLEEP_S:
+            time.sleep(left)  # link-time scale: a plain sleep is more precise than a condition wait
+            if not self._alive(h):
+                raise UsbError(LIBUSB_ERROR_NO_DEVICE, "the device went away during the transfer")
+            return
+        self._wait(h, left, cancel)
 
     # ------------------------------------------------------------------ USB-level faults
     def _gate(self, h: _Handle, site: TransferSite, nbytes: int) -> _Gate:
@@ -598,6 +608,7 @@ class Twin:
             raise UsbError(LIBUSB_ERROR_INVALID_PARAM, "setup packet field out of range")
         rtype = (bm_request_type >> 5) & 3
         site = TransferSite("in" if is_in else "out", "control", b_request, is_async, vendor=rtype == VENDOR)
+        start_s = self.clock()
         with self.lock:
             h = self._handle(handle)
             gate = self._gate(h, site, length)
@@ -625,7 +636,7 @@ class Twin:
                 result = gate.short_to
         if lost:
             raise self._nak(h, timeout_ms, cancel, "lost receipt: the completion never reached the host")
-        self._finish(h, length, timeout_ms, cancel, extra_s)
+        self._finish(h, length, timeout_ms, cancel, extra_s, start_s)
         return result
 
     def _standard(self, h: _Handle, bm: int, req: int, value: int, index: int, data: bytes, length: int) -> bytes | int:
@@ -914,6 +925,7 @@ class Twin:
         """
         mv = memoryview(data).cast("B")
         site = TransferSite("out", "bulk", None, is_async)
+        start_s = self.clock()
         with self.lock:
             h = self._handle(handle)
             self._bulk_checks(h, endpoint, P.EP_BULK_OUT)
@@ -935,7 +947,7 @@ class Twin:
             if stream.remaining == 0:
                 self._out = None
             result = n
-        self._finish(h, n, timeout_ms, cancel)
+        self._finish(h, n, timeout_ms, cancel, start_s=start_s)
         return result
 
     def _stream_write(self, stream: _Stream, mv: memoryview) -> None:
@@ -961,6 +973,7 @@ class Twin:
         if length < 0:
             raise UsbError(LIBUSB_ERROR_INVALID_PARAM, "negative length")
         site = TransferSite("in", "bulk", None, is_async)
+        start_s = self.clock()
         with self.lock:
             h = self._handle(handle)
             self._bulk_checks(h, endpoint, P.EP_BULK_IN)
@@ -984,7 +997,7 @@ class Twin:
             stream.pos += n
             if stream.remaining == 0:
                 self._in = None
-        self._finish(h, n, timeout_ms, cancel)
+        self._finish(h, n, timeout_ms, cancel, start_s=start_s)
         return out
 
     def _stream_read(self, stream: _Stream, n: int) -> bytes:
