@@ -40,20 +40,24 @@ class Engine(StrEnum):
 class FallbackModel:
     """A model on the host CPU: ``run(inputs) -> outputs`` with name -> ndarray on both sides.
 
-    ``input_shapes`` fixes symbolic input dims. ``threads`` bounds onnxruntime's intra-op threads
+    ``path`` is the ONNX file or its bytes. ``input_shapes`` fixes symbolic input dims. ``threads``
+    bounds onnxruntime's intra-op threads
     (default 1: the fallback must not starve the processes it stands in for). Raises ModelError for
     a missing or unreadable model and for inputs of the wrong name, shape or dtype.
     """
 
-    def __init__(self, path: Path, engine: Engine | str = Engine.ONNXRUNTIME, name: str | None = None,
+    def __init__(self, path: Path | bytes, engine: Engine | str = Engine.ONNXRUNTIME, name: str | None = None,
                  input_shapes: dict[str, tuple[int, ...]] | None = None, threads: int = 1,
                  jit_cache: JitCache | None = None) -> None:
         self.engine = Engine(engine)
-        path = Path(path)
-        if not path.is_file():
-            raise ModelError("missing_model", f"fallback model file {path} does not exist")
-        data = path.read_bytes()
-        self.name = name or path.stem
+        if isinstance(path, bytes):
+            data, self.name = path, name or "model"
+        else:
+            path = Path(path)
+            if not path.is_file():
+                raise ModelError("missing_model", f"fallback model file {path} does not exist")
+            data = path.read_bytes()
+            self.name = name or path.stem
         self.model_id = model_id(self.name, data)
         self.sha256 = hashlib.sha256(data).hexdigest()
         self.inputs: tuple[TensorSpec, ...] = _graph_inputs(data, self.name, input_shapes or {})
@@ -95,6 +99,11 @@ class FallbackModel:
         if self._tg is not None:
             return self._tg.run(inputs)
         return self._run_ort(inputs)
+
+    def signature(self) -> dict[str, object]:
+        """``{"sha256", "inputs": [...], "outputs": [...]}`` as JSON-ready data (as OnnxModel.signature)."""
+        return {"sha256": self.sha256, "inputs": [s.to_json() for s in self.inputs],
+                "outputs": [s.to_json() for s in self.outputs]}
 
     def warm(self, calls: int = 3) -> float:
         """Run ``calls`` times on zeros; returns the last call's duration in s."""

@@ -189,3 +189,23 @@ def test_a_re_enumerated_dock_needs_a_fresh_process(runner, dock, tiny_onnx):
         again.load(ModelSpec(tiny_onnx, "tiny"))
     assert info.value.reason == "stale_device_list"
     again.close()
+
+
+def test_onnxruntime_program_engine_serves_the_same_contract(tiny_onnx, cpu_model):
+    """``chestnut twin serve --engine onnxruntime``: same signature, outputs within float tolerance of tinygrad's."""
+    prefix = f"t{os.getpid()}-twinrunner-ort"
+    with running_twin(prefix, ["--engine", "onnxruntime"]):
+        forget_device_lists()
+        cfg = LadderConfig(stability_window_s=0.05, wait_timeout_ms=3000)
+        r = TwinRunner(prefix, wait_timeout_ms=3000, ctrl_timeout_ms=CTRL_MS, config=cfg)
+        try:
+            assert r.qualify().passed
+            r.load(ModelSpec(tiny_onnx, "tiny"))
+            assert r.signature["sha256"] == cpu_model.sha256
+            for seed in range(3):
+                got, want = r.run(frame(seed))["prob"], cpu_model.run(frame(seed))["prob"]
+                assert got.shape == (1, 1, 16, 32) and got.dtype == np.float32
+                np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+        finally:
+            r.close()
+    forget_device_lists()

@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--address", type=int, help="first USB device address (default: derived from the prefix)")
     s.add_argument("--link-mbps", type=float, help="timing model: link bandwidth (e.g. 5000); off by default")
     s.add_argument("--latency-us", type=float, default=0.0, help="timing model: per-transfer latency (e.g. 125)")
+    s.add_argument("--engine", choices=("tinygrad", "onnxruntime"), default="tinygrad",
+                   help="how the GPU engine executes programs (default tinygrad: bit-exact with the CPU reference)")
 
     f = sub.add_parser("fault", help="inject a fault (see `chestnut twin kinds`)")
     f.add_argument("kind", choices=sorted(KINDS), metavar="KIND", help=", ".join(KINDS))
@@ -105,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         config = TwinConfig(bus=args.bus if args.bus is not None else bus,
                             first_address=args.address if args.address is not None else address,
                             training_delay_s=args.training_delay_ms / 1000, link_mbps=args.link_mbps,
-                            latency_us=args.latency_us)
+                            latency_us=args.latency_us, program_engine=args.engine)
         if not (1 <= config.bus <= 255 and 1 <= config.first_address <= 127):
             print("--bus must be in 1..255 and --address in 1..127", file=sys.stderr)
             return 2

@@ -74,26 +74,40 @@ WAIT_POLL_S = 0.5
 COMPILE_CACHE_SIZE = 8
 STOP_JOIN_S = 1.0
 
-_cache: OrderedDict[str, OnnxModel] = OrderedDict()
+PROGRAM_ENGINES = ("tinygrad", "onnxruntime")
+_cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def compile_program(onnx_bytes: bytes) -> OnnxModel:
-    """The warmed :class:`OnnxModel` for these bytes, compiled once per process (LRU by sha256).
+def compile_program(onnx_bytes: bytes, engine: str = "tinygrad") -> Any:
+    """The warmed executor of a program, compiled once per process (LRU by sha256 and engine).
 
-    Raises :class:`chestnut.backend.errors.ModelError` for a graph tinygrad cannot parse.
+    ``engine``: ``"tinygrad"`` — :class:`OnnxModel` on the host CPU through the compile cache
+    (``fallback/jitcache.py``), the same kernels tinygrad runs for the CPU reference, so results are
+    bit-exact with it; ``"onnxruntime"`` — :class:`~chestnut.fallback.standby.FallbackModel`'s
+    onnxruntime session, an order of magnitude faster on a small host (a GPU's real-time budget
+    cannot be met by tinygrad's CPU backend there). Both expose ``inputs``, ``outputs``, ``run`` and
+    ``signature()``. Raises :class:`chestnut.backend.errors.ModelError` for a graph it cannot load
+    and ``ValueError`` for an unknown engine.
     """
+    from chestnut.fallback.jitcache import JitCache
     from chestnut.fallback.model import OnnxModel
+    from chestnut.fallback.standby import Engine, FallbackModel
 
+    if engine not in PROGRAM_ENGINES:
+        raise ValueError(f"program engine {engine!r}: use one of {PROGRAM_ENGINES}")
     sha = hashlib.sha256(onnx_bytes).hexdigest()
     with _cache_lock:
-        model = _cache.get(sha)
+        model = _cache.get((sha, engine))
         if model is not None:
-            _cache.move_to_end(sha)
+            _cache.move_to_end((sha, engine))
             return model
-        model = OnnxModel(onnx_bytes, name=f"program-{sha[:12]}")
+        if engine == "tinygrad":
+            model = OnnxModel(onnx_bytes, name=f"program-{sha[:12]}", jit_cache=JitCache())
+        else:
+            model = FallbackModel(onnx_bytes, Engine.ONNXRUNTIME, name=f"program-{sha[:12]}", threads=1)
         model.warm()
-        _cache[sha] = model
+        _cache[(sha, engine)] = model
         while len(_cache) > COMPILE_CACHE_SIZE:
             _cache.popitem(last=False)
         return model
@@ -369,7 +383,7 @@ class Engine:
                 return _Done(P.STATUS_OUT_OF_RANGE)
             onnx_bytes = tw.vram.read(src, onnx_nbytes)
         try:
-            model = compile_program(onnx_bytes)
+            model = compile_program(onnx_bytes, tw.config.program_engine)
             signature = model.signature()
         except Exception as e:  # ModelError, or tinygrad failing on an odd graph
             log.warning("LOAD program %d failed: %s", program_id, e)

@@ -113,7 +113,8 @@ def dock_lock_path(bus: int, address: int) -> str:
 class TwinConfig:
     """How the twin is built. ``bus``/``first_address`` name the first enumeration; ``training_delay_s``
     is how long PCIe link training takes after ``0xF3`` power-on; ``link_mbps``/``latency_us`` switch on
-    the timing model (each transfer takes ``latency_us + bytes*8/link_mbps`` microseconds)."""
+    the timing model (each transfer takes ``latency_us + bytes*8/link_mbps`` microseconds);
+    ``program_engine`` is how the GPU engine executes loaded programs (``engine.compile_program``)."""
 
     bus: int = 2
     first_address: int = 5
@@ -121,6 +122,7 @@ class TwinConfig:
     link_mbps: float | None = None
     latency_us: float = 0.0
     identity: D.Identity = field(default_factory=D.Identity)
+    program_engine: str = "tinygrad"  # how the GPU engine executes programs: tinygrad | onnxruntime
 
 
 @dataclass(frozen=True)
