@@ -212,10 +212,11 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
 
 def agreement_check(path: Path, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
     """Run ``path`` with tinygrad (CPU) and onnxruntime on ``inputs``; report the largest difference."""
+    from chestnut.fallback.jitcache import JitCache
     from chestnut.fallback.model import OnnxModel
 
     t0 = time.monotonic()
-    ours = OnnxModel(path).run(inputs)
+    ours = OnnxModel(path, jit_cache=JitCache(), progress=lambda msg: print(f"  {msg}", flush=True)).run(inputs)
     first_call_s = time.monotonic() - t0
     try:
         import onnxruntime as ort

@@ -93,6 +93,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--frames", type=int, default=0, help="stop after this many frames (0 = run until stopped)")
     p.add_argument("--no-loop", action="store_true", help="stop at the end of the source instead of looping")
+    p.add_argument("--start-delay", type=float, default=1.0,
+                   help="s between binding the socket and the first frame (default 1): ZeroMQ drops what a PUB "
+                   "sends before a subscriber's connection is up, so subscribers get time to (re)connect")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     sent = skipped = 0
     with PubMaster(["cameraFrame"]) as pm:
         log.info("camera: %s at %.1f Hz, %dx%d", source, args.rate, args.width, args.height)
+        time.sleep(max(0.0, args.start_delay))
         t0 = time.monotonic_ns()
         frame_id = 0
         while not stop and (args.frames == 0 or sent < args.frames):

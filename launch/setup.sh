@@ -28,3 +28,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --no-deps "rapidocr-onnxruntime==1.4.4"
   touch "$stamp"
 fi
+
+# The pretrained model, prepared for the node (shape fixed, repaired, checked, compile cache filled).
+.venv/bin/chestnut model prepare

@@ -170,13 +170,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, help="also write the summary as JSON here")
 
 
-def _wait_first_output(view: Any, deadline_s: float) -> bool:
+def _wait_for(view: Any, service: str, deadline_s: float) -> bool:
     t_end = time.monotonic() + deadline_s
     while time.monotonic() < t_end:
         view.update(100)
-        if view.sm.seen["modelOutput"]:
+        if view.sm.seen[service]:
             return True
     return False
+
+
+def supervisorctl(conf: Path, *args: str) -> int:
+    """Run ``supervisorctl -c conf ARGS``; returns its exit code."""
+    exe = str(Path(sys.executable).parent / "supervisorctl")
+    return subprocess.run([exe, "-c", str(conf), *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                          timeout=30).returncode
 
 
 def run(args: argparse.Namespace) -> int:
@@ -214,8 +221,11 @@ def run(args: argparse.Namespace) -> int:
     view = StackView()
     injected: list[tuple[FaultPlan, int | None]] = []
     try:
-        if not _wait_first_output(view, 180.0):
-            log.error("no modelOutput within 180 s; see %s", run_dir)
+        if not _wait_for(view, "nodeState", 120.0):
+            log.error("the node did not come up within 120 s; see %s", run_dir / "node.log")
+            stop = True
+        elif supervisorctl(conf, "start", "camera") != 0 or not _wait_for(view, "modelOutput", 60.0):
+            log.error("no modelOutput within 60 s of starting the camera; see %s", run_dir)
             stop = True
         t0 = time.monotonic()
         pending = sorted(args.fault, key=lambda f: f.start_s)
