@@ -206,6 +206,14 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
             f"tinygrad and onnxruntime disagree by {meta['max_abs_diff_vs_onnxruntime']:.3g} "
             f"> {AGREEMENT_TOL} on the check frame",
         )
+    from chestnut.backend.fingerprint import record_fingerprint
+    from chestnut.fallback.jitcache import JitCache
+    from chestnut.fallback.model import OnnxModel
+
+    fp = record_fingerprint(OnnxModel(out, jit_cache=JitCache()))
+    fp_path = out.with_suffix(".fingerprint.json")
+    fp_path.write_text(json.dumps(fp, indent=1))
+    meta["fingerprint"] = str(fp_path)
     out.with_suffix(".json").write_text(json.dumps(meta, indent=2))
     return meta
 
@@ -260,7 +268,8 @@ def run(args: argparse.Namespace) -> int:
     meta_path = out.with_suffix(".json")
     if not args.force and out.is_file() and meta_path.is_file():
         meta = json.loads(meta_path.read_text())
-        if meta.get("source") == str(src) and meta.get("input_shape") == list(shape):
+        if (meta.get("source") == str(src) and meta.get("input_shape") == list(shape)
+                and out.with_suffix(".fingerprint.json").is_file()):
             print(
                 f"model ready: {out} (sha256 {meta['sha256'][:16]}, max |tinygrad-onnxruntime| "
                 f"{meta['max_abs_diff_vs_onnxruntime']})"

@@ -1,0 +1,68 @@
+"""The main job end to end: the real PP-OCRv4 detector and real traffic frames through the whole launched
+stack (twin, logger, control daemon, node, camera under supervisord), with a GPU hang injected mid-run.
+
+Needs the prepared model (``chestnut model prepare``, part of ``launch/setup.sh``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from chestnut.launch.assets import default_model_path
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    if not default_model_path().is_file():
+        pytest.fail("the real model is not prepared: run `bash launch/setup.sh` (chestnut model prepare)")
+    tmp = tmp_path_factory.mktemp("launch")
+    env = dict(os.environ, CHESTNUT_PREFIX=f"e2e{os.getpid()}")
+    out = tmp / "summary.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "chestnut.launch.cli", "launch", "--seconds", "28", "--no-live",
+         "--runs-dir", str(tmp / "runs"), "--fault", "gpu_hang@8+4", "--json", str(out)],
+        env=env, capture_output=True, text=True, timeout=380)
+    assert out.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads(out.read_text()), tmp
+
+
+def test_every_frame_gets_exactly_one_output(run):
+    proc, s, _ = run
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert s["missing_outputs"] == []
+    assert s["outputs"] == s["frames_in"] > 400
+    assert s["log_damage"] == []
+    assert 18.0 <= s["frame_rate_hz"] <= 22.0
+
+
+def test_hang_fails_over_then_returns_to_the_primary(run):
+    _, s, _ = run
+    states = [st for _, st, _ in s["transitions"]]
+    assert states[:2] == ["qualifying", "active"]
+    i = states.index("degraded")
+    assert "active" in states[i:]  # back on the primary after the fault cleared
+    assert "recovering" in states[i:states.index("active", i)]
+    assert s["by_source"]["fallback"] > 0 and s["by_source"]["primary"] > s["by_source"]["fallback"]
+
+
+def test_control_daemon_soft_disables_and_reengages(run):
+    _, s, _ = run
+    events = [what for _, what in s["control"]]
+    assert events[0] == "engaged"
+    assert any(e.startswith("disengaged") and "modelSourceChanged" in e for e in events)
+    assert events[-1] == "engaged"
+
+
+def test_stack_stopped_cleanly(run):
+    _, _, tmp = run
+    leftovers = [p for p in psutil.process_iter(["cmdline"])
+                 if any(str(tmp) in (a or "") for a in (p.info["cmdline"] or []))]
+    assert leftovers == []
