@@ -630,6 +630,9 @@ class Twin:
                         result, lost = b"", True
                 else:
                     result, extra_s = self._vendor_out(b_request, w_value, w_index, data)
+                    if b_request == P.REQ_PCIE_POWER and extra_s > 0 and start_s is not None:
+                        # the request completes when training is over, however late it was processed
+                        extra_s = max(extra_s, self._train_end_s - start_s)
             else:
                 raise UsbError(LIBUSB_ERROR_PIPE, f"bmRequestType {bm_request_type:#04x} not supported")
             if isinstance(result, bytes | bytearray) and gate.short_to is not None:
