@@ -150,6 +150,13 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
         for when, st, why in s["transitions"]:
             tr.add_row(f"{when:.1f}", st, why)
         con.print(tr)
+    if s.get("processes"):
+        pt = Table(title="processes (CPU: % of one core over the run; RSS: peak)")
+        for c in ("program", "CPU %", "RSS MB"):
+            pt.add_column(c)
+        for name, v in s["processes"].items():
+            pt.add_row(name, f"{v['cpu_percent']:.0f}", f"{v['rss_peak_mb']:.0f}")
+        con.print(pt)
     for when, what in s["control"]:
         con.print(f"control {when:6.1f} s  {what}")
     for d in s["log_damage"]:
@@ -219,6 +226,8 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     view = StackView()
+    sampler = ProcessSampler(proc.pid)
+    next_sample = 0.0
     injected: list[tuple[FaultPlan, int | None]] = []
     try:
         if not _wait_for(view, "nodeState", 120.0):
@@ -249,6 +258,9 @@ def run(args: argparse.Namespace) -> int:
                             tc.clear(fid)
                         injected.remove((f, fid))
                         log.warning("t=%.1f s: cleared %s", el, f.kind)
+                if time.monotonic() >= next_sample:
+                    sampler.sample()
+                    next_sample = time.monotonic() + 1.0
                 if time.monotonic() >= next_draw:
                     live.update(view.render())
                     next_draw = time.monotonic() + 0.25
@@ -263,10 +275,72 @@ def run(args: argparse.Namespace) -> int:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     summary = summarize(run_dir / "logs", t_launch)
+    summary["processes"] = sampler.report()
     print_summary(summary, run_dir)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
     return 0 if summary["outputs"] > 0 and not summary["missing_outputs"] else 1
+
+
+class ProcessSampler:
+    """CPU (% of one core, averaged over the run) and resident memory (MB, peak) of each stack program.
+
+    Programs are supervisord's children, named by their ``chestnut`` subcommand; a program's own
+    children (the node's worker) are counted under ``<name>/child``."""
+
+    NAMES = {"twin": "twin", "record": "record", "control": "control", "run": "node", "camera": "camera"}
+
+    def __init__(self, supervisord_pid: int) -> None:
+        import psutil
+
+        self.psutil = psutil
+        self.root = psutil.Process(supervisord_pid)
+        self.cpu_start: dict[int, tuple[str, float, float]] = {}
+        self.cpu_last: dict[int, float] = {}
+        self.rss_peak_mb: dict[str, float] = {}
+        self.seconds: dict[str, float] = {}
+
+    def _name(self, proc: Any) -> str | None:
+        try:
+            cmd = proc.cmdline()
+        except (self.psutil.NoSuchProcess, self.psutil.AccessDenied):
+            return None
+        if "chestnut.launch.cli" in cmd:
+            i = cmd.index("chestnut.launch.cli")
+            return self.NAMES.get(cmd[i + 1]) if i + 1 < len(cmd) else None
+        return None
+
+    def sample(self) -> None:
+        try:
+            kids = self.root.children()
+        except self.psutil.NoSuchProcess:
+            return
+        now = time.monotonic()
+        for k in kids:
+            name = self._name(k)
+            if name is None:
+                continue
+            for p, label in [(k, name)] + [(c, f"{name}/child") for c in k.children(recursive=True)]:
+                try:
+                    t = p.cpu_times()
+                    cpu = t.user + t.system
+                    rss = p.memory_info().rss / 1e6
+                except self.psutil.NoSuchProcess:
+                    continue
+                if p.pid not in self.cpu_start:
+                    self.cpu_start[p.pid] = (label, now, cpu)
+                self.cpu_last[p.pid] = cpu
+                self.seconds[str(p.pid)] = now
+                self.rss_peak_mb[label] = max(self.rss_peak_mb.get(label, 0.0), rss)
+
+    def report(self) -> dict[str, dict[str, float]]:
+        cpu: dict[str, float] = {}
+        span: dict[str, float] = {}
+        for pid, (label, t0, c0) in self.cpu_start.items():
+            cpu[label] = cpu.get(label, 0.0) + self.cpu_last[pid] - c0
+            span[label] = max(span.get(label, 0.0), self.seconds[str(pid)] - t0)
+        return {label: {"cpu_percent": 100 * cpu[label] / span[label] if span.get(label) else 0.0,
+                        "rss_peak_mb": self.rss_peak_mb[label]} for label in sorted(cpu)}
 
 
 class _Null:
