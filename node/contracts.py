@@ -11,8 +11,9 @@ contract                 holds when (source of the rule)
 log_intact               every log file reads to its end: a truncated or corrupt file is reported with its
                          byte offset (:class:`~chestnut.msgs.logfile.LogDamage`); the rest is still checked
 one_output_per_frame     every ``cameraFrame`` has exactly one ``modelOutput`` (DESIGN.md "Timing contracts");
-                         frames still in flight at the log's end (EOF + deadline + slack after its last
-                         message) and frames whose answer fell into unreadable log are excused
+                         excused: frames still in flight at the log's end (EOF + deadline + slack after its
+                         last message), frames whose answer fell into unreadable log, and frames before the
+                         node's first message or after it published ``stopping``
 frame_ids_increase       ``frameId`` strictly increases within ``cameraFrame`` and within ``modelOutput``
 deadline_or_fallback     no ``modelOutput`` from the primary later than the per-frame deadline + slack after
                          its frame's ``timestampEof`` (150 ms, openpilot modeld; ``timing.deadline_ms``)
@@ -69,6 +70,12 @@ LAYER_NAMES = ("usb", "pcie", "gpu", "output")  # LayerHealth.Layer order
 # ---------------------------------------------------------------- parameters
 
 
+def config_section(config: dict[str, Any], name: str) -> dict[str, Any]:
+    """``config[name]`` when it is a table (dict), else ``{}``."""
+    section = config.get(name)
+    return section if isinstance(section, dict) else {}
+
+
 @dataclass(frozen=True)
 class CheckParams:
     """The bounds the contracts use. Defaults are the node's (see the module table for sources)."""
@@ -95,12 +102,13 @@ class CheckParams:
 
     @classmethod
     def from_config(cls, config: dict[str, Any], **overrides: Any) -> CheckParams:
-        """Bounds from the node's configuration (``initData.config``: ``timing.deadline_ms``,
-        ``timing.health_hz``, ``dock.wait_timeout_ms``); keys that are absent keep the defaults."""
+        """Bounds from the node's configuration (``initData.config``, :class:`chestnut.node.config.NodeConfig`
+        JSON: ``timing.deadline_ms``, ``timing.health_hz``, ``timing.hang_margin_ms``,
+        ``dock.wait_timeout_ms``); keys that are absent keep the defaults."""
         values: dict[str, Any] = {}
-        timing = config.get("timing") if isinstance(config.get("timing"), dict) else {}
-        dock = config.get("dock") if isinstance(config.get("dock"), dict) else {}
+        timing, dock = config_section(config, "timing"), config_section(config, "dock")
         for key, section, name in (("deadline_ms", timing, "deadline_ms"), ("health_hz", timing, "health_hz"),
+                                   ("hang_margin_ms", timing, "hang_margin_ms"),
                                    ("wait_timeout_ms", dock, "wait_timeout_ms")):
             if isinstance(section.get(name), int | float) and section[name] > 0:
                 values[key] = float(section[name])
@@ -304,9 +312,12 @@ class FileRecorder:
 
 
 def extract_file(path: Path | str) -> FileExtract:
-    """Read one log file (``.zst`` or ``.mcap``) into records; damage is recorded, never raised."""
+    """Read one log file (``.zst`` or ``.mcap``) into records; damage is recorded, never raised.
+
+    Read in file order (reorder window 0: :class:`Timeline` sorts by time itself), so that a damage
+    report comes right after the last message read before it."""
     rec = FileRecorder(path)
-    reader = LogReader(path, on_damage=rec.on_damage)
+    reader = LogReader(path, on_damage=rec.on_damage, reorder_window_ns=0)
     for t, service, event in reader:
         rec.add(t, service, event)
     return rec.finish()
@@ -330,6 +341,8 @@ class Timeline:
     node_states: list[NodeStateRec] = field(default_factory=list)
     controls: list[ControlRec] = field(default_factory=list)
     inits: list[InitRec] = field(default_factory=list)
+    _frame_times: list[int] = field(default_factory=list, repr=False)  # bisect indexes
+    _health_times: list[int] = field(default_factory=list, repr=False)
 
     @classmethod
     def from_extracts(cls, extracts: Sequence[FileExtract]) -> Timeline:
@@ -388,8 +401,20 @@ class Timeline:
         """``t_ns`` as seconds since the log's first message."""
         return 0.0 if t_ns is None else (t_ns - self.start_ns) / NS_PER_S
 
-    _frame_times: list[int] = field(default_factory=list, repr=False)
-    _health_times: list[int] = field(default_factory=list, repr=False)
+
+def default_node_config() -> tuple[dict[str, Any], str]:
+    """(the configuration ``chestnut run`` uses without flags, where it comes from): ``launch/node.toml``
+    when present, else the built-in defaults of :class:`chestnut.node.config.NodeConfig`. Used for a log
+    that carries no node configuration."""
+    from chestnut.backend.errors import ConfigError
+    from chestnut.node.config import DEFAULT_CONFIG, NodeConfig, load_config
+
+    try:
+        if DEFAULT_CONFIG.is_file():
+            return load_config(DEFAULT_CONFIG).to_json(), str(DEFAULT_CONFIG)
+    except ConfigError as e:
+        log.warning("%s", e)
+    return NodeConfig().to_json(), "the node's built-in defaults"
 
 
 def read_timeline(paths: Iterable[Path | str] | Path | str) -> Timeline:
@@ -454,9 +479,17 @@ def one_output_per_frame(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
         by_frame.setdefault(o.frame_id, []).append(o)
     bound = p.answer_bound_ns
     seen: set[int] = set()
+    # the node answers from its first message until it publishes ``stopping``; frames outside are not its
+    node_msgs = [r.t_ns for r in (tl.outputs[:1] + tl.node_states[:1] + tl.actives[:1] + tl.healths[:1])]
+    started = min(node_msgs) if node_msgs else tl.end_ns + 1
+    state_times = [s.t_ns for s in tl.node_states]
     for f in tl.frames:
         seen.add(f.frame_id)
         answers = by_frame.get(f.frame_id, [])
+        if not answers:
+            k = bisect.bisect_right(state_times, f.t_ns)
+            if f.t_ns < started or (k and tl.node_states[k - 1].state == "stopping"):
+                continue
         if len(answers) > 1:
             for extra in answers[1:]:
                 yield _v(tl, name, extra.t_ns, f"frame {f.frame_id} answered {len(answers)} times "
@@ -660,6 +693,7 @@ class CheckResult:
     timeline: Timeline
     params: CheckParams
     violations: list[Violation]
+    config_origin: str = "given"  # where the bounds' configuration came from
 
     def counts(self) -> dict[str, int]:
         """Violations per contract, every contract listed (0 when it held)."""
@@ -674,9 +708,16 @@ def check_log(paths: Iterable[Path | str] | Path | str, params: CheckParams | No
     """Read the log under ``paths`` and check it. ``params`` default to the node's configuration found
     in the log (``initData``) with ``overrides`` (e.g. ``slack_ms=50``) on top."""
     tl = read_timeline(paths)
+    origin = "the log's node initData"
     if params is None:
-        params = CheckParams.from_config(tl.node_config(), **overrides)
-    return CheckResult(tl, params, check_timeline(tl, params, only))
+        config = tl.node_config()
+        if not config:
+            config, origin = default_node_config()
+            origin += " (the log carries no node configuration)"
+        params = CheckParams.from_config(config, **overrides)
+    else:
+        origin = "given"
+    return CheckResult(tl, params, check_timeline(tl, params, only), origin)
 
 
 # ---------------------------------------------------------------- command line
@@ -726,7 +767,8 @@ def run(args: argparse.Namespace) -> int:
     p = result.params
     console.print(f"{len(tl.files)} file(s), {tl.seconds(tl.end_ns):.1f} s, {len(tl.frames)} frames, "
                   f"{len(tl.outputs)} outputs; deadline {p.deadline_ms:g} ms, slack {p.slack_ms:g} ms, "
-                  f"wait timeout {p.wait_timeout_ms:g} ms")
+                  f"wait timeout {p.wait_timeout_ms:g} + {p.hang_margin_ms:g} ms (configuration: "
+                  f"{result.config_origin})")
     print_violations(result, console)
     if args.report is not None:
         from chestnut.node.report import write_report

@@ -45,7 +45,17 @@ import numpy as np
 
 from chestnut.launch.camerad import frame_to_array
 from chestnut.msgs.logfile import LogReader, find_log_files
-from chestnut.node.contracts import NS_PER_MS, NS_PER_S, SLACK_MS, DamageRec, FileExtract, FileRecorder, Timeline
+from chestnut.node.contracts import (
+    NS_PER_MS,
+    NS_PER_S,
+    SLACK_MS,
+    DamageRec,
+    FileExtract,
+    FileRecorder,
+    Timeline,
+    config_section,
+    default_node_config,
+)
 from chestnut.node.validity import compare_tensors
 from chestnut.node.watchdog import FRAME_DEADLINE_MS
 
@@ -127,12 +137,15 @@ def _graph_input(path: Path) -> tuple[str, tuple[int, ...]]:
 
 def resolve_plan(node_config: dict[str, Any], *, model: Path | None = None, fallback_model: Path | None = None,
                  source: str = "logged", tol: float = DEFAULT_TOL, slack_ms: float = SLACK_MS,
-                 jit_cache: bool = True, config_origin: str = "the log") -> ReplayPlan:
+                 jit_cache: bool = True, config_origin: str = "the log",
+                 primary_engine: str = "tinygrad") -> ReplayPlan:
     """The plan from the node's logged configuration (``initData.config``, :class:`chestnut.node.config.NodeConfig`
     JSON: ``model.{path,name,input,shape,preprocess}``, ``fallback.{path,engine,threads}``,
     ``timing.deadline_ms``; a top-level ``preprocess`` overrides) with ``model`` / ``fallback_model``
     given on the command line taking precedence over the logged paths. A model file other than the
-    configured one is fed by its own graph's input name and shape.
+    configured one is fed by its own graph's input name and shape. ``primary_engine`` runs the primary:
+    ``tinygrad`` (the kernels of a twin whose engine is tinygrad, and of the worker's ``cpu`` dock) or
+    ``onnxruntime`` (a twin run with ``--engine onnxruntime``, ``chestnut launch``'s default).
 
     Raises :class:`ReplayError` when a needed model file is missing or the log names no model and
     none is given, ``ValueError`` for a bad ``source`` or ``tol``.
@@ -141,9 +154,8 @@ def resolve_plan(node_config: dict[str, Any], *, model: Path | None = None, fall
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     if not tol > 0:
         raise ValueError(f"tol must be > 0, got {tol}")
-    mcfg = node_config.get("model") if isinstance(node_config.get("model"), dict) else {}
-    fcfg = node_config.get("fallback") if isinstance(node_config.get("fallback"), dict) else {}
-    tcfg = node_config.get("timing") if isinstance(node_config.get("timing"), dict) else {}
+    mcfg, fcfg = config_section(node_config, "model"), config_section(node_config, "fallback")
+    tcfg = config_section(node_config, "timing")
     preprocess = str(node_config.get("preprocess") or mcfg.get("preprocess") or "ppocr")
     primary_given = model or mcfg.get("path")
     if not primary_given:
@@ -151,12 +163,12 @@ def resolve_plan(node_config: dict[str, Any], *, model: Path | None = None, fall
     primary_path = Path(primary_given).expanduser()
     fb_given = fallback_model or fcfg.get("path")
     fallback_path = Path(fb_given).expanduser() if fb_given else primary_path
-    name = str(mcfg.get("name") or primary_path.stem)
     engine = str(fcfg.get("engine") or "onnxruntime")
     if engine not in ENGINES:
         raise ReplayError(f"the log's fallback engine {engine!r} is not one of {ENGINES}")
 
     configured = Path(mcfg["path"]).expanduser() if mcfg.get("path") else None
+    name = str(mcfg.get("name") or primary_path.stem) if primary_path == configured else primary_path.stem
 
     def ref(path: Path, role: str, eng: str, threads: int) -> ModelRef:
         if not path.is_file():
@@ -166,11 +178,13 @@ def resolve_plan(node_config: dict[str, Any], *, model: Path | None = None, fall
             input_name, shape = str(mcfg["input"]), tuple(int(s) for s in mcfg["shape"])
         else:
             input_name, shape = _graph_input(path)
-        nm = name if role == "primary" else path.stem
+        nm = name if role == "primary" else f"{name}-fallback"  # the node's names (node/main.py)
         return ModelRef(str(path), nm, eng, input_name, shape, _sha16(path), threads)
 
+    if primary_engine not in ENGINES:
+        raise ValueError(f"primary_engine must be one of {ENGINES}, got {primary_engine!r}")
     needs = {"primary", "fallback"} if source == "logged" else {source}
-    primary = ref(primary_path, "primary", "tinygrad", 1) if "primary" in needs else None
+    primary = ref(primary_path, "primary", primary_engine, 1) if "primary" in needs else None
     fallback = ref(fallback_path, "fallback", engine, int(fcfg.get("threads") or 1)) if "fallback" in needs else None
     deadline = tcfg.get("deadline_ms")
     return ReplayPlan(preprocess, primary, fallback, source, float(tol),
@@ -193,20 +207,6 @@ def find_node_config(files: Iterable[Path]) -> dict[str, Any]:
             if isinstance(config, dict) and isinstance(config.get("model"), dict):
                 return config
     return {}
-
-
-def default_node_config() -> tuple[dict[str, Any], str]:
-    """(the configuration ``chestnut run`` uses without flags, where it comes from): ``launch/node.toml``
-    when present, else the built-in defaults of :class:`chestnut.node.config.NodeConfig`."""
-    from chestnut.backend.errors import ConfigError
-    from chestnut.node.config import DEFAULT_CONFIG, NodeConfig, load_config
-
-    try:
-        if DEFAULT_CONFIG.is_file():
-            return load_config(DEFAULT_CONFIG).to_json(), str(DEFAULT_CONFIG)
-    except ConfigError as e:
-        log.warning("%s", e)
-    return NodeConfig().to_json(), "the node's built-in defaults"
 
 
 # ---------------------------------------------------------------- results
@@ -237,7 +237,8 @@ KIND_NO_MODEL = "no_model"  # the output's source has no model to replay with (e
 KIND_LATE = "late_output"  # an output more than STALE_PENDING_S after its frame
 KIND_IN_FLIGHT = "in_flight"  # excused: still in flight when the log ended
 KIND_LOST = "lost_to_damage"  # excused: its answer fell into unreadable log
-EXCUSED = frozenset({KIND_OK, KIND_IN_FLIGHT, KIND_LOST})
+KIND_NOT_SERVING = "node_not_serving"  # excused: before the node's first message, or after it said stopping
+EXCUSED = frozenset({KIND_OK, KIND_IN_FLIGHT, KIND_LOST, KIND_NOT_SERVING})
 
 
 @dataclass(frozen=True)
@@ -286,9 +287,9 @@ class ModelIdCheck:
 
 @dataclass
 class SegmentResult:
-    """A unit's result. ``frames`` in log order; ``extract`` holds the segment's records (for reports);
-    ``infer_s`` (model runs), ``load_s`` (model loads, compiles and warm-ups in this unit) and ``wall_s``
-    are timings (s), outside :meth:`ReplayResult.digest`."""
+    """A unit's result. ``frames`` by frame id; ``extract`` holds the segment's records (for reports);
+    ``infer_s`` (model runs), ``load_s`` (model loads, compiles and warm-ups in this unit), ``wall_s`` and
+    ``cpu_s`` (this process's CPU time, all threads) are timings (s), outside :meth:`ReplayResult.digest`."""
 
     index: int
     path: str
@@ -301,6 +302,7 @@ class SegmentResult:
     load_s: float = 0.0
     wall_s: float = 0.0
     pid: int = 0
+    cpu_s: float = 0.0  # CPU time of this process (all threads) during the unit
 
 
 @dataclass
@@ -330,7 +332,7 @@ class ReplayResult:
                 k = (m.source, m.logged_id, m.replay_id)
                 old = merged.get(k)
                 merged[k] = m if old is None else replace(old, frames=old.frames + m.frames)
-        return list(merged.values())
+        return [merged[k] for k in sorted(merged)]
 
     @property
     def model_mismatches(self) -> list[ModelIdCheck]:
@@ -453,12 +455,14 @@ def _model(ref: ModelRef, jit_cache: bool) -> Any:
 
 @dataclass(frozen=True)
 class SegmentTask:
-    """One segment file to replay; ``next_path`` is the following segment (answers that crossed over)."""
+    """One segment file to replay; ``next_path`` is the following segment (answers that crossed over);
+    ``has_previous``: the log holds the segment before it (else the node may not have started yet)."""
 
     index: int
     path: str
     next_path: str | None
     plan: ReplayPlan
+    has_previous: bool = False
 
 
 @dataclass
@@ -467,6 +471,10 @@ class _Pending:
     eof_ns: int
     image: np.ndarray | None
     error: str = ""
+    not_served: str = ""  # why the node was not answering frames then ("" = it was)
+
+
+_NODE_SERVICES = frozenset({"modelOutput", "chestnutActive", "chestnutHealth", "nodeState"})
 
 
 def _overlaps(gaps: list[tuple[int | None, int | None]], t0: int, t1: int) -> bool:
@@ -544,6 +552,7 @@ class _SegmentReplayer:
 
     def run(self) -> SegmentResult:
         t_start = time.perf_counter()
+        cpu_start = time.process_time()
         task, plan = self.task, self.plan
         recorder = FileRecorder(task.path)
         pending: dict[int, _Pending] = {}  # frames waiting for their output, in log order
@@ -553,8 +562,15 @@ class _SegmentReplayer:
         skipped_head = 0
         early: dict[int, tuple[int, Any]] = {}  # outputs logged before their frame: frame id -> (t, Event)
         stale_ns = int(STALE_PENDING_S * NS_PER_S)
-        for t, service, ev in LogReader(task.path, on_damage=recorder.on_damage):
+        node_seen = task.has_previous  # the node has published (in this segment or, assumed, before it)
+        stopping = False
+        # file order (reorder window 0): a damage report then follows the last message read before it
+        for t, service, ev in LogReader(task.path, on_damage=recorder.on_damage, reorder_window_ns=0):
             recorder.add(t, service, ev)
+            if service in _NODE_SERVICES:
+                node_seen = True
+                if service == "nodeState":
+                    stopping = str(ev.nodeState.state) == "stopping"
             if service == "cameraFrame":
                 cf = ev.cameraFrame
                 fid = int(cf.frameId)
@@ -563,6 +579,8 @@ class _SegmentReplayer:
                     p = _Pending(t, int(cf.timestampEof), frame_to_array(cf))  # as the node reads it
                 except ValueError as e:
                     p = _Pending(t, int(cf.timestampEof), None, str(e))
+                if not node_seen or stopping:
+                    p.not_served = "the node had not started" if not node_seen else "the node was stopping"
                 if fid in early:  # its output was logged before it (frame ids out of order)
                     t_out, ev_out = early.pop(fid)
                     answered[fid] = 1
@@ -574,7 +592,7 @@ class _SegmentReplayer:
                     if t - old.t_ns <= stale_ns:
                         break
                     del pending[old_id]
-                    expired[old_id] = _Pending(old.t_ns, old.eof_ns, None)
+                    expired[old_id] = _Pending(old.t_ns, old.eof_ns, None, not_served=old.not_served)
             elif service == "modelOutput":
                 mo = ev.modelOutput
                 fid = int(mo.frameId)
@@ -604,18 +622,21 @@ class _SegmentReplayer:
         bound = plan.answer_bound_ns
         for fid, p in sorted({**expired, **pending}.items()):
             due = max(p.eof_ns, p.t_ns) + bound
-            if _overlaps(extract.gaps, p.t_ns, due):
+            if p.not_served:
+                self.frames.append(FrameResult(fid, p.t_ns, KIND_NOT_SERVING, detail=p.not_served))
+            elif _overlaps(extract.gaps, p.t_ns, due):
                 self.frames.append(FrameResult(fid, p.t_ns, KIND_LOST, detail="its answer fell into unreadable log"))
             elif task.next_path is None and due > end_ns:
                 self.frames.append(FrameResult(fid, p.t_ns, KIND_IN_FLIGHT, detail="in flight at the end of the log"))
             else:
                 self.frames.append(FrameResult(fid, p.t_ns, KIND_MISSING, detail=f"frame {fid} has no modelOutput"))
         self.frames.extend(o for o in orphans if not _overlaps(extract.gaps, o.t_ns - bound, o.t_ns))
-        self.frames.sort(key=lambda f: (f.t_ns, f.frame_id, f.kind))
+        self.frames.sort(key=lambda f: (f.frame_id, f.t_ns, f.kind))
         ids = [ModelIdCheck(src, logged, self._replay_id(src), n, first) for (src, logged), (n, first)
                in sorted(self.ids.items())]
         return SegmentResult(task.index, task.path, self.frames, list(extract.damage), ids, skipped_head, extract,
-                             self.infer_s, self.load_s, time.perf_counter() - t_start, os.getpid())
+                             self.infer_s, self.load_s, time.perf_counter() - t_start, os.getpid(),
+                             time.process_time() - cpu_start)
 
     def _replay_id(self, src: str) -> str:
         ref = {"primary": self.plan.primary, "fallback": self.plan.fallback}[src]
@@ -675,13 +696,15 @@ def plan_tasks(files: list[Path], plan: ReplayPlan) -> list[SegmentTask]:
     """One task per file, each knowing the next file of the same route (answers that crossed over)."""
     from chestnut.msgs.logfile import parse_segment_dir
 
+    def follows(a: Path, b: Path) -> bool:
+        sa, sb = parse_segment_dir(a.parent.name), parse_segment_dir(b.parent.name)
+        return sa is not None and sb is not None and sb == (sa[0], sa[1] + 1)
+
     tasks = []
     for i, f in enumerate(files):
-        nxt = files[i + 1] if i + 1 < len(files) else None
-        seg, seg_next = parse_segment_dir(f.parent.name), parse_segment_dir(nxt.parent.name) if nxt else None
-        if nxt is not None and (seg is None or seg_next is None or seg_next != (seg[0], seg[1] + 1)):
-            nxt = None
-        tasks.append(SegmentTask(i, str(f), str(nxt) if nxt else None, plan))
+        nxt = files[i + 1] if i + 1 < len(files) and follows(f, files[i + 1]) else None
+        prev = i > 0 and follows(files[i - 1], f)
+        tasks.append(SegmentTask(i, str(f), str(nxt) if nxt else None, plan, prev))
     return tasks
 
 
@@ -690,7 +713,8 @@ def replay(paths: Iterable[Path | str] | Path | str, plan: ReplayPlan | None = N
     """Replay every segment under ``paths``.
 
     ``plan`` defaults to :func:`resolve_plan` over the node configuration found in the log with
-    ``plan_args`` (``model``, ``fallback_model``, ``source``, ``tol``, ``slack_ms``, ``jit_cache``).
+    ``plan_args`` (``model``, ``fallback_model``, ``source``, ``tol``, ``slack_ms``, ``jit_cache``,
+    ``primary_engine``).
     ``workers`` processes (spawn context) run the segments; ``pool`` (default: ``workers > 1``) False
     runs them in this process. ``progress`` shows a rich progress bar on stderr. Raises
     ``FileNotFoundError`` when there is no log, :class:`ReplayError` when no model can be found.
@@ -793,6 +817,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fallback-model", type=Path, help="fallback model (default: the log's config)")
     p.add_argument("--source", choices=SOURCES, default="logged",
                    help="replay each frame with the source that served it (logged) or force one")
+    p.add_argument("--primary-engine", choices=ENGINES, default="tinygrad",
+                   help="engine for primary-served frames: tinygrad (default; the twin's tinygrad engine runs the "
+                   "same kernels) or onnxruntime (for a twin run with --engine onnxruntime: bit-exact)")
     p.add_argument("--tol", type=float, default=DEFAULT_TOL, help=f"tolerance (default {DEFAULT_TOL:g})")
     p.add_argument("--workers", type=int, default=1, help="processes replaying segments in parallel (default 1)")
     p.add_argument("--report", type=Path, metavar="DIR", help="write plots and an HTML report to DIR")
@@ -851,12 +878,14 @@ def print_result(result: ReplayResult, console: Any, top: int = 10) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from chestnut.backend.errors import ChestnutError
+
     console = Console()
     try:
         result = replay(args.logs, workers=args.workers, progress=console.is_terminal, model=args.model,
                         fallback_model=args.fallback_model, source=args.source, tol=args.tol, slack_ms=args.slack_ms,
-                        jit_cache=not args.no_jit_cache)
-    except (FileNotFoundError, ReplayError, ValueError) as e:
+                        jit_cache=not args.no_jit_cache, primary_engine=args.primary_engine)
+    except (FileNotFoundError, ReplayError, ValueError, ChestnutError) as e:  # ChestnutError: a model that won't load
         log.error("%s", e)
         return 2
     print_result(result, console, args.top)

@@ -34,6 +34,7 @@ SOURCE_COLORS = {"primary": "#1f77b4", "fallback": "#ff7f0e", "none": "#9e9e9e"}
 STATE_COLORS = {"starting": "#c7c7c7", "qualifying": "#aec7e8", "loading": "#9edae5", "active": "#2ca02c",
                 "degraded": "#ff7f0e", "recovering": "#9467bd", "stopping": "#7f7f7f"}
 DPI = 110
+LATENCY_FLOOR_MS = 0.1  # latencies plotted on a log axis; smaller ones (e.g. 0 for a bad frame) sit here
 MAX_LABELLED_FAULTS = 12  # violations named on the timeline; more would overlap (the table lists them all)
 
 
@@ -94,12 +95,14 @@ def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path) -> 
             if not outs:
                 continue
             t = [sec(o.t_ns) for o in outs]
-            ax_lat.scatter(t, [o.frame_age_s * 1e3 for o in outs], s=9, color=color, label=f"frameAge ({src})")
-            ax_lat.scatter(t, [o.execution_time_s * 1e3 for o in outs], s=9, color=color, marker="x", alpha=0.6,
-                           label=f"executionTime ({src})")
+            ax_lat.scatter(t, [max(o.frame_age_s * 1e3, LATENCY_FLOOR_MS) for o in outs], s=9, color=color,
+                           label=f"frameAge ({src})")
+            ax_lat.scatter(t, [max(o.execution_time_s * 1e3, LATENCY_FLOOR_MS) for o in outs], s=9, color=color,
+                           marker="x", alpha=0.6, label=f"executionTime ({src})")
         ax_lat.axhline(deadline_ms, color="#d62728", linestyle="--", linewidth=1, label=f"deadline {deadline_ms:g} ms")
         _legend(ax_lat, ncol=5)
-        ax_lat.set_yscale("symlog", linthresh=1.0)
+        ax_lat.set_yscale("log")
+        ax_lat.set_ylim(bottom=LATENCY_FLOOR_MS * 0.8)
     else:
         _no_data(ax_lat, "modelOutput")
     ax_lat.set_ylabel("latency (ms)")
@@ -266,6 +269,7 @@ def plot_latency(tl: Timeline, path: Path) -> None:
             _no_data(ax, "modelOutput")
         ax.set_xlabel(label)
         ax.set_ylabel("frames")
+        ax.set_title(f"{label.split()[0]} by serving source", loc="left", fontsize=10)
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
@@ -362,7 +366,7 @@ def write_report(out_dir: Path | str, timeline: Timeline, *, violations: Sequenc
             f"{len(tl.damage)} damaged file(s)") if p)) + "</p>"
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>", verdict,
-             "<h2>summary</h2>", _table(("", ""), summary_rows(tl, violations, replay))]
+             "<h2>summary</h2>", _table(("", "value"), summary_rows(tl, violations, replay))]
     if violations is not None:
         counts = dict.fromkeys(CONTRACTS, 0)
         for v in vs:

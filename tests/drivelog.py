@@ -115,6 +115,7 @@ def build_drive(model_path: Path, base_ns: int = 10_000 * 1_000_000_000, n: int 
 
     p_out, f_out = model_outputs(str(model_path), n)
     mid = model_id("tiny", Path(model_path).read_bytes())
+    fb_mid = model_id("tiny-fallback", Path(model_path).read_bytes())  # the node names its fallback so
     imgs = frames(n)
     items: list[Item] = []
 
@@ -177,7 +178,7 @@ def build_drive(model_path: Path, base_ns: int = 10_000 * 1_000_000_000, n: int 
         serving = "fallback" if FAULT_FRAME <= i < RETURN_FRAME else "primary"
         out = _msg("modelOutput", t + 4 * MS)
         mo = out.modelOutput
-        mo.frameId, mo.source, mo.modelId = i, serving, mid
+        mo.frameId, mo.source, mo.modelId = i, serving, mid if serving == "primary" else fb_mid
         _fill_tensors(mo, p_out[i] if serving == "primary" else f_out[i])
         mo.executionTime = 0.002
         mo.frameAge = 0.005
@@ -309,3 +310,75 @@ def shift_frame_eof(items: list[Item], frame_id: int, earlier_ns: int) -> list[I
 
 def remove(items: list[Item], pick: Callable[[int, str, Any], bool]) -> list[Item]:
     return [it for it in items if not pick(it[0], it[1], log_from_bytes(it[2]))]
+
+
+def trailing_frames(items: list[Item], stopping: bool, n: int = 10) -> list[Item]:
+    """``n`` more camera frames after the drive's last message, optionally after a nodeState ``stopping``."""
+    last_t, last_id = max(it[0] for it in items), N_FRAMES - 1
+    frame_t = max(t for t, s, _ in items if s == "cameraFrame")
+    extra: list[Item] = []
+    if stopping:
+        m = _msg("nodeState", last_t + 1 * MS)
+        m.nodeState.state, m.nodeState.reason = "stopping", "stop: stop requested"
+        extra.append((m.logMonoTime, "nodeState", m.to_bytes()))
+    for k in range(1, n + 1):
+        t = frame_t + k * FRAME_PERIOD_NS
+        m = _msg("cameraFrame", t)
+        cf = m.cameraFrame
+        cf.frameId, cf.timestampEof, cf.width, cf.height, cf.data = last_id + k, t - 1 * MS, WIDTH, HEIGHT, \
+            bytes(HEIGHT * WIDTH * 3)
+        extra.append((t, "cameraFrame", m.to_bytes()))
+    return items + extra
+
+
+# ---------------------------------------------------------------- bulk logs (benchmarks)
+
+
+def build_frames_log(model_path: Path, n: int, height: int, width: int, block: int = 20,
+                     base_ns: int = 20_000 * 1_000_000_000, jit_cache: bool = False) -> list[Item]:
+    """``n`` frames at 20 Hz with one real output each, served in alternating blocks of ``block`` frames
+    by the primary (tinygrad; ``jit_cache``: the compile cache) and the fallback (onnxruntime); the
+    node's initData first. Only what replay reads: ``initData``, ``cameraFrame``, ``modelOutput``,
+    ``chestnutActive``."""
+    from chestnut.fallback.model import OnnxModel, model_id
+    from chestnut.fallback.standby import FallbackModel
+    from chestnut.node.config import NodeConfig
+    from chestnut.node.preprocess import preprocess
+
+    shape = (1, 3, height, width)
+    cfg = NodeConfig()
+    cfg.model.path, cfg.model.name, cfg.model.input, cfg.model.shape = Path(model_path), "bench", "x", shape
+    from chestnut.fallback.jitcache import JitCache
+
+    primary = OnnxModel(Path(model_path), name="bench", input_shapes={"x": shape},
+                        jit_cache=JitCache() if jit_cache else None)
+    fallback = FallbackModel(Path(model_path), "onnxruntime", input_shapes={"x": shape})
+    mid = model_id("bench", Path(model_path).read_bytes())
+    rng = np.random.default_rng(3)
+    items: list[Item] = []
+
+    def put(m: Any) -> None:
+        items.append((m.logMonoTime, m.which(), m.to_bytes()))
+
+    init = _msg("initData", base_ns)
+    init.initData.config = json.dumps(cfg.to_json(), sort_keys=True)
+    put(init)
+    for i in range(n):
+        t = base_ns + (i + 1) * FRAME_PERIOD_NS
+        img = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        cam = _msg("cameraFrame", t)
+        cf = cam.cameraFrame
+        cf.frameId, cf.timestampEof, cf.timestampSof, cf.width, cf.height = i, t - MS, t - 11 * MS, width, height
+        cf.data = img.tobytes()
+        put(cam)
+        serving = "primary" if (i // block) % 2 == 0 else "fallback"
+        x = preprocess("ppocr", img, "x", shape)
+        out = _msg("modelOutput", t + 4 * MS)
+        mo = out.modelOutput
+        mo.frameId, mo.source, mo.modelId = i, serving, mid
+        _fill_tensors(mo, (primary if serving == "primary" else fallback).run(x))
+        put(out)
+        act = _msg("chestnutActive", t + 5 * MS)
+        act.chestnutActive.active, act.chestnutActive.source = serving == "primary", serving
+        put(act)
+    return items

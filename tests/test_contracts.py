@@ -20,6 +20,7 @@ from drivelog import (
     remove,
     shift_frame_eof,
     swap_output_ids,
+    trailing_frames,
     write_drive,
 )
 
@@ -151,13 +152,13 @@ def test_control_engaged_past_the_soft_disable(drive, tmp_path):
 
 
 def test_control_engaging_while_inactive(drive, tmp_path):
-    items = _edit(drive, lambda t, s, e: s == "controlState" and frame_time(100) <= t < frame_time(101),
-                  lambda ev: setattr(ev.controlState, "engaged", True))
-    items = _edit(items, lambda t, s, e: s == "controlState" and frame_time(119) <= t < frame_time(120),
-                  lambda ev: setattr(ev.controlState, "engaged", False))
+    # control exited at frame 120; engaging again at frame 130 (chestnutActive still false) is one fault,
+    # reported once for the whole engagement (frames 130-135)
+    items = _edit(drive, lambda t, s, e: s == "controlState" and frame_time(130) <= t < frame_time(136),
+                  lambda ev: setattr(ev.controlState, "engaged", True), expect=6)
     r = check_log(write(items, tmp_path))
-    assert found(r) == [("control_disengages", 100)]
-    assert r.violations[0].message.startswith("engaged while chestnutActive was false (gpu ERROR")
+    assert found(r) == [("control_disengages", 130)]
+    assert r.violations[0].message == "engaged while chestnutActive was false (fallback serving, not the primary)"
 
 
 def test_health_silent_too_long(drive, tmp_path):
@@ -196,3 +197,10 @@ def test_cli_report_and_exit_codes(drive, tmp_path):
     for png in ("timeline.png", "agreement.png", "latency.png"):
         assert (tmp_path / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["check", str(tmp_path / "nothing-here")]) == 2
+
+
+def test_frames_after_the_node_stopped_are_not_its_to_answer(drive, tmp_path):
+    assert check_log(write(trailing_frames(drive, stopping=True), tmp_path / "a")).violations == []
+    # without a stop, frames 180-184 went unanswered; 185-189 are within deadline + slack of the log's end
+    r = check_log(write(trailing_frames(drive, stopping=False), tmp_path / "b"))
+    assert found(r) == [("one_output_per_frame", i) for i in range(180, 185)]
