@@ -63,9 +63,14 @@ class FaultPlan:
 
 def render_config(run_dir: Path, prefix: str, rate_hz: float, node_args: list[str], twin_args: list[str]) -> Path:
     """Write ``supervisord.conf`` for this run; returns its path."""
+    from chestnut.msgs.paths import runtime_dir
+
     py = sys.executable
+    # supervisord's control socket lives in the stack's private runtime dir: a unix socket path must stay
+    # under 108 bytes, which a deep run directory would exceed
     text = TEMPLATE.read_text().format(
-        run_dir=run_dir, python=py, prefix=prefix, rate=rate_hz, node_args=" ".join(node_args),
+        run_dir=run_dir, sock_dir=runtime_dir(prefix), python=py, prefix=prefix, rate=rate_hz,
+        node_args=" ".join(node_args),
         twin_args=" ".join(twin_args), log_dir=run_dir / "logs", path=os.environ.get("PATH", ""),
     )
     conf = run_dir / "supervisord.conf"
