@@ -166,6 +166,10 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
         con.print(f"control {when:6.1f} s  {what}")
     for d in s["log_damage"]:
         con.print(f"[red]log damage:[/red] {d}")
+    bad = {k: v for k, v in s.get("contracts", {}).items() if v}
+    con.print(f"contracts: {len(s.get('contracts', {}))} checked, "
+              + (f"[red]violated: {bad}[/red]" if bad else "[green]no violation[/green]")
+              + f"; report: {s.get('report', '-')}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -281,10 +285,24 @@ def run(args: argparse.Namespace) -> int:
             proc.wait()
     summary = summarize(run_dir / "logs", t_launch)
     summary["processes"] = sampler.report()
+    summary["contracts"], summary["report"] = check_contracts(run_dir)
     print_summary(summary, run_dir)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
-    return 0 if summary["outputs"] > 0 and not summary["missing_outputs"] else 1
+    ok = summary["outputs"] > 0 and not summary["missing_outputs"] and not any(summary["contracts"].values())
+    return 0 if ok else 1
+
+
+def check_contracts(run_dir: Path) -> tuple[dict[str, int], str]:
+    """``chestnut check`` over the run's log, with its report in ``<run dir>/report``."""
+    from chestnut.node.contracts import check_log
+    from chestnut.node.report import write_report
+
+    res = check_log([run_dir / "logs"])
+    for v in res.violations[:20]:
+        log.error("contract %s violated at frame %s: %s", v.contract, v.frame_id, v.message)
+    page = write_report(run_dir / "report", res.timeline, violations=res.violations, title=f"chestnut {run_dir.name}")
+    return res.counts(), str(page)
 
 
 class ProcessSampler:
