@@ -94,6 +94,18 @@ def _graph_inputs(onnx_bytes: bytes, name: str, shapes: dict[str, tuple[int, ...
     return tuple(specs)
 
 
+def check_inputs(specs: tuple[TensorSpec, ...], inputs: dict[str, np.ndarray]) -> None:
+    """Raise :class:`ModelError` unless ``inputs`` has exactly ``specs``' names, shapes and dtypes."""
+    if set(inputs) != {s.name for s in specs}:
+        raise ModelError("bad_input", f"inputs {sorted(inputs)} != model inputs {[s.name for s in specs]}")
+    for s in specs:
+        a = inputs[s.name]
+        if tuple(a.shape) != s.shape or a.dtype != np.dtype(s.dtype):
+            raise ModelError(
+                "bad_input", f"input {s.name!r}: got {a.dtype}{list(a.shape)}, want {s.dtype}{list(s.shape)}"
+            )
+
+
 def verification_inputs(specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
     """A fixed, seeded input per spec (floats ~ N(0,1), integers in [0, 100)): the compile cache's check input."""
     rng = np.random.default_rng(20261130)
@@ -216,14 +228,7 @@ class OnnxModel:
 
     def check_inputs(self, inputs: dict[str, np.ndarray]) -> None:
         """Raise :class:`ModelError` unless ``inputs`` has exactly the model's names, shapes and dtypes."""
-        if set(inputs) != {s.name for s in self.inputs}:
-            raise ModelError("bad_input", f"inputs {sorted(inputs)} != model inputs {[s.name for s in self.inputs]}")
-        for s in self.inputs:
-            a = inputs[s.name]
-            if tuple(a.shape) != s.shape or a.dtype != np.dtype(s.dtype):
-                raise ModelError(
-                    "bad_input", f"input {s.name!r}: got {a.dtype}{list(a.shape)}, want {s.dtype}{list(s.shape)}"
-                )
+        check_inputs(self.inputs, inputs)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once. ``inputs``: name -> array of the declared shape and dtype. Returns name -> a fresh array."""

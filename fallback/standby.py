@@ -24,7 +24,7 @@ import numpy as np
 
 from chestnut.backend.errors import ModelError
 from chestnut.fallback.jitcache import JitCache
-from chestnut.fallback.model import OnnxModel, TensorSpec, _graph_inputs, model_id
+from chestnut.fallback.model import OnnxModel, TensorSpec, _graph_inputs, check_inputs, model_id
 
 
 class Standby(StrEnum):
@@ -85,13 +85,7 @@ class FallbackModel:
 
     def check_inputs(self, inputs: dict[str, np.ndarray]) -> None:
         """Raise ModelError unless ``inputs`` matches the model's input names, shapes and dtypes exactly."""
-        if set(inputs) != {s.name for s in self.inputs}:
-            raise ModelError("bad_input", f"inputs {sorted(inputs)} != model inputs {[s.name for s in self.inputs]}")
-        for s in self.inputs:
-            a = inputs[s.name]
-            if tuple(a.shape) != s.shape or a.dtype != np.dtype(s.dtype):
-                raise ModelError("bad_input", f"input {s.name!r}: got {a.dtype}{list(a.shape)}, "
-                                 f"want {s.dtype}{list(s.shape)}")
+        check_inputs(self.inputs, inputs)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One inference; returns name -> a fresh array per output."""

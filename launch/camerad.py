@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
+from chestnut.launch.signals import StopFlag
 from chestnut.msgs.messaging import PubMaster, new_message
 from chestnut.msgs.schema import log as schema
 
@@ -104,14 +104,7 @@ def run(args: argparse.Namespace) -> int:
     source = args.source or traffic_video_path()
     if args.rate <= 0:
         raise SystemExit("--rate must be > 0")
-    stop = False
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    flag = StopFlag()
     period_ns = int(1e9 / args.rate)
     frames = iter_frames(Path(source), args.height, args.width, loop=not args.no_loop)
     sent = skipped = 0
@@ -120,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         time.sleep(max(0.0, args.start_delay))
         t0 = time.monotonic_ns()
         frame_id = 0
-        while not stop and (args.frames == 0 or sent < args.frames):
+        while not flag.stop and (args.frames == 0 or sent < args.frames):
             sof = t0 + frame_id * period_ns
             now = time.monotonic_ns()
             if now < sof:

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 from dataclasses import dataclass, field
 
+from chestnut.launch.signals import StopFlag
 from chestnut.msgs.messaging import PubMaster, SubMaster, new_message
 
 log = logging.getLogger("chestnut.control")
@@ -135,19 +135,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    stop = False
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    flag = StopFlag()
     logic = ControlLogic(auto_engage=not args.no_auto_engage)
     period_ms = max(1, int(1000 / args.rate))
     with SubMaster(list(SERVICES)) as sm, PubMaster(["controlState"]) as pm:
         was_engaged = False
-        while not stop:
+        while not flag.stop:
             sm.update(period_ms)
             x = ControlInputs(checks_ok=sm.all_checks(), active=bool(sm["chestnutActive"].active),
                               source=str(sm["chestnutActive"].source),

@@ -207,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
 
     from chestnut.backend.sim.client import TwinClient
     from chestnut.launch.assets import default_model_path
+    from chestnut.launch.signals import StopFlag
     from chestnut.launch.top import StackView
     from chestnut.msgs.paths import current_prefix
 
@@ -226,14 +227,7 @@ def run(args: argparse.Namespace) -> int:
     proc = subprocess.Popen([supervisord, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                             start_new_session=True)
     log.info("stack launched under supervisord pid %d (run dir %s)", proc.pid, run_dir)
-    stop = False
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    flag = StopFlag()
     view = StackView()
     sampler = ProcessSampler(proc.pid)
     next_sample = 0.0
@@ -241,15 +235,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not _wait_for(view, "nodeState", 120.0):
             log.error("the node did not come up within 120 s; see %s", run_dir / "node.log")
-            stop = True
+            flag.stop = True
         elif supervisorctl(conf, "start", "camera") != 0 or not _wait_for(view, "modelOutput", 60.0):
             log.error("no modelOutput within 60 s of starting the camera; see %s", run_dir)
-            stop = True
+            flag.stop = True
         t0 = time.monotonic()
         pending = sorted(args.fault, key=lambda f: f.start_s)
         with Live(view.render(), refresh_per_second=4, transient=False) if not args.no_live else _Null() as live:
             next_draw = 0.0
-            while not stop and (args.seconds <= 0 or time.monotonic() - t0 < args.seconds) and proc.poll() is None:
+            while not flag.stop and (args.seconds <= 0 or time.monotonic() - t0 < args.seconds) and proc.poll() is None:
                 view.update(50)
                 el = time.monotonic() - t0
                 while pending and el >= pending[0].start_s:

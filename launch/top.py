@@ -8,7 +8,6 @@ control daemon's state. :class:`StackView` is also used by ``chestnut launch`` f
 from __future__ import annotations
 
 import argparse
-import signal
 import time
 from collections import deque
 
@@ -18,6 +17,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from chestnut.launch.signals import StopFlag
 from chestnut.msgs.messaging import SubMaster
 
 SERVICES = ["cameraFrame", "modelOutput", "chestnutActive", "chestnutHealth", "nodeState", "controlState"]
@@ -97,20 +97,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    stop = False
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    flag = StopFlag()
     view = StackView()
     t_end = time.monotonic() + args.seconds if args.seconds > 0 else float("inf")
     try:
         with Live(view.render(), refresh_per_second=args.refresh_hz, screen=False) as live:
             next_draw = 0.0
-            while not stop and time.monotonic() < t_end:
+            while not flag.stop and time.monotonic() < t_end:
                 view.update(50)
                 if time.monotonic() >= next_draw:
                     live.update(view.render())
