@@ -182,5 +182,8 @@ struct TwinState {
   address @2 :UInt8;
   speedMbps @3 :UInt32;
   ltssm @4 :UInt8;
-  faults @5 :List(Text);
+  faults @5 :List(Text);             # active faults, "<kind>#<id>" (fired count after a colon)
+  programEngine @6 :Text;            # how the twin's GPU executes programs: tinygrad | onnxruntime
+  wedged @7 :Bool;                   # the bridge is wedged until power-cycled
+  phase @8 :Text;                    # idle | loading | serving | recovering
 }

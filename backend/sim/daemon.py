@@ -211,6 +211,11 @@ class TwinServer:
     def stop(self) -> None:
         self._stop.set()
 
+    @property
+    def stopped(self) -> threading.Event:
+        """Set once :meth:`stop` was called."""
+        return self._stop
+
     def serve_forever(self) -> None:
         assert self._listener is not None, "bind() first"
         try:
@@ -242,6 +247,35 @@ def _tight_timer_slack() -> None:
         log.debug("timer slack unchanged: %s", e)
 
 
+TWIN_STATE_PERIOD_S = 1.0  # twinState is a 1 Hz service (msgs/services.py)
+
+
+def publish_twin_state(twin: Twin, prefix: str | None, server: TwinServer) -> None:
+    """Publish ``twinState`` at 1 Hz: presence, address, speed, LTSSM, active faults, engine, phase.
+
+    The twin's side of the log: replay and reports see which faults were live and how the twin ran
+    programs. Runs in a daemon thread until the server stops."""
+    from chestnut.msgs.messaging import PubMaster, new_message
+
+    with PubMaster(["twinState"], prefix=prefix) as pm:
+        while not server.stopped.wait(TWIN_STATE_PERIOD_S):
+            st = twin.status()
+            msg = new_message("twinState")
+            ts = msg.twinState
+            usb = st["usb"]
+            ts.present = bool(usb["present"])
+            ts.bus, ts.address = int(usb["bus"]) & 0xFF, int(usb["address"]) & 0xFF
+            ts.speedMbps = int(usb["speed_mbps"])
+            ts.ltssm = int(st["bridge"]["ltssm"]) & 0xFF
+            faults = ts.init("faults", len(st["faults"]))
+            for i, f in enumerate(st["faults"]):
+                faults[i] = f"{f['kind']}#{f['id']}:{f['fired']}"
+            ts.programEngine = twin.config.program_engine
+            ts.wedged = bool(st["bridge"]["wedged"])
+            ts.phase = str(st["phase"])
+            pm.send("twinState", msg)
+
+
 def serve(config: TwinConfig, prefix: str | None = None) -> int:
     """Run the daemon in this process until SIGTERM/SIGINT. Returns the exit code."""
     path = runtime_dir(prefix) / W.SOCKET_NAME
@@ -262,6 +296,9 @@ def serve(config: TwinConfig, prefix: str | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    publisher = threading.Thread(target=publish_twin_state, args=(twin, prefix, server), name="twinState",
+                                 daemon=True)
+    publisher.start()
     d = twin.enumerate()[0]
     log.info("twin serving at %s: %04x:%04x at %d-%d, %d Mbps, pid %d", path, d.vid, d.pid, d.bus, d.address,
              d.speed_mbps, os.getpid())
