@@ -138,14 +138,15 @@ def _graph_input(path: Path) -> tuple[str, tuple[int, ...]]:
 def resolve_plan(node_config: dict[str, Any], *, model: Path | None = None, fallback_model: Path | None = None,
                  source: str = "logged", tol: float = DEFAULT_TOL, slack_ms: float = SLACK_MS,
                  jit_cache: bool = True, config_origin: str = "the log",
-                 primary_engine: str = "tinygrad") -> ReplayPlan:
+                 primary_engine: str = "auto") -> ReplayPlan:
     """The plan from the node's logged configuration (``initData.config``, :class:`chestnut.node.config.NodeConfig`
     JSON: ``model.{path,name,input,shape,preprocess}``, ``fallback.{path,engine,threads}``,
     ``timing.deadline_ms``; a top-level ``preprocess`` overrides) with ``model`` / ``fallback_model``
     given on the command line taking precedence over the logged paths. A model file other than the
     configured one is fed by its own graph's input name and shape. ``primary_engine`` runs the primary:
     ``tinygrad`` (the kernels of a twin whose engine is tinygrad, and of the worker's ``cpu`` dock) or
-    ``onnxruntime`` (a twin run with ``--engine onnxruntime``, ``chestnut launch``'s default).
+    ``onnxruntime`` (a twin run with ``--engine onnxruntime``, ``chestnut launch``'s default), or
+    ``auto``: the engine the log's ``twinState`` names, else ``tinygrad``.
 
     Raises :class:`ReplayError` when a needed model file is missing or the log names no model and
     none is given, ``ValueError`` for a bad ``source`` or ``tol``.
@@ -181,6 +182,9 @@ def resolve_plan(node_config: dict[str, Any], *, model: Path | None = None, fall
         nm = name if role == "primary" else f"{name}-fallback"  # the node's names (node/main.py)
         return ModelRef(str(path), nm, eng, input_name, shape, _sha16(path), threads)
 
+    if primary_engine == "auto":  # how the logged primary ran: the twin's engine, else tinygrad's kernels
+        logged = config_section(node_config, "twin").get("program_engine")
+        primary_engine = str(logged) if logged in ENGINES else "tinygrad"
     if primary_engine not in ENGINES:
         raise ValueError(f"primary_engine must be one of {ENGINES}, got {primary_engine!r}")
     needs = {"primary", "fallback"} if source == "logged" else {source}
@@ -195,18 +199,29 @@ def resolve_plan(node_config: dict[str, Any], *, model: Path | None = None, fall
 def find_node_config(files: Iterable[Path]) -> dict[str, Any]:
     """The node's configuration as logged: the first ``initData`` whose config has a ``model`` section
     (the logger's own segment headers lack it), searched in the first log file only (the node publishes
-    it when it starts; a full scan would cost a second pass over every frame). ``{}`` when absent."""
+    it when it starts; a full scan would cost a second pass over every frame). ``{}`` when absent.
+
+    The twin's program engine (``twinState.programEngine``, 1 Hz) is added as
+    ``config["twin"]["program_engine"]`` when the same file carries it: it decides how replay must run
+    the primary to reproduce it bit for bit."""
+    config: dict[str, Any] = {}
+    engine = ""
     for path in list(files)[:1]:
         for _t, service, event in LogReader(path):
-            if service != "initData":
-                continue
-            try:
-                config = json.loads(event.initData.config or "{}")
-            except ValueError:
-                continue
-            if isinstance(config, dict) and isinstance(config.get("model"), dict):
-                return config
-    return {}
+            if service == "twinState" and not engine:
+                engine = str(event.twinState.programEngine)
+            elif service == "initData" and not config:
+                try:
+                    found = json.loads(event.initData.config or "{}")
+                except ValueError:
+                    continue
+                if isinstance(found, dict) and isinstance(found.get("model"), dict):
+                    config = found
+            if config and engine:
+                break
+    if config and engine:
+        config = {**config, "twin": {"program_engine": engine}}
+    return config
 
 
 # ---------------------------------------------------------------- results
@@ -817,9 +832,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fallback-model", type=Path, help="fallback model (default: the log's config)")
     p.add_argument("--source", choices=SOURCES, default="logged",
                    help="replay each frame with the source that served it (logged) or force one")
-    p.add_argument("--primary-engine", choices=ENGINES, default="tinygrad",
-                   help="engine for primary-served frames: tinygrad (default; the twin's tinygrad engine runs the "
-                   "same kernels) or onnxruntime (for a twin run with --engine onnxruntime: bit-exact)")
+    p.add_argument("--primary-engine", choices=("auto", *ENGINES), default="auto",
+                   help="engine for primary-served frames: auto (default: the engine the log's twinState names, "
+                   "else tinygrad), tinygrad (the twin's tinygrad engine and the cpu dock run the same kernels) or "
+                   "onnxruntime (a twin run with --engine onnxruntime)")
     p.add_argument("--tol", type=float, default=DEFAULT_TOL, help=f"tolerance (default {DEFAULT_TOL:g})")
     p.add_argument("--workers", type=int, default=1, help="processes replaying segments in parallel (default 1)")
     p.add_argument("--report", type=Path, metavar="DIR", help="write plots and an HTML report to DIR")
