@@ -47,18 +47,38 @@ class FaultPlan:
 
     @classmethod
     def parse(cls, text: str) -> FaultPlan:
-        """``KIND@START[+DURATION][,key=value...]``, e.g. ``gpu_hang@20+10`` or ``slow_gpu@5+10,delay_ms=400``."""
+        """``KIND@START[+DURATION][,key=value...]``, e.g. ``gpu_hang@20+10`` or ``slow_gpu@5+10,delay_ms=400``.
+
+        The kind and the parameters are checked against the twin's fault table here, at parse time."""
+        from chestnut.backend.sim.faults import FaultSpec
+
         head, *kvs = text.split(",")
         try:
             kind, when = head.split("@", 1)
             start, _, dur = when.partition("+")
-            params = {}
+            params: dict[str, Any] = {}
             for kv in kvs:
                 k, _, v = kv.partition("=")
                 params[k.strip()] = float(v) if v.replace(".", "", 1).isdigit() else v
-            return cls(kind.strip(), float(start), float(dur) if dur else None, params)
+            plan = cls(kind.strip(), float(start), float(dur) if dur else None, params)
         except ValueError as e:
-            raise argparse.ArgumentTypeError(f"--fault {text!r}: want KIND@START[+DURATION][,key=value]") from e
+            raise argparse.ArgumentTypeError(f"{text!r}: want KIND@START[+DURATION][,key=value]") from e
+        if plan.start_s < 0 or (plan.duration_s is not None and plan.duration_s <= 0):
+            raise argparse.ArgumentTypeError(f"{text!r}: START must be >= 0 and DURATION > 0")
+        unknown = sorted(set(params) - set(FaultSpec.__dataclass_fields__) - {"kind"})
+        if unknown:
+            raise argparse.ArgumentTypeError(f"{text!r}: unknown parameter(s) {unknown}; known: "
+                                             f"{', '.join(f for f in FaultSpec.__dataclass_fields__ if f != 'kind')}")
+        try:
+            FaultSpec(plan.kind, **params).validate()
+        except (ValueError, TypeError) as e:
+            raise argparse.ArgumentTypeError(f"{text!r}: {e}") from e
+        return plan
+
+
+# At the end of a fault's DURATION the fault is cleared and, for faults that leave a state behind like
+# hardware does (backend/sim/faults.py KINDS "recovery"), the recovery a person would perform is done.
+RECOVERY_ACTIONS: dict[str, str] = {"disconnect": "plug", "brownout": "plug", "wedged": "power_cycle"}
 
 
 def render_config(run_dir: Path, prefix: str, rate_hz: float, node_args: list[str], twin_args: list[str]) -> Path:
@@ -82,21 +102,32 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
     """Read the run's log and compute the summary figures."""
     from chestnut.msgs.logfile import LogReader
 
-    reader = LogReader([log_dir])
-    cams: dict[int, int] = {}
-    outs: dict[int, tuple[str, float, float, int]] = {}
+    try:
+        reader = LogReader([log_dir])
+    except FileNotFoundError:
+        reader = None
+    # frames are keyed by (stream, frameId): a restarted camera counts ids from 0 again, a new stream
+    cams: dict[tuple[int, int], int] = {}
+    outs: dict[tuple[int, int], tuple[str, float, float, int]] = {}
+    cam_stream = out_stream = 0
+    last_cam_id = last_out_id = -1
     by_source: Counter[str] = Counter()
     transitions: list[tuple[float, str, str]] = []
     first_out_ns = first_active_ns = 0
     last_state = None
     engaged_events: list[tuple[float, str]] = []
     last_engaged = False
-    for t, service, ev in reader:
+    for t, service, ev in reader if reader is not None else ():
         if service == "cameraFrame":
-            cams[ev.cameraFrame.frameId] = t
+            fid = ev.cameraFrame.frameId
+            cam_stream += fid <= last_cam_id
+            last_cam_id = fid
+            cams[(cam_stream, fid)] = t
         elif service == "modelOutput":
             mo = ev.modelOutput
-            outs[mo.frameId] = (str(mo.source), mo.executionTime, mo.frameAge, t)
+            out_stream += mo.frameId <= last_out_id
+            last_out_id = mo.frameId
+            outs[(out_stream, mo.frameId)] = (str(mo.source), mo.executionTime, mo.frameAge, t)
             by_source[str(mo.source)] += 1
             first_out_ns = first_out_ns or t
         elif service == "chestnutActive":
@@ -116,20 +147,20 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
     answered = [f for f in cams if f in outs]
     missing = sorted(f for f in cams if f not in outs)
     # frames still in flight when the camera stopped are not missing: only those before the last answered one
-    last_out = max(outs, default=-1)
+    last_out = max(outs, default=(-1, -1))
     missing = [f for f in missing if f < last_out]
     ex = np.array([outs[f][1] for f in answered]) * 1e3 if answered else np.zeros(1)
     age = np.array([outs[f][2] for f in answered]) * 1e3 if answered else np.zeros(1)
     span_s = (max(cams.values()) - min(cams.values())) / NS if len(cams) > 1 else 0.0
     return {
-        "frames_in": len(cams), "outputs": len(outs), "missing_outputs": missing,
+        "frames_in": len(cams), "outputs": len(outs), "missing_outputs": [f"{s}:{i}" if s else i for s, i in missing],
         "by_source": dict(by_source), "frame_rate_hz": (len(cams) - 1) / span_s if span_s else 0.0,
         "exec_ms_p50": float(np.percentile(ex, 50)), "exec_ms_p99": float(np.percentile(ex, 99)),
         "frame_age_ms_p50": float(np.percentile(age, 50)), "frame_age_ms_p99": float(np.percentile(age, 99)),
         "first_output_s": (first_out_ns - t_launch_ns) / NS if first_out_ns else None,
         "first_active_s": (first_active_ns - t_launch_ns) / NS if first_active_ns else None,
         "transitions": transitions, "control": engaged_events,
-        "log_damage": [str(d) for d in reader.damage],
+        "log_damage": [str(d) for d in reader.damage] if reader is not None else [],
     }
 
 
@@ -167,9 +198,12 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
     for d in s["log_damage"]:
         con.print(f"[red]log damage:[/red] {d}")
     bad = {k: v for k, v in s.get("contracts", {}).items() if v}
-    con.print(f"contracts: {len(s.get('contracts', {}))} checked, "
-              + (f"[red]violated: {bad}[/red]" if bad else "[green]no violation[/green]")
-              + f"; report: {s.get('report', '-')}")
+    if s["frames_in"] == 0:
+        con.print("[red]no frames were recorded: nothing to check[/red]")
+    else:
+        con.print(f"contracts: {len(s.get('contracts', {}))} checked, "
+                  + (f"[red]violated: {bad}[/red]" if bad else "[green]no violation[/green]")
+                  + f"; report: {s.get('report', '-')}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -178,7 +212,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=float, default=20.0, help="camera rate, Hz")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run directories go (default ./runs)")
     p.add_argument("--fault", type=FaultPlan.parse, action="append", default=[],
-                   help="inject KIND@START[+DURATION][,key=value] (s after the first output); repeatable")
+                   help="inject KIND@START[+DURATION][,key=value]: START s after the node's first output; after "
+                   "DURATION s the fault is cleared (a pulled cable is plugged back, a wedged bridge power-cycled); "
+                   "kinds: `chestnut twin kinds`; repeatable")
     p.add_argument("--twin-engine", choices=("onnxruntime", "tinygrad"), default="onnxruntime",
                    help="how the twin's GPU executes programs (default onnxruntime: real time on 2 cores)")
     p.add_argument("--node-config", type=Path, help="node TOML (default: launch/node.toml)")
@@ -186,13 +222,61 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, help="also write the summary as JSON here")
 
 
-def _wait_for(view: Any, service: str, deadline_s: float) -> bool:
+def _wait_for(view: Any, service: str, deadline_s: float, conf: Path | None = None) -> bool:
+    """Wait until ``service`` is seen; with ``conf``, give up early once supervisord has given up on the node."""
     t_end = time.monotonic() + deadline_s
+    next_status = time.monotonic() + 2.0
     while time.monotonic() < t_end:
         view.update(100)
         if view.sm.seen[service]:
             return True
+        if conf is not None and time.monotonic() >= next_status:
+            next_status = time.monotonic() + 2.0
+            if program_state(conf, "node") in ("FATAL", "EXITED", "BACKOFF"):
+                return False
     return False
+
+
+def program_state(conf: Path, name: str) -> str:
+    """supervisord's state of one program (RUNNING, STARTING, BACKOFF, FATAL, EXITED ...), or "UNKNOWN"."""
+    exe = str(Path(sys.executable).parent / "supervisorctl")
+    try:
+        out = subprocess.run([exe, "-c", str(conf), "status", name], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "UNKNOWN"
+    parts = out.split()
+    return parts[1] if len(parts) > 1 else "UNKNOWN"
+
+
+def running_stack(prefix: str) -> str | None:
+    """What of a stack already answers on ``prefix`` (the twin's or supervisord's socket), else None."""
+    import socket as _socket
+
+    from chestnut.msgs.paths import runtime_dir
+
+    for name in ("supervisor.sock", "twin.sock"):
+        path = runtime_dir(prefix) / name
+        if not path.exists():
+            continue
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            s.connect(str(path))
+            return f"{path} answers"
+        except OSError:
+            continue
+        finally:
+            s.close()
+    return None
+
+
+def _die_with_parent() -> None:
+    """In supervisord's child: PR_SET_PDEATHSIG(SIGTERM), so a killed ``chestnut launch`` stops its stack."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def supervisorctl(conf: Path, *args: str) -> int:
@@ -211,6 +295,9 @@ def run(args: argparse.Namespace) -> int:
     from chestnut.launch.top import StackView
     from chestnut.msgs.paths import current_prefix
 
+    if args.seconds < 0 or args.rate <= 0:
+        log.error("--seconds must be >= 0 and --rate > 0")
+        return 2
     if shutil.which("supervisord", path=str(Path(sys.executable).parent)) is None:
         log.error("supervisord not found next to %s; run `bash launch/setup.sh`", sys.executable)
         return 2
@@ -218,6 +305,10 @@ def run(args: argparse.Namespace) -> int:
         log.error("the default model is not prepared: run `chestnut model prepare` (part of launch/setup.sh)")
         return 2
     prefix = current_prefix()
+    if (other := running_stack(prefix)) is not None:
+        log.error("a stack is already running on prefix %r (%s); stop it first, or choose another prefix with "
+                  "CHESTNUT_PREFIX=NAME", prefix, other)
+        return 2
     run_dir = (args.runs_dir / time.strftime("%Y-%m-%d--%H-%M-%S", time.gmtime())).resolve()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     node_args = ["--config", str(args.node_config.resolve())] if args.node_config else []
@@ -225,7 +316,7 @@ def run(args: argparse.Namespace) -> int:
     supervisord = str(Path(sys.executable).parent / "supervisord")
     t_launch = time.monotonic_ns()
     proc = subprocess.Popen([supervisord, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_die_with_parent)
     log.info("stack launched under supervisord pid %d (run dir %s)", proc.pid, run_dir)
     flag = StopFlag()
     view = StackView()
@@ -233,8 +324,9 @@ def run(args: argparse.Namespace) -> int:
     next_sample = 0.0
     injected: list[tuple[FaultPlan, int | None]] = []
     try:
-        if not _wait_for(view, "nodeState", 120.0):
-            log.error("the node did not come up within 120 s; see %s", run_dir / "node.log")
+        if not _wait_for(view, "nodeState", 120.0, conf):
+            tail = (run_dir / "node.log").read_text(errors="replace")[-1500:] if (run_dir / "node.log").exists() else ""
+            log.error("the node did not come up; last lines of %s:\n%s", run_dir / "node.log", tail)
             flag.stop = True
         elif supervisorctl(conf, "start", "camera") != 0 or not _wait_for(view, "modelOutput", 60.0):
             log.error("no modelOutput within 60 s of starting the camera; see %s", run_dir)
@@ -257,10 +349,15 @@ def run(args: argparse.Namespace) -> int:
                         log.error("could not inject %s: %s", f.kind, e)
                 for f, fid in list(injected):
                     if f.duration_s is not None and el >= f.start_s + f.duration_s:
+                        action = RECOVERY_ACTIONS.get(f.kind)
                         with TwinClient(prefix) as tc:
                             tc.clear(fid)
+                            if action == "plug" and not tc.status()["usb"]["present"]:
+                                tc.plug()
+                            elif action == "power_cycle":
+                                tc.power_cycle(0)
                         injected.remove((f, fid))
-                        log.warning("t=%.1f s: cleared %s", el, f.kind)
+                        log.warning("t=%.1f s: cleared %s%s", el, f.kind, f" and did {action}" if action else "")
                 if time.monotonic() >= next_sample:
                     sampler.sample()
                     next_sample = time.monotonic() + 1.0
@@ -284,6 +381,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
     ok = summary["outputs"] > 0 and not summary["missing_outputs"] and not any(summary["contracts"].values())
+    if flag.signum == signal.SIGINT:
+        return 130
     return 0 if ok else 1
 
 
@@ -292,7 +391,11 @@ def check_contracts(run_dir: Path) -> tuple[dict[str, int], str]:
     from chestnut.node.contracts import check_log
     from chestnut.node.report import write_report
 
-    res = check_log([run_dir / "logs"])
+    try:
+        res = check_log([run_dir / "logs"])
+    except FileNotFoundError as e:
+        log.error("no log to check: %s", e)
+        return {}, ""
     for v in res.violations[:20]:
         log.error("contract %s violated at frame %s: %s", v.contract, v.frame_id, v.message)
     page = write_report(run_dir / "report", res.timeline, violations=res.violations, title=f"chestnut {run_dir.name}")

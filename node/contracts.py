@@ -642,10 +642,13 @@ def health_not_silent(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
         if tl.outputs:
             yield _v(tl, name, tl.outputs[0].t_ns, "no chestnutHealth in a log with modelOutputs")
         return
-    times = [h.t_ns for h in tl.healths] + [tl.end_ns]
+    # the node publishes health until it stops: the log's tail after ``stopping`` is not its silence
+    stopped = next((r.t_ns for r in tl.node_states if r.state == "stopping"), None)
+    end = tl.end_ns if stopped is None else min(tl.end_ns, max(stopped, tl.healths[-1].t_ns))
+    times = [h.t_ns for h in tl.healths] + [end]
     for t0, t1 in zip(times, times[1:], strict=False):
         if t1 - t0 > limit and not tl.overlaps_gap(t0, t1):
-            ending = "the log ends" if t1 == tl.end_ns and t0 == times[-2] else "the next one"
+            ending = "the log ends" if t1 == end and t0 == times[-2] else "the next one"
             yield _v(tl, name, t0 + limit, f"chestnutHealth silent for {(t1 - t0) / NS_PER_S:.2f} s until "
                      f"{ending} (allowed {limit / NS_PER_S:g} s)")
 

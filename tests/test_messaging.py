@@ -467,7 +467,9 @@ def test_dump_exits_cleanly_on_ctrl_c_and_rejects_unknown_services():
     assert bad.returncode == 2 and "unknown service 'modelV2'" in bad.stderr
     pub = SPAWN.Process(target=publish_camera_frames, args=([(20.0, 20.0, True)], current_prefix()))
     pub.start()
-    proc = subprocess.Popen([*CLI, "dump", CAM], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a shell started with nohup (or in the background) ignores SIGINT, and children inherit that: restore it
+    proc = subprocess.Popen([*CLI, "dump", CAM], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout is not None and " cameraFrame valid=True " in proc.stdout.readline()  # running
         proc.send_signal(signal.SIGINT)
