@@ -54,8 +54,8 @@ def iter_frames(source: Path, height: int, width: int, loop: bool = True) -> Ite
                     for frame in container.decode(video=0):
                         n += 1
                         yield frame.to_ndarray(format="bgr24", width=width, height=height)
-            except av.error.FFmpegError as e:
-                raise ValueError(f"camera source {f} cannot be decoded: {e}") from e
+            except (av.error.FFmpegError, IndexError) as e:  # PyAV raises IndexError for a file without video
+                raise ValueError(f"{f} cannot be decoded as video or image: {e or type(e).__name__}") from e
         if n == 0:
             raise ValueError(f"camera source {source} has no video frames")
         if not loop:
@@ -102,11 +102,18 @@ def run(args: argparse.Namespace) -> int:
     from chestnut.launch.assets import traffic_video_path
 
     source = args.source or traffic_video_path()
-    if args.rate <= 0:
-        raise SystemExit("--rate must be > 0")
+    if args.rate <= 0 or args.width <= 0 or args.height <= 0:
+        log.error("--rate, --width and --height must be > 0")
+        return 2
+    try:  # open the source before binding: a bad source is a one-line error, not a traceback
+        frames = iter_frames(Path(source), args.height, args.width, loop=not args.no_loop)
+        first = next(frames)
+    except (FileNotFoundError, ValueError, StopIteration) as e:
+        log.error("%s", e or f"camera source {source} has no frames")
+        return 2
     flag = StopFlag()
     period_ns = int(1e9 / args.rate)
-    frames = iter_frames(Path(source), args.height, args.width, loop=not args.no_loop)
+    pending: list[np.ndarray] = [first]
     sent = skipped = 0
     with PubMaster(["cameraFrame"]) as pm:
         log.info("camera: %s at %.1f Hz, %dx%d", source, args.rate, args.width, args.height)
@@ -123,7 +130,11 @@ def run(args: argparse.Namespace) -> int:
                 frame_id += int(behind)
                 skipped += int(behind)
                 continue
-            img = next(frames, None)
+            try:
+                img = pending.pop() if pending else next(frames, None)
+            except ValueError as e:
+                log.error("%s", e)
+                return 2
             if img is None:
                 break
             pm.send("cameraFrame", fill_frame(frame_id, img, sof, time.monotonic_ns(), Path(source).name))

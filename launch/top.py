@@ -29,6 +29,7 @@ class StackView:
     """Reads the stack's services and renders them. ``update(timeout_ms)`` then ``render()``."""
 
     def __init__(self, prefix: str | None = None) -> None:
+        self.prefix = prefix
         self.sm = SubMaster(SERVICES, poll="modelOutput", prefix=prefix, ignore_alive=["controlState"])
         self.exec_ms: deque[float] = deque(maxlen=100)
         self.age_ms: deque[float] = deque(maxlen=100)
@@ -59,6 +60,11 @@ class StackView:
         sm = self.sm
         now = sm.mono_time_ns()
         ns, ca, ctl = sm["nodeState"], sm["chestnutActive"], sm["controlState"]
+        if not any(sm.seen.values()):
+            from chestnut.msgs.paths import current_prefix
+
+            return Group(Text(f"nothing is publishing on prefix {self.prefix or current_prefix()!r} yet "
+                              "(start a stack: chestnut launch; or set CHESTNUT_PREFIX)", style="yellow"))
         head = Table.grid(padding=(0, 2))
         active = Text("ACTIVE", style="bold green") if ca.active else Text("INACTIVE", style="bold red")
         head.add_row("ChestnutActive", active, f"source: {ca.source}", f"reason: {ca.reason}")
@@ -94,11 +100,12 @@ class StackView:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0 = until Ctrl-C)")
     p.add_argument("--refresh-hz", type=float, default=4.0)
+    p.add_argument("--prefix", help="the stack's runtime prefix (default: $CHESTNUT_PREFIX)")
 
 
 def run(args: argparse.Namespace) -> int:
     flag = StopFlag()
-    view = StackView()
+    view = StackView(args.prefix)
     t_end = time.monotonic() + args.seconds if args.seconds > 0 else float("inf")
     try:
         with Live(view.render(), refresh_per_second=args.refresh_hz, screen=False) as live:
