@@ -56,6 +56,17 @@ class TimingConfig:
     health_hz: float = 5.0
     node_state_hz: float = 1.0
     probe_hz: float = 1.0
+    hang_margin_ms: float = 250.0              # watchdog: a frame request unanswered wait_timeout_ms + this is a hang
+    miss_run: int = 3                          # consecutive deadline misses that fail the gpu layer over
+    start_timeout_s: float = 60.0              # openpilot modeld's start-up budget: ladder + load, else killed
+    consumer_timeout_s: float = 2.0            # the last controlState stands this long (a consumer's gap is no consent)
+    backoff_initial_s: float = 1.0             # retry back-off: initial * factor**n, at most backoff_max_s
+    backoff_factor: float = 2.0
+    backoff_max_s: float = 30.0
+    stable_after_s: float = 60.0               # primary served this long before a fault: back-off starts over
+    flap_window_s: float = 600.0               # flap_max_failovers failovers within this window ...
+    flap_max_failovers: int = 3
+    flap_backoff_s: float = 300.0              # ... raise every back-off to this until a stable period
 
 
 @dataclass
@@ -124,6 +135,23 @@ def validate(cfg: NodeConfig) -> NodeConfig:
         raise ConfigError("config", f"model.shape = {list(cfg.model.shape)}; want N, C, H, W > 0")
     if not 0 < cfg.timing.deadline_ms < cfg.dock.wait_timeout_ms:
         raise ConfigError("config", f"timing.deadline_ms = {cfg.timing.deadline_ms}; want 0 < it < the wait timeout")
+    t = cfg.timing
+    positive = {"shadow_frames": t.shadow_frames, "health_hz": t.health_hz, "node_state_hz": t.node_state_hz,
+                "probe_hz": t.probe_hz, "miss_run": t.miss_run, "start_timeout_s": t.start_timeout_s,
+                "consumer_timeout_s": t.consumer_timeout_s, "backoff_initial_s": t.backoff_initial_s,
+                "flap_max_failovers": t.flap_max_failovers, "agreement_tol": t.agreement_tol}
+    for key, value in positive.items():
+        if not value > 0:
+            raise ConfigError("config", f"timing.{key} = {value}; want > 0")
+    if t.hang_margin_ms < 0:
+        raise ConfigError("config", f"timing.hang_margin_ms = {t.hang_margin_ms}; want >= 0")
+    if not t.backoff_initial_s <= t.backoff_max_s or t.backoff_factor < 1:
+        raise ConfigError("config", f"timing.backoff_initial_s = {t.backoff_initial_s}, backoff_max_s = "
+                                    f"{t.backoff_max_s}, backoff_factor = {t.backoff_factor}; want initial <= max "
+                                    "and factor >= 1")
+    for name, (lo, hi) in cfg.model.ranges.items():
+        if not lo <= hi:
+            raise ConfigError("config", f"model.ranges.{name} = [{lo}, {hi}]; want lo <= hi")
     cfg.model.path = cfg.model.path.expanduser()
     if cfg.fallback.path is not None:
         cfg.fallback.path = cfg.fallback.path.expanduser()
@@ -141,8 +169,9 @@ def load_config(path: Path | None) -> NodeConfig:
         raise ConfigError("config", f"cannot read {path}: {e}") from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError("config", f"{path} is not valid TOML: {e}") from e
+    sections = {f.name for f in dataclasses.fields(cfg)}
     for name, values in data.items():
-        section = getattr(cfg, name, None)
+        section = getattr(cfg, name) if name in sections else None
         if section is None or not isinstance(values, dict):
             raise ConfigError("config", f"unknown section [{name}] in {path}; known: model, fallback, dock, timing")
         _apply(section, values, name)

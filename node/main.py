@@ -5,21 +5,33 @@ One process, one single-threaded main loop that reads top to bottom. Per camera 
 1. preprocess the frame (``node.preprocess``); a frame that cannot be used is answered with an
    invalid ``modelOutput`` that says why, so every frame still gets exactly one output;
 2. if the primary runs (active, or in shadow during recovery), hand the frame to the primary worker
-   (shared memory + a command packet) and start its deadline;
+   (shared memory + a command packet); its deadline counts from the frame's ``timestampEof``, so time
+   spent queued behind a slow primary counts. A frame already past its deadline when the node takes it,
+   or one the worker cannot take because every slot still holds an unanswered request, is a miss;
 3. run the fallback on the host CPU when it must answer, or on every frame in hot standby;
 4. wait for the primary's result until the per-frame deadline (150 ms); a late or missing result
    is answered by the fallback at the deadline and the late result is discarded (watchdog);
+   ``timing.miss_run`` (3) consecutive misses fail the ``gpu`` layer over;
 5. check the primary's output (finite, shape/dtype, range, stale, agreement with the fallback);
 6. publish ``modelOutput`` from the source that serves, and ``chestnutActive``.
 
 Between frames: the watchdog's periodic check (a worker silent 3000 ms + margin after a request is
-killed), heartbeat (alive) supervision, worker start/exit, the supervisor's timers, ``controlState``
-(a return to the primary waits for the consumer), health at 5 Hz, ``nodeState`` at 1 Hz and on
-every transition, a dock probe at 1 Hz, and ``WATCHDOG=1`` to systemd from this loop only.
+killed), heartbeat (alive) supervision, worker start/exit (a worker not qualified and loaded within
+``timing.start_timeout_s`` is killed), the supervisor's timers, ``controlState`` (a return to the
+primary waits for the consumer), health at 5 Hz, ``chestnutActive`` at once on change,
+``nodeState`` at 1 Hz and on every transition, a dock probe at 1 Hz, and ``WATCHDOG=1`` to systemd
+from this loop only.
+
+Failing over while the worker still has requests in flight (a deadline-miss run: the worker is
+stuck in a wait) does not kill it at once: it *drains* -- no new requests, the fallback serves --
+until it answers (its typed error names the failing layer, e.g. ``pcie link_down`` after the
+3000 ms wait timeout) or the watchdog kills it at the wait timeout + margin. The retry waits for
+the drained worker to be gone: a new worker could not take the dock's lock before anyway.
 
 The node never imports tinygrad's dock path: the primary lives in the worker process
 (``node.worker``). The fallback (onnxruntime by default) is warm before ``READY=1``; without a usable
-fallback the node exits with :data:`EXIT_NO_FALLBACK`.
+fallback the node exits with :data:`EXIT_NO_FALLBACK`, with an unusable configuration with
+:data:`EXIT_CONFIG`.
 """
 
 from __future__ import annotations
@@ -65,6 +77,7 @@ from chestnut.node.health import (
     fill_health,
 )
 from chestnut.node.preprocess import preprocess
+from chestnut.node.shm import WorkerState
 from chestnut.node.supervisor import (
     Action,
     Event,
@@ -82,11 +95,14 @@ from chestnut.node.worker import RunnerSpec, WorkerHandle, WorkerResult, describ
 log = logging.getLogger("chestnut.node")
 
 EXIT_OK = 0
+EXIT_CONFIG = 2               # the configuration is unusable (a bad key or value, an unreadable fingerprint)
 EXIT_NO_FALLBACK = 3          # the node cannot serve at all: no usable fallback model
-EXIT_CONFIG = 2               # the configuration is unusable
 NS = 1_000_000_000
 LOOP_PERIOD_MS = 50           # longest the loop sleeps without a frame (20 Hz housekeeping)
 STOP_BUDGET_S = 5.0           # the process manager's stop budget
+WORKER_STOP_BUDGET_S = STOP_BUDGET_S - 1.0  # the worker's share; the rest is ours (publish, close sockets)
+WATCHDOG_DEFAULT_PERIOD_S = 1.0  # WATCHDOG=1 period when systemd gives no WATCHDOG_USEC
+BAD_FRAME_LOG_PERIOD_S = 1.0  # frames with a non-increasing id are logged at most this often (then counted)
 
 
 def _versions() -> dict[str, str]:
@@ -100,7 +116,11 @@ def _versions() -> dict[str, str]:
 
 
 class SdNotify:
-    """systemd's notify protocol (``sd_notify``) over ``$NOTIFY_SOCKET``; a no-op when it is unset."""
+    """systemd's notify protocol (``sd_notify``) over ``$NOTIFY_SOCKET``; a no-op when it is unset.
+
+    ``watchdog_period_s``: half of ``$WATCHDOG_USEC`` (systemd's advice for ``WatchdogSec``) when it is
+    set for this process (``$WATCHDOG_PID`` unset or ours), else :data:`WATCHDOG_DEFAULT_PERIOD_S`.
+    """
 
     def __init__(self) -> None:
         addr = os.environ.get("NOTIFY_SOCKET", "")
@@ -108,6 +128,11 @@ class SdNotify:
         if addr:
             self.addr = "\0" + addr[1:] if addr.startswith("@") else addr
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.watchdog_period_s = WATCHDOG_DEFAULT_PERIOD_S
+        usec, pid = os.environ.get("WATCHDOG_USEC", ""), os.environ.get("WATCHDOG_PID", "")
+        if usec.isdigit() and int(usec) > 0 and (not pid or pid == str(os.getpid())):
+            self.watchdog_period_s = int(usec) / 2e6
+        self._next_watchdog_s = 0.0
 
     def notify(self, state: str) -> None:
         if self.sock is not None:
@@ -115,6 +140,18 @@ class SdNotify:
                 self.sock.sendto(state.encode(), self.addr)
             except OSError as e:
                 log.warning("sd_notify %s failed: %s", state, e)
+
+    def watchdog(self) -> None:
+        """``WATCHDOG=1``, at most once per :attr:`watchdog_period_s`."""
+        now = time.monotonic()
+        if self.sock is not None and now >= self._next_watchdog_s:
+            self._next_watchdog_s = now + self.watchdog_period_s
+            self.notify("WATCHDOG=1")
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
 
 def look_for_dock(kind: str, prefix: str | None = None) -> tuple[bool, str]:
@@ -140,6 +177,21 @@ def look_for_dock(kind: str, prefix: str | None = None) -> tuple[bool, str]:
         return False, f"no Chestnut dock found ({type(e).__name__}: {e})"
 
 
+def evidence_from_worker_error(err: ChestnutError) -> Evidence:
+    """A failed primary request as hard evidence: a typed dock error against its own layer; an error
+    without a layer (the worker died, the runner raised something untyped, the model refused the
+    input) against ``gpu``, the layer of the primary's compute, so that the failure is named in health."""
+    ev = evidence_from_error(err)
+    if ev is not None:
+        return ev
+    reason = f"primary worker: {err.reason}: {err.detail}" if err.detail else f"primary worker: {err.reason}"
+    return Evidence(Layer.GPU, Level.ERROR, reason, hard=True, tag=err.reason)
+
+
+class _StopDuringStart(Exception):
+    """SIGINT/SIGTERM while the fallback is still warming (it may compile for many seconds)."""
+
+
 @dataclass
 class FrameResult:
     outputs: dict[str, np.ndarray] | None
@@ -150,33 +202,57 @@ class FrameResult:
     report: ValidityReport | None = None
 
 
+@dataclass
+class PrimaryOutcome:
+    """What became of one frame's primary request: the result (None if none is usable), whether the
+    frame missed its deadline, and why the primary does not answer it (empty when it does)."""
+
+    result: WorkerResult | None
+    missed: bool
+    why: str
+
+
 class Node:
-    """The node's state and its main loop (:meth:`run`)."""
+    """The node's state and its main loop (:meth:`run`). ``prefix`` picks the runtime directory
+    (default ``$CHESTNUT_PREFIX``). Raises :class:`ConfigError` for an unreadable fingerprint file."""
 
     def __init__(self, cfg: NodeConfig, prefix: str | None = None) -> None:
         self.cfg = cfg
         self.prefix = prefix
         self.stop_requested = False
+        self.starting = True
         self.exit_code = EXIT_OK
         now = time.monotonic_ns()
         self.spec_in = ModelSpec(cfg.model.path, cfg.model.name, {cfg.model.input: tuple(cfg.model.shape)},
                                  self._read_fingerprint())
+        self.primary_model_id = self._read_primary_model_id()
         self.fallback: FallbackModel | None = None
         self.health = HealthMonitor()
-        self.watchdog = Watchdog(WatchdogConfig(frame_deadline_ms=cfg.timing.deadline_ms,
-                                                wait_timeout_ms=cfg.dock.wait_timeout_ms))
-        self.sup = Supervisor(now, SupervisorConfig(shadow_frames=cfg.timing.shadow_frames),
-                              on_transition=self._log_transition)
+        t = cfg.timing
+        self.watchdog = Watchdog(WatchdogConfig(frame_deadline_ms=t.deadline_ms,
+                                                wait_timeout_ms=cfg.dock.wait_timeout_ms,
+                                                hang_margin_ms=t.hang_margin_ms, miss_run=t.miss_run))
+        self.sup = Supervisor(now, SupervisorConfig(
+            shadow_frames=t.shadow_frames, backoff_initial_s=t.backoff_initial_s, backoff_factor=t.backoff_factor,
+            backoff_max_s=t.backoff_max_s, stable_after_s=t.stable_after_s, flap_window_s=t.flap_window_s,
+            flap_max_failovers=t.flap_max_failovers, flap_backoff_s=t.flap_backoff_s),
+            on_transition=self._log_transition)
         self.active = ActiveFlag(now)
         self.framedrop = FrameDropFilter()
         self.stale = StaleDetector()
         self.contracts: tuple[Any, ...] = ()
         self.worker: WorkerHandle | None = None
+        self.worker_ready_seen = False   # this worker's readiness was taken in (fed QUALIFIED/LOADED)
+        self.draining = False            # failed over; the worker only finishes what is in flight
         self.worker_beats = 0
+        self.probe_seen_at_s = 0.0       # receipt time of the last probe result applied to health
+        self.miss_run = 0                # consecutive frames the primary did not answer in time
         self.pending_events: deque[tuple[Event, str, Layer | None]] = deque()
         self.last_frame_id: int | None = None
         self.frames_in = self.frames_out = 0
         self.bad_frames = 0
+        self.out_of_order = 0
+        self.next_order_log_s = 0.0
         self.next_health_ns = self.next_state_ns = self.next_probe_ns = now
         self.state_dirty = True
         self.notify = SdNotify()
@@ -190,8 +266,17 @@ class Node:
             return None
         try:
             return dict(json.loads(path.read_text()))
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, TypeError) as e:
             raise ConfigError("fingerprint", f"{path} is unreadable: {e}") from e
+
+    def _read_primary_model_id(self) -> str:
+        """``modelOutput.modelId`` of the primary; "" while the file cannot be read (the worker reports why)."""
+        from chestnut.fallback.model import model_id
+
+        try:
+            return model_id(self.cfg.model.name, self.cfg.model.path.read_bytes())
+        except OSError:
+            return ""
 
     def open(self) -> None:
         self.pm = PubMaster(["modelOutput", "chestnutActive", "chestnutHealth", "nodeState"], prefix=self.prefix)
@@ -209,14 +294,23 @@ class Node:
                                           input_shapes={self.cfg.model.input: tuple(self.cfg.model.shape)},
                                           threads=fb.threads)
             last = self.fallback.warm()
-        except ChestnutError as e:
-            log.error("no usable fallback model: %s", e)
+            self.starting = False  # from here on a stop request waits for the loop (no child is mid-spawn)
+            declared = {s.name for s in self.fallback.outputs}
+            unknown = sorted(set(self.cfg.model.ranges) - declared)
+            if unknown:
+                log.warning("model.ranges names %s, which the model does not output (outputs: %s); ignored",
+                            unknown, sorted(declared))
+            self.contracts = contracts_from_specs(self.fallback.outputs,
+                                                  {k: v for k, v in self.cfg.model.ranges.items() if k in declared},
+                                                  self.cfg.timing.agreement_tol)
+        except _StopDuringStart:
+            raise
+        except Exception as e:  # ModelError, or anything the engine raises: no fallback, no service
+            self.starting = False
+            log.error("no usable fallback model (%s, %s): %s: %s", self.cfg.fallback_path, fb.engine,
+                      type(e).__name__, e)
             self._feed(Event.FALLBACK_FAILED, str(e))
             return False
-        self.contracts = contracts_from_specs(self.fallback.outputs,
-                                              {k: v for k, v in self.cfg.model.ranges.items()
-                                               if k in {s.name for s in self.fallback.outputs}},
-                                              self.cfg.timing.agreement_tol)
         log.info("fallback %s (%s, %s standby) warm in %.2f s, %.1f ms per frame", self.fallback.model_id,
                  fb.engine, fb.standby, time.monotonic() - t0, last * 1e3)
         self._feed(Event.FALLBACK_READY, f"fallback {fb.engine} warm")
@@ -247,7 +341,7 @@ class Node:
         if t.action is Action.SPAWN_WORKER:
             self._start_worker()
         elif t.action is Action.BACK_OFF:
-            self._kill_worker(t.reason)
+            self._fail_over_worker(t.reason)
         elif t.action is Action.LOOK_FOR_DOCK:
             present, detail = look_for_dock(self.cfg.dock.kind, self.prefix)
             if not present:
@@ -260,6 +354,9 @@ class Node:
                 self.exit_code = EXIT_NO_FALLBACK
         elif t.action is Action.START_SHADOW:
             self.stale.reset()
+            self.miss_run = 0
+        # LOAD_PRIMARY and SERVE_PRIMARY need nothing here: the worker loads the model as the ladder's
+        # last rungs, and who serves follows from the supervisor's state.
 
     def _start_worker(self) -> None:
         self._kill_worker("replacing the worker")
@@ -277,17 +374,34 @@ class Node:
         ladder = LadderConfig(wait_timeout_ms=int(self.cfg.dock.wait_timeout_ms),
                               require_fingerprint=self.spec_in.fingerprint is not None)
         self.worker = WorkerHandle()
+        self.worker_ready_seen = False
         self.worker_beats = 0
+        self.probe_seen_at_s = 0.0
         try:
             self.worker.start(spec, self.spec_in, ladder)
-        except ChestnutError as e:
+        except ChestnutError as e:  # an unusable runner spec, or the process could not be spawned
+            log.error("cannot start a primary worker: %s", e)
+            self.worker = None
             self.pending_events.append((Event.QUALIFY_FAILED, str(e), e.layer))
         self.state_dirty = True
+
+    def _fail_over_worker(self, why: str) -> None:
+        """BACK_OFF: the fallback serves from now on. A worker with requests in flight drains (see the
+        module docstring); any other is killed now."""
+        w = self.worker
+        if w is not None and w.alive and w.ready and w.in_flight and self.watchdog.outstanding:
+            if not self.draining:
+                log.warning("worker %s drains: %d request(s) in flight (oldest frame %d); killed when answered or "
+                            "at the wait timeout + margin", w.pid, len(w.in_flight), w.in_flight[0])
+            self.draining = True
+            return
+        self._kill_worker(why)
 
     def _kill_worker(self, why: str) -> None:
         if self.worker is None:
             return
         w, self.worker = self.worker, None
+        self.draining = False
         if w.alive:
             log.info("killing worker %s: %s", w.pid, why)
         w.kill()
@@ -295,14 +409,13 @@ class Node:
         self._watchdog_actions(self.watchdog.worker_stopped(time.monotonic_ns()))
         self.state_dirty = True
 
-    def _poll_worker_start(self) -> None:
+    def _poll_worker_start(self, now: int) -> None:
         w = self.worker
-        if w is None or w.ready:
+        if w is None or self.worker_ready_seen or self.draining:
             return
         try:
             ready = w.poll_ready()
         except ChestnutError as e:
-            now = time.monotonic_ns()
             if w.ladder is not None:
                 self.health.apply(evidence_from_ladder(w.ladder), now)
             elif (ev := evidence_from_error(e)) is not None:
@@ -312,21 +425,45 @@ class Node:
                 event = Event.DOCK_ABSENT
             elif failed is not None and failed.name in ("model_loaded", "warmup") or isinstance(e, ModelError):
                 event = Event.LOAD_FAILED
+                # the worker climbs the dock rungs and loads in one go: the dock qualified, the load failed
+                self._feed(Event.QUALIFIED, "qualification ladder passed up to the model load")
             else:
                 event = Event.QUALIFY_FAILED
             self._feed(event, str(e), e.layer)
             return
-        if ready:
-            now = time.monotonic_ns()
-            if w.ladder is not None:
-                self.health.apply(evidence_from_ladder(w.ladder), now)
-                steps = ", ".join(f"{s.name} {s.duration_s * 1e3:.0f} ms" for s in w.ladder.steps
-                                  if s.result in (StepResult.PASS, StepResult.WARN))
-                log.info("worker %s qualified and loaded: %s", w.pid, steps)
-            self._watchdog_actions(self.watchdog.worker_started(now))
-            self._feed(Event.QUALIFIED, "qualification ladder passed")
-            self._feed(Event.LOADED, "model loaded; warm-up matched its fingerprint"
-                       if self.spec_in.fingerprint else "model loaded")
+        if not ready:
+            spawned_s = w.spawned_at_s if w.spawned_at_s is not None else time.monotonic()
+            if time.monotonic() - spawned_s > self.cfg.timing.start_timeout_s:
+                self._start_timed_out(w)
+            return
+        # readiness may have been taken in by any earlier pump of the handle (poll_result, probe):
+        # the flag above, not w.ready, says whether the node has acted on it
+        self.worker_ready_seen = True
+        if w.ladder is not None:
+            self.health.apply(evidence_from_ladder(w.ladder), now)
+            steps = ", ".join(f"{s.name} {s.duration_s * 1e3:.0f} ms" for s in w.ladder.steps
+                              if s.result in (StepResult.PASS, StepResult.WARN))
+            log.info("worker %s qualified and loaded: %s", w.pid, steps)
+        if not self.primary_model_id:
+            self.primary_model_id = self._read_primary_model_id()
+        self._watchdog_actions(self.watchdog.worker_started(now))
+        self._feed(Event.QUALIFIED, "qualification ladder passed")
+        self._feed(Event.LOADED, "model loaded; warm-up matched its fingerprint"
+                   if self.spec_in.fingerprint else "model loaded")
+
+    def _start_timed_out(self, w: WorkerHandle) -> None:
+        """A worker that has not qualified and loaded within ``start_timeout_s``: hung (a wait without a
+        timeout of its own, or a lost message); killed, and counted against the step it was in."""
+        state = w.progress().state
+        loading = state is WorkerState.LOADING
+        why = (f"primary worker {w.pid} not ready {self.cfg.timing.start_timeout_s:g} s after spawn "
+               f"(stuck {state.name.lower()}, heartbeat {w.heartbeat_age_s() * 1e3:.0f} ms old)")
+        log.error("%s; killing it", why)
+        self.health.apply([Evidence(Layer.GPU, Level.ERROR, why, hard=True, tag="start_timeout")], time.monotonic_ns())
+        self._kill_worker(why)
+        if loading:
+            self._feed(Event.QUALIFIED, "qualification ladder passed up to the model load")
+        self._feed(Event.LOAD_FAILED if loading else Event.QUALIFY_FAILED, why, Layer.GPU)
 
     def _check_worker_alive(self) -> None:
         w = self.worker
@@ -341,13 +478,14 @@ class Node:
         self._feed(Event.WORKER_DIED, f"primary worker exited ({how})", Layer.GPU)
 
     def _watchdog_actions(self, actions: list[WatchdogAction]) -> set[int]:
-        """Apply watchdog actions; returns the frame seqs that must be answered from the fallback."""
+        """Apply watchdog actions; returns the frame seqs that must be answered from the fallback.
+        Their evidence goes to health; the supervisor hears of them through their own events."""
         answer: set[int] = set()
         now = time.monotonic_ns()
         for a in actions:
             ev = evidence_from_watchdog(a)
             if ev is not None:
-                self._apply_health([ev], now)
+                self.health.apply([ev], now)
             if a.kind is ActionKind.ANSWER_FROM_FALLBACK and a.seq is not None:
                 answer.add(a.seq)
             elif a.kind is ActionKind.KILL_WORKER:
@@ -359,10 +497,21 @@ class Node:
         return answer
 
     def _apply_health(self, evidence: list[Evidence], now: int) -> None:
-        changes = self.health.apply(evidence, now)
-        for c in changes:
-            if c.new is Level.ERROR and self.sup.wants_worker:
-                self._feed(Event.PRIMARY_FAULT, self.health.status(c.layer).reason, c.layer)
+        """Apply evidence; while a worker should run, a layer at ERROR after bad evidence is a primary
+        fault -- also when it was ERROR already (a layer still recovering from the last fault)."""
+        self.health.apply(evidence, now)
+        if not self.sup.wants_worker:
+            return
+        for ev in evidence:
+            status = self.health.status(ev.layer)
+            if ev.level is Level.ERROR and status.level is Level.ERROR:
+                self._feed(Event.PRIMARY_FAULT, status.reason, ev.layer)
+                return
+
+    def _on_primary_error(self, res: WorkerResult) -> None:
+        assert res.error is not None
+        log.error("primary run of frame %d failed: %s", res.seq, res.error)
+        self._apply_health([evidence_from_worker_error(res.error)], time.monotonic_ns())
 
     # ---------------------------------------------------------------- one frame
 
@@ -370,8 +519,12 @@ class Node:
         cf = event.cameraFrame
         frame_id = int(cf.frameId)
         if self.last_frame_id is not None and frame_id <= self.last_frame_id:
-            self.bad_frames += 1
-            log.error("cameraFrame %d after %d: frame ids must increase; frame dropped", frame_id, self.last_frame_id)
+            # answering it would break the strictly increasing frame ids consumers rely on
+            self.out_of_order += 1
+            if time.monotonic() >= self.next_order_log_s:
+                self.next_order_log_s = time.monotonic() + BAD_FRAME_LOG_PERIOD_S
+                log.error("cameraFrame %d after %d: frame ids must increase; dropped (%d so far)", frame_id,
+                          self.last_frame_id, self.out_of_order)
             return
         self.last_frame_id = frame_id
         self.frames_in += 1
@@ -385,92 +538,137 @@ class Node:
             self._publish_output(frame_id, cf, FrameResult(None, Source.NONE, 0.0, f"bad frame: {e}"), drop_perc,
                                  valid=False)
             return
-        result = self._infer(frame_id, inputs)
-        self._publish_output(frame_id, cf, result, drop_perc, valid=True)
+        result = self._infer(frame_id, inputs, self._frame_time_ns(cf))
+        self._publish_output(frame_id, cf, result, drop_perc, valid=result.outputs is not None)
         self._publish_active(result.source)
 
-    def _infer(self, frame_id: int, inputs: dict[str, np.ndarray]) -> FrameResult:
+    def _run_fallback(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray] | None, float, str]:
+        """(outputs, seconds, error): the fallback never takes the node down; a failed run is reported."""
         assert self.fallback is not None
+        t0 = time.perf_counter()
+        try:
+            out = self.fallback.run(inputs)
+        except Exception as e:  # ModelError or the engine's own error classes
+            log.error("fallback run failed: %s: %s", type(e).__name__, e)
+            return None, time.perf_counter() - t0, f"fallback failed: {type(e).__name__}: {e}"
+        return out, time.perf_counter() - t0, ""
+
+    def _frame_time_ns(self, cf: Any) -> int:
+        """The time the frame's deadline counts from: its ``timestampEof`` (CLOCK_MONOTONIC, like the node's
+        clock), so that time spent queued before the node could take the frame counts; the node's own
+        clock when the stamp is in the future or older than the wait timeout (not comparable: another
+        host's clock)."""
+        now = time.monotonic_ns()
+        eof = int(cf.timestampEof)
+        return eof if 0 <= now - eof <= int(self.cfg.dock.wait_timeout_ms * 1e6) else now
+
+    def _infer(self, frame_id: int, inputs: dict[str, np.ndarray], frame_ns: int) -> FrameResult:
         w = self.worker
         submitted = False
-        if self.sup.runs_primary and w is not None and w.ready and w.alive:
-            try:
-                if w.can_submit:
+        not_submitted = ""
+        deadline_ns = frame_ns + int(self.cfg.timing.deadline_ms * 1e6)
+        if self.sup.runs_primary and w is not None and w.ready and w.alive and not self.draining:
+            waited_ms = (time.monotonic_ns() - frame_ns) / 1e6
+            if waited_ms >= self.cfg.timing.deadline_ms:
+                not_submitted = (f"frame waited {waited_ms:.0f} ms before the node could take it (deadline "
+                                 f"{self.cfg.timing.deadline_ms:g} ms): the primary does not keep up")
+                self._primary_missed(frame_id, not_submitted, evidence=True)
+            elif not w.can_submit:
+                oldest = w.in_flight[0] if w.in_flight else None
+                not_submitted = (f"primary busy: every slot still holds an unanswered request (oldest frame {oldest})"
+                                 if oldest is not None else "primary busy")
+                self._primary_missed(frame_id, not_submitted, evidence=True)
+            else:
+                try:
                     w.submit(frame_id, inputs)
-                    self._watchdog_actions(self.watchdog.request(frame_id, time.monotonic_ns(), RequestKind.FRAME))
+                    self._watchdog_actions(self.watchdog.request(frame_id, frame_ns, RequestKind.FRAME))
                     submitted = True
-            except ChestnutError as e:
-                log.error("submit of frame %d failed: %s", frame_id, e)
+                except ChestnutError as e:
+                    not_submitted = f"submit to the primary failed: {e}"
+                    log.error("submit of frame %d failed: %s", frame_id, e)
         fb_out: dict[str, np.ndarray] | None = None
-        fb_exec = 0.0
+        fb_exec, fb_err = 0.0, ""
         if self.cfg.fallback.standby == "hot" or self.sup.serving is not Source.PRIMARY or not submitted:
-            t0 = time.perf_counter()
-            fb_out = self.fallback.run(inputs)
-            fb_exec = time.perf_counter() - t0
-        primary: WorkerResult | None = None
-        late = False
-        answer_fb: set[int] = set()
+            fb_out, fb_exec, fb_err = self._run_fallback(inputs)
+        outcome = PrimaryOutcome(None, False, not_submitted or "primary unavailable")
         if submitted and w is not None:
-            primary, late, answer_fb = self._await_primary(w, frame_id)
+            outcome = self._await_primary(w, frame_id, deadline_ns)
+        primary = outcome.result
         report = None
         p_out = primary.outputs if primary is not None and primary.ok else None
         if p_out is not None:
+            assert primary is not None
             now = time.monotonic_ns()
-            in_fp = fingerprint(inputs)
-            report = check_outputs(p_out, self.contracts, input_fp=in_fp, stale=self.stale, reference=fb_out)
+            report = check_outputs(p_out, self.contracts, input_fp=fingerprint(inputs), stale=self.stale,
+                                   reference=fb_out)
+            self.miss_run = 0
             self._apply_health(evidence_from_run(primary.exec_time_s * 1e3) + [evidence_from_validity(report)], now)
             if self.sup.state in (State.SHADOWING, State.AWAITING_SWITCH):
                 self._perform_all(self.sup.shadow(report.ok, now, report.reason))
-        serve_primary = (self.sup.serving is Source.PRIMARY and p_out is not None and report is not None
-                         and report.ok and frame_id not in answer_fb)
+        elif outcome.missed:
+            self._primary_missed(frame_id, outcome.why, evidence=False)
+        serve_primary = self.sup.serving is Source.PRIMARY and p_out is not None and report is not None and report.ok
         if serve_primary:
-            assert primary is not None
+            assert primary is not None and p_out is not None
             return FrameResult(p_out, Source.PRIMARY, primary.exec_time_s, "", report=report)
+        if fb_out is None and not fb_err:
+            fb_out, fb_exec, fb_err = self._run_fallback(inputs)
+        if self.sup.serving is not Source.PRIMARY:
+            reason = self.sup.reason
+        elif report is not None and not report.ok:
+            reason = f"primary output invalid: {report.reason}"
+        else:
+            reason = outcome.why
         if fb_out is None:
-            t0 = time.perf_counter()
-            fb_out = self.fallback.run(inputs)
-            fb_exec = time.perf_counter() - t0
-        reason = self.sup.reason if self.sup.serving is not Source.PRIMARY else (
-            "primary missed the deadline" if late or frame_id in answer_fb else
-            f"primary output invalid: {report.reason}" if report is not None and not report.ok else
-            f"primary failed: {primary.error}" if primary is not None and primary.error is not None else
-            "primary unavailable")
-        return FrameResult(fb_out, Source.FALLBACK, fb_exec, reason, deadline_missed=late or frame_id in answer_fb,
-                           report=report)
+            return FrameResult(None, Source.FALLBACK, fb_exec, f"{fb_err}; {reason}", outcome.missed, report)
+        return FrameResult(fb_out, Source.FALLBACK, fb_exec, reason, deadline_missed=outcome.missed, report=report)
 
-    def _await_primary(self, w: WorkerHandle, frame_id: int) -> tuple[WorkerResult | None, bool, set[int]]:
-        """Wait for frame ``frame_id``'s result until its deadline; returns (result, missed, fallback seqs)."""
-        deadline_ns = time.monotonic_ns() + int(self.cfg.timing.deadline_ms * 1e6)
-        answer: set[int] = set()
+    def _primary_missed(self, frame_id: int, why: str, evidence: bool) -> None:
+        """One frame the primary did not answer in time. Counts towards ``timing.miss_run``, which fails
+        the gpu layer over (the watchdog counts only frames it saw requested; a stuck worker stops
+        taking frames once its slots are full, and those frames are misses too). ``evidence``: record
+        a gpu WARN for it (the watchdog already did for a frame it saw requested)."""
+        now = time.monotonic_ns()
+        self.miss_run += 1
+        if evidence:
+            self.health.apply([Evidence(Layer.GPU, Level.WARN, f"frame {frame_id}: {why}", tag="deadline_miss")], now)
+        if self.miss_run >= self.cfg.timing.miss_run and self.sup.runs_primary:
+            reason = (f"{self.miss_run} consecutive frames without a primary result within the deadline "
+                      f"({self.cfg.timing.deadline_ms:g} ms); last: {why}")
+            self.health.apply([Evidence(Layer.GPU, Level.ERROR, reason, hard=True, tag="deadline_miss_run")], now)
+            self._feed(Event.DEADLINE_MISS_RUN, reason, Layer.GPU)
+
+    def _await_primary(self, w: WorkerHandle, frame_id: int, deadline_ns: int) -> PrimaryOutcome:
+        """Wait for frame ``frame_id``'s result until its deadline (``deadline_ns``, CLOCK_MONOTONIC)."""
         while True:
+            if not self._is_current(w) or self.draining:  # failed over on the way: the fallback answers now
+                return PrimaryOutcome(None, False, self.sup.reason)
             now = time.monotonic_ns()
-            timeout_s = max(0.0, (deadline_ns - now) / NS)
-            res = w.poll_result(timeout_s=timeout_s) if w.alive else None
+            res = w.poll_result(timeout_s=max(0.0, (deadline_ns - now) / NS)) if w.alive else None
             now = time.monotonic_ns()
             if res is None:
-                if not w.alive or now >= deadline_ns:
-                    answer |= self._watchdog_actions(self.watchdog.check(now))
-                    if not w.alive:
-                        self._check_worker_alive()
-                    return None, True, answer | {frame_id}
-                continue
+                if not w.alive:
+                    self._check_worker_alive()
+                    return PrimaryOutcome(None, False, f"primary worker exited ({describe_returncode(w.returncode)})")
+                if now < deadline_ns:
+                    continue
+                self._watchdog_actions(self.watchdog.check(now))
+                why = f"no primary result within the deadline ({self.cfg.timing.deadline_ms:g} ms after the frame)"
+                return PrimaryOutcome(None, True, why)
             verdict = self.watchdog.response(res.seq, now)
-            answer |= self._watchdog_actions(list(verdict.actions))
+            self._watchdog_actions(list(verdict.actions))
             if res.error is not None:
-                log.error("primary run of frame %d failed: %s", res.seq, res.error)
-                ev = evidence_from_error(res.error) if isinstance(res.error, ChestnutError) else None
-                if ev is not None:
-                    self._apply_health([ev], now)
-                else:
-                    self._feed(Event.PRIMARY_FAULT, str(res.error), Layer.GPU)
+                self._on_primary_error(res)
                 if res.seq == frame_id:
-                    return res, False, answer
+                    return PrimaryOutcome(res, False, f"primary failed: {res.error}")
                 continue
             if res.seq != frame_id:
                 continue  # a late result of an earlier frame: discarded by the watchdog's verdict
             if not verdict.use_result:
-                return None, True, answer | {frame_id}
-            return res, False, answer
+                elapsed_ms = verdict.elapsed_ns / 1e6
+                return PrimaryOutcome(None, True, f"primary result after {elapsed_ms:.1f} ms, past the deadline "
+                                                  f"({self.cfg.timing.deadline_ms:g} ms)")
+            return PrimaryOutcome(res, False, "")
 
     # ---------------------------------------------------------------- publishing
 
@@ -481,7 +679,7 @@ class Node:
         mo.source = r.source.value
         assert self.fallback is not None
         mo.modelId = (self.fallback.model_id if r.source is Source.FALLBACK
-                      else self._primary_model_id() if r.source is Source.PRIMARY else "")
+                      else self.primary_model_id if r.source is Source.PRIMARY else "")
         outs = mo.init("outputs", len(r.outputs or {}))
         for t, (name, arr) in zip(outs, (r.outputs or {}).items(), strict=True):
             a = np.ascontiguousarray(arr)
@@ -503,13 +701,6 @@ class Node:
         self.pm.send("modelOutput", msg)
         self.frames_out += 1
 
-    def _primary_model_id(self) -> str:
-        from chestnut.fallback.model import model_id
-
-        if not hasattr(self, "_pid_cache"):
-            self._pid_cache = model_id(self.cfg.model.name, self.cfg.model.path.read_bytes())
-        return self._pid_cache
-
     def _publish_active(self, source: Source) -> None:
         now = time.monotonic_ns()
         active, reason = chestnut_active(self.health, source)
@@ -520,17 +711,15 @@ class Node:
 
     def _publish_housekeeping(self, now: int) -> None:
         if now >= self.next_health_ns:
-            for c in self.health.refresh(now):
-                if c.new is Level.ERROR and self.sup.wants_worker:
-                    self._feed(Event.PRIMARY_FAULT, self.health.status(c.layer).reason, c.layer)
+            self.health.refresh(now)
             msg = new_message("chestnutHealth")
             fill_health(msg.chestnutHealth, self.health)
             self.pm.send("chestnutHealth", msg)
             self.next_health_ns = now + int(NS / self.cfg.timing.health_hz)
-            # ChestnutActive also changes between frames (a layer going STALE or ERROR): publish at once
-            active, reason = chestnut_active(self.health, self.sup.serving)
-            if active != self.active.active:
-                self._publish_active(self.sup.serving)
+        # ChestnutActive drops between frames too (a failover, a layer going STALE or ERROR): at once. It
+        # rises only with a frame the primary served.
+        if not self.starting and self.active.active and not chestnut_active(self.health, self.sup.serving)[0]:
+            self._publish_active(self.sup.serving)
         if now >= self.next_state_ns or self.state_dirty:
             msg = new_message("nodeState")
             ns = msg.nodeState
@@ -550,7 +739,7 @@ class Node:
 
     def _housekeeping(self) -> None:
         now = time.monotonic_ns()
-        self._poll_worker_start()
+        self._poll_worker_start(now)
         self._check_worker_alive()
         w = self.worker
         if w is not None and w.alive:
@@ -558,13 +747,20 @@ class Node:
             if prog.beats > self.worker_beats:
                 self._watchdog_actions(self.watchdog.heartbeat(now, prog.beats - self.worker_beats))
                 self.worker_beats = prog.beats
-            # drain results of frames already answered (late ones); pair them for the logical check
-            while (res := w.poll_result(0.0)) is not None:
+            # results of frames already answered (late ones, or a draining worker's): pair them for the
+            # logical check; their errors are evidence
+            while self._is_current(w) and (res := w.poll_result(0.0)) is not None:
                 self._watchdog_actions(list(self.watchdog.response(res.seq, now).actions))
-            if w.ready and now >= self.next_probe_ns:
-                if (self.cfg.dock.kind != "cpu" and w.latest_probe is not None
-                        and w.latest_probe.observation is not None):
-                    self._apply_health(evidence_from_observation(w.latest_probe.observation), now)
+                if res.error is not None:
+                    self._on_primary_error(res)
+            if self._is_current(w) and self.draining and not w.in_flight:
+                self._kill_worker("drained after failing over")
+            elif self._is_current(w) and not self.draining and self.worker_ready_seen and now >= self.next_probe_ns:
+                probe = w.latest_probe
+                if (self.cfg.dock.kind != "cpu" and probe is not None and probe.observation is not None
+                        and probe.at_s > self.probe_seen_at_s):
+                    self.probe_seen_at_s = probe.at_s
+                    self._apply_health(evidence_from_observation(probe.observation), now)
                 w.request_probe()
                 self.next_probe_ns = now + int(NS / self.cfg.timing.probe_hz)
         elif now >= self.next_probe_ns and self.sup.state in (State.DEGRADED, State.LOOKING):
@@ -573,23 +769,40 @@ class Node:
                 self._apply_health([Evidence(Layer.USB, Level.ERROR, detail, hard=True, tag="absent")], now)
             self.next_probe_ns = now + int(NS / self.cfg.timing.probe_hz)
         self._watchdog_actions(self.watchdog.check(now))
-        self._perform_all(self.sup.tick(now))
+        if not self.draining:  # a retry waits until the drained worker is gone (it holds the dock)
+            self._perform_all(self.sup.tick(now))
+        self._consumer(now)
+        self._publish_housekeeping(time.monotonic_ns())
+
+    def _is_current(self, w: WorkerHandle) -> bool:
+        """``w`` is still the node's worker (a fault handled on the way may have replaced it)."""
+        return self.worker is w
+
+    def _consumer(self, now: int) -> None:
+        """``controlState``: the consumer's last word stands for ``timing.consumer_timeout_s`` after it
+        arrived (cereal's *alive*, 10 periods = 0.5 s at 20 Hz, is too short a silence to take as consent
+        to switch under an engaged consumer); after that nobody is controlling."""
         self.sm.update(0)
-        if self.sm.alive["controlState"]:
+        heard = self.sm.seen["controlState"] and now - self.sm.recv_time_ns["controlState"] <= int(
+            self.cfg.timing.consumer_timeout_s * NS)
+        if heard:
             cs = self.sm["controlState"]
             self._perform_all(self.sup.consumer(bool(cs.engaged), bool(cs.allowSourceSwitch), now))
         else:
             self._perform_all(self.sup.consumer(False, True, now))
-        self._publish_housekeeping(time.monotonic_ns())
 
     # ---------------------------------------------------------------- main loop
 
     def run(self) -> int:
-        self.open()
         try:
-            if not self.warm_fallback():
-                self._publish_housekeeping(time.monotonic_ns())
-                return EXIT_NO_FALLBACK
+            try:
+                self.open()
+                if not self.warm_fallback():
+                    self._publish_housekeeping(time.monotonic_ns())
+                    return EXIT_NO_FALLBACK
+            except _StopDuringStart:
+                log.info("stopped while warming the fallback")
+                return EXIT_OK
             self.notify.notify("READY=1")
             log.info("ready: answering %s from the fallback while the primary qualifies", self.cfg.timing.frame_service)
             while not self.stop_requested:
@@ -601,25 +814,43 @@ class Node:
                         self.on_frame(ev)
                         self._housekeeping()
                 self._housekeeping()
-                self.notify.notify("WATCHDOG=1")
+                self.notify.watchdog()
         finally:
             self.close()
         return self.exit_code
 
     def request_stop(self) -> None:
+        """From a signal handler: the loop stops at its next turn; during start-up, at once."""
         self.stop_requested = True
+        if self.starting:
+            self.starting = False  # raise once: close() must run undisturbed
+            raise _StopDuringStart()
 
     def close(self) -> None:
+        """The stop sequence: STOPPING=1, the worker stopped and reaped (ask, terminate, kill; within
+        :data:`WORKER_STOP_BUDGET_S`), ``chestnutActive`` false and ``nodeState`` stopping published."""
+        self.starting = False
         self.notify.notify("STOPPING=1")
         self._feed(Event.STOP, "stop requested")
+        if not hasattr(self, "sm"):  # stopped (or failed) before the sockets were all open
+            for sock in ("pm", "frames"):
+                if hasattr(self, sock):
+                    getattr(self, sock).close()
+            self.notify.close()
+            return
         if self.worker is not None:
             w, self.worker = self.worker, None
-            report = w.stop(STOP_BUDGET_S - 1.0)
+            self.draining = False
+            report = w.stop(WORKER_STOP_BUDGET_S)
             log.info("worker stopped: %s", report)
+        self.state_dirty = True
+        if self.fallback is not None:
+            self._publish_active(Source.NONE)
         self._publish_housekeeping(time.monotonic_ns())
         self.pm.close()
         self.frames.close(linger=0)
         self.sm.close()
+        self.notify.close()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -627,12 +858,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``chestnut run``. Exit codes: :data:`EXIT_OK` after SIGINT/SIGTERM, :data:`EXIT_CONFIG`,
+    :data:`EXIT_NO_FALLBACK`."""
     try:
         cfg = node_config.from_args(args)
+        node = Node(cfg)
     except ConfigError as e:
-        log.error("%s", e)
+        log.error("unusable configuration: %s", e)
         return EXIT_CONFIG
-    node = Node(cfg)
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping", signum)

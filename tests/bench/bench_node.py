@@ -1,0 +1,349 @@
+"""Benchmark: the node (``chestnut run`` as a child process) against calling the model directly.
+
+Three parts (``--only``):
+
+- ``overhead``: what the node adds per frame. Baselines, measured in this run: the model called
+  directly in this process (the frame preprocessed, onnxruntime on one thread, as the fallback
+  runs), and the pub/sub floor: an echo process answering each ``cameraFrame`` with a
+  ``modelOutput`` through the same messaging API (no model, no supervision). Node rows:
+  ``cameraFrame`` publish -> ``modelOutput`` receipt in this process, minus the ``executionTime``
+  the node reports for that frame, so the figure is everything around the model: pub/sub both ways,
+  decode, preprocessing, the worker round trip (primary rows), the output checks, the publish.
+  Rows: the fallback alone (``dock.kind = "none"``, warm standby); the primary in a host-CPU worker
+  (``dock.kind = "cpu"``) in warm standby (the fallback idle) and in hot standby (the fallback also
+  runs every frame, before the node waits on the primary). The aim (issue 5): p99 <= 2 ms.
+- ``faults``: time from a fault to the first frame answered by the fallback, per cause, against the
+  twin (``chestnut twin serve``): measured from the injection and from the publish of the first
+  frame sent after it (the injection falls anywhere in the 50 ms between frames), plus injection ->
+  ``chestnutActive`` false and injection -> failed worker gone (nodeState ``workerPid``).
+- ``memory``: resident memory (RSS) of the node and of its primary worker (twin dock) at 20 Hz,
+  sampled every ``--sample-s`` seconds for ``--minutes`` minutes; printed after 1 minute and at the
+  end, with the change in between (must stay flat).
+
+Run: ``.venv/bin/python tests/bench/bench_node.py [--only overhead,faults,memory] [--frames 600]
+[--minutes 10]``. The model is the tiny test model (x [1,3,32,64] -> prob [1,1,16,32]) unless
+``--model`` (with ``--height``/``--width``/``--preprocess``) names another, e.g. the prepared
+PP-OCRv4 detector at 128x256 with ``--preprocess ppocr``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from nodeharness import Bus, NodeProcess, Records, record_fingerprint, write_node_config  # noqa: E402
+from tinymodel import make_tiny_onnx  # noqa: E402
+
+from chestnut.backend.sim.client import TwinClient, TwinDaemon  # noqa: E402
+from chestnut.msgs.paths import runtime_dir  # noqa: E402
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+def row(name: str, xs_ms: list[float]) -> str:
+    return (f"  {name:<44} n={len(xs_ms):4d}  p50 {pct(xs_ms, 50):7.3f}  p90 {pct(xs_ms, 90):7.3f}  "
+            f"p99 {pct(xs_ms, 99):7.3f}  max {max(xs_ms):7.3f} ms")
+
+
+class Setup:
+    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
+        self.args, self.tmp = args, tmp
+        self.model = args.model or make_tiny_onnx(tmp / "tiny.onnx", args.height, args.width)
+        self.fingerprint = record_fingerprint(self.model, tmp / "model.fingerprint.json")
+        self.shape = (1, 3, args.height, args.width)
+        self.n = 0
+
+    def config(self, dock: str, standby: str, timing: dict[str, Any] | None = None) -> Path:
+        self.n += 1
+        ranges = {"prob": (0.0, 1.0)} if self.args.model is None else {}
+        return write_node_config(self.tmp / f"node{self.n}.toml", self.model, fingerprint=self.fingerprint,
+                                 dock=dock, standby=standby, shape=self.shape, preprocess=self.args.preprocess,
+                                 ranges=ranges, timing=timing)
+
+    def prefix(self, what: str) -> str:
+        return f"bench-node-{what}-{os.getpid()}"
+
+
+def start(setup: Setup, cfg: Path, prefix: str) -> tuple[NodeProcess, Bus]:
+    bus = Bus(prefix, height=setup.args.height, width=setup.args.width)
+    bus.start()
+    node = NodeProcess(cfg, prefix, setup.tmp / f"{prefix}.log").start()
+    return node, bus
+
+
+def stop(node: NodeProcess, bus: Bus) -> None:
+    node.stop(signal.SIGTERM)
+    node.kill()
+    bus.close()
+    shutil.rmtree(runtime_dir(bus.prefix), ignore_errors=True)
+
+
+# ---------------------------------------------------------------- overhead
+
+
+def direct_ms(setup: Setup, frames: int) -> tuple[list[float], list[float]]:
+    """(preprocess, model run) in ms per frame, the model called in this process at 20 Hz."""
+    from chestnut.fallback.standby import FallbackModel
+    from chestnut.node.preprocess import preprocess
+
+    m = FallbackModel(setup.model, "onnxruntime", input_shapes={"x": setup.shape}, threads=1)
+    m.warm()
+    rng = np.random.default_rng(0)
+    pre, run = [], []
+    for _ in range(frames):
+        img = rng.integers(0, 256, (setup.args.height, setup.args.width, 3), dtype=np.uint8)
+        t0 = time.perf_counter()
+        x = preprocess(setup.args.preprocess, img, "x", setup.shape)
+        t1 = time.perf_counter()
+        m.run(x)
+        t2 = time.perf_counter()
+        pre.append((t1 - t0) * 1e3)
+        run.append((t2 - t1) * 1e3)
+        time.sleep(max(0.0, 0.05 - (t2 - t0)))  # 20 Hz, like the node: the CPU idles between frames
+    return pre, run
+
+
+def echo_main(prefix: str) -> int:
+    """The transport floor: answer every ``cameraFrame`` at once with a ``modelOutput`` of the same frame id
+    (the same messaging API, decode and encode as the node; no model, no supervision)."""
+    import zmq
+
+    from chestnut.msgs.messaging import PubMaster, drain_sock, new_message, sub_sock
+
+    stop = False
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    frames = sub_sock("cameraFrame", prefix=prefix)
+    poller = zmq.Poller()
+    poller.register(frames, zmq.POLLIN)
+    with PubMaster(["modelOutput"], prefix=prefix) as pm:
+        while not stop:
+            if poller.poll(50):
+                for ev in drain_sock(frames):
+                    msg = new_message("modelOutput")
+                    msg.modelOutput.frameId = ev.cameraFrame.frameId
+                    msg.modelOutput.source = "fallback"
+                    pm.send("modelOutput", msg)
+    frames.close(linger=0)
+    return 0
+
+
+def echo_ms(setup: Setup, frames: int) -> list[float]:
+    import subprocess
+
+    prefix = setup.prefix("echo")
+    bus = Bus(prefix, height=setup.args.height, width=setup.args.width)
+    bus.start()
+    proc = subprocess.Popen([sys.executable, __file__, "--echo", prefix])
+    try:
+        bus.wait_for(lambda r: len(r.outputs) >= 20, 60.0, "echo")
+        skip = len(bus.snapshot().outputs)
+        rec = bus.wait_for(lambda r: r if len(r.outputs) >= skip + frames else None, frames / 20 * 3 + 30, "echo")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        bus.close()
+        shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
+    return [(o.recv_ns - rec.sent[o.frame_id]) / 1e6 for o in rec.outputs[skip:skip + frames]]
+
+
+def node_overhead_ms(setup: Setup, dock: str, standby: str, frames: int) -> tuple[list[float], list[float]]:
+    """(latency - executionTime, executionTime) in ms, over ``frames`` frames served by the expected source."""
+    want = "fallback" if dock == "none" else "primary"
+    node, bus = start(setup, setup.config(dock, standby), setup.prefix(f"{dock}-{standby}"))
+    try:
+        bus.wait_for(lambda r: len(r.outputs) >= 20 and all(o.source == want for o in r.outputs[-10:]), 90.0,
+                     f"{want} serving")
+        skip = len(bus.snapshot().outputs)
+        rec = bus.wait_for(lambda r: r if len(r.outputs) >= skip + frames else None, frames / 20 * 3 + 30,
+                           f"{frames} frames")
+    finally:
+        stop(node, bus)
+    outs = [o for o in rec.outputs[skip:skip + frames] if o.source == want]
+    if len(outs) < frames:
+        print(f"    ({frames - len(outs)} of {frames} frames were answered by another source and are left out)")
+    lat = [(o.recv_ns - rec.sent[o.frame_id]) / 1e6 for o in outs]
+    exe = [o.exec_s * 1e3 for o in outs]
+    return [a - b for a, b in zip(lat, exe, strict=True)], exe
+
+
+def bench_overhead(setup: Setup) -> None:
+    n = setup.args.frames
+    print(f"\n== node overhead per frame ({n} frames at 20 Hz, {setup.args.height}x{setup.args.width}, "
+          f"model {setup.model.name})")
+    pre, base = direct_ms(setup, min(n, 400))
+    print(row("direct call: preprocess", pre))
+    print(row("direct call: onnxruntime run", base))
+    floor = echo_ms(setup, n)
+    print(row("pub/sub floor: echo process, publish -> out", floor))
+    for dock, standby, label in (("none", "warm", "node, fallback only (dock none)"),
+                                 ("cpu", "warm", "node, primary via worker (cpu, warm standby)"),
+                                 ("cpu", "hot", "node, primary via worker (cpu, hot standby)")):
+        try:
+            over, exe = node_overhead_ms(setup, dock, standby, n)
+        except AssertionError as e:  # a primary slower than the frame period never serves
+            print(f"  {label}: no {n} frames served ({e})")
+            continue
+        print(row(f"{label}: exec", exe))
+        print(row(f"{label}: latency - exec", over))
+        print(f"    node overhead p50 {pct(over, 50):.3f} ms = pub/sub floor {pct(floor, 50):.3f} + preprocess "
+              f"{pct(pre, 50):.3f} + the node's own {pct(over, 50) - pct(floor, 50) - pct(pre, 50):.3f} ms; "
+              f"p99 {pct(over, 99):.3f} ms (floor p99 {pct(floor, 99):.3f} ms)")
+
+
+# ---------------------------------------------------------------- faults
+
+
+FAULTS: list[tuple[str, Callable[[TwinClient, int], Any], Callable[[TwinClient], Any] | None]] = [
+    ("worker SIGKILL", lambda c, pid: os.kill(pid, signal.SIGKILL), None),
+    ("worker exception (stall)", lambda c, pid: c.fault("stall"), None),
+    ("fence_stall", lambda c, pid: c.fault("fence_stall"), None),
+    ("gpu_hang", lambda c, pid: c.fault("gpu_hang"), None),
+    ("disconnect", lambda c, pid: c.fault("disconnect"), lambda c: c.plug()),
+    ("reenumerate", lambda c, pid: c.fault("reenumerate"), None),
+    ("nan_output", lambda c, pid: c.fault("nan_output"), None),
+    ("stale_output (repeat)", lambda c, pid: c.fault("stale_output", repeat=True), lambda c: c.clear()),
+    ("slow_gpu 800 ms (deadline overrun)", lambda c, pid: c.fault("slow_gpu", delay_ms=800), lambda c: c.clear()),
+    ("ltssm_down", lambda c, pid: c.fault("ltssm_down"), None),
+    ("worker SIGSTOP (hang)", lambda c, pid: os.kill(pid, signal.SIGSTOP), None),
+]
+
+
+def _serving_primary(r: Records) -> bool:
+    return (len(r.outputs) >= 3 and all(o.source == "primary" for o in r.outputs[-3:]) and bool(r.states)
+            and r.states[-1].state == "active")
+
+
+def one_fault(bus: Bus, client: TwinClient, name: str, inject: Callable[[TwinClient, int], Any],
+              recover: Callable[[TwinClient], Any] | None) -> str:
+    """Inject one fault into a node serving the primary; one printed row of latencies."""
+    rec = bus.wait_for(lambda r: r if _serving_primary(r) else None, 120.0, "the primary serving")
+    pid = rec.states[-1].worker_pid
+    time.sleep(0.017)  # off the frame grid
+    t0 = time.monotonic_ns()
+    inject(client, pid)
+    fb = bus.wait_for(lambda r: next((o for o in r.outputs if o.mono_ns >= t0 and o.source != "primary"), None),
+                      20.0, f"{name}: fallback")
+    bus.wait_for(lambda r: any(s.mono_ns >= t0 and s.worker_pid != pid for s in r.states), 20.0,
+                 f"{name}: worker replaced")
+    if recover is not None:
+        bus.wait_for(lambda r: any(s.mono_ns >= t0 and s.state == "degraded" for s in r.states), 20.0, "degraded")
+        recover(client)
+    rec = bus.snapshot()
+    first_sent = min((f for f, t in rec.sent.items() if t >= t0), default=fb.frame_id)
+    inactive = next((a.mono_ns for a in rec.active if a.mono_ns >= t0 and not a.active), t0)
+    gone = next(s.mono_ns for s in rec.states if s.mono_ns >= t0 and s.worker_pid != pid)
+    note = "" if fb.frame_id <= first_sent else f"  (frames {first_sent} to {fb.frame_id - 1}: still the primary)"
+    return (f"  {name:<36} {(fb.mono_ns - t0) / 1e6:15.1f} ms {(fb.mono_ns - rec.sent[fb.frame_id]) / 1e6:18.1f} ms "
+            f"{(inactive - t0) / 1e6:13.1f} ms {(gone - t0) / 1e6:12.1f} ms{note}")
+
+
+def bench_faults(setup: Setup) -> None:
+    print("\n== fault -> first fallback-served frame (twin dock, deadline 150 ms, wait timeout 3000 ms, 20 Hz)")
+    prefix = setup.prefix("faults")
+    timing = {"backoff_initial_s": 0.2, "backoff_max_s": 0.5, "flap_max_failovers": 1000, "shadow_frames": 10}
+    with TwinDaemon(prefix) as twin, twin.client() as client:
+        node, bus = start(setup, setup.config("twin", "hot", timing), prefix)
+        try:
+            print(f"  {'cause':<36} {'-> fallback frame':>18} {'its publish -> out':>21} {'-> active false':>16} "
+                  f"{'-> worker gone':>15}")
+            for name, inject, recover in FAULTS:
+                print(one_fault(bus, client, name, inject, recover), flush=True)
+        finally:
+            stop(node, bus)
+    shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
+
+
+# ---------------------------------------------------------------- memory
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        return psutil.Process(pid).memory_info().rss / 2**20
+    except psutil.NoSuchProcess:
+        return float("nan")
+
+
+def bench_memory(setup: Setup) -> None:
+    minutes, sample_s = setup.args.minutes, setup.args.sample_s
+    print(f"\n== resident memory at 20 Hz for {minutes:g} min (twin dock, hot standby; sample every {sample_s:g} s)")
+    prefix = setup.prefix("memory")
+    with TwinDaemon(prefix):
+        node, bus = start(setup, setup.config("twin", "hot"), prefix)
+        try:
+            rec = bus.wait_for(lambda r: r if _serving_primary(r) else None, 120.0, "the primary serving")
+            t0 = time.monotonic()
+            samples: list[tuple[float, float, float, int, str]] = []
+            while True:
+                rec = bus.snapshot()
+                wpid = rec.states[-1].worker_pid
+                el = time.monotonic() - t0
+                samples.append((el, rss_mb(node.pid), rss_mb(wpid) if wpid else float("nan"), len(rec.outputs),
+                                rec.states[-1].state))
+                print(f"  t={el:6.0f} s  node {samples[-1][1]:7.1f} MB  worker {samples[-1][2]:7.1f} MB  "
+                      f"outputs {samples[-1][3]:6d}  state {samples[-1][4]}", flush=True)
+                if el >= minutes * 60:
+                    break
+                time.sleep(min(sample_s, max(0.0, minutes * 60 - el)))
+        finally:
+            stop(node, bus)
+    shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
+    at1 = min(samples, key=lambda s: abs(s[0] - 60.0))
+    end = samples[-1]
+    print(f"  after {at1[0]:.0f} s: node {at1[1]:.1f} MB, worker {at1[2]:.1f} MB; after {end[0]:.0f} s: node "
+          f"{end[1]:.1f} MB, worker {end[2]:.1f} MB; change node {end[1] - at1[1]:+.1f} MB, worker "
+          f"{end[2] - at1[2]:+.1f} MB")
+    rates = [s[3] for s in samples]
+    print(f"  frames answered: {rates[-1] - rates[0]} in {end[0]:.0f} s "
+          f"({(rates[-1] - rates[0]) / max(end[0], 1e-9):.1f} Hz)")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", default="overhead,faults,memory", help="comma-separated parts to run")
+    p.add_argument("--frames", type=int, default=600, help="frames per overhead row")
+    p.add_argument("--minutes", type=float, default=10.0, help="memory run length")
+    p.add_argument("--sample-s", type=float, default=30.0, help="memory sampling period")
+    p.add_argument("--model", type=Path, help="ONNX model (default: the tiny test model)")
+    p.add_argument("--height", type=int, default=32)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--preprocess", default="unit")
+    p.add_argument("--echo", metavar="PREFIX", help=argparse.SUPPRESS)  # internal: the transport-floor process
+    args = p.parse_args()
+    if args.echo:
+        return echo_main(args.echo)
+    parts = set(args.only.split(","))
+    with tempfile.TemporaryDirectory(prefix="bench-node-") as d:
+        setup = Setup(args, Path(d))
+        print(f"bench_node: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+        if "overhead" in parts:
+            bench_overhead(setup)
+        if "faults" in parts:
+            bench_faults(setup)
+        if "memory" in parts:
+            bench_memory(setup)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""Node-level contracts of ``chestnut run`` that need no twin: the node as a real child process, frames and
+subscribers in this process (``nodeharness.Bus``).
+
+- without a dock (``dock.kind = "none"``) every frame is answered by the fallback, with its exact output;
+- a malformed frame gets exactly one invalid ``modelOutput`` with a precise reason, and serving goes on;
+- no usable fallback: exit code ``EXIT_NO_FALLBACK`` (3) and a log line naming the file; a bad
+  configuration: ``EXIT_CONFIG`` (2) naming the key;
+- ``READY=1``, then ``WATCHDOG=1`` (at half of ``WATCHDOG_USEC``), then ``STOPPING=1`` reach ``$NOTIFY_SOCKET``;
+- SIGINT and SIGTERM stop the node within the 5 s budget with its primary worker (``dock.kind = "cpu"``)
+  stopped and no child process left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+from nodeharness import Bus, NodeProcess, unanswered_frames, write_node_config
+
+from chestnut.launch.camerad import fill_frame
+from chestnut.msgs.paths import runtime_dir
+from chestnut.node.main import EXIT_CONFIG, EXIT_NO_FALLBACK
+from chestnut.node.preprocess import preprocess
+
+pytestmark = [pytest.mark.timeout(90)]
+
+H, W = 32, 64
+
+
+def frame(fid: int) -> np.ndarray:
+    """The deterministic test frame ``fid``: uint8 noise [32, 64, 3]."""
+    return np.random.default_rng(fid).integers(0, 256, (H, W, 3), dtype=np.uint8)
+
+
+@contextlib.contextmanager
+def running(tmp_path: Path, cfg: Path, frame_fn: Callable[[int], Any] = frame, env: dict[str, str] | None = None,
+            record_tensors: bool = False) -> Iterator[tuple[NodeProcess, Bus]]:
+    prefix = os.environ["CHESTNUT_PREFIX"]
+    bus = Bus(prefix, frame_fn=frame_fn, record_tensors=record_tensors)
+    bus.start()
+    node = NodeProcess(cfg, prefix, tmp_path / "node.log", env=env).start()
+    try:
+        yield node, bus
+    finally:
+        bus.close()
+        node.kill()
+        shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
+
+
+def finish(bus: Bus, node: NodeProcess, n_frames: int) -> Any:
+    """Wait for ``n_frames`` outputs, stop the camera, wait for the last sent frame's output."""
+    bus.wait_for(lambda r: len(r.outputs) >= n_frames, 60.0, f"{n_frames} outputs\n{node.log_tail()}")
+    bus.publishing = False
+    last = max(bus.snapshot().sent)
+    return bus.wait_for(lambda r: r if any(o.frame_id == last for o in r.outputs) else None, 10.0,
+                        "the last frame's output")
+
+
+def test_without_a_dock_every_frame_is_answered_by_the_fallback(tmp_path: Path, tiny_onnx: Path) -> None:
+    import onnxruntime as ort
+
+    cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none", standby="warm")
+    with running(tmp_path, cfg, record_tensors=True) as (node, bus):
+        rec = finish(bus, node, 30)
+        log = node.log_tail()
+    assert unanswered_frames(rec) == ([], []), log
+    ids = [o.frame_id for o in rec.outputs]
+    assert all(a < b for a, b in zip(ids, ids[1:], strict=False))
+    assert {(o.source, o.valid, o.deadline_missed) for o in rec.outputs} == {("fallback", True, False)}
+    sess = ort.InferenceSession(str(tiny_onnx), providers=["CPUExecutionProvider"])
+    for o in rec.outputs[:5] + rec.outputs[-5:]:
+        want = sess.run(["prob"], preprocess("unit", frame(o.frame_id), "x", (1, 3, H, W)))[0]
+        assert o.tensors is not None and set(o.tensors) == {"prob"}
+        np.testing.assert_array_equal(o.tensors["prob"], want)
+    assert rec.active and not any(a.active for a in rec.active)
+    assert rec.active[-1].reason == "usb ERROR: dock disabled (dock.kind = none)"
+    assert rec.states[-1].state == "degraded" and rec.states[-1].worker_pid == 0
+
+
+def test_a_malformed_frame_gets_one_invalid_output_and_serving_goes_on(tmp_path: Path, tiny_onnx: Path) -> None:
+    bad: dict[int, str] = {}  # frame id -> what is wrong with it; set once the node answers
+
+    def frames(fid: int) -> Any:
+        if bad.get(fid) == "size":                          # 48x32 instead of 64x32
+            return frame(fid)[:, :48]
+        if bad.get(fid) == "bytes":                         # says 32x64 BGR, carries 100 bytes
+            now = time.monotonic_ns()
+            msg = fill_frame(fid, frame(fid), now, now, "bad")
+            msg.cameraFrame.data = bytes(100)
+            return msg
+        return frame(fid)
+
+    cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none")
+    with running(tmp_path, cfg, frame_fn=frames) as (node, bus):
+        bus.wait_for(lambda r: r.outputs, 60.0, "the first output")
+        first = bus.next_frame_id + 2
+        bad.update({first: "size", first + 3: "bytes"})
+        last = first + 8
+        rec = bus.wait_for(lambda r: r if any(o.frame_id >= last for o in r.outputs) else None, 30.0, "more frames")
+        log = node.log_tail()
+    by_id = {o.frame_id: o for o in rec.outputs}
+    assert unanswered_frames(rec, last_id=last) == ([], []), log
+    size, short = by_id[first], by_id[first + 3]
+    assert (size.valid, size.source, size.reason) == (False, "none", "bad frame: frame is 48x32, the model wants 64x32")
+    assert (short.valid, short.source, short.reason) == (
+        False, "none", f"bad frame: cameraFrame {first + 3}: 100 bytes for 32x64x3")
+    good = [o for o in rec.outputs if o.frame_id not in bad and o.frame_id <= last]
+    assert len(good) >= 7 and all(o.valid and o.source == "fallback" for o in good)
+    assert f"cameraFrame {first} unusable: frame is 48x32, the model wants 64x32" in log
+
+
+def test_missing_fallback_model_exits_with_EXIT_NO_FALLBACK(tmp_path: Path, tiny_onnx: Path) -> None:
+    missing = tmp_path / "nowhere.onnx"
+    cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none", fallback_model=missing)
+    node = NodeProcess(cfg, os.environ["CHESTNUT_PREFIX"], tmp_path / "node.log").start()
+    try:
+        assert node.proc is not None
+        rc = node.proc.wait(30)
+    finally:
+        node.kill()
+    log = node.log_tail()
+    assert rc == EXIT_NO_FALLBACK == 3, log
+    assert (f"no usable fallback model ({missing}, onnxruntime): ModelError: missing_model: fallback model file "
+            f"{missing} does not exist") in log
+
+
+def test_unusable_config_exits_with_EXIT_CONFIG(tmp_path: Path, tiny_onnx: Path) -> None:
+    cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none", timing={"deadline_msec": 100})
+    node = NodeProcess(cfg, os.environ["CHESTNUT_PREFIX"], tmp_path / "node.log").start()
+    try:
+        assert node.proc is not None
+        rc = node.proc.wait(30)
+    finally:
+        node.kill()
+    assert rc == EXIT_CONFIG == 2
+    assert "unknown key timing.deadline_msec" in node.log_tail()
+
+
+def received(sock: socket.socket) -> tuple[float, str]:
+    msg = sock.recv(256).decode()
+    return time.monotonic(), msg
+
+
+def test_sd_notify_ready_watchdog_stopping(tmp_path: Path, tiny_onnx: Path) -> None:
+    addr = f"@chestnut-notify-{os.getpid()}-{time.monotonic_ns()}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind("\0" + addr[1:])
+    sock.settimeout(20.0)
+    cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none")
+    got: list[tuple[float, str]] = []
+    try:
+        with running(tmp_path, cfg, env={"NOTIFY_SOCKET": addr, "WATCHDOG_USEC": "400000"}) as (node, bus):
+            while sum(m == "WATCHDOG=1" for _, m in got) < 3:
+                got.append(received(sock))
+            answered = len(bus.snapshot().outputs)
+            rc, _ = node.stop(signal.SIGTERM)
+            while got[-1][1] != "STOPPING=1":
+                got.append(received(sock))
+    finally:
+        sock.close()
+    msgs = [m for _, m in got]
+    assert msgs[0] == "READY=1"
+    assert msgs[1:4] == ["WATCHDOG=1"] * 3
+    assert msgs[-1] == "STOPPING=1" and rc == 0
+    assert set(msgs) == {"READY=1", "WATCHDOG=1", "STOPPING=1"}
+    # WATCHDOG=1 at half of WATCHDOG_USEC (0.2 s), never faster
+    beats = [t for t, m in got if m == "WATCHDOG=1"]
+    assert all(b - a >= 0.15 for a, b in zip(beats, beats[1:], strict=False)), beats
+    assert answered > 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_stops_within_5_s_with_the_worker_reaped(tmp_path: Path, tiny_onnx: Path, sig: int) -> None:
+    cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="cpu")
+    with running(tmp_path, cfg) as (node, bus):
+        rec = bus.wait_for(lambda r: r if r.outputs and r.outputs[-1].source == "primary" else None, 60.0,
+                           "the primary (host CPU worker) serving")
+        tree = node.descendants()
+        assert rec.states[-1].worker_pid in {p.pid for p in tree}
+        rc, took_s = node.stop(sig)
+        log = node.log_tail()
+        rec = bus.snapshot()
+    assert rc == 0 and took_s <= 5.0, (rc, took_s, log)
+    _, alive = psutil.wait_procs(tree, timeout=0.5)
+    assert alive == []
+    assert "stopped by the node (asked)" in log
+    assert rec.states[-1].state == "stopping" and rec.active[-1].active is False
+
+
+@pytest.mark.parametrize(("toml", "message"), [
+    ("[to_json]\nx = 1\n", "unknown section [to_json]"),
+    ("[timing]\nbackoff_initial_s = 5\nbackoff_max_s = 1\n", "timing.backoff_initial_s = 5.0, backoff_max_s = 1.0"),
+    ("[timing]\nmiss_run = 0\n", "timing.miss_run = 0; want > 0"),
+    ("[timing]\ndeadline_ms = 3000\n", "timing.deadline_ms = 3000.0; want 0 < it < the wait timeout"),
+    ("[model.ranges]\nprob = [1.0, 0.0]\n", "model.ranges.prob = [1.0, 0.0]; want lo <= hi"),
+    ("[dock]\nkind = \"usb\"\n", "dock.kind = 'usb'; use one of twin, real, cpu, none"),
+])
+def test_config_errors_name_the_key(tmp_path: Path, toml: str, message: str) -> None:
+    from chestnut.backend.errors import ConfigError
+    from chestnut.node.config import load_config
+
+    path = tmp_path / "node.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert message in str(err.value)
+
+
+def test_config_timing_keys_reach_the_supervisor_and_watchdog(tmp_path: Path, tiny_onnx: Path) -> None:
+    from chestnut.node.config import load_config
+    from chestnut.node.main import Node
+
+    cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none", timing={
+        "backoff_initial_s": 0.25, "backoff_max_s": 2.0, "flap_max_failovers": 7, "shadow_frames": 5,
+        "hang_margin_ms": 100.0, "miss_run": 4})
+    node = Node(load_config(cfg))
+    sc, wc = node.sup.config, node.watchdog.config
+    assert (sc.backoff_initial_s, sc.backoff_max_s, sc.flap_max_failovers, sc.shadow_frames) == (0.25, 2.0, 7, 5)
+    assert (wc.hang_margin_ms, wc.miss_run, wc.wait_timeout_ms, wc.frame_deadline_ms) == (100.0, 4, 3000.0, 150.0)
