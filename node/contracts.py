@@ -471,21 +471,45 @@ def log_intact(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
         yield Violation(t, "log_intact", d.frame_id, f"{d.path}: byte {d.offset}: {d.reason}")
 
 
+def streams(tl: Timeline) -> tuple[list[int], list[int]]:
+    """Stream numbers of ``tl.frames`` and ``tl.outputs``: a camera frame id that does not increase starts
+    a new stream (a restarted camera counts from 0 again); the node's outputs follow it once, at their
+    first id decrease after that camera reset. Any other decrease stays in its stream (and is a
+    ``frame_ids_increase`` violation)."""
+    frame_k: list[int] = []
+    out_k: list[int] = []
+    cam = out = 0
+    last_cam = last_out = None
+    for r in tl.events:
+        if isinstance(r, FrameRec):
+            if last_cam is not None and r.frame_id <= last_cam:
+                cam += 1
+            last_cam = r.frame_id
+            frame_k.append(cam)
+        elif isinstance(r, OutputRec):
+            if last_out is not None and r.frame_id < last_out and out < cam:
+                out += 1
+            last_out = r.frame_id if last_out is None or out_k and out != out_k[-1] else max(last_out, r.frame_id)
+            out_k.append(out)
+    return frame_k, out_k
+
+
 @contract("one_output_per_frame", "every cameraFrame has exactly one modelOutput")
 def one_output_per_frame(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
     name = "one_output_per_frame"
-    by_frame: dict[int, list[OutputRec]] = {}
-    for o in tl.outputs:
-        by_frame.setdefault(o.frame_id, []).append(o)
+    by_frame: dict[tuple[int, int], list[OutputRec]] = {}
+    frame_streams, output_streams = streams(tl)
+    for o, k in zip(tl.outputs, output_streams, strict=True):
+        by_frame.setdefault((k, o.frame_id), []).append(o)
     bound = p.answer_bound_ns
-    seen: set[int] = set()
+    seen: set[tuple[int, int]] = set()
     # the node answers from its first message until it publishes ``stopping``; frames outside are not its
     node_msgs = [r.t_ns for r in (tl.outputs[:1] + tl.node_states[:1] + tl.actives[:1] + tl.healths[:1])]
     started = min(node_msgs) if node_msgs else tl.end_ns + 1
     state_times = [s.t_ns for s in tl.node_states]
-    for f in tl.frames:
-        seen.add(f.frame_id)
-        answers = by_frame.get(f.frame_id, [])
+    for f, k in zip(tl.frames, frame_streams, strict=True):
+        seen.add((k, f.frame_id))
+        answers = by_frame.get((k, f.frame_id), [])
         if not answers:
             k = bisect.bisect_right(state_times, f.t_ns)
             if f.t_ns < started or (k and tl.node_states[k - 1].state == "stopping"):
@@ -500,8 +524,8 @@ def one_output_per_frame(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
                 continue  # in flight at the end of the log, or its answer fell into unreadable log
             yield _v(tl, name, f.t_ns, f"frame {f.frame_id} has no modelOutput", f.frame_id)
     first = tl.frames[0].frame_id if tl.frames else None
-    for fid, answers in by_frame.items():
-        if fid in seen or first is None or fid < first:
+    for (k, fid), answers in by_frame.items():
+        if (k, fid) in seen or first is None or (k == 0 and fid < first):
             continue  # a frame from before the log began
         o = answers[0]
         eof = o.t_ns - int(o.frame_age_s * NS_PER_S)
@@ -512,11 +536,22 @@ def one_output_per_frame(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
 
 @contract("frame_ids_increase", "frame ids strictly increase within cameraFrame and within modelOutput")
 def frame_ids_increase(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
+    """A camera that restarts counts from 0 again: that starts a new stream, and the node's outputs may
+    follow it once (one output reset per camera reset, after it); any other decrease is a violation."""
     last: dict[str, int] = {}
+    camera_resets = output_resets = 0
     for r in tl.events:
         if isinstance(r, FrameRec | OutputRec):
             prev = last.get(r.service)
             if prev is not None and r.frame_id <= prev:
+                if isinstance(r, FrameRec):
+                    camera_resets += 1
+                    last[r.service] = r.frame_id
+                    continue
+                if output_resets < camera_resets and r.frame_id < prev:
+                    output_resets += 1
+                    last[r.service] = r.frame_id
+                    continue
                 yield Violation(r.t_ns, "frame_ids_increase", r.frame_id,
                                 f"{r.service} frame id {r.frame_id} after {prev}")
             last[r.service] = r.frame_id if prev is None else max(prev, r.frame_id)

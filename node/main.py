@@ -102,6 +102,8 @@ LOOP_PERIOD_MS = 50           # longest the loop sleeps without a frame (20 Hz h
 STOP_BUDGET_S = 5.0           # the process manager's stop budget
 WORKER_STOP_BUDGET_S = STOP_BUDGET_S - 1.0  # the worker's share; the rest is ours (publish, close sockets)
 WATCHDOG_DEFAULT_PERIOD_S = 1.0  # WATCHDOG=1 period when systemd gives no WATCHDOG_USEC
+CAMERA_RESTART_MIN_STEP = 20  # frame ids that go back by more than this, with a newer SOF: a restarted camera
+INIT_DATA_PERIOD_S = 10.0     # initData is re-sent this often (on-demand service; it is the log's header)
 BAD_FRAME_LOG_PERIOD_S = 1.0  # frames with a non-increasing id are logged at most this often (then counted)
 
 
@@ -249,6 +251,10 @@ class Node:
         self.miss_run = 0                # consecutive frames the primary did not answer in time
         self.pending_events: deque[tuple[Event, str, Layer | None]] = deque()
         self.last_frame_id: int | None = None
+        self.last_sof_ns = 0
+        self.next_init_ns = 0
+        self.camera_restarts = 0
+        self.seq_offset = 0  # request seq = frame id + offset (see on_frame: camera restarts)
         self.frames_in = self.frames_out = 0
         self.bad_frames = 0
         self.out_of_order = 0
@@ -279,7 +285,8 @@ class Node:
             return ""
 
     def open(self) -> None:
-        self.pm = PubMaster(["modelOutput", "chestnutActive", "chestnutHealth", "nodeState"], prefix=self.prefix)
+        self.pm = PubMaster(["modelOutput", "chestnutActive", "chestnutHealth", "nodeState", "initData"],
+                            prefix=self.prefix)
         self.frames = sub_sock(self.cfg.timing.frame_service, prefix=self.prefix)
         self.sm = SubMaster(["controlState"], prefix=self.prefix)
         self.poller = zmq.Poller()
@@ -518,8 +525,20 @@ class Node:
     def on_frame(self, event: Any) -> None:
         cf = event.cameraFrame
         frame_id = int(cf.frameId)
+        sof = int(cf.timestampSof)
+        if (self.last_frame_id is not None and frame_id <= self.last_frame_id and sof > self.last_sof_ns
+                and frame_id < self.last_frame_id - CAMERA_RESTART_MIN_STEP):
+            # a restarted camera counts from the start again with newer timestamps: a new stream, followed
+            # (consumers and `chestnut check` see the one decrease of ids right after the camera's)
+            self.camera_restarts += 1
+            self.seq_offset += self.last_frame_id + 1 - frame_id
+            log.warning("camera restarted: frame id %d after %d with a newer start-of-frame; following the new "
+                        "stream (restart %d)", frame_id, self.last_frame_id, self.camera_restarts)
+            self.framedrop.reset()
+            self.stale.reset()
+            self.last_frame_id = None
         if self.last_frame_id is not None and frame_id <= self.last_frame_id:
-            # answering it would break the strictly increasing frame ids consumers rely on
+            # a repeated or reordered frame: answering it would break the increasing frame ids consumers rely on
             self.out_of_order += 1
             if time.monotonic() >= self.next_order_log_s:
                 self.next_order_log_s = time.monotonic() + BAD_FRAME_LOG_PERIOD_S
@@ -527,6 +546,7 @@ class Node:
                           self.last_frame_id, self.out_of_order)
             return
         self.last_frame_id = frame_id
+        self.last_sof_ns = sof
         self.frames_in += 1
         drop_perc = self.framedrop.update(frame_id)
         try:
@@ -538,7 +558,8 @@ class Node:
             self._publish_output(frame_id, cf, FrameResult(None, Source.NONE, 0.0, f"bad frame: {e}"), drop_perc,
                                  valid=False)
             return
-        result = self._infer(frame_id, inputs, self._frame_time_ns(cf))
+        # the worker's request seq: the frame id, plus an offset that keeps it increasing across camera restarts
+        result = self._infer(frame_id + self.seq_offset, inputs, self._frame_time_ns(cf))
         self._publish_output(frame_id, cf, result, drop_perc, valid=result.outputs is not None)
         self._publish_active(result.source)
 
@@ -709,7 +730,27 @@ class Node:
         fill_active(msg.chestnutActive, self.active)
         self.pm.send("chestnutActive", msg)
 
+    def _publish_init_data(self) -> None:
+        """``initData``: the node's versions and effective configuration, the header replay and the contract
+        check read a log's settings from. Sent at start and every :data:`INIT_DATA_PERIOD_S` (a logger
+        that starts later still records it)."""
+        msg = new_message("initData")
+        init = msg.initData
+        vers = init.init("versions", len(self.versions))
+        for kv, (k, v) in zip(vers, self.versions.items(), strict=True):
+            kv.key, kv.value = k, v
+        init.config = json.dumps(self.cfg.to_json())
+        init.hostname = socket.gethostname()
+        init.wallTimeNanos = time.time_ns()
+        from chestnut.msgs.schema import SCHEMA_SHA256
+
+        init.schemaHash = SCHEMA_SHA256
+        self.pm.send("initData", msg)
+
     def _publish_housekeeping(self, now: int) -> None:
+        if now >= self.next_init_ns:
+            self._publish_init_data()
+            self.next_init_ns = now + int(INIT_DATA_PERIOD_S * NS)
         if now >= self.next_health_ns:
             self.health.refresh(now)
             msg = new_message("chestnutHealth")

@@ -227,3 +227,20 @@ def test_config_timing_keys_reach_the_supervisor_and_watchdog(tmp_path: Path, ti
     sc, wc = node.sup.config, node.watchdog.config
     assert (sc.backoff_initial_s, sc.backoff_max_s, sc.flap_max_failovers, sc.shadow_frames) == (0.25, 2.0, 7, 5)
     assert (wc.hang_margin_ms, wc.miss_run, wc.wait_timeout_ms, wc.frame_deadline_ms) == (100.0, 4, 3000.0, 150.0)
+
+
+def test_a_restarted_camera_is_followed_as_a_new_stream(tmp_path: Path, tiny_onnx: Path) -> None:
+    """The camera restarts and counts from 0 again (with newer timestamps): the node is not blinded until the
+    new ids pass the old ones; it follows the new stream at once and says so."""
+    cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none")
+    with running(tmp_path, cfg) as (node, bus):
+        bus.wait_for(lambda r: len(r.outputs) >= 40, 60.0, "40 outputs")
+        before = len(bus.snapshot().outputs)
+        bus.next_frame_id = 0  # the camera process restarted
+        rec = bus.wait_for(lambda r: r if any(o.frame_id >= 10 for o in r.outputs[before + 1:]) and
+                           r.outputs[-1].frame_id < 40 else None, 30.0, "outputs of the new stream")
+        log = node.log_tail()
+    after = [o.frame_id for o in rec.outputs[before - 1:]]
+    k = next(i for i in range(1, len(after)) if after[i] < after[i - 1])
+    assert after[k] <= 1 and all(a < b for a, b in zip(after[k:], after[k + 1:], strict=False)), after
+    assert "camera restarted: frame id" in log and "following the new stream (restart 1)" in log
