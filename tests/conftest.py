@@ -20,5 +20,12 @@ def private_prefix(monkeypatch, request):
     import hashlib
     import os
 
+    import shutil
+
+    from chestnut.msgs.paths import runtime_dir
+
     tag = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:10]
-    monkeypatch.setenv("CHESTNUT_PREFIX", f"t{os.getpid()}-{tag}")
+    prefix = f"t{os.getpid()}-{tag}"
+    monkeypatch.setenv("CHESTNUT_PREFIX", prefix)
+    yield
+    shutil.rmtree(runtime_dir(prefix), ignore_errors=True)  # the test's sockets go with it
