@@ -55,6 +55,7 @@ import zmq
 from chestnut.backend.errors import ChestnutError, ConfigError, Layer, ModelError
 from chestnut.backend.interface import ModelSpec, StepResult
 from chestnut.backend.protocol import USB_IDS
+from chestnut.fallback.jitcache import JitCache
 from chestnut.fallback.standby import FallbackModel
 from chestnut.launch.camerad import frame_to_array
 from chestnut.msgs.messaging import PubMaster, SubMaster, drain_sock, new_message, sub_sock
@@ -299,7 +300,8 @@ class Node:
             t0 = time.monotonic()
             self.fallback = FallbackModel(self.cfg.fallback_path, fb.engine, name=f"{self.cfg.model.name}-fallback",
                                           input_shapes={self.cfg.model.input: tuple(self.cfg.model.shape)},
-                                          threads=fb.threads)
+                                          threads=fb.threads,
+                                          jit_cache=JitCache() if fb.engine == "tinygrad" else None)
             last = self.fallback.warm()
             self.starting = False  # from here on a stop request waits for the loop (no child is mid-spawn)
             declared = {s.name for s in self.fallback.outputs}
