@@ -200,7 +200,17 @@ class InitRec:
     service: str = "initData"
 
 
-Record = FrameRec | OutputRec | ActiveRec | HealthRec | NodeStateRec | ControlRec | InitRec
+@dataclass(frozen=True, slots=True)
+class TwinRec:
+    """One ``twinState``: the twin's live faults (``"<kind>#<id>:<fired>"``) at ``t_ns``."""
+
+    t_ns: int
+    faults: tuple[str, ...]
+    present: bool
+    service: str = "twinState"
+
+
+Record = FrameRec | OutputRec | ActiveRec | HealthRec | NodeStateRec | ControlRec | InitRec | TwinRec
 
 
 def _init_record(t: int, ev: Any) -> InitRec:
@@ -235,6 +245,7 @@ _RECORDERS: dict[str, Callable[[int, Any], Record]] = {
     "controlState": lambda t, ev: ControlRec(t, ev.controlState.engaged, ev.controlState.softDisabling,
                                              ev.controlState.canEngage, tuple(ev.controlState.events)),
     "initData": _init_record,
+    "twinState": lambda t, ev: TwinRec(t, tuple(ev.twinState.faults), bool(ev.twinState.present)),
 }
 
 
@@ -341,6 +352,7 @@ class Timeline:
     node_states: list[NodeStateRec] = field(default_factory=list)
     controls: list[ControlRec] = field(default_factory=list)
     inits: list[InitRec] = field(default_factory=list)
+    twins: list[TwinRec] = field(default_factory=list)
     _frame_times: list[int] = field(default_factory=list, repr=False)  # bisect indexes
     _health_times: list[int] = field(default_factory=list, repr=False)
 
@@ -366,7 +378,7 @@ class Timeline:
                  start, end)
         lists: dict[type, list[Any]] = {FrameRec: tl.frames, OutputRec: tl.outputs, ActiveRec: tl.actives,
                                         HealthRec: tl.healths, NodeStateRec: tl.node_states,
-                                        ControlRec: tl.controls, InitRec: tl.inits}
+                                        ControlRec: tl.controls, InitRec: tl.inits, TwinRec: tl.twins}
         for r in events:
             lists[type(r)].append(r)
         tl._frame_times = [f.t_ns for f in tl.frames]

@@ -166,6 +166,22 @@ def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path) -> 
     for d in tl.damage:
         ax_state.plot([sec(d.t_ns if d.t_ns is not None else tl.start_ns)], [0], marker="X", color="black",
                       markersize=8)
+    # the twin's injected faults (twinState, 1 Hz): a bar per fault while it is live, named by its kind
+    live: dict[str, float] = {}
+    for i, tw in enumerate(tl.twins):
+        t = sec(tw.t_ns)
+        nxt = sec(tl.twins[i + 1].t_ns) if i + 1 < len(tl.twins) else t
+        names = {f.split(":")[0] for f in tw.faults} | ({"unplugged"} if not tw.present else set())
+        for name in names:
+            live.setdefault(name, t)
+        for name in [n for n in live if n not in names]:
+            t0 = live.pop(name)
+            ax_state.barh(0, t - t0, left=t0, height=0.35, color="#9467bd", alpha=0.7)
+            ax_state.text(t0, 0.25, name.split("#")[0], fontsize=7, color="#4b2c6f", va="bottom")
+        if i + 1 == len(tl.twins):
+            for name, t0 in live.items():
+                ax_state.barh(0, max(nxt - t0, 0.5), left=t0, height=0.35, color="#9467bd", alpha=0.7)
+                ax_state.text(t0, 0.25, name.split("#")[0], fontsize=7, color="#4b2c6f", va="bottom")
     ax_state.set_yticks([1, 0], ["node state", "faults"])
     ax_state.set_ylim(-0.9, 1.6)
     handles = [plt.Line2D([], [], marker="v", color="#d62728", linestyle=""),
