@@ -19,7 +19,6 @@ def private_prefix(monkeypatch, request):
     """Every test runs its stack under its own runtime prefix so parallel stacks never collide."""
     import hashlib
     import os
-
     import shutil
 
     from chestnut.msgs.paths import runtime_dir
