@@ -117,6 +117,8 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
     last_state = None
     engaged_events: list[tuple[float, str]] = []
     last_engaged = False
+    last_soft = False
+    soft_disables: Counter[str] = Counter()
     for t, service, ev in reader if reader is not None else ():
         if service == "cameraFrame":
             fid = ev.cameraFrame.frameId
@@ -139,6 +141,10 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
                 transitions.append(((t - t_launch_ns) / NS, st, ev.nodeState.reason))
                 last_state = st
         elif service == "controlState":
+            soft = bool(ev.controlState.softDisabling)
+            if soft and not last_soft:
+                soft_disables[", ".join(e for e in ev.controlState.events if e != "disengaged")] += 1
+            last_soft = soft
             eng = bool(ev.controlState.engaged)
             if eng != last_engaged:
                 engaged_events.append(((t - t_launch_ns) / NS, "engaged" if eng else
@@ -159,7 +165,7 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
         "frame_age_ms_p50": float(np.percentile(age, 50)), "frame_age_ms_p99": float(np.percentile(age, 99)),
         "first_output_s": (first_out_ns - t_launch_ns) / NS if first_out_ns else None,
         "first_active_s": (first_active_ns - t_launch_ns) / NS if first_active_ns else None,
-        "transitions": transitions, "control": engaged_events,
+        "transitions": transitions, "control": engaged_events, "soft_disables": dict(soft_disables),
         "log_damage": [str(d) for d in reader.damage] if reader is not None else [],
     }
 
@@ -195,6 +201,9 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
         con.print(pt)
     for when, what in s["control"]:
         con.print(f"control {when:6.1f} s  {what}")
+    if s.get("soft_disables"):
+        con.print("control soft-disable episodes: " + ", ".join(f"{n} x {why or '?'}"
+                                                                for why, n in s["soft_disables"].items()))
     for d in s["log_damage"]:
         con.print(f"[red]log damage:[/red] {d}")
     bad = {k: v for k, v in s.get("contracts", {}).items() if v}

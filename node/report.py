@@ -102,7 +102,8 @@ def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path) -> 
         ax_lat.axhline(deadline_ms, color="#d62728", linestyle="--", linewidth=1, label=f"deadline {deadline_ms:g} ms")
         _legend(ax_lat, ncol=5)
         ax_lat.set_yscale("log")
-        ax_lat.set_ylim(bottom=LATENCY_FLOOR_MS * 0.8)
+        lows = [max(v * 1e3, LATENCY_FLOOR_MS) for o in tl.outputs for v in (o.frame_age_s, o.execution_time_s)]
+        ax_lat.set_ylim(bottom=max(LATENCY_FLOOR_MS * 0.8, 0.5 * min(lows, default=LATENCY_FLOOR_MS)))
     else:
         _no_data(ax_lat, "modelOutput")
     ax_lat.set_ylabel("latency (ms)")
