@@ -111,7 +111,17 @@ def run(args: argparse.Namespace) -> int:
         if not (1 <= config.bus <= 255 and 1 <= config.first_address <= 127):
             print("--bus must be in 1..255 and --address in 1..127", file=sys.stderr)
             return 2
-        return serve(config, prefix)
+        code = serve(config, prefix)
+        # The daemon has released its lock and socket. Exit without interpreter shutdown: an engine thread
+        # may be inside a tinygrad compile whose process pool would otherwise be joined at exit, holding
+        # the process past its stop budget.
+        import logging
+        import os
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     if cmd == "kinds":
         for name, info in KINDS.items():
             print(f"{name}\n  symptom:  {info.symptom}\n  recovery: {info.recovery}")
