@@ -42,7 +42,7 @@ from chestnut.backend.bridge import Bridge, LinkTraining
 from chestnut.backend.classify import advice_for, classify
 from chestnut.backend.errors import ChestnutError, Layer, ModelError, OutputLayerError, UsbLayerError
 from chestnut.backend.fingerprint import compare, fixed_inputs
-from chestnut.backend.interface import LadderReport, LadderStep, ModelSpec, StepResult
+from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec, StepResult
 
 STEPS: tuple[tuple[str, Layer], ...] = (
     ("usb_ids", Layer.USB), ("link_speed", Layer.USB), ("link_stability", Layer.USB), ("ltssm", Layer.PCIE),
@@ -253,6 +253,30 @@ class UsbDock:
     def bridge(self, dev: Any, **kw: Any) -> Bridge:
         """A :class:`Bridge` over control transfers to ``dev`` (``ctrl_timeout_ms`` per transfer)."""
         return Bridge(PyusbTransport(dev), ctrl_timeout_ms=self.ctrl_timeout_ms, **kw)
+
+    def observe(self, read_fence: bool = False) -> DockObservation:
+        """A runner's ``probe()``: a fresh enumeration, then presence, IDs, bus/address, speed, link errors,
+        the LTSSM byte and (``read_fence``) the copy-in fence, without claiming the interface. Never
+        raises: a failure to enumerate or to read the bridge lands in ``extra["error"]``."""
+        try:
+            docks = self.find_all()
+        except ChestnutError as e:
+            return DockObservation(False, extra={"error": str(e)})
+        if not docks:
+            return DockObservation(False)
+        d = docks[0]
+        obs = DockObservation(True, (d.idVendor, d.idProduct), (d.bus, d.address), self.speed_mbps(d),
+                              self.link_errors(d))
+        try:
+            bridge = self.bridge(d)
+            obs.ltssm = bridge.ltssm()
+            if read_fence:
+                obs.fence = bridge.xdata_u32(P.XDATA_COPYIN_FENCE)
+        except ChestnutError as e:
+            obs.extra["error"] = str(e)
+        finally:
+            release_device(d)
+        return obs
 
 
 # ------------------------------------------------------------------ the dock's rungs

@@ -42,7 +42,7 @@ from chestnut.backend import protocol as P
 from chestnut.backend.classify import classify
 from chestnut.backend.errors import ChestnutError, ConfigError, GpuLayerError, ModelError, UsbLayerError
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec, StepResult
-from chestnut.backend.ladder import DockQualifier, LadderConfig, Outcome, UsbDock, release_device
+from chestnut.backend.ladder import DockQualifier, LadderConfig, Outcome, UsbDock
 from chestnut.fallback.model import TensorSpec
 
 REAL_DEV = "USB+AMD:LLVM"       # tinygrad 0.14: the AMD GPU behind the USB bridge, LLVM compiler
@@ -404,20 +404,7 @@ class RealRunner:
     # ------------------------------------------------------------------ health
     def probe(self) -> DockObservation:
         """USB presence, IDs, bus/address and speed (pyusb), and the LTSSM byte (one control transfer)."""
-        try:
-            docks = self.dock.find_all()
-        except ChestnutError as e:
-            return DockObservation(False, extra={"error": str(e)})
-        if not docks:
-            return DockObservation(False)
-        d = docks[0]
-        obs = DockObservation(True, (d.idVendor, d.idProduct), (d.bus, d.address), self.dock.speed_mbps(d))
-        try:
-            obs.ltssm = self.dock.bridge(d).ltssm()
-        except ChestnutError as e:
-            obs.extra["ltssm_error"] = str(e)
-        finally:
-            release_device(d)
+        obs = self.dock.observe()
         if self._failed is not None:
             obs.extra["failed"] = str(self._failed)
         return obs

@@ -38,7 +38,7 @@ from chestnut.backend.classify import classify
 from chestnut.backend.copy import CommandQueue, CopyProtocol, Packet, lo_hi
 from chestnut.backend.errors import ChestnutError, GpuLayerError, ModelError, UsbLayerError
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec
-from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock, release_device
+from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
 from chestnut.backend.real_runner import DockLock, check_inputs, dock_lock_path
 from chestnut.fallback.model import TensorSpec
 from chestnut.msgs.paths import current_prefix
@@ -261,23 +261,7 @@ class TwinRunner:
     def probe(self) -> DockObservation:
         """Cheap per-layer evidence through the pyusb face (fresh enumeration): presence, IDs, address,
         speed, link errors, LTSSM and the copy-in fence. Never raises: failures land in ``extra``."""
-        try:
-            docks = self.dock.find_all()
-        except ChestnutError as e:
-            return DockObservation(False, extra={"error": str(e)})
-        if not docks:
-            return DockObservation(False)
-        d = docks[0]
-        obs = DockObservation(True, (d.idVendor, d.idProduct), (d.bus, d.address), self.dock.speed_mbps(d),
-                              self.dock.link_errors(d))
-        try:
-            bridge = self.dock.bridge(d)
-            obs.ltssm = bridge.ltssm()
-            obs.fence = bridge.xdata_u32(P.XDATA_COPYIN_FENCE)
-        except ChestnutError as e:
-            obs.extra["error"] = str(e)
-        finally:
-            release_device(d)
+        obs = self.dock.observe(read_fence=True)
         if self._failed is not None:
             obs.extra["failed"] = str(self._failed)
         return obs
