@@ -54,7 +54,6 @@ import zmq
 
 from chestnut.backend.errors import ChestnutError, ConfigError, Layer, ModelError
 from chestnut.backend.interface import ModelSpec, StepResult
-from chestnut.backend.protocol import USB_IDS
 from chestnut.fallback.jitcache import JitCache
 from chestnut.fallback.standby import FallbackModel
 from chestnut.launch.camerad import frame_to_array
@@ -164,17 +163,15 @@ def look_for_dock(kind: str, prefix: str | None = None) -> tuple[bool, str]:
     if kind == "none":
         return False, "dock disabled (dock.kind = none)"
     try:
-        import usb.core
+        from chestnut.backend.ladder import UsbDock
 
         backend = None
         if kind == "twin":
             from chestnut.backend.sim.pyusb_backend import twin_backend
 
             backend = twin_backend(prefix, cached=False)
-        for vid, pid in USB_IDS:
-            dev = usb.core.find(idVendor=vid, idProduct=pid, backend=backend)
-            if dev is not None:
-                return True, f"{vid:04x}:{pid:04x} at bus {dev.bus} address {dev.address}"
+        for dev in UsbDock(backend).find_all():
+            return True, f"{dev.idVendor:04x}:{dev.idProduct:04x} at bus {dev.bus} address {dev.address}"
         return False, "no Chestnut dock enumerated"
     except Exception as e:  # pyusb/libusb/twin-socket errors: the dock cannot be seen
         return False, f"no Chestnut dock found ({type(e).__name__}: {e})"
