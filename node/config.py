@@ -17,13 +17,21 @@ from typing import Any
 from chestnut.backend.errors import ConfigError
 from chestnut.backend.protocol import WAIT_TIMEOUT_MS
 
+
+def _prepared_model_path() -> Path:
+    from chestnut.launch.assets import default_model_path
+
+    return default_model_path()
+
+
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "launch" / "node.toml"
 DOCK_KINDS = ("twin", "real", "cpu", "none")
 
 
 @dataclass
 class ModelConfig:
-    path: Path = Path("~/.cache/chestnut/models/ppocr_det_128x256.onnx")
+    # default: where `chestnut model prepare` puts the PP-OCRv4 detector ($CHESTNUT_CACHE or ~/.cache/chestnut)
+    path: Path = field(default_factory=lambda: _prepared_model_path())
     name: str = "ppocr_det"
     input: str = "x"
     shape: tuple[int, ...] = (1, 3, 128, 256)  # N, C, H, W
