@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from chestnut.backend.errors import ModelError
-from chestnut.fallback.model import TensorSpec
+from chestnut.backend.model import TensorSpec
 
 FINGERPRINT_VERSION = 1
 DEFAULT_SEED = 20260401
@@ -98,10 +98,10 @@ def record_fingerprint(model: Any, seed: int = DEFAULT_SEED, rtol: float = DEFAU
     """Record ``model``'s fingerprint on the host CPU.
 
     ``model`` is a :class:`chestnut.backend.interface.ModelSpec` (loaded here with the CPU
-    :class:`chestnut.fallback.model.OnnxModel`, so this process must be a ``DEV=CPU`` one) or an
+    :class:`chestnut.backend.model.OnnxModel`, so this process must be a ``DEV=CPU`` one) or an
     ``OnnxModel`` already built. Raises ModelError for an unusable model.
     """
-    from chestnut.fallback.model import OnnxModel
+    from chestnut.backend.model import OnnxModel
 
     if not isinstance(model, OnnxModel):
         model = OnnxModel(model.path, name=model.name, input_shapes=model.input_shapes or None)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from chestnut.backend.errors import Layer
-from chestnut.fallback.model import TensorSpec
+from chestnut.backend.model import TensorSpec
 
 
 class StepResult(StrEnum):

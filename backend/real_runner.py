@@ -43,7 +43,7 @@ from chestnut.backend.classify import classify
 from chestnut.backend.errors import ChestnutError, ConfigError, GpuLayerError, ModelError, UsbLayerError
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec, StepResult
 from chestnut.backend.ladder import DockQualifier, LadderConfig, Outcome, UsbDock
-from chestnut.fallback.model import TensorSpec
+from chestnut.backend.model import TensorSpec
 
 REAL_DEV = "USB+AMD:LLVM"       # tinygrad 0.14: the AMD GPU behind the USB bridge, LLVM compiler
 TINYGRAD_DEVICE = "AMD"
@@ -358,7 +358,7 @@ class RealRunner:
             failure = report.first_failure
             if failure is not None:
                 raise failure.error or GpuLayerError("not_qualified", failure.detail)
-        from chestnut.fallback.model import _graph_inputs
+        from chestnut.backend.model import _graph_inputs
 
         path = Path(model.path)
         if not path.is_file():

@@ -39,8 +39,8 @@ from chestnut.backend.copy import CommandQueue, CopyProtocol, Packet, lo_hi
 from chestnut.backend.errors import ChestnutError, GpuLayerError, ModelError, UsbLayerError
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec
 from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
+from chestnut.backend.model import TensorSpec
 from chestnut.backend.real_runner import DockLock, check_inputs, dock_lock_path
-from chestnut.fallback.model import TensorSpec
 from chestnut.msgs.paths import current_prefix
 
 SIGNATURE_MAX_BYTES = 1 << 20   # VRAM reserved for OP_LOAD's signature (u32 length + JSON)

@@ -54,9 +54,9 @@ import zmq
 
 from chestnut.backend.errors import ChestnutError, ConfigError, Layer, ModelError
 from chestnut.backend.interface import ModelSpec, StepResult
-from chestnut.fallback.jitcache import JitCache
+from chestnut.backend.jitcache import JitCache
 from chestnut.fallback.standby import FallbackModel
-from chestnut.launch.camerad import frame_to_array
+from chestnut.msgs.frames import frame_to_array
 from chestnut.msgs.messaging import PubMaster, SubMaster, drain_sock, new_message, sub_sock
 from chestnut.node import config as node_config
 from chestnut.node.config import NodeConfig
@@ -275,7 +275,7 @@ class Node:
 
     def _read_primary_model_id(self) -> str:
         """``modelOutput.modelId`` of the primary; "" while the file cannot be read (the worker reports why)."""
-        from chestnut.fallback.model import model_id
+        from chestnut.backend.model import model_id
 
         try:
             return model_id(self.cfg.model.name, self.cfg.model.path.read_bytes())

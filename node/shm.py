@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from chestnut.fallback.model import TensorSpec
+from chestnut.backend.model import TensorSpec
 
 ALIGN_BYTES = 64  # every tensor starts on a cache line
 

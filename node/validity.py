@@ -33,7 +33,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from chestnut.fallback.model import TensorSpec
+from chestnut.backend.model import TensorSpec
 
 DEFAULT_AGREEMENT_TOL = 1e-3
 """Default primary-vs-fallback tolerance (absolute below 1, relative above). Our choice: the

@@ -70,7 +70,7 @@ from chestnut.backend.interface import (
     PrimaryRunner,
     StepResult,
 )
-from chestnut.fallback.model import TensorSpec
+from chestnut.backend.model import TensorSpec
 from chestnut.node.shm import ControlBlock, ControlSnapshot, SharedSegment, SlotBuffers, SlotLayout, WorkerState
 
 if TYPE_CHECKING:
@@ -324,7 +324,7 @@ def describe_returncode(rc: int | None) -> str:
 
 # ---------------------------------------------------------------- runners
 class HostCpuRunner:
-    """The primary model on the host CPU (:class:`~chestnut.fallback.model.OnnxModel`, tinygrad ``DEV=CPU``).
+    """The primary model on the host CPU (:class:`~chestnut.backend.model.OnnxModel`, tinygrad ``DEV=CPU``).
 
     No dock: ``qualify()`` has no steps and passes, ``probe()`` reports ``present=False``. Used
     where there is no dock, and to exercise the worker's IPC with a real model. ``load`` warms the
@@ -343,8 +343,8 @@ class HostCpuRunner:
         return LadderReport([])
 
     def load(self, model: ModelSpec) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-        from chestnut.fallback.jitcache import JitCache
-        from chestnut.fallback.model import OnnxModel
+        from chestnut.backend.jitcache import JitCache
+        from chestnut.backend.model import OnnxModel
 
         self._model = OnnxModel(model.path, name=model.name, input_shapes=dict(model.input_shapes) or None,
                                 jit_cache=JitCache() if self.use_jit_cache else None)

@@ -79,7 +79,7 @@ Outputs = list[dict[str, np.ndarray]]
 @functools.cache
 def model_outputs(model_path: str, n: int = N_FRAMES) -> tuple[Outputs, Outputs]:
     """(primary outputs, fallback outputs) for every frame of :func:`frames`, computed once per process."""
-    from chestnut.fallback.model import OnnxModel
+    from chestnut.backend.model import OnnxModel
     from chestnut.fallback.standby import FallbackModel
     from chestnut.node.preprocess import preprocess
 
@@ -110,7 +110,7 @@ def _fill_tensors(builder: Any, outputs: dict[str, np.ndarray]) -> None:
 
 def build_drive(model_path: Path, base_ns: int = 10_000 * 1_000_000_000, n: int = N_FRAMES) -> list[Item]:
     """The drive's messages in time order (see the module table)."""
-    from chestnut.fallback.model import model_id
+    from chestnut.backend.model import model_id
     from chestnut.node.validity import compare_tensors
 
     p_out, f_out = model_outputs(str(model_path), n)
@@ -340,7 +340,7 @@ def build_frames_log(model_path: Path, n: int, height: int, width: int, block: i
     by the primary (tinygrad; ``jit_cache``: the compile cache) and the fallback (onnxruntime); the
     node's initData first. Only what replay reads: ``initData``, ``cameraFrame``, ``modelOutput``,
     ``chestnutActive``."""
-    from chestnut.fallback.model import OnnxModel, model_id
+    from chestnut.backend.model import OnnxModel, model_id
     from chestnut.fallback.standby import FallbackModel
     from chestnut.node.config import NodeConfig
     from chestnut.node.preprocess import preprocess
@@ -348,7 +348,7 @@ def build_frames_log(model_path: Path, n: int, height: int, width: int, block: i
     shape = (1, 3, height, width)
     cfg = NodeConfig()
     cfg.model.path, cfg.model.name, cfg.model.input, cfg.model.shape = Path(model_path), "bench", "x", shape
-    from chestnut.fallback.jitcache import JitCache
+    from chestnut.backend.jitcache import JitCache
 
     primary = OnnxModel(Path(model_path), name="bench", input_shapes={"x": shape},
                         jit_cache=JitCache() if jit_cache else None)

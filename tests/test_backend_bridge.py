@@ -14,9 +14,9 @@ import pytest
 from chestnut.backend import protocol as P
 from chestnut.backend.bridge import Bridge, TlpCompletion, arch_for
 from chestnut.backend.errors import GpuLayerError, PcieLayerError, UsbLayerError
+from chestnut.backend.model import ensure_cpu_device
 from chestnut.backend.sim.client import running_twin
 from chestnut.backend.sim.usb3 import TwinUSB3, forget_device_lists
-from chestnut.fallback.model import ensure_cpu_device
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,13 +18,13 @@ from chestnut.backend.errors import ConfigError, Layer, PcieLayerError
 from chestnut.backend.fingerprint import DEFAULT_SEED, compare, fixed_inputs, make_fingerprint, record_fingerprint
 from chestnut.backend.interface import LadderReport, ModelSpec, StepResult
 from chestnut.backend.ladder import DOCK_STEPS, STEPS, DockQualifier, LadderConfig, Outcome, Step, UsbDock, run_steps
+from chestnut.backend.model import OnnxModel, TensorSpec
 from chestnut.backend.sim import descriptors as D
 from chestnut.backend.sim.client import running_twin
 from chestnut.backend.sim.pyusb_backend import TwinBackend, twin_backend
 from chestnut.backend.sim.twin import Twin, TwinConfig
 from chestnut.backend.sim.usb3 import forget_device_lists
 from chestnut.backend.twin_runner import TwinRunner
-from chestnut.fallback.model import OnnxModel, TensorSpec
 
 pytestmark = pytest.mark.timeout(120)
 PREFIX = f"t{os.getpid()}-ladder"

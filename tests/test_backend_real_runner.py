@@ -106,7 +106,7 @@ def test_cache_file_is_where_tinygrads_fetch_fw_looks(tmp_path):
         path = firmware_cache_file("gc_99_0_0_mec.bin")
         path.parent.mkdir(parents=True)
         path.write_bytes(data)
-        from chestnut.fallback.model import ensure_cpu_device
+        from chestnut.backend.model import ensure_cpu_device
         ensure_cpu_device()
         from tinygrad.helpers import fetch_fw
         blob = fetch_fw("amdgpu", "gc_99_0_0_mec.bin", hashlib.sha256(data).hexdigest())  # no network here

@@ -21,11 +21,11 @@ from chestnut.backend import protocol as P
 from chestnut.backend.errors import GpuLayerError, ModelError, PcieLayerError, UsbLayerError
 from chestnut.backend.interface import ModelSpec
 from chestnut.backend.ladder import LadderConfig
+from chestnut.backend.model import OnnxModel
 from chestnut.backend.real_runner import dock_lock_path
 from chestnut.backend.sim.client import running_twin
 from chestnut.backend.sim.usb3 import forget_device_lists
 from chestnut.backend.twin_runner import TwinRunner
-from chestnut.fallback.model import OnnxModel
 
 pytestmark = pytest.mark.timeout(120)
 PREFIX = f"t{os.getpid()}-twinrunner"

@@ -31,9 +31,9 @@ from chestnut.backend.errors import (
     PcieLayerError,
     UsbLayerError,
 )
+from chestnut.backend.model import ensure_cpu_device
 from chestnut.backend.sim.libusb_codes import LIBUSB_ERROR_NO_DEVICE
 from chestnut.backend.sim.libusb_codes import UsbError as TwinUsbError
-from chestnut.fallback.model import ensure_cpu_device
 
 ensure_cpu_device()
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from chestnut.backend.errors import ModelError
-from chestnut.fallback.model import TensorSpec
+from chestnut.backend.model import TensorSpec
 from chestnut.fallback.standby import Engine, FallbackModel
 
 

@@ -2,8 +2,8 @@ import json
 
 import numpy as np
 
-from chestnut.fallback.jitcache import JitCache
-from chestnut.fallback.model import OnnxModel, TensorSpec
+from chestnut.backend.jitcache import JitCache
+from chestnut.backend.model import OnnxModel, TensorSpec
 
 
 def _x():

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from chestnut.fallback.model import TensorSpec
+from chestnut.backend.model import TensorSpec
 from chestnut.node.validity import (
     Check,
     CheckResult,

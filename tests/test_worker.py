@@ -29,7 +29,7 @@ import pytest
 from chestnut.backend.errors import ConfigError, GpuLayerError, Layer, ModelError, OutputLayerError, PcieLayerError
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec, StepResult
 from chestnut.backend.ladder import LadderConfig
-from chestnut.fallback.model import TensorSpec
+from chestnut.backend.model import TensorSpec
 from chestnut.node.shm import SlotLayout, WorkerState
 from chestnut.node.worker import (
     HEADER_BYTES,
@@ -216,7 +216,7 @@ def test_slot_layout_is_aligned_and_survives_json():
 @pytest.mark.timeout(120)
 def test_cpu_round_trip_equals_running_the_model_directly(tiny_onnx):
     from chestnut.backend.fingerprint import record_fingerprint
-    from chestnut.fallback.model import OnnxModel
+    from chestnut.backend.model import OnnxModel
 
     direct = OnnxModel(tiny_onnx, name="tiny")
     direct.warm()
@@ -265,8 +265,8 @@ def test_a_warm_up_that_misses_the_fingerprint_fails_the_start_at_the_output_lay
 @pytest.mark.timeout(120)
 def test_twin_round_trip_climbs_the_whole_ladder_and_a_fence_stall_comes_back_typed(tiny_onnx):
     from chestnut.backend.fingerprint import record_fingerprint
+    from chestnut.backend.model import OnnxModel
     from chestnut.backend.sim.client import running_twin
-    from chestnut.fallback.model import OnnxModel
 
     direct = OnnxModel(tiny_onnx, name="tiny")
     model = ModelSpec(tiny_onnx, "tiny", fingerprint=record_fingerprint(direct))

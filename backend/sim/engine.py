@@ -23,7 +23,7 @@ The format is defined in ``backend/protocol.py`` ("GPU command packets"); in sho
 - ``OP_COPYOUT half, nbytes, src_lo, src_hi``: copy VRAM to the start of that SRAM half
   (``nbytes <= SRAM_HALF``); the host then arms a 0xF2 read of that half and bulk-reads it.
 - ``OP_LOAD program_id, onnx_lo, onnx_hi, onnx_nbytes, sig_lo, sig_hi``: compile the ONNX model held
-  in VRAM with :class:`chestnut.fallback.model.OnnxModel` (tinygrad on the host CPU, cached by
+  in VRAM with :class:`chestnut.backend.model.OnnxModel` (tinygrad on the host CPU, cached by
   sha256, warmed so its JIT is captured) and write its signature at ``sig``: u32 length, then UTF-8
   JSON ``{"sha256", "inputs": [{name, shape, dtype}], "outputs": [...]}``; on ``STATUS_COMPILE_FAILED``
   the JSON is ``{"error": message}``.
@@ -59,8 +59,8 @@ from chestnut.backend import protocol as P
 from chestnut.backend.sim.faults import PhaseEvent
 
 if TYPE_CHECKING:
+    from chestnut.backend.model import OnnxModel
     from chestnut.backend.sim.twin import Twin
-    from chestnut.fallback.model import OnnxModel
 
 log = logging.getLogger(__name__)
 
@@ -83,16 +83,15 @@ def compile_program(onnx_bytes: bytes, engine: str = "tinygrad") -> Any:
     """The warmed executor of a program, compiled once per process (LRU by sha256 and engine).
 
     ``engine``: ``"tinygrad"`` — :class:`OnnxModel` on the host CPU through the compile cache
-    (``fallback/jitcache.py``), the same kernels tinygrad runs for the CPU reference, so results are
-    bit-exact with it; ``"onnxruntime"`` — :class:`~chestnut.fallback.standby.FallbackModel`'s
+    (``backend/jitcache.py``), the same kernels tinygrad runs for the CPU reference, so results are
+    bit-exact with it; ``"onnxruntime"`` — :class:`~chestnut.backend.model.OrtModel`'s
     onnxruntime session, an order of magnitude faster on a small host (a GPU's real-time budget
     cannot be met by tinygrad's CPU backend there). Both expose ``inputs``, ``outputs``, ``run`` and
     ``signature()``. Raises :class:`chestnut.backend.errors.ModelError` for a graph it cannot load
     and ``ValueError`` for an unknown engine.
     """
-    from chestnut.fallback.jitcache import JitCache
-    from chestnut.fallback.model import OnnxModel
-    from chestnut.fallback.standby import Engine, FallbackModel
+    from chestnut.backend.jitcache import JitCache
+    from chestnut.backend.model import OnnxModel, OrtModel
 
     if engine not in PROGRAM_ENGINES:
         raise ValueError(f"program engine {engine!r}: use one of {PROGRAM_ENGINES}")
@@ -105,7 +104,7 @@ def compile_program(onnx_bytes: bytes, engine: str = "tinygrad") -> Any:
         if engine == "tinygrad":
             model = OnnxModel(onnx_bytes, name=f"program-{sha[:12]}", jit_cache=JitCache())
         else:
-            model = FallbackModel(onnx_bytes, Engine.ONNXRUNTIME, name=f"program-{sha[:12]}", threads=1)
+            model = OrtModel(onnx_bytes, name=f"program-{sha[:12]}", threads=1)
         model.warm()
         _cache[(sha, engine)] = model
         while len(_cache) > COMPILE_CACHE_SIZE:

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from chestnut.fallback.jitcache import JitCache
+from chestnut.backend.jitcache import JitCache
 from chestnut.fallback.standby import Engine, FallbackModel
 from chestnut.launch.assets import bgr_to_input, default_model_path, read_image_bgr, road_image_path
 

@@ -48,7 +48,7 @@ class EchoRunner:
         return LadderReport([])
 
     def load(self, model):  # noqa: ANN001, ANN201
-        from chestnut.fallback.model import TensorSpec
+        from chestnut.backend.model import TensorSpec
 
         return (TensorSpec("img", FRAME_SHAPE, "uint8"),), (TensorSpec("y", OUT_SHAPE, "float32"),)
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from chestnut.backend.errors import ModelError
-from chestnut.fallback.model import OnnxModel, TensorSpec
+from chestnut.backend.model import OnnxModel, TensorSpec
 
 
 def test_cpu_model_matches_onnxruntime(tiny_onnx):

@@ -1,10 +1,13 @@
-"""An ONNX model run by tinygrad on the host CPU, captured in a ``TinyJit``.
+"""ONNX models on the host CPU: tinygrad in a captured ``TinyJit`` (:class:`OnnxModel`) or onnxruntime
+(:class:`OrtModel`), with the tensor specs (:class:`TensorSpec`) every runner's contract is written in.
 
-Used by the fallback (the node's standby model) and by the twin's GPU engine (which "executes" the
-dock's programs on the host CPU). tinygrad must be imported with ``DEV=CPU`` in this process:
-evaluating ``Device.DEFAULT`` with ``DEV`` unset probes devices and could take a dock's lock
-(FACTS.md §2), so :func:`ensure_cpu_device` sets it before the first import and refuses to run in a
-process whose tinygrad was already imported for another device.
+Used by the twin's GPU engine (which "executes" the dock's programs on the host CPU), the runners'
+fingerprints and, one layer up, the fallback (the node's standby model, ``fallback/standby.py``).
+
+tinygrad must be imported with ``DEV=CPU`` in this process: evaluating ``Device.DEFAULT`` with ``DEV``
+unset opens each available device in turn (tinygrad 0.14 ``device.py`` ``_Device._select_device``) and
+could take a dock's lock, so :func:`ensure_cpu_device` sets it before the first import and refuses to
+run in a process whose tinygrad was already imported for another device.
 
 JIT (tinygrad 0.14 ``TinyJit``): the first call runs eagerly, the second captures, the third on
 replays; input shapes and dtypes must never change afterwards, which :meth:`OnnxModel.run` enforces.
@@ -25,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from chestnut.backend.errors import ConfigError, ModelError
-from chestnut.fallback.jitcache import CacheKey, JitCache
+from chestnut.backend.jitcache import CacheKey, JitCache
 
 log = logging.getLogger("chestnut.model")
 
@@ -132,7 +135,7 @@ class OnnxModel:
     """An ONNX model on the host CPU (tinygrad, ``DEV=CPU``) with fixed input shapes, captured in a TinyJit.
 
     ``source`` is a path or the model's bytes. ``input_shapes`` fixes symbolic dimensions
-    (name -> shape). With ``jit_cache`` (a :class:`~chestnut.fallback.jitcache.JitCache`) the
+    (name -> shape). With ``jit_cache`` (a :class:`~chestnut.backend.jitcache.JitCache`) the
     captured JIT is loaded from / stored to the compile cache, and the model is ready (captured and
     verified) when the constructor returns; ``progress`` receives one line per build phase.
     Raises :class:`ModelError` for a missing file, an unreadable graph, a non-fixed input shape, or a
@@ -250,6 +253,80 @@ class OnnxModel:
 
     def signature(self) -> dict[str, Any]:
         """``{"sha256", "inputs": [...], "outputs": [...]}`` as JSON-ready data."""
+        return {
+            "sha256": self.sha256,
+            "inputs": [s.to_json() for s in self.inputs],
+            "outputs": [s.to_json() for s in self.outputs],
+        }
+
+
+class OrtModel:
+    """An ONNX model on the host CPU through onnxruntime's ``CPUExecutionProvider``, with fixed input shapes.
+
+    ``source`` is a path or the model's bytes; ``input_shapes`` fixes symbolic dimensions (name -> shape).
+    ``threads`` bounds onnxruntime's intra-op threads (default 1: a host-side model must not starve the
+    processes around it). The session is run once on zeros in the constructor, so ``outputs`` is known
+    when it returns. Raises :class:`ModelError` for a missing file, an unreadable graph, a non-fixed
+    input shape, or a graph onnxruntime cannot load.
+    """
+
+    def __init__(
+        self,
+        source: str | Path | bytes,
+        name: str | None = None,
+        input_shapes: dict[str, tuple[int, ...]] | None = None,
+        threads: int = 1,
+    ) -> None:
+        if isinstance(source, bytes):
+            self.onnx_bytes = source
+            self.name = name or "model"
+        else:
+            path = Path(source)
+            if not path.is_file():
+                raise ModelError("missing_model", f"model file {path} does not exist")
+            self.onnx_bytes = path.read_bytes()
+            self.name = name or path.stem
+        self.sha256 = hashlib.sha256(self.onnx_bytes).hexdigest()
+        self.model_id = model_id(self.name, self.onnx_bytes)
+        self.inputs: tuple[TensorSpec, ...] = _graph_inputs(self.onnx_bytes, self.name, input_shapes or {})
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        try:
+            self._sess = ort.InferenceSession(self.onnx_bytes, sess_options=opts, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph classes
+            raise ModelError("bad_model", f"onnxruntime could not load {self.name}: {e}") from e
+        self._out_names = [o.name for o in self._sess.get_outputs()]
+        first = self._run({s.name: np.zeros(s.shape, s.dtype) for s in self.inputs})
+        self.outputs: tuple[TensorSpec, ...] = tuple(
+            TensorSpec(k, tuple(v.shape), v.dtype.name) for k, v in first.items()
+        )
+
+    def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self._out_names, self._sess.run(self._out_names, inputs), strict=True))
+
+    def check_inputs(self, inputs: dict[str, np.ndarray]) -> None:
+        """Raise :class:`ModelError` unless ``inputs`` has exactly the model's names, shapes and dtypes."""
+        check_inputs(self.inputs, inputs)
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run once. ``inputs``: name -> array of the declared shape and dtype. Returns name -> a fresh array."""
+        self.check_inputs(inputs)
+        return self._run(inputs)
+
+    def zero_inputs(self) -> dict[str, np.ndarray]:
+        return {s.name: np.zeros(s.shape, s.dtype) for s in self.inputs}
+
+    def warm(self, calls: int = 3) -> None:
+        """Run ``calls`` times on zeros."""
+        for _ in range(calls):
+            self.run(self.zero_inputs())
+
+    def signature(self) -> dict[str, Any]:
+        """``{"sha256", "inputs": [...], "outputs": [...]}`` as JSON-ready data (as :meth:`OnnxModel.signature`)."""
         return {
             "sha256": self.sha256,
             "inputs": [s.to_json() for s in self.inputs],
