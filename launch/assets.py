@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from chestnut.backend.errors import ModelError
+from chestnut.node.config import cache_dir, default_model_path
 
 log = logging.getLogger("chestnut.assets")
 
@@ -39,11 +40,6 @@ AGREEMENT_TOL = 1e-4  # max |tinygrad - onnxruntime| accepted on a real frame (F
 # tinygrad 0.14 rejects the empty `roi` of Resize; in `asymmetric` mode roi is never read, so any
 # well-formed value works. This one is the identity box for a 4-D tensor (ONNX Resize spec).
 IDENTITY_ROI = np.array([0, 0, 0, 0, 1, 1, 1, 1], dtype=np.float32)
-
-
-def cache_dir() -> Path:
-    """``$CHESTNUT_CACHE`` or ``~/.cache/chestnut``: prepared models and compile caches."""
-    return Path(os.environ.get("CHESTNUT_CACHE") or Path.home() / ".cache" / "chestnut")
 
 
 def _package_dir(module: str, wheel: str) -> Path:
@@ -228,10 +224,6 @@ def agreement_check(model: Any, path: Path, inputs: dict[str, np.ndarray]) -> fl
     ours = model.run(inputs)
     ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
     return max(float(np.max(np.abs(o - r))) for o, r in zip(ours.values(), ref, strict=True))
-
-
-def default_model_path() -> Path:
-    return cache_dir() / "models" / "ppocr_det_128x256.onnx"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

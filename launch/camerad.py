@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from chestnut.launch.signals import StopFlag
-from chestnut.msgs.messaging import PubMaster, new_message
-from chestnut.msgs.schema import log as schema
+from chestnut.msgs.frames import fill_frame
+from chestnut.msgs.messaging import PubMaster
 
 log = logging.getLogger("chestnut.camera")
 
@@ -60,30 +60,6 @@ def iter_frames(source: Path, height: int, width: int, loop: bool = True) -> Ite
             raise ValueError(f"camera source {source} has no video frames")
         if not loop:
             return
-
-
-def fill_frame(frame_id: int, img: np.ndarray, sof_ns: int, eof_ns: int, source_name: str) -> object:
-    """Build a ``cameraFrame`` Event for a uint8 [H, W, 3] BGR image."""
-    msg = new_message("cameraFrame")
-    cf = msg.cameraFrame
-    cf.frameId = frame_id
-    cf.timestampSof = sof_ns
-    cf.timestampEof = eof_ns
-    cf.height, cf.width = int(img.shape[0]), int(img.shape[1])
-    cf.encoding = schema.CameraFrame.PixelEncoding.bgr888
-    cf.data = np.ascontiguousarray(img).tobytes()
-    cf.sourceName = source_name
-    return msg
-
-
-def frame_to_array(cf: object) -> np.ndarray:
-    """A ``cameraFrame`` reader -> uint8 [H, W, C] array (a copy). Raises ValueError on a size mismatch."""
-    channels = 1 if str(cf.encoding) == "gray8" else 3  # type: ignore[attr-defined]
-    h, w = int(cf.height), int(cf.width)  # type: ignore[attr-defined]
-    data = cf.data  # type: ignore[attr-defined]
-    if len(data) != h * w * channels:
-        raise ValueError(f"cameraFrame {cf.frameId}: {len(data)} bytes for {h}x{w}x{channels}")  # type: ignore[attr-defined]
-    return np.frombuffer(data, np.uint8).reshape(h, w, channels).copy()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

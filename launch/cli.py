@@ -24,8 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "camera": ("chestnut.launch.camerad", "publish real frames as cameraFrame (default: a real traffic video)"),
     "control": ("chestnut.launch.controld", "the reference control daemon: engages only while every check passes"),
     "top": ("chestnut.launch.top", "live terminal view of the stack: state, ChestnutActive, health, rates"),
-    "replay": ("chestnut.node.replay", "re-run the models over a log's frames and compare with its logged outputs"),
-    "check": ("chestnut.node.contracts", "check the node's contracts over a whole log; report every violation"),
+    "replay": ("chestnut.node.offline.replay_cli", "re-run the models over a log's frames, compare with the log"),
+    "check": ("chestnut.node.offline.check_cli", "check the node's contracts over a whole log; report every violation"),
     "launch": ("chestnut.launch.stack", "the whole stack (twin, logger, control, node, camera) under supervisord"),
 }
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 from chestnut.launch.signals import StopFlag
 from chestnut.msgs.messaging import PubMaster, SubMaster, new_message
+from chestnut.msgs.services import SOFT_DISABLE_S
 
 log = logging.getLogger("chestnut.control")
 
-SOFT_DISABLE_S = 3.0          # openpilot: soft disable exits control after 3 s
 FRAME_DROP_MAX_PERC = 1.0     # openpilot controlsd: model lagging above 1 % dropped frames
 ENGAGE_STABLE_S = 1.0         # auto-engage after all checks passed continuously this long
 SERVICES = ("modelOutput", "chestnutActive", "chestnutHealth")

@@ -401,8 +401,8 @@ def run(args: argparse.Namespace) -> int:
 
 def check_contracts(run_dir: Path) -> tuple[dict[str, int], str]:
     """``chestnut check`` over the run's log, with its report in ``<run dir>/report``."""
-    from chestnut.node.contracts import check_log
-    from chestnut.node.report import write_report
+    from chestnut.node.offline.contracts import check_log
+    from chestnut.node.offline.report import write_report
 
     try:
         res = check_log([run_dir / "logs"])

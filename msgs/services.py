@@ -33,6 +33,11 @@ SERVICE_LIST: dict[str, Service] = {
     )
 }
 
+SOFT_DISABLE_S = 3.0
+"""How long a consumer of ``chestnutActive`` keeps control after one of its checks failed before it
+exits (s): openpilot's soft-disable time. The control daemon (``chestnut control``) applies it and
+``chestnut check`` bounds ``controlState.engaged`` by it."""
+
 
 class UnknownServiceError(KeyError):
     """Raised for a service name that is not in :data:`SERVICE_LIST`."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +19,15 @@ from chestnut.backend.errors import ConfigError
 from chestnut.backend.protocol import WAIT_TIMEOUT_MS
 
 
-def _prepared_model_path() -> Path:
-    from chestnut.launch.assets import default_model_path
+def cache_dir() -> Path:
+    """``$CHESTNUT_CACHE`` or ``~/.cache/chestnut``: prepared models and compile caches."""
+    return Path(os.environ.get("CHESTNUT_CACHE") or Path.home() / ".cache" / "chestnut")
 
-    return default_model_path()
+
+def default_model_path() -> Path:
+    """Where ``chestnut model prepare`` puts the PP-OCRv4 detector (``launch/assets.py``) and the node's
+    ``[model] path`` defaults to: ``<cache_dir()>/models/ppocr_det_128x256.onnx``."""
+    return cache_dir() / "models" / "ppocr_det_128x256.onnx"
 
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "launch" / "node.toml"
@@ -31,7 +37,7 @@ DOCK_KINDS = ("twin", "real", "cpu", "none")
 @dataclass
 class ModelConfig:
     # default: where `chestnut model prepare` puts the PP-OCRv4 detector ($CHESTNUT_CACHE or ~/.cache/chestnut)
-    path: Path = field(default_factory=lambda: _prepared_model_path())
+    path: Path = field(default_factory=default_model_path)
     name: str = "ppocr_det"
     input: str = "x"
     shape: tuple[int, ...] = (1, 3, 128, 256)  # N, C, H, W

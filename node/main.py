@@ -56,7 +56,7 @@ from chestnut.backend.errors import ChestnutError, ConfigError, Layer, ModelErro
 from chestnut.backend.interface import ModelSpec, StepResult
 from chestnut.backend.jitcache import JitCache
 from chestnut.fallback.standby import FallbackModel
-from chestnut.launch.camerad import frame_to_array
+from chestnut.msgs.frames import frame_to_array
 from chestnut.msgs.messaging import PubMaster, SubMaster, drain_sock, new_message, sub_sock
 from chestnut.node import config as node_config
 from chestnut.node.config import NodeConfig

@@ -26,7 +26,7 @@ from drivelog import (
 
 from chestnut.launch.cli import main
 from chestnut.msgs.logfile import SegmentFileReader
-from chestnut.node.contracts import CONTRACTS, CheckParams, check_log
+from chestnut.node.offline.contracts import CONTRACTS, CheckParams, check_log
 
 BASE_NS = 10_000 * 1_000_000_000
 

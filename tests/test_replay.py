@@ -26,7 +26,7 @@ from tinymodel import make_tiny_onnx
 
 from chestnut.launch.cli import main
 from chestnut.msgs.logfile import SegmentFileReader
-from chestnut.node.replay import (
+from chestnut.node.offline.replay import (
     KIND_IN_FLIGHT,
     KIND_LOST,
     KIND_MISSING,
@@ -206,7 +206,7 @@ def test_launched_stack_log_with_a_fault_replays_and_checks_clean(tmp_path):
     import sys
     import tempfile
 
-    from chestnut.node.contracts import CONTRACTS, check_log
+    from chestnut.node.offline.contracts import CONTRACTS, check_log
 
     model = make_tiny_onnx(tmp_path / "tiny128.onnx", height=128, width=256)
     conf = tmp_path / "node.toml"

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from drivelog import FRAME_PERIOD_NS, build_frames_log, write_drive  # noqa: E402
 from tinymodel import make_tiny_onnx  # noqa: E402
 
-from chestnut.node.replay import ReplayResult, replay  # noqa: E402
+from chestnut.node.offline.replay import ReplayResult, replay  # noqa: E402
 
 
 def per_worker(r: ReplayResult) -> list[tuple[int, int, float, float, float]]:

@@ -41,39 +41,33 @@ that overlaps a gap left by a damaged file.
 
 from __future__ import annotations
 
-import argparse
 import bisect
-import json
-import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chestnut.launch.controld import SOFT_DISABLE_S
-from chestnut.msgs.logfile import LogDamage, LogReader, find_log_files
-from chestnut.msgs.services import SERVICE_LIST
+from chestnut.msgs.services import SERVICE_LIST, SOFT_DISABLE_S
+from chestnut.node.offline.timeline import (
+    ALIVE_PERIODS,
+    LAYER_NAMES,
+    NS_PER_MS,
+    NS_PER_S,
+    SLACK_MS,
+    ActiveRec,
+    ControlRec,
+    FrameRec,
+    NodeStateRec,
+    OutputRec,
+    Timeline,
+    Violation,
+    config_section,
+    default_node_config,
+    read_timeline,
+)
 from chestnut.node.watchdog import FRAME_DEADLINE_MS, HANG_MARGIN_MS, WAIT_TIMEOUT_MS
 
-log = logging.getLogger("chestnut.check")
-
-NS_PER_S = 1_000_000_000
-NS_PER_MS = 1_000_000
-SLACK_MS = 100.0
-"""Publishing slack on top of every time bound (ms, our choice): the node publishes a fallback answer
-after the deadline plus one fallback inference (~15 ms for PP-OCRv4 on onnxruntime, 2 cores), and a
-loaded 2-core host adds scheduling jitter."""
-ALIVE_PERIODS = 10.0  # cereal SubMaster: a service is alive if a message came within 10 / frequency s
-LAYER_NAMES = ("usb", "pcie", "gpu", "output")  # LayerHealth.Layer order
-
-
 # ---------------------------------------------------------------- parameters
-
-
-def config_section(config: dict[str, Any], name: str) -> dict[str, Any]:
-    """``config[name]`` when it is a table (dict), else ``{}``."""
-    section = config.get(name)
-    return section if isinstance(section, dict) else {}
 
 
 @dataclass(frozen=True)
@@ -116,339 +110,12 @@ class CheckParams:
         return cls(**values)
 
 
-# ---------------------------------------------------------------- records
-
-
-@dataclass(frozen=True, slots=True)
-class FrameRec:
-    t_ns: int
-    frame_id: int
-    eof_ns: int
-    service: str = "cameraFrame"
-
-
-@dataclass(frozen=True, slots=True)
-class OutputRec:
-    t_ns: int
-    frame_id: int
-    source: str
-    model_id: str
-    execution_time_s: float
-    frame_age_s: float
-    frame_drop_perc: float
-    deadline_missed: bool
-    agreement_checked: bool
-    primary_agrees: bool
-    max_abs_diff: float
-    reason: str
-    service: str = "modelOutput"
-
-
-@dataclass(frozen=True, slots=True)
-class ActiveRec:
-    t_ns: int
-    active: bool
-    source: str
-    reason: str
-    since_ns: int
-    service: str = "chestnutActive"
-
-
-@dataclass(frozen=True, slots=True)
-class LayerRec:
-    layer: str
-    level: str
-    reason: str
-    last_change_ns: int
-
-
-@dataclass(frozen=True, slots=True)
-class HealthRec:
-    t_ns: int
-    layers: tuple[LayerRec, ...]
-    overall: str
-    service: str = "chestnutHealth"
-
-    def layer(self, name: str) -> LayerRec | None:
-        return next((la for la in self.layers if la.layer == name), None)
-
-
-@dataclass(frozen=True, slots=True)
-class NodeStateRec:
-    t_ns: int
-    state: str
-    reason: str
-    worker_pid: int
-    restarts: int
-    service: str = "nodeState"
-
-
-@dataclass(frozen=True, slots=True)
-class ControlRec:
-    t_ns: int
-    engaged: bool
-    soft_disabling: bool
-    can_engage: bool
-    events: tuple[str, ...]
-    service: str = "controlState"
-
-
-@dataclass(frozen=True, slots=True)
-class InitRec:
-    t_ns: int
-    config: dict[str, Any]
-    service: str = "initData"
-
-
-@dataclass(frozen=True, slots=True)
-class TwinRec:
-    """One ``twinState``: the twin's live faults (``"<kind>#<id>:<fired>"``) at ``t_ns``."""
-
-    t_ns: int
-    faults: tuple[str, ...]
-    present: bool
-    service: str = "twinState"
-
-
-Record = FrameRec | OutputRec | ActiveRec | HealthRec | NodeStateRec | ControlRec | InitRec | TwinRec
-
-
-def _init_record(t: int, ev: Any) -> InitRec:
-    try:
-        config = json.loads(ev.initData.config or "{}")
-    except ValueError:
-        config = {}
-    return InitRec(t, config if isinstance(config, dict) else {})
-
-
-def _health_record(t: int, ev: Any) -> HealthRec:
-    h = ev.chestnutHealth
-    layers = tuple(LayerRec(str(la.layer), str(la.level), la.reason, la.lastChange) for la in h.layers)
-    return HealthRec(t, layers, str(h.overall))
-
-
-def _output_record(t: int, ev: Any) -> OutputRec:
-    m = ev.modelOutput
-    return OutputRec(t, m.frameId, str(m.source), m.modelId, float(m.executionTime), float(m.frameAge),
-                     float(m.frameDropPerc), m.deadlineMissed, m.agreementChecked, m.primaryAgrees,
-                     float(m.maxAbsDiff), m.reason)
-
-
-_RECORDERS: dict[str, Callable[[int, Any], Record]] = {
-    "cameraFrame": lambda t, ev: FrameRec(t, ev.cameraFrame.frameId, ev.cameraFrame.timestampEof),
-    "modelOutput": _output_record,
-    "chestnutActive": lambda t, ev: ActiveRec(t, ev.chestnutActive.active, str(ev.chestnutActive.source),
-                                              ev.chestnutActive.reason, ev.chestnutActive.since),
-    "chestnutHealth": _health_record,
-    "nodeState": lambda t, ev: NodeStateRec(t, str(ev.nodeState.state), ev.nodeState.reason,
-                                            ev.nodeState.workerPid, ev.nodeState.restarts),
-    "controlState": lambda t, ev: ControlRec(t, ev.controlState.engaged, ev.controlState.softDisabling,
-                                             ev.controlState.canEngage, tuple(ev.controlState.events)),
-    "initData": _init_record,
-    "twinState": lambda t, ev: TwinRec(t, tuple(ev.twinState.faults), bool(ev.twinState.present)),
-}
-
-
-def record_of(t_ns: int, service: str, event: Any) -> Record | None:
-    """The light record of one logged ``Event`` reader (None for services no contract reads)."""
-    recorder = _RECORDERS.get(service)
-    return recorder(t_ns, event) if recorder is not None else None
-
-
-# ---------------------------------------------------------------- reading
-
-
-@dataclass(frozen=True)
-class DamageRec:
-    """A :class:`~chestnut.msgs.logfile.LogDamage` with where it sits in the drive: ``t_ns`` = the last
-    message read from the file before it (None: none), ``frame_id`` = the last frame read from it."""
-
-    path: str
-    offset: int
-    reason: str
-    t_ns: int | None
-    frame_id: int | None
-
-
-@dataclass
-class FileExtract:
-    """What one log file holds, as records, and where it was damaged.
-
-    ``gaps`` are (start ns, end ns or None) windows of unreadable log inside this file; None = the
-    damage ran to the end of the file (the next file, if any, closes the gap).
-    """
-
-    path: str
-    records: list[Record] = field(default_factory=list)
-    damage: list[DamageRec] = field(default_factory=list)
-    gaps: list[tuple[int | None, int | None]] = field(default_factory=list)
-    first_ns: int | None = None
-    last_ns: int | None = None
-
-
-class FileRecorder:
-    """Collects :class:`FileExtract` data while a file is read (also used by replay's own pass)."""
-
-    def __init__(self, path: Path | str) -> None:
-        self.extract = FileExtract(str(path))
-        self._last_frame: int | None = None
-        self._open_gap: int | None | bool = False  # False: no gap open; else its start (None = before anything)
-
-    def on_damage(self, dmg: LogDamage) -> None:
-        x = self.extract
-        x.damage.append(DamageRec(str(dmg.path), dmg.offset, dmg.reason, x.last_ns, self._last_frame))
-        if self._open_gap is False:
-            self._open_gap = x.last_ns
-
-    def add(self, t_ns: int, service: str, event: Any) -> Record | None:
-        x = self.extract
-        if self._open_gap is not False:
-            x.gaps.append((self._open_gap, t_ns))  # type: ignore[arg-type]
-            self._open_gap = False
-        if x.first_ns is None:
-            x.first_ns = t_ns
-        x.last_ns = t_ns if x.last_ns is None else max(x.last_ns, t_ns)
-        rec = record_of(t_ns, service, event)
-        if rec is not None:
-            x.records.append(rec)
-            if isinstance(rec, FrameRec):
-                self._last_frame = rec.frame_id
-        return rec
-
-    def finish(self) -> FileExtract:
-        if self._open_gap is not False:
-            self.extract.gaps.append((self._open_gap, None))  # type: ignore[arg-type]
-            self._open_gap = False
-        return self.extract
-
-
-def extract_file(path: Path | str) -> FileExtract:
-    """Read one log file (``.zst`` or ``.mcap``) into records; damage is recorded, never raised.
-
-    Read in file order (reorder window 0: :class:`Timeline` sorts by time itself), so that a damage
-    report comes right after the last message read before it."""
-    rec = FileRecorder(path)
-    reader = LogReader(path, on_damage=rec.on_damage, reorder_window_ns=0)
-    for t, service, event in reader:
-        rec.add(t, service, event)
-    return rec.finish()
-
-
-@dataclass
-class Timeline:
-    """Every record of a log in ``logMonoTime`` order (ties: file order, then file position), the
-    per-service lists, the damage, and the gaps (ns windows; an open end is the log's end)."""
-
-    events: list[Record]
-    damage: list[DamageRec]
-    gaps: list[tuple[int, int]]
-    files: list[str]
-    start_ns: int
-    end_ns: int
-    frames: list[FrameRec] = field(default_factory=list)
-    outputs: list[OutputRec] = field(default_factory=list)
-    actives: list[ActiveRec] = field(default_factory=list)
-    healths: list[HealthRec] = field(default_factory=list)
-    node_states: list[NodeStateRec] = field(default_factory=list)
-    controls: list[ControlRec] = field(default_factory=list)
-    inits: list[InitRec] = field(default_factory=list)
-    twins: list[TwinRec] = field(default_factory=list)
-    _frame_times: list[int] = field(default_factory=list, repr=False)  # bisect indexes
-    _health_times: list[int] = field(default_factory=list, repr=False)
-
-    @classmethod
-    def from_extracts(cls, extracts: Sequence[FileExtract]) -> Timeline:
-        """Merge per-file extracts (in segment order) into one timeline."""
-        keyed = [(r.t_ns, i, j, r) for i, x in enumerate(extracts) for j, r in enumerate(x.records)]
-        keyed.sort(key=lambda k: k[:3])
-        events = [k[3] for k in keyed]
-        firsts = [x.first_ns for x in extracts if x.first_ns is not None]
-        lasts = [x.last_ns for x in extracts if x.last_ns is not None]
-        start = min(firsts) if firsts else 0
-        end = max(lasts) if lasts else 0
-        gaps: list[tuple[int, int]] = []
-        for i, x in enumerate(extracts):
-            for g0, g1 in x.gaps:
-                if g1 is None:  # damage ran to the end of the file: the next file's first message closes it
-                    g1 = next((y.first_ns for y in extracts[i + 1:] if y.first_ns is not None), end)
-                if g0 is None:  # nothing readable before it: the previous file's last message opens it
-                    g0 = next((y.last_ns for y in reversed(extracts[:i]) if y.last_ns is not None), start)
-                gaps.append((g0, max(g0, g1)))
-        tl = cls(events, [d for x in extracts for d in x.damage], sorted(gaps), [x.path for x in extracts],
-                 start, end)
-        lists: dict[type, list[Any]] = {FrameRec: tl.frames, OutputRec: tl.outputs, ActiveRec: tl.actives,
-                                        HealthRec: tl.healths, NodeStateRec: tl.node_states,
-                                        ControlRec: tl.controls, InitRec: tl.inits, TwinRec: tl.twins}
-        for r in events:
-            lists[type(r)].append(r)
-        tl._frame_times = [f.t_ns for f in tl.frames]
-        tl._health_times = [h.t_ns for h in tl.healths]
-        return tl
-
-    def overlaps_gap(self, t0: int, t1: int) -> bool:
-        """Whether [t0, t1] (ns) touches unreadable log."""
-        return any(g0 <= t1 and t0 <= g1 for g0, g1 in self.gaps)
-
-    def frame_at(self, t_ns: int) -> int | None:
-        """The id of the newest ``cameraFrame`` logged at or before ``t_ns`` (None before the first)."""
-        i = bisect.bisect_right(self._frame_times, t_ns)
-        return self.frames[i - 1].frame_id if i else None
-
-    def node_config(self) -> dict[str, Any]:
-        """The node's configuration: the first ``initData`` whose config has a ``model`` section (the
-        node's own header); the logger's segment headers carry only the logger's settings."""
-        return next((r.config for r in self.inits if isinstance(r.config.get("model"), dict)), {})
-
-    def layer_at(self, name: str, t_ns: int) -> LayerRec | None:
-        """The level of layer ``name`` at ``t_ns``: the next ``chestnutHealth`` if its ``lastChange`` for
-        the layer is at or before ``t_ns`` (the change had happened), else the previous one."""
-        i = bisect.bisect_right(self._health_times, t_ns)
-        if i < len(self.healths):
-            nxt = self.healths[i].layer(name)
-            if nxt is not None and nxt.last_change_ns <= t_ns:
-                return nxt
-        return self.healths[i - 1].layer(name) if i else None
-
-    def seconds(self, t_ns: int | None) -> float:
-        """``t_ns`` as seconds since the log's first message."""
-        return 0.0 if t_ns is None else (t_ns - self.start_ns) / NS_PER_S
-
-
-def default_node_config() -> tuple[dict[str, Any], str]:
-    """(the configuration ``chestnut run`` uses without flags, where it comes from): ``launch/node.toml``
-    when present, else the built-in defaults of :class:`chestnut.node.config.NodeConfig`. Used for a log
-    that carries no node configuration."""
-    from chestnut.backend.errors import ConfigError
-    from chestnut.node.config import DEFAULT_CONFIG, NodeConfig, load_config
-
-    try:
-        if DEFAULT_CONFIG.is_file():
-            return load_config(DEFAULT_CONFIG).to_json(), str(DEFAULT_CONFIG)
-    except ConfigError as e:
-        log.warning("%s", e)
-    return NodeConfig().to_json(), "the node's built-in defaults"
-
-
-def read_timeline(paths: Iterable[Path | str] | Path | str) -> Timeline:
-    """Find the log files under ``paths`` (rlog; ``.zst`` preferred) and merge them into a timeline.
-    Raises ``FileNotFoundError`` when there is none."""
-    return Timeline.from_extracts([extract_file(p) for p in find_log_files(paths)])
-
-
 # ---------------------------------------------------------------- contracts
 
 
-@dataclass(frozen=True)
-class Violation:
-    """One broken contract: when (``t_ns``, ns), which frame, and what exactly."""
-
-    t_ns: int
-    contract: str
-    frame_id: int | None
-    message: str
-
-
 ContractFn = Callable[[Timeline, CheckParams], Iterator[Violation]]
+
+
 
 
 @dataclass(frozen=True)
@@ -770,61 +437,3 @@ def check_log(paths: Iterable[Path | str] | Path | str, params: CheckParams | No
     return CheckResult(tl, params, check_timeline(tl, params, only), origin)
 
 
-# ---------------------------------------------------------------- command line
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="log files or directories (rlog.zst / rlog.mcap)")
-    p.add_argument("--report", type=Path, metavar="DIR", help="write plots and an HTML report to DIR")
-    p.add_argument("--contract", action="append", metavar="NAME",
-                   help=f"check only this contract (repeatable); known: {', '.join(CONTRACTS)}")
-    p.add_argument("--deadline-ms", type=float, help="per-frame deadline (default: the log's config, else 150)")
-    p.add_argument("--slack-ms", type=float, help=f"publishing slack on every bound (default {SLACK_MS:g})")
-    p.add_argument("--wait-timeout-ms", type=float, help="device wait timeout (default: the log's config, else 3000)")
-
-
-def print_violations(result: CheckResult, console: Any) -> None:
-    from rich.table import Table
-
-    tl = result.timeline
-    summary = Table(title="contracts", show_edge=False)
-    summary.add_column("contract")
-    summary.add_column("violations", justify="right")
-    for name, n in result.counts().items():
-        summary.add_row(name, f"[red]{n}[/red]" if n else "[green]0[/green]")
-    console.print(summary)
-    if result.violations:
-        table = Table(title="violations", show_edge=False)
-        for col, just in (("t (s)", "right"), ("frame", "right"), ("contract", "left"), ("what", "left")):
-            table.add_column(col, justify=just)  # type: ignore[arg-type]
-        for v in result.violations:
-            table.add_row(f"{tl.seconds(v.t_ns):.3f}", "-" if v.frame_id is None else str(v.frame_id), v.contract,
-                          v.message)
-        console.print(table)
-
-
-def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    console = Console(stderr=False)
-    try:
-        result = check_log(args.logs, only=args.contract, deadline_ms=args.deadline_ms, slack_ms=args.slack_ms,
-                           wait_timeout_ms=args.wait_timeout_ms)
-    except (FileNotFoundError, KeyError, ValueError) as e:
-        log.error("%s", e)
-        return 2
-    tl = result.timeline
-    p = result.params
-    console.print(f"{len(tl.files)} file(s), {tl.seconds(tl.end_ns):.1f} s, {len(tl.frames)} frames, "
-                  f"{len(tl.outputs)} outputs; deadline {p.deadline_ms:g} ms, slack {p.slack_ms:g} ms, "
-                  f"wait timeout {p.wait_timeout_ms:g} + {p.hang_margin_ms:g} ms (configuration: "
-                  f"{result.config_origin})")
-    print_violations(result, console)
-    if args.report is not None:
-        from chestnut.node.report import write_report
-
-        index = write_report(args.report, tl, violations=result.violations, title="chestnut check")
-        console.print(f"report: {index}")
-    n = len(result.violations)
-    console.print(f"[{'red' if n else 'green'}]{n} violation(s)[/]")
-    return 1 if n else 0

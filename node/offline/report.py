@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chestnut.node.contracts import CONTRACTS, LAYER_NAMES, Timeline, Violation
+from chestnut.node.offline.contracts import CONTRACTS
+from chestnut.node.offline.timeline import LAYER_NAMES, Timeline, Violation
 
 if TYPE_CHECKING:
-    from chestnut.node.replay import ReplayResult
+    from chestnut.node.offline.replay import ReplayResult
 
 LEVEL_COLORS = {"ok": "#2ca02c", "warn": "#f2b701", "stale": "#9e9e9e", "error": "#d62728"}
 SOURCE_COLORS = {"primary": "#1f77b4", "fallback": "#ff7f0e", "none": "#9e9e9e"}

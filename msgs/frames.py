@@ -1,0 +1,40 @@
+"""``cameraFrame`` pixels: building a frame message from an image and reading an image back out.
+
+The layout is the one ``msgs/chestnut.capnp`` gives ``CameraFrame``: ``data`` holds ``height`` rows of
+``width`` pixels, row-major, 3 bytes per pixel (B, G, R) for ``bgr888`` and 1 byte for ``gray8``, no
+padding. Both the camera (``chestnut camera``) and every reader of frames (the node, replay) use these
+two functions, so what the node infers on is exactly what the camera sent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from chestnut.msgs.messaging import new_message
+from chestnut.msgs.schema import log as schema
+
+
+def fill_frame(frame_id: int, img: np.ndarray, sof_ns: int, eof_ns: int, source_name: str) -> object:
+    """Build a ``cameraFrame`` Event for a uint8 [H, W, 3] BGR image (``sof_ns``/``eof_ns``: ns,
+    CLOCK_MONOTONIC)."""
+    msg = new_message("cameraFrame")
+    cf = msg.cameraFrame
+    cf.frameId = frame_id
+    cf.timestampSof = sof_ns
+    cf.timestampEof = eof_ns
+    cf.height, cf.width = int(img.shape[0]), int(img.shape[1])
+    cf.encoding = schema.CameraFrame.PixelEncoding.bgr888
+    cf.data = np.ascontiguousarray(img).tobytes()
+    cf.sourceName = source_name
+    return msg
+
+
+def frame_to_array(cf: object) -> np.ndarray:
+    """A ``cameraFrame`` reader -> uint8 [H, W, C] array (a copy; C = 1 for ``gray8``, else 3).
+    Raises ValueError when ``data`` does not hold exactly H * W * C bytes."""
+    channels = 1 if str(cf.encoding) == "gray8" else 3  # type: ignore[attr-defined]
+    h, w = int(cf.height), int(cf.width)  # type: ignore[attr-defined]
+    data = cf.data  # type: ignore[attr-defined]
+    if len(data) != h * w * channels:
+        raise ValueError(f"cameraFrame {cf.frameId}: {len(data)} bytes for {h}x{w}x{channels}")  # type: ignore[attr-defined]
+    return np.frombuffer(data, np.uint8).reshape(h, w, channels).copy()
