@@ -5,7 +5,7 @@ frame id, float values equal within ``|a-b| <= max(tol, tol*max(|a|,|b|))``, NaN
 (:func:`chestnut.node.validity.compare_tensors`). Each logged ``modelOutput`` is re-run with the
 source that served it (``--source logged``) or with one source forced for every frame:
 
-- ``primary``: the primary model on the host CPU through tinygrad (:class:`~chestnut.fallback.model.OnnxModel`,
+- ``primary``: the primary model on the host CPU through tinygrad (:class:`~chestnut.backend.model.OnnxModel`,
   ``DEV=CPU``), the kernels the twin's GPU engine runs, so twin-served frames replay bit-exactly;
   frames a real dock served replay within the tolerance;
 - ``fallback``: :class:`~chestnut.fallback.standby.FallbackModel` with the engine named in the log's
@@ -126,7 +126,7 @@ def _sha16(path: Path) -> str:
 
 
 def _graph_input(path: Path) -> tuple[str, tuple[int, ...]]:
-    from chestnut.fallback.model import _graph_inputs
+    from chestnut.backend.model import _graph_inputs
 
     specs = _graph_inputs(path.read_bytes(), path.stem, {})
     if len(specs) != 1:
@@ -441,16 +441,16 @@ _MODELS: dict[tuple[ModelRef, bool], Any] = {}
 
 def _model(ref: ModelRef, jit_cache: bool) -> Any:
     """The loaded model for ``ref`` in this process, loaded once (tinygrad compiles once per process;
-    with ``jit_cache`` the captured JIT comes from :class:`~chestnut.fallback.jitcache.JitCache`).
-    ``tinygrad``: :class:`~chestnut.fallback.model.OnnxModel`; ``onnxruntime``: :class:`FallbackModel`."""
+    with ``jit_cache`` the captured JIT comes from :class:`~chestnut.backend.jitcache.JitCache`).
+    ``tinygrad``: :class:`~chestnut.backend.model.OnnxModel`; ``onnxruntime``: :class:`FallbackModel`."""
     key = (ref, jit_cache)
     if key not in _MODELS:
-        from chestnut.fallback.jitcache import JitCache
+        from chestnut.backend.jitcache import JitCache
 
         cache = JitCache() if jit_cache else None
         shapes = {ref.input_name: ref.input_shape}
         if ref.engine == "tinygrad":
-            from chestnut.fallback.model import OnnxModel
+            from chestnut.backend.model import OnnxModel
 
             model: Any = OnnxModel(Path(ref.path), name=ref.name, input_shapes=shapes, jit_cache=cache)
             if cache is None:
@@ -690,7 +690,7 @@ _progress_queue: Any = None
 def _init_pool_worker(progress_queue: Any) -> None:
     global _progress_queue
     _progress_queue = progress_queue
-    from chestnut.fallback.model import ensure_cpu_device
+    from chestnut.backend.model import ensure_cpu_device
 
     ensure_cpu_device()
 
@@ -747,7 +747,7 @@ def replay(paths: Iterable[Path | str] | Path | str, plan: ReplayPlan | None = N
     t0 = time.perf_counter()
     with _Progress(len(tasks), progress) as bar:
         if not use_pool:
-            from chestnut.fallback.model import ensure_cpu_device
+            from chestnut.backend.model import ensure_cpu_device
 
             ensure_cpu_device()
             results = []
