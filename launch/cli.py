@@ -56,7 +56,13 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return int(importlib.import_module(args._module).run(args) or 0)
+    from chestnut.msgs.paths import RuntimeDirError
+
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except RuntimeDirError as e:  # a subverted runtime directory: one line, no traceback
+        print(f"chestnut {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,9 +1,23 @@
-"""Where the stack's sockets and runtime files live.
+"""Where the stack's sockets and runtime files live, and why no other user can redirect them.
 
-Every stack runs in its own private runtime directory, ``<base>/chestnut-<uid>/<prefix>``, created
-with mode 0700 (the directory of ``ipc://`` sockets must not be reachable by other users).
-``<base>`` is ``$XDG_RUNTIME_DIR`` when set, else the system temp dir; ``<prefix>`` is
-``$CHESTNUT_PREFIX`` (default ``"default"``), so parallel stacks and tests never collide.
+Every stack runs in its own private runtime directory, ``<base>/chestnut-<uid>/<prefix>``.
+``<base>`` is ``$RUNTIME_DIRECTORY`` (set by systemd's ``RuntimeDirectory=``; its first entry),
+else ``$XDG_RUNTIME_DIR``, else the system temp dir; ``<prefix>`` is ``$CHESTNUT_PREFIX`` (default
+``"default"``), so parallel stacks and tests never collide.
+
+ZeroMQ binds and connects ``ipc://`` sockets by path, so every directory on that path must be one
+no other user can change:
+
+- ``<base>`` belongs to us or to root, and group/other cannot write to it unless it is sticky
+  (``/tmp``: others may not rename or remove what we own in it);
+- ``chestnut-<uid>/`` and ``<prefix>/`` are real directories (not symlinks), belong to us, and have
+  no group/other permission bits at all (mode 0700).
+
+A directory that breaks a rule is refused with :class:`RuntimeDirError`; nothing is ever chmodded
+(a directory we create is born 0700; one we did not create is not ours to repair). The directories
+are created and checked relative to an open descriptor of their parent (``mkdir(dir_fd=)``, then
+``open(O_NOFOLLOW | O_DIRECTORY, dir_fd=)`` and ``fstat``), so swapping a path component for a
+symlink between the check and the use cannot redirect us.
 """
 
 from __future__ import annotations
@@ -17,6 +31,19 @@ from pathlib import Path
 PREFIX_ENV = "CHESTNUT_PREFIX"
 DEFAULT_PREFIX = "default"
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+BASE_ENVS = ("RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR")  # in order of preference; then the temp dir
+PRIVATE_MODE = 0o700
+
+
+class RuntimeDirError(PermissionError):
+    """A runtime directory the stack must not use. ``str()`` is one line: what, which path, how to fix.
+
+    ``path`` is the offending directory.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], problem: str, fix: str) -> None:
+        super().__init__(f"runtime directory {path} {problem}; {fix}")
+        self.path = Path(path)
 
 
 def current_prefix() -> str:
@@ -27,21 +54,98 @@ def current_prefix() -> str:
     return prefix
 
 
-def runtime_dir(prefix: str | None = None) -> Path:
-    """Create (if needed) and return the private runtime directory for ``prefix``.
+def runtime_base() -> Path:
+    """``<base>``: the first entry of ``$RUNTIME_DIRECTORY``, else ``$XDG_RUNTIME_DIR``, else the temp dir."""
+    for name in BASE_ENVS:
+        value = os.environ.get(name, "")
+        if value:
+            return Path(value.split(":")[0])
+    return Path(tempfile.gettempdir())
 
-    Raises ``PermissionError`` if the directory exists but belongs to another user or is
-    readable by others (a socket directory another user controls is not ours to use).
+
+def base_problem(st: os.stat_result, uid: int) -> str | None:
+    """Why a directory with status ``st`` cannot be ``<base>`` for ``uid`` (None when it can)."""
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid not in (uid, 0):
+        return f"belongs to uid {st.st_uid}, not to uid {uid} or root"
+    if stat.S_IMODE(st.st_mode) & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return f"is writable by group/other without the sticky bit (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def private_problem(st: os.stat_result, uid: int) -> str | None:
+    """Why a directory with status ``st`` cannot be a private runtime directory of ``uid`` (None when it can)."""
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != uid:
+        return f"belongs to uid {st.st_uid}, not to uid {uid}"
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        return f"is reachable by group/other (mode {stat.S_IMODE(st.st_mode):04o}, must be 0700)"
+    return None
+
+
+def _open_private(parent_fd: int, parent: Path, name: str, uid: int) -> int:
+    """Create ``name`` (0700) under ``parent_fd`` if missing, open it without following a symlink, check it."""
+    path = parent / name
+    try:
+        os.mkdir(name, PRIVATE_MODE, dir_fd=parent_fd)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise RuntimeDirError(path, f"cannot be created ({e.strerror})", f"check the permissions of {parent}") from None
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    except OSError as e:
+        try:
+            st = os.lstat(name, dir_fd=parent_fd)
+        except OSError:
+            raise RuntimeDirError(path, f"cannot be opened ({e.strerror})", "start again") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise RuntimeDirError(path, "is a symlink", f"remove it (rm {path}) and start again") from None
+        problem = private_problem(st, uid) or f"cannot be opened ({e.strerror})"
+        raise RuntimeDirError(
+            path, problem, f"remove it (rm -r {path}) and start again, or choose another {PREFIX_ENV}"
+        ) from None
+    found = private_problem(os.fstat(fd), uid)
+    if found is not None:
+        os.close(fd)
+        raise RuntimeDirError(
+            path,
+            found,
+            f"it is not ours to repair: remove it (rm -r {path}) and start again, or choose another {PREFIX_ENV}",
+        )
+    return fd
+
+
+def runtime_dir(prefix: str | None = None) -> Path:
+    """Create (if needed), check and return the private runtime directory ``<base>/chestnut-<uid>/<prefix>``.
+
+    Raises ``ValueError`` for a malformed prefix and :class:`RuntimeDirError` (a ``PermissionError``)
+    for a base or directory that breaks the rules of this module's docstring.
     """
     prefix = current_prefix() if prefix is None else prefix
     if not _PREFIX_RE.match(prefix) or prefix in (".", ".."):
         raise ValueError(f"prefix {prefix!r}: use 1-64 characters from [A-Za-z0-9_.-]")
-    base = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"chestnut-{os.getuid()}"
-    for d in (base, base / prefix):
-        d.mkdir(mode=0o700, exist_ok=True)
-        st = d.stat()
-        if st.st_uid != os.getuid():
-            raise PermissionError(f"{d} belongs to uid {st.st_uid}, not {os.getuid()}")
-        if stat.S_IMODE(st.st_mode) & 0o077:
-            os.chmod(d, 0o700)
-    return base / prefix
+    uid = os.getuid()
+    base = runtime_base()
+    try:
+        base_fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise RuntimeDirError(
+            base,
+            f"cannot be opened ({e.strerror})",
+            f"create it, or unset {' / '.join(BASE_ENVS)} to use {tempfile.gettempdir()}",
+        ) from None
+    fds = [base_fd]
+    try:
+        problem = base_problem(os.fstat(base_fd), uid)
+        if problem is not None:
+            raise RuntimeDirError(base, problem, f"point {' / '.join(BASE_ENVS)} at a directory of yours")
+        user_dir = base / f"chestnut-{uid}"
+        fds.append(_open_private(base_fd, base, user_dir.name, uid))
+        fds.append(_open_private(fds[-1], user_dir, prefix, uid))
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return user_dir / prefix
