@@ -1,6 +1,33 @@
 #!/usr/bin/env bash
-# Set up if needed, then run the test suite. Extra arguments go to pytest.
+# Set up if needed, lint the package (ruff check, then mypy; the first finding stops the run), then run the
+# test suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash launch/setup.sh
+
+echo "ruff check (settings: pyproject.toml [tool.ruff])"
+.venv/bin/ruff check --output-format concise msgs backend fallback node launch tests
+
+# mypy must see the package as `chestnut.*` to follow imports between its modules, but the source folders are
+# mapped to it by setuptools' package-dir (pyproject.toml), which only the editable install's import hook
+# knows. A tree of links named like the package (under the ignored .mypy_cache/, rebuilt on every run) gives
+# mypy the same view; its file names are printed back as the repository's paths.
+root=.mypy_cache/package-root
+rm -rf "$root" && mkdir -p -m 0700 "$root/chestnut"
+packages=()
+while read -r pkg dir; do
+  ln -s "$PWD/$dir" "$root/$(tr . / <<<"$pkg")"
+  packages+=(-p "$pkg")
+done < <(.venv/bin/python - <<'EOF'
+import tomllib
+
+dirs = tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["package-dir"]
+for pkg, folder in dirs.items():
+    if pkg.count(".") == 1:  # chestnut.X; deeper packages lie inside their parent's folder
+        print(pkg, folder)
+EOF
+)
+echo "mypy (settings: pyproject.toml [tool.mypy]) on ${packages[*]}"
+MYPYPATH="$root" .venv/bin/mypy "${packages[@]}" | sed "s#^$root/chestnut/##"
+
 exec .venv/bin/python -m pytest "$@"
