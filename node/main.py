@@ -77,6 +77,7 @@ from chestnut.node.health import (
     fill_health,
 )
 from chestnut.node.preprocess import preprocess
+from chestnut.node.runner_loader import RunnerSpec
 from chestnut.node.shm import WorkerState
 from chestnut.node.supervisor import (
     Action,
@@ -90,7 +91,7 @@ from chestnut.node.supervisor import (
 )
 from chestnut.node.validity import StaleDetector, ValidityReport, check_outputs, contracts_from_specs, fingerprint
 from chestnut.node.watchdog import ActionKind, RequestKind, Watchdog, WatchdogAction, WatchdogConfig
-from chestnut.node.worker import RunnerSpec, WorkerHandle, WorkerResult, describe_returncode
+from chestnut.node.worker_handle import WorkerHandle, WorkerResult, describe_returncode
 
 log = logging.getLogger("chestnut.node")
 
@@ -916,14 +917,24 @@ def run(args: argparse.Namespace) -> int:
     return node.run()
 
 
-def main() -> int:
-    """Entry point for process managers (openpilot-style ``PythonProcess``): config from ``$CHESTNUT_CONFIG``."""
-    from chestnut.launch.cli import main as cli_main
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for process managers (openpilot-style ``PythonProcess``): ``chestnut run``'s options,
+    with ``--config`` from ``$CHESTNUT_CONFIG`` when it is set and ``argv`` has none. Logs at INFO to
+    stderr; a runtime directory that must not be used is one line on stderr and exit code 2."""
+    from chestnut.msgs.paths import RuntimeDirError
 
-    argv = ["run"]
-    if os.environ.get("CHESTNUT_CONFIG"):
+    p = argparse.ArgumentParser(prog="chestnut run", description="run the supervised inference node")
+    add_arguments(p)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if os.environ.get("CHESTNUT_CONFIG") and "--config" not in argv:
         argv += ["--config", os.environ["CHESTNUT_CONFIG"]]
-    return cli_main(argv)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return run(args)
+    except RuntimeDirError as e:
+        print(f"chestnut run: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import json
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -30,18 +31,10 @@ from chestnut.backend.errors import ConfigError, GpuLayerError, Layer, ModelErro
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec, StepResult
 from chestnut.backend.ladder import LadderConfig
 from chestnut.backend.model import TensorSpec
+from chestnut.node.runner_loader import RunnerSpec, resolve_runner, trust_refusal
 from chestnut.node.shm import SlotLayout, WorkerState
-from chestnut.node.worker import (
-    HEADER_BYTES,
-    Msg,
-    RunnerSpec,
-    WorkerError,
-    WorkerHandle,
-    error_from_json,
-    error_to_json,
-    pack,
-    unpack,
-)
+from chestnut.node.wire import HEADER_BYTES, Msg, WorkerError, error_from_json, error_to_json, pack, unpack
+from chestnut.node.worker_handle import WorkerHandle
 
 HERE = Path(__file__).resolve()
 X_SPEC = TensorSpec("x", (4, 3), "float32")
@@ -412,6 +405,112 @@ def test_start_failures_come_back_typed_with_the_ladder():
     assert children() == []
 
 
+# ---------------------------------------------------------------- loading runner code
+_PLANTED_RUNNER = """
+from pathlib import Path
+Path(__file__).with_suffix(".ran").write_text("executed")
+class Runner:
+    pass
+"""
+
+
+def planted_runner(folder: Path, mode: int = 0o644) -> Path:
+    """A runner file that leaves ``<name>.ran`` beside itself when it is executed."""
+    folder.mkdir(mode=0o700, exist_ok=True)
+    path = folder / "planted_runner.py"
+    path.write_text(_PLANTED_RUNNER)
+    path.chmod(mode)
+    return path
+
+
+@pytest.mark.parametrize("mode", [0o664, 0o646, 0o666], ids=["group", "other", "both"])
+def test_a_runner_file_writable_by_group_or_other_is_refused_and_never_runs(tmp_path: Path, mode: int) -> None:
+    path = planted_runner(tmp_path / "runners", mode)
+    with pytest.raises(ConfigError) as err:
+        resolve_runner(RunnerSpec(f"{path}:Runner"))
+    assert str(err.value) == (f"untrusted_runner: runner file {path} is writable by group or other (mode {mode:04o}): "
+                              f"only code no one else can change is loaded (chmod go-w {path})")
+    assert not path.with_suffix(".ran").exists()
+
+
+def test_a_runner_file_owned_by_another_user_or_reached_by_a_link_is_refused(tmp_path: Path) -> None:
+    path = planted_runner(tmp_path / "runners")
+    link = tmp_path / "runners" / "link_runner.py"
+    link.symlink_to(path)
+    with pytest.raises(ConfigError) as err:
+        resolve_runner(RunnerSpec(f"{link}:Runner"))
+    assert str(err.value) == (f"untrusted_runner: runner file {link} is a symbolic link: "
+                              "point the runner at the real file")
+    if os.getuid() == 0:  # only root can give a file away
+        os.chown(path, 65534, 65534)
+        with pytest.raises(ConfigError) as err:
+            resolve_runner(RunnerSpec(f"{path}:Runner"))
+        assert str(err.value) == (f"untrusted_runner: runner file {path} is owned by uid 65534, not by uid 0 that "
+                                  "runs the worker: only code its user owns is loaded (chown it, or copy it to a file "
+                                  "you own)")
+    assert not path.with_suffix(".ran").exists()
+    os.chmod(tmp_path / "runners", 0o777)
+    os.chown(path, os.getuid(), os.getgid())
+    with pytest.raises(ConfigError, match=r"^untrusted_runner: runner folder .*runners is writable by group or other "
+                                          r"\(mode 0777\)"):
+        resolve_runner(RunnerSpec(f"{path}:Runner"))
+    assert not path.with_suffix(".ran").exists()
+    os.chmod(tmp_path / "runners", 0o700)
+    assert type(resolve_runner(RunnerSpec(f"{path}:Runner"))).__name__ == "Runner"  # the same file, now ours
+    assert path.with_suffix(".ran").read_text() == "executed"
+
+
+@pytest.mark.timeout(30)
+def test_the_worker_reports_an_untrusted_runner_in_one_line(tmp_path: Path) -> None:
+    path = planted_runner(tmp_path / "runners", 0o666)
+    with WorkerHandle() as h:
+        h.start(RunnerSpec(f"{path}:Runner"), MODEL, NO_FINGERPRINT)
+        with pytest.raises(ConfigError) as err:
+            wait_ready(h)
+        assert h.stop().returncode == 3
+    assert "\n" not in str(err.value) and str(err.value).startswith(f"untrusted_runner: runner file {path} is writable")
+    assert not path.with_suffix(".ran").exists()
+
+
+@pytest.mark.parametrize(("mode", "owner", "want"), [
+    (stat.S_IFREG | 0o644, 1000, None),
+    (stat.S_IFREG | 0o600, 0, None),                        # root's own files are trusted
+    (stat.S_IFREG | 0o755, 1000, None),
+    (stat.S_IFREG | 0o620, 1000, "writable by group or other (mode 0620)"),
+    (stat.S_IFREG | 0o602, 1000, "writable by group or other (mode 0602)"),
+    (stat.S_IFREG | 0o644, 1001, "owned by uid 1001, not by uid 1000"),
+    (stat.S_IFLNK | 0o777, 1000, "is a symbolic link"),
+    (stat.S_IFDIR | 0o755, 1000, "is not a regular file"),
+    (stat.S_IFIFO | 0o600, 1000, "is not a regular file"),
+])
+def test_trust_refusal_follows_the_ssh_rule(mode: int, owner: int, want: str | None) -> None:
+    got = trust_refusal("/r/x.py", mode, owner, 1000)
+    assert got == want if want is None else (got is not None and want in got)
+
+
+def test_trust_refusal_for_the_folder_that_holds_the_code() -> None:
+    assert trust_refusal("/r", stat.S_IFDIR | 0o755, 1000, 1000, folder=True) is None
+    assert trust_refusal("/r", stat.S_IFDIR | 0o1777, 0, 1000, folder=True) == (
+        "runner folder /r is writable by group or other (mode 1777): only code no one else can change is loaded "
+        "(chmod go-w /r)")
+    assert trust_refusal("/r", stat.S_IFREG | 0o644, 1000, 1000, folder=True) == "runner folder /r is not a folder"
+
+
+def test_a_module_runner_is_checked_file_by_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "plantedpkg"
+    pkg.mkdir(mode=0o700)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "runner.py").write_text(_PLANTED_RUNNER)
+    (pkg / "runner.py").chmod(0o666)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^untrusted_runner: runner file .*plantedpkg/runner.py is writable"):
+        resolve_runner(RunnerSpec("plantedpkg.runner:Runner"))
+    assert not (pkg / "runner.ran").exists() and "plantedpkg.runner" not in sys.modules
+    (pkg / "runner.py").chmod(0o644)
+    assert type(resolve_runner(RunnerSpec("plantedpkg.runner:Runner"))).__name__ == "Runner"
+    assert (pkg / "runner.ran").read_text() == "executed"
+
+
 # ---------------------------------------------------------------- death, hangs, stop
 @pytest.mark.timeout(30)
 def test_a_sigkilled_worker_is_detected_and_its_request_fails_typed(worker):
@@ -500,7 +599,8 @@ import sys, time, select
 from pathlib import Path
 from chestnut.backend.interface import ModelSpec
 from chestnut.backend.ladder import LadderConfig
-from chestnut.node.worker import RunnerSpec, WorkerHandle
+from chestnut.node.runner_loader import RunnerSpec
+from chestnut.node.worker_handle import WorkerHandle
 h = WorkerHandle()
 h.start(RunnerSpec(sys.argv[1] + ":ScriptedRunner"), ModelSpec(Path("scripted.onnx"), "scripted"),
         LadderConfig(require_fingerprint=False))
@@ -565,6 +665,6 @@ def test_no_shared_memory_outlives_the_handle():
 
 
 def test_the_node_side_never_imports_tinygrad():
-    code = "import sys, chestnut.node.worker; print('tinygrad' in sys.modules)"
+    code = "import sys, chestnut.node.worker_handle; print('tinygrad' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "False"

@@ -139,7 +139,8 @@ def bench_pickle(n: int, warm: int, gap_s: float, frames: list[np.ndarray]) -> l
 def bench_worker(n: int, warm: int, gap_s: float, frames: list[np.ndarray]) -> tuple[list[float], list[float]]:
     from chestnut.backend.interface import ModelSpec
     from chestnut.backend.ladder import LadderConfig
-    from chestnut.node.worker import RunnerSpec, WorkerHandle
+    from chestnut.node.runner_loader import RunnerSpec
+    from chestnut.node.worker_handle import WorkerHandle
 
     h = WorkerHandle()
     h.start(RunnerSpec(f"{Path(__file__).resolve()}:EchoRunner"), ModelSpec(Path("echo.onnx"), "echo"),
