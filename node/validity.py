@@ -1,4 +1,4 @@
-"""Output validity: the checks behind the ``output`` health layer (DESIGN.md "The four health layers").
+"""Output validity: the checks behind the ``output`` health layer (:mod:`chestnut.node.health`), for every source.
 
 Each check returns a :class:`CheckResult` with a precise, human-readable reason. The checks, in the
 order :func:`check_outputs` runs them:
@@ -38,7 +38,8 @@ from chestnut.backend.model import TensorSpec
 DEFAULT_AGREEMENT_TOL = 1e-3
 """Default primary-vs-fallback tolerance (absolute below 1, relative above). Our choice: the
 dock's GPU and the host CPU round differently; PP-OCRv4 through tinygrad matches onnxruntime to
-~2e-5 (FACTS.md §5), so 1e-3 leaves room for a GPU's reordering. Configure it per output."""
+~2e-5 (``chestnut model prepare`` checks it), so 1e-3 leaves room for a GPU's reordering.
+Configure it per output."""
 
 
 class Check(StrEnum):

@@ -3,7 +3,8 @@
 Nothing here sleeps, reads a clock or touches a process: the caller passes ``now_ns``
 (``time.monotonic_ns()``) and performs the :class:`WatchdogAction` s it gets back.
 
-Four supervised entities (FACTS.md §4, AUTOSAR WdgM; DESIGN.md "Timing contracts"):
+Four supervised entities (AUTOSAR Watchdog Manager, "Specification of Watchdog Manager": deadline, alive
+and logical supervision; hang is the deadline of a request that never returns):
 
 =========  ===================================================================  ==========  ===========
 entity     checks                                                               on failure  on EXPIRED
@@ -20,8 +21,8 @@ logical    requests and responses pair up in order: each request seq greater    
            than the last, each response seq equal to the oldest outstanding one             (output)
 =========  ===================================================================  ==========  ===========
 
-AUTOSAR expires deadline violations at once; the per-frame deadline is the exception DESIGN.md
-asks for: one late frame is answered by the fallback, and only a *run* of misses
+AUTOSAR expires deadline violations at once; the per-frame deadline is our exception to it: one
+late frame is answered by the fallback, and only a *run* of misses
 (``miss_run`` consecutive, or more than ``max_miss_ratio`` of the last ``miss_window_frames``)
 fails the gpu layer over. The hang deadline keeps AUTOSAR's rule.
 
@@ -41,13 +42,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from chestnut.backend.errors import Layer
+from chestnut.backend.protocol import WAIT_TIMEOUT_MS  # tinygrad HCQDEV_WAIT_TIMEOUT_MS as openpilot sets it
 
 NS_PER_MS = 1_000_000
 
-FRAME_DEADLINE_MS = 150.0  # openpilot modeld: 0.15 s per-frame deadline for the big model (FACTS.md §3)
-WAIT_TIMEOUT_MS = 3000.0  # HCQDEV_WAIT_TIMEOUT_MS that modeld sets with the dock (FACTS.md §2-§3)
+FRAME_DEADLINE_MS = 150.0  # openpilot modeld: 0.15 s per-frame deadline for the big model on the dock
 HANG_MARGIN_MS = 250.0  # our choice; see the module docstring
-COMMAND_TIMEOUT_MS = 60_000.0  # openpilot modeld: 60 s for the big model's start-up (FACTS.md §3)
+COMMAND_TIMEOUT_MS = 60_000.0  # openpilot modeld: 60 s for the big model's start-up on the dock
 
 
 class Status(StrEnum):
@@ -126,13 +127,13 @@ class WatchdogConfig:
     wait_timeout_ms: float = WAIT_TIMEOUT_MS
     hang_margin_ms: float = HANG_MARGIN_MS
     command_timeout_ms: float = COMMAND_TIMEOUT_MS
-    miss_run: int = 3  # consecutive deadline misses that fail the gpu layer over (DESIGN.md "a run of misses")
+    miss_run: int = 3  # consecutive deadline misses that fail the gpu layer over (our choice: 150 ms of misses)
     miss_window_frames: int = 20  # 1 s at 20 Hz
     max_miss_ratio: float = 0.2  # more than this fraction of the window missed also fails over
     deadline_recover_after: int = 3  # on-time frames that bring the deadline entity from FAILED back to OK
     alive_enabled: bool = True
     alive_window_ms: float = 1000.0
-    alive_expected: int = 20  # heartbeats per window: the worker beats every 50 ms (node/worker.py)
+    alive_expected: int = 20  # heartbeats per window: the worker beats every 50 ms (node/wire.py HEARTBEAT_PERIOD_S)
     alive_min_margin: int = 10  # 10..40 beats per window pass: jitter and a busy main loop are tolerated
     alive_max_margin: int = 20
     alive_failed_tolerance: int = 2  # failed windows tolerated; one more expires the entity
