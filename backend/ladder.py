@@ -179,7 +179,7 @@ class PyusbTransport:
     def control_read(self, request: int, length: int, value: int = 0, index: int = 0, timeout: int = 1000) -> bytes:
         return bytes(self.dev.ctrl_transfer(P.REQTYPE_VENDOR_IN, request, value, index, length, timeout))
 
-    def bulk_write(self, payload: bytes, timeout: int = 1000) -> int:
+    def bulk_write(self, payload: bytes | memoryview, timeout: int = 1000) -> int:
         n = self.dev.write(P.EP_BULK_OUT, payload, timeout)
         if n != len(payload):
             raise UsbLayerError("short_transfer", f"bulk OUT 0x02: wrote {n} of {len(payload)} bytes")

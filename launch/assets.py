@@ -200,8 +200,8 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
     from chestnut.backend.model import OnnxModel
 
     t0 = time.monotonic()  # building it fills the compile cache (or verifies a cached capture)
-    model = OnnxModel(out, jit_cache=JitCache(), progress=lambda msg: print(f"  {msg}", flush=True))
-    meta["max_abs_diff_vs_onnxruntime"] = agreement_check(model, out, {meta["input_name"]: x})
+    tg_model = OnnxModel(out, jit_cache=JitCache(), progress=lambda msg: print(f"  {msg}", flush=True))
+    meta["max_abs_diff_vs_onnxruntime"] = agreement_check(tg_model, out, {meta["input_name"]: x})
     meta["first_call_s"] = time.monotonic() - t0
     if meta["max_abs_diff_vs_onnxruntime"] > AGREEMENT_TOL:
         raise ModelError(
@@ -209,7 +209,7 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
             f"tinygrad and onnxruntime disagree by {meta['max_abs_diff_vs_onnxruntime']:.3g} "
             f"> {AGREEMENT_TOL} on the check frame",
         )
-    fp = record_fingerprint(model)
+    fp = record_fingerprint(tg_model)
     fp_path = out.with_suffix(".fingerprint.json")
     fp_path.write_text(json.dumps(fp, indent=1))
     meta["fingerprint"] = str(fp_path)

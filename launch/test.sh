@@ -11,8 +11,8 @@ echo "ruff check (settings: pyproject.toml [tool.ruff])"
 # mypy must see the package as `chestnut.*` to follow imports between its modules, but the source folders are
 # mapped to it by setuptools' package-dir (pyproject.toml), which only the editable install's import hook
 # knows. A tree of links named like the package (under the ignored .mypy_cache/, rebuilt on every run) gives
-# mypy the same view; its file names are printed back as the repository's paths.
-root=.mypy_cache/package-root
+# mypy the same view, with a cache of its own; its file names are printed back as the repository's paths.
+root=.mypy_cache/package/root
 rm -rf "$root" && mkdir -p -m 0700 "$root/chestnut"
 packages=()
 while read -r pkg dir; do
@@ -28,6 +28,6 @@ for pkg, folder in dirs.items():
 EOF
 )
 echo "mypy (settings: pyproject.toml [tool.mypy]) on ${packages[*]}"
-MYPYPATH="$root" .venv/bin/mypy "${packages[@]}" | sed "s#^$root/chestnut/##"
+MYPYPATH="$root" .venv/bin/mypy --cache-dir .mypy_cache/package/cache "${packages[@]}" | sed "s#^$root/chestnut/##"
 
 exec .venv/bin/python -m pytest "$@"

@@ -148,8 +148,8 @@ def run(args: argparse.Namespace) -> int:
                 for d in client.enumerate():
                     print(f"Bus {d.bus:03d} Device {d.address:03d}: ID {d.vid:04x}:{d.pid:04x} {d.speed_mbps} Mbps")
             elif cmd == "plug":
-                info = client.plug()
-                print(f"plugged in at {info.bus}-{info.address}" if info else "plugged in")
+                plugged = client.plug()
+                print(f"plugged in at {plugged.bus}-{plugged.address}" if plugged else "plugged in")
             elif cmd == "unplug":
                 client.unplug()
                 print("unplugged")
