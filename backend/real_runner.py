@@ -12,8 +12,9 @@ What it adds around tinygrad (FACTS.md §1-§2):
   :func:`fill_firmware` (``chestnut probe --fill-firmware DIR``) fills it from a local copy of
   linux-firmware's ``amdgpu/`` files, checking each file's sha256 against tinygrad's table.
 - **The device lock.** tinygrad takes a non-blocking ``flock`` on ``<tmpdir>/am_usb:<bus>-<addr>.lock``
-  and never releases it. :class:`DockLock` waits for it with back-off and then names the lock file
-  and the process holding it, instead of failing on the first try.
+  and never releases it. :class:`~chestnut.backend.docklock.DockLock` opens it safely (no symlink, no
+  chmod), waits for it with back-off and then names the lock file and the process holding it,
+  instead of failing on the first try.
 - **Clear errors.** Every tinygrad failure is classified (:mod:`chestnut.backend.classify`); no dock is
   "no Chestnut dock found", never an ``ExceptionGroup``; a link that is not at LTSSM 0x78 is a PCIe
   error. The ladder's dock steps run through pyusb before tinygrad opens the device, and the LTSSM
@@ -24,7 +25,6 @@ What it adds around tinygrad (FACTS.md §1-§2):
 from __future__ import annotations
 
 import ast
-import fcntl
 import hashlib
 import importlib.util
 import os
@@ -40,17 +40,16 @@ import numpy as np
 
 from chestnut.backend import protocol as P
 from chestnut.backend.classify import classify
+from chestnut.backend.docklock import LOCK_BACKOFF_S, DockLock, dock_lock_path, lock_holders
 from chestnut.backend.errors import ChestnutError, ConfigError, GpuLayerError, ModelError, UsbLayerError
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec, StepResult
 from chestnut.backend.ladder import DockQualifier, LadderConfig, Outcome, UsbDock
 from chestnut.backend.model import TensorSpec
 
-REAL_DEV = "USB+AMD:LLVM"       # tinygrad 0.14: the AMD GPU behind the USB bridge, LLVM compiler
+REAL_DEV = "USB+AMD:LLVM"  # tinygrad 0.14: the AMD GPU behind the USB bridge, LLVM compiler
 TINYGRAD_DEVICE = "AMD"
-LOCK_DEVPREF = "am"             # tinygrad 0.14 USBPCIDevice("AM", ...) -> lock "am_usb:<bus>-<addr>.lock"
 FW_COMMIT = "0a6871b19abf5d6e024b5d208b101ae53e7fa0de"  # tinygrad 0.14 helpers.fetch_fw pins linux-firmware here
 FW_URL = "https://gitlab.com/kernel-firmware/linux-firmware/-/raw/{commit}/{path}/{name}"
-LOCK_BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0)
 
 
 # ------------------------------------------------------------------ environment
@@ -59,8 +58,11 @@ def real_environment(wait_timeout_ms: int = P.WAIT_TIMEOUT_MS) -> dict[str, str]
     return {"DEV": REAL_DEV, "GMMU": "0", "HCQDEV_WAIT_TIMEOUT_MS": str(int(wait_timeout_ms))}
 
 
-def prepare_environment(wait_timeout_ms: int = P.WAIT_TIMEOUT_MS, environ: MutableMapping[str, str] | None = None,
-                        modules: Mapping[str, Any] | None = None) -> dict[str, str]:
+def prepare_environment(
+    wait_timeout_ms: int = P.WAIT_TIMEOUT_MS,
+    environ: MutableMapping[str, str] | None = None,
+    modules: Mapping[str, Any] | None = None,
+) -> dict[str, str]:
     """Set :func:`real_environment` in ``environ`` (default ``os.environ``) before tinygrad's import.
 
     Raises :class:`ConfigError` ``tinygrad_imported`` if tinygrad is already imported in this process
@@ -73,9 +75,12 @@ def prepare_environment(wait_timeout_ms: int = P.WAIT_TIMEOUT_MS, environ: Mutab
     if "tinygrad" in modules:
         wrong = {k: environ.get(k) for k, v in want.items() if environ.get(k) != v}
         if wrong:
-            raise ConfigError("tinygrad_imported", f"tinygrad was imported in this process before the dock's "
-                                                   f"environment was set ({wrong} instead of {want}); run the "
-                                                   f"dock in a fresh process")
+            raise ConfigError(
+                "tinygrad_imported",
+                f"tinygrad was imported in this process before the dock's "
+                f"environment was set ({wrong} instead of {want}); run the "
+                f"dock in a fresh process",
+            )
         return want
     environ.update(want)
     return want
@@ -125,8 +130,9 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def firmware_status(environ: Mapping[str, str] | None = None,
-                    hashes: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
+def firmware_status(
+    environ: Mapping[str, str] | None = None, hashes: Mapping[str, str] | None = None
+) -> tuple[list[str], list[str]]:
     """(cached with the right sha256, not cached) firmware names of tinygrad's table."""
     hashes = firmware_hashes() if hashes is None else hashes
     present: list[str] = []
@@ -137,8 +143,7 @@ def firmware_status(environ: Mapping[str, str] | None = None,
     return present, missing
 
 
-def check_firmware_cache(environ: Mapping[str, str] | None = None,
-                         hashes: Mapping[str, str] | None = None) -> int:
+def check_firmware_cache(environ: Mapping[str, str] | None = None, hashes: Mapping[str, str] | None = None) -> int:
     """Raise ConfigError ``firmware_missing`` if the cache holds none of tinygrad's AMD firmware files.
 
     (Which files a GPU needs is known only once tinygrad reads its IP versions; an empty cache is
@@ -148,10 +153,13 @@ def check_firmware_cache(environ: Mapping[str, str] | None = None,
     present, missing = firmware_status(environ, hashes)
     if not present:
         where = downloads_dir(environ) / "fw"
-        raise ConfigError("firmware_missing", f"the GPU firmware cache {where} holds none of the {len(missing)} AMD "
-                                              f"firmware files tinygrad needs, and an offline node cannot download "
-                                              f"them: fill it with `chestnut probe --fill-firmware DIR` (DIR = a "
-                                              f"copy of linux-firmware's amdgpu/ files)")
+        raise ConfigError(
+            "firmware_missing",
+            f"the GPU firmware cache {where} holds none of the {len(missing)} AMD "
+            f"firmware files tinygrad needs, and an offline node cannot download "
+            f"them: fill it with `chestnut probe --fill-firmware DIR` (DIR = a "
+            f"copy of linux-firmware's amdgpu/ files)",
+        )
     return len(present)
 
 
@@ -172,13 +180,15 @@ def _read_firmware(src: Path, name: str) -> bytes | None:
         if (base / f"{name}.zst").is_file():
             import zstandard
 
-            return zstandard.ZstdDecompressor().decompress((base / f"{name}.zst").read_bytes(),
-                                                           max_output_size=64 << 20)
+            return zstandard.ZstdDecompressor().decompress(
+                (base / f"{name}.zst").read_bytes(), max_output_size=64 << 20
+            )
     return None
 
 
-def fill_firmware(src: Path, environ: Mapping[str, str] | None = None,
-                  hashes: Mapping[str, str] | None = None) -> FirmwareFill:
+def fill_firmware(
+    src: Path, environ: Mapping[str, str] | None = None, hashes: Mapping[str, str] | None = None
+) -> FirmwareFill:
     """Copy tinygrad's AMD firmware files from ``src`` (or ``src/amdgpu``; ``.zst`` accepted) into the cache.
 
     A file is written only if its sha256 matches tinygrad's table; writes are atomic (temp + rename).
@@ -208,84 +218,6 @@ def fill_firmware(src: Path, environ: Mapping[str, str] | None = None,
     return out
 
 
-# ------------------------------------------------------------------ the device lock
-def dock_lock_path(bus: int, address: int) -> Path:
-    """tinygrad 0.14's lock file for the dock at ``bus``/``address``: ``<tempdir>/am_usb:<bus>-<addr>.lock``
-    (``System.flock_acquire(f"{devpref.lower()}_{pcibus.lower()}.lock")``, placed by ``helpers.temp``)."""
-    return Path(tempfile.gettempdir()) / f"{LOCK_DEVPREF}_usb:{bus}-{address}.lock"
-
-
-def lock_holders(path: Path, proc_locks: Path = Path("/proc/locks")) -> list[int]:
-    """PIDs holding a ``flock`` on ``path`` according to ``/proc/locks`` (empty if unknown)."""
-    try:
-        st = path.stat()
-        lines = proc_locks.read_text().splitlines()
-    except OSError:
-        return []
-    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    pids = []
-    for line in lines:
-        parts = line.split()
-        # "1: FLOCK  ADVISORY  WRITE 12345 08:01:1234 0 EOF"
-        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == dev and parts[4].isdigit():
-            pids.append(int(parts[4]))
-    return pids
-
-
-class DockLock:
-    """tinygrad's exclusive, non-blocking ``flock`` on the dock's lock file, taken with back-off.
-
-    :meth:`acquire` retries for ``timeout_s`` (sleeps :data:`LOCK_BACKOFF_S`, growing), then raises
-    UsbLayerError ``lock_held`` naming the lock file and the holding PIDs. The lock is held until
-    :meth:`release` or process exit (tinygrad itself never releases it).
-    """
-
-    def __init__(self, path: Path, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.path = Path(path)
-        self.fd: int | None = None
-        self._sleep, self._clock = sleep, clock
-
-    def try_acquire(self) -> bool:
-        if self.fd is not None:
-            return True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            return False
-        try:
-            os.fchmod(fd, 0o666)  # as tinygrad creates it, so another user's process can lock it too
-        except OSError:
-            pass
-        self.fd = fd
-        return True
-
-    def acquire(self, timeout_s: float) -> DockLock:
-        deadline = self._clock() + timeout_s
-        attempt = 0
-        while not self.try_acquire():
-            if self._clock() >= deadline:
-                holders = lock_holders(self.path)
-                who = f"held by pid {', '.join(map(str, holders))}" if holders else "held by another process"
-                raise UsbLayerError("lock_held", f"the dock's lock file {self.path} is {who} (waited {timeout_s:g} s); "
-                                                 f"stop that process or wait for it to exit")
-            self._sleep(min(LOCK_BACKOFF_S[min(attempt, len(LOCK_BACKOFF_S) - 1)], max(0.0, deadline - self._clock())))
-            attempt += 1
-        return self
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-    def wait_free(self, timeout_s: float) -> None:
-        """Wait (with back-off) until nobody holds the lock, then leave it free for tinygrad to take."""
-        self.acquire(timeout_s)
-        self.release()
-
-
 # ------------------------------------------------------------------ the runner
 class RealRunner:
     """:class:`~chestnut.backend.interface.PrimaryRunner` on a real dock through tinygrad 0.14.
@@ -296,8 +228,14 @@ class RealRunner:
 
     kind = "real"
 
-    def __init__(self, *, wait_timeout_ms: int = P.WAIT_TIMEOUT_MS, lock_timeout_s: float = 10.0,
-                 config: LadderConfig | None = None, usb_backend: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        wait_timeout_ms: int = P.WAIT_TIMEOUT_MS,
+        lock_timeout_s: float = 10.0,
+        config: LadderConfig | None = None,
+        usb_backend: Any = None,
+    ) -> None:
         prepare_environment(wait_timeout_ms)
         self.config = config or LadderConfig(wait_timeout_ms=wait_timeout_ms)
         self.lock_timeout_s = lock_timeout_s
@@ -323,8 +261,10 @@ class RealRunner:
         self.device = self._open_device(dock_lock_path(q.dev.bus, q.dev.address))
         arch = str(getattr(self.device, "arch", ""))
         if arch not in P.SUPPORTED_ARCHS:
-            raise GpuLayerError("unsupported_arch", f"tinygrad opened a {arch or 'unknown'} GPU; supported: "
-                                                    f"{', '.join(P.SUPPORTED_ARCHS)}")
+            raise GpuLayerError(
+                "unsupported_arch",
+                f"tinygrad opened a {arch or 'unknown'} GPU; supported: {', '.join(P.SUPPORTED_ARCHS)}",
+            )
         return Outcome(StepResult.PASS, f"AMD {arch} opened by tinygrad ({REAL_DEV})")
 
     def _open_device(self, lock_path: Path) -> Any:
@@ -345,8 +285,9 @@ class RealRunner:
                 if err.reason == "lock_held":
                     holders = lock_holders(lock_path)
                     who = f"pid {', '.join(map(str, holders))}" if holders else "another process"
-                    raise UsbLayerError("lock_held", f"the dock's lock file {lock_path} is held by {who} "
-                                                     f"({err.detail})") from e
+                    raise UsbLayerError(
+                        "lock_held", f"the dock's lock file {lock_path} is held by {who} ({err.detail})"
+                    ) from e
                 raise err from e
 
     # ------------------------------------------------------------------ model
@@ -386,8 +327,9 @@ class RealRunner:
     def _call(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from tinygrad import Tensor
 
-        out = self._jit(**{k: Tensor(np.ascontiguousarray(v), device=TINYGRAD_DEVICE).realize()
-                           for k, v in inputs.items()})
+        out = self._jit(
+            **{k: Tensor(np.ascontiguousarray(v), device=TINYGRAD_DEVICE).realize() for k, v in inputs.items()}
+        )
         return {k: v.numpy().copy() for k, v in out.items()}
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -417,9 +359,12 @@ class RealRunner:
 
     def _check_alive(self) -> None:
         if self._failed is not None:
-            raise type(self._failed)(self._failed.reason, f"the dock failed earlier in this process and tinygrad "
-                                                          f"keeps that state; start a fresh process "
-                                                          f"({self._failed.detail})")
+            raise type(self._failed)(
+                self._failed.reason,
+                f"the dock failed earlier in this process and tinygrad "
+                f"keeps that state; start a fresh process "
+                f"({self._failed.detail})",
+            )
 
     def _fail(self, err: ChestnutError) -> ChestnutError:
         if err.layer is not None:
@@ -450,11 +395,13 @@ def translate(exc: BaseException) -> ChestnutError:
         ids = ", ".join(f"0x{v:04X}:0x{p:04X}" for v, p in P.USB_IDS)
         out: ChestnutError = UsbLayerError("no_dock", f"no Chestnut dock found (no USB device {ids}): {err.detail}")
     elif err.reason == "firmware_download_failed":
-        out = ConfigError("firmware_missing", f"the GPU firmware is not in {downloads_dir() / 'fw'} and cannot be "
-                                              f"downloaded: fill the cache with `chestnut probe --fill-firmware DIR` "
-                                              f"({err.detail})")
+        out = ConfigError(
+            "firmware_missing",
+            f"the GPU firmware is not in {downloads_dir() / 'fw'} and cannot be "
+            f"downloaded: fill the cache with `chestnut probe --fill-firmware DIR` "
+            f"({err.detail})",
+        )
     else:
         return err
     out.__cause__ = exc
     return out
-

@@ -47,11 +47,9 @@ daemon abandon the wait of a client that went away.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -59,6 +57,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chestnut.backend import protocol as P
+from chestnut.backend.docklock import dock_lock_path, open_dock_lock, try_flock
+from chestnut.backend.errors import UsbLayerError
 from chestnut.backend.sim import descriptors as D
 from chestnut.backend.sim.engine import Engine
 from chestnut.backend.sim.faults import (
@@ -97,16 +97,6 @@ STANDARD, VENDOR = 0, 2
 XDATA_SYS_END = P.XDATA_SYS_PAGE + 0x1000
 XDATA_CPL_END = P.XDATA_CPL_PAGE + 0x1000
 RECEIPT_RANGES = ((P.XDATA_COPYIN_FENCE, P.XDATA_COPYIN_FENCE + 4), (P.XDATA_CPL_PAGE, XDATA_CPL_END))
-LOCK_DEVPREF = "am"            # tinygrad 0.14: USBPCIDevice("AM", ...) -> flock "am_usb:<bus>-<addr>.lock"
-
-
-def dock_lock_path(bus: int, address: int) -> str:
-    """tinygrad 0.14's lock file for the dock at ``bus``/``address``: ``<tempdir>/am_usb:<bus>-<addr>.lock``.
-
-    (``System.flock_acquire(f"{devpref.lower()}_{pcibus.lower()}.lock")`` with devpref "AM" and pcibus
-    ``usb:<bus>-<addr>``, placed by ``helpers.temp`` in ``tempfile.gettempdir()``.)
-    """
-    return os.path.join(tempfile.gettempdir(), f"{LOCK_DEVPREF}_usb:{bus}-{address}.lock")
 
 
 @dataclass
@@ -304,20 +294,18 @@ class Twin:
     # ------------------------------------------------------------------ the lock-file fault
     def _sync_lock_file(self) -> None:
         want = self.faults.active("lock_held", self.clock(), self.phase) is not None and not self._closed
-        path = dock_lock_path(self.bus, self.address) if want else None
+        path = str(dock_lock_path(self.bus, self.address)) if want else None
         if path == self._lock_path:
             return
         self._release_lock_file()
         if path is None:
             return
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        except OSError as e:
-            log.warning("lock_held: cannot open %s: %s", path, e)
+        try:  # the project's one way to open the lock file (backend/docklock.py)
+            fd = open_dock_lock(path)
+        except UsbLayerError as e:
+            log.warning("lock_held: %s", e.detail)
             return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        if not try_flock(fd):
             log.warning("lock_held: %s is already locked by another process", path)
             os.close(fd)
             return

@@ -27,7 +27,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import itertools
 import os
@@ -36,9 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chestnut.backend import protocol as P
+from chestnut.backend.docklock import dock_lock_path, open_dock_lock, try_flock
 from chestnut.backend.sim.client import TwinClient, TwinNotRunning
 from chestnut.backend.sim.libusb_codes import LIBUSB_ERROR_NO_DEVICE, UsbError
-from chestnut.backend.sim.twin import Twin, dock_lock_path
+from chestnut.backend.sim.twin import Twin
 from chestnut.msgs.paths import current_prefix
 
 CTRL_BUFFER_BYTES = 0x1000
@@ -82,18 +82,16 @@ def forget_device_lists() -> None:
 
 def acquire_dock_lock(bus: int, address: int) -> int:
     """Take tinygrad's exclusive, non-blocking lock for the dock at ``bus``/``address`` and return its fd
-    (held until the fd is closed or the process exits), as ``System.flock_acquire`` does.
+    (held until the fd is closed or the process exits), as ``System.flock_acquire`` does; the file is
+    opened the project's one way (:func:`~chestnut.backend.docklock.open_dock_lock`: no symlink, no chmod).
 
     Raises ``RuntimeError("Failed to acquire lock file am_usb:<bus>-<addr>.lock. ...")`` if another
-    process holds it.
+    process holds it, ``UsbLayerError`` ``lock_unusable`` for a file that cannot be used.
     """
     path = dock_lock_path(bus, address)
-    name = os.path.basename(path)
-    fd = os.open(path, os.O_RDWR) if os.path.exists(path) else os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                                                                        0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    name = path.name
+    fd = open_dock_lock(path)
+    if not try_flock(fd):
         os.close(fd)
         raise RuntimeError(f"Failed to acquire lock file {name}. `sudo lsof {path}` may help identify the process "
                            "holding the lock.") from None

@@ -1,0 +1,159 @@
+"""The dock's lock file: where tinygrad keeps it, and the one way this project opens and takes it.
+
+tinygrad 0.14 (``runtime/support/system.py`` ``_System.flock_acquire``, called by ``USBPCIDevice`` with
+devpref ``"AM"`` and pcibus ``usb:<bus>-<addr>``) takes a non-blocking exclusive ``flock`` on
+``<tempdir>/am_usb:<bus>-<addr>.lock`` (``helpers.temp``: ``tempfile.gettempdir()``) before it opens
+USB, and never releases it: only process exit does. It opens an existing file ``O_RDWR`` without
+``O_CREAT`` and creates a missing one 0666 under ``umask(0)``.
+
+The node takes the same lock at the same path before tinygrad does (so a busy dock is a clear,
+backed-off error, not tinygrad's first-try ``RuntimeError``), but opens it more carefully:
+
+- ``O_NOFOLLOW`` always: a planted symlink (say to a file of ours elsewhere) is refused, never
+  opened, so nothing outside the lock file is ever touched;
+- ``O_CREAT | O_EXCL`` only when the file is missing, so an existing file is never re-created, and
+  the file we create is the one we open; its mode is 0666 filtered by the process umask (the
+  process umask is never changed, nothing is ever chmodded: the systemd unit's ``UMask=0077`` makes
+  it 0600);
+- the result must be a regular file (``O_NONBLOCK`` keeps a planted FIFO or device from blocking
+  the open);
+- ``O_RDWR`` as tinygrad, so a file tinygrad could not open either (another user's, mode 0644) is
+  refused here with :class:`~chestnut.backend.errors.UsbLayerError` ``lock_unusable``.
+
+Once we created the file in the sticky temp dir, no other user can swap it before tinygrad opens it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from chestnut.backend.errors import UsbLayerError
+
+LOCK_DEVPREF = "am"  # tinygrad 0.14 USBPCIDevice("AM", ...) -> lock "am_usb:<bus>-<addr>.lock"
+LOCK_CREATE_MODE = 0o666  # tinygrad 0.14 flock_acquire's mode; the umask filters it here
+LOCK_BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0)  # s between attempts of DockLock.acquire, growing
+_OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def dock_lock_path(bus: int, address: int) -> Path:
+    """tinygrad 0.14's lock file for the dock at ``bus``/``address``: ``<tempdir>/am_usb:<bus>-<addr>.lock``
+    (``System.flock_acquire(f"{devpref.lower()}_{pcibus.lower()}.lock")``, placed by ``helpers.temp``)."""
+    return Path(tempfile.gettempdir()) / f"{LOCK_DEVPREF}_usb:{bus}-{address}.lock"
+
+
+def _unusable(path: Path, problem: str, fix: str) -> UsbLayerError:
+    return UsbLayerError("lock_unusable", f"the dock's lock file {path} {problem}; {fix}")
+
+
+def open_dock_lock(path: str | os.PathLike[str]) -> int:
+    """Open (creating it if missing) the lock file at ``path`` as this module's docstring says; returns the fd.
+
+    Raises :class:`~chestnut.backend.errors.UsbLayerError` ``lock_unusable`` for a symlink, a file that
+    is not a regular file, or one this user may not open read-write (``PermissionError``).
+    """
+    path = Path(path)
+    fix = f"remove it (sudo rm {path}) once no process uses the dock"
+    try:
+        try:
+            fd = os.open(path, _OPEN_FLAGS)
+        except FileNotFoundError:
+            try:
+                fd = os.open(path, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, LOCK_CREATE_MODE)
+            except FileExistsError:  # created by someone else since: open theirs, same checks
+                fd = os.open(path, _OPEN_FLAGS)
+    except PermissionError:
+        raise _unusable(path, "cannot be opened read-write by this user (tinygrad could not either)", fix) from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _unusable(path, "is a symlink (refused: it could point anywhere)", fix) from None
+        raise _unusable(path, f"cannot be opened ({e.strerror})", fix) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _unusable(path, "is not a regular file", fix)
+    return fd
+
+
+def try_flock(fd: int) -> bool:
+    """Take tinygrad's exclusive, non-blocking ``flock`` on ``fd``; False if another open file holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def lock_holders(path: Path, proc_locks: Path = Path("/proc/locks")) -> list[int]:
+    """PIDs holding a ``flock`` on ``path`` according to ``/proc/locks`` (empty if unknown)."""
+    try:
+        st = os.lstat(path)
+        lines = proc_locks.read_text().splitlines()
+    except OSError:
+        return []
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []
+    for line in lines:
+        parts = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 12345 08:01:1234 0 EOF"
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == dev and parts[4].isdigit():
+            pids.append(int(parts[4]))
+    return pids
+
+
+class DockLock:
+    """tinygrad's exclusive, non-blocking ``flock`` on the dock's lock file, taken with back-off.
+
+    :meth:`acquire` retries for ``timeout_s`` (sleeps :data:`LOCK_BACKOFF_S`, growing), then raises
+    UsbLayerError ``lock_held`` naming the lock file and the holding PIDs; a file that cannot be used
+    at all raises ``lock_unusable`` at once (:func:`open_dock_lock`). The lock is held until
+    :meth:`release` or process exit (tinygrad itself never releases it).
+    """
+
+    def __init__(
+        self, path: Path, sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.path = Path(path)
+        self.fd: int | None = None
+        self._sleep, self._clock = sleep, clock
+
+    def try_acquire(self) -> bool:
+        if self.fd is not None:
+            return True
+        fd = open_dock_lock(self.path)
+        if not try_flock(fd):
+            os.close(fd)
+            return False
+        self.fd = fd
+        return True
+
+    def acquire(self, timeout_s: float) -> DockLock:
+        deadline = self._clock() + timeout_s
+        attempt = 0
+        while not self.try_acquire():
+            if self._clock() >= deadline:
+                holders = lock_holders(self.path)
+                who = f"held by pid {', '.join(map(str, holders))}" if holders else "held by another process"
+                raise UsbLayerError(
+                    "lock_held",
+                    f"the dock's lock file {self.path} is {who} (waited {timeout_s:g} s); "
+                    f"stop that process or wait for it to exit",
+                )
+            self._sleep(min(LOCK_BACKOFF_S[min(attempt, len(LOCK_BACKOFF_S) - 1)], max(0.0, deadline - self._clock())))
+            attempt += 1
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def wait_free(self, timeout_s: float) -> None:
+        """Wait (with back-off) until nobody holds the lock, then leave it free for tinygrad to take."""
+        self.acquire(timeout_s)
+        self.release()

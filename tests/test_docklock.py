@@ -1,0 +1,125 @@
+"""The dock's lock file (``backend/docklock.py``): tinygrad's path, opened without following a symlink,
+never chmodded, and a file that cannot be used is the clear ``lock_unusable`` error."""
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from chestnut.backend import docklock, real_runner
+from chestnut.backend.docklock import DockLock, dock_lock_path, open_dock_lock
+from chestnut.backend.errors import UsbLayerError
+from chestnut.backend.sim import twin, usb3
+
+
+def test_one_lock_path_for_the_real_runner_the_twin_and_its_usb3_face():
+    assert real_runner.dock_lock_path is twin.dock_lock_path is usb3.dock_lock_path is dock_lock_path
+    assert dock_lock_path(2, 5) == Path(tempfile.gettempdir()) / "am_usb:2-5.lock"
+
+
+def test_a_planted_symlink_is_refused_and_its_target_is_left_as_it_was(tmp_path):
+    target = tmp_path / "precious"
+    target.write_text("mine")
+    target.chmod(0o600)
+    path = tmp_path / "am_usb:3-7.lock"
+    path.symlink_to(target)
+    with pytest.raises(UsbLayerError) as info:
+        DockLock(path).acquire(timeout_s=1.0)
+    assert info.value.reason == "lock_unusable"
+    assert info.value.detail == (
+        f"the dock's lock file {path} is a symlink (refused: it could point anywhere); "
+        f"remove it (sudo rm {path}) once no process uses the dock"
+    )
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600 and target.read_text() == "mine"
+
+
+def test_a_dangling_symlink_is_refused_and_nothing_is_created_at_its_target(tmp_path):
+    path = tmp_path / "am_usb:3-7.lock"
+    path.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UsbLayerError, match="is a symlink"):
+        open_dock_lock(path)
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_new_lock_file_gets_the_umask_and_is_never_chmodded(tmp_path):
+    path = tmp_path / "am_usb:3-7.lock"
+    old = os.umask(0o077)
+    try:
+        lock = DockLock(path).acquire(timeout_s=1.0)
+    finally:
+        os.umask(old)
+    lock.release()
+    assert stat.S_IMODE(path.lstat().st_mode) == 0o600
+
+
+def test_an_existing_lock_file_is_opened_in_place_not_recreated_or_chmodded(tmp_path):
+    path = tmp_path / "am_usb:3-7.lock"
+    path.write_text("")
+    path.chmod(0o640)
+    inode = path.stat().st_ino
+    DockLock(path).wait_free(timeout_s=1.0)
+    assert path.stat().st_ino == inode and stat.S_IMODE(path.stat().st_mode) == 0o640
+
+
+def test_a_fifo_in_its_place_is_refused_without_blocking(tmp_path):
+    path = tmp_path / "am_usb:3-7.lock"
+    os.mkfifo(path)
+    with pytest.raises(UsbLayerError, match="is not a regular file"):
+        open_dock_lock(path)
+
+
+def _acquire_as_nobody(path: Path) -> tuple[str, str]:
+    """(reason, detail) of DockLock(path).acquire in a forked child running as uid/gid 65534."""
+    rd, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop root, try, report, exit without pytest's teardown
+        try:
+            os.close(rd)
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                DockLock(path).acquire(1.0)
+                out = "acquired\n"
+            except UsbLayerError as e:
+                out = f"{e.reason}\n{e.detail}"
+            os.write(wr, out.encode())
+        finally:
+            os._exit(0)
+    os.close(wr)
+    with os.fdopen(rd) as f:
+        text = f.read()
+    os.waitpid(pid, 0)
+    reason, _, detail = text.partition("\n")
+    return reason, detail
+
+
+def test_a_lock_file_this_user_cannot_open_read_write_is_lock_unusable(tmp_path):
+    if os.getuid() != 0:
+        path = tmp_path / "am_usb:3-7.lock"
+        path.write_text("")
+        path.chmod(0o444)
+        with pytest.raises(UsbLayerError) as info:
+            DockLock(path).acquire(timeout_s=1.0)
+        reason, detail = info.value.reason, info.value.detail
+    else:  # root opens anything: ask an unprivileged user, as tinygrad in another user's process would
+        shared = Path(tempfile.mkdtemp(prefix="docklock-"))
+        try:
+            shared.chmod(0o755)
+            path = shared / "am_usb:3-7.lock"
+            path.write_text("")
+            path.chmod(0o644)
+            reason, detail = _acquire_as_nobody(path)
+        finally:
+            path.unlink()
+            shared.rmdir()
+    assert reason == "lock_unusable"
+    assert detail == (
+        f"the dock's lock file {path} cannot be opened read-write by this user (tinygrad could not "
+        f"either); remove it (sudo rm {path}) once no process uses the dock"
+    )
+
+
+def test_the_backoff_table_is_the_one_the_real_runner_uses():
+    assert real_runner.LOCK_BACKOFF_S is docklock.LOCK_BACKOFF_S
