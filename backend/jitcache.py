@@ -1,30 +1,49 @@
 """The compile cache: captured tinygrad JITs, pickled per machine, model, shape, device and version.
 
 The first call of a real model costs tens of seconds in tinygrad (graph planning and kernel
-compiles, FACTS.md §2); a pickled captured ``TinyJit`` loads in about a second. An entry's key is
-the sha256 of everything that makes a capture valid: the model bytes' sha256, the input specs, the
-tinygrad device, the tinygrad version and this machine (CPU model, architecture, Python, clang).
+compiles); a pickled captured ``TinyJit`` loads in about a second. An entry's key is the sha256 of
+everything that makes a capture valid: the model bytes' sha256, the input specs, the tinygrad
+device, the tinygrad version and this machine (CPU model, architecture, Python, clang).
 
-Entries are never trusted blindly: the metadata must match the key's fields and the pickle's
-sha256, and the loaded JIT must reproduce, bit for bit, the output digest recorded when it was
-built (a fixed seeded input). Anything else is rebuilt. Unpickling runs code: the cache directory is
-the user's own (``~/.cache/chestnut/jit``, created mode 0700) and must stay so.
+Unpickling runs code, so nothing is unpickled that this user did not write:
+
+- **Ownership and modes first** (the rule OpenSSH's ``StrictModes`` applies to keys): every
+  ancestor of the cache directory belongs to this user or root and is not writable by group/other
+  unless sticky; the cache directory and every file read from it belong to this user and are not
+  writable by group/other; the key file is not even readable by them. Files are opened
+  ``O_NOFOLLOW`` relative to the directory's descriptor (a symlink is refused), must be regular
+  files, and are read up to a bound (:data:`MAX_PICKLE_BYTES`, :data:`MAX_META_BYTES`).
+- **An HMAC before the pickle.** ``<digest>.json`` carries the metadata (the key's fields, the
+  pickle's sha256, the output digest ...) and ``hmac``, an HMAC-SHA256 of that metadata keyed by
+  ``hmac.key``: 32 random bytes, created 0600 beside the entries. Whoever can write an entry but
+  cannot read the key cannot forge one. The pickle's sha256 is compared only after the MAC matched,
+  and ``pickle.loads`` runs only after both.
+- **Created private, written atomically**: the directory 0700, files 0600 (``O_CREAT | O_EXCL``,
+  then ``fsync`` and ``rename``; the metadata last, so a half-written entry never verifies).
+
+Anything refused is logged in one line (which file, why) and rebuilt; a loaded JIT must still
+reproduce, bit for bit, the output digest recorded when it was built (``backend/model.py``).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import hmac
 import json
 import logging
 import os
 import pickle
 import platform
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from chestnut.msgs.paths import base_problem
 
 log = logging.getLogger("chestnut.jitcache")
 
@@ -81,46 +100,191 @@ class CacheKey:
         return hashlib.sha256(json.dumps(self.fields(), sort_keys=True).encode()).hexdigest()[:32]
 
 
+KEY_NAME = "hmac.key"
+KEY_BYTES = 32  # HMAC-SHA256 key length (RFC 2104: at least the hash's output length)
+MAX_PICKLE_BYTES = 1 << 30  # largest pickle read (bytes); the PP-OCRv4 detector's is ~10 MB
+MAX_META_BYTES = 1 << 20  # largest metadata file read (bytes)
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class CacheRefused(Exception):
+    """A cache file or directory that must not be trusted; ``str()`` says which and why."""
+
+
+def meta_mac(key: bytes, meta: dict[str, Any]) -> str:
+    """HMAC-SHA256 (hex) of ``meta`` without its ``hmac`` field, as canonical JSON (sorted keys)."""
+    body = {k: v for k, v in meta.items() if k != "hmac"}
+    return hmac.new(key, json.dumps(body, sort_keys=True).encode(), hashlib.sha256).hexdigest()
+
+
+def _mode(st: os.stat_result) -> str:
+    return f"{stat.S_IMODE(st.st_mode):04o}"
+
+
+def _check_file(path: Path, st: os.stat_result, private: bool) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise CacheRefused(f"{path} is not a regular file")
+    if st.st_uid != os.geteuid():
+        raise CacheRefused(f"{path} belongs to uid {st.st_uid}, not to uid {os.geteuid()}")
+    if stat.S_IMODE(st.st_mode) & (0o077 if private else 0o022):
+        who = "readable or writable" if private else "writable"
+        raise CacheRefused(f"{path} is {who} by group/other (mode {_mode(st)})")
+
+
+def _read_bounded(dir_fd: int, root: Path, name: str, limit: int, private: bool = False) -> bytes | None:
+    """The bytes of ``root/name`` (opened relative to ``dir_fd``) after the checks; None if it does not exist."""
+    path = root / name
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CacheRefused(f"{path} is a symlink") from None
+        raise CacheRefused(f"{path} cannot be opened ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        _check_file(path, st, private)
+        if st.st_size > limit:
+            raise CacheRefused(f"{path} holds {st.st_size} bytes, more than the limit of {limit}")
+        chunks, left = [], st.st_size + 1  # one byte more: a file that grew since fstat is caught
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 24))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) != st.st_size:
+            raise CacheRefused(f"{path} changed while it was read")
+        return data
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(dir_fd: int, name: str, data: bytes) -> None:
+    """Write ``name`` under ``dir_fd``: a fresh 0600 temp file, fsync, rename over ``name``, fsync the dir."""
+    tmp = f".{name}.tmp{os.getpid()}.{os.urandom(4).hex()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    os.close(fd)
+    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    os.fsync(dir_fd)
+
+
 class JitCache:
-    """A directory of ``<digest>.pkl`` + ``<digest>.json`` entries."""
+    """A directory of ``<digest>.pkl`` + ``<digest>.json`` entries and their ``hmac.key`` (see the module docstring).
+
+    :meth:`load` returns None for a missing, refused or stale entry (and logs why, one line);
+    :meth:`store` returns None when the directory itself is refused (nothing is written then).
+    """
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or default_cache_dir()
 
-    def _paths(self, key: CacheKey) -> tuple[Path, Path]:
-        return self.root / f"{key.digest}.pkl", self.root / f"{key.digest}.json"
+    def _open_root(self, create: bool) -> int:
+        """An fd of the checked cache directory (created 0700 when ``create``); raises CacheRefused or OSError."""
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        real = Path(os.path.realpath(self.root))
+        for parent in reversed(real.parents):
+            problem = base_problem(os.stat(parent), os.geteuid())
+            if problem is not None:
+                raise CacheRefused(f"{parent} (above the cache directory) {problem}")
+        fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            os.close(fd)
+            raise CacheRefused(f"the cache directory {self.root} belongs to uid {st.st_uid}, not to uid {os.geteuid()}")
+        if stat.S_IMODE(st.st_mode) & 0o022:
+            os.close(fd)
+            raise CacheRefused(f"the cache directory {self.root} is writable by group/other (mode {_mode(st)})")
+        return fd
+
+    def _key(self, dir_fd: int, create: bool) -> bytes | None:
+        key = _read_bounded(dir_fd, self.root, KEY_NAME, KEY_BYTES, private=True)
+        if key is None and create:
+            try:
+                fd = os.open(
+                    KEY_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd
+                )
+            except FileExistsError:  # another process created it just now
+                return self._key(dir_fd, create=False)
+            try:
+                os.write(fd, os.urandom(KEY_BYTES))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            key = _read_bounded(dir_fd, self.root, KEY_NAME, KEY_BYTES, private=True)
+        if key is not None and len(key) != KEY_BYTES:
+            raise CacheRefused(f"{self.root / KEY_NAME} holds {len(key)} bytes, not {KEY_BYTES}")
+        return key
 
     def load(self, key: CacheKey) -> tuple[Any, dict[str, Any]] | None:
-        """Return (unpickled JIT, metadata) if a matching, intact entry exists; else None (and says why)."""
-        pkl, meta_path = self._paths(key)
-        if not pkl.is_file() or not meta_path.is_file():
+        """Return (unpickled JIT, metadata) if a matching, trusted, intact entry exists; else None (and says why)."""
+        pkl, meta_name = f"{key.digest}.pkl", f"{key.digest}.json"
+        try:
+            dir_fd = self._open_root(create=False)
+        except FileNotFoundError:
+            return None
+        except (CacheRefused, OSError) as e:
+            log.warning("compile cache refused: %s; rebuilding without it", e)
             return None
         try:
-            meta = json.loads(meta_path.read_text())
-            blob = pkl.read_bytes()
-        except (OSError, ValueError) as e:
-            log.warning("compile cache entry %s unreadable (%s); rebuilding", pkl.name, e)
+            raw = _read_bounded(dir_fd, self.root, meta_name, MAX_META_BYTES)
+            if raw is None:
+                return None
+            mac_key = self._key(dir_fd, create=False)
+            if mac_key is None:
+                raise CacheRefused(f"{self.root / KEY_NAME} is missing, so no entry can be verified")
+            try:
+                meta = json.loads(raw)
+            except ValueError:
+                raise CacheRefused(f"{self.root / meta_name} is not JSON") from None
+            if not isinstance(meta, dict) or not hmac.compare_digest(
+                str(meta.get("hmac", "")), meta_mac(mac_key, meta)
+            ):
+                raise CacheRefused(f"{self.root / meta_name} does not carry this cache's HMAC (tampered or foreign)")
+            if meta.get("key") != key.fields():
+                log.warning("compile cache entry %s was built for another key; rebuilding", pkl)
+                return None
+            blob = _read_bounded(dir_fd, self.root, pkl, MAX_PICKLE_BYTES)
+            if blob is None or meta.get("pickle_sha256") != hashlib.sha256(blob).hexdigest():
+                raise CacheRefused(f"{self.root / pkl} is missing or does not match its metadata's sha256")
+        except CacheRefused as e:
+            log.warning("compile cache entry %s refused: %s; rebuilding", pkl, e)
             return None
-        if meta.get("key") != key.fields():
-            log.warning("compile cache entry %s was built for another key; rebuilding", pkl.name)
-            return None
-        if meta.get("pickle_sha256") != hashlib.sha256(blob).hexdigest():
-            log.warning("compile cache entry %s is corrupt (pickle sha256 mismatch); rebuilding", pkl.name)
-            return None
+        finally:
+            os.close(dir_fd)
         try:
-            return pickle.loads(blob), meta  # noqa: S301 - our own cache directory, see module docstring
+            return pickle.loads(blob), meta  # noqa: S301 - written by this user, MAC and modes checked above
         except Exception as e:  # a foreign tinygrad/pickle raises anything
-            log.warning("compile cache entry %s failed to load (%s: %s); rebuilding", pkl.name, type(e).__name__, e)
+            log.warning("compile cache entry %s failed to load (%s: %s); rebuilding", pkl, type(e).__name__, e)
             return None
 
-    def store(self, key: CacheKey, jit: Any, extra: dict[str, Any]) -> Path:
-        """Write an entry atomically; returns the pickle's path."""
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        pkl, meta_path = self._paths(key)
-        blob = pickle.dumps(jit)
-        meta = {"key": key.fields(), "pickle_sha256": hashlib.sha256(blob).hexdigest(), **extra}
-        for path, data in ((pkl, blob), (meta_path, json.dumps(meta, indent=1).encode())):
-            tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-        return pkl
+    def store(self, key: CacheKey, jit: Any, extra: dict[str, Any]) -> Path | None:
+        """Write an entry atomically (0600 files in a 0700 directory); returns the pickle's path, None if refused."""
+        try:
+            dir_fd = self._open_root(create=True)
+        except (CacheRefused, OSError) as e:
+            log.warning("compile cache refused: %s; the compiled model is not cached", e)
+            return None
+        try:
+            mac_key = self._key(dir_fd, create=True)
+            assert mac_key is not None
+            blob = pickle.dumps(jit)
+            meta = {"key": key.fields(), "pickle_sha256": hashlib.sha256(blob).hexdigest(), **extra}
+            meta["hmac"] = meta_mac(mac_key, meta)
+            _write_atomic(dir_fd, f"{key.digest}.pkl", blob)
+            _write_atomic(dir_fd, f"{key.digest}.json", json.dumps(meta, indent=1).encode())
+        except CacheRefused as e:
+            log.warning("compile cache refused: %s; the compiled model is not cached", e)
+            return None
+        finally:
+            os.close(dir_fd)
+        return self.root / f"{key.digest}.pkl"

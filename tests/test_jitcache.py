@@ -1,8 +1,14 @@
+import hashlib
 import json
+import os
+import pickle
+import stat
+from pathlib import Path
 
 import numpy as np
+import pytest
 
-from chestnut.backend.jitcache import JitCache
+from chestnut.backend.jitcache import KEY_NAME, MAX_META_BYTES, CacheKey, JitCache, meta_mac
 from chestnut.backend.model import OnnxModel, TensorSpec
 
 
@@ -16,7 +22,11 @@ def test_cache_miss_builds_then_hit_loads_and_reproduces(tiny_onnx, tmp_path):
     built = OnnxModel(tiny_onnx, jit_cache=cache, progress=lines.append)
     assert built.cache_hit is False
     assert [ln.split(":")[1].split("(")[0].strip() for ln in lines] == [
-        "parsing the ONNX graph", "first run", "capturing the JIT", "compiled and cached"]
+        "parsing the ONNX graph",
+        "first run",
+        "capturing the JIT",
+        "compiled and cached",
+    ]
     assert len(list(tmp_path.glob("*.pkl"))) == 1 and len(list(tmp_path.glob("*.json"))) == 1
     loaded = OnnxModel(tiny_onnx, jit_cache=cache)
     assert loaded.cache_hit is True
@@ -34,21 +44,174 @@ def test_corrupt_entry_is_rebuilt(tiny_onnx, tmp_path):
     assert OnnxModel(tiny_onnx, jit_cache=cache).cache_hit is True  # the rebuild was stored
 
 
-def test_foreign_entry_is_rebuilt(tiny_onnx, tmp_path):
+def test_foreign_entry_is_rebuilt(tiny_onnx, tmp_path, caplog):
     cache = JitCache(tmp_path)
     OnnxModel(tiny_onnx, jit_cache=cache)
     meta_path = next(tmp_path.glob("*.json"))
     meta = json.loads(meta_path.read_text())
     meta["key"]["machine"]["cpu"] = "another-machine"
-    meta_path.write_text(json.dumps(meta))
+    _resign(tmp_path, meta_path, meta)  # a genuine entry of ours, built on another machine
     assert OnnxModel(tiny_onnx, jit_cache=cache).cache_hit is False
+    assert "was built for another key; rebuilding" in caplog.text
 
 
-def test_entry_that_reproduces_another_output_is_rebuilt(tiny_onnx, tmp_path):
+def test_entry_that_reproduces_another_output_is_rebuilt(tiny_onnx, tmp_path, caplog):
     cache = JitCache(tmp_path)
     OnnxModel(tiny_onnx, jit_cache=cache)
     meta_path = next(tmp_path.glob("*.json"))
     meta = json.loads(meta_path.read_text())
     meta["verify_digest"] = "0" * 64
-    meta_path.write_text(json.dumps(meta))
+    _resign(tmp_path, meta_path, meta)
     assert OnnxModel(tiny_onnx, jit_cache=cache).cache_hit is False
+    assert "reproduced a different output; rebuilding" in caplog.text
+
+
+# ---------------------------------------------------------------- nothing is unpickled that we did not write
+
+KEY = CacheKey("0" * 64, (("x", (1, 3, 32, 64), "float32"),), "CPU", "0.14.0")
+
+
+class Plant:
+    """A pickle that creates ``marker`` when it is loaded (what an attacker would plant)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def _plant_unsigned(root: Path, marker: Path, mac_key: bytes | None = None) -> None:
+    """An attacker's entry: a pickle and metadata with its true sha256 (and an HMAC under ``mac_key``)."""
+    root.mkdir(mode=0o700, exist_ok=True)
+    blob = pickle.dumps(Plant(marker))
+    meta = {"key": KEY.fields(), "pickle_sha256": hashlib.sha256(blob).hexdigest()}
+    if mac_key is not None:
+        meta["hmac"] = meta_mac(mac_key, meta)
+    (root / f"{KEY.digest}.pkl").write_bytes(blob)
+    (root / f"{KEY.digest}.json").write_text(json.dumps(meta))
+
+
+def _resign(root: Path, meta_path: Path, meta: dict) -> None:
+    meta["hmac"] = meta_mac((root / KEY_NAME).read_bytes(), meta)
+    meta_path.write_text(json.dumps(meta))
+
+
+def test_a_new_entry_is_0600_in_a_0700_dir_with_a_0600_key_whatever_the_umask(tmp_path):
+    root = tmp_path / "jit"
+    old = os.umask(0)
+    try:
+        assert JitCache(root).store(KEY, [1, 2, 3], {"x": 1}) == root / f"{KEY.digest}.pkl"
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in root.iterdir()} == {
+        f"{KEY.digest}.pkl": 0o600,
+        f"{KEY.digest}.json": 0o600,
+        KEY_NAME: 0o600,
+    }
+    assert JitCache(root).load(KEY) == ([1, 2, 3], {**json.loads((root / f"{KEY.digest}.json").read_text())})
+
+
+def test_a_planted_pickle_with_its_true_sha256_never_runs(tmp_path, caplog):
+    root, marker = tmp_path / "jit", tmp_path / "pwned"
+    JitCache(root).store(KEY, "ours", {})  # the cache exists with its key; the attacker replaces the entry
+    _plant_unsigned(root, marker)
+    assert JitCache(root).load(KEY) is None
+    assert not marker.exists()
+    assert (
+        f"compile cache entry {KEY.digest}.pkl refused: {root / KEY.digest}.json does not carry this cache's "
+        "HMAC (tampered or foreign); rebuilding" in caplog.text
+    )
+
+
+def test_a_planted_pickle_signed_with_another_key_never_runs(tmp_path):
+    root, marker = tmp_path / "jit", tmp_path / "pwned"
+    JitCache(root).store(KEY, "ours", {})
+    _plant_unsigned(root, marker, mac_key=b"k" * 32)
+    assert JitCache(root).load(KEY) is None and not marker.exists()
+
+
+def test_a_planted_entry_without_a_key_file_never_runs(tmp_path):
+    root, marker = tmp_path / "jit", tmp_path / "pwned"
+    _plant_unsigned(root, marker)
+    assert JitCache(root).load(KEY) is None and not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("what", "mode", "why"),
+    [
+        ("pkl", 0o666, "is writable by group/other (mode 0666)"),
+        ("pkl", 0o620, "is writable by group/other (mode 0620)"),
+        ("json", 0o602, "is writable by group/other (mode 0602)"),
+        ("key", 0o640, "is readable or writable by group/other (mode 0640)"),
+        ("dir", 0o777, "cache directory {root} is writable by group/other (mode 0777)"),
+        ("dir", 0o770, "cache directory {root} is writable by group/other (mode 0770)"),
+        ("parent", 0o777, "is writable by group/other without the sticky bit (mode 0777)"),
+    ],
+    ids=["pkl-0666", "pkl-0620", "json-0602", "key-0640", "dir-0777", "dir-0770", "parent-0777"],
+)
+def test_an_entry_group_or_other_could_have_written_never_runs(tmp_path, caplog, what, mode, why):
+    root, marker = tmp_path / "parent" / "jit", tmp_path / "pwned"
+    root.parent.mkdir(mode=0o755)
+    JitCache(root).store(KEY, Plant(marker), {})  # correctly signed: only the modes say it may be foreign
+    target = {
+        "pkl": root / f"{KEY.digest}.pkl",
+        "json": root / f"{KEY.digest}.json",
+        "key": root / KEY_NAME,
+        "dir": root,
+        "parent": root.parent,
+    }[what]
+    target.chmod(mode)
+    assert JitCache(root).load(KEY) is None
+    assert not marker.exists()
+    assert why.format(root=root) in caplog.text and "rebuilding" in caplog.text
+
+
+@pytest.mark.parametrize("what", ["pkl", "json", "key"])
+def test_a_symlinked_cache_file_never_runs(tmp_path, caplog, what):
+    root, marker, away = tmp_path / "jit", tmp_path / "pwned", tmp_path / "away"
+    away.mkdir(mode=0o700)
+    JitCache(root).store(KEY, Plant(marker), {})
+    name = {"pkl": f"{KEY.digest}.pkl", "json": f"{KEY.digest}.json", "key": KEY_NAME}[what]
+    (root / name).rename(away / name)
+    (root / name).symlink_to(away / name)
+    assert JitCache(root).load(KEY) is None
+    assert not marker.exists()
+    assert f"{root / name} is a symlink; rebuilding" in caplog.text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a file of another user needs root")
+def test_an_entry_of_another_user_never_runs(tmp_path, caplog):
+    root, marker = tmp_path / "jit", tmp_path / "pwned"
+    JitCache(root).store(KEY, Plant(marker), {})
+    os.chown(root / f"{KEY.digest}.pkl", 65534, 65534)
+    assert JitCache(root).load(KEY) is None and not marker.exists()
+    assert f"{KEY.digest}.pkl belongs to uid 65534, not to uid 0" in caplog.text
+
+
+def test_an_oversized_metadata_file_is_refused_unread(tmp_path, caplog):
+    root = tmp_path / "jit"
+    JitCache(root).store(KEY, "ours", {})
+    (root / f"{KEY.digest}.json").write_bytes(b" " * (MAX_META_BYTES + 1))
+    assert JitCache(root).load(KEY) is None
+    assert f"holds {MAX_META_BYTES + 1} bytes, more than the limit of {MAX_META_BYTES}" in caplog.text
+
+
+def test_a_refused_directory_gets_nothing_written(tmp_path):
+    root = tmp_path / "jit"
+    root.mkdir()
+    root.chmod(0o777)
+    assert JitCache(root).store(KEY, "ours", {}) is None
+    assert list(root.iterdir()) == []
+
+
+def test_a_refused_entry_is_rebuilt_and_replaced_by_a_private_one(tiny_onnx, tmp_path, caplog):
+    cache = JitCache(tmp_path)
+    OnnxModel(tiny_onnx, jit_cache=cache)
+    pkl = next(tmp_path.glob("*.pkl"))
+    pkl.chmod(0o666)
+    assert OnnxModel(tiny_onnx, jit_cache=cache).cache_hit is False
+    assert f"{pkl} is writable by group/other (mode 0666); rebuilding" in caplog.text
+    assert stat.S_IMODE(pkl.stat().st_mode) == 0o600
+    assert OnnxModel(tiny_onnx, jit_cache=cache).cache_hit is True
