@@ -1,14 +1,16 @@
 """``chestnut control``: the reference control daemon, the node's contract partner.
 
 It consumes ``modelOutput``, ``chestnutActive`` and ``chestnutHealth`` through ``SubMaster`` and
-decides like openpilot's control daemon (FACTS.md §3):
+decides like openpilot's control daemon (``selfdrive/controls/controlsd.py``; the checks are cereal's
+``messaging/__init__.py`` ``SubMaster``):
 
 - It may engage only while every check passes: the three services are alive, freq_ok and valid,
   ``chestnutActive.active`` is true (every health layer OK and the primary serving), and frames are
   not dropping. "The dock is enumerated" is never permission: only ``active`` is.
 - While engaged, any failed condition starts a **soft disable**: control is exited after
   ``SOFT_DISABLE_S`` (3 s, openpilot's soft-disable time) unless every condition clears first.
-  Conditions: ``commIssue`` (a check failed), ``modelLagging`` (frame drops above 1 %),
+  Conditions: ``commIssue`` (a check failed; followed in ``events`` by one ``commIssue:<service>.<check>``
+  per failed check, e.g. ``commIssue:chestnutHealth.freq_ok``), ``modelLagging`` (frame drops above 1 %),
   ``chestnutInactive`` (``active`` went false), ``modelSourceChanged`` (the serving model is not the
   one that was serving at engagement).
 - ``allowSourceSwitch`` tells the node when it may swap the model source: only while not engaged.
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from chestnut.launch.signals import StopFlag
 from chestnut.msgs.messaging import PubMaster, SubMaster, new_message
 from chestnut.msgs.services import SOFT_DISABLE_S
+from chestnut.msgs.submaster import SubMasterChecks
 
 log = logging.getLogger("chestnut.control")
 
@@ -42,6 +45,40 @@ class ControlInputs:
     active: bool                  # chestnutActive.active
     source: str                   # chestnutActive.source ("primary", "fallback", "none")
     frame_drop_perc: float        # modelOutput.frameDropPerc, %
+    failed_checks: tuple[str, ...] = ()  # "<service>.<check>" for each failed check (failed_checks())
+
+
+def failed_checks(sm: SubMasterChecks, services: tuple[str, ...] = SERVICES) -> tuple[str, ...]:
+    """The SubMaster checks that fail right now, as ``"<service>.<check>"`` (check: alive, freq_ok, valid),
+    in ``services`` order. A service that is not alive is reported as ``alive`` only (it cannot be freq_ok)."""
+    out: list[str] = []
+    for s in services:
+        if not sm.alive[s]:
+            out.append(f"{s}.alive")
+            continue
+        if not sm.freq_ok[s]:
+            out.append(f"{s}.freq_ok")
+        if not sm.valid[s]:
+            out.append(f"{s}.valid")
+    return tuple(out)
+
+
+def describe_check(sm: SubMasterChecks, check: str, now_ns: int) -> str:
+    """One failed check with its evidence, for the log: the age of the newest message (alive), the short and
+    long window rates (freq_ok), or the flag (valid)."""
+    service, _, what = check.partition(".")
+    if what == "alive":
+        if not sm.seen[service]:
+            return f"{check} (never received)"
+        return f"{check} (newest {(now_ns - sm.recv_time_ns[service]) / 1e6:.0f} ms ago)"
+    if what == "freq_ok" and service in sm.freq_tracker:
+        tr = sm.freq_tracker[service]
+        if (n := len(tr.recv_times_ns) - 1) < tr.short_intervals:
+            return f"{check} ({max(n, 0)} of {tr.short_intervals} intervals received)"
+        short, long_ = (f"{r:.2f}" if r is not None else "-" for r in tr.rates_hz())
+        return (f"{check} ({short} Hz over {tr.short_intervals}, {long_} Hz over {tr.long_intervals} "
+                f"intervals; allowed {tr.min_hz:g}..{tr.max_hz:g} Hz)")
+    return f"{check} (valid=False)"
 
 
 @dataclass
@@ -71,6 +108,7 @@ class ControlLogic:
         events = []
         if not x.checks_ok:
             events.append("commIssue")
+            events.extend(f"commIssue:{c}" for c in x.failed_checks)
         if x.frame_drop_perc > FRAME_DROP_MAX_PERC:
             events.append("modelLagging")
         if not x.active:
@@ -110,8 +148,9 @@ class ControlLogic:
                 self.engaged, self.engaged_source, self.engage_requested = True, x.source, False
                 out_events.append("engaged")
                 log.info("engaged on the %s model", x.source)
-        soft = self.engaged and self.soft_disable_start_ns is not None
-        remaining = max(0.0, SOFT_DISABLE_S - (now_ns - self.soft_disable_start_ns) / NS) if soft else 0.0
+        start = self.soft_disable_start_ns
+        soft = self.engaged and start is not None
+        remaining = max(0.0, SOFT_DISABLE_S - (now_ns - start) / NS) if self.engaged and start is not None else 0.0
         return ControlState(engaged=self.engaged, soft_disabling=soft, soft_disable_remaining_s=remaining,
                             events=out_events, can_engage=not events,
                             allow_source_switch=not self.engaged)
@@ -140,12 +179,20 @@ def run(args: argparse.Namespace) -> int:
     period_ms = max(1, int(1000 / args.rate))
     with SubMaster(list(SERVICES)) as sm, PubMaster(["controlState"]) as pm:
         was_engaged = False
+        last_failed: tuple[str, ...] = ()
         while not flag.stop:
             sm.update(period_ms)
-            x = ControlInputs(checks_ok=sm.all_checks(), active=bool(sm["chestnutActive"].active),
+            now = sm.mono_time_ns()
+            failed = failed_checks(sm)
+            if failed and failed != last_failed:  # every change of the failing set, with its evidence
+                log.warning("checks failed: %s", "; ".join(describe_check(sm, c, now) for c in failed))
+            elif last_failed and not failed:
+                log.info("checks pass again")
+            last_failed = failed
+            x = ControlInputs(checks_ok=not failed, active=bool(sm["chestnutActive"].active),
                               source=str(sm["chestnutActive"].source),
-                              frame_drop_perc=float(sm["modelOutput"].frameDropPerc))
-            st = logic.step(sm.mono_time_ns(), x)
+                              frame_drop_perc=float(sm["modelOutput"].frameDropPerc), failed_checks=failed)
+            st = logic.step(now, x)
             if st.engaged != was_engaged:
                 log.info("controlState: engaged=%s events=%s", st.engaged, st.events)
                 was_engaged = st.engaged

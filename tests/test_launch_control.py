@@ -1,0 +1,99 @@
+"""The control daemon names the SubMaster check behind every ``commIssue`` (service and check: alive,
+freq_ok, valid), and the launch summary lists every soft-disable episode with that cause. Fake clock (ns),
+no sockets."""
+
+from __future__ import annotations
+
+from chestnut.launch.controld import ControlInputs, ControlLogic, describe_check, failed_checks
+from chestnut.launch.stack import episode_cause
+from chestnut.msgs.messaging import new_message
+from chestnut.msgs.submaster import SubMasterChecks
+
+MS = 1_000_000
+S = 1000 * MS
+SERVICES = ("modelOutput", "chestnutActive", "chestnutHealth")
+
+
+def ev(service: str, valid: bool = True):
+    return new_message(service, valid=valid).as_reader()
+
+
+def healthy(seconds: float, health_gap_at_ms: int | None = None, gap_ms: int = 0) -> SubMasterChecks:
+    """``seconds`` of a healthy stack at a 10 ms update tick: modelOutput and chestnutActive at 20 Hz,
+    chestnutHealth at 5 Hz; the health message due at ``health_gap_at_ms`` comes ``gap_ms`` late."""
+    sm = SubMasterChecks(SERVICES)
+    for t_ms in range(0, int(seconds * 1000), 10):
+        batch = []
+        if t_ms % 50 == 0:
+            batch += [ev("modelOutput"), ev("chestnutActive")]
+        due = t_ms if health_gap_at_ms is None or t_ms < health_gap_at_ms else t_ms - gap_ms
+        if due % 200 == 0 and (health_gap_at_ms is None or not health_gap_at_ms <= t_ms < health_gap_at_ms + gap_ms):
+            batch.append(ev("chestnutHealth"))
+        sm.update_msgs(t_ms * MS, batch)
+    return sm
+
+
+def test_a_healthy_stack_fails_no_check():
+    sm = healthy(7.0)
+    assert failed_checks(sm) == ()
+
+
+def test_a_late_health_message_is_named_as_its_freq_check():
+    # 5 Hz health: the short window is 5 intervals and must span at most 1.25 s; the message due at 6.0 s
+    # arrives at 6.3 s: 5 intervals over 6.3 - 5.0 = 1.3 s (3.85 Hz), 25 over 6.3 - 1.0 = 5.3 s (4.72 Hz)
+    sm = healthy(6.31, health_gap_at_ms=6000, gap_ms=300)
+    assert failed_checks(sm) == ("chestnutHealth.freq_ok",)
+    assert describe_check(sm, "chestnutHealth.freq_ok", 6300 * MS) == (
+        "chestnutHealth.freq_ok (3.85 Hz over 5, 4.72 Hz over 25 intervals; allowed 4..6 Hz)"
+    )
+
+
+def test_a_silent_service_is_named_as_not_alive_only():
+    sm = healthy(6.0)
+    sm.update_msgs(6000 * MS, [ev("chestnutHealth")])  # on time; modelOutput and chestnutActive go silent
+    sm.update_msgs(6550 * MS, [])  # their newest came at 5.95 s: 600 ms ago, more than 10 periods (500 ms)
+    assert failed_checks(sm) == ("modelOutput.alive", "chestnutActive.alive")
+    assert describe_check(sm, "modelOutput.alive", 6550 * MS) == "modelOutput.alive (newest 600 ms ago)"
+
+
+def test_an_invalid_message_is_named_as_its_valid_check():
+    sm = healthy(6.0)
+    sm.update_msgs(6000 * MS, [ev("modelOutput", valid=False)])
+    assert failed_checks(sm) == ("modelOutput.valid",)
+
+
+def test_a_service_never_received_reports_what_is_missing():
+    sm = SubMasterChecks(SERVICES)
+    sm.update_msgs(0, [ev("chestnutHealth")])
+    assert failed_checks(sm) == ("modelOutput.alive", "chestnutActive.alive", "chestnutHealth.freq_ok")
+    assert describe_check(sm, "modelOutput.alive", 0) == "modelOutput.alive (never received)"
+    assert describe_check(sm, "chestnutHealth.freq_ok", 0) == "chestnutHealth.freq_ok (0 of 5 intervals received)"
+
+
+def test_comm_issue_events_carry_the_failed_checks():
+    c = ControlLogic()
+    ok = ControlInputs(checks_ok=True, active=True, source="primary", frame_drop_perc=0.0)
+    for t in range(0, S + 1, 50 * MS):
+        c.step(t, ok)
+    bad = ControlInputs(
+        checks_ok=False, active=True, source="primary", frame_drop_perc=0.0, failed_checks=("chestnutHealth.freq_ok",)
+    )
+    st = c.step(2 * S, bad)
+    assert (st.engaged, st.soft_disabling) == (True, True)
+    assert st.events == ["commIssue", "commIssue:chestnutHealth.freq_ok"]
+
+
+def test_episode_cause_names_each_condition_once_with_its_checks():
+    seen = [
+        "commIssue",
+        "commIssue:chestnutHealth.freq_ok",
+        "commIssue",
+        "commIssue:modelOutput.alive",
+        "chestnutInactive",
+        "modelSourceChanged",
+        "disengaged",
+    ]
+    assert episode_cause(seen) == (
+        "commIssue (chestnutHealth.freq_ok, modelOutput.alive), chestnutInactive, modelSourceChanged"
+    )
+    assert episode_cause(["modelLagging", "softDisableCleared"]) == "modelLagging"
