@@ -6,9 +6,11 @@ models use), at 20 Hz. Any video, image folder or single image works (``--source
 
 Timing as a camera gives it: ``frameId`` counts from 0 and never repeats within a run;
 ``timestampSof`` (ns, CLOCK_MONOTONIC) is the frame's scheduled start on a drift-free 1/rate grid;
-``timestampEof`` is when the frame was decoded, resized and ready (readout done). A source that falls
-behind its schedule skips ticks rather than bursting, and the skipped ids are never reused, so
-downstream frame-drop accounting sees real gaps.
+``timestampEof`` is when the frame, decoded and resized ahead of its tick, is sent (readout done). A
+source that falls behind its schedule skips ticks rather than bursting, and the skipped ids are never
+reused, so downstream frame-drop accounting sees real gaps. At a stop the frame waiting for its tick
+is not sent, and the socket lingers (:data:`STOP_LINGER_MS`) so the last frame sent reaches every
+subscriber: the node and the logger see the same last frame.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from chestnut.msgs.messaging import PubMaster
 
 log = logging.getLogger("chestnut.camera")
 
+STOP_LINGER_MS = 1000  # at stop, queued frames get this long to reach the subscribers (ZMQ_LINGER)
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".tif", ".tiff", ".webp"}
 
 
@@ -99,22 +102,27 @@ def run(args: argparse.Namespace) -> int:
         while not flag.stop and (args.frames == 0 or sent < args.frames):
             sof = t0 + frame_id * period_ns
             now = time.monotonic_ns()
-            if now < sof:
-                time.sleep((sof - now) / 1e9)
-            elif now - sof > period_ns:  # fell behind: skip whole ticks, never burst
+            if now - sof > period_ns:  # fell behind: skip whole ticks, never burst
                 behind = (now - sof) // period_ns
                 frame_id += int(behind)
                 skipped += int(behind)
                 continue
-            try:
+            try:  # decode before the tick, so the frame goes out on it
                 img = pending.pop() if pending else next(frames, None)
             except ValueError as e:
                 log.error("%s", e)
                 return 2
             if img is None:
                 break
+            now = time.monotonic_ns()
+            if now < sof:
+                time.sleep((sof - now) / 1e9)
+            if flag.stop:  # stopped while waiting for the tick: the last frame sent stays the last one
+                break
             pm.send("cameraFrame", fill_frame(frame_id, img, sof, time.monotonic_ns(), Path(source).name))
             sent += 1
             frame_id += 1
+        for sock in pm.sock.values():  # deliver the last frame to every subscriber before the socket goes
+            sock.close(linger=STOP_LINGER_MS)
     log.info("camera: sent %d frames, skipped %d ticks", sent, skipped)
     return 0

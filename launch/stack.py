@@ -1,10 +1,20 @@
 """``chestnut launch``: the whole stack under supervisord, for a bounded time or until Ctrl-C.
 
-Programs (started in this order, stopped in reverse): the twin of the dock, the logger, the
-reference control daemon, the node, the camera source. supervisord (the PyPI ``supervisor``
-package) runs them with restart policies and per-program logs; the configuration is rendered from
+Programs: the twin of the dock, the logger, the node, the camera source (started once the node
+publishes) and the reference control daemon. supervisord (the PyPI ``supervisor`` package) runs
+them with restart policies and per-program logs; the configuration is rendered from
 ``launch/supervisord.conf`` into the run directory ``runs/<UTC time>/``, which also holds the logs
 (``logs/``: rlog + MCAP segments) and every program's output.
+
+The stop order (:data:`STOP_ORDER`, :func:`stop_stack`) lets the log hold everything the node
+answered: the control daemon leaves first (a consumer that is gone sees no node going silent, so a
+stop is never a ``commIssue``), then the camera, then -- once the node has answered the camera's last
+frame -- the node, then the logger, after a drain period, and the twin last. supervisord's own
+priorities give the same order when it stops the stack by itself (``chestnut launch`` killed).
+Every program carries ``CHESTNUT_PREFIX`` and this launch's ``CHESTNUT_LAUNCH_ID`` in its
+environment, so whatever survives the stop (supervisord killed, a program that ignores SIGTERM) is
+found by those and killed (:func:`kill_stack`); launch is the tree's child subreaper, so it also reaps
+them.
 
 While the stack runs, a live status (``chestnut top``'s view) is shown, and faults given with
 ``--fault KIND@START[+DURATION]`` are injected into the twin at those times (seconds after the node
@@ -34,7 +44,16 @@ import numpy as np
 log = logging.getLogger("chestnut.launch")
 
 TEMPLATE = Path(__file__).with_name("supervisord.conf")
-PROGRAMS = ("twin", "record", "control", "node", "camera")
+PROGRAMS = ("twin", "record", "node", "camera", "control")
+# consumer first, then the source, the node, the logger, the dock: see the module docstring
+STOP_ORDER = ("control", "camera", "node", "record", "twin")
+LAUNCH_ID_ENV = "CHESTNUT_LAUNCH_ID"  # set in every program of one launch (with CHESTNUT_PREFIX)
+LAST_ANSWER_WAIT_S = 2.0   # after the camera stopped: longest wait for the node's answer to its last frame
+LOGGER_DRAIN_S = 0.5       # after the node stopped: the logger's time to take in its last messages (POLL_MS x 5)
+ENVIRON_MAX_BYTES = 1 << 20  # bound on one /proc/<pid>/environ read (Linux caps argv + envp near ARG_MAX)
+PR_SET_PDEATHSIG = 1       # linux/prctl.h
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h: orphans of our tree are re-parented to us, not to init
+SAMPLE_SETTLE_S = 10.0     # resource figures "at start" are taken this long after the first output
 NS = 1_000_000_000
 
 
@@ -120,7 +139,8 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
     engaged_events: list[tuple[float, str]] = []
     last_engaged = False
     last_soft = False
-    soft_disables: Counter[str] = Counter()
+    episodes: list[list[Any]] = []  # [t_start_s, t_ns, events seen, (t_end_s)]
+    episode: list[Any] = []
     for t, service, ev in reader if reader is not None else ():
         if service == "cameraFrame":
             fid = ev.cameraFrame.frameId
@@ -144,14 +164,23 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
                 last_state = st
         elif service == "controlState":
             soft = bool(ev.controlState.softDisabling)
+            events = list(ev.controlState.events)
             if soft and not last_soft:
-                soft_disables[", ".join(e for e in ev.controlState.events if e != "disengaged")] += 1
+                episode = [(t - t_launch_ns) / NS, t, events]
+                episodes.append(episode)
+            elif soft or (last_soft and "disengaged" in events):
+                episode[2].extend(e for e in events if e not in episode[2])
+            if last_soft and not soft:
+                episode.append((t - t_launch_ns) / NS)
             last_soft = soft
             eng = bool(ev.controlState.engaged)
             if eng != last_engaged:
                 engaged_events.append(((t - t_launch_ns) / NS, "engaged" if eng else
                                        "disengaged: " + ", ".join(ev.controlState.events)))
                 last_engaged = eng
+    soft_episodes = [{"t_s": round(e[0], 3), "duration_s": round(e[3] - e[0], 3) if len(e) > 3 else None,
+                      "cause": episode_cause(e[2]), "disengaged": "disengaged" in e[2]} for e in episodes]
+    soft_disables = Counter(e["cause"] for e in soft_episodes)
     answered = [f for f in cams if f in outs]
     missing = sorted(f for f in cams if f not in outs)
     # frames still in flight when the camera stopped are not missing: only those before the last answered one
@@ -168,8 +197,27 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
         "first_output_s": (first_out_ns - t_launch_ns) / NS if first_out_ns else None,
         "first_active_s": (first_active_ns - t_launch_ns) / NS if first_active_ns else None,
         "transitions": transitions, "control": engaged_events, "soft_disables": dict(soft_disables),
+        "soft_disable_episodes": soft_episodes,
         "log_damage": [str(d) for d in reader.damage] if reader is not None else [],
     }
+
+
+NOT_CAUSES = {"disengaged", "engaged", "softDisableCleared"}
+
+
+def episode_cause(events: list[str]) -> str:
+    """A soft-disable episode's cause from the ``controlState.events`` seen during it: the conditions in
+    order of appearance, each ``commIssue`` with the checks that failed, e.g.
+    ``commIssue (chestnutHealth.freq_ok), chestnutInactive``."""
+    conds: dict[str, list[str]] = {}
+    for e in events:
+        if e in NOT_CAUSES:
+            continue
+        head, sep, check = e.partition(":")
+        checks = conds.setdefault(head, [])
+        if sep and check not in checks:
+            checks.append(check)
+    return ", ".join(f"{c} ({', '.join(ch)})" if ch else c for c, ch in conds.items())
 
 
 def print_summary(s: dict[str, Any], run_dir: Path) -> None:
@@ -195,14 +243,21 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
             tr.add_row(f"{when:.1f}", st, why)
         con.print(tr)
     if s.get("processes"):
-        pt = Table(title="processes (CPU: % of one core over the run; RSS: peak)")
-        for c in ("program", "CPU %", "RSS MB"):
+        pt = Table(title="processes (CPU: % of one core over the run; RSS: peak; start -> end)")
+        for c in ("program", "CPU %", "RSS MB", "RSS MB start -> end", "fds start -> end"):
             pt.add_column(c)
         for name, v in s["processes"].items():
-            pt.add_row(name, f"{v['cpu_percent']:.0f}", f"{v['rss_peak_mb']:.0f}")
+            ends = ("-", "-")
+            if "rss_start_mb" in v and "rss_end_mb" in v:
+                ends = (f"{v['rss_start_mb']:.1f} -> {v['rss_end_mb']:.1f}", f"{v['fds_start']} -> {v['fds_end']}")
+            pt.add_row(name, f"{v['cpu_percent']:.0f}", f"{v['rss_peak_mb']:.0f}", *ends)
         con.print(pt)
     for when, what in s["control"]:
         con.print(f"control {when:6.1f} s  {what}")
+    for e in s.get("soft_disable_episodes", []):
+        dur = f"{e['duration_s']:.2f} s" if e["duration_s"] is not None else "until the end"
+        con.print(f"control {e['t_s']:6.1f} s  soft disable for {dur}{', then disengaged' if e['disengaged'] else ''}"
+                  f": {e['cause'] or '?'}")
     if s.get("soft_disables"):
         con.print("control soft-disable episodes: " + ", ".join(f"{n} x {why or '?'}"
                                                                 for why, n in s["soft_disables"].items()))
@@ -287,16 +342,140 @@ def _die_with_parent() -> None:
     import ctypes
 
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):
         pass
 
 
-def supervisorctl(conf: Path, *args: str) -> int:
-    """Run ``supervisorctl -c conf ARGS``; returns its exit code."""
+def supervisorctl(conf: Path, *args: str, timeout_s: float = 30.0) -> int:
+    """Run ``supervisorctl -c conf ARGS``; returns its exit code (-1 when it could not run or timed out)."""
     exe = str(Path(sys.executable).parent / "supervisorctl")
-    return subprocess.run([exe, "-c", str(conf), *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                          timeout=30).returncode
+    try:
+        return subprocess.run([exe, "-c", str(conf), *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                              timeout=timeout_s).returncode
+    except (OSError, subprocess.SubprocessError):
+        return -1
+
+
+def _become_subreaper() -> bool:
+    """``prctl(PR_SET_CHILD_SUBREAPER)``: the stack's orphans (a killed supervisord's programs) become our
+    children, so :func:`kill_stack` can reap them. False where the kernel refuses."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def environ_matches(environ: bytes, want: dict[str, str]) -> bool:
+    """True when the NUL-separated ``KEY=VALUE`` block ``environ`` (``/proc/<pid>/environ``) holds every
+    ``want`` pair exactly."""
+    found = {}
+    for entry in environ.split(b"\0"):
+        key, sep, value = entry.partition(b"=")
+        if sep:
+            found[key] = value
+    return all(found.get(k.encode()) == v.encode() for k, v in want.items())
+
+
+def stack_pids(prefix: str, launch_id: str | None = None, exclude: frozenset[int] = frozenset()) -> list[int]:
+    """Pids of this user's processes whose environment has ``CHESTNUT_PREFIX=prefix`` (and, given,
+    ``CHESTNUT_LAUNCH_ID=launch_id``), read from ``/proc/<pid>/environ`` (at most
+    :data:`ENVIRON_MAX_BYTES` each). Other users' processes, zombies and processes gone meanwhile are
+    skipped; ``exclude`` and this process never count."""
+    want = {"CHESTNUT_PREFIX": prefix, **({LAUNCH_ID_ENV: launch_id} if launch_id is not None else {})}
+    uid, me = os.getuid(), os.getpid()
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) in exclude or int(entry.name) == me:
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != uid:
+                continue
+            fd = os.open(f"/proc/{entry.name}/environ", os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                data = os.read(fd, ENVIRON_MAX_BYTES)
+            finally:
+                os.close(fd)
+        except OSError:  # gone, or not ours to read
+            continue
+        if data and environ_matches(data, want):
+            out.append(int(entry.name))
+    return sorted(out)
+
+
+def kill_stack(prefix: str, launch_id: str, term_wait_s: float = 3.0, kill_wait_s: float = 5.0) -> list[int]:
+    """End every process of this launch (:func:`stack_pids`): SIGTERM, then after ``term_wait_s`` (s) SIGKILL
+    for what is left, until none is left or ``kill_wait_s`` more passed; reaps those that are our children
+    (we are the subreaper). Returns the pids found (empty after a clean stop)."""
+    found: list[int] = []
+    t_kill = time.monotonic() + term_wait_s
+    t_end = t_kill + kill_wait_s
+    sig = signal.SIGTERM
+    while True:
+        _reap(found)
+        pids = stack_pids(prefix, launch_id)
+        now = time.monotonic()
+        if not pids or now >= t_end:
+            return found
+        if sig == signal.SIGTERM and now >= t_kill:
+            sig = signal.SIGKILL
+        for pid in pids:
+            if pid not in found:
+                found.append(pid)
+            elif sig == signal.SIGTERM:
+                continue  # asked once already
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        time.sleep(0.05)
+
+
+def _reap(pids: list[int]) -> None:
+    """Collect those of ``pids`` that are our exited children (orphans re-parented to us), without blocking;
+    other children of this process are left to their owners."""
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def stop_stack(conf: Path, view: Any) -> list[str]:
+    """Stop the programs one at a time in :data:`STOP_ORDER` through supervisorctl, waiting between the
+    camera and the node for the node's answer to the camera's last frame (at most
+    :data:`LAST_ANSWER_WAIT_S`), and between the node and the logger :data:`LOGGER_DRAIN_S`. ``view``:
+    a :class:`~chestnut.launch.top.StackView` that still subscribes. Returns notes on what did not go
+    as planned (empty when all went well)."""
+    notes: list[str] = []
+    for name in STOP_ORDER:
+        rc = supervisorctl(conf, "stop", name)
+        if rc != 0:
+            notes.append(f"supervisorctl stop {name}: exit {rc}")
+        if name == "camera":
+            if not wait_last_answer(view, LAST_ANSWER_WAIT_S):
+                notes.append(f"the node did not answer the camera's last frame within {LAST_ANSWER_WAIT_S:g} s")
+        elif name == "node":
+            time.sleep(LOGGER_DRAIN_S)
+    return notes
+
+
+def wait_last_answer(view: Any, timeout_s: float) -> bool:
+    """After the camera stopped: wait until ``view`` saw a ``modelOutput`` for the newest ``cameraFrame`` it
+    saw (or a later one). True at once when no frame was ever seen."""
+    t_end = time.monotonic() + timeout_s
+    view.update(0)
+    sm = view.sm
+    while True:
+        if not sm.seen["cameraFrame"]:
+            return True
+        if sm.seen["modelOutput"] and int(sm["modelOutput"].frameId) >= int(sm["cameraFrame"].frameId):
+            return True
+        if time.monotonic() >= t_end:
+            return False
+        view.update(50)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -327,15 +506,19 @@ def run(args: argparse.Namespace) -> int:
     node_args = ["--config", str(args.node_config.resolve())] if args.node_config else []
     conf = render_config(run_dir, prefix, args.rate, node_args, ["--engine", args.twin_engine], args.log_format)
     supervisord = str(Path(sys.executable).parent / "supervisord")
+    launch_id = f"{os.getpid()}-{run_dir.name}"
+    _become_subreaper()
     t_launch = time.monotonic_ns()
     proc = subprocess.Popen([supervisord, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            start_new_session=True, preexec_fn=_die_with_parent)
+                            start_new_session=True, preexec_fn=_die_with_parent,
+                            env=dict(os.environ, CHESTNUT_PREFIX=prefix, **{LAUNCH_ID_ENV: launch_id}))
     log.info("stack launched under supervisord pid %d (run dir %s)", proc.pid, run_dir)
     flag = StopFlag()
     view = StackView()
     sampler = ProcessSampler(proc.pid)
     next_sample = 0.0
     injected: list[tuple[FaultPlan, int | None]] = []
+    died = False  # supervisord ended by itself (killed): the run failed whatever the log says
     try:
         if not _wait_for(view, "nodeState", 120.0, conf):
             tail = (run_dir / "node.log").read_text(errors="replace")[-1500:] if (run_dir / "node.log").exists() else ""
@@ -345,6 +528,7 @@ def run(args: argparse.Namespace) -> int:
             log.error("no modelOutput within 60 s of starting the camera; see %s", run_dir)
             flag.stop = True
         t0 = time.monotonic()
+        sampler.start_mark = t0 + SAMPLE_SETTLE_S
         pending = sorted(args.fault, key=lambda f: f.start_s)
         with Live(view.render(), refresh_per_second=4, transient=False) if not args.no_live else _Null() as live:
             next_draw = 0.0
@@ -377,23 +561,33 @@ def run(args: argparse.Namespace) -> int:
                 if time.monotonic() >= next_draw:
                     live.update(view.render())
                     next_draw = time.monotonic() + 0.25
+        if (code := proc.poll()) is not None and not flag.stop:
+            died = True
+            log.error("supervisord exited (code %s) before the end of the run; see %s", code,
+                      run_dir / "supervisord.log")
     finally:
-        view.close()
         log.info("stopping the stack")
+        if proc.poll() is None:
+            for note in stop_stack(conf, view):
+                log.warning("stop: %s", note)
+        view.close()
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=40)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            proc.kill()
             proc.wait()
+        if killed := kill_stack(prefix, launch_id):
+            log.warning("killed %d process(es) of the stack left after supervisord: %s", len(killed), killed)
     summary = summarize(run_dir / "logs", t_launch)
     summary["processes"] = sampler.report()
     summary["contracts"], summary["report"] = check_contracts(run_dir)
     print_summary(summary, run_dir)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
-    ok = summary["outputs"] > 0 and not summary["missing_outputs"] and not any(summary["contracts"].values())
+    ok = (summary["outputs"] > 0 and not summary["missing_outputs"] and not any(summary["contracts"].values())
+          and not died)
     if flag.signum == signal.SIGINT:
         return 130
     return 0 if ok else 1
@@ -416,10 +610,12 @@ def check_contracts(run_dir: Path) -> tuple[dict[str, int], str]:
 
 
 class ProcessSampler:
-    """CPU (% of one core, averaged over the run) and resident memory (MB, peak) of each stack program.
+    """CPU (% of one core, averaged over the run), resident memory (MB: peak, and at start and end) and open
+    file descriptors (at start and end) of each stack program, and how many processes it had.
 
     Programs are supervisord's children, named by their ``chestnut`` subcommand; a program's own
-    children (the node's worker) are counted under ``<name>/child``."""
+    children (the node's worker) are counted under ``<name>/child``. "Start" is the first sample at or
+    after :attr:`start_mark` (a ``time.monotonic()`` time; default: the first sample), "end" the last."""
 
     NAMES = {"twin": "twin", "record": "record", "control": "control", "run": "node", "camera": "camera"}
 
@@ -432,6 +628,10 @@ class ProcessSampler:
         self.cpu_last: dict[int, float] = {}
         self.rss_peak_mb: dict[str, float] = {}
         self.seconds: dict[str, float] = {}
+        self.start_mark = 0.0
+        # label -> (rss MB, open fds, processes), summed over the label's processes in one sample
+        self.first: dict[str, tuple[float, int, int]] = {}
+        self.last: dict[str, tuple[float, int, int]] = {}
 
     def _name(self, proc: Any) -> str | None:
         try:
@@ -449,22 +649,34 @@ class ProcessSampler:
         except self.psutil.NoSuchProcess:
             return
         now = time.monotonic()
+        agg: dict[str, tuple[float, int, int]] = {}
         for k in kids:
             name = self._name(k)
             if name is None:
                 continue
-            for p, label in [(k, name)] + [(c, f"{name}/child") for c in k.children(recursive=True)]:
+            try:
+                tree = [(k, name)] + [(c, f"{name}/child") for c in k.children(recursive=True)]
+            except self.psutil.NoSuchProcess:
+                continue
+            for p, label in tree:
                 try:
                     t = p.cpu_times()
                     cpu = t.user + t.system
                     rss = p.memory_info().rss / 1e6
-                except self.psutil.NoSuchProcess:
+                    fds = p.num_fds()
+                except (self.psutil.NoSuchProcess, self.psutil.AccessDenied):
                     continue
                 if p.pid not in self.cpu_start:
                     self.cpu_start[p.pid] = (label, now, cpu)
                 self.cpu_last[p.pid] = cpu
                 self.seconds[str(p.pid)] = now
                 self.rss_peak_mb[label] = max(self.rss_peak_mb.get(label, 0.0), rss)
+                r0, f0, n0 = agg.get(label, (0.0, 0, 0))
+                agg[label] = (r0 + rss, f0 + fds, n0 + 1)
+        if now >= self.start_mark:
+            for label, v in agg.items():
+                self.first.setdefault(label, v)
+        self.last = agg if agg else self.last
 
     def report(self) -> dict[str, dict[str, float]]:
         cpu: dict[str, float] = {}
@@ -472,8 +684,16 @@ class ProcessSampler:
         for pid, (label, t0, c0) in self.cpu_start.items():
             cpu[label] = cpu.get(label, 0.0) + self.cpu_last[pid] - c0
             span[label] = max(span.get(label, 0.0), self.seconds[str(pid)] - t0)
-        return {label: {"cpu_percent": 100 * cpu[label] / span[label] if span.get(label) else 0.0,
-                        "rss_peak_mb": self.rss_peak_mb[label]} for label in sorted(cpu)}
+        out: dict[str, dict[str, float]] = {}
+        for label in sorted(cpu):
+            row = {"cpu_percent": 100 * cpu[label] / span[label] if span.get(label) else 0.0,
+                   "rss_peak_mb": self.rss_peak_mb[label]}
+            for when, table in (("start", self.first), ("end", self.last)):
+                if label in table:
+                    rss, fds, n = table[label]
+                    row |= {f"rss_{when}_mb": rss, f"fds_{when}": fds, f"processes_{when}": n}
+            out[label] = row
+        return out
 
 
 class _Null:
