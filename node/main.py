@@ -12,8 +12,15 @@ One process, one single-threaded main loop that reads top to bottom. Per camera 
 4. wait for the primary's result until the per-frame deadline (150 ms); a late or missing result
    is answered by the fallback at the deadline and the late result is discarded (watchdog);
    ``timing.miss_run`` (3) consecutive misses fail the ``gpu`` layer over;
-5. check the primary's output (finite, shape/dtype, range, stale, agreement with the fallback);
-6. publish ``modelOutput`` from the source that serves, and ``chestnutActive``.
+5. check every source's output (finite, shape/dtype, range, stale; the primary's also for agreement with
+   a valid fallback output);
+6. publish ``modelOutput`` from the source that serves with a valid output -- or ``valid=False`` with each
+   source's reason when none has one, or when the frame's ``timestampEof`` gives no age -- and
+   ``chestnutActive``.
+
+Each decision in these steps (which source answers, when the worker is declared failed, what the
+output's validity and reason are) is a pure function of :mod:`chestnut.node.policy`; this module does
+the I/O around them.
 
 Between frames: the watchdog's periodic check (a worker silent 3000 ms + margin after a request is
 killed), heartbeat (alive) supervision, worker start/exit (a worker not qualified and loaded within
@@ -75,6 +82,28 @@ from chestnut.node.health import (
     evidence_from_watchdog,
     fill_active,
     fill_health,
+)
+from chestnut.node.policy import (
+    Answer,
+    Candidate,
+    FrameClock,
+    Pairing,
+    PrimaryView,
+    Submit,
+    active_for_output,
+    agreement_reference,
+    choose_answer,
+    count_miss,
+    decide_submission,
+    fallback_must_run,
+    frame_age_s,
+    frame_clock,
+    late_result_reason,
+    no_result_reason,
+    pair_response,
+    primary_serves,
+    shadow_vote,
+    with_frame_clock,
 )
 from chestnut.node.preprocess import preprocess
 from chestnut.node.runner_loader import RunnerSpec
@@ -195,10 +224,10 @@ class _StopDuringStart(Exception):
 
 @dataclass
 class FrameResult:
-    outputs: dict[str, np.ndarray] | None
-    source: Source
-    exec_s: float
-    reason: str
+    """One frame's published answer (:class:`~chestnut.node.policy.Answer`), whether the primary missed the
+    frame's deadline, and the primary's output checks (None when it gave no output)."""
+
+    answer: Answer
     deadline_missed: bool = False
     report: ValidityReport | None = None
 
@@ -240,7 +269,8 @@ class Node:
             on_transition=self._log_transition)
         self.active = ActiveFlag(now)
         self.framedrop = FrameDropFilter()
-        self.stale = StaleDetector()
+        self.stale = StaleDetector()           # the primary's outputs
+        self.fallback_stale = StaleDetector()  # the fallback's: the output checks apply to every source
         self.contracts: tuple[Any, ...] = ()
         self.worker: WorkerHandle | None = None
         self.worker_ready_seen = False   # this worker's readiness was taken in (fed QUALIFIED/LOADED)
@@ -256,6 +286,9 @@ class Node:
         self.seq_offset = 0  # request seq = frame id + offset (see on_frame: camera restarts)
         self.frames_in = self.frames_out = 0
         self.bad_frames = 0
+        self.bad_timestamps = 0          # frames whose timestampEof gives no age (0, or in the future)
+        self.fallback_invalid = 0        # fallback outputs that failed their checks
+        self.next_timestamp_log_s = self.next_fallback_log_s = 0.0
         self.out_of_order = 0
         self.next_order_log_s = 0.0
         self.next_health_ns = self.next_state_ns = self.next_probe_ns = now
@@ -536,6 +569,7 @@ class Node:
                         "stream (restart %d)", frame_id, self.last_frame_id, self.camera_restarts)
             self.framedrop.reset()
             self.stale.reset()
+            self.fallback_stale.reset()
             self.last_frame_id = None
         if self.last_frame_id is not None and frame_id <= self.last_frame_id:
             # a repeated or reordered frame: answering it would break the increasing frame ids consumers rely on
@@ -555,94 +589,90 @@ class Node:
         except (ValueError, KeyError) as e:
             self.bad_frames += 1
             log.error("cameraFrame %d unusable: %s", frame_id, e)
-            self._publish_output(frame_id, cf, FrameResult(None, Source.NONE, 0.0, f"bad frame: {e}"), drop_perc,
-                                 valid=False)
+            clock = frame_clock(frame_id, int(cf.timestampEof), time.monotonic_ns(), self.cfg.dock.wait_timeout_ms)
+            bad = Answer(Source.NONE, None, 0.0, False, f"bad frame: {e}")
+            self._publish_output(frame_id, cf, FrameResult(bad), clock, drop_perc)
             return
+        clock = frame_clock(frame_id, int(cf.timestampEof), time.monotonic_ns(), self.cfg.dock.wait_timeout_ms)
+        if not clock.age_known:
+            self._bad_timestamp(clock)
         # the worker's request seq: the frame id, plus an offset that keeps it increasing across camera restarts
-        result = self._infer(frame_id + self.seq_offset, inputs, self._frame_time_ns(cf))
-        self._publish_output(frame_id, cf, result, drop_perc, valid=result.outputs is not None)
-        self._publish_active(result.source)
+        result = self._infer(frame_id + self.seq_offset, inputs, clock)
+        result.answer = with_frame_clock(result.answer, clock)
+        self._publish_output(frame_id, cf, result, clock, drop_perc)
+        self._publish_active(result.answer.source, result.answer.valid, result.answer.reason)
 
-    def _run_fallback(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray] | None, float, str]:
-        """(outputs, seconds, error): the fallback never takes the node down; a failed run is reported."""
+    def _bad_timestamp(self, clock: FrameClock) -> None:
+        """A frame whose age is unknown: counted, logged at most every :data:`BAD_FRAME_LOG_PERIOD_S`."""
+        self.bad_timestamps += 1
+        if time.monotonic() >= self.next_timestamp_log_s:
+            self.next_timestamp_log_s = time.monotonic() + BAD_FRAME_LOG_PERIOD_S
+            log.error("%s; its output is published as not valid (%d such frames so far)", clock.age_problem,
+                      self.bad_timestamps)
+
+    def _run_fallback(self, inputs: dict[str, np.ndarray], input_fp: bytes) -> Candidate:
+        """The fallback's answer, checked like any source's (present, shape, dtype, finite, range, stale).
+        It never takes the node down: a failed run is a candidate without outputs that says why."""
         assert self.fallback is not None
         t0 = time.perf_counter()
         try:
             out = self.fallback.run(inputs)
         except Exception as e:  # ModelError or the engine's own error classes
             log.error("fallback run failed: %s: %s", type(e).__name__, e)
-            return None, time.perf_counter() - t0, f"fallback failed: {type(e).__name__}: {e}"
-        return out, time.perf_counter() - t0, ""
+            return Candidate(None, None, time.perf_counter() - t0, f"fallback failed: {type(e).__name__}: {e}")
+        exec_s = time.perf_counter() - t0
+        report = check_outputs(out, self.contracts, input_fp=input_fp, stale=self.fallback_stale)
+        if not report.ok:
+            self.fallback_invalid += 1
+            if time.monotonic() >= self.next_fallback_log_s:
+                self.next_fallback_log_s = time.monotonic() + BAD_FRAME_LOG_PERIOD_S
+                log.error("fallback output invalid: %s (%d so far)", report.reason, self.fallback_invalid)
+        return Candidate(out, report, exec_s)
 
-    def _frame_time_ns(self, cf: Any) -> int:
-        """The time the frame's deadline counts from: its ``timestampEof`` (CLOCK_MONOTONIC, like the node's
-        clock), so that time spent queued before the node could take the frame counts; the node's own
-        clock when the stamp is in the future or older than the wait timeout (not comparable: another
-        host's clock)."""
-        now = time.monotonic_ns()
-        eof = int(cf.timestampEof)
-        return eof if 0 <= now - eof <= int(self.cfg.dock.wait_timeout_ms * 1e6) else now
-
-    def _infer(self, frame_id: int, inputs: dict[str, np.ndarray], frame_ns: int) -> FrameResult:
+    def _infer(self, seq: int, inputs: dict[str, np.ndarray], clock: FrameClock) -> FrameResult:
+        """One frame through the decisions of :mod:`chestnut.node.policy`; the I/O between them."""
+        t = self.cfg.timing
         w = self.worker
-        submitted = False
-        not_submitted = ""
-        deadline_ns = frame_ns + int(self.cfg.timing.deadline_ms * 1e6)
-        if self.sup.runs_primary and w is not None and w.ready and w.alive and not self.draining:
-            waited_ms = (time.monotonic_ns() - frame_ns) / 1e6
-            if waited_ms >= self.cfg.timing.deadline_ms:
-                not_submitted = (f"frame waited {waited_ms:.0f} ms before the node could take it (deadline "
-                                 f"{self.cfg.timing.deadline_ms:g} ms): the primary does not keep up")
-                self._primary_missed(frame_id, not_submitted, evidence=True)
-            elif not w.can_submit:
-                oldest = w.in_flight[0] if w.in_flight else None
-                not_submitted = (f"primary busy: every slot still holds an unanswered request (oldest frame {oldest})"
-                                 if oldest is not None else "primary busy")
-                self._primary_missed(frame_id, not_submitted, evidence=True)
-            else:
-                try:
-                    w.submit(frame_id, inputs)
-                    self._watchdog_actions(self.watchdog.request(frame_id, frame_ns, RequestKind.FRAME))
-                    submitted = True
-                except ChestnutError as e:
-                    not_submitted = f"submit to the primary failed: {e}"
-                    log.error("submit of frame %d failed: %s", frame_id, e)
-        fb_out: dict[str, np.ndarray] | None = None
-        fb_exec, fb_err = 0.0, ""
-        if self.cfg.fallback.standby == "hot" or self.sup.serving is not Source.PRIMARY or not submitted:
-            fb_out, fb_exec, fb_err = self._run_fallback(inputs)
-        outcome = PrimaryOutcome(None, False, not_submitted or "primary unavailable")
+        view = PrimaryView(self.sup.runs_primary, w is not None and w.ready and w.alive, self.draining,
+                           w is not None and w.can_submit, w.in_flight[0] if w is not None and w.in_flight else None)
+        sub = decide_submission(view, clock.base_ns, time.monotonic_ns(), t.deadline_ms)
+        why, submitted = sub.why, False
+        if sub.verdict is Submit.MISS:
+            self._primary_missed(seq, sub.why, evidence=True)
+        elif sub.verdict is Submit.SUBMIT and w is not None:
+            try:
+                w.submit(seq, inputs)
+                self._watchdog_actions(self.watchdog.request(seq, clock.base_ns, RequestKind.FRAME))
+                submitted = True
+            except ChestnutError as e:
+                why = f"submit to the primary failed: {e}"
+                log.error("submit of frame %d failed: %s", seq, e)
+        input_fp = fingerprint(inputs)
+        fallback: Candidate | None = None
+        if fallback_must_run(self.cfg.fallback.standby == "hot", self.sup.serving is Source.PRIMARY, submitted):
+            fallback = self._run_fallback(inputs, input_fp)
+        outcome = PrimaryOutcome(None, False, why)
         if submitted and w is not None:
-            outcome = self._await_primary(w, frame_id, deadline_ns)
-        primary = outcome.result
-        report = None
-        p_out = primary.outputs if primary is not None and primary.ok else None
-        if p_out is not None:
-            assert primary is not None
+            outcome = self._await_primary(w, seq, clock.base_ns + int(t.deadline_ms * 1e6))
+        res = outcome.result
+        primary: Candidate | None = None
+        report: ValidityReport | None = None
+        if res is not None and res.ok:
             now = time.monotonic_ns()
-            report = check_outputs(p_out, self.contracts, input_fp=fingerprint(inputs), stale=self.stale,
-                                   reference=fb_out)
+            report = check_outputs(res.outputs, self.contracts, input_fp=input_fp, stale=self.stale,
+                                   reference=agreement_reference(fallback))
             self.miss_run = 0
-            self._apply_health(evidence_from_run(primary.exec_time_s * 1e3) + [evidence_from_validity(report)], now)
-            if self.sup.state in (State.SHADOWING, State.AWAITING_SWITCH):
-                self._perform_all(self.sup.shadow(report.ok, now, report.reason))
+            self._apply_health(evidence_from_run(res.exec_time_s * 1e3) + [evidence_from_validity(report)], now)
+            vote = shadow_vote(report)
+            if self.sup.state in (State.SHADOWING, State.AWAITING_SWITCH) and vote is not None:
+                self._perform_all(self.sup.shadow(vote, now, report.reason))
+            primary = Candidate(res.outputs, report, res.exec_time_s)
         elif outcome.missed:
-            self._primary_missed(frame_id, outcome.why, evidence=False)
-        serve_primary = self.sup.serving is Source.PRIMARY and p_out is not None and report is not None and report.ok
-        if serve_primary:
-            assert primary is not None and p_out is not None
-            return FrameResult(p_out, Source.PRIMARY, primary.exec_time_s, "", report=report)
-        if fb_out is None and not fb_err:
-            fb_out, fb_exec, fb_err = self._run_fallback(inputs)
-        if self.sup.serving is not Source.PRIMARY:
-            reason = self.sup.reason
-        elif report is not None and not report.ok:
-            reason = f"primary output invalid: {report.reason}"
-        else:
-            reason = outcome.why
-        if fb_out is None:
-            return FrameResult(None, Source.FALLBACK, fb_exec, f"{fb_err}; {reason}", outcome.missed, report)
-        return FrameResult(fb_out, Source.FALLBACK, fb_exec, reason, deadline_missed=outcome.missed, report=report)
+            self._primary_missed(seq, outcome.why, evidence=False)
+        if fallback is None and not primary_serves(self.sup.serving, primary):
+            fallback = self._run_fallback(inputs, input_fp)
+        answer = choose_answer(self.sup.serving, self.sup.reason, primary, fallback, outcome.why)
+        return FrameResult(answer, outcome.missed, report)
 
     def _primary_missed(self, frame_id: int, why: str, evidence: bool) -> None:
         """One frame the primary did not answer in time. Counts towards ``timing.miss_run``, which fails
@@ -650,14 +680,15 @@ class Node:
         taking frames once its slots are full, and those frames are misses too). ``evidence``: record
         a gpu WARN for it (the watchdog already did for a frame it saw requested)."""
         now = time.monotonic_ns()
-        self.miss_run += 1
         if evidence:
             self.health.apply([Evidence(Layer.GPU, Level.WARN, f"frame {frame_id}: {why}", tag="deadline_miss")], now)
-        if self.miss_run >= self.cfg.timing.miss_run and self.sup.runs_primary:
-            reason = (f"{self.miss_run} consecutive frames without a primary result within the deadline "
-                      f"({self.cfg.timing.deadline_ms:g} ms); last: {why}")
-            self.health.apply([Evidence(Layer.GPU, Level.ERROR, reason, hard=True, tag="deadline_miss_run")], now)
-            self._feed(Event.DEADLINE_MISS_RUN, reason, Layer.GPU)
+        verdict = count_miss(self.miss_run, self.cfg.timing.miss_run, self.sup.runs_primary,
+                             self.cfg.timing.deadline_ms, why)
+        self.miss_run = verdict.run
+        if verdict.fail_over:
+            self.health.apply([Evidence(Layer.GPU, Level.ERROR, verdict.reason, hard=True, tag="deadline_miss_run")],
+                              now)
+            self._feed(Event.DEADLINE_MISS_RUN, verdict.reason, Layer.GPU)
 
     def _await_primary(self, w: WorkerHandle, frame_id: int, deadline_ns: int) -> PrimaryOutcome:
         """Wait for frame ``frame_id``'s result until its deadline (``deadline_ns``, CLOCK_MONOTONIC)."""
@@ -674,57 +705,58 @@ class Node:
                 if now < deadline_ns:
                     continue
                 self._watchdog_actions(self.watchdog.check(now))
-                why = f"no primary result within the deadline ({self.cfg.timing.deadline_ms:g} ms after the frame)"
-                return PrimaryOutcome(None, True, why)
+                return PrimaryOutcome(None, True, no_result_reason(self.cfg.timing.deadline_ms))
             verdict = self.watchdog.response(res.seq, now)
             self._watchdog_actions(list(verdict.actions))
             if res.error is not None:
                 self._on_primary_error(res)
-                if res.seq == frame_id:
-                    return PrimaryOutcome(res, False, f"primary failed: {res.error}")
-                continue
-            if res.seq != frame_id:
-                continue  # a late result of an earlier frame: discarded by the watchdog's verdict
-            if not verdict.use_result:
-                elapsed_ms = verdict.elapsed_ns / 1e6
-                return PrimaryOutcome(None, True, f"primary result after {elapsed_ms:.1f} ms, past the deadline "
-                                                  f"({self.cfg.timing.deadline_ms:g} ms)")
+            pairing = pair_response(res.seq, frame_id, res.error is not None, verdict.use_result)
+            if pairing is Pairing.EARLIER:
+                continue  # an earlier frame's late result (discarded by the watchdog's verdict) or failure
+            if pairing is Pairing.FAILED:
+                return PrimaryOutcome(res, False, f"primary failed: {res.error}")
+            if pairing is Pairing.LATE:
+                return PrimaryOutcome(None, True, late_result_reason(verdict.elapsed_ns / 1e6,
+                                                                     self.cfg.timing.deadline_ms))
             return PrimaryOutcome(res, False, "")
 
     # ---------------------------------------------------------------- publishing
 
-    def _publish_output(self, frame_id: int, cf: Any, r: FrameResult, drop_perc: float, valid: bool) -> None:
-        msg = new_message("modelOutput", valid=valid)
+    def _publish_output(self, frame_id: int, cf: Any, r: FrameResult, clock: FrameClock, drop_perc: float) -> None:
+        a = r.answer
+        msg = new_message("modelOutput", valid=a.valid)
         mo = msg.modelOutput
         mo.frameId = frame_id
-        mo.source = r.source.value
+        mo.source = a.source.value
         assert self.fallback is not None
-        mo.modelId = (self.fallback.model_id if r.source is Source.FALLBACK
-                      else self.primary_model_id if r.source is Source.PRIMARY else "")
-        outs = mo.init("outputs", len(r.outputs or {}))
-        for t, (name, arr) in zip(outs, (r.outputs or {}).items(), strict=True):
-            a = np.ascontiguousarray(arr)
+        mo.modelId = (self.fallback.model_id if a.source is Source.FALLBACK
+                      else self.primary_model_id if a.source is Source.PRIMARY else "")
+        outs = mo.init("outputs", len(a.outputs or {}))
+        for t, (name, arr) in zip(outs, (a.outputs or {}).items(), strict=True):
+            c = np.ascontiguousarray(arr)
             t.name = name
-            shape = t.init("shape", a.ndim)
-            for i, d in enumerate(a.shape):
+            shape = t.init("shape", c.ndim)
+            for i, d in enumerate(c.shape):
                 shape[i] = int(d)
-            t.dtype = a.dtype.name
-            t.data = a.tobytes()
-        mo.executionTime = float(r.exec_s)
-        mo.frameAge = max(0.0, (msg.logMonoTime - int(cf.timestampEof)) / NS)
+            t.dtype = c.dtype.name
+            t.data = c.tobytes()
+        mo.executionTime = float(a.exec_s)
+        mo.frameAge = frame_age_s(clock, int(cf.timestampEof), int(msg.logMonoTime))
         mo.frameDropPerc = float(drop_perc)
         mo.deadlineMissed = r.deadline_missed
         if r.report is not None:
             mo.agreementChecked = r.report.agreement_checked
             mo.primaryAgrees = r.report.primary_agrees
             mo.maxAbsDiff = float(r.report.max_abs_diff)
-        mo.reason = r.reason
+        mo.reason = a.reason
         self.pm.send("modelOutput", msg)
         self.frames_out += 1
 
-    def _publish_active(self, source: Source) -> None:
+    def _publish_active(self, source: Source, valid: bool = True, output_reason: str = "") -> None:
+        """``chestnutActive`` after a frame answered by ``source`` (``valid``: its output was valid, else
+        ``output_reason`` says why), or between frames (``valid`` True: health decides alone)."""
         now = time.monotonic_ns()
-        active, reason = chestnut_active(self.health, source)
+        active, reason = active_for_output(*chestnut_active(self.health, source), valid, output_reason)
         self.active.update(active, reason, source, now)
         msg = new_message("chestnutActive")
         fill_active(msg.chestnutActive, self.active)

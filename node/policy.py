@@ -1,0 +1,286 @@
+"""The node's per-frame decisions as pure functions over plain data: no clock, socket or process here.
+
+``node.main`` gathers the facts (the supervisor's state, the worker's slots, the clock, each
+source's outputs and their checks) and performs what these functions decide. One frame:
+
+=====================  ==================================================================================
+decision               rule
+=====================  ==================================================================================
+frame clock            :func:`frame_clock`: the deadline counts from the frame's ``timestampEof``
+                       (CLOCK_MONOTONIC, the node's clock) when it is comparable; a stamp of 0 or one in
+                       the future makes the frame's age unknown, and its output is not valid
+submission             :func:`decide_submission`: the primary gets the frame only while it runs (active or
+                       shadowing), its worker is ready and not draining, the frame is still inside its
+                       deadline and a slot is free; the last two are *misses*
+fallback runs          :func:`fallback_must_run`: in hot standby always; else whenever the primary does
+                       not serve or did not get the frame
+primary's response     :func:`pair_response`: the frame's own result, its failure, a late one (the
+                       watchdog's verdict) or an earlier frame's, to be taken in and waited past
+worker declared failed :func:`count_miss`: ``miss_run`` consecutive frames without a primary result in
+                       time fail the gpu layer over (openpilot modeld gives the big model 150 ms a frame)
+agreement reference    :func:`agreement_reference`: the fallback's output, only when it passed its own
+                       checks; without one a shadow frame casts no vote (:func:`shadow_vote`)
+who answers            :func:`choose_answer`: the primary when the supervisor says it serves and its output
+                       passed every check; else the fallback when its output passed every check; else no
+                       valid output (``valid=False``) with the reason of each source
+ChestnutActive         :func:`active_for_output`: the health rule (every layer OK and the primary serves),
+                       and false for a frame whose output is not valid
+=====================  ==================================================================================
+
+The output checks (:mod:`chestnut.node.validity`: present, shape, dtype, finite, range, stale) apply
+to every source; agreement only to the primary, against a valid fallback output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from chestnut.node.supervisor import Source
+from chestnut.node.validity import ValidityReport
+
+NS_PER_MS = 1_000_000
+
+
+# ---------------------------------------------------------------- the frame's clock
+@dataclass(frozen=True)
+class FrameClock:
+    """When frame's deadline counts from (``base_ns``, CLOCK_MONOTONIC) and whether its age is known.
+
+    ``age_problem`` is empty when ``timestampEof`` is a time of this host's clock not after the
+    frame's receipt; else the one-line reason its age is unknown (the output is then not valid)."""
+
+    base_ns: int
+    age_problem: str = ""
+
+    @property
+    def age_known(self) -> bool:
+        return not self.age_problem
+
+
+def frame_clock(frame_id: int, eof_ns: int, now_ns: int, wait_timeout_ms: float) -> FrameClock:
+    """The clock of frame ``frame_id`` with ``timestampEof`` = ``eof_ns``, received at ``now_ns`` (ns).
+
+    - ``eof_ns`` in ``[now - wait timeout, now]``: the deadline counts from it (time spent queued
+      before the node could take the frame counts against the primary);
+    - older than the wait timeout: the deadline counts from receipt (a frame that old is answered,
+      not dropped; its age is still the truth and is published);
+    - ``eof_ns == 0`` (never set) or after ``now_ns`` (not this host's CLOCK_MONOTONIC; the schema
+      defines it as one): the deadline counts from receipt and the age is unknown.
+    """
+    if eof_ns == 0:
+        return FrameClock(now_ns, f"cameraFrame {frame_id}: timestampEof is 0 (not set): the frame's age is unknown")
+    if eof_ns > now_ns:
+        ahead_ms = (eof_ns - now_ns) / NS_PER_MS
+        return FrameClock(now_ns, f"cameraFrame {frame_id}: timestampEof is {ahead_ms:.1f} ms ahead of this host's "
+                                  "CLOCK_MONOTONIC: the frame's age is unknown")
+    if now_ns - eof_ns > int(wait_timeout_ms * NS_PER_MS):
+        return FrameClock(now_ns)
+    return FrameClock(eof_ns)
+
+
+def frame_age_s(clock: FrameClock, eof_ns: int, publish_ns: int) -> float:
+    """``modelOutput.frameAge`` in seconds: publish time minus ``timestampEof``; 0 when the age is unknown
+    (the output then says why in ``reason`` and is not valid)."""
+    if not clock.age_known:
+        return 0.0
+    return max(0.0, (publish_ns - eof_ns) / 1e9)
+
+
+# ---------------------------------------------------------------- the primary's request
+class Submit(StrEnum):
+    SUBMIT = "submit"  # hand the frame to the worker
+    MISS = "miss"      # the primary should answer but cannot in time: a deadline miss
+    SKIP = "skip"      # the primary does not run for this frame (not serving nor shadowing, no ready worker)
+
+
+@dataclass(frozen=True)
+class PrimaryView:
+    """What the node knows of the primary when a frame arrives.
+
+    ``runs_primary``: the supervisor runs it (active or shadowing); ``worker_ready``: a worker exists,
+    is alive and has loaded the model; ``draining``: it failed over and only finishes what is in
+    flight; ``can_submit``: a slot is free; ``oldest_in_flight``: the oldest unanswered request."""
+
+    runs_primary: bool
+    worker_ready: bool
+    draining: bool
+    can_submit: bool
+    oldest_in_flight: int | None = None
+
+
+@dataclass(frozen=True)
+class Submission:
+    verdict: Submit
+    why: str = ""  # for MISS and SKIP: why the primary does not answer this frame
+
+
+UNAVAILABLE = "primary unavailable"
+
+
+def decide_submission(view: PrimaryView, base_ns: int, now_ns: int, deadline_ms: float) -> Submission:
+    """Whether frame (deadline counting from ``base_ns``) goes to the primary at ``now_ns``; see the table."""
+    if not (view.runs_primary and view.worker_ready and not view.draining):
+        return Submission(Submit.SKIP, UNAVAILABLE)
+    waited_ms = (now_ns - base_ns) / NS_PER_MS
+    if waited_ms >= deadline_ms:
+        return Submission(Submit.MISS, f"frame waited {waited_ms:.0f} ms before the node could take it (deadline "
+                                       f"{deadline_ms:g} ms): the primary does not keep up")
+    if not view.can_submit:
+        busy = ("primary busy: every slot still holds an unanswered request (oldest frame "
+                f"{view.oldest_in_flight})" if view.oldest_in_flight is not None else "primary busy")
+        return Submission(Submit.MISS, busy)
+    return Submission(Submit.SUBMIT)
+
+
+def fallback_must_run(hot_standby: bool, primary_serves: bool, submitted: bool) -> bool:
+    """Run the fallback before waiting for the primary: in hot standby (its output is the agreement
+    reference), when the fallback serves, or when the primary did not get the frame."""
+    return hot_standby or not primary_serves or not submitted
+
+
+class Pairing(StrEnum):
+    ANSWER = "answer"    # the frame's own result, in time: use it
+    FAILED = "failed"    # the frame's own request failed (typed error): no primary output for it
+    LATE = "late"        # the frame's own result, after the deadline: discarded, a miss
+    EARLIER = "earlier"  # a result (or failure) of an earlier frame: take it in, keep waiting
+
+
+def pair_response(seq: int, frame_seq: int, failed: bool, in_time: bool) -> Pairing:
+    """What a response ``seq`` is to the frame being answered (request ``frame_seq``); ``failed``: it
+    carries an error; ``in_time``: the watchdog's verdict lets its result be used."""
+    if seq != frame_seq:
+        return Pairing.EARLIER
+    if failed:
+        return Pairing.FAILED
+    return Pairing.ANSWER if in_time else Pairing.LATE
+
+
+def no_result_reason(deadline_ms: float) -> str:
+    return f"no primary result within the deadline ({deadline_ms:g} ms after the frame)"
+
+
+def late_result_reason(elapsed_ms: float, deadline_ms: float) -> str:
+    return f"primary result after {elapsed_ms:.1f} ms, past the deadline ({deadline_ms:g} ms)"
+
+
+@dataclass(frozen=True)
+class MissVerdict:
+    """After one missed frame: the consecutive-miss count, and whether (and why) the worker is failed over."""
+
+    run: int
+    fail_over: bool
+    reason: str = ""
+
+
+def count_miss(run: int, miss_run: int, runs_primary: bool, deadline_ms: float, why: str) -> MissVerdict:
+    """One more frame the primary did not answer in time (``run`` misses before it, ``why`` this one).
+
+    ``miss_run`` consecutive misses fail the gpu layer over while the primary runs; every further miss
+    says so again (the supervisor ignores a repeat). A primary result in time resets the count to 0."""
+    run += 1
+    if run >= miss_run and runs_primary:
+        return MissVerdict(run, True, f"{run} consecutive frames without a primary result within the deadline "
+                                      f"({deadline_ms:g} ms); last: {why}")
+    return MissVerdict(run, False)
+
+
+# ---------------------------------------------------------------- whose output is published
+@dataclass(frozen=True)
+class Candidate:
+    """One source's answer to one frame: its outputs (None when it gave none), their checks (None when
+    not checked), its run time (s) and, when it gave none, why (``error``)."""
+
+    outputs: Mapping[str, np.ndarray] | None
+    report: ValidityReport | None
+    exec_s: float = 0.0
+    error: str = ""
+
+    @property
+    def valid(self) -> bool:
+        """Outputs that passed every check they were given."""
+        return self.outputs is not None and self.report is not None and self.report.ok
+
+
+def agreement_reference(fallback: Candidate | None) -> Mapping[str, np.ndarray] | None:
+    """The fallback's outputs as the primary's agreement reference, only when they passed their own checks
+    (an invalid reference would fail a valid primary, or agree with a broken one)."""
+    return fallback.outputs if fallback is not None and fallback.valid else None
+
+
+def shadow_vote(report: ValidityReport | None) -> bool | None:
+    """A shadow frame's vote: True when the primary passed every check *including* agreement, False on a
+    failed check, None (no vote) when the agreement could not be checked (no valid fallback output)."""
+    if report is None:
+        return None
+    if not report.ok:
+        return False
+    return True if report.agreement_checked else None
+
+
+def primary_serves(serving: Source, primary: Candidate | None) -> bool:
+    """The primary answers this frame: the supervisor says it serves and its output passed every check."""
+    return serving is Source.PRIMARY and primary is not None and primary.valid
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What is published for one frame: ``modelOutput.source``, its tensors (None: none), the serving
+    model's run time (s), ``valid`` and ``reason`` (empty when the primary serves as it should)."""
+
+    source: Source
+    outputs: Mapping[str, np.ndarray] | None
+    exec_s: float
+    valid: bool
+    reason: str
+
+
+def choose_answer(serving: Source, serving_reason: str, primary: Candidate | None, fallback: Candidate | None,
+                  primary_why: str) -> Answer:
+    """Who answers the frame (see the module table).
+
+    ``serving``/``serving_reason``: the supervisor's source and why; ``primary``: the primary's
+    candidate (None: it gave no output, ``primary_why`` says why); ``fallback``: the fallback's (None:
+    it did not run). Reasons, first match: the primary serves -> ""; the supervisor serves another
+    source -> its reason; the primary's output failed a check -> ``"primary output invalid: ..."``;
+    else ``primary_why``. A fallback that gives no valid output puts its own reason first.
+    """
+    if primary_serves(serving, primary):
+        assert primary is not None
+        return Answer(Source.PRIMARY, primary.outputs, primary.exec_s, True, "")
+    if serving is not Source.PRIMARY:
+        reason = serving_reason
+    elif primary is not None and primary.report is not None and not primary.report.ok:
+        reason = f"primary output invalid: {primary.report.reason}"
+    else:
+        reason = primary_why
+    if fallback is None:
+        return Answer(Source.NONE, None, 0.0, False, f"no source ran; {reason}")
+    if fallback.outputs is None:
+        return Answer(Source.FALLBACK, None, fallback.exec_s, False, f"{fallback.error}; {reason}")
+    if fallback.report is not None and not fallback.report.ok:
+        return Answer(Source.FALLBACK, None, fallback.exec_s, False,
+                      f"fallback output invalid: {fallback.report.reason}; {reason}")
+    return Answer(Source.FALLBACK, fallback.outputs, fallback.exec_s, True, reason)
+
+
+def with_frame_clock(answer: Answer, clock: FrameClock) -> Answer:
+    """The answer of a frame whose age is unknown is not valid; its reason comes first."""
+    if clock.age_known:
+        return answer
+    reason = f"{clock.age_problem}; {answer.reason}" if answer.reason else clock.age_problem
+    return Answer(answer.source, answer.outputs, answer.exec_s, False, reason)
+
+
+def active_for_output(health_active: bool, health_reason: str, valid: bool, reason: str) -> tuple[bool, str]:
+    """``ChestnutActive`` after one frame: the health rule's verdict (every layer OK and the primary serves,
+    :func:`chestnut.node.health.chestnut_active`), and false with the output's reason when the published
+    output is not valid."""
+    if not health_active:
+        return False, health_reason
+    if not valid:
+        return False, f"output not valid: {reason}"
+    return True, health_reason
