@@ -1,0 +1,273 @@
+"""The node's per-frame decisions (``node/policy.py``) as pure code: every branch, exact values.
+
+No process, socket or clock: times are plain integers (ns), outputs small numpy arrays checked by the
+real output checks (``node/validity.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from chestnut.backend.model import TensorSpec
+from chestnut.node.policy import (
+    UNAVAILABLE,
+    Answer,
+    Candidate,
+    FrameClock,
+    Pairing,
+    PrimaryView,
+    Submission,
+    Submit,
+    active_for_output,
+    agreement_reference,
+    choose_answer,
+    count_miss,
+    decide_submission,
+    fallback_must_run,
+    frame_age_s,
+    frame_clock,
+    late_result_reason,
+    no_result_reason,
+    pair_response,
+    primary_serves,
+    shadow_vote,
+    with_frame_clock,
+)
+from chestnut.node.supervisor import Source
+from chestnut.node.validity import StaleDetector, ValidityReport, check_outputs, contracts_from_specs
+
+MS = 1_000_000
+NOW = 10_000 * MS          # the node's clock when the frame arrives
+WAIT_MS = 3000.0           # the dock's wait timeout
+DEADLINE_MS = 150.0
+CONTRACTS = contracts_from_specs([TensorSpec("prob", (2,), "float32")], {"prob": (0.0, 1.0)})
+GOOD = {"prob": np.array([0.25, 0.75], np.float32)}
+CLOSE = {"prob": np.array([0.2501, 0.75], np.float32)}      # within the 1e-3 tolerance of GOOD
+FAR = {"prob": np.array([0.5, 0.75], np.float32)}           # disagrees with GOOD
+NAN = {"prob": np.array([np.nan, np.nan], np.float32)}
+OUT_OF_RANGE = {"prob": np.array([0.5, 1.5], np.float32)}
+
+
+def checked(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray] | None = None) -> ValidityReport:
+    return check_outputs(outputs, CONTRACTS, reference=reference)
+
+
+# ---------------------------------------------------------------- the frame's clock
+def test_a_frame_stamped_by_this_clock_counts_its_deadline_from_the_stamp() -> None:
+    assert frame_clock(7, NOW - 20 * MS, NOW, WAIT_MS) == FrameClock(NOW - 20 * MS, "")
+    assert frame_clock(7, NOW, NOW, WAIT_MS) == FrameClock(NOW, "")                          # just taken
+    assert frame_clock(7, NOW - 3000 * MS, NOW, WAIT_MS) == FrameClock(NOW - 3000 * MS, "")  # the edge: kept
+
+
+def test_a_frame_older_than_the_wait_timeout_counts_from_receipt_with_its_age_kept() -> None:
+    clock = frame_clock(7, NOW - 3000 * MS - 1, NOW, WAIT_MS)
+    assert clock == FrameClock(NOW, "") and clock.age_known
+    assert frame_age_s(clock, NOW - 3000 * MS - 1, NOW + 5 * MS) == pytest.approx(3.005 + 1e-9)
+
+
+def test_a_frame_without_timestamp_has_no_age() -> None:
+    clock = frame_clock(7, 0, NOW, WAIT_MS)
+    assert clock == FrameClock(NOW, "cameraFrame 7: timestampEof is 0 (not set): the frame's age is unknown")
+    assert not clock.age_known
+    assert frame_age_s(clock, 0, NOW + 5 * MS) == 0.0  # not the machine's uptime
+
+
+def test_a_frame_from_the_future_has_no_age() -> None:
+    clock = frame_clock(9, NOW + 2_500_000, NOW, WAIT_MS)
+    assert clock == FrameClock(NOW, "cameraFrame 9: timestampEof is 2.5 ms ahead of this host's CLOCK_MONOTONIC: "
+                                    "the frame's age is unknown")
+    assert frame_age_s(clock, NOW + 2_500_000, NOW + 5 * MS) == 0.0  # not clamped into a plausible 2.5 ms
+
+
+def test_frame_age_is_publish_time_minus_the_stamp() -> None:
+    clock = frame_clock(1, NOW - 20 * MS, NOW, WAIT_MS)
+    assert frame_age_s(clock, NOW - 20 * MS, NOW + 5 * MS) == pytest.approx(0.025)
+
+
+def test_an_unknown_age_makes_the_answer_invalid_with_its_reason_first() -> None:
+    unknown = FrameClock(NOW, "cameraFrame 3: timestampEof is 0 (not set): the frame's age is unknown")
+    served = Answer(Source.PRIMARY, GOOD, 0.01, True, "")
+    assert with_frame_clock(served, unknown) == Answer(Source.PRIMARY, GOOD, 0.01, False, unknown.age_problem)
+    fb = Answer(Source.FALLBACK, GOOD, 0.02, True, "degraded")
+    assert with_frame_clock(fb, unknown) == Answer(Source.FALLBACK, GOOD, 0.02, False,
+                                                   f"{unknown.age_problem}; degraded")
+    assert with_frame_clock(fb, FrameClock(NOW)) is fb
+
+
+# ---------------------------------------------------------------- submission
+READY = PrimaryView(runs_primary=True, worker_ready=True, draining=False, can_submit=True)
+
+
+@pytest.mark.parametrize(("runs", "ready", "draining"),
+                         [c for c in itertools.product([True, False], repeat=3) if c != (True, True, False)])
+def test_a_primary_that_does_not_run_is_skipped_whatever_else_holds(runs: bool, ready: bool, draining: bool) -> None:
+    for can_submit, waited_ms in itertools.product([True, False], [0, 500]):
+        view = PrimaryView(runs, ready, draining, can_submit, 3)
+        assert decide_submission(view, NOW - waited_ms * MS, NOW, DEADLINE_MS) == Submission(Submit.SKIP, UNAVAILABLE)
+
+
+def test_a_ready_primary_gets_the_frame_inside_its_deadline() -> None:
+    assert decide_submission(READY, NOW - 149 * MS, NOW, DEADLINE_MS) == Submission(Submit.SUBMIT, "")
+
+
+def test_a_frame_past_its_deadline_before_submission_is_a_miss() -> None:
+    assert decide_submission(READY, NOW - 150 * MS, NOW, DEADLINE_MS) == Submission(
+        Submit.MISS, "frame waited 150 ms before the node could take it (deadline 150 ms): the primary does not "
+                     "keep up")
+
+
+def test_a_primary_with_every_slot_in_flight_misses_the_frame() -> None:
+    busy = PrimaryView(True, True, False, can_submit=False, oldest_in_flight=415)
+    assert decide_submission(busy, NOW, NOW, DEADLINE_MS) == Submission(
+        Submit.MISS, "primary busy: every slot still holds an unanswered request (oldest frame 415)")
+    no_seq = PrimaryView(True, True, False, can_submit=False)
+    assert decide_submission(no_seq, NOW, NOW, DEADLINE_MS) == Submission(Submit.MISS, "primary busy")
+    # the deadline is checked first: a frame both late and blocked says it waited
+    assert decide_submission(busy, NOW - 200 * MS, NOW, DEADLINE_MS).why.startswith("frame waited 200 ms")
+
+
+@pytest.mark.parametrize(("hot", "serves", "submitted", "runs"), [
+    (True, True, True, True), (True, True, False, True), (True, False, True, True), (True, False, False, True),
+    (False, True, True, False), (False, True, False, True), (False, False, True, True), (False, False, False, True),
+])
+def test_the_fallback_runs_unless_a_warm_standby_primary_serves_and_got_the_frame(
+        hot: bool, serves: bool, submitted: bool, runs: bool) -> None:
+    assert fallback_must_run(hot, serves, submitted) is runs
+
+
+# ---------------------------------------------------------------- the primary's response
+@pytest.mark.parametrize(("seq", "failed", "in_time", "want"), [
+    (5, False, True, Pairing.ANSWER),
+    (5, False, False, Pairing.LATE),
+    (5, True, True, Pairing.FAILED),
+    (5, True, False, Pairing.FAILED),   # a failure is a failure, late or not
+    (4, False, True, Pairing.EARLIER),
+    (4, False, False, Pairing.EARLIER),
+    (4, True, True, Pairing.EARLIER),
+    (4, True, False, Pairing.EARLIER),
+])
+def test_a_response_pairs_with_its_own_frame_only(seq: int, failed: bool, in_time: bool, want: Pairing) -> None:
+    assert pair_response(seq, 5, failed, in_time) is want
+
+
+def test_reasons_of_a_missing_or_late_result() -> None:
+    assert no_result_reason(150.0) == "no primary result within the deadline (150 ms after the frame)"
+    assert late_result_reason(171.26, 150.0) == "primary result after 171.3 ms, past the deadline (150 ms)"
+
+
+# ---------------------------------------------------------------- the worker declared failed
+def test_a_run_of_misses_fails_the_worker_over_at_the_limit_and_after() -> None:
+    run, verdicts = 0, []
+    for i in range(4):
+        v = count_miss(run, 3, True, 150.0, f"miss {i}")
+        verdicts.append((v.run, v.fail_over))
+        run = v.run
+    assert verdicts == [(1, False), (2, False), (3, True), (4, True)]
+    assert count_miss(2, 3, True, 150.0, "primary busy").reason == (
+        "3 consecutive frames without a primary result within the deadline (150 ms); last: primary busy")
+
+
+def test_misses_while_the_primary_does_not_run_are_counted_but_fail_nothing() -> None:
+    v = count_miss(7, 3, False, 150.0, "x")
+    assert (v.run, v.fail_over, v.reason) == (8, False, "")
+
+
+def test_a_miss_run_of_one_fails_over_at_once() -> None:
+    assert count_miss(0, 1, True, 100.0, "late").fail_over
+
+
+# ---------------------------------------------------------------- agreement reference and shadow votes
+def test_only_a_valid_fallback_output_is_an_agreement_reference() -> None:
+    assert agreement_reference(Candidate(GOOD, checked(GOOD))) is GOOD
+    assert agreement_reference(Candidate(NAN, checked(NAN))) is None
+    assert agreement_reference(Candidate(OUT_OF_RANGE, checked(OUT_OF_RANGE))) is None
+    assert agreement_reference(Candidate(None, None, 0.0, "fallback failed: RuntimeError: x")) is None
+    assert agreement_reference(Candidate(GOOD, None)) is None  # unchecked outputs are no reference
+    assert agreement_reference(None) is None
+
+
+def test_a_shadow_frame_votes_only_when_the_agreement_was_checked() -> None:
+    assert shadow_vote(checked(CLOSE, reference=GOOD)) is True
+    assert shadow_vote(checked(FAR, reference=GOOD)) is False
+    assert shadow_vote(checked(NAN, reference=GOOD)) is False
+    assert shadow_vote(checked(NAN)) is False          # a failed check needs no reference to count
+    assert shadow_vote(checked(GOOD)) is None          # no reference: no agreement, no vote
+    assert shadow_vote(None) is None
+
+
+# ---------------------------------------------------------------- who answers
+P_GOOD = Candidate(GOOD, checked(GOOD, reference=CLOSE), 0.004)
+P_FAR = Candidate(FAR, checked(FAR, reference=GOOD), 0.004)
+P_NAN = Candidate(NAN, checked(NAN), 0.004)
+F_GOOD = Candidate(CLOSE, checked(CLOSE), 0.007)
+F_NAN = Candidate(NAN, checked(NAN), 0.007)
+F_FAILED = Candidate(None, None, 0.001, "fallback failed: RuntimeError: engine gone")
+NAN_REASON = "prob: 2 non-finite value(s) (2 NaN, 0 inf), first at (0,)"
+SUP = "deadline_miss_run (gpu): 3 consecutive frames"
+
+
+def test_a_serving_primary_with_a_valid_output_answers() -> None:
+    for fb in (F_GOOD, F_NAN, F_FAILED, None):
+        assert choose_answer(Source.PRIMARY, "active", P_GOOD, fb, "") == Answer(Source.PRIMARY, GOOD, 0.004, True, "")
+    assert primary_serves(Source.PRIMARY, P_GOOD)
+
+
+def test_a_valid_primary_output_does_not_answer_while_the_supervisor_serves_the_fallback() -> None:
+    assert not primary_serves(Source.FALLBACK, P_GOOD)
+    assert choose_answer(Source.FALLBACK, "shadowing: 3 of 10", P_GOOD, F_GOOD, "") == Answer(
+        Source.FALLBACK, CLOSE, 0.007, True, "shadowing: 3 of 10")
+
+
+def test_an_invalid_primary_output_is_answered_by_a_valid_fallback() -> None:
+    assert not primary_serves(Source.PRIMARY, P_NAN)
+    assert choose_answer(Source.PRIMARY, "active", P_NAN, F_GOOD, "") == Answer(
+        Source.FALLBACK, CLOSE, 0.007, True, f"primary output invalid: {NAN_REASON}")
+    assert choose_answer(Source.PRIMARY, "active", P_FAR, F_GOOD, "") == Answer(
+        Source.FALLBACK, CLOSE, 0.007, True, "primary output invalid: prob: 1 value(s) differ from the fallback "
+                                             "beyond tol 0.001 (max abs diff 0.25, first at (0,))")
+
+
+def test_a_primary_without_output_is_answered_by_the_fallback_with_why() -> None:
+    why = "no primary result within the deadline (150 ms after the frame)"
+    assert choose_answer(Source.PRIMARY, "active", None, F_GOOD, why) == Answer(Source.FALLBACK, CLOSE, 0.007, True,
+                                                                                 why)
+
+
+def test_no_valid_output_from_any_source_is_published_as_not_valid_with_each_reason() -> None:
+    assert choose_answer(Source.FALLBACK, SUP, None, F_NAN, UNAVAILABLE) == Answer(
+        Source.FALLBACK, None, 0.007, False, f"fallback output invalid: {NAN_REASON}; {SUP}")
+    assert choose_answer(Source.PRIMARY, "active", P_NAN, F_NAN, "") == Answer(
+        Source.FALLBACK, None, 0.007, False, f"fallback output invalid: {NAN_REASON}; primary output invalid: "
+                                             f"{NAN_REASON}")
+    assert choose_answer(Source.PRIMARY, "active", None, F_FAILED, "primary failed: gpu fence_stall") == Answer(
+        Source.FALLBACK, None, 0.001, False, "fallback failed: RuntimeError: engine gone; primary failed: gpu "
+                                             "fence_stall")
+    out_of_range = Candidate(OUT_OF_RANGE, checked(OUT_OF_RANGE), 0.007)
+    assert choose_answer(Source.FALLBACK, SUP, None, out_of_range, "") == Answer(
+        Source.FALLBACK, None, 0.007, False, "fallback output invalid: prob: 1 value(s) outside [0, 1] (min 1.5, "
+                                             f"max 1.5), first at (1,); {SUP}")
+    assert choose_answer(Source.FALLBACK, SUP, None, None, UNAVAILABLE) == Answer(
+        Source.NONE, None, 0.0, False, f"no source ran; {SUP}")
+
+
+def test_a_stale_fallback_output_is_not_valid() -> None:
+    stale = StaleDetector()
+    first = check_outputs(GOOD, CONTRACTS, input_fp=b"a" * 16, stale=stale)
+    again = check_outputs(GOOD, CONTRACTS, input_fp=b"b" * 16, stale=stale)
+    assert first.ok and not again.ok
+    got = choose_answer(Source.FALLBACK, SUP, None, Candidate(GOOD, again, 0.007), UNAVAILABLE)
+    assert got == Answer(Source.FALLBACK, None, 0.007, False, "fallback output invalid: output identical to the "
+                         f"previous frame's while the input changed (1 in a row); {SUP}")
+
+
+# ---------------------------------------------------------------- ChestnutActive
+def test_chestnut_active_needs_the_health_rule_and_a_valid_output() -> None:
+    assert active_for_output(True, "all layers OK", True, "") == (True, "all layers OK")
+    assert active_for_output(True, "all layers OK", False, "cameraFrame 3: timestampEof is 0") == (
+        False, "output not valid: cameraFrame 3: timestampEof is 0")
+    assert active_for_output(False, "gpu ERROR: fence stuck", False, "x") == (False, "gpu ERROR: fence stuck")
+    assert active_for_output(False, "fallback serving, not the primary", True, "") == (
+        False, "fallback serving, not the primary")
