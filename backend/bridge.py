@@ -3,7 +3,8 @@
 :class:`Bridge` drives any transport with tinygrad 0.14 ``USB3``'s four methods (``control_read``,
 ``control_write``, ``bulk_read``, ``bulk_write``, same arguments and timeouts in ms): tinygrad's own
 ``USB3`` on a real dock, or the twin's adapter. The requests and addresses are those of tinygrad 0.14
-``CustomASM24Controller`` (FACTS.md §1, constants in :mod:`chestnut.backend.protocol`); unlike
+``CustomASM24Controller`` (``runtime/support/usb.py``, ``docs/protocol.md``; constants in
+:mod:`chestnut.backend.protocol`); unlike
 tinygrad 0.14, the link-training wait after power-on is a bounded poll, and every failure is a typed
 layer error (:mod:`chestnut.backend.errors`): whatever the transport raises is classified
 (:func:`chestnut.backend.classify.classify`, USB layer by default), a bad completion is a PCIe error,
@@ -120,8 +121,8 @@ def round_up(a: int, b: int) -> int:
 class Bridge:
     """Host-side controller of the dock's bridge over a :class:`Usb3Like` transport.
 
-    ``ctrl_timeout_ms`` bounds every control transfer (tinygrad uses 1000 ms; the hardware daemon of
-    FACTS.md §3 uses 100 ms for its LTSSM reads); ``bulk_timeout_ms`` bounds every bulk transfer.
+    ``ctrl_timeout_ms`` bounds every control transfer (tinygrad 0.14 ``USB3`` defaults to 1000 ms;
+    openpilot's hardware daemon uses 100 ms for its LTSSM reads); ``bulk_timeout_ms`` bounds every bulk transfer.
     Counters: ``control_transfers``, ``bulk_out_transfers``, ``bulk_in_transfers``, ``bulk_out_bytes``,
     ``bulk_in_bytes`` (for the copy benchmark's wire accounting).
     """

@@ -1,10 +1,11 @@
 """Typed errors at the backend boundary, one class per health layer.
 
-tinygrad 0.14 raises plain ``RuntimeError``/``AssertionError`` (FACTS.md §2); pyusb raises
+tinygrad 0.14 raises plain ``RuntimeError``/``AssertionError`` (it defines no exception classes of its own:
+``runtime/support/usb.py``, ``runtime/support/hcq.py``, ``runtime/ops_amd.py``); pyusb raises
 ``usb.core.USBError``. Everything that leaves ``chestnut.backend`` is one of the classes below and
 keeps the original message in ``.detail`` (and the original exception as ``__cause__``).
 
-Layers (DESIGN.md, "The four health layers"): ``usb`` -> ``pcie`` -> ``gpu`` -> ``output``;
+Layers (``docs/health.md``): ``usb`` -> ``pcie`` -> ``gpu`` -> ``output``;
 model and configuration problems are not dock faults and have their own classes.
 """
 

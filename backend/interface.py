@@ -28,7 +28,7 @@ class StepResult(StrEnum):
 
 @dataclass
 class LadderStep:
-    """One rung of the qualification ladder (DESIGN.md "Qualification, activation and recovery")."""
+    """One rung of the qualification ladder (``docs/architecture.md``, "Qualification, failover and return")."""
 
     name: str               # "usb_ids", "link_speed", "link_stability", "ltssm", "gpu_arch", "model_loaded", "warmup"
     layer: Layer            # the health layer this step gives evidence for

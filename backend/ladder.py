@@ -1,6 +1,6 @@
 """The qualification ladder: the evidence, step by step, that the dock may serve the primary model.
 
-DESIGN.md "Qualification, activation and recovery"; MISSION.md point 3 (no single "present" bit).
+``docs/architecture.md``, "Qualification, failover and return" (no single "present" bit says the dock can serve).
 The rungs, in order, each with the health layer it speaks for:
 
 =================  ======  ==========================================================================

@@ -1,6 +1,7 @@
 """The primary runner on a real Chestnut dock: tinygrad 0.14 with ``DEV=USB+AMD:LLVM``, kept thin.
 
-What it adds around tinygrad (FACTS.md §1-§2):
+What it adds around tinygrad (``docs/protocol.md``; tinygrad 0.14 ``runtime/ops_amd.py``, ``runtime/support/usb.py``,
+``runtime/support/system.py``):
 
 - **Environment first.** ``DEV=USB+AMD:LLVM``, ``GMMU=0`` and ``HCQDEV_WAIT_TIMEOUT_MS=3000`` are
   set before tinygrad is imported (its ``getenv`` is cached), only in the process that owns the dock
@@ -54,7 +55,8 @@ FW_URL = "https://gitlab.com/kernel-firmware/linux-firmware/-/raw/{commit}/{path
 
 # ------------------------------------------------------------------ environment
 def real_environment(wait_timeout_ms: int = P.WAIT_TIMEOUT_MS) -> dict[str, str]:
-    """The variables tinygrad must see at import in the dock's process (FACTS.md §2)."""
+    """The variables tinygrad must see at import in the dock's process (tinygrad 0.14 ``helpers.py``
+    ``getenv`` is cached)."""
     return {"DEV": REAL_DEV, "GMMU": "0", "HCQDEV_WAIT_TIMEOUT_MS": str(int(wait_timeout_ms))}
 
 
@@ -384,7 +386,7 @@ def check_inputs(specs: tuple[TensorSpec, ...], inputs: dict[str, np.ndarray]) -
 
 
 def translate(exc: BaseException) -> ChestnutError:
-    """tinygrad's failure as a typed error, with the dock-specific wording of FACTS.md §2.
+    """tinygrad's failure as a typed error, with dock-specific wording for two of tinygrad 0.14's messages.
 
     No dock (tinygrad: "AMD:0 does not exist (0 devices available)", possibly inside an
     ExceptionGroup) becomes UsbLayerError ``no_dock`` "no Chestnut dock found ..."; a missing GPU

@@ -8,7 +8,7 @@ Two engines serve the same ONNX file:
 - ``tinygrad``: tinygrad on ``DEV=CPU`` in a captured TinyJit (:class:`~chestnut.backend.model.OnnxModel`),
   for stacks that want one inference engine everywhere; it uses the compile cache.
 
-Standby modes (DESIGN.md "fallback"): *warm* runs the fallback only when it must answer a frame;
+Standby modes (``docs/architecture.md``): *warm* runs the fallback only when it must answer a frame;
 *hot* runs it on every frame, so temporal context is never cold and its outputs can be compared
 with the primary's. The mode is the node's decision; this class only runs the model.
 """

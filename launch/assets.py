@@ -3,7 +3,8 @@
 - Model: PaddleOCR's pretrained PP-OCRv4 text detector, ``ch_PP-OCRv4_det_infer.onnx``, shipped
   inside the PyPI wheel ``rapidocr-onnxruntime==1.4.4`` (installed with ``--no-deps`` by
   ``launch/setup.sh``). Input ``x`` float32 [N,3,H,W] (H, W multiples of 32, BGR,
-  ``(img/255 - 0.5)/0.5``), output float32 [N,1,H,W], a text probability in [0, 1] (FACTS.md §5).
+  ``(img/255 - 0.5)/0.5``), output float32 [N,1,H,W], a text probability in [0, 1]
+  (the wheel's ``rapidocr_onnxruntime/config.yaml``, ``Det``: mean and std 0.5).
 - Frames: ``images/traffic_sequence.mp4`` (350 real city-traffic frames, 704x576) and
   ``images/road.png`` from the PyPI wheel ``mvtb-data==1.6.1``, decoded with PyAV.
 
@@ -36,7 +37,7 @@ PPOCR_WHEEL = "rapidocr-onnxruntime==1.4.4"
 PPOCR_DET_FILE = "models/ch_PP-OCRv4_det_infer.onnx"
 FRAMES_WHEEL = "mvtb-data==1.6.1"
 DEFAULT_SHAPE: tuple[int, int, int, int] = (1, 3, 128, 256)  # N, C, H, W: openpilot's 128x256 model input
-AGREEMENT_TOL = 1e-4  # max |tinygrad - onnxruntime| accepted on a real frame (FACTS.md §5 measured ~2e-5)
+AGREEMENT_TOL = 1e-4  # max |tinygrad - onnxruntime| accepted on a real frame (measured: about 2e-5)
 # tinygrad 0.14 rejects the empty `roi` of Resize; in `asymmetric` mode roi is never read, so any
 # well-formed value works. This one is the identity box for a 4-D tensor (ONNX Resize spec).
 IDENTITY_ROI = np.array([0, 0, 0, 0, 1, 1, 1, 1], dtype=np.float32)

@@ -3,7 +3,7 @@
 A service name is the name of the ``Event`` union member it carries (cereal's convention).
 ``frequency_hz == 0`` means on demand: such a service is always *alive* and its rate is not checked.
 ``decimation`` keeps every n-th message in a light ("qlog") log; ``None`` keeps none.
-Rates come from DESIGN.md: camera 20 Hz (openpilot's model rate), health 5 Hz, node state 1 Hz.
+Rates: camera 20 Hz (openpilot's model rate); health 5 Hz and node state 1 Hz are our choices.
 """
 
 from __future__ import annotations

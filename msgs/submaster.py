@@ -1,6 +1,6 @@
 """SubMaster's checks as pure logic: alive / freq_ok / valid per service, with the clock passed in.
 
-The rules (openpilot cereal's ``SubMaster`` vocabulary, FACTS.md §3; the window lengths are ours):
+The rules (openpilot cereal's ``SubMaster``, ``cereal/messaging/__init__.py``; the window lengths are ours):
 
 - **alive**: a service with frequency ``f > 0`` is alive while its newest message is younger than
   ``ALIVE_PERIODS / f`` seconds (10 periods: 0.5 s at 20 Hz), i.e. ``now - recv_time < 10 / f``.

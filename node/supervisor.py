@@ -23,7 +23,7 @@ AWAITING_SWITCH     recovering   ready to serve; waiting for the consumer to all
 STOPPING            stopping     stop sequence; terminal
 ==================  ===========  ==========================================================
 
-Policies (DESIGN.md "Qualification, activation and recovery"):
+Policies (``docs/architecture.md``, "Qualification, failover and return"):
 
 - the primary serves only in ACTIVE; the fallback serves in every other state but STARTING/STOPPING;
 - every switch to the primary passes AWAITING_SWITCH: it happens only while the consumer allows

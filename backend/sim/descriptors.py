@@ -1,6 +1,7 @@
 """USB descriptors of the Chestnut dock as the twin presents them (USB 3.2 spec chapter 9 layouts).
 
-IDs, configuration, interface and endpoints from tinygrad 0.14 ``usb.py`` (FACTS.md §1): VID:PID
+IDs, configuration, interface and endpoints from tinygrad 0.14 (``runtime/support/usb.py`` ``USB3.__init__``,
+``runtime/ops_amd.py`` ``USBIface.__init__``; ``docs/protocol.md``): VID:PID
 ``0xADD1:0x0001``, configuration 1, interface 0 (vendor class), bulk OUT ``0x02``, bulk IN ``0x81``.
 SuperSpeed: bcdUSB 3.20, EP0 512 bytes (bMaxPacketSize0 = 9), bulk 1024 bytes with companion
 descriptors; after a USB 2 fallback: bcdUSB 2.10, EP0 64 bytes, bulk 512 bytes.

@@ -2,8 +2,9 @@
 
 Pure data and small classes, no I/O; the :class:`~chestnut.backend.sim.twin.Twin` owns one
 :class:`FaultTable` and asks it at each *site* (a point where a fault of that kind can happen) whether
-a fault fires there. Faults come from the failure list of the source document (MISSION.md point 11)
-and the field reports in FACTS.md §3.
+a fault fires there. Faults come from the dock's failure layers (``docs/health.md``) and public field
+reports (transient I/O errors on working docks, openpilot#38519; a bridge wedged until power-cycled,
+tinygrad#18137).
 
 Activation (one :class:`FaultSpec` each, combinable):
 

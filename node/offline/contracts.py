@@ -10,7 +10,7 @@ contract                 holds when (source of the rule)
 =======================  ==================================================================================
 log_intact               every log file reads to its end: a truncated or corrupt file is reported with its
                          byte offset (:class:`~chestnut.msgs.logfile.LogDamage`); the rest is still checked
-one_output_per_frame     every ``cameraFrame`` has exactly one ``modelOutput`` (DESIGN.md "Timing contracts");
+one_output_per_frame     every ``cameraFrame`` has exactly one ``modelOutput`` (``docs/architecture.md``);
                          excused: frames still in flight at the log's end (EOF + deadline + slack after its
                          last message), frames whose answer fell into unreadable log, and frames before the
                          node's first message or after it published ``stopping``
@@ -20,7 +20,7 @@ deadline_or_fallback     no ``modelOutput`` from the primary later than the per-
 active_only_when_healthy ``chestnutActive.active`` is never true while a layer is not OK (the layer's level
                          at that instant, reconstructed from ``chestnutHealth`` and each layer's
                          ``lastChange``) or while its source is not the primary; a frame served by the
-                         fallback never leaves a consumer believing ``active`` (DESIGN.md "health layers")
+                         fallback never leaves a consumer believing ``active`` (``docs/health.md``)
 switch_has_reason        every change of ``modelOutput.source`` between primary and fallback is announced
                          with a reason, after the previous output and before the next frame: a ``nodeState``
                          with a reason, or a ``chestnutActive`` naming the new source with a reason (the node

@@ -1,6 +1,6 @@
 """``chestnut replay``: re-run the models over a log's camera frames and compare with its logged outputs.
 
-In the manner of openpilot's process replay (FACTS.md §3): the same number of outputs, aligned by
+In the manner of openpilot's process replay (``selfdrive/test/process_replay``): the same number of outputs, aligned by
 frame id, float values equal within ``|a-b| <= max(tol, tol*max(|a|,|b|))``, NaN equal only to NaN
 (:func:`chestnut.node.validity.compare_tensors`). Each logged ``modelOutput`` is re-run with the
 source that served it (``--source logged``) or with one source forced for every frame:
