@@ -60,10 +60,7 @@ STATUS_ERRORS: dict[int, tuple[type[ChestnutError], str, str]] = {
     P.STATUS_RUN_FAILED: (GpuLayerError, "run_failed", "the program failed while running"),
     P.STATUS_OUT_OF_RANGE: (GpuLayerError, "out_of_range", "a VRAM address or size is out of range"),
 }
-PACKET_DWORDS: dict[int, int] = {P.OP_NOP: 2, P.OP_COPYIN: 7, P.OP_COPYOUT: 6, P.OP_LOAD: 8, P.OP_RUN: 5,
-                                 P.OP_SIGNAL: 3}
-OP_NAMES = {P.OP_NOP: "NOP", P.OP_COPYIN: "COPYIN", P.OP_COPYOUT: "COPYOUT", P.OP_LOAD: "LOAD", P.OP_RUN: "RUN",
-            P.OP_SIGNAL: "SIGNAL"}
+PACKET_DWORDS, OP_NAMES = P.PACKET_DWORDS, P.OP_NAMES
 POLL_BACKOFF_S = (0.0, 20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3)  # sleep between polls, growing
 MIN_POLL_READ_MS = 20  # a poll read near the deadline still gets this long
 
@@ -186,7 +183,8 @@ class CommandQueue:
 
     def read_completion(self, timeout_ms: int | None = None) -> Completion:
         """One 16-byte read of the completion page (XDATA 0xB800): fence, status, signal, read pointer."""
-        raw = self.bridge.control_read(P.REQ_XDATA_READ, 16, value=P.XDATA_CPL_PAGE, timeout_ms=timeout_ms)
+        raw = self.bridge.control_read(P.REQ_XDATA_READ, 16, value=P.XDATA_CPL_PAGE + P.CPL_QUEUE_FENCE,
+                                       timeout_ms=timeout_ms)
         fence, status, signal, rptr = struct.unpack("<IIII", raw)
         return Completion(fence, status, signal, rptr)
 

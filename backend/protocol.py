@@ -104,14 +104,16 @@ USB_PREF_MEM_BASE = 32 << 30
 # the opcode's argument dwords (all u32, little-endian; 64-bit VRAM offsets as lo, hi).
 RING_VRAM_OFFSET = 0x0
 RING_BYTES = 0x100000             # 1 MiB ring; VRAM below VRAM_HEAP_OFFSET is reserved
-VRAM_HEAP_OFFSET = 0x200000       # first VRAM byte the host may allocate for buffers
+VRAM_HEAP_OFFSET = 0x400000       # first VRAM byte the host may allocate for buffers (below: the two rings, pointers)
 DOORBELL_BAR_OFFSET = 0x0
 DOORBELL_QUEUE_RESET = 0x8        # BAR2 offset: a posted write of any value abandons the packet being executed and
 #                                   every packet not yet started (read pointer := write pointer); CPL_RPTR is updated
-CPL_QUEUE_FENCE = 0x0             # u32: seq of the last completed packet
-CPL_STATUS = 0x4                  # u32: status of that packet (STATUS_*)
-CPL_SIGNAL = 0x8                  # u32: value written by OP_SIGNAL
-CPL_RPTR = 0xC                    # u32: the engine's read pointer (bytes consumed since GPU reset), written before
+# The completion block sits 0x100 into the completion page: tinygrad's copy-out writes a u32 0 to cq_buf+12
+# (the page's first 16 bytes are the bridge's NVMe-style completion entry), which must not clobber it.
+CPL_QUEUE_FENCE = 0x100           # u32: seq of the last completed packet
+CPL_STATUS = 0x104                # u32: status of that packet (STATUS_*)
+CPL_SIGNAL = 0x108                # u32: value written by OP_SIGNAL
+CPL_RPTR = 0x10C                  # u32: the engine's read pointer (bytes consumed since GPU reset), written before
 #                                   CPL_QUEUE_FENCE; a fresh host process continues its write pointer from here
 
 OP_NOP = 0x00
@@ -126,6 +128,10 @@ OP_LOAD = 0x03     # program_id, onnx_lo, onnx_hi, onnx_nbytes, sig_lo, sig_hi: 
 OP_RUN = 0x04      # program_id, table_lo, table_hi: table = u32 n_in, u32 n_out, then per tensor u64 vram
 #                    offset, u64 nbytes, inputs then outputs in signature order
 OP_SIGNAL = 0x05   # value: write value to completion page + CPL_SIGNAL
+
+PACKET_DWORDS: dict[int, int] = {OP_NOP: 2, OP_COPYIN: 7, OP_COPYOUT: 6, OP_LOAD: 8, OP_RUN: 5, OP_SIGNAL: 3}
+OP_NAMES: dict[int, str] = {OP_NOP: "NOP", OP_COPYIN: "COPYIN", OP_COPYOUT: "COPYOUT", OP_LOAD: "LOAD", OP_RUN: "RUN",
+                            OP_SIGNAL: "SIGNAL"}
 
 STATUS_OK = 0
 STATUS_BAD_PACKET = 1
@@ -149,3 +155,31 @@ SENTINEL_NBYTES_DW, SENTINEL_CRC_DW, SENTINEL_SEQ_DW, SENTINEL_MAGIC_DW = 0, 1, 
 def sentinel_value(seq: int) -> int:
     """The sentinel dword for chunk ``seq``: ``0x51000000 | (seq & 0xFFFFFF)`` (tinygrad 0.14 usb.py)."""
     return SENTINEL_MAGIC | (seq & 0xFFFFFF)
+
+
+# ------------------------------------------------------------------ the SDMA queue, as tinygrad 0.14 drives it
+# tinygrad 0.14 ``runtime/ops_amd.py``: ``AMDAllocator._copyin`` / ``_copyout`` build SDMA packets with
+# ``AMDCopyQueue`` (encodings from ``runtime/autogen/am/sdma_6_0_0.py``), put them in a ring with
+# ``AMDCopyQueue._submit`` and post the write pointer with ``AMDQueueDesc.signal_doorbell``; the pointers are
+# byte counts that only grow (ring offset = pointer % ring size). On a dock the AM driver creates the queue
+# at initialisation (``AMDDevice.sdma_queue``: a 1 MiB ring for USB); on the twin the harness
+# (``backend/tinygrad_harness.py``) stands in for that initialisation and both sides use this layout:
+SDMA_RING_VRAM_OFFSET = 0x200000  # 1 MiB SDMA ring in VRAM
+SDMA_RING_BYTES = 1 << 20         # tinygrad 0.14 ``AMDDevice.sdma_queue``: (1 << 20) if is_usb()
+SDMA_RPTR_VRAM_OFFSET = 0x300000  # u64: the engine's read pointer, written back after every packet
+SDMA_WPTR_VRAM_OFFSET = 0x300008  # u64: ``AMDQueueDesc.write_ptr`` (the host writes put_value here, then rings)
+SIGNAL_VRAM_OFFSET = 0x301000     # 16 bytes per signal (u64 value, u64 timestamp): the timeline signal first
+SDMA_DOORBELL_BAR_OFFSET = 0x10   # BAR2: u64 doorbell of SDMA queue 0 (the compute ring's doorbell is at 0x0)
+SDMA_MAX_COPY_BYTES = 64 << 20    # the twin skips (and latches an error for) a COPY_LINEAR larger than this
+# GPU virtual addresses with GMMU=0 (tinygrad 0.14 ``runtime/support/memory.py`` ``MemoryManager.valloc``:
+# VRAM at ``identity_va + paddr``): VRAM is identity-mapped at VRAM_VA_BASE; the system windows (SYS aspace,
+# ``USBIface._dma_region``) are mapped at their bus addresses: SRAM 0x200000, sys_buf 0x820000, cq_buf 0x822000.
+VRAM_VA_BASE = 16 << 30           # aligned to the 16 GiB BAR, as ``identity_va`` aligns to the VRAM size
+SYS_WINDOWS: tuple[tuple[int, int, int], ...] = (  # (GPU VA, XDATA address of the host's view, size)
+    (SRAM_GPU_ADDR, XDATA_SRAM_WINDOW, SRAM_SIZE),
+    (SYS_PAGE_GPU_ADDR, XDATA_SYS_PAGE, 0x1000),
+    (CPL_PAGE_GPU_ADDR, XDATA_CPL_PAGE, 0x1000),
+)
+COPYIN_CHUNK = 0x40000 - 4        # tinygrad 0.14 ``_copyin``: payload per chunk (a 256 KiB window minus the sentinel)
+COPYOUT_CHUNK = SRAM_SIZE         # tinygrad 0.14 ``_copyout``: one copy per ``copy_bufs[0].size`` (512 KiB)
+DRAIN_TIMEOUT_S = 10.0            # tinygrad 0.14 ``_copyin.wait_drain``: hard-coded, ignores HCQDEV_WAIT_TIMEOUT_MS

@@ -50,24 +50,22 @@ import struct
 import threading
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from chestnut.backend import protocol as P
 from chestnut.backend.sim.faults import PhaseEvent
+from chestnut.backend.sim.memory import SparseMemory
 
 if TYPE_CHECKING:
     from chestnut.backend.model import OnnxModel
-    from chestnut.backend.sim.twin import Twin
 
 log = logging.getLogger(__name__)
 
-PACKET_DWORDS: dict[int, int] = {P.OP_NOP: 2, P.OP_COPYIN: 7, P.OP_COPYOUT: 6, P.OP_LOAD: 8, P.OP_RUN: 5,
-                                 P.OP_SIGNAL: 3}
-OP_NAMES = {P.OP_NOP: "NOP", P.OP_COPYIN: "COPYIN", P.OP_COPYOUT: "COPYOUT", P.OP_LOAD: "LOAD", P.OP_RUN: "RUN",
-            P.OP_SIGNAL: "SIGNAL"}
+PACKET_DWORDS, OP_NAMES = P.PACKET_DWORDS, P.OP_NAMES
 MAX_ONNX_BYTES = 1 << 30
 MAX_TENSORS = 256
 WAIT_POLL_S = 0.5
@@ -124,6 +122,30 @@ def round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
+class EngineHost(Protocol):
+    """What a GPU engine needs from the dock that holds it (the twin): its lock and condition, clock, fault
+    opportunities, phase events, memories and the GPU's accesses to system memory. A narrow interface, so the
+    engines do not depend on the twin's class."""
+
+    lock: Any  # threading.RLock
+    cv: threading.Condition
+    clock: Callable[[], float]
+    xdata: bytearray
+    sram: bytearray
+    vram: SparseMemory
+
+    @property
+    def program_engine(self) -> str: ...
+
+    def fire(self, kind: str) -> Any: ...
+
+    def phase_event(self, event: PhaseEvent) -> None: ...
+
+    def gpu_system_write(self, gpu_addr: int, data: bytes) -> bool: ...
+
+    def gpu_system_read(self, gpu_addr: int, n: int) -> bytes | None: ...
+
+
 @dataclass
 class Program:
     model: OnnxModel
@@ -144,7 +166,7 @@ class _Done:
 class Engine:
     """The GPU's command processor. Lock-held methods are called by the :class:`Twin` with its lock."""
 
-    def __init__(self, twin: Twin) -> None:
+    def __init__(self, twin: EngineHost) -> None:
         self.twin = twin
         self.rptr = 0
         self.wptr = 0
@@ -382,7 +404,7 @@ class Engine:
                 return _Done(P.STATUS_OUT_OF_RANGE)
             onnx_bytes = tw.vram.read(src, onnx_nbytes)
         try:
-            model = compile_program(onnx_bytes, tw.config.program_engine)
+            model = compile_program(onnx_bytes, tw.program_engine)
             signature = model.signature()
         except Exception as e:  # ModelError, or tinygrad failing on an odd graph
             log.warning("LOAD program %d failed: %s", program_id, e)

@@ -83,6 +83,7 @@ from chestnut.backend.sim.libusb_codes import (
 )
 from chestnut.backend.sim.memory import SparseMemory
 from chestnut.backend.sim.pcie import Fabric
+from chestnut.backend.sim.sdma import SdmaEngine
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +212,9 @@ class Twin:
         self.doorbells: dict[int, int] = {}
         self.mmio: dict[int, int] = {}
         self.engine = Engine(self)
+        self.sdma = SdmaEngine(self)
+        self._cq_writes = 0           # GPU writes to the completion page (cq_buf) since power-on
+        self._cq_writes_at_arm = 0    # ... when the current SRAM read was armed
         # the lock-file fault
         self._lock_fd: int | None = None
         self._lock_path: str | None = None
@@ -230,6 +234,7 @@ class Twin:
             self._release_lock_file()
             self.cv.notify_all()
         self.engine.stop()
+        self.sdma.stop()
         self._housekeeper.join(timeout=1)
 
     def _housekeeping(self) -> None:
@@ -243,6 +248,11 @@ class Twin:
 
     def now(self) -> float:
         return self.clock()
+
+    @property
+    def program_engine(self) -> str:
+        """How the GPU engine executes loaded programs (``TwinConfig.program_engine``)."""
+        return self.config.program_engine
 
     # ------------------------------------------------------------------ phase + faults
     def phase_event(self, event: PhaseEvent) -> None:
@@ -375,6 +385,7 @@ class Twin:
         self.doorbells.clear()
         self.mmio.clear()
         self.engine.reset()
+        self.sdma.reset()
         self.cv.notify_all()
 
     def _schedule_replug(self, off_s: float, reason: str) -> None:
@@ -874,13 +885,17 @@ class Twin:
     def _bar_write(self, bar: int, off: int, data: bytes | memoryview) -> None:
         if bar == 0:
             self.vram.write(off, data)
+            if self.sdma.polling is not None:
+                self.cv.notify_all()
             return
         mv = memoryview(data).cast("B")
         regs = self.doorbells if bar == 2 else self.mmio
         for i in range(0, len(mv) - 3, 4):
             v = int.from_bytes(mv[i:i + 4], "little")
             regs[off + i] = v
-            if bar == 2:
+            if bar == 2 and P.SDMA_DOORBELL_BAR_OFFSET <= off + i < P.SDMA_DOORBELL_BAR_OFFSET + 8:
+                self.sdma.doorbell_write(off + i, v)
+            elif bar == 2:
                 self.engine.doorbell_write(off + i, v)
 
     # ------------------------------------------------------------------ SRAM engine
@@ -894,6 +909,7 @@ class Twin:
             raise UsbError(LIBUSB_ERROR_PIPE, f"0xF2 wValue {value:#06x} wIndex {index:#06x}")
         stream = _Stream("sram", start, nbytes)
         if read:
+            self._cq_writes_at_arm = self._cq_writes
             self._in = stream
         else:
             self._out = stream
@@ -978,6 +994,7 @@ class Twin:
                 gate.nak = True
         if gate.nak:
             raise self._nak(h, timeout_ms, cancel, "the device NAKed the bulk IN")
+        self._wait_sram_data(h, timeout_ms, cancel)
         with self.lock:
             h = self._handle(handle)
             stream = self._in
@@ -992,6 +1009,30 @@ class Twin:
                 self._in = None
         self._finish(h, n, timeout_ms, cancel, start_s=start_s)
         return out
+
+    def _sram_data_pending(self) -> bool:
+        """Lock held: an armed SRAM read whose data the GPU is still producing. The bridge answers it after the
+        GPU's write to the completion page (cq_buf) -- tinygrad 0.14 ``_copyout`` queues that write after the
+        copy into SRAM and reads the window without waiting for its signal -- or at once when the SDMA queue
+        has nothing outstanding (the data is already there)."""
+        s = self._in
+        return (s is not None and s.kind == "sram" and s.pos == 0 and self._cq_writes_at_arm == self._cq_writes
+                and self.sdma.busy())
+
+    def _wait_sram_data(self, h: _Handle, timeout_ms: int, cancel: Callable[[], bool] | None) -> None:
+        """NAK (wait) while :meth:`_sram_data_pending`, up to the transfer's timeout (then LIBUSB_ERROR_TIMEOUT)."""
+        deadline = self.clock() + (timeout_ms / 1000 if timeout_ms > 0 else float("inf"))
+        with self.lock:
+            while self._sram_data_pending():
+                if not self._alive(h):
+                    raise UsbError(LIBUSB_ERROR_NO_DEVICE, "the device went away during the transfer")
+                if cancel is not None and cancel():
+                    raise UsbError(LIBUSB_ERROR_INTERRUPTED, "the client went away")
+                left = deadline - self.clock()
+                if left <= 0:
+                    raise UsbError(LIBUSB_ERROR_TIMEOUT, "the device NAKed the bulk IN: the GPU never wrote the "
+                                                         "completion for the armed SRAM read")
+                self.cv.wait(min(left, NAK_POLL_S))
 
     def _stream_read(self, stream: _Stream, n: int) -> bytes:
         start = stream.base + stream.pos
@@ -1012,6 +1053,9 @@ class Twin:
             if base <= gpu_addr and gpu_addr + n <= base + size:
                 off = xaddr + gpu_addr - base
                 self.xdata[off:off + n] = data
+                if base == P.CPL_PAGE_GPU_ADDR:
+                    self._cq_writes += 1
+                    self.cv.notify_all()
                 if any(off < hi and lo < off + n for lo, hi in RECEIPT_RANGES):
                     self._fence_moved = True
                 return True
@@ -1021,6 +1065,18 @@ class Twin:
             return True
         log.warning("GPU write to unmapped system address %#x (%d bytes) dropped", gpu_addr, n)
         return False
+
+    def gpu_system_read(self, gpu_addr: int, n: int) -> bytes | None:
+        """A GPU read of system memory (sys page, completion page or SRAM). Lock held. None if unmapped."""
+        for base, xaddr, size in ((P.SYS_PAGE_GPU_ADDR, P.XDATA_SYS_PAGE, 0x1000),
+                                  (P.CPL_PAGE_GPU_ADDR, P.XDATA_CPL_PAGE, 0x1000)):
+            if base <= gpu_addr and gpu_addr + n <= base + size:
+                off = xaddr + gpu_addr - base
+                return bytes(self.xdata[off:off + n])
+        if P.SRAM_GPU_ADDR <= gpu_addr and gpu_addr + n <= P.SRAM_GPU_ADDR + P.SRAM_SIZE:
+            off = gpu_addr - P.SRAM_GPU_ADDR
+            return bytes(self.sram[off:off + n])
+        return None
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
@@ -1043,7 +1099,7 @@ class Twin:
                            "in_stream": None if self._in is None else vars(self._in)},
                 "pcie": {"bars": {str(i): [b.address, b.size] for i, b in self.fabric.gpu.bars.items()},
                          "vendor_device": [self.fabric.gpu.read32(0) & 0xFFFF, self.fabric.gpu.read32(0) >> 16]},
-                "gpu": self.engine.status(),
+                "gpu": {**self.engine.status(), "sdma": self.sdma.status()},
                 "vram_pages": self.vram.pages_used,
                 "phase": self.phase.value,
                 "lock_file": self._lock_path,
