@@ -84,8 +84,8 @@ def print_result(result: ReplayResult, console: Any, top: int = 10) -> None:
             t.add_row(str(f.frame_id), f.logged_source, f.replayed_with, f.kind, f"{f.max_abs_diff:.6g}",
                       f.detail or "-")
         console.print(t)
-    for d in result.damage:
-        console.print(f"[red]log damage: {d.path}: byte {d.offset}: {d.reason}[/red]")
+    for dmg in result.damage:
+        console.print(f"[red]log damage: {dmg.path}: byte {dmg.offset}: {dmg.reason}[/red]")
     infer = sum(s.infer_s for s in result.segments)
     n = sum(1 for f in frames if f.replayed_with)
     rate = n / result.wall_s if result.wall_s > 0 else 0.0

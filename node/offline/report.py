@@ -136,7 +136,7 @@ def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path) -> 
     if tl.healths:
         times = [sec(h.t_ns) for h in tl.healths]
         for row, layer in enumerate(reversed(LAYER_NAMES)):
-            levels = [(h.layer(layer).level if h.layer(layer) is not None else "stale") for h in tl.healths]
+            levels = [(rec.level if (rec := h.layer(layer)) is not None else "stale") for h in tl.healths]
             _band(ax_health, row, _spans(times, levels, end), LEVEL_COLORS)
         handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in LEVEL_COLORS.values()]
         _legend(ax_health, handles, [k.upper() for k in LEVEL_COLORS], ncol=4)
@@ -171,14 +171,14 @@ def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path) -> 
     # the twin's injected faults (twinState, 1 Hz): a bar per fault while it is live, named by its kind
     live: dict[str, float] = {}
     for i, tw in enumerate(tl.twins):
-        t = sec(tw.t_ns)
-        nxt = sec(tl.twins[i + 1].t_ns) if i + 1 < len(tl.twins) else t
+        t_s = sec(tw.t_ns)
+        nxt = sec(tl.twins[i + 1].t_ns) if i + 1 < len(tl.twins) else t_s
         names = {f.split(":")[0] for f in tw.faults} | ({"unplugged"} if not tw.present else set())
         for name in names:
-            live.setdefault(name, t)
+            live.setdefault(name, t_s)
         for name in [n for n in live if n not in names]:
             t0 = live.pop(name)
-            ax_state.barh(0, t - t0, left=t0, height=0.35, color="#9467bd", alpha=0.7)
+            ax_state.barh(0, t_s - t0, left=t0, height=0.35, color="#9467bd", alpha=0.7)
             ax_state.text(t0, 0.25, name.split("#")[0], fontsize=7, color="#4b2c6f", va="bottom")
         if i + 1 == len(tl.twins):
             for name, t0 in live.items():
@@ -247,10 +247,10 @@ def plot_agreement(tl: Timeline, path: Path, replay: ReplayResult | None = None)
         ax = axes[1][0]
         frames = [f for f in replay.frames if f.tensors]
         for src, color in SOURCE_COLORS.items():
-            pts = [f for f in frames if f.replayed_with == src]
-            if pts:
-                ax.scatter([sec(f.t_ns) for f in pts], [max(f.max_abs_diff, 1e-12) for f in pts], s=9, color=color,
-                           label=f"replayed with {src} ({len(pts)})")
+            replayed = [f for f in frames if f.replayed_with == src]
+            if replayed:
+                ax.scatter([sec(f.t_ns) for f in replayed], [max(f.max_abs_diff, 1e-12) for f in replayed], s=9,
+                           color=color, label=f"replayed with {src} ({len(replayed)})")
         bad = [f for f in replay.mismatches if f.tensors]
         if bad:
             ax.scatter([sec(f.t_ns) for f in bad], [max(f.max_abs_diff, 1e-12) for f in bad], s=40,
