@@ -788,7 +788,10 @@ class Node:
             msg = new_message("chestnutHealth")
             fill_health(msg.chestnutHealth, self.health)
             self.pm.send("chestnutHealth", msg)
-            self.next_health_ns = now + int(NS / self.cfg.timing.health_hz)
+            # on a drift-free grid: counted from this send, every interval would add the loop's wake-up lag and
+            # the rate fall below the 0.8 x health_hz a SubMaster's freq_ok allows; a stall skips whole periods
+            period_ns = int(NS / self.cfg.timing.health_hz)
+            self.next_health_ns += period_ns * max(1, (now - self.next_health_ns) // period_ns + 1)
         # ChestnutActive drops between frames too (a failover, a layer going STALE or ERROR): at once. It
         # rises only with a frame the primary served.
         if not self.starting and self.active.active and not chestnut_active(self.health, self.sup.serving)[0]:
