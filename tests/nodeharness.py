@@ -148,6 +148,7 @@ class Out:
     mono_ns: int
     recv_ns: int
     tensors: dict[str, np.ndarray] | None = None  # with Bus(record_tensors=True)
+    frame_age_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -293,7 +294,7 @@ class Bus(threading.Thread):
                             for x in m.outputs} if self.record_tensors else None)
                 recs.append(Out(int(m.frameId), str(m.source), bool(ev.valid), bool(m.deadlineMissed), str(m.reason),
                                 bool(m.agreementChecked), bool(m.primaryAgrees), float(m.executionTime), t, recv,
-                                tensors))
+                                tensors, float(m.frameAge)))
             elif service == "chestnutActive":
                 a = ev.chestnutActive
                 recs.append(Active(bool(a.active), str(a.source), str(a.reason), t))

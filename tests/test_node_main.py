@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -244,3 +245,96 @@ def test_a_restarted_camera_is_followed_as_a_new_stream(tmp_path: Path, tiny_onn
     k = next(i for i in range(1, len(after)) if after[i] < after[i - 1])
     assert after[k] <= 1 and all(a < b for a, b in zip(after[k:], after[k + 1:], strict=False)), after
     assert "camera restarted: frame id" in log and "following the new stream (restart 1)" in log
+
+
+def corrupted_model(path: Path, height: int = H, width: int = W) -> Path:
+    """A model file that still parses but computes NaN: two convolutions and a sigmoid (no ReLU, which may
+    turn NaN into 0), 1000 bytes of the first weights overwritten with 0xFF (a float32 NaN) mid-file."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    w1 = (rng.standard_normal((16, 3, 3, 3)) * 0.2).astype(np.float32)  # 1728 bytes
+    w2 = (rng.standard_normal((1, 16, 3, 3)) * 0.2).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1], strides=[2, 2]),
+         helper.make_node("Conv", ["h", "w2"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Sigmoid", ["c"], ["prob"])],
+        "nan", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, height, width])],
+        [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 1, height // 2, width // 2])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = bytearray(model.SerializeToString())
+    at = data.find(w1.tobytes()) + 300
+    data[at:at + 1000] = b"\xff" * 1000
+    path.write_bytes(bytes(data))
+    onnx.checker.check_model(onnx.load(str(path)))  # it still parses
+    return path
+
+
+def test_a_model_that_computes_nan_is_never_published_as_valid(tmp_path: Path) -> None:
+    """The primary is refused at its warm-up (non-finite outputs) and the fallback, the same file, computes NaN
+    too: every frame is answered with ``valid=False``, the fallback's reason first, no tensors, and
+    ``ChestnutActive`` stays false."""
+    model = corrupted_model(tmp_path / "nan.onnx")
+    cfg = write_node_config(tmp_path / "node.toml", model, dock="cpu")
+    with running(tmp_path, cfg, record_tensors=True) as (node, bus):
+        bus.wait_for(lambda r: any("nonfinite" in s.reason for s in r.states), 60.0,
+                     f"the primary refused at its warm-up\n{node.log_tail()}")
+        rec = finish(bus, node, len(bus.snapshot().outputs) + 10)
+        log = node.log_tail()
+    assert unanswered_frames(rec) == ([], []), log
+    nan = "fallback output invalid: prob: 512 non-finite value(s) (512 NaN, 0 inf), first at (0, 0, 0, 0); "
+    assert {(o.source, o.valid, o.deadline_missed) for o in rec.outputs} == {("fallback", False, False)}
+    assert all(o.reason.startswith(nan) and len(o.reason) > len(nan) for o in rec.outputs), rec.outputs[-1].reason
+    assert all(o.tensors == {} for o in rec.outputs)
+    assert rec.active and not any(a.active for a in rec.active)
+    assert "OutputLayerError" in log or "nonfinite" in log
+    assert "fallback output invalid: prob: 512 non-finite value(s)" in log
+
+
+def test_a_fallback_output_outside_its_declared_range_is_not_valid(tmp_path: Path, tiny_onnx: Path) -> None:
+    cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none", ranges={"prob": (2.0, 3.0)})
+    with running(tmp_path, cfg) as (node, bus):
+        rec = finish(bus, node, 10)
+    assert {(o.source, o.valid) for o in rec.outputs} == {("fallback", False)}
+    want = (r"fallback output invalid: prob: 512 value\(s\) outside \[2, 3\] \(min 0\.\d+, max 0\.\d+\), first at "
+            r"\(0, 0, 0, 0\); dock_absent \(usb\): dock disabled \(dock\.kind = none\); retry in \d+ s")
+    assert all(re.fullmatch(want, o.reason) for o in rec.outputs), rec.outputs[-1].reason
+
+
+def test_a_frame_whose_timestamp_gives_no_age_is_not_published_as_fact(tmp_path: Path, tiny_onnx: Path) -> None:
+    """``timestampEof`` 0 (never set) or in the future: the primary still answers, but the output is not valid,
+    says why, carries no made-up age, and ``ChestnutActive`` drops for it."""
+    stamp: dict[int, int] = {}  # frame id -> timestampEof relative to now (ns); 0 stands for "0 absolute"
+
+    def frames(fid: int) -> Any:
+        now = time.monotonic_ns()
+        if fid in stamp:
+            return fill_frame(fid, frame(fid), now, 0 if stamp[fid] == 0 else now + stamp[fid], "bad-clock")
+        return frame(fid)
+
+    cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="cpu")
+    with running(tmp_path, cfg, frame_fn=frames) as (node, bus):
+        bus.wait_for(lambda r: r if len(r.outputs) > 3 and all(o.source == "primary" for o in r.outputs[-3:])
+                     and r.active and r.active[-1].active else None, 60.0, "the primary serving")
+        first = bus.next_frame_id + 2
+        stamp.update({first: 0, first + 3: 10 * 1_000_000_000})
+        last = first + 8
+        rec = bus.wait_for(lambda r: r if any(o.frame_id >= last for o in r.outputs) else None, 30.0, "more frames")
+        log = node.log_tail()
+    by_id = {o.frame_id: o for o in rec.outputs}
+    unset, future = by_id[first], by_id[first + 3]
+    no_age = f"cameraFrame {first}: timestampEof is 0 (not set): the frame's age is unknown"
+    assert (unset.source, unset.valid, unset.reason, unset.frame_age_s) == ("primary", False, no_age, 0.0)
+    assert (future.source, future.valid, future.frame_age_s) == ("primary", False, 0.0)
+    assert re.fullmatch(rf"cameraFrame {first + 3}: timestampEof is 99\d\d\.\d ms ahead of this host's "
+                        r"CLOCK_MONOTONIC: the frame's age is unknown", future.reason), future.reason
+    good = [o for o in rec.outputs if first - 2 <= o.frame_id <= last and o.frame_id not in stamp]
+    assert all(o.valid and o.source == "primary" and 0.0 < o.frame_age_s < 1.0 for o in good), good
+    drops = [a for a in rec.active if not a.active and a.reason.startswith("output not valid: cameraFrame")]
+    assert [a.reason for a in drops] == [f"output not valid: {no_age}", f"output not valid: {future.reason}"]
+    assert rec.active[-1].active
+    assert f"{no_age}; its output is published as not valid (1 such frames so far)" in log
+
