@@ -2,9 +2,15 @@
 
 tinygrad 0.14 raises plain ``RuntimeError``/``AssertionError`` (and an ``ExceptionGroup`` when
 several device interfaces fail); pyusb raises ``usb.core.USBError`` with an ``errno``. There are no
-typed exceptions underneath, so the layer is read from the message (FACTS.md §2). :data:`RULES` is
+typed exceptions underneath, so the layer is read from the message. :data:`RULES` is
 the table: the first row that matches wins, so rows run from most to least specific, and the row's
 position doubles as its specificity when an ``ExceptionGroup`` has several members.
+
+Some failures are known by the pattern of their evidence rather than by one message:
+:data:`SIGNATURES` renames a typed error whose reason and detail show one (:func:`diagnose`). A
+wedged bridge is the case in point: every vendor request times out while the device stays enumerated
+at the same address and still answers standard requests (tinygrad#18137: after one large bulk write
+the bridge locked until power-cycled) -- not a cable, which loses the device or corrupts transfers.
 
 Sources of the messages (tinygrad 0.14.0):
 
@@ -74,6 +80,10 @@ _PYUSB = "pyusb 1.3 usb.core.USBError (errno from usb/backend/libusb1.py)"
 _RECONNECT = "check the dock's cable and power; a fresh worker process is needed to see it again"
 _REPLUG = "replug the dock into a SuperSpeed port; a fresh worker process is needed after any USB error"
 _POWER_CYCLE = "power-cycle the dock (its PCIe link or GPU is wedged), then re-run `chestnut probe`"
+_NO_ANSWER = ("a transfer got no answer; if every request times out while the dock stays enumerated, its bridge "
+              "is wedged: power-cycle the dock")
+_POWER_CYCLE_BRIDGE = ("power-cycle the dock (unplug its power, or `chestnut twin power-cycle` on the twin): a wedged "
+                       "bridge answers nothing until then; replugging the cable or another port does not help")
 
 RULES: tuple[Rule, ...] = (
     # ------------------------------------------------------------------ configuration (not dock faults)
@@ -101,14 +111,15 @@ RULES: tuple[Rule, ...] = (
     Rule(UsbLayerError, "short_transfer", r"libusb_control_transfer|in control_(?:read|write): assert",
          exc_type=AssertionError, source=_USB_PY, advice=_REPLUG),
     Rule(UsbLayerError, "disconnect", r"async bulk OUT failed: status=5\b", source=_USB_PY, advice=_RECONNECT),
-    Rule(UsbLayerError, "transfer_timeout", r"async bulk OUT failed: status=2\b", source=_USB_PY, advice=_REPLUG),
+    Rule(UsbLayerError, "transfer_timeout", r"async bulk OUT failed: status=2\b", source=_USB_PY, advice=_NO_ANSWER),
     Rule(UsbLayerError, "stall", r"async bulk OUT failed: status=4\b", source=_USB_PY, advice=_REPLUG),
     Rule(UsbLayerError, "overflow", r"async bulk OUT failed: status=6\b", source=_USB_PY, advice=_REPLUG),
     Rule(UsbLayerError, "cancelled", r"async bulk OUT failed: status=3\b", source=_USB_PY, advice=_REPLUG),
     Rule(UsbLayerError, "short_transfer", r"async bulk OUT failed: status=-1\b", source=_USB_PY, advice=_REPLUG),
     Rule(UsbLayerError, "transfer_error", r"async bulk OUT failed: status=1\b", source=_USB_PY, advice=_REPLUG),
     Rule(UsbLayerError, "disconnect", _LIBUSB_CALL + r"No such device", source=_LIBUSB, advice=_RECONNECT),
-    Rule(UsbLayerError, "transfer_timeout", _LIBUSB_CALL + r"Operation timed out", source=_LIBUSB, advice=_REPLUG),
+    Rule(UsbLayerError, "transfer_timeout", _LIBUSB_CALL + r"Operation timed out", source=_LIBUSB,
+         advice=_NO_ANSWER),
     Rule(UsbLayerError, "stall", _LIBUSB_CALL + r"Pipe error", source=_LIBUSB, advice=_REPLUG),
     Rule(UsbLayerError, "busy", _LIBUSB_CALL + r"Resource busy", source=_LIBUSB,
          advice="another process or a kernel driver has claimed the dock's interface"),
@@ -118,7 +129,7 @@ RULES: tuple[Rule, ...] = (
     Rule(UsbLayerError, "transfer_error", _LIBUSB_CALL + r"Input/Output Error", source=_LIBUSB, advice=_REPLUG),
     Rule(UsbLayerError, "not_found", _LIBUSB_CALL + r"Entity not found", source=_LIBUSB, advice=_RECONNECT),
     Rule(UsbLayerError, "disconnect", r"\bLIBUSB_ERROR_NO_DEVICE\b", source=_LIBUSB, advice=_RECONNECT),
-    Rule(UsbLayerError, "transfer_timeout", r"\bLIBUSB_ERROR_TIMEOUT\b", source=_LIBUSB, advice=_REPLUG),
+    Rule(UsbLayerError, "transfer_timeout", r"\bLIBUSB_ERROR_TIMEOUT\b", source=_LIBUSB, advice=_NO_ANSWER),
     Rule(UsbLayerError, "stall", r"\bLIBUSB_ERROR_PIPE\b", source=_LIBUSB, advice=_REPLUG),
     Rule(UsbLayerError, "busy", r"\bLIBUSB_ERROR_BUSY\b", source=_LIBUSB,
          advice="another process or a kernel driver has claimed the dock's interface"),
@@ -127,11 +138,11 @@ RULES: tuple[Rule, ...] = (
     Rule(UsbLayerError, "overflow", r"\bLIBUSB_ERROR_OVERFLOW\b", source=_LIBUSB, advice=_REPLUG),
     Rule(UsbLayerError, "transfer_error", r"\bLIBUSB_ERROR_IO\b", source=_LIBUSB, advice=_REPLUG),
     Rule(UsbLayerError, "not_found", r"\bLIBUSB_ERROR_NOT_FOUND\b", source=_LIBUSB, advice=_RECONNECT),
-    Rule(UsbLayerError, "transfer_timeout", exc_type=usb.core.USBTimeoutError, source=_PYUSB, advice=_REPLUG),
+    Rule(UsbLayerError, "transfer_timeout", exc_type=usb.core.USBTimeoutError, source=_PYUSB, advice=_NO_ANSWER),
     Rule(UsbLayerError, "disconnect", exc_type=usb.core.USBError, errno=errno_mod.ENODEV, source=_PYUSB,
          advice=_RECONNECT),
     Rule(UsbLayerError, "transfer_timeout", exc_type=usb.core.USBError, errno=errno_mod.ETIMEDOUT, source=_PYUSB,
-         advice=_REPLUG),
+         advice=_NO_ANSWER),
     Rule(UsbLayerError, "stall", exc_type=usb.core.USBError, errno=errno_mod.EPIPE, source=_PYUSB, advice=_REPLUG),
     Rule(UsbLayerError, "busy", exc_type=usb.core.USBError, errno=errno_mod.EBUSY, source=_PYUSB,
          advice="another process or a kernel driver has claimed the dock's interface"),
@@ -168,6 +179,45 @@ RULES: tuple[Rule, ...] = (
     Rule(GpuLayerError, "hang", r"Device hang detected", source=_OPS_AMD, advice=_POWER_CYCLE),
     Rule(GpuLayerError, "error_state", r"Device is in error state", source=_OPS_AMD, advice=_POWER_CYCLE),
 )
+
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A failure named by the pattern of its evidence: a typed error of class ``error`` whose reason is one
+    of ``hides_behind`` and whose detail matches ``pattern`` (case-insensitive regex search) is renamed
+    ``reason``, with ``advice``."""
+
+    reason: str
+    error: type[ChestnutError]
+    hides_behind: frozenset[str]
+    pattern: str
+    source: str
+    advice: str
+
+
+SIGNATURES: tuple[Signature, ...] = (
+    # every LTSSM read of the ladder's stability window timed out right after the dock enumerated and answered
+    # its product string (standard requests): the bridge, not the cable (backend/ladder.py link_stability)
+    Signature("bridge_wedged", UsbLayerError, frozenset({"unstable_link", "transfer_timeout", "no_answer"}),
+              r"\b(\d+)/\1 probe reads failed.*timed out", source="tinygrad#18137", advice=_POWER_CYCLE_BRIDGE),
+)
+_SIG_COMPILED = tuple(re.compile(sig.pattern, re.IGNORECASE) for sig in SIGNATURES)
+
+# reasons raised by our own code (not by a message of tinygrad's) and what to do about them
+OWN_ADVICE: dict[str, str] = {
+    "no_answer": _NO_ANSWER,   # backend/retry.py: every try of one transfer timed out
+    "unstable_link": "reseat or replace the USB cable; avoid hubs; check the dock's power supply",
+}
+
+
+def diagnose(reason: str, detail: str) -> Signature | None:
+    """The :data:`SIGNATURES` row a typed error's ``reason`` and ``detail`` show, or None."""
+    for sig, rx in zip(SIGNATURES, _SIG_COMPILED, strict=True):
+        if reason in sig.hides_behind and rx.search(detail):
+            return sig
+    return None
+
 
 UNCLASSIFIED = "unclassified"
 _COMPILED = tuple(re.compile(r.pattern, re.IGNORECASE) if r.pattern else None for r in RULES)
@@ -244,14 +294,21 @@ def _best(exc: BaseException) -> tuple[int | None, BaseException]:
 def classify(exc: BaseException, default: type[ChestnutError] = GpuLayerError) -> ChestnutError:
     """Map any exception to a typed :class:`ChestnutError` with a layer and a ``reason``.
 
-    A :class:`ChestnutError` is returned unchanged. An ``ExceptionGroup`` is unwrapped to its most
+    A :class:`ChestnutError` is returned unchanged, unless its reason and detail show a known failure
+    signature (:func:`diagnose`): then it is renamed (same class, the signature's reason, the same
+    detail, the original as ``__cause__``). An ``ExceptionGroup`` is unwrapped to its most
     specific member (the one matching the earliest row of :data:`RULES`). An exception that no row
     matches directly is classified by its cause/context chain; failing that it becomes
     ``default(reason="unclassified")``. The returned error's ``detail`` holds the original message
     (with the chain), and ``__cause__`` the original exception.
     """
     if isinstance(exc, ChestnutError):
-        return exc
+        sig = diagnose(exc.reason, exc.detail)
+        if sig is None or not isinstance(exc, sig.error):
+            return exc
+        renamed = sig.error(sig.reason, exc.detail)
+        renamed.__cause__ = exc
+        return renamed
     i, member = _best(exc)
     if i is None:
         err: ChestnutError = default(UNCLASSIFIED, _detail(exc))
@@ -265,7 +322,12 @@ def classify(exc: BaseException, default: type[ChestnutError] = GpuLayerError) -
 
 
 def advice_for(err: ChestnutError) -> str:
-    """What a person should do about ``err`` (from the table row that produced it), or ``""``."""
+    """What a person should do about ``err`` (the signature or table row that produced it), or ``""``."""
+    sig = next((sig for sig in SIGNATURES if sig.reason == err.reason and isinstance(err, sig.error)), None)
+    if sig is not None:
+        return sig.advice
+    if err.reason in OWN_ADVICE:
+        return OWN_ADVICE[err.reason]
     cause = err.__cause__
     if cause is not None:
         i, _ = _best(cause)

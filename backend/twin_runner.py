@@ -41,6 +41,7 @@ from chestnut.backend.interface import DockObservation, LadderReport, LadderStep
 from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
 from chestnut.backend.model import TensorSpec
 from chestnut.backend.real_runner import DockLock, check_inputs, dock_lock_path
+from chestnut.backend.retry import STATS_KEY, RetryingUSB3
 from chestnut.msgs.paths import current_prefix
 
 SIGNATURE_MAX_BYTES = 1 << 20   # VRAM reserved for OP_LOAD's signature (u32 length + JSON)
@@ -154,7 +155,9 @@ class TwinRunner:
             seen = ", ".join(f"{d.bus}-{d.address}" for d in listed) or "nothing"
             raise UsbLayerError("stale_device_list", f"the dock is at {bus}-{address} but this process's cached device "
                                                      f"list shows {seen} (it re-enumerated); start a fresh process")
-        self.usb = TwinUSB3(dev)
+        # transfers that are safe to repeat are retried within the frame deadline (backend/retry.py); VRAM (BAR0)
+        # and the doorbells (BAR2) hold values, so writes there are among them
+        self.usb = RetryingUSB3(TwinUSB3(dev), value_regions=[self._bars[i] for i in (0, 2) if i in self._bars])
         bridge = Bridge(self.usb, ctrl_timeout_ms=self.ctrl_timeout_ms, bulk_timeout_ms=self.wait_timeout_ms,
                         tlp_timeout_ms=self.ctrl_timeout_ms)
         bridge.bars = dict(self._bars)
@@ -264,6 +267,8 @@ class TwinRunner:
         obs = self.dock.observe(read_fence=True)
         if self._failed is not None:
             obs.extra["failed"] = str(self._failed)
+        if isinstance(self.usb, RetryingUSB3):
+            obs.extra[STATS_KEY] = self.usb.stats()
         return obs
 
     def close(self) -> None:

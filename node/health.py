@@ -1,4 +1,4 @@
-"""Per-layer health of the dock (DESIGN.md "The four health layers") and ``ChestnutActive``.
+"""Per-layer health of the dock and ``ChestnutActive``.
 
 Four layers, ``usb`` -> ``pcie`` -> ``gpu`` -> ``output``; a good lower layer never implies a good
 upper one. Each layer has a :class:`LayerStatus`: a level (OK / WARN / ERROR / STALE, ROS 2
@@ -8,7 +8,7 @@ time of its last evidence.
 Evidence (:class:`Evidence`) comes from the backend's typed errors, the qualification ladder, the
 watchdog, the worker's successful runs, dock probes and the output checks; the ``evidence_from_*``
 functions turn each into plain data. :class:`HealthMonitor` applies it with debouncing and
-hysteresis (AUTOSAR's pattern, FACTS.md §4):
+hysteresis (the AUTOSAR watchdog manager's pattern):
 
 - a *hard* bad observation (a typed error, a failed ladder step, a hung worker, a non-finite
   output ...) makes the layer ERROR at once;
@@ -17,8 +17,16 @@ hysteresis (AUTOSAR's pattern, FACTS.md §4):
   failed after two consecutive bad LTSSM reads); before that the level is unchanged and the
   ``bad_run`` counter shows the suspicion;
 - WARN evidence (usable with a known hazard: a USB 2 link, one late frame) applies at once;
-- improving (ERROR -> WARN/OK, WARN -> OK) takes ``recover_after`` consecutive good observations;
-- no evidence within ``stale_after_ms`` turns an OK or WARN layer STALE (a layer with no evidence
+- improving from ERROR takes ``recover_after`` consecutive good (OK or WARN) observations;
+- outside ERROR the layer's level is the **worst of its current evidence**, one condition per
+  evidence *source* (:attr:`Evidence.source`: the per-frame stream ``""`` -- runs, the watchdog,
+  typed errors --, the dock ``"probe"``, the ``"transfers"`` counters, the ``"ladder"``), each
+  current for its own freshness (:attr:`Evidence.fresh_ms`; default ``stale_after_ms``). A condition
+  that still holds keeps its level: a USB 2 link reported by every probe keeps the layer WARN
+  however many frames complete in between (ROS ``diagnostic_aggregator``: a group is as bad as its
+  worst child). One source's WARN clears after ``recover_after`` consecutive OKs *from that source*,
+  or when that source stops being current;
+- no current evidence from any source turns an OK or WARN layer STALE (a layer with no evidence
   yet starts STALE). An ERROR layer stays ERROR: positive evidence of a fault does not expire
   by silence, only good observations clear it.
 
@@ -35,8 +43,10 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from chestnut.backend.errors import ChestnutError, Layer
-from chestnut.backend.interface import DockObservation, LadderReport, StepResult
+from chestnut.backend.classify import diagnose
+from chestnut.backend.errors import LAYER_ERRORS, ChestnutError, Layer
+from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, StepResult
+from chestnut.backend.retry import STATS_KEY
 from chestnut.node.supervisor import Source
 from chestnut.node.validity import ValidityReport
 from chestnut.node.watchdog import ActionKind, WatchdogAction
@@ -47,8 +57,13 @@ LAYERS: tuple[Layer, ...] = (Layer.USB, Layer.PCIE, Layer.GPU, Layer.OUTPUT)
 """The layers, bottom up; the order of ``ChestnutHealth.layers`` and of ``chestnut_active``'s search."""
 
 LTSSM_L0 = 0x78  # tinygrad 0.14 CustomASM24Controller: LTSSM byte at XDATA 0xB450 reads 0x78 with the link up
-LTSSM_STUCK = 0x4C  # a link that trains into 0x4C and sticks there: a known firmware failure (FACTS.md §1)
-SUPERSPEED_MBPS = 5000  # openpilot's hardware daemon: slower than 5000 Mbps is a slow USB link (FACTS.md §3)
+LTSSM_STUCK = 0x4C  # a link that trains into 0x4C and sticks there: a known firmware failure
+SUPERSPEED_MBPS = 5000  # openpilot's hardware daemon: slower than 5000 Mbps is a slow USB link
+PROBE_FRESH_MS = 2500.0  # a dock probe's evidence holds for 2.5 periods of the node's 1 Hz probe (one lost probe)
+LADDER_FRESH_MS = 3000.0  # the ladder's evidence holds until the first probes of the new worker take over
+FIELD_TRANSIENT_ERRORS_PER_H = 815.0
+"""The most bulk / 0xE4 I/O errors per hour seen on docks that work (openpilot#38519): transient
+transfer errors up to this rate are counted (usb OK), above it the usb layer is WARN with the rate."""
 
 
 class Level(IntEnum):
@@ -84,10 +99,29 @@ class Evidence:
     reason: str
     hard: bool = False
     tag: str = ""
+    source: str = ""              # the condition this evidence speaks for (module doc); "" = the per-frame stream
+    fresh_ms: float | None = None  # how long it stays current; None: the layer's ``stale_after_ms``
+    counters: tuple[tuple[str, int], ...] = ()  # absolute counter values it reports (set, not added)
 
     def __post_init__(self) -> None:
         if self.level is Level.STALE:
             raise ValueError("STALE is inferred from missing evidence, never observed")
+        if self.fresh_ms is not None and not self.fresh_ms > 0:
+            raise ValueError("fresh_ms must be > 0")
+
+
+@dataclass
+class Condition:
+    """What one evidence source last said about a layer (OK or WARN), and until when it holds (ns)."""
+
+    level: Level
+    reason: str
+    at_ns: int
+    fresh_ns: int
+    ok_run: int = 0  # consecutive OKs from this source while it holds a WARN
+
+    def current(self, now_ns: int) -> bool:
+        return now_ns - self.at_ns <= self.fresh_ns
 
 
 @dataclass(frozen=True)
@@ -147,13 +181,14 @@ class LayerMonitor:
         self.debounced = Level.OK  # the level the evidence supports (OK / WARN / ERROR)
         self.level = Level.STALE  # what is published: debounced, or STALE without fresh evidence
         self.reason = "no evidence yet"
-        self._debounced_reason = "ok"
+        self._debounced_reason = ""  # while ERROR: the fault and its recovery progress
         self.fault_reason = ""
         self.last_change_ns = 0
         self.last_evidence_ns: int | None = None
         self.bad_run = 0  # consecutive bad observations
         self.ok_run = 0  # consecutive OK observations
         self.usable_run = 0  # consecutive OK-or-WARN observations
+        self.conditions: dict[str, Condition] = {}  # evidence source -> its current condition
         self.counters: dict[str, int] = {"observations": 0, "bad": 0, "faults": 0, "recoveries": 0, "stale": 0}
 
     def observe(self, ev: Evidence, now_ns: int) -> LayerChange | None:
@@ -162,6 +197,7 @@ class LayerMonitor:
             raise ValueError(f"evidence for {ev.layer.value} given to the {self.layer.value} layer")
         c = self.config
         self.counters["observations"] += 1
+        self.counters.update(ev.counters)
         self.last_evidence_ns = now_ns
         if ev.level is Level.ERROR:
             self.counters["bad"] += 1
@@ -180,34 +216,50 @@ class LayerMonitor:
             self.ok_run = self.ok_run + 1 if ev.level is Level.OK else 0
             if ev.level is Level.WARN and ev.tag:
                 self.counters[ev.tag] = self.counters.get(ev.tag, 0) + 1
+            self._condition(ev, now_ns)
             if self.debounced is Level.ERROR:
                 if self.usable_run >= c.recover_after:
                     self.counters["recoveries"] += 1
-                    self.debounced = Level.OK if self.ok_run >= c.recover_after else Level.WARN
-                    self._debounced_reason = ev.reason
+                    self.debounced = Level.OK  # from here on: the worst current condition
                 else:
                     self._debounced_reason = (f"{self.fault_reason} (recovering: {self.usable_run}/"
                                               f"{c.recover_after} good)")
-            elif ev.level is Level.WARN:
-                self.debounced, self._debounced_reason = Level.WARN, ev.reason
-            elif self.debounced is Level.WARN:
-                if self.ok_run >= c.recover_after:
-                    self.debounced, self._debounced_reason = Level.OK, ev.reason
-            else:
-                self._debounced_reason = ev.reason
-        return self._publish(self.debounced, self._debounced_reason, now_ns)
+        return self.refresh(now_ns)
+
+    def _condition(self, ev: Evidence, now_ns: int) -> None:
+        """Update the condition of ``ev``'s source with one OK or WARN observation."""
+        fresh_ns = int(ev.fresh_ms * NS_PER_MS) if ev.fresh_ms is not None else self._stale_ns
+        cond = self.conditions.get(ev.source)
+        if ev.level is Level.WARN or cond is None or cond.level is not Level.WARN or not cond.current(now_ns):
+            self.conditions[ev.source] = Condition(ev.level, ev.reason, now_ns, fresh_ns)
+            return
+        cond.ok_run += 1  # an OK from a source that holds a WARN: the WARN clears with hysteresis
+        cond.at_ns, cond.fresh_ns = now_ns, fresh_ns
+        if cond.ok_run >= self.config.recover_after:
+            self.conditions[ev.source] = Condition(Level.OK, ev.reason, now_ns, fresh_ns)
+
+    def current(self, now_ns: int) -> Condition | None:
+        """The worst current condition (the first source to report it wins a tie), or None if none is current."""
+        best: Condition | None = None
+        for cond in self.conditions.values():
+            if cond.current(now_ns) and (best is None or cond.level.severity > best.level.severity):
+                best = cond
+        return best
 
     def refresh(self, now_ns: int) -> LayerChange | None:
-        """Re-evaluate staleness at ``now_ns``."""
+        """Re-evaluate the level at ``now_ns``: ERROR while faulted, else the worst current condition, else STALE."""
         if self.debounced is Level.ERROR:
             return self._publish(Level.ERROR, self._debounced_reason, now_ns)
         if self.last_evidence_ns is None:
             return self._publish(Level.STALE, "no evidence yet", now_ns)
-        age = now_ns - self.last_evidence_ns
-        if age > self._stale_ns:
-            return self._publish(Level.STALE, f"no evidence for {age / NS_PER_MS:.0f} ms "
-                                 f"(window {self._stale_ns / NS_PER_MS:.0f} ms)", now_ns)
-        return self._publish(self.debounced, self._debounced_reason, now_ns)
+        cond = self.current(now_ns)
+        if cond is None and not self.conditions:
+            return self._publish(Level.STALE, "no good evidence yet", now_ns)
+        if cond is None:  # the last to expire says how old the evidence is
+            last = max(self.conditions.values(), key=lambda c: c.at_ns + c.fresh_ns)
+            return self._publish(Level.STALE, f"no evidence for {(now_ns - last.at_ns) / NS_PER_MS:.0f} ms "
+                                 f"(window {last.fresh_ns / NS_PER_MS:.0f} ms)", now_ns)
+        return self._publish(cond.level, cond.reason, now_ns)
 
     def _publish(self, level: Level, reason: str, now_ns: int) -> LayerChange | None:
         old = self.level
@@ -303,7 +355,8 @@ class ActiveFlag:
 
 def evidence_from_error(err: ChestnutError) -> Evidence | None:
     """A typed backend error is hard evidence against its layer (the worker must be replaced anyway:
-    tinygrad's errors are sticky, FACTS.md §2). Model and config errors carry no layer: None."""
+    tinygrad 0.14's errors are sticky: ``USB3._async_err`` is never cleared). Model and config errors carry
+    no layer: None."""
     if err.layer is None:
         return None
     reason = f"{err.reason}: {err.detail}" if err.detail else err.reason
@@ -313,22 +366,46 @@ def evidence_from_error(err: ChestnutError) -> Evidence | None:
 _STEP_LEVEL = {StepResult.PASS: Level.OK, StepResult.WARN: Level.WARN, StepResult.FAIL: Level.ERROR}
 
 
+_ERROR_LAYERS = {cls.__name__: la for la, cls in LAYER_ERRORS.items()}
+
+
+def step_layer(step: LadderStep) -> Layer:
+    """The layer a failed step speaks against: its typed error's (a USB timeout during the model load is
+    a USB fault, not a GPU one), read from the error or from the class name that leads the step's
+    detail (``backend/ladder.py`` ``run_steps``); otherwise the step's own layer."""
+    if step.result is StepResult.FAIL:
+        err_layer = getattr(step.error, "layer", None)
+        if isinstance(err_layer, Layer):
+            return err_layer
+        head = step.detail.split(" ", 1)[0]
+        if head in _ERROR_LAYERS:
+            return _ERROR_LAYERS[head]
+    return step.layer
+
+
 def evidence_from_ladder(report: LadderReport) -> list[Evidence]:
     """One observation per layer the ladder reached: the worst of that layer's steps, with the first
-    such step as the reason (``"<step>: <detail>"``). A failed step is hard; skipped steps give no
-    evidence. Layers in :data:`LAYERS` order."""
+    such step as the reason (``"<step>: <detail>"``). A failed step is hard and counts against its
+    error's layer (:func:`step_layer`), renamed by a known failure signature
+    (:func:`chestnut.backend.classify.diagnose`, e.g. a wedged bridge) with that signature's advice.
+    Skipped steps give no evidence. Source ``"ladder"``, current for :data:`LADDER_FRESH_MS`.
+    Layers in :data:`LAYERS` order."""
     out = []
     for la in LAYERS:
-        steps = [s for s in report.steps if s.layer is la and s.result in _STEP_LEVEL]
+        steps = [s for s in report.steps if step_layer(s) is la and s.result in _STEP_LEVEL]
         if not steps:
             continue
         level = worst(_STEP_LEVEL[s.result] for s in steps)
         step = next(s for s in steps if _STEP_LEVEL[s.result] is level)
-        reason = f"{step.name}: {step.detail}" if step.detail else step.name
-        if level is Level.ERROR and step.advice:
-            reason += f" ({step.advice})"
+        detail, advice = step.detail, step.advice
+        if level is Level.ERROR and (sig := diagnose(step.reason, step.detail)) is not None:
+            detail, advice = f"{sig.reason}: {step.detail}", sig.advice
+        reason = f"{step.name}: {detail}" if detail else step.name
+        if level is Level.ERROR and advice:
+            reason += f" ({advice})"
         tag = step.name if level is not Level.OK else ""
-        out.append(Evidence(la, level, reason, hard=level is Level.ERROR, tag=tag))
+        out.append(Evidence(la, level, reason, hard=level is Level.ERROR, tag=tag, source="ladder",
+                            fresh_ms=LADDER_FRESH_MS))
     return out
 
 
@@ -365,27 +442,60 @@ def evidence_from_validity(report: ValidityReport) -> Evidence:
     return Evidence(Layer.OUTPUT, Level.ERROR, f.reason, hard=f.hard, tag=f.check.value)
 
 
-def evidence_from_observation(obs: DockObservation) -> list[Evidence]:
+def evidence_from_transfers(stats: Mapping[str, Any], fresh_ms: float = PROBE_FRESH_MS) -> Evidence:
+    """The usb layer's transient transfer errors (:meth:`chestnut.backend.retry.RetryingUSB3.stats`).
+
+    Errors in the last ``window_s`` at a rate above :data:`FIELD_TRANSIENT_ERRORS_PER_H` make the
+    layer WARN with the rate; fewer are OK (a working dock has them). Either way the totals are the
+    layer's ``transient_errors`` / ``transient_retried`` / ``transient_not_retried`` counters. The
+    retry wrapper itself fails the dock over when its policy says the link is bad. Source
+    ``"transfers"``, current for ``fresh_ms``."""
+    n = int(stats.get("errors_in_window", 0))
+    window_s = float(stats.get("window_s", 60.0)) or 60.0
+    per_h = n * 3600.0 / window_s
+    counters = (("transient_errors", int(stats.get("errors", 0))),
+                ("transient_retried", int(stats.get("retried_ok", 0))),
+                ("transient_not_retried", int(stats.get("not_retried", 0))))
+    what = f"{n} transient transfer errors in the last {window_s:g} s ({per_h:.0f}/h"
+    if per_h > FIELD_TRANSIENT_ERRORS_PER_H:
+        last = f"; last: {stats['last_error']}" if stats.get("last_error") else ""
+        return Evidence(Layer.USB, Level.WARN, f"{what}, above the {FIELD_TRANSIENT_ERRORS_PER_H:g}/h of working docks "
+                        f"(openpilot#38519); {int(stats.get('retried_ok', 0))} retried in all{last}",
+                        tag="transient_errors", source="transfers", fresh_ms=fresh_ms, counters=counters)
+    return Evidence(Layer.USB, Level.OK, f"{what}, within the {FIELD_TRANSIENT_ERRORS_PER_H:g}/h of working docks)",
+                    source="transfers", fresh_ms=fresh_ms, counters=counters)
+
+
+def evidence_from_observation(obs: DockObservation, fresh_ms: float = PROBE_FRESH_MS) -> list[Evidence]:
     """A dock probe (:meth:`PrimaryRunner.probe` or a cheap enumeration). USB: absent -> hard ERROR;
-    slower than SuperSpeed -> WARN. PCIe: LTSSM other than 0x78 -> soft ERROR (debounced, as
-    openpilot's hardware daemon does). Fields that were not read give no evidence."""
+    slower than SuperSpeed -> WARN; the transient-error counters in ``extra`` ->
+    :func:`evidence_from_transfers`. PCIe: LTSSM other than 0x78 -> soft ERROR (debounced, as
+    openpilot's hardware daemon does). Fields that were not read give no evidence. Source ``"probe"``,
+    current for ``fresh_ms`` (a link speed holds until the next probes say otherwise)."""
     if not obs.present:
         return [Evidence(Layer.USB, Level.ERROR, "no Chestnut dock enumerated", hard=True, tag="absent")]
     out = []
     where = f" at bus {obs.bus_address[0]} address {obs.bus_address[1]}" if obs.bus_address else ""
     ids = f"{obs.vid_pid[0]:04x}:{obs.vid_pid[1]:04x}" if obs.vid_pid else "dock"
+
+    def probe(layer: Layer, level: Level, reason: str, tag: str = "") -> Evidence:
+        return Evidence(layer, level, reason, tag=tag, source="probe", fresh_ms=fresh_ms)
+
     if obs.speed_mbps is not None and obs.speed_mbps < SUPERSPEED_MBPS:
-        out.append(Evidence(Layer.USB, Level.WARN, f"{ids}{where} at {obs.speed_mbps} Mbps, not SuperSpeed "
-                            "(USB 2: large reads time out, bulk writes truncate)", tag="slow_link"))
+        out.append(probe(Layer.USB, Level.WARN, f"{ids}{where} at {obs.speed_mbps} Mbps, not SuperSpeed "
+                         "(USB 2: large reads time out, bulk writes truncate)", "slow_link"))
     else:
         speed = f" at {obs.speed_mbps} Mbps" if obs.speed_mbps is not None else ""
-        out.append(Evidence(Layer.USB, Level.OK, f"{ids}{where}{speed}"))
+        out.append(probe(Layer.USB, Level.OK, f"{ids}{where}{speed}"))
+    stats = obs.extra.get(STATS_KEY)
+    if isinstance(stats, Mapping):
+        out.append(evidence_from_transfers(stats, fresh_ms))
     if obs.ltssm is not None:
         if obs.ltssm == LTSSM_L0:
-            out.append(Evidence(Layer.PCIE, Level.OK, "LTSSM=0x78 (link up)"))
+            out.append(probe(Layer.PCIE, Level.OK, "LTSSM=0x78 (link up)"))
         else:
             known = " (stuck in 0x4C: known firmware failure)" if obs.ltssm == LTSSM_STUCK else ""
-            out.append(Evidence(Layer.PCIE, Level.ERROR, f"LTSSM=0x{obs.ltssm:02x}, not 0x78{known}", tag="ltssm"))
+            out.append(probe(Layer.PCIE, Level.ERROR, f"LTSSM=0x{obs.ltssm:02x}, not 0x78{known}", "ltssm"))
     return out
 
 

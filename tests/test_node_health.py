@@ -8,7 +8,9 @@ from chestnut.backend.errors import ConfigError, GpuLayerError, Layer, ModelErro
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, StepResult
 from chestnut.msgs.schema import log
 from chestnut.node.health import (
+    LADDER_FRESH_MS,
     LAYERS,
+    PROBE_FRESH_MS,
     ActiveFlag,
     DebounceConfig,
     Evidence,
@@ -254,11 +256,13 @@ def test_ladder_gives_one_observation_per_reached_layer():
         LadderStep("gpu_arch", Layer.GPU, StepResult.SKIPPED),
     ])
     assert evidence_from_ladder(report) == [
-        Evidence(Layer.USB, WARN, "link_speed: 480 Mbps", False, "link_speed"),
-        Evidence(Layer.PCIE, ERROR, "ltssm: LTSSM=0x4c after power-on (power-cycle the dock)", True, "ltssm"),
+        Evidence(Layer.USB, WARN, "link_speed: 480 Mbps", False, "link_speed", "ladder", LADDER_FRESH_MS),
+        Evidence(Layer.PCIE, ERROR, "ltssm: LTSSM=0x4c after power-on (power-cycle the dock)", True, "ltssm",
+                 "ladder", LADDER_FRESH_MS),
     ]
     passed = LadderReport([LadderStep("gpu_arch", Layer.GPU, StepResult.PASS, 0.1, "gfx1100")])
-    assert evidence_from_ladder(passed) == [Evidence(Layer.GPU, OK, "gpu_arch: gfx1100")]
+    assert evidence_from_ladder(passed) == [Evidence(Layer.GPU, OK, "gpu_arch: gfx1100", source="ladder",
+                                                     fresh_ms=LADDER_FRESH_MS)]
 
 
 def test_watchdog_actions_as_evidence():
@@ -300,15 +304,17 @@ def test_dock_observations_as_evidence():
     slow = DockObservation(True, (0xADD1, 0x0001), (2, 7), 480, 0, 0x78)
     assert evidence_from_observation(slow) == [
         Evidence(Layer.USB, WARN, "add1:0001 at bus 2 address 7 at 480 Mbps, not SuperSpeed "
-                 "(USB 2: large reads time out, bulk writes truncate)", False, "slow_link"),
-        Evidence(Layer.PCIE, OK, "LTSSM=0x78 (link up)"),
+                 "(USB 2: large reads time out, bulk writes truncate)", False, "slow_link", "probe", PROBE_FRESH_MS),
+        Evidence(Layer.PCIE, OK, "LTSSM=0x78 (link up)", source="probe", fresh_ms=PROBE_FRESH_MS),
     ]
     stuck = DockObservation(True, (0xADD1, 0x0001), (2, 7), 10000, 0, 0x4C)
-    assert evidence_from_observation(stuck) == [
-        Evidence(Layer.USB, OK, "add1:0001 at bus 2 address 7 at 10000 Mbps"),
-        Evidence(Layer.PCIE, ERROR, "LTSSM=0x4c, not 0x78 (stuck in 0x4C: known firmware failure)", False, "ltssm"),
+    assert evidence_from_observation(stuck, fresh_ms=700) == [
+        Evidence(Layer.USB, OK, "add1:0001 at bus 2 address 7 at 10000 Mbps", source="probe", fresh_ms=700),
+        Evidence(Layer.PCIE, ERROR, "LTSSM=0x4c, not 0x78 (stuck in 0x4C: known firmware failure)", False, "ltssm",
+                 "probe", 700),
     ]
-    assert evidence_from_observation(DockObservation(True)) == [Evidence(Layer.USB, OK, "dock")]
+    assert evidence_from_observation(DockObservation(True)) == [Evidence(Layer.USB, OK, "dock", source="probe",
+                                                                         fresh_ms=PROBE_FRESH_MS)]
 
 
 # ---------------------------------------------------------------- messages

@@ -1,0 +1,462 @@
+"""Bounded retry of idempotent USB transfers, and the policy that tells transient errors from a bad link.
+
+Working docks see transient transfer errors: 0 to 815 bulk / 0xE4 I/O errors per hour on devices that
+otherwise work (openpilot#38519). Failing the whole dock over on each of them (a fresh worker process,
+a new qualification, shadow frames) would keep such a dock off the primary for good, so
+:class:`RetryingUSB3` wraps the four synchronous transfer methods of tinygrad 0.14 ``USB3``
+(``runtime/support/usb.py``; on the twin :class:`chestnut.backend.sim.usb3.TwinUSB3`, on a dock
+tinygrad's own class through :func:`install_in_tinygrad`) and repeats a transfer that timed out or
+failed with an I/O error -- but only when repeating it leaves the dock as one execution would.
+
+What is and is not idempotent on this wire
+------------------------------------------
+
+A USB timeout means the host saw no answer, not that the device did nothing: the request may have
+been executed and only its status stage or data lost (a lost receipt). tinygrad 0.14's own
+``CustomASM24Controller.pcie_request`` re-issues a TLP up to 10 times, 1 ms apart, but only on a bad
+return status in the completion; a USB error there escapes at once. The table (:data:`RULES`):
+
+========================================  ===========  ====================================================
+transfer                                  retried      why
+========================================  ===========  ====================================================
+0xE4 IN (XDATA read)                      yes          a read of bridge memory: no side effect
+0xE5 OUT (XDATA write of one byte)        yes          sets a byte to a value: twice leaves the same byte
+0xF2 OUT (arm the SRAM engine)            yes          carries slot and size, not a count: a second arm
+                                                       replaces the first
+0xF0 OUT, single, non-posted (MRd, CfgRd, yes, with    what ``pcie_request`` re-issues itself; the 0xF0 IN
+CfgWr) and its 0xF0 IN completion         the header   is re-read only after the header is sent again (the
+                                                       bridge holds one completion)
+0xF0 OUT, posted MWr / streaming write    only into a  a value written to memory or to a register that
+header (mode 1) and its bulk OUT          value region holds a value (a doorbell carries the write pointer,
+                                                       tinygrad 0.14 ``AMDQueueDesc.signal_doorbell``) is
+                                                       idempotent; a write that is an action (a mailbox
+                                                       message, a FIFO push) is not, and the wire cannot
+                                                       tell them apart: the runner names the regions
+0xF0 OUT streaming read (mode 2) + bulk   yes, with    a memory read
+IN                                        the header
+bulk OUT into an SRAM window              yes, with    the whole image is sent again after its arm: the same
+                                          its 0xF2 arm bytes land in the same place, and a chunk the GPU
+                                                       already consumed is inert because its sentinel names
+                                                       an old sequence number (tinygrad 0.14
+                                                       ``AMDAllocator._copyin``); a bulk OUT replayed
+                                                       without its arm is not (a partial first try moved
+                                                       the armed stream on)
+bulk IN of an SRAM window                 yes, with    a read of SRAM the GPU no longer writes
+                                          its 0xF2 arm
+0xF3 OUT (PCIe power)                     no           power-on retrains the link for up to 10 s: the
+                                                       ladder's job, never inside a frame
+async transfers (``*_async``)             no           tinygrad's ``USB3`` latches the first failure in
+                                                       ``_async_err`` and never clears it
+========================================  ===========  ====================================================
+
+A transfer that is not retried and fails is counted too, and raised as before (the worker is
+replaced). Never retried inside tinygrad's copy (``_copyin``/``_copyout``): after a failed copy a
+same-process retry silently leaves the destination as it was; retry happens here, one transfer at a
+time, below the copy.
+
+Bounds (:class:`RetryPolicy`): each retried transfer gets ``attempts`` tries of at most
+``attempt_timeout_ms`` (plus the bytes at ``floor_bytes_per_ms`` for a bulk transfer), so a retried
+transfer still ends inside the node's 150 ms frame deadline (openpilot modeld's deadline for the big
+model); a transfer that is not retried keeps the caller's timeout.
+
+When the link is bad (:class:`LinkErrorPolicy`, :func:`judge`), the failing transfer raises
+:class:`UsbLayerError` (the dock fails over): ``no_answer`` when ``max_error_run`` consecutive
+attempts all timed out; ``unstable_link`` for such a run with I/O errors in it, for
+``max_errors_in_window`` failures among the last ``ratio_window`` attempts, or for more than
+``max_errors_per_s`` over ``rate_window_s`` (openpilot's hardware daemon judges link errors per
+second over 2 s, at most 5 per second being stable; the ladder's ``link_stability`` uses the same
+bound). The counters go to health through the runner's probe (:meth:`RetryingUSB3.stats`).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from chestnut.backend import protocol as P
+from chestnut.backend.classify import classify
+from chestnut.backend.errors import ChestnutError, UsbLayerError
+
+TRANSIENT_REASONS = frozenset({"transfer_timeout", "transfer_error"})
+"""Classified reasons (:mod:`chestnut.backend.classify`) worth another try: LIBUSB_ERROR_TIMEOUT and
+LIBUSB_ERROR_IO. A vanished device, a halted endpoint or a busy interface are not transient."""
+
+STATS_KEY = "transient_errors"
+"""The key of :meth:`RetryingUSB3.stats` in ``DockObservation.extra``."""
+
+
+class Kind(StrEnum):
+    """What a transfer does on this wire (the rows of :data:`RULES`)."""
+
+    XDATA_READ = "xdata_read"
+    XDATA_WRITE = "xdata_write"
+    SRAM_ARM = "sram_arm"
+    TLP_NONPOSTED = "tlp_nonposted"
+    TLP_COMPLETION = "tlp_completion"
+    TLP_VALUE_WRITE = "tlp_value_write"      # posted / streaming write into a value region
+    TLP_ACTION_WRITE = "tlp_action_write"    # posted / streaming write anywhere else
+    TLP_STREAM_READ = "tlp_stream_read"
+    BULK_OUT_ARMED = "bulk_out_armed"        # after an idempotent arm / header of the same size
+    BULK_IN_ARMED = "bulk_in_armed"
+    BULK_BARE = "bulk_bare"                  # nothing replayable precedes it
+    PCIE_POWER = "pcie_power"
+    OTHER = "other"
+
+
+RULES: dict[Kind, tuple[bool, str]] = {
+    Kind.XDATA_READ: (True, "0xE4 reads bridge memory"),
+    Kind.XDATA_WRITE: (True, "0xE5 sets one byte to a value"),
+    Kind.SRAM_ARM: (True, "0xF2 carries slot and size; a second arm replaces the first"),
+    Kind.TLP_NONPOSTED: (True, "a non-posted TLP; tinygrad's pcie_request re-issues it itself"),
+    Kind.TLP_COMPLETION: (True, "re-read after its header is sent again"),
+    Kind.TLP_VALUE_WRITE: (True, "a write of a value into a region the runner names as holding values"),
+    Kind.TLP_ACTION_WRITE: (False, "a write outside the value regions may be an action (mailbox, FIFO)"),
+    Kind.TLP_STREAM_READ: (True, "a streaming memory read"),
+    Kind.BULK_OUT_ARMED: (True, "the whole image again after its arm; a consumed chunk's sentinel is stale"),
+    Kind.BULK_IN_ARMED: (True, "the armed window or memory is read again after its arm"),
+    Kind.BULK_BARE: (False, "nothing to re-arm: a partial first try moved the armed stream on"),
+    Kind.PCIE_POWER: (False, "0xF3 retrains the link (up to 10 s): the ladder's job"),
+    Kind.OTHER: (False, "not a request of this bridge's data path"),
+}
+"""Kind -> (retried, why)."""
+
+
+def _posted(fmt_type: int) -> bool:
+    """Memory writes and messages get no completion (tinygrad 0.14 ``pcie_request``'s fast path)."""
+    return (fmt_type & 0b11011111) == 0b01000000 or (fmt_type & 0b10111000) == 0b00110000
+
+
+def tlp_address(data: bytes) -> int:
+    """The 64-bit address of a 0xF0 OUT data stage (``<III``: low, high, value or dword count)."""
+    lo, hi, _ = struct.unpack_from("<III", bytes(data).ljust(12, b"\0"))
+    return lo | (hi << 32)
+
+
+def in_regions(address: int, regions: Sequence[tuple[int, int]]) -> bool:
+    """Whether ``address`` lies in one of ``regions`` ((base, size) pairs, bytes)."""
+    return any(base <= address < base + size for base, size in regions)
+
+
+def control_out_kind(request: int, value: int, index: int, data: bytes,
+                     value_regions: Sequence[tuple[int, int]] = ()) -> Kind:
+    """The :class:`Kind` of a vendor control OUT (bmRequestType 0x40) of tinygrad 0.14's
+    ``CustomASM24Controller``: 0xE5, 0xF2, 0xF0 (by TLP type and mode, wValue low byte and wIndex),
+    0xF3."""
+    if request == P.REQ_XDATA_WRITE:
+        return Kind.XDATA_WRITE
+    if request == P.REQ_SRAM:
+        return Kind.SRAM_ARM
+    if request == P.REQ_PCIE_POWER:
+        return Kind.PCIE_POWER
+    if request != P.REQ_TLP:
+        return Kind.OTHER
+    fmt_type, mode = value & 0xFF, index & 0x3
+    if mode == P.TLP_MODE_STREAM_READ:
+        return Kind.TLP_STREAM_READ
+    if mode == P.TLP_MODE_STREAM_WRITE or _posted(fmt_type):
+        return Kind.TLP_VALUE_WRITE if in_regions(tlp_address(data), value_regions) else Kind.TLP_ACTION_WRITE
+    return Kind.TLP_NONPOSTED
+
+
+def control_in_kind(request: int) -> Kind:
+    """The :class:`Kind` of a vendor control IN (bmRequestType 0xC0): 0xE4 or the 0xF0 completion."""
+    if request == P.REQ_XDATA_READ:
+        return Kind.XDATA_READ
+    if request == P.REQ_TLP:
+        return Kind.TLP_COMPLETION
+    return Kind.OTHER
+
+
+# ---------------------------------------------------------------- the policy (pure)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard one idempotent transfer is tried: ``attempts`` tries, each bounded by
+    ``attempt_timeout_ms`` plus ``nbytes / floor_bytes_per_ms`` for bulk transfers.
+
+    3 tries of 25 ms end within 75 ms, half the node's 150 ms frame deadline; a control transfer on
+    a working USB 3 link answers in well under a millisecond. ``floor_bytes_per_ms`` (20 000, i.e.
+    20 MB/s) is below what a USB 2 link moves (480 Mbps), so a slow link is not mistaken for a lost
+    transfer.
+    """
+
+    attempts: int = 3
+    attempt_timeout_ms: int = 25
+    floor_bytes_per_ms: int = 20_000
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.attempt_timeout_ms < 1 or self.floor_bytes_per_ms < 1:
+            raise ValueError("attempts, attempt_timeout_ms and floor_bytes_per_ms must be >= 1")
+
+    def timeout_ms(self, caller_ms: int, nbytes: int = 0) -> int:
+        """One attempt's timeout: the bound above, never more than the caller's own (0 = none: the bound)."""
+        bound = self.attempt_timeout_ms + -(-nbytes // self.floor_bytes_per_ms)
+        return bound if caller_ms <= 0 else min(caller_ms, bound)
+
+
+@dataclass(frozen=True)
+class LinkErrorPolicy:
+    """When transient errors say the link is bad (see the module doc for the sources).
+
+    ``max_error_run``: consecutive failed attempts (3: every try of one transfer failed);
+    ``max_errors_in_window`` of the last ``ratio_window`` attempts (5 of 100: fifty times the rate of
+    a link that loses one transfer in a thousand); ``max_errors_per_s`` over ``rate_window_s``
+    (openpilot's hardware daemon: 5 per second over 2 s). ``report_window_s`` is the window of the
+    rate published to health.
+    """
+
+    max_error_run: int = 3
+    ratio_window: int = 100
+    max_errors_in_window: int = 5
+    max_errors_per_s: float = 5.0
+    rate_window_s: float = 2.0
+    report_window_s: float = 60.0
+
+
+@dataclass
+class LinkErrorLog:
+    """The evidence :func:`judge` reads: outcomes of the last attempts, failure times, totals.
+
+    Times are seconds on any monotonic clock. ``outcomes`` holds True for a failed attempt.
+    """
+
+    policy: LinkErrorPolicy
+    attempts: int = 0
+    errors: int = 0
+    retried_ok: int = 0        # transfers that failed at least once and then went through
+    not_retried: int = 0       # failures of transfers that are not idempotent
+    error_run: int = 0
+    timeouts_in_run: int = 0   # of ``error_run``, how many timed out (the rest: I/O errors)
+    last_error: str = ""
+
+    def __post_init__(self) -> None:
+        self.outcomes: deque[bool] = deque(maxlen=self.policy.ratio_window)
+        self.error_times: deque[float] = deque()
+
+    def ok(self) -> None:
+        """One attempt went through."""
+        self.attempts += 1
+        self.error_run = self.timeouts_in_run = 0
+        self.outcomes.append(False)
+
+    def error(self, now_s: float, what: str, timed_out: bool = True) -> None:
+        """One attempt failed with a transient error (``what``: the transfer and the error; ``timed_out``:
+        LIBUSB_ERROR_TIMEOUT rather than LIBUSB_ERROR_IO)."""
+        self.attempts += 1
+        self.errors += 1
+        self.error_run += 1
+        self.timeouts_in_run += int(timed_out)
+        self.last_error = what
+        self.outcomes.append(True)
+        self.error_times.append(now_s)
+        keep = max(self.policy.rate_window_s, self.policy.report_window_s)
+        while self.error_times and self.error_times[0] < now_s - keep:
+            self.error_times.popleft()
+
+    def errors_since(self, since_s: float) -> int:
+        return sum(1 for t in self.error_times if t >= since_s)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The link is bad: ``reason`` (``no_answer`` or ``unstable_link``) and the rule that said so."""
+
+    reason: str
+    detail: str
+
+
+def judge(log: LinkErrorLog, now_s: float) -> Verdict | None:
+    """Whether the link is bad, or None while its errors are transient. Pure: reads ``log`` only.
+
+    A run of attempts that all timed out is ``no_answer``: on an open handle a device that left the bus
+    fails LIBUSB_ERROR_NO_DEVICE, so it is still there and answers nothing (a wedged bridge does that,
+    tinygrad#18137); the other rules are ``unstable_link``."""
+    p = log.policy
+    if log.error_run >= p.max_error_run:
+        if log.timeouts_in_run == log.error_run:
+            return Verdict("no_answer", f"{log.error_run} consecutive transfer attempts timed out (bound "
+                                        f"{p.max_error_run}); the device is still there: a vanished one fails "
+                                        "LIBUSB_ERROR_NO_DEVICE")
+        return Verdict("unstable_link", f"{log.error_run} consecutive transfer attempts failed "
+                                        f"(bound {p.max_error_run})")
+    in_window = sum(log.outcomes)
+    if in_window >= p.max_errors_in_window:
+        return Verdict("unstable_link", f"{in_window} of the last {len(log.outcomes)} transfer attempts failed "
+                                        f"(bound {p.max_errors_in_window} of {p.ratio_window})")
+    recent = log.errors_since(now_s - p.rate_window_s)
+    if recent > p.max_errors_per_s * p.rate_window_s:
+        return Verdict("unstable_link", f"{recent} transfer errors in {p.rate_window_s:g} s, above "
+                                        f"{p.max_errors_per_s:g}/s (openpilot hardwared's bound)")
+    return None
+
+
+# ---------------------------------------------------------------- the wrapper
+
+
+@dataclass(frozen=True)
+class _Replay:
+    """A request that makes the next transfer repeatable: sent again before it."""
+
+    request: int
+    value: int
+    index: int
+    data: bytes
+    timeout_ms: int
+    nbytes: int          # the bytes the next bulk transfer moves under it (0: a TLP header for a completion)
+    direction: str       # "out", "in" or "cpl"
+
+
+class RetryingUSB3:
+    """tinygrad 0.14 ``USB3`` with bounded retry of idempotent transfers (see the module doc).
+
+    Same methods and arguments as the wrapped ``usb`` (timeouts in ms); anything else is passed
+    through (``handle``, ``product``, ``close`` ...). ``value_regions``: (base, size) byte ranges of
+    PCIe memory whose writes set values (VRAM, doorbells); may be set after construction, once the
+    BARs are known. Raises what the wrapped transfer raises; when :func:`judge` says the link is bad,
+    :class:`UsbLayerError` ``no_answer`` / ``unstable_link`` naming the rule and the last error (its
+    ``__cause__``).
+    """
+
+    def __init__(self, usb: Any, *, retry: RetryPolicy | None = None, link: LinkErrorPolicy | None = None,
+                 value_regions: Sequence[tuple[int, int]] = (), clock: Callable[[], float] = time.monotonic) -> None:
+        self.usb = usb
+        self.retry = retry or RetryPolicy()
+        self.log = LinkErrorLog(link or LinkErrorPolicy())
+        self.value_regions: Sequence[tuple[int, int]] = tuple(value_regions)
+        self.clock = clock
+        self._replay: _Replay | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.usb, name)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def stats(self) -> dict[str, Any]:
+        """Counters for health (``DockObservation.extra[STATS_KEY]``): attempts, errors, retried_ok,
+        not_retried, errors in the last ``report_window_s`` and that window, the last error."""
+        now = self.clock()
+        w = self.log.policy.report_window_s
+        return {"attempts": self.log.attempts, "errors": self.log.errors, "retried_ok": self.log.retried_ok,
+                "not_retried": self.log.not_retried, "window_s": w,
+                "errors_in_window": self.log.errors_since(now - w), "last_error": self.log.last_error}
+
+    def _run(self, what: str, kind: Kind, attempt: Callable[[int], Any], caller_ms: int, nbytes: int = 0,
+             replay: Callable[[int], None] | None = None) -> Any:
+        """``attempt(timeout_ms)`` with the retry rules of ``kind``; ``replay(timeout_ms)`` re-arms before a retry."""
+        retried = RULES[kind][0]
+        tries = self.retry.attempts if retried else 1
+        t_ms = self.retry.timeout_ms(caller_ms, nbytes) if retried else caller_ms
+        failed = False
+        for i in range(tries):
+            try:
+                if i and replay is not None:
+                    replay(t_ms)
+                out = attempt(t_ms)
+            except Exception as e:
+                err = e if isinstance(e, ChestnutError) else classify(e, default=UsbLayerError)
+                if err.reason not in TRANSIENT_REASONS:
+                    raise
+                self.log.error(self.clock(), f"{what}: {err.reason}: {err.detail}", err.reason == "transfer_timeout")
+                if not retried:
+                    self.log.not_retried += 1
+                bad = judge(self.log, self.clock())
+                if bad is not None:
+                    raise UsbLayerError(bad.reason, f"{bad.detail}; last: {what}: {err.detail}") from e
+                if i + 1 >= tries:
+                    raise
+                failed = True
+                continue
+            self.log.ok()
+            if failed:
+                self.log.retried_ok += 1
+            return out
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # ------------------------------------------------------------------ synchronous transfers
+    def control_write(self, request: int, value: int = 0, index: int = 0, data: bytes = b"",
+                      timeout: int = 1000) -> Any:
+        data = bytes(data)
+        kind = control_out_kind(request, value, index, data, self.value_regions)
+        self._replay = self._replay_for(kind, request, value, index, data, timeout)
+        return self._run(f"control OUT 0x{request:02X}", kind,
+                         lambda t: self.usb.control_write(request, value, index, data, t), timeout)
+
+    def control_read(self, request: int, length: int, value: int = 0, index: int = 0,
+                     timeout: int = 1000) -> Any:
+        kind = control_in_kind(request)
+        rp = self._replay if request == P.REQ_TLP else None
+        if kind is Kind.TLP_COMPLETION and (rp is None or rp.direction != "cpl"):
+            kind = Kind.OTHER  # a completion with no repeatable header before it
+        return self._run(f"control IN 0x{request:02X}", kind,
+                         lambda t: self.usb.control_read(request, length, value, index, t), timeout,
+                         replay=self._sender(rp))
+
+    def bulk_write(self, payload: Any, timeout: int = 1000) -> Any:
+        n = len(memoryview(payload).cast("B"))
+        rp, self._replay = self._replay, None
+        kind = Kind.BULK_OUT_ARMED if rp is not None and rp.direction == "out" and rp.nbytes == n else Kind.BULK_BARE
+        return self._run("bulk OUT 0x02", kind, lambda t: self.usb.bulk_write(payload, t), timeout, n,
+                         self._sender(rp))
+
+    def bulk_read(self, length: int, timeout: int = 1000) -> Any:
+        rp, self._replay = self._replay, None
+        ok = rp is not None and rp.direction == "in" and rp.nbytes >= length
+        return self._run("bulk IN 0x81", Kind.BULK_IN_ARMED if ok else Kind.BULK_BARE,
+                         lambda t: self.usb.bulk_read(length, t), timeout, length, self._sender(rp))
+
+    # ------------------------------------------------------------------ async transfers: counted, never retried
+    def bulk_wait(self, tag: int) -> Any:
+        try:
+            out = self.usb.bulk_wait(tag)
+        except Exception as e:
+            err = classify(e, default=UsbLayerError)
+            if err.reason in TRANSIENT_REASONS:
+                self.log.error(self.clock(), f"async transfer: {err.reason}: {err.detail}",
+                               err.reason == "transfer_timeout")
+                self.log.not_retried += 1
+            raise
+        self.log.ok()
+        return out
+
+    # ------------------------------------------------------------------ replays
+    @staticmethod
+    def _replay_for(kind: Kind, request: int, value: int, index: int, data: bytes, timeout: int) -> _Replay | None:
+        """What the next transfer needs sent again before a retry, for an idempotent arm or header."""
+        if kind is Kind.SRAM_ARM:
+            nbytes = (value & ~P.SRAM_READ_FLAG) * P.SECTOR
+            return _Replay(request, value, index, data, timeout, nbytes, "in" if value & P.SRAM_READ_FLAG else "out")
+        if kind in (Kind.TLP_VALUE_WRITE, Kind.TLP_STREAM_READ) and index & 0x3:
+            dwords = struct.unpack_from("<III", data.ljust(12, b"\0"))[2]
+            return _Replay(request, value, index, data, timeout, 4 * dwords,
+                           "in" if kind is Kind.TLP_STREAM_READ else "out")
+        if kind is Kind.TLP_NONPOSTED:
+            return _Replay(request, value, index, data, timeout, 0, "cpl")
+        return None
+
+    def _sender(self, rp: _Replay | None) -> Callable[[int], None] | None:
+        if rp is None:
+            return None
+
+        def send(t_ms: int) -> None:
+            self.usb.control_write(rp.request, rp.value, rp.index, rp.data, self.retry.timeout_ms(rp.timeout_ms))
+        return send
+
+
+def install_in_tinygrad(retry: RetryPolicy | None = None, link: LinkErrorPolicy | None = None) -> None:
+    """Make tinygrad 0.14 open the dock through :class:`RetryingUSB3`: ``USBPCIDevice.__init__``
+    (``runtime/support/system.py``) calls the module-level name ``USB3(dev)``, which is replaced by a
+    factory wrapping the real class. Call before the device is opened; idempotent."""
+    from tinygrad.runtime.support import system
+
+    real = getattr(system.USB3, "_chestnut_wrapped", system.USB3)
+
+    def open_usb3(dev: Any, *args: Any, **kwargs: Any) -> RetryingUSB3:
+        return RetryingUSB3(real(dev, *args, **kwargs), retry=retry, link=link)
+
+    open_usb3._chestnut_wrapped = real  # type: ignore[attr-defined]
+    system.USB3 = open_usb3  # type: ignore[misc,assignment]
