@@ -13,6 +13,13 @@ import numpy as np
 from chestnut.msgs.messaging import new_message
 from chestnut.msgs.schema import log as schema
 
+CAMERA_RESTART_MIN_STEP = 20
+"""A ``frameId`` more than this below the previous one (with a newer start of frame) is a restarted
+camera counting from 0 again, a new stream; any other id that does not increase is a repeated or
+reordered frame. Our choice: a camera restart takes longer than 20 frames (1 s at 20 Hz), and
+``chestnut camera`` never sends an id twice. The node (``node/main.py`` ``Node.on_frame``) and
+``chestnut check`` apply the same rule."""
+
 
 def fill_frame(frame_id: int, img: np.ndarray, sof_ns: int, eof_ns: int, source_name: str) -> object:
     """Build a ``cameraFrame`` Event for a uint8 [H, W, 3] BGR image (``sof_ns``/``eof_ns``: ns,

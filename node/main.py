@@ -63,7 +63,7 @@ from chestnut.backend.errors import ChestnutError, ConfigError, Layer, ModelErro
 from chestnut.backend.interface import ModelSpec, StepResult
 from chestnut.backend.jitcache import JitCache
 from chestnut.fallback.standby import FallbackModel
-from chestnut.msgs.frames import frame_to_array
+from chestnut.msgs.frames import CAMERA_RESTART_MIN_STEP, frame_to_array
 from chestnut.msgs.messaging import PubMaster, SubMaster, drain_sock, new_message, sub_sock
 from chestnut.node import config as node_config
 from chestnut.node.config import NodeConfig
@@ -132,7 +132,6 @@ LOOP_PERIOD_MS = 50           # longest the loop sleeps without a frame (20 Hz h
 STOP_BUDGET_S = 5.0           # the process manager's stop budget
 WORKER_STOP_BUDGET_S = STOP_BUDGET_S - 1.0  # the worker's share; the rest is ours (publish, close sockets)
 WATCHDOG_DEFAULT_PERIOD_S = 1.0  # WATCHDOG=1 period when systemd gives no WATCHDOG_USEC
-CAMERA_RESTART_MIN_STEP = 20  # frame ids that go back by more than this, with a newer SOF: a restarted camera
 INIT_DATA_PERIOD_S = 10.0     # initData is re-sent this often (on-demand service; it is the log's header)
 BAD_FRAME_LOG_PERIOD_S = 1.0  # frames with a non-increasing id are logged at most this often (then counted)
 

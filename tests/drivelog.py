@@ -331,6 +331,134 @@ def trailing_frames(items: list[Item], stopping: bool, n: int = 10) -> list[Item
     return items + extra
 
 
+def frame_time_of(items: list[Item], frame_id: int) -> int:
+    return next(t for t, s, d in items if s == "cameraFrame" and log_from_bytes(d).cameraFrame.frameId == frame_id)
+
+
+def repeat_then_skip(items: list[Item], repeat: int, skip_to: int) -> list[Item]:
+    """The camera sends frame ``repeat`` twice (the copy one period later, where ``repeat + 1`` was due) and
+    then skips to ``skip_to``: frames ``repeat + 1 .. skip_to - 1`` are never sent. The node answers the
+    first copy and drops the repeat (``node/main.py`` ``Node.on_frame``), so each distinct frame keeps its
+    one output; every other message stays."""
+    gone = set(range(repeat + 1, skip_to))
+    out = [it for it in items if not (it[1] == "cameraFrame" and log_from_bytes(it[2]).cameraFrame.frameId in gone)
+           and not (it[1] == "modelOutput" and log_from_bytes(it[2]).modelOutput.frameId in gone)]
+    t = frame_time_of(items, repeat)
+    copy = _edit([it for it in items if it[0] == t and it[1] == "cameraFrame"], lambda *_: True,
+                 lambda ev: setattr(ev, "logMonoTime", t + FRAME_PERIOD_NS))
+    return sorted([*out, *copy], key=lambda it: it[0])
+
+
+def zero_log_time(items: list[Item], frame_id: int) -> list[Item]:
+    """The ``cameraFrame`` of ``frame_id`` carries ``logMonoTime`` 0 (a publisher that never stamped it);
+    the logger writes it where it arrived, in file order among its neighbours."""
+    t = frame_time_of(items, frame_id)
+    out = []
+    for it in items:
+        if it[0] == t and it[1] == "cameraFrame":
+            with log.Event.from_bytes(it[2]) as reader:
+                b = reader.as_builder()
+            b.logMonoTime = 0
+            it = (t, it[1], b.to_bytes())  # written at its arrival (the logger's order), stamped 0
+        out.append(it)
+    return out
+
+
+ALIVE_NS = 500 * MS  # cereal SubMaster alive: a message within 10 / 20 Hz
+SOFT_DISABLE_NS = 3_000 * MS  # msgs/services.py SOFT_DISABLE_S
+NODE_SERVICES = ("modelOutput", "chestnutActive", "chestnutHealth", "nodeState", "initData")
+
+
+def restart_node(model_path: Path, items: list[Item], kill_frame: int, restart_s: float = 0.5,
+                 warm_s: float = 1.0, control_follows: bool = True, restarted: bool = True) -> list[Item]:
+    """The drive with its node killed (SIGKILL) right after it published ``kill_frame``'s output and
+    ``chestnutActive`` (true: the primary serves; ``kill_frame`` < 60), and a new node started by
+    supervisord ``restart_s`` later, which warms its fallback for ``warm_s`` and publishes nothing until
+    then (``node/main.py`` ``Node.run``). The camera and the control daemon run on.
+
+    From its start (``t_start``) the new node publishes ``initData``, its first ``chestnutHealth`` (every
+    layer STALE with ``lastChange`` 0: no evidence yet) and ``nodeState`` qualifying, then answers every
+    frame from the fallback with ``chestnutActive`` false until the drive's own fault at frame 60, after
+    which the drive goes on as it was (degraded, recovering, active again at frame 140). Every
+    ``nodeState`` carries ``framesIn`` / ``framesOut``, counted from 0 in each process.
+
+    ``control_follows``: the control daemon sees ``chestnutActive`` go stale 0.5 s after the dead node's
+    last one (cereal's alive: 10 periods at 20 Hz), soft-disables (``commIssue``) and is disengaged 3 s
+    later for the rest of the drive, as ``chestnut control`` does; False: its messages stay as they were
+    (engaged, every check passing). ``restarted`` False: no node ever starts again."""
+    from chestnut.backend.model import model_id
+
+    t_kill = output_time(items, kill_frame) + 1 * MS  # its chestnutActive: the dead node's last word
+    t_stale = t_kill + ALIVE_NS
+    t_start = t_kill + int((restart_s + warm_s) * 1e9) + 3 * MS  # off the drive's own message times
+    fb_mid = model_id("tiny-fallback", Path(model_path).read_bytes())
+    _, f_out = model_outputs(str(model_path), sum(1 for _, s, _ in items if s == "cameraFrame"))
+    t_fault = frame_time_of(items, FAULT_FRAME)
+    out: list[Item] = []
+    for t, s, d in items:
+        if s in NODE_SERVICES and t_kill < t and (t < t_start or not restarted):
+            continue  # no node runs
+        if s == "initData" and t > t_kill:
+            continue  # the new node's own comes at its start
+        if s == "modelOutput" and t_start < t < t_fault:
+            with log.Event.from_bytes(d) as reader:
+                b = reader.as_builder()
+            mo = b.modelOutput
+            mo.source, mo.modelId, mo.reason = "fallback", fb_mid, "fallback serving: the primary is qualifying"
+            mo.agreementChecked = mo.primaryAgrees = False
+            mo.maxAbsDiff = 0.0
+            _fill_tensors(mo, f_out[mo.frameId])
+            d = b.to_bytes()
+        elif s == "chestnutActive" and t_start < t < t_fault:
+            with log.Event.from_bytes(d) as reader:
+                b = reader.as_builder()
+            ca = b.chestnutActive
+            ca.active, ca.source, ca.reason, ca.since = False, "fallback", "fallback serving, not the primary", t_start
+            d = b.to_bytes()
+        elif s == "controlState" and t > t_stale and control_follows:
+            with log.Event.from_bytes(d) as reader:
+                b = reader.as_builder()
+            cs = b.controlState
+            cs.canEngage = False
+            cs.engaged = cs.softDisabling = t < t_stale + SOFT_DISABLE_NS
+            cs.events = ["commIssue"] if cs.engaged else ["commIssue", "disengaged"]
+            d = b.to_bytes()
+        out.append((t, s, d))
+    if not restarted:
+        return out
+    init = next(d for _, s, d in items if s == "initData")
+    with log.Event.from_bytes(init) as reader:
+        b = reader.as_builder()
+    b.logMonoTime = t_start
+    out.append((t_start, "initData", b.to_bytes()))
+    h = _msg("chestnutHealth", t_start + 1 * MS)
+    layers = h.chestnutHealth.init("layers", 4)
+    for entry, name in zip(layers, ("usb", "pcie", "gpu", "output"), strict=True):
+        entry.layer, entry.level, entry.reason, entry.lastChange = name, "stale", "no evidence yet", 0
+    h.chestnutHealth.overall = "stale"
+    out.append((h.logMonoTime, "chestnutHealth", h.to_bytes()))
+    q = _msg("nodeState", t_start + 2 * MS)
+    q.nodeState.state, q.nodeState.reason = "qualifying", "fallback_ready: fallback onnxruntime warm"
+    out.append((q.logMonoTime, "nodeState", q.to_bytes()))
+    out.sort(key=lambda it: it[0])
+    final: list[Item] = []
+    frames_in = frames_out = 0
+    for t, s, d in out:  # framesIn / framesOut as each process counts them
+        if t == t_start:
+            frames_in = frames_out = 0
+        if s == "cameraFrame" and not t_kill < t < t_start:
+            frames_in += 1
+        elif s == "modelOutput":
+            frames_out += 1
+        elif s == "nodeState":
+            with log.Event.from_bytes(d) as reader:
+                b = reader.as_builder()
+            b.nodeState.framesIn, b.nodeState.framesOut = frames_in, frames_out
+            d = b.to_bytes()
+        final.append((t, s, d))
+    return final
+
+
 # ---------------------------------------------------------------- bulk logs (benchmarks)
 
 

@@ -18,10 +18,13 @@ from drivelog import (
     forge_active,
     output_time,
     remove,
+    repeat_then_skip,
+    restart_node,
     shift_frame_eof,
     swap_output_ids,
     trailing_frames,
     write_drive,
+    zero_log_time,
 )
 
 from chestnut.launch.cli import main
@@ -216,3 +219,98 @@ def test_a_restarted_camera_starts_a_new_stream(tiny_onnx, tmp_path):
     swapped = check_log(write(swap_output_ids([*first, *second], 30, 31), tmp_path / "swapped"),
                         only=["frame_ids_increase"])
     assert found(swapped) == [("frame_ids_increase", 30)]
+
+
+# ---------------------------------------------------------------- gaps, duplicates and restarts
+
+
+def test_a_repeated_frame_then_a_skip_is_one_camera_fault(drive, tmp_path):
+    """The camera sends frame 50 twice, then skips to 61; the node answers 50 once and drops the copy.
+    Every distinct frame has its one output: the one violation is the camera's repeated id (the check
+    used to take the repeat for a camera restart: 234 one_output_per_frame violations, none else)."""
+    r = check_log(write(repeat_then_skip(drive, 50, 61), tmp_path))
+    assert [f.frame_id for f in r.timeline.frames[49:53]] == [49, 50, 50, 61]
+    assert found(r) == [("frame_ids_increase", 50)]
+    assert r.violations[0].t_ns == frame_time(51)
+    assert r.violations[0].message == "cameraFrame frame id 50 after 50 (repeated; the node drops it)"
+
+
+def test_a_repeated_frame_answered_twice_is_a_duplicate_output(drive, tmp_path):
+    items = repeat_then_skip(drive, 50, 61)
+    t = output_time(items, 50)
+    copy = _edit([it for it in items if it[0] == t and it[1] == "modelOutput"], lambda *_: True,
+                 lambda ev: setattr(ev, "logMonoTime", frame_time(51) + 4 * MS))
+    r = check_log(write(sorted([*items, *copy], key=lambda it: it[0]), tmp_path))
+    assert found(r) == [("frame_ids_increase", 50), ("one_output_per_frame", 50), ("frame_ids_increase", 50)]
+    assert [v.message for v in r.violations] == [
+        "cameraFrame frame id 50 after 50 (repeated; the node drops it)",
+        "frame 50 answered 2 times (sources primary, primary)",
+        "modelOutput frame id 50 after 50",
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["zst", "mcap"])
+def test_a_frame_stamped_zero_is_checked_where_it_was_logged(drive, tmp_path, fmt):
+    """``logMonoTime`` 0 on frame 50: one log_intact violation; the frame keeps its place in the file (after
+    frame 49's controlState, 7 ms after frame 49), so its output matches and the log is 9.007 s long
+    (the check used to sort it first: 303 one_output_per_frame violations)."""
+    logs = write(zero_log_time(drive, 50), tmp_path, formats=(fmt,))
+    r = check_log(logs)
+    seg = logs / "2026-01-01--00-00-00--0" / f"rlog.{fmt}"
+    assert found(r) == [("log_intact", 50)]
+    assert r.violations[0].message == (f"{seg}: cameraFrame 50 has logMonoTime 0 (never stamped); checked at the "
+                                       "time of the message before it")
+    assert r.timeline.frames[50].frame_id == 50 and r.timeline.frames[50].t_ns == frame_time(49) + 7 * MS
+    assert (r.timeline.start_ns, r.timeline.end_ns) == (BASE_NS, frame_time(179) + 7 * MS)
+
+
+def test_a_node_killed_and_restarted_owes_nothing_while_none_ran(tiny_onnx, drive, tmp_path):
+    """Killed after frame 25 (its last chestnutActive true), restarted 0.5 s later, fallback warm 1 s after
+    that: frames 26-55 were logged while no node ran and are owed nothing; the dead node's last true went
+    stale as the control daemon saw; the new node's first health (every layer STALE) says nothing of the
+    dead node's time. Two node sessions, no violation (the check used to report 30 frames without an
+    output and the dead node's last chestnutActive as true while every layer was STALE)."""
+    r = check_log(write(restart_node(tiny_onnx, drive, 25), tmp_path))
+    t_kill = output_time(drive, 25) + 1 * MS
+    t_start = t_kill + 1_503 * MS
+    assert [(s.start_ns, s.end_ns, s.stopping_ns) for s in r.timeline.sessions] == [
+        (BASE_NS + 1 * MS, t_kill, None), (t_start, frame_time(179) + 5 * MS, None)]
+    assert {o.frame_id for o in r.timeline.outputs} == set(range(26)) | set(range(56, 180))
+    assert r.violations == []
+
+
+def test_a_restarted_node_must_not_leave_a_live_true_behind(tiny_onnx, drive, tmp_path):
+    """Restarted within the alive window (0.1 s + 0.3 s warm-up after its last true) and publishing no
+    chestnutActive for its first frames: a consumer still believes the dead node's true while the fallback
+    serves frames 32-35; from frame 36 on (more than 0.5 s after that true) it has gone stale."""
+    items = restart_node(tiny_onnx, drive, 25, restart_s=0.1, warm_s=0.2)
+    t_kill = output_time(drive, 25) + 1 * MS
+    items = remove(items, lambda t, s, e: s == "chestnutActive" and t_kill < t < t_kill + 1_000 * MS)
+    r = check_log(write(items, tmp_path))
+    assert found(r) == [("active_only_when_healthy", i) for i in (32, 33, 34, 35)]
+    assert r.violations[0].message == "frame 32 served by the fallback while chestnutActive stayed true"
+
+
+def test_a_control_daemon_that_ignores_a_stale_active(tiny_onnx, drive, tmp_path):
+    """The node is killed and restarted but the control daemon stays engaged with every check passing: it
+    is reported once, soft-disable + slack after the dead node's last chestnutActive went stale
+    (0.5 s after it), at frame 97's controlState (t_kill + 500 ms + 3102 ms)."""
+    r = check_log(write(restart_node(tiny_onnx, drive, 25, control_follows=False), tmp_path))
+    assert found(r) == [("control_disengages", 97)]
+    assert r.violations[0].message == "still engaged 3.10 s after chestnutActive went stale (soft disable 3 s)"
+
+
+def test_a_node_killed_and_not_restarted_fails_loudly(tiny_onnx, drive, tmp_path):
+    """No successor: nothing in the log says the node is gone (a hung node looks the same), so it owes
+    every frame until the log ends: frames 26-174 (175-179 are still within deadline + slack of the end),
+    its health silence to the log's end, and one wait for the primary while its last nodeState said
+    active."""
+    r = check_log(write(restart_node(tiny_onnx, drive, 25, restarted=False), tmp_path))
+    assert len(r.timeline.sessions) == 1
+    counts = {k: v for k, v in r.counts().items() if v}
+    assert counts == {"one_output_per_frame": 149, "health_not_silent": 1, "worker_answers": 1}
+    missing = [v.frame_id for v in r.violations if v.contract == "one_output_per_frame"]
+    assert missing == list(range(26, 175))
+    silent_s = (frame_time(179) + 7 * MS - (frame_time(24) + 8 * MS)) / 1e9
+    assert [v.message for v in r.violations if v.contract == "health_not_silent"] == [
+        f"chestnutHealth silent for {silent_s:.2f} s until the log ends (allowed 2 s)"]

@@ -1,42 +1,50 @@
 """``chestnut check``: the node's contracts, checked over a whole log.
 
-A log is read file by file with :class:`~chestnut.msgs.logfile.LogReader` and reduced to light
-records (no pixels, no tensors), merged in ``logMonoTime`` order into a :class:`Timeline`. Each
-contract is a small function over that time-ordered stream, registered by name in
-:data:`CONTRACTS`; it yields every :class:`Violation` it finds, with its time and frame id.
+A log is read into a :class:`~chestnut.node.offline.timeline.Timeline` (light records in ``logMonoTime``
+order, the damage, the node's processes as :class:`~chestnut.node.offline.timeline.Session`). Each
+contract is a small function over it, registered by name in :data:`CONTRACTS`; it yields every
+:class:`~chestnut.node.offline.timeline.Violation` it finds, with its time and frame id. Each one's
+docstring says what it means for gaps, duplicates and restarts; ``docs/contracts.md`` says the same.
 
 =======================  ==================================================================================
 contract                 holds when (source of the rule)
 =======================  ==================================================================================
-log_intact               every log file reads to its end: a truncated or corrupt file is reported with its
-                         byte offset (:class:`~chestnut.msgs.logfile.LogDamage`); the rest is still checked
-one_output_per_frame     every ``cameraFrame`` has exactly one ``modelOutput`` (``docs/architecture.md``);
-                         excused: frames still in flight at the log's end (EOF + deadline + slack after its
-                         last message), frames whose answer fell into unreadable log, and frames before the
-                         node's first message or after it published ``stopping``
-frame_ids_increase       ``frameId`` strictly increases within ``cameraFrame`` and within ``modelOutput``
+log_intact               every log file reads to its end (damage is reported with its byte offset; the rest
+                         is still checked) and every message carries its time (``logMonoTime`` 0 is reported)
+one_output_per_frame     every distinct ``cameraFrame`` a running node owes gets exactly one ``modelOutput``
+                         (``docs/architecture.md``): repeated ids are owed nothing; frames logged while no
+                         node ran, or still in flight when their node died or stopped or the log ended, or
+                         whose answer fell into unreadable log, are not judged
+frame_ids_increase       ``frameId`` strictly increases within ``cameraFrame`` and within ``modelOutput``;
+                         skipped ids are allowed; a camera restart (an id more than 20 lower) starts a
+                         stream the outputs follow once
 deadline_or_fallback     no ``modelOutput`` from the primary later than the per-frame deadline + slack after
                          its frame's ``timestampEof`` (150 ms, openpilot modeld; ``timing.deadline_ms``)
 active_only_when_healthy ``chestnutActive.active`` is never true while a layer is not OK (the layer's level
-                         at that instant, reconstructed from ``chestnutHealth`` and each layer's
-                         ``lastChange``) or while its source is not the primary; a frame served by the
-                         fallback never leaves a consumer believing ``active`` (``docs/health.md``)
-switch_has_reason        every change of ``modelOutput.source`` between primary and fallback is announced
-                         with a reason, after the previous output and before the next frame: a ``nodeState``
-                         with a reason, or a ``chestnutActive`` naming the new source with a reason (the node
-                         publishes the output, then ``chestnutActive``, then ``nodeState``: ``node/main.py``)
-control_disengages       ``controlState.engaged`` never starts while ``chestnutActive`` is false, and never
-                         lasts longer than the soft-disable time (3 s, openpilot) + slack after
-                         ``chestnutActive`` went false or ``canEngage`` went false
-health_not_silent        ``chestnutHealth`` never silent longer than its service allows: 10 / f (cereal's
-                         *alive*; 5 Hz -> 2 s, :data:`~chestnut.msgs.services.SERVICE_LIST`)
-worker_answers           while ``nodeState`` is ``active``, no frame waits longer than the wait timeout +
-                         the hang margin (3000 + 250 ms, :mod:`chestnut.node.watchdog`) for a primary answer
+                         at that instant, reconstructed from the same node process's ``chestnutHealth`` and
+                         each layer's ``lastChange``) or while its source is not the primary; a frame served
+                         by the fallback never leaves a consumer believing a live (not stale) ``active``
+                         (``docs/health.md``)
+switch_has_reason        every change of ``modelOutput.source`` between primary and fallback within one node
+                         process is announced with a reason, after the previous output and before the next
+                         frame: a ``nodeState`` with a reason, or a ``chestnutActive`` naming the new source
+                         with a reason (the node publishes the output, then ``chestnutActive``, then
+                         ``nodeState``: ``node/main.py``)
+control_disengages       ``controlState.engaged`` never starts while ``chestnutActive`` is false or stale,
+                         and never lasts longer than the soft-disable time (3 s, openpilot) + slack after
+                         ``chestnutActive`` went false or stale or ``canEngage`` went false
+health_not_silent        within a node process, ``chestnutHealth`` never silent longer than its service
+                         allows: 10 / f (cereal's *alive*; 5 Hz -> 2 s, :data:`~chestnut.msgs.services.SERVICE_LIST`);
+                         the last process is judged to the log's end
+worker_answers           while a node process's ``nodeState`` is ``active``, no frame waits longer than the
+                         wait timeout + the hang margin (3000 + 250 ms, :mod:`chestnut.node.watchdog`) for a
+                         primary answer
 =======================  ==================================================================================
 
 Times are ``logMonoTime`` in ns (CLOCK_MONOTONIC); reports show seconds since the log's first message.
 Missing data is never evidence: a contract that needs a message to be present excuses any window
-that overlaps a gap left by a damaged file.
+that overlaps a gap left by a damaged file. *Stale* is cereal's SubMaster rule: a message older than
+10 periods of its service (0.5 s for ``chestnutActive`` at 20 Hz) binds no consumer.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chestnut.msgs.frames import CAMERA_RESTART_MIN_STEP
 from chestnut.msgs.services import SERVICE_LIST, SOFT_DISABLE_S
 from chestnut.node.offline.timeline import (
     ALIVE_PERIODS,
@@ -80,6 +89,7 @@ class CheckParams:
     hang_margin_ms: float = HANG_MARGIN_MS
     soft_disable_s: float = SOFT_DISABLE_S
     health_hz: float = SERVICE_LIST["chestnutHealth"].frequency_hz
+    active_hz: float = SERVICE_LIST["chestnutActive"].frequency_hz
 
     @property
     def answer_bound_ns(self) -> int:
@@ -93,6 +103,11 @@ class CheckParams:
     @property
     def health_silence_ns(self) -> int:
         return int(ALIVE_PERIODS / self.health_hz * NS_PER_S)
+
+    @property
+    def active_alive_ns(self) -> int:
+        """How long a consumer believes one ``chestnutActive`` (ns): 10 periods (cereal's alive)."""
+        return int(ALIVE_PERIODS / self.active_hz * NS_PER_S)
 
     @classmethod
     def from_config(cls, config: dict[str, Any], **overrides: Any) -> CheckParams:
@@ -143,64 +158,102 @@ def _v(tl: Timeline, name: str, t_ns: int, message: str, frame_id: int | None = 
     return Violation(t_ns, name, tl.frame_at(t_ns) if frame_id is None else frame_id, message)
 
 
-@contract("log_intact", "every log file reads to its end (truncation and corruption reported with the byte offset)")
+@contract("log_intact", "every log file reads to its end and every message carries its time")
 def log_intact(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
+    """A truncated or corrupt file: one violation per damage, with its byte offset (the rest of the log is
+    still read and checked). A message stamped ``logMonoTime`` 0: one violation per message, placed where
+    the logger wrote it (the previous message's time in its file) so that it is checked like the others."""
     for d in tl.damage:
         t = d.t_ns if d.t_ns is not None else tl.start_ns
         yield Violation(t, "log_intact", d.frame_id, f"{d.path}: byte {d.offset}: {d.reason}")
+    for u in tl.unstamped:
+        what = u.service if u.frame_id is None else f"{u.service} {u.frame_id}"
+        where = "checked at the time of the message before it" if u.t_ns else "nothing before it: not checked"
+        yield Violation(u.t_ns or tl.start_ns, "log_intact", u.frame_id,
+                        f"{u.path}: {what} has logMonoTime 0 (never stamped); {where}")
+
+
+def camera_order(tl: Timeline) -> tuple[list[int], list[bool]]:
+    """Per ``tl.frames``: its stream number and whether it is *fresh* (its id is above every earlier id of
+    its stream). The node's rule (``node/main.py`` ``Node.on_frame``): an id more than
+    :data:`~chestnut.msgs.frames.CAMERA_RESTART_MIN_STEP` below the previous one starts a new stream (a
+    restarted camera counts from 0 again); any other id that does not increase is a repeated or
+    reordered frame, which the node drops unanswered."""
+    streams: list[int] = []
+    fresh: list[bool] = []
+    k, top = 0, None
+    for f in tl.frames:
+        if top is not None and f.frame_id < top - CAMERA_RESTART_MIN_STEP:
+            k, top = k + 1, None
+        fresh.append(top is None or f.frame_id > top)
+        top = f.frame_id if top is None else max(top, f.frame_id)
+        streams.append(k)
+    return streams, fresh
 
 
 def streams(tl: Timeline) -> tuple[list[int], list[int]]:
-    """Stream numbers of ``tl.frames`` and ``tl.outputs``: a camera frame id that does not increase starts
-    a new stream (a restarted camera counts from 0 again); the node's outputs follow it once, at their
-    first id decrease after that camera reset. Any other decrease stays in its stream (and is a
-    ``frame_ids_increase`` violation)."""
-    frame_k: list[int] = []
+    """Stream numbers of ``tl.frames`` and ``tl.outputs``: camera streams as :func:`camera_order` finds them;
+    the node's outputs follow a new camera stream once, at their first id decrease after it. Any other
+    decrease stays in its stream (and is a ``frame_ids_increase`` violation)."""
+    frame_k, _ = camera_order(tl)
+    resets = [f.t_ns for f, k, prev in zip(tl.frames[1:], frame_k[1:], frame_k, strict=False) if k != prev]
     out_k: list[int] = []
-    cam = out = 0
-    last_cam = last_out = None
-    for r in tl.events:
-        if isinstance(r, FrameRec):
-            if last_cam is not None and r.frame_id <= last_cam:
-                cam += 1
-            last_cam = r.frame_id
-            frame_k.append(cam)
-        elif isinstance(r, OutputRec):
-            if last_out is not None and r.frame_id < last_out and out < cam:
-                out += 1
-            last_out = r.frame_id if last_out is None or out_k and out != out_k[-1] else max(last_out, r.frame_id)
-            out_k.append(out)
+    out = 0
+    last_out = None
+    for o in tl.outputs:
+        cam = bisect.bisect_right(resets, o.t_ns)  # camera streams begun by now
+        if last_out is not None and o.frame_id < last_out and out < cam:
+            out += 1
+            last_out = None
+        last_out = o.frame_id if last_out is None else max(last_out, o.frame_id)
+        out_k.append(out)
     return frame_k, out_k
 
 
-@contract("one_output_per_frame", "every cameraFrame has exactly one modelOutput")
+def owed(tl: Timeline, f: FrameRec, bound_ns: int) -> bool:
+    """Whether the node owes frame ``f`` an answer: a node process ran when it was logged
+    (:meth:`~chestnut.node.offline.timeline.Timeline.session_at`), had not published ``stopping``, and
+    still ran when the answer fell due (``max(EOF, logMonoTime)`` + ``bound_ns``); the answer's window is
+    readable. A frame logged while no node ran, or still in flight when its node died (a successor
+    started) or stopped or the log ended, is owed nothing."""
+    i = tl.session_at(f.t_ns)
+    if i is None:
+        return False
+    s = tl.sessions[i]
+    due = max(f.eof_ns, f.t_ns) + bound_ns
+    if s.stopping_ns is not None and f.t_ns >= s.stopping_ns:
+        return False
+    return due <= tl.session_end(i) and not tl.overlaps_gap(f.t_ns, due)
+
+
+@contract("one_output_per_frame", "every distinct cameraFrame a running node owes gets exactly one modelOutput")
 def one_output_per_frame(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
+    """Frames are matched to outputs by (camera stream, frame id).
+
+    - Gaps: skipped frame ids are not frames; a frame whose answer window overlaps unreadable log is not
+      judged.
+    - Duplicates: a repeated (or reordered) frame id is owed nothing (the node drops it: the first copy's
+      one answer covers it); a second output for a frame is a violation, whichever copy it answers.
+    - Restarts: only a running node owes answers (:func:`owed`); answers from a node that started later
+      to frames logged before it started are accepted.
+    """
     name = "one_output_per_frame"
     by_frame: dict[tuple[int, int], list[OutputRec]] = {}
     frame_streams, output_streams = streams(tl)
+    _, fresh = camera_order(tl)
     for o, k in zip(tl.outputs, output_streams, strict=True):
         by_frame.setdefault((k, o.frame_id), []).append(o)
     bound = p.answer_bound_ns
     seen: set[tuple[int, int]] = set()
-    # the node answers from its first message until it publishes ``stopping``; frames outside are not its
-    node_msgs = [r.t_ns for r in (tl.outputs[:1] + tl.node_states[:1] + tl.actives[:1] + tl.healths[:1])]
-    started = min(node_msgs) if node_msgs else tl.end_ns + 1
-    state_times = [s.t_ns for s in tl.node_states]
-    for f, k in zip(tl.frames, frame_streams, strict=True):
+    for f, k, new in zip(tl.frames, frame_streams, fresh, strict=True):
+        if not new:
+            continue
         seen.add((k, f.frame_id))
         answers = by_frame.get((k, f.frame_id), [])
-        if not answers:
-            k = bisect.bisect_right(state_times, f.t_ns)
-            if f.t_ns < started or (k and tl.node_states[k - 1].state == "stopping"):
-                continue
-        if len(answers) > 1:
-            for extra in answers[1:]:
-                yield _v(tl, name, extra.t_ns, f"frame {f.frame_id} answered {len(answers)} times "
-                         f"(sources {', '.join(a.source for a in answers)})", f.frame_id)
-        elif not answers:
-            due = max(f.eof_ns, f.t_ns) + bound
-            if due > tl.end_ns or tl.overlaps_gap(f.t_ns, due):
-                continue  # in flight at the end of the log, or its answer fell into unreadable log
+        for extra in answers[1:]:
+            yield _v(tl, name, extra.t_ns, f"frame {f.frame_id} answered {len(answers)} times "
+                     f"(sources {', '.join(a.source for a in answers)})", f.frame_id)
+        if not answers and owed(tl, f, bound):
             yield _v(tl, name, f.t_ns, f"frame {f.frame_id} has no modelOutput", f.frame_id)
     first = tl.frames[0].frame_id if tl.frames else None
     for (k, fid), answers in by_frame.items():
@@ -215,30 +268,45 @@ def one_output_per_frame(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
 
 @contract("frame_ids_increase", "frame ids strictly increase within cameraFrame and within modelOutput")
 def frame_ids_increase(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
-    """A camera that restarts counts from 0 again: that starts a new stream, and the node's outputs may
-    follow it once (one output reset per camera reset, after it); any other decrease is a violation."""
+    """Gaps (skipped ids) are allowed. A camera that restarts counts from 0 again: an id more than
+    :data:`~chestnut.msgs.frames.CAMERA_RESTART_MIN_STEP` below the previous starts a new stream, and the
+    node's outputs may follow it once (one output decrease per camera stream, after it). Any other
+    camera id that does not increase is a violation of the camera's (``cameraFrame.frameId`` strictly
+    increases), reported once per message; an output id that does not increase is the node's. A node
+    restart changes nothing here: a new node answers with the camera's ids."""
     last: dict[str, int] = {}
+    frame_k, _ = camera_order(tl)
+    frame_index = {id(f): i for i, f in enumerate(tl.frames)}
     camera_resets = output_resets = 0
     for r in tl.events:
         if isinstance(r, FrameRec | OutputRec):
             prev = last.get(r.service)
-            if prev is not None and r.frame_id <= prev:
-                if isinstance(r, FrameRec):
+            if isinstance(r, FrameRec):
+                i = frame_index[id(r)]
+                if i and frame_k[i] != frame_k[i - 1]:
                     camera_resets += 1
                     last[r.service] = r.frame_id
                     continue
-                if output_resets < camera_resets and r.frame_id < prev:
+            if prev is not None and r.frame_id <= prev:
+                if isinstance(r, OutputRec) and output_resets < camera_resets and r.frame_id < prev:
                     output_resets += 1
                     last[r.service] = r.frame_id
                     continue
+                what = (f" ({'repeated' if r.frame_id == prev else 'out of order'}; the node drops it)"
+                        if isinstance(r, FrameRec) else "")
                 yield Violation(r.t_ns, "frame_ids_increase", r.frame_id,
-                                f"{r.service} frame id {r.frame_id} after {prev}")
+                                f"{r.service} frame id {r.frame_id} after {prev}{what}")
             last[r.service] = r.frame_id if prev is None else max(prev, r.frame_id)
 
 
 @contract("deadline_or_fallback", "no primary output later than the per-frame deadline + slack")
 def deadline_or_fallback(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
-    eof = {f.frame_id: f.eof_ns for f in tl.frames}
+    """Measured from the frame's ``timestampEof`` (the first copy's for a repeated id; the output's own
+    ``frameAge`` when the frame is not in the log). Gaps and restarts change nothing: each primary output
+    is judged on its own."""
+    eof: dict[int, int] = {}
+    for f in tl.frames:
+        eof.setdefault(f.frame_id, f.eof_ns)
     for o in tl.outputs:
         if o.source != "primary":
             continue
@@ -249,8 +317,22 @@ def deadline_or_fallback(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
                      f"(deadline {p.deadline_ms:g} ms + slack {p.slack_ms:g} ms)", o.frame_id)
 
 
+def believed(latest: ActiveRec | None, t_ns: int, p: CheckParams) -> bool:
+    """Whether a consumer at ``t_ns`` believes ``active``: the newest ``chestnutActive`` says true and is
+    still alive (cereal's SubMaster: a message within 10 periods, 0.5 s at 20 Hz); a true that went stale
+    binds nobody."""
+    return latest is not None and latest.active and t_ns - latest.t_ns <= p.active_alive_ns
+
+
 @contract("active_only_when_healthy", "ChestnutActive never true while a layer is not OK or the fallback serves")
 def active_only_when_healthy(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
+    """Each true ``chestnutActive`` is judged against the layers' levels at its instant, as the node that
+    published it knew them (a successor's health never judges its predecessor's messages). A frame served
+    by the fallback must not leave a consumer believing ``active`` (:func:`believed`): the node publishes a
+    false one after the output, or the last true one has gone stale by then. Restarts: a killed node's
+    last true goes stale 0.5 s after it, as every consumer sees; a node restarted within that time must
+    say false before its first fallback frame. Gaps: a fallback frame whose window is unreadable is not
+    judged."""
     name = "active_only_when_healthy"
     for a in tl.actives:
         if not a.active:
@@ -272,28 +354,35 @@ def active_only_when_healthy(tl: Timeline, p: CheckParams) -> Iterator[Violation
     for i, r in enumerate(events):
         if isinstance(r, ActiveRec):
             latest = r
-        elif isinstance(r, OutputRec) and r.source == "fallback" and latest is not None and latest.active:
+        elif isinstance(r, OutputRec) and r.source == "fallback" and believed(latest, r.t_ns, p):
             after = None
+            end_t = tl.end_ns
             for nxt in events[i + 1:]:
                 if isinstance(nxt, FrameRec | OutputRec):
+                    end_t = nxt.t_ns
                     break
                 if isinstance(nxt, ActiveRec):
                     after = nxt
                     break
-            if after is None or after.active:
+            if (after is None or after.active) and not tl.overlaps_gap(r.t_ns, end_t):
                 yield _v(tl, name, r.t_ns, f"frame {r.frame_id} served by the fallback while chestnutActive "
                          "stayed true", r.frame_id)
 
 
 @contract("switch_has_reason", "every source switch is announced with a reason in chestnutActive or nodeState")
 def switch_has_reason(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
+    """A switch is a change of source between two outputs of one node process; a restarted node's first
+    source is no switch (its start is announced by its own ``nodeState``). Duplicates are outputs like
+    any other; a switch whose window touches unreadable log is not judged."""
     events = tl.events
     prev: OutputRec | None = None
     prev_i = -1
+    prev_session: int | None = None
     for i, r in enumerate(events):
         if not isinstance(r, OutputRec) or r.source not in ("primary", "fallback"):
             continue  # an unusable frame answered without a model (source none) is no switch
-        if prev is not None and r.source != prev.source:
+        session = tl.session_at(r.t_ns)
+        if prev is not None and r.source != prev.source and session == prev_session:
             end = next((j for j in range(i + 1, len(events)) if isinstance(events[j], FrameRec)), len(events))
             window = events[prev_i + 1:end]
             announced = any(
@@ -305,77 +394,101 @@ def switch_has_reason(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
             if not announced and not tl.overlaps_gap(prev.t_ns, t_end):
                 yield _v(tl, "switch_has_reason", r.t_ns, f"source switched {prev.source} -> {r.source} at frame "
                          f"{r.frame_id} with no reason in chestnutActive or nodeState", r.frame_id)
-        prev, prev_i = r, i
+        prev, prev_i, prev_session = r, i, session
 
 
 @contract("control_disengages", "the control daemon is never engaged while checks failed beyond the soft disable")
 def control_disengages(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
-    """At most one violation per engagement and fault: engaging while ``chestnutActive`` is false, or still
-    engaged soft-disable + slack after ``chestnutActive`` or ``canEngage`` went false."""
+    """At most one violation per engagement and fault: engaging while ``chestnutActive`` is false or
+    stale, or still engaged soft-disable + slack after ``chestnutActive`` went false, went stale (its
+    newest true older than 10 periods: a dead node's last word) or ``canEngage`` went false. A window
+    that touches unreadable log is not judged."""
     name = "control_disengages"
     limit_ns = int((p.soft_disable_s + p.slack_ms / 1000.0) * NS_PER_S)
     latest: ActiveRec | None = None
-    inactive_since: int | None = None  # when the consumer last saw chestnutActive turn false
+    inactive_since: int | None = None  # when the consumer last saw chestnutActive turn false or go stale
+    stale = False  # inactive_since is the staleness of the newest true, not a false
     checks_failed_since: int | None = None  # when canEngage last turned false
     engaged = False
     reported = False  # this engagement's fault is reported
     for r in tl.events:
         if isinstance(r, ActiveRec):
             if r.active:
-                inactive_since = None
+                inactive_since, stale = None, False
             elif inactive_since is None:
-                inactive_since = r.t_ns
+                inactive_since, stale = r.t_ns, False
             latest = r
             continue
         if not isinstance(r, ControlRec):
             continue
+        if latest is not None and latest.active and not believed(latest, r.t_ns, p) and inactive_since is None:
+            inactive_since, stale = latest.t_ns + p.active_alive_ns, True
         if r.can_engage:
             checks_failed_since = None
         elif checks_failed_since is None:
             checks_failed_since = r.t_ns
         if not r.engaged or (inactive_since is None and checks_failed_since is None):
             reported = False
-        if r.engaged and not engaged and latest is not None and not latest.active:
+        if r.engaged and not engaged and latest is not None and not believed(latest, r.t_ns, p):
             reported = True
-            yield _v(tl, name, r.t_ns, f"engaged while chestnutActive was false ({latest.reason})")
+            why = latest.reason if not latest.active else "it went stale"
+            yield _v(tl, name, r.t_ns, f"engaged while chestnutActive was false ({why})")
         elif r.engaged and not reported:
             since = min((s for s in (inactive_since, checks_failed_since) if s is not None), default=None)
             if since is not None and r.t_ns - since > limit_ns and not tl.overlaps_gap(since, r.t_ns):
                 reported = True
-                what = "chestnutActive went false" if since == inactive_since else "its checks failed"
+                what = ("its checks failed" if since != inactive_since
+                        else "chestnutActive went stale" if stale else "chestnutActive went false")
                 yield _v(tl, name, r.t_ns, f"still engaged {(r.t_ns - since) / NS_PER_S:.2f} s after {what} "
                          f"(soft disable {p.soft_disable_s:g} s)")
         engaged = r.engaged
 
 
-@contract("health_not_silent", "chestnutHealth never silent longer than 10 / its frequency")
+@contract("health_not_silent", "chestnutHealth never silent longer than 10 / its frequency while a node runs")
 def health_not_silent(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
+    """Judged within each node process, from its first health to its end (its last message; the last
+    process: the log's end, so a node that dies and is not restarted is reported), or to ``stopping``. Restarts:
+    the silence between a dead node's last message and its successor's first is the supervisor's
+    restart, not the node's silence. Gaps: a silence that touches unreadable log is not judged."""
     name = "health_not_silent"
     limit = p.health_silence_ns
     if not tl.healths:
         if tl.outputs:
             yield _v(tl, name, tl.outputs[0].t_ns, "no chestnutHealth in a log with modelOutputs")
         return
-    # the node publishes health until it stops: the log's tail after ``stopping`` is not its silence
-    stopped = next((r.t_ns for r in tl.node_states if r.state == "stopping"), None)
-    end = tl.end_ns if stopped is None else min(tl.end_ns, max(stopped, tl.healths[-1].t_ns))
-    times = [h.t_ns for h in tl.healths] + [end]
-    for t0, t1 in zip(times, times[1:], strict=False):
-        if t1 - t0 > limit and not tl.overlaps_gap(t0, t1):
-            ending = "the log ends" if t1 == end and t0 == times[-2] else "the next one"
-            yield _v(tl, name, t0 + limit, f"chestnutHealth silent for {(t1 - t0) / NS_PER_S:.2f} s until "
-                     f"{ending} (allowed {limit / NS_PER_S:g} s)")
+    for i, s in enumerate(tl.sessions):
+        end = tl.session_end(i)
+        healths = [h.t_ns for h in tl.healths if s.start_ns <= h.t_ns <= end]
+        if not healths:
+            continue
+        if s.stopping_ns is not None:  # the node publishes health until it stops
+            end = min(end, max(s.stopping_ns, healths[-1]))
+        times = [*healths, end]
+        for t0, t1 in zip(times, times[1:], strict=False):
+            if t1 - t0 > limit and not tl.overlaps_gap(t0, t1):
+                ending = "the log ends" if t1 == end and t0 == times[-2] else "the next one"
+                yield _v(tl, name, t0 + limit, f"chestnutHealth silent for {(t1 - t0) / NS_PER_S:.2f} s until "
+                         f"{ending} (allowed {limit / NS_PER_S:g} s)")
 
 
 @contract("worker_answers", "while active, no frame waits longer than the wait timeout + margin for the primary")
 def worker_answers(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
+    """Active means the node process's latest ``nodeState`` says ``active``; a process that ends (a
+    successor started) is active no more, and its successor starts inactive. Repeated frames and gaps in ids are
+    frames like others here (waiting starts at the first frame after a primary answer); a wait that
+    touches unreadable log is not judged."""
     name = "worker_answers"
     bound = p.hang_bound_ns
     active = False
     waiting_since: int | None = None  # EOF of the oldest frame since the last primary answer
     waiting_frame: int | None = None
     reported = False
+    session: int | None = None
     for r in tl.events:
+        now_session = tl.session_at(r.t_ns)
+        if now_session != session:
+            active, waiting_since, waiting_frame, reported = False, None, None, False
+            session = now_session
         if isinstance(r, NodeStateRec):
             now_active = r.state == "active"
             if now_active != active:

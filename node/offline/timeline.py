@@ -8,6 +8,16 @@ corrupt file) is recorded with its byte offset, never raised, and becomes a *gap
 unreadable log that contracts treat as missing data, never as evidence.
 
 Times are ``logMonoTime`` in ns (CLOCK_MONOTONIC); reports show seconds since the log's first message.
+A message stamped ``logMonoTime`` 0 (a publisher that never set it) cannot be placed by its time: it is
+placed where the logger wrote it, at the time of the message before it in its file, and listed in
+:attr:`Timeline.unstamped` (``docs/contracts.md`` "Time").
+
+**Node sessions.** One node process is one :class:`Session`, from its first message to its last. The
+node's ``nodeState.framesIn`` / ``framesOut`` counters start from 0 in every process, so a counter that
+goes down between two ``nodeState`` messages is a restart: the old session ends with the last node
+message before the largest silence between those two, the new one starts with the first after it.
+Contracts use sessions for what a dead node owes and what a consumer still believes
+(``docs/contracts.md`` "Restarts").
 """
 
 from __future__ import annotations
@@ -105,6 +115,7 @@ class NodeStateRec:
     reason: str
     worker_pid: int
     restarts: int
+    frames_in: int = 0  # frames the node process received so far (counts from 0 in each process)
     service: str = "nodeState"
 
 
@@ -166,7 +177,8 @@ _RECORDERS: dict[str, Callable[[int, Any], Record]] = {
                                               ev.chestnutActive.reason, ev.chestnutActive.since),
     "chestnutHealth": _health_record,
     "nodeState": lambda t, ev: NodeStateRec(t, str(ev.nodeState.state), ev.nodeState.reason,
-                                            ev.nodeState.workerPid, ev.nodeState.restarts),
+                                            ev.nodeState.workerPid, ev.nodeState.restarts,
+                                            int(ev.nodeState.framesIn)),
     "controlState": lambda t, ev: ControlRec(t, ev.controlState.engaged, ev.controlState.softDisabling,
                                              ev.controlState.canEngage, tuple(ev.controlState.events)),
     "initData": _init_record,
@@ -195,6 +207,17 @@ class DamageRec:
     frame_id: int | None
 
 
+@dataclass(frozen=True)
+class UnstampedRec:
+    """A message logged with ``logMonoTime`` 0, placed at ``t_ns`` (the time of the message before it in
+    its file); ``frame_id``: its own id for a ``cameraFrame`` or ``modelOutput``, else None."""
+
+    path: str
+    service: str
+    t_ns: int
+    frame_id: int | None
+
+
 @dataclass
 class FileExtract:
     """What one log file holds, as records, and where it was damaged.
@@ -207,6 +230,7 @@ class FileExtract:
     records: list[Record] = field(default_factory=list)
     damage: list[DamageRec] = field(default_factory=list)
     gaps: list[tuple[int | None, int | None]] = field(default_factory=list)
+    unstamped: list[UnstampedRec] = field(default_factory=list)
     first_ns: int | None = None
     last_ns: int | None = None
 
@@ -217,6 +241,7 @@ class FileRecorder:
     def __init__(self, path: Path | str) -> None:
         self.extract = FileExtract(str(path))
         self._last_frame: int | None = None
+        self._prev_ns: int | None = None  # logMonoTime of the message read before (file order)
         self._open_gap: int | None | bool = False  # False: no gap open; else its start (None = before anything)
 
     def on_damage(self, dmg: LogDamage) -> None:
@@ -226,12 +251,21 @@ class FileRecorder:
             self._open_gap = x.last_ns
 
     def add(self, t_ns: int, service: str, event: Any) -> Record | None:
+        """Record one message read from the file (``t_ns``: its ``logMonoTime``). A message stamped 0
+        takes the time of the message read before it (None is returned, and nothing recorded, for one
+        that has no message before it: it cannot be placed)."""
         x = self.extract
+        if t_ns == 0:
+            if self._prev_ns is None:
+                x.unstamped.append(UnstampedRec(x.path, service, 0, _frame_id_of(service, event)))
+                return None
+            t_ns = self._prev_ns
+            x.unstamped.append(UnstampedRec(x.path, service, t_ns, _frame_id_of(service, event)))
+        self._prev_ns = t_ns
         if self._open_gap is not False:
             x.gaps.append((self._open_gap, t_ns))  # type: ignore[arg-type]
             self._open_gap = False
-        if x.first_ns is None:
-            x.first_ns = t_ns
+        x.first_ns = t_ns if x.first_ns is None else min(x.first_ns, t_ns)
         x.last_ns = t_ns if x.last_ns is None else max(x.last_ns, t_ns)
         rec = record_of(t_ns, service, event)
         if rec is not None:
@@ -247,6 +281,14 @@ class FileRecorder:
         return self.extract
 
 
+def _frame_id_of(service: str, event: Any) -> int | None:
+    if service == "cameraFrame":
+        return int(event.cameraFrame.frameId)
+    if service == "modelOutput":
+        return int(event.modelOutput.frameId)
+    return None
+
+
 def extract_file(path: Path | str) -> FileExtract:
     """Read one log file (``.zst`` or ``.mcap``) into records; damage is recorded, never raised.
 
@@ -257,6 +299,43 @@ def extract_file(path: Path | str) -> FileExtract:
     for t, service, event in reader:
         rec.add(t, service, event)
     return rec.finish()
+
+
+@dataclass(frozen=True)
+class Session:
+    """One node process as the log shows it: its first and last message (ns), and when it published
+    ``nodeState`` stopping (None: it did not; a killed node never does)."""
+
+    start_ns: int
+    end_ns: int
+    stopping_ns: int | None = None
+
+
+NODE_RECORDS = (OutputRec, ActiveRec, HealthRec, NodeStateRec)  # what only the node publishes (and its initData)
+
+
+def node_sessions(events: Sequence[Record]) -> list[Session]:
+    """The node processes in ``events`` (time-ordered), first to last (see the module docstring)."""
+    times: list[int] = []
+    states: list[tuple[int, NodeStateRec]] = []  # (index into times, record)
+    for r in events:
+        if isinstance(r, NODE_RECORDS) or (isinstance(r, InitRec) and isinstance(r.config.get("model"), dict)):
+            if isinstance(r, NodeStateRec):
+                states.append((len(times), r))
+            times.append(r.t_ns)
+    if not times:
+        return []
+    cuts: list[int] = []  # index into times of each new session's first message
+    for (i, a), (j, b) in zip(states, states[1:], strict=False):
+        if b.frames_in < a.frames_in:
+            cuts.append(max(range(i + 1, j + 1), key=lambda k: (times[k] - times[k - 1], -k)))
+    bounds = [0, *cuts, len(times)]
+    sessions = []
+    for k0, k1 in zip(bounds, bounds[1:], strict=False):
+        t0, t1 = times[k0], times[k1 - 1]
+        stop = next((s.t_ns for _, s in states if s.state == "stopping" and t0 <= s.t_ns <= t1), None)
+        sessions.append(Session(t0, t1, stop))
+    return sessions
 
 
 @dataclass
@@ -278,6 +357,8 @@ class Timeline:
     controls: list[ControlRec] = field(default_factory=list)
     inits: list[InitRec] = field(default_factory=list)
     twins: list[TwinRec] = field(default_factory=list)
+    unstamped: list[UnstampedRec] = field(default_factory=list)
+    sessions: list[Session] = field(default_factory=list)
     _frame_times: list[int] = field(default_factory=list, repr=False)  # bisect indexes
     _health_times: list[int] = field(default_factory=list, repr=False)
 
@@ -308,7 +389,19 @@ class Timeline:
             lists[type(r)].append(r)
         tl._frame_times = [f.t_ns for f in tl.frames]
         tl._health_times = [h.t_ns for h in tl.healths]
+        tl.unstamped = [u for x in extracts for u in x.unstamped]
+        tl.sessions = node_sessions(events)
         return tl
+
+    def session_end(self, i: int) -> int:
+        """When node process ``i`` ended as far as the log shows (ns): its last message when a successor
+        started (it died or stopped then); the log's end for the last one (nothing says it is gone)."""
+        return self.sessions[i].end_ns if i < len(self.sessions) - 1 else max(self.end_ns, self.sessions[i].end_ns)
+
+    def session_at(self, t_ns: int) -> int | None:
+        """Index into :attr:`sessions` of the node process running at ``t_ns`` (None: none ran; see
+        :meth:`session_end`)."""
+        return next((i for i, s in enumerate(self.sessions) if s.start_ns <= t_ns <= self.session_end(i)), None)
 
     def overlaps_gap(self, t0: int, t1: int) -> bool:
         """Whether [t0, t1] (ns) touches unreadable log."""
@@ -326,9 +419,10 @@ class Timeline:
 
     def layer_at(self, name: str, t_ns: int) -> LayerRec | None:
         """The level of layer ``name`` at ``t_ns``: the next ``chestnutHealth`` if its ``lastChange`` for
-        the layer is at or before ``t_ns`` (the change had happened), else the previous one."""
+        the layer is at or before ``t_ns`` (the change had happened) and the same node process published
+        it (a successor's health says nothing of its predecessor's time), else the previous one."""
         i = bisect.bisect_right(self._health_times, t_ns)
-        if i < len(self.healths):
+        if i < len(self.healths) and self.session_at(self.healths[i].t_ns) == self.session_at(t_ns):
             nxt = self.healths[i].layer(name)
             if nxt is not None and nxt.last_change_ns <= t_ns:
                 return nxt
