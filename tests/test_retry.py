@@ -1,0 +1,263 @@
+"""Bounded retry of idempotent transfers and the link-error policy, as pure code over a scripted USB3."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pytest
+
+from chestnut.backend import protocol as P
+from chestnut.backend.errors import UsbLayerError
+from chestnut.backend.retry import (
+    RULES,
+    Kind,
+    LinkErrorLog,
+    LinkErrorPolicy,
+    RetryingUSB3,
+    RetryPolicy,
+    Verdict,
+    control_in_kind,
+    control_out_kind,
+    install_in_tinygrad,
+    judge,
+)
+
+TIMEOUT = "libusb_control_transfer: Operation timed out"
+BULK_TIMEOUT = "bulk OUT 0x02 failed: Operation timed out"
+IO_ERROR = "bulk IN 0x81 failed: Input/Output Error"
+GONE = "libusb_control_transfer: No such device (it may have been disconnected)"
+VRAM = (0x1000_0000, 0x100_0000)
+
+
+def tlp(address: int, value: int = 0) -> bytes:
+    return struct.pack("<III", address & 0xFFFFFFFF, address >> 32, value)
+
+
+class ScriptedUSB3:
+    """tinygrad 0.14 ``USB3``'s four synchronous methods: records every call; ``fail`` maps a call number
+    (1-based, over all calls) to the RuntimeError text it raises."""
+
+    def __init__(self, fail: dict[int, str] | None = None) -> None:
+        self.fail = fail or {}
+        self.calls: list[tuple[Any, ...]] = []
+        self.product = "custom"
+
+    def _call(self, *call: Any) -> None:
+        self.calls.append(call)
+        if len(self.calls) in self.fail:
+            raise RuntimeError(self.fail[len(self.calls)])
+
+    def control_write(self, request: int, value: int = 0, index: int = 0, data: bytes = b"",
+                      timeout: int = 1000) -> None:
+        self._call("cw", request, value, index, bytes(data), timeout)
+
+    def control_read(self, request: int, length: int, value: int = 0, index: int = 0,
+                     timeout: int = 1000) -> bytes:
+        self._call("cr", request, length, value, index, timeout)
+        return bytes(length)
+
+    def bulk_write(self, payload: Any, timeout: int = 1000) -> None:
+        self._call("bw", len(payload), timeout)
+
+    def bulk_read(self, length: int, timeout: int = 1000) -> bytes:
+        self._call("br", length, timeout)
+        return bytes(length)
+
+    def bulk_wait(self, tag: int) -> None:
+        self._call("wait", tag)
+
+
+def wrapped(fail: dict[int, str] | None = None, **kw: Any) -> tuple[RetryingUSB3, ScriptedUSB3]:
+    usb = ScriptedUSB3(fail)
+    return RetryingUSB3(usb, clock=lambda: 100.0, value_regions=[VRAM], **kw), usb
+
+
+# ---------------------------------------------------------------- what is idempotent
+
+
+def test_the_table_says_which_transfers_are_repeated():
+    assert {k for k, (retried, _) in RULES.items() if not retried} == {
+        Kind.TLP_ACTION_WRITE, Kind.BULK_BARE, Kind.PCIE_POWER, Kind.OTHER}
+    assert set(RULES) == set(Kind)
+
+
+@pytest.mark.parametrize(("request_", "value", "index", "data", "kind"), [
+    (P.REQ_XDATA_WRITE, 0xA800, 0x12, b"", Kind.XDATA_WRITE),
+    (P.REQ_SRAM, 512 | P.SRAM_READ_FLAG, 1 << 8, b"", Kind.SRAM_ARM),
+    (P.REQ_PCIE_POWER, 1, 0, b"", Kind.PCIE_POWER),
+    (P.REQ_TLP, P.TLP_MEM_READ64 | 0x0F << 8, P.TLP_MODE_SINGLE, tlp(VRAM[0]), Kind.TLP_NONPOSTED),
+    (P.REQ_TLP, P.TLP_CFG_WRITE0 | 0x0F << 8, P.TLP_MODE_SINGLE, tlp(0x10, 1), Kind.TLP_NONPOSTED),
+    (P.REQ_TLP, P.TLP_MEM_WRITE64 | 0x0F << 8, P.TLP_MODE_SINGLE, tlp(VRAM[0] + 8, 5), Kind.TLP_VALUE_WRITE),
+    (P.REQ_TLP, P.TLP_MEM_WRITE64 | 0x0F << 8, P.TLP_MODE_SINGLE, tlp(0x4000_0000, 5), Kind.TLP_ACTION_WRITE),
+    (P.REQ_TLP, P.TLP_MEM_WRITE64 | 0x0F << 8, P.TLP_MODE_STREAM_WRITE, tlp(VRAM[0], 16), Kind.TLP_VALUE_WRITE),
+    (P.REQ_TLP, P.TLP_MEM_WRITE64 | 0x0F << 8, P.TLP_MODE_STREAM_WRITE, tlp(VRAM[0] + VRAM[1], 16),
+     Kind.TLP_ACTION_WRITE),
+    (P.REQ_TLP, P.TLP_MEM_READ64 | 0x0F << 8, P.TLP_MODE_STREAM_READ, tlp(0x4000_0000, 16), Kind.TLP_STREAM_READ),
+    (0x51, 0, 0, b"", Kind.OTHER),
+])
+def test_control_out_kinds(request_, value, index, data, kind):
+    assert control_out_kind(request_, value, index, data, [VRAM]) is kind
+
+
+def test_control_in_kinds():
+    assert control_in_kind(P.REQ_XDATA_READ) is Kind.XDATA_READ
+    assert control_in_kind(P.REQ_TLP) is Kind.TLP_COMPLETION
+    assert control_in_kind(0x51) is Kind.OTHER
+
+
+# ---------------------------------------------------------------- the policy
+
+
+def test_attempt_timeouts_end_inside_the_frame_deadline():
+    p = RetryPolicy()
+    assert p.attempts * p.timeout_ms(1000) == 75 < 150
+    assert p.timeout_ms(1000, 0x40000) == 25 + 14  # 256 KiB at the 20 MB/s floor
+    assert p.timeout_ms(10) == 10  # never longer than the caller asked
+    assert p.timeout_ms(0) == 25   # 0 is libusb's "forever": bounded
+    with pytest.raises(ValueError):
+        RetryPolicy(attempts=0)
+
+
+def log_of(outcomes: str, times: list[float] | None = None, policy: LinkErrorPolicy | None = None) -> LinkErrorLog:
+    """'.' an attempt that went through, 't' a timeout, 'e' an I/O error; errors at ``times`` (default 0 s)."""
+    log = LinkErrorLog(policy or LinkErrorPolicy())
+    ts = iter(times or [0.0] * outcomes.count("t") + [0.0] * outcomes.count("e"))
+    for o in outcomes:
+        if o == ".":
+            log.ok()
+        else:
+            log.error(next(ts), "x", timed_out=o == "t")
+    return log
+
+
+def test_scattered_errors_are_transient():
+    assert judge(log_of("t" + "." * 30 + "e" + "." * 30 + "tt" + "." * 30, [0, 1, 2, 2.1]), 3.0) is None
+
+
+def test_a_run_of_timeouts_is_no_answer_and_a_run_with_io_errors_an_unstable_link():
+    v = judge(log_of("..ttt"), 0.0)
+    assert v == Verdict("no_answer", "3 consecutive transfer attempts timed out (bound 3); the device is still "
+                                     "there: a vanished one fails LIBUSB_ERROR_NO_DEVICE")
+    assert judge(log_of("..tet"), 0.0) == Verdict("unstable_link", "3 consecutive transfer attempts failed (bound 3)")
+    assert judge(log_of("..tt."), 0.0) is None
+
+
+def test_five_failures_in_the_last_hundred_attempts_are_an_unstable_link():
+    scattered = "t...................." * 4 + "t"
+    assert judge(log_of(scattered, [0, 10, 20, 30, 40]), 40.0) == Verdict(
+        "unstable_link", "5 of the last 85 transfer attempts failed (bound 5 of 100)")
+    tail = ("t" + "." * 10) * 4
+    assert judge(log_of("t" + "." * 60 + tail, [0, 10, 20, 30, 40]), 40.0) is None  # the first is 101 attempts back
+    assert judge(log_of("t" + "." * 50 + tail, [0, 10, 20, 30, 40]), 40.0) is not None
+
+
+def test_more_than_five_errors_per_second_over_two_seconds_are_an_unstable_link():
+    policy = LinkErrorPolicy(ratio_window=10)  # the ratio rule out of the way
+    outcomes = ("t" + "." * 10) * 11
+    times = [0.2 * i for i in range(11)]
+    assert judge(log_of(outcomes, times, policy), 2.0) == Verdict(
+        "unstable_link", "11 transfer errors in 2 s, above 5/s (openpilot hardwared's bound)")
+    assert judge(log_of(outcomes[:-11], times[:-1], policy), 2.0) is None  # 10 in 2 s: the bound itself
+
+
+# ---------------------------------------------------------------- the wrapper
+
+
+def test_an_xdata_read_that_times_out_is_read_again_with_a_bounded_timeout():
+    u, usb = wrapped({1: TIMEOUT})
+    assert u.control_read(P.REQ_XDATA_READ, 4, value=0xA800, timeout=1000) == bytes(4)
+    assert usb.calls == [("cr", 0xE4, 4, 0xA800, 0, 25)] * 2
+    assert (u.log.attempts, u.log.errors, u.log.retried_ok) == (2, 1, 1)
+
+
+def test_a_bulk_out_is_sent_again_after_its_sram_arm():
+    u, usb = wrapped({2: BULK_TIMEOUT})
+    u.control_write(P.REQ_SRAM, 1024 // 512, 1 << 8, timeout=1000)
+    u.bulk_write(bytes(1024), timeout=3000)
+    arm = ("cw", P.REQ_SRAM, 2, 1 << 8, b"", 25)
+    assert usb.calls == [arm, ("bw", 1024, 26), arm, ("bw", 1024, 26)]
+    assert u.stats() == {"attempts": 3, "errors": 1, "retried_ok": 1, "not_retried": 0, "window_s": 60.0,
+                         "errors_in_window": 1, "last_error": f"bulk OUT 0x02: transfer_timeout: RuntimeError: "
+                                                              f"{BULK_TIMEOUT}"}
+
+
+def test_a_bulk_in_is_read_again_after_its_streaming_read_header():
+    u, usb = wrapped({2: IO_ERROR})
+    hdr = tlp(0x4000_0000, 64 // 4)
+    u.control_write(P.REQ_TLP, P.TLP_MEM_READ64 | 0x0F << 8, P.TLP_MODE_STREAM_READ, hdr, 5000)
+    assert u.bulk_read(64, 30000) == bytes(64)
+    again = ("cw", P.REQ_TLP, P.TLP_MEM_READ64 | 0x0F << 8, P.TLP_MODE_STREAM_READ, hdr, 25)
+    assert usb.calls == [again, ("br", 64, 25 + 1), again, ("br", 64, 25 + 1)]
+
+
+def test_a_tlp_completion_is_read_again_only_after_its_header():
+    u, usb = wrapped({2: TIMEOUT})
+    hdr = tlp(0x0400_0000)
+    u.control_write(P.REQ_TLP, P.TLP_CFG_READ0 | 1 | 0x0F << 8, 0, hdr, 5000)
+    u.control_read(P.REQ_TLP, 8, timeout=5000)
+    again = ("cw", P.REQ_TLP, P.TLP_CFG_READ0 | 1 | 0x0F << 8, 0, hdr, 25)
+    assert usb.calls == [again, ("cr", P.REQ_TLP, 8, 0, 0, 25), again, ("cr", P.REQ_TLP, 8, 0, 0, 25)]
+
+
+def test_a_doorbell_in_a_value_region_is_rung_again_but_a_write_elsewhere_is_not():
+    u, usb = wrapped({1: TIMEOUT})
+    u.control_write(P.REQ_TLP, P.TLP_MEM_WRITE64 | 0x0F << 8, 0, tlp(VRAM[0] + 4, 9), 5000)
+    assert len(usb.calls) == 2 and u.log.retried_ok == 1
+    u, usb = wrapped({1: TIMEOUT})
+    with pytest.raises(RuntimeError, match="Operation timed out"):
+        u.control_write(P.REQ_TLP, P.TLP_MEM_WRITE64 | 0x0F << 8, 0, tlp(0x4000_0000, 9), 5000)
+    assert usb.calls == [("cw", P.REQ_TLP, P.TLP_MEM_WRITE64 | 0x0F << 8, 0, tlp(0x4000_0000, 9), 5000)]
+    assert (u.log.errors, u.log.not_retried) == (1, 1)
+
+
+def test_a_bulk_out_without_its_arm_and_a_pcie_power_on_are_not_repeated():
+    u, usb = wrapped({1: BULK_TIMEOUT, 2: TIMEOUT})
+    with pytest.raises(RuntimeError):
+        u.bulk_write(bytes(512), 3000)
+    with pytest.raises(RuntimeError):
+        u.control_write(P.REQ_PCIE_POWER, 1, timeout=10000)
+    assert usb.calls == [("bw", 512, 3000), ("cw", P.REQ_PCIE_POWER, 1, 0, b"", 10000)]
+    assert (u.log.errors, u.log.not_retried) == (2, 2)
+
+
+def test_a_vanished_device_is_never_retried():
+    u, usb = wrapped({1: GONE})
+    with pytest.raises(RuntimeError, match="No such device"):
+        u.control_read(P.REQ_XDATA_READ, 1, value=0xB450)
+    assert len(usb.calls) == 1 and u.log.errors == 0
+
+
+def test_every_try_timing_out_is_no_answer_with_the_last_error_as_cause():
+    u, usb = wrapped({1: TIMEOUT, 2: TIMEOUT, 3: TIMEOUT})
+    with pytest.raises(UsbLayerError) as info:
+        u.control_read(P.REQ_XDATA_READ, 16, value=0xB800)
+    assert info.value.reason == "no_answer"
+    assert info.value.detail == ("3 consecutive transfer attempts timed out (bound 3); the device is still there: a "
+                                 f"vanished one fails LIBUSB_ERROR_NO_DEVICE; last: control IN 0xE4: RuntimeError: "
+                                 f"{TIMEOUT}")
+    assert isinstance(info.value.__cause__, RuntimeError) and len(usb.calls) == 3
+
+
+def test_async_failures_are_counted_not_retried():
+    class Latched(ScriptedUSB3):
+        def bulk_wait(self, tag: int) -> None:
+            raise RuntimeError("async bulk OUT failed: status=2")
+
+    u = RetryingUSB3(Latched(), clock=lambda: 0.0)
+    with pytest.raises(RuntimeError, match="status=2"):
+        u.bulk_wait(1)
+    assert (u.log.errors, u.log.not_retried) == (1, 1)
+    assert u.product == "custom"  # anything else passes through
+
+
+def test_install_in_tinygrad_wraps_the_usb3_its_system_module_opens(monkeypatch):
+    from tinygrad.runtime.support import system
+
+    monkeypatch.setattr(system, "USB3", ScriptedUSB3)
+    install_in_tinygrad()
+    install_in_tinygrad()  # idempotent: one wrapper, not two
+    usb = system.USB3({1: TIMEOUT})
+    assert isinstance(usb, RetryingUSB3) and isinstance(usb.usb, ScriptedUSB3)
+    usb.control_read(P.REQ_XDATA_READ, 1, value=0xB450)
+    assert usb.log.retried_ok == 1
