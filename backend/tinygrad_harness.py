@@ -20,8 +20,9 @@ built -- and then calls tinygrad's functions unmodified:
   :mod:`chestnut.backend.protocol` ("the SDMA queue"); the twin's SDMA engine (``backend/sim/sdma.py``)
   translates with the same table.
 
-Environment (read by tinygrad's cached ``getenv``, so it must be right before the first wait):
-:func:`configure_env` sets ``HCQDEV_WAIT_TIMEOUT_MS`` (openpilot's 3000 ms) and refuses ``DEV=MOCK*``,
+Environment (read by tinygrad's cached ``getenv``): :func:`configure_env` sets ``HCQDEV_WAIT_TIMEOUT_MS``
+(openpilot's 3000 ms; if tinygrad cached another value in this process its ``getenv`` cache is cleared so the
+wait reads the new one), defaults ``DEV`` to ``CPU`` (never probe devices) and refuses ``DEV=MOCK*``,
 ``PROFILE``, ``AMD_DISABLE_SDMA`` and ``HCQ2`` (each changes the code path under test).
 
 **After any copy failure the dock object refuses further copies** (:class:`CopyRefused`): tinygrad 0.14 keeps
@@ -51,21 +52,23 @@ class CopyRefused(RuntimeError):
 def configure_env(wait_timeout_ms: int = P.WAIT_TIMEOUT_MS) -> None:
     """Set ``HCQDEV_WAIT_TIMEOUT_MS`` for tinygrad and check the variables that would change its code path.
 
-    Raises ``RuntimeError`` if one of ``PROFILE``, ``AMD_DISABLE_SDMA``, ``HCQ2`` is set, ``DEV`` names a MOCK
-    interface, or tinygrad already cached a different wait timeout in this process.
+    Raises ``RuntimeError`` if one of ``PROFILE``, ``AMD_DISABLE_SDMA``, ``HCQ2`` is set or ``DEV`` names a
+    MOCK interface.
     """
     bad = [k for k in REFUSED_ENV if os.environ.get(k, "") not in ("", "0")]
     if os.environ.get("DEV", "").split("+")[0].upper().startswith("MOCK") or "MOCK" in os.environ.get("DEV", ""):
         bad.append("DEV=" + os.environ["DEV"])
     if bad:
         raise RuntimeError(f"tinygrad environment: unset {', '.join(bad)} (they change tinygrad's copy path)")
+    os.environ.setdefault("DEV", "CPU")  # tinygrad's only device in this process is the host CPU
     os.environ["HCQDEV_WAIT_TIMEOUT_MS"] = str(wait_timeout_ms)
     from tinygrad.helpers import getenv
 
+    if getenv("HCQDEV_WAIT_TIMEOUT_MS", 30000) != wait_timeout_ms:
+        getenv.cache_clear()  # tinygrad read another value earlier in this process: read it again
     seen = getenv("HCQDEV_WAIT_TIMEOUT_MS", 30000)
     if seen != wait_timeout_ms:
-        raise RuntimeError(f"tinygrad already read HCQDEV_WAIT_TIMEOUT_MS={seen} in this process; set it to "
-                           f"{wait_timeout_ms} before the first wait (use a fresh process)")
+        raise RuntimeError(f"tinygrad reads HCQDEV_WAIT_TIMEOUT_MS={seen}, not {wait_timeout_ms}")
 
 
 class TinygradDock:

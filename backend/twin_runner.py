@@ -9,16 +9,26 @@
 - the data path: tinygrad's lock file for the dock (:class:`~chestnut.backend.real_runner.DockLock`,
   with back-off), then the twin's **tinygrad-style USB3 face** (which claims the interface) from this
   process's cached device list -- like tinygrad, a process does not see a re-enumerated dock -- with
-  the command queue and the copy protocol (:mod:`chestnut.backend.copy`) attached.
+  the command queue (:mod:`chestnut.backend.copy`, for the programs) and the copy path attached.
+- the copy path (``copy_protocol``): ``"tinygrad"`` (default) is **tinygrad 0.14's own**
+  ``AMDAllocator._copyin`` / ``_copyout`` over the twin's SDMA queue, called through
+  :class:`~chestnut.backend.tinygrad_harness.TinygradDock` (4-byte sentinels, two chunks in flight, its 10 s
+  drain, ``HCQSignal.wait`` with ``HCQDEV_WAIT_TIMEOUT_MS`` = ``wait_timeout_ms``); ``"chestnut"`` is the
+  bounded protocol of :class:`~chestnut.backend.copy.CopyProtocol` (512-byte sentinel blocks, every wait
+  bounded by ``wait_timeout_ms``). tinygrad's drain ignores the wait timeout: a worker stuck in it is the
+  node's watchdog's to kill (3000 ms + margin).
 - ``load()``: the real ONNX bytes are copied into VRAM chunk by chunk, ``OP_LOAD`` compiles them on
   the twin's GPU (bounded by ``load_timeout_ms``: compiling is slow), the signature is read back and
   checked against the file's sha256, the input/output buffers and the ``OP_RUN`` tensor table are
   placed in VRAM.
 - ``run()``: inputs copied in, ``OP_RUN``, outputs copied out; every wait bounded by ``wait_timeout_ms``.
 
-Errors are typed (:mod:`chestnut.backend.errors`). A dock-layer error (USB, PCIe, GPU) is sticky, as
-tinygrad's error state and latched async errors are: later calls raise it again until a fresh runner
-(in the node: a fresh worker process) qualifies the dock again. Model errors (bad inputs) are not sticky.
+Errors are typed (:mod:`chestnut.backend.errors`; tinygrad's messages through
+:func:`~chestnut.backend.classify.classify`). A dock-layer error (USB, PCIe, GPU) is sticky, as tinygrad's
+error state and latched async errors are: later calls raise it again, **without touching the dock**, until a
+fresh runner (in the node: a fresh worker process) qualifies the dock again -- a copy retried in the same
+process after a failure returns zeros with tinygrad 0.14 (``backend/tinygrad_harness.py``). Model errors (bad
+inputs) are not sticky.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from chestnut.backend.retry import STATS_KEY, RetryingUSB3
 from chestnut.msgs.paths import current_prefix
 
 SIGNATURE_MAX_BYTES = 1 << 20   # VRAM reserved for OP_LOAD's signature (u32 length + JSON)
+COPY_PROTOCOLS = ("tinygrad", "chestnut")
 VRAM_ALIGN = 0x1000
 PROGRAM_ID = 1
 
@@ -80,10 +91,14 @@ class TwinRunner:
 
     def __init__(self, prefix: str | None = None, *, wait_timeout_ms: int = P.WAIT_TIMEOUT_MS,
                  load_timeout_ms: int = 120_000, ctrl_timeout_ms: int = P.USB_CTRL_TIMEOUT_MS,
-                 lock_timeout_s: float = 2.0, reset_gpu: bool = True, config: LadderConfig | None = None) -> None:
+                 lock_timeout_s: float = 2.0, reset_gpu: bool = True, config: LadderConfig | None = None,
+                 copy_protocol: str = "tinygrad") -> None:
         from chestnut.backend.sim.client import TwinClient, TwinNotRunning
         from chestnut.backend.sim.pyusb_backend import twin_backend
 
+        if copy_protocol not in COPY_PROTOCOLS:
+            raise ValueError(f"copy_protocol {copy_protocol!r}: use one of {COPY_PROTOCOLS}")
+        self.copy_protocol = copy_protocol
         self.prefix = current_prefix() if prefix is None else prefix
         self.wait_timeout_ms = wait_timeout_ms
         self.load_timeout_ms = load_timeout_ms
@@ -99,6 +114,7 @@ class TwinRunner:
         self.bridge: Bridge | None = None
         self.queue: CommandQueue | None = None
         self.copy: CopyProtocol | None = None
+        self.tinygrad: Any = None   # TinygradDock when copy_protocol == "tinygrad"
         self._lock: DockLock | None = None
         self._where: tuple[int, int] | None = None
         self._bars: dict[int, tuple[int, int]] = {}
@@ -142,7 +158,7 @@ class TwinRunner:
     # ------------------------------------------------------------------ the data path
     def _open_data_path(self) -> None:
         """Lock, open the twin's USB3 face at the qualified address, attach the queue and the copy protocol."""
-        if self.copy is not None:
+        if self.queue is not None:
             return
         from chestnut.backend.sim.usb3 import TwinUSB3
 
@@ -163,9 +179,28 @@ class TwinRunner:
         bridge.bars = dict(self._bars)
         queue = CommandQueue(bridge, self.wait_timeout_ms)
         queue.attach()
-        copy = CopyProtocol(bridge, queue, self.wait_timeout_ms)
-        copy.attach()
-        self.bridge, self.queue, self.copy = bridge, queue, copy
+        if self.copy_protocol == "tinygrad":
+            from chestnut.backend.tinygrad_harness import TinygradDock
+
+            self.tinygrad = TinygradDock(self.usb, self._bars, wait_timeout_ms=self.wait_timeout_ms)
+        else:
+            copy = CopyProtocol(bridge, queue, self.wait_timeout_ms)
+            copy.attach()
+            self.copy = copy
+        self.bridge, self.queue = bridge, queue
+
+    def _copy_in(self, dst: int, data: bytes | memoryview) -> None:
+        if self.tinygrad is not None:
+            self.tinygrad.copy_in(dst, data)
+        else:
+            assert self.copy is not None
+            self.copy.copy_in(dst, data)
+
+    def _copy_out(self, src: int, nbytes: int) -> bytes | memoryview:
+        if self.tinygrad is not None:
+            return self.tinygrad.copy_out(src, nbytes)  # type: ignore[no-any-return]
+        assert self.copy is not None
+        return self.copy.copy_out(src, nbytes)
 
     def _guard(self, fn: Any) -> Any:
         """Run ``fn()``; a dock-layer error becomes sticky, anything untyped is classified first."""
@@ -196,11 +231,11 @@ class TwinRunner:
         def do() -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
             self._ensure_qualified()
             self._open_data_path()
-            assert self.copy is not None and self.queue is not None
+            assert self.queue is not None
             heap = VramHeap(P.VRAM_HEAP_OFFSET, self._bars.get(0, (0, P.BAR0_VRAM_BYTES_DEFAULT))[1])
             onnx_off = heap.alloc(len(onnx_bytes))
             sig_off = heap.alloc(SIGNATURE_MAX_BYTES)
-            self.copy.copy_in(onnx_off, onnx_bytes)
+            self._copy_in(onnx_off, onnx_bytes)
             (seq,) = self.queue.submit([Packet(P.OP_LOAD, (PROGRAM_ID, *lo_hi(onnx_off), len(onnx_bytes),
                                                            *lo_hi(sig_off)))])
             try:
@@ -223,19 +258,18 @@ class TwinRunner:
             table = struct.pack("<II", len(ins), len(outs)) + b"".join(
                 struct.pack("<QQ", *self._buffers[s.name]) for s in (*ins, *outs))
             self._table = heap.alloc(len(table))
-            self.copy.copy_in(self._table, table)
+            self._copy_in(self._table, table)
             self._inputs, self._outputs, self._loaded = ins, outs, True
             return ins, outs
 
         return self._guard(do)
 
     def _read_signature(self, sig_off: int) -> dict[str, Any]:
-        assert self.copy is not None
-        n = struct.unpack("<I", self.copy.copy_out(sig_off, 4))[0]
+        n = struct.unpack("<I", self._copy_out(sig_off, 4))[0]
         if not 0 < n <= SIGNATURE_MAX_BYTES - 4:
             raise GpuLayerError("bad_signature", f"signature length {n} at VRAM {sig_off:#x}")
         try:
-            doc = json.loads(bytes(self.copy.copy_out(sig_off + 4, n)))
+            doc = json.loads(bytes(self._copy_out(sig_off + 4, n)))
         except ValueError as e:
             raise GpuLayerError("bad_signature", f"the signature is not JSON: {e}") from e
         return doc if isinstance(doc, dict) else {}
@@ -247,15 +281,15 @@ class TwinRunner:
         check_inputs(self._inputs, inputs)
 
         def do() -> dict[str, np.ndarray]:
-            assert self.copy is not None and self.queue is not None
+            assert self.queue is not None
             for s in self._inputs:
-                self.copy.copy_in(self._buffers[s.name][0], np.ascontiguousarray(inputs[s.name]).data)
+                self._copy_in(self._buffers[s.name][0], np.ascontiguousarray(inputs[s.name]).data)
             (seq,) = self.queue.submit([Packet(P.OP_RUN, (PROGRAM_ID, *lo_hi(self._table)))])
             self.queue.wait(seq, "OP_RUN")
             out = {}
             for s in self._outputs:
                 off, nbytes = self._buffers[s.name]
-                out[s.name] = np.frombuffer(self.copy.copy_out(off, nbytes), dtype=s.dtype).reshape(s.shape).copy()
+                out[s.name] = np.frombuffer(self._copy_out(off, nbytes), dtype=s.dtype).reshape(s.shape).copy()
             return out
 
         return self._guard(do)
@@ -279,7 +313,7 @@ class TwinRunner:
             except Exception:  # the dock may be gone; closing must not fail
                 pass
             self.usb = None
-        self.bridge = self.queue = self.copy = None
+        self.bridge = self.queue = self.copy = self.tinygrad = None
         if self.qualifier is not None:
             self.qualifier.release()
         if self._lock is not None:

@@ -58,7 +58,9 @@ def dock(daemon):
 
 def new_runner(**kw) -> TwinRunner:
     cfg = LadderConfig(stability_window_s=0.05, wait_timeout_ms=kw.get("wait_timeout_ms", WAIT_MS))
-    return TwinRunner(PREFIX, **{"wait_timeout_ms": WAIT_MS, "ctrl_timeout_ms": CTRL_MS, "config": cfg, **kw})
+    # the bounded copy protocol (its waits honour WAIT_MS); tinygrad's own copy path: test_twin_runner_tinygrad.py
+    return TwinRunner(PREFIX, **{"wait_timeout_ms": WAIT_MS, "ctrl_timeout_ms": CTRL_MS, "config": cfg,
+                                 "copy_protocol": "chestnut", **kw})
 
 
 @pytest.fixture

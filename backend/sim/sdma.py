@@ -6,7 +6,7 @@ writes them into a ring in VRAM (``AMDQueueDesc.ring``, zero-filling the tail be
 grows; ring offset = pointer % ring size) to ``write_ptr`` and then to the doorbell. The layout on the twin
 (:mod:`chestnut.backend.protocol`, "the SDMA queue"): ring at VRAM ``SDMA_RING_VRAM_OFFSET`` (1 MiB), the
 read pointer written back to VRAM ``SDMA_RPTR_VRAM_OFFSET`` after every packet, the u64 doorbell at BAR2 +
-``SDMA_DOORBELL_BAR_OFFSET`` (low dword, then high dword; each write posts the pointer).
+``SDMA_DOORBELL_BAR_OFFSET`` (a u64 write: low dword, then the high dword, which posts the pointer).
 
 Packets (encodings read at run time from tinygrad's ``runtime/autogen/am/sdma_6_0_0.py``, never copied):
 header dword = op (bits 0-7) | sub-op (bits 8-15) | op-specific fields.
@@ -191,8 +191,12 @@ class SdmaEngine:
 
     # ------------------------------------------------------------------ called with the host's lock held
     def doorbell_write(self, offset: int, value: int) -> None:
-        """A posted write to BAR2 + ``offset`` (``SDMA_DOORBELL_BAR_OFFSET`` or the +4 high dword)."""
-        self._doorbell[(offset - P.SDMA_DOORBELL_BAR_OFFSET) // 4] = value & 0xFFFFFFFF
+        """A posted write to BAR2 + ``offset``: the doorbell is 64-bit; its low dword is held and the write of its
+        high dword (``SDMA_DOORBELL_BAR_OFFSET + 4``, the second half of a u64 write) posts the pointer."""
+        half = (offset - P.SDMA_DOORBELL_BAR_OFFSET) // 4
+        self._doorbell[half] = value & 0xFFFFFFFF
+        if half == 0:
+            return
         ptr = self._doorbell[0] | self._doorbell[1] << 32
         pending = ptr - self.rptr
         if pending < 0 or pending > P.SDMA_RING_BYTES or ptr % 4:
