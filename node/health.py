@@ -461,7 +461,7 @@ def evidence_from_transfers(stats: Mapping[str, Any], fresh_ms: float = PROBE_FR
         last = f"; last: {stats['last_error']}" if stats.get("last_error") else ""
         return Evidence(Layer.USB, Level.WARN, f"{what}, above the {FIELD_TRANSIENT_ERRORS_PER_H:g}/h of working docks "
                         f"(openpilot#38519); {int(stats.get('retried_ok', 0))} retried in all{last}",
-                        tag="transient_errors", source="transfers", fresh_ms=fresh_ms, counters=counters)
+                        tag="transient_error_rate", source="transfers", fresh_ms=fresh_ms, counters=counters)
     return Evidence(Layer.USB, Level.OK, f"{what}, within the {FIELD_TRANSIENT_ERRORS_PER_H:g}/h of working docks)",
                     source="transfers", fresh_ms=fresh_ms, counters=counters)
 

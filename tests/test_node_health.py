@@ -24,6 +24,7 @@ from chestnut.node.health import (
     evidence_from_ladder,
     evidence_from_observation,
     evidence_from_run,
+    evidence_from_transfers,
     evidence_from_validity,
     evidence_from_watchdog,
     fill_active,
@@ -353,3 +354,138 @@ def test_active_flag_tracks_since_and_says_when_to_publish_at_once():
     with log.Event.from_bytes(msg.to_bytes()) as r:
         a = r.chestnutActive
         assert (a.active, str(a.source), a.reason, a.since) == (False, "primary", "gpu ERROR: hang", 5 * MS)
+
+
+# ---------------------------------------------------------------- conditions per evidence source
+
+
+def probe_ev(level, reason, tag=""):
+    return Evidence(Layer.USB, level, reason, tag=tag, source="probe", fresh_ms=PROBE_FRESH_MS)
+
+
+def test_a_condition_that_still_holds_keeps_its_level_however_many_frames_complete():
+    """A USB 2 link: every 1 Hz probe says 480 Mbps, every 20 Hz frame says its transfers completed. The layer
+    is WARN throughout (the worst current condition), not WARN/OK by turns (the latest sample)."""
+    m = LayerMonitor(Layer.USB)
+    levels = []
+    for i in range(200):  # 10 s at 20 Hz
+        now = i * 50 * MS
+        if i % 20 == 0:
+            m.observe(probe_ev(WARN, "480 Mbps, not SuperSpeed", "slow_link"), now)
+        m.observe(ev(Layer.USB, OK, "transfers complete"), now)
+        levels.append((m.level, m.reason))
+    assert set(levels) == {(WARN, "480 Mbps, not SuperSpeed")}
+    assert m.counters["slow_link"] == 10
+
+
+def test_a_source_clears_its_own_warn_with_hysteresis_and_others_cannot():
+    m = LayerMonitor(Layer.USB, DebounceConfig(recover_after=3))
+    m.observe(probe_ev(WARN, "480 Mbps"), 0)
+    for t in range(1, 10):
+        m.observe(ev(Layer.USB, OK, "transfers complete"), t * MS)
+    assert m.level is WARN
+    m.observe(probe_ev(OK, "5000 Mbps"), 1000 * MS)
+    assert (m.level, m.reason) == (WARN, "480 Mbps")
+    m.observe(probe_ev(OK, "5000 Mbps"), 2000 * MS)
+    assert m.observe(probe_ev(OK, "5000 Mbps"), 2100 * MS) == LayerChange(Layer.USB, WARN, OK, "5000 Mbps",
+                                                                          2100 * MS)
+
+
+def test_a_silent_source_stops_counting_after_its_own_freshness():
+    m = LayerMonitor(Layer.USB, DebounceConfig(stale_after_ms=1000))
+    m.observe(probe_ev(WARN, "480 Mbps"), 0)
+    m.observe(ev(Layer.USB, OK, "transfers complete"), 2400 * MS)
+    assert m.refresh(int(PROBE_FRESH_MS) * MS) is None and m.level is WARN
+    assert m.refresh(int(PROBE_FRESH_MS) * MS + 1).new is OK
+    ch = m.refresh(3400 * MS + 1)  # the frames' evidence is 1000 ms old too
+    assert ch == LayerChange(Layer.USB, OK, STALE, "no evidence for 1000 ms (window 1000 ms)", 3400 * MS + 1)
+
+
+def test_an_error_still_needs_good_observations_to_clear_and_then_shows_the_worst_condition():
+    m = LayerMonitor(Layer.USB, DebounceConfig(recover_after=2))
+    m.observe(probe_ev(WARN, "480 Mbps"), 0)
+    m.observe(ev(Layer.USB, ERROR, "disconnect", hard=True), 1 * MS)
+    m.observe(ev(Layer.USB, OK, "transfers complete"), 2 * MS)
+    assert (m.level, m.reason) == (ERROR, "disconnect (recovering: 1/2 good)")
+    assert m.observe(ev(Layer.USB, OK, "transfers complete"), 3 * MS).new is WARN  # the probe's WARN still holds
+
+
+def test_a_usb2_link_never_lets_chestnut_active_flap():
+    """The node's evidence on a USB 2 link for 20 s (issue: ChestnutActive changed 38 times and said 'all layers
+    OK'): frames at 20 Hz with their run evidence, probes at 1 Hz. ChestnutActive never turns true."""
+    mon, flag = HealthMonitor(), ActiveFlag(0)
+    changes = 0
+    slow = DockObservation(True, (0xADD1, 0x0001), (2, 7), 480, 0, 0x78)
+    for i in range(400):
+        now = i * 50 * MS
+        evidence = evidence_from_run(12.0) + [ev(Layer.GPU, OK, "fences"), ev(Layer.OUTPUT, OK, "output valid")]
+        if i % 20 == 0:
+            evidence += evidence_from_observation(slow)
+        mon.apply(evidence, now)
+        active, reason = chestnut_active(mon, Source.PRIMARY)
+        changes += flag.update(active, reason, Source.PRIMARY, now) and i > 0
+        assert not active and reason.startswith("usb WARN: add1:0001 at bus 2 address 7 at 480 Mbps"), (i, reason)
+    assert changes == 0
+
+
+# ---------------------------------------------------------------- transient errors and the ladder's failures
+
+
+def test_transient_errors_within_the_field_rate_are_counted_above_it_warn_with_the_rate():
+    quiet = {"attempts": 9000, "errors": 40, "retried_ok": 40, "not_retried": 0, "window_s": 60.0,
+             "errors_in_window": 13, "last_error": "control IN 0xE4: transfer_timeout"}
+    assert evidence_from_transfers(quiet) == Evidence(
+        Layer.USB, OK, "13 transient transfer errors in the last 60 s (780/h, within the 815/h of working docks)",
+        source="transfers", fresh_ms=PROBE_FRESH_MS,
+        counters=(("transient_errors", 40), ("transient_retried", 40), ("transient_not_retried", 0)))
+    busy = dict(quiet, errors_in_window=14)
+    e = evidence_from_transfers(busy, fresh_ms=900)
+    assert (e.level, e.tag, e.source, e.fresh_ms) == (WARN, "transient_error_rate", "transfers", 900)
+    assert e.reason == ("14 transient transfer errors in the last 60 s (840/h, above the 815/h of working docks "
+                        "(openpilot#38519); 40 retried in all; last: control IN 0xE4: transfer_timeout")
+    m = LayerMonitor(Layer.USB)
+    m.observe(e, 0)
+    assert (m.level, m.counters["transient_errors"], m.counters["transient_retried"]) == (WARN, 40, 40)
+
+
+def test_a_probe_carries_the_transient_error_counters_into_the_usb_layer():
+    obs = DockObservation(True, (0xADD1, 0x0001), (2, 7), 5000, 0, 0x78,
+                          extra={"transient_errors": {"errors": 2, "retried_ok": 2, "not_retried": 0,
+                                                      "window_s": 60.0, "errors_in_window": 2, "last_error": ""}})
+    got = evidence_from_observation(obs)
+    assert [(e.layer, e.level, e.source) for e in got] == [(Layer.USB, OK, "probe"), (Layer.USB, OK, "transfers"),
+                                                           (Layer.PCIE, OK, "probe")]
+    assert got[1].reason.startswith("2 transient transfer errors in the last 60 s (120/h")
+
+
+WEDGED_LOAD = ("UsbLayerError no_answer: 3 consecutive transfer attempts timed out (bound 3); the device is still "
+               "there: a vanished one fails LIBUSB_ERROR_NO_DEVICE; last: control IN 0xE4: RuntimeError: "
+               "libusb_control_transfer: Operation timed out")
+
+
+def test_a_usb_error_during_the_model_load_counts_against_usb_not_gpu():
+    report = LadderReport([
+        LadderStep("usb_ids", Layer.USB, StepResult.PASS, 0.01, "0xADD1:0x0001"),
+        LadderStep("gpu_arch", Layer.GPU, StepResult.PASS, 0.1, "gfx1100"),
+        LadderStep("model_loaded", Layer.GPU, StepResult.FAIL, 0.2, WEDGED_LOAD, "a transfer got no answer",
+                   "no_answer"),
+    ])
+    assert [(e.layer, e.level) for e in evidence_from_ladder(report)] == [(Layer.USB, ERROR), (Layer.GPU, OK)]
+    assert evidence_from_ladder(report)[0].reason == f"model_loaded: {WEDGED_LOAD} (a transfer got no answer)"
+
+
+def test_every_probe_read_of_the_stability_window_timing_out_is_named_a_wedged_bridge():
+    detail = ("UsbLayerError unstable_link: 8.6 errors/s over 0.58 s (counter +0, 5/5 probe reads failed), above 5/s; "
+              "last: transfer_timeout: USBTimeoutError: [Errno 110] Operation timed out")
+    report = LadderReport([
+        LadderStep("usb_ids", Layer.USB, StepResult.PASS, 0.01, "0xADD1:0x0001 at bus 3 address 9"),
+        LadderStep("link_stability", Layer.USB, StepResult.FAIL, 0.6, detail,
+                   "reseat or replace the USB cable; avoid hubs; check the dock's power supply", "unstable_link"),
+    ])
+    (usb,) = evidence_from_ladder(report)
+    assert usb.reason == (f"link_stability: bridge_wedged: {detail} (power-cycle the dock (unplug its power, or "
+                          "`chestnut twin power-cycle` on the twin): a wedged bridge answers nothing until then; "
+                          "replugging the cable or another port does not help)")
+    flaky = LadderStep("link_stability", Layer.USB, StepResult.FAIL, 0.6, detail.replace("5/5", "3/5"), "reseat",
+                       "unstable_link")
+    assert evidence_from_ladder(LadderReport([flaky]))[0].reason.startswith("link_stability: UsbLayerError unstable")
