@@ -586,7 +586,9 @@ def run(args: argparse.Namespace) -> int:
     print_summary(summary, run_dir)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
-    ok = (summary["outputs"] > 0 and not summary["missing_outputs"] and not any(summary["contracts"].values())
+    # which frames were owed an output is the contract check's call (one_output_per_frame): a node restarted
+    # under supervision owes nothing for the frames sent while none ran, which missing_outputs still lists
+    ok = (summary["outputs"] > 0 and bool(summary["contracts"]) and not any(summary["contracts"].values())
           and not died)
     if flag.signum == signal.SIGINT:
         return 130
