@@ -256,8 +256,9 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
         con.print(f"control {when:6.1f} s  {what}")
     for e in s.get("soft_disable_episodes", []):
         dur = f"{e['duration_s']:.2f} s" if e["duration_s"] is not None else "until the end"
+        at_stop = " (during the stop)" if s.get("stop_s") is not None and e["t_s"] >= s["stop_s"] else ""
         con.print(f"control {e['t_s']:6.1f} s  soft disable for {dur}{', then disengaged' if e['disengaged'] else ''}"
-                  f": {e['cause'] or '?'}")
+                  f"{at_stop}: {e['cause'] or '?'}")
     if s.get("soft_disables"):
         con.print("control soft-disable episodes: " + ", ".join(f"{n} x {why or '?'}"
                                                                 for why, n in s["soft_disables"].items()))
@@ -566,6 +567,7 @@ def run(args: argparse.Namespace) -> int:
             log.error("supervisord exited (code %s) before the end of the run; see %s", code,
                       run_dir / "supervisord.log")
     finally:
+        t_stop = time.monotonic_ns()
         log.info("stopping the stack")
         if proc.poll() is None:
             for note in stop_stack(conf, view):
@@ -581,6 +583,7 @@ def run(args: argparse.Namespace) -> int:
         if killed := kill_stack(prefix, launch_id):
             log.warning("killed %d process(es) of the stack left after supervisord: %s", len(killed), killed)
     summary = summarize(run_dir / "logs", t_launch)
+    summary["stop_s"] = (t_stop - t_launch) / NS
     summary["processes"] = sampler.report()
     summary["contracts"], summary["report"] = check_contracts(run_dir)
     print_summary(summary, run_dir)

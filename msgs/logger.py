@@ -33,7 +33,7 @@ from types import FrameType
 import zmq
 
 from chestnut.msgs.logfile import FORMATS, SEGMENT_SECONDS, FlushPolicy, RouteWriter
-from chestnut.msgs.messaging import REASON_WRONG_SERVICE, MalformedMessageError, context, endpoint, log_from_bytes
+from chestnut.msgs.messaging import REASON_WRONG_SERVICE, MalformedMessageError, SubSocket, log_from_bytes, sub_sock
 from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError, get_service
 
 _log = logging.getLogger("chestnut.record")
@@ -69,19 +69,14 @@ class Recorder:
         for s in self.services:
             get_service(s)
         self.poller = zmq.Poller()
-        self.socks: dict[str, zmq.Socket] = {}
+        self.socks: dict[str, SubSocket] = {}
         self.received: Counter[str] = Counter()
         self.written: Counter[str] = Counter()
         self.malformed: Counter[tuple[str, str]] = Counter()
         try:
             for s in self.services:
-                sock = context().socket(zmq.SUB)
-                sock.setsockopt(zmq.LINGER, 0)
-                sock.setsockopt(zmq.RCVHWM, int(rcvhwm))  # before connect: applies to the new pipe
-                sock.setsockopt(zmq.SUBSCRIBE, b"")
-                sock.connect(endpoint(s, prefix))
-                self.poller.register(sock, zmq.POLLIN)
-                self.socks[s] = sock
+                # ZMQ_MAXMSGSIZE = the service's bound, a lost connection is healed (msgs/messaging.py)
+                self.socks[s] = sub_sock(s, self.poller, prefix=prefix, rcvhwm=rcvhwm)
         except BaseException:
             self.close_sockets()
             raise
@@ -102,6 +97,7 @@ class Recorder:
                     try:
                         data = sock.recv(zmq.NOBLOCK)
                     except zmq.Again:
+                        sock.heal()  # a lost connection (e.g. a message over the bound) is made again
                         break
                     self.received[service] += 1
                     try:

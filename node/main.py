@@ -318,10 +318,9 @@ class Node:
     def open(self) -> None:
         self.pm = PubMaster(["modelOutput", "chestnutActive", "chestnutHealth", "nodeState", "initData"],
                             prefix=self.prefix)
-        self.frames = sub_sock(self.cfg.timing.frame_service, prefix=self.prefix)
+        self.poller = zmq.Poller()  # the frames and their connection monitor: a lost connection wakes the loop
+        self.frames = sub_sock(self.cfg.timing.frame_service, self.poller, prefix=self.prefix)
         self.sm = SubMaster(["controlState"], prefix=self.prefix)
-        self.poller = zmq.Poller()
-        self.poller.register(self.frames, zmq.POLLIN)
 
     def warm_fallback(self) -> bool:
         """Load and warm the fallback (it answers frames from now on). False when it cannot serve."""
