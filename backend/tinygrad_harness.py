@@ -65,7 +65,7 @@ def configure_env(wait_timeout_ms: int = P.WAIT_TIMEOUT_MS) -> None:
     from tinygrad.helpers import getenv
 
     if getenv("HCQDEV_WAIT_TIMEOUT_MS", 30000) != wait_timeout_ms:
-        getenv.cache_clear()  # tinygrad read another value earlier in this process: read it again
+        getenv.cache_clear()  # type: ignore[attr-defined]  # read earlier in this process: read it again
     seen = getenv("HCQDEV_WAIT_TIMEOUT_MS", 30000)
     if seen != wait_timeout_ms:
         raise RuntimeError(f"tinygrad reads HCQDEV_WAIT_TIMEOUT_MS={seen}, not {wait_timeout_ms}")

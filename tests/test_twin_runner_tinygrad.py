@@ -1,0 +1,92 @@
+"""The twin runner's primary path on tinygrad 0.14's own copy protocol (the default): weights, inputs and
+outputs move through ``AMDAllocator._copyin`` / ``_copyout`` and the twin's SDMA queue; the model runs on the
+twin's program engine; after a copy failure the runner refuses every later call without touching the dock
+(tinygrad would return zeros on a same-process retry)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from chestnut.backend import protocol as P
+from chestnut.backend.errors import UsbLayerError
+from chestnut.backend.interface import ModelSpec
+from chestnut.backend.ladder import LadderConfig
+from chestnut.backend.model import OnnxModel
+from chestnut.backend.sim.client import running_twin
+from chestnut.backend.sim.usb3 import forget_device_lists
+from chestnut.backend.twin_runner import TwinRunner
+
+pytestmark = pytest.mark.timeout(120)
+PREFIX = f"t{os.getpid()}-twinrunner-tg"
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    with running_twin(PREFIX) as client:
+        yield client
+    forget_device_lists()
+
+
+@pytest.fixture
+def dock(daemon):
+    daemon.clear()
+    daemon.power_cycle(0)
+    forget_device_lists()
+    return daemon
+
+
+@pytest.fixture
+def runner(dock, tiny_onnx):
+    r = TwinRunner(PREFIX, config=LadderConfig(stability_window_s=0.05))
+    r.load(ModelSpec(tiny_onnx, "tiny"))
+    yield r
+    r.close()
+
+
+def frame(seed: int) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).standard_normal((1, 3, 32, 64)).astype(np.float32)}
+
+
+def test_weights_inputs_and_outputs_cross_on_tinygrads_copy_path(runner, dock, tiny_onnx):
+    cpu = OnnxModel(tiny_onnx, name="tiny")
+    assert runner.copy_protocol == "tinygrad" and runner.copy is None
+    loaded = (runner.tinygrad.copies_in, runner.tinygrad.copies_out)
+    gpu_before = dock.status()["gpu"]
+    for seed in range(3):
+        assert np.array_equal(runner.run(frame(seed))["prob"], cpu.run(frame(seed))["prob"])
+    gpu = dock.status()["gpu"]
+    # load: the ONNX bytes and the tensor table in, the signature's length and JSON out
+    assert loaded == (2, 2)
+    assert (runner.tinygrad.copies_in, runner.tinygrad.copies_out) == (2 + 3, 2 + 3)
+    # per run: one input copy-in (1 chunk: wait, poll, copy, write, signal) and one output copy-out piece
+    # (wait, copy, cq_buf write, signal) on the SDMA queue; only OP_RUN on the program engine's ring
+    assert gpu["sdma"]["executed"] - gpu_before["sdma"]["executed"] == 3 * (5 + 4)
+    assert gpu["executed"] - gpu_before["executed"] == 3
+    assert gpu["sdma"]["error_count"] == 0
+    assert runner.probe().fence == 2 + 3  # tinygrad's drain fence (XDATA 0xA800): one chunk per copy-in
+
+
+def test_after_a_copy_failure_the_runner_refuses_without_touching_the_dock(runner, dock):
+    dock.fault("short", on="bulk_out", after=3)  # the input's first chunk, past the ring and doorbell writes
+    with pytest.raises(UsbLayerError) as first:
+        runner.run(frame(0))
+    assert first.value.reason == "short_transfer"
+    assert "async bulk OUT failed: status=-1" in str(first.value)
+    dock.clear()
+    before = dock.status()["gpu"]
+    with pytest.raises(UsbLayerError) as again:
+        runner.run(frame(0))
+    assert "failed earlier in this runner; qualify it again from a fresh process" in str(again.value)
+    after = dock.status()["gpu"]
+    assert (after["sdma"]["executed"], after["sdma"]["wptr"], after["executed"]) == (
+        before["sdma"]["executed"], before["sdma"]["wptr"], before["executed"])
+
+
+def test_the_sdma_layout_leaves_the_programs_ring_and_the_heap_apart():
+    assert P.RING_VRAM_OFFSET + P.RING_BYTES <= P.SDMA_RING_VRAM_OFFSET
+    assert P.SDMA_RING_VRAM_OFFSET + P.SDMA_RING_BYTES <= P.SDMA_RPTR_VRAM_OFFSET < P.SIGNAL_VRAM_OFFSET
+    assert P.SIGNAL_VRAM_OFFSET + 16 <= P.VRAM_HEAP_OFFSET
+    assert P.CPL_QUEUE_FENCE >= 16  # tinygrad's copy-out writes cq_buf+12: the completion block sits past it
