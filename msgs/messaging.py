@@ -11,12 +11,21 @@
 - :func:`recv_one`, :func:`recv_one_or_none`, :func:`drain_sock` -- receive decoded events; malformed
   ones are counted per reason on the socket (:attr:`SubSocket.malformed`), logged once per reason and
   dropped.
+- Bounded input: every subscriber sets ``ZMQ_MAXMSGSIZE`` to its service's ``max_bytes``
+  (``msgs/services.py``), so ZeroMQ refuses a bigger message in its decoder, before buffering it.
+  libzmq 4.3 (``session_base_t::engine_error``) treats that as a protocol error and drops the
+  connection *without* reconnecting; a :class:`SubSocket` therefore watches its own connection
+  (a ZeroMQ socket monitor, ``ZMQ_EVENT_DISCONNECTED``) and connects again itself
+  (:meth:`SubSocket.heal`, run by every receive function here), counting each such loss in
+  :attr:`SubSocket.disconnects`. Give :func:`sub_sock` the loop's ``poller`` so that a lost
+  connection wakes the loop even when no message arrives.
 - :class:`PubMaster` and :class:`SubMaster` -- the aggregates. SubMaster's checks (alive / freq_ok /
   valid) are the pure :class:`~chestnut.msgs.submaster.SubMasterChecks`; this module adds sockets.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -26,6 +35,7 @@ from typing import Any
 
 import capnp
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from chestnut.msgs.paths import runtime_dir
 from chestnut.msgs.schema import MAX_MESSAGE_BYTES, TRAVERSAL_LIMIT_WORDS, log
@@ -63,7 +73,7 @@ TCP_BASE_PORT_ENV = "CHESTNUT_TCP_BASE_PORT"
 """When set, every service uses TCP on loopback at ``base + <index of the service in SERVICE_LIST>``."""
 
 # Malformed-message reasons (the keys of SubSocket.malformed / SubMaster.malformed[service]).
-REASON_OVERSIZE = "oversize"  # longer than schema.MAX_MESSAGE_BYTES
+REASON_OVERSIZE = "oversize"  # longer than the service's max_bytes (or schema.MAX_MESSAGE_BYTES)
 REASON_FRAMING = "framing"  # not a Cap'n Proto message: length, segment table, truncated segments
 REASON_POINTER = "pointer"  # a pointer out of bounds, or the traversal limit exceeded
 REASON_UNKNOWN_MEMBER = "unknown member"  # a union discriminant or enum value this schema does not name
@@ -305,13 +315,65 @@ def context() -> zmq.Context:
 
 
 class SubSocket(zmq.Socket):
-    """A SUB socket bound to one service; counts malformed messages per reason.
+    """A SUB socket bound to one service; counts malformed messages per reason and heals lost connections.
 
-    Attributes: ``service`` (str), ``malformed`` (``Counter`` reason -> count).
+    Attributes: ``service`` (str), ``malformed`` (``Counter`` reason -> count), ``max_bytes`` (the
+    service's bound, bytes, set as ``ZMQ_MAXMSGSIZE``), ``addr`` (the endpoint), ``conn_monitor`` (the
+    ``ZMQ_EVENT_DISCONNECTED`` monitor, a PAIR socket), ``disconnects`` (connections lost and made
+    again: a message over ``max_bytes`` refused by ZeroMQ, or a publisher that went away).
     """
 
     service: str = ""
     malformed: Counter[str] | None = None
+    max_bytes: int = 0
+    addr: str = ""
+    conn_monitor: zmq.Socket | None = None
+    disconnects: int = 0
+    _poller: zmq.Poller | None = None
+
+    def heal(self) -> bool:
+        """Connect again after each lost connection the monitor reports (never blocks); True if it did.
+
+        libzmq reconnects by itself after a publisher went away, but not after a protocol error such as
+        a message over ``ZMQ_MAXMSGSIZE``: disconnecting and connecting the endpoint again covers both.
+        Call it once the queue is drained: disconnecting drops what the old connection still holds.
+        """
+        if self.conn_monitor is None:
+            return False
+        lost = 0
+        while True:
+            try:
+                frames = self.conn_monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if parse_monitor_message(frames)["event"] == zmq.EVENT_DISCONNECTED:
+                lost += 1
+        if not lost:
+            return False
+        self.disconnects += lost
+        if self.disconnects == lost:
+            _log.warning(
+                "%s: lost the connection to its publisher (a message over the service's bound of %d bytes, "
+                "refused by ZeroMQ, or the publisher went away); connected again (further ones are only "
+                "counted)",
+                self.service,
+                self.max_bytes,
+            )
+        with contextlib.suppress(zmq.ZMQError):
+            self.disconnect(self.addr)
+        self.connect(self.addr)
+        return True
+
+    def close(self, linger: int | None = None) -> None:
+        if self.conn_monitor is not None:
+            if self._poller is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._poller.unregister(self.conn_monitor)
+            with contextlib.suppress(zmq.ZMQError):
+                self.disable_monitor()
+            self.conn_monitor.close(linger=0)
+            self.conn_monitor = None
+        super().close(linger)
 
     def count_malformed(self, err: MalformedMessageError) -> None:
         """Count ``err`` under its reason; the first of each reason is logged (WARNING)."""
@@ -337,32 +399,45 @@ def sub_sock(
     timeout_ms: int | None = None,
     prefix: str | None = None,
     tcp_port: int | None = None,
+    rcvhwm: int | None = None,
 ) -> SubSocket:
     """A SUB socket connected to :func:`endpoint` of ``service``, subscribed to everything.
 
-    ``conflate`` keeps only the newest message (ZMQ_CONFLATE); ``timeout_ms`` bounds a blocking
-    :func:`recv_one` (None = block forever); ``poller`` registers the socket for ``POLLIN``.
+    ``ZMQ_MAXMSGSIZE`` is the service's ``max_bytes``; ``conflate`` keeps only the newest message
+    (ZMQ_CONFLATE); ``timeout_ms`` bounds a blocking :func:`recv_one` (None = block forever);
+    ``rcvhwm`` sets ZMQ_RCVHWM (messages); ``poller`` registers the socket and its connection
+    monitor for ``POLLIN`` (drain the socket when the poll returns: that also heals it).
     Raises :class:`UnknownServiceError`.
     """
     addr = endpoint(service, prefix, tcp_port)
     sock = context().socket(zmq.SUB, socket_class=SubSocket)
     sock.service = service
     sock.malformed = Counter()
+    sock.max_bytes = get_service(service).max_bytes
+    sock.addr = addr
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, sock.max_bytes)
     if conflate:
         sock.setsockopt(zmq.CONFLATE, 1)
     if timeout_ms is not None:
         sock.setsockopt(zmq.RCVTIMEO, int(timeout_ms))
+    if rcvhwm is not None:
+        sock.setsockopt(zmq.RCVHWM, int(rcvhwm))
     sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.conn_monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     sock.connect(addr)
     if poller is not None:
         poller.register(sock, zmq.POLLIN)
+        poller.register(sock.conn_monitor, zmq.POLLIN)
+        sock._poller = poller
     return sock
 
 
 def _decode(sock: SubSocket, data: bytes) -> Any | None:
     """The event in ``data``, or None (counted on ``sock``) when malformed or of another service."""
     try:
+        if len(data) > sock.max_bytes > 0:  # inproc and sockets made elsewhere skip ZMQ_MAXMSGSIZE
+            raise MalformedMessageError(REASON_OVERSIZE, f"{len(data)} bytes > {sock.service}'s bound {sock.max_bytes}")
         event, member = _decode_event(data)
         if member != sock.service:
             raise MalformedMessageError(REASON_WRONG_SERVICE, f"got {member!r} on {sock.service!r}")
@@ -372,24 +447,55 @@ def _decode(sock: SubSocket, data: bytes) -> Any | None:
     return event
 
 
+def _wait(sock: SubSocket, deadline_ns: int | None) -> bool:
+    """Wait until ``sock`` has a message or ``deadline_ns`` (ns, monotonic; None = forever) passed; heals
+    the socket when its connection is lost meanwhile. True when a message is queued."""
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    if sock.conn_monitor is not None:
+        poller.register(sock.conn_monitor, zmq.POLLIN)
+    while True:
+        left_ms = None if deadline_ns is None else (deadline_ns - time.monotonic_ns()) / 1e6
+        if left_ms is not None and left_ms <= 0:
+            return False
+        ready = dict(poller.poll(None if left_ms is None else max(1, int(left_ms))))
+        if sock in ready:
+            return True
+        if sock.conn_monitor is not None and sock.conn_monitor in ready:
+            sock.heal()
+
+
+def _deadline_ns(sock: zmq.Socket) -> int | None:
+    timeout_ms = int(sock.getsockopt(zmq.RCVTIMEO))
+    return None if timeout_ms < 0 else time.monotonic_ns() + timeout_ms * 1_000_000
+
+
 def recv_one(sock: SubSocket) -> Any | None:
-    """Block for the next well-formed event (bounded by the socket's ``timeout_ms``); None on timeout."""
+    """Block for the next well-formed event (bounded by the socket's ``timeout_ms``); None on timeout.
+
+    Waits on the socket and its connection monitor together, so a lost connection is healed while waiting.
+    """
+    deadline_ns = _deadline_ns(sock)
     while True:
         try:
-            data = sock.recv()
+            data = sock.recv(zmq.NOBLOCK)
         except zmq.Again:
-            return None
+            sock.heal()
+            if not _wait(sock, deadline_ns):
+                return None
+            continue
         event = _decode(sock, data)
         if event is not None:
             return event
 
 
 def recv_one_or_none(sock: SubSocket) -> Any | None:
-    """The next well-formed event if one is queued, else None (never blocks)."""
+    """The next well-formed event if one is queued, else None (never blocks; heals a lost connection)."""
     while True:
         try:
             data = sock.recv(zmq.NOBLOCK)
         except zmq.Again:
+            sock.heal()
             return None
         event = _decode(sock, data)
         if event is not None:
@@ -397,12 +503,26 @@ def recv_one_or_none(sock: SubSocket) -> Any | None:
 
 
 def drain_sock_raw(sock: zmq.Socket, wait_for_one: bool = False) -> list[bytes]:
-    """Every queued message as raw bytes, undecoded (for loggers). ``wait_for_one`` blocks for the first."""
+    """Every queued message as raw bytes, undecoded (for loggers). ``wait_for_one`` blocks for the first
+    (bounded by the socket's ``timeout_ms``).
+
+    A :class:`SubSocket` is healed (:meth:`SubSocket.heal`) once its queue is empty."""
     out: list[bytes] = []
+    if wait_for_one:
+        if isinstance(sock, SubSocket):
+            if not _wait(sock, _deadline_ns(sock)):
+                return out
+        else:
+            try:
+                out.append(sock.recv())
+            except zmq.Again:
+                return out
     while True:
         try:
-            out.append(sock.recv(0 if wait_for_one and not out else zmq.NOBLOCK))
+            out.append(sock.recv(zmq.NOBLOCK))
         except zmq.Again:
+            if isinstance(sock, SubSocket):
+                sock.heal()
             return out
 
 

@@ -1,9 +1,17 @@
-"""The service registry: every topic on the bus, its nominal rate and how it is logged.
+"""The service registry: every topic on the bus, its nominal rate, its size bound and how it is logged.
 
 A service name is the name of the ``Event`` union member it carries (cereal's convention).
 ``frequency_hz == 0`` means on demand: such a service is always *alive* and its rate is not checked.
 ``decimation`` keeps every n-th message in a light ("qlog") log; ``None`` keeps none.
-Rates: camera 20 Hz (openpilot's model rate); health 5 Hz and node state 1 Hz are our choices.
+``max_bytes`` is the largest serialised ``Event`` a subscriber accepts: every subscriber sets it as
+``ZMQ_MAXMSGSIZE``, so ZeroMQ refuses a bigger message before it is buffered (``msgs/messaging.py``).
+
+Rates: camera 20 Hz (openpilot's model rate, ``DT_MDL`` = 0.05 s in ``common/realtime.py``); health
+5 Hz and node state 1 Hz are our choices. Bounds: a frame is at most 1920x1080x3 bytes (6.2 MB, the
+largest frame ``msgs/schema.py`` sizes its traversal limit for), so ``cameraFrame`` and
+``modelOutput`` (its output tensors: a one-channel float32 map of a 1920x1080 frame is 8.3 MB) get
+16 MiB; ``initData`` (versions and the configuration as JSON) 1 MiB; every other service is a few
+hundred bytes of levels, counters and reason texts: 64 KiB.
 """
 
 from __future__ import annotations
@@ -17,14 +25,18 @@ class Service:
     frequency_hz: float  # Hz; 0 = on demand
     should_log: bool
     decimation: int | None  # keep every n-th message in the light log; None = never
+    max_bytes: int = 64 << 10  # largest serialised Event a subscriber accepts (ZMQ_MAXMSGSIZE), bytes
 
+
+FRAME_MAX_BYTES = 16 << 20  # cameraFrame / modelOutput bound: 2.6x a 1920x1080x3 frame (6.2 MB)
+INIT_DATA_MAX_BYTES = 1 << 20  # initData bound: versions and the node's configuration as JSON
 
 SERVICE_LIST: dict[str, Service] = {
     s.name: s
     for s in (
-        Service("initData", 0.0, True, 1),
-        Service("cameraFrame", 20.0, True, None),
-        Service("modelOutput", 20.0, True, 20),
+        Service("initData", 0.0, True, 1, INIT_DATA_MAX_BYTES),
+        Service("cameraFrame", 20.0, True, None, FRAME_MAX_BYTES),
+        Service("modelOutput", 20.0, True, 20, FRAME_MAX_BYTES),
         Service("chestnutActive", 20.0, True, 1),
         Service("chestnutHealth", 5.0, True, 1),
         Service("nodeState", 1.0, True, 1),
