@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import usb.core
 
-from chestnut.backend.classify import RULES, advice_for, classify, match_rule, translated
+from chestnut.backend.classify import RULES, advice_for, classify, diagnose, match_rule, translated
 from chestnut.backend.errors import (
     ChestnutError,
     ConfigError,
@@ -384,3 +384,42 @@ def test_typed_error_passes_through_and_translated_reraises():
     assert info.value.reason == "error_state"
     with pytest.raises(KeyboardInterrupt), translated():
         raise KeyboardInterrupt
+
+
+# ---------------------------------------------------------------- signatures: a wedged bridge, not the cable
+
+WEDGE_DETAIL = ("8.6 errors/s over 0.58 s (counter +0, 5/5 probe reads failed), above 5/s; last: transfer_timeout: "
+                "USBTimeoutError: [Errno 110] Operation timed out (after UsbError: Operation timed out "
+                "[LIBUSB_ERROR_TIMEOUT])")
+POWER_CYCLE_BRIDGE = ("power-cycle the dock (unplug its power, or `chestnut twin power-cycle` on the twin): a wedged "
+                      "bridge answers nothing until then; replugging the cable or another port does not help")
+
+
+def test_every_probe_read_timing_out_on_an_enumerated_dock_is_a_wedged_bridge():
+    seen = UsbLayerError("unstable_link", WEDGE_DETAIL)
+    err = classify(seen)
+    assert (type(err), err.reason, err.detail, err.__cause__) == (UsbLayerError, "bridge_wedged", WEDGE_DETAIL, seen)
+    assert advice_for(err) == POWER_CYCLE_BRIDGE
+    sig = diagnose("unstable_link", WEDGE_DETAIL)
+    assert sig is not None and (sig.reason, sig.source) == ("bridge_wedged", "tinygrad#18137")
+
+
+@pytest.mark.parametrize(("reason", "detail"), [
+    ("unstable_link", WEDGE_DETAIL.replace("5/5", "3/5")),                      # some reads answered: the link
+    ("unstable_link", WEDGE_DETAIL.replace("Operation timed out", "Input/Output Error")),  # errors, not silence
+    ("disconnect", WEDGE_DETAIL),                                                # gone is gone
+])
+def test_a_flaky_or_vanished_link_is_not_a_wedged_bridge(reason, detail):
+    e = UsbLayerError(reason, detail)
+    assert diagnose(reason, detail) is None and classify(e) is e
+
+
+def test_a_timed_out_transfer_is_not_advice_to_change_ports():
+    """A timeout says nothing about the port's speed; what helps when nothing answers is a power-cycle."""
+    for err in (classify(RuntimeError("libusb_control_transfer: Operation timed out")),
+                classify(RuntimeError("async bulk OUT failed: status=2")),
+                UsbLayerError("no_answer", "3 consecutive transfer attempts timed out")):
+        advice = advice_for(err)
+        assert "SuperSpeed" not in advice and "power-cycle the dock" in advice, (err, advice)
+    assert advice_for(UsbLayerError("unstable_link", "9 of the last 100 transfer attempts failed")) == (
+        "reseat or replace the USB cable; avoid hubs; check the dock's power supply")
