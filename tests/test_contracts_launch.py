@@ -1,0 +1,94 @@
+"""The contracts across a real restart: the launched stack with its node killed (SIGKILL) once mid-run.
+
+supervisord restarts the node (``autorestart=unexpected``); the camera and the control daemon run on.
+The run must pass: the frames sent while no node ran are owed nothing, and the dead node's last
+``ChestnutActive`` true went stale as the control daemon saw (``docs/contracts.md`` "Restarts").
+
+Needs the prepared model (``chestnut model prepare``, part of ``launch/setup.sh``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from chestnut.launch.assets import default_model_path
+from chestnut.launch.stack import stack_pids
+from chestnut.node.offline.contracts import CONTRACTS, check_log
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+def node_pid(prefix: str) -> int | None:
+    """The pid of the stack's ``chestnut run`` (not its worker, not the other programs)."""
+    for pid in stack_pids(prefix):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"chestnut.launch.cli" in args and args[args.index(b"chestnut.launch.cli") + 1:][:1] == [b"run"]:
+            return pid
+    return None
+
+
+def wait_for(what, timeout_s: float):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if (value := what()) is not None:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    if not default_model_path().is_file():
+        pytest.fail("the real model is not prepared: run `bash launch/setup.sh` (chestnut model prepare)")
+    tmp = tmp_path_factory.mktemp("launch")
+    prefix = f"kill{os.getpid()}"
+    out = tmp / "summary.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chestnut.launch.cli", "launch", "--seconds", "16", "--no-live",
+         "--runs-dir", str(tmp / "runs"), "--json", str(out)],
+        env=dict(os.environ, CHESTNUT_PREFIX=prefix), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        node_log = wait_for(lambda: next((p for p in (tmp / "runs").glob("*/node.log")), None), 120)
+        wait_for(lambda: True if "-> active" in node_log.read_text(errors="replace") else None, 120)
+        time.sleep(3.0)  # serving on the primary, the control daemon engaged
+        victim = wait_for(lambda: node_pid(prefix), 10)
+        os.kill(victim, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert out.is_file(), stdout[-3000:] + stderr[-3000:]
+    return proc.returncode, json.loads(out.read_text()), node_log.parent, stderr
+
+
+def test_a_node_killed_once_does_not_fail_the_run(run):
+    rc, s, _, stderr = run
+    assert s["contracts"] == dict.fromkeys(CONTRACTS, 0)
+    assert rc == 0, stderr[-2000:]
+
+
+def test_the_run_had_a_restart_and_frames_no_node_answered(run):
+    _, s, run_dir, _ = run
+    states = [st for _, st, _ in s["transitions"]]
+    assert states.count("qualifying") == 2  # the first node's start and its successor's
+    assert s["missing_outputs"]  # frames sent while no node ran: owed nothing, but there
+    r = check_log([run_dir / "logs"])
+    tl = r.timeline
+    assert len(tl.sessions) == 2
+    # every unanswered frame is the restart's: logged while no node ran, or in flight when the node died
+    dead = tl.sessions[0].end_ns
+    restart = {f.frame_id for f in tl.frames
+               if tl.session_at(f.t_ns) is None or dead - r.params.answer_bound_ns < f.t_ns <= dead}
+    assert set(s["missing_outputs"]) <= restart
