@@ -194,6 +194,14 @@ def test_cli_report(clean_log, tmp_path):
     assert "frames replayed" in page and "fallback 80, primary 100" in page
 
 
+def test_report_says_identical_replays_instead_of_drawing_them(clean_log, tmp_path):
+    """Every frame replays bit-exactly (tinygrad primary, deterministic onnxruntime fallback): the agreement
+    figure says so in its caption instead of plotting 180 points at a stand-in value."""
+    assert main(["replay", str(clean_log), "--no-jit-cache", "--report", str(tmp_path / "report")]) == 0
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "replayed / logged: all 180 frames identical (difference exactly 0)" in page
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_launched_stack_log_with_a_fault_replays_and_checks_clean(tmp_path):

@@ -9,6 +9,8 @@ Written by :func:`write_report` (matplotlib, Agg backend, no display needed):
   violations and log damage as fault markers; frame drops (``frameDropPerc``) and deadline misses.
 - ``agreement.png``: primary-vs-fallback ``maxAbsDiff`` where both ran (hot standby, shadow frames),
   against the node's agreement tolerance; after a replay, each frame's replayed-vs-logged difference.
+  A log axis cannot draw an exact 0: identical frames are counted on the panel and in the caption
+  (:func:`describe_diffs`), never drawn as a made-up small value.
 - ``latency.png``: the latency distributions per source.
 - ``index.html``: a summary table, the images (embedded as base64 PNG, so the page is one file), the
   violations and, after a replay, the model identities and the mismatches.
@@ -220,8 +222,39 @@ def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path) -> 
     plt.close(fig)
 
 
-def plot_agreement(tl: Timeline, path: Path, replay: ReplayResult | None = None) -> None:
-    """Primary/fallback agreement where both ran; and replayed-vs-logged differences after a replay."""
+def describe_diffs(what: str, diffs: Sequence[float]) -> str:
+    """One line on a set of per-frame largest absolute differences: how many frames, how many exactly 0
+    (identical: a log axis cannot draw them, so the plots leave them out and say so), the largest."""
+    n = len(diffs)
+    if not n:
+        return f"{what}: no frame compared"
+    zeros = sum(1 for d in diffs if d == 0.0)
+    if zeros == n:
+        return f"{what}: all {n} frames identical (difference exactly 0)"
+    largest = f"largest difference {max(diffs):.3g}"
+    if zeros:
+        return f"{what}: {zeros} of {n} frames identical (difference exactly 0, not drawn on the log axis); {largest}"
+    return f"{what}: {n} frames, none identical; {largest}"
+
+
+def _diff_panel(ax: Any, what: str, diffs: Sequence[float]) -> bool:
+    """Say on the panel how many frames were identical; True when some difference is left to draw."""
+    zeros = sum(1 for d in diffs if d == 0.0)
+    if diffs and zeros == len(diffs):
+        ax.text(0.5, 0.5, f"all {len(diffs)} frames identical: {what} is exactly 0 on every frame",
+                transform=ax.transAxes, ha="center", va="center", color="#2ca02c")
+        ax.set_yticks([])  # nothing is drawn: no scale to read
+        return False
+    if zeros:
+        ax.text(0.01, 0.96, f"{zeros} of {len(diffs)} frames identical (exactly 0, not drawn)", transform=ax.transAxes,
+                ha="left", va="top", fontsize=8, color="#2ca02c")
+    return True
+
+
+def plot_agreement(tl: Timeline, path: Path, replay: ReplayResult | None = None) -> str:
+    """Primary/fallback agreement where both ran; and replayed-vs-logged differences after a replay.
+    Differences of exactly 0 are counted on the panel, never drawn as a made-up small value. Returns the
+    figure's caption (:func:`describe_diffs` for each panel)."""
     plt = _plt()
     sec = tl.seconds
     panels = 2 if replay is not None else 1
@@ -229,16 +262,17 @@ def plot_agreement(tl: Timeline, path: Path, replay: ReplayResult | None = None)
     ax = axes[0][0]
     checked = [o for o in tl.outputs if o.agreement_checked]
     tol = float(tl.node_config().get("timing", {}).get("agreement_tol", 1e-3)) if tl.node_config() else 1e-3
-    if checked:
+    captions = [describe_diffs("primary / fallback", [o.max_abs_diff for o in checked])]
+    if checked and _diff_panel(ax, "|primary - fallback|", [o.max_abs_diff for o in checked]):
         for agrees, color, label in ((True, "#2ca02c", "agrees"), (False, "#d62728", "disagrees")):
-            pts = [o for o in checked if o.primary_agrees == agrees]
+            pts = [o for o in checked if o.primary_agrees == agrees and o.max_abs_diff > 0]
             if pts:
-                ax.scatter([sec(o.t_ns) for o in pts], [max(o.max_abs_diff, 1e-12) for o in pts], s=9, color=color,
+                ax.scatter([sec(o.t_ns) for o in pts], [o.max_abs_diff for o in pts], s=9, color=color,
                            label=f"{label} ({len(pts)})")
         ax.axhline(tol, color="#d62728", linestyle="--", linewidth=1, label=f"agreement tol {tol:g}")
         ax.set_yscale("log")
         _legend(ax, ncol=3)
-    else:
+    elif not checked:
         _no_data(ax, "frame where both models ran")
     ax.set_ylabel("max |primary - fallback|")
     ax.set_title("primary / fallback agreement (hot standby and shadow frames)", loc="left", fontsize=10)
@@ -246,27 +280,32 @@ def plot_agreement(tl: Timeline, path: Path, replay: ReplayResult | None = None)
     if replay is not None:
         ax = axes[1][0]
         frames = [f for f in replay.frames if f.tensors]
-        for src, color in SOURCE_COLORS.items():
-            replayed = [f for f in frames if f.replayed_with == src]
-            if replayed:
-                ax.scatter([sec(f.t_ns) for f in replayed], [max(f.max_abs_diff, 1e-12) for f in replayed], s=9,
-                           color=color, label=f"replayed with {src} ({len(replayed)})")
-        bad = [f for f in replay.mismatches if f.tensors]
-        if bad:
-            ax.scatter([sec(f.t_ns) for f in bad], [max(f.max_abs_diff, 1e-12) for f in bad], s=40,
-                       facecolors="none", edgecolors="#d62728", label=f"mismatch ({len(bad)})")
-        ax.axhline(replay.plan.tol, color="#d62728", linestyle="--", linewidth=1, label=f"tol {replay.plan.tol:g}")
-        ax.set_yscale("log")
-        ax.set_ylim(bottom=1e-13)
-        _legend(ax, ncol=4)
+        captions.append(describe_diffs("replayed / logged", [f.max_abs_diff for f in frames]))
+        if not frames:
+            _no_data(ax, "replayed frame")
+        elif _diff_panel(ax, "|replayed - logged|", [f.max_abs_diff for f in frames]):
+            for src, color in SOURCE_COLORS.items():
+                replayed = [f for f in frames if f.replayed_with == src and f.max_abs_diff > 0]
+                if replayed:
+                    ax.scatter([sec(f.t_ns) for f in replayed], [f.max_abs_diff for f in replayed], s=9,
+                               color=color, label=f"replayed with {src} ({len(replayed)})")
+            bad = [f for f in replay.mismatches if f.tensors and f.max_abs_diff > 0]
+            if bad:
+                ax.scatter([sec(f.t_ns) for f in bad], [f.max_abs_diff for f in bad], s=40,
+                           facecolors="none", edgecolors="#d62728", label=f"mismatch ({len(bad)})")
+            ax.axhline(replay.plan.tol, color="#d62728", linestyle="--", linewidth=1,
+                       label=f"tol {replay.plan.tol:g}")
+            ax.set_yscale("log")
+            _legend(ax, ncol=4)
         ax.set_ylabel("max |replayed - logged|")
-        ax.set_title("replay: largest difference per frame (1e-12 = identical)", loc="left", fontsize=10)
+        ax.set_title("replay: largest difference per frame", loc="left", fontsize=10)
         ax.grid(True, alpha=0.3)
     axes[-1][0].set_xlabel("time since the log's first message (s)")
     axes[-1][0].set_xlim(0, max(sec(tl.end_ns), 1e-3))
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
+    return "; ".join(captions)
 
 
 def plot_latency(tl: Timeline, path: Path) -> None:
@@ -373,7 +412,7 @@ def write_report(out_dir: Path | str, timeline: Timeline, *, violations: Sequenc
     tl = timeline
     vs = list(violations or [])
     plot_timeline(tl, vs, out / "timeline.png")
-    plot_agreement(tl, out / "agreement.png", replay)
+    agreement = plot_agreement(tl, out / "agreement.png", replay)
     plot_latency(tl, out / "latency.png")
     bad = bool(vs) or (replay is not None and not replay.ok)
     verdict = ("<p class='verdict fail'>FAIL: " if bad else "<p class='verdict ok'>PASS: ") + html.escape(
@@ -395,7 +434,7 @@ def write_report(out_dir: Path | str, timeline: Timeline, *, violations: Sequenc
                                                ["bad" if c else "good" for c in counts.values()])]
     parts += ["<h2>timeline</h2>", _img(out / "timeline.png", "latency and source; ChestnutActive and control; "
                                         "health layers; node state and faults; frame drops"),
-              _img(out / "agreement.png", "agreement"), _img(out / "latency.png", "latency distributions")]
+              _img(out / "agreement.png", agreement), _img(out / "latency.png", "latency distributions")]
     if violations is not None:
         parts.append(f"<h2>violations ({len(vs)})</h2>")
         parts.append(_table(("t (s)", "frame", "contract", "what"),
