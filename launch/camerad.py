@@ -72,9 +72,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--frames", type=int, default=0, help="stop after this many frames (0 = run until stopped)")
     p.add_argument("--no-loop", action="store_true", help="stop at the end of the source instead of looping")
-    p.add_argument("--start-delay", type=float, default=1.0,
-                   help="s between binding the socket and the first frame (default 1): ZeroMQ drops what a PUB "
-                   "sends before a subscriber's connection is up, so subscribers get time to (re)connect")
+    p.add_argument(
+        "--start-delay",
+        type=float,
+        default=1.0,
+        help="s between binding the socket and the first frame (default 1): ZeroMQ drops what a PUB "
+        "sends before a subscriber's connection is up, so subscribers get time to (re)connect",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,8 +31,8 @@ from chestnut.msgs.submaster import SubMasterChecks
 
 log = logging.getLogger("chestnut.control")
 
-FRAME_DROP_MAX_PERC = 1.0     # openpilot controlsd: model lagging above 1 % dropped frames
-ENGAGE_STABLE_S = 1.0         # auto-engage after all checks passed continuously this long
+FRAME_DROP_MAX_PERC = 1.0  # openpilot controlsd: model lagging above 1 % dropped frames
+ENGAGE_STABLE_S = 1.0  # auto-engage after all checks passed continuously this long
 SERVICES = ("modelOutput", "chestnutActive", "chestnutHealth")
 NS = 1_000_000_000
 
@@ -41,10 +41,10 @@ NS = 1_000_000_000
 class ControlInputs:
     """One step's evidence: the SubMaster verdicts and the newest messages' fields."""
 
-    checks_ok: bool               # alive, freq_ok and valid for SERVICES
-    active: bool                  # chestnutActive.active
-    source: str                   # chestnutActive.source ("primary", "fallback", "none")
-    frame_drop_perc: float        # modelOutput.frameDropPerc, %
+    checks_ok: bool  # alive, freq_ok and valid for SERVICES
+    active: bool  # chestnutActive.active
+    source: str  # chestnutActive.source ("primary", "fallback", "none")
+    frame_drop_perc: float  # modelOutput.frameDropPerc, %
     failed_checks: tuple[str, ...] = ()  # "<service>.<check>" for each failed check (failed_checks())
 
 
@@ -76,8 +76,10 @@ def describe_check(sm: SubMasterChecks, check: str, now_ns: int) -> str:
         if (n := len(tr.recv_times_ns) - 1) < tr.short_intervals:
             return f"{check} ({max(n, 0)} of {tr.short_intervals} intervals received)"
         short, long_ = (f"{r:.2f}" if r is not None else "-" for r in tr.rates_hz())
-        return (f"{check} ({short} Hz over {tr.short_intervals}, {long_} Hz over {tr.long_intervals} "
-                f"intervals; allowed {tr.min_hz:g}..{tr.max_hz:g} Hz)")
+        return (
+            f"{check} ({short} Hz over {tr.short_intervals}, {long_} Hz over {tr.long_intervals} "
+            f"intervals; allowed {tr.min_hz:g}..{tr.max_hz:g} Hz)"
+        )
     return f"{check} (valid=False)"
 
 
@@ -151,9 +153,14 @@ class ControlLogic:
         start = self.soft_disable_start_ns
         soft = self.engaged and start is not None
         remaining = max(0.0, SOFT_DISABLE_S - (now_ns - start) / NS) if self.engaged and start is not None else 0.0
-        return ControlState(engaged=self.engaged, soft_disabling=soft, soft_disable_remaining_s=remaining,
-                            events=out_events, can_engage=not events,
-                            allow_source_switch=not self.engaged)
+        return ControlState(
+            engaged=self.engaged,
+            soft_disabling=soft,
+            soft_disable_remaining_s=remaining,
+            events=out_events,
+            can_engage=not events,
+            allow_source_switch=not self.engaged,
+        )
 
 
 def fill_control_state(st: ControlState) -> object:
@@ -189,9 +196,13 @@ def run(args: argparse.Namespace) -> int:
             elif last_failed and not failed:
                 log.info("checks pass again")
             last_failed = failed
-            x = ControlInputs(checks_ok=not failed, active=bool(sm["chestnutActive"].active),
-                              source=str(sm["chestnutActive"].source),
-                              frame_drop_perc=float(sm["modelOutput"].frameDropPerc), failed_checks=failed)
+            x = ControlInputs(
+                checks_ok=not failed,
+                active=bool(sm["chestnutActive"].active),
+                source=str(sm["chestnutActive"].source),
+                frame_drop_perc=float(sm["modelOutput"].frameDropPerc),
+                failed_checks=failed,
+            )
             st = logic.step(now, x)
             if st.engaged != was_engaged:
                 log.info("controlState: engaged=%s events=%s", st.engaged, st.events)

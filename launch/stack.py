@@ -48,12 +48,12 @@ PROGRAMS = ("twin", "record", "node", "camera", "control")
 # consumer first, then the source, the node, the logger, the dock: see the module docstring
 STOP_ORDER = ("control", "camera", "node", "record", "twin")
 LAUNCH_ID_ENV = "CHESTNUT_LAUNCH_ID"  # set in every program of one launch (with CHESTNUT_PREFIX)
-LAST_ANSWER_WAIT_S = 2.0   # after the camera stopped: longest wait for the node's answer to its last frame
-LOGGER_DRAIN_S = 0.5       # after the node stopped: the logger's time to take in its last messages (POLL_MS x 5)
+LAST_ANSWER_WAIT_S = 2.0  # after the camera stopped: longest wait for the node's answer to its last frame
+LOGGER_DRAIN_S = 0.5  # after the node stopped: the logger's time to take in its last messages (POLL_MS x 5)
 ENVIRON_MAX_BYTES = 1 << 20  # bound on one /proc/<pid>/environ read (Linux caps argv + envp near ARG_MAX)
-PR_SET_PDEATHSIG = 1       # linux/prctl.h
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h: orphans of our tree are re-parented to us, not to init
-SAMPLE_SETTLE_S = 10.0     # resource figures "at start" are taken this long after the first output
+SAMPLE_SETTLE_S = 10.0  # resource figures "at start" are taken this long after the first output
 NS = 1_000_000_000
 
 
@@ -86,8 +86,10 @@ class FaultPlan:
             raise argparse.ArgumentTypeError(f"{text!r}: START must be >= 0 and DURATION > 0")
         unknown = sorted(set(params) - set(FaultSpec.__dataclass_fields__) - {"kind"})
         if unknown:
-            raise argparse.ArgumentTypeError(f"{text!r}: unknown parameter(s) {unknown}; known: "
-                                             f"{', '.join(f for f in FaultSpec.__dataclass_fields__ if f != 'kind')}")
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: unknown parameter(s) {unknown}; known: "
+                f"{', '.join(f for f in FaultSpec.__dataclass_fields__ if f != 'kind')}"
+            )
         try:
             FaultSpec(plan.kind, **params).validate()
         except (ValueError, TypeError) as e:
@@ -100,8 +102,9 @@ class FaultPlan:
 RECOVERY_ACTIONS: dict[str, str] = {"disconnect": "plug", "brownout": "plug", "wedged": "power_cycle"}
 
 
-def render_config(run_dir: Path, prefix: str, rate_hz: float, node_args: list[str], twin_args: list[str],
-                  log_format: str = "both") -> Path:
+def render_config(
+    run_dir: Path, prefix: str, rate_hz: float, node_args: list[str], twin_args: list[str], log_format: str = "both"
+) -> Path:
     """Write ``supervisord.conf`` for this run; returns its path."""
     from chestnut.msgs.paths import runtime_dir
 
@@ -109,9 +112,15 @@ def render_config(run_dir: Path, prefix: str, rate_hz: float, node_args: list[st
     # supervisord's control socket lives in the stack's private runtime dir: a unix socket path must stay
     # under 108 bytes, which a deep run directory would exceed
     text = TEMPLATE.read_text().format(
-        run_dir=run_dir, sock_dir=runtime_dir(prefix), python=py, prefix=prefix, rate=rate_hz,
+        run_dir=run_dir,
+        sock_dir=runtime_dir(prefix),
+        python=py,
+        prefix=prefix,
+        rate=rate_hz,
         node_args=" ".join(node_args),
-        twin_args=" ".join(twin_args), log_dir=run_dir / "logs", log_format=log_format,
+        twin_args=" ".join(twin_args),
+        log_dir=run_dir / "logs",
+        log_format=log_format,
         path=os.environ.get("PATH", ""),
     )
     conf = run_dir / "supervisord.conf"
@@ -175,11 +184,19 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
             last_soft = soft
             eng = bool(ev.controlState.engaged)
             if eng != last_engaged:
-                engaged_events.append(((t - t_launch_ns) / NS, "engaged" if eng else
-                                       "disengaged: " + ", ".join(ev.controlState.events)))
+                engaged_events.append(
+                    ((t - t_launch_ns) / NS, "engaged" if eng else "disengaged: " + ", ".join(ev.controlState.events))
+                )
                 last_engaged = eng
-    soft_episodes = [{"t_s": round(e[0], 3), "duration_s": round(e[3] - e[0], 3) if len(e) > 3 else None,
-                      "cause": episode_cause(e[2]), "disengaged": "disengaged" in e[2]} for e in episodes]
+    soft_episodes = [
+        {
+            "t_s": round(e[0], 3),
+            "duration_s": round(e[3] - e[0], 3) if len(e) > 3 else None,
+            "cause": episode_cause(e[2]),
+            "disengaged": "disengaged" in e[2],
+        }
+        for e in episodes
+    ]
     soft_disables = Counter(e["cause"] for e in soft_episodes)
     answered = [f for f in cams if f in outs]
     missing = sorted(f for f in cams if f not in outs)
@@ -190,13 +207,20 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
     age = np.array([outs[f][2] for f in answered]) * 1e3 if answered else np.zeros(1)
     span_s = (max(cams.values()) - min(cams.values())) / NS if len(cams) > 1 else 0.0
     return {
-        "frames_in": len(cams), "outputs": len(outs), "missing_outputs": [f"{s}:{i}" if s else i for s, i in missing],
-        "by_source": dict(by_source), "frame_rate_hz": (len(cams) - 1) / span_s if span_s else 0.0,
-        "exec_ms_p50": float(np.percentile(ex, 50)), "exec_ms_p99": float(np.percentile(ex, 99)),
-        "frame_age_ms_p50": float(np.percentile(age, 50)), "frame_age_ms_p99": float(np.percentile(age, 99)),
+        "frames_in": len(cams),
+        "outputs": len(outs),
+        "missing_outputs": [f"{s}:{i}" if s else i for s, i in missing],
+        "by_source": dict(by_source),
+        "frame_rate_hz": (len(cams) - 1) / span_s if span_s else 0.0,
+        "exec_ms_p50": float(np.percentile(ex, 50)),
+        "exec_ms_p99": float(np.percentile(ex, 99)),
+        "frame_age_ms_p50": float(np.percentile(age, 50)),
+        "frame_age_ms_p99": float(np.percentile(age, 99)),
         "first_output_s": (first_out_ns - t_launch_ns) / NS if first_out_ns else None,
         "first_active_s": (first_active_ns - t_launch_ns) / NS if first_active_ns else None,
-        "transitions": transitions, "control": engaged_events, "soft_disables": dict(soft_disables),
+        "transitions": transitions,
+        "control": engaged_events,
+        "soft_disables": dict(soft_disables),
         "soft_disable_episodes": soft_episodes,
         "log_damage": [str(d) for d in reader.damage] if reader is not None else [],
     }
@@ -257,37 +281,57 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
     for e in s.get("soft_disable_episodes", []):
         dur = f"{e['duration_s']:.2f} s" if e["duration_s"] is not None else "until the end"
         at_stop = " (during the stop)" if s.get("stop_s") is not None and e["t_s"] >= s["stop_s"] else ""
-        con.print(f"control {e['t_s']:6.1f} s  soft disable for {dur}{', then disengaged' if e['disengaged'] else ''}"
-                  f"{at_stop}: {e['cause'] or '?'}")
+        con.print(
+            f"control {e['t_s']:6.1f} s  soft disable for {dur}{', then disengaged' if e['disengaged'] else ''}"
+            f"{at_stop}: {e['cause'] or '?'}"
+        )
     if s.get("soft_disables"):
-        con.print("control soft-disable episodes: " + ", ".join(f"{n} x {why or '?'}"
-                                                                for why, n in s["soft_disables"].items()))
+        con.print(
+            "control soft-disable episodes: "
+            + ", ".join(f"{n} x {why or '?'}" for why, n in s["soft_disables"].items())
+        )
     for d in s["log_damage"]:
         con.print(f"[red]log damage:[/red] {d}")
     bad = {k: v for k, v in s.get("contracts", {}).items() if v}
     if s["frames_in"] == 0:
         con.print("[red]no frames were recorded: nothing to check[/red]")
     else:
-        con.print(f"contracts: {len(s.get('contracts', {}))} checked, "
-                  + (f"[red]violated: {bad}[/red]" if bad else "[green]no violation[/green]")
-                  + f"; report: {s.get('report', '-')}")
+        con.print(
+            f"contracts: {len(s.get('contracts', {}))} checked, "
+            + (f"[red]violated: {bad}[/red]" if bad else "[green]no violation[/green]")
+            + f"; report: {s.get('report', '-')}"
+        )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seconds", type=float, default=60.0,
-                   help="run this long after the first output (0 = until Ctrl-C)")
+    p.add_argument(
+        "--seconds", type=float, default=60.0, help="run this long after the first output (0 = until Ctrl-C)"
+    )
     p.add_argument("--rate", type=float, default=20.0, help="camera rate, Hz")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run directories go (default ./runs)")
-    p.add_argument("--fault", type=FaultPlan.parse, action="append", default=[],
-                   help="inject KIND@START[+DURATION][,key=value]: START s after the node's first output; after "
-                   "DURATION s the fault is cleared (a pulled cable is plugged back, a wedged bridge power-cycled); "
-                   "kinds: `chestnut twin kinds`; repeatable")
-    p.add_argument("--twin-engine", choices=("onnxruntime", "tinygrad"), default="onnxruntime",
-                   help="how the twin's GPU executes programs (default onnxruntime: real time on 2 cores)")
+    p.add_argument(
+        "--fault",
+        type=FaultPlan.parse,
+        action="append",
+        default=[],
+        help="inject KIND@START[+DURATION][,key=value]: START s after the node's first output; after "
+        "DURATION s the fault is cleared (a pulled cable is plugged back, a wedged bridge power-cycled); "
+        "kinds: `chestnut twin kinds`; repeatable",
+    )
+    p.add_argument(
+        "--twin-engine",
+        choices=("onnxruntime", "tinygrad"),
+        default="onnxruntime",
+        help="how the twin's GPU executes programs (default onnxruntime: real time on 2 cores)",
+    )
     p.add_argument("--node-config", type=Path, help="node TOML (default: launch/node.toml)")
     p.add_argument("--no-live", action="store_true", help="no live status view")
-    p.add_argument("--log-format", choices=("both", "zst", "mcap"), default="both",
-                   help="log segment format(s): both (default, ~360 MB/min at 20 Hz), zst (openpilot rlog) or mcap")
+    p.add_argument(
+        "--log-format",
+        choices=("both", "zst", "mcap"),
+        default="both",
+        help="log segment format(s): both (default, ~360 MB/min at 20 Hz), zst (openpilot rlog) or mcap",
+    )
     p.add_argument("--json", type=Path, help="also write the summary as JSON here")
 
 
@@ -352,8 +396,9 @@ def supervisorctl(conf: Path, *args: str, timeout_s: float = 30.0) -> int:
     """Run ``supervisorctl -c conf ARGS``; returns its exit code (-1 when it could not run or timed out)."""
     exe = str(Path(sys.executable).parent / "supervisorctl")
     try:
-        return subprocess.run([exe, "-c", str(conf), *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                              timeout=timeout_s).returncode
+        return subprocess.run(
+            [exe, "-c", str(conf), *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=timeout_s
+        ).returncode
     except (OSError, subprocess.SubprocessError):
         return -1
 
@@ -499,8 +544,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     prefix = current_prefix()
     if (other := running_stack(prefix)) is not None:
-        log.error("a stack is already running on prefix %r (%s); stop it first, or choose another prefix with "
-                  "CHESTNUT_PREFIX=NAME", prefix, other)
+        log.error(
+            "a stack is already running on prefix %r (%s); stop it first, or choose another prefix with "
+            "CHESTNUT_PREFIX=NAME",
+            prefix,
+            other,
+        )
         return 2
     run_dir = (args.runs_dir / time.strftime("%Y-%m-%d--%H-%M-%S", time.gmtime())).resolve()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -510,9 +559,14 @@ def run(args: argparse.Namespace) -> int:
     launch_id = f"{os.getpid()}-{run_dir.name}"
     _become_subreaper()
     t_launch = time.monotonic_ns()
-    proc = subprocess.Popen([supervisord, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            start_new_session=True, preexec_fn=_die_with_parent,
-                            env=dict(os.environ, CHESTNUT_PREFIX=prefix, **{LAUNCH_ID_ENV: launch_id}))
+    proc = subprocess.Popen(
+        [supervisord, "-c", str(conf)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+        env=dict(os.environ, CHESTNUT_PREFIX=prefix, **{LAUNCH_ID_ENV: launch_id}),
+    )
     log.info("stack launched under supervisord pid %d (run dir %s)", proc.pid, run_dir)
     flag = StopFlag()
     view = StackView()
@@ -564,8 +618,9 @@ def run(args: argparse.Namespace) -> int:
                     next_draw = time.monotonic() + 0.25
         if (code := proc.poll()) is not None and not flag.stop:
             died = True
-            log.error("supervisord exited (code %s) before the end of the run; see %s", code,
-                      run_dir / "supervisord.log")
+            log.error(
+                "supervisord exited (code %s) before the end of the run; see %s", code, run_dir / "supervisord.log"
+            )
     finally:
         t_stop = time.monotonic_ns()
         log.info("stopping the stack")
@@ -591,8 +646,7 @@ def run(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(summary, indent=1))
     # which frames were owed an output is the contract check's call (one_output_per_frame): a node restarted
     # under supervision owes nothing for the frames sent while none ran, which missing_outputs still lists
-    ok = (summary["outputs"] > 0 and bool(summary["contracts"]) and not any(summary["contracts"].values())
-          and not died)
+    ok = summary["outputs"] > 0 and bool(summary["contracts"]) and not any(summary["contracts"].values()) and not died
     if flag.signum == signal.SIGINT:
         return 130
     return 0 if ok else 1
@@ -691,8 +745,10 @@ class ProcessSampler:
             span[label] = max(span.get(label, 0.0), self.seconds[str(pid)] - t0)
         out: dict[str, dict[str, float]] = {}
         for label in sorted(cpu):
-            row = {"cpu_percent": 100 * cpu[label] / span[label] if span.get(label) else 0.0,
-                   "rss_peak_mb": self.rss_peak_mb[label]}
+            row = {
+                "cpu_percent": 100 * cpu[label] / span[label] if span.get(label) else 0.0,
+                "rss_peak_mb": self.rss_peak_mb[label],
+            }
             for when, table in (("start", self.first), ("end", self.last)):
                 if label in table:
                     rss, fds, n = table[label]
