@@ -6,6 +6,14 @@ mirror libusb (handles, timeouts in ms) and raise :class:`~.libusb_codes.UsbErro
 USB methods fail with ``LIBUSB_ERROR_NO_DEVICE`` (to a host, a vanished twin is an unplugged dock)
 and admin methods with :class:`TwinNotRunning`.
 
+Every round trip is bounded, so a daemon that accepts a connection and never answers cannot block a
+caller (the node's main loop looks for the dock through this client): a request without a USB timeout
+(admin, enumerate, open, claim ...) waits at most ``reply_timeout_s`` (default
+:data:`REPLY_TIMEOUT_S`), a USB transfer its own ``timeout_ms`` plus that margin (``timeout_ms == 0``
+means no timeout, as in libusb). A request that runs out of time leaves the stream mid-frame, so the
+connection is closed: that call raises ``LIBUSB_ERROR_TIMEOUT`` (USB) or :class:`TwinNotRunning`
+(admin) naming the bound, later calls fail as for a gone daemon.
+
 In tests::
 
     with running_twin() as twin:            # spawns `chestnut twin serve` for $CHESTNUT_PREFIX
@@ -31,9 +39,19 @@ from typing import Any
 
 from chestnut.backend.sim import wire as W
 from chestnut.backend.sim.faults import FaultSpec
-from chestnut.backend.sim.libusb_codes import LIBUSB_ERROR_INVALID_PARAM, LIBUSB_ERROR_NO_DEVICE, UsbError
+from chestnut.backend.sim.libusb_codes import (
+    LIBUSB_ERROR_INVALID_PARAM,
+    LIBUSB_ERROR_NO_DEVICE,
+    LIBUSB_ERROR_TIMEOUT,
+    UsbError,
+)
 from chestnut.backend.sim.twin import DeviceInfo, Twin
 from chestnut.msgs.paths import current_prefix, runtime_dir
+
+REPLY_TIMEOUT_S = 1.0
+"""Longest wait (s) for the daemon's reply to a request without a USB timeout, and the margin added to a
+transfer's own timeout. The daemon answers those in tens of microseconds (``tests/bench/bench_twin.py``:
+control round trip p50 18-72 us), so a second only passes when it hangs."""
 
 
 class TwinNotRunning(ConnectionError):
@@ -52,8 +70,18 @@ class TwinClient:
 
     daemon: TwinDaemon | None = None  # set by running_twin()
 
-    def __init__(self, prefix: str | None = None, *, twin: Twin | None = None, connect_timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        prefix: str | None = None,
+        *,
+        twin: Twin | None = None,
+        connect_timeout_s: float = 2.0,
+        reply_timeout_s: float = REPLY_TIMEOUT_S,
+    ) -> None:
+        if not reply_timeout_s > 0:
+            raise ValueError(f"reply_timeout_s must be > 0, got {reply_timeout_s}")
         self._twin = twin
+        self.reply_timeout_s = reply_timeout_s
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._hdr = bytearray(W.RSP.size)
@@ -68,9 +96,9 @@ class TwinClient:
                 s.connect(str(self.path))
             except OSError as e:
                 s.close()
-                raise TwinNotRunning(f"no twin daemon at {self.path} ({e.strerror or e}); "
-                                     f"start one with `chestnut twin serve`") from None
-            s.settimeout(None)
+                raise TwinNotRunning(
+                    f"no twin daemon at {self.path} ({e.strerror or e}); start one with `chestnut twin serve`"
+                ) from None
             self._sock = s
 
     @classmethod
@@ -102,11 +130,31 @@ class TwinClient:
             self._sock.close()
             self._sock = None
 
-    def _request(self, op: int, *, b0: int = 0, b1: int = 0, value: int = 0, index: int = 0, handle: int = 0,
-                 length: int = 0, timeout_ms: int = 0, flags: int = 0,
-                 payload: bytes | bytearray | memoryview = b"",
-                 into: memoryview | None = None, admin: bool = False) -> tuple[int, bytes | int]:
-        """One round trip. Returns (value, payload) -- or (value, nbytes) when ``into`` receives the payload."""
+    def _request(
+        self,
+        op: int,
+        *,
+        b0: int = 0,
+        b1: int = 0,
+        value: int = 0,
+        index: int = 0,
+        handle: int = 0,
+        length: int = 0,
+        timeout_ms: int = 0,
+        flags: int = 0,
+        payload: bytes | bytearray | memoryview = b"",
+        into: memoryview | None = None,
+        admin: bool = False,
+    ) -> tuple[int, bytes | int]:
+        """One round trip. Returns (value, payload) -- or (value, nbytes) when ``into`` receives the payload.
+
+        Bounded: ``reply_timeout_s``, plus ``timeout_ms`` for a USB transfer (``timeout_ms == 0`` on a
+        USB op: unbounded, as libusb's 0)."""
+        usb_op = op in (W.OP_CTRL, W.OP_BULK_OUT, W.OP_BULK_IN)
+        bound_s: float | None = self.reply_timeout_s + (timeout_ms / 1000 if usb_op else 0.0)
+        if usb_op and timeout_ms == 0:
+            bound_s = None
+        deadline = None if bound_s is None else time.monotonic() + bound_s
         with self._lock:
             s = self._sock
             if s is None or self._dead:
@@ -115,17 +163,26 @@ class TwinClient:
                 raise UsbError(LIBUSB_ERROR_NO_DEVICE, "the twin daemon is gone")
             hdr = W.REQ.pack(len(payload), op, flags, b0, b1, value, index, handle, length, timeout_ms)
             try:
+                s.settimeout(_left(deadline))
                 if len(payload):
                     self._send_gather(s, hdr, payload)
                 else:
                     s.sendall(hdr)
-                self._recv_exact(s, memoryview(self._hdr))
+                self._recv_exact(s, memoryview(self._hdr), deadline)
                 n, status, rvalue = W.RSP.unpack(self._hdr)
+                if n > W.MAX_PAYLOAD:  # a bounded read: never allocate what a broken daemon announces
+                    raise ConnectionResetError(f"the twin daemon announced a {n}-byte reply")
                 if status == W.ST_OK and into is not None and n <= len(into):
-                    self._recv_exact(s, into[:n])
+                    self._recv_exact(s, into[:n], deadline)
                     return rvalue, n
                 body = bytearray(n)
-                self._recv_exact(s, memoryview(body))
+                self._recv_exact(s, memoryview(body), deadline)
+            except TimeoutError:
+                self._gone()
+                what = f"the twin daemon at {self.path} did not answer within {bound_s:g} s (hung?); connection closed"
+                if admin:
+                    raise TwinNotRunning(what) from None
+                raise UsbError(LIBUSB_ERROR_TIMEOUT, what) from None
             except OSError:
                 self._gone()
                 if admin:
@@ -148,12 +205,13 @@ class TwinClient:
             s.sendall(hdr[sent:])
             s.sendall(payload)
         elif sent < len(hdr) + len(payload):
-            s.sendall(memoryview(payload)[sent - len(hdr):])
+            s.sendall(memoryview(payload)[sent - len(hdr) :])
 
     @staticmethod
-    def _recv_exact(s: socket.socket, mv: memoryview) -> None:
+    def _recv_exact(s: socket.socket, mv: memoryview, deadline: float | None = None) -> None:
         got = 0
         while got < len(mv):
+            s.settimeout(_left(deadline))
             k = s.recv_into(mv[got:])
             if k == 0:
                 raise ConnectionResetError("twin daemon closed the connection")
@@ -206,52 +264,102 @@ class TwinClient:
     def set_configuration(self, handle: int, configuration: int) -> None:
         self.ctrl_transfer(handle, 0x00, 0x09, configuration, 0, b"", 1000)
 
-    def ctrl_transfer(self, handle: int, bm_request_type: int, b_request: int, w_value: int = 0, w_index: int = 0,
-                      data_or_length: bytes | bytearray | memoryview | int = 0, timeout_ms: int = 1000, *,
-                      is_async: bool = False) -> bytes | int:
+    def ctrl_transfer(
+        self,
+        handle: int,
+        bm_request_type: int,
+        b_request: int,
+        w_value: int = 0,
+        w_index: int = 0,
+        data_or_length: bytes | bytearray | memoryview | int = 0,
+        timeout_ms: int = 1000,
+        *,
+        is_async: bool = False,
+    ) -> bytes | int:
         """A control transfer: IN returns the bytes read (``data_or_length`` = wLength), OUT the bytes written."""
         if self._twin is not None:
-            return self._twin.ctrl_transfer(handle, bm_request_type, b_request, w_value, w_index, data_or_length,
-                                            timeout_ms, is_async=is_async)
+            return self._twin.ctrl_transfer(
+                handle, bm_request_type, b_request, w_value, w_index, data_or_length, timeout_ms, is_async=is_async
+            )
         is_in = bool(bm_request_type & 0x80)
-        if is_in != isinstance(data_or_length, int) or not (0 <= bm_request_type <= 0xFF and 0 <= b_request <= 0xFF
-                                                             and 0 <= w_value <= 0xFFFF and 0 <= w_index <= 0xFFFF):
+        if is_in != isinstance(data_or_length, int) or not (
+            0 <= bm_request_type <= 0xFF
+            and 0 <= b_request <= 0xFF
+            and 0 <= w_value <= 0xFFFF
+            and 0 <= w_index <= 0xFFFF
+        ):
             raise UsbError(LIBUSB_ERROR_INVALID_PARAM, "bad control transfer arguments")
         value, body = self._request(
-            W.OP_CTRL, b0=bm_request_type, b1=b_request, value=w_value, index=w_index, handle=handle,
-            length=data_or_length if isinstance(data_or_length, int) else 0, timeout_ms=max(0, timeout_ms),
-            flags=W.FLAG_ASYNC if is_async else 0, payload=b"" if isinstance(data_or_length, int) else data_or_length)
+            W.OP_CTRL,
+            b0=bm_request_type,
+            b1=b_request,
+            value=w_value,
+            index=w_index,
+            handle=handle,
+            length=data_or_length if isinstance(data_or_length, int) else 0,
+            timeout_ms=max(0, timeout_ms),
+            flags=W.FLAG_ASYNC if is_async else 0,
+            payload=b"" if isinstance(data_or_length, int) else data_or_length,
+        )
         return body if is_in else value
 
-    def bulk_write(self, handle: int, endpoint: int, data: bytes | bytearray | memoryview, timeout_ms: int = 1000, *,
-                   is_async: bool = False) -> int:
+    def bulk_write(
+        self,
+        handle: int,
+        endpoint: int,
+        data: bytes | bytearray | memoryview,
+        timeout_ms: int = 1000,
+        *,
+        is_async: bool = False,
+    ) -> int:
         """Bulk OUT; returns the bytes the device accepted."""
         if self._twin is not None:
             return self._twin.bulk_write(handle, endpoint, data, timeout_ms, is_async=is_async)
         mv = memoryview(data).cast("B")
-        return self._request(W.OP_BULK_OUT, b0=endpoint, handle=handle, timeout_ms=max(0, timeout_ms),
-                             flags=W.FLAG_ASYNC if is_async else 0, payload=mv)[0]
+        return self._request(
+            W.OP_BULK_OUT,
+            b0=endpoint,
+            handle=handle,
+            timeout_ms=max(0, timeout_ms),
+            flags=W.FLAG_ASYNC if is_async else 0,
+            payload=mv,
+        )[0]
 
-    def bulk_read(self, handle: int, endpoint: int, length: int, timeout_ms: int = 1000, *,
-                  is_async: bool = False) -> bytes:
+    def bulk_read(
+        self, handle: int, endpoint: int, length: int, timeout_ms: int = 1000, *, is_async: bool = False
+    ) -> bytes:
         """Bulk IN of up to ``length`` bytes."""
         if self._twin is not None:
             return self._twin.bulk_read(handle, endpoint, length, timeout_ms, is_async=is_async)
-        body = self._request(W.OP_BULK_IN, b0=endpoint, handle=handle, length=length,
-                             timeout_ms=max(0, timeout_ms), flags=W.FLAG_ASYNC if is_async else 0)[1]
+        body = self._request(
+            W.OP_BULK_IN,
+            b0=endpoint,
+            handle=handle,
+            length=length,
+            timeout_ms=max(0, timeout_ms),
+            flags=W.FLAG_ASYNC if is_async else 0,
+        )[1]
         assert isinstance(body, bytes)
         return body
 
-    def bulk_read_into(self, handle: int, endpoint: int, out: memoryview, timeout_ms: int = 1000, *,
-                       is_async: bool = False) -> int:
+    def bulk_read_into(
+        self, handle: int, endpoint: int, out: memoryview, timeout_ms: int = 1000, *, is_async: bool = False
+    ) -> int:
         """Bulk IN straight into ``out`` (a writable byte buffer); returns the bytes read."""
         out = memoryview(out).cast("B")
         if self._twin is not None:
             data = self._twin.bulk_read(handle, endpoint, len(out), timeout_ms, is_async=is_async)
-            out[:len(data)] = data
+            out[: len(data)] = data
             return len(data)
-        n = self._request(W.OP_BULK_IN, b0=endpoint, handle=handle, length=len(out), timeout_ms=max(0, timeout_ms),
-                          flags=W.FLAG_ASYNC if is_async else 0, into=out)[1]
+        n = self._request(
+            W.OP_BULK_IN,
+            b0=endpoint,
+            handle=handle,
+            length=len(out),
+            timeout_ms=max(0, timeout_ms),
+            flags=W.FLAG_ASYNC if is_async else 0,
+            into=out,
+        )[1]
         assert isinstance(n, int)
         return n
 
@@ -291,6 +399,17 @@ class TwinClient:
 
     def set_phase(self, phase: str) -> None:
         self._admin("set_phase", phase=phase)
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds until ``deadline`` (monotonic) for ``socket.settimeout``; None = no deadline. Raises
+    TimeoutError once it has passed (``settimeout(0)`` would make the socket non-blocking instead)."""
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("deadline passed")
+    return left
 
 
 def _admin_local(twin: Twin, cmd: str, args: dict[str, Any]) -> Any:
@@ -340,8 +459,13 @@ class TwinDaemon:
     def start(self) -> TwinDaemon:
         env = {**os.environ, "CHESTNUT_PREFIX": self.prefix}
         with open(self.log_path, "ab") as logf:
-            self.process = subprocess.Popen([sys.executable, "-m", "chestnut.launch.cli", "twin", "serve", *self.args],
-                                            env=env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "chestnut.launch.cli", "twin", "serve", *self.args],
+                env=env,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         deadline = time.monotonic() + self.timeout_s
         while True:
             if self.process.poll() is not None:
