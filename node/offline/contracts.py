@@ -162,7 +162,8 @@ def _v(tl: Timeline, name: str, t_ns: int, message: str, frame_id: int | None = 
 def log_intact(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
     """A truncated or corrupt file: one violation per damage, with its byte offset (the rest of the log is
     still read and checked). A message stamped ``logMonoTime`` 0: one violation per message, placed where
-    the logger wrote it (the previous message's time in its file) so that it is checked like the others."""
+    the logger wrote it (the previous message's time in its file) so that it is checked like the others.
+    Duplicates and restarts are no concern of this one: every file is read whole, whoever wrote it."""
     for d in tl.damage:
         t = d.t_ns if d.t_ns is not None else tl.start_ns
         yield Violation(t, "log_intact", d.frame_id, f"{d.path}: byte {d.offset}: {d.reason}")
