@@ -516,11 +516,22 @@ class Twin:
             mbps = min(mbps, P.HIGHSPEED_MBPS)
         return self.config.latency_us * 1e-6 + (nbytes * 8 / (mbps * 1e6) if mbps else 0.0)
 
+    def timing(self) -> dict[str, float] | None:
+        """The timing model as a host sees it now (``link_mbps``, ``latency_us``), None when it is off."""
+        mbps = self.config.link_mbps
+        if mbps is None and not self.config.latency_us:
+            return None
+        if mbps is not None and self._usb2() is not None:
+            mbps = min(mbps, P.HIGHSPEED_MBPS)
+        return {"link_mbps": mbps or 0.0, "latency_us": self.config.latency_us}
+
     def _finish(self, h: _Handle, nbytes: int, timeout_ms: int, cancel: Callable[[], bool] | None,
-                extra_s: float = 0.0, start_s: float | None = None) -> None:
+                extra_s: float = 0.0, start_s: float | None = None, is_async: bool = False) -> None:
         """Apply the timing model (and any device-side delay) to a completed transfer that began at ``start_s``:
-        it returns ``link time + extra_s`` after its start, not after the twin's own processing."""
-        duration = self._link_time_s(nbytes) + extra_s
+        it returns ``link time + extra_s`` after its start, not after the twin's own processing. An async
+        transfer gets only ``extra_s`` here: its link time is the host's to schedule, since async transfers on
+        different pipes overlap (:class:`~chestnut.backend.sim.usb3.TwinUSB3` does it with :meth:`timing`)."""
+        duration = (0.0 if is_async else self._link_time_s(nbytes)) + extra_s
         if duration <= 0:
             return
         if timeout_ms > 0 and duration > timeout_ms / 1000:
@@ -640,7 +651,7 @@ class Twin:
                 result = gate.short_to
         if lost:
             raise self._nak(h, timeout_ms, cancel, "lost receipt: the completion never reached the host")
-        self._finish(h, length, timeout_ms, cancel, extra_s, start_s)
+        self._finish(h, length, timeout_ms, cancel, extra_s, start_s, is_async=is_async)
         return result
 
     def _standard(self, h: _Handle, bm: int, req: int, value: int, index: int, data: bytes, length: int) -> bytes | int:
@@ -956,7 +967,7 @@ class Twin:
             if stream.remaining == 0:
                 self._out = None
             result = n
-        self._finish(h, n, timeout_ms, cancel, start_s=start_s)
+        self._finish(h, n, timeout_ms, cancel, start_s=start_s, is_async=is_async)
         return result
 
     def _stream_write(self, stream: _Stream, mv: memoryview) -> None:
@@ -1007,7 +1018,7 @@ class Twin:
             stream.pos += n
             if stream.remaining == 0:
                 self._in = None
-        self._finish(h, n, timeout_ms, cancel, start_s=start_s)
+        self._finish(h, n, timeout_ms, cancel, start_s=start_s, is_async=is_async)
         return out
 
     def _sram_data_pending(self) -> bool:
@@ -1102,6 +1113,7 @@ class Twin:
                 "gpu": {**self.engine.status(), "sdma": self.sdma.status()},
                 "vram_pages": self.vram.pages_used,
                 "phase": self.phase.value,
+                "timing": self.timing(),
                 "lock_file": self._lock_path,
                 "faults": self.faults.entries(now),
                 "fault_history": self.faults.history(now),

@@ -16,11 +16,15 @@
   may have been disconnected)"``, ``"bulk IN 0x81 failed: Pipe error"``; a short bulk OUT raises
   ``AssertionError("bulk OUT short write: n/m bytes")``, a short control transfer a bare
   ``AssertionError``, as tinygrad's asserts do.
-- Async transfers (``bulk_write_async``, ``control_write_async``, ``control_read_async``) run to
-  completion when submitted (the twin serialises a device's transfers anyway); a failure is latched in
+- Async transfers (``bulk_write_async``, ``control_write_async``, ``control_read_async``) reach the twin
+  in submission order when submitted (their effect on the dock happens then); a failure is latched in
   ``_async_err`` as a ``libusb_transfer_status`` (or -1 for a short transfer) and never cleared, so
   every later ``bulk_wait`` raises ``"async bulk OUT failed: status=N"``. A submit on a device already
   gone raises ``"async submit failed: No such device ..."``.
+- With the twin's timing model on, async transfers are timed here, as libusb overlaps them: the control
+  pipe (EP0) and the bulk pipe (EP2) each complete their transfers in order, one transfer's latency after
+  its bytes crossed the link, and the link carries one transfer's bytes at a time; ``bulk_wait(tag)``
+  returns when that transfer would have completed. (Synchronous transfers are timed by the twin.)
 
 ``send_batch`` (tinygrad's mass-storage path for flashing) is not provided: the twin has no SCSI target.
 """
@@ -31,6 +35,7 @@ import functools
 import itertools
 import os
 import struct
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,7 +124,10 @@ class TwinUSB3:
         self._bulk_buf = bytearray(BULK_BUFFER_BYTES)
         self._bulk_mv = memoryview(self._bulk_buf)
         self._async_seq, self._async_err = itertools.count(1), 0
-        self._async_pending: dict[int, Any] = {}
+        self._async_pending: dict[int, float] = {}   # tag -> when the transfer completes (monotonic s)
+        self._pipe_free = {"control": 0.0, "bulk": 0.0}
+        self._link_free = 0.0
+        self._timing: dict[str, float] | None = None
         self._gone = False
         self.dev = dev
         try:
@@ -150,6 +158,11 @@ class TwinUSB3:
                 call()
             except UsbError as e:
                 raise _fail(what, e) from None
+        try:
+            timing = self.client.status().get("timing")
+        except Exception:  # a twin without the field: async transfers complete at once
+            timing = None
+        self._timing = timing if isinstance(timing, dict) else None
 
     def close(self) -> None:
         """Close the handle and the connection (tinygrad never does; its process exit does)."""
@@ -196,11 +209,22 @@ class TwinUSB3:
         return self._bulk_mv[:n]
 
     # ------------------------------------------------------------------ async transfers
-    def _submit(self, expected: int, run: Any) -> int:
+    def _complete_at(self, pipe: str, nbytes: int, start: float) -> float:
+        """When an async transfer of ``nbytes`` on ``pipe`` submitted at ``start`` completes (timing model)."""
+        if self._timing is None:
+            return 0.0
+        mbps, latency_s = self._timing["link_mbps"], self._timing["latency_us"] * 1e-6
+        begin = max(start, self._pipe_free[pipe], self._link_free)
+        self._link_free = begin + (nbytes * 8 / (mbps * 1e6) if mbps else 0.0)
+        self._pipe_free[pipe] = done = self._link_free + latency_s
+        return done
+
+    def _submit(self, expected: int, run: Any, pipe: str = "control") -> int:
         """Run one async transfer now; latch its failure like tinygrad's ``_on_bulk_done``."""
         if self._gone:
             raise _fail("async submit failed", UsbError(LIBUSB_ERROR_NO_DEVICE))
         tag = next(self._async_seq)
+        start = time.monotonic()
         try:
             actual = run()
         except UsbError as e:
@@ -208,6 +232,7 @@ class TwinUSB3:
                 self._gone = True
             self._async_err = e.transfer_status
             return tag
+        self._async_pending[tag] = self._complete_at(pipe, expected, start)
         if actual != expected:
             self._async_err = -1
         return tag
@@ -216,7 +241,7 @@ class TwinUSB3:
         """Queue a bulk OUT; it completes by ``bulk_wait(tag)``."""
         mv = memoryview(payload).cast("B")
         return self._submit(len(mv), lambda: self.client.bulk_write(self.handle, P.EP_BULK_OUT, mv, timeout,
-                                                                    is_async=True))
+                                                                    is_async=True), pipe="bulk")
 
     def control_write_async(self, request: int, value: int = 0, index: int = 0, data: bytes = b"",
                             timeout: int = 1000) -> int:
@@ -241,6 +266,8 @@ class TwinUSB3:
 
     def bulk_wait(self, tag: int) -> None:
         """Wait for the tagged transfer; raises if any async transfer of this object ever failed."""
-        self._async_pending.pop(tag, None)
+        left = self._async_pending.pop(tag, 0.0) - time.monotonic()
+        if left > 0:
+            time.sleep(left)
         if self._async_err:
             raise RuntimeError(f"async bulk OUT failed: status={self._async_err}")
