@@ -21,10 +21,11 @@
   ``_async_err`` as a ``libusb_transfer_status`` (or -1 for a short transfer) and never cleared, so
   every later ``bulk_wait`` raises ``"async bulk OUT failed: status=N"``. A submit on a device already
   gone raises ``"async submit failed: No such device ..."``.
-- With the twin's timing model on, async transfers are timed here, as libusb overlaps them: the control
-  pipe (EP0) and the bulk pipe (EP2) each complete their transfers in order, one transfer's latency after
-  its bytes crossed the link, and the link carries one transfer's bytes at a time; ``bulk_wait(tag)``
-  returns when that transfer would have completed. (Synchronous transfers are timed by the twin.)
+- With the twin's timing model on, async transfers are timed here, as libusb overlaps them: a transfer
+  completes one latency after its bytes crossed the link; bulk payloads cross the link one at a time (a
+  control transfer's few bytes slip in between); each pipe (EP0 control, EP2 bulk) completes its transfers
+  in order. ``bulk_wait(tag)`` returns when that transfer would have completed. (Synchronous transfers are
+  timed by the twin.)
 
 ``send_batch`` (tinygrad's mass-storage path for flashing) is not provided: the twin has no SCSI target.
 """
@@ -214,9 +215,13 @@ class TwinUSB3:
         if self._timing is None:
             return 0.0
         mbps, latency_s = self._timing["link_mbps"], self._timing["latency_us"] * 1e-6
-        begin = max(start, self._pipe_free[pipe], self._link_free)
-        self._link_free = begin + (nbytes * 8 / (mbps * 1e6) if mbps else 0.0)
-        self._pipe_free[pipe] = done = self._link_free + latency_s
+        bytes_s = nbytes * 8 / (mbps * 1e6) if mbps else 0.0
+        begin = start
+        if pipe == "bulk":  # bulk payloads share the link; a control transfer's few bytes slip in between
+            begin = max(start, self._link_free)
+            self._link_free = begin + bytes_s
+        done = max(begin + bytes_s + latency_s, self._pipe_free[pipe])  # a pipe completes in order
+        self._pipe_free[pipe] = done
         return done
 
     def _submit(self, expected: int, run: Any, pipe: str = "control") -> int:
