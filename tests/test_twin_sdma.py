@@ -36,13 +36,15 @@ def fence(dst: int, value: int) -> list[int]:
 
 
 def poll(addr: int, ref: int, func: int = 3, retries: int = 0xFFF) -> list[int]:
-    return [S.SDMA_OP_POLL_REGMEM | S.SDMA_PKT_POLL_REGMEM_HEADER_FUNC(func) | S.SDMA_PKT_POLL_REGMEM_HEADER_MEM_POLL(1),
-            *lo_hi(addr), ref, 0xFFFFFFFF,
+    header = S.SDMA_OP_POLL_REGMEM | S.SDMA_PKT_POLL_REGMEM_HEADER_FUNC(func)
+    header |= S.SDMA_PKT_POLL_REGMEM_HEADER_MEM_POLL(1)
+    return [header, *lo_hi(addr), ref, 0xFFFFFFFF,
             S.SDMA_PKT_POLL_REGMEM_DW5_INTERVAL(4) | S.SDMA_PKT_POLL_REGMEM_DW5_RETRY_COUNT(retries)]
 
 
 class Queue:
-    """The host side, as ``AMDCopyQueue._submit`` + ``AMDQueueDesc.signal_doorbell`` do it (ring, put_value, doorbell)."""
+    """The host side, as ``AMDCopyQueue._submit`` and ``AMDQueueDesc.signal_doorbell`` do it: ring, put value,
+    doorbell."""
 
     def __init__(self, twin: Twin) -> None:
         self.tw, self.put = twin, 0
