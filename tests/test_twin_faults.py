@@ -115,7 +115,8 @@ class Host:
         self.tlp(P.TLP_MEM_WRITE64, DOORBELL_BAR + P.DOORBELL_QUEUE_RESET, 1)
 
     def completion(self, timeout_ms: int = 1000) -> dict[str, int]:
-        fence, status, signal, rptr = struct.unpack("<IIII", self.xread(P.XDATA_CPL_PAGE + P.CPL_QUEUE_FENCE, 16, timeout_ms))
+        block = self.xread(P.XDATA_CPL_PAGE + P.CPL_QUEUE_FENCE, 16, timeout_ms)
+        fence, status, signal, rptr = struct.unpack("<IIII", block)
         return {"fence": fence, "status": status, "signal": signal, "rptr": rptr}
 
     def wait(self, seq: int, timeout_s: float = 60.0) -> dict[str, int]:
