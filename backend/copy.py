@@ -1,6 +1,6 @@
 """The double-buffered copy protocol and the GPU command queue, over the bridge, with bounded waits.
 
-MISSION.md point 7 (the source document) and :mod:`chestnut.backend.protocol` define the protocol:
+``docs/protocol.md`` ("The copy path") and :mod:`chestnut.backend.protocol` define the protocol:
 
 Host -> VRAM (:meth:`CopyProtocol.copy_in`)
     The payload is cut into chunks of at most ``CHUNK_PAYLOAD`` (0x40000-512) bytes. Chunk ``seq`` goes
@@ -29,7 +29,7 @@ Every wait is bounded by ``wait_timeout_ms`` (default 3000, openpilot's ``HCQDEV
 an expired wait raises :class:`GpuLayerError` naming the chunk, the fence value expected and the value
 seen; a status other than ``STATUS_OK`` raises at once with its meaning (:data:`STATUS_ERRORS`). The
 polls are XDATA reads whose own timeout never exceeds what is left of the wait; a poll read that
-times out (the receipt of a fence that may have moved was lost, MISSION.md point 8) raises
+times out (the receipt of a fence that may have moved was lost: the twin's ``lost_receipt`` fault) raises
 :class:`UsbLayerError` ``transfer_timeout``.
 
 Ring writes are streaming memory writes (0xF0 mode 1 + one bulk OUT) into BAR0 at

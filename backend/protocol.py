@@ -2,14 +2,14 @@
 
 Sources: tinygrad 0.14 ``runtime/support/usb.py`` (``USB3``, ``CustomASM24Controller``) and
 ``runtime/support/system.py`` (``pci_setup_usb_bars``) for the USB IDs, vendor requests, XDATA
-addresses and BAR set-up; the source document (MISSION.md point 7) for the copy protocol's SRAM
-halves, sentinel block and slots. The GPU command-packet format at the end is chestnut's own: the
+addresses and BAR set-up; ``docs/protocol.md`` ("The copy path") for the bounded copy protocol's
+SRAM halves, sentinel block and slots. The GPU command-packet format at the end is chestnut's own: the
 real dock runs AMD PM4/SDMA packets through tinygrad, the twin runs the packets defined here.
 """
 
 from __future__ import annotations
 
-# ------------------------------------------------------------------ USB (FACTS.md §1)
+# ------------------------------------------------------------------ USB (docs/protocol.md, "USB")
 USB_IDS: tuple[tuple[int, int], ...] = ((0xADD1, 0x0001), (0x3801, 0x0001))  # (VID, PID)
 PRODUCT_PREFIXES: tuple[str, ...] = ("custom", "AS2462")  # the product string must start with one
 USB_CONFIGURATION = 1
@@ -56,7 +56,7 @@ XDATA_SRAM_WINDOW = 0xF000
 SRAM_GPU_ADDR = 0x200000  # the bridge SRAM as the GPU sees it
 GPU_BUS = 4               # the GPU sits on PCIe bus 4 behind four type-1 bridges
 
-# ------------------------------------------------------------------ copy protocol (MISSION.md point 7)
+# ------------------------------------------------------------------ copy protocol (docs/protocol.md)
 SRAM_SIZE = 0x80000       # 512 KiB
 SRAM_HALF = 0x40000       # two halves of 256 KiB
 SRAM_SLOT = 0x4000        # 16 KiB slots; 0xF2 wIndex counts in slots

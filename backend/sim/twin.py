@@ -1,6 +1,6 @@
 """The Chestnut twin: the dock's state at the USB boundary, as one thread-safe object.
 
-A :class:`Twin` is what a host sees through libusb when a Chestnut dock is plugged in (FACTS.md §1,
+A :class:`Twin` is what a host sees through libusb when a Chestnut dock is plugged in (``docs/protocol.md``,
 tinygrad 0.14 ``usb.py`` / ``system.py``), plus the knobs to break it (:mod:`.faults`):
 
 USB
