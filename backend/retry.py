@@ -45,8 +45,10 @@ bulk IN of an SRAM window                 yes, with    a read of SRAM the GPU no
                                           its 0xF2 arm
 0xF3 OUT (PCIe power)                     no           power-on retrains the link for up to 10 s: the
                                                        ladder's job, never inside a frame
-async transfers (``*_async``)             no           tinygrad's ``USB3`` latches the first failure in
-                                                       ``_async_err`` and never clears it
+async transfers (``*_async``)             as their     tinygrad's ``USB3`` latches the first failure in
+                                          synchronous  ``_async_err`` and never clears it: with
+                                          twins        ``serialize_async`` (the default) each runs as its
+                                                       synchronous twin, retried by the rules above
 ========================================  ===========  ====================================================
 
 A transfer that is not retried and fails is counted too, and raised as before (the worker is
@@ -70,6 +72,7 @@ bound). The counters go to health through the runner's probe (:meth:`RetryingUSB
 
 from __future__ import annotations
 
+import itertools
 import struct
 import time
 from collections import deque
@@ -318,19 +321,25 @@ class RetryingUSB3:
     Same methods and arguments as the wrapped ``usb`` (timeouts in ms); anything else is passed
     through (``handle``, ``product``, ``close`` ...). ``value_regions``: (base, size) byte ranges of
     PCIe memory whose writes set values (VRAM, doorbells); may be set after construction, once the
-    BARs are known. Raises what the wrapped transfer raises; when :func:`judge` says the link is bad,
+    BARs are known. ``serialize_async``: run ``*_async`` transfers synchronously so that they can be
+    retried (their tags are done at once); False passes them to the wrapped USB3 (counted at
+    ``bulk_wait``, never retried). Raises what the wrapped transfer raises; when :func:`judge` says the link is bad,
     :class:`UsbLayerError` ``no_answer`` / ``unstable_link`` naming the rule and the last error (its
     ``__cause__``).
     """
 
     def __init__(self, usb: Any, *, retry: RetryPolicy | None = None, link: LinkErrorPolicy | None = None,
-                 value_regions: Sequence[tuple[int, int]] = (), clock: Callable[[], float] = time.monotonic) -> None:
+                 value_regions: Sequence[tuple[int, int]] = (), serialize_async: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.usb = usb
         self.retry = retry or RetryPolicy()
         self.log = LinkErrorLog(link or LinkErrorPolicy())
         self.value_regions: Sequence[tuple[int, int]] = tuple(value_regions)
         self.clock = clock
-        self._replay: _Replay | None = None
+        self.serialize_async = serialize_async
+        self._arm: dict[str, _Replay | None] = {"out": None, "in": None, "cpl": None}  # per direction: what re-arms
+        self._done_tags = itertools.count(-1, -1)  # tags of async transfers run here synchronously
+        self._done: set[int] = set()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.usb, name)
@@ -382,35 +391,74 @@ class RetryingUSB3:
                       timeout: int = 1000) -> Any:
         data = bytes(data)
         kind = control_out_kind(request, value, index, data, self.value_regions)
-        self._replay = self._replay_for(kind, request, value, index, data, timeout)
+        rp = self._replay_for(kind, request, value, index, data, timeout)
+        if rp is not None:
+            self._arm[rp.direction] = rp
         return self._run(f"control OUT 0x{request:02X}", kind,
                          lambda t: self.usb.control_write(request, value, index, data, t), timeout)
 
     def control_read(self, request: int, length: int, value: int = 0, index: int = 0,
                      timeout: int = 1000) -> Any:
         kind = control_in_kind(request)
-        rp = self._replay if request == P.REQ_TLP else None
-        if kind is Kind.TLP_COMPLETION and (rp is None or rp.direction != "cpl"):
-            kind = Kind.OTHER  # a completion with no repeatable header before it
+        rp = None
+        if kind is Kind.TLP_COMPLETION:
+            rp, self._arm["cpl"] = self._arm["cpl"], None
+            if rp is None:
+                kind = Kind.OTHER  # a completion with no repeatable header before it
         return self._run(f"control IN 0x{request:02X}", kind,
                          lambda t: self.usb.control_read(request, length, value, index, t), timeout,
                          replay=self._sender(rp))
 
     def bulk_write(self, payload: Any, timeout: int = 1000) -> Any:
         n = len(memoryview(payload).cast("B"))
-        rp, self._replay = self._replay, None
-        kind = Kind.BULK_OUT_ARMED if rp is not None and rp.direction == "out" and rp.nbytes == n else Kind.BULK_BARE
+        rp, self._arm["out"] = self._arm["out"], None
+        kind = Kind.BULK_OUT_ARMED if rp is not None and rp.nbytes == n else Kind.BULK_BARE
         return self._run("bulk OUT 0x02", kind, lambda t: self.usb.bulk_write(payload, t), timeout, n,
-                         self._sender(rp))
+                         self._sender(rp if kind is Kind.BULK_OUT_ARMED else None))
 
     def bulk_read(self, length: int, timeout: int = 1000) -> Any:
-        rp, self._replay = self._replay, None
-        ok = rp is not None and rp.direction == "in" and rp.nbytes >= length
-        return self._run("bulk IN 0x81", Kind.BULK_IN_ARMED if ok else Kind.BULK_BARE,
-                         lambda t: self.usb.bulk_read(length, t), timeout, length, self._sender(rp))
+        rp, self._arm["in"] = self._arm["in"], None
+        kind = Kind.BULK_IN_ARMED if rp is not None and rp.nbytes >= length else Kind.BULK_BARE
+        return self._run("bulk IN 0x81", kind, lambda t: self.usb.bulk_read(length, t), timeout, length,
+                         self._sender(rp if kind is Kind.BULK_IN_ARMED else None))
 
-    # ------------------------------------------------------------------ async transfers: counted, never retried
+    # ------------------------------------------------------------------ async transfers
+    # tinygrad's USB3 latches an async failure for good (``_async_err``), so an async transfer can be retried
+    # only by not sending it asynchronously: with ``serialize_async`` each one runs here as its synchronous
+    # twin (retried by the same rules) and its tag is done at once. Async transfers complete in submission
+    # order, so the dock sees the same sequence; what is lost is the overlap of the next transfer with this one.
+    def control_write_async(self, request: int, value: int = 0, index: int = 0, data: bytes = b"",
+                            timeout: int = 1000) -> int:
+        if not self.serialize_async:
+            return int(self.usb.control_write_async(request, value, index, data, timeout))
+        self.control_write(request, value, index, data, timeout)
+        return self._done_tag()
+
+    def control_read_async(self, request: int, length: int, value: int = 0, index: int = 0,
+                           timeout: int = 1000) -> tuple[int, memoryview]:
+        if not self.serialize_async:
+            tag, out = self.usb.control_read_async(request, length, value, index, timeout)
+            return int(tag), out
+        got = bytearray(bytes(self.control_read(request, length, value, index, timeout)))
+        return self._done_tag(), memoryview(got)
+
+    def bulk_write_async(self, payload: Any, timeout: int = 10000) -> int:
+        if not self.serialize_async:
+            return int(self.usb.bulk_write_async(payload, timeout))
+        self.bulk_write(payload, timeout)
+        return self._done_tag()
+
+    def _done_tag(self) -> int:
+        tag = next(self._done_tags)
+        self._done.add(tag)
+        return tag
+
     def bulk_wait(self, tag: int) -> Any:
+        """Wait for an async transfer; one run here synchronously is done already. A latched failure of the
+        wrapped USB3 is counted (never retried) and raised."""
+        if tag in self._done:
+            self._done.discard(tag)
+            return None
         try:
             out = self.usb.bulk_wait(tag)
         except Exception as e:

@@ -239,12 +239,12 @@ def test_every_try_timing_out_is_no_answer_with_the_last_error_as_cause():
     assert isinstance(info.value.__cause__, RuntimeError) and len(usb.calls) == 3
 
 
-def test_async_failures_are_counted_not_retried():
+def test_async_failures_passed_through_are_counted_not_retried():
     class Latched(ScriptedUSB3):
         def bulk_wait(self, tag: int) -> None:
             raise RuntimeError("async bulk OUT failed: status=2")
 
-    u = RetryingUSB3(Latched(), clock=lambda: 0.0)
+    u = RetryingUSB3(Latched(), clock=lambda: 0.0, serialize_async=False)
     with pytest.raises(RuntimeError, match="status=2"):
         u.bulk_wait(1)
     assert (u.log.errors, u.log.not_retried) == (1, 1)
@@ -261,3 +261,30 @@ def test_install_in_tinygrad_wraps_the_usb3_its_system_module_opens(monkeypatch)
     assert isinstance(usb, RetryingUSB3) and isinstance(usb.usb, ScriptedUSB3)
     usb.control_read(P.REQ_XDATA_READ, 1, value=0xB450)
     assert usb.log.retried_ok == 1
+
+
+def test_a_bulk_in_keeps_its_sram_arm_across_other_traffic_as_tinygrads_copyout_sends_it():
+    """tinygrad 0.14 ``_copyout``: ``scsi_read_arm``, then the SDMA copy's MMIO writes, then ``scsi_read``."""
+    u, usb = wrapped({4: IO_ERROR})
+    u.control_write(P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, timeout=1000)          # arm a 512-byte read
+    u.control_write(P.REQ_TLP, P.TLP_MEM_WRITE64 | 0x0F << 8, P.TLP_MODE_STREAM_WRITE, tlp(VRAM[0], 2), 5000)
+    u.bulk_write(bytes(8), 1000)                                                      # the doorbell's stream
+    assert u.bulk_read(512, 10000) == bytes(512)
+    arm = ("cw", P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, b"", 25)
+    assert usb.calls[3:] == [("br", 512, 26), arm, ("br", 512, 26)]
+
+
+def test_async_transfers_run_as_their_synchronous_twins_and_are_retried():
+    """tinygrad 0.14 ``_copyin`` per chunk: async 0xF2 arm, async 0xE4 fence read, waits, async bulk OUT."""
+    u, usb = wrapped({2: TIMEOUT, 4: BULK_TIMEOUT})
+    arm_tag = u.control_write_async(P.REQ_SRAM, 1024 // 512, 16 | 1 << 8)
+    rd_tag, rd = u.control_read_async(P.REQ_XDATA_READ, 8, value=0xA800)
+    u.bulk_wait(arm_tag)
+    u.bulk_wait(rd_tag)
+    assert bytes(rd) == bytes(8)
+    u.bulk_wait(u.bulk_write_async(bytes(1024)))
+    arm = ("cw", P.REQ_SRAM, 2, 16 | 1 << 8, b"", 25)
+    assert usb.calls == [arm, ("cr", 0xE4, 8, 0xA800, 0, 25), ("cr", 0xE4, 8, 0xA800, 0, 25), ("bw", 1024, 26),
+                         arm, ("bw", 1024, 26)]
+    assert (u.log.errors, u.log.retried_ok) == (2, 2)
+    assert len({arm_tag, rd_tag}) == 2 and arm_tag < 0  # tags the wrapped USB3 never hands out
