@@ -12,7 +12,9 @@ from pathlib import Path
 import importgraph as ig
 
 # the background notes a reader of this repository does not have; spelt in pieces so this file does not cite them
-OUTSIDE_DOCS = tuple(stem + ".md" for stem in ("FACTS", "MISSION", "DESIGN"))
+OUTSIDE_DOCS = tuple(stem + ".md" for stem in ("FACTS", "MISSION", "DESIGN")) + tuple(
+    "../" + folder for folder in ("shared", "seed")
+)
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -53,11 +55,12 @@ def test_documents_carry_the_generated_graph() -> None:
         assert block == want, f"{doc}'s import graph is stale: run .venv/bin/python tests/importgraph.py --write"
 
 
-def test_no_tracked_file_cites_notes_outside_the_repository() -> None:
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ig.ROOT, capture_output=True, check=True).stdout
+def outside_citations(root: Path) -> list[str]:
+    """``"path:line cites NAME"`` for every tracked text file under ``root`` naming a note outside the repository."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
     hits = []
     for rel in filter(None, tracked.decode().split("\0")):
-        path = ig.ROOT / rel
+        path = root / rel
         if not path.is_file():  # deleted in the working tree, not yet committed
             continue
         data = path.read_bytes()
@@ -65,7 +68,21 @@ def test_no_tracked_file_cites_notes_outside_the_repository() -> None:
             continue  # binary
         for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
             hits += [f"{rel}:{n} cites {name}" for name in OUTSIDE_DOCS if name in line]
+    return hits
+
+
+def test_no_tracked_file_cites_notes_outside_the_repository() -> None:
+    hits = outside_citations(ig.ROOT)
     assert hits == [], "cite the primary source or docs/... instead:\n" + "\n".join(hits)
+
+
+def test_a_citation_outside_the_repository_is_found(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text(f'"""Rule (see {OUTSIDE_DOCS[0]} section 2)."""\n')
+    (tmp_path / "b.md").write_text(f"x\nfrom {OUTSIDE_DOCS[-1]}/doc\n")
+    (tmp_path / "untracked.py").write_text(f"# {OUTSIDE_DOCS[1]}\n")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "add", "a.py", "b.md"], cwd=tmp_path, check=True)
+    assert outside_citations(tmp_path) == [f"a.py:1 cites {OUTSIDE_DOCS[0]}", f"b.md:2 cites {OUTSIDE_DOCS[-1]}"]
 
 
 # --- the checker on synthetic trees
