@@ -97,3 +97,58 @@ def test_episode_cause_names_each_condition_once_with_its_checks():
         "commIssue (chestnutHealth.freq_ok, modelOutput.alive), chestnutInactive, modelSourceChanged"
     )
     assert episode_cause(["modelLagging", "softDisableCleared"]) == "modelLagging"
+
+
+def control_log(tmp_path, steps: list[tuple[int, bool, bool, list[str]]]):
+    """A log of ``controlState`` messages, one per ``(t_ms, engaged, softDisabling, events)``, at 20 Hz
+    holding each step until the next one."""
+    from drivelog import write_drive
+
+    from chestnut.launch.controld import ControlState, fill_control_state
+
+    base = 1000 * S
+    items = []
+    for (t_ms, engaged, soft, events), nxt in zip(steps, steps[1:] + [(steps[-1][0] + 50, 0, 0, [])], strict=True):
+        for k, t in enumerate(range(t_ms, nxt[0], 50)):
+            m = fill_control_state(
+                ControlState(engaged=engaged, soft_disabling=soft, events=events if k == 0 or soft else [])
+            )
+            m.logMonoTime = base + t * MS
+            items.append((base + t * MS, "controlState", m.to_bytes()))
+    write_drive(items, tmp_path / "logs")
+    return tmp_path / "logs", base
+
+
+def test_the_summary_lists_every_soft_disable_episode_with_its_cause_and_duration(tmp_path):
+    from chestnut.launch.stack import summarize
+
+    log_dir, base = control_log(
+        tmp_path,
+        [
+            (0, False, False, []),
+            (1000, True, False, ["engaged"]),
+            (2000, True, True, ["commIssue", "commIssue:chestnutHealth.freq_ok"]),
+            (2200, True, False, ["softDisableCleared"]),
+            (5000, True, True, ["chestnutInactive", "modelSourceChanged"]),
+            (6000, True, True, ["chestnutInactive", "modelSourceChanged", "commIssue", "commIssue:modelOutput.alive"]),
+            (8000, False, False, ["chestnutInactive", "disengaged"]),
+            (9000, True, False, ["engaged"]),
+            (9500, True, True, ["modelLagging"]),
+        ],
+    )
+    s = summarize(log_dir, base)
+    assert s["soft_disable_episodes"] == [
+        {"t_s": 2.0, "duration_s": 0.2, "cause": "commIssue (chestnutHealth.freq_ok)", "disengaged": False},
+        {
+            "t_s": 5.0,
+            "duration_s": 3.0,
+            "cause": "chestnutInactive, modelSourceChanged, commIssue (modelOutput.alive)",
+            "disengaged": True,
+        },
+        {"t_s": 9.5, "duration_s": None, "cause": "modelLagging", "disengaged": False},  # open at the log's end
+    ]
+    assert s["soft_disables"] == {
+        "commIssue (chestnutHealth.freq_ok)": 1,
+        "chestnutInactive, modelSourceChanged, commIssue (modelOutput.alive)": 1,
+        "modelLagging": 1,
+    }
