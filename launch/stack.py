@@ -602,13 +602,17 @@ def run(args: argparse.Namespace) -> int:
                 for f, fid in list(injected):
                     if f.duration_s is not None and el >= f.start_s + f.duration_s:
                         action = RECOVERY_ACTIONS.get(f.kind)
-                        with TwinClient(prefix) as tc:
-                            tc.clear(fid)
-                            if action == "plug" and not tc.status()["usb"]["present"]:
-                                tc.plug()
-                            elif action == "power_cycle":
-                                tc.power_cycle(0)
                         injected.remove((f, fid))
+                        try:
+                            with TwinClient(prefix) as tc:
+                                tc.clear(fid)
+                                if action == "plug" and not tc.status()["usb"]["present"]:
+                                    tc.plug()
+                                elif action == "power_cycle":
+                                    tc.power_cycle(0)
+                        except Exception as e:  # a twin that restarted lost its faults: say so, keep running
+                            log.error("t=%.1f s: could not clear %s: %s", el, f.kind, e)
+                            continue
                         log.warning("t=%.1f s: cleared %s%s", el, f.kind, f" and did {action}" if action else "")
                 if time.monotonic() >= next_sample:
                     sampler.sample()
