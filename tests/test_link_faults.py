@@ -1,0 +1,198 @@
+"""Link faults judged honestly, end to end: the twin daemon, ``chestnut run`` as a child process with the tiny
+ONNX model, and a camera + control daemon + recorder in this process (``nodeharness.Bus``).
+
+- transient transfer errors are retried inside the frame deadline and counted, not failed over: at one
+  transfer in 300 (the field's 0-815 errors per hour, openpilot#38519, scaled up so that seconds show
+  dozens of them) the node keeps the primary; at one in ten it fails over on the usb layer at once;
+- a USB 2 link keeps the usb layer WARN and ``ChestnutActive`` false while it lasts, without flapping;
+- a bridge wedged while the model loads is named a wedged bridge with the remedy that works
+  (power-cycle the dock), never the cable, the port or a lost receipt.
+
+The 60 s figures at one transfer in a thousand come from ``tests/bench/bench_link_faults.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from nodeharness import Bus, NodeProcess, Records, record_fingerprint, unanswered_frames, write_node_config
+
+from chestnut.backend.sim.client import TwinClient, TwinDaemon
+from chestnut.msgs.paths import runtime_dir
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+DEADLINE_MS = 150.0           # the per-frame deadline (the node's default)
+LATENCY_ALLOWANCE_MS = 600.0  # frame publish -> output beyond the deadline: fallback run + scheduling
+NODE_TIMING = {"shadow_frames": 10, "backoff_initial_s": 0.2, "backoff_max_s": 0.5, "flap_max_failovers": 1000,
+               "start_timeout_s": 20.0}
+POWER_CYCLE_BRIDGE = ("power-cycle the dock (unplug its power, or `chestnut twin power-cycle` on the twin): a wedged "
+                      "bridge answers nothing until then; replugging the cable or another port does not help")
+WRONG_REMEDIES = ("SuperSpeed", "reseat or replace the USB cable", "receipt was lost")
+
+
+@dataclass
+class Stack:
+    prefix: str
+    twin: TwinDaemon
+    client: TwinClient
+    node: NodeProcess
+    bus: Bus
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, tiny_onnx: Path):
+    prefix = f"t{os.getpid()}-linkfaults"
+    tmp = tmp_path_factory.mktemp("linkfaults")
+    fp = record_fingerprint(tiny_onnx, tmp / "tiny.fingerprint.json")
+    cfg = write_node_config(tmp / "node.toml", tiny_onnx, fingerprint=fp, timing=NODE_TIMING)
+    twin = TwinDaemon(prefix).start()
+    client = twin.client()
+    bus = Bus(prefix)
+    bus.start()
+    node = NodeProcess(cfg, prefix, tmp / "node.log").start()
+    try:
+        yield Stack(prefix, twin, client, node, bus)
+    finally:
+        bus.close()
+        node.kill()
+        client.close_connection()
+        twin.stop()
+        shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
+
+
+def serving_primary(st: Stack, timeout_s: float = 60.0) -> Records:
+    """Wait until the last outputs come from the primary, ChestnutActive is true and the node is active."""
+    def ok(r: Records) -> Records | None:
+        good = (len(r.outputs) >= 3 and all(o.source == "primary" for o in r.outputs[-3:]) and bool(r.states)
+                and r.states[-1].state == "active" and bool(r.active) and r.active[-1].active)
+        return r if good else None
+    try:
+        return st.bus.wait_for(ok, timeout_s, "the primary serving with ChestnutActive true")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n--- node log ---\n{st.node.log_tail()}") from None
+
+
+def fresh_worker(st: Stack) -> None:
+    """Replace the worker (its transfer counters start from zero) and wait for the primary to serve again."""
+    pid = st.bus.snapshot().states[-1].worker_pid
+    os.kill(pid, signal.SIGKILL)
+    st.bus.wait_for(lambda r: any(s.worker_pid not in (0, pid) for s in r.states), 30.0, "a fresh worker")
+    serving_primary(st)
+
+
+def since(rec: Records, t0: int) -> Records:
+    return Records([o for o in rec.outputs if o.mono_ns >= t0], [a for a in rec.active if a.mono_ns >= t0],
+                   [h for h in rec.health if h.mono_ns >= t0], [s for s in rec.states if s.mono_ns >= t0], rec.sent)
+
+
+def reasons(rec: Records) -> list[str]:
+    """Every reason the node published: node states, ChestnutActive, each health layer."""
+    return ([s.reason for s in rec.states] + [a.reason for a in rec.active]
+            + [reason for h in rec.health for _, reason in h.layers.values()])
+
+
+def fired(st: Stack, kind: str) -> int:
+    status = st.client.status()
+    return sum(f["fired"] for f in status["faults"] + status["fault_history"] if f["kind"] == kind)
+
+
+def test_transient_errors_are_retried_and_counted_without_a_failover(stack: Stack) -> None:
+    serving_primary(stack)
+    t0 = time.monotonic_ns()
+    stack.client.fault("timeout", repeat=True, probability=1 / 300, seed=13)
+    try:
+        # ~500 transfers/s at 20 Hz: ~1.7 errors/s, 18 of them in ~10 s (fewer if the machine is slow)
+        stack.bus.wait_for(lambda _r: fired(stack, "timeout") >= 18, 90.0, "18 timed-out transfers")
+    finally:
+        stack.client.clear()
+    rec = since(stack.bus.snapshot(), t0)
+    log = stack.node.log_tail()
+    switches = [s for s in rec.states if s.state == "degraded"]
+    assert len(switches) <= 1, ([s.reason for s in switches], log)
+    primary = sum(o.source == "primary" for o in rec.outputs)
+    assert primary >= 0.95 * len(rec.outputs), (primary, len(rec.outputs), log)
+    assert unanswered_frames(rec)[1] == []
+    # more than 14 in the last 60 s: above the 815/h of working docks, so the usb layer warns, with the rate
+    warn = stack.bus.wait_for(lambda r: next((h for h in r.health if h.mono_ns >= t0 and h.layers["usb"][0] == "warn"
+                                              and "transient transfer errors" in h.layers["usb"][1]), None), 5.0,
+                              "the usb layer warning of transient errors")
+    assert "above the 815/h of working docks (openpilot#38519)" in warn.layers["usb"][1], warn
+    after = [a for a in stack.bus.snapshot().active if a.mono_ns >= warn.mono_ns]
+    assert after and not any(a.active for a in after)  # WARN: not all layers OK
+    fresh_worker(stack)  # its counters start from zero: the next tests start with a quiet usb layer
+
+
+def test_a_link_losing_one_transfer_in_ten_fails_over_on_the_usb_layer_at_once(stack: Stack) -> None:
+    serving_primary(stack)
+    t0 = time.monotonic_ns()
+    stack.client.fault("timeout", repeat=True, probability=0.1, seed=7)
+    try:
+        failover = stack.bus.wait_for(lambda r: next((s for s in r.states if s.mono_ns >= t0
+                                                      and s.state == "degraded"), None), 15.0, "the failover")
+        rec = since(stack.bus.wait_for(lambda r: r if any(o.mono_ns > failover.mono_ns for o in r.outputs) else None,
+                                       5.0, "an output after the failover"), t0)
+    finally:
+        stack.client.clear()
+    log = stack.node.log_tail()
+    assert failover.reason.startswith("primary_fault (usb): unstable_link: ") or \
+        failover.reason.startswith("primary_fault (usb): no_answer: "), (failover.reason, log)
+    # every frame up to the failover was answered by its deadline (+ allowance), the failing ones by the fallback
+    late = [(o.frame_id, (o.recv_ns - rec.sent[o.frame_id]) / 1e6) for o in rec.outputs
+            if o.mono_ns <= failover.mono_ns + 200_000_000]
+    assert late and max(ms for _, ms in late) <= DEADLINE_MS + LATENCY_ALLOWANCE_MS, (late, log)
+    assert all(o.valid for o in rec.outputs)
+    serving_primary(stack)
+
+
+def test_a_usb2_link_keeps_the_usb_layer_warn_without_flapping(stack: Stack) -> None:
+    serving_primary(stack)
+    t0 = time.monotonic_ns()
+    stack.client.fault("usb2", nbytes=1 << 20)  # bulk OUT kept whole: the primary still serves
+    try:
+        first = stack.bus.wait_for(lambda r: next((h for h in r.health if h.mono_ns >= t0
+                                                   and h.layers["usb"][0] == "warn"), None), 10.0, "usb WARN")
+        time.sleep(5.0)  # five probes, a hundred frames
+        rec = since(stack.bus.snapshot(), first.mono_ns)
+    finally:
+        stack.client.clear()
+    levels = [h.layers["usb"] for h in rec.health]
+    assert {lv for lv, _ in levels} == {"warn"}, levels
+    assert all("480 Mbps, not SuperSpeed" in reason for _, reason in levels), levels
+    assert rec.active and not any(a.active for a in rec.active), [a.reason for a in rec.active if a.active]
+    assert all(a.reason.startswith("usb WARN: ") and "480 Mbps" in a.reason for a in rec.active)
+    assert sum(o.source == "primary" for o in rec.outputs) >= 0.95 * len(rec.outputs)
+    serving_primary(stack, 30.0)  # SuperSpeed again: three probes clear the WARN
+
+
+def test_a_bridge_wedged_while_loading_is_named_with_the_remedy_that_works(stack: Stack) -> None:
+    serving_primary(stack)
+    t0 = time.monotonic_ns()
+    stack.client.fault("wedged", phase="loading")
+    pid = stack.bus.snapshot().states[-1].worker_pid
+    os.kill(pid, signal.SIGKILL)  # a fresh worker loads the model: the bridge wedges under it
+    try:
+        wedged = stack.bus.wait_for(lambda r: next((s for s in r.states if s.mono_ns >= t0
+                                                    and "bridge_wedged" in s.reason), None), 30.0,
+                                    "a node state naming the wedged bridge")
+        time.sleep(1.0)
+        rec = since(stack.bus.snapshot(), t0)
+    finally:
+        stack.client.clear()
+        stack.client.power_cycle(0)
+    log = stack.node.log_tail()
+    assert wedged.state == "degraded" and wedged.reason.startswith("qualify_failed (usb): bridge_wedged: "), \
+        (wedged.reason, log)
+    named = [a.reason for a in rec.active if "bridge_wedged" in a.reason]
+    assert named and all(r.startswith("usb ERROR: link_stability: UsbLayerError bridge_wedged: ")
+                         and r.endswith(f"({POWER_CYCLE_BRIDGE})") for r in named), (named, log)
+    wrong = [r for r in reasons(rec) if any(w in r for w in WRONG_REMEDIES)]
+    assert wrong == [], wrong
+    assert not any("UsbLayerError" in h.layers["gpu"][1] for h in rec.health), "a USB fault named on the gpu layer"
+    serving_primary(stack)  # power-cycled: the dock serves again
