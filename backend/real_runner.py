@@ -46,6 +46,7 @@ from chestnut.backend.errors import ChestnutError, ConfigError, GpuLayerError, M
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec, StepResult
 from chestnut.backend.ladder import DockQualifier, LadderConfig, Outcome, UsbDock
 from chestnut.backend.model import TensorSpec
+from chestnut.backend.retry import install_in_tinygrad
 
 REAL_DEV = "USB+AMD:LLVM"  # tinygrad 0.14: the AMD GPU behind the USB bridge, LLVM compiler
 TINYGRAD_DEVICE = "AMD"
@@ -277,6 +278,7 @@ class RealRunner:
             try:
                 from tinygrad import Device
 
+                install_in_tinygrad()  # tinygrad's USB3 with bounded retry of idempotent transfers (backend/retry.py)
                 return Device[TINYGRAD_DEVICE]
             except Exception as e:
                 err = translate(e)
