@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "top": ("chestnut.launch.top", "live terminal view of the stack: state, ChestnutActive, health, rates"),
     "replay": ("chestnut.node.offline.replay_cli", "re-run the models over a log's frames, compare with the log"),
     "check": ("chestnut.node.offline.check_cli", "check the node's contracts over a whole log; report every violation"),
+    "fleet": ("chestnut.node.offline.fleet_cli", "build a synthetic fleet of logs for replay and check (fleet make)"),
     "launch": ("chestnut.launch.stack", "the whole stack (twin, logger, control, node, camera) under supervisord"),
 }
 

@@ -22,7 +22,7 @@ stamp=.venv/.chestnut-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: installing chestnut and its Python dependencies into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[dev]"
+  .venv/bin/python -m pip install -q -e ".[dev,cluster]"  # cluster: Ray, for replay/check --executor ray
   # The pretrained PP-OCRv4 detector ships inside this wheel; its own dependencies (OpenCV,
   # Shapely, ...) are not needed to read the model file, so it is installed without them.
   .venv/bin/python -m pip install -q --no-deps "rapidocr-onnxruntime==1.4.4"

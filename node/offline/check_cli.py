@@ -1,18 +1,34 @@
-"""``chestnut check LOG [--report DIR]``: the command line of :mod:`~chestnut.node.offline.contracts`.
+"""``chestnut check LOG... [--report DIR] [--executor local|ray]``: the command line of
+:mod:`~chestnut.node.offline.contracts` over one log or a fleet (:mod:`~chestnut.node.offline.fleet`).
 
-Prints the bounds used, one row per contract with its violation count, and every violation with its
-time (s since the log's first message) and frame id. Exit status: 0 when every contract held, 1 when
-any was violated, 2 when the log cannot be read (no log file, an unknown contract name).
+One log: the bounds used, one row per contract with its violation count, and every violation with its
+time (s since the log's first message) and frame id. Many logs: the fleet table, worst log first, and
+the worst segments. Exit status: 0 when every contract held, 1 when any was violated or a segment
+failed, 2 when the check cannot start (no log file, an unknown contract name, no Ray), 130 after
+Ctrl-C (what finished is printed).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chestnut.node.offline.contracts import CONTRACTS, CheckResult, check_log
+from chestnut.node.offline.contracts import CONTRACTS, CheckResult
+from chestnut.node.offline.executor import ExecutorError
+from chestnut.node.offline.fleet import (
+    check_fleet,
+    check_rows,
+    check_segment_rows,
+    print_fleet,
+    run_line,
+    short_name,
+    totals,
+    write_fleet_report,
+)
+from chestnut.node.offline.fleet_cli import EXIT_INTERRUPTED, add_executor_arguments, executor_from_args, progress
 from chestnut.node.offline.report import write_report
 from chestnut.node.offline.timeline import SLACK_MS
 
@@ -27,6 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline-ms", type=float, help="per-frame deadline (default: the log's config, else 150)")
     p.add_argument("--slack-ms", type=float, help=f"publishing slack on every bound (default {SLACK_MS:g})")
     p.add_argument("--wait-timeout-ms", type=float, help="device wait timeout (default: the log's config, else 3000)")
+    add_executor_arguments(p)
 
 
 def print_violations(result: CheckResult, console: Any) -> None:
@@ -54,21 +71,55 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=False)
     try:
-        result = check_log(args.logs, only=args.contract, deadline_ms=args.deadline_ms, slack_ms=args.slack_ms,
-                           wait_timeout_ms=args.wait_timeout_ms)
-    except (FileNotFoundError, KeyError, ValueError) as e:
-        log.error("%s", e)
+        executor = executor_from_args(args)
+    except (ExecutorError, ValueError) as e:
+        log.error("chestnut check: %s", e)
         return 2
-    tl = result.timeline
-    p = result.params
-    console.print(f"{len(tl.files)} file(s), {tl.seconds(tl.end_ns):.1f} s, {len(tl.frames)} frames, "
-                  f"{len(tl.outputs)} outputs; deadline {p.deadline_ms:g} ms, slack {p.slack_ms:g} ms, "
-                  f"wait timeout {p.wait_timeout_ms:g} + {p.hang_margin_ms:g} ms (configuration: "
-                  f"{result.config_origin})")
-    print_violations(result, console)
-    if args.report is not None:
-        index = write_report(args.report, tl, violations=result.violations, title="chestnut check")
-        console.print(f"report: {index}")
-    n = len(result.violations)
-    console.print(f"[{'red' if n else 'green'}]{n} violation(s)[/]")
-    return 1 if n else 0
+    try:
+        with progress(console, lambda: None) as step:
+            fleet = check_fleet(args.logs, executor, only=args.contract, on_outcome=step, deadline_ms=args.deadline_ms,
+                                slack_ms=args.slack_ms, wait_timeout_ms=args.wait_timeout_ms)
+    except (FileNotFoundError, KeyError, ValueError, ExecutorError) as e:
+        log.error("%s", e.args[0] if isinstance(e, KeyError) and e.args else e)
+        return 2
+    finally:
+        executor.close()
+    run_ = fleet.run
+    if len(fleet.logs) == 1 and not run_.failed and not run_.interrupted:
+        result = next(iter(fleet.logs.values()))  # one log: its own detail, as ever
+        tl = result.timeline
+        p = result.params
+        console.print(f"{len(tl.files)} file(s), {tl.seconds(tl.end_ns):.1f} s, {len(tl.frames)} frames, "
+                      f"{len(tl.outputs)} outputs; deadline {p.deadline_ms:g} ms, slack {p.slack_ms:g} ms, "
+                      f"wait timeout {p.wait_timeout_ms:g} + {p.hang_margin_ms:g} ms (configuration: "
+                      f"{result.config_origin})")
+        print_violations(result, console)
+        if args.executor != "local":
+            console.print(run_line(run_))
+        if args.report is not None:
+            index = write_report(args.report, tl, violations=result.violations, title="chestnut check")
+            console.print(f"report: {index}")
+    else:
+        rows = check_rows(fleet)
+        total_row = totals(rows, [r.timeline for r in fleet.logs.values()])
+        segs = check_segment_rows(fleet)
+        print_fleet(rows, total_row, segs, run_, console, "chestnut check")
+        for r in fleet.logs.values():
+            for dmg in r.timeline.damage:
+                console.print(f"[red]log damage: {dmg.path}: byte {dmg.offset}: {dmg.reason}[/red]")
+        if args.report is not None:
+            worst = [(row.log, k) for row in rows for k in fleet.logs if short_name(k) == row.log and row.problems]
+            per_log = [(name, _writer(fleet.logs[k])) for name, k in worst]
+            index = write_fleet_report(args.report, "chestnut check (fleet)", rows, total_row, segs, run_, per_log)
+            console.print(f"report: {index}")
+    n = sum(len(r.violations) for r in fleet.logs.values())
+    console.print(f"[{'red' if n or run_.failed else 'green'}]{n} violation(s)"
+                  + (f", {len(run_.failed)} failed segment(s)" if run_.failed else "") + "[/]")
+    if run_.interrupted:
+        console.print(f"[yellow]interrupted: {len(run_.outcomes)} of {run_.units} segment(s) finished[/yellow]")
+        return EXIT_INTERRUPTED
+    return 1 if n or run_.failed else 0
+
+
+def _writer(result: CheckResult) -> Callable[[Path], Path]:
+    return lambda d: write_report(d, result.timeline, violations=result.violations, title=f"chestnut check: {d.name}")

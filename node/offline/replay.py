@@ -68,6 +68,7 @@ STALE_PENDING_S = 10.0  # s after which a frame still waiting for its output is 
 SOURCES = ("logged", "primary", "fallback")
 ENGINES = ("tinygrad", "onnxruntime")
 PROGRESS_EVERY_FRAMES = 8
+CONFIG_HORIZON_S = 3.0  # s of log read past the node's config for twinState (1 Hz: msgs/services.py)
 
 
 class ReplayError(RuntimeError):
@@ -198,15 +199,19 @@ def resolve_plan(node_config: dict[str, Any], *, model: Path | None = None, fall
 def find_node_config(files: Iterable[Path]) -> dict[str, Any]:
     """The node's configuration as logged: the first ``initData`` whose config has a ``model`` section
     (the logger's own segment headers lack it), searched in the first log file only (the node publishes
-    it when it starts; a full scan would cost a second pass over every frame). ``{}`` when absent.
+    it when it starts; a full scan would cost a second pass over every frame), and read no further than
+    :data:`CONFIG_HORIZON_S` past that config. ``{}`` when absent.
 
     The twin's program engine (``twinState.programEngine``, 1 Hz) is added as
     ``config["twin"]["program_engine"]`` when the same file carries it: it decides how replay must run
     the primary to reproduce it bit for bit."""
     config: dict[str, Any] = {}
     engine = ""
+    found_ns: int | None = None
     for path in list(files)[:1]:
-        for _t, service, event in LogReader(path):
+        for t, service, event in LogReader(path):
+            if found_ns is not None and t - found_ns > CONFIG_HORIZON_S * NS_PER_S:
+                break  # twinState is 1 Hz: none this long after the node's config means no twin engine logged
             if service == "twinState" and not engine:
                 engine = str(event.twinState.programEngine)
             elif service == "initData" and not config:
@@ -215,7 +220,7 @@ def find_node_config(files: Iterable[Path]) -> dict[str, Any]:
                 except ValueError:
                     continue
                 if isinstance(found, dict) and isinstance(found.get("model"), dict):
-                    config = found
+                    config, found_ns = found, t
             if config and engine:
                 break
     if config and engine:

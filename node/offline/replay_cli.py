@@ -1,17 +1,33 @@
-"""``chestnut replay LOG [--report DIR]``: the command line of :mod:`~chestnut.node.offline.replay`.
+"""``chestnut replay LOG... [--report DIR] [--executor local|ray]``: the command line of
+:mod:`~chestnut.node.offline.replay` over one log or a fleet (:mod:`~chestnut.node.offline.fleet`).
 
-Prints the models' identities, the frames per outcome, the largest difference per tensor and the
-frames that differ most. Exit status: 0 when every frame matched, 1 on a mismatch, a model id
-mismatch or a damaged file, 2 when replay cannot start (no log, no usable model).
+One log: the models' identities, the frames per outcome, the largest difference per tensor and the
+frames that differ most. Many logs: the fleet table, worst log first, and the worst segments. Exit
+status: 0 when every frame matched, 1 on a mismatch, a model id mismatch, a damaged file or a segment
+that failed, 2 when replay cannot start (no log, no usable model, no Ray), 130 after Ctrl-C (what
+finished is printed).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chestnut.node.offline.executor import ExecutorError
+from chestnut.node.offline.fleet import (
+    print_fleet,
+    replay_fleet,
+    replay_rows,
+    replay_segment_rows,
+    run_line,
+    short_name,
+    totals,
+    write_fleet_report,
+)
+from chestnut.node.offline.fleet_cli import EXIT_INTERRUPTED, add_executor_arguments, executor_from_args, progress
 from chestnut.node.offline.replay import (
     DEFAULT_TOL,
     ENGINES,
@@ -20,7 +36,6 @@ from chestnut.node.offline.replay import (
     SOURCES,
     ReplayError,
     ReplayResult,
-    replay,
 )
 from chestnut.node.offline.report import write_report
 from chestnut.node.offline.timeline import SLACK_MS
@@ -39,12 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "else tinygrad), tinygrad (the twin's tinygrad engine and the cpu dock run the same kernels) or "
                    "onnxruntime (a twin run with --engine onnxruntime)")
     p.add_argument("--tol", type=float, default=DEFAULT_TOL, help=f"tolerance (default {DEFAULT_TOL:g})")
-    p.add_argument("--workers", type=int, default=1, help="processes replaying segments in parallel (default 1)")
     p.add_argument("--report", type=Path, metavar="DIR", help="write plots and an HTML report to DIR")
     p.add_argument("--slack-ms", type=float, default=SLACK_MS, help="slack on the answer deadline for frames "
                    f"in flight at the log's end (default {SLACK_MS:g})")
     p.add_argument("--no-jit-cache", action="store_true", help="compile the tinygrad model afresh in every process")
     p.add_argument("--top", type=int, default=10, help="frames listed with the largest differences (default 10)")
+    add_executor_arguments(p)
 
 
 def print_result(result: ReplayResult, console: Any, top: int = 10) -> None:
@@ -100,19 +115,58 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     try:
-        result = replay(args.logs, workers=args.workers, progress=console.is_terminal, model=args.model,
-                        fallback_model=args.fallback_model, source=args.source, tol=args.tol, slack_ms=args.slack_ms,
-                        jit_cache=not args.no_jit_cache, primary_engine=args.primary_engine)
-    except (FileNotFoundError, ReplayError, ValueError, ChestnutError) as e:  # ChestnutError: a model that won't load
-        log.error("%s", e)
+        executor = executor_from_args(args)
+    except (ExecutorError, ValueError) as e:
+        log.error("chestnut replay: %s", e)
         return 2
-    print_result(result, console, args.top)
-    if args.report is not None:
-        index = write_report(args.report, result.timeline(), replay=result, title="chestnut replay")
-        console.print(f"report: {index}")
-    bad = len(result.mismatches) + len(result.model_mismatches) + len(result.damage)
-    console.print(f"[{'red' if bad else 'green'}]{len(result.mismatches)} mismatch(es), "
-                  f"{len(result.model_mismatches)} model id mismatch(es), {len(result.damage)} damaged file(s)[/]")
+    total: list[int] = []
+    try:
+        with progress(console, lambda: total[0] if total else None) as step:
+            fleet = replay_fleet(args.logs, executor, on_outcome=step, model=args.model,
+                                 fallback_model=args.fallback_model, source=args.source, tol=args.tol,
+                                 slack_ms=args.slack_ms, jit_cache=not args.no_jit_cache,
+                                 primary_engine=args.primary_engine)
+    except (FileNotFoundError, ReplayError, ValueError, ChestnutError, ExecutorError) as e:
+        log.error("%s", e)  # ChestnutError: a model that won't load
+        return 2
+    finally:
+        executor.close()
+    run_ = fleet.run
+    if len(fleet.logs) == 1 and run_.units == len(next(iter(fleet.logs.values())).segments):
+        result = next(iter(fleet.logs.values()))  # one whole log: the log's own detail, as ever
+        print_result(result, console, args.top)
+        if args.executor != "local":
+            console.print(run_line(run_))
+        if args.report is not None:
+            index = write_report(args.report, result.timeline(), replay=result, title="chestnut replay")
+            console.print(f"report: {index}")
+    else:
+        rows = replay_rows(fleet)
+        total_row = totals(rows, [r.timeline() for r in fleet.logs.values()])
+        segs = replay_segment_rows(fleet)
+        print_fleet(rows, total_row, segs, run_, console, "chestnut replay", args.top)
+        for r in fleet.logs.values():
+            for m in r.model_mismatches:
+                console.print(f"[red]{m.describe()}[/red]")
+            for dmg in r.damage:
+                console.print(f"[red]log damage: {dmg.path}: byte {dmg.offset}: {dmg.reason}[/red]")
+        if args.report is not None:
+            worst = [(row.log, k) for row in rows for k in fleet.logs if short_name(k) == row.log and row.problems]
+            per_log = [(name, _writer(fleet.logs[k])) for name, k in worst]
+            index = write_fleet_report(args.report, "chestnut replay (fleet)", rows, total_row, segs, run_, per_log)
+            console.print(f"report: {index}")
+    mism = sum(len(r.mismatches) for r in fleet.logs.values())
+    model_mm = sum(len(r.model_mismatches) for r in fleet.logs.values())
+    damaged = sum(len(r.damage) for r in fleet.logs.values())
+    bad = mism + model_mm + damaged + len(run_.failed)
+    console.print(f"[{'red' if bad else 'green'}]{mism} mismatch(es), {model_mm} model id mismatch(es), "
+                  f"{damaged} damaged file(s)" + (f", {len(run_.failed)} failed segment(s)" if run_.failed else "")
+                  + "[/]")
+    if run_.interrupted:
+        console.print(f"[yellow]interrupted: {len(run_.outcomes)} of {run_.units} segment(s) finished[/yellow]")
+        return EXIT_INTERRUPTED
     return 1 if bad else 0
 
 
+def _writer(result: ReplayResult) -> Callable[[Path], Path]:
+    return lambda d: write_report(d, result.timeline(), replay=result, title=f"chestnut replay: {d.name}")

@@ -1,0 +1,178 @@
+"""Where offline units of work run: this machine's process pool (``local``) or a Ray cluster (``ray``).
+
+A unit is one segment file (:class:`Unit`): ``replay`` runs :func:`~chestnut.node.offline.replay.replay_segment`
+on it, ``extract`` reads it into a :class:`~chestnut.node.offline.timeline.FileExtract` for the contract
+check. Both executors call the same :func:`run_unit`, so the executor changes where a unit runs, never
+what it computes: results are equal bit for bit (``docs/offline.md``).
+
+- :class:`LocalExecutor`: a spawn-context ``ProcessPoolExecutor`` of ``workers`` processes (``workers``
+  1: this process). Each process keeps its loaded models for its lifetime
+  (:func:`chestnut.node.offline.replay._model`).
+- ``ray``: :class:`chestnut.node.offline.ray_executor.RayExecutor`, loaded only by :func:`make_executor`
+  when asked for; nothing else imports Ray (``tests/test_fleet_ray.py`` checks it).
+
+An executor's ``run(units, on_outcome)`` yields one :class:`Outcome` per unit in the order they finish;
+``on_outcome`` is called for each (after the freed worker was handed its next unit). Units whose
+worker died are retried (``attempts`` counts the tries); a unit that still fails is an outcome with
+``error`` set, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from chestnut.node.offline.replay import SegmentResult, SegmentTask
+from chestnut.node.offline.timeline import FileExtract
+from chestnut.node.offline.units import (
+    EXECUTORS,
+    KIND_EXTRACT,
+    KIND_REPLAY,
+    MAX_SHIP_BYTES,
+    RAY_INSTALL_HINT,
+    ExecutorError,
+    Outcome,
+    Unit,
+    read_shipped,
+    relocate_extract,
+    run_unit,
+    worker_id,
+)
+
+
+class Executor(Protocol):
+    name: str
+    workers: int
+
+    def run(self, units: list[Unit],
+            on_outcome: Callable[[Outcome], None] | None = None) -> Iterator[Outcome]: ...
+
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------- local
+
+
+def _init_local_worker() -> None:
+    from chestnut.backend.model import ensure_cpu_device
+
+    ensure_cpu_device()
+
+
+def _local_unit(unit: Unit) -> tuple[SegmentResult | FileExtract, str, float]:
+    t0 = time.perf_counter()
+    result = run_unit(unit)
+    return result, worker_id(), time.perf_counter() - t0
+
+
+@dataclass
+class LocalExecutor:
+    """This machine's processes: ``workers`` spawn-context processes (1: this process, no pool)."""
+
+    workers: int = 1
+    name: str = "local"
+    _t0: float = field(default=0.0, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+
+    def describe(self) -> str:
+        return f"local, {self.workers} process(es)"
+
+    def run(self, units: list[Unit], on_outcome: Callable[[Outcome], None] | None = None) -> Iterator[Outcome]:
+        self._t0 = time.perf_counter()
+        done = on_outcome or (lambda _o: None)
+        if self.workers == 1 or len(units) <= 1:
+            _init_local_worker()
+            for u in units:
+                queued = self._now()
+                result, who, run_s = _local_unit(u)
+                out = Outcome(u, result, worker=who, queued_s=queued, done_s=self._now(), run_s=run_s)
+                done(out)
+                yield out
+            return
+        yield from self._pool(units, done)
+
+    def _now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def _pool(self, units: list[Unit], done: Callable[[Outcome], None]) -> Iterator[Outcome]:
+        import multiprocessing as mp
+        from concurrent.futures.process import BrokenProcessPool
+
+        ctx = mp.get_context("spawn")
+        todo = list(reversed(units))
+        attempts: dict[tuple[str, int], int] = {}
+        while todo:
+            ex = ProcessPoolExecutor(max_workers=min(self.workers, len(todo)), mp_context=ctx,
+                                     initializer=_init_local_worker)
+            try:
+                running: dict[Future[Any], tuple[Unit, float]] = {}
+                while todo or running:
+                    while todo and len(running) < self.workers:  # handed out as workers free up
+                        u = todo.pop()
+                        attempts[u.key] = attempts.get(u.key, 0) + 1
+                        running[ex.submit(_local_unit, u)] = (u, self._now())
+                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        u, queued = running.pop(fut)
+                        try:
+                            result, who, run_s = fut.result()
+                        except BrokenProcessPool:  # a worker died: every unit in flight goes again
+                            todo.extend(x for x, _ in running.values())
+                            todo.append(u)
+                            running.clear()
+                            break
+                        out = Outcome(u, result, worker=who, attempts=attempts[u.key], queued_s=queued,
+                                      done_s=self._now(), run_s=run_s)
+                        done(out)
+                        yield out
+                    else:
+                        continue
+                    break  # a fresh pool for the rest
+            finally:
+                ex.shutdown(wait=True, cancel_futures=True)
+
+    def close(self) -> None:
+        pass
+
+
+def make_executor(name: str, *, workers: int | None = None, ray_address: str | None = None,
+                  ship_logs: bool = False) -> Executor:
+    """The executor called ``name``: ``local`` (``workers`` processes, default 1) or ``ray`` (connects to
+    ``ray_address``: ``auto``, ``HOST:PORT`` or ``ray://HOST:PORT``; None starts a private one-machine
+    cluster; ``workers`` actors, default the cluster's CPUs). ``ship_logs`` (ray only) sends every
+    segment's bytes through the object store instead of the workers reading its path.
+
+    Raises :class:`ExecutorError` when Ray is asked for and not installed (:data:`RAY_INSTALL_HINT`)
+    or cannot connect, ``ValueError`` for an unknown name or a flag the executor does not take."""
+    if name == "local":
+        if ship_logs or ray_address:
+            raise ValueError("--ship-logs and --ray-address are for --executor ray (local workers read the paths)")
+        return LocalExecutor(workers or 1)
+    if name != "ray":
+        raise ValueError(f"executor must be one of {EXECUTORS}, got {name!r}")
+    try:
+        import ray  # noqa: F401  (only probed here; ray_executor holds the Ray code)
+    except ImportError:
+        raise ExecutorError(RAY_INSTALL_HINT) from None
+    from chestnut.node.offline.ray_executor import RayExecutor
+
+    return RayExecutor(address=ray_address, workers=workers, ship_logs=ship_logs)
+
+
+def units_of(kind: str, logs: Iterable[tuple[str, list[SegmentTask]]]) -> list[Unit]:
+    """Units over ``(log, its tasks)`` pairs, log after log, segment after segment."""
+    return [Unit(kind, log, t.index, t.path, t if kind == KIND_REPLAY else None,
+                 t.next_path if kind == KIND_REPLAY else None) for log, tasks in logs for t in tasks]
+
+
+__all__ = [
+    "EXECUTORS", "KIND_EXTRACT", "KIND_REPLAY", "MAX_SHIP_BYTES", "RAY_INSTALL_HINT", "Executor", "ExecutorError",
+    "LocalExecutor", "Outcome", "Unit", "make_executor", "read_shipped", "relocate_extract", "run_unit", "units_of",
+    "worker_id",
+]

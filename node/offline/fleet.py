@@ -1,0 +1,486 @@
+"""Offline validation over a fleet: many logs (routes), one unit of work per segment, on any executor.
+
+A *log* is a route: the files of the ``<route>--<n>`` segment directories of one route (a file outside a
+segment directory is a log of its own). :func:`replay_fleet` and :func:`check_fleet` cut every log into
+its segments, run them on an :class:`~chestnut.node.offline.executor.Executor`, and put each log back
+together in segment order, so that a log's result is exactly what ``replay`` / ``check_log`` give for
+that log alone (:meth:`FleetReplay.digest`, :meth:`FleetCheck.digest` cover results only, no timings).
+
+- replay: each log's plan is resolved once in the driver from the node configuration in its first
+  segment (:func:`~chestnut.node.offline.replay.find_node_config`); segments replay on the workers.
+- check: the workers read segments into :class:`~chestnut.node.offline.timeline.FileExtract` records;
+  the driver merges each log's extracts into its timeline and runs the contracts (cheap: records, no
+  pixels), since contracts such as ``worker_answers`` span segment boundaries.
+
+The fleet table (:func:`log_rows`) gives per log: segments, frames, replay mismatches or contract
+violations, damaged files, failovers by cause (``nodeState`` entering ``degraded``; the cause is its
+reason up to the first ``:``, as ``node/supervisor.py`` writes it) and latency percentiles
+(``modelOutput.executionTime`` and ``frameAge``). Logs and segments are listed worst first.
+:func:`make_fleet` builds a synthetic fleet by copying a log under new route ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chestnut.msgs.logfile import find_log_files, parse_segment_dir
+from chestnut.node.offline.contracts import CheckParams, CheckResult, check_timeline
+from chestnut.node.offline.executor import KIND_EXTRACT, KIND_REPLAY, Executor, Outcome, Unit, units_of
+from chestnut.node.offline.replay import (
+    ReplayPlan,
+    ReplayResult,
+    SegmentResult,
+    SegmentTask,
+    find_node_config,
+    plan_tasks,
+    resolve_plan,
+)
+from chestnut.node.offline.timeline import FileExtract, Timeline, default_node_config
+
+MAX_COPIES = 100_000  # chestnut fleet make --copies bound (route ids carry 5 digits at most)
+REPORT_LOGS = 5  # logs given their own full report (plots) under --report, worst first
+
+
+# ---------------------------------------------------------------- logs of a fleet
+
+
+def route_of(path: Path | str) -> str:
+    """The log a file belongs to: its segment directory's route (``<route>--<n>``) with the directory
+    above it (two fleets may hold the same route id), else the file's own path."""
+    p = Path(path)
+    seg = parse_segment_dir(p.parent.name)
+    return str(p.parent.parent / seg[0]) if seg else str(p)
+
+
+def group_logs(paths: Iterable[Path | str] | Path | str) -> list[tuple[str, list[Path]]]:
+    """``[(log, its files in segment order)]`` for the log files under ``paths``, logs sorted by name.
+    Raises ``FileNotFoundError`` when there is none (:func:`~chestnut.msgs.logfile.find_log_files`)."""
+    groups: dict[str, list[Path]] = {}
+    for f in find_log_files(paths):
+        groups.setdefault(route_of(f), []).append(f)
+    return sorted(groups.items())
+
+
+def short_name(log: str) -> str:
+    """A log's name for tables: the route id (the last path part)."""
+    return Path(log).name
+
+
+# ---------------------------------------------------------------- running
+
+
+@dataclass
+class FleetRun:
+    """What the executor did: every outcome in finishing order, the units it was given, the wall time."""
+
+    executor: str
+    workers: int
+    units: int
+    outcomes: list[Outcome] = field(default_factory=list)
+    wall_s: float = 0.0
+    interrupted: bool = False
+
+    @property
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.error]
+
+    @property
+    def retried(self) -> list[Outcome]:
+        """Units that ran again because the worker holding them died."""
+        return [o for o in self.outcomes if o.attempts > 1]
+
+    @property
+    def first_result_s(self) -> float | None:
+        return min((o.done_s for o in self.outcomes), default=None)
+
+
+def _execute(executor: Executor, units: list[Unit], on_outcome: Callable[[Outcome], None] | None) -> FleetRun:
+    run = FleetRun(getattr(executor, "describe", lambda: executor.name)(), executor.workers, len(units))
+    t0 = time.perf_counter()
+    try:
+        for out in executor.run(units, on_outcome):
+            run.outcomes.append(out)
+    except KeyboardInterrupt:  # Ctrl-C: the executor cancelled what was in flight; keep what finished
+        run.interrupted = True
+    run.wall_s = time.perf_counter() - t0
+    return run
+
+
+@dataclass
+class FleetReplay:
+    """``logs``: log -> its :class:`ReplayResult` (the segments that finished, in order)."""
+
+    logs: dict[str, ReplayResult]
+    run: FleetRun
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.logs.values()) and not self.run.failed and not self.run.interrupted
+
+    def digest(self) -> str:
+        """sha256 over every log's :meth:`ReplayResult.digest`, by log name: equal for any executor."""
+        body = {short_name(k): r.digest() for k, r in self.logs.items()}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def replay_fleet(paths: Iterable[Path | str] | Path | str, executor: Executor, *,
+                 on_outcome: Callable[[Outcome], None] | None = None, **plan_args: Any) -> FleetReplay:
+    """Replay every log under ``paths`` on ``executor``; ``plan_args`` as for
+    :func:`~chestnut.node.offline.replay.resolve_plan` (``model``, ``source``, ``tol`` ...). Raises
+    ``FileNotFoundError`` (no log), :class:`~chestnut.node.offline.replay.ReplayError` (no model)."""
+    plans: dict[str, ReplayPlan] = {}
+    logs: list[tuple[str, list[SegmentTask]]] = []
+    for log_name, files in group_logs(paths):
+        config, origin = find_node_config(files), "the log's node initData"
+        if not config:
+            config, origin = default_node_config()
+            origin = f"{origin} (the log carries no node configuration)"
+        key = json.dumps([config, origin], sort_keys=True, default=str)
+        if key not in plans:  # one model fingerprint per distinct configuration, not per log
+            plans[key] = resolve_plan(config, config_origin=origin, **plan_args)
+        logs.append((log_name, plan_tasks(files, plans[key])))
+    run = _execute(executor, units_of(KIND_REPLAY, logs), on_outcome)
+    by_log: dict[str, list[SegmentResult]] = {}
+    for o in run.outcomes:
+        if isinstance(o.result, SegmentResult):
+            by_log.setdefault(o.unit.log, []).append(o.result)
+    out: dict[str, ReplayResult] = {}
+    for log_name, tasks in logs:
+        segs = sorted(by_log.get(log_name, []), key=lambda s: s.index)
+        if segs:
+            out[log_name] = ReplayResult(tasks[0].plan, segs, executor.workers, run.wall_s)
+    return FleetReplay(out, run)
+
+
+@dataclass
+class FleetCheck:
+    """``logs``: log -> its :class:`CheckResult` (logs whose every segment was read)."""
+
+    logs: dict[str, CheckResult]
+    run: FleetRun
+    spans: dict[str, list[tuple[int | None, int | None]]] = field(default_factory=dict)  # per segment: first, last ns
+
+    @property
+    def ok(self) -> bool:
+        return (all(not r.violations for r in self.logs.values()) and not self.run.failed
+                and not self.run.interrupted and not any(r.timeline.damage for r in self.logs.values()))
+
+    def digest(self) -> str:
+        """sha256 over every log's violations, damage and record count, by log name."""
+        body = {short_name(k): {"violations": [asdict(v) for v in r.violations],
+                                "damage": [asdict(d) for d in r.timeline.damage],
+                                "records": len(r.timeline.events)} for k, r in self.logs.items()}
+        return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def check_fleet(paths: Iterable[Path | str] | Path | str, executor: Executor, *, only: Iterable[str] | None = None,
+                on_outcome: Callable[[Outcome], None] | None = None, **overrides: Any) -> FleetCheck:
+    """Check every log under ``paths``: segments read on ``executor``, contracts per log here, with
+    the bounds of each log's own configuration and ``overrides`` (``deadline_ms``, ``slack_ms``,
+    ``wait_timeout_ms``) on top, as :func:`~chestnut.node.offline.contracts.check_log`. Raises
+    ``FileNotFoundError`` (no log) and ``KeyError`` (unknown contract) before any unit runs."""
+    only = list(only) if only is not None else None
+    check_timeline(Timeline.from_extracts([]), CheckParams(), only)  # an unknown contract name fails now
+    groups = group_logs(paths)
+    tasks = [(log_name, [SegmentTask(i, str(f), None, _NO_PLAN) for i, f in enumerate(files)])
+             for log_name, files in groups]
+    run = _execute(executor, units_of(KIND_EXTRACT, tasks), on_outcome)
+    extracts: dict[str, dict[int, FileExtract]] = {}
+    for o in run.outcomes:
+        if isinstance(o.result, FileExtract):
+            extracts.setdefault(o.unit.log, {})[o.unit.index] = o.result
+    out: dict[str, CheckResult] = {}
+    spans: dict[str, list[tuple[int | None, int | None]]] = {}
+    for log_name, files in groups:
+        got = extracts.get(log_name, {})
+        if len(got) != len(files):  # a segment failed or was cancelled: no verdict on a partial log
+            continue
+        tl = Timeline.from_extracts([got[i] for i in range(len(files))])
+        config, origin = tl.node_config(), "the log's node initData"
+        if not config:
+            config, origin = default_node_config()
+            origin += " (the log carries no node configuration)"
+        params = CheckParams.from_config(config, **overrides)
+        out[log_name] = CheckResult(tl, params, check_timeline(tl, params, only), origin)
+        spans[log_name] = [(got[i].first_ns, got[i].last_ns) for i in range(len(files))]
+    return FleetCheck(out, run, spans)
+
+
+_NO_PLAN = ReplayPlan("ppocr", None, None)  # extract units carry no plan; SegmentTask wants one
+
+
+# ---------------------------------------------------------------- the fleet table (pure)
+
+
+def failovers(tl: Timeline) -> dict[str, int]:
+    """Entries into ``degraded`` by cause (the reason up to its first ``:``)."""
+    out: dict[str, int] = {}
+    prev = ""
+    for s in tl.node_states:
+        if s.state == "degraded" and prev != "degraded":
+            cause = s.reason.split(":", 1)[0].strip() or "unknown"
+            out[cause] = out.get(cause, 0) + 1
+        prev = s.state
+    return out
+
+
+@dataclass(frozen=True)
+class LogRow:
+    """One log of the fleet table. Latencies in ms (None: no output)."""
+
+    log: str
+    segments: int
+    frames: int
+    mismatches: int
+    violations: int
+    damage: int
+    failovers: dict[str, int]
+    exec_ms: tuple[float, float] | None  # p50, p99
+    age_ms: tuple[float, float] | None
+    model_mismatches: int = 0
+
+    @property
+    def problems(self) -> int:
+        return self.mismatches + self.violations + self.damage + self.model_mismatches
+
+
+def _p(vals: Sequence[float]) -> tuple[float, float] | None:
+    return (float(np.percentile(vals, 50)), float(np.percentile(vals, 99))) if vals else None
+
+
+def log_row(log: str, tl: Timeline, segments: int, *, mismatches: int = 0, violations: int = 0,
+            model_mismatches: int = 0) -> LogRow:
+    return LogRow(short_name(log), segments, len(tl.frames), mismatches, violations, len(tl.damage), failovers(tl),
+                  _p([o.execution_time_s * 1e3 for o in tl.outputs]), _p([o.frame_age_s * 1e3 for o in tl.outputs]),
+                  model_mismatches)
+
+
+def replay_rows(fleet: FleetReplay) -> list[LogRow]:
+    """The fleet table of a replay, worst log first (most problems, then name)."""
+    rows = [log_row(k, r.timeline(), len(r.segments), mismatches=len(r.mismatches),
+                    model_mismatches=len(r.model_mismatches)) for k, r in fleet.logs.items()]
+    return sorted(rows, key=lambda r: (-r.problems, r.log))
+
+
+def check_rows(fleet: FleetCheck) -> list[LogRow]:
+    rows = [log_row(k, r.timeline, len(r.timeline.files), violations=len(r.violations)) for k, r in fleet.logs.items()]
+    return sorted(rows, key=lambda r: (-r.problems, r.log))
+
+
+def totals(rows: Sequence[LogRow], tls: Sequence[Timeline]) -> LogRow:
+    """One row over the whole fleet (latency percentiles over every output, not averaged per log)."""
+    causes: dict[str, int] = {}
+    for r in rows:
+        for c, n in r.failovers.items():
+            causes[c] = causes.get(c, 0) + n
+    outs = [o for tl in tls for o in tl.outputs]
+    return LogRow(f"all {len(rows)} log(s)", sum(r.segments for r in rows), sum(r.frames for r in rows),
+                  sum(r.mismatches for r in rows), sum(r.violations for r in rows), sum(r.damage for r in rows),
+                  dict(sorted(causes.items())), _p([o.execution_time_s * 1e3 for o in outs]),
+                  _p([o.frame_age_s * 1e3 for o in outs]), sum(r.model_mismatches for r in rows))
+
+
+@dataclass(frozen=True)
+class SegmentRow:
+    """One segment with problems: ``first`` says the first of them."""
+
+    log: str
+    index: int
+    path: str
+    problems: int
+    first: str
+
+
+def replay_segment_rows(fleet: FleetReplay) -> list[SegmentRow]:
+    rows = []
+    for k, r in fleet.logs.items():
+        for s in r.segments:
+            bad = [f for f in s.frames if not f.ok]
+            n = len(bad) + len(s.damage)
+            if n:
+                first = (f"byte {s.damage[0].offset}: {s.damage[0].reason}" if s.damage
+                         else f"frame {bad[0].frame_id}: {bad[0].kind}: {bad[0].detail}")
+                rows.append(SegmentRow(short_name(k), s.index, s.path, n, first))
+    return sorted(rows, key=lambda r: (-r.problems, r.log, r.index))
+
+
+def _segment_of(spans: Sequence[tuple[int | None, int | None]], t_ns: int) -> int:
+    """The segment whose (first, last) logMonoTime span holds ``t_ns``, else the last one begun before it."""
+    for i, (a, b) in enumerate(spans):
+        if a is not None and b is not None and a <= t_ns <= b:
+            return i
+    return max((i for i, (a, _b) in enumerate(spans) if a is not None and a <= t_ns), default=0)
+
+
+def check_segment_rows(fleet: FleetCheck) -> list[SegmentRow]:
+    """Segments with violations (placed by time in the segment that logged them) or damage."""
+    rows = []
+    for k, r in fleet.logs.items():
+        tl = r.timeline
+        per: dict[int, list[str]] = {}
+        for d in tl.damage:
+            per.setdefault(tl.files.index(d.path) if d.path in tl.files else 0, []).append(
+                f"byte {d.offset}: {d.reason}")
+        for v in r.violations:
+            per.setdefault(_segment_of(fleet.spans.get(k, []), v.t_ns), []).append(f"{v.contract}: {v.message}")
+        for i, what in per.items():
+            rows.append(SegmentRow(short_name(k), i, tl.files[i] if i < len(tl.files) else "", len(what), what[0]))
+    return sorted(rows, key=lambda r: (-r.problems, r.log, r.index))
+
+
+# ---------------------------------------------------------------- printing
+
+
+def _ms(p: tuple[float, float] | None) -> str:
+    return "-" if p is None else f"{p[0]:.1f} / {p[1]:.1f}"
+
+
+def _causes(c: dict[str, int]) -> str:
+    return ", ".join(f"{k} {n}" for k, n in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))) or "-"
+
+
+TABLE_HEADERS = ("log", "segments", "frames", "mismatches", "violations", "damaged", "failovers by cause",
+                 "exec p50 / p99 ms", "frame age p50 / p99 ms")
+
+
+def row_cells(r: LogRow) -> tuple[str, ...]:
+    mm = str(r.mismatches) + (f" (+{r.model_mismatches} model id)" if r.model_mismatches else "")
+    return (r.log, str(r.segments), str(r.frames), mm, str(r.violations), str(r.damage), _causes(r.failovers),
+            _ms(r.exec_ms), _ms(r.age_ms))
+
+
+def run_line(run: FleetRun) -> str:
+    """One line on the executor's work: segments and frames per second, retries, failures."""
+    n = len([o for o in run.outcomes if not o.error])
+    frames = sum(len(o.result.frames) if isinstance(o.result, SegmentResult) else
+                 sum(1 for r in o.result.records if r.service == "cameraFrame") if isinstance(o.result, FileExtract)
+                 else 0 for o in run.outcomes)
+    rate = n / run.wall_s if run.wall_s > 0 else 0.0
+    fps = frames / run.wall_s if run.wall_s > 0 else 0.0
+    first = run.first_result_s
+    parts = [f"{run.executor}: {n} of {run.units} segment(s), {frames} frames in {run.wall_s:.2f} s "
+             f"({rate:.2f} segments/s, {fps:.1f} frames/s; first result after "
+             f"{'-' if first is None else f'{first:.2f} s'})"]
+    if run.retried:
+        parts.append(f"{len(run.retried)} segment(s) run again after their worker died")
+    if run.failed:
+        parts.append(f"{len(run.failed)} segment(s) failed")
+    if run.interrupted:
+        parts.append("INTERRUPTED (Ctrl-C): the results below are the segments that finished")
+    return "; ".join(parts)
+
+
+def print_fleet(rows: list[LogRow], total: LogRow, segs: list[SegmentRow], run: FleetRun, console: Any,
+                title: str, top: int = 20) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{title}: {len(rows)} log(s), worst first" + (f" (top {top})" if len(rows) > top else ""),
+              show_edge=False)
+    for h in TABLE_HEADERS:
+        t.add_column(h, justify="left" if h in ("log", "failovers by cause") else "right")
+    for r in rows[:top]:
+        cells = row_cells(r)
+        t.add_row(*[f"[red]{c}[/red]" if r.problems else c for c in cells])
+    t.add_row(*[f"[bold]{c}[/bold]" for c in row_cells(total)])
+    console.print(t)
+    if segs:
+        s = Table(title=f"segments with problems, worst first (top {min(top, len(segs))} of {len(segs)})",
+                  show_edge=False)
+        for h in ("log", "segment", "problems", "first"):
+            s.add_column(h)
+        for sr in segs[:top]:
+            s.add_row(sr.log, str(sr.index), str(sr.problems), sr.first)
+        console.print(s)
+    for o in run.failed:
+        console.print(f"[red]failed: {o.unit.path}: {o.error}[/red]")
+    console.print(run_line(run))
+
+
+def write_fleet_report(out_dir: Path | str, title: str, rows: list[LogRow], total: LogRow, segs: list[SegmentRow],
+                       run: FleetRun, per_log: Sequence[tuple[str, Callable[[Path], Path]]] = ()) -> Path:
+    """``index.html`` with the verdict, the fleet table and the worst segments, and each log of
+    ``per_log`` (``(name, writer)``, at most :data:`REPORT_LOGS`) given its own report under ``logs/``."""
+    from chestnut.node.offline.report import _CSS, _table
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    links: dict[str, str] = {}
+    for name, writer in list(per_log)[:REPORT_LOGS]:
+        index = writer(out / "logs" / name)
+        links[name] = str(index.relative_to(out))
+    bad = total.problems > 0 or bool(run.failed) or run.interrupted
+    verdict = (f"<p class='verdict {'fail' if bad else 'ok'}'>{'FAIL' if bad else 'PASS'}: {total.mismatches} "
+               f"replay mismatch(es), {total.violations} contract violation(s), {total.damage} damaged file(s), "
+               f"{len(run.failed)} failed segment(s){', interrupted' if run.interrupted else ''}</p>")
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>", verdict,
+             f"<p>{html.escape(run_line(run))}</p>", "<h2>fleet (worst log first)</h2>",
+             _table(TABLE_HEADERS, [row_cells(r) for r in [*rows, total]],
+                    ["bad" if r.problems else "good" for r in rows] + [""])]
+    if links:
+        parts.append("<h2>logs with their own report</h2><ul>" + "".join(
+            f"<li><a href='{html.escape(href)}'>{html.escape(name)}</a></li>" for name, href in links.items())
+            + "</ul>")
+    parts.append(f"<h2>segments with problems ({len(segs)})</h2>")
+    parts.append(_table(("log", "segment", "file", "problems", "first"),
+                        [(s.log, s.index, s.path, s.problems, s.first) for s in segs], ["bad"] * len(segs))
+                 if segs else "<p>none</p>")
+    if run.failed:
+        parts += ["<h2>failed segments</h2>", _table(("file", "error", "attempts"), [
+            (o.unit.path, o.error, o.attempts) for o in run.failed], ["bad"] * len(run.failed))]
+    parts.append("</body></html>")
+    index = out / "index.html"
+    index.write_text("\n".join(parts))
+    return index
+
+
+# ---------------------------------------------------------------- a synthetic fleet
+
+
+def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
+    """Copy every log under ``source`` ``copies`` times into ``out`` as new routes
+    ``<route>-<k:05d>`` (k from 1), segment directories ``<route>-<k>--<n>`` with the files byte for
+    byte (new directories 0700, files 0600). Returns the segment directories written. Raises
+    ``FileNotFoundError`` (no log under ``source``), ``FileExistsError`` (a route already in ``out``:
+    nothing is overwritten), ``ValueError`` (``copies`` not in 1..:data:`MAX_COPIES`)."""
+    if not 1 <= copies <= MAX_COPIES:
+        raise ValueError(f"copies must be in 1..{MAX_COPIES}, got {copies}")
+    groups = group_logs(source)
+    out = Path(out)
+    plan: list[tuple[Path, Path]] = []
+    for log_name, files in groups:
+        base = Path(log_name).name
+        for k in range(1, copies + 1):
+            for n, f in enumerate(files):
+                seg = parse_segment_dir(f.parent.name)
+                plan.append((f, out / f"{base}-{k:05d}--{seg[1] if seg else n}" / f.name))
+    dirs = sorted({d.parent for _, d in plan})
+    taken = [d for d in dirs if d.exists()]
+    if taken:
+        raise FileExistsError(f"{taken[0]} already exists: give an empty OUT directory")
+    out.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for d in dirs:
+        d.mkdir(mode=0o700)
+    for src, dest in plan:
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as w, open(src, "rb") as r:
+            while chunk := r.read(1 << 20):
+                w.write(chunk)
+    return dirs
+
+
+__all__ = [
+    "FleetCheck", "FleetReplay", "FleetRun", "LogRow", "SegmentRow", "check_fleet", "check_rows",
+    "check_segment_rows", "failovers", "group_logs", "log_row", "make_fleet", "print_fleet", "replay_fleet",
+    "replay_rows", "replay_segment_rows", "route_of", "totals", "write_fleet_report",
+]

@@ -1,0 +1,86 @@
+"""``chestnut fleet make --from LOG --copies N OUT``, and the executor options of ``replay`` and ``check``.
+
+``fleet make`` writes a synthetic fleet (:func:`~chestnut.node.offline.fleet.make_fleet`): every log
+under ``--from`` copied ``N`` times under new route ids. Exit status 0, or 2 with one line when it
+cannot (no log, ``OUT`` already holds one of the routes, a bad count).
+
+The executor options (:func:`add_executor_arguments`): ``--executor local|ray``, ``--workers N``
+(local: processes, default 1; ray: actors, default one per CPU of the cluster), ``--ray-address
+ADDRESS|auto`` and ``--ship-logs`` (``docs/offline.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from chestnut.node.offline.executor import EXECUTORS, Executor, Outcome, make_executor
+from chestnut.node.offline.fleet import MAX_COPIES, make_fleet
+
+log = logging.getLogger("chestnut.fleet")
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention for a run stopped by Ctrl-C
+
+
+def add_executor_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="where segments run: local (this machine's processes, default) or ray (a Ray cluster; "
+                   "pip install 'chestnut[cluster]')")
+    p.add_argument("--workers", type=int, default=None,
+                   help="local: processes (default 1); ray: actors (default: one per CPU of the cluster)")
+    p.add_argument("--ray-address", metavar="ADDRESS|auto", default=None,
+                   help="the Ray cluster to join (auto: the one started on this machine with ray start; default: "
+                   "a private one-machine cluster)")
+    p.add_argument("--ship-logs", action="store_true",
+                   help="ray: send every segment's bytes through Ray's object store (default: workers read the "
+                   "log's path, which every node must see)")
+
+
+def executor_from_args(args: argparse.Namespace) -> Executor:
+    """Raises :class:`~chestnut.node.offline.executor.ExecutorError` / ``ValueError`` (one line each)."""
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    return make_executor(args.executor, workers=args.workers, ray_address=args.ray_address, ship_logs=args.ship_logs)
+
+
+@contextlib.contextmanager
+def progress(console: Any, total_of: Callable[[], int | None]) -> Iterator[Callable[[Outcome], None]]:
+    """An ``on_outcome`` callback drawing a segments bar on stderr when the console is a terminal."""
+    if not console.is_terminal:
+        yield lambda _o: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("segments"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("segments", total=total_of())
+
+        def step(_o: Outcome) -> None:
+            bar.advance(task)
+
+        yield step
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="fleet_command", metavar="ACTION", required=True)
+    make = sub.add_parser("make", help="copy a log N times under new route ids (a synthetic fleet)")
+    make.add_argument("--from", dest="source", type=Path, required=True, metavar="LOG",
+                      help="log files or directories to copy")
+    make.add_argument("--copies", type=int, required=True, metavar="N", help=f"copies of each log (1..{MAX_COPIES})")
+    make.add_argument("out", type=Path, metavar="OUT", help="directory for the fleet (routes never overwritten)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        dirs = make_fleet(args.source, args.copies, args.out)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        log.error("chestnut fleet make: %s", e)
+        return 2
+    routes = {d.name.rpartition("--")[0] for d in dirs}
+    print(f"{len(routes)} route(s), {len(dirs)} segment(s) in {args.out}")
+    return 0

@@ -1,0 +1,202 @@
+"""The ``ray`` executor: offline units of work on a Ray cluster (``chestnut[cluster]``, Ray 2.60).
+
+The only module that imports Ray; :func:`chestnut.node.offline.executor.make_executor` loads it when
+``--executor ray`` is asked for. Every worker is a :class:`SegmentWorker` actor that keeps its loaded
+and compiled models for its lifetime (:func:`chestnut.node.offline.replay._model`: tinygrad compiles once
+per process); the pool has one actor per CPU of the cluster (``ray.cluster_resources()["CPU"]``) unless
+``workers`` says otherwise, placed with Ray's ``SPREAD`` strategy so that every node gets its share. The
+driver keeps exactly one unit in flight per actor and hands the next one to whichever actor finishes
+(``ray.wait``): a slow node takes fewer units.
+
+Failures (Ray's fault-tolerance docs, "Actor fault tolerance": ``max_restarts``, ``max_task_retries``):
+an actor whose process or node dies is restarted (:data:`MAX_RESTARTS` times) and the unit it held is
+run again by Ray (:data:`MAX_TASK_RETRIES` times); a unit whose actor is gone for good is handed to
+another actor, :data:`MAX_ATTEMPTS` tries in all, then reported as failed. A unit that raises by
+itself (a model that cannot load) fails at once: running it elsewhere would fail the same way.
+
+Logs: by default a worker reads a unit's path, so every node must see the same files at the same path
+(a shared file system). With ``ship_logs`` the driver reads each file once (bounded by
+:data:`~chestnut.node.offline.units.MAX_SHIP_BYTES`), puts it in the object store, and the actor
+writes it to a private temporary file (:func:`~chestnut.node.offline.units.run_unit`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from chestnut.node.offline.units import ExecutorError, Outcome, Unit, read_shipped, run_unit, worker_id
+
+log = logging.getLogger("chestnut.fleet")
+
+MAX_RESTARTS = 4  # an actor restarted after its process died, per actor
+MAX_TASK_RETRIES = 2  # a unit re-run by Ray on the restarted actor
+MAX_ATTEMPTS = 3  # tries of one unit across actors, after Ray's own retries are spent
+START_TIMEOUT_S = 120.0  # actors started (a fresh node imports numpy, tinygrad, onnxruntime)
+POLL_S = 0.2  # ray.wait period: how soon Ctrl-C is seen
+
+
+class SegmentWorker:
+    """One worker process of the pool: runs units, keeps its models loaded between them."""
+
+    def __init__(self) -> None:
+        from chestnut.backend.model import ensure_cpu_device
+
+        ensure_cpu_device()
+        self.units = 0
+
+    def ident(self) -> str:
+        return worker_id()
+
+    def run(self, unit: Unit, data: bytes | None = None, next_data: bytes | None = None) -> tuple[Any, str, float]:
+        t0 = time.perf_counter()
+        result = run_unit(unit, data, next_data)
+        self.units += 1
+        return result, worker_id(), time.perf_counter() - t0
+
+
+_Actor = ray.remote(num_cpus=1, max_restarts=MAX_RESTARTS, max_task_retries=MAX_TASK_RETRIES)(SegmentWorker)
+
+
+class RayExecutor:
+    """See the module docstring. ``address``: ``auto``, ``HOST:PORT``, ``ray://HOST:PORT``, or None for a
+    private cluster on this machine (stopped by :meth:`close`)."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, workers: int | None = None, ship_logs: bool = False,
+                 object_store_memory: int | None = None) -> None:
+        self.ship_logs = ship_logs
+        self._owns = False
+        if not ray.is_initialized():
+            try:
+                if address is None:
+                    ray.init(num_cpus=workers, object_store_memory=object_store_memory, include_dashboard=False,
+                             log_to_driver=False, configure_logging=False)
+                    self._owns = True
+                else:
+                    ray.init(address=address, log_to_driver=False, configure_logging=False)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise ExecutorError(f"cannot reach a Ray cluster at {address or 'this machine'}: {e}") from None
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        self.workers = int(workers) if workers else max(cpus, 1)
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        self.nodes = len([n for n in ray.nodes() if n.get("Alive")])
+        self.actors: list[Any] = []
+        self.pids: dict[int, str] = {}  # actor slot -> worker id it last reported
+        self.start_s = 0.0  # actors started and answering (s)
+
+    def describe(self) -> str:
+        return (f"ray, {self.workers} actor(s) on {self.nodes} node(s)"
+                f"{', logs shipped through the object store' if self.ship_logs else ''}")
+
+    def _start(self) -> None:
+        t0 = time.perf_counter()
+        self.actors = [_Actor.options(scheduling_strategy="SPREAD").remote() for _ in range(self.workers)]
+        try:
+            idents = ray.get([a.ident.remote() for a in self.actors], timeout=START_TIMEOUT_S)
+        except GetTimeoutError:
+            raise ExecutorError(f"{self.workers} Ray actor(s) did not start within {START_TIMEOUT_S:g} s: "
+                                "are there that many free CPUs in the cluster?") from None
+        self.pids = dict(enumerate(idents))
+        self.start_s = time.perf_counter() - t0
+
+    def run(self, units: list[Unit], on_outcome: Callable[[Outcome], None] | None = None) -> Iterator[Outcome]:
+        t0 = time.perf_counter()
+        done = on_outcome or (lambda _o: None)
+        if not self.actors:
+            self._start()
+        todo = list(reversed(units))
+        uses: dict[str, int] = {}
+        for u in units:
+            for p in (u.path, u.next_path):
+                if p:
+                    uses[p] = uses.get(p, 0) + 1
+        shipped: dict[str, Any] = {}
+        attempts: dict[tuple[str, int], int] = {}
+        running: dict[Any, tuple[int, Unit, float, str]] = {}  # ref -> (actor slot, unit, queued s, pid then)
+        idle = list(range(len(self.actors)))
+        dead: set[int] = set()
+
+        def ref_of(path: str | None) -> Any:
+            if not self.ship_logs or path is None:
+                return None
+            if path not in shipped:
+                shipped[path] = ray.put(read_shipped(path))
+            return shipped[path]
+
+        def release(u: Unit) -> None:
+            for p in (u.path, u.next_path):
+                if p:
+                    uses[p] -= 1
+                    if uses[p] == 0:
+                        shipped.pop(p, None)
+
+        def submit(slot: int, u: Unit) -> None:
+            attempts[u.key] = attempts.get(u.key, 0) + 1
+            ref = self.actors[slot].run.remote(u, ref_of(u.path), ref_of(u.next_path))
+            running[ref] = (slot, u, time.perf_counter() - t0, self.pids[slot])
+
+        try:
+            while todo or running:
+                while todo and idle:
+                    submit(idle.pop(0), todo.pop())
+                if not running:  # units left but every actor is gone
+                    for u in reversed(todo):
+                        out = Outcome(u, None, error="every Ray worker is gone", attempts=attempts.get(u.key, 0))
+                        done(out)
+                        yield out
+                    return
+                ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
+                for ref in ready:
+                    slot, u, queued, pid_then = running.pop(ref)
+                    now = time.perf_counter() - t0
+                    try:
+                        result, who, run_s = ray.get(ref)
+                    except RayActorError as e:  # its process or node died and Ray's retries are spent
+                        dead.add(slot)
+                        log.warning("%s: worker %s lost (%s); %s", u.path, pid_then, type(e).__name__,
+                                    "retrying elsewhere" if attempts[u.key] < MAX_ATTEMPTS else "giving up")
+                        if attempts[u.key] < MAX_ATTEMPTS:
+                            todo.append(u)
+                            continue
+                        out = Outcome(u, None, error=f"worker lost {attempts[u.key]} times ({type(e).__name__})",
+                                      worker=pid_then, attempts=attempts[u.key], queued_s=queued, done_s=now)
+                    except RayTaskError as e:  # the unit raised by itself: the same anywhere
+                        idle.append(slot)
+                        cause = e.cause if isinstance(e.cause, BaseException) else e
+                        out = Outcome(u, None, error=f"{type(cause).__name__}: {cause}", worker=pid_then,
+                                      attempts=attempts[u.key], queued_s=queued, done_s=now)
+                    else:
+                        idle.append(slot)
+                        # a different process answered: the actor was restarted under this unit and Ray ran it again
+                        tries = attempts[u.key] + (1 if who != pid_then else 0)
+                        self.pids[slot] = who
+                        out = Outcome(u, result, worker=who, attempts=tries, queued_s=queued, done_s=now, run_s=run_s)
+                    release(u)
+                    while todo and idle:  # the freed worker gets its next unit before anyone looks at this one
+                        submit(idle.pop(0), todo.pop())
+                    done(out)
+                    yield out
+                idle[:] = [s for s in idle if s not in dead]
+        finally:
+            for ref in running:
+                ray.cancel(ref)
+            shipped.clear()
+
+    def worker_ids(self) -> list[str]:
+        """The worker id (``pid@host``) each actor last reported, in pool order."""
+        return [self.pids[i] for i in sorted(self.pids)]
+
+    def close(self) -> None:
+        for a in self.actors:
+            ray.kill(a)
+        self.actors = []
+        if self._owns and ray.is_initialized():
+            ray.shutdown()
