@@ -131,3 +131,15 @@ def test_every_cli_program_refuses_a_subverted_dir_in_one_line_and_exit_2(base, 
         f"chestnut dump: runtime directory {link} is a symlink; remove it (rm {link}) and start again"
     ]
     assert list(target.iterdir()) == []
+
+
+@pytest.mark.skipif(UID != 0, reason="making a directory of another user needs root")
+def test_a_base_of_another_user_is_refused(base):
+    os.chown(base, 65534, 65534)
+    with pytest.raises(RuntimeDirError) as info:
+        runtime_dir("a")
+    assert str(info.value) == (
+        f"runtime directory {base} belongs to uid 65534, not to uid {UID} or root; "
+        "point RUNTIME_DIRECTORY / XDG_RUNTIME_DIR at a directory of yours"
+    )
+    assert list(base.iterdir()) == []
