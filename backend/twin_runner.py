@@ -46,7 +46,7 @@ from chestnut.backend import protocol as P
 from chestnut.backend.bridge import Bridge, round_up
 from chestnut.backend.classify import classify
 from chestnut.backend.copy import CommandQueue, CopyProtocol, Packet, lo_hi
-from chestnut.backend.errors import ChestnutError, GpuLayerError, ModelError, UsbLayerError
+from chestnut.backend.errors import ChestnutError, GpuLayerError, ModelError, PcieLayerError, UsbLayerError
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec
 from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
 from chestnut.backend.model import TensorSpec
@@ -56,6 +56,7 @@ from chestnut.msgs.paths import current_prefix
 
 SIGNATURE_MAX_BYTES = 1 << 20   # VRAM reserved for OP_LOAD's signature (u32 length + JSON)
 COPY_PROTOCOLS = ("tinygrad", "chestnut")
+LINK_CHECK_TIMEOUT_MS = 100     # the per-frame LTSSM read (openpilot's hardwared reads it with 100 ms timeouts)
 VRAM_ALIGN = 0x1000
 PROGRAM_ID = 1
 
@@ -189,6 +190,16 @@ class TwinRunner:
             self.copy = copy
         self.bridge, self.queue = bridge, queue
 
+    def _check_link(self) -> None:
+        """tinygrad's copy path has no word for a dead link (its posted ring writes vanish and the drain spins
+        10 s): one LTSSM read (XDATA 0xB450) before a frame's copies names the PCIe layer instead. Raises
+        PcieLayerError ``link_down`` / ``ltssm_stuck``."""
+        assert self.bridge is not None
+        ltssm = self.bridge.ltssm(LINK_CHECK_TIMEOUT_MS)
+        if ltssm != P.LTSSM_L0:
+            raise PcieLayerError("ltssm_stuck" if ltssm == P.LTSSM_STUCK else "link_down",
+                                 f"PCIe link not up (LTSSM=0x{ltssm:02X}) before the frame's copies")
+
     def _copy_in(self, dst: int, data: bytes | memoryview) -> None:
         if self.tinygrad is not None:
             self.tinygrad.copy_in(dst, data)
@@ -282,6 +293,8 @@ class TwinRunner:
 
         def do() -> dict[str, np.ndarray]:
             assert self.queue is not None
+            if self.tinygrad is not None:
+                self._check_link()
             for s in self._inputs:
                 self._copy_in(self._buffers[s.name][0], np.ascontiguousarray(inputs[s.name]).data)
             (seq,) = self.queue.submit([Packet(P.OP_RUN, (PROGRAM_ID, *lo_hi(self._table)))])

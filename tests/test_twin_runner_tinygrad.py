@@ -90,3 +90,16 @@ def test_the_sdma_layout_leaves_the_programs_ring_and_the_heap_apart():
     assert P.SDMA_RING_VRAM_OFFSET + P.SDMA_RING_BYTES <= P.SDMA_RPTR_VRAM_OFFSET < P.SIGNAL_VRAM_OFFSET
     assert P.SIGNAL_VRAM_OFFSET + 16 <= P.VRAM_HEAP_OFFSET
     assert P.CPL_QUEUE_FENCE >= 16  # tinygrad's copy-out writes cq_buf+12: the completion block sits past it
+
+
+def test_a_link_that_went_down_between_frames_is_a_pcie_error_not_a_10_s_drain(runner, dock):
+    """tinygrad's posted ring writes vanish into a dead link and its drain spins 10 s with no word for the cause;
+    the runner's LTSSM read before the frame's copies names the PCIe layer at once."""
+    from chestnut.backend.errors import PcieLayerError
+
+    dock.fault("ltssm_down")
+    with pytest.raises(PcieLayerError) as info:
+        runner.run(frame(0))
+    assert info.value.reason == "link_down"
+    assert "PCIe link not up (LTSSM=0x" in str(info.value) and "before the frame's copies" in str(info.value)
+    assert dock.status()["gpu"]["sdma"]["wptr"] == runner.tinygrad.dev.sdma_queues[0].put_value  # nothing rung
