@@ -38,8 +38,12 @@ log = logging.getLogger("chestnut.check")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="log files or directories (rlog.zst / rlog.mcap)")
     p.add_argument("--report", type=Path, metavar="DIR", help="write plots and an HTML report to DIR")
-    p.add_argument("--contract", action="append", metavar="NAME",
-                   help=f"check only this contract (repeatable); known: {', '.join(CONTRACTS)}")
+    p.add_argument(
+        "--contract",
+        action="append",
+        metavar="NAME",
+        help=f"check only this contract (repeatable); known: {', '.join(CONTRACTS)}",
+    )
     p.add_argument("--deadline-ms", type=float, help="per-frame deadline (default: the log's config, else 150)")
     p.add_argument("--slack-ms", type=float, help=f"publishing slack on every bound (default {SLACK_MS:g})")
     p.add_argument("--wait-timeout-ms", type=float, help="device wait timeout (default: the log's config, else 3000)")
@@ -61,8 +65,9 @@ def print_violations(result: CheckResult, console: Any) -> None:
         for col, just in (("t (s)", "right"), ("frame", "right"), ("contract", "left"), ("what", "left")):
             table.add_column(col, justify=just)  # type: ignore[arg-type]
         for v in result.violations:
-            table.add_row(f"{tl.seconds(v.t_ns):.3f}", "-" if v.frame_id is None else str(v.frame_id), v.contract,
-                          v.message)
+            table.add_row(
+                f"{tl.seconds(v.t_ns):.3f}", "-" if v.frame_id is None else str(v.frame_id), v.contract, v.message
+            )
         console.print(table)
 
 
@@ -77,8 +82,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         with progress(console, lambda: None) as step:
-            fleet = check_fleet(args.logs, executor, only=args.contract, on_outcome=step, deadline_ms=args.deadline_ms,
-                                slack_ms=args.slack_ms, wait_timeout_ms=args.wait_timeout_ms)
+            fleet = check_fleet(
+                args.logs,
+                executor,
+                only=args.contract,
+                on_outcome=step,
+                deadline_ms=args.deadline_ms,
+                slack_ms=args.slack_ms,
+                wait_timeout_ms=args.wait_timeout_ms,
+            )
     except (FileNotFoundError, KeyError, ValueError, ExecutorError) as e:
         log.error("%s", e.args[0] if isinstance(e, KeyError) and e.args else e)
         return 2
@@ -89,10 +101,12 @@ def run(args: argparse.Namespace) -> int:
         result = next(iter(fleet.logs.values()))  # one log: its own detail, as ever
         tl = result.timeline
         p = result.params
-        console.print(f"{len(tl.files)} file(s), {tl.seconds(tl.end_ns):.1f} s, {len(tl.frames)} frames, "
-                      f"{len(tl.outputs)} outputs; deadline {p.deadline_ms:g} ms, slack {p.slack_ms:g} ms, "
-                      f"wait timeout {p.wait_timeout_ms:g} + {p.hang_margin_ms:g} ms (configuration: "
-                      f"{result.config_origin})")
+        console.print(
+            f"{len(tl.files)} file(s), {tl.seconds(tl.end_ns):.1f} s, {len(tl.frames)} frames, "
+            f"{len(tl.outputs)} outputs; deadline {p.deadline_ms:g} ms, slack {p.slack_ms:g} ms, "
+            f"wait timeout {p.wait_timeout_ms:g} + {p.hang_margin_ms:g} ms (configuration: "
+            f"{result.config_origin})"
+        )
         print_violations(result, console)
         if args.executor != "local":
             console.print(run_line(run_))
@@ -113,8 +127,11 @@ def run(args: argparse.Namespace) -> int:
             index = write_fleet_report(args.report, "chestnut check (fleet)", rows, total_row, segs, run_, per_log)
             console.print(f"report: {index}")
     n = sum(len(r.violations) for r in fleet.logs.values())
-    console.print(f"[{'red' if n or run_.failed else 'green'}]{n} violation(s)"
-                  + (f", {len(run_.failed)} failed segment(s)" if run_.failed else "") + "[/]")
+    console.print(
+        f"[{'red' if n or run_.failed else 'green'}]{n} violation(s)"
+        + (f", {len(run_.failed)} failed segment(s)" if run_.failed else "")
+        + "[/]"
+    )
     if run_.interrupted:
         console.print(f"[yellow]interrupted: {len(run_.outcomes)} of {run_.units} segment(s) finished[/yellow]")
         return EXIT_INTERRUPTED

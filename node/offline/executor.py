@@ -47,8 +47,7 @@ class Executor(Protocol):
     name: str
     workers: int
 
-    def run(self, units: list[Unit],
-            on_outcome: Callable[[Outcome], None] | None = None) -> Iterator[Outcome]: ...
+    def run(self, units: list[Unit], on_outcome: Callable[[Outcome], None] | None = None) -> Iterator[Outcome]: ...
 
     def close(self) -> None: ...
 
@@ -108,8 +107,9 @@ class LocalExecutor:
         todo = list(reversed(units))
         attempts: dict[tuple[str, int], int] = {}
         while todo:
-            ex = ProcessPoolExecutor(max_workers=min(self.workers, len(todo)), mp_context=ctx,
-                                     initializer=_init_local_worker)
+            ex = ProcessPoolExecutor(
+                max_workers=min(self.workers, len(todo)), mp_context=ctx, initializer=_init_local_worker
+            )
             try:
                 running: dict[Future[Any], tuple[Unit, float]] = {}
                 while todo or running:
@@ -127,8 +127,15 @@ class LocalExecutor:
                             todo.append(u)
                             running.clear()
                             break
-                        out = Outcome(u, result, worker=who, attempts=attempts[u.key], queued_s=queued,
-                                      done_s=self._now(), run_s=run_s)
+                        out = Outcome(
+                            u,
+                            result,
+                            worker=who,
+                            attempts=attempts[u.key],
+                            queued_s=queued,
+                            done_s=self._now(),
+                            run_s=run_s,
+                        )
                         done(out)
                         yield out
                     else:
@@ -141,8 +148,9 @@ class LocalExecutor:
         pass
 
 
-def make_executor(name: str, *, workers: int | None = None, ray_address: str | None = None,
-                  ship_logs: bool = False) -> Executor:
+def make_executor(
+    name: str, *, workers: int | None = None, ray_address: str | None = None, ship_logs: bool = False
+) -> Executor:
     """The executor called ``name``: ``local`` (``workers`` processes, default 1) or ``ray`` (connects to
     ``ray_address``: ``auto``, ``HOST:PORT`` or ``ray://HOST:PORT``; None starts a private one-machine
     cluster; ``workers`` actors, default the cluster's CPUs). ``ship_logs`` (ray only) sends every
@@ -167,12 +175,30 @@ def make_executor(name: str, *, workers: int | None = None, ray_address: str | N
 
 def units_of(kind: str, logs: Iterable[tuple[str, list[SegmentTask]]]) -> list[Unit]:
     """Units over ``(log, its tasks)`` pairs, log after log, segment after segment."""
-    return [Unit(kind, log, t.index, t.path, t if kind == KIND_REPLAY else None,
-                 t.next_path if kind == KIND_REPLAY else None) for log, tasks in logs for t in tasks]
+    return [
+        Unit(
+            kind, log, t.index, t.path, t if kind == KIND_REPLAY else None, t.next_path if kind == KIND_REPLAY else None
+        )
+        for log, tasks in logs
+        for t in tasks
+    ]
 
 
 __all__ = [
-    "EXECUTORS", "KIND_EXTRACT", "KIND_REPLAY", "MAX_SHIP_BYTES", "RAY_INSTALL_HINT", "Executor", "ExecutorError",
-    "LocalExecutor", "Outcome", "Unit", "make_executor", "read_shipped", "relocate_extract", "run_unit", "units_of",
+    "EXECUTORS",
+    "KIND_EXTRACT",
+    "KIND_REPLAY",
+    "MAX_SHIP_BYTES",
+    "RAY_INSTALL_HINT",
+    "Executor",
+    "ExecutorError",
+    "LocalExecutor",
+    "Outcome",
+    "Unit",
+    "make_executor",
+    "read_shipped",
+    "relocate_extract",
+    "run_unit",
+    "units_of",
     "worker_id",
 ]

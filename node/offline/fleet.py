@@ -107,9 +107,15 @@ class FleetRun:
 def _execute(executor: Executor, units: list[Unit], on_outcome: Callable[[Outcome], None] | None) -> FleetRun:
     run = FleetRun(getattr(executor, "describe", lambda: executor.name)(), executor.workers, len(units))
     t0 = time.perf_counter()
+
+    def record(out: Outcome) -> None:  # before the caller's callback: a Ctrl-C there keeps this outcome
+        run.outcomes.append(out)
+        if on_outcome is not None:
+            on_outcome(out)
+
     try:
-        for out in executor.run(units, on_outcome):
-            run.outcomes.append(out)
+        for _out in executor.run(units, record):
+            pass
     except KeyboardInterrupt:  # Ctrl-C: the executor cancelled what was in flight; keep what finished
         run.interrupted = True
     run.wall_s = time.perf_counter() - t0
@@ -133,8 +139,13 @@ class FleetReplay:
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def replay_fleet(paths: Iterable[Path | str] | Path | str, executor: Executor, *,
-                 on_outcome: Callable[[Outcome], None] | None = None, **plan_args: Any) -> FleetReplay:
+def replay_fleet(
+    paths: Iterable[Path | str] | Path | str,
+    executor: Executor,
+    *,
+    on_outcome: Callable[[Outcome], None] | None = None,
+    **plan_args: Any,
+) -> FleetReplay:
     """Replay every log under ``paths`` on ``executor``; ``plan_args`` as for
     :func:`~chestnut.node.offline.replay.resolve_plan` (``model``, ``source``, ``tol`` ...). Raises
     ``FileNotFoundError`` (no log), :class:`~chestnut.node.offline.replay.ReplayError` (no model)."""
@@ -172,19 +183,34 @@ class FleetCheck:
 
     @property
     def ok(self) -> bool:
-        return (all(not r.violations for r in self.logs.values()) and not self.run.failed
-                and not self.run.interrupted and not any(r.timeline.damage for r in self.logs.values()))
+        return (
+            all(not r.violations for r in self.logs.values())
+            and not self.run.failed
+            and not self.run.interrupted
+            and not any(r.timeline.damage for r in self.logs.values())
+        )
 
     def digest(self) -> str:
         """sha256 over every log's violations, damage and record count, by log name."""
-        body = {short_name(k): {"violations": [asdict(v) for v in r.violations],
-                                "damage": [asdict(d) for d in r.timeline.damage],
-                                "records": len(r.timeline.events)} for k, r in self.logs.items()}
+        body = {
+            short_name(k): {
+                "violations": [asdict(v) for v in r.violations],
+                "damage": [asdict(d) for d in r.timeline.damage],
+                "records": len(r.timeline.events),
+            }
+            for k, r in self.logs.items()
+        }
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def check_fleet(paths: Iterable[Path | str] | Path | str, executor: Executor, *, only: Iterable[str] | None = None,
-                on_outcome: Callable[[Outcome], None] | None = None, **overrides: Any) -> FleetCheck:
+def check_fleet(
+    paths: Iterable[Path | str] | Path | str,
+    executor: Executor,
+    *,
+    only: Iterable[str] | None = None,
+    on_outcome: Callable[[Outcome], None] | None = None,
+    **overrides: Any,
+) -> FleetCheck:
     """Check every log under ``paths``: segments read on ``executor``, contracts per log here, with
     the bounds of each log's own configuration and ``overrides`` (``deadline_ms``, ``slack_ms``,
     ``wait_timeout_ms``) on top, as :func:`~chestnut.node.offline.contracts.check_log`. Raises
@@ -192,8 +218,9 @@ def check_fleet(paths: Iterable[Path | str] | Path | str, executor: Executor, *,
     only = list(only) if only is not None else None
     check_timeline(Timeline.from_extracts([]), CheckParams(), only)  # an unknown contract name fails now
     groups = group_logs(paths)
-    tasks = [(log_name, [SegmentTask(i, str(f), None, _NO_PLAN) for i, f in enumerate(files)])
-             for log_name, files in groups]
+    tasks = [
+        (log_name, [SegmentTask(i, str(f), None, _NO_PLAN) for i, f in enumerate(files)]) for log_name, files in groups
+    ]
     run = _execute(executor, units_of(KIND_EXTRACT, tasks), on_outcome)
     extracts: dict[str, dict[int, FileExtract]] = {}
     for o in run.outcomes:
@@ -258,17 +285,31 @@ def _p(vals: Sequence[float]) -> tuple[float, float] | None:
     return (float(np.percentile(vals, 50)), float(np.percentile(vals, 99))) if vals else None
 
 
-def log_row(log: str, tl: Timeline, segments: int, *, mismatches: int = 0, violations: int = 0,
-            model_mismatches: int = 0) -> LogRow:
-    return LogRow(short_name(log), segments, len(tl.frames), mismatches, violations, len(tl.damage), failovers(tl),
-                  _p([o.execution_time_s * 1e3 for o in tl.outputs]), _p([o.frame_age_s * 1e3 for o in tl.outputs]),
-                  model_mismatches)
+def log_row(
+    log: str, tl: Timeline, segments: int, *, mismatches: int = 0, violations: int = 0, model_mismatches: int = 0
+) -> LogRow:
+    return LogRow(
+        short_name(log),
+        segments,
+        len(tl.frames),
+        mismatches,
+        violations,
+        len(tl.damage),
+        failovers(tl),
+        _p([o.execution_time_s * 1e3 for o in tl.outputs]),
+        _p([o.frame_age_s * 1e3 for o in tl.outputs]),
+        model_mismatches,
+    )
 
 
 def replay_rows(fleet: FleetReplay) -> list[LogRow]:
     """The fleet table of a replay, worst log first (most problems, then name)."""
-    rows = [log_row(k, r.timeline(), len(r.segments), mismatches=len(r.mismatches),
-                    model_mismatches=len(r.model_mismatches)) for k, r in fleet.logs.items()]
+    rows = [
+        log_row(
+            k, r.timeline(), len(r.segments), mismatches=len(r.mismatches), model_mismatches=len(r.model_mismatches)
+        )
+        for k, r in fleet.logs.items()
+    ]
     return sorted(rows, key=lambda r: (-r.problems, r.log))
 
 
@@ -284,10 +325,18 @@ def totals(rows: Sequence[LogRow], tls: Sequence[Timeline]) -> LogRow:
         for c, n in r.failovers.items():
             causes[c] = causes.get(c, 0) + n
     outs = [o for tl in tls for o in tl.outputs]
-    return LogRow(f"all {len(rows)} log(s)", sum(r.segments for r in rows), sum(r.frames for r in rows),
-                  sum(r.mismatches for r in rows), sum(r.violations for r in rows), sum(r.damage for r in rows),
-                  dict(sorted(causes.items())), _p([o.execution_time_s * 1e3 for o in outs]),
-                  _p([o.frame_age_s * 1e3 for o in outs]), sum(r.model_mismatches for r in rows))
+    return LogRow(
+        f"all {len(rows)} log(s)",
+        sum(r.segments for r in rows),
+        sum(r.frames for r in rows),
+        sum(r.mismatches for r in rows),
+        sum(r.violations for r in rows),
+        sum(r.damage for r in rows),
+        dict(sorted(causes.items())),
+        _p([o.execution_time_s * 1e3 for o in outs]),
+        _p([o.frame_age_s * 1e3 for o in outs]),
+        sum(r.model_mismatches for r in rows),
+    )
 
 
 @dataclass(frozen=True)
@@ -308,8 +357,11 @@ def replay_segment_rows(fleet: FleetReplay) -> list[SegmentRow]:
             bad = [f for f in s.frames if not f.ok]
             n = len(bad) + len(s.damage)
             if n:
-                first = (f"byte {s.damage[0].offset}: {s.damage[0].reason}" if s.damage
-                         else f"frame {bad[0].frame_id}: {bad[0].kind}: {bad[0].detail}")
+                first = (
+                    f"byte {s.damage[0].offset}: {s.damage[0].reason}"
+                    if s.damage
+                    else f"frame {bad[0].frame_id}: {bad[0].kind}: {bad[0].detail}"
+                )
                 rows.append(SegmentRow(short_name(k), s.index, s.path, n, first))
     return sorted(rows, key=lambda r: (-r.problems, r.log, r.index))
 
@@ -330,7 +382,8 @@ def check_segment_rows(fleet: FleetCheck) -> list[SegmentRow]:
         per: dict[int, list[str]] = {}
         for d in tl.damage:
             per.setdefault(tl.files.index(d.path) if d.path in tl.files else 0, []).append(
-                f"byte {d.offset}: {d.reason}")
+                f"byte {d.offset}: {d.reason}"
+            )
         for v in r.violations:
             per.setdefault(_segment_of(fleet.spans.get(k, []), v.t_ns), []).append(f"{v.contract}: {v.message}")
         for i, what in per.items():
@@ -349,28 +402,53 @@ def _causes(c: dict[str, int]) -> str:
     return ", ".join(f"{k} {n}" for k, n in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))) or "-"
 
 
-TABLE_HEADERS = ("log", "segments", "frames", "mismatches", "violations", "damaged", "failovers by cause",
-                 "exec p50 / p99 ms", "frame age p50 / p99 ms")
+TABLE_HEADERS = (
+    "log",
+    "segments",
+    "frames",
+    "mismatches",
+    "violations",
+    "damaged",
+    "failovers by cause",
+    "exec p50 / p99 ms",
+    "frame age p50 / p99 ms",
+)
 
 
 def row_cells(r: LogRow) -> tuple[str, ...]:
     mm = str(r.mismatches) + (f" (+{r.model_mismatches} model id)" if r.model_mismatches else "")
-    return (r.log, str(r.segments), str(r.frames), mm, str(r.violations), str(r.damage), _causes(r.failovers),
-            _ms(r.exec_ms), _ms(r.age_ms))
+    return (
+        r.log,
+        str(r.segments),
+        str(r.frames),
+        mm,
+        str(r.violations),
+        str(r.damage),
+        _causes(r.failovers),
+        _ms(r.exec_ms),
+        _ms(r.age_ms),
+    )
 
 
 def run_line(run: FleetRun) -> str:
     """One line on the executor's work: segments and frames per second, retries, failures."""
     n = len([o for o in run.outcomes if not o.error])
-    frames = sum(len(o.result.frames) if isinstance(o.result, SegmentResult) else
-                 sum(1 for r in o.result.records if r.service == "cameraFrame") if isinstance(o.result, FileExtract)
-                 else 0 for o in run.outcomes)
+    frames = sum(
+        len(o.result.frames)
+        if isinstance(o.result, SegmentResult)
+        else sum(1 for r in o.result.records if r.service == "cameraFrame")
+        if isinstance(o.result, FileExtract)
+        else 0
+        for o in run.outcomes
+    )
     rate = n / run.wall_s if run.wall_s > 0 else 0.0
     fps = frames / run.wall_s if run.wall_s > 0 else 0.0
     first = run.first_result_s
-    parts = [f"{run.executor}: {n} of {run.units} segment(s), {frames} frames in {run.wall_s:.2f} s "
-             f"({rate:.2f} segments/s, {fps:.1f} frames/s; first result after "
-             f"{'-' if first is None else f'{first:.2f} s'})"]
+    parts = [
+        f"{run.executor}: {n} of {run.units} segment(s), {frames} frames in {run.wall_s:.2f} s "
+        f"({rate:.2f} segments/s, {fps:.1f} frames/s; first result after "
+        f"{'-' if first is None else f'{first:.2f} s'})"
+    ]
     if run.retried:
         parts.append(f"{len(run.retried)} segment(s) run again after their worker died")
     if run.failed:
@@ -380,12 +458,15 @@ def run_line(run: FleetRun) -> str:
     return "; ".join(parts)
 
 
-def print_fleet(rows: list[LogRow], total: LogRow, segs: list[SegmentRow], run: FleetRun, console: Any,
-                title: str, top: int = 20) -> None:
+def print_fleet(
+    rows: list[LogRow], total: LogRow, segs: list[SegmentRow], run: FleetRun, console: Any, title: str, top: int = 20
+) -> None:
     from rich.table import Table
 
-    t = Table(title=f"{title}: {len(rows)} log(s), worst first" + (f" (top {top})" if len(rows) > top else ""),
-              show_edge=False)
+    t = Table(
+        title=f"{title}: {len(rows)} log(s), worst first" + (f" (top {top})" if len(rows) > top else ""),
+        show_edge=False,
+    )
     for h in TABLE_HEADERS:
         t.add_column(h, justify="left" if h in ("log", "failovers by cause") else "right")
     for r in rows[:top]:
@@ -394,8 +475,9 @@ def print_fleet(rows: list[LogRow], total: LogRow, segs: list[SegmentRow], run: 
     t.add_row(*[f"[bold]{c}[/bold]" for c in row_cells(total)])
     console.print(t)
     if segs:
-        s = Table(title=f"segments with problems, worst first (top {min(top, len(segs))} of {len(segs)})",
-                  show_edge=False)
+        s = Table(
+            title=f"segments with problems, worst first (top {min(top, len(segs))} of {len(segs)})", show_edge=False
+        )
         for h in ("log", "segment", "problems", "first"):
             s.add_column(h)
         for sr in segs[:top]:
@@ -406,8 +488,15 @@ def print_fleet(rows: list[LogRow], total: LogRow, segs: list[SegmentRow], run: 
     console.print(run_line(run))
 
 
-def write_fleet_report(out_dir: Path | str, title: str, rows: list[LogRow], total: LogRow, segs: list[SegmentRow],
-                       run: FleetRun, per_log: Sequence[tuple[str, Callable[[Path], Path]]] = ()) -> Path:
+def write_fleet_report(
+    out_dir: Path | str,
+    title: str,
+    rows: list[LogRow],
+    total: LogRow,
+    segs: list[SegmentRow],
+    run: FleetRun,
+    per_log: Sequence[tuple[str, Callable[[Path], Path]]] = (),
+) -> Path:
     """``index.html`` with the verdict, the fleet table and the worst segments, and each log of
     ``per_log`` (``(name, writer)``, at most :data:`REPORT_LOGS`) given its own report under ``logs/``."""
     from chestnut.node.offline.report import _CSS, _table
@@ -419,25 +508,48 @@ def write_fleet_report(out_dir: Path | str, title: str, rows: list[LogRow], tota
         index = writer(out / "logs" / name)
         links[name] = str(index.relative_to(out))
     bad = total.problems > 0 or bool(run.failed) or run.interrupted
-    verdict = (f"<p class='verdict {'fail' if bad else 'ok'}'>{'FAIL' if bad else 'PASS'}: {total.mismatches} "
-               f"replay mismatch(es), {total.violations} contract violation(s), {total.damage} damaged file(s), "
-               f"{len(run.failed)} failed segment(s){', interrupted' if run.interrupted else ''}</p>")
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>", verdict,
-             f"<p>{html.escape(run_line(run))}</p>", "<h2>fleet (worst log first)</h2>",
-             _table(TABLE_HEADERS, [row_cells(r) for r in [*rows, total]],
-                    ["bad" if r.problems else "good" for r in rows] + [""])]
+    verdict = (
+        f"<p class='verdict {'fail' if bad else 'ok'}'>{'FAIL' if bad else 'PASS'}: {total.mismatches} "
+        f"replay mismatch(es), {total.violations} contract violation(s), {total.damage} damaged file(s), "
+        f"{len(run.failed)} failed segment(s){', interrupted' if run.interrupted else ''}</p>"
+    )
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>",
+        verdict,
+        f"<p>{html.escape(run_line(run))}</p>",
+        "<h2>fleet (worst log first)</h2>",
+        _table(
+            TABLE_HEADERS,
+            [row_cells(r) for r in [*rows, total]],
+            ["bad" if r.problems else "good" for r in rows] + [""],
+        ),
+    ]
     if links:
-        parts.append("<h2>logs with their own report</h2><ul>" + "".join(
-            f"<li><a href='{html.escape(href)}'>{html.escape(name)}</a></li>" for name, href in links.items())
-            + "</ul>")
+        parts.append(
+            "<h2>logs with their own report</h2><ul>"
+            + "".join(f"<li><a href='{html.escape(href)}'>{html.escape(name)}</a></li>" for name, href in links.items())
+            + "</ul>"
+        )
     parts.append(f"<h2>segments with problems ({len(segs)})</h2>")
-    parts.append(_table(("log", "segment", "file", "problems", "first"),
-                        [(s.log, s.index, s.path, s.problems, s.first) for s in segs], ["bad"] * len(segs))
-                 if segs else "<p>none</p>")
+    parts.append(
+        _table(
+            ("log", "segment", "file", "problems", "first"),
+            [(s.log, s.index, s.path, s.problems, s.first) for s in segs],
+            ["bad"] * len(segs),
+        )
+        if segs
+        else "<p>none</p>"
+    )
     if run.failed:
-        parts += ["<h2>failed segments</h2>", _table(("file", "error", "attempts"), [
-            (o.unit.path, o.error, o.attempts) for o in run.failed], ["bad"] * len(run.failed))]
+        parts += [
+            "<h2>failed segments</h2>",
+            _table(
+                ("file", "error", "attempts"),
+                [(o.unit.path, o.error, o.attempts) for o in run.failed],
+                ["bad"] * len(run.failed),
+            ),
+        ]
     parts.append("</body></html>")
     index = out / "index.html"
     index.write_text("\n".join(parts))
@@ -480,7 +592,23 @@ def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
 
 
 __all__ = [
-    "FleetCheck", "FleetReplay", "FleetRun", "LogRow", "SegmentRow", "check_fleet", "check_rows",
-    "check_segment_rows", "failovers", "group_logs", "log_row", "make_fleet", "print_fleet", "replay_fleet",
-    "replay_rows", "replay_segment_rows", "route_of", "totals", "write_fleet_report",
+    "FleetCheck",
+    "FleetReplay",
+    "FleetRun",
+    "LogRow",
+    "SegmentRow",
+    "check_fleet",
+    "check_rows",
+    "check_segment_rows",
+    "failovers",
+    "group_logs",
+    "log_row",
+    "make_fleet",
+    "print_fleet",
+    "replay_fleet",
+    "replay_rows",
+    "replay_segment_rows",
+    "route_of",
+    "totals",
+    "write_fleet_report",
 ]

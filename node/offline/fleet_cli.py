@@ -27,17 +27,32 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention for a run stopped
 
 
 def add_executor_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--executor", choices=EXECUTORS, default="local",
-                   help="where segments run: local (this machine's processes, default) or ray (a Ray cluster; "
-                   "pip install 'chestnut[cluster]')")
-    p.add_argument("--workers", type=int, default=None,
-                   help="local: processes (default 1); ray: actors (default: one per CPU of the cluster)")
-    p.add_argument("--ray-address", metavar="ADDRESS|auto", default=None,
-                   help="the Ray cluster to join (auto: the one started on this machine with ray start; default: "
-                   "a private one-machine cluster)")
-    p.add_argument("--ship-logs", action="store_true",
-                   help="ray: send every segment's bytes through Ray's object store (default: workers read the "
-                   "log's path, which every node must see)")
+    p.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default="local",
+        help="where segments run: local (this machine's processes, default) or ray (a Ray cluster; "
+        "pip install 'chestnut[cluster]')",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="local: processes (default 1); ray: actors (default: one per CPU of the cluster)",
+    )
+    p.add_argument(
+        "--ray-address",
+        metavar="ADDRESS|auto",
+        default=None,
+        help="the Ray cluster to join (auto: the one started on this machine with ray start; default: "
+        "a private one-machine cluster)",
+    )
+    p.add_argument(
+        "--ship-logs",
+        action="store_true",
+        help="ray: send every segment's bytes through Ray's object store (default: workers read the "
+        "log's path, which every node must see)",
+    )
 
 
 def executor_from_args(args: argparse.Namespace) -> Executor:
@@ -56,8 +71,14 @@ def progress(console: Any, total_of: Callable[[], int | None]) -> Iterator[Calla
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("segments"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
+    with Progress(
+        TextColumn("segments"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
         task = bar.add_task("segments", total=total_of())
 
         def step(_o: Outcome) -> None:
@@ -69,8 +90,9 @@ def progress(console: Any, total_of: Callable[[], int | None]) -> Iterator[Calla
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="fleet_command", metavar="ACTION", required=True)
     make = sub.add_parser("make", help="copy a log N times under new route ids (a synthetic fleet)")
-    make.add_argument("--from", dest="source", type=Path, required=True, metavar="LOG",
-                      help="log files or directories to copy")
+    make.add_argument(
+        "--from", dest="source", type=Path, required=True, metavar="LOG", help="log files or directories to copy"
+    )
     make.add_argument("--copies", type=int, required=True, metavar="N", help=f"copies of each log (1..{MAX_COPIES})")
     make.add_argument("out", type=Path, metavar="OUT", help="directory for the fleet (routes never overwritten)")
 

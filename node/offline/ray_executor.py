@@ -69,15 +69,25 @@ class RayExecutor:
 
     name = "ray"
 
-    def __init__(self, address: str | None = None, workers: int | None = None, ship_logs: bool = False,
-                 object_store_memory: int | None = None) -> None:
+    def __init__(
+        self,
+        address: str | None = None,
+        workers: int | None = None,
+        ship_logs: bool = False,
+        object_store_memory: int | None = None,
+    ) -> None:
         self.ship_logs = ship_logs
         self._owns = False
         if not ray.is_initialized():
             try:
                 if address is None:
-                    ray.init(num_cpus=workers, object_store_memory=object_store_memory, include_dashboard=False,
-                             log_to_driver=False, configure_logging=False)
+                    ray.init(
+                        num_cpus=workers,
+                        object_store_memory=object_store_memory,
+                        include_dashboard=False,
+                        log_to_driver=False,
+                        configure_logging=False,
+                    )
                     self._owns = True
                 else:
                     ray.init(address=address, log_to_driver=False, configure_logging=False)
@@ -93,8 +103,10 @@ class RayExecutor:
         self.start_s = 0.0  # actors started and answering (s)
 
     def describe(self) -> str:
-        return (f"ray, {self.workers} actor(s) on {self.nodes} node(s)"
-                f"{', logs shipped through the object store' if self.ship_logs else ''}")
+        return (
+            f"ray, {self.workers} actor(s) on {self.nodes} node(s)"
+            f"{', logs shipped through the object store' if self.ship_logs else ''}"
+        )
 
     def _start(self) -> None:
         t0 = time.perf_counter()
@@ -102,8 +114,10 @@ class RayExecutor:
         try:
             idents = ray.get([a.ident.remote() for a in self.actors], timeout=START_TIMEOUT_S)
         except GetTimeoutError:
-            raise ExecutorError(f"{self.workers} Ray actor(s) did not start within {START_TIMEOUT_S:g} s: "
-                                "are there that many free CPUs in the cluster?") from None
+            raise ExecutorError(
+                f"{self.workers} Ray actor(s) did not start within {START_TIMEOUT_S:g} s: "
+                "are there that many free CPUs in the cluster?"
+            ) from None
         self.pids = dict(enumerate(idents))
         self.start_s = time.perf_counter() - t0
 
@@ -161,18 +175,37 @@ class RayExecutor:
                         result, who, run_s = ray.get(ref)
                     except RayActorError as e:  # its process or node died and Ray's retries are spent
                         dead.add(slot)
-                        log.warning("%s: worker %s lost (%s); %s", u.path, pid_then, type(e).__name__,
-                                    "retrying elsewhere" if attempts[u.key] < MAX_ATTEMPTS else "giving up")
+                        log.warning(
+                            "%s: worker %s lost (%s); %s",
+                            u.path,
+                            pid_then,
+                            type(e).__name__,
+                            "retrying elsewhere" if attempts[u.key] < MAX_ATTEMPTS else "giving up",
+                        )
                         if attempts[u.key] < MAX_ATTEMPTS:
                             todo.append(u)
                             continue
-                        out = Outcome(u, None, error=f"worker lost {attempts[u.key]} times ({type(e).__name__})",
-                                      worker=pid_then, attempts=attempts[u.key], queued_s=queued, done_s=now)
+                        out = Outcome(
+                            u,
+                            None,
+                            error=f"worker lost {attempts[u.key]} times ({type(e).__name__})",
+                            worker=pid_then,
+                            attempts=attempts[u.key],
+                            queued_s=queued,
+                            done_s=now,
+                        )
                     except RayTaskError as e:  # the unit raised by itself: the same anywhere
                         idle.append(slot)
                         cause = e.cause if isinstance(e.cause, BaseException) else e
-                        out = Outcome(u, None, error=f"{type(cause).__name__}: {cause}", worker=pid_then,
-                                      attempts=attempts[u.key], queued_s=queued, done_s=now)
+                        out = Outcome(
+                            u,
+                            None,
+                            error=f"{type(cause).__name__}: {cause}",
+                            worker=pid_then,
+                            attempts=attempts[u.key],
+                            queued_s=queued,
+                            done_s=now,
+                        )
                     else:
                         idle.append(slot)
                         # a different process answered: the actor was restarted under this unit and Ray ran it again

@@ -135,10 +135,18 @@ def _graph_input(path: Path) -> tuple[str, tuple[int, ...]]:
     return specs[0].name, specs[0].shape
 
 
-def resolve_plan(node_config: dict[str, Any], *, model: Path | None = None, fallback_model: Path | None = None,
-                 source: str = "logged", tol: float = DEFAULT_TOL, slack_ms: float = SLACK_MS,
-                 jit_cache: bool = True, config_origin: str = "the log",
-                 primary_engine: str = "auto") -> ReplayPlan:
+def resolve_plan(
+    node_config: dict[str, Any],
+    *,
+    model: Path | None = None,
+    fallback_model: Path | None = None,
+    source: str = "logged",
+    tol: float = DEFAULT_TOL,
+    slack_ms: float = SLACK_MS,
+    jit_cache: bool = True,
+    config_origin: str = "the log",
+    primary_engine: str = "auto",
+) -> ReplayPlan:
     """The plan from the node's logged configuration (``initData.config``, :class:`chestnut.node.config.NodeConfig`
     JSON: ``model.{path,name,input,shape,preprocess}``, ``fallback.{path,engine,threads}``,
     ``timing.deadline_ms``; a top-level ``preprocess`` overrides) with ``model`` / ``fallback_model``
@@ -191,9 +199,17 @@ def resolve_plan(node_config: dict[str, Any], *, model: Path | None = None, fall
     primary = ref(primary_path, "primary", primary_engine, 1) if "primary" in needs else None
     fallback = ref(fallback_path, "fallback", engine, int(fcfg.get("threads") or 1)) if "fallback" in needs else None
     deadline = tcfg.get("deadline_ms")
-    return ReplayPlan(preprocess, primary, fallback, source, float(tol),
-                      float(deadline) if isinstance(deadline, int | float) and deadline > 0 else FRAME_DEADLINE_MS,
-                      float(slack_ms), jit_cache, config_origin)
+    return ReplayPlan(
+        preprocess,
+        primary,
+        fallback,
+        source,
+        float(tol),
+        float(deadline) if isinstance(deadline, int | float) and deadline > 0 else FRAME_DEADLINE_MS,
+        float(slack_ms),
+        jit_cache,
+        config_origin,
+    )
 
 
 def find_node_config(files: Iterable[Path]) -> dict[str, Any]:
@@ -300,8 +316,10 @@ class ModelIdCheck:
         if self.same_bytes:
             note = "" if self.logged_id == self.replay_id else f" (name differs: replayed as {self.replay_id})"
             return f"{self.source}: log model {self.logged_id} = replay model{note}"
-        return (f"{self.source}: MODEL DIFFERS: the log's outputs came from {self.logged_id} but replay runs "
-                f"{self.replay_id} ({self.frames} frame(s) from frame {self.first_frame})")
+        return (
+            f"{self.source}: MODEL DIFFERS: the log's outputs came from {self.logged_id} but replay runs "
+            f"{self.replay_id} ({self.frames} frame(s) from frame {self.first_frame})"
+        )
 
 
 @dataclass
@@ -412,8 +430,9 @@ def tensor_to_array(t: Any) -> tuple[str, np.ndarray]:
     return t.name, np.frombuffer(data, dt).reshape(shape).astype(dt.newbyteorder("="), copy=True)
 
 
-def compare_outputs(logged: dict[str, np.ndarray], replayed: dict[str, np.ndarray],
-                    tol: float) -> tuple[str, str, tuple[TensorDiff, ...]]:
+def compare_outputs(
+    logged: dict[str, np.ndarray], replayed: dict[str, np.ndarray], tol: float
+) -> tuple[str, str, tuple[TensorDiff, ...]]:
     """(kind, detail, per-tensor diffs) of one frame: names, then shapes and dtypes, then values."""
     missing, extra = sorted(set(logged) - set(replayed)), sorted(set(replayed) - set(logged))
     diffs: list[TensorDiff] = []
@@ -434,8 +453,10 @@ def compare_outputs(logged: dict[str, np.ndarray], replayed: dict[str, np.ndarra
         if not c.ok:
             if kind == KIND_OK:
                 kind = KIND_VALUES
-            problems.append(f"{name}: {c.n_mismatch}/{a.size} value(s) beyond tol {tol:g}, max abs diff "
-                            f"{c.max_abs_diff:.6g}, first at {c.first_mismatch}")
+            problems.append(
+                f"{name}: {c.n_mismatch}/{a.size} value(s) beyond tol {tol:g}, max abs diff "
+                f"{c.max_abs_diff:.6g}, first at {c.first_mismatch}"
+            )
     return kind, "; ".join(problems), tuple(diffs)
 
 
@@ -464,8 +485,9 @@ def _model(ref: ModelRef, jit_cache: bool) -> Any:
         else:
             from chestnut.fallback.standby import FallbackModel
 
-            _MODELS[key] = FallbackModel(Path(ref.path), ref.engine, name=ref.name, input_shapes=shapes,
-                                         threads=ref.threads)
+            _MODELS[key] = FallbackModel(
+                Path(ref.path), ref.engine, name=ref.name, input_shapes=shapes, threads=ref.threads
+            )
     return _MODELS[key]
 
 
@@ -526,8 +548,9 @@ class _SegmentReplayer:
             return
         src, ref = self.plan.model_for(logged_source)
         if ref is None:
-            self.frames.append(FrameResult(**base, kind=KIND_NO_MODEL,
-                                           detail=f"no model to replay a {logged_source!r} output with"))
+            self.frames.append(
+                FrameResult(**base, kind=KIND_NO_MODEL, detail=f"no model to replay a {logged_source!r} output with")
+            )
             return
         entry = self.ids.setdefault((src, mo.modelId), [0, fid])
         entry[0] += 1
@@ -566,8 +589,11 @@ class _SegmentReplayer:
                 preprocess(self.plan.preprocess, pending.image, ref.input_name, ref.input_shape)
         except (KeyError, ValueError) as e:
             return FrameResult(**base, kind=KIND_OK, detail=f"unusable frame, as logged: {e}")
-        return FrameResult(**base, kind=KIND_INPUT, detail=f"the node answered without a model ({mo.reason}) "
-                           "but the frame preprocesses")
+        return FrameResult(
+            **base,
+            kind=KIND_INPUT,
+            detail=f"the node answered without a model ({mo.reason}) but the frame preprocesses",
+        )
 
     def run(self) -> SegmentResult:
         t_start = time.perf_counter()
@@ -620,21 +646,42 @@ class _SegmentReplayer:
                     self.replay_output(fid, pending.pop(fid), t, mo)
                 elif fid in answered:
                     answered[fid] += 1
-                    self.frames.append(FrameResult(fid, t, KIND_DUPLICATE, str(mo.source), detail=(
-                        f"frame {fid} answered {answered[fid]} times")))
+                    self.frames.append(
+                        FrameResult(
+                            fid,
+                            t,
+                            KIND_DUPLICATE,
+                            str(mo.source),
+                            detail=(f"frame {fid} answered {answered[fid]} times"),
+                        )
+                    )
                 elif fid in expired:
                     p = expired.pop(fid)
                     answered[fid] = 1
-                    self.frames.append(FrameResult(fid, t, KIND_LATE, str(mo.source), detail=(
-                        f"frame {fid} answered {(t - p.t_ns) / NS_PER_S:.1f} s after it was logged")))
+                    self.frames.append(
+                        FrameResult(
+                            fid,
+                            t,
+                            KIND_LATE,
+                            str(mo.source),
+                            detail=(f"frame {fid} answered {(t - p.t_ns) / NS_PER_S:.1f} s after it was logged"),
+                        )
+                    )
                 elif first_frame is None or fid < first_frame:
                     skipped_head += 1  # the previous segment's frame (its unit replays it), or before the log
                 else:
                     early[fid] = (t, ev)  # aligned by frame id: its frame may still come
         extract = recorder.finish()
-        orphans = [FrameResult(fid, t, KIND_ORPHAN, str(ev.modelOutput.source),
-                               detail=f"modelOutput for frame {fid}, which is not in the log")
-                   for fid, (t, ev) in early.items()]
+        orphans = [
+            FrameResult(
+                fid,
+                t,
+                KIND_ORPHAN,
+                str(ev.modelOutput.source),
+                detail=f"modelOutput for frame {fid}, which is not in the log",
+            )
+            for fid, (t, ev) in early.items()
+        ]
         end_ns = extract.last_ns or 0
         if pending and task.next_path is not None:
             self._look_ahead(pending, task.next_path)
@@ -651,11 +698,24 @@ class _SegmentReplayer:
                 self.frames.append(FrameResult(fid, p.t_ns, KIND_MISSING, detail=f"frame {fid} has no modelOutput"))
         self.frames.extend(o for o in orphans if not _overlaps(extract.gaps, o.t_ns - bound, o.t_ns))
         self.frames.sort(key=lambda f: (f.frame_id, f.t_ns, f.kind))
-        ids = [ModelIdCheck(src, logged, self._replay_id(src), n, first) for (src, logged), (n, first)
-               in sorted(self.ids.items())]
-        return SegmentResult(task.index, task.path, self.frames, list(extract.damage), ids, skipped_head, extract,
-                             self.infer_s, self.load_s, time.perf_counter() - t_start, os.getpid(),
-                             time.process_time() - cpu_start)
+        ids = [
+            ModelIdCheck(src, logged, self._replay_id(src), n, first)
+            for (src, logged), (n, first) in sorted(self.ids.items())
+        ]
+        return SegmentResult(
+            task.index,
+            task.path,
+            self.frames,
+            list(extract.damage),
+            ids,
+            skipped_head,
+            extract,
+            self.infer_s,
+            self.load_s,
+            time.perf_counter() - t_start,
+            os.getpid(),
+            time.process_time() - cpu_start,
+        )
 
     def _replay_id(self, src: str) -> str:
         ref = {"primary": self.plan.primary, "fallback": self.plan.fallback}[src]
@@ -727,8 +787,15 @@ def plan_tasks(files: list[Path], plan: ReplayPlan) -> list[SegmentTask]:
     return tasks
 
 
-def replay(paths: Iterable[Path | str] | Path | str, plan: ReplayPlan | None = None, *, workers: int = 1,
-           pool: bool | None = None, progress: bool = False, **plan_args: Any) -> ReplayResult:
+def replay(
+    paths: Iterable[Path | str] | Path | str,
+    plan: ReplayPlan | None = None,
+    *,
+    workers: int = 1,
+    pool: bool | None = None,
+    progress: bool = False,
+    **plan_args: Any,
+) -> ReplayResult:
     """Replay every segment under ``paths``.
 
     ``plan`` defaults to :func:`resolve_plan` over the node configuration found in the log with
@@ -769,8 +836,9 @@ def _run_pool(tasks: list[SegmentTask], workers: int, bar: _Progress) -> Iterato
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     try:
-        with ProcessPoolExecutor(max_workers=min(workers, len(tasks)) or 1, mp_context=ctx,
-                                 initializer=_init_pool_worker, initargs=(q,)) as ex:
+        with ProcessPoolExecutor(
+            max_workers=min(workers, len(tasks)) or 1, mp_context=ctx, initializer=_init_pool_worker, initargs=(q,)
+        ) as ex:
             futures: set[Future[SegmentResult]] = {ex.submit(_pool_replay, t) for t in tasks}
             while futures:
                 done, futures = wait(futures, timeout=0.2, return_when=FIRST_COMPLETED)
@@ -806,9 +874,15 @@ class _Progress:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._p = Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TextColumn("segments"),
-                               TextColumn("{task.fields[frames]} frames"), TimeElapsedColumn(),
-                               console=Console(stderr=True))
+            self._p = Progress(
+                TextColumn("replay"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("segments"),
+                TextColumn("{task.fields[frames]} frames"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+            )
             self._p.start()
             self._task = self._p.add_task("replay", total=self.segments, frames=0)
         return self
@@ -828,7 +902,21 @@ class _Progress:
 
 
 __all__ = [
-    "DEFAULT_TOL", "FrameResult", "ModelIdCheck", "ModelRef", "ReplayError", "ReplayPlan", "ReplayResult",
-    "SegmentResult", "SegmentTask", "TensorDiff", "compare_outputs", "find_node_config", "plan_tasks",
-    "replay", "replay_segment", "resolve_plan", "tensor_to_array",
+    "DEFAULT_TOL",
+    "FrameResult",
+    "ModelIdCheck",
+    "ModelRef",
+    "ReplayError",
+    "ReplayPlan",
+    "ReplayResult",
+    "SegmentResult",
+    "SegmentTask",
+    "TensorDiff",
+    "compare_outputs",
+    "find_node_config",
+    "plan_tasks",
+    "replay",
+    "replay_segment",
+    "resolve_plan",
+    "tensor_to_array",
 ]

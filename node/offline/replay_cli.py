@@ -47,16 +47,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="log files or directories (rlog.zst / rlog.mcap)")
     p.add_argument("--model", type=Path, help="primary model (default: the path in the log's config)")
     p.add_argument("--fallback-model", type=Path, help="fallback model (default: the log's config)")
-    p.add_argument("--source", choices=SOURCES, default="logged",
-                   help="replay each frame with the source that served it (logged) or force one")
-    p.add_argument("--primary-engine", choices=("auto", *ENGINES), default="auto",
-                   help="engine for primary-served frames: auto (default: the engine the log's twinState names, "
-                   "else tinygrad), tinygrad (the twin's tinygrad engine and the cpu dock run the same kernels) or "
-                   "onnxruntime (a twin run with --engine onnxruntime)")
+    p.add_argument(
+        "--source",
+        choices=SOURCES,
+        default="logged",
+        help="replay each frame with the source that served it (logged) or force one",
+    )
+    p.add_argument(
+        "--primary-engine",
+        choices=("auto", *ENGINES),
+        default="auto",
+        help="engine for primary-served frames: auto (default: the engine the log's twinState names, "
+        "else tinygrad), tinygrad (the twin's tinygrad engine and the cpu dock run the same kernels) or "
+        "onnxruntime (a twin run with --engine onnxruntime)",
+    )
     p.add_argument("--tol", type=float, default=DEFAULT_TOL, help=f"tolerance (default {DEFAULT_TOL:g})")
     p.add_argument("--report", type=Path, metavar="DIR", help="write plots and an HTML report to DIR")
-    p.add_argument("--slack-ms", type=float, default=SLACK_MS, help="slack on the answer deadline for frames "
-                   f"in flight at the log's end (default {SLACK_MS:g})")
+    p.add_argument(
+        "--slack-ms",
+        type=float,
+        default=SLACK_MS,
+        help=f"slack on the answer deadline for frames in flight at the log's end (default {SLACK_MS:g})",
+    )
     p.add_argument("--no-jit-cache", action="store_true", help="compile the tinygrad model afresh in every process")
     p.add_argument("--top", type=int, default=10, help="frames listed with the largest differences (default 10)")
     add_executor_arguments(p)
@@ -73,8 +85,9 @@ def print_result(result: ReplayResult, console: Any, top: int = 10) -> None:
     counts: dict[str, int] = {}
     for f in frames:
         counts[f.kind] = counts.get(f.kind, 0) + 1
-    summary = Table(title=f"replay (tol {plan.tol:g}, source {plan.source}, preprocess {plan.preprocess})",
-                    show_edge=False)
+    summary = Table(
+        title=f"replay (tol {plan.tol:g}, source {plan.source}, preprocess {plan.preprocess})", show_edge=False
+    )
     summary.add_column("outcome")
     summary.add_column("frames", justify="right")
     for kind in sorted(counts, key=lambda k: (k not in EXCUSED, k)):
@@ -89,23 +102,27 @@ def print_result(result: ReplayResult, console: Any, top: int = 10) -> None:
         for name, (d, fid) in sorted(maxima.items()):
             t.add_row(name, f"{d:.6g}", str(fid))
         console.print(t)
-    worst = sorted((f for f in frames if f.max_abs_diff > 0 or not f.ok), key=lambda f: (f.ok, -f.max_abs_diff,
-                                                                                          f.frame_id))
+    worst = sorted(
+        (f for f in frames if f.max_abs_diff > 0 or not f.ok), key=lambda f: (f.ok, -f.max_abs_diff, f.frame_id)
+    )
     if worst and top > 0:
         t = Table(title=f"frames with the largest differences (top {top})", show_edge=False)
         for col in ("frame", "logged", "replayed", "outcome", "max abs diff", "detail"):
             t.add_column(col)
         for f in worst[:top]:
-            t.add_row(str(f.frame_id), f.logged_source, f.replayed_with, f.kind, f"{f.max_abs_diff:.6g}",
-                      f.detail or "-")
+            t.add_row(
+                str(f.frame_id), f.logged_source, f.replayed_with, f.kind, f"{f.max_abs_diff:.6g}", f.detail or "-"
+            )
         console.print(t)
     for dmg in result.damage:
         console.print(f"[red]log damage: {dmg.path}: byte {dmg.offset}: {dmg.reason}[/red]")
     infer = sum(s.infer_s for s in result.segments)
     n = sum(1 for f in frames if f.replayed_with)
     rate = n / result.wall_s if result.wall_s > 0 else 0.0
-    console.print(f"{len(result.segments)} segment(s), {n} frames replayed in {result.wall_s:.2f} s "
-                  f"({rate:.1f} frames/s with {result.workers} worker(s); inference {infer:.2f} s)")
+    console.print(
+        f"{len(result.segments)} segment(s), {n} frames replayed in {result.wall_s:.2f} s "
+        f"({rate:.1f} frames/s with {result.workers} worker(s); inference {infer:.2f} s)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,10 +139,18 @@ def run(args: argparse.Namespace) -> int:
     total: list[int] = []
     try:
         with progress(console, lambda: total[0] if total else None) as step:
-            fleet = replay_fleet(args.logs, executor, on_outcome=step, model=args.model,
-                                 fallback_model=args.fallback_model, source=args.source, tol=args.tol,
-                                 slack_ms=args.slack_ms, jit_cache=not args.no_jit_cache,
-                                 primary_engine=args.primary_engine)
+            fleet = replay_fleet(
+                args.logs,
+                executor,
+                on_outcome=step,
+                model=args.model,
+                fallback_model=args.fallback_model,
+                source=args.source,
+                tol=args.tol,
+                slack_ms=args.slack_ms,
+                jit_cache=not args.no_jit_cache,
+                primary_engine=args.primary_engine,
+            )
     except (FileNotFoundError, ReplayError, ValueError, ChestnutError, ExecutorError) as e:
         log.error("%s", e)  # ChestnutError: a model that won't load
         return 2
@@ -159,9 +184,10 @@ def run(args: argparse.Namespace) -> int:
     model_mm = sum(len(r.model_mismatches) for r in fleet.logs.values())
     damaged = sum(len(r.damage) for r in fleet.logs.values())
     bad = mism + model_mm + damaged + len(run_.failed)
-    console.print(f"[{'red' if bad else 'green'}]{mism} mismatch(es), {model_mm} model id mismatch(es), "
-                  f"{damaged} damaged file(s)" + (f", {len(run_.failed)} failed segment(s)" if run_.failed else "")
-                  + "[/]")
+    console.print(
+        f"[{'red' if bad else 'green'}]{mism} mismatch(es), {model_mm} model id mismatch(es), "
+        f"{damaged} damaged file(s)" + (f", {len(run_.failed)} failed segment(s)" if run_.failed else "") + "[/]"
+    )
     if run_.interrupted:
         console.print(f"[yellow]interrupted: {len(run_.outcomes)} of {run_.units} segment(s) finished[/yellow]")
         return EXIT_INTERRUPTED

@@ -24,8 +24,10 @@ MAX_SHIP_BYTES = 2 << 30
 """Largest segment file shipped through the object store (bytes; ``--ship-logs``): 2 GiB, about five
 minutes of the logger's 20 Hz full-resolution rlog (``README.md``, 360 MB per minute). A larger file is
 refused with its size; read it from a shared path instead."""
-RAY_INSTALL_HINT = ("--executor ray needs Ray, which is not installed: pip install 'chestnut[cluster]' "
-                    "(or run bash launch/setup.sh, which installs it)")
+RAY_INSTALL_HINT = (
+    "--executor ray needs Ray, which is not installed: pip install 'chestnut[cluster]' "
+    "(or run bash launch/setup.sh, which installs it)"
+)
 
 
 class ExecutorError(RuntimeError):
@@ -74,13 +76,18 @@ def worker_id() -> str:
 
 def relocate_extract(x: FileExtract, path: str) -> FileExtract:
     """``x`` as if read from ``path`` (a shipped copy was read from a private temporary file)."""
-    return replace(x, path=path, damage=[replace(d, path=path) for d in x.damage],
-                   unstamped=[replace(u, path=path) for u in x.unstamped])
+    return replace(
+        x,
+        path=path,
+        damage=[replace(d, path=path) for d in x.damage],
+        unstamped=[replace(u, path=path) for u in x.unstamped],
+    )
 
 
 def _relocate_result(r: SegmentResult, path: str) -> SegmentResult:
-    return replace(r, path=path, damage=[replace(d, path=path) for d in r.damage],
-                   extract=relocate_extract(r.extract, path))
+    return replace(
+        r, path=path, damage=[replace(d, path=path) for d in r.damage], extract=relocate_extract(r.extract, path)
+    )
 
 
 def run_unit(unit: Unit, data: bytes | None = None, next_data: bytes | None = None) -> SegmentResult | FileExtract:
@@ -95,8 +102,9 @@ def run_unit(unit: Unit, data: bytes | None = None, next_data: bytes | None = No
     tmp = tempfile.mkdtemp(prefix="chestnut-unit-")  # mode 0700: nobody else reads the log
     try:
         here = _stage(Path(tmp) / "this", unit.path, data)
-        nxt = _stage(Path(tmp) / "next", unit.next_path, next_data) if unit.next_path and next_data is not None \
-            else None
+        nxt = (
+            _stage(Path(tmp) / "next", unit.next_path, next_data) if unit.next_path and next_data is not None else None
+        )
         result = _run_at(unit, here, nxt)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -126,7 +134,9 @@ def read_shipped(path: str) -> bytes:
     """A segment file's bytes for ``--ship-logs``; refuses a file over :data:`MAX_SHIP_BYTES`."""
     size = os.stat(path).st_size
     if size > MAX_SHIP_BYTES:
-        raise ExecutorError(f"{path}: {size} bytes is over the {MAX_SHIP_BYTES} bytes shipped per segment "
-                            "(--ship-logs): put the logs on a path every worker reads and drop --ship-logs")
+        raise ExecutorError(
+            f"{path}: {size} bytes is over the {MAX_SHIP_BYTES} bytes shipped per segment "
+            "(--ship-logs): put the logs on a path every worker reads and drop --ship-logs"
+        )
     with open(path, "rb") as fh:
         return fh.read(MAX_SHIP_BYTES + 1)

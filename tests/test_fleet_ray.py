@@ -1,0 +1,274 @@
+"""Fleet replay and check: one unit per segment on the local pool or a two-node Ray cluster, same results.
+
+The fleet: ``tests/drivelog.py``'s drive (180 frames in four 3 s segments, tiny model) copied under new
+route ids by ``chestnut fleet make``. The Ray cluster runs on this machine: a head and a second node,
+one CPU and 100 MB of object store each (Ray's ``ray.cluster_utils.Cluster``), torn down at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from drivelog import build_drive, tamper_tensor, write_drive
+
+from chestnut.launch.cli import main
+from chestnut.msgs.logfile import SegmentFileReader
+from chestnut.node.offline.executor import RAY_INSTALL_HINT, LocalExecutor
+from chestnut.node.offline.fleet import (
+    check_fleet,
+    check_rows,
+    make_fleet,
+    replay_fleet,
+    replay_rows,
+    replay_segment_rows,
+)
+from chestnut.node.offline.replay import KIND_VALUES, replay
+from chestnut.node.offline.units import Unit, run_unit
+
+ROUTE = "2026-01-01--00-00-00"
+COPIES = 4
+SEGMENTS = 4  # per copy
+OBJECT_STORE = 100 * 1024 * 1024  # Ray's minimum is 75 MiB
+
+
+@pytest.fixture(scope="module")
+def source(tiny_onnx: Path, tmp_path_factory) -> Path:
+    logs = tmp_path_factory.mktemp("source") / "logs"
+    write_drive(build_drive(tiny_onnx), logs)
+    return logs
+
+
+@pytest.fixture(scope="module")
+def fleet(source: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fleet") / "fleet"
+    make_fleet(source, COPIES, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def alone(source: Path) -> str:
+    """The digest of the source log replayed on its own, in this process."""
+    return replay(source, jit_cache=False).digest()
+
+
+@pytest.fixture(scope="module")
+def local(fleet: Path):
+    return replay_fleet(fleet, LocalExecutor(1), jit_cache=False), check_fleet(fleet, LocalExecutor(1))
+
+
+# ---------------------------------------------------------------- without Ray
+
+
+def test_fleet_make_writes_copies_under_new_route_ids(source, tmp_path, capsys):
+    out = tmp_path / "fleet"
+    assert main(["fleet", "make", "--from", str(source), "--copies", "3", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"3 route(s), 12 segment(s) in {out}"
+    assert sorted(p.name for p in out.iterdir()) == [f"{ROUTE}-{k:05d}--{n}" for k in (1, 2, 3) for n in range(4)]
+    for n in range(SEGMENTS):
+        original = (source / f"{ROUTE}--{n}" / "rlog.zst").read_bytes()
+        copy = out / f"{ROUTE}-00002--{n}" / "rlog.zst"
+        assert copy.read_bytes() == original
+        assert stat.S_IMODE(copy.stat().st_mode) == 0o600 and stat.S_IMODE(copy.parent.stat().st_mode) == 0o700
+    # never over an existing route: one line, exit 2, nothing written
+    before = sorted(p.name for p in out.iterdir())
+    assert main(["fleet", "make", "--from", str(source), "--copies", "4", str(out)]) == 2
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert main(["fleet", "make", "--from", str(source), "--copies", "0", str(tmp_path / "x")]) == 2
+
+
+def test_local_fleet_equals_each_log_replayed_alone(fleet, alone, local):
+    fr, fc = local
+    assert fr.run.units == COPIES * SEGMENTS and fr.run.failed == [] and not fr.run.interrupted
+    assert sorted(Path(k).name for k in fr.logs) == [f"{ROUTE}-{k:05d}" for k in range(1, COPIES + 1)]
+    assert {r.digest() for r in fr.logs.values()} == {alone}
+    assert fr.ok and fc.ok and all(r.violations == [] for r in fc.logs.values())
+    two = replay_fleet(fleet, LocalExecutor(2), jit_cache=False)
+    assert two.digest() == fr.digest()
+    assert len({o.worker for o in two.run.outcomes}) == 2  # both processes took segments
+    assert [(r.log, r.segments, r.frames, r.problems) for r in replay_rows(fr)] == [
+        (f"{ROUTE}-{k:05d}", SEGMENTS, 180, 0) for k in range(1, COPIES + 1)
+    ]
+    # the drive's one failover: the worker dies at frame 60 (drivelog.py)
+    assert {r.log: r.failovers for r in check_rows(fc)} == {
+        f"{ROUTE}-{k:05d}": {"primary_fault": 1} for k in range(1, COPIES + 1)
+    }
+
+
+def test_fleet_table_puts_the_broken_log_first_and_a_corrupt_segment_does_not_stop_the_run(tiny_onnx, source, tmp_path):
+    fleet = tmp_path / "fleet"
+    make_fleet(source, 3, fleet)
+    bad_log = tmp_path / "bad"
+    write_drive(tamper_tensor(build_drive(tiny_onnx), 150, 3, 0.5), bad_log)
+    make_fleet(bad_log, 1, tmp_path / "one")
+    (tmp_path / "one" / f"{ROUTE}-00001--0").rename(fleet / "2026-02-02--00-00-00-00001--0")
+    for n in (1, 2, 3):  # the tampered drive as its own route in the fleet
+        (tmp_path / "one" / f"{ROUTE}-00001--{n}").rename(fleet / f"2026-02-02--00-00-00-00001--{n}")
+    seg = fleet / f"{ROUTE}-00002--1" / "rlog.zst"
+    data = seg.read_bytes()
+    seg.write_bytes(data[: len(data) // 2])
+    damage = SegmentFileReader(seg)
+    list(damage)
+    r = replay_fleet(fleet, LocalExecutor(1), jit_cache=False)
+    assert r.run.units == 16 and r.run.failed == []  # every segment ran, the corrupt one too
+    rows = replay_rows(r)
+    assert [(x.log, x.mismatches, x.damage) for x in rows] == [
+        (f"{ROUTE}-00002", 0, 1),
+        ("2026-02-02--00-00-00-00001", 1, 0),
+        (f"{ROUTE}-00001", 0, 0),
+        (f"{ROUTE}-00003", 0, 0),
+    ]
+    worst = replay_segment_rows(r)
+    assert (worst[0].log, worst[0].index) == (f"{ROUTE}-00002", 1)
+    assert worst[0].first == f"byte {damage.damage[0].offset}: {damage.damage[0].reason}"
+    assert [(w.log, w.index, w.problems) for w in worst][1:] == [("2026-02-02--00-00-00-00001", 2, 1)]
+    assert [(f.frame_id, f.kind) for f in r.logs[str(fleet / "2026-02-02--00-00-00-00001")].mismatches] == [
+        (150, KIND_VALUES)
+    ]
+    out = tmp_path / "report"
+    assert main(["replay", str(fleet), "--no-jit-cache", "--report", str(out)]) == 1
+    page = (out / "index.html").read_text()
+    assert "FAIL: 1 replay mismatch(es), 0 contract violation(s), 1 damaged file(s), 0 failed segment(s)" in page
+    assert page.index(f"{ROUTE}-00002") < page.index(f"{ROUTE}-00001")  # worst first
+    assert f"byte {damage.damage[0].offset}" in page
+
+
+def test_interrupted_run_keeps_what_finished(fleet):
+    seen = []
+
+    def stop_after_two(o):
+        seen.append(o)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    r = replay_fleet(fleet, LocalExecutor(1), on_outcome=stop_after_two, jit_cache=False)
+    assert r.run.interrupted and len(r.run.outcomes) == 2 and not r.ok
+    assert [s.index for s in next(iter(r.logs.values())).segments] == [0, 1]
+
+
+def test_shipped_bytes_give_the_result_of_the_path(fleet, tmp_path):
+    seg = sorted(fleet.rglob("rlog.zst"))[1]
+    unit = Unit("extract", "x", 1, str(seg))
+    assert run_unit(unit, seg.read_bytes()) == run_unit(unit)
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent
+    )
+
+
+def test_node_twin_and_launch_never_import_ray():
+    code = (
+        "import sys\n"
+        "import chestnut.node.main, chestnut.backend.sim.daemon, chestnut.backend.sim.cli, chestnut.launch.stack\n"
+        "import chestnut.node.offline.replay_cli, chestnut.node.offline.check_cli\n"
+        "import chestnut.node.offline.fleet_cli\n"
+        "from chestnut.launch.cli import build_parser\n"
+        "sys.argv = ['chestnut', 'launch']; build_parser()\n"
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n"
+    )
+    done = _run_python(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_executor_ray_without_ray_says_how_to_install(fleet):
+    code = (
+        "import sys\nsys.modules['ray'] = None  # as if the cluster extra were not installed\n"
+        "from chestnut.launch.cli import main\n"
+        f"sys.exit(main(['replay', {str(fleet)!r}, '--executor', 'ray']))\n"
+    )
+    done = _run_python(code)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]  # one line, no traceback
+    assert done.stderr.strip().endswith(f"chestnut replay: {RAY_INSTALL_HINT}")
+
+
+# ---------------------------------------------------------------- on a two-node Ray cluster
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    pytest.importorskip("ray", reason="the cluster extra: pip install 'chestnut[cluster]'")
+    import ray
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "object_store_memory": OBJECT_STORE, "include_dashboard": False},
+    )
+    try:
+        c.add_node(num_cpus=1, object_store_memory=OBJECT_STORE)
+        c.wait_for_nodes()
+        ray.init(address=c.address, log_to_driver=False, configure_logging=False)
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def _ray(**kw):
+    from chestnut.node.offline.ray_executor import RayExecutor
+
+    return RayExecutor(**kw)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ray_two_nodes_same_results_as_local(cluster, fleet, local):
+    fr, fc = local
+    ex = _ray()
+    try:
+        assert (ex.workers, ex.nodes) == (2, 2)  # one actor per CPU of the cluster, one CPU per node
+        r = replay_fleet(fleet, ex, jit_cache=False)
+        c = check_fleet(fleet, ex)
+        assert r.digest() == fr.digest() and c.digest() == fc.digest()
+        assert len(set(ex.worker_ids())) == 2 and {o.worker for o in r.run.outcomes} == set(ex.worker_ids())
+    finally:
+        ex.close()  # its actors hold the cluster's CPUs
+    shipped = _ray(ship_logs=True)
+    try:
+        assert replay_fleet(fleet, shipped, jit_cache=False).digest() == fr.digest()
+    finally:
+        shipped.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ray_worker_sigkilled_mid_run_has_its_segment_retried(cluster, fleet, local):
+    fr, _ = local
+    ex = _ray()
+    killed: list[str] = []
+
+    def kill_once(o):
+        # the worker that sent this result already holds its next segment: kill it under that segment
+        if not killed:
+            killed.append(o.worker)
+            os.kill(int(o.worker.split("@")[0]), signal.SIGKILL)
+
+    try:
+        r = replay_fleet(fleet, ex, on_outcome=kill_once, jit_cache=False)
+        assert r.run.failed == [] and r.run.units == len(r.run.outcomes) == COPIES * SEGMENTS
+        assert r.digest() == fr.digest()
+        assert len(r.run.retried) == 1 and r.run.retried[0].worker != killed[0]
+        assert killed[0] not in ex.worker_ids()  # the actor came back as a new process
+    finally:
+        ex.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cli_on_the_cluster_writes_the_fleet_report(cluster, fleet, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["check", str(fleet), "--executor", "ray", "--ray-address", cluster.address, "--report", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"ray, 2 actor(s) on 2 node(s): {COPIES * SEGMENTS} of {COPIES * SEGMENTS} segment(s)" in text
+    page = (out / "index.html").read_text()
+    assert "PASS: 0 replay mismatch(es), 0 contract violation(s), 0 damaged file(s), 0 failed segment(s)" in page
+    assert page.count(f"{ROUTE}-0000") == COPIES
