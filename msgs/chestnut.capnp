@@ -22,6 +22,7 @@ struct Event {
     nodeState @7 :NodeState;
     controlState @8 :ControlState;
     twinState @9 :TwinState;
+    twinFault @10 :TwinFault;
   }
 }
 
@@ -186,4 +187,23 @@ struct TwinState {
   programEngine @6 :Text;            # how the twin's GPU executes programs: tinygrad | onnxruntime
   wedged @7 :Bool;                   # the bridge is wedged until power-cycled
   phase @8 :Text;                    # idle | loading | serving | recovering
+}
+
+struct TwinFault {
+  # One fault event of the twin, published when it happens (the 1 Hz twinState misses one-shot faults).
+  id @0 :UInt32;                     # the fault's id in the twin's fault table
+  kind @1 :Text;                     # fault kind (chestnut twin kinds), e.g. "gpu_hang"
+  action @2 :Action;
+  params @3 :Text;                   # the fault's parameters as JSON (repeat, probability, for_s, phase, on, ...)
+  site @4 :Text;                     # fired: the transfer, TLP or packet it hit, e.g. "bulk out" or "packet #12"
+  fired @5 :UInt32;                  # times fired so far
+  opportunities @6 :UInt32;          # sites seen so far
+  monoTime @7 :UInt64;               # ns, CLOCK_MONOTONIC, when the event happened in the twin
+
+  enum Action {
+    armed @0;                        # injected
+    fired @1;                        # hit a transfer / TLP / packet
+    cleared @2;                      # removed by a client (chestnut twin clear)
+    expired @3;                      # spent (a one-shot fault that fired) or past its --for duration
+  }
 }

@@ -22,6 +22,7 @@ import select
 import signal
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -248,32 +249,67 @@ def _tight_timer_slack() -> None:
 
 
 TWIN_STATE_PERIOD_S = 1.0  # twinState is a 1 Hz service (msgs/services.py)
+FAULT_EVENT_POLL_S = 0.02  # s between drains of the fault-event queue: a twinFault is sent within 20 ms
+
+
+def _send_twin_state(pm: Any, twin: Twin) -> None:
+    from chestnut.msgs.messaging import new_message
+
+    st = twin.status()
+    msg = new_message("twinState")
+    ts = msg.twinState
+    usb = st["usb"]
+    ts.present = bool(usb["present"])
+    ts.bus, ts.address = int(usb["bus"]) & 0xFF, int(usb["address"]) & 0xFF
+    ts.speedMbps = int(usb["speed_mbps"])
+    ts.ltssm = int(st["bridge"]["ltssm"]) & 0xFF
+    faults = ts.init("faults", len(st["faults"]))
+    for i, f in enumerate(st["faults"]):
+        faults[i] = f"{f['kind']}#{f['id']}:{f['fired']}"
+    ts.programEngine = twin.config.program_engine
+    ts.wedged = bool(st["bridge"]["wedged"])
+    ts.phase = str(st["phase"])
+    pm.send("twinState", msg)
+
+
+def _send_fault_events(pm: Any, twin: Twin) -> int:
+    """Publish the twin's fault events since the last call as ``twinFault`` messages; returns how many."""
+    from chestnut.msgs.messaging import new_message
+
+    with twin.lock:
+        events = twin.faults.drain_events()
+    for ev in events:
+        msg = new_message("twinFault")
+        tf = msg.twinFault
+        tf.id = ev.fault_id
+        tf.kind = ev.kind
+        tf.action = ev.action
+        tf.params = ev.params
+        tf.site = ev.site
+        tf.fired = ev.fired
+        tf.opportunities = ev.opportunities
+        tf.monoTime = max(0, int(ev.t_s * 1e9))  # the twin's clock is time.monotonic (Twin's default)
+        pm.send("twinFault", msg)
+    return len(events)
 
 
 def publish_twin_state(twin: Twin, prefix: str | None, server: TwinServer) -> None:
-    """Publish ``twinState`` at 1 Hz: presence, address, speed, LTSSM, active faults, engine, phase.
+    """Publish ``twinState`` at 1 Hz (presence, address, speed, LTSSM, active faults, engine, phase)
+    and every fault event as ``twinFault`` within :data:`FAULT_EVENT_POLL_S` of it happening.
 
-    The twin's side of the log: replay and reports see which faults were live and how the twin ran
-    programs. Runs in a daemon thread until the server stops."""
-    from chestnut.msgs.messaging import PubMaster, new_message
+    The twin's side of the log: replay and reports see which faults were live, when each one was
+    armed, fired (and what it hit) and cleared, and how the twin ran programs. Runs in a daemon
+    thread until the server stops."""
+    from chestnut.msgs.messaging import PubMaster
 
-    with PubMaster(["twinState"], prefix=prefix) as pm:
-        while not server.stopped.wait(TWIN_STATE_PERIOD_S):
-            st = twin.status()
-            msg = new_message("twinState")
-            ts = msg.twinState
-            usb = st["usb"]
-            ts.present = bool(usb["present"])
-            ts.bus, ts.address = int(usb["bus"]) & 0xFF, int(usb["address"]) & 0xFF
-            ts.speedMbps = int(usb["speed_mbps"])
-            ts.ltssm = int(st["bridge"]["ltssm"]) & 0xFF
-            faults = ts.init("faults", len(st["faults"]))
-            for i, f in enumerate(st["faults"]):
-                faults[i] = f"{f['kind']}#{f['id']}:{f['fired']}"
-            ts.programEngine = twin.config.program_engine
-            ts.wedged = bool(st["bridge"]["wedged"])
-            ts.phase = str(st["phase"])
-            pm.send("twinState", msg)
+    with PubMaster(["twinState", "twinFault"], prefix=prefix) as pm:
+        next_state = time.monotonic() + TWIN_STATE_PERIOD_S
+        while not server.stopped.wait(FAULT_EVENT_POLL_S):
+            _send_fault_events(pm, twin)
+            if time.monotonic() >= next_state:
+                next_state += TWIN_STATE_PERIOD_S
+                _send_twin_state(pm, twin)
+        _send_fault_events(pm, twin)
 
 
 def serve(config: TwinConfig, prefix: str | None = None) -> int:

@@ -27,11 +27,19 @@ re-enumeration) means recovering until the next completed run. A client may also
 Latching kinds (``disconnect``, ``wedged``, ``gpu_hang``, ``ltssm_down``, ``ltssm_stuck``, ``stall``)
 leave a state behind when they fire; that state lasts until its recovery action
 (:data:`KINDS` ``recovery``), not until the fault is cleared -- like hardware.
+
+Fault events: the table records every ``armed`` (added), ``fired``, ``cleared`` (removed by a
+client) and ``expired`` (spent or past ``for_s``) as a :class:`FaultEvent` in a bounded queue
+(:data:`FaultTable.EVENTS`); the daemon drains it and publishes each as a ``twinFault`` message
+(``msgs/chestnut.capnp``), so a one-shot fault that fires and is spent within a second is on the
+record, which the 1 Hz ``twinState`` snapshot would miss.
 """
 
 from __future__ import annotations
 
+import json
 import random
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -177,6 +185,32 @@ class TransferSite:
     vendor: bool = True         # a vendor request or a bulk transfer (the firmware's job)
 
 
+def describe_site(kind: str, site: TransferSite | None, opportunity: int) -> str:
+    """What a firing hit, for the record: ``"bulk out"``, ``"control in 0xe4 async"``, ``"packet #12"``."""
+    if site is None:
+        return f"{KINDS[kind].site.value} #{opportunity}"
+    parts = [site.type, site.direction]
+    if site.request is not None:
+        parts.append(f"{site.request:#04x}")
+    if site.is_async:
+        parts.append("async")
+    return " ".join(parts) + f" #{opportunity}"
+
+
+@dataclass(frozen=True)
+class FaultEvent:
+    """One fault event: ``action`` armed | fired | cleared | expired, at ``t_s`` on the twin's clock (s)."""
+
+    fault_id: int
+    kind: str
+    action: str
+    t_s: float
+    params: str          # the FaultSpec as JSON (sorted keys)
+    site: str = ""       # fired: what it hit (describe_site)
+    fired: int = 0
+    opportunities: int = 0
+
+
 def target_matches(on: str, site: TransferSite) -> bool:
     """Whether the ``on`` filter (see module doc) selects this transfer."""
     if on == "any":
@@ -290,24 +324,44 @@ class FaultTable:
     """The injected faults, in injection order. Not thread-safe: the Twin guards it with its lock."""
 
     HISTORY = 64  # expired faults kept for ``status``
+    EVENTS = 1024  # fault events kept until drained; older ones are dropped (and counted) when nobody drains
 
     def __init__(self) -> None:
         self._faults: list[Fault] = []
         self._history: list[Fault] = []
         self._next_id = 1
+        self._events: deque[FaultEvent] = deque(maxlen=self.EVENTS)
+        self.events_dropped = 0
+
+    def _event(self, f: Fault, action: str, now_s: float, site: str = "") -> None:
+        if len(self._events) == self._events.maxlen:
+            self.events_dropped += 1
+        params = json.dumps({k: v for k, v in f.spec.to_json().items() if k != "kind"}, sort_keys=True)
+        self._events.append(FaultEvent(f.id, f.spec.kind, action, now_s, params, site, f.fired, f.opportunities))
+
+    def drain_events(self) -> list[FaultEvent]:
+        """The fault events since the last drain, oldest first."""
+        out = list(self._events)
+        self._events.clear()
+        return out
 
     def add(self, spec: FaultSpec, now_s: float) -> Fault:
         spec.validate()
         fault = Fault(self._next_id, spec, now_s, rng=random.Random(spec.seed))
         self._next_id += 1
         self._faults.append(fault)
+        self._event(fault, "armed", now_s)
         return fault
 
-    def clear(self, fault_id: int | None = None) -> list[Fault]:
-        """Remove one fault (by id) or all; returns the removed ones."""
+    def clear(self, fault_id: int | None = None, now_s: float | None = None) -> list[Fault]:
+        """Remove one fault (by id) or all; returns the removed ones. ``now_s`` stamps the ``cleared``
+        events (default: each fault's last firing or injection time)."""
         removed = [f for f in self._faults if fault_id is None or f.id == fault_id]
         self._faults = [f for f in self._faults if f not in removed]
         self._remember(removed)
+        for f in removed:
+            t = now_s if now_s is not None else (f.last_fired_s if f.last_fired_s is not None else f.created_s)
+            self._event(f, "cleared", t)
         return removed
 
     def _remember(self, faults: list[Fault]) -> None:
@@ -319,6 +373,8 @@ class FaultTable:
         if gone:
             self._faults = [f for f in self._faults if f not in gone]
             self._remember(gone)
+            for f in gone:
+                self._event(f, "expired", now_s)
         return gone
 
     def has(self, kind: str) -> bool:
@@ -344,6 +400,7 @@ class FaultTable:
                 continue
             f.fired += 1
             f.last_fired_s = now_s
+            self._event(f, "fired", now_s, describe_site(kind, site, f.opportunities))
             return f
         return None
 

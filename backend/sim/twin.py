@@ -283,7 +283,7 @@ class Twin:
     def clear(self, fault_id: int | None = None) -> int:
         """Remove one fault or all; returns how many were removed. Latched states stay (see faults.py)."""
         with self.lock:
-            n = len(self.faults.clear(fault_id))
+            n = len(self.faults.clear(fault_id, self.clock()))
             self._sync_lock_file()
             self.cv.notify_all()
             return n

@@ -1,0 +1,44 @@
+"""Fault events on the record: every armed / fired / cleared / expired event, with what it hit."""
+
+from __future__ import annotations
+
+import json
+
+from chestnut.backend.sim.faults import FaultSpec, FaultTable, Phase, TransferSite
+
+
+def test_a_one_shot_fault_records_armed_fired_with_its_site_and_expired():
+    table = FaultTable()
+    f = table.add(FaultSpec("timeout", after=1), 10.0)
+    site = TransferSite("out", "bulk")
+    assert table.check("timeout", 10.1, Phase.SERVING, site) is None  # the first one is let through
+    assert table.check("timeout", 10.2, Phase.SERVING, site) is f
+    assert table.prune(10.3) == [f]
+    events = table.drain_events()
+    assert [(e.action, e.t_s, e.site, e.fired, e.opportunities) for e in events] == [
+        ("armed", 10.0, "", 0, 0), ("fired", 10.2, "bulk out #2", 1, 2), ("expired", 10.3, "", 1, 2)
+    ]
+    assert {e.kind for e in events} == {"timeout"} and {e.fault_id for e in events} == {f.id}
+    assert json.loads(events[0].params)["after"] == 1 and "kind" not in json.loads(events[0].params)
+    assert table.drain_events() == []
+
+
+def test_a_packet_fault_names_the_packet_and_a_clear_is_recorded():
+    table = FaultTable()
+    f = table.add(FaultSpec("gpu_hang", repeat=True), 1.0)
+    for _ in range(3):
+        table.check("gpu_hang", 2.0, Phase.SERVING)
+    table.clear(f.id, 5.0)
+    events = table.drain_events()
+    assert [(e.action, e.site) for e in events] == [
+        ("armed", ""), ("fired", "packet #1"), ("fired", "packet #2"), ("fired", "packet #3"), ("cleared", "")
+    ]
+    assert events[-1].t_s == 5.0 and events[-1].fired == 3
+
+
+def test_the_event_queue_is_bounded_and_counts_what_it_dropped():
+    table = FaultTable()
+    table.add(FaultSpec("timeout", repeat=True), 0.0)
+    for _ in range(FaultTable.EVENTS + 10):
+        table.check("timeout", 0.0, Phase.SERVING, TransferSite("in", "bulk"))
+    assert len(table.drain_events()) == FaultTable.EVENTS and table.events_dropped == 11
