@@ -37,7 +37,9 @@ latched in :attr:`SdmaEngine.errors` (readable with ``chestnut twin status``, ke
 - a doorbell that moves the write pointer backwards or more than the ring size past the read pointer: the
   doorbell is **ignored**.
 
-Faults acting here (:mod:`.faults`): ``gpu_hang`` and ``slow_gpu`` at each packet start, ``sentinel_stuck``
+Faults acting here (:mod:`.faults`): ``gpu_hang`` at each packet start, ``slow_gpu`` at each ``COPY_LINEAR`` (the
+engine's unit of work, as a ``RUN`` is the program engine's: a frame's copy-in, run and copy-out are three),
+``sentinel_stuck``
 at each ``POLL_REGMEM`` on the SRAM windows (the poll never matches), ``fence_stall`` at each ``WRITE`` and
 ``FENCE`` (the write is dropped).
 """
@@ -368,7 +370,7 @@ class SdmaEngine:
                 self.hung = True
             while self.hung:
                 self._wait(0.5, epoch)
-            slow = host.fire("slow_gpu") if pkt.op != e.op_nop else None
+            slow = host.fire("slow_gpu") if pkt.op == e.op_copy else None  # each unit of work, as a RUN is
             if slow is not None:
                 end = host.clock() + slow.spec.delay_ms / 1000
                 while (left := end - host.clock()) > 0:
