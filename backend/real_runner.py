@@ -20,7 +20,14 @@ What it adds around tinygrad (``docs/protocol.md``; tinygrad 0.14 ``runtime/ops_
   "no Chestnut dock found", never an ``ExceptionGroup``; a link that is not at LTSSM 0x78 is a PCIe
   error. The ladder's dock steps run through pyusb before tinygrad opens the device, and the LTSSM
   step powers the link on with a bounded wait for training (tinygrad 0.14 reads it only once).
-- **The model.** ``OnnxRunner`` in a ``TinyJit`` on the dock (captured on the 2nd call).
+- **The model, precompiled.** ``OnnxRunner`` in a ``TinyJit`` on the dock (captured on the 2nd call),
+  kept in the compile cache (:mod:`chestnut.backend.jitcache`, its ownership and HMAC rules) under a
+  key of the model's sha256, the input specs, the device *and its GPU architecture*
+  (``"AMD:gfx1100"``) and the tinygrad version: a start or a recovery with a warm cache unpickles the
+  captured kernels and runs them once against the recorded output digest instead of compiling the
+  graph again (openpilot#35172: "takes 2m to load the model" when it compiles). A cold start compiles,
+  captures and stores, with a progress line per phase; ``chestnut model prepare --for-dock`` does that
+  ahead of time.
 """
 
 from __future__ import annotations
@@ -44,8 +51,9 @@ from chestnut.backend.classify import classify
 from chestnut.backend.docklock import LOCK_BACKOFF_S, DockLock, dock_lock_path, lock_holders
 from chestnut.backend.errors import ChestnutError, ConfigError, GpuLayerError, ModelError, UsbLayerError
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec, StepResult
+from chestnut.backend.jitcache import CacheKey, JitCache
 from chestnut.backend.ladder import DockQualifier, LadderConfig, Outcome, UsbDock
-from chestnut.backend.model import TensorSpec
+from chestnut.backend.model import TensorSpec, outputs_digest, verification_inputs
 from chestnut.backend.retry import install_in_tinygrad
 
 REAL_DEV = "USB+AMD:LLVM"  # tinygrad 0.14: the AMD GPU behind the USB bridge, LLVM compiler
@@ -221,12 +229,117 @@ def fill_firmware(
     return out
 
 
+# ------------------------------------------------------------------ the compiled model
+WARM_LOAD_BOUND_S = 15.0  # a cached JIT's load: read + HMAC check + unpickle + one verification run (s)
+
+
+def tinygrad_version() -> str:
+    """The installed tinygrad's version (package metadata; tinygrad is not imported)."""
+    from importlib.metadata import version
+
+    return version("tinygrad")
+
+
+def dock_cache_key(
+    onnx_bytes: bytes, inputs: tuple[TensorSpec, ...], device: str, arch: str, tg_version: str | None = None
+) -> CacheKey:
+    """The compile cache's key for a captured JIT of ``onnx_bytes`` on ``device`` (a tinygrad device name)
+    with GPU architecture ``arch`` (tinygrad 0.14 ``runtime/ops_amd.py`` ``AMDDevice.arch``, e.g.
+    ``"gfx1100"``): the device field is ``"<device>:<arch>"``, so an entry built for another GPU never
+    matches."""
+    return CacheKey(
+        hashlib.sha256(onnx_bytes).hexdigest(),
+        tuple((s.name, s.shape, s.dtype) for s in inputs),
+        f"{device}:{arch}",
+        tg_version or tinygrad_version(),
+    )
+
+
+@dataclass
+class DockJit:
+    """A captured model on a tinygrad device: ``call(inputs)`` runs it (name -> numpy array, in and out).
+
+    ``built``: compiled in this process (a cold cache) rather than loaded from the compile cache;
+    ``key``: its compile cache key; ``stored``: where the entry was written (None if not).
+    """
+
+    jit: Any
+    device: str
+    outputs: tuple[TensorSpec, ...]
+    key: CacheKey
+    built: bool
+    stored: Path | None = None
+
+    def call(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from tinygrad import Tensor
+
+        out = self.jit(**{k: Tensor(np.ascontiguousarray(v), device=self.device).realize() for k, v in inputs.items()})
+        return {k: v.numpy().copy() for k, v in out.items()}
+
+
+def load_or_build_jit(
+    onnx_bytes: bytes,
+    name: str,
+    inputs: tuple[TensorSpec, ...],
+    device: str,
+    arch: str,
+    cache: JitCache | None,
+    progress: Callable[[str], None] | None = None,
+    tg_version: str | None = None,
+) -> DockJit:
+    """The model's captured ``TinyJit`` on ``device``: from ``cache`` when a trusted entry for this key
+    reproduces its recorded output digest, else parsed, compiled, captured (three calls on zeros;
+    tinygrad 0.14 ``engine/jit.py`` ``TinyJit`` captures on the 2nd) and stored.
+
+    The same code path serves the dock (``device="AMD"``) and the host CPU (``"CPU"``, how it is
+    tested without a dock). ``progress`` receives one line per phase. Raises what tinygrad raises
+    (the runner translates it); a refused or stale entry is rebuilt (the cache logs why).
+    """
+    say = progress or (lambda _msg: None)
+    key = dock_cache_key(onnx_bytes, inputs, device, arch, tg_version)
+    check = verification_inputs(inputs)
+    if cache is not None and (hit := cache.load(key)) is not None:
+        jit, meta = hit
+        say(f"{name}: compile cache hit for {key.device} ({key.digest[:12]}); verifying")
+        dj = DockJit(jit, device, tuple(TensorSpec.from_json(o) for o in meta.get("outputs", [])), key, built=False)
+        if outputs_digest(dj.call(check)) == meta.get("verify_digest"):
+            return dj
+        say(f"{name}: cached entry {key.digest[:12]} reproduced another output; rebuilding")
+    from tinygrad import Tensor, TinyJit, dtypes
+    from tinygrad.nn.onnx import OnnxRunner
+
+    say(f"{name}: parsing the ONNX graph for {device} ({arch})")
+    runner = OnnxRunner(Tensor(onnx_bytes, dtype=dtypes.uint8, device="CPU"))
+    runner.to(device)
+    jit = TinyJit(lambda **kw: {k: v.realize() for k, v in runner(kw).items()})
+    dj = DockJit(jit, device, (), key, built=True)
+    zeros = {s.name: np.zeros(s.shape, s.dtype) for s in inputs}
+    say(f"{name}: first run on {device} (compiles every kernel: minutes for a real model on a dock)")
+    outs = dj.call(zeros)
+    say(f"{name}: capturing the JIT")
+    dj.call(zeros)
+    dj.call(zeros)
+    dj.outputs = tuple(TensorSpec(k, tuple(v.shape), v.dtype.name) for k, v in outs.items())
+    if cache is not None:
+        extra = {
+            "outputs": [o.to_json() for o in dj.outputs],
+            "verify_digest": outputs_digest(dj.call(check)),
+            "model_name": name,
+            "arch": arch,
+        }
+        dj.stored = cache.store(key, jit, extra)
+        say(f"{name}: compiled and {'cached as ' + str(dj.stored) if dj.stored else 'not cached (refused)'}")
+    return dj
+
+
 # ------------------------------------------------------------------ the runner
 class RealRunner:
     """:class:`~chestnut.backend.interface.PrimaryRunner` on a real dock through tinygrad 0.14.
 
     Construct it only in the process that will own the dock (it sets the environment; see
     :func:`prepare_environment`). ``usb_backend`` is passed to pyusb for the ladder's USB steps.
+    ``jit_cache``: the compile cache (True = :class:`~chestnut.backend.jitcache.JitCache` at its default
+    directory, None/False = compile every time); ``progress`` receives the load's phase lines.
     """
 
     kind = "real"
@@ -238,14 +351,18 @@ class RealRunner:
         lock_timeout_s: float = 10.0,
         config: LadderConfig | None = None,
         usb_backend: Any = None,
+        jit_cache: JitCache | None | bool = True,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         prepare_environment(wait_timeout_ms)
+        self.jit_cache = JitCache() if jit_cache is True else (jit_cache or None)
+        self.progress = progress
+        self.compiled: DockJit | None = None
         self.config = config or LadderConfig(wait_timeout_ms=wait_timeout_ms)
         self.lock_timeout_s = lock_timeout_s
         self.dock = UsbDock(usb_backend, self.config.ctrl_timeout_ms)
         self.device: Any = None
         self._jit: Any = None
-        self._runner: Any = None
         self._inputs: tuple[TensorSpec, ...] = ()
         self._outputs: tuple[TensorSpec, ...] = ()
         self._qualifier: DockQualifier | None = None
@@ -296,7 +413,8 @@ class RealRunner:
 
     # ------------------------------------------------------------------ model
     def load(self, model: ModelSpec) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-        """Parse the ONNX model, move it to the dock and capture its JIT (three warm-up calls on zeros)."""
+        """The model's captured JIT on the dock, from the compile cache or built and stored
+        (:func:`load_or_build_jit`)."""
         self._check_alive()
         if self.device is None:
             report = self.qualify()
@@ -311,30 +429,21 @@ class RealRunner:
         onnx_bytes = path.read_bytes()
         self._inputs = _graph_inputs(onnx_bytes, model.name, dict(model.input_shapes))
         try:
-            from tinygrad import Tensor, TinyJit, dtypes
-            from tinygrad.nn.onnx import OnnxRunner
-
-            runner = OnnxRunner(Tensor(onnx_bytes, dtype=dtypes.uint8, device="CPU"))
-            runner.to(TINYGRAD_DEVICE)
-            self._runner = runner
-            self._jit = TinyJit(lambda **kw: {k: v.realize() for k, v in runner(kw).items()})
-            outs: dict[str, np.ndarray] = {}
-            for _ in range(3):
-                outs = self._call({s.name: np.zeros(s.shape, s.dtype) for s in self._inputs})
+            self.compiled = load_or_build_jit(
+                onnx_bytes, model.name, self._inputs, TINYGRAD_DEVICE, self.arch, self.jit_cache, self.progress
+            )
         except ChestnutError:
             raise
         except Exception as e:
             raise self._fail(translate(e)) from e
-        self._outputs = tuple(TensorSpec(k, tuple(v.shape), v.dtype.name) for k, v in outs.items())
+        self._jit = self.compiled.jit
+        self._outputs = self.compiled.outputs
         return self._inputs, self._outputs
 
-    def _call(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from tinygrad import Tensor
-
-        out = self._jit(
-            **{k: Tensor(np.ascontiguousarray(v), device=TINYGRAD_DEVICE).realize() for k, v in inputs.items()}
-        )
-        return {k: v.numpy().copy() for k, v in out.items()}
+    @property
+    def arch(self) -> str:
+        """The opened GPU's architecture (tinygrad 0.14 ``AMDDevice.arch``), "" before ``gpu_arch``."""
+        return str(getattr(self.device, "arch", ""))
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One inference on the dock. ModelError for wrong inputs; a layer error for any dock failure."""
@@ -342,8 +451,9 @@ class RealRunner:
         if self._jit is None:
             raise ModelError("not_loaded", "no model is loaded")
         check_inputs(self._inputs, inputs)
+        assert self.compiled is not None
         try:
-            return self._call(inputs)
+            return self.compiled.call(inputs)
         except Exception as e:
             raise self._fail(translate(e)) from e
 
