@@ -64,6 +64,7 @@ from mcap.well_known import MessageEncoding, SchemaEncoding
 from mcap.writer import MCAP0_MAGIC, CompressionType
 from mcap.writer import Writer as _McapWriter
 
+from chestnut.msgs.jsonschema import DerivedState, all_topic_schemas, event_to_json, foxglove_messages
 from chestnut.msgs.messaging import REASON_UNKNOWN_MEMBER, MalformedMessageError, log_from_bytes, new_message
 from chestnut.msgs.schema import MAX_MESSAGE_BYTES, SCHEMA_PATH, SCHEMA_SHA256, log
 from chestnut.msgs.services import SERVICE_LIST
@@ -72,6 +73,7 @@ __all__ = [
     "FLUSH_EVERY_MESSAGES",
     "FLUSH_INTERVAL_S",
     "FORMATS",
+    "MCAP_ENCODINGS",
     "MCAP_SCHEMA_NAME",
     "SEGMENT_SECONDS",
     "FlushPolicy",
@@ -96,6 +98,7 @@ FLUSH_INTERVAL_S = 1.0  # ... or this many seconds have passed since the last fl
 ZSTD_LEVEL = 3  # zstd's own default level: ~2 MB/s of 20 Hz frames costs a few % of one core
 MCAP_CHUNK_BYTES = 1024 * 1024  # uncompressed MCAP chunk size before it is closed (mcap's default)
 FORMATS = ("zst", "mcap")  # file suffixes of the two formats
+MCAP_ENCODINGS = ("capnproto", "json")  # MCAP message encodings of our channels (MCAP format registry)
 LOG_NAMES = ("rlog", "qlog")  # full log, light (decimated) log
 MCAP_SCHEMA_NAME = "chestnut.capnp:Event"  # MCAP registry: the root struct node's displayName
 MCAP_LIBRARY = "chestnut"
@@ -350,10 +353,15 @@ class RlogSegmentWriter(_SegmentFileWriter):
 
 
 class McapSegmentWriter(_SegmentFileWriter):
-    """``.mcap``: the ``mcap`` package's writer, ``capnproto`` encodings, one channel per service.
+    """``.mcap``: the ``mcap`` package's writer, one channel per service and encoding.
 
-    Channels are registered on a service's first message (topic = service name). A flush ends the
-    open chunk. ``metadata`` (str -> str) is written as an MCAP metadata record named ``chestnut``.
+    ``encodings`` (:data:`MCAP_ENCODINGS`): ``"capnproto"`` channels (topic = service name, the
+    published bytes, for exact replay) and/or ``"json"`` channels Foxglove decodes (JSON Schema
+    generated from the Cap'n Proto schema: topic ``/<service>`` plus ``/camera/image`` as
+    ``foxglove.RawImage``, ``/chestnut/levels`` and ``/chestnut/log``; :mod:`chestnut.msgs.jsonschema`).
+    Channels are registered on a topic's first message. A flush ends the open chunk. ``metadata``
+    (str -> str) is written as an MCAP metadata record named ``chestnut``. Raises ``ValueError``
+    for an unknown or empty ``encodings``.
     """
 
     def __init__(
@@ -362,31 +370,65 @@ class McapSegmentWriter(_SegmentFileWriter):
         policy: FlushPolicy = FlushPolicy(),
         clock: Callable[[], float] = time.monotonic,
         metadata: dict[str, str] | None = None,
+        encodings: Iterable[str] = ("capnproto",),
     ) -> None:
+        self.encodings = tuple(dict.fromkeys(encodings))
+        if not self.encodings or set(self.encodings) - set(MCAP_ENCODINGS):
+            raise ValueError(f"MCAP encodings {self.encodings}: give one or both of {', '.join(MCAP_ENCODINGS)}")
         super().__init__(path, policy, clock)
         self._fh = open(self.path, "xb")  # noqa: SIM115 - owned by the writer, closed in _close
         self._mcap = _McapWriter(self._fh, chunk_size=MCAP_CHUNK_BYTES, compression=CompressionType.ZSTD)
         self._mcap.start(profile="", library=f"{MCAP_LIBRARY} {package_versions()['chestnut']}")
-        self._schema_id = self._mcap.register_schema(
-            name=MCAP_SCHEMA_NAME, encoding=SchemaEncoding.CapnProto, data=code_generator_request()
-        )
+        self._schema_id = 0
+        if "capnproto" in self.encodings:
+            self._schema_id = self._mcap.register_schema(
+                name=MCAP_SCHEMA_NAME, encoding=SchemaEncoding.CapnProto, data=code_generator_request()
+            )
         self._channels: dict[str, int] = {}
+        self._json_channels: dict[str, int] = {}
+        self._json_state = DerivedState()
+        self.json_skipped = 0
         self._sequence: Counter[int] = Counter()
         if metadata:
             self._mcap.add_metadata(MCAP_LIBRARY, dict(metadata))
 
-    def _write(self, service: str, log_mono_time_ns: int, data: bytes) -> None:
-        channel_id = self._channels.get(service)
-        if channel_id is None:
-            channel_id = self._mcap.register_channel(
-                topic=service, message_encoding=MessageEncoding.CapnProto, schema_id=self._schema_id
-            )
-            self._channels[service] = channel_id
+    def _add(self, channel_id: int, log_mono_time_ns: int, data: bytes) -> None:
         seq = self._sequence[channel_id]
         self._sequence[channel_id] = (seq + 1) & 0xFFFFFFFF
         self._mcap.add_message(
             channel_id=channel_id, log_time=log_mono_time_ns, publish_time=log_mono_time_ns, data=data, sequence=seq
         )
+
+    def _json_channel(self, topic: str) -> int:
+        channel_id = self._json_channels.get(topic)
+        if channel_id is None:
+            name, schema = all_topic_schemas()[topic]
+            schema_id = self._mcap.register_schema(
+                name=name, encoding=SchemaEncoding.JSONSchema, data=json.dumps(schema).encode()
+            )
+            channel_id = self._mcap.register_channel(
+                topic=topic, message_encoding=MessageEncoding.JSON, schema_id=schema_id
+            )
+            self._json_channels[topic] = channel_id
+        return channel_id
+
+    def _write(self, service: str, log_mono_time_ns: int, data: bytes) -> None:
+        if "capnproto" in self.encodings:
+            channel_id = self._channels.get(service)
+            if channel_id is None:
+                channel_id = self._mcap.register_channel(
+                    topic=service, message_encoding=MessageEncoding.CapnProto, schema_id=self._schema_id
+                )
+                self._channels[service] = channel_id
+            self._add(channel_id, log_mono_time_ns, data)
+        if "json" in self.encodings:
+            try:
+                _, body = event_to_json(log_from_bytes(data))
+            except (MalformedMessageError, KeyError, capnp.KjException):
+                self.json_skipped += 1  # a member this schema does not know: kept in the capnproto channel only
+                return
+            for topic, message in foxglove_messages(service, body, self._json_state):
+                self._add(self._json_channel(topic), log_mono_time_ns, json.dumps(message).encode())
 
     def _flush(self) -> None:
         self._mcap.flush()
@@ -438,7 +480,8 @@ class RouteWriter:
     is not registered). Each file starts with the ``initData`` header. ``clock`` (s, monotonic)
     drives rotation and the flush policy; call :meth:`tick` at least every ``policy.interval_s``
     so that the time bounds hold when no message arrives. Raises ``ValueError`` for an unknown
-    format, no format, no log kind or a non-positive segment length.
+    format, no format, no log kind or a non-positive segment length. ``mcap_encodings``: the
+    channels of the ``.mcap`` files (:class:`McapSegmentWriter`).
     """
 
     def __init__(
@@ -453,8 +496,14 @@ class RouteWriter:
         config: dict[str, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
         route: str | None = None,
+        mcap_encodings: Iterable[str] = ("capnproto",),
     ) -> None:
         self.formats = tuple(dict.fromkeys(formats))
+        self.mcap_encodings = tuple(dict.fromkeys(mcap_encodings))
+        if not self.mcap_encodings or set(self.mcap_encodings) - set(MCAP_ENCODINGS):
+            raise ValueError(
+                f"mcap_encodings must be a non-empty subset of {MCAP_ENCODINGS}, got {list(mcap_encodings)}"
+            )
         unknown = [f for f in self.formats if f not in FORMATS]
         if unknown or not self.formats:
             raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {list(formats)}")
@@ -495,6 +544,7 @@ class RouteWriter:
             "route": self.route,
             "segment": n,
             "formats": list(self.formats),
+            "mcap_encodings": list(self.mcap_encodings),
             "logs": list(self.names),
             "flush_every_messages": self.policy.every_messages,
             "flush_interval_s": self.policy.interval_s,
@@ -506,7 +556,9 @@ class RouteWriter:
             for fmt in self.formats:
                 path = seg_dir / f"{name}.{fmt}"
                 if fmt == "mcap":
-                    writer: _SegmentFileWriter = McapSegmentWriter(path, self.policy, self._clock, metadata=meta)
+                    writer: _SegmentFileWriter = McapSegmentWriter(
+                        path, self.policy, self._clock, metadata=meta, encodings=self.mcap_encodings
+                    )
                 else:
                     writer = _WRITERS[fmt](path, self.policy, self._clock)
                 writer.write("initData", header_time, header)
@@ -877,6 +929,8 @@ class SegmentFileReader:
             self._report(pos, f"message on unknown channel {rec.channel_id}")
             return None
         schema = schemas.get(channel.schema_id)
+        if channel.message_encoding == MessageEncoding.JSON:
+            return None  # a Foxglove view of the log (msgs/jsonschema.py); the capnproto channels are the record
         if channel.message_encoding != MessageEncoding.CapnProto or schema is None or schema.name != MCAP_SCHEMA_NAME:
             if channel.id not in bad:
                 bad.add(channel.id)

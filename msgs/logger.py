@@ -5,6 +5,10 @@ with ``--services``) is received on its own SUB socket and written, byte for byt
 ``<log-dir>/<route>--<n>/rlog.zst`` and ``rlog.mcap`` (:mod:`chestnut.msgs.logfile`), segments of
 ``--segment-seconds`` (default 60 s). ``--logs qlog|both`` adds the light log (``qlog.*``: every
 ``decimation``-th message of a service). ``--format zst|mcap`` writes one format only.
+``--mcap-encoding``: the MCAP files' channels: ``json`` (JSON Schema generated from the Cap'n Proto
+schema, frames as ``foxglove.RawImage``: what Foxglove opens, :mod:`chestnut.msgs.jsonschema`),
+``capnproto`` (the published bytes) or ``both``; ``auto`` (default) is ``json`` when the rlog is
+also written (it already holds the exact bytes for replay) and ``both`` when MCAP is the only format.
 
 - Every received message is checked with :func:`~chestnut.msgs.messaging.log_from_bytes` (bounded
   traversal); malformed ones, and ones whose union member is not the socket's service, are counted
@@ -32,7 +36,7 @@ from types import FrameType
 
 import zmq
 
-from chestnut.msgs.logfile import FORMATS, SEGMENT_SECONDS, FlushPolicy, RouteWriter
+from chestnut.msgs.logfile import FORMATS, MCAP_ENCODINGS, SEGMENT_SECONDS, FlushPolicy, RouteWriter
 from chestnut.msgs.messaging import REASON_WRONG_SERVICE, MalformedMessageError, SubSocket, log_from_bytes, sub_sock
 from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError, get_service
 
@@ -135,6 +139,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"segment length in s (default {SEGMENT_SECONDS:g})")
     parser.add_argument("--format", choices=("both", *FORMATS), default="both",
                         help="file format(s): zst (openpilot rlog), mcap, or both (default)")
+    parser.add_argument("--mcap-encoding", choices=("auto", *MCAP_ENCODINGS, "both"), default="auto",
+                        help="channels of the .mcap files: json (Foxglove), capnproto (exact bytes) or both; auto "
+                        "(default): json next to an rlog, both when mcap is the only format")
     parser.add_argument("--logs", choices=("rlog", "qlog", "both"), default="rlog",
                         help="rlog = every message (default); qlog = light log honouring each service's "
                         "decimation; both")
@@ -148,6 +155,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rcvhwm", type=int, default=RCVHWM_MESSAGES,
                         help="ZeroMQ receive queue bound per service, messages (default %(default)s)")
     parser.add_argument("--prefix", default=None, help="runtime prefix of the stack (default: $CHESTNUT_PREFIX)")
+
+
+def mcap_encodings(choice: str, formats: Iterable[str]) -> tuple[str, ...]:
+    """The MCAP channel encodings for ``--mcap-encoding choice`` when writing ``formats``."""
+    if choice == "auto":
+        return ("json",) if "zst" in formats else MCAP_ENCODINGS
+    return MCAP_ENCODINGS if choice == "both" else (choice,)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -181,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
             segment_seconds=args.segment_seconds,
             policy=policy,
             config={"services": services, "rcvhwm": args.rcvhwm},
+            mcap_encodings=mcap_encodings(getattr(args, "mcap_encoding", "auto"), formats),
         )
         try:
             recorder = Recorder(writer, services, prefix=args.prefix, rcvhwm=args.rcvhwm)

@@ -7,7 +7,8 @@ A service name is the name of the ``Event`` union member it carries (cereal's co
 ``ZMQ_MAXMSGSIZE``, so ZeroMQ refuses a bigger message before it is buffered (``msgs/messaging.py``).
 
 Rates: camera 20 Hz (openpilot's model rate, ``DT_MDL`` = 0.05 s in ``common/realtime.py``); health
-5 Hz and node state 1 Hz are our choices; ``twinFault`` is sent when a fault event happens. Bounds: a frame is at most 1920x1080x3 bytes (6.2 MB, the
+5 Hz and node state 1 Hz are our choices; ``twinFault`` is sent when a fault event happens.
+Bounds: a frame is at most 1920x1080x3 bytes (6.2 MB, the
 largest frame ``msgs/schema.py`` sizes its traversal limit for), so ``cameraFrame`` and
 ``modelOutput`` (its output tensors: a one-channel float32 map of a 1920x1080 frame is 8.3 MB) get
 16 MiB; ``initData`` (versions and the configuration as JSON) 1 MiB; every other service is a few

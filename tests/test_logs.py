@@ -424,7 +424,9 @@ def _start_logger(tmp_path, *extra):
     log_dir = tmp_path / "logs"
     stderr = open(tmp_path / "record.stderr", "w")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "chestnut.launch.cli", "record", "--log-dir", str(log_dir), *extra],
+        # both MCAP encodings: the capnproto channels are read back here like the rlog
+        [sys.executable, "-m", "chestnut.launch.cli", "record", "--log-dir", str(log_dir), "--mcap-encoding", "both",
+         *extra],
         stdout=subprocess.DEVNULL,
         stderr=stderr,
     )
