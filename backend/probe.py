@@ -96,6 +96,18 @@ def _record_fingerprint_subprocess(spec: ModelSpec) -> dict[str, Any]:
         return json.loads(out.read_text())
 
 
+def prepare_on_dock(model: Path, fingerprint: Path) -> int:
+    """``chestnut probe --real --model MODEL --fingerprint FP`` in a fresh process (tinygrad must be imported
+    there with the dock's environment): the full ladder, whose ``model_loaded`` rung compiles the model on
+    the dock and stores the captured JIT in the compile cache. Returns its exit status."""
+    cmd = [sys.executable, "-m", "chestnut.launch.cli", "probe", "--real", "--model", str(model)]
+    if fingerprint.is_file():
+        cmd += ["--fingerprint", str(fingerprint)]
+    env = {k: v for k, v in os.environ.items() if k not in ("DEV", "GMMU", "HCQDEV_WAIT_TIMEOUT_MS")}
+    print(f"compiling {model} on the dock into the compile cache: {' '.join(cmd[2:])}", flush=True)
+    return subprocess.run(cmd, env=env).returncode
+
+
 def run(args: argparse.Namespace) -> int:
     if args.fill_firmware is not None:
         from chestnut.backend.real_runner import downloads_dir, fill_firmware
@@ -134,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
     if args.real:
         from chestnut.backend.real_runner import RealRunner
 
-        runner = RealRunner(wait_timeout_ms=args.wait_timeout_ms)
+        runner = RealRunner(wait_timeout_ms=args.wait_timeout_ms,
+                            progress=None if args.json else (lambda line: print(f"       {line}", flush=True)))
     else:
         from chestnut.backend.twin_runner import TwinRunner
 

@@ -227,6 +227,14 @@ def agreement_check(model: Any, path: Path, inputs: dict[str, np.ndarray]) -> fl
     return max(float(np.max(np.abs(o - r))) for o, r in zip(ours.values(), ref, strict=True))
 
 
+def prepare_for_dock(model: Path) -> int:
+    """Compile ``model`` on the attached dock into the compile cache: the ladder with the model's rungs in a
+    fresh process (``chestnut probe --real``), which stores the captured JIT (``backend/real_runner.py``)."""
+    from chestnut.backend.probe import prepare_on_dock
+
+    return prepare_on_dock(model, model.with_suffix(".fingerprint.json"))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True)
     prep = sub.add_parser("prepare", help="fix shapes, repair, check and record a model for the node")
@@ -234,6 +242,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     prep.add_argument("--shape", default=",".join(map(str, DEFAULT_SHAPE)), help="input shape N,C,H,W")
     prep.add_argument("--out", type=Path, help=f"prepared model path (default: {default_model_path()})")
     prep.add_argument("--force", action="store_true", help="prepare again even if up to date")
+    prep.add_argument("--for-dock", action="store_true",
+                      help="also compile it on the attached dock into the compile cache (chestnut probe --real)")
     sub.add_parser("paths", help="print where the model and frames are")
 
 
@@ -262,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
                 f"model ready: {out} (sha256 {meta['sha256'][:16]}, max |tinygrad-onnxruntime| "
                 f"{meta['max_abs_diff_vs_onnxruntime']})"
             )
-            return 0
+            return prepare_for_dock(out) if args.for_dock else 0
     frame = None
     try:
         frame = read_image_bgr(road_image_path(), shape[2], shape[3])
@@ -275,4 +285,4 @@ def run(args: argparse.Namespace) -> int:
         f"max |tinygrad-onnxruntime| {meta['max_abs_diff_vs_onnxruntime']:.2e}, "
         f"first call {meta['first_call_s']:.1f} s)"
     )
-    return 0
+    return prepare_for_dock(out) if args.for_dock else 0
