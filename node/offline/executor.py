@@ -19,6 +19,7 @@ worker died are retried (``attempts`` counts the tries); a unit that still fails
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -31,6 +32,7 @@ from chestnut.node.offline.units import (
     EXECUTORS,
     KIND_EXTRACT,
     KIND_REPLAY,
+    MAX_ATTEMPTS,
     MAX_SHIP_BYTES,
     RAY_INSTALL_HINT,
     ExecutorError,
@@ -61,6 +63,11 @@ def _init_local_worker() -> None:
     ensure_cpu_device()
 
 
+def _init_pool_process() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle (it stops the pool)
+    _init_local_worker()
+
+
 def _local_unit(unit: Unit) -> tuple[SegmentResult | FileExtract, str, float]:
     t0 = time.perf_counter()
     result = run_unit(unit)
@@ -69,9 +76,11 @@ def _local_unit(unit: Unit) -> tuple[SegmentResult | FileExtract, str, float]:
 
 @dataclass
 class LocalExecutor:
-    """This machine's processes: ``workers`` spawn-context processes (1: this process, no pool)."""
+    """This machine's processes: ``workers`` spawn-context processes (1: this process, no pool, unless
+    ``pool``)."""
 
     workers: int = 1
+    pool: bool | None = None  # None: a pool when workers > 1; True: a pool of one process too (benchmarks)
     name: str = "local"
     _t0: float = field(default=0.0, repr=False)
 
@@ -85,7 +94,7 @@ class LocalExecutor:
     def run(self, units: list[Unit], on_outcome: Callable[[Outcome], None] | None = None) -> Iterator[Outcome]:
         self._t0 = time.perf_counter()
         done = on_outcome or (lambda _o: None)
-        if self.workers == 1 or len(units) <= 1:
+        if not (self.workers > 1 if self.pool is None else self.pool) or len(units) <= 1:
             _init_local_worker()
             for u in units:
                 queued = self._now()
@@ -108,7 +117,7 @@ class LocalExecutor:
         attempts: dict[tuple[str, int], int] = {}
         while todo:
             ex = ProcessPoolExecutor(
-                max_workers=min(self.workers, len(todo)), mp_context=ctx, initializer=_init_local_worker
+                max_workers=min(self.workers, len(todo)), mp_context=ctx, initializer=_init_pool_process
             )
             try:
                 running: dict[Future[Any], tuple[Unit, float]] = {}
@@ -122,10 +131,23 @@ class LocalExecutor:
                         u, queued = running.pop(fut)
                         try:
                             result, who, run_s = fut.result()
-                        except BrokenProcessPool:  # a worker died: every unit in flight goes again
-                            todo.extend(x for x, _ in running.values())
-                            todo.append(u)
+                        except BrokenProcessPool:  # a worker died: every unit in flight goes again, up to a bound
+                            lost = [(u, queued), *running.values()]
                             running.clear()
+                            for x, q in lost:
+                                if attempts[x.key] < MAX_ATTEMPTS:
+                                    todo.append(x)
+                                    continue
+                                out = Outcome(
+                                    x,
+                                    None,
+                                    error=f"worker process died {attempts[x.key]} times",
+                                    attempts=attempts[x.key],
+                                    queued_s=q,
+                                    done_s=self._now(),
+                                )
+                                done(out)
+                                yield out
                             break
                         out = Outcome(
                             u,
@@ -141,6 +163,10 @@ class LocalExecutor:
                     else:
                         continue
                     break  # a fresh pool for the rest
+            except KeyboardInterrupt:  # Ctrl-C: stop the units in flight now rather than at their end
+                for proc in list(getattr(ex, "_processes", None) or {}.values()):
+                    proc.terminate()
+                raise
             finally:
                 ex.shutdown(wait=True, cancel_futures=True)
 

@@ -11,8 +11,9 @@ driver keeps exactly one unit in flight per actor and hands the next one to whic
 Failures (Ray's fault-tolerance docs, "Actor fault tolerance": ``max_restarts``, ``max_task_retries``):
 an actor whose process or node dies is restarted (:data:`MAX_RESTARTS` times) and the unit it held is
 run again by Ray (:data:`MAX_TASK_RETRIES` times); a unit whose actor is gone for good is handed to
-another actor, :data:`MAX_ATTEMPTS` tries in all, then reported as failed. A unit that raises by
-itself (a model that cannot load) fails at once: running it elsewhere would fail the same way.
+another actor, :data:`~chestnut.node.offline.units.MAX_ATTEMPTS` tries in all, then reported as
+failed. A unit that raises by itself (a model that cannot load) fails at once: running it elsewhere
+would fail the same way.
 
 Logs: by default a worker reads a unit's path, so every node must see the same files at the same path
 (a shared file system). With ``ship_logs`` the driver reads each file once (bounded by
@@ -30,13 +31,12 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from chestnut.node.offline.units import ExecutorError, Outcome, Unit, read_shipped, run_unit, worker_id
+from chestnut.node.offline.units import MAX_ATTEMPTS, ExecutorError, Outcome, Unit, read_shipped, run_unit, worker_id
 
 log = logging.getLogger("chestnut.fleet")
 
 MAX_RESTARTS = 4  # an actor restarted after its process died, per actor
 MAX_TASK_RETRIES = 2  # a unit re-run by Ray on the restarted actor
-MAX_ATTEMPTS = 3  # tries of one unit across actors, after Ray's own retries are spent
 START_TIMEOUT_S = 120.0  # actors started (a fresh node imports numpy, tinygrad, onnxruntime)
 POLL_S = 0.2  # ray.wait period: how soon Ctrl-C is seen
 

@@ -20,6 +20,7 @@ from chestnut.node.offline.timeline import FileExtract, extract_file
 EXECUTORS = ("local", "ray")
 KIND_REPLAY = "replay"
 KIND_EXTRACT = "extract"
+MAX_ATTEMPTS = 3  # tries of one unit whose worker died under it, before it is reported as failed
 MAX_SHIP_BYTES = 2 << 30
 """Largest segment file shipped through the object store (bytes; ``--ship-logs``): 2 GiB, about five
 minutes of the logger's 20 Hz full-resolution rlog (``README.md``, 360 MB per minute). A larger file is
