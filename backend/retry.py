@@ -51,6 +51,16 @@ async transfers (``*_async``)             as their     tinygrad's ``USB3`` latch
                                                        synchronous twin, retried by the rules above
 ========================================  ===========  ====================================================
 
+Where a lost transfer shows up: on the twin, ``Twin._gate`` (``backend/sim/twin.py``) decides the
+``timeout`` fault for each transfer that reaches the device and NAKs it until that transfer's own
+timeout; the twin's ``USB3`` face (``backend/sim/usb3.py``) then raises tinygrad's text
+(``"libusb_control_transfer: Operation timed out"``, ``"bulk OUT 0x02 failed: ..."``) or, for an async
+transfer, latches ``_async_err = 2`` for the next ``bulk_wait``. The first to see it is the wrapper
+below, called by tinygrad's ``CustomASM24Controller`` (``read``, ``write``, ``pcie_request``,
+``scsi_write``/``scsi_read``) and ``AMDAllocator._copyin``/``_copyout``, or by our bounded copy protocol
+(``backend/copy.py`` through :class:`~chestnut.backend.bridge.Bridge`). Without it the error went up
+unchanged, the runner turned it sticky and the worker was replaced, each time.
+
 A transfer that is not retried and fails is counted too, and raised as before (the worker is
 replaced). Never retried inside tinygrad's copy (``_copyin``/``_copyout``): after a failed copy a
 same-process retry silently leaves the destination as it was; retry happens here, one transfer at a
@@ -186,20 +196,27 @@ class RetryPolicy:
     3 tries of 25 ms end within 75 ms, half the node's 150 ms frame deadline; a control transfer on
     a working USB 3 link answers in well under a millisecond. ``floor_bytes_per_ms`` (20 000, i.e.
     20 MB/s) is below what a USB 2 link moves (480 Mbps), so a slow link is not mistaken for a lost
+    transfer. A bulk IN gets at least ``bulk_in_wait_ms`` (100 ms, two thirds of the frame deadline)
+    per try: reading an armed SRAM window is also the wait for the GPU's copy into it (tinygrad 0.14
+    ``AMDAllocator._copyout`` reads right after ``scsi_read_arm``; ``scsi_read`` allows 10 s), and
+    the device NAKs until the data is there, so a copy that is merely late must not read as a lost
     transfer.
     """
 
     attempts: int = 3
     attempt_timeout_ms: int = 25
     floor_bytes_per_ms: int = 20_000
+    bulk_in_wait_ms: int = 100
 
     def __post_init__(self) -> None:
-        if self.attempts < 1 or self.attempt_timeout_ms < 1 or self.floor_bytes_per_ms < 1:
-            raise ValueError("attempts, attempt_timeout_ms and floor_bytes_per_ms must be >= 1")
+        if min(self.attempts, self.attempt_timeout_ms, self.floor_bytes_per_ms, self.bulk_in_wait_ms) < 1:
+            raise ValueError("attempts, attempt_timeout_ms, floor_bytes_per_ms and bulk_in_wait_ms must be >= 1")
 
-    def timeout_ms(self, caller_ms: int, nbytes: int = 0) -> int:
+    def timeout_ms(self, caller_ms: int, nbytes: int = 0, bulk_in: bool = False) -> int:
         """One attempt's timeout: the bound above, never more than the caller's own (0 = none: the bound)."""
         bound = self.attempt_timeout_ms + -(-nbytes // self.floor_bytes_per_ms)
+        if bulk_in:
+            bound = max(bound, self.bulk_in_wait_ms)
         return bound if caller_ms <= 0 else min(caller_ms, bound)
 
 
@@ -359,7 +376,7 @@ class RetryingUSB3:
         """``attempt(timeout_ms)`` with the retry rules of ``kind``; ``replay(timeout_ms)`` re-arms before a retry."""
         retried = RULES[kind][0]
         tries = self.retry.attempts if retried else 1
-        t_ms = self.retry.timeout_ms(caller_ms, nbytes) if retried else caller_ms
+        t_ms = self.retry.timeout_ms(caller_ms, nbytes, kind is Kind.BULK_IN_ARMED) if retried else caller_ms
         failed = False
         for i in range(tries):
             try:
