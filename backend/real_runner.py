@@ -35,6 +35,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
+import json
+import logging
 import os
 import sys
 import tempfile
@@ -60,6 +62,8 @@ REAL_DEV = "USB+AMD:LLVM"  # tinygrad 0.14: the AMD GPU behind the USB bridge, L
 TINYGRAD_DEVICE = "AMD"
 FW_COMMIT = "0a6871b19abf5d6e024b5d208b101ae53e7fa0de"  # tinygrad 0.14 helpers.fetch_fw pins linux-firmware here
 FW_URL = "https://gitlab.com/kernel-firmware/linux-firmware/-/raw/{commit}/{path}/{name}"
+
+log = logging.getLogger("chestnut.real_runner")
 
 
 # ------------------------------------------------------------------ environment
@@ -255,6 +259,40 @@ def dock_cache_key(
     )
 
 
+def cached_on_dock(model_bytes: bytes, root: Path | None = None) -> bool:
+    """Whether the compile cache at ``root`` (default: :func:`~chestnut.backend.jitcache.default_cache_dir`)
+    names an entry for this model on the dock (device ``AMD:<arch>``) and the installed tinygrad.
+
+    A hint for the start-up budget only (``node/config.py``): the GPU architecture is known once the dock
+    is opened, and whether the entry is trusted is decided by :meth:`JitCache.load` when it is loaded.
+    Metadata files are read as JSON, up to :data:`~chestnut.backend.jitcache.MAX_META_BYTES` each;
+    nothing is unpickled. A missing or unreadable cache is cold.
+    """
+    from chestnut.backend.jitcache import MAX_META_BYTES, default_cache_dir
+
+    root = default_cache_dir() if root is None else root
+    sha, tg = hashlib.sha256(model_bytes).hexdigest(), tinygrad_version()
+    try:
+        metas = sorted(root.glob("*.json"))
+    except OSError:
+        return False
+    for meta_path in metas:
+        try:
+            if not meta_path.is_file() or meta_path.is_symlink() or meta_path.stat().st_size > MAX_META_BYTES:
+                continue
+            key = json.loads(meta_path.read_bytes()).get("key", {})
+        except (OSError, ValueError, AttributeError):
+            continue
+        if (
+            isinstance(key, dict)
+            and key.get("model_sha256") == sha
+            and str(key.get("device", "")).startswith(f"{TINYGRAD_DEVICE}:")
+            and key.get("tinygrad_version") == tg
+        ):
+            return True
+    return False
+
+
 @dataclass
 class DockJit:
     """A captured model on a tinygrad device: ``call(inputs)`` runs it (name -> numpy array, in and out).
@@ -339,7 +377,8 @@ class RealRunner:
     Construct it only in the process that will own the dock (it sets the environment; see
     :func:`prepare_environment`). ``usb_backend`` is passed to pyusb for the ladder's USB steps.
     ``jit_cache``: the compile cache (True = :class:`~chestnut.backend.jitcache.JitCache` at its default
-    directory, None/False = compile every time); ``progress`` receives the load's phase lines.
+    directory, None/False = compile every time); ``progress`` receives the load's phase lines (default:
+    this module's log, INFO).
     """
 
     kind = "real"
@@ -356,7 +395,7 @@ class RealRunner:
     ) -> None:
         prepare_environment(wait_timeout_ms)
         self.jit_cache = JitCache() if jit_cache is True else (jit_cache or None)
-        self.progress = progress
+        self.progress = progress or (lambda line: log.info("%s", line))
         self.compiled: DockJit | None = None
         self.config = config or LadderConfig(wait_timeout_ms=wait_timeout_ms)
         self.lock_timeout_s = lock_timeout_s

@@ -3,6 +3,13 @@
 Every field has a default, so ``chestnut run`` with no file serves the prepared PP-OCRv4 detector
 (``chestnut model prepare``) on the twin. Paths may use ``~``. A malformed file or value raises
 :class:`~chestnut.backend.errors.ConfigError` naming the key.
+
+The start-up budget (``timing.start_timeout_s``: a worker not qualified and loaded by then is killed) is
+one number with the ladder's own step bounds (``backend/ladder.py``): 0 derives it
+(:func:`start_budget_s`: the sum of every rung's bound, the model load's being the compile bound on a
+cold compile cache and :data:`~chestnut.backend.real_runner.WARM_LOAD_BOUND_S` on a warm one, plus
+:data:`START_MARGIN_S`), and for a real dock a set value shorter than that sum is refused, so no rung is
+cut off before its own bound.
 """
 
 from __future__ import annotations
@@ -16,7 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from chestnut.backend.errors import ConfigError
+from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
 from chestnut.backend.protocol import WAIT_TIMEOUT_MS
+from chestnut.backend.real_runner import WARM_LOAD_BOUND_S, cached_on_dock
+
+START_MARGIN_S = 5.0  # a worker's spawn and tinygrad's import before the first rung (s)
 
 
 def cache_dir() -> Path:
@@ -72,7 +83,7 @@ class TimingConfig:
     probe_hz: float = 1.0
     hang_margin_ms: float = 250.0              # watchdog: a frame request unanswered wait_timeout_ms + this is a hang
     miss_run: int = 3                          # consecutive deadline misses that fail the gpu layer over
-    start_timeout_s: float = 60.0              # openpilot modeld's start-up budget: ladder + load, else killed
+    start_timeout_s: float = 0.0               # ladder + load, else killed; 0 = derived (start_budget_s)
     consumer_timeout_s: float = 2.0            # the last controlState stands this long (a consumer's gap is no consent)
     backoff_initial_s: float = 1.0             # retry back-off: initial * factor**n, at most backoff_max_s
     backoff_factor: float = 2.0
@@ -137,8 +148,53 @@ def _apply(section: Any, values: dict[str, Any], where: str) -> None:
         setattr(section, key, value)
 
 
+def ladder_bounds_s(ladder: LadderConfig, warm: bool) -> dict[str, float]:
+    """Each rung's bound in seconds (``backend/ladder.py`` ``DockQualifier.steps``, ``model_steps``), the
+    model load's being :data:`~chestnut.backend.real_runner.WARM_LOAD_BOUND_S` when ``warm``."""
+    bounds = {s.name: s.bound_s for s in DockQualifier(UsbDock(None, ladder.ctrl_timeout_ms), ladder).steps()}
+    bounds["model_loaded"] = min(WARM_LOAD_BOUND_S, ladder.load_bound_s) if warm else ladder.load_bound_s
+    bounds["warmup"] = ladder.warmup_bound_s
+    return bounds
+
+
+def start_budget_s(ladder: LadderConfig, warm: bool) -> float:
+    """The start-up budget, s: every rung's bound (:func:`ladder_bounds_s`) plus :data:`START_MARGIN_S`."""
+    return round(sum(ladder_bounds_s(ladder, warm).values()) + START_MARGIN_S, 1)
+
+
+def required_start_budget(cfg: NodeConfig) -> tuple[float, bool]:
+    """(budget s, warm) for ``cfg``: warm only for a real dock whose compile cache names the model
+    (:func:`~chestnut.backend.real_runner.cached_on_dock`); a twin or an unreadable model counts cold."""
+    warm = False
+    if cfg.dock.kind == "real":
+        try:
+            warm = cached_on_dock(cfg.model.path.expanduser().read_bytes())
+        except OSError:
+            warm = False
+    return start_budget_s(LadderConfig(wait_timeout_ms=int(cfg.dock.wait_timeout_ms)), warm), warm
+
+
+def _check_start_budget(cfg: NodeConfig) -> None:
+    t = cfg.timing
+    if t.start_timeout_s < 0:
+        raise ConfigError("config", f"timing.start_timeout_s = {t.start_timeout_s}; want >= 0 (0 = derived)")
+    need, warm = required_start_budget(cfg)
+    if t.start_timeout_s == 0:
+        t.start_timeout_s = need
+    elif cfg.dock.kind == "real" and t.start_timeout_s < need:
+        ladder = LadderConfig(wait_timeout_ms=int(cfg.dock.wait_timeout_ms))
+        parts = ", ".join(f"{k} {v:g}" for k, v in ladder_bounds_s(ladder, warm).items())
+        hint = "" if warm else (f"; a warm compile cache (`chestnut model prepare --for-dock`) needs "
+                                f"{start_budget_s(ladder, True):g} s")
+        raise ConfigError("config", f"timing.start_timeout_s = {t.start_timeout_s:g} s is shorter than the ladder's "
+                                    f"bounds with a {'warm' if warm else 'cold'} compile cache ({need:g} s: {parts}, "
+                                    f"+ {START_MARGIN_S:g} s start): set it to at least {need:g} or to 0 (derived)"
+                                    f"{hint}")
+
+
 def validate(cfg: NodeConfig) -> NodeConfig:
-    """Check values; raises ConfigError naming the key."""
+    """Check values; raises ConfigError naming the key. A ``timing.start_timeout_s`` of 0 is replaced by the
+    derived budget (:func:`required_start_budget`)."""
     if cfg.dock.kind not in DOCK_KINDS:
         raise ConfigError("config", f"dock.kind = {cfg.dock.kind!r}; use one of {', '.join(DOCK_KINDS)}")
     if cfg.fallback.engine not in ("onnxruntime", "tinygrad"):
@@ -150,6 +206,7 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     if not 0 < cfg.timing.deadline_ms < cfg.dock.wait_timeout_ms:
         raise ConfigError("config", f"timing.deadline_ms = {cfg.timing.deadline_ms}; want 0 < it < the wait timeout")
     t = cfg.timing
+    _check_start_budget(cfg)
     positive = {"shadow_frames": t.shadow_frames, "health_hz": t.health_hz, "node_state_hz": t.node_state_hz,
                 "probe_hz": t.probe_hz, "miss_run": t.miss_run, "start_timeout_s": t.start_timeout_s,
                 "consumer_timeout_s": t.consumer_timeout_s, "backoff_initial_s": t.backoff_initial_s,
