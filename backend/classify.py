@@ -103,6 +103,11 @@ RULES: tuple[Rule, ...] = (
          advice="no Chestnut dock found: " + _RECONNECT),
     Rule(UsbLayerError, "no_such_dock", r"does not exist \(\d+ devices? available\)", source=_SYSTEM_PY,
          advice="the device index is beyond the docks found; use index 0"),
+    Rule(UsbLayerError, "no_product_string", r"The device has no langid", exc_type=ValueError,
+         source="pyusb 1.3 usb.util.get_string (string descriptor 0 unanswered)",
+         advice="the dock did not answer its string descriptors (a timed-out or failed transfer, or no permission "
+                "on its device node): check the udev rule for 0xADD1:0x0001 / 0x3801:0x0001, then power-cycle the "
+                "dock"),
     Rule(UsbLayerError, "bad_product", r"self\.product", exc_type=AssertionError, source=_USB_PY,
          advice="the bridge does not run the custom firmware (product string must start with 'custom' or 'AS2462')"),
     # ------------------------------------------------------------------ USB: transfers

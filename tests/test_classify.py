@@ -178,6 +178,8 @@ CASES: list[tuple[str, Callable[..., BaseException], type[ChestnutError], str]] 
     ("no_such_dock", lambda mp: RuntimeError("AMD:1 does not exist (1 device available)"),
      UsbLayerError, "no_such_dock"),
     ("bad_product", lambda mp: tg_usb3(mp, product=b"USB Storage")(lambda u: None), UsbLayerError, "bad_product"),
+    ("no_langid", lambda mp: ValueError("The device has no langid (permission issue, no string descriptors supported "
+                                        "or device error)"), UsbLayerError, "no_product_string"),
     # USB transfers from tinygrad's USB3 over a failing libusb
     ("bulk_out_short", lambda mp: tg_usb3(mp, short_by=512)(lambda u: u.bulk_write(b"\0" * 4096)),
      UsbLayerError, "short_transfer"),
