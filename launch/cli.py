@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("chestnut.node.offline.replay_cli", "re-run the models over a log's frames, compare with the log"),
     "check": ("chestnut.node.offline.check_cli", "check the node's contracts over a whole log; report every violation"),
     "fleet": ("chestnut.node.offline.fleet_cli", "build a synthetic fleet of logs for replay and check (fleet make)"),
+    "foxglove": ("chestnut.launch.foxglove", "serve the live stack to Foxglove (WebSocket, JSON schemas, images)"),
+    "export": ("chestnut.msgs.export", "convert a log into an MCAP file Foxglove opens (export LOG --mcap OUT)"),
     "launch": ("chestnut.launch.stack", "the whole stack (twin, logger, control, node, camera) under supervisord"),
 }
 

@@ -1,0 +1,180 @@
+"""``chestnut foxglove``: the live stack in Foxglove, over the Foxglove WebSocket protocol.
+
+A Foxglove WebSocket server (the ``foxglove-sdk`` package, protocol ``foxglove.websocket.v1``)
+that subscribes to every service of the stack (``CHESTNUT_PREFIX`` / ``--prefix``) and serves it
+live as JSON, with the topics and JSON Schemas that :mod:`chestnut.msgs.jsonschema` generates from
+``msgs/chestnut.capnp`` -- the same channels the MCAP segments carry:
+
+- ``/<service>`` for each service (``/modelOutput``, ``/chestnutActive``, ``/chestnutHealth``, ...);
+- ``/camera/image``: the camera frames as ``foxglove.RawImage`` (Image panel);
+- ``/chestnut/levels``: layer levels, ``active``, ``source`` and latencies as numbers (Plot panel);
+- ``/chestnut/log``: node state changes, ChestnutActive changes, control events and twin fault
+  events as ``foxglove.Log`` (Log panel).
+
+It binds loopback (``127.0.0.1``) by default: the stream carries every camera frame, so exposing
+it is the user's explicit choice (``--host``). ``--port`` (default 8765, Foxglove's default).
+Open it in Foxglove: *Open connection* -> *Foxglove WebSocket* -> ``ws://127.0.0.1:8765``, then
+*Layout* -> *Import from file* -> ``launch/foxglove-layout.json``.
+
+Every received message is checked with :func:`~chestnut.msgs.messaging.log_from_bytes` (bounded
+traversal); malformed ones are counted per service and skipped. ZeroMQ keeps at most
+:data:`RCVHWM_MESSAGES` per service; the SDK keeps at most ``message_backlog_size`` per client and
+drops the oldest data message for a slow client. SIGINT / SIGTERM stop it within one poll (exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+from collections import Counter
+from types import FrameType
+from typing import Any
+
+import zmq
+
+from chestnut.msgs.jsonschema import DerivedState, all_topic_schemas, event_to_json, foxglove_messages
+from chestnut.msgs.messaging import MalformedMessageError, SubSocket, log_from_bytes, sub_sock
+from chestnut.msgs.services import SERVICE_LIST
+
+_log = logging.getLogger("chestnut.foxglove")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765  # Foxglove's default WebSocket port (foxglove-sdk start_server)
+POLL_MS = 100  # ms; bounds the reaction to SIGINT/SIGTERM
+RCVHWM_MESSAGES = 20  # per service: 1 s of frames; a viewer wants the newest, not a backlog
+DRAIN_MAX_MESSAGES = 50  # per socket per loop
+BACKLOG_MESSAGES = 256  # per client: outgoing messages the SDK buffers before dropping the oldest
+
+
+class Bridge:
+    """The stack's sockets and the Foxglove channels; :meth:`step` forwards what arrived.
+
+    ``server`` is anything with ``stop()`` (the SDK's ``WebSocketServer``) or None (tests that
+    only look at the channels). Counters: ``forwarded`` (service -> messages), ``malformed``.
+    """
+
+    def __init__(self, prefix: str | None = None, services: list[str] | None = None, context: Any = None) -> None:
+        import foxglove
+
+        self.context = context if context is not None else foxglove.Context()
+        self.channels: dict[str, Any] = {}
+        for topic, (name, schema) in all_topic_schemas().items():
+            self.channels[topic] = foxglove.Channel(
+                topic,
+                message_encoding="json",
+                schema=foxglove.Schema(name=name, encoding="jsonschema", data=json.dumps(schema).encode()),
+                context=self.context,
+            )
+        self.state = DerivedState()
+        self.forwarded: Counter[str] = Counter()
+        self.malformed: Counter[str] = Counter()
+        self.poller = zmq.Poller()
+        self.socks: dict[str, SubSocket] = {}
+        try:
+            for s in services or list(SERVICE_LIST):
+                self.socks[s] = sub_sock(s, self.poller, prefix=prefix, rcvhwm=RCVHWM_MESSAGES)
+        except BaseException:
+            self.close()
+            raise
+
+    def forward(self, service: str, data: bytes) -> bool:
+        """Convert one serialized ``Event`` and log it on its channels; False if it was malformed."""
+        try:
+            event = log_from_bytes(data)
+            member, body = event_to_json(event)
+        except (MalformedMessageError, KeyError) as e:
+            self.malformed[service] += 1
+            if self.malformed[service] == 1:
+                _log.warning("%s: skipped a malformed message: %s; further ones are only counted", service, e)
+            return False
+        if member != service:
+            self.malformed[service] += 1
+            return False
+        for topic, message in foxglove_messages(service, body, self.state):
+            self.channels[topic].log(json.dumps(message).encode(), log_time=body["logMonoTime"])
+        self.forwarded[service] += 1
+        return True
+
+    def step(self, timeout_ms: int = POLL_MS) -> int:
+        """Wait up to ``timeout_ms``, forward what arrived; returns the number of messages forwarded."""
+        n = 0
+        if self.poller.poll(timeout_ms):
+            for service, sock in self.socks.items():
+                for _ in range(DRAIN_MAX_MESSAGES):
+                    try:
+                        data = sock.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        sock.heal()
+                        break
+                    n += self.forward(service, data)
+        return n
+
+    def close(self) -> None:
+        for sock in self.socks.values():
+            self.poller.unregister(sock)
+            sock.close(linger=0)
+        self.socks.clear()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help="address to bind (default 127.0.0.1: loopback only; the stream carries every frame)",
+    )
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port (default %(default)s; 0: any free)")
+    parser.add_argument("--prefix", default=None, help="runtime prefix of the stack (default: $CHESTNUT_PREFIX)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM; 0 after a clean stop, 2 for a bad port, 1 if the port cannot be bound."""
+    if not 0 <= args.port <= 65535:
+        _log.error("--port %d: give a TCP port in 0..65535", args.port)
+        return 2
+    import foxglove
+
+    stop: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.append(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    bridge = None
+    server = None
+    try:
+        bridge = Bridge(prefix=args.prefix)
+        try:
+            server = foxglove.start_server(
+                name="chestnut",
+                host=args.host,
+                port=args.port,
+                context=bridge.context,
+                message_backlog_size=BACKLOG_MESSAGES,
+            )
+        except RuntimeError as e:
+            _log.error("cannot serve on %s:%d: %s; choose another --port", args.host, args.port, e)
+            return 1
+        _log.info(
+            "serving %d topics at ws://%s:%d (Foxglove: Open connection -> Foxglove WebSocket; layout "
+            "launch/foxglove-layout.json)",
+            len(bridge.channels),
+            args.host,
+            server.port,
+        )
+        while not stop:
+            bridge.step(POLL_MS)
+    finally:
+        if server is not None:
+            server.stop()
+        if bridge is not None:
+            bridge.close()
+            _log.info(
+                "stopped: forwarded %d messages; malformed skipped: %s",
+                sum(bridge.forwarded.values()),
+                dict(bridge.malformed) or "none",
+            )
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
