@@ -146,7 +146,21 @@ class TwinRec:
     service: str = "twinState"
 
 
-Record = FrameRec | OutputRec | ActiveRec | HealthRec | NodeStateRec | ControlRec | InitRec | TwinRec
+@dataclass(frozen=True, slots=True)
+class FaultRec:
+    """One ``twinFault``: a fault event (armed, fired, cleared, expired) of the twin's fault ``fault_id``;
+    ``site``: what a firing hit (a transfer, TLP or packet)."""
+
+    t_ns: int
+    fault_id: int
+    kind: str
+    action: str
+    site: str
+    params: str
+    service: str = "twinFault"
+
+
+Record = FrameRec | OutputRec | ActiveRec | HealthRec | NodeStateRec | ControlRec | InitRec | TwinRec | FaultRec
 
 
 def _init_record(t: int, ev: Any) -> InitRec:
@@ -183,6 +197,8 @@ _RECORDERS: dict[str, Callable[[int, Any], Record]] = {
                                              ev.controlState.canEngage, tuple(ev.controlState.events)),
     "initData": _init_record,
     "twinState": lambda t, ev: TwinRec(t, tuple(ev.twinState.faults), bool(ev.twinState.present)),
+    "twinFault": lambda t, ev: FaultRec(t, ev.twinFault.id, ev.twinFault.kind, str(ev.twinFault.action),
+                                        ev.twinFault.site, ev.twinFault.params),
 }
 
 
@@ -357,6 +373,7 @@ class Timeline:
     controls: list[ControlRec] = field(default_factory=list)
     inits: list[InitRec] = field(default_factory=list)
     twins: list[TwinRec] = field(default_factory=list)
+    faults: list[FaultRec] = field(default_factory=list)
     unstamped: list[UnstampedRec] = field(default_factory=list)
     sessions: list[Session] = field(default_factory=list)
     _frame_times: list[int] = field(default_factory=list, repr=False)  # bisect indexes
@@ -384,7 +401,8 @@ class Timeline:
                  start, end)
         lists: dict[type, list[Any]] = {FrameRec: tl.frames, OutputRec: tl.outputs, ActiveRec: tl.actives,
                                         HealthRec: tl.healths, NodeStateRec: tl.node_states,
-                                        ControlRec: tl.controls, InitRec: tl.inits, TwinRec: tl.twins}
+                                        ControlRec: tl.controls, InitRec: tl.inits, TwinRec: tl.twins,
+                                        FaultRec: tl.faults}
         for r in events:
             lists[type(r)].append(r)
         tl._frame_times = [f.t_ns for f in tl.frames]
