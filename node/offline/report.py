@@ -5,21 +5,26 @@ Written by :func:`write_report` (matplotlib, Agg backend, no display needed):
 - ``timeline.png``: one shared time axis (s since the log's first message), top to bottom: per-frame
   latency (``executionTime`` and ``frameAge``, ms, coloured by the serving source, with the deadline);
   the serving source, ``ChestnutActive`` and the control daemon's engagement; each health layer's level
-  (OK / WARN / STALE / ERROR, ROS 2 colours); the node's state with its transitions and the
-  violations and log damage as fault markers; frame drops (``frameDropPerc``) and deadline misses.
+  (OK / WARN / STALE / ERROR, ROS 2 colours); the node's state with its transitions, the twin's faults
+  (a bar from armed to cleared or expired and a star at every firing, from the ``twinFault`` events) and
+  the violations and log damage as markers; frame drops (``frameDropPerc``) and deadline misses.
 - ``agreement.png``: primary-vs-fallback ``maxAbsDiff`` where both ran (hot standby, shadow frames),
   against the node's agreement tolerance; after a replay, each frame's replayed-vs-logged difference.
   A log axis cannot draw an exact 0: identical frames are counted on the panel and in the caption
   (:func:`describe_diffs`), never drawn as a made-up small value.
 - ``latency.png``: the latency distributions per source.
-- ``index.html``: a summary table, the images (embedded as base64 PNG, so the page is one file), the
-  violations and, after a replay, the model identities and the mismatches.
+- ``index.html``: the clock (t = 0 is the log's first message, its wall-clock time once) and a link to
+  the logs, a summary table, the images (embedded as base64 PNG, so the page is one file), "what
+  happened" (every node state change with its reason, ChestnutActive change, soft-disable episode
+  with the events seen during it, and fault event with what it hit), the fault schedule ``chestnut
+  launch`` ran, the violations and, after a replay, the model identities and the mismatches.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -170,29 +175,19 @@ def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path) -> 
     for d in tl.damage:
         ax_state.plot([sec(d.t_ns if d.t_ns is not None else tl.start_ns)], [0], marker="X", color="black",
                       markersize=8)
-    # the twin's injected faults (twinState, 1 Hz): a bar per fault while it is live, named by its kind
-    live: dict[str, float] = {}
-    for i, tw in enumerate(tl.twins):
-        t_s = sec(tw.t_ns)
-        nxt = sec(tl.twins[i + 1].t_ns) if i + 1 < len(tl.twins) else t_s
-        names = {f.split(":")[0] for f in tw.faults} | ({"unplugged"} if not tw.present else set())
-        for name in names:
-            live.setdefault(name, t_s)
-        for name in [n for n in live if n not in names]:
-            t0 = live.pop(name)
-            ax_state.barh(0, t_s - t0, left=t0, height=0.35, color="#9467bd", alpha=0.7)
-            ax_state.text(t0, 0.25, name.split("#")[0], fontsize=7, color="#4b2c6f", va="bottom")
-        if i + 1 == len(tl.twins):
-            for name, t0 in live.items():
-                ax_state.barh(0, max(nxt - t0, 0.5), left=t0, height=0.35, color="#9467bd", alpha=0.7)
-                ax_state.text(t0, 0.25, name.split("#")[0], fontsize=7, color="#4b2c6f", va="bottom")
+    if tl.faults:
+        _fault_lane(ax_state, tl, end)
+    else:  # an older log without twinFault events: the twin's 1 Hz twinState snapshots
+        _fault_bars_from_snapshots(ax_state, tl)
     ax_state.set_yticks([1, 0], ["node state", "faults"])
     ax_state.set_ylim(-0.9, 1.6)
     handles = [plt.Line2D([], [], marker="v", color="#d62728", linestyle=""),
-               plt.Line2D([], [], marker="X", color="black", linestyle="")]
+               plt.Line2D([], [], marker="X", color="black", linestyle=""),
+               plt.Line2D([], [], marker="*", color=FAULT_FIRED_COLOR, linestyle="")]
     handles += [plt.Rectangle((0, 0), 1, 1, color=c) for c in STATE_COLORS.values()]
+    fired = sum(f.action == "fired" for f in tl.faults)
     _legend(ax_state, handles, [f"violation ({len(violations)})", f"log damage ({len(tl.damage)})",
-                                *STATE_COLORS], ncol=9)
+                                f"fault fired ({fired})", *STATE_COLORS], ncol=10)
     ax_state.set_title("node state, faults", loc="left", fontsize=10)
 
     # frame drops and deadline misses
@@ -220,6 +215,99 @@ def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path) -> 
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
+
+
+FAULT_COLOR = "#9467bd"
+FAULT_FIRED_COLOR = "#d62728"
+FAULT_END_ACTIONS = ("cleared", "expired")
+
+
+def fault_spans(tl: Timeline) -> list[tuple[str, float, float | None, list[float]]]:
+    """Each injected fault from the ``twinFault`` events: (``kind#id``, armed s, cleared/expired s or
+    None while it lasted to the end, firing times s), in arming order."""
+    spans: dict[int, list[Any]] = {}
+    for f in tl.faults:
+        span = spans.setdefault(f.fault_id, [f"{f.kind}#{f.fault_id}", tl.seconds(f.t_ns), None, []])
+        if f.action == "fired":
+            span[3].append(tl.seconds(f.t_ns))
+        elif f.action in FAULT_END_ACTIONS and span[2] is None:
+            span[2] = tl.seconds(f.t_ns)
+    return [tuple(v) for v in spans.values()]  # type: ignore[misc]
+
+
+def _fault_lane(ax: Any, tl: Timeline, end: float) -> None:
+    """A bar per fault from armed to cleared/expired and a star at every firing, named by its kind: a one-shot
+    fault that fires and is spent within a second still gets its star (``twinFault``, sent when it happens)."""
+    for name, t0, t1, fired in fault_spans(tl):
+        width = max((end if t1 is None else t1) - t0, 0.004 * end)
+        ax.barh(0, width, left=t0, height=0.35, color=FAULT_COLOR, alpha=0.45)
+        if fired:
+            ax.plot(fired, [0] * len(fired), marker="*", color=FAULT_FIRED_COLOR, markersize=10, linestyle="")
+        at = fired[0] if fired else t0
+        ax.text(at, 0.22, name.split("#")[0] + ("" if fired else " (never fired)"), fontsize=7, color="#4b2c6f",
+                va="bottom")
+
+
+def _fault_bars_from_snapshots(ax: Any, tl: Timeline) -> None:
+    """The twin's live faults as bars from its 1 Hz ``twinState`` (logs written before ``twinFault``)."""
+    sec = tl.seconds
+    live: dict[str, float] = {}
+    for i, tw in enumerate(tl.twins):
+        t_s = sec(tw.t_ns)
+        nxt = sec(tl.twins[i + 1].t_ns) if i + 1 < len(tl.twins) else t_s
+        names = {f.split(":")[0] for f in tw.faults} | ({"unplugged"} if not tw.present else set())
+        for name in names:
+            live.setdefault(name, t_s)
+        for name in [n for n in live if n not in names]:
+            t0 = live.pop(name)
+            ax.barh(0, t_s - t0, left=t0, height=0.35, color=FAULT_COLOR, alpha=0.7)
+            ax.text(t0, 0.25, name.split("#")[0], fontsize=7, color="#4b2c6f", va="bottom")
+        if i + 1 == len(tl.twins):
+            for name, t0 in live.items():
+                ax.barh(0, max(nxt - t0, 0.5), left=t0, height=0.35, color=FAULT_COLOR, alpha=0.7)
+                ax.text(t0, 0.25, name.split("#")[0], fontsize=7, color="#4b2c6f", va="bottom")
+
+
+def soft_disable_episodes(tl: Timeline) -> list[tuple[float, float | None, str]]:
+    """Each soft-disable episode of the control daemon: (start s, end s or None, the events seen during it)."""
+    out: list[tuple[float, float | None, str]] = []
+    start: float | None = None
+    seen: list[str] = []
+    for c in tl.controls:
+        if c.soft_disabling and start is None:
+            start, seen = tl.seconds(c.t_ns), []
+        if start is not None:
+            seen += [e for e in c.events if e not in seen]
+            if not c.soft_disabling:
+                out.append((start, tl.seconds(c.t_ns), ", ".join(seen)))
+                start = None
+    if start is not None:
+        out.append((start, None, ", ".join(seen)))
+    return out
+
+
+def story_rows(tl: Timeline) -> list[tuple[str, str, str, str]]:
+    """What happened, in time order: (t s, what, kind, why) for every node state change with its reason,
+    every ChestnutActive change, every soft-disable episode and every fault event."""
+    rows: list[tuple[float, str, str, str]] = []
+    prev = None
+    for st in tl.node_states:
+        if st.state != prev:
+            rows.append((tl.seconds(st.t_ns), f"node {st.state}", "state", st.reason))
+            prev = st.state
+    active = None
+    for a in tl.actives:
+        if a.active != active:
+            rows.append((tl.seconds(a.t_ns), f"ChestnutActive {str(a.active).lower()}", "active", a.reason))
+            active = a.active
+    for t0, t1, events in soft_disable_episodes(tl):
+        dur = "to the end of the log" if t1 is None else f"{t1 - t0:.2f} s"
+        rows.append((t0, f"soft disable ({dur})", "control", events))
+    for f in tl.faults:
+        detail = f"at {f.site}; " if f.site else ""
+        rows.append((tl.seconds(f.t_ns), f"fault {f.kind}#{f.fault_id} {f.action}", "fault", detail + f.params))
+    rows.sort(key=lambda r: r[0])
+    return [(f"{t:.3f}", what, kind, why) for t, what, kind, why in rows]
 
 
 def describe_diffs(what: str, diffs: Sequence[float]) -> str:
@@ -392,6 +480,18 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], classes: Seque
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+def _clock_line(wall_start: str | None, logs: Path | None, out: Path) -> str:
+    start = f" ({html.escape(wall_start)})" if wall_start else ""
+    text = f"<p>Times are seconds since the log's first message{start}.</p>"
+    if logs is not None:
+        try:
+            href = os.path.relpath(logs, out)
+        except ValueError:
+            href = str(logs)
+        text += f"<p>Logs: <a href='{html.escape(href)}/'>{html.escape(str(logs))}</a></p>"
+    return text
+
+
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1340px; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
@@ -405,8 +505,14 @@ figcaption { font-size: 0.85em; color: #666; } .verdict { font-size: 1.1em; font
 
 
 def write_report(out_dir: Path | str, timeline: Timeline, *, violations: Sequence[Violation] | None = None,
-                 replay: ReplayResult | None = None, title: str = "chestnut") -> Path:
-    """Write the PNGs and ``index.html`` into ``out_dir`` (created); returns the HTML page's path."""
+                 replay: ReplayResult | None = None, title: str = "chestnut",
+                 fault_schedule: Sequence[dict[str, Any]] | None = None, logs: Path | None = None,
+                 wall_start: str | None = None) -> Path:
+    """Write the PNGs and ``index.html`` into ``out_dir`` (created); returns the HTML page's path.
+
+    ``fault_schedule``: what ``chestnut launch`` did (dicts with ``t_s`` on the log's clock, ``action``,
+    ``fault``, ``detail``); ``logs``: the log directory, linked from the page; ``wall_start``: the
+    wall-clock time of the log's first message, printed once (every time on the page counts from it)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tl = timeline
@@ -423,7 +529,8 @@ def write_report(out_dir: Path | str, timeline: Timeline, *, violations: Sequenc
             f"{len(tl.damage)} damaged file(s)") if p)) + "</p>"
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>", verdict,
-             "<h2>summary</h2>", _table(("", "value"), summary_rows(tl, violations, replay))]
+             _clock_line(wall_start, logs, out), "<h2>summary</h2>",
+             _table(("", "value"), summary_rows(tl, violations, replay))]
     if violations is not None:
         counts = dict.fromkeys(CONTRACTS, 0)
         for v in vs:
@@ -434,7 +541,18 @@ def write_report(out_dir: Path | str, timeline: Timeline, *, violations: Sequenc
                                                ["bad" if c else "good" for c in counts.values()])]
     parts += ["<h2>timeline</h2>", _img(out / "timeline.png", "latency and source; ChestnutActive and control; "
                                         "health layers; node state and faults; frame drops"),
-              _img(out / "agreement.png", agreement), _img(out / "latency.png", "latency distributions")]
+              ]
+    story = story_rows(tl)
+    parts.append(f"<h2>what happened ({len(story)})</h2>")
+    parts.append(_table(("t (s)", "what", "kind", "why / detail"), story,
+                        ["bad" if k in ("fault", "control") else "" for _, _, k, _ in story])
+                 if story else "<p>no state change, soft disable or fault event in this log</p>")
+    if fault_schedule is not None:
+        parts.append(f"<h2>fault schedule ({len(fault_schedule)})</h2>")
+        parts.append(_table(("t (s)", "action", "fault", "detail"),
+                            [(f"{f['t_s']:.3f}", f["action"], f["fault"], f.get("detail", "")) for f in fault_schedule])
+                     if fault_schedule else "<p>no fault was scheduled</p>")
+    parts += [_img(out / "agreement.png", agreement), _img(out / "latency.png", "latency distributions")]
     if violations is not None:
         parts.append(f"<h2>violations ({len(vs)})</h2>")
         parts.append(_table(("t (s)", "frame", "contract", "what"),
