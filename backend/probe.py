@@ -27,6 +27,104 @@ from chestnut.backend.errors import ChestnutError
 from chestnut.backend.interface import LadderReport, LadderStep, ModelSpec, StepResult
 
 MARKS = {StepResult.PASS: "PASS", StepResult.WARN: "WARN", StepResult.FAIL: "FAIL", StepResult.SKIPPED: "SKIP"}
+OS_RELEASE_MAX_BYTES = 64 << 10  # /etc/os-release is a few hundred bytes (os-release(5))
+IDENTITY_KEYS = ("tinygrad", "host_os", "usb_id", "usb_path", "usb_speed_mbps", "bridge_firmware", "gpu_arch",
+                 "gpu_firmware")
+
+
+# ------------------------------------------------------------------ versions and identity
+def host_os(os_release: Path = Path("/etc/os-release")) -> str:
+    """``"<system> <kernel release> (<PRETTY_NAME>)"``: the kernel from ``platform``, the distribution from
+    os-release(5) (read up to :data:`OS_RELEASE_MAX_BYTES`; left out when unreadable)."""
+    import platform
+
+    base = f"{platform.system()} {platform.release()}"
+    try:
+        with open(os_release, "rb") as f:
+            text = f.read(OS_RELEASE_MAX_BYTES).decode(errors="replace")
+    except OSError:
+        return base
+    for line in text.splitlines():
+        if line.startswith("PRETTY_NAME="):
+            return f"{base} ({line.split('=', 1)[1].strip().strip(chr(34))})"
+    return base
+
+
+def usb_identity(dev: Any) -> dict[str, str]:
+    """The dock as USB sees it (a pyusb device; the twin's pyusb face gives the same fields):
+    ``usb_id`` VID:PID, ``usb_path`` bus, port chain and address (``usb.core.Device.port_numbers``),
+    ``usb_speed_mbps`` and ``bridge_firmware``, the device release number ``bcdDevice`` of the device
+    descriptor (USB 2.0 spec 9.6.1), where the ASM2464's firmware reports its version."""
+    from chestnut.backend.ladder import UsbDock
+
+    ports = getattr(dev, "port_numbers", None) or ()
+    bcd = getattr(dev, "bcdDevice", None)
+    speed = UsbDock.speed_mbps(dev)
+    return {
+        "usb_id": f"0x{dev.idVendor:04X}:0x{dev.idProduct:04X}",
+        "usb_path": f"bus {dev.bus} port {'.'.join(map(str, ports)) or '?'} address {dev.address}",
+        "usb_speed_mbps": str(speed) if speed is not None else "unknown",
+        "bridge_firmware": f"{bcd >> 8:x}.{bcd & 0xFF:02x} (bcdDevice 0x{bcd:04X})" if bcd is not None else "unknown",
+    }
+
+
+def gpu_firmware(arch: str, ip_versions: dict[int, tuple[int, ...]] | None = None) -> str:
+    """The AMD firmware files tinygrad 0.14 loads for this GPU (``runtime/support/am/amdev.py``
+    ``AMFirmware.__init__``: ``psp_<MP0>_sos``, ``smu_<MP1>``, ``sdma_<SDMA0>``, ``gc_<GC>_*``), each with
+    the first 12 hex digits of its sha256 from tinygrad's table (``runtime/autogen/am/fw.py``), as
+    ``"name@sha, ..."``. With ``ip_versions`` (tinygrad's ``AMDDevice.ip_versions``, HWIP id -> version)
+    every IP block is named; without (the twin, whose GPU loads no firmware) the GC files of ``arch``."""
+    from chestnut.backend.real_runner import firmware_hashes
+
+    table = firmware_hashes()
+
+    def ver(v: tuple[int, ...]) -> str:
+        return "_".join(map(str, v))
+
+    if ip_versions:
+        gc, mp0, mp1, sdma = (ip_versions.get(k) for k in (1, 15, 16, 3))  # tinygrad am.py GC/MP0/MP1/SDMA0_HWIP
+        prefixes = [f"psp_{ver(mp0)}_sos.bin" if mp0 else "", f"smu_{ver(mp1)}.bin" if mp1 else "",
+                    f"sdma_{ver(sdma)}.bin" if sdma else "", f"gc_{ver(gc)}_" if gc else ""]
+    else:
+        digits = arch[3:] if arch.startswith("gfx") and len(arch) > 5 else ""
+        try:
+            prefixes = [f"gc_{int(digits[:-2])}_{int(digits[-2], 16)}_{int(digits[-1], 16)}_"] if digits else []
+        except ValueError:
+            prefixes = []
+    names = sorted(n for n in table for p in prefixes if p and n.startswith(p))
+    if any(n.startswith("gc_1") and n[3:5] in ("10", "11") for n in names):  # PFP/ME own files only from GC 12
+        names = [n for n in names if not n.endswith(("_pfp.bin", "_me.bin"))]
+    return ", ".join(f"{n}@{table[n][:12]}" for n in names) or "unknown"
+
+
+def runner_identity(runner: Any) -> dict[str, str]:
+    """Versions and identity of a qualified runner's dock (:data:`IDENTITY_KEYS`; "unknown" where not seen):
+    tinygrad's version, the host OS, :func:`usb_identity`, the GPU architecture and :func:`gpu_firmware`.
+    Works for the twin and the real runner alike; never raises."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = dict.fromkeys(IDENTITY_KEYS, "unknown")
+    try:
+        out["tinygrad"] = version("tinygrad")
+    except PackageNotFoundError:
+        out["tinygrad"] = "absent"
+    out["host_os"] = host_os()
+    q = getattr(runner, "qualifier", None) or getattr(runner, "_qualifier", None)
+    dev = getattr(q, "dev", None)
+    if dev is not None:
+        try:
+            out.update(usb_identity(dev))
+        except Exception:  # a vanished device: its fields stay unknown
+            pass
+    device = getattr(runner, "device", None)
+    arch = str(getattr(device, "arch", "") or getattr(getattr(q, "gpu", None), "arch", "") or "")
+    if arch:
+        out["gpu_arch"] = arch
+        try:
+            out["gpu_firmware"] = gpu_firmware(arch, getattr(device, "ip_versions", None))
+        except ChestnutError:
+            pass
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -175,8 +273,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"qualification ladder against {target}")
     try:
         report = full_ladder(runner, spec, on_step=None if args.json else print_step)
+        identity = runner_identity(runner)
     finally:
         runner.close()
+    if not args.json:
+        print("identity: " + "; ".join(f"{k} {v}" for k, v in identity.items()))
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:
