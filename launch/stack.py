@@ -103,7 +103,13 @@ RECOVERY_ACTIONS: dict[str, str] = {"disconnect": "plug", "brownout": "plug", "w
 
 
 def render_config(
-    run_dir: Path, prefix: str, rate_hz: float, node_args: list[str], twin_args: list[str], log_format: str = "both"
+    run_dir: Path,
+    prefix: str,
+    rate_hz: float,
+    node_args: list[str],
+    twin_args: list[str],
+    log_format: str = "both",
+    foxglove_port: int = 8765,
 ) -> Path:
     """Write ``supervisord.conf`` for this run; returns its path."""
     from chestnut.msgs.paths import runtime_dir
@@ -121,6 +127,7 @@ def render_config(
         twin_args=" ".join(twin_args),
         log_dir=run_dir / "logs",
         log_format=log_format,
+        foxglove_port=int(foxglove_port),
         path=os.environ.get("PATH", ""),
     )
     conf = run_dir / "supervisord.conf"
@@ -129,7 +136,11 @@ def render_config(
 
 
 def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
-    """Read the run's log and compute the summary figures."""
+    """Read the run's log and compute the summary figures.
+
+    One clock: every time (``t_s``, transitions, control, soft disables, fault events) is in seconds since
+    the log's first message (``t_zero_ns``, its wall-clock time ``wall_start``), as ``chestnut check``
+    and the report count; only the two "launch ->" durations count from ``t_launch_ns``."""
     from chestnut.msgs.logfile import LogReader
 
     try:
@@ -150,7 +161,25 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
     last_soft = False
     episodes: list[list[Any]] = []  # [t_start_s, t_ns, events seen, (t_end_s)]
     episode: list[Any] = []
+    t_zero = 0
+    wall_start_ns = 0
+    fault_events: list[dict[str, Any]] = []
     for t, service, ev in reader if reader is not None else ():
+        if not t_zero:
+            t_zero = t
+        if service == "initData" and not wall_start_ns:
+            wall_start_ns = int(ev.initData.wallTimeNanos) - (t - t_zero)
+        if service == "twinFault":
+            tf = ev.twinFault
+            fault_events.append(
+                {
+                    "t_s": round((t - t_zero) / NS, 3),
+                    "fault": f"{tf.kind}#{tf.id}",
+                    "action": str(tf.action),
+                    "site": tf.site,
+                    "params": tf.params,
+                }
+            )
         if service == "cameraFrame":
             fid = ev.cameraFrame.frameId
             cam_stream += fid <= last_cam_id
@@ -169,23 +198,23 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
         elif service == "nodeState":
             st = str(ev.nodeState.state)
             if st != last_state:
-                transitions.append(((t - t_launch_ns) / NS, st, ev.nodeState.reason))
+                transitions.append(((t - t_zero) / NS, st, ev.nodeState.reason))
                 last_state = st
         elif service == "controlState":
             soft = bool(ev.controlState.softDisabling)
             events = list(ev.controlState.events)
             if soft and not last_soft:
-                episode = [(t - t_launch_ns) / NS, t, events]
+                episode = [(t - t_zero) / NS, t, events]
                 episodes.append(episode)
             elif soft or (last_soft and "disengaged" in events):
                 episode[2].extend(e for e in events if e not in episode[2])
             if last_soft and not soft:
-                episode.append((t - t_launch_ns) / NS)
+                episode.append((t - t_zero) / NS)
             last_soft = soft
             eng = bool(ev.controlState.engaged)
             if eng != last_engaged:
                 engaged_events.append(
-                    ((t - t_launch_ns) / NS, "engaged" if eng else "disengaged: " + ", ".join(ev.controlState.events))
+                    ((t - t_zero) / NS, "engaged" if eng else "disengaged: " + ", ".join(ev.controlState.events))
                 )
                 last_engaged = eng
     soft_episodes = [
@@ -207,6 +236,9 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
     age = np.array([outs[f][2] for f in answered]) * 1e3 if answered else np.zeros(1)
     span_s = (max(cams.values()) - min(cams.values())) / NS if len(cams) > 1 else 0.0
     return {
+        "t_zero_ns": t_zero,
+        "wall_start": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(wall_start_ns / NS)) if wall_start_ns else "",
+        "fault_events": fault_events,
         "frames_in": len(cams),
         "outputs": len(outs),
         "missing_outputs": [f"{s}:{i}" if s else i for s, i in missing],
@@ -259,6 +291,20 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
     t.add_row("launch -> first modelOutput", f"{fo:.1f} s" if fo is not None else "never")
     t.add_row("launch -> ChestnutActive", f"{fa:.1f} s" if fa is not None else "never")
     con.print(t)
+    if s.get("wall_start"):
+        con.print(f"times: s since the stack's first message, {s['wall_start']}")
+    if s.get("fault_schedule") or s.get("fault_events"):
+        ft = Table(title="faults (schedule and the twin's fault events)")
+        for c in ("t (s)", "fault", "event", "detail"):
+            ft.add_column(c)
+        rows = [(f["t_s"], "launch", f["fault"], f["action"], f.get("detail", "")) for f in s.get("fault_schedule", [])]
+        rows += [
+            (e["t_s"], "twin", e["fault"], e["action"], f"at {e['site']}" if e["site"] else e["params"])
+            for e in s.get("fault_events", [])
+        ]
+        for when, who, fault, what, detail in sorted(rows, key=lambda r: r[0]):
+            ft.add_row(f"{when:.1f}", fault, f"{what} ({who})", detail)
+        con.print(ft)
     if s["transitions"]:
         tr = Table(title="node state transitions")
         for c in ("t (s)", "state", "reason"):
@@ -333,6 +379,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="log segment format(s): both (default, ~360 MB/min at 20 Hz), zst (openpilot rlog) or mcap",
     )
     p.add_argument("--json", type=Path, help="also write the summary as JSON here")
+    p.add_argument(
+        "--foxglove",
+        type=int,
+        nargs="?",
+        const=8765,
+        default=None,
+        metavar="PORT",
+        help="also serve the stack to Foxglove on ws://127.0.0.1:PORT (default port 8765; chestnut foxglove)",
+    )
 
 
 def _wait_for(view: Any, service: str, deadline_s: float, conf: Path | None = None) -> bool:
@@ -554,7 +609,15 @@ def run(args: argparse.Namespace) -> int:
     run_dir = (args.runs_dir / time.strftime("%Y-%m-%d--%H-%M-%S", time.gmtime())).resolve()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     node_args = ["--config", str(args.node_config.resolve())] if args.node_config else []
-    conf = render_config(run_dir, prefix, args.rate, node_args, ["--engine", args.twin_engine], args.log_format)
+    conf = render_config(
+        run_dir,
+        prefix,
+        args.rate,
+        node_args,
+        ["--engine", args.twin_engine],
+        args.log_format,
+        foxglove_port=args.foxglove if args.foxglove is not None else 8765,
+    )
     supervisord = str(Path(sys.executable).parent / "supervisord")
     launch_id = f"{os.getpid()}-{run_dir.name}"
     _become_subreaper()
@@ -573,6 +636,9 @@ def run(args: argparse.Namespace) -> int:
     sampler = ProcessSampler(proc.pid)
     next_sample = 0.0
     injected: list[tuple[FaultPlan, int | None]] = []
+    # what was done to the twin: (CLOCK_MONOTONIC ns, action, fault, detail); put on the log's clock at the end
+    schedule: list[tuple[int, str, str, str]] = []
+    clock = StackClock(run_dir / "logs", t_launch)
     died = False  # supervisord ended by itself (killed): the run failed whatever the log says
     try:
         if not _wait_for(view, "nodeState", 120.0, conf):
@@ -585,6 +651,21 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         sampler.start_mark = t0 + SAMPLE_SETTLE_S
         pending = sorted(args.fault, key=lambda f: f.start_s)
+        if args.foxglove is not None:
+            if supervisorctl(conf, "start", "foxglove") == 0:
+                log.info("Foxglove: ws://127.0.0.1:%d (layout launch/foxglove-layout.json)", args.foxglove)
+            else:
+                log.error("the Foxglove server did not start; see %s", run_dir / "foxglove.log")
+        log.info("clock: times are s since the stack's first message, %s", clock.wall_start())
+        t0_clock = clock.seconds(int(t0 * NS))
+        for f in pending:
+            log.info(
+                "fault schedule: %s%s at %.1f s%s",
+                f.kind,
+                f" {f.params}" if f.params else "",
+                t0_clock + f.start_s,
+                f", cleared at {t0_clock + f.start_s + f.duration_s:.1f} s" if f.duration_s is not None else "",
+            )
         with Live(view.render(), refresh_per_second=4, transient=False) if not args.no_live else _Null() as live:
             next_draw = 0.0
             while not flag.stop and (args.seconds <= 0 or time.monotonic() - t0 < args.seconds) and proc.poll() is None:
@@ -596,7 +677,9 @@ def run(args: argparse.Namespace) -> int:
                         with TwinClient(prefix) as tc:
                             info = tc.fault(f.kind, **f.params)
                         injected.append((f, info.get("id") if isinstance(info, dict) else None))
-                        log.warning("t=%.1f s: injected %s %s", el, f.kind, f.params or "")
+                        now = time.monotonic_ns()
+                        schedule.append((now, "inject", f.kind, json.dumps(f.params) if f.params else ""))
+                        log.info("t=%.1f s: injected %s %s", clock.seconds(now), f.kind, f.params or "")
                     except Exception as e:  # the twin refuses a bad fault: say so, keep running
                         log.error("could not inject %s: %s", f.kind, e)
                 for f, fid in list(injected):
@@ -611,9 +694,13 @@ def run(args: argparse.Namespace) -> int:
                                 elif action == "power_cycle":
                                     tc.power_cycle(0)
                         except Exception as e:  # a twin that restarted lost its faults: say so, keep running
-                            log.error("t=%.1f s: could not clear %s: %s", el, f.kind, e)
+                            log.error("t=%.1f s: could not clear %s: %s", clock.seconds(time.monotonic_ns()), f.kind, e)
                             continue
-                        log.warning("t=%.1f s: cleared %s%s", el, f.kind, f" and did {action}" if action else "")
+                        now = time.monotonic_ns()
+                        schedule.append((now, "clear", f.kind, f"then {action}" if action else ""))
+                        log.info(
+                            "t=%.1f s: cleared %s%s", clock.seconds(now), f.kind, f" and did {action}" if action else ""
+                        )
                 if time.monotonic() >= next_sample:
                     sampler.sample()
                     next_sample = time.monotonic() + 1.0
@@ -642,9 +729,17 @@ def run(args: argparse.Namespace) -> int:
         if killed := kill_stack(prefix, launch_id):
             log.warning("killed %d process(es) of the stack left after supervisord: %s", len(killed), killed)
     summary = summarize(run_dir / "logs", t_launch)
-    summary["stop_s"] = (t_stop - t_launch) / NS
+    t_zero = summary["t_zero_ns"] or t_launch
+    summary["stop_s"] = (t_stop - t_zero) / NS
+    summary["fault_schedule"] = [
+        {"t_s": round((t_ns - t_zero) / NS, 3), "action": action, "fault": fault, "detail": detail}
+        for t_ns, action, fault, detail in schedule
+    ]
+    (run_dir / "faults.json").write_text(json.dumps(summary["fault_schedule"], indent=1))
     summary["processes"] = sampler.report()
-    summary["contracts"], summary["report"] = check_contracts(run_dir)
+    summary["contracts"], summary["report"] = check_contracts(
+        run_dir, summary["fault_schedule"], summary.get("wall_start") or None
+    )
     print_summary(summary, run_dir)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
@@ -656,8 +751,11 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def check_contracts(run_dir: Path) -> tuple[dict[str, int], str]:
-    """``chestnut check`` over the run's log, with its report in ``<run dir>/report``."""
+def check_contracts(
+    run_dir: Path, fault_schedule: list[dict[str, Any]] | None = None, wall_start: str | None = None
+) -> tuple[dict[str, int], str]:
+    """``chestnut check`` over the run's log, with its report in ``<run dir>/report`` (with the fault
+    schedule, times in s since the log's first message, and a link to the logs)."""
     from chestnut.node.offline.contracts import check_log
     from chestnut.node.offline.report import write_report
 
@@ -668,8 +766,50 @@ def check_contracts(run_dir: Path) -> tuple[dict[str, int], str]:
         return {}, ""
     for v in res.violations[:20]:
         log.error("contract %s violated at frame %s: %s", v.contract, v.frame_id, v.message)
-    page = write_report(run_dir / "report", res.timeline, violations=res.violations, title=f"chestnut {run_dir.name}")
+    page = write_report(
+        run_dir / "report",
+        res.timeline,
+        violations=res.violations,
+        title=f"chestnut {run_dir.name}",
+        fault_schedule=fault_schedule,
+        logs=run_dir / "logs",
+        wall_start=wall_start,
+    )
     return res.counts(), str(page)
+
+
+class StackClock:
+    """The run's one clock: seconds since the stack's first message, the first message of its log (the
+    logger's ``initData`` of segment 0, flushed when the segment opens). Until the log has one, the
+    launch time stands in."""
+
+    def __init__(self, log_dir: Path, t_launch_ns: int) -> None:
+        self.log_dir = log_dir
+        self.t_zero_ns = t_launch_ns
+        self.wall_ns = time.time_ns()
+        self.found = False
+
+    def _find(self) -> None:
+        if self.found:
+            return
+        from chestnut.msgs.logfile import SegmentFileReader, find_log_files
+
+        try:
+            first = find_log_files(self.log_dir)[0]
+            item = next(iter(SegmentFileReader(first)), None)
+        except (FileNotFoundError, ValueError, OSError):
+            return
+        if item is not None and item[1] == "initData":
+            self.t_zero_ns, self.wall_ns, self.found = item[0], int(item[3].initData.wallTimeNanos), True
+
+    def seconds(self, t_ns: int) -> float:
+        """``t_ns`` (CLOCK_MONOTONIC) on the run's clock."""
+        self._find()
+        return (t_ns - self.t_zero_ns) / NS
+
+    def wall_start(self) -> str:
+        self._find()
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.wall_ns / NS))
 
 
 class ProcessSampler:

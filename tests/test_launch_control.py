@@ -137,15 +137,17 @@ def test_the_summary_lists_every_soft_disable_episode_with_its_cause_and_duratio
         ],
     )
     s = summarize(log_dir, base)
+    # one clock: s since the log's first message (its initData header, written 1 ms before the first step)
+    assert s["t_zero_ns"] == base - MS
     assert s["soft_disable_episodes"] == [
-        {"t_s": 2.0, "duration_s": 0.2, "cause": "commIssue (chestnutHealth.freq_ok)", "disengaged": False},
+        {"t_s": 2.001, "duration_s": 0.2, "cause": "commIssue (chestnutHealth.freq_ok)", "disengaged": False},
         {
-            "t_s": 5.0,
+            "t_s": 5.001,
             "duration_s": 3.0,
             "cause": "chestnutInactive, modelSourceChanged, commIssue (modelOutput.alive)",
             "disengaged": True,
         },
-        {"t_s": 9.5, "duration_s": None, "cause": "modelLagging", "disengaged": False},  # open at the log's end
+        {"t_s": 9.501, "duration_s": None, "cause": "modelLagging", "disengaged": False},  # open at the log's end
     ]
     assert s["soft_disables"] == {
         "commIssue (chestnutHealth.freq_ok)": 1,
