@@ -524,4 +524,6 @@ def install_in_tinygrad(retry: RetryPolicy | None = None, link: LinkErrorPolicy 
         return RetryingUSB3(real(dev, *args, **kwargs), retry=retry, link=link)
 
     open_usb3._chestnut_wrapped = real  # type: ignore[attr-defined]
+    if hasattr(real, "list_devices"):
+        open_usb3.list_devices = real.list_devices  # type: ignore[attr-defined]  # the class method, unwrapped
     system.USB3 = open_usb3  # type: ignore[misc,assignment]
