@@ -240,3 +240,19 @@ for i, (kind, params) in enumerate((("sentinel_stuck", {}), ("usb2", {"nbytes": 
     assert out["usb2_sdma"]["polling"].startswith(f"{P.SRAM_GPU_ADDR + 101376 - 4:#x} func 3 ")
     assert out["gpu_hang_sdma"] == {"hung": True, "polling": None}
     assert out["fence_stall_sdma"] == {"hung": False, "polling": None}  # the work was done, the fence never moved
+
+
+@pytest.mark.timeout(120)
+def test_a_bridge_wedged_mid_stream_times_out_an_async_arm_and_stays_wedged(twin):
+    out = run_tinygrad("""
+dock.copy_in(P.VRAM_HEAP_OFFSET, pattern(10))  # the process's one-time window clear
+# past the ring, write pointer and doorbell writes (3 x TLP header + bulk) and two chunks (arm, fence read, bulk)
+client.fault("wedged", after=12)
+out["first"] = err(lambda: dock.copy_in(P.VRAM_HEAP_OFFSET, pattern(8 * P.COPYIN_CHUNK)))
+out["next_read"] = err(lambda: dock.ctrl.read(P.XDATA_LTSSM, 1))
+out["wedged"] = client.status()["bridge"]["wedged"]
+""")
+    assert out["first"]["error"] == "RuntimeError: async bulk OUT failed: status=2"  # the arm's 1000 ms timeout
+    assert out["first"]["s"] >= 1.0
+    assert out["next_read"]["error"] == "RuntimeError: libusb_control_transfer: Operation timed out"
+    assert out["wedged"] is True
