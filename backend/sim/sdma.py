@@ -18,9 +18,9 @@ header dword = op (bits 0-7) | sub-op (bits 8-15) | op-specific fields.
 - ``POLL_REGMEM``: header func (bits 28-30: 0 always, 1 <, 2 <=, 3 ==, 4 !=, 5 >=, 6 >) and mem_poll
   (bit 31), addr lo/hi, reference, mask, dw5 = interval (bits 0-15) | retry count (bits 16-27). The poll
   repeats until ``(mem & mask) func reference``; it is resumable -- it waits on the twin's condition, never
-  blocks the daemon. A retry count of 0xFFF never gives up (amdgpu's ``sdma_v6_0_ring_emit_reg_wait`` and
-  tinygrad both use it as "until it matches"); a smaller count gives up after that many retries, latches an
-  error and moves on.
+  blocks the daemon. The twin reads a retry count of 0xFFF -- what tinygrad's ``AMDCopyQueue.wait`` and
+  ``_copyin`` emit, as amdgpu's ``sdma_v6_0_ring_emit_reg_wait`` does -- as no limit; a smaller count gives
+  up after that many retries, latches an error and moves on.
 - ``TIMESTAMP`` / ``GET_GLOBAL``: addr lo/hi; writes a u64 of 100 MHz ticks (tinygrad's ``AMDSignal`` divides
   by 100 to get microseconds).
 
