@@ -213,9 +213,7 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
             last_soft = soft
             eng = bool(ev.controlState.engaged)
             if eng != last_engaged:
-                engaged_events.append(
-                    ((t - t_zero) / NS, "engaged" if eng else "disengaged: " + ", ".join(ev.controlState.events))
-                )
+                engaged_events.append(((t - t_zero) / NS, "engaged" if eng else "disengaged: " + episode_cause(events)))
                 last_engaged = eng
     soft_episodes = [
         {
@@ -325,10 +323,10 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
     for when, what in s["control"]:
         con.print(f"control {when:6.1f} s  {what}")
     for e in s.get("soft_disable_episodes", []):
-        dur = f"{e['duration_s']:.2f} s" if e["duration_s"] is not None else "until the end"
+        dur = f"for {e['duration_s']:.2f} s" if e["duration_s"] is not None else "until the end"
         at_stop = " (during the stop)" if s.get("stop_s") is not None and e["t_s"] >= s["stop_s"] else ""
         con.print(
-            f"control {e['t_s']:6.1f} s  soft disable for {dur}{', then disengaged' if e['disengaged'] else ''}"
+            f"control {e['t_s']:6.1f} s  soft disable {dur}{', then disengaged' if e['disengaged'] else ''}"
             f"{at_stop}: {e['cause'] or '?'}"
         )
     if s.get("soft_disables"):
