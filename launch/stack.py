@@ -274,6 +274,12 @@ def episode_cause(events: list[str]) -> str:
     return ", ".join(f"{c} ({', '.join(ch)})" if ch else c for c, ch in conds.items())
 
 
+def _params_text(event: dict[str, Any]) -> str:
+    if event["action"] != "armed":
+        return ""
+    return event["params"] if event["params"] not in ("", "{}") else "the kind's defaults"
+
+
 def print_summary(s: dict[str, Any], run_dir: Path) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -297,7 +303,7 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
             ft.add_column(c)
         rows = [(f["t_s"], "launch", f["fault"], f["action"], f.get("detail", "")) for f in s.get("fault_schedule", [])]
         rows += [
-            (e["t_s"], "twin", e["fault"], e["action"], f"at {e['site']}" if e["site"] else e["params"])
+            (e["t_s"], "twin", e["fault"], e["action"], f"hit {e['site']}" if e["site"] else _params_text(e))
             for e in s.get("fault_events", [])
         ]
         for when, who, fault, what, detail in sorted(rows, key=lambda r: r[0]):

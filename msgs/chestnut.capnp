@@ -194,7 +194,7 @@ struct TwinFault {
   id @0 :UInt32;                     # the fault's id in the twin's fault table
   kind @1 :Text;                     # fault kind (chestnut twin kinds), e.g. "gpu_hang"
   action @2 :Action;
-  params @3 :Text;                   # the fault's parameters as JSON (repeat, probability, for_s, phase, on, ...)
+  params @3 :Text;                   # the parameters given beyond the kind, as JSON (e.g. {"on": "bulk"}; {} for none)
   site @4 :Text;                     # fired: the transfer, TLP or packet it hit, e.g. "bulk out" or "packet #12"
   fired @5 :UInt32;                  # times fired so far
   opportunities @6 :UInt32;          # sites seen so far

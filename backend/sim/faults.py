@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import random
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -205,7 +205,7 @@ class FaultEvent:
     kind: str
     action: str
     t_s: float
-    params: str          # the FaultSpec as JSON (sorted keys)
+    params: str          # the FaultSpec's non-default parameters as JSON (sorted keys), "{}" for none
     site: str = ""       # fired: what it hit (describe_site)
     fired: int = 0
     opportunities: int = 0
@@ -282,6 +282,10 @@ class FaultSpec:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def non_defaults(self) -> dict[str, Any]:
+        """The parameters given beyond the kind: the fields that differ from their defaults."""
+        return {k: v for k, v in asdict(self).items() if k != "kind" and v != _SPEC_DEFAULTS[k]}
+
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> FaultSpec:
         names = set(cls.__dataclass_fields__)
@@ -292,6 +296,9 @@ class FaultSpec:
             return cls(**d).validate()
         except TypeError as e:
             raise ValueError(str(e)) from None
+
+
+_SPEC_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(FaultSpec)}
 
 
 @dataclass
@@ -336,7 +343,7 @@ class FaultTable:
     def _event(self, f: Fault, action: str, now_s: float, site: str = "") -> None:
         if len(self._events) == self._events.maxlen:
             self.events_dropped += 1
-        params = json.dumps({k: v for k, v in f.spec.to_json().items() if k != "kind"}, sort_keys=True)
+        params = json.dumps(f.spec.non_defaults(), sort_keys=True)
         self._events.append(FaultEvent(f.id, f.spec.kind, action, now_s, params, site, f.fired, f.opportunities))
 
     def drain_events(self) -> list[FaultEvent]:

@@ -286,9 +286,13 @@ def soft_disable_episodes(tl: Timeline) -> list[tuple[float, float | None, str]]
     return out
 
 
-def story_rows(tl: Timeline) -> list[tuple[str, str, str, str]]:
+FAULT_ACTION_WORDS = {"armed": "injected", "fired": "fired", "cleared": "cleared", "expired": "spent or timed out"}
+
+
+def story_rows(tl: Timeline, fault_schedule: Sequence[dict[str, Any]] | None = None) -> list[tuple[str, str, str, str]]:
     """What happened, in time order: (t s, what, kind, why) for every node state change with its reason,
-    every ChestnutActive change, every soft-disable episode and every fault event."""
+    every ChestnutActive change, every soft-disable episode, every fault event of the twin (with what a
+    firing hit) and every step of the launch's fault schedule."""
     rows: list[tuple[float, str, str, str]] = []
     prev = None
     for st in tl.node_states:
@@ -304,8 +308,17 @@ def story_rows(tl: Timeline) -> list[tuple[str, str, str, str]]:
         dur = "to the end of the log" if t1 is None else f"{t1 - t0:.2f} s"
         rows.append((t0, f"soft disable ({dur})", "control", events))
     for f in tl.faults:
-        detail = f"at {f.site}; " if f.site else ""
-        rows.append((tl.seconds(f.t_ns), f"fault {f.kind}#{f.fault_id} {f.action}", "fault", detail + f.params))
+        if f.action == "fired":
+            detail = f"hit {f.site}" if f.site else ""
+        elif f.action == "armed":
+            detail = "parameters: " + (f.params if f.params not in ("", "{}") else "the kind's defaults")
+        else:
+            detail = ""
+        what = f"fault {f.kind}#{f.fault_id} {FAULT_ACTION_WORDS.get(f.action, f.action)}"
+        rows.append((tl.seconds(f.t_ns), what, "fault", detail))
+    for step in fault_schedule or ():
+        rows.append((float(step["t_s"]), f"launch: {step['action']} {step['fault']}", "schedule",
+                     str(step.get("detail", ""))))
     rows.sort(key=lambda r: r[0])
     return [(f"{t:.3f}", what, kind, why) for t, what, kind, why in rows]
 
@@ -498,6 +511,7 @@ h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-botto
 table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; } tr.bad td { background: #fde8e8; } tr.good td { background: #eaf6ea; }
+tr.sched td { background: #efe8f7; }
 figure { margin: 1em 0; } img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 0.85em; color: #666; } .verdict { font-size: 1.1em; font-weight: 600; }
 .ok { color: #2ca02c; } .fail { color: #d62728; }
@@ -542,10 +556,11 @@ def write_report(out_dir: Path | str, timeline: Timeline, *, violations: Sequenc
     parts += ["<h2>timeline</h2>", _img(out / "timeline.png", "latency and source; ChestnutActive and control; "
                                         "health layers; node state and faults; frame drops"),
               ]
-    story = story_rows(tl)
+    story = story_rows(tl, fault_schedule)
     parts.append(f"<h2>what happened ({len(story)})</h2>")
     parts.append(_table(("t (s)", "what", "kind", "why / detail"), story,
-                        ["bad" if k in ("fault", "control") else "" for _, _, k, _ in story])
+                        ["bad" if k in ("fault", "control") else ("sched" if k == "schedule" else "")
+                         for _, _, k, _ in story])
                  if story else "<p>no state change, soft disable or fault event in this log</p>")
     if fault_schedule is not None:
         parts.append(f"<h2>fault schedule ({len(fault_schedule)})</h2>")
