@@ -1,0 +1,550 @@
+"""``chestnut acceptance``: the test a dock owner runs, and attaches to a bug report.
+
+    chestnut acceptance --real --out DIR     # a real dock: asks you to unplug and replug it
+    chestnut acceptance --twin --out DIR     # the twin: the same steps, unattended, faults injected
+
+Steps, in order; each has its figures and a verdict (pass / fail), and a failed step does not stop the
+ones after it unless they need what it made:
+
+=================  ==========================================================================================
+``ladder``         the qualification ladder with the model's rungs (``backend/ladder.py``), in a fresh
+                   process that owns the dock; figures: each rung's duration (ms)
+``copy_<bytes>``   copy-in and copy-out of ``<bytes>`` random bytes and back (as tinygrad's own USB copy
+                   benchmark does, several sizes); figures: MB/s each way, the round trip exact; a rate
+                   below ``--min-copy-mbps`` fails
+``fingerprint``    one run on the fingerprint's fixed input against the fingerprint recorded on the host
+                   CPU (``backend/fingerprint.py``); figures: bit-exact, largest difference of a mean
+``frames``         ``--frames`` camera frames through the node (``chestnut run``); figures: answered,
+                   served by the primary, latency p50/p99 (ms, frame publish to ``modelOutput``)
+``unplug``         the dock unplugged (twin: injected; real: the person is asked to); figures: the
+                   detection time (ms, unplug to ``chestnutActive`` false) against ``--detect-bound-ms``
+``replug``         the dock plugged back; figures: the recovery time (s, replug to the primary serving
+                   again) against ``--recover-bound-s``
+=================  ==========================================================================================
+
+``report.json`` and ``report.html`` in ``--out`` carry every figure, the versions and identity of the
+host and the dock (``backend/probe.py`` ``runner_identity``) and the verdicts. Exit status 0: every
+step passed; 1: a step failed (named on the last line); 2: the kit could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chestnut.backend import protocol as P
+
+DEFAULT_SIZES = (64 << 10, 1 << 20, 4 << 20)  # bytes per copy
+FRAME_HZ = 20.0                   # camera rate of the kit (Hz), openpilot's road camera
+CHILD_TIMEOUT_S = 600.0           # the ladder's own bounds sum to about 230 s on a cold compile cache
+ACTIVE_TIMEOUT_S = 300.0          # the node's derived start-up budget (node/config.py) plus its fallback's warm-up
+DETECT_BOUND_MS = P.WAIT_TIMEOUT_MS * 1.1 + 2000.0  # the wait timeout + 10 %, plus a scheduling allowance
+RECOVER_BOUND_S = 120.0           # back-off, a fresh worker's ladder (warm compile cache) and shadow frames
+HUMAN_TIMEOUT_S = 300.0           # how long the kit waits for a person to unplug or replug the dock
+ENV_DROP = ("DEV", "GMMU", "HCQDEV_WAIT_TIMEOUT_MS")  # the dock's process sets its own (backend/real_runner.py)
+
+
+@dataclass
+class StepRecord:
+    """One step of the kit: its verdict, its figures (name -> number, bool or text) and a one-line detail."""
+
+    name: str
+    passed: bool
+    figures: dict[str, Any] = field(default_factory=dict)
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "verdict": "pass" if self.passed else "fail", "figures": self.figures,
+                "detail": self.detail}
+
+
+# ------------------------------------------------------------------ the dock's process
+def _child_main(params: dict[str, Any]) -> dict[str, Any]:
+    """In a fresh process that owns the dock: the ladder, the copies, the fingerprint and the identity."""
+    from chestnut.backend.fingerprint import compare, fixed_inputs, summarize
+    from chestnut.backend.interface import ModelSpec
+    from chestnut.backend.ladder import LadderConfig, model_steps, run_steps
+    from chestnut.backend.probe import runner_identity
+
+    runner: Any
+    if params["twin"]:
+        from chestnut.backend.twin_runner import TwinRunner
+
+        runner = TwinRunner(params["prefix"], wait_timeout_ms=params["wait_timeout_ms"])
+    else:
+        from chestnut.backend.real_runner import RealRunner
+
+        runner = RealRunner(wait_timeout_ms=params["wait_timeout_ms"])
+    fp = params["fingerprint"]
+    spec = ModelSpec(Path(params["model"]), params["name"], {k: tuple(v) for k, v in params["shapes"].items()}, fp)
+    out: dict[str, Any] = {"copies": [], "fingerprint": None}
+    try:
+        report = runner.qualify()
+        if report.passed:
+            out["copies"] = [_copy_once(runner, n, params["twin"]) for n in params["sizes"]]
+            run_steps(model_steps(runner, spec, LadderConfig(wait_timeout_ms=params["wait_timeout_ms"])), report)
+        if report.passed:
+            got = runner.run(fixed_inputs(runner._inputs, int(fp["seed"])))  # the specs load() found
+            check = compare(fp, got)
+            diff = max(abs(float(summarize(a)["mean"]) - float(fp["outputs"][k]["mean"]))
+                       for k, a in got.items() if k in fp["outputs"])
+            out["fingerprint"] = {"ok": check.ok, "exact": check.exact, "detail": check.detail,
+                                  "max_mean_diff": diff, "seed": int(fp["seed"])}
+        out["ladder"] = report.to_json()
+        out["identity"] = runner_identity(runner)
+    finally:
+        runner.close()
+    return out
+
+
+def _copy_once(runner: Any, nbytes: int, twin: bool) -> dict[str, Any]:
+    """Copy ``nbytes`` random bytes in and back out; MB/s each way (1 MB = 1e6 bytes)."""
+    data = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8).tobytes()
+    try:
+        if twin:  # the twin runner's copy path: tinygrad 0.14's AMDAllocator._copyin/_copyout over the twin's SDMA
+            runner._open_data_path()
+            t0 = time.perf_counter()
+            runner._copy_in(0, data)
+            t1 = time.perf_counter()
+            back = bytes(runner._copy_out(0, nbytes))
+            t2 = time.perf_counter()
+        else:  # tinygrad's own Buffers on the dock (tinygrad 0.14 device.py Buffer.copy_from, as_memoryview)
+            from tinygrad import Device, dtypes
+            from tinygrad.device import Buffer
+
+            buf = Buffer("AMD", nbytes, dtypes.uint8).allocate()
+            src = Buffer("PYTHON", nbytes, dtypes.uint8, opaque=memoryview(bytearray(data)))
+            t0 = time.perf_counter()
+            buf.copy_from(src)
+            Device["AMD"].synchronize()
+            t1 = time.perf_counter()
+            back = bytes(buf.as_memoryview())
+            t2 = time.perf_counter()
+    except Exception as e:  # a failed copy is this step's verdict, with the error as its detail
+        return {"bytes": nbytes, "error": f"{type(e).__name__}: {e}"}
+    return {"bytes": nbytes, "copy_in_mbps": round(nbytes / max(t1 - t0, 1e-9) / 1e6, 3),
+            "copy_out_mbps": round(nbytes / max(t2 - t1, 1e-9) / 1e6, 3), "round_trip_exact": back == data}
+
+
+def _run_child(params: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "chestnut.launch.acceptance", "--child", json.dumps(params)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"the dock's process exited {proc.returncode}: {tail[0]}")
+    return dict(json.loads(lines[-1]))
+
+
+# ------------------------------------------------------------------ the node and its messages
+@dataclass
+class Seen:
+    """What the kit received from the node: (receipt ns, frame id, source) of every output; ChestnutActive
+    (receipt ns, active); nodeState (receipt ns, state)."""
+
+    outputs: list[tuple[int, int, str]] = field(default_factory=list)
+    active: list[tuple[int, bool]] = field(default_factory=list)
+    states: list[tuple[int, str]] = field(default_factory=list)
+    sent: dict[int, int] = field(default_factory=dict)
+
+
+class FrameBus(threading.Thread):
+    """Publishes ``cameraFrame`` (uint8 noise, ``height`` x ``width``) at :data:`FRAME_HZ` and records the
+    node's ``modelOutput``, ``chestnutActive`` and ``nodeState``."""
+
+    def __init__(self, prefix: str, height: int, width: int) -> None:
+        super().__init__(name="acceptance-bus", daemon=True)
+        self.prefix, self.height, self.width = prefix, height, width
+        self.seen = Seen()
+        self.lock = threading.Lock()
+        self.stop_evt = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        import zmq
+
+        from chestnut.msgs.frames import fill_frame
+        from chestnut.msgs.messaging import PubMaster, drain_sock, sub_sock
+
+        try:
+            pm = PubMaster(["cameraFrame"], prefix=self.prefix)
+            poller = zmq.Poller()
+            socks = {s: sub_sock(s, poller, prefix=self.prefix) for s in ("modelOutput", "chestnutActive",
+                                                                          "nodeState")}
+            rng = np.random.default_rng(0)
+            fid, next_s = 0, time.monotonic()
+            while not self.stop_evt.is_set():
+                if time.monotonic() >= next_s:
+                    now = time.monotonic_ns()
+                    pm.send("cameraFrame", fill_frame(fid, rng.integers(0, 256, (self.height, self.width, 3),
+                                                                        dtype=np.uint8), now, now, "acceptance"))
+                    with self.lock:
+                        self.seen.sent[fid] = now
+                    fid += 1
+                    next_s = max(next_s + 1.0 / FRAME_HZ, time.monotonic())
+                poller.poll(max(0, int((next_s - time.monotonic()) * 1000)))
+                recv = time.monotonic_ns()
+                for service, sock in socks.items():
+                    for ev in drain_sock(sock):
+                        with self.lock:
+                            if service == "modelOutput":
+                                self.seen.outputs.append((recv, int(ev.modelOutput.frameId),
+                                                          str(ev.modelOutput.source)))
+                            elif service == "chestnutActive":
+                                self.seen.active.append((recv, bool(ev.chestnutActive.active)))
+                            else:
+                                self.seen.states.append((recv, str(ev.nodeState.state)))
+            for sock in socks.values():
+                sock.close(linger=0)
+            pm.close()
+        except BaseException as e:  # reported by wait_for
+            self.error = e
+
+    def wait_for(self, pred: Callable[[Seen], Any], timeout_s: float) -> Any:
+        """``pred(seen)`` until truthy (returned), or None after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.error is None:
+            with self.lock:
+                got = pred(self.seen)
+            if got:
+                return got
+            time.sleep(0.02)
+        return None
+
+
+def serving_primary(since_ns: int, n: int = 3) -> Callable[[Seen], int | None]:
+    """The receipt time of the ``n``-th consecutive primary output after ``since_ns`` with the node active."""
+
+    def pred(s: Seen) -> int | None:
+        outs = [o for o in s.outputs if o[0] >= since_ns]
+        active = any(t >= since_ns and st == "active" for t, st in s.states)
+        if active and len(outs) >= n and all(o[2] == "primary" for o in outs[-n:]):
+            return outs[-1][0]
+        return None
+
+    return pred
+
+
+def inactive_since(since_ns: int) -> Callable[[Seen], int | None]:
+    """The first receipt after ``since_ns`` of ChestnutActive false or nodeState degraded."""
+
+    def pred(s: Seen) -> int | None:
+        times = [t for t, a in s.active if t >= since_ns and not a] + [t for t, st in s.states
+                                                                        if t >= since_ns and st == "degraded"]
+        return min(times) if times else None
+
+    return pred
+
+
+def percentile_ms(values_ns: list[int], q: float) -> float:
+    return round(float(np.percentile(np.asarray(values_ns, dtype=np.float64), q)) / 1e6, 3) if values_ns else -1.0
+
+
+# ------------------------------------------------------------------ the kit
+class Kit:
+    """The kit's run: see the module docstring. ``say`` gets the person's instructions and progress."""
+
+    def __init__(self, args: argparse.Namespace, say: Callable[[str], None] = print) -> None:
+        from chestnut.node import config as node_config
+
+        self.args, self.say = args, say
+        self.twin = not args.real
+        self.prefix = args.prefix or f"acc{os.getpid()}"
+        self.cfg = node_config.load_config(args.config)
+        if args.model is not None:
+            self.cfg.model.path = args.model
+        self.cfg.dock.kind = "twin" if self.twin else "real"
+        self.steps: list[StepRecord] = []
+        self.identity: dict[str, str] = {}
+        self.env = {k: v for k, v in os.environ.items() if k not in ENV_DROP}
+        self.env["CHESTNUT_PREFIX"] = self.prefix
+        self.daemon: Any = None
+        self.client: Any = None
+
+    def add(self, step: StepRecord) -> StepRecord:
+        self.steps.append(step)
+        self.say(f"[{'PASS' if step.passed else 'FAIL'}] {step.name:<14} {step.detail}")
+        return step
+
+    def run(self) -> int:
+        out: Path = self.args.out
+        out.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            if self.twin:
+                from chestnut.backend.sim.client import TwinDaemon
+
+                self.daemon = TwinDaemon(self.prefix).start()
+                self.client = self.daemon.client()
+            fp = self.fingerprint()
+            ok = self.dock_steps(fp)
+            if ok:
+                self.node_steps()
+        finally:
+            if self.client is not None:
+                self.client.close_connection()
+            if self.daemon is not None:
+                self.daemon.stop()
+                from chestnut.msgs.paths import runtime_dir
+
+                shutil.rmtree(runtime_dir(self.prefix), ignore_errors=True)
+        write_reports(out, self.report())
+        failed = [s.name for s in self.steps if not s.passed]
+        self.say(f"report: {out / 'report.json'}, {out / 'report.html'}")
+        self.say("accepted: every step passed" if not failed else f"NOT accepted: failed step(s) {', '.join(failed)}")
+        return 0 if not failed else 1
+
+    def report(self) -> dict[str, Any]:
+        from chestnut.node.main import _versions
+
+        return {"target": "twin" if self.twin else "real", "model": str(self.cfg.model.path),
+                "versions": _versions(), "identity": self.identity, "node_config": self.cfg.to_json(),
+                "passed": all(s.passed for s in self.steps) and bool(self.steps),
+                "failed_steps": [s.name for s in self.steps if not s.passed],
+                "steps": [s.to_json() for s in self.steps]}
+
+    def fingerprint(self) -> dict[str, Any]:
+        path = self.cfg.fingerprint_path
+        if path.is_file():
+            return dict(json.loads(path.read_text()))
+        from chestnut.backend.interface import ModelSpec
+        from chestnut.backend.probe import _record_fingerprint_subprocess
+
+        m = self.cfg.model
+        return _record_fingerprint_subprocess(ModelSpec(m.path, m.name, {m.input: tuple(m.shape)}))
+
+    def dock_steps(self, fp: dict[str, Any]) -> bool:
+        m = self.cfg.model
+        params = {"twin": self.twin, "prefix": self.prefix, "wait_timeout_ms": int(self.cfg.dock.wait_timeout_ms),
+                  "model": str(m.path), "name": m.name, "shapes": {m.input: list(m.shape)}, "fingerprint": fp,
+                  "sizes": list(self.args.sizes)}
+        self.say(f"ladder, copies and fingerprint against {'the twin' if self.twin else 'the dock'}")
+        try:
+            res = _run_child(params, self.env)
+        except (RuntimeError, subprocess.TimeoutExpired, ValueError) as e:
+            self.add(StepRecord("ladder", False, {"error": str(e)}, str(e)))
+            return False
+        self.identity = res.get("identity", {})
+        rungs = res.get("ladder", [])
+        failed = next((r for r in rungs if r["result"] == "fail"), None)
+        figures = {f"{r['name']}_ms": round(r["duration_s"] * 1e3, 3) for r in rungs if r["result"] != "skipped"}
+        self.add(StepRecord("ladder", failed is None and bool(rungs), figures,
+                            f"{len(rungs)} rungs passed" if failed is None else
+                            f"{failed['name']} failed: {failed['detail']} ({failed['advice']})"))
+        for c in res.get("copies", []):
+            if "error" in c:
+                self.add(StepRecord(f"copy_{c['bytes']}", False, c, c["error"]))
+                continue
+            slow = min(c["copy_in_mbps"], c["copy_out_mbps"]) < self.args.min_copy_mbps
+            ok = c["round_trip_exact"] and not slow
+            self.add(StepRecord(f"copy_{c['bytes']}", ok, c,
+                                f"in {c['copy_in_mbps']:.1f} MB/s, out {c['copy_out_mbps']:.1f} MB/s"
+                                + ("" if c["round_trip_exact"] else ", round trip NOT exact")
+                                + (f", below {self.args.min_copy_mbps:g} MB/s" if slow else "")))
+        f = res.get("fingerprint")
+        if f is None:
+            self.add(StepRecord("fingerprint", False, {"ran": False}, "not run: the ladder failed"))
+        else:
+            self.add(StepRecord("fingerprint", bool(f["ok"]), {"bit_exact": f["exact"],
+                                                               "max_mean_diff": f["max_mean_diff"],
+                                                               "seed": f["seed"]}, f["detail"]))
+        return failed is None and f is not None
+
+    def node_steps(self) -> None:
+        cfg_path = self.args.out / "node.toml"
+        write_node_toml(cfg_path, self.cfg.to_json())
+        log_path = self.args.out / "node.log"
+        h, w = int(self.cfg.model.shape[2]), int(self.cfg.model.shape[3])
+        bus = FrameBus(self.prefix, h, w)
+        bus.start()
+        with open(log_path, "ab") as logf:
+            node = subprocess.Popen([sys.executable, "-m", "chestnut.launch.cli", "run", "--config", str(cfg_path)],
+                                    env=self.env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            self.frames_step(bus)
+            if self.steps[-1].passed:
+                self.fault_steps(bus)
+        finally:
+            bus.stop_evt.set()
+            bus.join(10)
+            node.terminate()
+            try:
+                node.wait(15)
+            except subprocess.TimeoutExpired:
+                node.kill()
+                node.wait(5)
+
+    def frames_step(self, bus: FrameBus) -> None:
+        t0 = time.monotonic_ns()
+        self.say(f"starting the node; {self.args.frames} frames once the primary serves")
+        active_at = bus.wait_for(serving_primary(t0), ACTIVE_TIMEOUT_S)
+        if active_at is None:
+            self.add(StepRecord("frames", False, {"time_to_active_s": -1.0},
+                                f"the primary did not serve within {ACTIVE_TIMEOUT_S:g} s (see node.log)"))
+            return
+        with bus.lock:
+            first = max(bus.seen.sent) + 1
+        done = bus.wait_for(lambda s: len({o[1] for o in s.outputs if o[1] >= first}) >= self.args.frames
+                            and max(s.sent) >= first + self.args.frames - 1, self.args.frames / FRAME_HZ * 3 + 10)
+        with bus.lock:
+            ids = range(first, first + self.args.frames)
+            outs = {o[1]: o for o in bus.seen.outputs if o[1] in ids}
+            lat = [o[0] - bus.seen.sent[i] for i, o in outs.items() if i in bus.seen.sent]
+        primary = sum(1 for o in outs.values() if o[2] == "primary")
+        figures = {"frames": self.args.frames, "answered": len(outs), "by_primary": primary,
+                   "time_to_active_s": round((active_at - t0) / 1e9, 3), "latency_p50_ms": percentile_ms(lat, 50),
+                   "latency_p99_ms": percentile_ms(lat, 99)}
+        ok = bool(done) and len(outs) == self.args.frames and primary == self.args.frames
+        self.add(StepRecord("frames", ok, figures, f"{len(outs)}/{self.args.frames} answered, {primary} by the "
+                                                   f"primary, p50 {figures['latency_p50_ms']} ms"))
+
+    def _wait_usb(self, present: bool) -> int | None:
+        """(real dock) The monotonic ns when the dock is seen (dis)appear on USB, polled through pyusb."""
+        from chestnut.backend.ladder import UsbDock
+
+        dock, deadline = UsbDock(), time.monotonic() + HUMAN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                seen = bool(dock.find_all())
+            except Exception:  # libusb hiccups while a device goes away count as not seen
+                seen = False
+            if seen == present:
+                return time.monotonic_ns()
+            time.sleep(0.01)
+        return None
+
+    def fault_steps(self, bus: FrameBus) -> None:
+        if self.twin:
+            t_unplug = time.monotonic_ns()
+            self.client.unplug()
+        else:
+            self.say("UNPLUG the dock's USB cable now")
+            t_unplug = self._wait_usb(present=False) or 0
+        detected = bus.wait_for(inactive_since(t_unplug), self.args.detect_bound_ms / 1e3 + 5.0) if t_unplug else None
+        detect_ms = round((detected - t_unplug) / 1e6, 3) if detected else -1.0
+        ok = detected is not None and detect_ms <= self.args.detect_bound_ms
+        self.add(StepRecord("unplug", ok, {"detect_ms": detect_ms, "bound_ms": self.args.detect_bound_ms},
+                            f"detected in {detect_ms:.0f} ms (bound {self.args.detect_bound_ms:g} ms)" if detected
+                            else "the node did not notice the unplugged dock"))
+        time.sleep(1.0)  # the dock stays away for a second, as a person's replug would
+        if self.twin:
+            t_plug = time.monotonic_ns()
+            self.client.plug()
+        else:
+            self.say("PLUG the dock back in now")
+            t_plug = self._wait_usb(present=True) or 0
+        back = bus.wait_for(serving_primary(t_plug), self.args.recover_bound_s) if t_plug else None
+        recover_s = round((back - t_plug) / 1e9, 3) if back else -1.0
+        self.add(StepRecord("replug", back is not None, {"recover_s": recover_s, "bound_s": self.args.recover_bound_s},
+                            f"the primary served again {recover_s:.1f} s after the replug" if back else
+                            f"the primary did not serve again within {self.args.recover_bound_s:g} s"))
+
+
+def write_node_toml(path: Path, cfg: dict[str, Any]) -> None:
+    """``cfg`` (``NodeConfig.to_json``) as a node TOML file (None values left out: they keep the defaults)."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list | tuple):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return repr(v)
+
+    lines: list[str] = []
+    for section, values in cfg.items():
+        lines.append(f"[{section}]")
+        tables = {k: v for k, v in values.items() if isinstance(v, dict)}
+        lines += [f"{k} = {value(v)}" for k, v in values.items() if v is not None and k not in tables]
+        for k, sub in tables.items():
+            lines.append(f"[{section}.{k}]")
+            lines += [f"{json.dumps(kk)} = {value(vv)}" for kk, vv in sub.items()]
+        lines.append("")
+    path.write_text("\n".join(lines))
+
+
+def write_reports(out: Path, report: dict[str, Any]) -> None:
+    """``report.json`` and ``report.html`` (every figure, the versions, a verdict per step) into ``out``."""
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    esc = html.escape
+    rows = "".join(
+        f"<tr class={s['verdict']}><td>{esc(s['name'])}</td><td>{s['verdict'].upper()}</td><td>"
+        + "<br>".join(f"{esc(k)} = {esc(str(v))}" for k, v in s["figures"].items())
+        + f"</td><td>{esc(s['detail'])}</td></tr>"
+        for s in report["steps"]
+    )
+    kv = "".join(f"<tr><td>{esc(k)}</td><td>{esc(str(v))}</td></tr>"
+                 for k, v in {**report["versions"], **report["identity"]}.items())
+    verdict = "ACCEPTED" if report["passed"] else "NOT ACCEPTED: " + ", ".join(report["failed_steps"])
+    (out / "report.html").write_text(
+        "<!doctype html><meta charset=utf-8><title>chestnut acceptance</title>"
+        "<style>td{padding:2px 8px;vertical-align:top}.pass td:nth-child(2){color:green}"
+        ".fail td:nth-child(2){color:red}</style>"
+        f"<h1>chestnut acceptance ({esc(report['target'])}): {esc(verdict)}</h1>"
+        f"<p>model {esc(report['model'])}</p>"
+        f"<table><tr><th>step</th><th>verdict</th><th>figures</th><th>detail</th></tr>{rows}</table>"
+        f"<h2>versions and identity</h2><table>{kv}</table>\n"
+    )
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: want bytes per copy, comma-separated") from None
+    if not sizes or min(sizes) <= 0 or max(sizes) > 64 << 20:
+        raise argparse.ArgumentTypeError(f"{text!r}: each size in 1 .. {64 << 20} bytes")
+    return sizes
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--twin", action="store_true", help="the twin, unattended, with injected faults")
+    target.add_argument("--real", action="store_true", help="a real dock; you are asked to unplug and replug it")
+    p.add_argument("--out", type=Path, required=True, help="directory for report.json, report.html, node.log")
+    p.add_argument("--config", type=Path, help="the node's TOML (default: launch/node.toml)")
+    p.add_argument("--model", type=Path, help="primary model (default: the config's)")
+    p.add_argument("--prefix", help="twin runtime prefix (default: a fresh one)")
+    p.add_argument("--frames", type=int, default=100, help="frames through the node (default 100)")
+    p.add_argument("--sizes", type=_sizes, default=list(DEFAULT_SIZES), help="bytes per copy, comma-separated")
+    p.add_argument("--min-copy-mbps", type=float, default=1.0, help="slowest acceptable copy, MB/s")
+    p.add_argument("--detect-bound-ms", type=float, default=DETECT_BOUND_MS, help="unplug detection bound, ms")
+    p.add_argument("--recover-bound-s", type=float, default=RECOVER_BOUND_S, help="replug recovery bound, s")
+
+
+def run(args: argparse.Namespace) -> int:
+    from chestnut.backend.errors import ConfigError
+
+    if args.frames <= 0:
+        print("chestnut acceptance: --frames must be > 0", file=sys.stderr)
+        return 2
+    try:
+        kit = Kit(args)
+    except ConfigError as e:
+        print(f"chestnut acceptance: {e}", file=sys.stderr)
+        return 2
+    if not kit.cfg.model.path.is_file():
+        print(f"chestnut acceptance: model {kit.cfg.model.path} does not exist; prepare it with "
+              f"`chestnut model prepare`", file=sys.stderr)
+        return 2
+    return kit.run()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        print(json.dumps(_child_main(json.loads(sys.argv[2]))), flush=True)
+        sys.exit(0)
+    sys.exit(2)

@@ -1,0 +1,83 @@
+"""``chestnut acceptance --twin``: the dock owner's kit, unattended on the twin, as a user runs it (a child
+process: the twin daemon, the dock's process and the node are its own children)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from nodeharness import record_fingerprint, write_node_config
+
+from chestnut.backend.probe import IDENTITY_KEYS
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+STEPS = ["ladder", "copy_65536", "copy_1048576", "fingerprint", "frames", "unplug", "replug"]
+FIGURES = {  # every step's figures, by name
+    "ladder": {"usb_ids_ms", "link_speed_ms", "link_stability_ms", "ltssm_ms", "gpu_arch_ms", "model_loaded_ms",
+               "warmup_ms"},
+    "copy_65536": {"bytes", "copy_in_mbps", "copy_out_mbps", "round_trip_exact"},
+    "copy_1048576": {"bytes", "copy_in_mbps", "copy_out_mbps", "round_trip_exact"},
+    "fingerprint": {"bit_exact", "max_mean_diff", "seed"},
+    "frames": {"frames", "answered", "by_primary", "time_to_active_s", "latency_p50_ms", "latency_p99_ms"},
+    "unplug": {"detect_ms", "bound_ms"},
+    "replug": {"recover_s", "bound_s"},
+}
+FAST_RETRY = {"backoff_initial_s": 0.2, "backoff_max_s": 0.5, "shadow_frames": 10}
+NO_RECOVERY = {"backoff_initial_s": 1e6, "backoff_max_s": 1e6, "shadow_frames": 10}  # a failed dock is never retried
+
+
+def _kit(tmp: Path, tiny_onnx: Path, timing: dict, *extra: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    fp = record_fingerprint(tiny_onnx, tmp / "tiny.fingerprint.json")
+    cfg = write_node_config(tmp / "node.toml", tiny_onnx, fingerprint=fp, timing=timing)
+    out = tmp / "out"
+    proc = subprocess.run([sys.executable, "-m", "chestnut.launch.cli", "acceptance", "--twin", "--out", str(out),
+                           "--config", str(cfg), "--frames", "20", "--sizes", "65536,1048576", *extra],
+                          capture_output=True, text=True, timeout=280)
+    assert (out / "report.json").is_file(), proc.stdout + proc.stderr
+    assert (out / "report.html").is_file()
+    return proc, json.loads((out / "report.json").read_text())
+
+
+def test_acceptance_on_the_twin_passes_and_writes_both_reports(tmp_path: Path, tiny_onnx: Path) -> None:
+    proc, report = _kit(tmp_path, tiny_onnx, FAST_RETRY)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "accepted: every step passed"
+    assert report["passed"] is True and report["failed_steps"] == [] and report["target"] == "twin"
+    assert [s["name"] for s in report["steps"]] == STEPS
+    for s in report["steps"]:
+        assert s["verdict"] == "pass", s
+        assert set(s["figures"]) == FIGURES[s["name"]], s
+    figs = {s["name"]: s["figures"] for s in report["steps"]}
+    assert figs["frames"]["answered"] == figs["frames"]["by_primary"] == 20
+    assert figs["copy_1048576"]["round_trip_exact"] is True and figs["copy_1048576"]["bytes"] == 1 << 20
+    assert figs["fingerprint"]["bit_exact"] is True
+    assert 0 <= figs["unplug"]["detect_ms"] <= figs["unplug"]["bound_ms"]
+    assert 0 <= figs["replug"]["recover_s"] <= figs["replug"]["bound_s"]
+    ident = report["identity"]
+    assert set(ident) == set(IDENTITY_KEYS)
+    assert ident["usb_id"] == "0xADD1:0x0001" and ident["gpu_arch"] == "gfx1201"
+    assert re.fullmatch(r"bus \d+ port 1 address \d+", ident["usb_path"])
+    assert ident["bridge_firmware"] == "1.00 (bcdDevice 0x0100)"
+    assert ident["gpu_firmware"].startswith("gc_12_0_1_imu.bin@")
+    assert report["versions"]["tinygrad"] == ident["tinygrad"]
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "chestnut acceptance (twin): ACCEPTED" in page
+    for name in STEPS:
+        assert f"<td>{name}</td><td>PASS</td>" in page
+
+
+def test_a_fault_the_node_does_not_survive_fails_the_kit_naming_its_step(tmp_path: Path, tiny_onnx: Path) -> None:
+    proc, report = _kit(tmp_path, tiny_onnx, NO_RECOVERY, "--recover-bound-s", "8")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "NOT accepted: failed step(s) replug", proc.stdout
+    assert report["passed"] is False and report["failed_steps"] == ["replug"]
+    replug = report["steps"][-1]
+    assert replug == {"name": "replug", "verdict": "fail", "figures": {"recover_s": -1.0, "bound_s": 8.0},
+                      "detail": "the primary did not serve again within 8 s"}
+    assert report["steps"][-2]["verdict"] == "pass"  # the unplug itself was detected
+    assert "NOT ACCEPTED: replug" in (tmp_path / "out" / "report.html").read_text()
