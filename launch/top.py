@@ -3,6 +3,11 @@
 Shows the node's state and why, ``ChestnutActive`` and the serving source, each health layer's
 level and reason, input and output frame rates, latencies, frame drops, worker restarts and the
 control daemon's state. :class:`StackView` is also used by ``chestnut launch`` for its live status.
+
+Nothing stale is shown as live: a value whose service has sent nothing for :data:`STALE_PERIODS` of its
+periods (at least :data:`STALE_MIN_S`; rates from ``msgs/services.py``) is drawn dim with "stale N s"
+(:func:`stale_s`), and a service never heard from says "no data". The node's primary worker is
+labelled ``worker pid N`` (``no worker`` when ``nodeState.workerPid`` is 0).
 """
 
 from __future__ import annotations
@@ -19,10 +24,32 @@ from rich.text import Text
 
 from chestnut.launch.signals import StopFlag
 from chestnut.msgs.messaging import SubMaster
+from chestnut.msgs.services import get_service
 
 SERVICES = ["cameraFrame", "modelOutput", "chestnutActive", "chestnutHealth", "nodeState", "controlState"]
 LEVEL_STYLE = {"ok": "green", "warn": "yellow", "error": "bold red", "stale": "magenta"}
 NS = 1e9
+STALE_PERIODS = 3.0  # a service silent for this many of its periods is shown stale ...
+STALE_MIN_S = 0.5  # ... and never sooner than this (s): a 20 Hz service is stale after 0.5 s, nodeState after 3 s
+STALE_STYLE = "dim"
+
+
+def stale_s(now_ns: int, recv_ns: int, frequency_hz: float) -> float | None:
+    """Seconds since the service's last message if that is too long ago to show it as live, else None.
+
+    ``frequency_hz`` 0 (on demand) is never stale; ``recv_ns`` 0 (never received) is ``inf``."""
+    if frequency_hz <= 0:
+        return None
+    if not recv_ns:
+        return float("inf")
+    age = (now_ns - recv_ns) / NS
+    return age if age > max(STALE_PERIODS / frequency_hz, STALE_MIN_S) else None
+
+
+def _stale_text(age: float | None) -> str:
+    if age is None:
+        return ""
+    return "no data" if age == float("inf") else f"stale {age:.0f} s"
 
 
 class StackView:
@@ -56,41 +83,72 @@ class StackView:
     def _rate(times: deque[int]) -> float:
         return (len(times) - 1) / ((times[-1] - times[0]) / NS) if len(times) > 2 and times[-1] > times[0] else 0.0
 
-    def render(self) -> Group:
+    def stale(self, service: str, now_ns: int) -> float | None:
+        """:func:`stale_s` of one service at ``now_ns``."""
+        return stale_s(now_ns, self.sm.recv_time_ns[service], get_service(service).frequency_hz)
+
+    def render(self, now_ns: int | None = None) -> Group:
         sm = self.sm
-        now = sm.mono_time_ns()
+        now = sm.mono_time_ns() if now_ns is None else now_ns
         ns, ca, ctl = sm["nodeState"], sm["chestnutActive"], sm["controlState"]
         if not any(sm.seen.values()):
             from chestnut.msgs.paths import current_prefix
 
             return Group(Text(f"nothing is publishing on prefix {self.prefix or current_prefix()!r} yet "
                               "(start a stack: chestnut launch; or set CHESTNUT_PREFIX)", style="yellow"))
+        st = {s: self.stale(s, now) for s in SERVICES}
         head = Table.grid(padding=(0, 2))
-        active = Text("ACTIVE", style="bold green") if ca.active else Text("INACTIVE", style="bold red")
-        head.add_row("ChestnutActive", active, f"source: {ca.source}", f"reason: {ca.reason}")
-        head.add_row("node", Text(str(ns.state), style="bold"), f"pid {ns.workerPid}  restarts {ns.restarts}",
-                     f"reason: {ns.reason}")
+        if st["chestnutActive"] is not None:
+            head.add_row(Text("ChestnutActive", style=STALE_STYLE), Text(_stale_text(st["chestnutActive"]),
+                         style="bold magenta"), Text(f"last: {'active' if ca.active else 'inactive'}, source "
+                                                     f"{ca.source}", style=STALE_STYLE), "")
+        else:
+            active = Text("ACTIVE", style="bold green") if ca.active else Text("INACTIVE", style="bold red")
+            head.add_row("ChestnutActive", active, f"source: {ca.source}", f"reason: {ca.reason}")
+        worker = f"worker pid {ns.workerPid}" if ns.workerPid else "no worker"
+        if st["nodeState"] is not None:
+            head.add_row(Text("node", style=STALE_STYLE), Text(_stale_text(st["nodeState"]), style="bold magenta"),
+                         Text(f"last: {ns.state}, {worker}, restarts {ns.restarts}", style=STALE_STYLE), "")
+        else:
+            head.add_row("node", Text(str(ns.state), style="bold"), f"{worker}  restarts {ns.restarts}",
+                         f"reason: {ns.reason}")
         ctl_txt = "ENGAGED" if ctl.engaged else "disengaged"
         if ctl.softDisabling:
             ctl_txt = f"SOFT DISABLE {ctl.softDisableRemaining:.1f} s"
-        head.add_row("control", ctl_txt, "events: " + ", ".join(ctl.events), "")
-        layers = Table(title="health", expand=False)
+        if st["controlState"] is not None:
+            head.add_row(Text("control", style=STALE_STYLE), Text(_stale_text(st["controlState"]),
+                                                                  style="bold magenta"),
+                         Text(f"last: {ctl_txt}", style=STALE_STYLE), "")
+        else:
+            head.add_row("control", ctl_txt, "events: " + ", ".join(ctl.events), "")
+        health_stale = st["chestnutHealth"]
+        layers = Table(title="health" + (f" ({_stale_text(health_stale)})" if health_stale is not None else ""),
+                       expand=False, style=STALE_STYLE if health_stale is not None else "")
         for col in ("layer", "level", "reason", "changed"):
             layers.add_column(col)
         for lh in sm["chestnutHealth"].layers:
             lvl = str(lh.level)
             age = f"{(now - lh.lastChange) / NS:.1f} s ago" if lh.lastChange else "-"
-            layers.add_row(str(lh.layer), Text(lvl.upper(), style=LEVEL_STYLE.get(lvl, "")), lh.reason, age)
-        rates = Table(title="frames", expand=False)
+            style = STALE_STYLE if health_stale is not None else LEVEL_STYLE.get(lvl, "")
+            layers.add_row(str(lh.layer), Text(lvl.upper(), style=style), lh.reason, age,
+                           style=STALE_STYLE if health_stale is not None else None)
+        out_stale = st["modelOutput"]
+        rates = Table(title="frames" + (f" (outputs {_stale_text(out_stale)})" if out_stale is not None else ""),
+                      expand=False)
         for col in ("in Hz", "out Hz", "exec p50/p99 ms", "age p50 ms", "drop %", "by source"):
             rates.add_column(col)
         ex = np.array(self.exec_ms) if self.exec_ms else np.zeros(1)
         ag = np.array(self.age_ms) if self.age_ms else np.zeros(1)
-        rates.add_row(f"{self._rate(self.cam_times):.1f}", f"{self._rate(self.out_times):.1f}",
+        cam_hz = 0.0 if st["cameraFrame"] is not None else self._rate(self.cam_times)
+        out_hz = 0.0 if out_stale is not None else self._rate(self.out_times)
+        rates.add_row(f"{cam_hz:.1f}", f"{out_hz:.1f}",
                       f"{np.percentile(ex, 50):.1f} / {np.percentile(ex, 99):.1f}", f"{np.percentile(ag, 50):.1f}",
                       f"{sm['modelOutput'].frameDropPerc:.2f}",
-                      ", ".join(f"{k} {v}" for k, v in sorted(self.outputs_by_source.items())))
-        checks = "  ".join(f"{s}: {'ok' if sm.alive[s] and sm.valid[s] else 'NOT OK'}" for s in SERVICES[1:5])
+                      ", ".join(f"{k} {v}" for k, v in sorted(self.outputs_by_source.items())),
+                      style=STALE_STYLE if out_stale is not None else None)
+        checks = "  ".join(
+            f"{s}: {'ok' if st[s] is None and sm.valid[s] else (_stale_text(st[s]) or 'NOT OK')}" for s in SERVICES[1:5]
+        )
         return Group(head, layers, rates, Text(checks, style="dim"))
 
     def close(self) -> None:

@@ -1,0 +1,58 @@
+"""``chestnut top`` never shows stale data as live; the worker's pid is labelled."""
+
+from __future__ import annotations
+
+import os
+
+from rich.console import Console
+
+from chestnut.launch.top import StackView, stale_s
+from chestnut.msgs.messaging import new_message
+
+S = 1_000_000_000
+
+
+def _text(view: StackView, now_ns: int) -> str:
+    con = Console(record=True, width=200, file=open(os.devnull, "w"))  # noqa: SIM115
+    con.print(view.render(now_ns))
+    return con.export_text()
+
+
+def _events(worker_pid: int) -> list:
+    ns = new_message("nodeState")
+    ns.nodeState.state = "active"
+    ns.nodeState.workerPid = worker_pid
+    ca = new_message("chestnutActive")
+    ca.chestnutActive.active = True
+    ca.chestnutActive.source = "primary"
+    ca.chestnutActive.reason = "all layers OK"
+    h = new_message("chestnutHealth")
+    layers = h.chestnutHealth.init("layers", 4)
+    for i, name in enumerate(("usb", "pcie", "gpu", "output")):
+        layers[i].layer = name
+    return [ns, ca, h]
+
+
+def test_stale_after_three_periods_and_never_before_half_a_second():
+    assert stale_s(10 * S, 10 * S - S // 2, 20.0) is None  # 0.5 s at 20 Hz: still live
+    assert stale_s(10 * S, 10 * S - 6 * S // 10, 20.0) == 0.6
+    assert stale_s(10 * S, 7 * S, 1.0) is None and stale_s(10 * S, 6 * S, 1.0) == 4.0  # 1 Hz: 3 s
+    assert stale_s(10 * S, 0, 5.0) == float("inf")  # never received
+    assert stale_s(10 * S, 1, 0.0) is None  # on demand: never stale
+
+
+def test_a_silent_stack_is_shown_stale_not_live_and_the_worker_pid_is_labelled():
+    view = StackView(prefix=f"top{os.getpid()}")
+    try:
+        t0 = 100 * S
+        view.sm.update_msgs(t0, _events(worker_pid=4242))
+        live = _text(view, t0 + S // 10)
+        assert "ACTIVE" in live and "worker pid 4242" in live and "stale" not in live
+        later = _text(view, t0 + 5 * S)  # every service silent for 5 s
+        assert "ACTIVE" not in later.replace("last: active", "")  # no live ChestnutActive any more
+        assert "stale 5 s" in later and "last: active, source primary" in later
+        assert "health (stale 5 s)" in later
+        view.sm.update_msgs(t0 + 5 * S, _events(worker_pid=0))
+        assert "no worker" in _text(view, t0 + 5 * S) and "pid 0" not in _text(view, t0 + 5 * S)
+    finally:
+        view.close()
