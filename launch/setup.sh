@@ -13,6 +13,19 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
+# pip's own output is quiet (-q); setuptools' editable-install notice (a block of asterisks about folders
+# named like the package, expected here: the package maps its folders itself) is filtered from stderr
+quiet_pip() {
+  local err rc=0
+  err=$(mktemp)
+  "$@" 2>"$err" || rc=$?
+  awk '/BuildBackendWarning: Editable installation/ {skip = 1}
+       !skip {print}
+       skip && /WheelFile\(wheel_path/ {skip = 0}' "$err" >&2
+  rm -f "$err"
+  return $rc
+}
+
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
@@ -21,11 +34,13 @@ fi
 stamp=.venv/.chestnut-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: installing chestnut and its Python dependencies into .venv"
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[dev,cluster]"  # cluster: Ray, for replay/check --executor ray
+  quiet_pip .venv/bin/python -m pip install -q --upgrade pip
+  quiet_pip .venv/bin/python -m pip install -q -e ".[dev,cluster]"  # cluster: Ray, for replay/check --executor ray
   # The pretrained PP-OCRv4 detector ships inside this wheel; its own dependencies (OpenCV,
   # Shapely, ...) are not needed to read the model file, so it is installed without them.
-  .venv/bin/python -m pip install -q --no-deps "rapidocr-onnxruntime==1.4.4"
+  quiet_pip .venv/bin/python -m pip install -q --no-deps "rapidocr-onnxruntime==1.4.4"
+  # matplotlib builds its font cache on first import and says so; build it here, once, silently
+  .venv/bin/python -c "import matplotlib.font_manager" >/dev/null 2>&1 || true
   touch "$stamp"
 fi
 

@@ -711,6 +711,7 @@ def run(args: argparse.Namespace) -> int:
                 if time.monotonic() >= next_draw:
                     live.update(view.render())
                     next_draw = time.monotonic() + 0.25
+        end_live_line(live)
         if (code := proc.poll()) is not None and not flag.stop:
             died = True
             log.error(
@@ -780,6 +781,14 @@ def check_contracts(
         wall_start=wall_start,
     )
     return res.counts(), str(page)
+
+
+def end_live_line(live: Any) -> None:
+    """End the live view's last frame with a newline: off a terminal, rich's ``Live`` leaves its final frame
+    without one, and the next output would continue that line."""
+    console = getattr(live, "console", None)
+    if console is not None and not console.is_terminal:
+        console.line()
 
 
 class StackClock:

@@ -173,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
                 if time.monotonic() >= next_draw:
                     live.update(view.render())
                     next_draw = time.monotonic() + 1 / args.refresh_hz
+        if not live.console.is_terminal:  # off a terminal rich leaves the last frame without a newline
+            live.console.line()
     finally:
         view.close()
     return 0

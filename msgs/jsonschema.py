@@ -93,8 +93,13 @@ FOXGLOVE_LOG_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "timestamp": _TIME_SCHEMA,
-        "level": {"type": "integer", "oneOf": [{"title": t, "const": i} for i, t in enumerate(
-            ("UNKNOWN", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"))]},
+        "level": {
+            "type": "integer",
+            "oneOf": [
+                {"title": t, "const": i}
+                for i, t in enumerate(("UNKNOWN", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"))
+            ],
+        },
         "message": {"type": "string"},
         "name": {"type": "string"},
         "file": {"type": "string"},
@@ -296,9 +301,7 @@ _SOURCE_ORDINAL = {name: i for i, name in enumerate(log.ModelSource.schema.enume
 _LEVEL_ORDINAL = {name: i for i, name in enumerate(log.Level.schema.enumerants)}
 
 
-def foxglove_messages(
-    service: str, body: dict[str, Any], state: DerivedState
-) -> list[tuple[str, dict[str, Any]]]:
+def foxglove_messages(service: str, body: dict[str, Any], state: DerivedState) -> list[tuple[str, dict[str, Any]]]:
     """The JSON messages of one event, ``[(topic, message), ...]``: its own topic first, then derived ones.
 
     ``body`` is :func:`event_to_json`'s dict. ``state`` is updated in place (state changes are
@@ -307,10 +310,20 @@ def foxglove_messages(
     out: list[tuple[str, dict[str, Any]]] = [(service_topic(service), body)]
     if service == "cameraFrame":
         enc, channels = _IMAGE_ENCODINGS.get(body["encoding"], ("bgr8", 3))
-        out.append((TOPIC_IMAGE, {
-            "timestamp": _stamp(body["timestampEof"]), "frame_id": "camera", "width": body["width"],
-            "height": body["height"], "encoding": enc, "step": body["width"] * channels, "data": body["data"],
-        }))
+        out.append(
+            (
+                TOPIC_IMAGE,
+                {
+                    "timestamp": _stamp(body["timestampEof"]),
+                    "frame_id": "camera",
+                    "width": body["width"],
+                    "height": body["height"],
+                    "encoding": enc,
+                    "step": body["width"] * channels,
+                    "data": body["data"],
+                },
+            )
+        )
     elif service == "chestnutHealth":
         levels: dict[str, Any] = {layer["layer"]: _LEVEL_ORDINAL[layer["level"]] for layer in body["layers"]}
         levels["overall"] = _LEVEL_ORDINAL[body["overall"]]
@@ -320,13 +333,29 @@ def foxglove_messages(
         out.append((TOPIC_LEVELS, {"active": int(body["active"]), "source": state.source}))
         if body["active"] != state.active:
             state.active = body["active"]
-            out.append((TOPIC_LOG, _log(ns, LOG_INFO if body["active"] else LOG_WARNING, "chestnutActive",
-                                        f"ChestnutActive {str(body['active']).lower()}: {body['reason']}")))
+            out.append(
+                (
+                    TOPIC_LOG,
+                    _log(
+                        ns,
+                        LOG_INFO if body["active"] else LOG_WARNING,
+                        "chestnutActive",
+                        f"ChestnutActive {str(body['active']).lower()}: {body['reason']}",
+                    ),
+                )
+            )
     elif service == "modelOutput":
         exec_ms, age_ms = body["executionTime"], body["frameAge"]
-        out.append((TOPIC_LEVELS, {"executionTimeMs": None if exec_ms is None else exec_ms * 1e3,
-                                   "frameAgeMs": None if age_ms is None else age_ms * 1e3,
-                                   "source": _SOURCE_ORDINAL[body["source"]]}))
+        out.append(
+            (
+                TOPIC_LEVELS,
+                {
+                    "executionTimeMs": None if exec_ms is None else exec_ms * 1e3,
+                    "frameAgeMs": None if age_ms is None else age_ms * 1e3,
+                    "source": _SOURCE_ORDINAL[body["source"]],
+                },
+            )
+        )
     elif service == "nodeState":
         if body["state"] != state.node_state:
             state.node_state = body["state"]
@@ -339,11 +368,16 @@ def foxglove_messages(
             what = "engaged" if body["engaged"] else "disengaged"
             extra = f"; events: {', '.join(events)}" if events else ""
             soft = f"; soft-disabling, {body['softDisableRemaining']:.1f} s left" if body["softDisabling"] else ""
-            out.append((TOPIC_LOG, _log(ns, LOG_WARNING if events else LOG_INFO, "control", f"control {what}{extra}"
-                                        f"{soft}")))
+            out.append(
+                (TOPIC_LOG, _log(ns, LOG_WARNING if events else LOG_INFO, "control", f"control {what}{extra}{soft}"))
+            )
     elif service == "twinFault":
         level = LOG_ERROR if body["action"] == "fired" else LOG_INFO
         site = f" at {body['site']}" if body["site"] else ""
-        out.append((TOPIC_LOG, _log(ns, level, "twin", f"fault {body['kind']}#{body['id']} {body['action']}{site} "
-                                    f"{body['params']}")))
+        out.append(
+            (
+                TOPIC_LOG,
+                _log(ns, level, "twin", f"fault {body['kind']}#{body['id']} {body['action']}{site} {body['params']}"),
+            )
+        )
     return out
