@@ -357,7 +357,9 @@ class Node:
     # ---------------------------------------------------------------- supervisor glue
 
     def _log_transition(self, t: Transition) -> None:
-        log.warning("%s -> %s on %s: %s", t.from_state.value, t.to_state.value, t.event.value, t.reason)
+        # a failover is a warning; every other state change (start-up, recovery, stop) is routine: INFO
+        level = logging.WARNING if t.to_state.value == "degraded" else logging.INFO
+        log.log(level, "%s -> %s on %s: %s", t.from_state.value, t.to_state.value, t.event.value, t.reason)
         self.state_dirty = True
 
     def _feed(self, event: Event, reason: str = "", layer: Layer | None = None) -> None:
