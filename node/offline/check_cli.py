@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         result = next(iter(fleet.logs.values()))  # one log: its own detail, as ever
         tl = result.timeline
         p = result.params
+        if tl.wall_start():  # one clock with the launch summary and the report
+            console.print(f"times: s since the log's first message, {tl.wall_start()}")
         console.print(
             f"{len(tl.files)} file(s), {tl.seconds(tl.end_ns):.1f} s, {len(tl.frames)} frames, "
             f"{len(tl.outputs)} outputs; deadline {p.deadline_ms:g} ms, slack {p.slack_ms:g} ms, "

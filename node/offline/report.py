@@ -543,7 +543,7 @@ def write_report(out_dir: Path | str, timeline: Timeline, *, violations: Sequenc
             f"{len(tl.damage)} damaged file(s)") if p)) + "</p>"
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>", verdict,
-             _clock_line(wall_start, logs, out), "<h2>summary</h2>",
+             _clock_line(wall_start or tl.wall_start(), logs, out), "<h2>summary</h2>",
              _table(("", "value"), summary_rows(tl, violations, replay))]
     if violations is not None:
         counts = dict.fromkeys(CONTRACTS, 0)

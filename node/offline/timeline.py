@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +134,7 @@ class ControlRec:
 class InitRec:
     t_ns: int
     config: dict[str, Any]
+    wall_ns: int = 0  # initData.wallTimeNanos: ns since the Unix epoch when the log (segment) started
     service: str = "initData"
 
 
@@ -168,7 +170,7 @@ def _init_record(t: int, ev: Any) -> InitRec:
         config = json.loads(ev.initData.config or "{}")
     except ValueError:
         config = {}
-    return InitRec(t, config if isinstance(config, dict) else {})
+    return InitRec(t, config if isinstance(config, dict) else {}, int(ev.initData.wallTimeNanos))
 
 
 def _health_record(t: int, ev: Any) -> HealthRec:
@@ -445,6 +447,15 @@ class Timeline:
             if nxt is not None and nxt.last_change_ns <= t_ns:
                 return nxt
         return self.healths[i - 1].layer(name) if i else None
+
+    def wall_start(self) -> str:
+        """The wall-clock time of the log's first message, ``YYYY-MM-DD HH:MM:SS UTC`` (from the first
+        ``initData``'s ``wallTimeNanos``, moved back by its offset from the first message); "" without one."""
+        first = next((r for r in self.inits if r.wall_ns), None)
+        if first is None:
+            return ""
+        wall_ns = first.wall_ns - (first.t_ns - self.start_ns)
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(wall_ns / NS_PER_S))
 
     def seconds(self, t_ns: int | None) -> float:
         """``t_ns`` as seconds since the log's first message."""
