@@ -153,12 +153,13 @@ def _run_child(params: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
 @dataclass
 class Seen:
     """What the kit received from the node: (receipt ns, frame id, source) of every output; ChestnutActive
-    (receipt ns, active); nodeState (receipt ns, state)."""
+    (receipt ns, active); nodeState (receipt ns, state) and its identity."""
 
     outputs: list[tuple[int, int, str]] = field(default_factory=list)
     active: list[tuple[int, bool]] = field(default_factory=list)
     states: list[tuple[int, str]] = field(default_factory=list)
     sent: dict[int, int] = field(default_factory=dict)
+    identity: dict[str, str] = field(default_factory=dict)  # the latest nodeState's
 
 
 class FrameBus(threading.Thread):
@@ -207,6 +208,7 @@ class FrameBus(threading.Thread):
                                 self.seen.active.append((recv, bool(ev.chestnutActive.active)))
                             else:
                                 self.seen.states.append((recv, str(ev.nodeState.state)))
+                                self.seen.identity = {str(kv.key): str(kv.value) for kv in ev.nodeState.identity}
             for sock in socks.values():
                 sock.close(linger=0)
             pm.close()
@@ -269,6 +271,7 @@ class Kit:
         self.cfg.dock.kind = "twin" if self.twin else "real"
         self.steps: list[StepRecord] = []
         self.identity: dict[str, str] = {}
+        self.node_identity: dict[str, str] = {}  # as the node's nodeState carries it
         self.env = {k: v for k, v in os.environ.items() if k not in ENV_DROP}
         self.env["CHESTNUT_PREFIX"] = self.prefix
         self.daemon: Any = None
@@ -310,7 +313,8 @@ class Kit:
         from chestnut.node.main import _versions
 
         return {"target": "twin" if self.twin else "real", "model": str(self.cfg.model.path),
-                "versions": _versions(), "identity": self.identity, "node_config": self.cfg.to_json(),
+                "versions": _versions(), "identity": self.identity,
+                "node_identity": self.node_identity, "node_config": self.cfg.to_json(),
                 "passed": all(s.passed for s in self.steps) and bool(self.steps),
                 "failed_steps": [s.name for s in self.steps if not s.passed],
                 "steps": [s.to_json() for s in self.steps]}
@@ -406,6 +410,8 @@ class Kit:
         figures = {"frames": self.args.frames, "answered": len(outs), "by_primary": primary,
                    "time_to_active_s": round((active_at - t0) / 1e9, 3), "latency_p50_ms": percentile_ms(lat, 50),
                    "latency_p99_ms": percentile_ms(lat, 99)}
+        with bus.lock:
+            self.node_identity = dict(bus.seen.identity)
         ok = bool(done) and len(outs) == self.args.frames and primary == self.args.frames
         self.add(StepRecord("frames", ok, figures, f"{len(outs)}/{self.args.frames} answered, {primary} by the "
                                                    f"primary, p50 {figures['latency_p50_ms']} ms"))

@@ -83,6 +83,9 @@ struct InitData {
   wallTimeNanos @3 :UInt64;          # ns since the Unix epoch when the log started
   schemaHash @4 :Text;               # sha256 of this schema file's text
   segmentSeconds @5 :Float32;        # s, nominal segment length
+  identity @6 :List(KeyValue);       # host and dock: tinygrad, host_os, usb_id, usb_path (bus, port, address),
+                                     # usb_speed_mbps, bridge_firmware, gpu_arch, gpu_firmware (backend/probe.py
+                                     # IDENTITY_KEYS); the dock's fields "unknown" until a worker qualified it
 }
 
 struct CameraFrame {
@@ -156,6 +159,7 @@ struct NodeState {
   dock @7 :Text;                     # "twin", "real" or "none"
   framesIn @8 :UInt64;
   framesOut @9 :UInt64;
+  identity @10 :List(KeyValue);      # as InitData.identity, from the latest worker that climbed the ladder
 
   enum State {
     starting @0;

@@ -294,6 +294,11 @@ class Node:
         self.state_dirty = True
         self.notify = SdNotify()
         self.versions = _versions()
+        from chestnut.backend.probe import IDENTITY_KEYS, host_os
+
+        # host and dock identity: the dock's fields from the first worker that climbs the ladder (backend/probe.py)
+        self.identity = {**dict.fromkeys(IDENTITY_KEYS, "unknown"), "tinygrad": self.versions["tinygrad"],
+                         "host_os": host_os()}
 
     # ---------------------------------------------------------------- set-up
 
@@ -456,6 +461,7 @@ class Node:
         try:
             ready = w.poll_ready()
         except ChestnutError as e:
+            self._take_identity(w)
             if w.ladder is not None:
                 self.health.apply(evidence_from_ladder(w.ladder), now)
             elif (ev := evidence_from_error(e)) is not None:
@@ -479,6 +485,7 @@ class Node:
         # readiness may have been taken in by any earlier pump of the handle (poll_result, probe):
         # the flag above, not w.ready, says whether the node has acted on it
         self.worker_ready_seen = True
+        self._take_identity(w)
         if w.ladder is not None:
             self.health.apply(evidence_from_ladder(w.ladder), now)
             steps = ", ".join(f"{s.name} {s.duration_s * 1e3:.0f} ms" for s in w.ladder.steps
@@ -490,6 +497,16 @@ class Node:
         self._feed(Event.QUALIFIED, "qualification ladder passed")
         self._feed(Event.LOADED, "model loaded; warm-up matched its fingerprint"
                    if self.spec_in.fingerprint else "model loaded")
+
+    def _take_identity(self, w: WorkerHandle) -> None:
+        """The worker's dock identity into ``initData`` / ``nodeState`` (sent at once when it changed) and the log."""
+        known = {k: v for k, v in w.identity.items() if k in self.identity and v != "unknown"}
+        if not known or all(self.identity[k] == v for k, v in known.items()):
+            return
+        self.identity.update(known)
+        log.info("dock identity: %s", "; ".join(f"{k} {v}" for k, v in self.identity.items()))
+        self.next_init_ns = 0
+        self.state_dirty = True
 
     def _start_timed_out(self, w: WorkerHandle) -> None:
         """A worker that has not qualified and loaded within ``start_timeout_s``: hung (a wait without a
@@ -777,6 +794,9 @@ class Node:
         from chestnut.msgs.schema import SCHEMA_SHA256
 
         init.schemaHash = SCHEMA_SHA256
+        ident = init.init("identity", len(self.identity))
+        for kv, (k, v) in zip(ident, self.identity.items(), strict=True):
+            kv.key, kv.value = k, v
         self.pm.send("initData", msg)
 
     def _publish_housekeeping(self, now: int) -> None:
@@ -803,6 +823,9 @@ class Node:
             ns.workerPid = (self.worker.pid or 0) if self.worker is not None else 0
             vers = ns.init("versions", len(self.versions))
             for kv, (k, v) in zip(vers, self.versions.items(), strict=True):
+                kv.key, kv.value = k, v
+            ident = ns.init("identity", len(self.identity))
+            for kv, (k, v) in zip(ident, self.identity.items(), strict=True):
                 kv.key, kv.value = k, v
             ns.standby = self.cfg.fallback.standby
             ns.dock = self.cfg.dock.kind

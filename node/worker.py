@@ -193,14 +193,23 @@ class _WorkerLoop:
             inputs, outputs = recorder.specs
         except BaseException as e:  # noqa: BLE001 - every failure goes back to the node, typed
             self.ctl.set_state(WorkerState.FAILED)
-            payload = {"error": error_to_json(e), "ladder": ladder_to_json(report)}
+            payload = {"error": error_to_json(e), "ladder": ladder_to_json(report), "identity": self.identity()}
             self.send(pack(Msg.START_FAILED, status=STATUS_ERROR, payload=json.dumps(payload).encode()))
             self.close_runner()
             return EXIT_START_FAILED
         ready = {"inputs": [s.to_json() for s in inputs], "outputs": [s.to_json() for s in outputs],
-                 "ladder": ladder_to_json(report), "kind": getattr(self.runner, "kind", spec.kind)}
+                 "ladder": ladder_to_json(report), "kind": getattr(self.runner, "kind", spec.kind),
+                 "identity": self.identity()}
         self.send(pack(Msg.READY, payload=json.dumps(ready).encode()))
         return None
+
+    def identity(self) -> dict[str, str]:
+        """The runner's versions and identity (``backend/probe.py`` ``runner_identity``), {} without a runner."""
+        if self.runner is None:
+            return {}
+        from chestnut.backend.probe import runner_identity
+
+        return runner_identity(self.runner)
 
     def map_buffers(self, payload: bytes, fds: list[int]) -> None:
         if len(fds) != 1:

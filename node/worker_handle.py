@@ -135,6 +135,18 @@ class StopReport:
     duration_s: float
 
 
+IDENTITY_MAX_ITEMS = 32       # identity fields kept from a worker (backend/probe.py IDENTITY_KEYS has 8)
+IDENTITY_MAX_CHARS = 1024     # per key or value
+
+
+def _identity(raw: object) -> dict[str, str]:
+    """A worker's identity map, bounded (:data:`IDENTITY_MAX_ITEMS`, :data:`IDENTITY_MAX_CHARS`); anything
+    that is not a JSON object is no identity."""
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k)[:IDENTITY_MAX_CHARS]: str(v)[:IDENTITY_MAX_CHARS] for k, v in list(raw.items())[:IDENTITY_MAX_ITEMS]}
+
+
 def describe_returncode(rc: int | None) -> str:
     if rc is None:
         return "exit status not yet known"
@@ -177,6 +189,7 @@ class WorkerHandle:
         self.inputs: tuple[TensorSpec, ...] = ()
         self.outputs: tuple[TensorSpec, ...] = ()
         self.ladder: LadderReport | None = None
+        self.identity: dict[str, str] = {}  # the worker's dock identity (backend/probe.py IDENTITY_KEYS)
         self.runner_kind: str | None = None
         self.start_error: ChestnutError | None = None
         self.latest_probe: ProbeResult | None = None
@@ -521,6 +534,7 @@ class WorkerHandle:
             self.outputs = tuple(TensorSpec.from_json(s) for s in ready["outputs"])
             self.ladder = ladder_from_json(ready.get("ladder"))
             self.runner_kind = str(ready.get("kind"))
+            self.identity = _identity(ready.get("identity"))
             layout = SlotLayout.build(self.inputs, self.outputs, self.slots)
             segment = SharedSegment.create("chestnut-worker-slots", layout.total_bytes)
             self._slots = SlotBuffers(segment, layout, writer="node")
@@ -536,6 +550,7 @@ class WorkerHandle:
         elif kind is Msg.START_FAILED:
             failed = json.loads(payload)
             self.ladder = ladder_from_json(failed.get("ladder"))
+            self.identity = _identity(failed.get("identity"))
             self.start_error = error_from_json(failed["error"])
         elif kind is Msg.PROBE_RESULT:
             self._probe_pending = False

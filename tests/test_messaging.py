@@ -81,7 +81,8 @@ def amplified_message(copies: int = 600, text_bytes: int = 65535) -> bytes:
 
 
 def _differing_byte(a: bytes, b: bytes, lo: int = 0, hi: int | None = None) -> int:
-    diffs = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y and lo <= i < (hi or len(a))]
+    # within [lo, hi) only: the two messages may differ in length (their structs grow with the schema)
+    diffs = [i for i, (x, y) in enumerate(zip(a, b, strict=hi is None)) if x != y and lo <= i < (hi or len(a))]
     assert len(diffs) == 1
     return diffs[0]
 
