@@ -86,7 +86,7 @@ def main() -> int:
     slot_s = args.slot_s or min(SLOT_MAX_S, max(SLOT_MIN_S, (run_s - args.settle_s) / len(KINDS)))
     faults = fault_schedule(seed, run_s, args.settle_s, slot_s)
     print(
-        f"soak: {args.minutes:g} min at {args.rate:g} Hz, seed {seed}, {len(faults)} faults "
+        f"soak: {args.minutes:g} min at {args.rate:g} Hz, seed {seed}, {len(faults)} faults in {slot_s:.1f} s slots "
         f"({len({f.split('@')[0] for f in faults})} of {len(KINDS)} kinds):"
     )
     for f in faults:
