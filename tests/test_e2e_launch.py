@@ -65,3 +65,15 @@ def test_stack_stopped_cleanly(run):
     # every program (and the node's worker) carries the stack's prefix in its environment; a path in the
     # command line only the logger and supervisord carry
     assert stack_pids(f"e2e{os.getpid()}") == []
+
+
+def test_the_report_and_summary_show_the_injected_gpu_hang(run):
+    _, s, tmp = run
+    events = [(e["fault"].split("#")[0], e["action"]) for e in s["fault_events"]]
+    assert ("gpu_hang", "armed") in events and ("gpu_hang", "fired") in events
+    assert [(f["action"], f["fault"]) for f in s["fault_schedule"]] == [("inject", "gpu_hang"), ("clear", "gpu_hang")]
+    inject, clear = s["fault_schedule"]
+    assert abs(clear["t_s"] - inject["t_s"] - 4.0) < 1.0  # gpu_hang@8+4, on the one clock
+    (run_dir,) = (tmp / "runs").iterdir()
+    page = (run_dir / "report" / "index.html").read_text()
+    assert "fault gpu_hang#1 fired" in page and "launch: inject gpu_hang" in page and "hit packet #" in page
