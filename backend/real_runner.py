@@ -233,6 +233,72 @@ def fill_firmware(
     return out
 
 
+# ------------------------------------------------------------------ the copy path's own timing
+COPY_STATS_KEY = "copy_timing"  # DockObservation.extra key of CopyTimer.stats() (node/health.py reads it)
+MIN_TIMED_COPY_BYTES = 4096  # smaller copies are latency, not bandwidth: not rated
+COPY_WINDOW = 32  # the latest copies (and fence waits) the stats speak for
+
+
+class CopyTimer:
+    """The copy path's own timing, for the usb layer's health (openpilot#38483: one link register "is not
+    sufficient on a wide range of devices"; the copies themselves are the end-to-end evidence).
+
+    :meth:`copy` records one copy (``"in"`` / ``"out"``, bytes, seconds); copies of at least
+    :data:`MIN_TIMED_COPY_BYTES` are rated in MB/s (1e6 bytes/s) against the best rate this worker has
+    seen for the same direction and size class (the power of two at or above ``nbytes``): the link's
+    rate as measured, since the rate a given host, cable and bridge reach varies too widely for a
+    table. :meth:`fence` records how long a frame's completion (its fence / signal) took against
+    ``wait_timeout_ms``. :meth:`stats` is JSON-ready.
+    """
+
+    def __init__(self, wait_timeout_ms: float = P.WAIT_TIMEOUT_MS, window: int = COPY_WINDOW) -> None:
+        self.wait_timeout_ms = float(wait_timeout_ms)
+        self.window = window
+        self.copies = 0
+        self.best: dict[tuple[str, int], float] = {}
+        self.recent: list[tuple[str, int, float]] = []  # (direction, bytes, MB/s)
+        self.fences: list[float] = []  # ms
+        self.fence_count = 0
+
+    def copy(self, direction: str, nbytes: int, seconds: float) -> None:
+        self.copies += 1
+        if nbytes < MIN_TIMED_COPY_BYTES:
+            return
+        mbps = nbytes / max(seconds, 1e-9) / 1e6
+        cls = (direction, 1 << max(0, int(nbytes) - 1).bit_length())
+        self.best[cls] = max(self.best.get(cls, 0.0), mbps)
+        self.recent = [*self.recent[-(self.window - 1) :], (direction, int(nbytes), mbps)]
+
+    def fence(self, seconds: float) -> None:
+        self.fence_count += 1
+        self.fences = [*self.fences[-(self.window - 1) :], seconds * 1e3]
+
+    def stats(self) -> dict[str, Any]:
+        """``copies`` (all), ``rated`` (in the window), the ``slowest`` rated copy of the window relative to
+        its class's best (``direction``, ``bytes``, ``mbps``, ``best_mbps``, ``ratio``), ``fences`` (all),
+        ``fence_max_ms`` in the window and ``wait_timeout_ms``."""
+        slowest: dict[str, Any] | None = None
+        for direction, nbytes, mbps in self.recent:
+            best = self.best[(direction, 1 << max(0, nbytes - 1).bit_length())]
+            ratio = mbps / best if best > 0 else 1.0
+            if slowest is None or ratio < slowest["ratio"]:
+                slowest = {
+                    "direction": direction,
+                    "bytes": nbytes,
+                    "mbps": round(mbps, 3),
+                    "best_mbps": round(best, 3),
+                    "ratio": round(ratio, 4),
+                }
+        return {
+            "copies": self.copies,
+            "rated": len(self.recent),
+            "slowest": slowest,
+            "fences": self.fence_count,
+            "fence_max_ms": round(max(self.fences), 3) if self.fences else None,
+            "wait_timeout_ms": self.wait_timeout_ms,
+        }
+
+
 # ------------------------------------------------------------------ the compiled model
 WARM_LOAD_BOUND_S = 15.0  # a cached JIT's load: read + HMAC check + unpickle + one verification run (s)
 
@@ -308,11 +374,33 @@ class DockJit:
     built: bool
     stored: Path | None = None
 
-    def call(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def call(self, inputs: dict[str, np.ndarray], timer: CopyTimer | None = None) -> dict[str, np.ndarray]:
+        """One run; with ``timer``, each input's copy-in, the run's completion (fence) and each output's
+        copy-out are timed."""
         from tinygrad import Tensor
 
-        out = self.jit(**{k: Tensor(np.ascontiguousarray(v), device=self.device).realize() for k, v in inputs.items()})
-        return {k: v.numpy().copy() for k, v in out.items()}
+        clock = time.perf_counter
+        moved = {}
+        for k, v in inputs.items():
+            a = np.ascontiguousarray(v)
+            t0 = clock()
+            moved[k] = Tensor(a, device=self.device).realize()
+            if timer is not None:
+                timer.copy("in", a.nbytes, clock() - t0)
+        t0 = clock()
+        out = self.jit(**moved)
+        if timer is not None:
+            from tinygrad import Device
+
+            Device[self.device].synchronize()
+            timer.fence(clock() - t0)
+        result = {}
+        for k, t in out.items():
+            t0 = clock()
+            result[k] = t.numpy().copy()
+            if timer is not None:
+                timer.copy("out", result[k].nbytes, clock() - t0)
+        return result
 
 
 def load_or_build_jit(
@@ -397,6 +485,7 @@ class RealRunner:
         self.jit_cache = JitCache() if jit_cache is True else (jit_cache or None)
         self.progress = progress or (lambda line: log.info("%s", line))
         self.compiled: DockJit | None = None
+        self.copy_timer = CopyTimer(wait_timeout_ms)
         self.config = config or LadderConfig(wait_timeout_ms=wait_timeout_ms)
         self.lock_timeout_s = lock_timeout_s
         self.dock = UsbDock(usb_backend, self.config.ctrl_timeout_ms)
@@ -492,16 +581,18 @@ class RealRunner:
         check_inputs(self._inputs, inputs)
         assert self.compiled is not None
         try:
-            return self.compiled.call(inputs)
+            return self.compiled.call(inputs, self.copy_timer)
         except Exception as e:
             raise self._fail(translate(e)) from e
 
     # ------------------------------------------------------------------ health
     def probe(self) -> DockObservation:
-        """USB presence, IDs, bus/address and speed (pyusb), and the LTSSM byte (one control transfer)."""
+        """USB presence, IDs, bus/address and speed (pyusb), the LTSSM byte (one control transfer) and the
+        copy path's timing (:class:`CopyTimer`, ``extra[COPY_STATS_KEY]``)."""
         obs = self.dock.observe()
         if self._failed is not None:
             obs.extra["failed"] = str(self._failed)
+        obs.extra[COPY_STATS_KEY] = self.copy_timer.stats()
         return obs
 
     def close(self) -> None:

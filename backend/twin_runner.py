@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ from chestnut.backend.errors import ChestnutError, GpuLayerError, ModelError, Pc
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec
 from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
 from chestnut.backend.model import TensorSpec
-from chestnut.backend.real_runner import DockLock, check_inputs, dock_lock_path
+from chestnut.backend.real_runner import COPY_STATS_KEY, CopyTimer, DockLock, check_inputs, dock_lock_path
 from chestnut.backend.retry import STATS_KEY, RetryingUSB3
 from chestnut.msgs.paths import current_prefix
 
@@ -126,6 +127,7 @@ class TwinRunner:
         self._loaded = False
         self._failed: ChestnutError | None = None
         self.signature: dict[str, Any] = {}
+        self.copy_timer = CopyTimer(wait_timeout_ms)  # the copy path's own timing, for the usb layer's health
 
     # ------------------------------------------------------------------ evidence from the twin
     def _link_errors(self, dev: Any) -> int | None:
@@ -201,17 +203,23 @@ class TwinRunner:
                                  f"PCIe link not up (LTSSM=0x{ltssm:02X}) before the frame's copies")
 
     def _copy_in(self, dst: int, data: bytes | memoryview) -> None:
+        t0 = time.perf_counter()
         if self.tinygrad is not None:
             self.tinygrad.copy_in(dst, data)
         else:
             assert self.copy is not None
             self.copy.copy_in(dst, data)
+        self.copy_timer.copy("in", len(memoryview(data).cast("B")), time.perf_counter() - t0)
 
     def _copy_out(self, src: int, nbytes: int) -> bytes | memoryview:
+        t0 = time.perf_counter()
         if self.tinygrad is not None:
-            return self.tinygrad.copy_out(src, nbytes)  # type: ignore[no-any-return]
-        assert self.copy is not None
-        return self.copy.copy_out(src, nbytes)
+            out: bytes | memoryview = self.tinygrad.copy_out(src, nbytes)
+        else:
+            assert self.copy is not None
+            out = self.copy.copy_out(src, nbytes)
+        self.copy_timer.copy("out", nbytes, time.perf_counter() - t0)
+        return out
 
     def _guard(self, fn: Any) -> Any:
         """Run ``fn()``; a dock-layer error becomes sticky, anything untyped is classified first."""
@@ -298,7 +306,9 @@ class TwinRunner:
             for s in self._inputs:
                 self._copy_in(self._buffers[s.name][0], np.ascontiguousarray(inputs[s.name]).data)
             (seq,) = self.queue.submit([Packet(P.OP_RUN, (PROGRAM_ID, *lo_hi(self._table)))])
+            t0 = time.perf_counter()
             self.queue.wait(seq, "OP_RUN")
+            self.copy_timer.fence(time.perf_counter() - t0)
             out = {}
             for s in self._outputs:
                 off, nbytes = self._buffers[s.name]
@@ -316,6 +326,7 @@ class TwinRunner:
             obs.extra["failed"] = str(self._failed)
         if isinstance(self.usb, RetryingUSB3):
             obs.extra[STATS_KEY] = self.usb.stats()
+        obs.extra[COPY_STATS_KEY] = self.copy_timer.stats()
         return obs
 
     def close(self) -> None:

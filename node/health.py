@@ -20,8 +20,8 @@ hysteresis (the AUTOSAR watchdog manager's pattern):
 - improving from ERROR takes ``recover_after`` consecutive good (OK or WARN) observations;
 - outside ERROR the layer's level is the **worst of its current evidence**, one condition per
   evidence *source* (:attr:`Evidence.source`: the per-frame stream ``""`` -- runs, the watchdog,
-  typed errors --, the dock ``"probe"``, the ``"transfers"`` counters, the ``"ladder"``), each
-  current for its own freshness (:attr:`Evidence.fresh_ms`; default ``stale_after_ms``). A condition
+  typed errors --, the dock ``"probe"``, the ``"transfers"`` counters, the ``"copy_path"`` timing, the
+  ``"ladder"``), each current for its own freshness (:attr:`Evidence.fresh_ms`; default ``stale_after_ms``). A condition
   that still holds keeps its level: a USB 2 link reported by every probe keeps the layer WARN
   however many frames complete in between (ROS ``diagnostic_aggregator``: a group is as bad as its
   worst child). One source's WARN clears after ``recover_after`` consecutive OKs *from that source*,
@@ -46,6 +46,7 @@ from typing import Any
 from chestnut.backend.classify import diagnose
 from chestnut.backend.errors import LAYER_ERRORS, ChestnutError, Layer
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, StepResult
+from chestnut.backend.real_runner import COPY_STATS_KEY
 from chestnut.backend.retry import STATS_KEY
 from chestnut.node.supervisor import Source
 from chestnut.node.validity import ValidityReport
@@ -61,6 +62,8 @@ LTSSM_STUCK = 0x4C  # a link that trains into 0x4C and sticks there: a known fir
 SUPERSPEED_MBPS = 5000  # openpilot's hardware daemon: slower than 5000 Mbps is a slow USB link
 PROBE_FRESH_MS = 2500.0  # a dock probe's evidence holds for 2.5 periods of the node's 1 Hz probe (one lost probe)
 LADDER_FRESH_MS = 3000.0  # the ladder's evidence holds until the first probes of the new worker take over
+MARGINAL_COPY_RATIO = 0.5  # a copy at under half the rate this link gave the same copy before: marginal
+FENCE_MARGIN_RATIO = 0.5  # a frame's fence taking over half the wait timeout: one slow step from a failure
 FIELD_TRANSIENT_ERRORS_PER_H = 815.0
 """The most bulk / 0xE4 I/O errors per hour seen on docks that work (openpilot#38519): transient
 transfer errors up to this rate are counted (usb OK), above it the usb layer is WARN with the rate."""
@@ -466,10 +469,39 @@ def evidence_from_transfers(stats: Mapping[str, Any], fresh_ms: float = PROBE_FR
                     source="transfers", fresh_ms=fresh_ms, counters=counters)
 
 
+def evidence_from_copy_timing(stats: Mapping[str, Any], fresh_ms: float = PROBE_FRESH_MS) -> Evidence:
+    """The usb layer's end-to-end link evidence: the copy path's own timing
+    (:class:`chestnut.backend.real_runner.CopyTimer` stats; openpilot#38483: one register is not enough).
+
+    WARN (``slow_copy``) when the slowest recent copy ran at under :data:`MARGINAL_COPY_RATIO` of the rate
+    the same copy reached on this link; WARN (``slow_fence``) when a recent frame's fence took over
+    :data:`FENCE_MARGIN_RATIO` of the wait timeout; else OK with the slowest rate. The worse of the two
+    speaks. Source ``"copy_path"``, current for ``fresh_ms``; counters ``copies`` and ``fences``."""
+    counters = (("copies", int(stats.get("copies", 0))), ("fences", int(stats.get("fences", 0))))
+    slow = stats.get("slowest") if isinstance(stats.get("slowest"), Mapping) else None
+    fence_ms, wait_ms = stats.get("fence_max_ms"), float(stats.get("wait_timeout_ms") or 0.0)
+
+    def ev(level: Level, reason: str, tag: str = "") -> Evidence:
+        return Evidence(Layer.USB, level, reason, tag=tag, source="copy_path", fresh_ms=fresh_ms, counters=counters)
+
+    if slow is not None and float(slow["ratio"]) < MARGINAL_COPY_RATIO:
+        return ev(Level.WARN, f"copy-{slow['direction']} of {slow['bytes']} bytes at {float(slow['mbps']):.1f} MB/s, "
+                  f"{float(slow['ratio']):.2f} of the {float(slow['best_mbps']):.1f} MB/s this link gave it "
+                  "(a marginal link slows before it fails)", "slow_copy")
+    if fence_ms is not None and wait_ms > 0 and float(fence_ms) > FENCE_MARGIN_RATIO * wait_ms:
+        return ev(Level.WARN, f"a frame's fence took {float(fence_ms):.0f} ms of the {wait_ms:.0f} ms wait timeout",
+                  "slow_fence")
+    what = (f"copies at >= {float(slow['ratio']):.2f} of this link's best rate" if slow is not None
+            else "no copy rated yet")
+    fence = f", fences within {float(fence_ms):.0f} ms" if fence_ms is not None else ""
+    return ev(Level.OK, what + fence)
+
+
 def evidence_from_observation(obs: DockObservation, fresh_ms: float = PROBE_FRESH_MS) -> list[Evidence]:
     """A dock probe (:meth:`PrimaryRunner.probe` or a cheap enumeration). USB: absent -> hard ERROR;
     slower than SuperSpeed -> WARN; the transient-error counters in ``extra`` ->
-    :func:`evidence_from_transfers`. PCIe: LTSSM other than 0x78 -> soft ERROR (debounced, as
+    :func:`evidence_from_transfers`; the copy path's timing -> :func:`evidence_from_copy_timing`. PCIe:
+    LTSSM other than 0x78 -> soft ERROR (debounced, as
     openpilot's hardware daemon does). Fields that were not read give no evidence. Source ``"probe"``,
     current for ``fresh_ms`` (a link speed holds until the next probes say otherwise)."""
     if not obs.present:
@@ -490,6 +522,9 @@ def evidence_from_observation(obs: DockObservation, fresh_ms: float = PROBE_FRES
     stats = obs.extra.get(STATS_KEY)
     if isinstance(stats, Mapping):
         out.append(evidence_from_transfers(stats, fresh_ms))
+    timing = obs.extra.get(COPY_STATS_KEY)
+    if isinstance(timing, Mapping):
+        out.append(evidence_from_copy_timing(timing, fresh_ms))
     if obs.ltssm is not None:
         if obs.ltssm == LTSSM_L0:
             out.append(probe(Layer.PCIE, Level.OK, "LTSSM=0x78 (link up)"))
