@@ -264,6 +264,33 @@ def test_ray_worker_sigkilled_mid_run_has_its_segment_retried(cluster, fleet, lo
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_ray_ctrl_c_cancels_and_keeps_what_finished(cluster, fleet, local):
+    fr, _ = local
+    ex = _ray()
+
+    def interrupt_at_the_third(o):
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+        seen.append(o)
+
+    seen: list = []
+    try:
+        r = replay_fleet(fleet, ex, on_outcome=interrupt_at_the_third, jit_cache=False)
+    finally:
+        ex.close()
+    assert r.run.interrupted and len(r.run.outcomes) == 3 and not r.ok
+    first = sorted(r.logs)[0]
+    assert [s.index for s in r.logs[first].segments] == [o.unit.index for o in r.run.outcomes if o.unit.log == first]
+    # nothing is left running: a new pool gets every CPU of the cluster again
+    again = _ray()
+    try:
+        assert replay_fleet(fleet, again, jit_cache=False).digest() == fr.digest()
+    finally:
+        again.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_cli_on_the_cluster_writes_the_fleet_report(cluster, fleet, tmp_path, capsys):
     out = tmp_path / "report"
     assert main(["check", str(fleet), "--executor", "ray", "--ray-address", cluster.address, "--report", str(out)]) == 0

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chestnut.msgs.logfile import find_log_files
 from chestnut.node.offline.contracts import CONTRACTS, CheckResult
 from chestnut.node.offline.executor import ExecutorError
 from chestnut.node.offline.fleet import (
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("chestnut check: %s", e)
         return 2
     try:
-        with progress(console, lambda: None) as step:
+        with progress(console, len(find_log_files(args.logs))) as step:
             fleet = check_fleet(
                 args.logs,
                 executor,

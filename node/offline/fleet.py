@@ -395,7 +395,7 @@ def check_segment_rows(fleet: FleetCheck) -> list[SegmentRow]:
 
 
 def _ms(p: tuple[float, float] | None) -> str:
-    return "-" if p is None else f"{p[0]:.1f} / {p[1]:.1f}"
+    return "-" if p is None else f"{p[0]:.1f}/{p[1]:.1f}"
 
 
 def _causes(c: dict[str, int]) -> str:
@@ -413,6 +413,9 @@ TABLE_HEADERS = (
     "exec p50 / p99 ms",
     "frame age p50 / p99 ms",
 )
+
+
+TERMINAL_HEADERS = ("log", "segs", "frames", "mism", "viol", "dmg", "failovers", "exec ms p50/p99", "age ms p50/p99")
 
 
 def row_cells(r: LogRow) -> tuple[str, ...]:
@@ -467,8 +470,16 @@ def print_fleet(
         title=f"{title}: {len(rows)} log(s), worst first" + (f" (top {top})" if len(rows) > top else ""),
         show_edge=False,
     )
-    for h in TABLE_HEADERS:
-        t.add_column(h, justify="left" if h in ("log", "failovers by cause") else "right")
+    if not console.is_terminal:  # a file or a pipe: the table's own width, not 80 columns
+        console.width = max(console.width, 160)
+    longest = max((len(r.log) for r in [*rows[:top], total]), default=3)
+    for h, short in zip(TABLE_HEADERS, TERMINAL_HEADERS, strict=True):
+        if h == "log":
+            t.add_column(short, no_wrap=True, min_width=longest)
+        elif h == "failovers by cause":
+            t.add_column(short, ratio=1)
+        else:
+            t.add_column(short, justify="right", no_wrap=True)
     for r in rows[:top]:
         cells = row_cells(r)
         t.add_row(*[f"[red]{c}[/red]" if r.problems else c for c in cells])

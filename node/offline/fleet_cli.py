@@ -63,8 +63,8 @@ def executor_from_args(args: argparse.Namespace) -> Executor:
 
 
 @contextlib.contextmanager
-def progress(console: Any, total_of: Callable[[], int | None]) -> Iterator[Callable[[Outcome], None]]:
-    """An ``on_outcome`` callback drawing a segments bar on stderr when the console is a terminal."""
+def progress(console: Any, total: int | None = None) -> Iterator[Callable[[Outcome], None]]:
+    """An ``on_outcome`` callback drawing a bar of ``total`` segments on stderr when the console is a terminal."""
     if not console.is_terminal:
         yield lambda _o: None
         return
@@ -79,7 +79,7 @@ def progress(console: Any, total_of: Callable[[], int | None]) -> Iterator[Calla
         console=Console(stderr=True),
         transient=True,
     ) as bar:
-        task = bar.add_task("segments", total=total_of())
+        task = bar.add_task("segments", total=total)
 
         def step(_o: Outcome) -> None:
             bar.advance(task)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chestnut.msgs.logfile import find_log_files
 from chestnut.node.offline.executor import ExecutorError
 from chestnut.node.offline.fleet import (
     print_fleet,
@@ -136,9 +137,8 @@ def run(args: argparse.Namespace) -> int:
     except (ExecutorError, ValueError) as e:
         log.error("chestnut replay: %s", e)
         return 2
-    total: list[int] = []
     try:
-        with progress(console, lambda: total[0] if total else None) as step:
+        with progress(console, len(find_log_files(args.logs))) as step:
             fleet = replay_fleet(
                 args.logs,
                 executor,
