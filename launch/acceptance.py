@@ -160,6 +160,7 @@ class Seen:
     states: list[tuple[int, str]] = field(default_factory=list)
     sent: dict[int, int] = field(default_factory=dict)
     identity: dict[str, str] = field(default_factory=dict)  # the latest nodeState's
+    init_identity: dict[str, str] = field(default_factory=dict)  # the latest initData's
 
 
 class FrameBus(threading.Thread):
@@ -184,7 +185,7 @@ class FrameBus(threading.Thread):
             pm = PubMaster(["cameraFrame"], prefix=self.prefix)
             poller = zmq.Poller()
             socks = {s: sub_sock(s, poller, prefix=self.prefix) for s in ("modelOutput", "chestnutActive",
-                                                                          "nodeState")}
+                                                                          "nodeState", "initData")}
             rng = np.random.default_rng(0)
             fid, next_s = 0, time.monotonic()
             while not self.stop_evt.is_set():
@@ -206,6 +207,8 @@ class FrameBus(threading.Thread):
                                                           str(ev.modelOutput.source)))
                             elif service == "chestnutActive":
                                 self.seen.active.append((recv, bool(ev.chestnutActive.active)))
+                            elif service == "initData":
+                                self.seen.init_identity = {str(kv.key): str(kv.value) for kv in ev.initData.identity}
                             else:
                                 self.seen.states.append((recv, str(ev.nodeState.state)))
                                 self.seen.identity = {str(kv.key): str(kv.value) for kv in ev.nodeState.identity}
@@ -272,6 +275,7 @@ class Kit:
         self.steps: list[StepRecord] = []
         self.identity: dict[str, str] = {}
         self.node_identity: dict[str, str] = {}  # as the node's nodeState carries it
+        self.init_identity: dict[str, str] = {}  # as its initData (every log's header) carries it
         self.env = {k: v for k, v in os.environ.items() if k not in ENV_DROP}
         self.env["CHESTNUT_PREFIX"] = self.prefix
         self.daemon: Any = None
@@ -314,7 +318,8 @@ class Kit:
 
         return {"target": "twin" if self.twin else "real", "model": str(self.cfg.model.path),
                 "versions": _versions(), "identity": self.identity,
-                "node_identity": self.node_identity, "node_config": self.cfg.to_json(),
+                "node_identity": self.node_identity, "init_identity": self.init_identity,
+                "node_config": self.cfg.to_json(),
                 "passed": all(s.passed for s in self.steps) and bool(self.steps),
                 "failed_steps": [s.name for s in self.steps if not s.passed],
                 "steps": [s.to_json() for s in self.steps]}
@@ -412,6 +417,7 @@ class Kit:
                    "latency_p99_ms": percentile_ms(lat, 99)}
         with bus.lock:
             self.node_identity = dict(bus.seen.identity)
+            self.init_identity = dict(bus.seen.init_identity)
         ok = bool(done) and len(outs) == self.args.frames and primary == self.args.frames
         self.add(StepRecord("frames", ok, figures, f"{len(outs)}/{self.args.frames} answered, {primary} by the "
                                                    f"primary, p50 {figures['latency_p50_ms']} ms"))

@@ -66,6 +66,7 @@ def test_acceptance_on_the_twin_passes_and_writes_both_reports(tmp_path: Path, t
     assert ident["gpu_firmware"].startswith("gc_12_0_1_imu.bin@")
     assert report["versions"]["tinygrad"] == ident["tinygrad"]
     assert report["node_identity"] == ident  # the node's nodeState names the same dock
+    assert report["init_identity"] == ident  # and so does initData, every log's header
     page = (tmp_path / "out" / "report.html").read_text()
     assert "chestnut acceptance (twin): ACCEPTED" in page
     for name in STEPS:
