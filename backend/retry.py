@@ -196,7 +196,7 @@ class RetryPolicy:
     3 tries of 25 ms end within 75 ms, half the node's 150 ms frame deadline; a control transfer on
     a working USB 3 link answers in well under a millisecond. ``floor_bytes_per_ms`` (20 000, i.e.
     20 MB/s) is below what a USB 2 link moves (480 Mbps), so a slow link is not mistaken for a lost
-    transfer. A bulk IN gets at least ``bulk_in_wait_ms`` (100 ms, two thirds of the frame deadline)
+    transfer. A bulk IN gets at least ``bulk_in_wait_ms`` (50 ms, a third of the frame deadline)
     per try: reading an armed SRAM window is also the wait for the GPU's copy into it (tinygrad 0.14
     ``AMDAllocator._copyout`` reads right after ``scsi_read_arm``; ``scsi_read`` allows 10 s), and
     the device NAKs until the data is there, so a copy that is merely late must not read as a lost
@@ -206,7 +206,7 @@ class RetryPolicy:
     attempts: int = 3
     attempt_timeout_ms: int = 25
     floor_bytes_per_ms: int = 20_000
-    bulk_in_wait_ms: int = 100
+    bulk_in_wait_ms: int = 50
 
     def __post_init__(self) -> None:
         if min(self.attempts, self.attempt_timeout_ms, self.floor_bytes_per_ms, self.bulk_in_wait_ms) < 1:

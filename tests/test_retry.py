@@ -115,7 +115,7 @@ def test_attempt_timeouts_end_inside_the_frame_deadline():
     assert p.timeout_ms(1000, 0x40000) == 25 + 14  # 256 KiB at the 20 MB/s floor
     assert p.timeout_ms(10) == 10  # never longer than the caller asked
     assert p.timeout_ms(0) == 25   # 0 is libusb's "forever": bounded
-    assert p.timeout_ms(10000, 0x80000, bulk_in=True) == 100  # an armed read is also the wait for the GPU's copy
+    assert p.timeout_ms(10000, 0x40000, bulk_in=True) == 50  # an armed read is also the wait for the GPU's copy
     assert p.timeout_ms(10000, 0x400000, bulk_in=True) == 25 + 210
     with pytest.raises(ValueError):
         RetryPolicy(attempts=0)
@@ -190,7 +190,7 @@ def test_a_bulk_in_is_read_again_after_its_streaming_read_header():
     u.control_write(P.REQ_TLP, P.TLP_MEM_READ64 | 0x0F << 8, P.TLP_MODE_STREAM_READ, hdr, 5000)
     assert u.bulk_read(64, 30000) == bytes(64)
     again = ("cw", P.REQ_TLP, P.TLP_MEM_READ64 | 0x0F << 8, P.TLP_MODE_STREAM_READ, hdr, 25)
-    assert usb.calls == [again, ("br", 64, 100), again, ("br", 64, 100)]  # a bulk IN also waits for the data
+    assert usb.calls == [again, ("br", 64, 50), again, ("br", 64, 50)]  # a bulk IN also waits for the data
 
 
 def test_a_tlp_completion_is_read_again_only_after_its_header():
@@ -273,7 +273,7 @@ def test_a_bulk_in_keeps_its_sram_arm_across_other_traffic_as_tinygrads_copyout_
     u.bulk_write(bytes(8), 1000)                                                      # the doorbell's stream
     assert u.bulk_read(512, 10000) == bytes(512)
     arm = ("cw", P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, b"", 25)
-    assert usb.calls[3:] == [("br", 512, 100), arm, ("br", 512, 100)]
+    assert usb.calls[3:] == [("br", 512, 50), arm, ("br", 512, 50)]
 
 
 def test_async_transfers_run_as_their_synchronous_twins_and_are_retried():
