@@ -1,0 +1,98 @@
+"""``chestnut foxglove`` without a stack: real sockets in, a real Foxglove WebSocket client out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+
+import foxglove
+import pytest
+import websockets
+
+from chestnut.launch.foxglove import Bridge
+from chestnut.msgs.messaging import PubMaster, new_message
+
+SUBPROTOCOLS = ["foxglove.websocket.v1", "foxglove.sdk.v1"]
+
+
+def _node_state(state: str, reason: str):
+    ns = new_message("nodeState")
+    ns.nodeState.state, ns.nodeState.reason = state, reason
+    return ns
+
+
+def _fired():
+    tf = new_message("twinFault")
+    tf.twinFault.kind, tf.twinFault.id, tf.twinFault.action, tf.twinFault.site = "gpu_hang", 1, "fired", "packet #3"
+    return tf
+
+
+async def _read_log(port: int, want: int) -> list[dict]:
+    async with websockets.connect(f"ws://127.0.0.1:{port}", subprotocols=SUBPROTOCOLS) as ws:
+        channels: dict[str, dict] = {}
+        lines: list[dict] = []
+        while len(lines) < want:
+            frame = await asyncio.wait_for(ws.recv(), 10)
+            if isinstance(frame, str):
+                msg = json.loads(frame)
+                if msg["op"] == "advertise":
+                    channels.update({c["topic"]: c for c in msg["channels"]})
+                    await ws.send(json.dumps({"op": "subscribe", "subscriptions": [
+                        {"id": 1, "channelId": channels["/chestnut/log"]["id"]}]}))
+                continue
+            assert struct.unpack_from("<BI", frame) == (1, 1)
+            lines.append(json.loads(frame[13:]))
+    return lines
+
+
+def test_state_changes_and_fault_events_reach_a_client_as_foxglove_logs_once_each():
+    prefix = f"fox{os.getpid()}"
+    bridge = Bridge(prefix=prefix, services=["nodeState", "twinFault"])
+    server = foxglove.start_server(name="chestnut", port=0, context=bridge.context)
+    stop = threading.Event()
+
+    def publish() -> None:
+        with PubMaster(["nodeState", "twinFault"], prefix=prefix) as pm:
+            while not bridge.channels["/chestnut/log"].has_sinks() and not stop.is_set():
+                stop.wait(0.02)  # the client subscribes first: a state change is logged once, when it happens
+            while not bridge.forwarded["nodeState"] and not stop.is_set():  # until ZeroMQ has connected
+                pm.send("nodeState", _node_state("active", "consumer_allows_switch"))
+                bridge.step(20)
+            for _ in range(3):
+                pm.send("nodeState", _node_state("degraded", "deadline_miss_run (gpu)"))
+                bridge.step(20)
+            pm.send("twinFault", _fired())
+            while not stop.is_set():
+                bridge.step(20)
+
+    t = threading.Thread(target=publish, daemon=True)
+    t.start()
+    try:
+        lines = asyncio.run(_read_log(server.port, 3))
+    finally:
+        stop.set()
+        t.join(5)
+        server.stop()
+        bridge.close()
+    msgs = [(ln["level"], ln["name"], ln["message"]) for ln in lines]
+    # the first state seen, the change to degraded (a warning), the firing (an error): each once
+    assert msgs[0][1:] == ("node", "node active: consumer_allows_switch")
+    assert msgs[1] == (3, "node", "node degraded: deadline_miss_run (gpu)")
+    assert msgs[2][:2] == (4, "twin") and msgs[2][2].startswith("fault gpu_hang#1 fired at packet #3")
+
+
+@pytest.mark.parametrize("port, code, says", [(70000, 2, "give a TCP port in 0..65535"), (None, 1, "already in use")])
+def test_a_bad_or_busy_port_is_one_line_and_no_traceback(port, code, says):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        p = port if port is not None else s.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "chestnut.launch.cli", "foxglove", "--port", str(p), "--prefix",
+                            f"foxport{os.getpid()}"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == code and says in r.stderr and "Traceback" not in r.stderr
