@@ -202,7 +202,7 @@ def prepare_on_dock(model: Path, fingerprint: Path) -> int:
     if fingerprint.is_file():
         cmd += ["--fingerprint", str(fingerprint)]
     env = {k: v for k, v in os.environ.items() if k not in ("DEV", "GMMU", "HCQDEV_WAIT_TIMEOUT_MS")}
-    print(f"compiling {model} on the dock into the compile cache: {' '.join(cmd[2:])}", flush=True)
+    print(f"compiling {model} on the dock into the compile cache: chestnut {' '.join(cmd[3:])}", flush=True)
     return subprocess.run(cmd, env=env).returncode
 
 
@@ -276,10 +276,9 @@ def run(args: argparse.Namespace) -> int:
         identity = runner_identity(runner)
     finally:
         runner.close()
-    if not args.json:
-        print("identity: " + "; ".join(f"{k} {v}" for k, v in identity.items()))
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:
         print_summary(report, twin=not args.real)
+        print("identity: " + "; ".join(f"{k} {v}" for k, v in identity.items()))
     return 0 if report.passed else 1

@@ -139,3 +139,20 @@ def test_a_second_start_in_a_fresh_process_loads_the_cached_jit(tiny_onnx: Path,
     first = start()
     assert first["built"] is True and first["compiles"] > 0
     assert start() == {"built": False, "compiles": 0}
+
+
+def test_prepare_for_dock_without_a_dock_names_the_first_rung(tiny_onnx: Path, tmp_path: Path) -> None:
+    """``chestnut model prepare --for-dock`` climbs the ladder in a fresh process; with no dock it says so."""
+    code = textwrap.dedent(f"""
+        from pathlib import Path
+        from chestnut.backend.probe import prepare_on_dock
+        raise SystemExit(prepare_on_dock(Path({str(tiny_onnx)!r}), Path({str(tmp_path / "none.json")!r})))
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("DEV", "GMMU", "HCQDEV_WAIT_TIMEOUT_MS")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == (f"compiling {tiny_onnx} on the dock into the compile cache: chestnut probe --real --model "
+                        f"{tiny_onnx}")
+    assert any(ln.startswith("[FAIL] usb_ids") and "no Chestnut dock found" in ln for ln in lines)
+    assert lines[-1].startswith("identity: tinygrad ")
