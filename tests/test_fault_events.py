@@ -42,3 +42,37 @@ def test_the_event_queue_is_bounded_and_counts_what_it_dropped():
     for _ in range(FaultTable.EVENTS + 10):
         table.check("timeout", 0.0, Phase.SERVING, TransferSite("in", "bulk"))
     assert len(table.drain_events()) == FaultTable.EVENTS and table.events_dropped == 11
+
+
+def test_the_twin_daemon_publishes_a_one_shot_fault_armed_fired_and_spent_when_it_happens():
+    import time
+
+    import zmq
+
+    from chestnut.backend import protocol as P
+    from chestnut.backend.sim.client import running_twin
+    from chestnut.backend.sim.libusb_codes import UsbError
+    from chestnut.msgs.messaging import log_from_bytes, sub_sock
+
+    with running_twin(args=["--training-delay-ms", "2"]) as twin:
+        sock = sub_sock("twinFault", timeout_ms=3000)
+        try:
+            time.sleep(0.3)  # the subscription reaches the daemon's publisher before the first event
+            d = twin.enumerate()[0]
+            h = twin.open(d.bus, d.address)
+            twin.fault("timeout")
+            try:
+                twin.ctrl_transfer(h, P.REQTYPE_VENDOR_IN, P.REQ_XDATA_READ, P.XDATA_LTSSM, 0, 1, 100)
+            except UsbError:
+                pass
+            got = []
+            while len(got) < 3:
+                try:
+                    ev = log_from_bytes(sock.recv()).twinFault
+                except zmq.Again:
+                    break
+                got.append((ev.kind, str(ev.action), ev.site, ev.params))
+        finally:
+            sock.close(linger=0)
+    assert got == [("timeout", "armed", "", "{}"), ("timeout", "fired", f"control in {P.REQ_XDATA_READ:#04x} #1", "{}"),
+                   ("timeout", "expired", "", "{}")]
