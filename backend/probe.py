@@ -279,6 +279,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:
-        print_summary(report, twin=not args.real)
         print("identity: " + "; ".join(f"{k} {v}" for k, v in identity.items()))
+        print_summary(report, twin=not args.real)
     return 0 if report.passed else 1

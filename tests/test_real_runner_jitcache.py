@@ -155,4 +155,5 @@ def test_prepare_for_dock_without_a_dock_names_the_first_rung(tiny_onnx: Path, t
     assert lines[0] == (f"compiling {tiny_onnx} on the dock into the compile cache: chestnut probe --real --model "
                         f"{tiny_onnx}")
     assert any(ln.startswith("[FAIL] usb_ids") and "no Chestnut dock found" in ln for ln in lines)
-    assert lines[-1].startswith("identity: tinygrad ")
+    assert any(ln.startswith("identity: tinygrad ") and "usb_path unknown" in ln for ln in lines)
+    assert lines[-1].startswith("what to do: ")
