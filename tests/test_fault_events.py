@@ -16,7 +16,9 @@ def test_a_one_shot_fault_records_armed_fired_with_its_site_and_expired():
     assert table.prune(10.3) == [f]
     events = table.drain_events()
     assert [(e.action, e.t_s, e.site, e.fired, e.opportunities) for e in events] == [
-        ("armed", 10.0, "", 0, 0), ("fired", 10.2, "bulk out #2", 1, 2), ("expired", 10.3, "", 1, 2)
+        ("armed", 10.0, "", 0, 0),
+        ("fired", 10.2, "bulk out #2", 1, 2),
+        ("expired", 10.3, "", 1, 2),
     ]
     assert {e.kind for e in events} == {"timeout"} and {e.fault_id for e in events} == {f.id}
     assert [json.loads(e.params) for e in events] == [{"after": 1}] * 3  # only what was given beyond the kind
@@ -31,7 +33,11 @@ def test_a_packet_fault_names_the_packet_and_a_clear_is_recorded():
     table.clear(f.id, 5.0)
     events = table.drain_events()
     assert [(e.action, e.site) for e in events] == [
-        ("armed", ""), ("fired", "packet #1"), ("fired", "packet #2"), ("fired", "packet #3"), ("cleared", "")
+        ("armed", ""),
+        ("fired", "packet #1"),
+        ("fired", "packet #2"),
+        ("fired", "packet #3"),
+        ("cleared", ""),
     ]
     assert events[-1].t_s == 5.0 and events[-1].fired == 3
 
@@ -74,5 +80,8 @@ def test_the_twin_daemon_publishes_a_one_shot_fault_armed_fired_and_spent_when_i
                 got.append((ev.kind, str(ev.action), ev.site, ev.params))
         finally:
             sock.close(linger=0)
-    assert got == [("timeout", "armed", "", "{}"), ("timeout", "fired", f"control in {P.REQ_XDATA_READ:#04x} #1", "{}"),
-                   ("timeout", "expired", "", "{}")]
+    assert got == [
+        ("timeout", "armed", "", "{}"),
+        ("timeout", "fired", f"control in {P.REQ_XDATA_READ:#04x} #1", "{}"),
+        ("timeout", "expired", "", "{}"),
+    ]

@@ -43,8 +43,14 @@ async def _read_log(port: int, want: int) -> list[dict]:
                 msg = json.loads(frame)
                 if msg["op"] == "advertise":
                     channels.update({c["topic"]: c for c in msg["channels"]})
-                    await ws.send(json.dumps({"op": "subscribe", "subscriptions": [
-                        {"id": 1, "channelId": channels["/chestnut/log"]["id"]}]}))
+                    await ws.send(
+                        json.dumps(
+                            {
+                                "op": "subscribe",
+                                "subscriptions": [{"id": 1, "channelId": channels["/chestnut/log"]["id"]}],
+                            }
+                        )
+                    )
                 continue
             assert struct.unpack_from("<BI", frame) == (1, 1)
             lines.append(json.loads(frame[13:]))
@@ -93,6 +99,19 @@ def test_a_bad_or_busy_port_is_one_line_and_no_traceback(port, code, says):
         s.bind(("127.0.0.1", 0))
         s.listen()
         p = port if port is not None else s.getsockname()[1]
-        r = subprocess.run([sys.executable, "-m", "chestnut.launch.cli", "foxglove", "--port", str(p), "--prefix",
-                            f"foxport{os.getpid()}"], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "chestnut.launch.cli",
+                "foxglove",
+                "--port",
+                str(p),
+                "--prefix",
+                f"foxport{os.getpid()}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert r.returncode == code and says in r.stderr and "Traceback" not in r.stderr

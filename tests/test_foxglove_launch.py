@@ -66,8 +66,11 @@ async def _client(port: int, deadline_s: float) -> dict:
                 elif msg["op"] == "advertise":
                     for ch in msg["channels"]:
                         out["channels"][ch["topic"]] = ch
-                    subs = [{"id": 100 + i, "channelId": out["channels"][t]["id"]}
-                            for i, t in enumerate(WANTED) if t in out["channels"]]
+                    subs = [
+                        {"id": 100 + i, "channelId": out["channels"][t]["id"]}
+                        for i, t in enumerate(WANTED)
+                        if t in out["channels"]
+                    ]
                     if len(subs) == len(WANTED) and not subscribed:
                         await ws.send(json.dumps({"op": "subscribe", "subscriptions": subs}))
                         subscribed = {s["id"]: t for s, t in zip(subs, WANTED, strict=True)}
@@ -88,9 +91,28 @@ def launched(tmp_path_factory):
     env = dict(os.environ, CHESTNUT_PREFIX=f"fox{os.getpid()}")
     summary = tmp / "summary.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "chestnut.launch.cli", "launch", "--seconds", "10", "--no-live", "--foxglove",
-         str(port), "--runs-dir", str(tmp / "runs"), "--fault", "timeout@1", "--json", str(summary)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "chestnut.launch.cli",
+            "launch",
+            "--seconds",
+            "10",
+            "--no-live",
+            "--foxglove",
+            str(port),
+            "--runs-dir",
+            str(tmp / "runs"),
+            "--fault",
+            "timeout@1",
+            "--json",
+            str(summary),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         live = asyncio.run(_client(port, 120.0))
     finally:

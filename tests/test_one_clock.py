@@ -30,6 +30,7 @@ def test_the_timeline_report_and_check_name_the_wall_clock_time_of_the_first_mes
     assert tl.wall_start() == wall
     page = write_report(tmp_path / "report", tl).read_text()
     assert f"Times are seconds since the log's first message ({wall})" in page
-    out = subprocess.run([sys.executable, "-m", "chestnut.launch.cli", "check", str(logs)], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "chestnut.launch.cli", "check", str(logs)], capture_output=True, text=True, timeout=60
+    )
     assert f"times: s since the log's first message, {wall}" in out.stdout

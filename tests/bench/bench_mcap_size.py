@@ -69,8 +69,12 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0)
     args = p.parse_args()
     msgs = traffic(args.seconds)
-    variants = {"rlog.zst": (("zst",), ("capnproto",)), "mcap capnproto": (("mcap",), ("capnproto",)),
-                "mcap json": (("mcap",), ("json",)), "mcap both": (("mcap",), ("capnproto", "json"))}
+    variants = {
+        "rlog.zst": (("zst",), ("capnproto",)),
+        "mcap capnproto": (("mcap",), ("capnproto",)),
+        "mcap json": (("mcap",), ("json",)),
+        "mcap both": (("mcap",), ("capnproto", "json")),
+    }
     for name, (formats, enc) in variants.items():
         with tempfile.TemporaryDirectory() as d:
             t = time.perf_counter()
