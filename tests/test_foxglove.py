@@ -67,8 +67,10 @@ def test_state_changes_and_fault_events_reach_a_client_as_foxglove_logs_once_eac
         with PubMaster(["nodeState", "twinFault"], prefix=prefix) as pm:
             while not bridge.channels["/chestnut/log"].has_sinks() and not stop.is_set():
                 stop.wait(0.02)  # the client subscribes first: a state change is logged once, when it happens
-            while not bridge.forwarded["nodeState"] and not stop.is_set():  # until ZeroMQ has connected
+            # until ZeroMQ has connected both: a nodeState on the twinFault socket is counted, never logged
+            while not (bridge.forwarded["nodeState"] and bridge.malformed["twinFault"]) and not stop.is_set():
                 pm.send("nodeState", _node_state("active", "consumer_allows_switch"))
+                pm.sock["twinFault"].send(_node_state("active", "").to_bytes())
                 bridge.step(20)
             for _ in range(3):
                 pm.send("nodeState", _node_state("degraded", "deadline_miss_run (gpu)"))
