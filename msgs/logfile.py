@@ -43,6 +43,7 @@ import heapq
 import importlib.metadata
 import itertools
 import json
+import logging
 import os
 import platform
 import socket
@@ -109,6 +110,8 @@ CAPNP_MAX_SEGMENTS = 512  # segment-table limit (libcapnp's readMessage refuses 
 MCAP_RECORD_LIMIT_BYTES = 2 * MAX_MESSAGE_BYTES + MCAP_CHUNK_BYTES  # one chunk: <= chunk size + one message
 MAX_DAMAGE_PER_FILE = 100  # a file this damaged is abandoned after its 100th report
 DEFAULT_REORDER_WINDOW_NS = 1_000_000_000  # ns of logMonoTime a file may be out of order by
+
+_log = logging.getLogger("chestnut.logs")
 
 VERSIONED_PACKAGES = ("chestnut", "tinygrad", "pycapnp", "pyzmq", "zstandard", "mcap", "numpy")
 
@@ -728,6 +731,8 @@ class SegmentFileReader:
         self.damage: list[LogDamage] = []
         self.complete = False
         self.unknown_members = 0
+        self.json_messages = 0  # messages on JSON channels (a Foxglove view), skipped
+        self.items = 0  # messages yielded
 
     def _report(self, offset: int, reason: str) -> None:
         dmg = LogDamage(self.path, offset, reason)
@@ -754,9 +759,19 @@ class SegmentFileReader:
     def __iter__(self) -> Generator[LogItem, None, None]:
         try:
             if self.path.suffix == ".zst":
-                yield from self._iter_rlog()
+                for item in self._iter_rlog():
+                    self.items += 1
+                    yield item
             else:
-                yield from self._iter_mcap()
+                for item in self._iter_mcap():
+                    self.items += 1
+                    yield item
+                if self.json_messages and not self.items:
+                    _log.warning(
+                        "%s holds only JSON channels (a Foxglove view, msgs/jsonschema.py): read the "
+                        "rlog.zst beside it, or write MCAP with --mcap-encoding both",
+                        self.path,
+                    )
         except OSError as e:
             self._report(0, f"cannot read: {e}")
 
@@ -930,6 +945,7 @@ class SegmentFileReader:
             return None
         schema = schemas.get(channel.schema_id)
         if channel.message_encoding == MessageEncoding.JSON:
+            self.json_messages += 1
             return None  # a Foxglove view of the log (msgs/jsonschema.py); the capnproto channels are the record
         if channel.message_encoding != MessageEncoding.CapnProto or schema is None or schema.name != MCAP_SCHEMA_NAME:
             if channel.id not in bad:

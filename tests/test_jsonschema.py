@@ -60,7 +60,7 @@ def _json_mcap_topics(path):
     return out
 
 
-def test_chestnut_export_converts_an_rlog_into_json_mcap_and_refuses_an_existing_output(tmp_path):
+def test_chestnut_export_converts_an_rlog_into_json_mcap_and_refuses_an_existing_output(tmp_path, caplog):
     events = every_member_events(time.monotonic_ns() + 10**9)
     with RouteWriter(tmp_path / "logs", formats=("zst",)) as w:
         for member, data, _ in events:
@@ -75,7 +75,9 @@ def test_chestnut_export_converts_an_rlog_into_json_mcap_and_refuses_an_existing
     (frame,) = topics["/cameraFrame"]
     assert img["encoding"] == {"bgr888": "bgr8", "rgb888": "rgb8", "gray8": "mono8"}[frame["encoding"]]
     assert (img["width"], img["height"], img["data"]) == (frame["width"], frame["height"], frame["data"])
-    assert LogReader(out).files and list(LogReader(out)) == []  # the capnp reader sees no capnproto channel
+    with caplog.at_level("WARNING", logger="chestnut.logs"):
+        assert LogReader(out).files and list(LogReader(out)) == []  # no capnproto channel to read
+    assert "holds only JSON channels" in caplog.text  # said, not silently empty
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "Traceback" not in again.stderr and str(out) in again.stderr
 
