@@ -48,12 +48,12 @@ import numpy as np
 from chestnut.backend import protocol as P
 
 DEFAULT_SIZES = (64 << 10, 1 << 20, 4 << 20)  # bytes per copy
-FRAME_HZ = 20.0                   # camera rate of the kit (Hz), openpilot's road camera
-CHILD_TIMEOUT_S = 600.0           # the ladder's own bounds sum to about 230 s on a cold compile cache
-ACTIVE_TIMEOUT_S = 300.0          # the node's derived start-up budget (node/config.py) plus its fallback's warm-up
+FRAME_HZ = 20.0  # camera rate of the kit (Hz), openpilot's road camera
+CHILD_TIMEOUT_S = 600.0  # the ladder's own bounds sum to about 230 s on a cold compile cache
+ACTIVE_TIMEOUT_S = 300.0  # the node's derived start-up budget (node/config.py) plus its fallback's warm-up
 DETECT_BOUND_MS = P.WAIT_TIMEOUT_MS * 1.1 + 2000.0  # the wait timeout + 10 %, plus a scheduling allowance
-RECOVER_BOUND_S = 120.0           # back-off, a fresh worker's ladder (warm compile cache) and shadow frames
-HUMAN_TIMEOUT_S = 300.0           # how long the kit waits for a person to unplug or replug the dock
+RECOVER_BOUND_S = 120.0  # back-off, a fresh worker's ladder (warm compile cache) and shadow frames
+HUMAN_TIMEOUT_S = 300.0  # how long the kit waits for a person to unplug or replug the dock
 ENV_DROP = ("DEV", "GMMU", "HCQDEV_WAIT_TIMEOUT_MS")  # the dock's process sets its own (backend/real_runner.py)
 
 
@@ -67,8 +67,12 @@ class StepRecord:
     detail: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "verdict": "pass" if self.passed else "fail", "figures": self.figures,
-                "detail": self.detail}
+        return {
+            "name": self.name,
+            "verdict": "pass" if self.passed else "fail",
+            "figures": self.figures,
+            "detail": self.detail,
+        }
 
 
 # ------------------------------------------------------------------ the dock's process
@@ -99,10 +103,18 @@ def _child_main(params: dict[str, Any]) -> dict[str, Any]:
         if report.passed:
             got = runner.run(fixed_inputs(runner._inputs, int(fp["seed"])))  # the specs load() found
             check = compare(fp, got)
-            diff = max(abs(float(summarize(a)["mean"]) - float(fp["outputs"][k]["mean"]))
-                       for k, a in got.items() if k in fp["outputs"])
-            out["fingerprint"] = {"ok": check.ok, "exact": check.exact, "detail": check.detail,
-                                  "max_mean_diff": diff, "seed": int(fp["seed"])}
+            diff = max(
+                abs(float(summarize(a)["mean"]) - float(fp["outputs"][k]["mean"]))
+                for k, a in got.items()
+                if k in fp["outputs"]
+            )
+            out["fingerprint"] = {
+                "ok": check.ok,
+                "exact": check.exact,
+                "detail": check.detail,
+                "max_mean_diff": diff,
+                "seed": int(fp["seed"]),
+            }
         out["ladder"] = report.to_json()
         out["identity"] = runner_identity(runner)
     finally:
@@ -135,8 +147,12 @@ def _copy_once(runner: Any, nbytes: int, twin: bool) -> dict[str, Any]:
             t2 = time.perf_counter()
     except Exception as e:  # a failed copy is this step's verdict, with the error as its detail
         return {"bytes": nbytes, "error": f"{type(e).__name__}: {e}"}
-    return {"bytes": nbytes, "copy_in_mbps": round(nbytes / max(t1 - t0, 1e-9) / 1e6, 3),
-            "copy_out_mbps": round(nbytes / max(t2 - t1, 1e-9) / 1e6, 3), "round_trip_exact": back == data}
+    return {
+        "bytes": nbytes,
+        "copy_in_mbps": round(nbytes / max(t1 - t0, 1e-9) / 1e6, 3),
+        "copy_out_mbps": round(nbytes / max(t2 - t1, 1e-9) / 1e6, 3),
+        "round_trip_exact": back == data,
+    }
 
 
 def _run_child(params: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
@@ -184,15 +200,25 @@ class FrameBus(threading.Thread):
         try:
             pm = PubMaster(["cameraFrame"], prefix=self.prefix)
             poller = zmq.Poller()
-            socks = {s: sub_sock(s, poller, prefix=self.prefix) for s in ("modelOutput", "chestnutActive",
-                                                                          "nodeState", "initData")}
+            socks = {
+                s: sub_sock(s, poller, prefix=self.prefix)
+                for s in ("modelOutput", "chestnutActive", "nodeState", "initData")
+            }
             rng = np.random.default_rng(0)
             fid, next_s = 0, time.monotonic()
             while not self.stop_evt.is_set():
                 if time.monotonic() >= next_s:
                     now = time.monotonic_ns()
-                    pm.send("cameraFrame", fill_frame(fid, rng.integers(0, 256, (self.height, self.width, 3),
-                                                                        dtype=np.uint8), now, now, "acceptance"))
+                    pm.send(
+                        "cameraFrame",
+                        fill_frame(
+                            fid,
+                            rng.integers(0, 256, (self.height, self.width, 3), dtype=np.uint8),
+                            now,
+                            now,
+                            "acceptance",
+                        ),
+                    )
                     with self.lock:
                         self.seen.sent[fid] = now
                     fid += 1
@@ -203,8 +229,9 @@ class FrameBus(threading.Thread):
                     for ev in drain_sock(sock):
                         with self.lock:
                             if service == "modelOutput":
-                                self.seen.outputs.append((recv, int(ev.modelOutput.frameId),
-                                                          str(ev.modelOutput.source)))
+                                self.seen.outputs.append(
+                                    (recv, int(ev.modelOutput.frameId), str(ev.modelOutput.source))
+                                )
                             elif service == "chestnutActive":
                                 self.seen.active.append((recv, bool(ev.chestnutActive.active)))
                             elif service == "initData":
@@ -247,8 +274,9 @@ def inactive_since(since_ns: int) -> Callable[[Seen], int | None]:
     """The first receipt after ``since_ns`` of ChestnutActive false or nodeState degraded."""
 
     def pred(s: Seen) -> int | None:
-        times = [t for t, a in s.active if t >= since_ns and not a] + [t for t, st in s.states
-                                                                        if t >= since_ns and st == "degraded"]
+        times = [t for t, a in s.active if t >= since_ns and not a] + [
+            t for t, st in s.states if t >= since_ns and st == "degraded"
+        ]
         return min(times) if times else None
 
     return pred
@@ -316,13 +344,18 @@ class Kit:
     def report(self) -> dict[str, Any]:
         from chestnut.node.main import _versions
 
-        return {"target": "twin" if self.twin else "real", "model": str(self.cfg.model.path),
-                "versions": _versions(), "identity": self.identity,
-                "node_identity": self.node_identity, "init_identity": self.init_identity,
-                "node_config": self.cfg.to_json(),
-                "passed": all(s.passed for s in self.steps) and bool(self.steps),
-                "failed_steps": [s.name for s in self.steps if not s.passed],
-                "steps": [s.to_json() for s in self.steps]}
+        return {
+            "target": "twin" if self.twin else "real",
+            "model": str(self.cfg.model.path),
+            "versions": _versions(),
+            "identity": self.identity,
+            "node_identity": self.node_identity,
+            "init_identity": self.init_identity,
+            "node_config": self.cfg.to_json(),
+            "passed": all(s.passed for s in self.steps) and bool(self.steps),
+            "failed_steps": [s.name for s in self.steps if not s.passed],
+            "steps": [s.to_json() for s in self.steps],
+        }
 
     def fingerprint(self) -> dict[str, Any]:
         path = self.cfg.fingerprint_path
@@ -336,9 +369,16 @@ class Kit:
 
     def dock_steps(self, fp: dict[str, Any]) -> bool:
         m = self.cfg.model
-        params = {"twin": self.twin, "prefix": self.prefix, "wait_timeout_ms": int(self.cfg.dock.wait_timeout_ms),
-                  "model": str(m.path), "name": m.name, "shapes": {m.input: list(m.shape)}, "fingerprint": fp,
-                  "sizes": list(self.args.sizes)}
+        params = {
+            "twin": self.twin,
+            "prefix": self.prefix,
+            "wait_timeout_ms": int(self.cfg.dock.wait_timeout_ms),
+            "model": str(m.path),
+            "name": m.name,
+            "shapes": {m.input: list(m.shape)},
+            "fingerprint": fp,
+            "sizes": list(self.args.sizes),
+        }
         self.say(f"ladder, copies and fingerprint against {'the twin' if self.twin else 'the dock'}")
         try:
             res = _run_child(params, self.env)
@@ -349,26 +389,44 @@ class Kit:
         rungs = res.get("ladder", [])
         failed = next((r for r in rungs if r["result"] == "fail"), None)
         figures = {f"{r['name']}_ms": round(r["duration_s"] * 1e3, 3) for r in rungs if r["result"] != "skipped"}
-        self.add(StepRecord("ladder", failed is None and bool(rungs), figures,
-                            f"{len(rungs)} rungs passed" if failed is None else
-                            f"{failed['name']} failed: {failed['detail']} ({failed['advice']})"))
+        self.add(
+            StepRecord(
+                "ladder",
+                failed is None and bool(rungs),
+                figures,
+                f"{len(rungs)} rungs passed"
+                if failed is None
+                else f"{failed['name']} failed: {failed['detail']} ({failed['advice']})",
+            )
+        )
         for c in res.get("copies", []):
             if "error" in c:
                 self.add(StepRecord(f"copy_{c['bytes']}", False, c, c["error"]))
                 continue
             slow = min(c["copy_in_mbps"], c["copy_out_mbps"]) < self.args.min_copy_mbps
             ok = c["round_trip_exact"] and not slow
-            self.add(StepRecord(f"copy_{c['bytes']}", ok, c,
-                                f"in {c['copy_in_mbps']:.1f} MB/s, out {c['copy_out_mbps']:.1f} MB/s"
-                                + ("" if c["round_trip_exact"] else ", round trip NOT exact")
-                                + (f", below {self.args.min_copy_mbps:g} MB/s" if slow else "")))
+            self.add(
+                StepRecord(
+                    f"copy_{c['bytes']}",
+                    ok,
+                    c,
+                    f"in {c['copy_in_mbps']:.1f} MB/s, out {c['copy_out_mbps']:.1f} MB/s"
+                    + ("" if c["round_trip_exact"] else ", round trip NOT exact")
+                    + (f", below {self.args.min_copy_mbps:g} MB/s" if slow else ""),
+                )
+            )
         f = res.get("fingerprint")
         if f is None:
             self.add(StepRecord("fingerprint", False, {"ran": False}, "not run: the ladder failed"))
         else:
-            self.add(StepRecord("fingerprint", bool(f["ok"]), {"bit_exact": f["exact"],
-                                                               "max_mean_diff": f["max_mean_diff"],
-                                                               "seed": f["seed"]}, f["detail"]))
+            self.add(
+                StepRecord(
+                    "fingerprint",
+                    bool(f["ok"]),
+                    {"bit_exact": f["exact"], "max_mean_diff": f["max_mean_diff"], "seed": f["seed"]},
+                    f["detail"],
+                )
+            )
         return failed is None and f is not None
 
     def node_steps(self) -> None:
@@ -379,8 +437,13 @@ class Kit:
         bus = FrameBus(self.prefix, h, w)
         bus.start()
         with open(log_path, "ab") as logf:
-            node = subprocess.Popen([sys.executable, "-m", "chestnut.launch.cli", "run", "--config", str(cfg_path)],
-                                    env=self.env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            node = subprocess.Popen(
+                [sys.executable, "-m", "chestnut.launch.cli", "run", "--config", str(cfg_path)],
+                env=self.env,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         try:
             self.frames_step(bus)
             if self.steps[-1].passed:
@@ -400,27 +463,50 @@ class Kit:
         self.say(f"starting the node; {self.args.frames} frames once the primary serves")
         active_at = bus.wait_for(serving_primary(t0), ACTIVE_TIMEOUT_S)
         if active_at is None:
-            self.add(StepRecord("frames", False, {"time_to_active_s": -1.0},
-                                f"the primary did not serve within {ACTIVE_TIMEOUT_S:g} s (see node.log)"))
+            self.add(
+                StepRecord(
+                    "frames",
+                    False,
+                    {"time_to_active_s": -1.0},
+                    f"the primary did not serve within {ACTIVE_TIMEOUT_S:g} s (see node.log)",
+                )
+            )
             return
         with bus.lock:
             first = max(bus.seen.sent) + 1
-        done = bus.wait_for(lambda s: len({o[1] for o in s.outputs if o[1] >= first}) >= self.args.frames
-                            and max(s.sent) >= first + self.args.frames - 1, self.args.frames / FRAME_HZ * 3 + 10)
+        done = bus.wait_for(
+            lambda s: (
+                len({o[1] for o in s.outputs if o[1] >= first}) >= self.args.frames
+                and max(s.sent) >= first + self.args.frames - 1
+            ),
+            self.args.frames / FRAME_HZ * 3 + 10,
+        )
         with bus.lock:
             ids = range(first, first + self.args.frames)
             outs = {o[1]: o for o in bus.seen.outputs if o[1] in ids}
             lat = [o[0] - bus.seen.sent[i] for i, o in outs.items() if i in bus.seen.sent]
         primary = sum(1 for o in outs.values() if o[2] == "primary")
-        figures = {"frames": self.args.frames, "answered": len(outs), "by_primary": primary,
-                   "time_to_active_s": round((active_at - t0) / 1e9, 3), "latency_p50_ms": percentile_ms(lat, 50),
-                   "latency_p99_ms": percentile_ms(lat, 99)}
+        figures = {
+            "frames": self.args.frames,
+            "answered": len(outs),
+            "by_primary": primary,
+            "time_to_active_s": round((active_at - t0) / 1e9, 3),
+            "latency_p50_ms": percentile_ms(lat, 50),
+            "latency_p99_ms": percentile_ms(lat, 99),
+        }
         with bus.lock:
             self.node_identity = dict(bus.seen.identity)
             self.init_identity = dict(bus.seen.init_identity)
         ok = bool(done) and len(outs) == self.args.frames and primary == self.args.frames
-        self.add(StepRecord("frames", ok, figures, f"{len(outs)}/{self.args.frames} answered, {primary} by the "
-                                                   f"primary, p50 {figures['latency_p50_ms']} ms"))
+        self.add(
+            StepRecord(
+                "frames",
+                ok,
+                figures,
+                f"{len(outs)}/{self.args.frames} answered, {primary} by the "
+                f"primary, p50 {figures['latency_p50_ms']} ms",
+            )
+        )
 
     def _wait_usb(self, present: bool) -> int | None:
         """(real dock) The monotonic ns when the dock is seen (dis)appear on USB, polled through pyusb."""
@@ -447,9 +533,16 @@ class Kit:
         detected = bus.wait_for(inactive_since(t_unplug), self.args.detect_bound_ms / 1e3 + 5.0) if t_unplug else None
         detect_ms = round((detected - t_unplug) / 1e6, 3) if detected else -1.0
         ok = detected is not None and detect_ms <= self.args.detect_bound_ms
-        self.add(StepRecord("unplug", ok, {"detect_ms": detect_ms, "bound_ms": self.args.detect_bound_ms},
-                            f"detected in {detect_ms:.0f} ms (bound {self.args.detect_bound_ms:g} ms)" if detected
-                            else "the node did not notice the unplugged dock"))
+        self.add(
+            StepRecord(
+                "unplug",
+                ok,
+                {"detect_ms": detect_ms, "bound_ms": self.args.detect_bound_ms},
+                f"detected in {detect_ms:.0f} ms (bound {self.args.detect_bound_ms:g} ms)"
+                if detected
+                else "the node did not notice the unplugged dock",
+            )
+        )
         time.sleep(1.0)  # the dock stays away for a second, as a person's replug would
         if self.twin:
             t_plug = time.monotonic_ns()
@@ -459,9 +552,16 @@ class Kit:
             t_plug = self._wait_usb(present=True) or 0
         back = bus.wait_for(serving_primary(t_plug), self.args.recover_bound_s) if t_plug else None
         recover_s = round((back - t_plug) / 1e9, 3) if back else -1.0
-        self.add(StepRecord("replug", back is not None, {"recover_s": recover_s, "bound_s": self.args.recover_bound_s},
-                            f"the primary served again {recover_s:.1f} s after the replug" if back else
-                            f"the primary did not serve again within {self.args.recover_bound_s:g} s"))
+        self.add(
+            StepRecord(
+                "replug",
+                back is not None,
+                {"recover_s": recover_s, "bound_s": self.args.recover_bound_s},
+                f"the primary served again {recover_s:.1f} s after the replug"
+                if back
+                else f"the primary did not serve again within {self.args.recover_bound_s:g} s",
+            )
+        )
 
 
 def write_node_toml(path: Path, cfg: dict[str, Any]) -> None:
@@ -498,8 +598,10 @@ def write_reports(out: Path, report: dict[str, Any]) -> None:
         + f"</td><td>{esc(s['detail'])}</td></tr>"
         for s in report["steps"]
     )
-    kv = "".join(f"<tr><td>{esc(k)}</td><td>{esc(str(v))}</td></tr>"
-                 for k, v in {**report["versions"], **report["identity"]}.items())
+    kv = "".join(
+        f"<tr><td>{esc(k)}</td><td>{esc(str(v))}</td></tr>"
+        for k, v in {**report["versions"], **report["identity"]}.items()
+    )
     verdict = "ACCEPTED" if report["passed"] else "NOT ACCEPTED: " + ", ".join(report["failed_steps"])
     (out / "report.html").write_text(
         "<!doctype html><meta charset=utf-8><title>chestnut acceptance</title>"
@@ -549,8 +651,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"chestnut acceptance: {e}", file=sys.stderr)
         return 2
     if not kit.cfg.model.path.is_file():
-        print(f"chestnut acceptance: model {kit.cfg.model.path} does not exist; prepare it with "
-              f"`chestnut model prepare`", file=sys.stderr)
+        print(
+            f"chestnut acceptance: model {kit.cfg.model.path} does not exist; prepare it with `chestnut model prepare`",
+            file=sys.stderr,
+        )
         return 2
     return kit.run()
 

@@ -29,8 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fleet": ("chestnut.node.offline.fleet_cli", "build a synthetic fleet of logs for replay and check (fleet make)"),
     "foxglove": ("chestnut.launch.foxglove", "serve the live stack to Foxglove (WebSocket, JSON schemas, images)"),
     "export": ("chestnut.msgs.export", "convert a log into an MCAP file Foxglove opens (export LOG --mcap OUT)"),
-    "acceptance": ("chestnut.launch.acceptance", "the dock owner's acceptance kit: ladder, copies, fingerprint, "
-                   "frames, unplug/replug; report.json + report.html"),
+    "acceptance": ("chestnut.launch.acceptance", "the dock owner's kit: ladder, copy speed, frames, replug; reports"),
     "launch": ("chestnut.launch.stack", "the whole stack (twin, logger, control, node, camera) under supervisord"),
 }
 

@@ -18,8 +18,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 STEPS = ["ladder", "copy_65536", "copy_1048576", "fingerprint", "frames", "unplug", "replug"]
 FIGURES = {  # every step's figures, by name
-    "ladder": {"usb_ids_ms", "link_speed_ms", "link_stability_ms", "ltssm_ms", "gpu_arch_ms", "model_loaded_ms",
-               "warmup_ms"},
+    "ladder": {
+        "usb_ids_ms",
+        "link_speed_ms",
+        "link_stability_ms",
+        "ltssm_ms",
+        "gpu_arch_ms",
+        "model_loaded_ms",
+        "warmup_ms",
+    },
     "copy_65536": {"bytes", "copy_in_mbps", "copy_out_mbps", "round_trip_exact"},
     "copy_1048576": {"bytes", "copy_in_mbps", "copy_out_mbps", "round_trip_exact"},
     "fingerprint": {"bit_exact", "max_mean_diff", "seed"},
@@ -35,9 +42,27 @@ def _kit(tmp: Path, tiny_onnx: Path, timing: dict, *extra: str) -> tuple[subproc
     fp = record_fingerprint(tiny_onnx, tmp / "tiny.fingerprint.json")
     cfg = write_node_config(tmp / "node.toml", tiny_onnx, fingerprint=fp, timing=timing)
     out = tmp / "out"
-    proc = subprocess.run([sys.executable, "-m", "chestnut.launch.cli", "acceptance", "--twin", "--out", str(out),
-                           "--config", str(cfg), "--frames", "20", "--sizes", "65536,1048576", *extra],
-                          capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "chestnut.launch.cli",
+            "acceptance",
+            "--twin",
+            "--out",
+            str(out),
+            "--config",
+            str(cfg),
+            "--frames",
+            "20",
+            "--sizes",
+            "65536,1048576",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert (out / "report.json").is_file(), proc.stdout + proc.stderr
     assert (out / "report.html").is_file()
     return proc, json.loads((out / "report.json").read_text())
@@ -79,7 +104,11 @@ def test_a_fault_the_node_does_not_survive_fails_the_kit_naming_its_step(tmp_pat
     assert proc.stdout.strip().splitlines()[-1] == "NOT accepted: failed step(s) replug", proc.stdout
     assert report["passed"] is False and report["failed_steps"] == ["replug"]
     replug = report["steps"][-1]
-    assert replug == {"name": "replug", "verdict": "fail", "figures": {"recover_s": -1.0, "bound_s": 8.0},
-                      "detail": "the primary did not serve again within 8 s"}
+    assert replug == {
+        "name": "replug",
+        "verdict": "fail",
+        "figures": {"recover_s": -1.0, "bound_s": 8.0},
+        "detail": "the primary did not serve again within 8 s",
+    }
     assert report["steps"][-2]["verdict"] == "pass"  # the unplug itself was detected
     assert "NOT ACCEPTED: replug" in (tmp_path / "out" / "report.html").read_text()

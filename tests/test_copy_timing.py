@@ -24,26 +24,34 @@ MS = 1_000_000
 
 def _marginal() -> CopyTimer:
     t = CopyTimer(wait_timeout_ms=3000)
-    t.copy("in", MIB, 0.004)        # 262.144 MB/s: this link's best for 1 MiB copy-ins
-    t.copy("in", 1000, 0.5)         # under MIN_TIMED_COPY_BYTES: counted, not rated
-    t.copy("out", 900_000, 0.004)   # 225 MB/s, class 1 MiB out
-    t.copy("in", MIB, 0.016)        # 65.536 MB/s: a quarter of the best
+    t.copy("in", MIB, 0.004)  # 262.144 MB/s: this link's best for 1 MiB copy-ins
+    t.copy("in", 1000, 0.5)  # under MIN_TIMED_COPY_BYTES: counted, not rated
+    t.copy("out", 900_000, 0.004)  # 225 MB/s, class 1 MiB out
+    t.copy("in", MIB, 0.016)  # 65.536 MB/s: a quarter of the best
     t.fence(0.010)
     return t
 
 
 def test_copy_timer_rates_each_copy_against_the_best_of_its_class() -> None:
     s = _marginal().stats()
-    assert s == {"copies": 4, "rated": 3, "fences": 1, "fence_max_ms": 10.0, "wait_timeout_ms": 3000.0,
-                 "slowest": {"direction": "in", "bytes": MIB, "mbps": 65.536, "best_mbps": 262.144, "ratio": 0.25}}
+    assert s == {
+        "copies": 4,
+        "rated": 3,
+        "fences": 1,
+        "fence_max_ms": 10.0,
+        "wait_timeout_ms": 3000.0,
+        "slowest": {"direction": "in", "bytes": MIB, "mbps": 65.536, "best_mbps": 262.144, "ratio": 0.25},
+    }
     assert CopyTimer().stats()["slowest"] is None
 
 
 def test_a_copy_at_a_quarter_of_the_links_rate_is_a_usb_warn() -> None:
     ev = evidence_from_copy_timing(_marginal().stats())
     assert (ev.layer, ev.level, ev.tag, ev.source) == (Layer.USB, Level.WARN, "slow_copy", "copy_path")
-    assert ev.reason == ("copy-in of 1048576 bytes at 65.5 MB/s, 0.25 of the 262.1 MB/s this link gave it "
-                         "(a marginal link slows before it fails)")
+    assert ev.reason == (
+        "copy-in of 1048576 bytes at 65.5 MB/s, 0.25 of the 262.1 MB/s this link gave it "
+        "(a marginal link slows before it fails)"
+    )
     assert ev.counters == (("copies", 4), ("fences", 1))
 
 
@@ -82,8 +90,14 @@ def test_the_real_runners_code_path_times_copies_and_the_fence(tiny_onnx: Path, 
     ensure_cpu_device()
     from chestnut.backend.real_runner import load_or_build_jit
 
-    dj = load_or_build_jit(tiny_onnx.read_bytes(), "tiny", (TensorSpec("x", (1, 3, 32, 64), "float32"),), "CPU",
-                           "gfx1100", JitCache(tmp_path / "jit"))
+    dj = load_or_build_jit(
+        tiny_onnx.read_bytes(),
+        "tiny",
+        (TensorSpec("x", (1, 3, 32, 64), "float32"),),
+        "CPU",
+        "gfx1100",
+        JitCache(tmp_path / "jit"),
+    )
     timer = CopyTimer()
     dj.call({"x": np.zeros((1, 3, 32, 64), np.float32)}, timer)
     s = timer.stats()

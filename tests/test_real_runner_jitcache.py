@@ -60,7 +60,8 @@ def _x() -> dict[str, np.ndarray]:
 
 
 def test_first_start_builds_and_stores_with_progress_then_second_loads_without_compiling(
-        tiny_onnx: Path, tmp_path: Path, parses: list[int]) -> None:
+    tiny_onnx: Path, tmp_path: Path, parses: list[int]
+) -> None:
     data = tiny_onnx.read_bytes()
     cache = JitCache(tmp_path / "jit")
     lines: list[str] = []
@@ -85,8 +86,9 @@ def test_first_start_builds_and_stores_with_progress_then_second_loads_without_c
     assert parses == []
 
 
-def test_an_entry_for_another_architecture_is_rebuilt_not_used(tiny_onnx: Path, tmp_path: Path,
-                                                                parses: list[int]) -> None:
+def test_an_entry_for_another_architecture_is_rebuilt_not_used(
+    tiny_onnx: Path, tmp_path: Path, parses: list[int]
+) -> None:
     data = tiny_onnx.read_bytes()
     cache = JitCache(tmp_path / "jit")
     other = _build(data, cache, arch="gfx1201")
@@ -95,11 +97,13 @@ def test_an_entry_for_another_architecture_is_rebuilt_not_used(tiny_onnx: Path, 
     assert mine.built is True and parses == [1]
     assert mine.key.digest != other.key.digest
     assert sorted(p.name for p in (tmp_path / "jit").glob("*.pkl")) == sorted(
-        [f"{other.key.digest}.pkl", f"{mine.key.digest}.pkl"])
+        [f"{other.key.digest}.pkl", f"{mine.key.digest}.pkl"]
+    )
 
 
-def test_an_entry_for_another_tinygrad_version_is_rebuilt_not_used(tiny_onnx: Path, tmp_path: Path,
-                                                                   parses: list[int]) -> None:
+def test_an_entry_for_another_tinygrad_version_is_rebuilt_not_used(
+    tiny_onnx: Path, tmp_path: Path, parses: list[int]
+) -> None:
     data = tiny_onnx.read_bytes()
     cache = JitCache(tmp_path / "jit")
     old = _build(data, cache, tg_version="0.13.0")
@@ -152,8 +156,9 @@ def test_prepare_for_dock_without_a_dock_names_the_first_rung(tiny_onnx: Path, t
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 1, out.stdout + out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == (f"compiling {tiny_onnx} on the dock into the compile cache: chestnut probe --real --model "
-                        f"{tiny_onnx}")
+    assert lines[0] == (
+        f"compiling {tiny_onnx} on the dock into the compile cache: chestnut probe --real --model {tiny_onnx}"
+    )
     assert any(ln.startswith("[FAIL] usb_ids") and "no Chestnut dock found" in ln for ln in lines)
     assert any(ln.startswith("identity: tinygrad ") and "usb_path unknown" in ln for ln in lines)
     assert lines[-1].startswith("what to do: ")

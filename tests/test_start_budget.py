@@ -15,8 +15,15 @@ from chestnut.node.config import NodeConfig, ladder_bounds_s, load_config, start
 
 # backend/ladder.py with LadderConfig's defaults: usb_ids 2 + 4 x 0.1, link_speed 1, link_stability
 # 0.5 + 2 x 0.1 + 1, ltssm PCIE_POWER_TIMEOUT_MS 10 s + training 1 s + 4 x 0.1, gpu_arch 30, load 120, warm-up 60
-COLD = {"usb_ids": 2.4, "link_speed": 1.0, "link_stability": 1.7, "ltssm": 11.4, "gpu_arch": 30.0,
-        "model_loaded": 120.0, "warmup": 60.0}
+COLD = {
+    "usb_ids": 2.4,
+    "link_speed": 1.0,
+    "link_stability": 1.7,
+    "ltssm": 11.4,
+    "gpu_arch": 30.0,
+    "model_loaded": 120.0,
+    "warmup": 60.0,
+}
 
 
 def test_the_budget_is_the_sum_of_the_rungs_bounds_cold_and_warm() -> None:
@@ -48,9 +55,11 @@ def test_a_real_dock_refuses_a_budget_shorter_than_the_ladder_with_one_line(tmp_
         validate(_real(tmp_path, 60.0))
     msg = str(e.value)
     assert "\n" not in msg
-    assert msg.startswith("config: timing.start_timeout_s = 60 s is shorter than the ladder's bounds with a cold "
-                          "compile cache (231.5 s: usb_ids 2.4, link_speed 1, link_stability 1.7, ltssm 11.4, "
-                          "gpu_arch 30, model_loaded 120, warmup 60, + 5 s start): set it to at least 231.5")
+    assert msg.startswith(
+        "config: timing.start_timeout_s = 60 s is shorter than the ladder's bounds with a cold "
+        "compile cache (231.5 s: usb_ids 2.4, link_speed 1, link_stability 1.7, ltssm 11.4, "
+        "gpu_arch 30, model_loaded 120, warmup 60, + 5 s start): set it to at least 231.5"
+    )
     assert "`chestnut model prepare --for-dock`) needs 126.5 s" in msg
     assert validate(_real(tmp_path, 231.5)).timing.start_timeout_s == 231.5
 
@@ -60,8 +69,11 @@ def test_a_warm_compile_cache_for_the_dock_shortens_the_derived_budget(tmp_path:
     cfg = _real(tmp_path, 0.0)
     jit = tmp_path / "cache" / "jit"
     jit.mkdir(parents=True)
-    key = {"model_sha256": hashlib.sha256(cfg.model.path.read_bytes()).hexdigest(), "device": "AMD:gfx1100",
-           "tinygrad_version": version("tinygrad")}
+    key = {
+        "model_sha256": hashlib.sha256(cfg.model.path.read_bytes()).hexdigest(),
+        "device": "AMD:gfx1100",
+        "tinygrad_version": version("tinygrad"),
+    }
     (jit / "0123.json").write_text(json.dumps({"key": {**key, "tinygrad_version": "0.13.0"}}))
     assert validate(_real(tmp_path, 0.0)).timing.start_timeout_s == 231.5  # another tinygrad: cold
     (jit / "4567.json").write_text(json.dumps({"key": key}))
