@@ -97,12 +97,23 @@ struct CameraFrame {
   encoding @5 :PixelEncoding;
   data @6 :Data;                     # height * width * channels bytes, row-major, no padding
   sourceName @7 :Text;               # where the frames come from (file name, device)
+  buffer @8 :FrameBuffer;            # set when the pixels are in the camera's shared-memory ring and
+                                     # `data` is empty (msgs/visionipc.py); unset for inline frames
 
   enum PixelEncoding {
     bgr888 @0;                       # 3 bytes per pixel, B, G, R
     rgb888 @1;
     gray8 @2;
   }
+}
+
+struct FrameBuffer {
+  # Where a cameraFrame's pixels are in the camera's ring of shared-memory buffers (msgs/visionipc.py).
+  session @0 :UInt64;                # identity of the ring; a new value means map the buffers again
+  index @1 :UInt32;                  # slot of the ring holding this frame
+  seq @2 :UInt64;                    # sequence number of this frame in the ring (from 1); the slot's
+                                     # seqlock word reads 2*seq while it still holds this frame
+  size @3 :UInt32;                   # bytes of pixels in the slot: height * width * channels
 }
 
 struct ModelOutput {

@@ -38,10 +38,16 @@ def fill_frame(frame_id: int, img: np.ndarray, sof_ns: int, eof_ns: int, source_
 
 def frame_to_array(cf: object) -> np.ndarray:
     """A ``cameraFrame`` reader -> uint8 [H, W, C] array (a copy; C = 1 for ``gray8``, else 3).
-    Raises ValueError when ``data`` does not hold exactly H * W * C bytes."""
+    Raises ValueError when ``data`` does not hold exactly H * W * C bytes, and for a frame whose pixels
+    stayed in the camera's shared-memory ring (``buffer`` set, ``data`` empty: ``msgs/visionipc.py``)."""
     channels = 1 if str(cf.encoding) == "gray8" else 3  # type: ignore[attr-defined]
     h, w = int(cf.height), int(cf.width)  # type: ignore[attr-defined]
     data = cf.data  # type: ignore[attr-defined]
+    if not data and cf._has("buffer"):  # type: ignore[attr-defined]
+        raise ValueError(
+            f"cameraFrame {cf.frameId}: its pixels were in the camera's shared-memory ring, not in the message "  # type: ignore[attr-defined]
+            "(read it live with msgs/visionipc.py FrameReader; chestnut record logs the pixels inline)"
+        )
     if len(data) != h * w * channels:
         raise ValueError(f"cameraFrame {cf.frameId}: {len(data)} bytes for {h}x{w}x{channels}")  # type: ignore[attr-defined]
     return np.frombuffer(data, np.uint8).reshape(h, w, channels).copy()

@@ -10,6 +10,10 @@ schema, frames as ``foxglove.RawImage``: what Foxglove opens, :mod:`chestnut.msg
 ``capnproto`` (the published bytes) or ``both``; ``auto`` (default) is ``json`` when the rlog is
 also written (it already holds the exact bytes for replay) and ``both`` when MCAP is the only format.
 
+- A ``cameraFrame`` whose pixels are in the camera's shared-memory ring (``msgs/visionipc.py``) is
+  logged with its pixels copied into ``data`` (its ``buffer`` kept), so a log holds every frame's
+  pixels whichever way it travelled; one the camera overwrote before the logger read it is logged
+  without them and counted (``frames_unread``).
 - Every received message is checked with :func:`~chestnut.msgs.messaging.log_from_bytes` (bounded
   traversal); malformed ones, and ones whose union member is not the socket's service, are counted
   per (service, reason), the first of each logged, and skipped.
@@ -39,6 +43,7 @@ import zmq
 from chestnut.msgs.logfile import FORMATS, MCAP_ENCODINGS, SEGMENT_SECONDS, FlushPolicy, RouteWriter
 from chestnut.msgs.messaging import REASON_WRONG_SERVICE, MalformedMessageError, SubSocket, log_from_bytes, sub_sock
 from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError, get_service
+from chestnut.msgs.visionipc import FrameBufferError, FrameOverwrittenError, FrameReader, inline_event
 
 _log = logging.getLogger("chestnut.record")
 
@@ -77,6 +82,8 @@ class Recorder:
         self.received: Counter[str] = Counter()
         self.written: Counter[str] = Counter()
         self.malformed: Counter[tuple[str, str]] = Counter()
+        self.frame_reader = FrameReader(prefix)  # a ring frame is logged with its pixels (msgs/visionipc.py)
+        self.frames_unread = 0  # ring frames logged without pixels: overwritten before the logger read them
         try:
             for s in self.services:
                 # ZMQ_MAXMSGSIZE = the service's bound, a lost connection is healed (msgs/messaging.py)
@@ -113,6 +120,8 @@ class Recorder:
                     if member != service:
                         self._count_malformed(service, REASON_WRONG_SERVICE, f"a {member!r} message")
                         continue
+                    if service == "cameraFrame" and self.frame_reader.in_ring(event.cameraFrame):
+                        data = self._inline(event, data)
                     batch.append((event.logMonoTime, service, data))
         batch.sort(key=lambda item: item[0])
         for log_mono_time, service, data in batch:
@@ -120,6 +129,16 @@ class Recorder:
             self.written[service] += 1
         self.writer.tick()
         return len(batch)
+
+    def _inline(self, event: object, data: bytes) -> bytes:
+        """A ring frame's bytes with its pixels inline; the metadata alone when they cannot be read."""
+        try:
+            return inline_event(event, self.frame_reader)
+        except (FrameOverwrittenError, FrameBufferError, ValueError) as e:
+            self.frames_unread += 1
+            if self.frames_unread == 1:
+                _log.warning("cameraFrame: logged without its pixels: %s; further ones are only counted", e)
+            return data
 
     def close_sockets(self) -> None:
         for sock in self.socks.values():

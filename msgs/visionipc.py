@@ -1,0 +1,533 @@
+"""Camera frames through shared memory: a ring of frame buffers mapped once, only metadata on the bus.
+
+In the spirit of openpilot's VisionIPC (``msgq/visionipc``: the camera owns the buffers, a unix
+socket hands their file descriptors to each subscriber once, the bus carries only which buffer holds
+which frame), written for this stack's rules:
+
+- **The ring** (:class:`FrameRing`, the camera's side) is one ``memfd`` of :data:`RING_SLOTS` slots.
+  Each slot is a :data:`SLOT_HEADER_BYTES` header (a little-endian uint64 *seqlock word* at offset
+  0, the frame's byte count at offset 8) followed by the pixels, the slot padded to whole pages. The
+  memfd is sealed against shrinking and growing (``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``), so a
+  mapping can never be cut short under a reader (no ``SIGBUS``); it has no path, so it is gone once
+  the camera and every subscriber closed it -- also when the camera is killed.
+- **The hand-over** is a unix stream socket ``<runtime_dir>/cameraFrame.vipc`` inside the private
+  0700 runtime directory (``msgs/paths.py``). The camera accepts only peers of its own uid
+  (``SO_PEERCRED``), sends one JSON line (:data:`HELLO_MAX_BYTES` at most) and the memfd
+  (``SCM_RIGHTS``), and keeps the connection open: a subscriber sees the camera's end (EOF) and
+  unmaps. A subscriber accepts only a camera of its own uid and only a sealed, unlinked memfd of its
+  own uid with the announced size and no group/other permission (:func:`buffer_problem`); every
+  other descriptor is refused in one line (:class:`FrameBufferError`).
+- **A frame** goes out as a ``cameraFrame`` with empty ``data`` and ``buffer`` set (session, slot
+  index, sequence number, size; ``msgs/chestnut.capnp`` ``FrameBuffer``).
+- **Seqlock**: writing frame ``seq`` into a slot sets its word to ``2*seq - 1`` (odd: being written),
+  copies the pixels, then sets ``2*seq``. A reader checks the word is ``2*seq`` before it takes the
+  view and again after it is done with it (:meth:`FrameSubscriber.verify`); any other value means the
+  camera lapped the ring and the pixels read may be torn: :class:`FrameOverwrittenError`, never torn
+  data. The word is an aligned 8-byte store on x86-64 and AArch64 (single-copy atomic on both); the
+  pixel copy and the word stores are separate numpy calls in program order, which x86-64's
+  total store order keeps ordered for another core.
+
+Small frames may still travel inline (``data`` filled, ``buffer`` unset); :class:`FrameReader`
+reads either kind, so the node, the logger (:func:`inline_event`), replay and ``chestnut dump``
+accept both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import mmap
+import os
+import secrets
+import select
+import socket
+import stat
+import struct
+import threading
+from typing import Any
+
+import numpy as np
+
+from chestnut.msgs.frames import frame_to_array
+from chestnut.msgs.paths import runtime_dir
+from chestnut.msgs.services import FRAME_MAX_BYTES
+
+__all__ = [
+    "HELLO_MAX_BYTES",
+    "INLINE_MAX_BYTES",
+    "RING_SLOTS",
+    "SLOT_HEADER_BYTES",
+    "SOCKET_NAME",
+    "FrameBufferError",
+    "FrameOverwrittenError",
+    "FrameReader",
+    "FrameRing",
+    "FrameSubscriber",
+    "buffer_problem",
+    "frame_channels",
+    "inline_event",
+    "socket_path",
+]
+
+_log = logging.getLogger(__name__)
+
+RING_SLOTS = 4
+"""Slots in a camera's ring (our choice): a reader may be up to 3 frames (150 ms at 20 Hz) behind the
+newest frame before its slot is reused; one frame late is the node's normal worst case."""
+MAX_RING_SLOTS = 16  # a subscriber refuses a ring announcing more slots than this
+SLOT_HEADER_BYTES = 64  # seqlock word (uint64 at 0), frame bytes (uint64 at 8), the rest reserved; one cache line
+HELLO_MAX_BYTES = 4096  # the camera's JSON line; a subscriber reads no more
+SOCKET_NAME = "cameraFrame.vipc"  # the hand-over socket, in the private runtime directory
+INLINE_MAX_BYTES = 256 << 10
+"""Frames up to this many bytes of pixels go inline by default (``chestnut camera --transport
+auto``); bigger ones through the ring. Our choice from ``tests/bench/bench_frames.py``: the 98 KB
+128x256 frame costs about the same either way, a 1.2 MB one already pays several copies inline."""
+CONNECT_TIMEOUT_S = 1.0  # a subscriber waits this long for the camera's hello
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_MEMFD_NAME = "chestnut-frames"
+_WORD = struct.Struct("<Q")
+
+
+class FrameBufferError(PermissionError):
+    """A ring a subscriber must not use (wrong owner, unsealed, wrong size, a malformed hello) or cannot
+    reach (no camera serving). ``str()`` is one line: what, where, how to fix."""
+
+
+class FrameOverwrittenError(ValueError):
+    """The slot no longer holds the frame asked for: the camera lapped the ring (the reader fell behind)
+    or the frame is from a ring this subscriber cannot map. Its pixels were not used."""
+
+
+def socket_path(prefix: str | None = None) -> str:
+    """``<runtime_dir(prefix)>/cameraFrame.vipc``; raises ``FrameBufferError`` when it does not fit a
+    unix socket address (107 bytes) and the runtime directory's own errors (``msgs/paths.py``)."""
+    path = f"{runtime_dir(prefix)}/{SOCKET_NAME}"
+    if len(os.fsencode(path)) > 107:
+        raise FrameBufferError(
+            f"frame socket {path} is longer than a unix socket path may be (107 bytes); "
+            "set XDG_RUNTIME_DIR to a shorter directory"
+        )
+    return path
+
+
+def slot_stride(frame_bytes: int) -> int:
+    """Bytes of one slot: header plus ``frame_bytes``, rounded up to whole pages."""
+    page = mmap.PAGESIZE
+    return (SLOT_HEADER_BYTES + frame_bytes + page - 1) // page * page
+
+
+def frame_channels(encoding: str) -> int:
+    """Bytes per pixel of a ``CameraFrame.PixelEncoding`` name (``msgs/chestnut.capnp``)."""
+    return 1 if encoding == "gray8" else 3
+
+
+def buffer_problem(st: os.stat_result, seals: int, uid: int, size: int) -> str | None:
+    """Why a received descriptor with status ``st`` and seals ``seals`` cannot be a ring of ``size`` bytes
+    for ``uid`` (None when it can): it must be a regular file of ours with no group/other permission,
+    unlinked (a memfd has no name in any directory), exactly ``size`` bytes, sealed against resizing."""
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a memory file"
+    if st.st_uid != uid:
+        return f"belongs to uid {st.st_uid}, not to uid {uid}"
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        return f"is reachable by group/other (mode {stat.S_IMODE(st.st_mode):04o})"
+    if st.st_nlink != 0:
+        return "is a file with a name (a ring is an unlinked memfd)"
+    if st.st_size != size:
+        return f"holds {st.st_size} bytes, the camera announced {size}"
+    if seals & (fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW) != fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW:
+        return "is not sealed against resizing (F_SEAL_SHRINK | F_SEAL_GROW)"
+    return None
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+# ---------------------------------------------------------------- the camera's side
+
+
+class FrameRing:
+    """The camera's ring: :data:`RING_SLOTS` slots of up to ``frame_bytes`` bytes each, served on
+    :func:`socket_path` until :meth:`close`.
+
+    ``allowed_uid`` is the only peer uid served (default: ours). Raises :class:`FrameBufferError` when
+    another live camera serves this prefix, ``ValueError`` for a size outside 1..``FRAME_MAX_BYTES``.
+    """
+
+    def __init__(
+        self, frame_bytes: int, slots: int = RING_SLOTS, prefix: str | None = None, allowed_uid: int | None = None
+    ) -> None:
+        if not 0 < frame_bytes <= FRAME_MAX_BYTES:
+            raise ValueError(f"frame of {frame_bytes} bytes: a ring slot holds 1..{FRAME_MAX_BYTES} bytes")
+        if not 2 <= slots <= MAX_RING_SLOTS:
+            raise ValueError(f"a ring has 2..{MAX_RING_SLOTS} slots, not {slots}")
+        self.frame_bytes, self.slots = frame_bytes, slots
+        self.stride = slot_stride(frame_bytes)
+        self.size = self.stride * slots
+        self.session = secrets.randbits(63) | 1  # never 0: 0 is an unset FrameBuffer
+        self.allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
+        self.seq = 0
+        self.refused = 0  # connections refused (another uid)
+        self.path = socket_path(prefix)
+        self._clients: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self.fd = os.memfd_create(_MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.fchmod(self.fd, 0o600)  # a memfd is born 0777; /proc/<pid>/fd/ would be its only path
+            os.ftruncate(self.fd, self.size)
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, _SEALS)
+            self.map = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self._words = np.frombuffer(self.map, np.uint64, count=slots * self.stride // 8)[:: self.stride // 8]
+            self._listener = self._bind()
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self._thread = threading.Thread(target=self._serve, name="frame-ring", daemon=True)
+        self._thread.start()
+
+    def _bind(self) -> socket.socket:
+        """Bind the hand-over socket; a stale one (its camera gone) is replaced, a live one refused."""
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(self.path)
+            if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
+                raise FrameBufferError(f"frame socket {self.path} exists and is not a socket of ours; remove it")
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(self.path)
+                raise FrameBufferError(
+                    f"frame socket {self.path}: another camera serves this prefix; stop it "
+                    "or choose another CHESTNUT_PREFIX"
+                )
+            except (ConnectionRefusedError, FileNotFoundError):
+                os.unlink(self.path)  # its camera died without removing it
+            finally:
+                probe.close()
+        lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # born 0600 (the directory is 0700 already)
+        try:
+            lst.bind(self.path)
+        finally:
+            os.umask(old)
+        lst.listen(16)
+        lst.settimeout(0.1)
+        return lst
+
+    def _serve(self) -> None:
+        hello = (
+            json.dumps(
+                {
+                    "version": 1,
+                    "session": self.session,
+                    "slots": self.slots,
+                    "stride": self.stride,
+                    "frame_bytes": self.frame_bytes,
+                    "size": self.size,
+                }
+            ).encode()
+            + b"\n"
+        )
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            uid = _peer_uid(conn)
+            if uid != self.allowed_uid:
+                self.refused += 1
+                _log.warning("frame ring: refused a subscriber of uid %d (serving uid %d only)", uid, self.allowed_uid)
+                conn.close()
+                continue
+            try:
+                socket.send_fds(conn, [hello], [self.fd])
+            except OSError:
+                conn.close()
+                continue
+            with self._lock:
+                self._clients.append(conn)
+
+    def write(self, pixels: np.ndarray | bytes | memoryview) -> tuple[int, int]:
+        """Copy one frame's bytes into the next slot under the seqlock; returns ``(index, seq)``.
+        Raises ``ValueError`` for a frame bigger than the slots."""
+        src = np.frombuffer(pixels, np.uint8) if not isinstance(pixels, np.ndarray) else pixels.reshape(-1)
+        n = src.nbytes
+        if n > self.frame_bytes:
+            raise ValueError(f"frame of {n} bytes does not fit the ring's {self.frame_bytes}-byte slots")
+        self.seq += 1
+        index = (self.seq - 1) % self.slots
+        base = index * self.stride
+        self._words[index] = 2 * self.seq - 1  # odd: being written
+        _WORD.pack_into(self.map, base + 8, n)
+        np.frombuffer(self.map, np.uint8, count=n, offset=base + SLOT_HEADER_BYTES)[:] = src.view(np.uint8)
+        self._words[index] = 2 * self.seq  # even: holds frame seq
+        return index, self.seq
+
+    def fill(self, cf: Any, index: int, seq: int, nbytes: int) -> None:
+        """Point a ``cameraFrame`` builder at slot ``index`` holding frame ``seq`` (``data`` stays empty)."""
+        b = cf.init("buffer")
+        b.session, b.index, b.seq, b.size = self.session, index, seq, nbytes
+
+    @property
+    def subscribers(self) -> int:
+        with self._lock:
+            return len(self._clients)
+
+    def close(self) -> None:
+        """Stop serving, remove the socket, end every subscriber's connection, release the memfd."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._listener.close()
+        self._thread.join(1.0)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        with self._lock:
+            for c in self._clients:
+                c.close()
+            self._clients.clear()
+        del self._words
+        with contextlib.suppress(BufferError):
+            self.map.close()
+        os.close(self.fd)
+
+    def __enter__(self) -> FrameRing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------- a subscriber's side
+
+
+class _Mapping:
+    """One ring mapped read-only: the hello's figures, the mapping and the connection to the camera."""
+
+    def __init__(self, conn: socket.socket, hello: dict[str, int], fd: int) -> None:
+        self.conn = conn
+        self.session = hello["session"]
+        self.slots, self.stride, self.frame_bytes = hello["slots"], hello["stride"], hello["frame_bytes"]
+        self.map = mmap.mmap(fd, hello["size"], mmap.MAP_SHARED, mmap.PROT_READ)
+        self.words = np.frombuffer(self.map, np.uint64, count=self.slots * self.stride // 8)[:: self.stride // 8]
+
+    def close(self) -> None:
+        self.conn.close()
+        del self.words
+        try:
+            self.map.close()
+        except BufferError:  # a view of it is still alive; the mapping goes when that view does
+            pass
+
+
+def _read_hello(conn: socket.socket, uid: int, path: str) -> tuple[dict[str, int], int]:
+    msg, fds, _flags, _addr = socket.recv_fds(conn, HELLO_MAX_BYTES, 2)
+    try:
+        if len(fds) != 1:
+            raise FrameBufferError(
+                f"frame socket {path}: the camera sent {len(fds)} descriptors, not 1; restart the camera"
+            )
+        try:
+            hello = json.loads(msg.decode())
+            keys = ("session", "slots", "stride", "frame_bytes", "size")
+            vals = {k: hello[k] for k in keys}
+            if not all(isinstance(v, int) and v > 0 for v in vals.values()):
+                raise ValueError
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            raise FrameBufferError(
+                f"frame socket {path}: malformed hello ({len(msg)} bytes); restart the camera"
+            ) from None
+        slots, stride, frame_bytes = vals["slots"], vals["stride"], vals["frame_bytes"]
+        if not (
+            2 <= slots <= MAX_RING_SLOTS
+            and frame_bytes <= FRAME_MAX_BYTES
+            and stride == slot_stride(frame_bytes)
+            and vals["size"] == slots * stride
+        ):
+            raise FrameBufferError(f"frame socket {path}: ring layout out of bounds ({vals}); restart the camera")
+        fd = fds[0]
+        problem = buffer_problem(os.fstat(fd), fcntl.fcntl(fd, fcntl.F_GET_SEALS), uid, vals["size"])
+        if problem is not None:
+            raise FrameBufferError(
+                f"frame buffer from {path} {problem}: refused; only a camera of uid {uid} may serve frames here"
+            )
+        return vals, fd
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+class FrameSubscriber:
+    """Maps the camera's ring once per camera session and reads frames from it without copying.
+
+    ``uid`` is the only camera uid accepted (default: ours). Counters: ``overwritten`` (frames the
+    camera lapped before or while they were read), ``maps`` (rings mapped so far).
+    """
+
+    def __init__(self, prefix: str | None = None, uid: int | None = None) -> None:
+        self.prefix = prefix
+        self.uid = os.getuid() if uid is None else uid
+        self.ring: _Mapping | None = None
+        self.overwritten = 0
+        self.maps = 0
+
+    def _connect(self) -> _Mapping:
+        path = socket_path(self.prefix)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.settimeout(CONNECT_TIMEOUT_S)
+            try:
+                conn.connect(path)
+                peer = _peer_uid(conn)
+                if peer != self.uid:
+                    raise FrameBufferError(f"frame socket {path} is served by uid {peer}, not uid {self.uid}: refused")
+                hello, fd = _read_hello(conn, self.uid, path)
+            except (FileNotFoundError, ConnectionRefusedError):
+                raise FrameBufferError(f"frame socket {path}: no camera serves it; start chestnut camera") from None
+            except (TimeoutError, ConnectionResetError):
+                raise FrameBufferError(
+                    f"frame socket {path}: the camera did not answer within {CONNECT_TIMEOUT_S} s; restart it"
+                ) from None
+            try:
+                ring = _Mapping(conn, hello, fd)
+            finally:
+                os.close(fd)  # the mapping keeps the memory; no descriptor is left open
+        except BaseException:
+            conn.close()
+            raise
+        self.maps += 1
+        return ring
+
+    def camera_gone(self) -> bool:
+        """True (and the ring unmapped) when the camera ended the connection of the mapped ring; never blocks."""
+        ring = self.ring
+        if ring is None:
+            return False
+        if not select.select([ring.conn], [], [], 0)[0]:
+            return False
+        try:
+            alive = bool(ring.conn.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK))
+        except BlockingIOError:
+            return False
+        except OSError:
+            alive = False
+        if alive:
+            return False
+        ring.close()
+        self.ring = None
+        return True
+
+    def _ring_for(self, session: int) -> _Mapping:
+        ring = self.ring
+        if ring is not None and ring.session == session:
+            return ring
+        if ring is not None:  # a new camera session: the old ring is done with
+            ring.close()
+            self.ring = None
+        ring = self._connect()
+        self.ring = ring
+        if ring.session != session:
+            raise FrameOverwrittenError(
+                f"frame from camera session {session:x}, the camera now serves "
+                f"{ring.session:x}: a frame of a previous camera"
+            )
+        return ring
+
+    def view(self, buf: Any) -> np.ndarray:
+        """A read-only uint8 view of the frame a ``FrameBuffer`` reader names (``size`` bytes, 1-D).
+
+        Raises :class:`FrameOverwrittenError` when the slot no longer holds it (or the size does not fit
+        the ring) and :class:`FrameBufferError` when no usable camera serves the ring. Check it with
+        :meth:`verify` once done with the view."""
+        ring = self._ring_for(int(buf.session))
+        index, seq, size = int(buf.index), int(buf.seq), int(buf.size)
+        if index >= ring.slots or size > ring.frame_bytes:
+            raise FrameOverwrittenError(
+                f"frame seq {seq}: slot {index} / {size} bytes outside the ring "
+                f"({ring.slots} slots of {ring.frame_bytes} bytes)"
+            )
+        self._check(ring, index, seq)
+        off = index * ring.stride + SLOT_HEADER_BYTES
+        return np.frombuffer(ring.map, np.uint8, count=size, offset=off)
+
+    def _check(self, ring: _Mapping, index: int, seq: int) -> None:
+        word = int(ring.words[index])
+        if word != 2 * seq:
+            self.overwritten += 1
+            state = "being written" if word & 1 else "done"
+            raise FrameOverwrittenError(
+                f"frame seq {seq}: slot {index} was overwritten (now frame {(word + 1) // 2}, {state}); the reader "
+                f"fell more than {ring.slots - 1} frames behind the camera"
+            )
+
+    def verify(self, buf: Any) -> None:
+        """After the read: raises :class:`FrameOverwrittenError` when the camera reused the slot meanwhile
+        (what was read may be torn and must be dropped)."""
+        ring = self.ring
+        if ring is None or ring.session != int(buf.session):
+            raise FrameOverwrittenError(f"frame seq {int(buf.seq)}: its ring was unmapped during the read")
+        self._check(ring, int(buf.index), int(buf.seq))
+
+    def close(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+
+
+class FrameReader:
+    """Reads a ``cameraFrame`` of either kind: inline (``data``) or in the camera's ring (``buffer``).
+
+    ``view(cf)`` -> uint8 [H, W, C] (C = 1 for ``gray8``, else 3); a ring frame is a read-only view
+    into shared memory, an inline one a copy (``msgs/frames.py`` ``frame_to_array``). Call
+    ``verify(cf)`` once done with the view: a ring frame that was overwritten meanwhile raises
+    :class:`FrameOverwrittenError` (a ``ValueError``). The ring is connected to on the first ring frame.
+    """
+
+    def __init__(self, prefix: str | None = None) -> None:
+        self.shm = FrameSubscriber(prefix)
+
+    @staticmethod
+    def in_ring(cf: Any) -> bool:
+        return bool(cf._has("buffer")) and len(cf.data) == 0
+
+    def view(self, cf: Any) -> np.ndarray:
+        if not self.in_ring(cf):
+            return frame_to_array(cf)
+        h, w, c = int(cf.height), int(cf.width), frame_channels(str(cf.encoding))
+        buf = cf.buffer
+        if int(buf.size) != h * w * c:
+            raise ValueError(f"cameraFrame {cf.frameId}: {int(buf.size)} bytes in the ring for {h}x{w}x{c}")
+        return self.shm.view(buf).reshape(h, w, c)
+
+    def verify(self, cf: Any) -> None:
+        if self.in_ring(cf):
+            self.shm.verify(cf.buffer)
+
+    def read(self, cf: Any) -> np.ndarray:
+        """A verified copy of the frame's pixels, uint8 [H, W, C]."""
+        img = self.view(cf)
+        out = img.copy() if self.in_ring(cf) else img
+        self.verify(cf)
+        return out
+
+    def close(self) -> None:
+        self.shm.close()
+
+
+def inline_event(event: Any, reader: FrameReader) -> bytes:
+    """The bytes of ``event`` with a ring frame's pixels copied into ``data`` (``buffer`` kept, so the log
+    says the frame travelled through the ring); other events unchanged. For the logger: a log must hold
+    the pixels, the ring outlives no camera. ``logMonoTime`` is kept. Raises what
+    :meth:`FrameReader.read` raises."""
+    if event.which() != "cameraFrame" or not reader.in_ring(event.cameraFrame):
+        return bytes(event.as_builder().to_bytes())
+    pixels = reader.read(event.cameraFrame)
+    msg = event.as_builder()
+    msg.cameraFrame.data = pixels.tobytes()
+    return bytes(msg.to_bytes())
