@@ -63,8 +63,9 @@ from chestnut.backend.errors import ChestnutError, ConfigError, Layer, ModelErro
 from chestnut.backend.interface import ModelSpec, StepResult
 from chestnut.backend.jitcache import JitCache
 from chestnut.fallback.standby import FallbackModel
-from chestnut.msgs.frames import CAMERA_RESTART_MIN_STEP, frame_to_array
+from chestnut.msgs.frames import CAMERA_RESTART_MIN_STEP
 from chestnut.msgs.messaging import PubMaster, SubMaster, drain_sock, new_message, sub_sock
+from chestnut.msgs.visionipc import FrameBufferError, FrameReader
 from chestnut.node import config as node_config
 from chestnut.node.config import NodeConfig
 from chestnut.node.framedrop import FrameDropFilter
@@ -290,6 +291,7 @@ class Node:
         self.next_timestamp_log_s = self.next_fallback_log_s = 0.0
         self.out_of_order = 0
         self.next_order_log_s = 0.0
+        self.frame_reader = FrameReader(self.prefix)  # inline frames, or the camera's shared-memory ring
         self.next_health_ns = self.next_state_ns = self.next_probe_ns = now
         self.state_dirty = True
         self.notify = SdNotify()
@@ -601,9 +603,10 @@ class Node:
         self.frames_in += 1
         drop_perc = self.framedrop.update(frame_id)
         try:
-            img = frame_to_array(cf)
+            img = self.frame_reader.view(cf)  # a ring frame is read in place: no copy before preprocessing
             inputs = preprocess(self.cfg.model.preprocess, img, self.cfg.model.input, tuple(self.cfg.model.shape))
-        except (ValueError, KeyError) as e:
+            self.frame_reader.verify(cf)  # lapped by the camera while read: dropped, never torn
+        except (ValueError, KeyError, FrameBufferError) as e:
             self.bad_frames += 1
             log.error("cameraFrame %d unusable: %s", frame_id, e)
             clock = frame_clock(frame_id, int(cf.timestampEof), time.monotonic_ns(), self.cfg.dock.wait_timeout_ms)
