@@ -236,7 +236,12 @@ def fill_firmware(
 # ------------------------------------------------------------------ the copy path's own timing
 COPY_STATS_KEY = "copy_timing"  # DockObservation.extra key of CopyTimer.stats() (node/health.py reads it)
 MIN_TIMED_COPY_BYTES = 4096  # smaller copies are latency, not bandwidth: not rated
-COPY_WINDOW = 32  # the latest copies (and fence waits) the stats speak for
+BASELINE_COPIES = 8  # the first copies of a size class: the rate this link gives it
+COPY_WINDOW = 16  # the latest copies of a size class (and fence waits) the stats speak for
+
+
+def _size_class(direction: str, nbytes: int) -> tuple[str, int]:
+    return direction, 1 << max(0, int(nbytes) - 1).bit_length()
 
 
 class CopyTimer:
@@ -244,19 +249,20 @@ class CopyTimer:
     sufficient on a wide range of devices"; the copies themselves are the end-to-end evidence).
 
     :meth:`copy` records one copy (``"in"`` / ``"out"``, bytes, seconds); copies of at least
-    :data:`MIN_TIMED_COPY_BYTES` are rated in MB/s (1e6 bytes/s) against the best rate this worker has
-    seen for the same direction and size class (the power of two at or above ``nbytes``): the link's
-    rate as measured, since the rate a given host, cable and bridge reach varies too widely for a
-    table. :meth:`fence` records how long a frame's completion (its fence / signal) took against
-    ``wait_timeout_ms``. :meth:`stats` is JSON-ready.
+    :data:`MIN_TIMED_COPY_BYTES` are rated in MB/s (1e6 bytes/s) per direction and size class (the
+    power of two at or above ``nbytes``). A class's *baseline* is the median rate of its first
+    :data:`BASELINE_COPIES` copies -- the rate this host, cable and bridge give it, since that varies
+    too widely for a table -- and its *current* rate the median of its latest :data:`COPY_WINDOW`
+    (medians: one late copy on a busy host is no marginal link). :meth:`fence` records how long a
+    frame's completion (its fence / signal) took against ``wait_timeout_ms``. :meth:`stats` is JSON-ready.
     """
 
     def __init__(self, wait_timeout_ms: float = P.WAIT_TIMEOUT_MS, window: int = COPY_WINDOW) -> None:
         self.wait_timeout_ms = float(wait_timeout_ms)
         self.window = window
         self.copies = 0
-        self.best: dict[tuple[str, int], float] = {}
-        self.recent: list[tuple[str, int, float]] = []  # (direction, bytes, MB/s)
+        self.first: dict[tuple[str, int], list[float]] = {}
+        self.recent: dict[tuple[str, int], list[float]] = {}
         self.fences: list[float] = []  # ms
         self.fence_count = 0
 
@@ -265,33 +271,41 @@ class CopyTimer:
         if nbytes < MIN_TIMED_COPY_BYTES:
             return
         mbps = nbytes / max(seconds, 1e-9) / 1e6
-        cls = (direction, 1 << max(0, int(nbytes) - 1).bit_length())
-        self.best[cls] = max(self.best.get(cls, 0.0), mbps)
-        self.recent = [*self.recent[-(self.window - 1) :], (direction, int(nbytes), mbps)]
+        cls = _size_class(direction, nbytes)
+        first = self.first.setdefault(cls, [])
+        if len(first) < BASELINE_COPIES:
+            first.append(mbps)
+        self.recent[cls] = [*self.recent.get(cls, [])[-(self.window - 1) :], mbps]
 
     def fence(self, seconds: float) -> None:
         self.fence_count += 1
         self.fences = [*self.fences[-(self.window - 1) :], seconds * 1e3]
 
     def stats(self) -> dict[str, Any]:
-        """``copies`` (all), ``rated`` (in the window), the ``slowest`` rated copy of the window relative to
-        its class's best (``direction``, ``bytes``, ``mbps``, ``best_mbps``, ``ratio``), ``fences`` (all),
-        ``fence_max_ms`` in the window and ``wait_timeout_ms``."""
+        """``copies`` (all), ``rated`` (size classes with a baseline and a full window), the ``slowest``
+        class relative to its baseline (``direction``, ``bytes`` = the class, ``mbps`` = current median,
+        ``baseline_mbps``, ``ratio``), ``fences`` (all), ``fence_max_ms`` in the window and
+        ``wait_timeout_ms``."""
         slowest: dict[str, Any] | None = None
-        for direction, nbytes, mbps in self.recent:
-            best = self.best[(direction, 1 << max(0, nbytes - 1).bit_length())]
-            ratio = mbps / best if best > 0 else 1.0
+        rated = 0
+        for cls, recent in sorted(self.recent.items()):
+            first = self.first[cls]
+            if len(first) < BASELINE_COPIES or len(recent) < self.window:
+                continue
+            rated += 1
+            base, now = float(np.median(first)), float(np.median(recent))
+            ratio = now / base if base > 0 else 1.0
             if slowest is None or ratio < slowest["ratio"]:
                 slowest = {
-                    "direction": direction,
-                    "bytes": nbytes,
-                    "mbps": round(mbps, 3),
-                    "best_mbps": round(best, 3),
+                    "direction": cls[0],
+                    "bytes": cls[1],
+                    "mbps": round(now, 3),
+                    "baseline_mbps": round(base, 3),
                     "ratio": round(ratio, 4),
                 }
         return {
             "copies": self.copies,
-            "rated": len(self.recent),
+            "rated": rated,
             "slowest": slowest,
             "fences": self.fence_count,
             "fence_max_ms": round(max(self.fences), 3) if self.fences else None,

@@ -62,7 +62,7 @@ LTSSM_STUCK = 0x4C  # a link that trains into 0x4C and sticks there: a known fir
 SUPERSPEED_MBPS = 5000  # openpilot's hardware daemon: slower than 5000 Mbps is a slow USB link
 PROBE_FRESH_MS = 2500.0  # a dock probe's evidence holds for 2.5 periods of the node's 1 Hz probe (one lost probe)
 LADDER_FRESH_MS = 3000.0  # the ladder's evidence holds until the first probes of the new worker take over
-MARGINAL_COPY_RATIO = 0.5  # a copy at under half the rate this link gave the same copy before: marginal
+MARGINAL_COPY_RATIO = 0.5  # copies at under half the rate this link first gave them: a marginal link
 FENCE_MARGIN_RATIO = 0.5  # a frame's fence taking over half the wait timeout: one slow step from a failure
 FIELD_TRANSIENT_ERRORS_PER_H = 815.0
 """The most bulk / 0xE4 I/O errors per hour seen on docks that work (openpilot#38519): transient
@@ -473,8 +473,8 @@ def evidence_from_copy_timing(stats: Mapping[str, Any], fresh_ms: float = PROBE_
     """The usb layer's end-to-end link evidence: the copy path's own timing
     (:class:`chestnut.backend.real_runner.CopyTimer` stats; openpilot#38483: one register is not enough).
 
-    WARN (``slow_copy``) when the slowest recent copy ran at under :data:`MARGINAL_COPY_RATIO` of the rate
-    the same copy reached on this link; WARN (``slow_fence``) when a recent frame's fence took over
+    WARN (``slow_copy``) when a size class's recent copies run (median) at under :data:`MARGINAL_COPY_RATIO`
+    of the rate this link gave them at first; WARN (``slow_fence``) when a recent frame's fence took over
     :data:`FENCE_MARGIN_RATIO` of the wait timeout; else OK with the slowest rate. The worse of the two
     speaks. Source ``"copy_path"``, current for ``fresh_ms``; counters ``copies`` and ``fences``."""
     counters = (("copies", int(stats.get("copies", 0))), ("fences", int(stats.get("fences", 0))))
@@ -485,13 +485,13 @@ def evidence_from_copy_timing(stats: Mapping[str, Any], fresh_ms: float = PROBE_
         return Evidence(Layer.USB, level, reason, tag=tag, source="copy_path", fresh_ms=fresh_ms, counters=counters)
 
     if slow is not None and float(slow["ratio"]) < MARGINAL_COPY_RATIO:
-        return ev(Level.WARN, f"copy-{slow['direction']} of {slow['bytes']} bytes at {float(slow['mbps']):.1f} MB/s, "
-                  f"{float(slow['ratio']):.2f} of the {float(slow['best_mbps']):.1f} MB/s this link gave it "
-                  "(a marginal link slows before it fails)", "slow_copy")
+        return ev(Level.WARN, f"copy-{slow['direction']} of up to {slow['bytes']} bytes at {float(slow['mbps']):.1f} "
+                  f"MB/s, {float(slow['ratio']):.2f} of the {float(slow['baseline_mbps']):.1f} MB/s this link gave it "
+                  "at first (a marginal link slows before it fails)", "slow_copy")
     if fence_ms is not None and wait_ms > 0 and float(fence_ms) > FENCE_MARGIN_RATIO * wait_ms:
         return ev(Level.WARN, f"a frame's fence took {float(fence_ms):.0f} ms of the {wait_ms:.0f} ms wait timeout",
                   "slow_fence")
-    what = (f"copies at >= {float(slow['ratio']):.2f} of this link's best rate" if slow is not None
+    what = (f"copies at >= {float(slow['ratio']):.2f} of this link's first rate" if slow is not None
             else "no copy rated yet")
     fence = f", fences within {float(fence_ms):.0f} ms" if fence_ms is not None else ""
     return ev(Level.OK, what + fence)
