@@ -652,14 +652,14 @@ def run(args: argparse.Namespace) -> int:
         elif supervisorctl(conf, "start", "camera") != 0 or not _wait_for(view, "modelOutput", 60.0):
             log.error("no modelOutput within 60 s of starting the camera; see %s", run_dir)
             flag.stop = True
-        t0 = time.monotonic()
-        sampler.start_mark = t0 + SAMPLE_SETTLE_S
-        pending = sorted(args.fault, key=lambda f: f.start_s)
-        if args.foxglove is not None:
+        if args.foxglove is not None and not flag.stop:  # before t0: starting it takes a second
             if supervisorctl(conf, "start", "foxglove") == 0:
                 log.info("Foxglove: ws://127.0.0.1:%d (layout launch/foxglove-layout.json)", args.foxglove)
             else:
                 log.error("the Foxglove server did not start; see %s", run_dir / "foxglove.log")
+        t0 = time.monotonic()
+        sampler.start_mark = t0 + SAMPLE_SETTLE_S
+        pending = sorted(args.fault, key=lambda f: f.start_s)
         log.info("clock: times are s since the stack's first message, %s", clock.wall_start())
         t0_clock = clock.seconds(int(t0 * NS))
         for f in pending:
@@ -683,7 +683,9 @@ def run(args: argparse.Namespace) -> int:
                         injected.append((f, info.get("id") if isinstance(info, dict) else None))
                         now = time.monotonic_ns()
                         schedule.append((now, "inject", f.kind, json.dumps(f.params) if f.params else ""))
-                        log.info("t=%.1f s: injected %s %s", clock.seconds(now), f.kind, f.params or "")
+                        log.info(
+                            "t=%.1f s: injected %s%s", clock.seconds(now), f.kind, f" {f.params}" if f.params else ""
+                        )
                     except Exception as e:  # the twin refuses a bad fault: say so, keep running
                         log.error("could not inject %s: %s", f.kind, e)
                 for f, fid in list(injected):
