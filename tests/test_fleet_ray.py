@@ -8,10 +8,13 @@ one CPU and 100 MB of object store each (Ray's ``ray.cluster_utils.Cluster``), t
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -190,6 +193,19 @@ def test_executor_ray_without_ray_says_how_to_install(fleet):
     assert done.stderr.strip().endswith(f"chestnut replay: {RAY_INSTALL_HINT}")
 
 
+def test_ray_address_where_nothing_listens_is_one_line(fleet):
+    pytest.importorskip("ray", reason="the cluster extra: pip install 'chestnut[cluster]'")
+    code = (
+        "import sys\nfrom chestnut.launch.cli import main\n"
+        f"sys.exit(main(['check', {str(fleet)!r}, '--executor', 'ray', '--ray-address', '127.0.0.1:1']))\n"
+    )
+    done = _run_python(code)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert "chestnut check: no Ray cluster answers at 127.0.0.1:1 (" in done.stderr
+    assert done.stderr.strip().endswith("start one with ray start --head, or give the address it printed")
+
+
 # ---------------------------------------------------------------- on a two-node Ray cluster
 
 
@@ -199,24 +215,60 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "object_store_memory": OBJECT_STORE, "include_dashboard": False},
-    )
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # 0700; short: Ray's socket paths live under it
+    c = None
     try:
+        c = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1,
+                "object_store_memory": OBJECT_STORE,
+                "include_dashboard": False,
+                "temp_dir": temp,
+            },
+        )
         c.add_node(num_cpus=1, object_store_memory=OBJECT_STORE)
         c.wait_for_nodes()
         ray.init(address=c.address, log_to_driver=False, configure_logging=False)
         yield c
     finally:
         ray.shutdown()
-        c.shutdown()
+        if c is not None:
+            c.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+    left = _survivors({int(w.split("@")[0]) for ex in STARTED for w in ex.worker_ids()})
+    assert left == [], f"Ray worker processes outlived the cluster: {left}"
+
+
+STARTED: list = []  # every executor the cluster tests started: their workers must end with the cluster
+
+
+def _survivors(pids: set[int], wait_s: float = 10.0) -> list[int]:
+    """The processes of ``pids`` still alive after ``wait_s`` (SIGKILLed then, to leave the machine clean)."""
+    deadline = time.monotonic() + wait_s
+    alive = sorted(pids)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in alive if _alive(p)]
+    for p in alive:
+        os.kill(p, signal.SIGKILL)
+    return alive
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
 
 
 def _ray(**kw):
     from chestnut.node.offline.ray_executor import RayExecutor
 
-    return RayExecutor(**kw)
+    ex = RayExecutor(**kw)
+    STARTED.append(ex)
+    return ex
 
 
 @pytest.mark.slow

@@ -24,6 +24,11 @@ writes it to a private temporary file (:func:`~chestnut.node.offline.units.run_u
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -39,6 +44,41 @@ MAX_RESTARTS = 4  # an actor restarted after its process died, per actor
 MAX_TASK_RETRIES = 2  # a unit re-run by Ray on the restarted actor
 START_TIMEOUT_S = 120.0  # actors started (a fresh node imports numpy, tinygrad, onnxruntime)
 POLL_S = 0.2  # ray.wait period: how soon Ctrl-C is seen
+PARENT_POLL_S = 1.0  # how often a worker checks that its raylet is still its parent
+PROBE_TIMEOUT_S = 5.0  # TCP connect to an explicit --ray-address before Ray's client is let loose on it
+
+
+def _probe(address: str) -> None:
+    """Refuse at once an explicit ``HOST:PORT`` (or ``ray://HOST:PORT``) where nothing listens: Ray's own
+    client keeps retrying the GCS for minutes. ``auto`` is Ray's to resolve (it fails fast without a
+    cluster on this machine)."""
+    if address == "auto":
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        raise ExecutorError(f"--ray-address {address!r}: expected auto, HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as e:
+        raise ExecutorError(
+            f"no Ray cluster answers at {address} ({e}): start one with ray start --head, "
+            "or give the address it printed"
+        ) from None
+
+
+def _exit_with_parent() -> None:
+    """End this worker process when its raylet (the parent that started it) is gone. Without it, actors
+    outlived their node: with Ray 2.60's ``cluster_utils.Cluster``, idle ``ray::SegmentWorker`` processes
+    of about 170 MB each were left, reparented to init, after the cluster was shut down
+    (``tests/test_fleet_ray.py`` checks that none is left)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="chestnut-parent-watch", daemon=True).start()
 
 
 class SegmentWorker:
@@ -47,6 +87,7 @@ class SegmentWorker:
     def __init__(self) -> None:
         from chestnut.backend.model import ensure_cpu_device
 
+        _exit_with_parent()
         ensure_cpu_device()
         self.units = 0
 
@@ -78,10 +119,16 @@ class RayExecutor:
     ) -> None:
         self.ship_logs = ship_logs
         self._owns = False
+        self._temp: str | None = None
         if not ray.is_initialized():
+            if address is not None:
+                _probe(address)
             try:
                 if address is None:
+                    # Ray's session files (sockets, worker logs) in a directory of ours, mode 0700
+                    self._temp = tempfile.mkdtemp(prefix="chestnut-ray-", dir="/tmp")
                     ray.init(
+                        _temp_dir=self._temp,
                         num_cpus=workers,
                         object_store_memory=object_store_memory,
                         include_dashboard=False,
@@ -233,3 +280,6 @@ class RayExecutor:
         self.actors = []
         if self._owns and ray.is_initialized():
             ray.shutdown()
+        if self._temp is not None:
+            shutil.rmtree(self._temp, ignore_errors=True)
+            self._temp = None

@@ -25,6 +25,7 @@ model at the given shape; ``ppocr``: the prepared PP-OCRv4 detector with the com
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -105,7 +106,9 @@ def main() -> int:
             from chestnut.node.offline.ray_executor import RayExecutor
 
             t1 = time.perf_counter()
+            ray_tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's session files: ours, 0700
             ray.init(
+                _temp_dir=ray_tmp,
                 num_cpus=2,
                 object_store_memory=OBJECT_STORE,
                 include_dashboard=False,
@@ -127,6 +130,7 @@ def main() -> int:
                     show(label, runs[label])
             finally:
                 ray.shutdown()
+                shutil.rmtree(ray_tmp, ignore_errors=True)
         for n in (1, 2):
             a, b = runs.get(f"local {n}"), runs.get(f"ray {n}")
             if a and b:
