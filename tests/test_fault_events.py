@@ -85,3 +85,42 @@ def test_the_twin_daemon_publishes_a_one_shot_fault_armed_fired_and_spent_when_i
         ("timeout", "fired", f"control in {P.REQ_XDATA_READ:#04x} #1", "{}"),
         ("timeout", "expired", "", "{}"),
     ]
+
+
+def _twin_fault(t_ns: int, action: str, site: str = "", fired: int = 0) -> bytes:
+    from chestnut.msgs.messaging import new_message
+
+    m = new_message("twinFault")
+    m.logMonoTime = t_ns
+    tf = m.twinFault
+    tf.id, tf.kind, tf.action, tf.site, tf.params, tf.fired = 1, "timeout", action, site, "{}", fired
+    return m.to_bytes()
+
+
+def test_a_one_shot_fault_spent_within_a_second_is_on_the_report_timeline_and_story(tmp_path):
+    import time
+
+    from chestnut.msgs.logfile import RouteWriter
+    from chestnut.msgs.messaging import log_from_bytes
+    from chestnut.node.offline.report import fault_spans, story_rows, write_report
+    from chestnut.node.offline.timeline import read_timeline
+
+    t0 = time.monotonic_ns() + 10**9
+    items = [
+        _twin_fault(t0, "armed"),
+        _twin_fault(t0 + 200_000_000, "fired", "bulk out #1", 1),
+        _twin_fault(t0 + 300_000_000, "expired", "", 1),
+    ]
+    with RouteWriter(tmp_path / "logs", formats=("zst",)) as w:
+        for data in items:
+            w.write("twinFault", log_from_bytes(data).logMonoTime, data)
+    tl = read_timeline(tmp_path / "logs")
+    ((name, armed, end, fired),) = fault_spans(tl)
+    assert name == "timeout#1" and round(end - armed, 3) == 0.3 and [round(f - armed, 3) for f in fired] == [0.2]
+    assert [(what, why) for _, what, kind, why in story_rows(tl) if kind == "fault"] == [
+        ("fault timeout#1 injected", "parameters: the kind's defaults"),
+        ("fault timeout#1 fired", "hit bulk out #1"),
+        ("fault timeout#1 spent", ""),
+    ]
+    page = write_report(tmp_path / "report", tl).read_text()
+    assert "fault timeout#1 fired" in page and "hit bulk out #1" in page

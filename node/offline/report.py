@@ -286,7 +286,14 @@ def soft_disable_episodes(tl: Timeline) -> list[tuple[float, float | None, str]]
     return out
 
 
-FAULT_ACTION_WORDS = {"armed": "injected", "fired": "fired", "cleared": "cleared", "expired": "spent or timed out"}
+FAULT_ACTION_WORDS = {"armed": "injected", "fired": "fired", "cleared": "cleared", "expired": "expired"}
+
+
+def _fault_words(f: Any) -> str:
+    """An ``expired`` fault that fired and had no ``for_s`` was spent (a one-shot); else its duration ended."""
+    if f.action == "expired":
+        return "spent" if f.fired and '"for_s"' not in f.params else "expired (its --for duration ended)"
+    return FAULT_ACTION_WORDS.get(f.action, f.action)
 
 
 def story_rows(tl: Timeline, fault_schedule: Sequence[dict[str, Any]] | None = None) -> list[tuple[str, str, str, str]]:
@@ -314,7 +321,7 @@ def story_rows(tl: Timeline, fault_schedule: Sequence[dict[str, Any]] | None = N
             detail = "parameters: " + (f.params if f.params not in ("", "{}") else "the kind's defaults")
         else:
             detail = ""
-        what = f"fault {f.kind}#{f.fault_id} {FAULT_ACTION_WORDS.get(f.action, f.action)}"
+        what = f"fault {f.kind}#{f.fault_id} {_fault_words(f)}"
         rows.append((tl.seconds(f.t_ns), what, "fault", detail))
     for step in fault_schedule or ():
         rows.append((float(step["t_s"]), f"launch: {step['action']} {step['fault']}", "schedule",

@@ -159,6 +159,7 @@ class FaultRec:
     action: str
     site: str
     params: str
+    fired: int = 0  # times fired so far
     service: str = "twinFault"
 
 
@@ -200,7 +201,7 @@ _RECORDERS: dict[str, Callable[[int, Any], Record]] = {
     "initData": _init_record,
     "twinState": lambda t, ev: TwinRec(t, tuple(ev.twinState.faults), bool(ev.twinState.present)),
     "twinFault": lambda t, ev: FaultRec(t, ev.twinFault.id, ev.twinFault.kind, str(ev.twinFault.action),
-                                        ev.twinFault.site, ev.twinFault.params),
+                                        ev.twinFault.site, ev.twinFault.params, ev.twinFault.fired),
 }
 
 
