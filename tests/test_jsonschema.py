@@ -93,3 +93,35 @@ def test_a_route_with_both_mcap_encodings_replays_from_the_capnp_channels_and_sh
     with open(path, "rb") as f:
         encodings = {c.topic: c.message_encoding for c in make_reader(f).get_summary().channels.values()}
     assert encodings["cameraFrame"] == "capnproto" and encodings["/cameraFrame"] == "json"
+
+
+def _paths(layout: dict) -> list[str]:
+    out = []
+    for cfg in layout["configById"].values():
+        out += [p["value"] for p in cfg.get("paths", [])]
+        out += [cfg[k] for k in ("path", "topicPath", "topicToRender") if k in cfg]
+        out += [cfg["imageMode"]["imageTopic"]] if "imageMode" in cfg else []
+    return out
+
+
+def test_every_message_path_of_the_foxglove_layout_names_a_generated_topic_and_field():
+    import re
+    from pathlib import Path
+
+    import chestnut.launch
+
+    layout = json.loads((Path(chestnut.launch.__file__).parent / "foxglove-layout.json").read_text())
+    topics = all_topic_schemas()
+    paths = _paths(layout)
+    assert len(paths) >= 15
+    for path in paths:
+        topic = next((t for t in sorted(topics, key=len, reverse=True) if path == t or path.startswith(t + ".")), None)
+        assert topic is not None, path
+        node = topics[topic][1]
+        for part in [p for p in path[len(topic) + 1:].split(".") if p]:
+            name, index = re.fullmatch(r"(\w+)(\[\d+\])?", part).groups()
+            node = node["properties"][name]
+            if index:
+                node = node["items"]
+    panels = {k.split("!")[0] for k in layout["configById"]}
+    assert {"Image", "Indicator", "StateTransitions", "Plot", "RawMessages", "RosOut"} <= panels
