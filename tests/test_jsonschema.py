@@ -118,7 +118,7 @@ def test_every_message_path_of_the_foxglove_layout_names_a_generated_topic_and_f
         topic = next((t for t in sorted(topics, key=len, reverse=True) if path == t or path.startswith(t + ".")), None)
         assert topic is not None, path
         node = topics[topic][1]
-        for part in [p for p in path[len(topic) + 1:].split(".") if p]:
+        for part in [p for p in path[len(topic) + 1 :].split(".") if p]:
             name, index = re.fullmatch(r"(\w+)(\[\d+\])?", part).groups()
             node = node["properties"][name]
             if index:
