@@ -296,10 +296,12 @@ class Kit:
         self.args, self.say = args, say
         self.twin = not args.real
         self.prefix = args.prefix or f"acc{os.getpid()}"
-        self.cfg = node_config.load_config(args.config)
+        default = node_config.DEFAULT_CONFIG if node_config.DEFAULT_CONFIG.is_file() else None
+        self.cfg = node_config.load_config(args.config if args.config is not None else default)
         if args.model is not None:
             self.cfg.model.path = args.model
         self.cfg.dock.kind = "twin" if self.twin else "real"
+        node_config.validate(self.cfg)  # the node's own checks for this dock (its start-up budget among them)
         self.steps: list[StepRecord] = []
         self.identity: dict[str, str] = {}
         self.node_identity: dict[str, str] = {}  # as the node's nodeState carries it
