@@ -46,6 +46,8 @@ POLL_MS = 100  # ms; bounds the reaction to SIGINT/SIGTERM
 RCVHWM_MESSAGES = 20  # per service: 1 s of frames; a viewer wants the newest, not a backlog
 DRAIN_MAX_MESSAGES = 50  # per socket per loop
 BACKLOG_MESSAGES = 256  # per client: outgoing messages the SDK buffers before dropping the oldest
+# services converted only while a client subscribes to one of their topics (base64 of every frame costs CPU)
+ON_DEMAND = {"cameraFrame": ("/cameraFrame", "/camera/image"), "modelOutput": ("/modelOutput", "/chestnut/levels")}
 
 
 class Bridge:
@@ -70,6 +72,7 @@ class Bridge:
         self.state = DerivedState()
         self.forwarded: Counter[str] = Counter()
         self.malformed: Counter[str] = Counter()
+        self.unwatched: Counter[str] = Counter()
         self.poller = zmq.Poller()
         self.socks: dict[str, SubSocket] = {}
         try:
@@ -80,7 +83,14 @@ class Bridge:
             raise
 
     def forward(self, service: str, data: bytes) -> bool:
-        """Convert one serialized ``Event`` and log it on its channels; False if it was malformed."""
+        """Convert one serialized ``Event`` and log it on its channels; False if it was malformed.
+
+        Frames and model outputs (the large, 20 Hz services) are not converted while no client is
+        subscribed to a topic they feed (:data:`ON_DEMAND`); they are counted in ``unwatched``."""
+        topics = ON_DEMAND.get(service)
+        if topics is not None and not any(self.channels[t].has_sinks() for t in topics):
+            self.unwatched[service] += 1
+            return True
         try:
             event = log_from_bytes(data)
             member, body = event_to_json(event)
