@@ -8,7 +8,13 @@ Timing as a camera gives it: ``frameId`` counts from 0 and never repeats within 
 ``timestampSof`` (ns, CLOCK_MONOTONIC) is the frame's scheduled start on a drift-free 1/rate grid;
 ``timestampEof`` is when the frame, decoded and resized ahead of its tick, is sent (readout done). A
 source that falls behind its schedule skips ticks rather than bursting, and the skipped ids are never
-reused, so downstream frame-drop accounting sees real gaps. At a stop the frame waiting for its tick
+reused, so downstream frame-drop accounting sees real gaps.
+
+Transport (``--transport``): a frame up to ``msgs/visionipc.py`` ``INLINE_MAX_BYTES`` travels inline
+(pixels in ``data``); a bigger one, or every one with ``shm``, is copied into the camera's
+shared-memory ring and only its metadata (``buffer``: session, slot, sequence number) is published
+(``msgs/visionipc.py``). The ring is removed when the camera stops; when it is killed, the kernel frees
+the buffers once the last subscriber unmaps them. At a stop the frame waiting for its tick
 is not sent, and the socket lingers (:data:`STOP_LINGER_MS`) so the last frame sent reaches every
 subscriber: the node and the logger see the same last frame.
 """
@@ -26,6 +32,7 @@ import numpy as np
 from chestnut.launch.signals import StopFlag
 from chestnut.msgs.frames import fill_frame
 from chestnut.msgs.messaging import PubMaster
+from chestnut.msgs.visionipc import INLINE_MAX_BYTES, FrameBufferError, FrameRing
 
 log = logging.getLogger("chestnut.camera")
 
@@ -65,6 +72,17 @@ def iter_frames(source: Path, height: int, width: int, loop: bool = True) -> Ite
             return
 
 
+def ring_frame(ring: FrameRing, frame_id: int, img: np.ndarray, sof_ns: int, source_name: str) -> object:
+    """Copy a uint8 [H, W, 3] BGR image into the ring's next slot and build its metadata-only
+    ``cameraFrame`` (``timestampEof``: ns, CLOCK_MONOTONIC, once the pixels are in the slot)."""
+    index, seq = ring.write(np.ascontiguousarray(img))
+    msg = fill_frame(frame_id, img[:0], sof_ns, time.monotonic_ns(), source_name)
+    cf = msg.cameraFrame  # type: ignore[attr-defined]
+    cf.height, cf.width = int(img.shape[0]), int(img.shape[1])
+    ring.fill(cf, index, seq, img.nbytes)
+    return msg
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", type=Path, help="video, image folder or image (default: mvtb-data traffic video)")
     p.add_argument("--rate", type=float, default=20.0, help="frames per second (default 20)")
@@ -72,6 +90,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--frames", type=int, default=0, help="stop after this many frames (0 = run until stopped)")
     p.add_argument("--no-loop", action="store_true", help="stop at the end of the source instead of looping")
+    p.add_argument(
+        "--transport",
+        choices=("auto", "inline", "shm"),
+        default="auto",
+        help="inline: pixels in the cameraFrame message; shm: in a shared-memory ring, only metadata on the bus "
+        f"(msgs/visionipc.py); auto (default): inline up to {INLINE_MAX_BYTES >> 10} KiB a frame, else shm",
+    )
     p.add_argument(
         "--start-delay",
         type=float,
@@ -97,9 +122,34 @@ def run(args: argparse.Namespace) -> int:
     flag = StopFlag()
     period_ns = int(1e9 / args.rate)
     pending: list[np.ndarray] = [first]
+    transport = getattr(args, "transport", "auto")
+    ring: FrameRing | None = None
+    if transport == "shm" or (transport == "auto" and first.nbytes > INLINE_MAX_BYTES):  # before the first send
+        try:
+            ring = FrameRing(first.nbytes)
+        except (FrameBufferError, ValueError) as e:
+            log.error("%s", e)
+            return 2
+    try:
+        return _publish(args, source, frames, pending, flag, period_ns, ring)
+    finally:
+        if ring is not None:
+            ring.close()
+
+
+def _publish(
+    args: argparse.Namespace,
+    source: Path | str,
+    frames: Iterator[np.ndarray],
+    pending: list[np.ndarray],
+    flag: StopFlag,
+    period_ns: int,
+    ring: FrameRing | None,
+) -> int:
     sent = skipped = 0
     with PubMaster(["cameraFrame"]) as pm:
-        log.info("camera: %s at %.1f Hz, %dx%d", source, args.rate, args.width, args.height)
+        log.info("camera: %s at %.1f Hz, %dx%d, %s", source, args.rate, args.width, args.height,
+                 "inline" if ring is None else f"shared-memory ring of {ring.slots}")
         time.sleep(max(0.0, args.start_delay))
         t0 = time.monotonic_ns()
         frame_id = 0
@@ -123,7 +173,11 @@ def run(args: argparse.Namespace) -> int:
                 time.sleep((sof - now) / 1e9)
             if flag.stop:  # stopped while waiting for the tick: the last frame sent stays the last one
                 break
-            pm.send("cameraFrame", fill_frame(frame_id, img, sof, time.monotonic_ns(), Path(source).name))
+            if ring is None:
+                msg = fill_frame(frame_id, img, sof, time.monotonic_ns(), Path(source).name)
+            else:
+                msg = ring_frame(ring, frame_id, img, sof, Path(source).name)
+            pm.send("cameraFrame", msg)
             sent += 1
             frame_id += 1
         for sock in pm.sock.values():  # deliver the last frame to every subscriber before the socket goes

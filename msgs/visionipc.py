@@ -244,13 +244,14 @@ class FrameRing:
                 _log.warning("frame ring: refused a subscriber of uid %d (serving uid %d only)", uid, self.allowed_uid)
                 conn.close()
                 continue
+            with self._lock:  # counted before the hand-over: a subscriber that holds the ring is always counted
+                self._clients.append(conn)
             try:
                 socket.send_fds(conn, [hello], [self.fd])
             except OSError:
+                with self._lock:
+                    self._clients.remove(conn)
                 conn.close()
-                continue
-            with self._lock:
-                self._clients.append(conn)
 
     def write(self, pixels: np.ndarray | bytes | memoryview) -> tuple[int, int]:
         """Copy one frame's bytes into the next slot under the seqlock; returns ``(index, seq)``.
@@ -275,7 +276,19 @@ class FrameRing:
 
     @property
     def subscribers(self) -> int:
+        """Subscribers connected now (those that closed their end are dropped here); never blocks."""
         with self._lock:
+            readable = select.select(self._clients, [], [], 0)[0] if self._clients else []
+            for conn in readable:
+                try:
+                    if conn.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK):
+                        continue
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    pass
+                self._clients.remove(conn)
+                conn.close()
             return len(self._clients)
 
     def close(self) -> None:
@@ -328,6 +341,11 @@ class _Mapping:
 def _read_hello(conn: socket.socket, uid: int, path: str) -> tuple[dict[str, int], int]:
     msg, fds, _flags, _addr = socket.recv_fds(conn, HELLO_MAX_BYTES, 2)
     try:
+        if not msg and not fds:
+            raise FrameBufferError(
+                f"frame socket {path}: the camera closed the connection without handing over its ring "
+                f"(it serves only its own uid; this subscriber is uid {os.getuid()})"
+            )
         if len(fds) != 1:
             raise FrameBufferError(
                 f"frame socket {path}: the camera sent {len(fds)} descriptors, not 1; restart the camera"
@@ -351,7 +369,11 @@ def _read_hello(conn: socket.socket, uid: int, path: str) -> tuple[dict[str, int
         ):
             raise FrameBufferError(f"frame socket {path}: ring layout out of bounds ({vals}); restart the camera")
         fd = fds[0]
-        problem = buffer_problem(os.fstat(fd), fcntl.fcntl(fd, fcntl.F_GET_SEALS), uid, vals["size"])
+        try:
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError:  # EINVAL: a file that cannot be sealed (not a memfd)
+            seals = 0
+        problem = buffer_problem(os.fstat(fd), seals, uid, vals["size"])
         if problem is not None:
             raise FrameBufferError(
                 f"frame buffer from {path} {problem}: refused; only a camera of uid {uid} may serve frames here"
@@ -397,7 +419,7 @@ class FrameSubscriber:
             try:
                 ring = _Mapping(conn, hello, fd)
             finally:
-                os.close(fd)  # the mapping keeps the memory; no descriptor is left open
+                os.close(fd)  # the mapping keeps the memory (and mmap its own descriptor until unmapped)
         except BaseException:
             conn.close()
             raise

@@ -1,0 +1,395 @@
+"""The shared-memory frame ring (``msgs/visionipc.py``): lap detection, late and restarting
+subscribers, clean-up when the camera dies, and refusal of buffers and peers of another user."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from chestnut.msgs.frames import fill_frame, frame_to_array
+from chestnut.msgs.messaging import log_from_bytes, recv_one, sub_sock
+from chestnut.msgs.paths import runtime_dir
+from chestnut.msgs.visionipc import (
+    SOCKET_NAME,
+    FrameBufferError,
+    FrameOverwrittenError,
+    FrameReader,
+    FrameRing,
+    FrameSubscriber,
+    buffer_problem,
+    inline_event,
+    socket_path,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+def _frame(ring: FrameRing, pixels: np.ndarray, frame_id: int = 0) -> object:
+    """A ring cameraFrame (as received: a reader) for uint8 [H, W, 3] pixels written into ``ring``."""
+    index, seq = ring.write(pixels)
+    msg = fill_frame(frame_id, pixels[:0], 1, 2, "test")
+    cf = msg.cameraFrame
+    cf.height, cf.width = pixels.shape[:2]
+    ring.fill(cf, index, seq, pixels.nbytes)
+    return log_from_bytes(msg.to_bytes())
+
+
+def _memfd_maps() -> list[str]:
+    return [line for line in Path("/proc/self/maps").read_text().splitlines() if "memfd:chestnut-frames" in line]
+
+
+def _memfd_fds() -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "memfd:chestnut-frames" in target:
+            out.append(target)
+    return out
+
+
+CAMERA_SCRIPT = r"""
+import sys, numpy as np
+from chestnut.msgs.visionipc import FrameRing
+ring = FrameRing(4096, slots=2)
+sys.stdout.write(f"{ring.session}\n"); sys.stdout.flush()
+seq = 0
+for line in sys.stdin:
+    cmd, n = line.split()
+    for _ in range(int(n)):
+        seq += 1
+        ring.write(np.full(4096, seq & 0xFF, np.uint8))
+    sys.stdout.write(f"{seq}\n"); sys.stdout.flush()
+    if cmd == "spin":  # write as fast as possible until killed
+        while True:
+            seq += 1
+            ring.write(np.full(4096, seq & 0xFF, np.uint8))
+"""
+
+
+def _camera_process() -> tuple[subprocess.Popen[str], int]:
+    p = subprocess.Popen([PY, "-c", CAMERA_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    return p, int(p.stdout.readline())
+
+
+def _ask(p: subprocess.Popen[str], cmd: str, n: int) -> int:
+    assert p.stdin is not None and p.stdout is not None
+    p.stdin.write(f"{cmd} {n}\n")
+    p.stdin.flush()
+    return int(p.stdout.readline())
+
+
+class _Buf:
+    def __init__(self, session: int, index: int, seq: int, size: int) -> None:
+        self.session, self.index, self.seq, self.size = session, index, seq, size
+
+
+def test_slow_reader_lapped_by_a_camera_process_gets_overwritten_never_torn_data():
+    cam, session = _camera_process()
+    try:
+        seq = _ask(cam, "write", 1)
+        sub = FrameSubscriber()
+        buf = _Buf(session, 0, seq, 4096)
+        view = sub.view(buf)
+        assert view[0] == 1 and int(view.sum()) == 4096
+        sub.verify(buf)  # nothing happened yet: the frame is intact
+        _ask(cam, "write", 2)  # the camera laps the 2-slot ring while the reader holds the view
+        with pytest.raises(FrameOverwrittenError) as e:
+            sub.verify(buf)
+        assert str(e.value) == (
+            "frame seq 1: slot 0 was overwritten (now frame 3, done); the reader fell more than 1 frames behind "
+            "the camera"
+        )
+        with pytest.raises(FrameOverwrittenError):  # and a later read of that frame is refused up front
+            sub.view(buf)
+        assert sub.overwritten == 2
+        del view
+        # a camera writing flat out: every read either passes the seqlock check with a whole frame or is refused
+        last = _ask(cam, "spin", 0)
+        passed = refused = 0
+        for i in range(2000):
+            seq = last + 1 + i
+            b = _Buf(session, (seq - 1) % 2, seq, 4096)
+            try:
+                v = sub.view(b)
+                copy = v.copy()
+                sub.verify(b)
+            except FrameOverwrittenError:
+                refused += 1
+                continue
+            passed += 1
+            assert (copy == (seq & 0xFF)).all(), f"frame {seq} passed the check with torn pixels"
+        assert passed + refused == 2000
+        sub.close()
+    finally:
+        cam.kill()
+        cam.wait()
+
+
+def test_a_slot_being_written_is_refused():
+    with FrameRing(64, slots=2) as ring:
+        ev = _frame(ring, np.full((4, 4, 3), 9, np.uint8))
+        reader = FrameReader()
+        img = reader.view(ev.cameraFrame)
+        ring._words[0] = 2 * 2 - 1  # what FrameRing.write stores first for frame 2 in slot 0: odd, being written
+        with pytest.raises(FrameOverwrittenError, match=r"^frame seq 1: slot 0 was overwritten \(now frame 2, being "):
+            reader.verify(ev.cameraFrame)
+        del img
+        reader.close()
+
+
+def test_late_subscriber_restarting_subscriber_and_restarted_camera():
+    ring = FrameRing(48, slots=4)
+    frames = [_frame(ring, np.full((4, 4, 3), k, np.uint8), k) for k in range(10)]
+    late = FrameReader()  # starts after ten frames: maps the ring once, reads the newest ones
+    assert (late.read(frames[9].cameraFrame) == 9).all()
+    assert (late.read(frames[7].cameraFrame) == 7).all()
+    with pytest.raises(FrameOverwrittenError, match=r"^frame seq 6: slot 1 was overwritten \(now frame 10, done\)"):
+        late.read(frames[5].cameraFrame)
+    assert late.shm.maps == 1
+    late.close()  # a subscriber that restarts maps again
+    again = FrameReader()
+    assert (again.read(frames[9].cameraFrame) == 9).all()
+    assert again.shm.maps == 1 and ring.subscribers == 1  # the restarted subscriber replaced the old one
+    ring.close()
+    ring2 = FrameRing(48, slots=4)  # the camera restarted: a new session, the subscriber maps the new ring
+    assert ring2.session != ring.session
+    new = _frame(ring2, np.full((4, 4, 3), 42, np.uint8))
+    assert (again.read(new.cameraFrame) == 42).all()
+    assert again.shm.maps == 2
+    with pytest.raises(FrameOverwrittenError, match="a frame of a previous camera"):
+        again.read(frames[9].cameraFrame)
+    again.close()
+    ring2.close()
+
+
+def test_buffers_cleaned_up_when_the_camera_dies():
+    cam, session = _camera_process()
+    try:
+        seq = _ask(cam, "write", 1)
+        before, fds_before = set(_memfd_maps()), len(_memfd_fds())  # other tests' rings may linger until collected
+        sub = FrameSubscriber()
+        assert (sub.view(_Buf(session, 0, seq, 4096)) == 1).all()
+        mapped = set(_memfd_maps()) - before
+        assert len(mapped) == 1 and len(_memfd_fds()) == fds_before + 1  # mapped once; mmap's own descriptor
+        assert not sub.camera_gone()
+        cam.send_signal(signal.SIGKILL)
+        cam.wait()
+        for _ in range(100):
+            if sub.camera_gone():
+                break
+            time.sleep(0.01)
+        assert sub.ring is None
+        assert not mapped & set(_memfd_maps())  # unmapped, the last reference: the kernel frees the ring
+        assert len(_memfd_fds()) == fds_before
+        assert os.listdir(runtime_dir()) == [SOCKET_NAME]  # only the dead camera's socket, no buffer file
+        with FrameRing(4096) as ring:  # a new camera replaces the stale socket
+            assert ring.subscribers == 0
+        assert os.listdir(runtime_dir()) == []  # a camera that stops removes its socket
+    finally:
+        cam.kill()
+        cam.wait()
+
+
+def test_a_second_live_camera_on_the_prefix_is_refused():
+    with FrameRing(64) as ring:
+        with pytest.raises(FrameBufferError) as e:
+            FrameRing(64)
+        assert str(e.value) == (
+            f"frame socket {ring.path}: another camera serves this prefix; stop it or choose another CHESTNUT_PREFIX"
+        )
+
+
+def _serve_once(lst: socket.socket, fd: int) -> None:
+    import json
+
+    srv, _ = lst.accept()
+    hello = {"session": 5, "slots": 2, "stride": 4096, "frame_bytes": 4096 - 64, "size": 8192}
+    socket.send_fds(srv, [json.dumps(hello).encode()], [fd])
+    srv.close()
+
+
+def _refusal(fd: int) -> str:
+    """What a subscriber says when a camera of ours hands over ``fd`` as its ring."""
+    import threading
+
+    lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lst.bind(socket_path())
+    lst.listen(1)
+    t = threading.Thread(target=_serve_once, args=(lst, fd))
+    t.start()
+    try:
+        with pytest.raises(FrameBufferError) as e:
+            FrameSubscriber().view(_Buf(5, 0, 1, 1))
+        return str(e.value)
+    finally:
+        t.join(5)
+        lst.close()
+        os.unlink(socket_path())
+
+
+def test_a_frame_buffer_of_another_user_is_refused():
+    size = 8192
+    with tempfile.TemporaryFile(dir=runtime_dir()) as f:  # unlinked, like a memfd, but owned by another user
+        f.truncate(size)
+        os.fchown(f.fileno(), 65534, 65534)
+        os.fchmod(f.fileno(), 0o600)
+        fd = os.dup(f.fileno())
+    # the fake camera's listener is ours, so the hand-over's own check applies: the descriptor's owner
+    msg = None
+    try:
+        msg = _refusal(fd)
+    finally:
+        os.close(fd)
+    assert msg == (
+        f"frame buffer from {socket_path()} belongs to uid 65534, not to uid {os.getuid()}: refused; only a camera "
+        f"of uid {os.getuid()} may serve frames here"
+    )
+    # ours but not sealed against resizing (it could be truncated under a reader: SIGBUS)
+    fd = os.memfd_create("chestnut-frames", os.MFD_CLOEXEC)
+    os.fchmod(fd, 0o600)
+    os.ftruncate(fd, size)
+    try:
+        msg = _refusal(fd)
+    finally:
+        os.close(fd)
+    assert msg.endswith(
+        "is not sealed against resizing (F_SEAL_SHRINK | F_SEAL_GROW): refused; only a camera of "
+        f"uid {os.getuid()} may serve frames here"
+    )
+
+
+def test_buffer_problem_names_every_rule():
+    fd = os.memfd_create("chestnut-frames", os.MFD_ALLOW_SEALING)
+    try:
+        os.fchmod(fd, 0o600)
+        os.ftruncate(fd, 8192)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        st, seals, uid = os.fstat(fd), fcntl.fcntl(fd, fcntl.F_GET_SEALS), os.getuid()
+        assert buffer_problem(st, seals, uid, 8192) is None
+        assert buffer_problem(st, seals, uid, 4096) == "holds 8192 bytes, the camera announced 4096"
+        assert buffer_problem(st, seals, uid + 1, 8192) == f"belongs to uid {uid}, not to uid {uid + 1}"
+        os.fchmod(fd, 0o640)
+        assert buffer_problem(os.fstat(fd), seals, uid, 8192) == "is reachable by group/other (mode 0640)"
+    finally:
+        os.close(fd)
+    with tempfile.NamedTemporaryFile(dir=runtime_dir()) as f:
+        os.fchmod(f.fileno(), 0o600)
+        st = os.fstat(f.fileno())
+        assert buffer_problem(st, 0, os.getuid(), 0) == "is a file with a name (a ring is an unlinked memfd)"
+
+
+def test_a_subscriber_of_another_uid_is_refused_by_the_camera_and_cannot_reach_the_socket():
+    with FrameRing(64, allowed_uid=os.getuid() + 1000) as ring:  # serves another uid only: we are the stranger
+        with pytest.raises(FrameBufferError) as e:
+            FrameSubscriber().view(_Buf(ring.session, 0, 1, 1))
+        assert str(e.value) == (
+            f"frame socket {ring.path}: the camera closed the connection without handing over its ring (it serves "
+            f"only its own uid; this subscriber is uid {os.getuid()})"
+        )
+        assert ring.refused == 1 and ring.subscribers == 0
+    with FrameRing(64) as ring:  # a real process of another user: the 0700 runtime directory keeps it out
+        assert os.stat(ring.path).st_mode & 0o777 == 0o600
+        if os.getuid() != 0:
+            pytest.skip("needs root to run a process as another user")
+        code = f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({ring.path!r})"
+        r = subprocess.run(["/usr/bin/python3", "-c", code], user=65534, capture_output=True, text=True, cwd="/")
+        assert r.returncode == 1 and r.stderr.strip().endswith("PermissionError: [Errno 13] Permission denied")
+        assert ring.subscribers == 0
+
+
+def test_reader_takes_both_kinds_and_the_logger_inlines_ring_frames():
+    img = np.arange(6 * 8 * 3, dtype=np.uint8).reshape(6, 8, 3)
+    inline = log_from_bytes(fill_frame(3, img, 1, 2, "test").to_bytes())
+    reader = FrameReader()
+    assert not reader.in_ring(inline.cameraFrame)
+    assert (reader.read(inline.cameraFrame) == img).all()
+    assert inline_event(inline, reader) == inline.as_builder().to_bytes()
+    with FrameRing(img.nbytes) as ring:
+        ev = _frame(ring, img, 4)
+        assert reader.in_ring(ev.cameraFrame) and len(ev.cameraFrame.data) == 0
+        with pytest.raises(ValueError) as e:
+            frame_to_array(ev.cameraFrame)
+        assert str(e.value) == (
+            "cameraFrame 4: its pixels were in the camera's shared-memory ring, not in the message (read it live "
+            "with msgs/visionipc.py FrameReader; chestnut record logs the pixels inline)"
+        )
+        view = reader.view(ev.cameraFrame)
+        assert view.shape == (6, 8, 3) and not view.flags.writeable and (view == img).all()
+        del view
+        logged = log_from_bytes(inline_event(ev, reader))
+        cf = logged.cameraFrame
+        assert (frame_to_array(cf) == img).all()
+        assert (cf.buffer.seq, cf.buffer.index, cf.buffer.session) == (1, 0, ring.session)
+        assert logged.logMonoTime == ev.logMonoTime
+    reader.close()
+
+
+def test_camera_publishes_native_frames_through_the_ring(tmp_path):
+    """``chestnut camera --transport shm``: metadata on the bus, pixels identical to the decoded source."""
+    from chestnut.launch.camerad import iter_frames
+
+    src = tmp_path / "frames"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    import av
+
+    for k in range(3):
+        frame = av.VideoFrame.from_ndarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8), format="bgr24")
+        frame.to_image().save(src / f"{k}.png")
+    want = list(iter_frames(src, 48, 64, loop=False))
+    sock = sub_sock("cameraFrame", timeout_ms=5000)
+    cam = subprocess.Popen(
+        [
+            str(ROOT / ".venv/bin/chestnut"),
+            "camera",
+            "--source",
+            str(src),
+            "--transport",
+            "shm",
+            "--height",
+            "48",
+            "--width",
+            "64",
+            "--frames",
+            "3",
+            "--no-loop",
+            "--start-delay",
+            "0.5",
+            "--rate",
+            "5",
+        ],
+        cwd=ROOT,
+    )
+    reader = FrameReader()
+    try:
+        got = []
+        for _ in range(3):
+            ev = recv_one(sock)
+            assert ev is not None
+            cf = ev.cameraFrame
+            assert len(cf.data) == 0 and cf.buffer.size == 48 * 64 * 3
+            got.append((int(cf.frameId), reader.read(cf)))
+        assert [fid for fid, _ in got] == [0, 1, 2]
+        for (_, img), ref in zip(got, want, strict=True):
+            assert (img == ref).all()
+        assert cam.wait(10) == 0
+    finally:
+        cam.kill()
+        sock.close(linger=0)
+        reader.close()
+    assert not Path(socket_path()).exists()  # the camera removed its socket at its stop
