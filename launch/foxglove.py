@@ -1,6 +1,8 @@
 """``chestnut foxglove``: the live stack in Foxglove, over the Foxglove WebSocket protocol.
 
-A Foxglove WebSocket server (the ``foxglove-sdk`` package, protocol ``foxglove.websocket.v1``)
+A Foxglove WebSocket server (the ``foxglove-sdk`` package; the protocol ``foxglove.websocket.v1``,
+which foxglove-sdk 0.30 names ``foxglove.sdk.v1`` in the handshake, accepted by Lichtblick since
+lichtblick-suite/lichtblick#819)
 that subscribes to every service of the stack (``CHESTNUT_PREFIX`` / ``--prefix``) and serves it
 live as JSON, with the topics and JSON Schemas that :mod:`chestnut.msgs.jsonschema` generates from
 ``msgs/chestnut.capnp`` -- the same channels the MCAP segments carry:
