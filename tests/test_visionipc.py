@@ -393,3 +393,36 @@ def test_camera_publishes_native_frames_through_the_ring(tmp_path):
         sock.close(linger=0)
         reader.close()
     assert not Path(socket_path()).exists()  # the camera removed its socket at its stop
+
+
+def test_the_logger_records_ring_frames_with_their_pixels(tmp_path):
+    """``chestnut record`` subscribed to a ring camera: the log holds every frame's pixels and its buffer."""
+    from chestnut.msgs.logfile import LogReader, RouteWriter
+    from chestnut.msgs.logger import Recorder
+    from chestnut.msgs.messaging import PubMaster
+
+    imgs = [np.full((16, 32, 3), 10 * k, np.uint8) for k in range(5)]
+    with FrameRing(imgs[0].nbytes, slots=8) as ring, PubMaster(["cameraFrame"]) as pm:
+        with RouteWriter(tmp_path, formats=["zst"]) as w:
+            rec = Recorder(w, ["cameraFrame"])
+            try:
+                time.sleep(0.3)  # the logger's connection is up before the first frame (a PUB drops until then)
+                for k, img in enumerate(imgs):
+                    index, seq = ring.write(img)
+                    msg = fill_frame(k, img[:0], 1 + k, 2 + k, "test")
+                    msg.cameraFrame.height, msg.cameraFrame.width = 16, 32
+                    ring.fill(msg.cameraFrame, index, seq, img.nbytes)
+                    pm.send("cameraFrame", msg)
+                written = 0
+                for _ in range(50):
+                    written += rec.step(100)
+                    if written == 5:
+                        break
+            finally:
+                rec.close_sockets()
+        assert rec.frames_unread == 0
+    frames = [ev.cameraFrame for _, service, ev in LogReader(tmp_path, fmt="zst") if service == "cameraFrame"]
+    assert [int(cf.frameId) for cf in frames] == [0, 1, 2, 3, 4]
+    for k, cf in enumerate(frames):
+        assert (frame_to_array(cf) == 10 * k).all()
+        assert int(cf.buffer.seq) == k + 1
