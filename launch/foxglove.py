@@ -14,7 +14,10 @@ live as JSON, with the topics and JSON Schemas that :mod:`chestnut.msgs.jsonsche
   events as ``foxglove.Log`` (Log panel).
 
 It binds loopback (``127.0.0.1``) by default: the stream carries every camera frame, so exposing
-it is the user's explicit choice (``--host``). ``--port`` (default 8765, Foxglove's default).
+it is the user's explicit choice (``--host``). A loopback TCP port is still open to every local
+user (the protocol has no authentication and TCP no peer credentials), unlike the stack's own
+sockets (mode 0700): it runs only when asked for, and belongs on a machine one does not share.
+``--port`` (default 8765, Foxglove's default).
 Open it in Foxglove: *Open connection* -> *Foxglove WebSocket* -> ``ws://127.0.0.1:8765``, then
 *Layout* -> *Import from file* -> ``launch/foxglove-layout.json``.
 
