@@ -15,6 +15,9 @@ messages, each in standard unpacked Cap'n Proto framing (segment table + segment
 registry); one schema named ``chestnut.capnp:Event`` (the root struct's ``displayName``) whose data
 is the binary ``CodeGeneratorRequest`` of ``msgs/chestnut.capnp``; one channel per service with
 topic = service name; ``log_time = publish_time = logMonoTime`` (ns, CLOCK_MONOTONIC); zstd chunks.
+With ``mcap_encodings`` containing ``"json"``, the file also (or only) carries the JSON channels Foxglove
+decodes (``jsonschema`` schemas generated from the Cap'n Proto schema, :mod:`chestnut.msgs.jsonschema`);
+readers here skip them. ``chestnut record`` writes JSON-only MCAP next to an rlog (README "Foxglove").
 
 **Crash bound**: a writer flushes (zstd ``FLUSH_BLOCK`` / a finished MCAP chunk, then the file
 object) once :data:`FLUSH_EVERY_MESSAGES` messages are pending or :data:`FLUSH_INTERVAL_S` seconds
