@@ -68,13 +68,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_onnx: Path):
 
 
 def serving_primary(st: Stack, timeout_s: float = 60.0) -> Records:
-    """Wait until the last outputs come from the primary, ChestnutActive is true and the node is active."""
+    """Wait until the last outputs come from the primary and the node is active. (ChestnutActive is not waited
+    for: on a loaded machine other usb evidence, such as the copy path's rate, may hold a WARN of its own.)"""
     def ok(r: Records) -> Records | None:
         good = (len(r.outputs) >= 3 and all(o.source == "primary" for o in r.outputs[-3:]) and bool(r.states)
-                and r.states[-1].state == "active" and bool(r.active) and r.active[-1].active)
+                and r.states[-1].state == "active")
         return r if good else None
     try:
-        return st.bus.wait_for(ok, timeout_s, "the primary serving with ChestnutActive true")
+        return st.bus.wait_for(ok, timeout_s, "the primary serving")
     except AssertionError as e:
         raise AssertionError(f"{e}\n--- node log ---\n{st.node.log_tail()}") from None
 
@@ -168,7 +169,9 @@ def test_a_usb2_link_keeps_the_usb_layer_warn_without_flapping(stack: Stack) -> 
     assert rec.active and not any(a.active for a in rec.active), [a.reason for a in rec.active if a.active]
     assert all(a.reason.startswith("usb WARN: ") and "480 Mbps" in a.reason for a in rec.active)
     assert sum(o.source == "primary" for o in rec.outputs) >= 0.95 * len(rec.outputs)
-    serving_primary(stack, 30.0)  # SuperSpeed again: three probes clear the WARN
+    t_clear = time.monotonic_ns()
+    stack.bus.wait_for(lambda r: any(h.mono_ns > t_clear and "480 Mbps" not in h.layers["usb"][1] for h in r.health),
+                       30.0, "SuperSpeed again: three probes clear the WARN")
 
 
 def test_a_bridge_wedged_while_loading_is_named_with_the_remedy_that_works(stack: Stack) -> None:
