@@ -215,17 +215,16 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # 0700; short: Ray's socket paths live under it
+    # every file of the cluster (sessions, sockets, its address) in a directory of ours, mode 0700; short,
+    # since Ray's socket paths live under it
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    saved = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp
     c = None
     try:
         c = Cluster(
             initialize_head=True,
-            head_node_args={
-                "num_cpus": 1,
-                "object_store_memory": OBJECT_STORE,
-                "include_dashboard": False,
-                "temp_dir": temp,
-            },
+            head_node_args={"num_cpus": 1, "object_store_memory": OBJECT_STORE, "include_dashboard": False},
         )
         c.add_node(num_cpus=1, object_store_memory=OBJECT_STORE)
         c.wait_for_nodes()
@@ -236,6 +235,10 @@ def cluster():
         if c is not None:
             c.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
+        if saved is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved
     left = _survivors({int(w.split("@")[0]) for ex in STARTED for w in ex.worker_ids()})
     assert left == [], f"Ray worker processes outlived the cluster: {left}"
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from chestnut.msgs.logfile import find_log_files, parse_segment_dir
-from chestnut.node.offline.contracts import CheckParams, CheckResult, check_timeline
+from chestnut.node.offline.contracts import CONTRACTS, CheckParams, CheckResult, check_timeline
 from chestnut.node.offline.executor import KIND_EXTRACT, KIND_REPLAY, Executor, Outcome, Unit, units_of
 from chestnut.node.offline.replay import (
     ReplayPlan,
@@ -191,12 +191,12 @@ class FleetCheck:
         )
 
     def digest(self) -> str:
-        """sha256 over every log's violations, damage and record count, by log name."""
+        """sha256 over every log's violations, damage and records, by log name: equal for any executor."""
         body = {
             short_name(k): {
                 "violations": [asdict(v) for v in r.violations],
                 "damage": [asdict(d) for d in r.timeline.damage],
-                "records": len(r.timeline.events),
+                "records": [asdict(e) for e in r.timeline.events],
             }
             for k, r in self.logs.items()
         }
@@ -216,7 +216,9 @@ def check_fleet(
     ``wait_timeout_ms``) on top, as :func:`~chestnut.node.offline.contracts.check_log`. Raises
     ``FileNotFoundError`` (no log) and ``KeyError`` (unknown contract) before any unit runs."""
     only = list(only) if only is not None else None
-    check_timeline(Timeline.from_extracts([]), CheckParams(), only)  # an unknown contract name fails now
+    unknown = [n for n in only or () if n not in CONTRACTS]
+    if unknown:  # before any unit runs (check_timeline says the same, after them)
+        raise KeyError(f"unknown contract {unknown[0]!r}; known: {', '.join(CONTRACTS)}")
     groups = group_logs(paths)
     tasks = [
         (log_name, [SegmentTask(i, str(f), None, _NO_PLAN) for i, f in enumerate(files)]) for log_name, files in groups
