@@ -4,8 +4,9 @@ For each probability (``--probabilities``, default one transfer in a thousand an
 seed: a fresh node (``chestnut run`` as a child process, the tiny test model, hot standby, the node's
 default back-off and flap limits) against one twin (``chestnut twin serve``); once the primary
 serves, ``chestnut twin fault timeout --repeat --probability P --seed S`` for ``--seconds``. Printed
-per run: frames answered, the share the primary served, source switches (``nodeState`` entering
-``degraded``) with the first one's reason, the timed-out transfers (the twin's count), the usb layer's
+per run: frames answered, the share the primary served, failovers (``nodeState`` entering
+``degraded``) with the first one's reason, output source changes (primary <-> fallback between
+consecutive outputs), the timed-out transfers (the twin's count), the usb layer's
 last reason and the worst publish -> output latency.
 
 Real docks see 0-815 transfer errors per hour (openpilot#38519); the aim at one in a thousand:
@@ -61,12 +62,16 @@ def one_run(cfg: Path, tmp: Path, prefix: str, probability: float, seed: int, se
         shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
     outs = [o for o in rec.outputs if o.mono_ns >= t0]
     primary = sum(o.source == "primary" for o in outs)
-    switches = [s for s in rec.states if s.mono_ns >= t0 and s.state == "degraded"]
+    states = [s for s in rec.states if s.mono_ns >= t0]
+    switches = [s for prev, s in zip([None, *states], states, strict=False)  # entries: nodeState repeats at 1 Hz
+                if s.state == "degraded" and (prev is None or prev.state != "degraded")]
+    flips = sum(a.source != b.source for a, b in zip(outs, outs[1:], strict=False))
     late_ms = max(((o.recv_ns - rec.sent[o.frame_id]) / 1e6 for o in outs if o.frame_id in rec.sent), default=0.0)
     usb = next((h.layers["usb"] for h in reversed(rec.health) if h.mono_ns >= t0), ("-", "-"))
     first = f"; first: {switches[0].reason[:140]}" if switches else ""
     return (f"P={probability:g} seed={seed}: {len(outs)} frames, primary {primary} "
-            f"({100 * primary / max(1, len(outs)):.1f} %), {len(switches)} source switches{first}; "
+            f"({100 * primary / max(1, len(outs)):.1f} %), {len(switches)} failovers{first}; {flips} output source "
+            f"changes; "
             f"{fired} transfers timed out; worst latency {late_ms:.0f} ms; usb {usb[0]}: {usb[1][:160]}")
 
 
