@@ -24,8 +24,8 @@ transfer                                  retried      why
 0xF2 OUT (arm the SRAM engine)            yes          carries slot and size, not a count: a second arm
                                                        replaces the first
 0xF0 OUT, single, non-posted (MRd, CfgRd, yes, with    what ``pcie_request`` re-issues itself; the 0xF0 IN
-CfgWr) and its 0xF0 IN completion         the header   is re-read only after the header is sent again (the
-                                                       bridge holds one completion)
+CfgWr) and its 0xF0 IN completion         the header   is re-read only after the header is sent again (read
+                                                       alone it could return a stale completion)
 0xF0 OUT, posted MWr / streaming write    only into a  a value written to memory or to a register that
 header (mode 1) and its bulk OUT          value region holds a value (a doorbell carries the write pointer,
                                                        tinygrad 0.14 ``AMDQueueDesc.signal_doorbell``) is
@@ -41,8 +41,9 @@ bulk OUT into an SRAM window              yes, with    the whole image is sent a
                                                        ``AMDAllocator._copyin``); a bulk OUT replayed
                                                        without its arm is not (a partial first try moved
                                                        the armed stream on)
-bulk IN of an SRAM window                 yes, with    a read of SRAM the GPU no longer writes
-                                          its 0xF2 arm
+bulk IN of an SRAM window                 yes, with    a read of SRAM the GPU no longer writes; it is
+                                          its 0xF2 arm also the wait for the GPU's copy (see
+                                                       :class:`RetryPolicy`)
 0xF3 OUT (PCIe power)                     no           power-on retrains the link for up to 10 s: the
                                                        ladder's job, never inside a frame
 async transfers (``*_async``)             as their     tinygrad's ``USB3`` latches the first failure in
@@ -63,8 +64,8 @@ unchanged, the runner turned it sticky and the worker was replaced, each time.
 
 A transfer that is not retried and fails is counted too, and raised as before (the worker is
 replaced). Never retried inside tinygrad's copy (``_copyin``/``_copyout``): after a failed copy a
-same-process retry silently leaves the destination as it was; retry happens here, one transfer at a
-time, below the copy.
+same-process retry "succeeds" and leaves the destination as it was (``tests/test_tinygrad_on_twin.py``
+shows it); retry happens here, one transfer at a time, below the copy.
 
 Bounds (:class:`RetryPolicy`): each retried transfer gets ``attempts`` tries of at most
 ``attempt_timeout_ms`` (plus the bytes at ``floor_bytes_per_ms`` for a bulk transfer), so a retried
