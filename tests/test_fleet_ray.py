@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-from drivelog import build_drive, tamper_tensor, write_drive
+from drivelog import _msg, build_drive, tamper_tensor, write_drive
 
 from chestnut.launch.cli import main
-from chestnut.msgs.logfile import SegmentFileReader
+from chestnut.msgs.logfile import SegmentFileReader, find_log_files
 from chestnut.node.offline.executor import RAY_INSTALL_HINT, LocalExecutor
 from chestnut.node.offline.fleet import (
     check_fleet,
@@ -31,7 +31,7 @@ from chestnut.node.offline.fleet import (
     replay_rows,
     replay_segment_rows,
 )
-from chestnut.node.offline.replay import KIND_VALUES, replay
+from chestnut.node.offline.replay import KIND_VALUES, find_node_config, replay
 from chestnut.node.offline.units import Unit, run_unit
 
 ROUTE = "2026-01-01--00-00-00"
@@ -41,10 +41,15 @@ OBJECT_STORE = 100 * 1024 * 1024  # Ray's minimum is 75 MiB
 
 
 @pytest.fixture(scope="module")
-def source(tiny_onnx: Path, tmp_path_factory) -> Path:
+def source(drive_items: list, tmp_path_factory) -> Path:
     logs = tmp_path_factory.mktemp("source") / "logs"
-    write_drive(build_drive(tiny_onnx), logs)
+    write_drive(drive_items, logs)
     return logs
+
+
+@pytest.fixture(scope="module")
+def drive_items(tiny_onnx: Path) -> list:
+    return build_drive(tiny_onnx)
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +144,22 @@ def test_fleet_table_puts_the_broken_log_first_and_a_corrupt_segment_does_not_st
     assert "FAIL: 1 replay mismatch(es), 0 contract violation(s), 1 damaged file(s), 0 failed segment(s)" in page
     assert page.index(f"{ROUTE}-00002") < page.index(f"{ROUTE}-00001")  # worst first
     assert f"byte {damage.damage[0].offset}" in page
+
+
+@pytest.mark.parametrize(("after_s", "engine"), [(2.0, "onnxruntime"), (4.0, None)])
+def test_plan_reads_the_twin_engine_only_near_the_node_config(drive_items, tmp_path, after_s, engine):
+    """The driver resolves every log's plan from its first segment: it reads up to 3 s past the node's
+    config for the 1 Hz twinState, not the whole segment."""
+    init_t = next(t for t, s, _ in drive_items if s == "initData")
+    m = _msg("twinState", init_t + int(after_s * 1e9))
+    m.twinState.programEngine = "onnxruntime"
+    items = sorted([*drive_items, (m.logMonoTime, "twinState", m.to_bytes())], key=lambda i: i[0])
+    write_drive(items, tmp_path / "logs", segment_seconds=10.0)  # one file: all of it would be read otherwise
+    files = find_log_files(tmp_path / "logs")
+    assert len(files) == 1
+    config = find_node_config(files)
+    assert config["model"]["name"] == "tiny"
+    assert config.get("twin", {}).get("program_engine") == engine
 
 
 def test_interrupted_run_keeps_what_finished(fleet):
