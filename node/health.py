@@ -62,7 +62,9 @@ LTSSM_STUCK = 0x4C  # a link that trains into 0x4C and sticks there: a known fir
 SUPERSPEED_MBPS = 5000  # openpilot's hardware daemon: slower than 5000 Mbps is a slow USB link
 PROBE_FRESH_MS = 2500.0  # a dock probe's evidence holds for 2.5 periods of the node's 1 Hz probe (one lost probe)
 LADDER_FRESH_MS = 3000.0  # the ladder's evidence holds until the first probes of the new worker take over
-MARGINAL_COPY_RATIO = 0.5  # copies at under half the rate this link first gave them: a marginal link
+# copies at under a quarter of the rate this link first gave them: a marginal link (retries and re-sent
+# transfers, or a USB 2 fallback ~10x slower, backend/ladder.py USB2_HAZARDS), not a busy host's 2x
+MARGINAL_COPY_RATIO = 0.25
 FENCE_MARGIN_RATIO = 0.5  # a frame's fence taking over half the wait timeout: one slow step from a failure
 FIELD_TRANSIENT_ERRORS_PER_H = 815.0
 """The most bulk / 0xE4 I/O errors per hour seen on docks that work (openpilot#38519): transient
