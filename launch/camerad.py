@@ -2,23 +2,27 @@
 
 By default it loops the real city-traffic video of the PyPI wheel ``mvtb-data==1.6.1`` (350 frames,
 704x576), decoded with PyAV and resized to the model input (default 128x256, the shape openpilot's
-models use), at 20 Hz. Any video, image folder or single image works (``--source``).
+models use), at 20 Hz. Any video, image folder or single image works (``--source``). ``--native``
+keeps the source's own size (an image folder: the first image's size, the others resized to it);
+``--pixel-format nv12`` publishes YUV 4:2:0 (FFmpeg's ``nv12``, what openpilot's cameras give) instead
+of BGR; ``--synthetic`` replaces the source by a moving test pattern of ``--width`` x ``--height``
+(``--synthetic --width 1928 --height 1208 --pixel-format nv12``: openpilot's 1928x1208 road camera
+frame, 3.5 MB).
 
 Timing as a camera gives it: ``frameId`` counts from 0 and never repeats within a run;
 ``timestampSof`` (ns, CLOCK_MONOTONIC) is the frame's scheduled start on a drift-free 1/rate grid;
 ``timestampEof`` is when the frame, decoded and resized ahead of its tick, is sent (readout done). A
 source that falls behind its schedule skips ticks rather than bursting, and the skipped ids are never
-reused, so downstream frame-drop accounting sees real gaps.
+reused, so downstream frame-drop accounting sees real gaps. At a stop the frame waiting for its tick
+is not sent, and the socket lingers (:data:`STOP_LINGER_MS`) so the last frame sent reaches every
+subscriber: the node and the logger see the same last frame.
 
 Transport (``--transport``): a frame up to ``msgs/visionipc.py`` ``INLINE_MAX_BYTES`` travels inline
 (pixels in ``data``); a bigger one, or every one with ``shm``, is copied into the camera's
 shared-memory ring and only its metadata (``buffer``: session, slot, sequence number) is published
 (``msgs/visionipc.py``). The ring is removed when the camera stops; when it is killed, the kernel frees
-the buffers once the last subscriber unmaps them. At a stop the frame waiting for its tick
-is not sent, and the socket lingers (:data:`STOP_LINGER_MS`) so the last frame sent reaches every
-subscriber: the node and the logger see the same last frame.
+the buffers once the last subscriber unmaps them.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -40,8 +44,16 @@ STOP_LINGER_MS = 1000  # at stop, queued frames get this long to reach the subsc
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".tif", ".tiff", ".webp"}
 
 
-def iter_frames(source: Path, height: int, width: int, loop: bool = True) -> Iterator[np.ndarray]:
-    """Yield uint8 [height, width, 3] BGR frames from a video, an image folder or one image.
+PIXEL_FORMATS = {"bgr24": "bgr888", "nv12": "nv12"}  # FFmpeg pixel format -> CameraFrame.PixelEncoding
+
+
+def iter_frames(
+    source: Path, height: int | None, width: int | None, loop: bool = True, pixel_format: str = "bgr24"
+) -> Iterator[np.ndarray]:
+    """Yield uint8 frames from a video, an image folder or one image: [height, width, 3] BGR for
+    ``bgr24``, the [height * 3/2, width] planes for ``nv12`` (``msgs/frames.py`` ``frame_shape``).
+    ``height``/``width`` None: the first frame's own size (rounded down to even for ``nv12``), kept for
+    every later frame.
 
     Raises FileNotFoundError for a missing source and ValueError for a folder without images or a
     file FFmpeg cannot decode.
@@ -63,7 +75,11 @@ def iter_frames(source: Path, height: int, width: int, loop: bool = True) -> Ite
                 with av.open(str(f)) as container:
                     for frame in container.decode(video=0):
                         n += 1
-                        yield frame.to_ndarray(format="bgr24", width=width, height=height)
+                        if height is None or width is None:
+                            even = pixel_format == "nv12"
+                            height = frame.height & ~1 if even else frame.height
+                            width = frame.width & ~1 if even else frame.width
+                        yield frame.to_ndarray(format=pixel_format, width=width, height=height)
             except (av.error.FFmpegError, IndexError) as e:  # PyAV raises IndexError for a file without video
                 raise ValueError(f"{f} cannot be decoded as video or image: {e or type(e).__name__}") from e
         if n == 0:
@@ -72,13 +88,41 @@ def iter_frames(source: Path, height: int, width: int, loop: bool = True) -> Ite
             return
 
 
-def ring_frame(ring: FrameRing, frame_id: int, img: np.ndarray, sof_ns: int, source_name: str) -> object:
-    """Copy a uint8 [H, W, 3] BGR image into the ring's next slot and build its metadata-only
+def synthetic_frames(height: int, width: int, pixel_format: str = "bgr24") -> Iterator[np.ndarray]:
+    """An endless moving test pattern, frames as :func:`iter_frames` gives them: diagonal luma ramps that
+    shift 4 levels a frame, a chroma ramp across and down. Raises ValueError for an odd ``nv12`` size."""
+    if pixel_format == "nv12" and (height % 2 or width % 2):
+        raise ValueError(f"an nv12 frame has an even width and height, not {width}x{height}")
+    y, x = np.mgrid[0:height, 0:width]
+    luma = ((x + y) & 0xFF).astype(np.uint8)
+    if pixel_format == "nv12":
+        uv = np.empty((height // 2, width), np.uint8)
+        uv[:, 0::2] = (np.arange(width // 2) * 256 // max(1, width // 2)).astype(np.uint8)[None, :]  # U across
+        uv[:, 1::2] = (np.arange(height // 2) * 256 // max(1, height // 2)).astype(np.uint8)[:, None]  # V down
+    else:
+        bgr = np.stack([luma, (x & 0xFF).astype(np.uint8), (y & 0xFF).astype(np.uint8)], axis=2)
+    k = 0
+    while True:
+        shift = np.uint8(4 * k & 0xFF)
+        if pixel_format == "nv12":
+            yield np.concatenate([luma + shift, uv])
+        else:
+            frame = bgr.copy()
+            frame[:, :, 0] += shift
+            yield frame
+        k += 1
+
+
+def ring_frame(
+    ring: FrameRing, frame_id: int, img: np.ndarray, sof_ns: int, source_name: str, encoding: str = "bgr888"
+) -> object:
+    """Copy a frame (as :func:`iter_frames` gives it) into the ring's next slot and build its metadata-only
     ``cameraFrame`` (``timestampEof``: ns, CLOCK_MONOTONIC, once the pixels are in the slot)."""
     index, seq = ring.write(np.ascontiguousarray(img))
-    msg = fill_frame(frame_id, img[:0], sof_ns, time.monotonic_ns(), source_name)
+    msg = fill_frame(frame_id, img[:0], sof_ns, time.monotonic_ns(), source_name, encoding)
     cf = msg.cameraFrame  # type: ignore[attr-defined]
-    cf.height, cf.width = int(img.shape[0]), int(img.shape[1])
+    rows = int(img.shape[0])
+    cf.height, cf.width = (rows * 2 // 3 if encoding == "nv12" else rows), int(img.shape[1])
     ring.fill(cf, index, seq, img.nbytes)
     return msg
 
@@ -88,6 +132,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=float, default=20.0, help="frames per second (default 20)")
     p.add_argument("--height", type=int, default=128)
     p.add_argument("--width", type=int, default=256)
+    p.add_argument("--native", action="store_true", help="keep the source's own size (ignores --height/--width)")
+    p.add_argument("--pixel-format", choices=sorted(PIXEL_FORMATS), default="bgr24",
+                   help="bgr24 (default) or nv12 (YUV 4:2:0, openpilot's camera format)")
+    p.add_argument("--synthetic", action="store_true",
+                   help="a moving test pattern of --width x --height instead of --source")
     p.add_argument("--frames", type=int, default=0, help="stop after this many frames (0 = run until stopped)")
     p.add_argument("--no-loop", action="store_true", help="stop at the end of the source instead of looping")
     p.add_argument(
@@ -109,12 +158,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from chestnut.launch.assets import traffic_video_path
 
-    source = args.source or traffic_video_path()
+    synthetic = getattr(args, "synthetic", False)
+    source: Path | str = args.source or ("" if synthetic else traffic_video_path())
     if args.rate <= 0 or args.width <= 0 or args.height <= 0:
         log.error("--rate, --width and --height must be > 0")
         return 2
+    pixel_format = getattr(args, "pixel_format", "bgr24")
+    encoding = PIXEL_FORMATS[pixel_format]
+    if synthetic:
+        source = f"synthetic-{args.width}x{args.height}-{pixel_format}"
     try:  # open the source before binding: a bad source is a one-line error, not a traceback
-        frames = iter_frames(Path(source), args.height, args.width, loop=not args.no_loop)
+        if synthetic:
+            frames = synthetic_frames(args.height, args.width, pixel_format)
+        else:
+            native = getattr(args, "native", False)
+            frames = iter_frames(Path(source), None if native else args.height, None if native else args.width,
+                                 loop=not args.no_loop, pixel_format=pixel_format)
         first = next(frames)
     except (FileNotFoundError, ValueError, StopIteration) as e:
         log.error("%s", e or f"camera source {source} has no frames")
@@ -131,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
             log.error("%s", e)
             return 2
     try:
-        return _publish(args, source, frames, pending, flag, period_ns, ring)
+        return _publish(args, source, frames, pending, flag, period_ns, ring, encoding)
     finally:
         if ring is not None:
             ring.close()
@@ -145,10 +204,13 @@ def _publish(
     flag: StopFlag,
     period_ns: int,
     ring: FrameRing | None,
+    encoding: str,
 ) -> int:
     sent = skipped = 0
     with PubMaster(["cameraFrame"]) as pm:
-        log.info("camera: %s at %.1f Hz, %dx%d, %s", source, args.rate, args.width, args.height,
+        rows, cols = pending[0].shape[:2]
+        log.info("camera: %s at %.1f Hz, %dx%d %s, %s", source, args.rate, cols,
+                 rows * 2 // 3 if encoding == "nv12" else rows, encoding,
                  "inline" if ring is None else f"shared-memory ring of {ring.slots}")
         time.sleep(max(0.0, args.start_delay))
         t0 = time.monotonic_ns()
@@ -174,9 +236,9 @@ def _publish(
             if flag.stop:  # stopped while waiting for the tick: the last frame sent stays the last one
                 break
             if ring is None:
-                msg = fill_frame(frame_id, img, sof, time.monotonic_ns(), Path(source).name)
+                msg = fill_frame(frame_id, img, sof, time.monotonic_ns(), Path(source).name, encoding)
             else:
-                msg = ring_frame(ring, frame_id, img, sof, Path(source).name)
+                msg = ring_frame(ring, frame_id, img, sof, Path(source).name, encoding)
             pm.send("cameraFrame", msg)
             sent += 1
             frame_id += 1

@@ -95,7 +95,8 @@ struct CameraFrame {
   width @3 :UInt32;                  # px
   height @4 :UInt32;                 # px
   encoding @5 :PixelEncoding;
-  data @6 :Data;                     # height * width * channels bytes, row-major, no padding
+  data @6 :Data;                     # height * width * channels bytes (nv12: height * width * 3/2),
+                                     # row-major, no padding
   sourceName @7 :Text;               # where the frames come from (file name, device)
   buffer @8 :FrameBuffer;            # set when the pixels are in the camera's shared-memory ring and
                                      # `data` is empty (msgs/visionipc.py); unset for inline frames
@@ -104,6 +105,8 @@ struct CameraFrame {
     bgr888 @0;                       # 3 bytes per pixel, B, G, R
     rgb888 @1;
     gray8 @2;
+    nv12 @3;                         # YUV 4:2:0, 1.5 bytes per pixel: `height` rows of Y, then height/2
+                                     # rows of interleaved U, V (width/2 pairs); width and height even
   }
 }
 

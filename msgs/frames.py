@@ -2,8 +2,10 @@
 
 The layout is the one ``msgs/chestnut.capnp`` gives ``CameraFrame``: ``data`` holds ``height`` rows of
 ``width`` pixels, row-major, 3 bytes per pixel (B, G, R) for ``bgr888`` and 1 byte for ``gray8``, no
-padding. Both the camera (``chestnut camera``) and every reader of frames (the node, replay) use these
-two functions, so what the node infers on is exactly what the camera sent.
+padding; ``nv12`` holds ``height`` rows of Y then ``height / 2`` rows of interleaved U, V (FFmpeg's
+``nv12``), read as a one-channel array of ``height * 3 / 2`` rows (:func:`frame_shape`). Both the
+camera (``chestnut camera``) and every reader of frames (the node, replay) use these functions, so
+what the node infers on is exactly what the camera sent.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 
 from chestnut.msgs.messaging import new_message
-from chestnut.msgs.schema import log as schema
 
 CAMERA_RESTART_MIN_STEP = 20
 """A ``frameId`` more than this below the previous one (with a newer start of frame) is a restarted
@@ -21,27 +22,42 @@ reordered frame. Our choice: a camera restart takes longer than 20 frames (1 s a
 ``chestnut check`` apply the same rule."""
 
 
-def fill_frame(frame_id: int, img: np.ndarray, sof_ns: int, eof_ns: int, source_name: str) -> object:
-    """Build a ``cameraFrame`` Event for a uint8 [H, W, 3] BGR image (``sof_ns``/``eof_ns``: ns,
+def frame_shape(height: int, width: int, encoding: str) -> tuple[int, int, int]:
+    """The uint8 array (rows, columns, channels) of a ``height`` x ``width`` frame in ``encoding``
+    (a ``CameraFrame.PixelEncoding`` name): [H, W, 3] for ``bgr888`` / ``rgb888``, [H, W, 1] for ``gray8``,
+    [H * 3/2, W, 1] for ``nv12`` (Y rows, then UV rows). Raises ValueError for an odd-sized ``nv12`` frame."""
+    if encoding == "nv12":
+        if height % 2 or width % 2:
+            raise ValueError(f"an nv12 frame has an even width and height, not {width}x{height}")
+        return height * 3 // 2, width, 1
+    return height, width, 1 if encoding == "gray8" else 3
+
+
+def fill_frame(
+    frame_id: int, img: np.ndarray, sof_ns: int, eof_ns: int, source_name: str, encoding: str = "bgr888"
+) -> object:
+    """Build a ``cameraFrame`` Event for a uint8 image: [H, W, 3] BGR (``bgr888``, the default) or, for
+    ``nv12``, the [H * 3/2, W] (or [H * 3/2, W, 1]) planes of an H x W frame (``sof_ns``/``eof_ns``: ns,
     CLOCK_MONOTONIC)."""
     msg = new_message("cameraFrame")
     cf = msg.cameraFrame
     cf.frameId = frame_id
     cf.timestampSof = sof_ns
     cf.timestampEof = eof_ns
-    cf.height, cf.width = int(img.shape[0]), int(img.shape[1])
-    cf.encoding = schema.CameraFrame.PixelEncoding.bgr888
+    rows = int(img.shape[0])
+    cf.height, cf.width = (rows * 2 // 3 if encoding == "nv12" else rows), int(img.shape[1])
+    cf.encoding = encoding
     cf.data = np.ascontiguousarray(img).tobytes()
     cf.sourceName = source_name
     return msg
 
 
 def frame_to_array(cf: object) -> np.ndarray:
-    """A ``cameraFrame`` reader -> uint8 [H, W, C] array (a copy; C = 1 for ``gray8``, else 3).
+    """A ``cameraFrame`` reader -> uint8 array of :func:`frame_shape` (a copy): [H, W, 3], or [H, W, 1]
+    for ``gray8``, [H * 3/2, W, 1] for ``nv12``.
     Raises ValueError when ``data`` does not hold exactly H * W * C bytes, and for a frame whose pixels
     stayed in the camera's shared-memory ring (``buffer`` set, ``data`` empty: ``msgs/visionipc.py``)."""
-    channels = 1 if str(cf.encoding) == "gray8" else 3  # type: ignore[attr-defined]
-    h, w = int(cf.height), int(cf.width)  # type: ignore[attr-defined]
+    h, w, channels = frame_shape(int(cf.height), int(cf.width), str(cf.encoding))  # type: ignore[attr-defined]
     data = cf.data  # type: ignore[attr-defined]
     if not data and cf._has("buffer"):  # type: ignore[attr-defined]
         raise ValueError(

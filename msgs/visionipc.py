@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from chestnut.msgs.frames import frame_to_array
+from chestnut.msgs.frames import frame_shape, frame_to_array
 from chestnut.msgs.paths import runtime_dir
 from chestnut.msgs.services import FRAME_MAX_BYTES
 
@@ -66,7 +66,6 @@ __all__ = [
     "FrameRing",
     "FrameSubscriber",
     "buffer_problem",
-    "frame_channels",
     "inline_event",
     "socket_path",
 ]
@@ -116,11 +115,6 @@ def slot_stride(frame_bytes: int) -> int:
     """Bytes of one slot: header plus ``frame_bytes``, rounded up to whole pages."""
     page = mmap.PAGESIZE
     return (SLOT_HEADER_BYTES + frame_bytes + page - 1) // page * page
-
-
-def frame_channels(encoding: str) -> int:
-    """Bytes per pixel of a ``CameraFrame.PixelEncoding`` name (``msgs/chestnut.capnp``)."""
-    return 1 if encoding == "gray8" else 3
 
 
 def buffer_problem(st: os.stat_result, seals: int, uid: int, size: int) -> str | None:
@@ -505,7 +499,8 @@ class FrameSubscriber:
 class FrameReader:
     """Reads a ``cameraFrame`` of either kind: inline (``data``) or in the camera's ring (``buffer``).
 
-    ``view(cf)`` -> uint8 [H, W, C] (C = 1 for ``gray8``, else 3); a ring frame is a read-only view
+    ``view(cf)`` -> uint8 array of ``msgs/frames.py`` ``frame_shape`` ([H, W, 3]; [H, W, 1] for ``gray8``;
+    [H * 3/2, W, 1] for ``nv12``); a ring frame is a read-only view
     into shared memory, an inline one a copy (``msgs/frames.py`` ``frame_to_array``). Call
     ``verify(cf)`` once done with the view: a ring frame that was overwritten meanwhile raises
     :class:`FrameOverwrittenError` (a ``ValueError``). The ring is connected to on the first ring frame.
@@ -521,7 +516,7 @@ class FrameReader:
     def view(self, cf: Any) -> np.ndarray:
         if not self.in_ring(cf):
             return frame_to_array(cf)
-        h, w, c = int(cf.height), int(cf.width), frame_channels(str(cf.encoding))
+        h, w, c = frame_shape(int(cf.height), int(cf.width), str(cf.encoding))
         buf = cf.buffer
         if int(buf.size) != h * w * c:
             raise ValueError(f"cameraFrame {cf.frameId}: {int(buf.size)} bytes in the ring for {h}x{w}x{c}")

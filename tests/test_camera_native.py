@@ -1,0 +1,88 @@
+"""``chestnut camera`` at the source's native size and pixel format, and openpilot's 1928x1208 NV12 frame."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from chestnut.launch.assets import traffic_video_path
+from chestnut.launch.camerad import iter_frames, synthetic_frames
+from chestnut.msgs.frames import fill_frame, frame_shape, frame_to_array
+from chestnut.msgs.messaging import log_from_bytes, recv_one, sub_sock
+from chestnut.msgs.visionipc import FrameReader
+
+ROOT = Path(__file__).resolve().parents[1]
+CHESTNUT = str(ROOT / ".venv/bin/chestnut")
+
+
+def _receive(args: list[str], count: int) -> list[tuple[object, np.ndarray]]:
+    """Run ``chestnut camera ARGS --frames COUNT`` and return (cameraFrame, verified pixels) per frame."""
+    sock = sub_sock("cameraFrame", timeout_ms=10000)
+    cam = subprocess.Popen([CHESTNUT, "camera", *args, "--frames", str(count), "--start-delay", "0.5"], cwd=ROOT)
+    reader = FrameReader()
+    got = []
+    try:
+        for _ in range(count):
+            ev = recv_one(sock)
+            assert ev is not None, "no frame within 10 s"
+            cf = ev.cameraFrame
+            got.append((cf, reader.read(cf)))
+        assert cam.wait(20) == 0
+    finally:
+        cam.kill()
+        sock.close(linger=0)
+        reader.close()
+    return got
+
+
+def test_nv12_layout_and_its_round_trip():
+    assert frame_shape(1208, 1928, "nv12") == (1812, 1928, 1)
+    assert frame_shape(576, 704, "bgr888") == (576, 704, 3)
+    assert frame_shape(4, 6, "gray8") == (4, 6, 1)
+    with pytest.raises(ValueError, match=r"^an nv12 frame has an even width and height, not 7x4$"):
+        frame_shape(4, 7, "nv12")
+    planes = next(synthetic_frames(8, 12, "nv12"))
+    assert planes.shape == (12, 12) and planes.dtype == np.uint8
+    cf = log_from_bytes(fill_frame(0, planes, 1, 2, "t", "nv12").to_bytes()).cameraFrame
+    assert (str(cf.encoding), cf.height, cf.width, len(cf.data)) == ("nv12", 8, 12, 144)
+    assert (frame_to_array(cf)[:, :, 0] == planes).all()
+
+
+def test_openpilot_sized_nv12_frames_through_the_ring():
+    got = _receive(["--synthetic", "--width", "1928", "--height", "1208", "--pixel-format", "nv12", "--rate", "10"], 4)
+    want = synthetic_frames(1208, 1928, "nv12")
+    ids = []
+    for cf, img in got:
+        assert (str(cf.encoding), cf.width, cf.height) == ("nv12", 1928, 1208)
+        assert len(cf.data) == 0 and cf.buffer.size == 1928 * 1208 * 3 // 2 == 3_493_536  # in the ring, not inline
+        assert (img[:, :, 0] == next(want)).all()
+        ids.append(int(cf.frameId))
+    assert ids == sorted(set(ids)) and ids[0] == 0
+
+
+def test_the_traffic_video_at_its_native_704x576():
+    got = _receive(["--native", "--rate", "10", "--no-loop"], 3)
+    want = iter_frames(traffic_video_path(), None, None, loop=False)
+    for cf, img in got:
+        assert (str(cf.encoding), cf.width, cf.height, cf.buffer.size) == ("bgr888", 704, 576, 704 * 576 * 3)
+        assert (img == next(want)).all()
+
+
+def test_an_inline_native_frame_and_an_odd_nv12_size_is_one_line(tmp_path):
+    got = _receive(["--native", "--rate", "10", "--transport", "inline", "--pixel-format", "nv12"], 1)
+    ((cf, img),) = got
+    assert (str(cf.encoding), cf.width, cf.height, len(cf.data)) == ("nv12", 704, 576, 704 * 576 * 3 // 2)
+    assert not cf._has("buffer") and img.shape == (864, 704, 1)
+    r = subprocess.run(
+        [CHESTNUT, "camera", "--synthetic", "--width", "7", "--height", "4", "--pixel-format", "nv12"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].endswith("an nv12 frame has an even width and height, not 7x4")
+    assert "Traceback" not in r.stderr
