@@ -145,9 +145,12 @@ class RayExecutor:
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         self.nodes = len([n for n in ray.nodes() if n.get("Alive")])
-        self.actors: list[Any] = []
         self.pids: dict[int, str] = {}  # actor slot -> worker id it last reported
-        self.start_s = 0.0  # actors started and answering (s)
+        self.start_s = 0.0  # from here to every actor answering (s)
+        self._t_created = time.perf_counter()
+        # the actors start now, while the driver resolves the logs' plans; run() waits for them
+        self.actors: list[Any] = [_Actor.options(scheduling_strategy="SPREAD").remote() for _ in range(self.workers)]
+        self._idents: list[Any] | None = [a.ident.remote() for a in self.actors]
 
     def describe(self) -> str:
         return (
@@ -155,24 +158,26 @@ class RayExecutor:
             f"{', logs shipped through the object store' if self.ship_logs else ''}"
         )
 
-    def _start(self) -> None:
-        t0 = time.perf_counter()
-        self.actors = [_Actor.options(scheduling_strategy="SPREAD").remote() for _ in range(self.workers)]
+    def _started(self) -> None:
+        if self._idents is None:
+            return
         try:
-            idents = ray.get([a.ident.remote() for a in self.actors], timeout=START_TIMEOUT_S)
+            idents = ray.get(self._idents, timeout=START_TIMEOUT_S)
         except GetTimeoutError:
             raise ExecutorError(
                 f"{self.workers} Ray actor(s) did not start within {START_TIMEOUT_S:g} s: "
                 "are there that many free CPUs in the cluster?"
             ) from None
+        self._idents = None
         self.pids = dict(enumerate(idents))
-        self.start_s = time.perf_counter() - t0
+        self.start_s = time.perf_counter() - self._t_created
 
     def run(self, units: list[Unit], on_outcome: Callable[[Outcome], None] | None = None) -> Iterator[Outcome]:
         t0 = time.perf_counter()
         done = on_outcome or (lambda _o: None)
         if not self.actors:
-            self._start()
+            raise ExecutorError("this Ray executor was closed")
+        self._started()
         todo = list(reversed(units))
         uses: dict[str, int] = {}
         for u in units:
