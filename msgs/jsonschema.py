@@ -64,7 +64,8 @@ TOPIC_LOG = "/chestnut/log"
 LOG_INFO, LOG_WARNING, LOG_ERROR = 2, 3, 4
 
 # Foxglove RawImage encodings for our pixel encodings (CameraFrame.PixelEncoding) and bytes per pixel
-_IMAGE_ENCODINGS = {"bgr888": ("bgr8", 3), "rgb888": ("rgb8", 3), "gray8": ("mono8", 1)}
+# of a row's step (nv12: the Y row; Foxglove's RawImage documents nv12 as Y plane then interleaved UV)
+_IMAGE_ENCODINGS = {"bgr888": ("bgr8", 3), "rgb888": ("rgb8", 3), "gray8": ("mono8", 1), "nv12": ("nv12", 1)}
 
 _TIME_SCHEMA = {
     "type": "object",

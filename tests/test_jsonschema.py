@@ -73,7 +73,7 @@ def test_chestnut_export_converts_an_rlog_into_json_mcap_and_refuses_an_existing
     assert {f"/{m}" for m, _, _ in events} <= set(topics)
     (img,) = topics["/camera/image"]
     (frame,) = topics["/cameraFrame"]
-    assert img["encoding"] == {"bgr888": "bgr8", "rgb888": "rgb8", "gray8": "mono8"}[frame["encoding"]]
+    assert img["encoding"] == {"bgr888": "bgr8", "rgb888": "rgb8", "gray8": "mono8", "nv12": "nv12"}[frame["encoding"]]
     assert (img["width"], img["height"], img["data"]) == (frame["width"], frame["height"], frame["data"])
     with caplog.at_level("WARNING", logger="chestnut.logs"):
         assert LogReader(out).files and list(LogReader(out)) == []  # no capnproto channel to read
