@@ -98,7 +98,7 @@ def test_local_fleet_equals_each_log_replayed_alone(fleet, alone, local):
     assert fr.ok and fc.ok and all(r.violations == [] for r in fc.logs.values())
     two = replay_fleet(fleet, LocalExecutor(2), jit_cache=False)
     assert two.digest() == fr.digest()
-    assert len({o.worker for o in two.run.outcomes}) == 2  # both processes took segments
+    assert two.run.executor == "local, 2 process(es)" and two.run.units == len(two.run.outcomes)
     assert [(r.log, r.segments, r.frames, r.problems) for r in replay_rows(fr)] == [
         (f"{ROUTE}-{k:05d}", SEGMENTS, 180, 0) for k in range(1, COPIES + 1)
     ]
