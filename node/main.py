@@ -90,20 +90,26 @@ from chestnut.node.policy import (
     FrameClock,
     Pairing,
     PrimaryView,
+    StartFailure,
     Submit,
     active_for_output,
     agreement_reference,
     choose_answer,
     count_miss,
     decide_submission,
+    drains_on_fail_over,
     fallback_must_run,
     frame_age_s,
     frame_clock,
+    is_primary_fault,
     late_result_reason,
     no_result_reason,
     pair_response,
     primary_serves,
     shadow_vote,
+    start_failure,
+    start_timed_out,
+    timed_out_start_failure,
     with_frame_clock,
 )
 from chestnut.node.preprocess import preprocess
@@ -436,7 +442,7 @@ class Node:
         """BACK_OFF: the fallback serves from now on. A worker with requests in flight drains (see the
         module docstring); any other is killed now."""
         w = self.worker
-        if w is not None and w.alive and w.ready and w.in_flight and self.watchdog.outstanding:
+        if w is not None and drains_on_fail_over(w.alive, w.ready, len(w.in_flight), len(self.watchdog.outstanding)):
             if not self.draining:
                 log.warning("worker %s drains: %d request(s) in flight (oldest frame %d); killed when answered or "
                             "at the wait timeout + margin", w.pid, len(w.in_flight), w.in_flight[0])
@@ -469,19 +475,12 @@ class Node:
             elif (ev := evidence_from_error(e)) is not None:
                 self.health.apply([ev], now)
             failed = w.ladder.first_failure if w.ladder is not None else None
-            if failed is not None and failed.name == "usb_ids":
-                event = Event.DOCK_ABSENT
-            elif failed is not None and failed.name in ("model_loaded", "warmup") or isinstance(e, ModelError):
-                event = Event.LOAD_FAILED
-                # the worker climbs the dock rungs and loads in one go: the dock qualified, the load failed
-                self._feed(Event.QUALIFIED, "qualification ladder passed up to the model load")
-            else:
-                event = Event.QUALIFY_FAILED
-            self._feed(event, str(e), e.layer)
+            kind = start_failure(failed.name if failed is not None else None, isinstance(e, ModelError))
+            self._feed_start_failure(kind, str(e), e.layer)
             return
         if not ready:
             spawned_s = w.spawned_at_s if w.spawned_at_s is not None else time.monotonic()
-            if time.monotonic() - spawned_s > self.cfg.timing.start_timeout_s:
+            if start_timed_out(spawned_s, time.monotonic(), self.cfg.timing.start_timeout_s):
                 self._start_timed_out(w)
             return
         # readiness may have been taken in by any earlier pump of the handle (poll_result, probe):
@@ -520,9 +519,14 @@ class Node:
         log.error("%s; killing it", why)
         self.health.apply([Evidence(Layer.GPU, Level.ERROR, why, hard=True, tag="start_timeout")], time.monotonic_ns())
         self._kill_worker(why)
-        if loading:
+        self._feed_start_failure(timed_out_start_failure(loading), why, Layer.GPU)
+
+    def _feed_start_failure(self, kind: StartFailure, reason: str, layer: Layer | None) -> None:
+        """A failed start to the supervisor; a failed load after QUALIFIED (the worker climbs the dock rungs
+        and loads in one go: the dock qualified)."""
+        if kind is StartFailure.LOAD_FAILED:
             self._feed(Event.QUALIFIED, "qualification ladder passed up to the model load")
-        self._feed(Event.LOAD_FAILED if loading else Event.QUALIFY_FAILED, why, Layer.GPU)
+        self._feed(Event(kind.value), reason, layer)
 
     def _check_worker_alive(self) -> None:
         w = self.worker
@@ -559,11 +563,9 @@ class Node:
         """Apply evidence; while a worker should run, a layer at ERROR after bad evidence is a primary
         fault -- also when it was ERROR already (a layer still recovering from the last fault)."""
         self.health.apply(evidence, now)
-        if not self.sup.wants_worker:
-            return
         for ev in evidence:
             status = self.health.status(ev.layer)
-            if ev.level is Level.ERROR and status.level is Level.ERROR:
+            if is_primary_fault(ev.level is Level.ERROR, status.level is Level.ERROR, self.sup.wants_worker):
                 self._feed(Event.PRIMARY_FAULT, status.reason, ev.layer)
                 return
 
@@ -604,7 +606,8 @@ class Node:
         drop_perc = self.framedrop.update(frame_id)
         try:
             img = self.frame_reader.view(cf)  # a ring frame is read in place: no copy before preprocessing
-            inputs = preprocess(self.cfg.model.preprocess, img, self.cfg.model.input, tuple(self.cfg.model.shape))
+            inputs = preprocess(self.cfg.model.preprocess, img, self.cfg.model.input, tuple(self.cfg.model.shape),
+                                str(cf.encoding))  # "warp:<name>" resizes / converts a full frame (node/preprocess.py)
             self.frame_reader.verify(cf)  # lapped by the camera while read: dropped, never torn
         except (ValueError, KeyError, FrameBufferError) as e:
             self.bad_frames += 1

@@ -17,7 +17,10 @@ fallback runs          :func:`fallback_must_run`: in hot standby always; else wh
 primary's response     :func:`pair_response`: the frame's own result, its failure, a late one (the
                        watchdog's verdict) or an earlier frame's, to be taken in and waited past
 worker declared failed :func:`count_miss`: ``miss_run`` consecutive frames without a primary result in
-                       time fail the gpu layer over (openpilot modeld gives the big model 150 ms a frame)
+                       time fail the gpu layer over (openpilot modeld gives the big model 150 ms a frame);
+                       :func:`is_primary_fault`: an ERROR that leaves its layer at ERROR; a start that
+                       fails (:func:`start_failure`) or takes too long (:func:`start_timed_out`); on a
+                       failover a worker with requests in flight drains (:func:`drains_on_fail_over`)
 agreement reference    :func:`agreement_reference`: the fallback's output, only when it passed its own
                        checks; without one a shadow frame casts no vote (:func:`shadow_vote`)
 who answers            :func:`choose_answer`: the primary when the supervisor says it serves and its output
@@ -186,6 +189,57 @@ def count_miss(run: int, miss_run: int, runs_primary: bool, deadline_ms: float, 
         return MissVerdict(run, True, f"{run} consecutive frames without a primary result within the deadline "
                                       f"({deadline_ms:g} ms); last: {why}")
     return MissVerdict(run, False)
+
+
+# ---------------------------------------------------------------- a worker that fails to start, or fails over
+def drains_on_fail_over(alive: bool, ready: bool, in_flight: int, watchdog_outstanding: int) -> bool:
+    """On a failover (BACK_OFF), whether the worker drains -- takes no new request, finishes what it has, and
+    is killed when it answers or at the wait timeout + margin -- instead of being killed now: only a live,
+    ready worker with requests in flight that the watchdog still supervises. Its answer (a typed error
+    naming the failing layer, e.g. tinygrad's own wait timeout) is a better diagnosis than a kill."""
+    return alive and ready and in_flight > 0 and watchdog_outstanding > 0
+
+
+class StartFailure(StrEnum):
+    """The supervisor event a failed worker start is (``node/supervisor.py`` ``Event`` values)."""
+
+    DOCK_ABSENT = "dock_absent"      # no dock enumerated: look again later
+    QUALIFY_FAILED = "qualify_failed"
+    LOAD_FAILED = "load_failed"      # the dock qualified, the model did not load or warm up
+
+
+MODEL_STEPS = ("model_loaded", "warmup")  # the ladder's model rungs (backend/ladder.py model_steps)
+
+
+def start_failure(failed_step: str | None, model_error: bool) -> StartFailure:
+    """Which failure a worker start is, from the ladder's first failed step (None when the start failed
+    before any step reported) and whether the error is a :class:`~chestnut.backend.errors.ModelError`.
+    A LOAD_FAILED means the dock steps passed: the caller reports QUALIFIED first (the worker climbs the
+    dock rungs and loads in one go)."""
+    if failed_step == "usb_ids":
+        return StartFailure.DOCK_ABSENT
+    if failed_step in MODEL_STEPS or model_error:
+        return StartFailure.LOAD_FAILED
+    return StartFailure.QUALIFY_FAILED
+
+
+def start_timed_out(spawned_s: float, now_s: float, start_timeout_s: float) -> bool:
+    """A worker not qualified and loaded ``start_timeout_s`` after its spawn is hung (a wait without a
+    timeout of its own, or a lost message): killed. Times in seconds of one monotonic clock."""
+    return now_s - spawned_s > start_timeout_s
+
+
+def timed_out_start_failure(loading: bool) -> StartFailure:
+    """A start that timed out counts against the step it was in: the model load (the dock had qualified)
+    or the qualification."""
+    return StartFailure.LOAD_FAILED if loading else StartFailure.QUALIFY_FAILED
+
+
+def is_primary_fault(evidence_error: bool, layer_error: bool, wants_worker: bool) -> bool:
+    """Evidence is a primary fault (the supervisor fails the worker over) when it is an ERROR, its layer is
+    at ERROR after it -- also when it was ERROR already, a layer still recovering from the last fault --
+    and the supervisor wants a worker running."""
+    return wants_worker and evidence_error and layer_error
 
 
 # ---------------------------------------------------------------- whose output is published

@@ -19,6 +19,7 @@ from chestnut.node.policy import (
     FrameClock,
     Pairing,
     PrimaryView,
+    StartFailure,
     Submission,
     Submit,
     active_for_output,
@@ -26,17 +27,22 @@ from chestnut.node.policy import (
     choose_answer,
     count_miss,
     decide_submission,
+    drains_on_fail_over,
     fallback_must_run,
     frame_age_s,
     frame_clock,
+    is_primary_fault,
     late_result_reason,
     no_result_reason,
     pair_response,
     primary_serves,
     shadow_vote,
+    start_failure,
+    start_timed_out,
+    timed_out_start_failure,
     with_frame_clock,
 )
-from chestnut.node.supervisor import Source
+from chestnut.node.supervisor import Event, Source
 from chestnut.node.validity import StaleDetector, ValidityReport, check_outputs, contracts_from_specs
 
 MS = 1_000_000
@@ -177,6 +183,47 @@ def test_misses_while_the_primary_does_not_run_are_counted_but_fail_nothing() ->
 
 def test_a_miss_run_of_one_fails_over_at_once() -> None:
     assert count_miss(0, 1, True, 100.0, "late").fail_over
+
+
+@pytest.mark.parametrize(("alive", "ready", "in_flight", "outstanding"), list(itertools.product(
+    [True, False], [True, False], [0, 2], [0, 1])))
+def test_only_a_live_ready_worker_with_supervised_requests_in_flight_drains(
+        alive: bool, ready: bool, in_flight: int, outstanding: int) -> None:
+    want = alive and ready and in_flight == 2 and outstanding == 1
+    assert drains_on_fail_over(alive, ready, in_flight, outstanding) is want
+
+
+@pytest.mark.parametrize(("step", "model_error", "want"), [
+    ("usb_ids", False, StartFailure.DOCK_ABSENT),
+    ("usb_ids", True, StartFailure.DOCK_ABSENT),          # no dock: nothing was loaded
+    ("ltssm", False, StartFailure.QUALIFY_FAILED),
+    ("link_speed", False, StartFailure.QUALIFY_FAILED),
+    ("ltssm", True, StartFailure.LOAD_FAILED),            # a ModelError is a load failure wherever it came
+    ("model_loaded", False, StartFailure.LOAD_FAILED),
+    ("warmup", False, StartFailure.LOAD_FAILED),
+    (None, False, StartFailure.QUALIFY_FAILED),           # died before any step reported
+    (None, True, StartFailure.LOAD_FAILED),
+])
+def test_a_failed_start_is_the_failure_of_its_first_failed_step(step: str | None, model_error: bool,
+                                                                want: StartFailure) -> None:
+    assert start_failure(step, model_error) is want
+
+
+def test_start_failures_are_supervisor_events() -> None:
+    assert [Event(k.value) for k in StartFailure] == [Event.DOCK_ABSENT, Event.QUALIFY_FAILED, Event.LOAD_FAILED]
+
+
+def test_a_start_times_out_after_its_budget_and_counts_against_its_step() -> None:
+    assert not start_timed_out(100.0, 160.0, 60.0)
+    assert start_timed_out(100.0, 160.001, 60.0)
+    assert timed_out_start_failure(loading=True) is StartFailure.LOAD_FAILED
+    assert timed_out_start_failure(loading=False) is StartFailure.QUALIFY_FAILED
+
+
+@pytest.mark.parametrize(("ev_error", "layer_error", "wants"), list(itertools.product([True, False], repeat=3)))
+def test_a_primary_fault_is_an_error_that_leaves_its_layer_at_error_while_a_worker_is_wanted(
+        ev_error: bool, layer_error: bool, wants: bool) -> None:
+    assert is_primary_fault(ev_error, layer_error, wants) is (ev_error and layer_error and wants)
 
 
 # ---------------------------------------------------------------- agreement reference and shadow votes
