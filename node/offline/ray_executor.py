@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayTaskError
 
 from chestnut.node.offline.units import MAX_ATTEMPTS, ExecutorError, Outcome, Unit, read_shipped, run_unit, worker_id
 
@@ -226,7 +226,10 @@ class RayExecutor:
                     try:
                         result, who, run_s = ray.get(ref)
                     except RayActorError as e:  # its process or node died and Ray's retries are spent
-                        dead.add(slot)
+                        if isinstance(e, ActorDiedError):  # gone for good (its restarts are spent)
+                            dead.add(slot)
+                        else:  # unavailable while Ray restarts it: it takes units again once back
+                            idle.append(slot)
                         log.warning(
                             "%s: worker %s lost (%s); %s",
                             u.path,
