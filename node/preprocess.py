@@ -6,6 +6,9 @@ name is recorded in the log's ``initData.config``).
 - ``ppocr``: PaddleOCR's detector normalisation, ``(img/255 - 0.5)/0.5``, BGR, NCHW float32
   (rapidocr-onnxruntime 1.4.4 ``config.yaml``: mean = std = 0.5, scale 1/255).
 - ``unit``: ``img/255``, BGR, NCHW float32.
+- ``warp:<name>`` (e.g. ``warp:ppocr``): the frame, of any size, ``bgr888`` or ``nv12``, is first
+  warped to the model's input size in BGR (:func:`warp`), then preprocessed as ``<name>``. Without
+  ``warp:`` a frame must already be the model's size and BGR: it is never resized silently.
 """
 
 from __future__ import annotations
@@ -26,19 +29,59 @@ def _unit(img: np.ndarray) -> np.ndarray:
 
 
 PREPROCESSORS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"ppocr": _ppocr, "unit": _unit}
+WARP_PREFIX = "warp:"  # "warp:<name>": warp any frame to the model's input, then <name>
 
 
-def preprocess(name: str, img: np.ndarray, input_name: str, input_shape: tuple[int, ...]) -> dict[str, np.ndarray]:
-    """uint8 [H, W, 3] -> ``{input_name: float32 [1, 3, H, W]}``.
+def warp(img: np.ndarray, encoding: str, height: int, width: int) -> np.ndarray:
+    """A frame -> uint8 [height, width, 3] BGR: resized and, for ``nv12``, colour-converted on the CPU.
+
+    ``img`` is the frame as ``msgs/frames.py`` ``frame_to_array`` reads it: uint8 [H, W, 3] for
+    ``bgr888`` / ``rgb888``, [H * 3/2, W, 1] (or [H * 3/2, W]) for ``nv12``. It runs FFmpeg's swscale through PyAV
+    (``VideoFrame.from_ndarray(...).to_ndarray(format="bgr24", width=, height=)``): its default
+    bilinear scaler, and for an ``nv12`` frame, which carries no colour metadata, swscale's default
+    BT.601 limited-range matrix -- the conversion ``chestnut camera`` applies to its source
+    (``launch/camerad.py`` ``iter_frames``). Raises ``ValueError`` for another encoding or shape.
+    """
+    import av
+
+    planes = img[:, :, 0] if img.ndim == 3 and encoding == "nv12" and img.shape[2] == 1 else img
+    if encoding == "nv12":
+        if planes.ndim != 2 or planes.shape[0] % 3 or planes.shape[1] % 2:
+            raise ValueError(f"an nv12 frame is uint8 [H * 3/2, W] with H, W even; got {img.dtype}{list(img.shape)}")
+        fmt = "nv12"
+    elif encoding in ("bgr888", "rgb888"):
+        if planes.ndim != 3 or planes.shape[2] != 3:
+            raise ValueError(f"a {encoding} frame is uint8 [H, W, 3]; got {img.dtype}{list(img.shape)}")
+        fmt = "bgr24" if encoding == "bgr888" else "rgb24"
+    else:
+        raise ValueError(f"cannot warp a {encoding} frame (bgr888, rgb888 or nv12)")
+    if planes.dtype != np.uint8:
+        raise ValueError(f"a frame is uint8, not {planes.dtype}")
+    frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(planes), format=fmt)
+    return np.asarray(frame.to_ndarray(format="bgr24", width=width, height=height))
+
+
+def preprocess(
+    name: str, img: np.ndarray, input_name: str, input_shape: tuple[int, ...], encoding: str = "bgr888"
+) -> dict[str, np.ndarray]:
+    """A frame (uint8 [H, W, 3] BGR; with ``warp:``, any :func:`warp` takes) -> ``{input_name: float32
+    [1, 3, H, W]}`` for ``input_shape`` (N, C, H, W). ``encoding`` is the frame's ``CameraFrame``
+    pixel encoding.
 
     Raises ``KeyError`` for an unknown preprocessor and ``ValueError`` when the frame does not match
-    ``input_shape`` (N, C, H, W) — a wrong-sized frame is rejected, never resized silently.
+    ``input_shape`` without ``warp:`` — a wrong-sized frame is rejected, never resized silently.
     """
-    if name not in PREPROCESSORS:
-        raise KeyError(f"unknown preprocessing {name!r}; known: {', '.join(sorted(PREPROCESSORS))}")
+    base = name[len(WARP_PREFIX) :] if name.startswith(WARP_PREFIX) else name
+    if base not in PREPROCESSORS:
+        known = sorted(PREPROCESSORS) + [WARP_PREFIX + k for k in sorted(PREPROCESSORS)]
+        raise KeyError(f"unknown preprocessing {name!r}; known: {', '.join(known)}")
+    if base != name:
+        img = warp(img, encoding, int(input_shape[2]), int(input_shape[3]))
+    elif encoding != "bgr888":
+        raise ValueError(f"a {encoding} frame needs the warp to the model's input: preprocess {WARP_PREFIX}{name}")
     if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
         raise ValueError(f"frame must be uint8 [H, W, 3]; got {img.dtype}{list(img.shape)}")
     want = (int(input_shape[2]), int(input_shape[3]))
     if img.shape[:2] != want:
         raise ValueError(f"frame is {img.shape[1]}x{img.shape[0]}, the model wants {want[1]}x{want[0]}")
-    return {input_name: PREPROCESSORS[name](img)}
+    return {input_name: PREPROCESSORS[base](img)}

@@ -513,6 +513,7 @@ class _Pending:
     image: np.ndarray | None
     error: str = ""
     not_served: str = ""  # why the node was not answering frames then ("" = it was)
+    encoding: str = "bgr888"  # the frame's CameraFrame pixel encoding (node/preprocess.py warp)
 
 
 _NODE_SERVICES = frozenset({"modelOutput", "chestnutActive", "chestnutHealth", "nodeState"})
@@ -564,7 +565,7 @@ class _SegmentReplayer:
             self.frames.append(FrameResult(**base, kind=KIND_STRUCTURE, detail=f"logged output unreadable: {e}"))
             return
         try:
-            inputs = preprocess(self.plan.preprocess, pending.image, ref.input_name, ref.input_shape)
+            inputs = preprocess(self.plan.preprocess, pending.image, ref.input_name, ref.input_shape, pending.encoding)
         except (KeyError, ValueError) as e:
             self.frames.append(FrameResult(**base, kind=KIND_INPUT, detail=f"{type(e).__name__}: {e}"))
             return
@@ -586,7 +587,7 @@ class _SegmentReplayer:
             return FrameResult(**base, kind=KIND_OK, detail=f"unusable frame, as logged: {pending.error}")
         try:
             if ref is not None:
-                preprocess(self.plan.preprocess, pending.image, ref.input_name, ref.input_shape)
+                preprocess(self.plan.preprocess, pending.image, ref.input_name, ref.input_shape, pending.encoding)
         except (KeyError, ValueError) as e:
             return FrameResult(**base, kind=KIND_OK, detail=f"unusable frame, as logged: {e}")
         return FrameResult(
@@ -621,7 +622,8 @@ class _SegmentReplayer:
                 fid = int(cf.frameId)
                 first_frame = fid if first_frame is None else first_frame
                 try:
-                    p = _Pending(t, int(cf.timestampEof), frame_to_array(cf))  # as the node reads it
+                    # read as the node reads it, with its encoding for a warp (node/preprocess.py)
+                    p = _Pending(t, int(cf.timestampEof), frame_to_array(cf), encoding=str(cf.encoding))
                 except ValueError as e:
                     p = _Pending(t, int(cf.timestampEof), None, str(e))
                 if not node_seen or stopping:
