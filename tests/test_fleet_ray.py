@@ -162,6 +162,24 @@ def test_plan_reads_the_twin_engine_only_near_the_node_config(drive_items, tmp_p
     assert config.get("twin", {}).get("program_engine") == engine
 
 
+def test_local_worker_sigkilled_mid_run_has_its_segment_retried(fleet, local):
+    fr, _ = local
+    killed: list[str] = []
+
+    def kill_once(o):
+        # the process that sent this result already holds its next segment: kill it under that segment
+        if not killed:
+            killed.append(o.worker)
+            os.kill(int(o.worker.split("@")[0]), signal.SIGKILL)
+
+    r = replay_fleet(fleet, LocalExecutor(2), on_outcome=kill_once, jit_cache=False)
+    assert r.run.failed == [] and len(r.run.outcomes) == r.run.units == COPIES * SEGMENTS
+    assert r.digest() == fr.digest()
+    # the pool broke: the killed process's segment and the one beside it ran again in a fresh pool
+    assert 1 <= len(r.run.retried) <= 2 and all(o.attempts == 2 for o in r.run.retried)
+    assert killed[0] not in {o.worker for o in r.run.retried}
+
+
 def test_interrupted_run_keeps_what_finished(fleet):
     seen = []
 

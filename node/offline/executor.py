@@ -108,6 +108,18 @@ class LocalExecutor:
     def _now(self) -> float:
         return time.perf_counter() - self._t0
 
+    def _refill(
+        self,
+        ex: ProcessPoolExecutor,
+        todo: list[Unit],
+        running: dict[Future[Any], tuple[Unit, float]],
+        attempts: dict[tuple[str, int], int],
+    ) -> None:
+        while todo and len(running) < self.workers:  # handed out as workers free up
+            nxt = todo.pop()
+            attempts[nxt.key] = attempts.get(nxt.key, 0) + 1
+            running[ex.submit(_local_unit, nxt)] = (nxt, self._now())
+
     def _pool(self, units: list[Unit], done: Callable[[Outcome], None]) -> Iterator[Outcome]:
         import multiprocessing as mp
         from concurrent.futures.process import BrokenProcessPool
@@ -122,10 +134,7 @@ class LocalExecutor:
             try:
                 running: dict[Future[Any], tuple[Unit, float]] = {}
                 while todo or running:
-                    while todo and len(running) < self.workers:  # handed out as workers free up
-                        u = todo.pop()
-                        attempts[u.key] = attempts.get(u.key, 0) + 1
-                        running[ex.submit(_local_unit, u)] = (u, self._now())
+                    self._refill(ex, todo, running, attempts)
                     finished, _ = wait(running, return_when=FIRST_COMPLETED)
                     for fut in finished:
                         u, queued = running.pop(fut)
@@ -158,6 +167,7 @@ class LocalExecutor:
                             done_s=self._now(),
                             run_s=run_s,
                         )
+                        self._refill(ex, todo, running, attempts)  # the freed process's next unit, before the callback
                         done(out)
                         yield out
                     else:
