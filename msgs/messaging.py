@@ -338,7 +338,7 @@ class SubSocket(zmq.Socket):
         a message over ``ZMQ_MAXMSGSIZE``: disconnecting and connecting the endpoint again covers both.
         Call it once the queue is drained: disconnecting drops what the old connection still holds.
         """
-        if self.conn_monitor is None or not self.conn_monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if self.conn_monitor is None or not int(self.conn_monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             return False
         lost = 0
         while True:
