@@ -426,3 +426,17 @@ def test_the_logger_records_ring_frames_with_their_pixels(tmp_path):
     for k, cf in enumerate(frames):
         assert (frame_to_array(cf) == 10 * k).all()
         assert int(cf.buffer.seq) == k + 1
+
+
+def test_chestnut_dump_shows_a_ring_frame_by_its_buffer():
+    import json
+
+    from chestnut.msgs.dump import format_event
+
+    img = np.full((4, 6, 3), 3, np.uint8)
+    with FrameRing(img.nbytes) as ring:
+        ev = _frame(ring, img, 7)
+        d = json.loads(format_event(ev, as_json=True))
+    cf = d["cameraFrame"]
+    assert (cf["frameId"], cf["data"], cf["height"], cf["width"]) == (7, "<0 bytes>", 4, 6)
+    assert cf["buffer"] == {"session": ring.session, "index": 0, "seq": 1, "size": 72}
