@@ -208,3 +208,26 @@ def test_the_daemon_survives_a_garbage_ring_written_over_usb():
     assert sdma["stalled"] == "unknown SDMA packet header 0x0a090807 (op 7, sub-op 8)"
     assert sdma["rptr"] == 0 and sdma["wptr"] == 64
     assert sdma["error_count"] == 2  # the stall, and the doorbell 1 TiB past the ring
+
+
+def test_a_fence_stall_that_fired_once_keeps_the_fence_still_until_a_gpu_reset(twin):
+    """One firing drops that write and every later fence write (a single drop would be healed by the next
+    chunk's ``seq + 1``, so the fence would not stall); the copies still run; a GPU reset ends it."""
+    from chestnut.backend.sim.faults import FaultSpec
+
+    q = Queue(twin)
+    twin.vram.write(HEAP, b"\xab" * 64)
+    twin.inject(FaultSpec("fence_stall"))  # one-shot: fires on the first write, then the fault is spent
+    q.submit(write(VRAM + HEAP + 0x100, 1) + fence(P.SYS_PAGE_GPU_ADDR + 0x800, 2)
+             + copy(VRAM + HEAP + 0x200, VRAM + HEAP, 64) + write(VRAM + HEAP + 0x104, 3))
+    st = q.settle()
+    assert (st["rptr"], st["fence_stalled"], st["error_count"]) == (q.put, True, 0)
+    assert (u32(twin, HEAP + 0x100), u32(twin, HEAP + 0x104)) == (0, 0)
+    assert twin.xdata[P.XDATA_COPYIN_FENCE:P.XDATA_COPYIN_FENCE + 4] == bytes(4)
+    assert twin.vram.read(HEAP + 0x200, 64) == b"\xab" * 64  # the work itself was done
+    with twin.lock:
+        twin._gpu_reset_locked()
+    q.put = 0
+    q.submit(write(VRAM + HEAP + 0x100, 5))
+    st = q.settle()
+    assert st["fence_stalled"] is False and u32(twin, HEAP + 0x100) == 5

@@ -138,8 +138,9 @@ KINDS: dict[str, KindInfo] = {
                         "the TLP completes with status UR or CA (status param, default ca); a streaming read "
                         "returns all-ones", "none: the next TLP completes normally"),
     "fence_stall": KindInfo(Site.FENCE, "any", False,
-                            "the GPU does the work (copies, clears the sentinel) but the fence write is skipped: "
-                            "the transfer succeeded, the fence never moves", "clear the fault"),
+                            "the GPU does the work (copies, clears the sentinel) but its fence writes are skipped from "
+                            "then on: the transfers succeed, the fence never moves",
+                            "GPU reset: 0xF3 off then on (a fresh driver's init), power-cycle or a brown-out"),
     "lost_receipt": KindInfo(Site.RECEIPT, "any", False,
                              "the fence moved, but the host's next XDATA read of the fence or completion page "
                              "never returns: LIBUSB_ERROR_TIMEOUT", "none: the following read returns"),
@@ -150,7 +151,8 @@ KINDS: dict[str, KindInfo] = {
                          "the engine stops: no packet completes, fences stop", "GPU reset: 0xF3 off then on, "
                          "chestnut twin power-cycle, or a brown-out"),
     "slow_gpu": KindInfo(Site.PACKET, "any", False,
-                         "each packet starts delay_ms (default 500) late", "clear the fault",
+                         "each unit of work starts delay_ms (default 500) late: a COPY_LINEAR on the SDMA queue, "
+                         "a packet on the program engine", "clear the fault",
                          default_repeat=True, recovers=False),
     "nan_output": KindInfo(Site.RUN, "any", False, "a run's float outputs are all NaN", "none"),
     "stale_output": KindInfo(Site.RUN, "any", False,

@@ -41,7 +41,8 @@ Faults acting here (:mod:`.faults`): ``gpu_hang`` at each packet start, ``slow_g
 engine's unit of work, as a ``RUN`` is the program engine's: a frame's copy-in, run and copy-out are three),
 ``sentinel_stuck``
 at each ``POLL_REGMEM`` on the SRAM windows (the poll never matches), ``fence_stall`` at each ``WRITE`` and
-``FENCE`` (the write is dropped).
+``FENCE`` (the write is dropped, and so is every later one until a GPU reset: the fence stops moving, as a
+stalled engine's does; a single dropped write would be healed by the next chunk's ``seq + 1``).
 """
 
 from __future__ import annotations
@@ -182,6 +183,7 @@ class SdmaEngine:
         self._doorbell = [0, 0]   # low, high dword as last written
         self.epoch = 0
         self.hung = False
+        self.fence_stalled = False  # a fired fence_stall: fence writes are dropped until a GPU reset
         self.stalled: str | None = None
         self.polling: str | None = None
         self.executed = 0
@@ -216,6 +218,7 @@ class SdmaEngine:
         self.rptr = self.wptr = 0
         self._doorbell = [0, 0]
         self.hung = False
+        self.fence_stalled = False
         self.stalled = self.polling = None
         self.errors.clear()
         self.error_count = 0
@@ -226,7 +229,8 @@ class SdmaEngine:
         return self.rptr != self.wptr
 
     def status(self) -> dict[str, Any]:
-        return {"rptr": self.rptr, "wptr": self.wptr, "hung": self.hung, "stalled": self.stalled,
+        return {"rptr": self.rptr, "wptr": self.wptr, "hung": self.hung, "fence_stalled": self.fence_stalled,
+                "stalled": self.stalled,
                 "polling": self.polling, "executed": self.executed, "traps": self.traps,
                 "error_count": self.error_count, "errors": list(self.errors)}
 
@@ -385,8 +389,11 @@ class SdmaEngine:
                 return
             if pkt.op in (e.op_write, e.op_fence):
                 data = struct.pack(f"<{len(d) - 4}I", *d[4:]) if pkt.op == e.op_write else struct.pack("<I", d[3])
-                if host.fire("fence_stall"):
-                    log.info("fence_stall: %s of %d bytes at %#x dropped", pkt.name, len(data), d[1] | d[2] << 32)
+                if not self.fence_stalled and host.fire("fence_stall"):
+                    self.fence_stalled = True
+                    log.info("fence_stall: %s of %d bytes at %#x dropped, and every fence write after it until a "
+                             "GPU reset", pkt.name, len(data), d[1] | d[2] << 32)
+                if self.fence_stalled:
                     return
                 self._write(d[1] | d[2] << 32, data)
                 return
