@@ -278,7 +278,7 @@ def cluster():
             os.environ.pop("RAY_TMPDIR", None)
         else:
             os.environ["RAY_TMPDIR"] = saved
-    left = _survivors({int(w.split("@")[0]) for ex in STARTED for w in ex.worker_ids()})
+    left = _survivors({int(w.split("@")[0]) for ex in STARTED for w in ex.worker_ids() if w})
     assert left == [], f"Ray worker processes outlived the cluster: {left}"
 
 
@@ -374,7 +374,9 @@ def test_ray_ctrl_c_cancels_and_keeps_what_finished(cluster, fleet, local):
         ex.close()
     assert r.run.interrupted and len(r.run.outcomes) == 3 and not r.ok
     first = sorted(r.logs)[0]
-    assert [s.index for s in r.logs[first].segments] == [o.unit.index for o in r.run.outcomes if o.unit.log == first]
+    assert [s.index for s in r.logs[first].segments] == sorted(
+        o.unit.index for o in r.run.outcomes if o.unit.log == first
+    )  # the log holds the segments that finished, in segment order
     # nothing is left running: a new pool gets every CPU of the cluster again
     again = _ray()
     try:

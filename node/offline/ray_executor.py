@@ -230,6 +230,7 @@ class RayExecutor:
                             dead.add(slot)
                         else:  # unavailable while Ray restarts it: it takes units again once back
                             idle.append(slot)
+                            self.pids[slot] = ""  # its next process is not known yet
                         log.warning(
                             "%s: worker %s lost (%s); %s",
                             u.path,
@@ -264,7 +265,7 @@ class RayExecutor:
                     else:
                         idle.append(slot)
                         # a different process answered: the actor was restarted under this unit and Ray ran it again
-                        tries = attempts[u.key] + (1 if who != pid_then else 0)
+                        tries = attempts[u.key] + (1 if pid_then and who != pid_then else 0)
                         self.pids[slot] = who
                         out = Outcome(u, result, worker=who, attempts=tries, queued_s=queued, done_s=now, run_s=run_s)
                     release(u)
@@ -279,7 +280,7 @@ class RayExecutor:
             shipped.clear()
 
     def worker_ids(self) -> list[str]:
-        """The worker id (``pid@host``) each actor last reported, in pool order."""
+        """The worker id (``pid@host``) each actor last reported, in pool order ("": restarting, unknown)."""
         return [self.pids[i] for i in sorted(self.pids)]
 
     def close(self) -> None:
