@@ -12,10 +12,11 @@ frame, 3.5 MB).
 Timing as a camera gives it: ``frameId`` counts from 0 and never repeats within a run;
 ``timestampSof`` (ns, CLOCK_MONOTONIC) is the frame's scheduled start on a drift-free 1/rate grid;
 ``timestampEof`` is when the frame, decoded and resized ahead of its tick, is sent (readout done). A
-source that falls behind its schedule skips ticks rather than bursting, and the skipped ids are never
-reused, so downstream frame-drop accounting sees real gaps. At a stop the frame waiting for its tick
-is not sent, and the socket lingers (:data:`STOP_LINGER_MS`) so the last frame sent reaches every
-subscriber: the node and the logger see the same last frame.
+source up to :data:`LATE_MAX_PERIODS` periods behind its schedule (a host stall) sends the late frames
+and catches up on the grid; one further behind skips the ticks already past (:func:`ticks_to_skip`), and
+the skipped ids are never reused, so downstream frame-drop accounting sees real gaps. At a stop the
+frame waiting for its tick is not sent, and the socket lingers (:data:`STOP_LINGER_MS`) so the last
+frame sent reaches every subscriber: the node and the logger see the same last frame.
 
 Transport (``--transport``): a frame up to ``msgs/visionipc.py`` ``INLINE_MAX_BYTES`` travels inline
 (pixels in ``data``); a bigger one, or every one with ``shm``, is copied into the camera's
@@ -40,6 +41,7 @@ from chestnut.msgs.visionipc import INLINE_MAX_BYTES, FrameBufferError, FrameRin
 
 log = logging.getLogger("chestnut.camera")
 
+LATE_MAX_PERIODS = 3  # a frame up to 3 periods late (150 ms at 20 Hz) still goes out: the camera's queue holds it
 STOP_LINGER_MS = 1000  # at stop, queued frames get this long to reach the subscribers (ZMQ_LINGER)
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".tif", ".tiff", ".webp"}
 
@@ -125,6 +127,16 @@ def ring_frame(
     cf.height, cf.width = (rows * 2 // 3 if encoding == "nv12" else rows), int(img.shape[1])
     ring.fill(cf, index, seq, img.nbytes)
     return msg
+
+
+def ticks_to_skip(now_ns: int, sof_ns: int, period_ns: int, late_max_periods: int = LATE_MAX_PERIODS) -> int:
+    """How many ticks a source that is late for the tick starting at ``sof_ns`` (ns, CLOCK_MONOTONIC) skips
+    at ``now_ns``: 0 while it is at most ``late_max_periods`` periods late (the frame goes out late, and the
+    ones after it catch up on the grid, as a camera's buffer queue delivers frames after a short host
+    stall); beyond that, every whole tick already past, so the next frame sent is at most one period late
+    and the skipped ids are lost frames."""
+    late_ns = now_ns - sof_ns
+    return int(late_ns // period_ns) if late_ns > late_max_periods * period_ns else 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -218,10 +230,9 @@ def _publish(
         while not flag.stop and (args.frames == 0 or sent < args.frames):
             sof = t0 + frame_id * period_ns
             now = time.monotonic_ns()
-            if now - sof > period_ns:  # fell behind: skip whole ticks, never burst
-                behind = (now - sof) // period_ns
-                frame_id += int(behind)
-                skipped += int(behind)
+            if behind := ticks_to_skip(now, sof, period_ns):  # fell far behind: those frames are lost
+                frame_id += behind
+                skipped += behind
                 continue
             try:  # decode before the tick, so the frame goes out on it
                 img = pending.pop() if pending else next(frames, None)
