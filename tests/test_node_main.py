@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import psutil
 import pytest
-from nodeharness import Bus, NodeProcess, unanswered_frames, write_node_config
+from nodeharness import Bus, NodeProcess, record_fingerprint, unanswered_frames, write_node_config
 
 from chestnut.launch.camerad import fill_frame
 from chestnut.msgs.paths import runtime_dir
@@ -338,3 +338,26 @@ def test_a_frame_whose_timestamp_gives_no_age_is_not_published_as_fact(tmp_path:
     assert rec.active[-1].active
     assert f"{no_age}; its output is published as not valid (1 such frames so far)" in log
 
+
+
+def test_a_fallback_that_computes_nan_neither_answers_nor_fails_a_healthy_primary_over(
+        tmp_path: Path, tiny_onnx: Path) -> None:
+    """Hot standby with a fallback model that computes NaN: it is no agreement reference, so the healthy primary
+    is not failed over for disagreeing with it and serves valid outputs (no agreement checked); before the
+    primary serves, no frame is published as valid."""
+    fp = record_fingerprint(tiny_onnx, tmp_path / "tiny.fingerprint.json")  # without one, output is WARN
+    cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="cpu", standby="hot", fingerprint=fp,
+                            fallback_model=corrupted_model(tmp_path / "nan.onnx"))
+    with running(tmp_path, cfg) as (node, bus):
+        bus.wait_for(lambda r: r if len(r.outputs) > 3 and r.outputs[-1].source == "primary" else None, 60.0,
+                     f"the primary serving\n{node.log_tail()}")
+        rec = finish(bus, node, len(bus.snapshot().outputs) + 20)
+        log = node.log_tail()
+    first = next(i for i, o in enumerate(rec.outputs) if o.source == "primary")
+    before, served = rec.outputs[:first], rec.outputs[first:]
+    assert before and all(o.source == "fallback" and not o.valid and o.reason.startswith(
+        "fallback output invalid: prob: 512 non-finite value(s)") for o in before), before[-1]
+    assert len(served) >= 20
+    assert {(o.source, o.valid, o.reason, o.agreement_checked) for o in served} == {("primary", True, "", False)}, log
+    assert rec.active[-1].active and rec.active[-1].reason == "all layers OK"
+    assert rec.states[-1].state == "active" and "primary_fault" not in log and "shadow_disagreed" not in log
