@@ -8,6 +8,7 @@ one CPU and 100 MB of object store each (Ray's ``ray.cluster_utils.Cluster``), t
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import stat
@@ -191,6 +192,35 @@ def test_interrupted_run_keeps_what_finished(fleet):
     r = replay_fleet(fleet, LocalExecutor(1), on_outcome=stop_after_two, jit_cache=False)
     assert r.run.interrupted and len(r.run.outcomes) == 2 and not r.ok
     assert [s.index for s in next(iter(r.logs.values())).segments] == [0, 1]
+
+
+def test_ctrl_c_on_the_command_stops_the_pool_and_prints_what_finished(source, tmp_path):
+    fleet = tmp_path / "fleet"
+    make_fleet(source, 20, fleet)  # 80 segments: seconds of work after the first one
+    cmd = [sys.executable, "-m", "chestnut.launch.cli", "-vv", "replay", str(fleet), "--workers", "2", "--no-jit-cache"]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the first segment is done: the pool is running
+            if "segment 1/80 done" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    done = re.search(r"interrupted: (\d+) of 80 segment\(s\) finished", out)
+    assert done is not None and 1 <= int(done[1]) < 80
+    assert f"local, 2 process(es): {done[1]} of 80 segment(s)" in out
 
 
 def test_shipped_bytes_give_the_result_of_the_path(fleet, tmp_path):

@@ -174,7 +174,7 @@ class LocalExecutor:
                         continue
                     break  # a fresh pool for the rest
             except KeyboardInterrupt:  # Ctrl-C: stop the units in flight now rather than at their end
-                for proc in list(getattr(ex, "_processes", None) or {}.values()):
+                for proc in list((getattr(ex, "_processes", None) or {}).values()):
                     proc.terminate()
                 raise
             finally:

@@ -459,7 +459,7 @@ def run_line(run: FleetRun) -> str:
     if run.failed:
         parts.append(f"{len(run.failed)} segment(s) failed")
     if run.interrupted:
-        parts.append("INTERRUPTED (Ctrl-C): the results below are the segments that finished")
+        parts.append("INTERRUPTED (Ctrl-C): only the segments that finished are counted")
     return "; ".join(parts)
 
 

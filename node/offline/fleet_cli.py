@@ -65,8 +65,14 @@ def executor_from_args(args: argparse.Namespace) -> Executor:
 @contextlib.contextmanager
 def progress(console: Any, total: int | None = None) -> Iterator[Callable[[Outcome], None]]:
     """An ``on_outcome`` callback drawing a bar of ``total`` segments on stderr when the console is a terminal."""
-    if not console.is_terminal:
-        yield lambda _o: None
+    if not console.is_terminal:  # a file or a pipe: one debug line per segment (chestnut -vv)
+        count = [0]
+
+        def line(o: Outcome) -> None:
+            count[0] += 1
+            log.debug("segment %d/%s done: %s%s", count[0], total, o.unit.path, f" ({o.error})" if o.error else "")
+
+        yield line
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
