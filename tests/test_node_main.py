@@ -361,3 +361,18 @@ def test_a_fallback_that_computes_nan_neither_answers_nor_fails_a_healthy_primar
     assert {(o.source, o.valid, o.reason, o.agreement_checked) for o in served} == {("primary", True, "", False)}, log
     assert rec.active[-1].active and rec.active[-1].reason == "all layers OK"
     assert rec.states[-1].state == "active" and "primary_fault" not in log and "shadow_disagreed" not in log
+
+
+def test_the_process_manager_entry_reads_its_config_from_the_environment(tmp_path: Path, tiny_onnx: Path) -> None:
+    """``python -m chestnut.node.main`` (openpilot's ``PythonProcess`` runs a module's ``main()``) takes
+    ``$CHESTNUT_CONFIG``: a config with an unknown key exits ``EXIT_CONFIG`` naming it, before any socket."""
+    import subprocess
+    import sys
+
+    cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none", timing={"deadline_msec": 100})
+    proc = subprocess.run([sys.executable, "-m", "chestnut.node.main"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "CHESTNUT_CONFIG": str(cfg)})
+    assert proc.returncode == EXIT_CONFIG == 2, proc.stderr
+    assert "ERROR chestnut.node: unusable configuration: config: unknown key timing.deadline_msec; known: " in (
+        proc.stderr), proc.stderr
+    assert "Traceback" not in proc.stderr
