@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayError, RayTaskError
 
 from chestnut.node.offline.units import MAX_ATTEMPTS, ExecutorError, Outcome, Unit, read_shipped, run_unit, worker_id
 
@@ -225,12 +225,25 @@ class RayExecutor:
                     now = time.perf_counter() - t0
                     try:
                         result, who, run_s = ray.get(ref)
-                    except RayActorError as e:  # its process or node died and Ray's retries are spent
+                    except RayTaskError as e:  # the unit raised by itself: the same anywhere
+                        idle.append(slot)
+                        cause = e.cause if isinstance(e.cause, BaseException) else e
+                        out = Outcome(
+                            u,
+                            None,
+                            error=f"{type(cause).__name__}: {cause}",
+                            worker=pid_then,
+                            attempts=attempts[u.key],
+                            queued_s=queued,
+                            done_s=now,
+                        )
+                    except RayError as e:  # its process or node died and Ray's retries are spent, or its data was lost
                         if isinstance(e, ActorDiedError):  # gone for good (its restarts are spent)
                             dead.add(slot)
-                        else:  # unavailable while Ray restarts it: it takes units again once back
+                        else:  # unavailable while Ray restarts it, or the unit's bytes were lost: it goes on
                             idle.append(slot)
-                            self.pids[slot] = ""  # its next process is not known yet
+                            if isinstance(e, RayActorError):
+                                self.pids[slot] = ""  # its next process is not known yet
                         log.warning(
                             "%s: worker %s lost (%s); %s",
                             u.path,
@@ -245,18 +258,6 @@ class RayExecutor:
                             u,
                             None,
                             error=f"worker lost {attempts[u.key]} times ({type(e).__name__})",
-                            worker=pid_then,
-                            attempts=attempts[u.key],
-                            queued_s=queued,
-                            done_s=now,
-                        )
-                    except RayTaskError as e:  # the unit raised by itself: the same anywhere
-                        idle.append(slot)
-                        cause = e.cause if isinstance(e.cause, BaseException) else e
-                        out = Outcome(
-                            u,
-                            None,
-                            error=f"{type(cause).__name__}: {cause}",
                             worker=pid_then,
                             attempts=attempts[u.key],
                             queued_s=queued,
