@@ -63,6 +63,21 @@ def _init_local_worker() -> None:
     ensure_cpu_device()
 
 
+def _terminate_tree(pid: int) -> None:
+    """SIGTERM a pool process and, first, the processes it started (tinygrad 0.14 ``engine/worker.py``
+    ``get_worker_pool``: a compile pool per process, whose workers would otherwise be orphaned and print
+    a traceback each when their parent's pipe breaks)."""
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+        for child in parent.children(recursive=True):
+            child.terminate()
+        parent.terminate()
+    except psutil.Error:  # already gone
+        pass
+
+
 def _init_pool_process() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle (it stops the pool)
     _init_local_worker()
@@ -175,7 +190,7 @@ class LocalExecutor:
                     break  # a fresh pool for the rest
             except KeyboardInterrupt:  # Ctrl-C: stop the units in flight now rather than at their end
                 for proc in list((getattr(ex, "_processes", None) or {}).values()):
-                    proc.terminate()
+                    _terminate_tree(proc.pid)
                 raise
             finally:
                 ex.shutdown(wait=True, cancel_futures=True)
