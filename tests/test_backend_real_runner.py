@@ -233,9 +233,14 @@ def test_lock_held_on_the_twin_stops_gpu_arch_naming_the_lock(tmp_path):
 
 
 def test_tinygrad_without_libusb_is_a_config_error(tmp_path):
+    # LIBUSB_PATH names a file that is no library: tinygrad 0.14 `runtime/support/c.py` `DLL.findlib` takes an
+    # existing LIBUSB_PATH first and only otherwise searches the system, so a missing path would find a system
+    # libusb where one is installed
+    broken = tmp_path / "no-libusb.so"
+    broken.write_text("not a shared library\n")
     with running_twin():
         got = child(QUALIFY.format(setup=textwrap.indent(textwrap.dedent(FAKE_FIRMWARE), "    ").strip()),
-                    env={"XDG_CACHE_HOME": str(tmp_path), "LIBUSB_PATH": str(tmp_path / "no-libusb.so")})
+                    env={"XDG_CACHE_HOME": str(tmp_path), "LIBUSB_PATH": str(broken)})
     gpu = by_name(got["steps"])["gpu_arch"]
     assert gpu["result"] == "fail" and gpu["reason"] == "no_libusb", gpu
     assert got["tinygrad"] is True
