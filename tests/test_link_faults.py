@@ -139,8 +139,10 @@ def test_transient_errors_are_retried_and_counted_without_a_failover(stack: Stac
                                               and "transient transfer errors" in h.layers["usb"][1]), None), 5.0,
                               "the usb layer warning of transient errors")
     assert "above the 815/h of working docks (openpilot#38519)" in warn.layers["usb"][1], warn
-    after = [a for a in stack.bus.snapshot().active if a.mono_ns >= warn.mono_ns]
-    assert after and not any(a.active for a in after)  # WARN: not all layers OK
+    # the next ChestnutActive after the warning (one per answered frame) is false: not all layers OK
+    after = stack.bus.wait_for(lambda r: [a for a in r.active if a.mono_ns >= warn.mono_ns] or None, 5.0,
+                               "a ChestnutActive after the usb warning")
+    assert not any(a.active for a in after), after
     fresh_worker(stack)  # its counters start from zero: the next tests start with a quiet usb layer
 
 
@@ -190,6 +192,11 @@ def test_a_usb2_link_keeps_the_usb_layer_warn_without_flapping(stack: Stack) -> 
 
 def test_a_bridge_wedged_while_loading_is_named_with_the_remedy_that_works(stack: Stack) -> None:
     serving_primary(stack)
+    # an earlier test's condition (a USB 2 link's WARN) holds until its source's next probes: start after it
+    t_start = time.monotonic_ns()
+    stack.bus.wait_for(lambda r: any(h.mono_ns > t_start and not any(w in h.layers["usb"][1] for w in WRONG_REMEDIES)
+                                     and "480 Mbps" not in h.layers["usb"][1] for h in r.health), 30.0,
+                       "a usb layer no longer speaking of an earlier fault")
     t0 = time.monotonic_ns()
     stack.client.fault("wedged", phase="loading")
     pid = stack.bus.snapshot().states[-1].worker_pid
