@@ -286,7 +286,7 @@ class HealthMonitor:
     """The four layers. ``apply`` evidence as it arrives and ``refresh`` periodically (staleness)."""
 
     def __init__(self, configs: Mapping[Layer, DebounceConfig] | None = None) -> None:
-        cfg = dict(DEFAULT_DEBOUNCE, **(configs or {}))
+        cfg = {**DEFAULT_DEBOUNCE, **(configs or {})}
         self.layers: dict[Layer, LayerMonitor] = {la: LayerMonitor(la, cfg[la]) for la in LAYERS}
 
     def apply(self, evidence: Iterable[Evidence], now_ns: int) -> list[LayerChange]:
