@@ -94,7 +94,7 @@ from typing import Any
 
 from chestnut.backend import protocol as P
 from chestnut.backend.classify import classify
-from chestnut.backend.errors import ChestnutError, UsbLayerError
+from chestnut.backend.errors import ChestnutError, GpuLayerError, UsbLayerError
 
 TRANSIENT_REASONS = frozenset({"transfer_timeout", "transfer_error"})
 """Classified reasons (:mod:`chestnut.backend.classify`) worth another try: LIBUSB_ERROR_TIMEOUT and
@@ -392,6 +392,9 @@ class RetryingUSB3:
                 if not retried:
                     self.log.not_retried += 1
                 bad = judge(self.log, self.clock())
+                if (bad is not None or i + 1 >= tries) and kind is Kind.BULK_IN_ARMED \
+                        and err.reason == "transfer_timeout":
+                    self._blame_the_gpu_if_the_bridge_answers(what, err, e)
                 if bad is not None:
                     raise UsbLayerError(bad.reason, f"{bad.detail}; last: {what}: {err.detail}") from e
                 if i + 1 >= tries:
@@ -403,6 +406,28 @@ class RetryingUSB3:
                 self.log.retried_ok += 1
             return out
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _blame_the_gpu_if_the_bridge_answers(self, what: str, err: ChestnutError, cause: BaseException) -> None:
+        """An armed bulk IN of an SRAM window that timed out on every try is also the wait for the GPU's copy
+        into that window (the bridge serves the read once the GPU has written the completion page; tinygrad
+        0.14 ``AMDAllocator._copyout`` reads the window right after queueing the SDMA copy). If the bridge
+        still answers one XDATA read (0xE4 of the LTSSM byte, ``P.XDATA_LTSSM``), the link is alive and the
+        GPU did not do the copy: raises :class:`GpuLayerError` ``copy_out_not_done`` (the gpu layer, as
+        tinygrad's own "hung GPU?" drain error says), and the timeouts are not held against the link.
+        Returns when the bridge does not answer either (then the link rules decide)."""
+        try:
+            ltssm = bytes(self.usb.control_read(P.REQ_XDATA_READ, 1, P.XDATA_LTSSM, 0, self.retry.timeout_ms(1000)))
+        except Exception:  # noqa: BLE001 - any failure here means the bridge does not answer: the link rules decide
+            return
+        # the bulk IN's timeouts were the GPU's, not the link's: take them back out of the link's evidence
+        for _ in range(min(self.log.error_run, len(self.log.outcomes))):
+            self.log.outcomes.pop()
+            self.log.error_times.pop()
+            self.log.errors -= 1
+        self.log.error_run = self.log.timeouts_in_run = 0
+        state = f"LTSSM 0x{ltssm[0]:02X}" if ltssm else "XDATA read answered"
+        raise GpuLayerError("copy_out_not_done", f"{what} timed out on every try while the bridge answers ({state}): "
+                            f"the GPU never wrote the window (hung GPU?); last: {err.detail}") from cause
 
     # ------------------------------------------------------------------ synchronous transfers
     def control_write(self, request: int, value: int = 0, index: int = 0, data: bytes = b"",

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from chestnut.backend import protocol as P
-from chestnut.backend.errors import UsbLayerError
+from chestnut.backend.errors import GpuLayerError, UsbLayerError
 from chestnut.backend.retry import (
     RULES,
     Kind,
@@ -290,3 +290,25 @@ def test_async_transfers_run_as_their_synchronous_twins_and_are_retried():
                          arm, ("bw", 1024, 26)]
     assert (u.log.errors, u.log.retried_ok) == (2, 2)
     assert len({arm_tag, rd_tag}) == 2 and arm_tag < 0  # tags the wrapped USB3 never hands out
+
+
+def test_an_armed_bulk_in_that_never_comes_while_the_bridge_answers_is_the_gpus_copy_not_the_link():
+    """The armed SRAM read is also the wait for the GPU's copy into the window: every try timing out while one
+    XDATA read of the LTSSM byte answers is a GPU that never did the copy, not a link that answers nothing."""
+    u, usb = wrapped({2: TIMEOUT, 4: TIMEOUT, 6: TIMEOUT})  # each bulk IN try (the arm sent again between)
+    u.control_write(P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, timeout=1000)
+    with pytest.raises(GpuLayerError) as info:
+        u.bulk_read(512, 10000)
+    assert info.value.reason == "copy_out_not_done"
+    assert info.value.detail == ("bulk IN 0x81 timed out on every try while the bridge answers (LTSSM 0x00): the "
+                                 f"GPU never wrote the window (hung GPU?); last: RuntimeError: {TIMEOUT}")
+    assert usb.calls[-1] == ("cr", P.REQ_XDATA_READ, 1, P.XDATA_LTSSM, 0, 25)
+    assert (u.log.errors, u.log.error_run, sum(u.log.outcomes)) == (0, 0, 0)  # nothing held against the link
+
+
+def test_an_armed_bulk_in_that_never_comes_with_a_silent_bridge_is_left_to_the_link_rules():
+    u, usb = wrapped({2: TIMEOUT, 4: TIMEOUT, 6: TIMEOUT, 7: TIMEOUT})  # bulk IN tries and the XDATA read
+    u.control_write(P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, timeout=1000)
+    with pytest.raises(UsbLayerError) as info:
+        u.bulk_read(512, 10000)
+    assert info.value.reason == "no_answer" and usb.calls[-1][:2] == ("cr", P.REQ_XDATA_READ)
