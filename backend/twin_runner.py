@@ -55,9 +55,9 @@ from chestnut.backend.real_runner import COPY_STATS_KEY, CopyTimer, DockLock, ch
 from chestnut.backend.retry import STATS_KEY, RetryingUSB3
 from chestnut.msgs.paths import current_prefix
 
-SIGNATURE_MAX_BYTES = 1 << 20   # VRAM reserved for OP_LOAD's signature (u32 length + JSON)
+SIGNATURE_MAX_BYTES = 1 << 20  # VRAM reserved for OP_LOAD's signature (u32 length + JSON)
 COPY_PROTOCOLS = ("tinygrad", "chestnut")
-LINK_CHECK_TIMEOUT_MS = 100     # the per-frame LTSSM read (openpilot's hardwared reads it with 100 ms timeouts)
+LINK_CHECK_TIMEOUT_MS = 100  # the per-frame LTSSM read (openpilot's hardwared reads it with 100 ms timeouts)
 VRAM_ALIGN = 0x1000
 PROGRAM_ID = 1
 
@@ -71,8 +71,9 @@ class VramHeap:
     def alloc(self, nbytes: int) -> int:
         off = self.next
         if off + nbytes > self.end:
-            raise GpuLayerError("vram_full", f"{nbytes} bytes do not fit in VRAM [{self.start:#x}, {self.end:#x}) "
-                                             f"at {off:#x}")
+            raise GpuLayerError(
+                "vram_full", f"{nbytes} bytes do not fit in VRAM [{self.start:#x}, {self.end:#x}) at {off:#x}"
+            )
         self.next = round_up(off + max(nbytes, 1), VRAM_ALIGN)
         return off
 
@@ -91,10 +92,18 @@ class TwinRunner:
 
     kind = "twin"
 
-    def __init__(self, prefix: str | None = None, *, wait_timeout_ms: int = P.WAIT_TIMEOUT_MS,
-                 load_timeout_ms: int = 120_000, ctrl_timeout_ms: int = P.USB_CTRL_TIMEOUT_MS,
-                 lock_timeout_s: float = 2.0, reset_gpu: bool = True, config: LadderConfig | None = None,
-                 copy_protocol: str = "tinygrad") -> None:
+    def __init__(
+        self,
+        prefix: str | None = None,
+        *,
+        wait_timeout_ms: int = P.WAIT_TIMEOUT_MS,
+        load_timeout_ms: int = 120_000,
+        ctrl_timeout_ms: int = P.USB_CTRL_TIMEOUT_MS,
+        lock_timeout_s: float = 2.0,
+        reset_gpu: bool = True,
+        config: LadderConfig | None = None,
+        copy_protocol: str = "tinygrad",
+    ) -> None:
         from chestnut.backend.sim.client import TwinClient, TwinNotRunning
         from chestnut.backend.sim.pyusb_backend import twin_backend
 
@@ -109,14 +118,15 @@ class TwinRunner:
         self.reset_gpu = reset_gpu
         self.config = config or LadderConfig(wait_timeout_ms=wait_timeout_ms)
         self._TwinClient, self._TwinNotRunning = TwinClient, TwinNotRunning
-        self.dock = UsbDock(twin_backend(self.prefix, cached=False), self.config.ctrl_timeout_ms,
-                            link_errors=self._link_errors)
+        self.dock = UsbDock(
+            twin_backend(self.prefix, cached=False), self.config.ctrl_timeout_ms, link_errors=self._link_errors
+        )
         self.qualifier: DockQualifier | None = None
         self.usb: Any = None
         self.bridge: Bridge | None = None
         self.queue: CommandQueue | None = None
         self.copy: CopyProtocol | None = None
-        self.tinygrad: Any = None   # TinygradDock when copy_protocol == "tinygrad"
+        self.tinygrad: Any = None  # TinygradDock when copy_protocol == "tinygrad"
         self._lock: DockLock | None = None
         self._where: tuple[int, int] | None = None
         self._bars: dict[int, tuple[int, int]] = {}
@@ -124,6 +134,7 @@ class TwinRunner:
         self._outputs: tuple[TensorSpec, ...] = ()
         self._buffers: dict[str, tuple[int, int]] = {}
         self._table = 0
+        self._heap_next = P.VRAM_HEAP_OFFSET  # first VRAM byte past the loaded model's buffers
         self._loaded = False
         self._failed: ChestnutError | None = None
         self.signature: dict[str, Any] = {}
@@ -155,8 +166,11 @@ class TwinRunner:
         report = self.qualify()
         failure = report.first_failure
         if failure is not None:
-            raise failure.error if isinstance(failure.error, ChestnutError) else \
-                GpuLayerError("not_qualified", f"{failure.name}: {failure.detail}")
+            raise (
+                failure.error
+                if isinstance(failure.error, ChestnutError)
+                else GpuLayerError("not_qualified", f"{failure.name}: {failure.detail}")
+            )
 
     # ------------------------------------------------------------------ the data path
     def _open_data_path(self) -> None:
@@ -172,13 +186,20 @@ class TwinRunner:
         dev = next((d for d in listed if (d.bus, d.address) == (bus, address)), None)
         if dev is None:
             seen = ", ".join(f"{d.bus}-{d.address}" for d in listed) or "nothing"
-            raise UsbLayerError("stale_device_list", f"the dock is at {bus}-{address} but this process's cached device "
-                                                     f"list shows {seen} (it re-enumerated); start a fresh process")
+            raise UsbLayerError(
+                "stale_device_list",
+                f"the dock is at {bus}-{address} but this process's cached device "
+                f"list shows {seen} (it re-enumerated); start a fresh process",
+            )
         # transfers that are safe to repeat are retried within the frame deadline (backend/retry.py); VRAM (BAR0)
         # and the doorbells (BAR2) hold values, so writes there are among them
         self.usb = RetryingUSB3(TwinUSB3(dev), value_regions=[self._bars[i] for i in (0, 2) if i in self._bars])
-        bridge = Bridge(self.usb, ctrl_timeout_ms=self.ctrl_timeout_ms, bulk_timeout_ms=self.wait_timeout_ms,
-                        tlp_timeout_ms=self.ctrl_timeout_ms)
+        bridge = Bridge(
+            self.usb,
+            ctrl_timeout_ms=self.ctrl_timeout_ms,
+            bulk_timeout_ms=self.wait_timeout_ms,
+            tlp_timeout_ms=self.ctrl_timeout_ms,
+        )
         bridge.bars = dict(self._bars)
         queue = CommandQueue(bridge, self.wait_timeout_ms)
         queue.attach()
@@ -199,10 +220,33 @@ class TwinRunner:
         assert self.bridge is not None
         ltssm = self.bridge.ltssm(LINK_CHECK_TIMEOUT_MS)
         if ltssm != P.LTSSM_L0:
-            raise PcieLayerError("ltssm_stuck" if ltssm == P.LTSSM_STUCK else "link_down",
-                                 f"PCIe link not up (LTSSM=0x{ltssm:02X}) before the frame's copies")
+            raise PcieLayerError(
+                "ltssm_stuck" if ltssm == P.LTSSM_STUCK else "link_down",
+                f"PCIe link not up (LTSSM=0x{ltssm:02X}) before the frame's copies",
+            )
+
+    def scratch_offset(self, nbytes: int) -> int:
+        """A VRAM offset where ``nbytes`` may be copied in and out without touching anything the runner uses:
+        the first free byte past the loaded model's buffers (``VRAM_HEAP_OFFSET`` before a load), below the
+        end of BAR0. The reserved VRAM below ``VRAM_HEAP_OFFSET`` holds the program ring, the SDMA ring
+        (``SDMA_RING_VRAM_OFFSET``), its pointers and the timeline signal (``backend/protocol.py``): a copy
+        there overwrites the packets tinygrad's ``_copyin`` queued for its own chunks. Opens the data path;
+        raises GpuLayerError ``vram_full`` when ``nbytes`` does not fit."""
+        self._open_data_path()
+        return VramHeap(self._heap_next, self._bars.get(0, (0, P.BAR0_VRAM_BYTES_DEFAULT))[1]).alloc(nbytes)
+
+    @staticmethod
+    def _check_vram_range(what: str, off: int, nbytes: int) -> None:
+        """Refuse a copy into or out of the reserved VRAM (rings, pointers, signals; ``backend/protocol.py``
+        ``VRAM_HEAP_OFFSET``). Raises ValueError naming the range."""
+        if off < P.VRAM_HEAP_OFFSET:
+            raise ValueError(
+                f"{what} of {nbytes} bytes at VRAM {off:#x}: VRAM below {P.VRAM_HEAP_OFFSET:#x} holds "
+                f"the rings and signals; use TwinRunner.scratch_offset(nbytes)"
+            )
 
     def _copy_in(self, dst: int, data: bytes | memoryview) -> None:
+        self._check_vram_range("copy-in", dst, len(memoryview(data).cast("B")))
         t0 = time.perf_counter()
         if self.tinygrad is not None:
             self.tinygrad.copy_in(dst, data)
@@ -212,6 +256,7 @@ class TwinRunner:
         self.copy_timer.copy("in", len(memoryview(data).cast("B")), time.perf_counter() - t0)
 
     def _copy_out(self, src: int, nbytes: int) -> bytes | memoryview:
+        self._check_vram_range("copy-out", src, nbytes)
         t0 = time.perf_counter()
         if self.tinygrad is not None:
             out: bytes | memoryview = self.tinygrad.copy_out(src, nbytes)
@@ -224,8 +269,11 @@ class TwinRunner:
     def _guard(self, fn: Any) -> Any:
         """Run ``fn()``; a dock-layer error becomes sticky, anything untyped is classified first."""
         if self._failed is not None:
-            raise type(self._failed)(self._failed.reason, f"the dock failed earlier in this runner; qualify it again "
-                                                          f"from a fresh process ({self._failed.detail})")
+            raise type(self._failed)(
+                self._failed.reason,
+                f"the dock failed earlier in this runner; qualify it again "
+                f"from a fresh process ({self._failed.detail})",
+            )
         try:
             return fn()
         except ChestnutError as e:
@@ -255,8 +303,9 @@ class TwinRunner:
             onnx_off = heap.alloc(len(onnx_bytes))
             sig_off = heap.alloc(SIGNATURE_MAX_BYTES)
             self._copy_in(onnx_off, onnx_bytes)
-            (seq,) = self.queue.submit([Packet(P.OP_LOAD, (PROGRAM_ID, *lo_hi(onnx_off), len(onnx_bytes),
-                                                           *lo_hi(sig_off)))])
+            (seq,) = self.queue.submit(
+                [Packet(P.OP_LOAD, (PROGRAM_ID, *lo_hi(onnx_off), len(onnx_bytes), *lo_hi(sig_off)))]
+            )
             try:
                 self.queue.wait(seq, f"OP_LOAD of {model.name}", self.load_timeout_ms)
             except ModelError as e:
@@ -271,13 +320,18 @@ class TwinRunner:
             for s in ins:
                 want = model.input_shapes.get(s.name)
                 if want is not None and tuple(want) != s.shape:
-                    raise ModelError("bad_input_shape", f"{model.name}: input {s.name!r} is {list(s.shape)} on the "
-                                                        f"dock, the model spec asks for {list(want)}")
+                    raise ModelError(
+                        "bad_input_shape",
+                        f"{model.name}: input {s.name!r} is {list(s.shape)} on the "
+                        f"dock, the model spec asks for {list(want)}",
+                    )
             self._buffers = {s.name: (heap.alloc(s.nbytes), s.nbytes) for s in (*ins, *outs)}
             table = struct.pack("<II", len(ins), len(outs)) + b"".join(
-                struct.pack("<QQ", *self._buffers[s.name]) for s in (*ins, *outs))
+                struct.pack("<QQ", *self._buffers[s.name]) for s in (*ins, *outs)
+            )
             self._table = heap.alloc(len(table))
             self._copy_in(self._table, table)
+            self._heap_next = heap.next
             self._inputs, self._outputs, self._loaded = ins, outs, True
             return ins, outs
 

@@ -127,11 +127,11 @@ def _copy_once(runner: Any, nbytes: int, twin: bool) -> dict[str, Any]:
     data = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8).tobytes()
     try:
         if twin:  # the twin runner's copy path: tinygrad 0.14's AMDAllocator._copyin/_copyout over the twin's SDMA
-            runner._open_data_path()
+            at = runner.scratch_offset(nbytes)  # free VRAM: below VRAM_HEAP_OFFSET are the rings
             t0 = time.perf_counter()
-            runner._copy_in(0, data)
+            runner._copy_in(at, data)
             t1 = time.perf_counter()
-            back = bytes(runner._copy_out(0, nbytes))
+            back = bytes(runner._copy_out(at, nbytes))
             t2 = time.perf_counter()
         else:  # tinygrad's own Buffers on the dock (tinygrad 0.14 device.py Buffer.copy_from, as_memoryview)
             from tinygrad import Device, dtypes
