@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from chestnut.backend import protocol as P
+from chestnut.msgs.outdir import OutputDirError, open_private, private_dir, write_private
 
 DEFAULT_SIZES = (64 << 10, 1 << 20, 4 << 20)  # bytes per copy
 FRAME_HZ = 20.0  # camera rate of the kit (Hz), openpilot's road camera
@@ -318,7 +319,7 @@ class Kit:
 
     def run(self) -> int:
         out: Path = self.args.out
-        out.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(out)  # checked in run(); a new directory is born 0700
         try:
             if self.twin:
                 from chestnut.backend.sim.client import TwinDaemon
@@ -438,7 +439,7 @@ class Kit:
         h, w = int(self.cfg.model.shape[2]), int(self.cfg.model.shape[3])
         bus = FrameBus(self.prefix, h, w)
         bus.start()
-        with open(log_path, "ab") as logf:
+        with open_private(log_path, "ab") as logf:
             node = subprocess.Popen(
                 [sys.executable, "-m", "chestnut.launch.cli", "run", "--config", str(cfg_path)],
                 env=self.env,
@@ -566,6 +567,9 @@ class Kit:
         )
 
 
+REPORT_FILES = ("report.json", "report.html", "node.log", "node.toml")  # what --out receives
+
+
 def write_node_toml(path: Path, cfg: dict[str, Any]) -> None:
     """``cfg`` (``NodeConfig.to_json``) as a node TOML file (None values left out: they keep the defaults)."""
 
@@ -587,12 +591,15 @@ def write_node_toml(path: Path, cfg: dict[str, Any]) -> None:
             lines.append(f"[{section}.{k}]")
             lines += [f"{json.dumps(kk)} = {value(vv)}" for kk, vv in sub.items()]
         lines.append("")
-    path.write_text("\n".join(lines))
+    write_private(path, "\n".join(lines))
 
 
 def write_reports(out: Path, report: dict[str, Any]) -> None:
-    """``report.json`` and ``report.html`` (every figure, the versions, a verdict per step) into ``out``."""
-    (out / "report.json").write_text(json.dumps(report, indent=1))
+    """``report.json`` and ``report.html`` (every figure, the versions, a verdict per step) into ``out``.
+
+    Both are 0600 and written by temp + rename through ``msgs/outdir.py``, which refuses a symlink in
+    their place (:class:`~chestnut.msgs.outdir.OutputDirError`)."""
+    write_private(out / "report.json", json.dumps(report, indent=1))
     esc = html.escape
     rows = "".join(
         f"<tr class={s['verdict']}><td>{esc(s['name'])}</td><td>{s['verdict'].upper()}</td><td>"
@@ -605,14 +612,15 @@ def write_reports(out: Path, report: dict[str, Any]) -> None:
         for k, v in {**report["versions"], **report["identity"]}.items()
     )
     verdict = "ACCEPTED" if report["passed"] else "NOT ACCEPTED: " + ", ".join(report["failed_steps"])
-    (out / "report.html").write_text(
+    write_private(
+        out / "report.html",
         "<!doctype html><meta charset=utf-8><title>chestnut acceptance</title>"
         "<style>td{padding:2px 8px;vertical-align:top}.pass td:nth-child(2){color:green}"
         ".fail td:nth-child(2){color:red}</style>"
         f"<h1>chestnut acceptance ({esc(report['target'])}): {esc(verdict)}</h1>"
         f"<p>model {esc(report['model'])}</p>"
         f"<table><tr><th>step</th><th>verdict</th><th>figures</th><th>detail</th></tr>{rows}</table>"
-        f"<h2>versions and identity</h2><table>{kv}</table>\n"
+        f"<h2>versions and identity</h2><table>{kv}</table>\n",
     )
 
 
@@ -657,6 +665,11 @@ def run(args: argparse.Namespace) -> int:
             f"chestnut acceptance: model {kit.cfg.model.path} does not exist; prepare it with `chestnut model prepare`",
             file=sys.stderr,
         )
+        return 2
+    try:  # before any step: a refused --out costs nothing
+        private_dir(args.out, REPORT_FILES)
+    except OutputDirError as e:
+        print(f"chestnut acceptance: --out {e}", file=sys.stderr)
         return 2
     return kit.run()
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from chestnut.msgs.logfile import find_log_files
+from chestnut.msgs.outdir import OutputDirError, private_dir
 from chestnut.node.offline.contracts import CONTRACTS, CheckResult
 from chestnut.node.offline.executor import ExecutorError
 from chestnut.node.offline.fleet import (
@@ -81,6 +82,13 @@ def run(args: argparse.Namespace) -> int:
     except (ExecutorError, ValueError) as e:
         log.error("chestnut check: %s", e)
         return 2
+    if args.report is not None:
+        try:  # before the work, so a refused DIR costs nothing
+            private_dir(args.report, ("index.html",))
+        except OutputDirError as e:
+            executor.close()
+            log.error("chestnut check: --report %s", e)
+            return 2
     try:
         with progress(console, len(find_log_files(args.logs))) as step:
             fleet = check_fleet(
@@ -114,7 +122,11 @@ def run(args: argparse.Namespace) -> int:
         if args.executor != "local":
             console.print(run_line(run_))
         if args.report is not None:
-            index = write_report(args.report, tl, violations=result.violations, title="chestnut check")
+            try:
+                index = write_report(args.report, tl, violations=result.violations, title="chestnut check")
+            except OutputDirError as e:
+                log.error("chestnut check: --report %s", e)
+                return 2
             console.print(f"report: {index}")
     else:
         rows = check_rows(fleet)
@@ -127,7 +139,11 @@ def run(args: argparse.Namespace) -> int:
         if args.report is not None:
             worst = [(row.log, k) for row in rows for k in fleet.logs if short_name(k) == row.log and row.problems]
             per_log = [(name, _writer(fleet.logs[k])) for name, k in worst]
-            index = write_fleet_report(args.report, "chestnut check (fleet)", rows, total_row, segs, run_, per_log)
+            try:
+                index = write_fleet_report(args.report, "chestnut check (fleet)", rows, total_row, segs, run_, per_log)
+            except OutputDirError as e:
+                log.error("chestnut check: --report %s", e)
+                return 2
             console.print(f"report: {index}")
     n = sum(len(r.violations) for r in fleet.logs.values())
     console.print(

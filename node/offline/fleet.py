@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from chestnut.msgs.logfile import find_log_files, parse_segment_dir
+from chestnut.msgs.outdir import private_dir, write_private
 from chestnut.node.offline.contracts import CONTRACTS, CheckParams, CheckResult, check_timeline
 from chestnut.node.offline.executor import KIND_EXTRACT, KIND_REPLAY, Executor, Outcome, Unit, units_of
 from chestnut.node.offline.replay import (
@@ -511,11 +512,12 @@ def write_fleet_report(
     per_log: Sequence[tuple[str, Callable[[Path], Path]]] = (),
 ) -> Path:
     """``index.html`` with the verdict, the fleet table and the worst segments, and each log of
-    ``per_log`` (``(name, writer)``, at most :data:`REPORT_LOGS`) given its own report under ``logs/``."""
+    ``per_log`` (``(name, writer)``, at most :data:`REPORT_LOGS`) given its own report under ``logs/``.
+    The directory and files follow ``msgs/outdir.py`` (0700 / 0600, no symlink followed); raises
+    :class:`~chestnut.msgs.outdir.OutputDirError` (one line) for an unfit ``out_dir``."""
     from chestnut.node.offline.report import _CSS, _table
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = private_dir(out_dir, ("index.html",))
     links: dict[str, str] = {}
     for name, writer in list(per_log)[:REPORT_LOGS]:
         index = writer(out / "logs" / name)
@@ -564,9 +566,7 @@ def write_fleet_report(
             ),
         ]
     parts.append("</body></html>")
-    index = out / "index.html"
-    index.write_text("\n".join(parts))
-    return index
+    return write_private(out / "index.html", "\n".join(parts))
 
 
 # ---------------------------------------------------------------- a synthetic fleet

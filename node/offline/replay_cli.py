@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from chestnut.msgs.logfile import find_log_files
+from chestnut.msgs.outdir import OutputDirError, private_dir
 from chestnut.node.offline.executor import ExecutorError
 from chestnut.node.offline.fleet import (
     print_fleet,
@@ -137,6 +138,13 @@ def run(args: argparse.Namespace) -> int:
     except (ExecutorError, ValueError) as e:
         log.error("chestnut replay: %s", e)
         return 2
+    if args.report is not None:
+        try:  # before the work, so a refused DIR costs nothing
+            private_dir(args.report, ("index.html",))
+        except OutputDirError as e:
+            executor.close()
+            log.error("chestnut replay: --report %s", e)
+            return 2
     try:
         with progress(console, len(find_log_files(args.logs))) as step:
             fleet = replay_fleet(
@@ -163,7 +171,11 @@ def run(args: argparse.Namespace) -> int:
         if args.executor != "local":
             console.print(run_line(run_))
         if args.report is not None:
-            index = write_report(args.report, result.timeline(), replay=result, title="chestnut replay")
+            try:
+                index = write_report(args.report, result.timeline(), replay=result, title="chestnut replay")
+            except OutputDirError as e:
+                log.error("chestnut replay: --report %s", e)
+                return 2
             console.print(f"report: {index}")
     else:
         rows = replay_rows(fleet)
@@ -178,7 +190,11 @@ def run(args: argparse.Namespace) -> int:
         if args.report is not None:
             worst = [(row.log, k) for row in rows for k in fleet.logs if short_name(k) == row.log and row.problems]
             per_log = [(name, _writer(fleet.logs[k])) for name, k in worst]
-            index = write_fleet_report(args.report, "chestnut replay (fleet)", rows, total_row, segs, run_, per_log)
+            try:
+                index = write_fleet_report(args.report, "chestnut replay (fleet)", rows, total_row, segs, run_, per_log)
+            except OutputDirError as e:
+                log.error("chestnut replay: --report %s", e)
+                return 2
             console.print(f"report: {index}")
     mism = sum(len(r.mismatches) for r in fleet.logs.values())
     model_mm = sum(len(r.model_mismatches) for r in fleet.logs.values())

@@ -18,12 +18,18 @@ Written by :func:`write_report` (matplotlib, Agg backend, no display needed):
   happened" (every node state change with its reason, ChestnutActive change, soft-disable episode
   with the events seen during it, and fault event with what it hit), the fault schedule ``chestnut
   launch`` ran, the violations and, after a replay, the model identities and the mismatches.
+
+``DIR`` and every file in it go through ``msgs/outdir.py``: a new ``DIR`` is made 0700, an existing
+one must be ours and not group/other-writable, files are 0600 and written by temp + rename, and a
+``DIR`` that is a symlink or holds a symlink in place of one of the files is refused
+(:class:`~chestnut.msgs.outdir.OutputDirError`, one line) before anything is written.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from chestnut.msgs.outdir import private_dir, write_private
 from chestnut.node.offline.contracts import CONTRACTS
 from chestnut.node.offline.timeline import LAYER_NAMES, Timeline, Violation
 
@@ -84,6 +91,13 @@ def _legend(ax: Any, handles: Any = None, labels: Any = None, ncol: int = 4) -> 
 
 def _no_data(ax: Any, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what} in this log", transform=ax.transAxes, ha="center", va="center", color="#777777")
+
+
+def _save_png(fig: Any, path: Path) -> None:
+    """``fig`` as a PNG at ``path`` through ``msgs/outdir.py`` (0600, temp + rename, no symlink followed)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    write_private(path, buf.getvalue())
 
 
 def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path) -> None:
@@ -213,7 +227,7 @@ def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path) -> 
     ax_drop.set_xlim(0, end)
     ax_drop.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    _save_png(fig, path)
     plt.close(fig)
 
 
@@ -411,7 +425,7 @@ def plot_agreement(tl: Timeline, path: Path, replay: ReplayResult | None = None)
     axes[-1][0].set_xlabel("time since the log's first message (s)")
     axes[-1][0].set_xlim(0, max(sec(tl.end_ns), 1e-3))
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    _save_png(fig, path)
     plt.close(fig)
     return "; ".join(captions)
 
@@ -437,7 +451,7 @@ def plot_latency(tl: Timeline, path: Path) -> None:
         ax.set_title(f"{label.split()[0]} by serving source", loc="left", fontsize=10)
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    _save_png(fig, path)
     plt.close(fig)
 
 
@@ -529,13 +543,14 @@ def write_report(out_dir: Path | str, timeline: Timeline, *, violations: Sequenc
                  replay: ReplayResult | None = None, title: str = "chestnut",
                  fault_schedule: Sequence[dict[str, Any]] | None = None, logs: Path | None = None,
                  wall_start: str | None = None) -> Path:
-    """Write the PNGs and ``index.html`` into ``out_dir`` (created); returns the HTML page's path.
+    """Write the PNGs and ``index.html`` into ``out_dir`` (created 0700); returns the HTML page's path.
+
+    Raises :class:`~chestnut.msgs.outdir.OutputDirError` (one line) for an unfit ``out_dir`` or target.
 
     ``fault_schedule``: what ``chestnut launch`` did (dicts with ``t_s`` on the log's clock, ``action``,
     ``fault``, ``detail``); ``logs``: the log directory, linked from the page; ``wall_start``: the
     wall-clock time of the log's first message, printed once (every time on the page counts from it)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = private_dir(out_dir, ("timeline.png", "agreement.png", "latency.png", "index.html"))
     tl = timeline
     vs = list(violations or [])
     plot_timeline(tl, vs, out / "timeline.png")
@@ -600,6 +615,4 @@ def write_report(out_dir: Path | str, timeline: Timeline, *, violations: Sequenc
                               f"{f.max_abs_diff:.6g}", f.detail) for f in mm], ["bad"] * len(mm))
                      if mm else "<p>none</p>")
     parts.append("</body></html>")
-    index = out / "index.html"
-    index.write_text("\n".join(parts))
-    return index
+    return write_private(out / "index.html", "\n".join(parts))

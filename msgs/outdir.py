@@ -1,0 +1,169 @@
+"""Private output directories and the files written into them (reports, logs, exports, the model cache).
+
+What the stack writes may hold camera frames and a dock's identity, so no other user may read it, and
+no one may make us write through a planted symlink:
+
+- :func:`private_dir` creates a missing directory 0700 (missing parents too) and accepts an existing one
+  only if it is a real directory (not a symlink), ours, and not writable by group/other; it is opened
+  with ``O_NOFOLLOW | O_DIRECTORY`` and checked with ``fstat`` on that descriptor, the same rules as the
+  runtime directory (``msgs/paths.py``), except that an existing directory may be readable by others
+  (its files are 0600 all the same).
+- :func:`write_private` writes a 0600 temp file beside the target (``O_CREAT | O_EXCL | O_NOFOLLOW``,
+  relative to the directory's descriptor) and renames it over the target, so a reader never sees half a
+  file; a target that is a symlink (or not a regular file) is refused, never followed or replaced.
+- :func:`open_private` opens a 0600 file for appending or exclusive creation the same way (a log that
+  a child process writes to).
+
+Every refusal is an :class:`OutputDirError` whose ``str()`` is one line: what, which path, how to fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Literal
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+class OutputDirError(PermissionError):
+    """An output directory or file the stack must not write. ``str()`` is one line; ``path`` is the culprit."""
+
+    def __init__(self, path: str | os.PathLike[str], problem: str, fix: str) -> None:
+        super().__init__(f"{path} {problem}; {fix}")
+        self.path = Path(path)
+
+
+def dir_problem(st: os.stat_result, uid: int) -> str | None:
+    """Why a directory with status ``st`` cannot take our output (None when it can)."""
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != uid:
+        return f"belongs to uid {st.st_uid}, not to uid {uid}"
+    if stat.S_IMODE(st.st_mode) & 0o022:
+        return f"is writable by group/other (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def _open_dir(path: Path) -> int:
+    """Open ``path`` as a directory without following a final symlink, and check it (see the module doc)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            raise OutputDirError(path, f"cannot be opened ({e.strerror})", "give another directory") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise OutputDirError(path, "is a symlink", "give the real directory or a new path") from None
+        raise OutputDirError(
+            path, dir_problem(st, os.getuid()) or f"cannot be opened ({e.strerror})", "give another directory"
+        ) from None
+    problem = dir_problem(os.fstat(fd), os.getuid())
+    if problem is not None:
+        os.close(fd)
+        raise OutputDirError(path, problem, "give a directory of yours (or a new path: it is created 0700)")
+    return fd
+
+
+def private_dir(path: str | os.PathLike[str], targets: Iterable[str] = ()) -> Path:
+    """Create ``path`` (0700, with any missing parents) or accept it if it is fit; returns it as a ``Path``.
+
+    ``targets``: names of files about to be written there, each refused if it is a symlink or not a
+    regular file (so a report fails before its first file, not halfway). Raises :class:`OutputDirError`
+    for a symlink, a non-directory, a directory of another user or one writable by group/other, or one
+    that cannot be created (the reason, e.g. "permission denied")."""
+    p = Path(path)
+    try:
+        missing = [d for d in (p, *p.parents) if not os.path.lexists(d)]
+        for d in reversed(missing):  # os.makedirs gives only the last one the mode
+            os.mkdir(d, DIR_MODE)
+    except FileExistsError:
+        pass  # created meanwhile, or a dangling symlink: _open_dir says which
+    except OSError as e:
+        raise OutputDirError(
+            p, f"cannot be created ({(e.strerror or str(e)).lower()})", "give another directory"
+        ) from None
+    dfd = _open_dir(p)
+    try:
+        for name in targets:
+            _check_target(dfd, p / name)
+    finally:
+        os.close(dfd)
+    return p
+
+
+def _check_target(dfd: int, path: Path) -> None:
+    try:
+        st = os.lstat(path.name, dir_fd=dfd)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise OutputDirError(path, "is a symlink", f"remove it (rm {path}) or give another directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise OutputDirError(path, "is not a regular file", "remove it or give another directory")
+
+
+def write_private(path: str | os.PathLike[str], data: bytes | str) -> Path:
+    """Write ``data`` (``str`` as UTF-8) to ``path`` (mode 0600) by temp file + rename; returns ``path``.
+
+    The parent directory must pass :func:`private_dir` (it is created if missing). Raises
+    :class:`OutputDirError` (see the module doc; also for a write that fails, e.g. a full disk)."""
+    p = Path(path)
+    parent = private_dir(p.parent)
+    raw = data.encode() if isinstance(data, str) else data
+    dfd = _open_dir(parent)
+    tmp = f".{p.name}.{os.getpid()}.tmp"
+    try:
+        _check_target(dfd, p)
+        try:
+            fd = os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=dfd
+            )
+        except OSError as e:
+            raise OutputDirError(
+                parent / tmp, f"cannot be created ({e.strerror})", "remove it or give another directory"
+            ) from None
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(raw)
+            os.replace(tmp, p.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise OutputDirError(
+                p, f"cannot be written ({e.strerror})", "free space or give another directory"
+            ) from None
+    finally:
+        os.close(dfd)
+    return p
+
+
+def open_private(path: str | os.PathLike[str], mode: Literal["ab", "xb"] = "ab") -> IO[bytes]:
+    """Open ``path`` for appending (``"ab"``) or exclusive creation (``"xb"``), mode 0600 when created.
+
+    Raises :class:`OutputDirError` for an unfit directory, a symlinked or non-regular target, or (``"xb"``)
+    a file that already exists."""
+    p = Path(path)
+    parent = private_dir(p.parent)
+    dfd = _open_dir(parent)
+    try:
+        _check_target(dfd, p)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        flags |= os.O_APPEND if mode == "ab" else os.O_EXCL
+        try:
+            fd = os.open(p.name, flags, FILE_MODE, dir_fd=dfd)
+        except FileExistsError:
+            raise OutputDirError(p, "already exists", f"remove it (rm {p}) or give another path") from None
+        except OSError as e:
+            raise OutputDirError(p, f"cannot be opened ({e.strerror})", "give another directory") from None
+    finally:
+        os.close(dfd)
+    return os.fdopen(fd, mode)
+
+
+__all__ = ["DIR_MODE", "FILE_MODE", "OutputDirError", "dir_problem", "open_private", "private_dir", "write_private"]
