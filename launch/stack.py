@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from chestnut.msgs.outdir import OutputDirError, private_dir, write_private
+
 log = logging.getLogger("chestnut.launch")
 
 TEMPLATE = Path(__file__).with_name("supervisord.conf")
@@ -102,6 +104,21 @@ class FaultPlan:
 RECOVERY_ACTIONS: dict[str, str] = {"disconnect": "plug", "brownout": "plug", "wedged": "power_cycle"}
 
 
+RUN_UMASK = 0o077  # supervisord and every program: logs (camera frames), reports and the pidfile are 0600
+
+
+def make_run_dir(runs_dir: Path, now: time.struct_time | None = None) -> Path:
+    """Create ``<runs_dir>/<YYYY-mm-dd--HH-MM-SS UTC>/logs`` 0700 (``msgs/outdir.py``); returns the run dir.
+
+    The logs hold camera frames and the dock's identity, so no other user may read them. Raises
+    :class:`~chestnut.msgs.outdir.OutputDirError` (one line) for a ``runs_dir`` that is a symlink, not ours
+    or group/other-writable."""
+    run_dir = (runs_dir / time.strftime("%Y-%m-%d--%H-%M-%S", now or time.gmtime())).resolve()
+    private_dir(runs_dir)
+    private_dir(run_dir / "logs")
+    return run_dir
+
+
 def render_config(
     run_dir: Path,
     prefix: str,
@@ -131,7 +148,7 @@ def render_config(
         path=os.environ.get("PATH", ""),
     )
     conf = run_dir / "supervisord.conf"
-    conf.write_text(text)
+    write_private(conf, text)
     return conf
 
 
@@ -610,8 +627,11 @@ def run(args: argparse.Namespace) -> int:
             other,
         )
         return 2
-    run_dir = (args.runs_dir / time.strftime("%Y-%m-%d--%H-%M-%S", time.gmtime())).resolve()
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir = make_run_dir(args.runs_dir)
+    except OutputDirError as e:
+        log.error("--runs-dir: %s", e)
+        return 2
     node_args = ["--config", str(args.node_config.resolve())] if args.node_config else []
     conf = render_config(
         run_dir,
@@ -632,6 +652,7 @@ def run(args: argparse.Namespace) -> int:
         stderr=subprocess.STDOUT,
         start_new_session=True,
         preexec_fn=_die_with_parent,
+        umask=RUN_UMASK,  # supervisord runs in the foreground (nodaemon), so its own umask setting never applies
         env=dict(os.environ, CHESTNUT_PREFIX=prefix, **{LAUNCH_ID_ENV: launch_id}),
     )
     log.info("stack launched under supervisord pid %d (run dir %s)", proc.pid, run_dir)
@@ -742,7 +763,7 @@ def run(args: argparse.Namespace) -> int:
         {"t_s": round((t_ns - t_zero) / NS, 3), "action": action, "fault": fault, "detail": detail}
         for t_ns, action, fault, detail in schedule
     ]
-    (run_dir / "faults.json").write_text(json.dumps(summary["fault_schedule"], indent=1))
+    write_private(run_dir / "faults.json", json.dumps(summary["fault_schedule"], indent=1))
     summary["processes"] = sampler.report()
     summary["contracts"], summary["report"] = check_contracts(
         run_dir, summary["fault_schedule"], summary.get("wall_start") or None

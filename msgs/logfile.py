@@ -70,6 +70,7 @@ from mcap.writer import Writer as _McapWriter
 
 from chestnut.msgs.jsonschema import DerivedState, all_topic_schemas, event_to_json, foxglove_messages
 from chestnut.msgs.messaging import REASON_UNKNOWN_MEMBER, MalformedMessageError, log_from_bytes, new_message
+from chestnut.msgs.outdir import DIR_MODE, open_private, private_dir
 from chestnut.msgs.schema import MAX_MESSAGE_BYTES, SCHEMA_PATH, SCHEMA_SHA256, log
 from chestnut.msgs.services import SERVICE_LIST
 
@@ -323,7 +324,8 @@ class _SegmentFileWriter(abc.ABC):
 class RlogSegmentWriter(_SegmentFileWriter):
     """``.zst``: a zstd frame of concatenated ``Event`` bytes (openpilot's rlog layout).
 
-    The file is created exclusively (``FileExistsError`` if present). A flush ends a zstd block
+    The file is created exclusively, 0600 (``msgs/outdir.py`` ``open_private``: ``FileExistsError`` if
+    present, ``OutputDirError`` for a symlink in its place). A flush ends a zstd block
     (``FLUSH_BLOCK``), so every message before it decompresses even if the frame is never ended.
     """
 
@@ -335,7 +337,7 @@ class RlogSegmentWriter(_SegmentFileWriter):
         level: int = ZSTD_LEVEL,
     ) -> None:
         super().__init__(path, policy, clock)
-        self._fh = open(self.path, "xb")  # noqa: SIM115 - owned by the writer, closed in _close
+        self._fh = open_private(self.path, "xb")  # 0600, never through a symlink; closed in _close
         self._z = zstd.ZstdCompressor(level=level, write_checksum=True).stream_writer(self._fh, closefd=False)
 
     def _write(self, service: str, log_mono_time_ns: int, data: bytes) -> None:
@@ -382,7 +384,7 @@ class McapSegmentWriter(_SegmentFileWriter):
         if not self.encodings or set(self.encodings) - set(MCAP_ENCODINGS):
             raise ValueError(f"MCAP encodings {self.encodings}: give one or both of {', '.join(MCAP_ENCODINGS)}")
         super().__init__(path, policy, clock)
-        self._fh = open(self.path, "xb")  # noqa: SIM115 - owned by the writer, closed in _close
+        self._fh = open_private(self.path, "xb")  # 0600, never through a symlink; closed in _close
         self._mcap = _McapWriter(self._fh, chunk_size=MCAP_CHUNK_BYTES, compression=CompressionType.ZSTD)
         self._mcap.start(profile="", library=f"{MCAP_LIBRARY} {package_versions()['chestnut']}")
         self._schema_id = 0
@@ -517,8 +519,7 @@ class RouteWriter:
             raise ValueError("a route writes the full log, the light log, or both")
         if not segment_seconds > 0:
             raise ValueError(f"segment_seconds must be > 0, got {segment_seconds}")
-        self.log_dir = Path(log_dir)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = private_dir(log_dir)  # 0700 when new (msgs/outdir.py): the logs hold camera frames
         self.names = tuple(n for n, on in zip(LOG_NAMES, (full, light), strict=True) if on)
         self.segment_seconds = float(segment_seconds)
         self.policy = policy
@@ -544,7 +545,7 @@ class RouteWriter:
     def _open_segment(self, n: int) -> None:
         self.segment = n
         seg_dir = self.segment_dir
-        seg_dir.mkdir(parents=True, exist_ok=False)
+        seg_dir.mkdir(mode=DIR_MODE, exist_ok=False)
         config = {
             **self.config,
             "route": self.route,

@@ -38,6 +38,10 @@ class OutputDirError(PermissionError):
         self.path = Path(path)
 
 
+class OutputExistsError(OutputDirError, FileExistsError):
+    """:func:`open_private` ``"xb"`` found the file already there (it is never overwritten)."""
+
+
 def dir_problem(st: os.stat_result, uid: int) -> str | None:
     """Why a directory with status ``st`` cannot take our output (None when it can)."""
     if not stat.S_ISDIR(st.st_mode):
@@ -146,8 +150,8 @@ def write_private(path: str | os.PathLike[str], data: bytes | str) -> Path:
 def open_private(path: str | os.PathLike[str], mode: Literal["ab", "xb"] = "ab") -> IO[bytes]:
     """Open ``path`` for appending (``"ab"``) or exclusive creation (``"xb"``), mode 0600 when created.
 
-    Raises :class:`OutputDirError` for an unfit directory, a symlinked or non-regular target, or (``"xb"``)
-    a file that already exists."""
+    Raises :class:`OutputDirError` for an unfit directory or a symlinked or non-regular target, and
+    :class:`OutputExistsError` (also a ``FileExistsError``) when ``"xb"`` finds the file there."""
     p = Path(path)
     parent = private_dir(p.parent)
     dfd = _open_dir(parent)
@@ -158,7 +162,7 @@ def open_private(path: str | os.PathLike[str], mode: Literal["ab", "xb"] = "ab")
         try:
             fd = os.open(p.name, flags, FILE_MODE, dir_fd=dfd)
         except FileExistsError:
-            raise OutputDirError(p, "already exists", f"remove it (rm {p}) or give another path") from None
+            raise OutputExistsError(p, "already exists", f"remove it (rm {p}) or give another path") from None
         except OSError as e:
             raise OutputDirError(p, f"cannot be opened ({e.strerror})", "give another directory") from None
     finally:
@@ -166,4 +170,13 @@ def open_private(path: str | os.PathLike[str], mode: Literal["ab", "xb"] = "ab")
     return os.fdopen(fd, mode)
 
 
-__all__ = ["DIR_MODE", "FILE_MODE", "OutputDirError", "dir_problem", "open_private", "private_dir", "write_private"]
+__all__ = [
+    "DIR_MODE",
+    "FILE_MODE",
+    "OutputDirError",
+    "OutputExistsError",
+    "dir_problem",
+    "open_private",
+    "private_dir",
+    "write_private",
+]

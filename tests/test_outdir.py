@@ -132,3 +132,66 @@ def test_acceptance_refuses_symlinked_report_json(tmp_path: Path, capsys: pytest
         acceptance.write_reports(out, {})
     assert str(e.value).startswith(f"{out / 'report.json'} is a symlink;")
     assert victim.read_text() == "keep me"
+
+
+def _export(tmp_path: Path, logs: list[Path], out: Path, caplog: pytest.LogCaptureFixture) -> tuple[int, list[str]]:
+    from chestnut.msgs import export
+
+    p = argparse.ArgumentParser()
+    export.add_arguments(p)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="chestnut.export"):
+        rc = export.run(p.parse_args([*map(str, logs), "--mcap", str(out)]))
+    return rc, [r.getMessage() for r in caplog.records]
+
+
+def test_export_from_garbage_leaves_no_file_and_says_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    garbage = tmp_path / "rlog.zst"
+    garbage.write_bytes(b"\x00" * 300)
+    out = tmp_path / "view.mcap"
+    rc, lines = _export(tmp_path, [garbage], out, caplog)
+    assert rc == 2
+    assert len(lines) == 1
+    assert lines[0].startswith(f"nothing exported from {garbage} ({garbage}: byte 0: ")
+    assert lines[0].endswith(f"); {out} not written: give a log that chestnut record wrote")
+    assert not out.exists()
+    assert _export(tmp_path, [garbage], out, caplog)[0] == 2 and not out.exists()  # a rerun is not blocked
+
+
+def test_export_path_errors_are_one_precise_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from test_logs import every_member_events
+
+    from chestnut.msgs.logfile import RouteWriter
+    from chestnut.msgs.messaging import log_from_bytes
+
+    with RouteWriter(tmp_path / "logs", formats=("zst",)) as w:
+        for member, data, _ in every_member_events(10**12):
+            w.write(member, log_from_bytes(data).logMonoTime, data)
+    assert _mode(tmp_path / "logs") == 0o700
+    (seg,) = (tmp_path / "logs").iterdir()
+    assert _mode(seg) == 0o700 and {_mode(f) for f in seg.iterdir()} == {0o600}
+    out = tmp_path / "new" / "view.mcap"
+    rc, _ = _export(tmp_path, [tmp_path / "logs"], out, caplog)
+    assert rc == 0 and _mode(out) == 0o600 and _mode(out.parent) == 0o700
+    assert _export(tmp_path, [tmp_path / "logs"], out, caplog) == (
+        2,
+        [f"--mcap {out} already exists; remove it (rm {out}) or give another path"],
+    )
+    missing = tmp_path / "nothere"
+    rc, lines = _export(tmp_path, [missing], tmp_path / "x.mcap", caplog)
+    assert rc == 2 and len(lines) == 1 and "Errno" not in lines[0] and str(missing) in lines[0]
+    assert lines[0].endswith("; give log files or directories (rlog.zst / rlog.mcap)")
+
+
+def test_launch_run_dir_is_private(tmp_path: Path) -> None:
+    import time
+
+    from chestnut.launch.stack import make_run_dir
+
+    run_dir = make_run_dir(tmp_path / "runs", time.gmtime(0))
+    assert run_dir == (tmp_path / "runs" / "1970-01-01--00-00-00").resolve()
+    assert [_mode(p) for p in (tmp_path / "runs", run_dir, run_dir / "logs")] == [0o700, 0o700, 0o700]
+    (tmp_path / "link").symlink_to(tmp_path / "runs")
+    with pytest.raises(OutputDirError) as e:
+        make_run_dir(tmp_path / "link", time.gmtime(0))
+    assert str(e.value) == f"{tmp_path / 'link'} is a symlink; give the real directory or a new path"
