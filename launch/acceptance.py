@@ -3,8 +3,8 @@
     chestnut acceptance --real --out DIR     # a real dock: asks you to unplug and replug it
     chestnut acceptance --twin --out DIR     # the twin: the same steps, unattended, faults injected
 
-Steps, in order; each has its figures and a verdict (pass / fail), and a failed step does not stop the
-ones after it unless they need what it made:
+Steps, in order; each has its figures and a verdict (pass / fail / not run), and a failed step does not
+stop the ones after it unless they need what it made (those are "not run", naming the step that failed):
 
 =================  ==========================================================================================
 ``ladder``         the qualification ladder with the model's rungs (``backend/ladder.py``), in a fresh
@@ -60,17 +60,23 @@ ENV_DROP = ("DEV", "GMMU", "HCQDEV_WAIT_TIMEOUT_MS")  # the dock's process sets 
 
 @dataclass
 class StepRecord:
-    """One step of the kit: its verdict, its figures (name -> number, bool or text) and a one-line detail."""
+    """One step of the kit: its verdict, its figures (name -> number, bool or text) and a one-line detail.
+    ``ran`` False: the kit did not reach the step (verdict "not run", ``detail`` says why)."""
 
     name: str
     passed: bool
     figures: dict[str, Any] = field(default_factory=dict)
     detail: str = ""
+    ran: bool = True
+
+    @property
+    def verdict(self) -> str:
+        return "pass" if self.passed else "fail" if self.ran else "not run"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "verdict": "pass" if self.passed else "fail",
+            "verdict": self.verdict,
             "figures": self.figures,
             "detail": self.detail,
         }
@@ -314,8 +320,21 @@ class Kit:
 
     def add(self, step: StepRecord) -> StepRecord:
         self.steps.append(step)
-        self.say(f"[{'PASS' if step.passed else 'FAIL'}] {step.name:<14} {step.detail}")
+        self.say(f"[{step.verdict.upper()}] {step.name:<14} {step.detail}")
         return step
+
+    def planned_steps(self) -> list[str]:
+        """Every step this run would take, in order (the module doc's table; one ``copy_<bytes>`` per size)."""
+        return ["ladder", *(f"copy_{n}" for n in self.args.sizes), "fingerprint", "frames", "unplug", "replug"]
+
+    def add_not_run(self) -> None:
+        """A "not run" record for each planned step the kit did not reach, naming the first failed step."""
+        seen = {s.name for s in self.steps}
+        failed = next((s.name for s in self.steps if s.ran and not s.passed), None)
+        why = f"not run: the {failed} step failed" if failed else "not run: the kit stopped before it"
+        for name in self.planned_steps():
+            if name not in seen:
+                self.add(StepRecord(name, False, {}, why, ran=False))
 
     def run(self) -> int:
         out: Path = self.args.out
@@ -324,7 +343,8 @@ class Kit:
             if self.twin:
                 from chestnut.backend.sim.client import TwinDaemon
 
-                self.daemon = TwinDaemon(self.prefix).start()
+                # the program engine that keeps the camera's 20 Hz on a small host, as ``chestnut launch`` uses
+                self.daemon = TwinDaemon(self.prefix, ["--engine", self.args.twin_engine]).start()
                 self.client = self.daemon.client()
             fp = self.fingerprint()
             ok = self.dock_steps(fp)
@@ -338,11 +358,26 @@ class Kit:
                 from chestnut.msgs.paths import runtime_dir
 
                 shutil.rmtree(runtime_dir(self.prefix), ignore_errors=True)
+            self.add_not_run()
         write_reports(out, self.report())
-        failed = [s.name for s in self.steps if not s.passed]
+        failed = [s.name for s in self.steps if s.ran and not s.passed]
+        not_run = [s.name for s in self.steps if not s.ran]
         self.say(f"report: {out / 'report.json'}, {out / 'report.html'}")
-        self.say("accepted: every step passed" if not failed else f"NOT accepted: failed step(s) {', '.join(failed)}")
-        return 0 if not failed else 1
+        if not failed and not not_run:
+            self.say("accepted: every step passed")
+        else:
+            self.say(
+                "NOT accepted: "
+                + "; ".join(
+                    x
+                    for x in (
+                        f"failed step(s) {', '.join(failed)}" if failed else "",
+                        f"not run: {', '.join(not_run)}" if not_run else "",
+                    )
+                    if x
+                )
+            )
+        return 0 if not failed and not not_run else 1
 
     def report(self) -> dict[str, Any]:
         from chestnut.node.main import _versions
@@ -356,7 +391,8 @@ class Kit:
             "init_identity": self.init_identity,
             "node_config": self.cfg.to_json(),
             "passed": all(s.passed for s in self.steps) and bool(self.steps),
-            "failed_steps": [s.name for s in self.steps if not s.passed],
+            "failed_steps": [s.name for s in self.steps if s.ran and not s.passed],
+            "not_run_steps": [s.name for s in self.steps if not s.ran],
             "steps": [s.to_json() for s in self.steps],
         }
 
@@ -420,7 +456,7 @@ class Kit:
             )
         f = res.get("fingerprint")
         if f is None:
-            self.add(StepRecord("fingerprint", False, {"ran": False}, "not run: the ladder failed"))
+            self.add(StepRecord("fingerprint", False, {}, "not run: the ladder step failed", ran=False))
         else:
             self.add(
                 StepRecord(
@@ -602,7 +638,7 @@ def write_reports(out: Path, report: dict[str, Any]) -> None:
     write_private(out / "report.json", json.dumps(report, indent=1))
     esc = html.escape
     rows = "".join(
-        f"<tr class={s['verdict']}><td>{esc(s['name'])}</td><td>{s['verdict'].upper()}</td><td>"
+        f"<tr class={s['verdict'].replace(' ', '_')}><td>{esc(s['name'])}</td><td>{s['verdict'].upper()}</td><td>"
         + "<br>".join(f"{esc(k)} = {esc(str(v))}" for k, v in s["figures"].items())
         + f"</td><td>{esc(s['detail'])}</td></tr>"
         for s in report["steps"]
@@ -642,6 +678,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="the node's TOML (default: launch/node.toml)")
     p.add_argument("--model", type=Path, help="primary model (default: the config's)")
     p.add_argument("--prefix", help="twin runtime prefix (default: a fresh one)")
+    p.add_argument(
+        "--twin-engine",
+        choices=("onnxruntime", "tinygrad"),
+        default="onnxruntime",
+        help="how the twin's GPU executes programs (default onnxruntime, as chestnut launch: 20 Hz on 2 cores)",
+    )
     p.add_argument("--frames", type=int, default=100, help="frames through the node (default 100)")
     p.add_argument("--sizes", type=_sizes, default=list(DEFAULT_SIZES), help="bytes per copy, comma-separated")
     p.add_argument("--min-copy-mbps", type=float, default=1.0, help="slowest acceptable copy, MB/s")

@@ -57,6 +57,8 @@ def _kit(tmp: Path, tiny_onnx: Path, timing: dict, *extra: str) -> tuple[subproc
             "20",
             "--sizes",
             "65536,1048576",
+            "--twin-engine",  # the fingerprint below is bit-exact: the tinygrad program engine, as on the host CPU
+            "tinygrad",
             *extra,
         ],
         capture_output=True,

@@ -1,0 +1,99 @@
+"""The kit's bookkeeping without a dock: the twin it starts runs the onnxruntime program engine (as
+``chestnut launch`` does, 20 Hz on a small host), and every planned step it did not reach is in report.json as
+"not run", naming the step that failed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chestnut.backend.sim import client as sim_client
+from chestnut.launch import acceptance as A
+
+
+class FakeDaemon:
+    started: list[list[str]] = []
+
+    def __init__(self, prefix: str, args: list[str] = ()) -> None:  # type: ignore[assignment]
+        self.args = list(args)
+
+    def start(self) -> FakeDaemon:
+        FakeDaemon.started.append(self.args)
+        return self
+
+    def client(self) -> Any:
+        return argparse.Namespace(close_connection=lambda: None)
+
+    def stop(self) -> None:
+        pass
+
+
+def kit_args(out: Path, *extra: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    A.add_arguments(p)
+    return p.parse_args(["--twin", "--out", str(out), "--sizes", "65536,4194304", *extra])
+
+
+@pytest.fixture
+def kit(tmp_path, tiny_onnx, monkeypatch):
+    monkeypatch.setattr(sim_client, "TwinDaemon", FakeDaemon)
+    FakeDaemon.started.clear()
+    lines: list[str] = []
+    k = A.Kit(kit_args(tmp_path / "out", "--model", str(tiny_onnx), "--prefix", "x3kit"), say=lines.append)
+    monkeypatch.setattr(k, "fingerprint", lambda: {})
+    return k, lines
+
+
+def test_the_kits_twin_runs_the_onnxruntime_engine_and_unreached_steps_are_not_run(kit, tmp_path, monkeypatch):
+    k, lines = kit
+
+    def dock_steps(fp: dict) -> bool:
+        k.add(A.StepRecord("ladder", True, {}, "7 rungs passed"))
+        k.add(A.StepRecord("copy_65536", True, {}, "in 1 MB/s"))
+        k.add(A.StepRecord("copy_4194304", True, {}, "in 1 MB/s"))
+        k.add(A.StepRecord("fingerprint", True, {}, "exact"))
+        return True
+
+    monkeypatch.setattr(k, "dock_steps", dock_steps)
+    monkeypatch.setattr(k, "node_steps", lambda: k.add(A.StepRecord("frames", False, {}, "the primary did not serve")))
+    assert k.run() == 1
+    assert FakeDaemon.started == [["--engine", "onnxruntime"]]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [(s["name"], s["verdict"], s["detail"]) for s in report["steps"]][-3:] == [
+        ("frames", "fail", "the primary did not serve"),
+        ("unplug", "not run", "not run: the frames step failed"),
+        ("replug", "not run", "not run: the frames step failed"),
+    ]
+    assert report["passed"] is False
+    assert report["failed_steps"] == ["frames"] and report["not_run_steps"] == ["unplug", "replug"]
+    assert lines[-1] == "NOT accepted: failed step(s) frames; not run: unplug, replug"
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "<tr class=not_run><td>replug</td><td>NOT RUN</td>" in page
+
+
+def test_a_failed_ladder_leaves_every_later_step_not_run(kit, tmp_path, monkeypatch):
+    k, lines = kit
+    monkeypatch.setattr(k, "dock_steps", lambda fp: k.add(A.StepRecord("ladder", False, {}, "ltssm failed")) and False)
+    assert k.run() == 1
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [(s["name"], s["verdict"]) for s in report["steps"]] == [
+        ("ladder", "fail"),
+        ("copy_65536", "not run"),
+        ("copy_4194304", "not run"),
+        ("fingerprint", "not run"),
+        ("frames", "not run"),
+        ("unplug", "not run"),
+        ("replug", "not run"),
+    ]
+    assert {s["detail"] for s in report["steps"][1:]} == {"not run: the ladder step failed"}
+    assert lines[-1] == (
+        "NOT accepted: failed step(s) ladder; not run: copy_65536, copy_4194304, fingerprint, frames, unplug, replug"
+    )
+
+
+def test_the_twin_engine_can_be_chosen():
+    assert kit_args(Path("/tmp/x"), "--twin-engine", "tinygrad").twin_engine == "tinygrad"
