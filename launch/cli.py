@@ -60,11 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from chestnut.msgs.paths import RuntimeDirError
+    from chestnut.msgs.messaging import PublisherBusyError
+    from chestnut.msgs.paths import PrefixError, RuntimeDirError
 
     try:
         return int(importlib.import_module(args._module).run(args) or 0)
-    except RuntimeDirError as e:  # a subverted runtime directory: one line, no traceback
+    except (RuntimeDirError, PrefixError, PublisherBusyError) as e:
+        # a subverted runtime directory, a malformed CHESTNUT_PREFIX, a service another live process
+        # already publishes: one line, no traceback, the program cannot go on
         print(f"chestnut {args.command}: {e}", file=sys.stderr)
         return 2
 

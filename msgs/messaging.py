@@ -7,7 +7,10 @@
   malformed message fails here with :class:`MalformedMessageError` and never later in a consumer.
 - :func:`pub_sock` / :func:`sub_sock` -- thin wrappers over pyzmq PUB/SUB sockets sharing one
   ``zmq.Context`` per process. The publisher binds, subscribers connect (cereal's topology). One
-  publisher per service and prefix: a second bind takes the endpoint over.
+  publisher per service and prefix: ZeroMQ's ``ipc://`` bind unlinks and replaces a live socket file
+  (libzmq 4.3 ``ipc_listener_t::set_local_address``), so before binding :func:`pub_sock` takes an
+  exclusive non-blocking ``flock`` on ``<runtime_dir(prefix)>/<service>.pub.lock`` (0600, holder's pid
+  inside), held while the socket is open; a second publisher gets :class:`PublisherBusyError`.
 - :func:`recv_one`, :func:`recv_one_or_none`, :func:`drain_sock` -- receive decoded events; malformed
   ones are counted per reason on the socket (:attr:`SubSocket.malformed`), logged once per reason and
   dropped.
@@ -26,6 +29,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import time
@@ -37,7 +41,7 @@ import capnp
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from chestnut.msgs.paths import runtime_dir
+from chestnut.msgs.paths import PREFIX_ENV, current_prefix, runtime_dir
 from chestnut.msgs.schema import MAX_MESSAGE_BYTES, TRAVERSAL_LIMIT_WORDS, log
 from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError, get_service
 from chestnut.msgs.submaster import SubMasterChecks
@@ -52,6 +56,8 @@ __all__ = [
     "TCP_BASE_PORT_ENV",
     "MalformedMessageError",
     "PubMaster",
+    "PubSocket",
+    "PublisherBusyError",
     "SubMaster",
     "SubSocket",
     "UnknownServiceError",
@@ -65,6 +71,7 @@ __all__ = [
     "recv_one",
     "recv_one_or_none",
     "sub_sock",
+    "take_pub_lock",
 ]
 
 _log = logging.getLogger(__name__)
@@ -383,12 +390,99 @@ class SubSocket(zmq.Socket):
             _log.warning("%s: dropped a malformed message: %s (further ones are only counted)", self.service, err)
 
 
-def pub_sock(service: str, prefix: str | None = None, tcp_port: int | None = None) -> zmq.Socket:
-    """A PUB socket bound to :func:`endpoint` of ``service``. Raises :class:`UnknownServiceError`."""
+PUB_LOCK_SUFFIX = ".pub.lock"
+"""``<runtime_dir(prefix)>/<service><PUB_LOCK_SUFFIX>``: the lock file of a service's publisher."""
+PUB_LOCK_MODE = 0o600
+_PID_READ_BYTES = 32  # a pid and a newline; the rest of a (tampered) lock file is never read
+
+
+class PublisherBusyError(RuntimeError):
+    """Another open file (a live process) holds the publisher lock of ``service`` on ``prefix``.
+
+    ``str()`` is one line: which service, prefix and lock file, the holder's pid (``holder``, None when
+    it has not written it yet) and how to go on. Attributes: ``service``, ``prefix``, ``path``, ``holder``.
+    """
+
+    def __init__(self, service: str, prefix: str, path: str, holder: int | None) -> None:
+        who = f"pid {holder}" if holder is not None else "another process"
+        stop = f"stop it (kill {holder})" if holder is not None else "stop it"
+        super().__init__(
+            f"{service} is already published on prefix {prefix!r} by {who} (lock {path}); "
+            f"{stop}, or choose another prefix with {PREFIX_ENV}=NAME"
+        )
+        self.service = service
+        self.prefix = prefix
+        self.path = path
+        self.holder = holder
+
+
+def _lock_holder(fd: int) -> int | None:
+    """The pid written in a publisher lock file (bounded read), or None when absent or garbled."""
+    try:
+        text = os.pread(fd, _PID_READ_BYTES, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def take_pub_lock(service: str, prefix: str | None = None) -> int:
+    """Take the publisher lock of ``service`` on ``prefix`` (see the module docstring); returns its fd.
+
+    The file is opened with ``O_NOFOLLOW | O_CLOEXEC`` in the private runtime directory and locked with
+    ``flock(LOCK_EX | LOCK_NB)`` (an exec'd child does not inherit it; the lock goes with the last
+    close of the fd, so a killed holder frees it). Raises :class:`PublisherBusyError` when held,
+    ``ValueError`` / :class:`~chestnut.msgs.paths.RuntimeDirError` from :func:`runtime_dir`.
+    """
+    prefix = current_prefix() if prefix is None else prefix
+    path = f"{runtime_dir(prefix)}/{service}{PUB_LOCK_SUFFIX}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, PUB_LOCK_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _lock_holder(fd)
+        os.close(fd)
+        raise PublisherBusyError(service, prefix, path, holder) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+class PubSocket(zmq.Socket):
+    """A PUB socket that holds its service's publisher lock (``pub_lock_fd``, -1 for TCP) until closed."""
+
+    pub_lock_fd: int = -1
+
+    def close(self, linger: int | None = None) -> None:
+        super().close(linger)
+        if self.pub_lock_fd >= 0:
+            os.close(self.pub_lock_fd)
+            self.pub_lock_fd = -1
+
+
+def pub_sock(service: str, prefix: str | None = None, tcp_port: int | None = None) -> PubSocket:
+    """A PUB socket bound to :func:`endpoint` of ``service``, holding the service's publisher lock.
+
+    Raises :class:`UnknownServiceError`, :class:`PublisherBusyError` when another live publisher of
+    ``service`` on ``prefix`` holds the lock (``ipc://`` only: a TCP port in use fails the bind itself).
+    """
     addr = endpoint(service, prefix, tcp_port)
-    sock = context().socket(zmq.PUB)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(addr)
+    lock_fd = take_pub_lock(service, prefix) if addr.startswith("ipc://") else -1
+    try:
+        sock = context().socket(zmq.PUB, socket_class=PubSocket)
+    except BaseException:
+        if lock_fd >= 0:
+            os.close(lock_fd)
+        raise
+    sock.pub_lock_fd = lock_fd
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(addr)
+    except BaseException:
+        sock.close(linger=0)
+        raise
     return sock
 
 
@@ -542,11 +636,13 @@ def drain_sock(sock: SubSocket, wait_for_one: bool = False) -> list[Any]:
 class PubMaster:
     """One PUB socket per service. ``send(service, msg)`` takes an ``Event`` builder or its bytes.
 
-    Raises :class:`UnknownServiceError` for an unregistered service (here and in :meth:`send`).
+    Raises :class:`UnknownServiceError` for an unregistered service (here and in :meth:`send`), and
+    :class:`PublisherBusyError` when another live process already publishes one of ``services`` on
+    ``prefix`` (the sockets opened so far are closed again).
     """
 
     def __init__(self, services: Iterable[str], prefix: str | None = None) -> None:
-        self.sock: dict[str, zmq.Socket] = {}
+        self.sock: dict[str, PubSocket] = {}
         try:
             for service in services:
                 self.sock[service] = pub_sock(service, prefix)

@@ -46,12 +46,24 @@ class RuntimeDirError(PermissionError):
         self.path = Path(path)
 
 
-def current_prefix() -> str:
-    """The active prefix: ``$CHESTNUT_PREFIX`` or ``"default"``; raises ``ValueError`` if malformed."""
-    prefix = os.environ.get(PREFIX_ENV, DEFAULT_PREFIX)
+class PrefixError(ValueError):
+    """A malformed prefix (``$CHESTNUT_PREFIX`` or an explicit one). ``str()`` is one line: what, how to fix."""
+
+
+def check_prefix(prefix: str, source: str = "prefix") -> str:
+    """``prefix`` when it is 1-64 characters from ``[A-Za-z0-9_.-]`` and not ``.`` / ``..`` (it names a
+    directory); else raises :class:`PrefixError` naming ``source`` (e.g. ``"CHESTNUT_PREFIX"``)."""
     if not _PREFIX_RE.match(prefix) or prefix in (".", ".."):
-        raise ValueError(f"{PREFIX_ENV}={prefix!r}: use 1-64 characters from [A-Za-z0-9_.-]")
+        raise PrefixError(
+            f"{source} {prefix!r} is not a valid prefix: use 1-64 characters from [A-Za-z0-9_.-], "
+            f"not '.' or '..' (e.g. {PREFIX_ENV}=bench1), or unset {PREFIX_ENV} for {DEFAULT_PREFIX!r}"
+        )
     return prefix
+
+
+def current_prefix() -> str:
+    """The active prefix: ``$CHESTNUT_PREFIX`` or ``"default"``; raises :class:`PrefixError` if malformed."""
+    return check_prefix(os.environ.get(PREFIX_ENV, DEFAULT_PREFIX), PREFIX_ENV)
 
 
 def runtime_base() -> Path:
@@ -85,9 +97,13 @@ def private_problem(st: os.stat_result, uid: int) -> str | None:
     return None
 
 
-def _open_private(parent_fd: int, parent: Path, name: str, uid: int) -> int:
-    """Create ``name`` (0700) under ``parent_fd`` if missing, open it without following a symlink, check it."""
+def _open_private(parent_fd: int, parent: Path, name: str, uid: int, per_prefix: bool) -> int:
+    """Create ``name`` (0700) under ``parent_fd`` if missing, open it without following a symlink, check it.
+
+    ``per_prefix``: ``name`` is the prefix's own directory, so another prefix is a way out; the
+    ``chestnut-<uid>`` directory above it is shared by every prefix, and its fix never suggests one."""
     path = parent / name
+    other = f", or choose another {PREFIX_ENV}" if per_prefix else ""
     try:
         os.mkdir(name, PRIVATE_MODE, dir_fd=parent_fd)
     except FileExistsError:
@@ -104,16 +120,14 @@ def _open_private(parent_fd: int, parent: Path, name: str, uid: int) -> int:
         if stat.S_ISLNK(st.st_mode):
             raise RuntimeDirError(path, "is a symlink", f"remove it (rm {path}) and start again") from None
         problem = private_problem(st, uid) or f"cannot be opened ({e.strerror})"
-        raise RuntimeDirError(
-            path, problem, f"remove it (rm -r {path}) and start again, or choose another {PREFIX_ENV}"
-        ) from None
+        raise RuntimeDirError(path, problem, f"remove it (rm -r {path}) and start again{other}") from None
     found = private_problem(os.fstat(fd), uid)
     if found is not None:
         os.close(fd)
         raise RuntimeDirError(
             path,
             found,
-            f"it is not ours to repair: remove it (rm -r {path}) and start again, or choose another {PREFIX_ENV}",
+            f"it is not ours to repair: remove it (rm -r {path}) and start again{other}",
         )
     return fd
 
@@ -121,12 +135,10 @@ def _open_private(parent_fd: int, parent: Path, name: str, uid: int) -> int:
 def runtime_dir(prefix: str | None = None) -> Path:
     """Create (if needed), check and return the private runtime directory ``<base>/chestnut-<uid>/<prefix>``.
 
-    Raises ``ValueError`` for a malformed prefix and :class:`RuntimeDirError` (a ``PermissionError``)
-    for a base or directory that breaks the rules of this module's docstring.
+    Raises :class:`PrefixError` (a ``ValueError``) for a malformed prefix and :class:`RuntimeDirError`
+    (a ``PermissionError``) for a base or directory that breaks the rules of this module's docstring.
     """
-    prefix = current_prefix() if prefix is None else prefix
-    if not _PREFIX_RE.match(prefix) or prefix in (".", ".."):
-        raise ValueError(f"prefix {prefix!r}: use 1-64 characters from [A-Za-z0-9_.-]")
+    prefix = current_prefix() if prefix is None else check_prefix(prefix)
     uid = os.getuid()
     base = runtime_base()
     try:
@@ -143,8 +155,8 @@ def runtime_dir(prefix: str | None = None) -> Path:
         if problem is not None:
             raise RuntimeDirError(base, problem, f"point {' / '.join(BASE_ENVS)} at a directory of yours")
         user_dir = base / f"chestnut-{uid}"
-        fds.append(_open_private(base_fd, base, user_dir.name, uid))
-        fds.append(_open_private(fds[-1], user_dir, prefix, uid))
+        fds.append(_open_private(base_fd, base, user_dir.name, uid, per_prefix=False))
+        fds.append(_open_private(fds[-1], user_dir, prefix, uid, per_prefix=True))
     finally:
         for fd in fds:
             os.close(fd)

@@ -984,8 +984,10 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point for process managers (openpilot-style ``PythonProcess``): ``chestnut run``'s options,
     with ``--config`` from ``$CHESTNUT_CONFIG`` when it is set and ``argv`` has none. Logs at INFO to
-    stderr; a runtime directory that must not be used is one line on stderr and exit code 2."""
-    from chestnut.msgs.paths import RuntimeDirError
+    stderr; a runtime directory that must not be used, a malformed ``$CHESTNUT_PREFIX`` or a service
+    another live process already publishes is one line on stderr and exit code 2."""
+    from chestnut.msgs.messaging import PublisherBusyError
+    from chestnut.msgs.paths import PrefixError, RuntimeDirError
 
     p = argparse.ArgumentParser(prog="chestnut run", description="run the supervised inference node")
     add_arguments(p)
@@ -996,7 +998,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return run(args)
-    except RuntimeDirError as e:
+    except (RuntimeDirError, PrefixError, PublisherBusyError) as e:
         print(f"chestnut run: {e}", file=sys.stderr)
         return 2
 

@@ -79,6 +79,19 @@ def test_a_dir_we_own_that_group_or_other_can_reach_is_refused_not_chmodded(base
     assert stat.S_IMODE(d.stat().st_mode) == mode and (d / "planted").exists()
 
 
+def test_a_reachable_user_dir_is_refused_without_suggesting_another_prefix(base):
+    d = base / f"chestnut-{UID}"
+    d.mkdir()
+    d.chmod(0o777)  # shared by every prefix: another CHESTNUT_PREFIX would meet it again
+    with pytest.raises(RuntimeDirError) as info:
+        runtime_dir("a")
+    assert str(info.value) == (
+        f"runtime directory {d} is reachable by group/other (mode 0777, must be 0700); it is not ours to "
+        f"repair: remove it (rm -r {d}) and start again"
+    )
+    assert stat.S_IMODE(d.stat().st_mode) == 0o777
+
+
 def test_a_file_in_place_of_the_dir_is_refused(base):
     (base / f"chestnut-{UID}").write_text("")
     with pytest.raises(RuntimeDirError, match=r"chestnut-\d+ is not a directory; remove it"):
