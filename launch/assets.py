@@ -21,7 +21,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from chestnut.backend.errors import ModelError
+from chestnut.msgs.outdir import write_private
 from chestnut.node.config import cache_dir, default_model_path
 
 log = logging.getLogger("chestnut.assets")
@@ -175,11 +175,8 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
         model = onnx.shape_inference.infer_shapes(model)
     except Exception as e:  # onnx raises its own ValidationError and friends
         raise ModelError("bad_model", f"ONNX checker rejected the prepared model: {e}") from e
-    out.parent.mkdir(parents=True, exist_ok=True)
     data = model.SerializeToString()
-    tmp = out.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, out)
+    write_private(out, data)  # 0600 by temp + rename; a new models dir is 0700 (msgs/outdir.py)
 
     x = (
         bgr_to_input(check_frame)
@@ -212,10 +209,39 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
         )
     fp = record_fingerprint(tg_model)
     fp_path = out.with_suffix(".fingerprint.json")
-    fp_path.write_text(json.dumps(fp, indent=1))
+    write_private(fp_path, json.dumps(fp, indent=1))
     meta["fingerprint"] = str(fp_path)
-    out.with_suffix(".json").write_text(json.dumps(meta, indent=2))
+    write_private(out.with_suffix(".json"), json.dumps(meta, indent=2))
     return meta
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of ``path``'s bytes (hex), read in 1 MiB blocks. Raises OSError."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def prepared_damage(out: Path, meta: dict[str, Any]) -> str | None:
+    """Why the prepared model ``out`` is not what its metadata (``out.with_suffix('.json')``, written by
+    :func:`prepare_model`) recorded, or None when it is: its sha256 must equal ``meta["sha256"]`` and it must
+    parse as ONNX (``onnx.load_model_from_string``). Never raises."""
+    try:
+        sha = file_sha256(out)
+    except OSError as e:
+        return f"cannot read it: {e.strerror}"
+    want = meta.get("sha256")
+    if sha != want:
+        return f"its sha256 is {sha[:16]}, the metadata recorded {str(want)[:16]}"
+    try:
+        import onnx
+
+        onnx.load_model_from_string(out.read_bytes())
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends: the file is not a model
+        return f"it does not parse as ONNX ({type(e).__name__})"
+    return None
 
 
 def agreement_check(model: Any, path: Path, inputs: dict[str, np.ndarray]) -> float:
@@ -242,8 +268,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     prep.add_argument("--shape", default=",".join(map(str, DEFAULT_SHAPE)), help="input shape N,C,H,W")
     prep.add_argument("--out", type=Path, help=f"prepared model path (default: {default_model_path()})")
     prep.add_argument("--force", action="store_true", help="prepare again even if up to date")
-    prep.add_argument("--for-dock", action="store_true",
-                      help="also compile it on the attached dock into the compile cache (chestnut probe --real)")
+    prep.add_argument(
+        "--for-dock",
+        action="store_true",
+        help="also compile it on the attached dock into the compile cache (chestnut probe --real)",
+    )
     sub.add_parser("paths", help="print where the model and frames are")
 
 
@@ -265,14 +294,26 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or (default_model_path() if args.onnx is None else cache_dir() / "models" / f"{src.stem}.onnx")
     meta_path = out.with_suffix(".json")
     if not args.force and out.is_file() and meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
-        if (meta.get("source") == str(src) and meta.get("input_shape") == list(shape)
-                and out.with_suffix(".fingerprint.json").is_file()):
+        damage = None
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            meta, damage = {}, f"its metadata {meta_path.name} does not read as JSON"
+        if (
+            isinstance(meta, dict)
+            and "max_abs_diff_vs_onnxruntime" in meta
+            and meta.get("source") == str(src)
+            and meta.get("input_shape") == list(shape)
+            and out.with_suffix(".fingerprint.json").is_file()
+            and (damage := prepared_damage(out, meta)) is None
+        ):
             print(
                 f"model ready: {out} (sha256 {meta['sha256'][:16]}, max |tinygrad-onnxruntime| "
                 f"{meta['max_abs_diff_vs_onnxruntime']})"
             )
             return prepare_for_dock(out) if args.for_dock else 0
+        if damage is not None:
+            print(f"prepared model {out} is damaged ({damage}); preparing it again")
     frame = None
     try:
         frame = read_image_bgr(road_image_path(), shape[2], shape[3])

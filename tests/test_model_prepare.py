@@ -1,0 +1,91 @@
+"""``chestnut model prepare`` says "model ready" only for a prepared file that is what its metadata recorded
+(sha256, and it parses as ONNX); a damaged one is prepared again, said in one line."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from chestnut.backend.errors import ModelError
+from chestnut.launch import assets
+
+SHAPE = (1, 3, 32, 64)
+
+
+@pytest.fixture
+def prepared(tmp_path: Path, tiny_onnx: Path, monkeypatch) -> tuple[Path, argparse.Namespace, list[Path]]:
+    """``tiny.onnx`` as if prepared into ``tmp_path/m/tiny.onnx`` (its metadata and fingerprint beside it);
+    ``prepare_model`` replaced by one that copies the source again and records each call."""
+    out = tmp_path / "m" / "tiny.onnx"
+    out.parent.mkdir()
+    shutil.copyfile(tiny_onnx, out)
+    sha = hashlib.sha256(out.read_bytes()).hexdigest()
+    meta = {"source": str(tiny_onnx), "sha256": sha, "input_shape": list(SHAPE), "max_abs_diff_vs_onnxruntime": 0.0}
+    out.with_suffix(".json").write_text(json.dumps(meta))
+    out.with_suffix(".fingerprint.json").write_text("{}")
+    calls: list[Path] = []
+
+    def prepare_model(src: Path, dst: Path, shape: tuple[int, ...], frame: object) -> dict:
+        calls.append(dst)
+        shutil.copyfile(src, dst)
+        return {**meta, "resize_roi_repaired": 0, "first_call_s": 0.5}
+
+    def no_frame(*a: object) -> None:
+        raise ModelError("missing_asset", "no frames here")
+
+    monkeypatch.setattr(assets, "prepare_model", prepare_model)
+    monkeypatch.setattr(assets, "read_image_bgr", no_frame)
+    args = argparse.Namespace(action="prepare", onnx=tiny_onnx, shape="1,3,32,64", out=out, force=False, for_dock=False)
+    return out, args, calls
+
+
+def test_an_intact_prepared_model_is_ready_without_preparing(prepared, capsys):
+    out, args, calls = prepared
+    assert assets.run(args) == 0
+    sha = hashlib.sha256(out.read_bytes()).hexdigest()
+    assert capsys.readouterr().out == f"model ready: {out} (sha256 {sha[:16]}, max |tinygrad-onnxruntime| 0.0)\n"
+    assert calls == []
+
+
+def test_a_truncated_prepared_model_is_named_and_prepared_again(prepared, capsys):
+    out, args, calls = prepared
+    good = hashlib.sha256(out.read_bytes()).hexdigest()
+    with open(out, "r+b") as f:
+        f.truncate(100)
+    bad = hashlib.sha256(out.read_bytes()).hexdigest()
+    assert assets.run(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (
+        f"prepared model {out} is damaged (its sha256 is {bad[:16]}, the metadata recorded "
+        f"{good[:16]}); preparing it again"
+    )
+    assert lines[-1].startswith(f"model ready: {out} (sha256 {good[:16]}, ")
+    assert calls == [out] and hashlib.sha256(out.read_bytes()).hexdigest() == good
+
+
+def test_a_prepared_model_that_does_not_parse_is_prepared_again(prepared, capsys):
+    out, args, calls = prepared
+    out.write_bytes(b"\xff" * 64)  # and the metadata made to agree with it: only the parse can tell
+    meta_path = out.with_suffix(".json")
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "sha256": hashlib.sha256(out.read_bytes()).hexdigest()}))
+    assert assets.run(args) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"prepared model {out} is damaged (it does not parse as ONNX (DecodeError)); preparing it again"
+    assert calls == [out]
+
+
+def test_damaged_metadata_is_prepared_again(prepared, capsys):
+    out, args, calls = prepared
+    out.with_suffix(".json").write_text('{"sha256": ')
+    assert assets.run(args) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert (
+        first == f"prepared model {out} is damaged (its metadata tiny.json does not read as JSON); preparing it again"
+    )
+    assert calls == [out]
