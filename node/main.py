@@ -134,6 +134,8 @@ log = logging.getLogger("chestnut.node")
 EXIT_OK = 0
 EXIT_CONFIG = 2               # the configuration is unusable (a bad key or value, an unreadable fingerprint)
 EXIT_NO_FALLBACK = 3          # the node cannot serve at all: no usable fallback model
+MODEL_FIX = ("prepare it again with `chestnut model prepare` (it checks the file's sha256 and rebuilds a damaged "
+             "one), or name another file in the config's [model] / [fallback]")
 NS = 1_000_000_000
 LOOP_PERIOD_MS = 50           # longest the loop sleeps without a frame (20 Hz housekeeping)
 STOP_BUDGET_S = 5.0           # the process manager's stop budget
@@ -358,8 +360,8 @@ class Node:
             raise
         except Exception as e:  # ModelError, or anything the engine raises: no fallback, no service
             self.starting = False
-            log.error("no usable fallback model (%s, %s): %s: %s", self.cfg.fallback_path, fb.engine,
-                      type(e).__name__, e)
+            log.error("no usable fallback model (%s, %s): %s: %s; %s", self.cfg.fallback_path, fb.engine,
+                      type(e).__name__, e, MODEL_FIX)
             self._feed(Event.FALLBACK_FAILED, str(e))
             return False
         log.info("fallback %s (%s, %s standby) warm in %.2f s, %.1f ms per frame", self.fallback.model_id,
