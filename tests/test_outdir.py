@@ -195,3 +195,19 @@ def test_launch_run_dir_is_private(tmp_path: Path) -> None:
     with pytest.raises(OutputDirError) as e:
         make_run_dir(tmp_path / "link", time.gmtime(0))
     assert str(e.value) == f"{tmp_path / 'link'} is a symlink; give the real directory or a new path"
+
+
+def test_prepared_model_files_are_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tinymodel import make_tiny_onnx
+
+    from chestnut.launch.assets import prepare_model
+
+    monkeypatch.setenv("CHESTNUT_CACHE", str(tmp_path / "cache"))
+    models = tmp_path / "cache" / "models"
+    prepare_model(make_tiny_onnx(tmp_path / "tiny.onnx"), models / "m.onnx", (1, 3, 32, 64), None)
+    assert _mode(tmp_path / "cache") == 0o700 and _mode(models) == 0o700
+    assert {p.name: _mode(p) for p in models.iterdir()} == {
+        "m.onnx": 0o600,
+        "m.json": 0o600,
+        "m.fingerprint.json": 0o600,
+    }
