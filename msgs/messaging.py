@@ -32,6 +32,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import stat
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -451,11 +452,24 @@ def take_pub_lock(service: str, prefix: str | None = None) -> int:
 
 
 class PubSocket(zmq.Socket):
-    """A PUB socket that holds its service's publisher lock (``pub_lock_fd``, -1 for TCP) until closed."""
+    """A PUB socket that holds its service's publisher lock (``pub_lock_fd``, -1 for TCP) until closed.
+
+    ``ipc_file``: the ``ipc://`` socket file this socket bound and ``ipc_file_id`` its ``(st_dev,
+    st_ino)`` right after the bind. :meth:`close` unlinks that file while the lock is still held (no
+    other publisher can have bound the path meanwhile) and only if it is still the same inode, so a
+    clean exit leaves no socket file behind; then it closes the socket and releases the lock."""
 
     pub_lock_fd: int = -1
+    ipc_file: str | None = None
+    ipc_file_id: tuple[int, int] | None = None
 
     def close(self, linger: int | None = None) -> None:
+        if self.ipc_file is not None and self.ipc_file_id is not None and self.pub_lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                st = os.lstat(self.ipc_file)
+                if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == self.ipc_file_id:
+                    os.unlink(self.ipc_file)
+            self.ipc_file = self.ipc_file_id = None
         super().close(linger)
         if self.pub_lock_fd >= 0:
             os.close(self.pub_lock_fd)
@@ -480,6 +494,9 @@ def pub_sock(service: str, prefix: str | None = None, tcp_port: int | None = Non
     try:
         sock.setsockopt(zmq.LINGER, 0)
         sock.bind(addr)
+        if lock_fd >= 0:
+            st = os.lstat(addr.removeprefix("ipc://"))
+            sock.ipc_file, sock.ipc_file_id = addr.removeprefix("ipc://"), (st.st_dev, st.st_ino)
     except BaseException:
         sock.close(linger=0)
         raise

@@ -250,6 +250,7 @@ def _tight_timer_slack() -> None:
 
 TWIN_STATE_PERIOD_S = 1.0  # twinState is a 1 Hz service (msgs/services.py)
 FAULT_EVENT_POLL_S = 0.02  # s between drains of the fault-event queue: a twinFault is sent within 20 ms
+PUBLISHER_JOIN_S = 2.0  # s serve() waits at exit for the twinState thread to send its last events and close
 
 
 def _send_twin_state(pm: Any, twin: Twin) -> None:
@@ -341,6 +342,8 @@ def serve(config: TwinConfig, prefix: str | None = None) -> int:
     try:
         server.serve_forever()
     finally:
+        # the publisher's last drain and its sockets' close (which unlinks their ipc files) before exit
+        publisher.join(PUBLISHER_JOIN_S)
         twin.close()
     log.info("twin stopped")
     return 0
