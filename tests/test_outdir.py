@@ -211,3 +211,29 @@ def test_prepared_model_files_are_private(tmp_path: Path, monkeypatch: pytest.Mo
         "m.json": 0o600,
         "m.fingerprint.json": 0o600,
     }
+
+
+def test_report_files_are_private_and_a_rerun_replaces_them(tmp_path: Path) -> None:
+    import time
+
+    from chestnut.msgs.logfile import RouteWriter
+    from chestnut.msgs.messaging import new_message
+    from chestnut.node.offline.report import write_report
+    from chestnut.node.offline.timeline import read_timeline
+
+    with RouteWriter(tmp_path / "logs", formats=("zst",)) as w:
+        m = new_message("nodeState")
+        m.nodeState.state = "active"
+        m.logMonoTime = time.monotonic_ns()
+        w.write("nodeState", m.logMonoTime, m.to_bytes())
+    tl = read_timeline(tmp_path / "logs")
+    rep = tmp_path / "rep"
+    for _ in range(2):
+        assert write_report(rep, tl) == rep / "index.html"
+        assert _mode(rep) == 0o700
+        assert {p.name: _mode(p) for p in rep.iterdir()} == {
+            "index.html": 0o600,
+            "timeline.png": 0o600,
+            "agreement.png": 0o600,
+            "latency.png": 0o600,
+        }
