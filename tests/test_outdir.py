@@ -237,3 +237,24 @@ def test_report_files_are_private_and_a_rerun_replaces_them(tmp_path: Path) -> N
             "agreement.png": 0o600,
             "latency.png": 0o600,
         }
+
+
+def test_acceptance_refuses_a_symlinked_out_before_any_step(
+    tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from chestnut.launch import acceptance
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    out = tmp_path / "acc"
+    out.mkdir(mode=0o700)
+    (out / "node.log").symlink_to(victim)
+    p = argparse.ArgumentParser()
+    acceptance.add_arguments(p)
+    args = p.parse_args(["--twin", "--out", str(out), "--model", str(tiny_onnx)])
+    assert acceptance.run(args) == 2
+    target = out / "node.log"
+    assert capsys.readouterr().err == (
+        f"chestnut acceptance: --out {target} is a symlink; remove it (rm {target}) or give another directory\n"
+    )
+    assert victim.read_text() == "keep me" and sorted(os.listdir(out)) == ["node.log"]
