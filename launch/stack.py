@@ -59,6 +59,20 @@ SAMPLE_SETTLE_S = 10.0  # resource figures "at start" are taken this long after 
 NS = 1_000_000_000
 
 
+_TEXT_PARAMS = frozenset({"on", "status", "phase"})  # backend/sim/faults.py FaultSpec's text fields
+
+
+def _param_value(key: str, text: str) -> Any:
+    """A ``--fault`` ``key=value``'s value: text for FaultSpec's text fields, else a number when it is one
+    (``FaultSpec.validate`` names a value that is not)."""
+    if key in _TEXT_PARAMS:
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 @dataclasses.dataclass
 class FaultPlan:
     kind: str
@@ -80,7 +94,7 @@ class FaultPlan:
             params: dict[str, Any] = {}
             for kv in kvs:
                 k, _, v = kv.partition("=")
-                params[k.strip()] = float(v) if v.replace(".", "", 1).isdigit() else v
+                params[k.strip()] = _param_value(k.strip(), v.strip())
             plan = cls(kind.strip(), float(start), float(dur) if dur else None, params)
         except ValueError as e:
             raise argparse.ArgumentTypeError(f"{text!r}: want KIND@START[+DURATION][,key=value]") from e
@@ -343,15 +357,8 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
                 ends = (f"{v['rss_start_mb']:.1f} -> {v['rss_end_mb']:.1f}", f"{v['fds_start']} -> {v['fds_end']}")
             pt.add_row(name, f"{v['cpu_percent']:.0f}", f"{v['rss_peak_mb']:.0f}", *ends)
         con.print(pt)
-    for when, what in s["control"]:
-        con.print(f"control {when:6.1f} s  {what}")
-    for e in s.get("soft_disable_episodes", []):
-        dur = f"for {e['duration_s']:.2f} s" if e["duration_s"] is not None else "until the end"
-        at_stop = " (during the stop)" if s.get("stop_s") is not None and e["t_s"] >= s["stop_s"] else ""
-        con.print(
-            f"control {e['t_s']:6.1f} s  soft disable {dur}{', then disengaged' if e['disengaged'] else ''}"
-            f"{at_stop}: {e['cause'] or '?'}"
-        )
+    for line in control_lines(s):
+        con.print(line)
     if s.get("soft_disables"):
         con.print(
             "control soft-disable episodes: "
@@ -370,11 +377,48 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
         )
 
 
+MAX_RATE_HZ = 100.0
+"""``--rate`` upper bound, Hz: five times openpilot's 20 Hz model rate (``msgs/services.py``), a 10 ms
+frame period. The stack's figures (deadlines, freq_ok, missing outputs) are about the node, not about
+a camera that cannot keep its own grid: far above it the camera only skips ticks (``launch/camerad.py``
+``ticks_to_skip``) and every contract fails by construction."""
+
+
+def argument_problem(seconds: float, rate: float, faults: list[FaultPlan]) -> str | None:
+    """The one line that refuses ``chestnut launch``'s ``--seconds`` (s), ``--rate`` (Hz) and ``--fault``
+    plans together, or None when they can run: a fault whose START is at or after the end of a bounded
+    run (``seconds > 0``) would never be injected."""
+    if seconds < 0:
+        return f"--seconds {seconds:g}: give 0 (until Ctrl-C) or a positive number of seconds"
+    if not 0 < rate <= MAX_RATE_HZ:
+        return f"--rate {rate:g}: give a camera rate in (0, {MAX_RATE_HZ:g}] Hz (default 20, openpilot's model rate)"
+    for f in faults:
+        if seconds > 0 and f.start_s >= seconds:
+            return (
+                f"--fault {f.kind}@{f.start_s:g} starts at or after the end of the run (--seconds {seconds:g}): "
+                f"give a START below {seconds:g} or a longer --seconds"
+            )
+    return None
+
+
+def control_lines(s: dict[str, Any]) -> list[str]:
+    """The summary's ``control`` lines in time order: each engage / disengage (``s["control"]``) and each
+    soft-disable episode (``s["soft_disable_episodes"]``; ``s["stop_s"]`` marks those during the stop).
+    Times are s since the log's first message; an engage and an episode at the same time keep that order."""
+    rows: list[tuple[float, int, str]] = [(when, 0, what) for when, what in s["control"]]
+    for e in s.get("soft_disable_episodes", []):
+        dur = f"for {e['duration_s']:.2f} s" if e["duration_s"] is not None else "until the end"
+        at_stop = " (during the stop)" if s.get("stop_s") is not None and e["t_s"] >= s["stop_s"] else ""
+        then = ", then disengaged" if e["disengaged"] else ""
+        rows.append((e["t_s"], 1, f"soft disable {dur}{then}{at_stop}: {e['cause'] or '?'}"))
+    return [f"control {when:6.1f} s  {what}" for when, _, what in sorted(rows, key=lambda r: (r[0], r[1]))]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--seconds", type=float, default=60.0, help="run this long after the first output (0 = until Ctrl-C)"
     )
-    p.add_argument("--rate", type=float, default=20.0, help="camera rate, Hz")
+    p.add_argument("--rate", type=float, default=20.0, help=f"camera rate, Hz (default 20, at most {MAX_RATE_HZ:g})")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run directories go (default ./runs)")
     p.add_argument(
         "--fault",
@@ -609,8 +653,8 @@ def run(args: argparse.Namespace) -> int:
     from chestnut.launch.top import StackView
     from chestnut.msgs.paths import current_prefix
 
-    if args.seconds < 0 or args.rate <= 0:
-        log.error("--seconds must be >= 0 and --rate > 0")
+    if (problem := argument_problem(args.seconds, args.rate, args.fault)) is not None:
+        log.error("%s", problem)
         return 2
     if shutil.which("supervisord", path=str(Path(sys.executable).parent)) is None:
         log.error("supervisord not found next to %s; run `bash launch/setup.sh`", sys.executable)

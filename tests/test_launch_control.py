@@ -154,3 +154,29 @@ def test_the_summary_lists_every_soft_disable_episode_with_its_cause_and_duratio
         "chestnutInactive, modelSourceChanged, commIssue (modelOutput.alive)": 1,
         "modelLagging": 1,
     }
+
+
+def test_the_summary_control_lines_are_in_time_order(tmp_path):
+    from chestnut.launch.stack import control_lines, summarize
+
+    log_dir, base = control_log(
+        tmp_path,
+        [
+            (0, False, False, []),
+            (1000, True, False, ["engaged"]),
+            (2000, True, True, ["commIssue", "commIssue:chestnutHealth.freq_ok"]),
+            (2200, True, False, ["softDisableCleared"]),
+            (5000, True, True, ["chestnutInactive"]),
+            (8000, False, False, ["chestnutInactive", "disengaged"]),
+            (9000, True, False, ["engaged"]),
+            (9500, True, True, ["modelLagging"]),
+        ],
+    )
+    assert control_lines(summarize(log_dir, base)) == [
+        "control    1.0 s  engaged",
+        "control    2.0 s  soft disable for 0.20 s: commIssue (chestnutHealth.freq_ok)",
+        "control    5.0 s  soft disable for 3.00 s, then disengaged: chestnutInactive",
+        "control    8.0 s  disengaged: chestnutInactive",
+        "control    9.0 s  engaged",
+        "control    9.5 s  soft disable until the end: modelLagging",
+    ]

@@ -38,6 +38,7 @@ record, which the 1 Hz ``twinState`` snapshot would miss.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections import deque
 from dataclasses import asdict, dataclass, field, fields
@@ -244,8 +245,17 @@ class FaultSpec:
     seed: int | None = None      # probability RNG seed
 
     def validate(self) -> FaultSpec:
+        """This spec, checked: raises ``ValueError`` (one line naming the parameter and how to fix it) for an
+        unknown kind, a parameter of the wrong type (``delay_ms=abc``) or one out of range."""
         if self.kind not in KINDS:
             raise ValueError(f"unknown fault kind {self.kind!r}; known: {', '.join(KINDS)}")
+        for name, (integral, optional, what) in _NUMBER_FIELDS.items():
+            value = getattr(self, name)
+            if value is None and optional:
+                continue
+            is_number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            if not is_number or (integral and not float(value).is_integer()):
+                raise ValueError(f"{name}={value!r} is not {what}; give e.g. {name}={_SPEC_EXAMPLES[name]}")
         if not 0.0 <= self.probability <= 1.0:
             raise ValueError(f"probability {self.probability} is not in [0, 1]")
         if self.for_s is not None and not self.for_s > 0:
@@ -301,6 +311,18 @@ class FaultSpec:
 
 
 _SPEC_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(FaultSpec)}
+
+# FaultSpec's numeric parameters: name -> (integral, may be None, what it is)
+_NUMBER_FIELDS: dict[str, tuple[bool, bool, str]] = {
+    "probability": (False, False, "a probability (a number in [0, 1])"),
+    "for_s": (False, True, "a duration in seconds"),
+    "after": (True, False, "a count"),
+    "delay_ms": (False, False, "a delay in milliseconds"),
+    "off_s": (False, False, "a duration in seconds"),
+    "nbytes": (True, True, "a byte count"),
+    "seed": (True, True, "an integer seed"),
+}
+_SPEC_EXAMPLES = {"probability": 0.5, "for_s": 10, "after": 3, "delay_ms": 400, "off_s": 2, "nbytes": 4096, "seed": 1}
 
 
 @dataclass

@@ -1,0 +1,73 @@
+"""``chestnut launch``'s arguments are refused up front in one line: a fault that would start at or after
+the end of the run, a camera rate out of bounds, a fault parameter that is not a number."""
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chestnut.backend.sim.faults import FaultSpec
+from chestnut.launch.stack import MAX_RATE_HZ, FaultPlan, argument_problem
+
+CHESTNUT = str(Path(sys.executable).with_name("chestnut"))
+
+
+def test_a_fault_at_or_after_the_end_of_the_run_is_refused():
+    late = FaultPlan.parse("gpu_hang@50")
+    assert argument_problem(10.0, 20.0, [FaultPlan.parse("slow_gpu@2+3"), late]) == (
+        "--fault gpu_hang@50 starts at or after the end of the run (--seconds 10): "
+        "give a START below 10 or a longer --seconds"
+    )
+    assert argument_problem(10.0, 20.0, [FaultPlan.parse("gpu_hang@10")]) is not None  # at the end: never injected
+    assert argument_problem(10.0, 20.0, [FaultPlan.parse("gpu_hang@9.5")]) is None
+    assert argument_problem(0.0, 20.0, [late]) is None  # 0 = until Ctrl-C: any START can come
+
+
+def test_the_camera_rate_is_bounded():
+    assert MAX_RATE_HZ == 100.0
+    assert argument_problem(10.0, 100.0, []) is None
+    want = "--rate {}: give a camera rate in (0, 100] Hz (default 20, openpilot's model rate)"
+    assert argument_problem(10.0, 1000.0, []) == want.format(1000)
+    assert argument_problem(10.0, 0.0, []) == want.format(0)
+    assert argument_problem(-1.0, 20.0, []) == "--seconds -1: give 0 (until Ctrl-C) or a positive number of seconds"
+
+
+def test_a_late_fault_stops_the_launch_before_anything_starts(tmp_path):
+    r = subprocess.run(
+        [CHESTNUT, "launch", "--seconds", "10", "--fault", "gpu_hang@50", "--runs-dir", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].endswith(
+        "ERROR chestnut.launch: --fault gpu_hang@50 starts at or after the end of the run (--seconds 10): "
+        "give a START below 10 or a longer --seconds"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("slow_gpu@2,delay_ms=abc", "delay_ms='abc' is not a delay in milliseconds; give e.g. delay_ms=400"),
+        ("short@2,nbytes=1.5", "nbytes=1.5 is not a byte count; give e.g. nbytes=4096"),
+        ("slow_gpu@2,delay_ms=nan", "delay_ms=nan is not a delay in milliseconds; give e.g. delay_ms=400"),
+        ("slow_gpu@2,delay_ms=-1", "delay_ms and off_s must be >= 0"),
+    ],
+)
+def test_a_fault_parameter_of_the_wrong_kind_is_named(text, why):
+    with pytest.raises(argparse.ArgumentTypeError) as info:
+        FaultPlan.parse(text)
+    assert str(info.value) == f"{text!r}: {why}"
+
+
+def test_fault_parameters_keep_their_types():
+    plan = FaultPlan.parse("timeout@1,on=1,probability=0.5")
+    assert plan.params == {"on": "1", "probability": 0.5}
+    assert FaultSpec(plan.kind, **plan.params).validate().on == "1"
+    with pytest.raises(ValueError, match=r"^after='x' is not a count; give e.g. after=3$"):
+        FaultSpec("timeout", after="x").validate()  # type: ignore[arg-type]
