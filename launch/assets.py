@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -167,7 +168,11 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
 
     if not src.is_file():
         raise ModelError("missing_model", f"model file {src} does not exist")
-    model = onnx.load(str(src))
+    try:
+        model = onnx.load(str(src))
+    except Exception as e:  # protobuf's DecodeError, onnx's own errors: the bytes are not a ModelProto
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError("bad_model", f"{src} does not parse as an ONNX model ({first})") from None
     model, repaired = repair_and_fix_shape(model, input_shape)
     logits = expose_logits(model)
     try:
@@ -276,6 +281,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sub.add_parser("paths", help="print where the model and frames are")
 
 
+def parse_shape(text: str) -> tuple[int, int, int, int]:
+    """``--shape``'s ``N,C,H,W`` as four positive ints; raises ``ValueError`` (one line) otherwise."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        want = ",".join(map(str, DEFAULT_SHAPE))
+        raise ValueError(f"--shape {text!r}: give the input shape N,C,H,W as 4 positive integers, e.g. {want}")
+    n, c, h, w = (int(p) for p in parts)
+    return n, c, h, w
+
+
 def run(args: argparse.Namespace) -> int:
     if args.action == "paths":
         for name, fn in (
@@ -289,8 +304,23 @@ def run(args: argparse.Namespace) -> int:
             except ModelError as e:
                 print(f"{name}: {e}")
         return 0
-    shape = tuple(int(s) for s in args.shape.split(","))
-    src = args.onnx or ppocr_det_path()
+    try:
+        shape = parse_shape(args.shape)
+    except ValueError as e:
+        print(f"chestnut model prepare: {e}", file=sys.stderr)
+        return 2
+    if args.onnx is not None and not args.onnx.is_file():
+        print(
+            f"chestnut model prepare: --onnx {args.onnx}: no such file; give the path of an ONNX model "
+            "(or leave --onnx out for the default PP-OCRv4 detector)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        src = args.onnx or ppocr_det_path()
+    except ModelError as e:
+        print(f"chestnut model prepare: {e}", file=sys.stderr)
+        return 2
     out = args.out or (default_model_path() if args.onnx is None else cache_dir() / "models" / f"{src.stem}.onnx")
     meta_path = out.with_suffix(".json")
     if not args.force and out.is_file() and meta_path.is_file():
@@ -320,7 +350,11 @@ def run(args: argparse.Namespace) -> int:
     except ModelError as e:
         log.warning("no real frame for the agreement check (%s); using a fixed random input", e)
     print(f"preparing {src} -> {out} (input {list(shape)}); the first tinygrad run compiles, this takes a while")
-    meta = prepare_model(src, out, shape, frame)
+    try:
+        meta = prepare_model(src, out, shape, frame)
+    except ModelError as e:  # not an ONNX model, a shape it cannot take, a failed check: one line
+        print(f"chestnut model prepare: {e}", file=sys.stderr)
+        return 2
     print(
         f"model ready: {out} (sha256 {meta['sha256'][:16]}, {meta['resize_roi_repaired']} Resize nodes repaired, "
         f"max |tinygrad-onnxruntime| {meta['max_abs_diff_vs_onnxruntime']:.2e}, "

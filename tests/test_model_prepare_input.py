@@ -1,0 +1,62 @@
+"""``chestnut model prepare`` refuses a bad ``--onnx`` or ``--shape`` in one line on stderr, exit 2, and
+writes nothing."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CHESTNUT = str(Path(sys.executable).with_name("chestnut"))
+
+
+def prepare(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    return subprocess.run(
+        [CHESTNUT, "model", "prepare", "--out", str(tmp_path / "out" / "m.onnx"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_an_onnx_file_that_is_garbage_is_one_line(tmp_path):
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"\xff\xfe not a protobuf \x00" * 64)
+    r = prepare(tmp_path, "--onnx", str(garbage))
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[-1].startswith(
+        f"chestnut model prepare: bad_model: {garbage} does not parse as an ONNX model ("
+    )
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "out" / "m.onnx").exists()
+
+
+def test_a_missing_onnx_file_is_one_line(tmp_path):
+    missing = tmp_path / "nope.onnx"
+    r = prepare(tmp_path, "--onnx", str(missing))
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        f"chestnut model prepare: --onnx {missing}: no such file; give the path of an ONNX model "
+        "(or leave --onnx out for the default PP-OCRv4 detector)"
+    ]
+
+
+@pytest.mark.parametrize("shape", ["1,x,3", "1,3,128", "1,3,0,256", "1,3,-128,256"])
+def test_a_shape_that_is_not_four_positive_integers_is_one_line(tmp_path, shape):
+    r = prepare(tmp_path, "--shape", shape)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        f"chestnut model prepare: --shape {shape!r}: give the input shape N,C,H,W as 4 positive integers, "
+        "e.g. 1,3,128,256"
+    ]
+
+
+def test_parse_shape():
+    from chestnut.launch.assets import parse_shape
+
+    assert parse_shape("1, 3, 64, 128") == (1, 3, 64, 128)
+    with pytest.raises(ValueError, match=r"^--shape '1,x,3': give"):
+        parse_shape("1,x,3")
