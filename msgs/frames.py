@@ -65,5 +65,5 @@ def frame_to_array(cf: object) -> np.ndarray:
             "(read it live with msgs/visionipc.py FrameReader; chestnut record logs the pixels inline)"
         )
     if len(data) != h * w * channels:
-        raise ValueError(f"cameraFrame {cf.frameId}: {len(data)} bytes for {h}x{w}x{channels}")  # type: ignore[attr-defined]
+        raise ValueError(f"cameraFrame {cf.frameId}: {len(data)} bytes for {h}x{w}x{channels} (HxWxC)")  # type: ignore[attr-defined]
     return np.frombuffer(data, np.uint8).reshape(h, w, channels).copy()

@@ -83,5 +83,8 @@ def preprocess(
         raise ValueError(f"frame must be uint8 [H, W, 3]; got {img.dtype}{list(img.shape)}")
     want = (int(input_shape[2]), int(input_shape[3]))
     if img.shape[:2] != want:
-        raise ValueError(f"frame is {img.shape[1]}x{img.shape[0]}, the model wants {want[1]}x{want[0]}")
+        raise ValueError(
+            f"frame is {img.shape[1]}x{img.shape[0]} (WxH), the model wants {want[1]}x{want[0]} "
+            f"(WxH, from its input shape N,C,H,W {[int(d) for d in input_shape]})"
+        )
     return {input_name: PREPROCESSORS[base](img)}

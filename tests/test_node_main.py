@@ -112,12 +112,12 @@ def test_a_malformed_frame_gets_one_invalid_output_and_serving_goes_on(tmp_path:
     by_id = {o.frame_id: o for o in rec.outputs}
     assert unanswered_frames(rec, last_id=last) == ([], []), log
     size, short = by_id[first], by_id[first + 3]
-    assert (size.valid, size.source, size.reason) == (False, "none", "bad frame: frame is 48x32, the model wants 64x32")
+    assert (size.valid, size.source, size.reason) == (False, "none", "bad frame: frame is 48x32 (WxH), the model wants 64x32 (WxH, from its input shape N,C,H,W [1, 3, 32, 64])")
     assert (short.valid, short.source, short.reason) == (
-        False, "none", f"bad frame: cameraFrame {first + 3}: 100 bytes for 32x64x3")
+        False, "none", f"bad frame: cameraFrame {first + 3}: 100 bytes for 32x64x3 (HxWxC)")
     good = [o for o in rec.outputs if o.frame_id not in bad and o.frame_id <= last]
     assert len(good) >= 7 and all(o.valid and o.source == "fallback" for o in good)
-    assert f"cameraFrame {first} unusable: frame is 48x32, the model wants 64x32" in log
+    assert f"cameraFrame {first} unusable: frame is 48x32 (WxH), the model wants 64x32 (WxH" in log
 
 
 def test_missing_fallback_model_exits_with_EXIT_NO_FALLBACK(tmp_path: Path, tiny_onnx: Path) -> None:

@@ -60,7 +60,10 @@ def test_without_warp_a_full_frame_is_refused_in_one_line():
     assert str(e.value) == "a nv12 frame needs the warp to the model's input: preprocess warp:ppocr"
     with pytest.raises(ValueError) as e:
         preprocess("ppocr", np.zeros((576, 704, 3), np.uint8), "x", SHAPE)
-    assert str(e.value) == "frame is 704x576, the model wants 256x128"
+    assert (
+        str(e.value)
+        == "frame is 704x576 (WxH), the model wants 256x128 (WxH, from its input shape N,C,H,W [1, 3, 128, 256])"
+    )
     with pytest.raises(KeyError) as e:
         preprocess("warp:nope", planes, "x", SHAPE, "nv12")
     assert e.value.args[0] == "unknown preprocessing 'warp:nope'; known: ppocr, unit, warp:ppocr, warp:unit"
