@@ -534,6 +534,10 @@ class Node:
         w = self.worker
         if w is None or w.alive:
             return
+        if self.stop_requested:
+            # a stop is not a failure: the SIGTERM that stops the node reaches its worker too when it is sent to
+            # the process group (``timeout``, a terminal, systemd's control-group kill); close() reaps the worker
+            return
         how = describe_returncode(w.returncode)
         now = time.monotonic_ns()
         self.health.apply([Evidence(Layer.GPU, Level.ERROR, f"primary worker exited ({how})", hard=True,

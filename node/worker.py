@@ -59,6 +59,29 @@ EXIT_PARENT_GONE = 4    # the node died or closed the command socket
 EXIT_PROTOCOL = 5       # the node sent something the worker cannot understand
 
 
+def release_on_sigterm() -> None:
+    """Install the worker's SIGTERM handler: a SIGTERM (the node's stop escalation, openpilot's manager sequence;
+    or a stop sent to the whole process group by ``timeout``, a terminal or systemd's control-group kill) first
+    releases what ``multiprocessing`` registered in this process -- tinygrad 0.14's compile pool
+    (``engine/worker.py`` ``get_worker_pool``, spawned on the first multi-kernel compile) and its named
+    semaphores, which the pool's resource tracker otherwise reports as "leaked semaphore objects" -- then the
+    process dies of the same SIGTERM, so the node still sees ``killed by SIGTERM``."""
+
+    def on_sigterm(signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        tg = sys.modules.get("tinygrad.engine.worker")
+        if tg is not None:
+            tg.terminate_worker_pool()
+        if "multiprocessing.util" in sys.modules:
+            import multiprocessing.util
+
+            # the finalizers multiprocessing runs at a normal exit: unlink the semaphores, end daemonic children
+            multiprocessing.util._exit_function()  # type: ignore[attr-defined]
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 def die_with_parent(parent_pid: int) -> None:
     """Ask Linux to SIGKILL this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``, prctl(2)).
 
@@ -286,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     die_with_parent(args.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    release_on_sigterm()
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format=f"%(asctime)s %(levelname)s chestnut-worker[{os.getpid()}] %(name)s: %(message)s")
