@@ -5,7 +5,9 @@ Text line: ``<logMonoTime s> <service> valid=<bool> <member as JSON>``; ``Data``
 and the member under its service name. ``--raw``: no decoding: ``<receive time s> <service> <N> bytes
 <hex of the first 32 bytes>`` (malformed messages show too). ``-n COUNT`` stops after COUNT messages.
 Ctrl-C (or a closed pipe) ends it with exit code 0. Malformed messages are counted and dropped as in
-every subscriber; after a ``-n`` run their counts per reason go to stderr.
+every subscriber; after a ``-n`` run their counts per reason go to stderr. A service that no live
+process publishes yet (no holder of its publisher lock, ``msgs/messaging.py`` :func:`publisher_pid`) is
+named in one line on stderr at the start; dump then waits for it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 
 import zmq
 
-from chestnut.msgs.messaging import SubSocket, drain_sock, drain_sock_raw, sub_sock
+from chestnut.msgs.messaging import TCP_BASE_PORT_ENV, SubSocket, drain_sock, drain_sock_raw, publisher_pid, sub_sock
+from chestnut.msgs.paths import PREFIX_ENV, current_prefix
 from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError
 
 RAW_HEX_BYTES = 32  # bytes of each raw message shown in hex
@@ -79,8 +82,12 @@ def dump(
     raw: bool = False,
     count: int | None = None,
     prefix: str | None = None,
+    err: Any = sys.stderr,
 ) -> dict[str, dict[str, int]]:
     """Print messages of ``services`` to ``out`` until ``count`` are printed (or forever).
+
+    The services nobody publishes yet on ``prefix`` are named in one line on ``err`` once the sockets are
+    connected (``ipc://`` endpoints only: a TCP publisher holds no lock).
 
     Returns the malformed-message counts per service (reason -> count). Raises
     :class:`UnknownServiceError` for an unregistered service; KeyboardInterrupt and BrokenPipeError
@@ -91,6 +98,16 @@ def dump(
     try:
         for s in dict.fromkeys(services):
             socks.append(sub_sock(s, poller, prefix=prefix))
+        if not os.environ.get(TCP_BASE_PORT_ENV):
+            silent = [sock.service for sock in socks if publisher_pid(sock.service, prefix) is None]
+            if silent:
+                print(
+                    f"chestnut dump: nothing publishes {', '.join(silent)} on prefix "
+                    f"{prefix or current_prefix()!r} yet (start a stack with chestnut launch, or set {PREFIX_ENV} "
+                    "to the running stack's); waiting",
+                    file=err,
+                    flush=True,
+                )
         printed = 0
         while count is None or printed < count:
             if not poller.poll(POLL_MS):

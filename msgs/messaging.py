@@ -69,6 +69,7 @@ __all__ = [
     "log_from_bytes",
     "new_message",
     "pub_sock",
+    "publisher_pid",
     "recv_one",
     "recv_one_or_none",
     "sub_sock",
@@ -449,6 +450,32 @@ def take_pub_lock(service: str, prefix: str | None = None) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+PROC_LOCKS = "/proc/locks"
+PROC_LOCKS_MAX_BYTES = 1 << 20  # bound on one read of /proc/locks (one line per lock held on the system)
+
+
+def publisher_pid(service: str, prefix: str | None = None, proc_locks: str = PROC_LOCKS) -> int | None:
+    """The pid of the live process publishing ``service`` on ``prefix`` (``ipc://`` only), else None.
+
+    Read-only: the lock file is never created or locked here (a probe that took the lock, even for an
+    instant, could refuse a publisher starting at that moment). A publisher is live when ``/proc/locks``
+    lists a ``FLOCK`` on the lock file's inode; its pid is that entry's. Raises what :func:`runtime_dir` does.
+    """
+    path = f"{runtime_dir(prefix)}/{service}{PUB_LOCK_SUFFIX}"
+    try:
+        st = os.lstat(path)
+        with open(proc_locks, "rb") as f:
+            table = f.read(PROC_LOCKS_MAX_BYTES).decode("ascii", "replace")
+    except OSError:
+        return None
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():
+        parts = line.split()  # "1: FLOCK  ADVISORY  WRITE 12345 fe:00:1234 0 EOF"
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == inode and parts[4].isdigit():
+            return int(parts[4])
+    return None
 
 
 class PubSocket(zmq.Socket):

@@ -134,3 +134,39 @@ def test_a_malformed_prefix_raises_the_prefix_error(monkeypatch):
         current_prefix()
     with pytest.raises(PrefixError):
         runtime_dir("../x")
+
+
+def test_dump_with_no_publisher_says_so_in_one_line_then_waits_for_one():
+    import select
+    import time
+
+    proc = subprocess.Popen(
+        [CHESTNUT, "dump", "controlState", "-n", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stderr is not None
+        ready, _, _ = select.select([proc.stderr], [], [], 30)
+        assert ready, "dump said nothing"
+        assert proc.stderr.readline() == (
+            f"chestnut dump: nothing publishes controlState on prefix {current_prefix()!r} yet (start a stack "
+            "with chestnut launch, or set CHESTNUT_PREFIX to the running stack's); waiting\n"
+        )
+        with PubMaster(["controlState"]) as pm:
+            for _ in range(600):  # until the late publisher's message reaches it
+                if proc.poll() is not None:
+                    break
+                pm.send("controlState", new_message("controlState"))
+                time.sleep(0.05)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and err == ""
+    assert len(out.splitlines()) == 1 and " controlState valid=True " in out
+
+
+def test_dump_with_a_live_publisher_says_nothing_of_it(holder):
+    holder("controlState")
+    r = subprocess.run([CHESTNUT, "dump", "controlState", "-n", "1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == ""
+    assert " controlState valid=True " in r.stdout
