@@ -133,6 +133,24 @@ class Bridge:
         self.socks.clear()
 
 
+def exposure_warning(host: str, port: int) -> str | None:
+    """The one-line warning for a ``--host`` that is not loopback (None for ``localhost``, 127.0.0.0/8, ``::1``).
+
+    A name other than ``localhost`` is not resolved: it may name any interface, so it is warned about too."""
+    import ipaddress
+
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return None
+    return (
+        f"--host {host} is not loopback: every camera frame and the node's outputs go, without authentication, "
+        f"to anyone who can reach this machine on port {port}; leave --host out to serve on {DEFAULT_HOST} only"
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--host",
@@ -171,6 +189,8 @@ def run(args: argparse.Namespace) -> int:
         except RuntimeError as e:
             _log.error("cannot serve on %s:%d: %s; choose another --port", args.host, args.port, e)
             return 1
+        if (warning := exposure_warning(args.host, server.port)) is not None:
+            _log.warning("%s", warning)
         _log.info(
             "serving %d topics at ws://%s:%d (Foxglove: Open connection -> Foxglove WebSocket; layout "
             "launch/foxglove-layout.json)",

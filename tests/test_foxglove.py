@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import signal
 import socket
 import struct
 import subprocess
@@ -117,3 +119,46 @@ def test_a_bad_or_busy_port_is_one_line_and_no_traceback(port, code, says):
             timeout=60,
         )
     assert r.returncode == code and says in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
+def test_a_loopback_host_gets_no_warning(host):
+    from chestnut.launch.foxglove import exposure_warning
+
+    assert exposure_warning(host, 8765) is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", "dock.example"])
+def test_a_host_that_is_not_loopback_is_warned_about_in_one_line(host):
+    from chestnut.launch.foxglove import exposure_warning
+
+    assert exposure_warning(host, 8765) == (
+        f"--host {host} is not loopback: every camera frame and the node's outputs go, without authentication, "
+        "to anyone who can reach this machine on port 8765; leave --host out to serve on 127.0.0.1 only"
+    )
+
+
+@pytest.mark.timeout(90)
+def test_serving_on_every_interface_warns_with_the_bound_port():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chestnut.launch.cli", "foxglove", "--host", "0.0.0.0", "--port", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        warned = None
+        while warned is None:
+            line = proc.stderr.readline()
+            assert line, "the server ended without a warning"
+            assert " serving " not in line, "served without a warning first"
+            if " WARNING " in line:
+                warned = line
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    m = re.search(r"WARNING chestnut\.foxglove: --host 0\.0\.0\.0 is not loopback: .* on port (\d+); leave", warned)
+    assert m is not None and int(m.group(1)) > 0, warned  # the port bound, not the 0 asked for
+    assert proc.returncode == 0
