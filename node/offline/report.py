@@ -304,9 +304,11 @@ FAULT_ACTION_WORDS = {"armed": "injected", "fired": "fired", "cleared": "cleared
 
 
 def _fault_words(f: Any) -> str:
-    """An ``expired`` fault that fired and had no ``for_s`` was spent (a one-shot); else its duration ended."""
+    """An ``expired`` fault keeps the word of the ``twinFault`` action (``msgs/chestnut.capnp``), as the launch
+    summary's fault table shows it, with why: a one-shot that fired (no ``for_s``), or its duration ended."""
     if f.action == "expired":
-        return "spent" if f.fired and '"for_s"' not in f.params else "expired (its --for duration ended)"
+        why = "a one-shot that fired" if f.fired and '"for_s"' not in f.params else "its --for duration ended"
+        return f"expired ({why})"
     return FAULT_ACTION_WORDS.get(f.action, f.action)
 
 
