@@ -112,7 +112,9 @@ def test_a_malformed_frame_gets_one_invalid_output_and_serving_goes_on(tmp_path:
     by_id = {o.frame_id: o for o in rec.outputs}
     assert unanswered_frames(rec, last_id=last) == ([], []), log
     size, short = by_id[first], by_id[first + 3]
-    assert (size.valid, size.source, size.reason) == (False, "none", "bad frame: frame is 48x32 (WxH), the model wants 64x32 (WxH, from its input shape N,C,H,W [1, 3, 32, 64])")
+    assert (size.valid, size.source, size.reason) == (
+        False, "none", "bad frame: frame is 48x32 (WxH), the model wants 64x32 (WxH, from its input shape N,C,H,W "
+        "[1, 3, 32, 64])")
     assert (short.valid, short.source, short.reason) == (
         False, "none", f"bad frame: cameraFrame {first + 3}: 100 bytes for 32x64x3 (HxWxC)")
     good = [o for o in rec.outputs if o.frame_id not in bad and o.frame_id <= last]
