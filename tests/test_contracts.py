@@ -314,3 +314,16 @@ def test_a_node_killed_and_not_restarted_fails_loudly(tiny_onnx, drive, tmp_path
     silent_s = (frame_time(179) + 7 * MS - (frame_time(24) + 8 * MS)) / 1e9
     assert [v.message for v in r.violations if v.contract == "health_not_silent"] == [
         f"chestnutHealth silent for {silent_s:.2f} s until the log ends (allowed 2 s)"]
+
+
+def test_a_false_active_logged_after_the_next_camera_frame_still_answers_a_fallback_frame(drive, tmp_path):
+    """The logger orders different publishers by arrival: the node's false ``chestnutActive`` after fallback
+    frame 60 (the first, after a true) logged behind camera frame 61 (but before the node's next output) still tells the consumer the
+    truth; logged behind the node's next output it does not (frame 60 is then reported)."""
+    t = output_time(drive, 60) + 1 * MS
+    behind_frame = _edit(drive, lambda tt, s, e: s == "chestnutActive" and tt == t,
+                         lambda b: setattr(b, "logMonoTime", frame_time(61) + 2 * MS))
+    assert check_log(write(behind_frame, tmp_path / "a")).violations == []
+    behind_output = _edit(drive, lambda tt, s, e: s == "chestnutActive" and tt == t,
+                          lambda b: setattr(b, "logMonoTime", output_time(drive, 61) + 2 * MS))
+    assert found(check_log(write(behind_output, tmp_path / "b"))) == [("active_only_when_healthy", 60)]

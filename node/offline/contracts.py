@@ -332,7 +332,8 @@ def active_only_when_healthy(tl: Timeline, p: CheckParams) -> Iterator[Violation
     by the fallback must not leave a consumer believing ``active`` (:func:`believed`): the node publishes a
     false one after the output, or the last true one has gone stale by then. Restarts: a killed node's
     last true goes stale 0.5 s after it, as every consumer sees; a node restarted within that time must
-    say false before its first fallback frame. Gaps: a fallback frame whose window is unreadable is not
+    say false before its first fallback frame. The false must come before the node's next output (camera
+    frames logged in between do not count: the logger orders different publishers by arrival). Gaps: a fallback frame whose window is unreadable is not
     judged."""
     name = "active_only_when_healthy"
     for a in tl.actives:
@@ -359,7 +360,9 @@ def active_only_when_healthy(tl: Timeline, p: CheckParams) -> Iterator[Violation
             after = None
             end_t = tl.end_ns
             for nxt in events[i + 1:]:
-                if isinstance(nxt, FrameRec | OutputRec):
+                # the node's next output ends the window; a camera frame does not: it comes from another
+                # publisher, and the logger orders messages of different publishers by their arrival
+                if isinstance(nxt, OutputRec):
                     end_t = nxt.t_ns
                     break
                 if isinstance(nxt, ActiveRec):
