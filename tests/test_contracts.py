@@ -318,8 +318,9 @@ def test_a_node_killed_and_not_restarted_fails_loudly(tiny_onnx, drive, tmp_path
 
 def test_a_false_active_logged_after_the_next_camera_frame_still_answers_a_fallback_frame(drive, tmp_path):
     """The logger orders different publishers by arrival: the node's false ``chestnutActive`` after fallback
-    frame 60 (the first, after a true) logged behind camera frame 61 (but before the node's next output) still tells the consumer the
-    truth; logged behind the node's next output it does not (frame 60 is then reported)."""
+    frame 60 (the first, after a true) logged behind camera frame 61 (but before the node's next output)
+    still tells the consumer the truth; logged behind the node's next output it does not (frame 60 is then
+    reported)."""
     t = output_time(drive, 60) + 1 * MS
     behind_frame = _edit(drive, lambda tt, s, e: s == "chestnutActive" and tt == t,
                          lambda b: setattr(b, "logMonoTime", frame_time(61) + 2 * MS))

@@ -333,8 +333,8 @@ def active_only_when_healthy(tl: Timeline, p: CheckParams) -> Iterator[Violation
     false one after the output, or the last true one has gone stale by then. Restarts: a killed node's
     last true goes stale 0.5 s after it, as every consumer sees; a node restarted within that time must
     say false before its first fallback frame. The false must come before the node's next output (camera
-    frames logged in between do not count: the logger orders different publishers by arrival). Gaps: a fallback frame whose window is unreadable is not
-    judged."""
+    frames logged in between do not count: the logger orders different publishers by arrival). Gaps: a
+    fallback frame whose window is unreadable is not judged."""
     name = "active_only_when_healthy"
     for a in tl.actives:
         if not a.active:
