@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from chestnut.msgs.logfile import find_log_files
-from chestnut.msgs.outdir import OutputDirError, private_dir
+from chestnut.msgs.outdir import OutputDirError
 from chestnut.node.offline.contracts import CONTRACTS, CheckResult
 from chestnut.node.offline.executor import ExecutorError
 from chestnut.node.offline.fleet import (
@@ -30,7 +30,7 @@ from chestnut.node.offline.fleet import (
     totals,
     write_fleet_report,
 )
-from chestnut.node.offline.fleet_cli import EXIT_INTERRUPTED, add_executor_arguments, executor_from_args, progress
+from chestnut.node.offline.fleet_cli import EXIT_INTERRUPTED, add_executor_arguments, open_executor, progress
 from chestnut.node.offline.report import write_report
 from chestnut.node.offline.timeline import SLACK_MS
 
@@ -77,18 +77,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console(stderr=False)
-    try:
-        executor = executor_from_args(args)
-    except (ExecutorError, ValueError) as e:
-        log.error("chestnut check: %s", e)
+    executor = open_executor(args, "chestnut check", log)
+    if executor is None:
         return 2
-    if args.report is not None:
-        try:  # before the work, so a refused DIR costs nothing
-            private_dir(args.report, ("index.html",))
-        except OutputDirError as e:
-            executor.close()
-            log.error("chestnut check: --report %s", e)
-            return 2
     try:
         with progress(console, len(find_log_files(args.logs))) as step:
             fleet = check_fleet(

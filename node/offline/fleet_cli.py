@@ -93,6 +93,27 @@ def progress(console: Any, total: int | None = None) -> Iterator[Callable[[Outco
         yield step
 
 
+def open_executor(args: argparse.Namespace, command: str, out: logging.Logger) -> Executor | None:
+    """The executor ``args`` ask for, after checking ``--report DIR`` before any work (a refused DIR costs
+    nothing): None after one error line on ``out`` naming ``command`` (the caller exits 2)."""
+    from chestnut.msgs.outdir import OutputDirError, private_dir
+    from chestnut.node.offline.executor import ExecutorError
+
+    try:
+        executor = executor_from_args(args)
+    except (ExecutorError, ValueError) as e:
+        out.error("%s: %s", command, e)
+        return None
+    if getattr(args, "report", None) is not None:
+        try:
+            private_dir(args.report, ("index.html",))
+        except OutputDirError as e:
+            executor.close()
+            out.error("%s: --report %s", command, e)
+            return None
+    return executor
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="fleet_command", metavar="ACTION", required=True)
     make = sub.add_parser("make", help="copy a log N times under new route ids (a synthetic fleet)")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from chestnut.msgs.logfile import find_log_files
-from chestnut.msgs.outdir import OutputDirError, private_dir
+from chestnut.msgs.outdir import OutputDirError
 from chestnut.node.offline.executor import ExecutorError
 from chestnut.node.offline.fleet import (
     print_fleet,
@@ -29,7 +29,7 @@ from chestnut.node.offline.fleet import (
     totals,
     write_fleet_report,
 )
-from chestnut.node.offline.fleet_cli import EXIT_INTERRUPTED, add_executor_arguments, executor_from_args, progress
+from chestnut.node.offline.fleet_cli import EXIT_INTERRUPTED, add_executor_arguments, open_executor, progress
 from chestnut.node.offline.replay import (
     DEFAULT_TOL,
     ENGINES,
@@ -133,18 +133,9 @@ def run(args: argparse.Namespace) -> int:
     from chestnut.backend.errors import ChestnutError
 
     console = Console()
-    try:
-        executor = executor_from_args(args)
-    except (ExecutorError, ValueError) as e:
-        log.error("chestnut replay: %s", e)
+    executor = open_executor(args, "chestnut replay", log)
+    if executor is None:
         return 2
-    if args.report is not None:
-        try:  # before the work, so a refused DIR costs nothing
-            private_dir(args.report, ("index.html",))
-        except OutputDirError as e:
-            executor.close()
-            log.error("chestnut replay: --report %s", e)
-            return 2
     try:
         with progress(console, len(find_log_files(args.logs))) as step:
             fleet = replay_fleet(
