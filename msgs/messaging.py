@@ -530,6 +530,11 @@ def pub_sock(service: str, prefix: str | None = None, tcp_port: int | None = Non
     return sock
 
 
+RECONNECT_IVL_MS = 10
+"""How often a SUB socket tries to reach a publisher that is not there (ZMQ_RECONNECT_IVL, ms); local ipc
+connects cost microseconds, so 10 ms costs nothing while a publisher restarts."""
+
+
 def sub_sock(
     service: str,
     poller: zmq.Poller | None = None,
@@ -555,6 +560,10 @@ def sub_sock(
     sock.addr = addr
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, sock.max_bytes)
+    # rejoin a restarted publisher within RECONNECT_IVL_MS, not libzmq's default 100 ms: a publisher's
+    # messages before a subscriber has joined are dropped (ZeroMQ's "slow joiner"), and a restarted node's
+    # first chestnutActive=false must reach the consumers that still hold its predecessor's last true
+    sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
     if conflate:
         sock.setsockopt(zmq.CONFLATE, 1)
     if timeout_ms is not None:
