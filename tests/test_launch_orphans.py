@@ -9,6 +9,7 @@ to go.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 
 from chestnut.launch.stack import stack_pids
 from chestnut.msgs.messaging import SubMaster
-from chestnut.msgs.paths import current_prefix
+from chestnut.msgs.paths import current_prefix, runtime_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -75,10 +76,12 @@ def leftovers(prefix: str) -> list[str]:
 
 @pytest.fixture
 def prefix():
-    p = current_prefix()  # conftest's private prefix: nothing else runs on it
+    # a prefix of this test's own: no process another test left on the session's prefix can meet this stack
+    p = f"{current_prefix()}-orphans{time.monotonic_ns() % 1_000_000}"[:64]
     yield p
     for pid in stack_pids(p):  # whatever the test found left over goes, so it cannot disturb later tests
         os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(runtime_dir(p), ignore_errors=True)
 
 
 def test_killed_supervisord_leaves_no_program_behind(tmp_path, prefix):
@@ -86,7 +89,8 @@ def test_killed_supervisord_leaves_no_program_behind(tmp_path, prefix):
     supervisord = int(pidfile.read_text())
     assert len(stack_pids(prefix)) >= 7  # supervisord, 5 programs, the node's worker
     os.kill(supervisord, signal.SIGKILL)  # its programs live in their own process groups: none gets a signal
-    assert proc.wait(timeout=60) == 1  # the run ended early: no clean stop, no contract verdict to trust
+    rc = proc.wait(timeout=60)
+    assert rc == 1, proc.stderr.read()[-3000:] if proc.stderr else rc  # ended early: no verdict to trust
     assert wait_gone(prefix, 10.0) == [], leftovers(prefix)
 
 
