@@ -15,6 +15,7 @@ replays; input shapes and dtypes must never change afterwards, which :meth:`Onnx
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import logging
 import os
@@ -131,7 +132,42 @@ def outputs_digest(outputs: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-class OnnxModel:
+class _HostModel(abc.ABC):
+    """What both host models share: input checks, zero inputs, warm-up and the signature. A subclass sets
+    ``sha256`` and ``inputs`` and provides :attr:`outputs` and :meth:`run`."""
+
+    sha256: str
+    inputs: tuple[TensorSpec, ...]
+
+    @property
+    @abc.abstractmethod
+    def outputs(self) -> tuple[TensorSpec, ...]: ...
+
+    @abc.abstractmethod
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def check_inputs(self, inputs: dict[str, np.ndarray]) -> None:
+        """Raise :class:`ModelError` unless ``inputs`` has exactly the model's names, shapes and dtypes."""
+        check_inputs(self.inputs, inputs)
+
+    def zero_inputs(self) -> dict[str, np.ndarray]:
+        return {s.name: np.zeros(s.shape, s.dtype) for s in self.inputs}
+
+    def warm(self, calls: int = 3) -> None:
+        """Run ``calls`` times on zeros (a tinygrad model's JIT is captured on the 2nd call)."""
+        for _ in range(calls):
+            self.run(self.zero_inputs())
+
+    def signature(self) -> dict[str, Any]:
+        """``{"sha256", "inputs": [...], "outputs": [...]}`` as JSON-ready data."""
+        return {
+            "sha256": self.sha256,
+            "inputs": [s.to_json() for s in self.inputs],
+            "outputs": [s.to_json() for s in self.outputs],
+        }
+
+
+class OnnxModel(_HostModel):
     """An ONNX model on the host CPU (tinygrad, ``DEV=CPU``) with fixed input shapes, captured in a TinyJit.
 
     ``source`` is a path or the model's bytes. ``input_shapes`` fixes symbolic dimensions
@@ -229,10 +265,6 @@ class OnnxModel:
         assert self._outputs is not None
         return self._outputs
 
-    def check_inputs(self, inputs: dict[str, np.ndarray]) -> None:
-        """Raise :class:`ModelError` unless ``inputs`` has exactly the model's names, shapes and dtypes."""
-        check_inputs(self.inputs, inputs)
-
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once. ``inputs``: name -> array of the declared shape and dtype. Returns name -> a fresh array."""
         self.check_inputs(inputs)
@@ -243,24 +275,9 @@ class OnnxModel:
             self._outputs = tuple(TensorSpec(k, tuple(v.shape), v.dtype.name) for k, v in result.items())
         return result
 
-    def zero_inputs(self) -> dict[str, np.ndarray]:
-        return {s.name: np.zeros(s.shape, s.dtype) for s in self.inputs}
-
-    def warm(self, calls: int = 3) -> None:
-        """Run ``calls`` times on zeros so the JIT is captured (tinygrad captures on the 2nd call)."""
-        for _ in range(calls):
-            self.run(self.zero_inputs())
-
-    def signature(self) -> dict[str, Any]:
-        """``{"sha256", "inputs": [...], "outputs": [...]}`` as JSON-ready data."""
-        return {
-            "sha256": self.sha256,
-            "inputs": [s.to_json() for s in self.inputs],
-            "outputs": [s.to_json() for s in self.outputs],
-        }
 
 
-class OrtModel:
+class OrtModel(_HostModel):
     """An ONNX model on the host CPU through onnxruntime's ``CPUExecutionProvider``, with fixed input shapes.
 
     ``source`` is a path or the model's bytes; ``input_shapes`` fixes symbolic dimensions (name -> shape).
@@ -301,34 +318,17 @@ class OrtModel:
             raise ModelError("bad_model", f"onnxruntime could not load {self.name}: {e}") from e
         self._out_names = [o.name for o in self._sess.get_outputs()]
         first = self._run({s.name: np.zeros(s.shape, s.dtype) for s in self.inputs})
-        self.outputs: tuple[TensorSpec, ...] = tuple(
-            TensorSpec(k, tuple(v.shape), v.dtype.name) for k, v in first.items()
-        )
+        self._outputs = tuple(TensorSpec(k, tuple(v.shape), v.dtype.name) for k, v in first.items())
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self._outputs
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip(self._out_names, self._sess.run(self._out_names, inputs), strict=True))
-
-    def check_inputs(self, inputs: dict[str, np.ndarray]) -> None:
-        """Raise :class:`ModelError` unless ``inputs`` has exactly the model's names, shapes and dtypes."""
-        check_inputs(self.inputs, inputs)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once. ``inputs``: name -> array of the declared shape and dtype. Returns name -> a fresh array."""
         self.check_inputs(inputs)
         return self._run(inputs)
 
-    def zero_inputs(self) -> dict[str, np.ndarray]:
-        return {s.name: np.zeros(s.shape, s.dtype) for s in self.inputs}
-
-    def warm(self, calls: int = 3) -> None:
-        """Run ``calls`` times on zeros."""
-        for _ in range(calls):
-            self.run(self.zero_inputs())
-
-    def signature(self) -> dict[str, Any]:
-        """``{"sha256", "inputs": [...], "outputs": [...]}`` as JSON-ready data (as :meth:`OnnxModel.signature`)."""
-        return {
-            "sha256": self.sha256,
-            "inputs": [s.to_json() for s in self.inputs],
-            "outputs": [s.to_json() for s in self.outputs],
-        }
