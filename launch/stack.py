@@ -709,14 +709,21 @@ def run(args: argparse.Namespace) -> int:
     schedule: list[tuple[int, str, str, str]] = []
     clock = StackClock(run_dir / "logs", t_launch)
     died = False  # supervisord ended by itself (killed): the run failed whatever the log says
+    failed_start = False  # the stack never came up: the run failed whatever the log says
     try:
         if not _wait_for(view, "nodeState", 120.0, conf):
             tail = (run_dir / "node.log").read_text(errors="replace")[-1500:] if (run_dir / "node.log").exists() else ""
             log.error("the node did not come up; last lines of %s:\n%s", run_dir / "node.log", tail)
-            flag.stop = True
-        elif supervisorctl(conf, "start", "camera") != 0 or not _wait_for(view, "modelOutput", 60.0):
+            flag.stop = failed_start = True
+        elif (cam_rc := supervisorctl(conf, "start", "camera")) != 0:
+            log.error("supervisorctl start camera: exit %d; see %s", cam_rc, run_dir / "camera.log")
+            flag.stop = failed_start = True
+        elif not _wait_for(view, "modelOutput", 60.0):
             log.error("no modelOutput within 60 s of starting the camera; see %s", run_dir)
-            flag.stop = True
+            flag.stop = failed_start = True
+        if failed_start and (code := proc.poll()) is not None:
+            died = True
+            log.error("supervisord exited (code %s) while the stack started; see %s", code, run_dir / "supervisord.log")
         if args.foxglove is not None and not flag.stop:  # before t0: starting it takes a second
             if supervisorctl(conf, "start", "foxglove") == 0:
                 log.info("Foxglove: ws://127.0.0.1:%d (layout launch/foxglove-layout.json)", args.foxglove)
@@ -817,7 +824,8 @@ def run(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(summary, indent=1))
     # which frames were owed an output is the contract check's call (one_output_per_frame): a node restarted
     # under supervision owes nothing for the frames sent while none ran, which missing_outputs still lists
-    ok = summary["outputs"] > 0 and bool(summary["contracts"]) and not any(summary["contracts"].values()) and not died
+    ok = summary["outputs"] > 0 and bool(summary["contracts"]) and not any(summary["contracts"].values())
+    ok = ok and not died and not failed_start
     if flag.signum == signal.SIGINT:
         return 130
     return 0 if ok else 1

