@@ -100,6 +100,8 @@ struct CameraFrame {
   sourceName @7 :Text;               # where the frames come from (file name, device)
   buffer @8 :FrameBuffer;            # set when the pixels are in the camera's shared-memory ring and
                                      # `data` is empty (msgs/visionipc.py); unset for inline frames
+  video @9 :VideoFrameRef;           # set in a log when chestnut record wrote the pixels to a video file
+                                     # beside the segment and `data` is empty (msgs/video.py); never on the bus
 
   enum PixelEncoding {
     bgr888 @0;                       # 3 bytes per pixel, B, G, R
@@ -117,6 +119,15 @@ struct FrameBuffer {
   seq @2 :UInt64;                    # sequence number of this frame in the ring (from 1); the slot's
                                      # seqlock word reads 2*seq while it still holds this frame
   size @3 :UInt32;                   # bytes of pixels in the slot: height * width * channels
+}
+
+struct VideoFrameRef {
+  # Where a logged cameraFrame's pixels are: one frame of a video file in the log's segment directory,
+  # written by chestnut record --frames video (msgs/video.py).
+  file @0 :Text;                     # plain file name inside the segment directory, e.g. "fcamera.mkv"
+  index @1 :UInt32;                  # frame number in that file, from 0, in decode order
+  codec @2 :Text;                    # FFmpeg encoder: "ffv1" (lossless) or "libx264"
+  lossless @3 :Bool;                 # decoding gives back the camera's bytes exactly
 }
 
 struct ModelOutput {
