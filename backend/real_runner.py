@@ -59,6 +59,7 @@ from chestnut.backend.jitcache import CacheKey, JitCache
 from chestnut.backend.ladder import DockQualifier, LadderConfig, Outcome, UsbDock
 from chestnut.backend.model import TensorSpec, outputs_digest, verification_inputs
 from chestnut.backend.retry import install_in_tinygrad
+from chestnut.backend.stages import StageClock
 
 REAL_DEV = "USB+AMD:LLVM"  # tinygrad 0.14: the AMD GPU behind the USB bridge, LLVM compiler
 TINYGRAD_DEVICE = "AMD"
@@ -392,32 +393,55 @@ class DockJit:
     built: bool
     stored: Path | None = None
 
-    def call(self, inputs: dict[str, np.ndarray], timer: CopyTimer | None = None) -> dict[str, np.ndarray]:
+    def call(
+        self, inputs: dict[str, np.ndarray], timer: CopyTimer | None = None, stages: StageClock | None = None
+    ) -> dict[str, np.ndarray]:
         """One run; with ``timer``, each input's copy-in, the run's completion (fence) and each output's
-        copy-out are timed."""
+        copy-out are timed; with ``stages``, the same three spans are its stage times (s).
+
+        What tinygrad 0.14 lets one time without changing it: ``copy_in`` is each input's
+        ``Tensor(a, device).realize()`` (the allocation and ``AMDAllocator._copyin``); ``compute`` is
+        the captured JIT's launch (``TinyJit.__call__``) to ``Device.synchronize()`` (its signal wait:
+        ``HCQSignal.wait``); ``copy_out`` each output's ``Tensor.numpy()`` (``AMDAllocator._copyout``) and
+        its copy into a host array. Without a ``timer`` or ``stages`` nothing is synchronized between."""
         from tinygrad import Tensor
 
         clock = time.perf_counter
+        timed = timer is not None or stages is not None
+        if stages is not None:
+            stages.begin()
         moved = {}
         for k, v in inputs.items():
             a = np.ascontiguousarray(v)
             t0 = clock()
             moved[k] = Tensor(a, device=self.device).realize()
+            dt = clock() - t0
             if timer is not None:
-                timer.copy("in", a.nbytes, clock() - t0)
+                timer.copy("in", a.nbytes, dt)
+            if stages is not None:
+                stages.add("copy_in", dt)
         t0 = clock()
         out = self.jit(**moved)
-        if timer is not None:
+        if timed:
             from tinygrad import Device
 
             Device[self.device].synchronize()
-            timer.fence(clock() - t0)
+            dt = clock() - t0
+            if timer is not None:
+                timer.fence(dt)
+            if stages is not None:
+                stages.add("compute", dt)
         result = {}
         for k, t in out.items():
             t0 = clock()
             result[k] = t.numpy().copy()
+            dt = clock() - t0
             if timer is not None:
-                timer.copy("out", result[k].nbytes, clock() - t0)
+                timer.copy("out", result[k].nbytes, dt)
+            if stages is not None:
+                stages.add("copy_out", dt)
+        if stages is not None:
+            stages.end()
         return result
 
 
@@ -504,6 +528,7 @@ class RealRunner:
         self.progress = progress or (lambda line: log.info("%s", line))
         self.compiled: DockJit | None = None
         self.copy_timer = CopyTimer(wait_timeout_ms)
+        self.stages = StageClock()  # the last run's copy-in / compute / copy-out (s), for the stage budget
         self.config = config or LadderConfig(wait_timeout_ms=wait_timeout_ms)
         self.lock_timeout_s = lock_timeout_s
         self.dock = UsbDock(usb_backend, self.config.ctrl_timeout_ms)
@@ -592,14 +617,16 @@ class RealRunner:
         return str(getattr(self.device, "arch", ""))
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One inference on the dock. ModelError for wrong inputs; a layer error for any dock failure."""
+        """One inference on the dock. ModelError for wrong inputs; a layer error for any dock failure.
+        Sets ``stages.last`` (s) for a run that returns; what each stage includes: :meth:`DockJit.call`."""
+        self.stages.begin()
         self._check_alive()
         if self._jit is None:
             raise ModelError("not_loaded", "no model is loaded")
         check_inputs(self._inputs, inputs)
         assert self.compiled is not None
         try:
-            return self.compiled.call(inputs, self.copy_timer)
+            return self.compiled.call(inputs, self.copy_timer, self.stages)
         except Exception as e:
             raise self._fail(translate(e)) from e
 

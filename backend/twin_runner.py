@@ -53,6 +53,7 @@ from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
 from chestnut.backend.model import TensorSpec
 from chestnut.backend.real_runner import COPY_STATS_KEY, CopyTimer, DockLock, check_inputs, dock_lock_path
 from chestnut.backend.retry import STATS_KEY, RetryingUSB3
+from chestnut.backend.stages import StageClock
 from chestnut.msgs.paths import current_prefix
 
 SIGNATURE_MAX_BYTES = 1 << 20  # VRAM reserved for OP_LOAD's signature (u32 length + JSON)
@@ -139,6 +140,7 @@ class TwinRunner:
         self._failed: ChestnutError | None = None
         self.signature: dict[str, Any] = {}
         self.copy_timer = CopyTimer(wait_timeout_ms)  # the copy path's own timing, for the usb layer's health
+        self.stages = StageClock()  # the last run's copy-in / compute / copy-out (s), for the stage budget
 
     # ------------------------------------------------------------------ evidence from the twin
     def _link_errors(self, dev: Any) -> int | None:
@@ -348,28 +350,44 @@ class TwinRunner:
         return doc if isinstance(doc, dict) else {}
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One inference: inputs copied in, ``OP_RUN``, outputs copied out. ModelError for bad inputs."""
+        """One inference: inputs copied in, ``OP_RUN``, outputs copied out. ModelError for bad inputs.
+
+        Sets ``stages.last`` (:class:`~chestnut.backend.stages.StageTimes`, s) for a run that returns:
+        ``copy_in`` is every input's copy (tinygrad 0.14 ``AMDAllocator._copyin`` with its SDMA drain, or
+        :class:`~chestnut.backend.copy.CopyProtocol`), not the LTSSM read before them; ``compute`` is
+        ``OP_RUN``'s submission (ring write and doorbell) to its fence (the queue's completion wait);
+        ``copy_out`` every output's copy (``AMDAllocator._copyout``) and its copy into a host array."""
+        self.stages.begin()
         if not self._loaded:
             raise ModelError("not_loaded", "no model is loaded")
         check_inputs(self._inputs, inputs)
+        clock = self.stages.now
 
         def do() -> dict[str, np.ndarray]:
             assert self.queue is not None
             if self.tinygrad is not None:
                 self._check_link()
+            t0 = clock()
             for s in self._inputs:
                 self._copy_in(self._buffers[s.name][0], np.ascontiguousarray(inputs[s.name]).data)
+            t1 = clock()
+            self.stages.add("copy_in", t1 - t0)
             (seq,) = self.queue.submit([Packet(P.OP_RUN, (PROGRAM_ID, *lo_hi(self._table)))])
-            t0 = time.perf_counter()
+            t2 = clock()
             self.queue.wait(seq, "OP_RUN")
-            self.copy_timer.fence(time.perf_counter() - t0)
+            t3 = clock()
+            self.copy_timer.fence(t3 - t2)
+            self.stages.add("compute", t3 - t1)
             out = {}
             for s in self._outputs:
                 off, nbytes = self._buffers[s.name]
                 out[s.name] = np.frombuffer(self._copy_out(off, nbytes), dtype=s.dtype).reshape(s.shape).copy()
+            self.stages.add("copy_out", clock() - t3)
             return out
 
-        return self._guard(do)
+        out = self._guard(do)
+        self.stages.end()
+        return out
 
     # ------------------------------------------------------------------ health
     def probe(self) -> DockObservation:

@@ -13,6 +13,7 @@ Pure code: nothing here touches a socket or a process.
 
 from __future__ import annotations
 
+import json
 import struct
 import traceback
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ from typing import Any
 from chestnut.backend import errors as backend_errors
 from chestnut.backend.errors import ChestnutError
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec, StepResult
+from chestnut.backend.stages import StageTimes
 
 PACKET_MAX_BYTES = 65536  # one SEQPACKET message; payloads are small JSON (our bound)
 DETAIL_MAX_CHARS = 8000   # error details and tracebacks are cut to this (our bound)
@@ -47,7 +49,8 @@ class Msg(IntEnum):
     READY = 16         # payload: {"inputs", "outputs", "ladder", "kind"}: ladder passed, model loaded
     START_FAILED = 17  # payload: {"error", "ladder"}; the worker exits next
     BUFFERS_OK = 18    # slots mapped: the worker takes RUN commands from now on
-    RESULT = 19        # seq, slot, value = runner time in ns; status 1: payload is the error
+    RESULT = 19        # seq, slot, value = runner time in ns; status 1: payload is the error; status 0: payload
+                       # empty or {"stages": [copy_in, compute, copy_out]} in s (result_payload)
     PROBE_RESULT = 20  # payload: {"observation"} or {"error"}
 
 
@@ -131,6 +134,23 @@ def error_from_json(d: Mapping[str, Any]) -> ChestnutError:
 
 
 # ---------------------------------------------------------------- payloads
+def result_payload(stages: StageTimes | None) -> bytes:
+    """A successful RESULT's payload: empty without stage times, else ``{"stages": [copy_in, compute,
+    copy_out]}`` (s, :class:`~chestnut.backend.stages.StageTimes`), about 80 bytes."""
+    return b"" if stages is None else json.dumps({"stages": stages.as_list()}).encode()
+
+
+def stages_from_payload(payload: bytes) -> StageTimes | None:
+    """The inverse of :func:`result_payload`: None for an empty payload. Raises ``ValueError`` for a payload
+    that is not that JSON object (a protocol error: the node kills the worker)."""
+    if not payload:
+        return None
+    doc = json.loads(payload)
+    if not isinstance(doc, dict) or "stages" not in doc:
+        raise ValueError(f"RESULT payload is not {{'stages': [...]}}: {payload[:80]!r}")
+    return StageTimes.from_list(doc["stages"])
+
+
 def model_spec_to_json(m: ModelSpec) -> dict[str, Any]:
     return {"path": str(m.path), "name": m.name, "input_shapes": {k: list(v) for k, v in m.input_shapes.items()},
             "fingerprint": m.fingerprint}

@@ -36,6 +36,7 @@ from chestnut.backend import errors as backend_errors
 from chestnut.backend.errors import ChestnutError, OutputLayerError
 from chestnut.backend.interface import LadderReport, ModelSpec, PrimaryRunner
 from chestnut.backend.model import TensorSpec
+from chestnut.backend.stages import StageTimes
 from chestnut.node.runner_loader import RunnerSpec, resolve_runner
 from chestnut.node.shm import ControlBlock, SharedSegment, SlotBuffers, SlotLayout, WorkerState
 from chestnut.node.wire import (
@@ -48,6 +49,7 @@ from chestnut.node.wire import (
     ladder_to_json,
     model_spec_from_json,
     pack,
+    result_payload,
     unpack,
 )
 
@@ -263,7 +265,13 @@ class _WorkerLoop:
                            payload=json.dumps(error_to_json(e)).encode()))
             return
         self.ctl.run_finished(ok=True)
-        self.send(pack(Msg.RESULT, seq, slot=slot, value=exec_ns))
+        self.send(pack(Msg.RESULT, seq, slot=slot, value=exec_ns, payload=result_payload(self.stage_times())))
+
+    def stage_times(self) -> StageTimes | None:
+        """The runner's stage times for the run that just returned: ``runner.stages.last`` when the runner
+        keeps a :class:`~chestnut.backend.stages.StageClock` (the twin and real runners), else None."""
+        last = getattr(getattr(self.runner, "stages", None), "last", None)
+        return last if isinstance(last, StageTimes) else None
 
     def store_outputs(self, slot: int, outputs: Mapping[str, np.ndarray]) -> None:
         assert self.slots is not None

@@ -48,6 +48,7 @@ import numpy as np
 from chestnut.backend.errors import ChestnutError, ConfigError, ModelError
 from chestnut.backend.interface import DockObservation, LadderReport, ModelSpec
 from chestnut.backend.model import TensorSpec
+from chestnut.backend.stages import StageTimes
 from chestnut.node.runner_loader import RUNNER_KINDS, RunnerSpec, unknown_kind
 from chestnut.node.shm import ControlBlock, ControlSnapshot, SharedSegment, SlotBuffers, SlotLayout, WorkerState
 from chestnut.node.wire import (
@@ -62,6 +63,7 @@ from chestnut.node.wire import (
     model_spec_to_json,
     observation_from_json,
     pack,
+    stages_from_payload,
     unpack,
 )
 
@@ -84,7 +86,8 @@ class WorkerResult:
     ``outputs``: name -> array of the output spec's shape and dtype (empty when ``error`` is set);
     fresh copies, or with ``poll_result(copy=False)`` read-only views into shared memory that stay
     valid until the next :meth:`WorkerHandle.submit`. ``exec_time_s``: time inside
-    ``runner.run`` measured by the worker; ``roundtrip_s``: submit to receipt, measured by the node.
+    ``runner.run`` measured by the worker; ``roundtrip_s``: submit to receipt, measured by the node;
+    ``stages``: the run's copy-in / compute / copy-out (s) when the runner times them, else None.
     """
 
     seq: int
@@ -92,6 +95,7 @@ class WorkerResult:
     exec_time_s: float
     roundtrip_s: float
     error: ChestnutError | None = None
+    stages: StageTimes | None = None
 
     @property
     def ok(self) -> bool:
@@ -208,7 +212,7 @@ class WorkerHandle:
         self._free_slots: deque[int] = deque()
         self._in_flight: OrderedDict[int, tuple[int, float]] = OrderedDict()  # seq -> (slot, submitted_at_s)
         self._awaiting: deque[int] = deque()  # seqs sent whose RESULT has not arrived, oldest first
-        self._done: deque[tuple[int, int, int, ChestnutError | None, float, float]] = deque()
+        self._done: deque[tuple[int, int, int, ChestnutError | None, float, float, StageTimes | None]] = deque()
         self._finalizer: weakref.finalize | None = None
 
     # ---------------------------------------------------------------- life
@@ -525,9 +529,10 @@ class WorkerHandle:
                 raise ValueError(f"RESULT {seq} in slot {slot}, expected {want_seq} in slot {want_slot}")
             self._awaiting.popleft()
             error = error_from_json(json.loads(payload)) if status == STATUS_ERROR else None
+            stages = stages_from_payload(payload) if error is None else None
             if error is None and self._slots is not None and self._slots.out_seq(slot) != seq:
                 raise ValueError(f"RESULT {seq}: slot {slot} holds the output of {self._slots.out_seq(slot)}")
-            self._done.append((seq, slot, value, error, submitted_at_s, time.monotonic()))
+            self._done.append((seq, slot, value, error, submitted_at_s, time.monotonic(), stages))
         elif kind is Msg.READY:
             ready = json.loads(payload)
             self.inputs = tuple(TensorSpec.from_json(s) for s in ready["inputs"])
@@ -563,7 +568,7 @@ class WorkerHandle:
             raise ValueError(f"unexpected message {kind.name} from the worker")
 
     def _deliver(self, copy: bool) -> WorkerResult:
-        seq, slot, exec_ns, error, submitted_at_s, received_at_s = self._done.popleft()
+        seq, slot, exec_ns, error, submitted_at_s, received_at_s, stages = self._done.popleft()
         outputs: dict[str, np.ndarray] = {}
         if error is None and self._slots is not None:
             views = self._slots.outputs[slot]
@@ -571,7 +576,7 @@ class WorkerHandle:
         self._in_flight.pop(seq, None)
         if slot >= 0:
             self._free_slots.append(slot)
-        return WorkerResult(seq, outputs, exec_ns / 1e9, received_at_s - submitted_at_s, error)
+        return WorkerResult(seq, outputs, exec_ns / 1e9, received_at_s - submitted_at_s, error, stages)
 
     def _note_exit(self, how: str | None = None, level: int = logging.WARNING) -> None:
         """The worker is gone (EOF, send failure, reaped, or killed): fail what is in flight, once."""
@@ -588,7 +593,7 @@ class WorkerHandle:
         while self._awaiting:
             seq = self._awaiting.popleft()
             error = WorkerError("worker_exited", f"{detail} with request {seq} in flight")
-            self._done.append((seq, -1, 0, error, self._in_flight[seq][1], now_s))
+            self._done.append((seq, -1, 0, error, self._in_flight[seq][1], now_s, None))
         if self._probe_pending:
             self._probe_pending = False
             self.latest_probe = ProbeResult(now_s, None, WorkerError("worker_exited", detail))
