@@ -141,8 +141,10 @@ def render_config(
     twin_args: list[str],
     log_format: str = "both",
     foxglove_port: int = 8765,
+    camera_args: list[str] | None = None,
 ) -> Path:
-    """Write ``supervisord.conf`` for this run; returns its path."""
+    """Write ``supervisord.conf`` for this run; returns its path. ``camera_args``: ``chestnut camera``'s
+    arguments beyond ``--rate`` (:meth:`FrameOptions.camera_args`; none: the camera's defaults)."""
     from chestnut.msgs.paths import runtime_dir
 
     py = sys.executable
@@ -156,6 +158,7 @@ def render_config(
         rate=rate_hz,
         node_args=" ".join(node_args),
         twin_args=" ".join(twin_args),
+        camera_args=" ".join(camera_args or []),
         log_dir=run_dir / "logs",
         log_format=log_format,
         foxglove_port=int(foxglove_port),
@@ -384,10 +387,15 @@ a camera that cannot keep its own grid: far above it the camera only skips ticks
 ``ticks_to_skip``) and every contract fails by construction."""
 
 
-def argument_problem(seconds: float, rate: float, faults: list[FaultPlan]) -> str | None:
+def argument_problem(
+    seconds: float, rate: float, faults: list[FaultPlan], frames: FrameOptions | None = None
+) -> str | None:
     """The one line that refuses ``chestnut launch``'s ``--seconds`` (s), ``--rate`` (Hz) and ``--fault``
     plans together, or None when they can run: a fault whose START is at or after the end of a bounded
-    run (``seconds > 0``) would never be injected."""
+    run (``seconds > 0``) would never be injected. ``frames``: the camera and twin options
+    (:meth:`FrameOptions.problem`)."""
+    if frames is not None and (problem := frames.problem()) is not None:
+        return problem
     if seconds < 0:
         return f"--seconds {seconds:g}: give 0 (until Ctrl-C) or a positive number of seconds"
     if not 0 < rate <= MAX_RATE_HZ:
@@ -399,6 +407,156 @@ def argument_problem(seconds: float, rate: float, faults: list[FaultPlan]) -> st
                 f"give a START below {seconds:g} or a longer --seconds"
             )
     return None
+
+
+FRAME_SIZES = ("model", "native")
+"""``--frames``: ``model`` -- the camera resizes to the model's input (``[model] shape`` H, W);
+``native`` -- the source's own size (``launch/camerad.py`` ``--native``), warped to the model's input by
+the node (``node/preprocess.py`` ``warp:``)."""
+SYNTHETIC_NATIVE_HW = (1208, 1928)
+"""``--synthetic --frames native``: openpilot's road camera frame, 1928x1208 (H, W; ``launch/camerad.py``
+``--synthetic``), 3.5 MB a frame in nv12."""
+DOCK_LINK_MBPS = 5600.0
+"""``--dock-timing`` link rate, Mbps: the asm2464 firmware's ~700 MB/s ``0xF2`` SRAM DMA
+(``docs/protocol.md``, the twin's timing model; ``tests/bench/bench_copy.py`` measures with it)."""
+DOCK_LATENCY_US = 125.0
+"""``--dock-timing`` per-transfer latency, us: one USB 3 bus interval (``docs/protocol.md``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FrameOptions:
+    """What ``chestnut launch`` tells the camera (``launch/camerad.py``) and the twin about the frames.
+
+    ``model_hw``: the model input's (H, W) in px, from the node configuration's ``[model] shape``;
+    ``preprocess``: its ``[model] preprocess``; ``dock_kind``: its ``[dock] kind``. ``link_mbps`` (Mbps) and
+    ``latency_us`` (us) None: the ``--dock-timing`` defaults (:data:`DOCK_LINK_MBPS`,
+    :data:`DOCK_LATENCY_US`)."""
+
+    frames: str = "model"
+    synthetic: bool = False
+    pixel_format: str = "bgr24"
+    transport: str = "auto"
+    dock_timing: bool = False
+    link_mbps: float | None = None
+    latency_us: float | None = None
+    model_hw: tuple[int, int] = (128, 256)
+    preprocess: str = "ppocr"
+    dock_kind: str = "twin"
+
+    def problem(self) -> str | None:
+        """The one line that refuses these options together, or None when they can run."""
+        if not self.dock_timing and (self.link_mbps is not None or self.latency_us is not None):
+            given = "--link-mbps" if self.link_mbps is not None else "--latency-us"
+            return f"{given} sets the twin's dock-like timing model: add --dock-timing (or leave {given} out)"
+        if self.link_mbps is not None and not self.link_mbps > 0:
+            return f"--link-mbps {self.link_mbps:g}: give a link rate > 0 Mbps (default {DOCK_LINK_MBPS:g})"
+        if self.latency_us is not None and not self.latency_us >= 0:
+            return f"--latency-us {self.latency_us:g}: give a latency >= 0 us (default {DOCK_LATENCY_US:g})"
+        if self.dock_timing and self.dock_kind != "twin":
+            return (
+                f"--dock-timing is the twin's timing model, and the node configuration's dock.kind is "
+                f'{self.dock_kind!r}: leave --dock-timing out or use a configuration with dock.kind = "twin"'
+            )
+        h, w = self.model_hw
+        if self.frames == "model" and self.pixel_format == "nv12" and (h % 2 or w % 2):
+            return (
+                f"--pixel-format nv12 --frames model: an nv12 frame has an even width and height, the model's "
+                f"input is {w}x{h} (WxH); use --frames native or --pixel-format bgr24"
+            )
+        return None
+
+    @property
+    def warp(self) -> bool:
+        """The node must warp the frames to the model's input: they are not the model's size or not BGR."""
+        return self.frames == "native" or self.pixel_format != "bgr24"
+
+    def camera_args(self) -> list[str]:
+        """``chestnut camera``'s arguments beyond ``--rate``."""
+        if self.frames == "native":
+            size = ["--height", str(SYNTHETIC_NATIVE_HW[0]), "--width", str(SYNTHETIC_NATIVE_HW[1])]
+            args = ["--synthetic", *size] if self.synthetic else ["--native"]
+        else:
+            size = ["--height", str(self.model_hw[0]), "--width", str(self.model_hw[1])]
+            args = ["--synthetic", *size] if self.synthetic else size
+        return [*args, "--pixel-format", self.pixel_format, "--transport", self.transport]
+
+    def twin_args(self) -> list[str]:
+        """``chestnut twin serve``'s timing-model arguments (none without ``--dock-timing``)."""
+        if not self.dock_timing:
+            return []
+        mbps = DOCK_LINK_MBPS if self.link_mbps is None else self.link_mbps
+        lat = DOCK_LATENCY_US if self.latency_us is None else self.latency_us
+        return ["--link-mbps", f"{mbps:g}", "--latency-us", f"{lat:g}"]
+
+    def node_preprocess(self) -> str:
+        """The node's ``[model] preprocess`` for these frames: ``warp:<name>`` when they need the warp."""
+        if self.warp and not self.preprocess.startswith("warp:"):
+            return "warp:" + self.preprocess
+        return self.preprocess
+
+
+def read_node_toml(path: Path | None) -> dict[str, Any]:
+    """The node TOML ``chestnut launch`` gives the node (``path``, else ``launch/node.toml`` when present) as a
+    table; raises :class:`~chestnut.backend.errors.ConfigError` (one line) for one that cannot be read."""
+    import tomllib
+
+    from chestnut.backend.errors import ConfigError
+    from chestnut.node.config import DEFAULT_CONFIG
+
+    src = path if path is not None else (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
+    if src is None:
+        return {}
+    try:
+        with open(src, "rb") as f:
+            return tomllib.loads(f.read(NODE_TOML_MAX_BYTES).decode())
+    except OSError as e:
+        raise ConfigError("config", f"cannot read {src}: {e}") from e
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError("config", f"{src} is not valid TOML: {e}") from e
+
+
+NODE_TOML_MAX_BYTES = 1 << 20  # bound on reading a node TOML (ours is under 2 KiB)
+
+
+def frame_options(args: argparse.Namespace, node_toml: dict[str, Any]) -> FrameOptions:
+    """:class:`FrameOptions` from ``chestnut launch``'s arguments and the node TOML's table (missing keys:
+    ``node/config.py``'s defaults)."""
+    from chestnut.node.config import DockConfig, ModelConfig
+
+    model = node_toml.get("model", {}) if isinstance(node_toml.get("model"), dict) else {}
+    dock = node_toml.get("dock", {}) if isinstance(node_toml.get("dock"), dict) else {}
+    shape = model.get("shape", ModelConfig().shape)
+    try:
+        hw = (int(shape[2]), int(shape[3]))
+    except (TypeError, ValueError, IndexError):
+        hw = ModelConfig().shape[2:4]  # the node names a malformed shape itself
+    return FrameOptions(
+        frames=args.frames,
+        synthetic=args.synthetic,
+        pixel_format=args.pixel_format,
+        transport=args.transport,
+        dock_timing=args.dock_timing,
+        link_mbps=args.link_mbps,
+        latency_us=args.latency_us,
+        model_hw=(int(hw[0]), int(hw[1])),
+        preprocess=str(model.get("preprocess", ModelConfig().preprocess)),
+        dock_kind=str(dock.get("kind", DockConfig().kind)),
+    )
+
+
+def write_frame_node_config(run_dir: Path, node_toml: dict[str, Any], opts: FrameOptions) -> Path:
+    """The node configuration of this run when the frames need the warp: ``node_toml`` with ``[model]
+    preprocess`` from :meth:`FrameOptions.node_preprocess`, written 0600 to ``<run dir>/node.toml`` and
+    checked by loading it (``node/config.py`` ``load_config``; raises its ``ConfigError``)."""
+    from chestnut.launch.acceptance import write_node_toml
+    from chestnut.node.config import load_config
+
+    data = {k: dict(v) for k, v in node_toml.items() if isinstance(v, dict)}
+    data.setdefault("model", {})["preprocess"] = opts.node_preprocess()
+    path = run_dir / "node.toml"
+    write_node_toml(path, data)
+    load_config(path)
+    return path
 
 
 def control_lines(s: dict[str, Any]) -> list[str]:
@@ -436,6 +594,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="how the twin's GPU executes programs (default onnxruntime: real time on 2 cores)",
     )
     p.add_argument("--node-config", type=Path, help="node TOML (default: launch/node.toml)")
+    p.add_argument(
+        "--frames",
+        choices=FRAME_SIZES,
+        default="model",
+        help="model (default): the camera resizes to the model's input; native: the source's own size (the "
+        "traffic video's 704x576, --synthetic's 1928x1208), warped to the model's input by the node",
+    )
+    p.add_argument(
+        "--synthetic", action="store_true", help="the camera's moving test pattern instead of the traffic video"
+    )
+    p.add_argument(
+        "--pixel-format",
+        choices=("bgr24", "nv12"),
+        default="bgr24",
+        help="the camera's frames: bgr24 (default) or nv12 (YUV 4:2:0, openpilot's cameras; the node warps them)",
+    )
+    p.add_argument(
+        "--transport",
+        choices=("auto", "shm", "inline"),
+        default="auto",
+        help="how frames reach the node: shm (the camera's shared-memory ring, only metadata on the bus), inline "
+        "(pixels in the message); auto (default): shm for frames over 256 KiB (every native frame), else inline",
+    )
+    p.add_argument(
+        "--dock-timing",
+        action="store_true",
+        help=f"the twin's dock-like timing model: each USB transfer takes --latency-us plus its bytes at "
+        f"--link-mbps (defaults {DOCK_LINK_MBPS:g} Mbps, {DOCK_LATENCY_US:g} us: docs/protocol.md)",
+    )
+    p.add_argument("--link-mbps", type=float, help=f"with --dock-timing: link rate, Mbps (default {DOCK_LINK_MBPS:g})")
+    p.add_argument(
+        "--latency-us", type=float, help=f"with --dock-timing: per-transfer latency, us (default {DOCK_LATENCY_US:g})"
+    )
     p.add_argument("--no-live", action="store_true", help="no live status view")
     p.add_argument(
         "--log-format",
@@ -647,13 +838,20 @@ def wait_last_answer(view: Any, timeout_s: float) -> bool:
 def run(args: argparse.Namespace) -> int:
     from rich.live import Live
 
+    from chestnut.backend.errors import ConfigError
     from chestnut.backend.sim.client import TwinClient
     from chestnut.launch.assets import default_model_path
     from chestnut.launch.signals import StopFlag
     from chestnut.launch.top import StackView
     from chestnut.msgs.paths import current_prefix
 
-    if (problem := argument_problem(args.seconds, args.rate, args.fault)) is not None:
+    try:
+        node_toml = read_node_toml(args.node_config)
+    except ConfigError as e:
+        log.error("--node-config: %s", e.detail or e)
+        return 2
+    frames = frame_options(args, node_toml)
+    if (problem := argument_problem(args.seconds, args.rate, args.fault, frames)) is not None:
         log.error("%s", problem)
         return 2
     if shutil.which("supervisord", path=str(Path(sys.executable).parent)) is None:
@@ -677,14 +875,23 @@ def run(args: argparse.Namespace) -> int:
         log.error("--runs-dir: %s", e)
         return 2
     node_args = ["--config", str(args.node_config.resolve())] if args.node_config else []
+    if frames.node_preprocess() != frames.preprocess:  # the frames need the warp: this run's own node config
+        try:
+            node_conf = write_frame_node_config(run_dir, node_toml, frames)
+        except ConfigError as e:
+            log.error("--node-config: %s", e.detail or e)
+            return 2
+        node_args = ["--config", str(node_conf)]
+        log.info("node: preprocess %s for %s frames (%s)", frames.node_preprocess(), frames.frames, node_conf)
     conf = render_config(
         run_dir,
         prefix,
         args.rate,
         node_args,
-        ["--engine", args.twin_engine],
+        ["--engine", args.twin_engine, *frames.twin_args()],
         args.log_format,
         foxglove_port=args.foxglove if args.foxglove is not None else 8765,
+        camera_args=frames.camera_args(),
     )
     supervisord = str(Path(sys.executable).parent / "supervisord")
     launch_id = f"{os.getpid()}-{run_dir.name}"

@@ -1,0 +1,182 @@
+"""``chestnut launch`` on full-size frames: ``--frames native``, ``--synthetic``, ``--pixel-format``,
+``--transport`` reach the camera's command line, the node is switched to the warp, ``--dock-timing`` turns on
+the twin's timing model, and bad combinations are one line and exit 2."""
+
+import stat
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from chestnut.launch.stack import (
+    DOCK_LATENCY_US,
+    DOCK_LINK_MBPS,
+    FrameOptions,
+    argument_problem,
+    read_node_toml,
+    render_config,
+    write_frame_node_config,
+)
+from chestnut.node.config import load_config
+
+CHESTNUT = str(Path(sys.executable).with_name("chestnut"))
+
+
+def test_native_synthetic_nv12_is_openpilots_road_frame_through_the_ring_on_the_dock_like_twin():
+    opts = FrameOptions(frames="native", synthetic=True, pixel_format="nv12", dock_timing=True)
+    assert opts.camera_args() == [
+        "--synthetic",
+        "--height",
+        "1208",
+        "--width",
+        "1928",
+        "--pixel-format",
+        "nv12",
+        "--transport",
+        "auto",
+    ]
+    assert (DOCK_LINK_MBPS, DOCK_LATENCY_US) == (5600.0, 125.0)
+    assert opts.twin_args() == ["--link-mbps", "5600", "--latency-us", "125"]
+    assert opts.node_preprocess() == "warp:ppocr"
+    assert opts.problem() is None
+
+
+def test_native_video_keeps_its_size_and_model_frames_take_the_models_input_size():
+    assert FrameOptions(frames="native", transport="shm").camera_args() == [
+        "--native",
+        "--pixel-format",
+        "bgr24",
+        "--transport",
+        "shm",
+    ]
+    model = FrameOptions(model_hw=(64, 96))
+    assert model.camera_args() == ["--height", "64", "--width", "96", "--pixel-format", "bgr24", "--transport", "auto"]
+    assert model.twin_args() == []
+    assert model.node_preprocess() == "ppocr"  # BGR at the model's size: no warp, the node config as given
+    nv12 = FrameOptions(pixel_format="nv12", synthetic=True)
+    assert nv12.camera_args()[:5] == ["--synthetic", "--height", "128", "--width", "256"]
+    assert nv12.node_preprocess() == "warp:ppocr"  # nv12 needs the conversion even at the model's size
+    assert FrameOptions(frames="native", preprocess="warp:unit").node_preprocess() == "warp:unit"
+    assert FrameOptions(dock_timing=True, link_mbps=10000, latency_us=0).twin_args() == [
+        "--link-mbps",
+        "10000",
+        "--latency-us",
+        "0",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("opts", "line"),
+    [
+        (
+            FrameOptions(link_mbps=5000),
+            "--link-mbps sets the twin's dock-like timing model: add --dock-timing (or leave --link-mbps out)",
+        ),
+        (
+            FrameOptions(latency_us=10),
+            "--latency-us sets the twin's dock-like timing model: add --dock-timing (or leave --latency-us out)",
+        ),
+        (FrameOptions(dock_timing=True, link_mbps=0), "--link-mbps 0: give a link rate > 0 Mbps (default 5600)"),
+        (FrameOptions(dock_timing=True, latency_us=-1), "--latency-us -1: give a latency >= 0 us (default 125)"),
+        (
+            FrameOptions(dock_timing=True, dock_kind="cpu"),
+            "--dock-timing is the twin's timing model, and the node configuration's dock.kind is 'cpu': leave "
+            '--dock-timing out or use a configuration with dock.kind = "twin"',
+        ),
+        (
+            FrameOptions(pixel_format="nv12", model_hw=(33, 64)),
+            "--pixel-format nv12 --frames model: an nv12 frame has an even width and height, the model's input is "
+            "64x33 (WxH); use --frames native or --pixel-format bgr24",
+        ),
+    ],
+)
+def test_bad_combinations_are_one_line(opts, line):
+    assert opts.problem() == line
+    assert argument_problem(10.0, 20.0, [], opts) == line
+
+
+def test_the_rendered_stack_runs_the_camera_and_twin_with_the_options(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    opts = FrameOptions(frames="native", synthetic=True, pixel_format="nv12", transport="shm", dock_timing=True)
+    conf = render_config(
+        tmp_path,
+        "frames-test",
+        20.0,
+        [],
+        ["--engine", "onnxruntime", *opts.twin_args()],
+        camera_args=opts.camera_args(),
+    ).read_text()
+    commands = [line for line in conf.splitlines() if line.startswith("command=")]
+    camera = next(c for c in commands if " camera " in c)
+    twin = next(c for c in commands if " twin serve " in c)
+    assert camera.endswith(
+        "camera --rate 20.0 --synthetic --height 1208 --width 1928 --pixel-format nv12 --transport shm"
+    )
+    assert twin.endswith("twin serve --engine onnxruntime --link-mbps 5600 --latency-us 125")
+
+
+def test_the_runs_node_config_is_the_given_one_with_the_warp(tmp_path):
+    given = tmp_path / "given.toml"
+    given.write_text(
+        "[model]\nshape = [1, 3, 64, 128]\n[model.ranges]\ntext_prob = [0.0, 1.0]\n[timing]\ndeadline_ms = 120\n"
+    )
+    table = read_node_toml(given)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    path = write_frame_node_config(run_dir, table, FrameOptions(frames="native", model_hw=(64, 128)))
+    assert path == run_dir / "node.toml"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    data = tomllib.loads(path.read_text())
+    assert data["model"] == {"shape": [1, 3, 64, 128], "preprocess": "warp:ppocr", "ranges": {"text_prob": [0.0, 1.0]}}
+    assert data["timing"] == {"deadline_ms": 120}
+    cfg = load_config(path)
+    assert (cfg.model.preprocess, cfg.model.shape, cfg.timing.deadline_ms) == ("warp:ppocr", (1, 3, 64, 128), 120.0)
+
+
+def test_the_default_node_config_gives_the_models_size_and_preprocess():
+    table = read_node_toml(None)  # launch/node.toml
+    assert table["model"]["shape"] == [1, 3, 128, 256] and table["model"]["preprocess"] == "ppocr"
+
+
+def test_a_bad_combination_stops_the_launch_before_anything_starts(tmp_path):
+    r = subprocess.run(
+        [
+            CHESTNUT,
+            "launch",
+            "--seconds",
+            "10",
+            "--frames",
+            "native",
+            "--link-mbps",
+            "5000",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].endswith(
+        "ERROR chestnut.launch: --link-mbps sets the twin's dock-like timing model: add --dock-timing "
+        "(or leave --link-mbps out)"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_unreadable_node_config_is_one_line(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model\n")
+    r = subprocess.run(
+        [CHESTNUT, "launch", "--seconds", "10", "--node-config", str(bad), "--runs-dir", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and f"ERROR chestnut.launch: --node-config: {bad} is not valid TOML: " in lines[0]
+    assert not (tmp_path / "runs").exists()
