@@ -143,6 +143,9 @@ struct ModelOutput {
   agreementChecked @9 :Bool;         # whether primaryAgrees was evaluated for this frame
   maxAbsDiff @10 :Float32;           # largest |primary - fallback| when both ran, else 0
   reason @11 :Text;                  # why this source served this frame (empty when primary is active)
+  copyInTime @12 :Float32;           # s, the primary's copy of this frame's inputs into VRAM; 0 for the fallback
+  computeTime @13 :Float32;          # s, the serving model's compute (primary: program launch to fence)
+  copyOutTime @14 :Float32;          # s, the primary's copy of the outputs back to host memory; 0 for the fallback
 }
 
 struct ChestnutActive {
