@@ -6,16 +6,24 @@ name is recorded in the log's ``initData.config``).
 - ``ppocr``: PaddleOCR's detector normalisation, ``(img/255 - 0.5)/0.5``, BGR, NCHW float32
   (rapidocr-onnxruntime 1.4.4 ``config.yaml``: mean = std = 0.5, scale 1/255).
 - ``unit``: ``img/255``, BGR, NCHW float32.
-- ``warp:<name>`` (e.g. ``warp:ppocr``): the frame, of any size, ``bgr888`` or ``nv12``, is first
-  warped to the model's input size in BGR (:func:`warp`), then preprocessed as ``<name>``. Without
-  ``warp:`` a frame must already be the model's size and BGR: it is never resized silently.
+- ``warp:<name>`` (e.g. ``warp:ppocr``): the frame, of any size, ``bgr888``, ``rgb888`` or ``nv12``,
+  is warped to the model's input and normalised as ``<name>`` by ``backend/warp.py`` ``warp_numpy``:
+  the same filter and matrix the primary's GPU program runs when the node gives it the full frame
+  (``model.frame``; ``docs/warp.md``), so the fallback, the primary and replay see one model input.
+  Without ``warp:`` a frame must already be the model's size and BGR: it is never resized silently.
+
+:func:`warp` is FFmpeg's swscale through PyAV, the resize ``chestnut camera`` applies to its source: the
+reference the warp is measured against (within 3.6 levels of 255 on the traffic video, ``docs/warp.md``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 
 import numpy as np
+
+from chestnut.backend.warp import WarpSpec, WarpSpecError, warp_numpy
 
 
 def _ppocr(img: np.ndarray) -> np.ndarray:
@@ -61,6 +69,38 @@ def warp(img: np.ndarray, encoding: str, height: int, width: int) -> np.ndarray:
     return np.asarray(frame.to_ndarray(format="bgr24", width=width, height=height))
 
 
+@lru_cache(maxsize=8)
+def warp_spec(encoding: str, src_h: int, src_w: int, dst_h: int, dst_w: int, norm: str) -> WarpSpec:
+    """The :class:`WarpSpec` of one frame format (cached: its filter matrices are built once)."""
+    return WarpSpec(encoding, src_h, src_w, dst_h, dst_w, norm)
+
+
+def frame_geometry(img: np.ndarray, encoding: str) -> tuple[int, int]:
+    """A frame's pixel height and width from its array (``nv12``: [H * 3/2, W(, 1)]). Raises ValueError."""
+    if encoding == "nv12":
+        if img.ndim not in (2, 3) or (img.ndim == 3 and img.shape[2] != 1) or img.shape[0] % 3 or img.shape[1] % 2:
+            raise ValueError(f"an nv12 frame is uint8 [H * 3/2, W] with H, W even; got {img.dtype}{list(img.shape)}")
+        return img.shape[0] * 2 // 3, img.shape[1]
+    if encoding in ("bgr888", "rgb888"):
+        if img.ndim != 3 or img.shape[2] != 3:
+            raise ValueError(f"a {encoding} frame is uint8 [H, W, 3]; got {img.dtype}{list(img.shape)}")
+        return img.shape[0], img.shape[1]
+    raise ValueError(f"cannot warp a {encoding} frame (bgr888, rgb888 or nv12)")
+
+
+def warp_input(norm: str, img: np.ndarray, input_shape: tuple[int, ...], encoding: str) -> np.ndarray:
+    """A frame of any size -> float32 [1, 3, H, W] for ``input_shape`` (N, C, H, W), by ``backend/warp.py``.
+    Raises ValueError for a frame that cannot be warped (one line)."""
+    if img.dtype != np.uint8:
+        raise ValueError(f"a frame is uint8, not {img.dtype}")
+    h, w = frame_geometry(img, encoding)
+    try:
+        spec = warp_spec(encoding, h, w, int(input_shape[2]), int(input_shape[3]), norm)
+    except WarpSpecError as e:
+        raise ValueError(str(e)) from None
+    return warp_numpy(spec, spec.check_frame(img, encoding))
+
+
 def preprocess(
     name: str, img: np.ndarray, input_name: str, input_shape: tuple[int, ...], encoding: str = "bgr888"
 ) -> dict[str, np.ndarray]:
@@ -76,8 +116,8 @@ def preprocess(
         known = sorted(PREPROCESSORS) + [WARP_PREFIX + k for k in sorted(PREPROCESSORS)]
         raise KeyError(f"unknown preprocessing {name!r}; known: {', '.join(known)}")
     if base != name:
-        img = warp(img, encoding, int(input_shape[2]), int(input_shape[3]))
-    elif encoding != "bgr888":
+        return {input_name: warp_input(base, img, input_shape, encoding)}
+    if encoding != "bgr888":
         raise ValueError(f"a {encoding} frame needs the warp to the model's input: preprocess {WARP_PREFIX}{name}")
     if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
         raise ValueError(f"frame must be uint8 [H, W, 3]; got {img.dtype}{list(img.shape)}")

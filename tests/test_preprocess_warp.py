@@ -33,7 +33,9 @@ def test_an_nv12_colour_converts_with_bt601_limited_range(yuv):
 def test_full_resolution_frames_warp_to_the_input_the_camera_resize_gives():
     """704x576 traffic frames: NV12 -> 128x256 BGR is exactly the camera's own decode-and-resize (both
     are swscale from the same 4:2:0 samples); BGR at 704x576 -> 128x256 is within 5 levels, mean < 1
-    (one more rounding to 8 bits before the resize; measured over all 350 frames: max 5, mean 0.80)."""
+    (one more rounding to 8 bits before the resize; measured over all 350 frames: max 5, mean 0.80).
+    ``warp:ppocr`` is the GPU program's filter in float (``backend/warp.py``), not swscale's fixed point:
+    within 3.6 levels of 255 of the camera's resize, mean 1.3 (all 350 frames: max 3.55, mean 1.25)."""
     video = traffic_video_path()
     frames = zip(
         iter_frames(video, 128, 256, loop=False),
@@ -50,7 +52,8 @@ def test_full_resolution_frames_warp_to_the_input_the_camera_resize_gives():
         assert diff.max() <= 5 and diff.mean() < 1.0
         x = preprocess("warp:ppocr", nv12[:, :, None], "x", SHAPE, "nv12")["x"]
         assert x.shape == SHAPE and x.dtype == np.float32
-        assert (x == preprocess("ppocr", small, "x", SHAPE)["x"]).all()
+        levels = np.abs(x - preprocess("ppocr", small, "x", SHAPE)["x"]) * 127.5  # ppocr: 2/255 per level
+        assert levels.max() <= 3.6 and levels.mean() <= 1.3
 
 
 def test_without_warp_a_full_frame_is_refused_in_one_line():
