@@ -526,6 +526,18 @@ class FrameReader:
         if self.in_ring(cf):
             self.shm.verify(cf.buffer)
 
+    def camera_gone(self) -> bool:
+        """True (and the ring unmapped) when the camera of the mapped ring has ended its connection: it
+        stopped or died (:meth:`FrameSubscriber.camera_gone`); never blocks. The next ring frame maps the
+        ring of the camera that serves then."""
+        return self.shm.camera_gone()
+
+    @property
+    def session(self) -> int | None:
+        """The mapped ring's camera session (``FrameBuffer.session``), None while none is mapped."""
+        ring = self.shm.ring
+        return None if ring is None else ring.session
+
     def read(self, cf: Any) -> np.ndarray:
         """A verified copy of the frame's pixels, uint8 [H, W, C]."""
         img = self.view(cf)

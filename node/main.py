@@ -300,6 +300,8 @@ class Node:
         self.out_of_order = 0
         self.next_order_log_s = 0.0
         self.frame_reader = FrameReader(self.prefix)  # inline frames, or the camera's shared-memory ring
+        self.cameras_gone = 0            # times the camera of the mapped ring went away (stopped or died)
+        self.ring_session: int | None = None  # the camera session whose ring is mapped, once a ring frame came
         self.next_health_ns = self.next_state_ns = self.next_probe_ns = now
         self.state_dirty = True
         self.notify = SdNotify()
@@ -615,6 +617,10 @@ class Node:
             inputs = preprocess(self.cfg.model.preprocess, img, self.cfg.model.input, tuple(self.cfg.model.shape),
                                 str(cf.encoding))  # "warp:<name>" resizes / converts a full frame (node/preprocess.py)
             self.frame_reader.verify(cf)  # lapped by the camera while read: dropped, never torn
+            if self.frame_reader.session != self.ring_session:  # the first frame of a camera's ring
+                self.ring_session = self.frame_reader.session
+                log.info("frame ring of camera session %x mapped (%s, %dx%d)", self.ring_session,
+                         cf.encoding, cf.width, cf.height)
         except (ValueError, KeyError, FrameBufferError) as e:
             self.bad_frames += 1
             log.error("cameraFrame %d unusable: %s", frame_id, e)
@@ -848,8 +854,20 @@ class Node:
 
     # ---------------------------------------------------------------- housekeeping
 
+    def _check_camera(self) -> None:
+        """A camera whose ring we map that stopped or died (``msgs/visionipc.py`` ``camera_gone``): its ring
+        is unmapped at once, so its memory is freed and no frame of it is read again (a late message naming
+        it is answered invalid: no camera serves that ring); the next ring frame maps the new camera's."""
+        if self.frame_reader.camera_gone():
+            self.cameras_gone += 1
+            log.warning("camera gone: the frame ring of camera session %x is unmapped; its frames are no longer "
+                        "read, the next camera's ring is mapped with its first frame (%d so far)",
+                        self.ring_session or 0, self.cameras_gone)
+            self.ring_session = None
+
     def _housekeeping(self) -> None:
         now = time.monotonic_ns()
+        self._check_camera()
         self._poll_worker_start(now)
         self._check_worker_alive()
         w = self.worker
