@@ -4,7 +4,11 @@ Reads every message of ``LOG`` (files or directories of ``rlog.zst`` / ``rlog.mc
 time order across segments, :class:`~chestnut.msgs.logfile.LogReader`) and writes one ``.mcap``
 whose channels are JSON with JSON Schemas generated from ``msgs/chestnut.capnp`` (frames as
 ``foxglove.RawImage``; :mod:`chestnut.msgs.jsonschema`); ``--with-capnp`` keeps the Cap'n Proto
-channels as well (exact replay from the one file). A damaged input is exported up to the damage,
+channels as well (exact replay from the one file). A frame logged as video (``chestnut record --frames
+video``, ``msgs/video.py``) is decoded from its segment's ``fcamera.mkv`` and exported with its pixels
+inline (``data`` filled, ``video`` kept to say where they came from), so the exported file stands alone;
+one whose video is missing or damaged is exported as metadata without an image and named on one line
+like any damage. A damaged input is exported up to the damage,
 and each damage is named on one line. ``OUT`` must not exist (it is never overwritten); it is created
 0600 (``msgs/outdir.py``, a missing directory 0700) and removed again when no message could be
 exported or the export stops on an error, so a failed export leaves nothing behind to block a rerun.
@@ -16,9 +20,11 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import Any
 
 from chestnut.msgs.logfile import FlushPolicy, LogReader, McapSegmentWriter
 from chestnut.msgs.outdir import OutputDirError
+from chestnut.msgs.video import LoggedFrames, VideoFrameError
 
 _log = logging.getLogger("chestnut.export")
 
@@ -38,8 +44,16 @@ def export_mcap(logs: list[Path], out: Path, with_capnp: bool = False) -> tuple[
     encodings = ("capnproto", "json") if with_capnp else ("json",)
     writer = McapSegmentWriter(out, FlushPolicy(every_messages=1000, interval_s=60.0), encodings=encodings)
     done = False
+    frames: LoggedFrames | None = None
+    video_damage: list[str] = []
     try:
-        for log_mono_time, service, data in reader.iter_raw():
+        for log_mono_time, service, data, event, path in reader.iter_from():
+            if service == "cameraFrame" and LoggedFrames.in_video(event.cameraFrame):
+                if frames is None or frames.seg_dir != path.parent:
+                    if frames is not None:
+                        frames.close()
+                    frames = LoggedFrames(path.parent)
+                data = _decoded(event, frames, video_damage)
             writer.write(service, log_mono_time, data)
         writer.close()
         if writer.messages == 0:
@@ -50,10 +64,25 @@ def export_mcap(logs: list[Path], out: Path, with_capnp: bool = False) -> tuple[
             )
         done = True
     finally:
+        if frames is not None:
+            frames.close()
         if not done:
             writer.close()
             out.unlink(missing_ok=True)  # created exclusively by this call: ours to remove
-    return writer.messages, [str(d) for d in reader.damage]
+    return writer.messages, [str(d) for d in reader.damage] + video_damage
+
+
+def _decoded(event: Any, frames: LoggedFrames, damage: list[str]) -> bytes:
+    """A video-logged ``cameraFrame``'s bytes with its decoded pixels in ``data``; as logged (and a line in
+    ``damage``) when they cannot be decoded."""
+    try:
+        pixels = frames.read(event.cameraFrame)
+    except VideoFrameError as e:
+        damage.append(str(e))
+        return bytes(event.as_builder().to_bytes())
+    msg = event.as_builder()
+    msg.cameraFrame.data = pixels.tobytes()
+    return bytes(msg.to_bytes())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

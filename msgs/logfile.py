@@ -68,11 +68,12 @@ from mcap.well_known import MessageEncoding, SchemaEncoding
 from mcap.writer import MCAP0_MAGIC, CompressionType
 from mcap.writer import Writer as _McapWriter
 
-from chestnut.msgs.jsonschema import DerivedState, all_topic_schemas, event_to_json, foxglove_messages
+from chestnut.msgs.jsonschema import TOPIC_IMAGE, DerivedState, all_topic_schemas, event_to_json, foxglove_messages
 from chestnut.msgs.messaging import REASON_UNKNOWN_MEMBER, MalformedMessageError, log_from_bytes, new_message
 from chestnut.msgs.outdir import DIR_MODE, open_private, private_dir
 from chestnut.msgs.schema import MAX_MESSAGE_BYTES, SCHEMA_PATH, SCHEMA_SHA256, log
 from chestnut.msgs.services import SERVICE_LIST
+from chestnut.msgs.video import SegmentVideo, VideoOptions, video_event
 
 __all__ = [
     "FLUSH_EVERY_MESSAGES",
@@ -367,7 +368,10 @@ class McapSegmentWriter(_SegmentFileWriter):
     published bytes, for exact replay) and/or ``"json"`` channels Foxglove decodes (JSON Schema
     generated from the Cap'n Proto schema: topic ``/<service>`` plus ``/camera/image`` as
     ``foxglove.RawImage``, ``/chestnut/levels`` and ``/chestnut/log``; :mod:`chestnut.msgs.jsonschema`).
-    Channels are registered on a topic's first message. A flush ends the open chunk. ``metadata``
+    Channels are registered on a topic's first message. A ``cameraFrame`` without pixels (logged as
+    video, ``msgs/video.py``, or a ring frame the logger could not read) has no ``/camera/image``
+    message, so Foxglove shows no empty image (``chestnut export`` puts decoded frames back). A flush
+    ends the open chunk. ``metadata``
     (str -> str) is written as an MCAP metadata record named ``chestnut``. Raises ``ValueError``
     for an unknown or empty ``encodings``.
     """
@@ -436,6 +440,8 @@ class McapSegmentWriter(_SegmentFileWriter):
                 self.json_skipped += 1  # a member this schema does not know: kept in the capnproto channel only
                 return
             for topic, message in foxglove_messages(service, body, self._json_state):
+                if topic == TOPIC_IMAGE and not message["data"]:
+                    continue
                 self._add(self._json_channel(topic), log_mono_time_ns, json.dumps(message).encode())
 
     def _flush(self) -> None:
@@ -489,7 +495,10 @@ class RouteWriter:
     drives rotation and the flush policy; call :meth:`tick` at least every ``policy.interval_s``
     so that the time bounds hold when no message arrives. Raises ``ValueError`` for an unknown
     format, no format, no log kind or a non-positive segment length. ``mcap_encodings``: the
-    channels of the ``.mcap`` files (:class:`McapSegmentWriter`).
+    channels of the ``.mcap`` files (:class:`McapSegmentWriter`). ``video``: how
+    :meth:`write_frame` encodes camera frames into the segment's ``fcamera.mkv`` (``msgs/video.py``;
+    None: frames are logged raw with :meth:`write`); the video is flushed with ``policy`` and closed with
+    its segment.
     """
 
     def __init__(
@@ -505,6 +514,7 @@ class RouteWriter:
         clock: Callable[[], float] = time.monotonic,
         route: str | None = None,
         mcap_encodings: Iterable[str] = ("capnproto",),
+        video: VideoOptions | None = None,
     ) -> None:
         self.formats = tuple(dict.fromkeys(formats))
         self.mcap_encodings = tuple(dict.fromkeys(mcap_encodings))
@@ -531,6 +541,8 @@ class RouteWriter:
         self._files: dict[tuple[str, str], _SegmentFileWriter] = {}
         self._light_seen: Counter[str] = Counter()
         self._segment_end_s = 0.0
+        self.video = video
+        self._video: SegmentVideo | None = None  # the open segment's video files, from its first frame
         self._open_segment(0)
 
     @property
@@ -555,6 +567,7 @@ class RouteWriter:
             "logs": list(self.names),
             "flush_every_messages": self.policy.every_messages,
             "flush_interval_s": self.policy.interval_s,
+            "frames": "raw" if self.video is None else f"video {self.video.codec}",
         }
         header = init_data_event(self.segment_seconds, config)
         header_time = log_from_bytes(header).logMonoTime
@@ -575,6 +588,12 @@ class RouteWriter:
 
     def _close_segment(self) -> None:
         errors = []
+        if self._video is not None:
+            try:
+                self._video.close()
+            except OSError as e:
+                errors.append(e)
+            self._video = None
         for writer in self._files.values():
             try:
                 writer.close()
@@ -595,6 +614,10 @@ class RouteWriter:
     def write(self, service: str, log_mono_time_ns: int, data: bytes) -> None:
         """Log one serialized ``Event`` of ``service`` (after rotating if the segment is over)."""
         self.rotate_if_due()
+        self._append(service, log_mono_time_ns, data)
+
+    def _append(self, service: str, log_mono_time_ns: int, data: bytes) -> None:
+        """:meth:`write` into the open segment, whatever the time."""
         self.messages += 1
         for name in self.names:
             if name == "qlog" and not self._keep_light(service):
@@ -603,6 +626,29 @@ class RouteWriter:
                 self._files[(name, fmt)].write(service, log_mono_time_ns, data)
         if "qlog" in self.names:
             self._light_seen[service] += 1
+
+    def write_frame(self, log_mono_time_ns: int, event: Any, pixels: Any) -> int:
+        """Log a ``cameraFrame`` Event reader with its ``pixels`` (uint8, ``msgs/frames.py``
+        ``frame_shape``) as the next frame of the open segment's video and the metadata in the logs
+        (``msgs/video.py`` ``video_event``), after rotating if the segment is over. Returns the frame's
+        number in its video file. Raises ValueError when there is no ``video`` option or the codec cannot
+        store the frame (nothing logged then: log it with :meth:`write`), OSError for a write error."""
+        if self.video is None:
+            raise ValueError("this route logs frames raw (no video option)")
+        self.rotate_if_due()
+        if self._video is None:
+            p = self.policy
+            self._video = SegmentVideo(
+                self.segment_dir, self.video, p.every_messages, p.interval_s, p.fsync, self._clock
+            )
+        cf = event.cameraFrame
+        file, index = self._video.add(int(cf.width), int(cf.height), str(cf.encoding), pixels, log_mono_time_ns)
+        self._append("cameraFrame", log_mono_time_ns, video_event(event, file, index, self.video))  # same segment
+        return index
+
+    def video_files(self) -> list[Path]:
+        """The open segment's video files (none before its first frame)."""
+        return [] if self._video is None else list(self._video.paths)
 
     def _keep_light(self, service: str) -> bool:
         entry = SERVICE_LIST.get(service)
@@ -615,6 +661,8 @@ class RouteWriter:
         self.rotate_if_due()
         for writer in self._files.values():
             writer.maybe_flush()
+        if self._video is not None:
+            self._video.maybe_flush()
 
     def flush(self) -> None:
         """Flush every open file now."""
@@ -1070,32 +1118,43 @@ class LogReader:
         return first[0]
 
     def _merged(self) -> Iterator[LogItem]:
+        for item, _ in self._merged_from():
+            yield item
+
+    def _merged_from(self) -> Iterator[tuple[LogItem, Path]]:
         starts = sorted((t, i, p) for i, p in enumerate(self.files) if (t := self._first_time(p)) is not None)
         pending = list(reversed(starts))
-        heap: list[tuple[int, int, LogItem, Iterator[LogItem]]] = []
+        heap: list[tuple[int, int, LogItem, Iterator[LogItem], Path]] = []
         seq = itertools.count()
         last = None
 
-        def push(it: Iterator[LogItem]) -> None:
+        def push(it: Iterator[LogItem], path: Path) -> None:
             item = next(it, None)
             if item is not None:
-                heapq.heappush(heap, (item[0], next(seq), item, it))
+                heapq.heappush(heap, (item[0], next(seq), item, it, path))
 
         while heap or pending:
             while pending and (not heap or pending[-1][0] <= heap[0][0]):
-                push(self._stream(pending.pop()[2]))
+                path = pending.pop()[2]
+                push(self._stream(path), path)
             if not heap:
                 continue
-            t, _, item, it = heapq.heappop(heap)
+            t, _, item, it, path = heapq.heappop(heap)
             if last is not None and t < last:
                 self.out_of_order += 1
             last = t if last is None else max(last, t)
-            yield item
-            push(it)
+            yield item, path
+            push(it, path)
 
     def __iter__(self) -> Iterator[tuple[int, str, Any]]:
         for t, service, _, event in self._merged():
             yield t, service, event
+
+    def iter_from(self) -> Iterator[tuple[int, str, bytes, Any, Path]]:
+        """``(logMonoTime ns, service, serialized Event bytes, Event reader, the file it is from)`` in the
+        same order as iteration: a video-logged frame's pixels are beside its file (``msgs/video.py``)."""
+        for (t, service, data, event), path in self._merged_from():
+            yield t, service, data, event, path
 
     def iter_raw(self) -> Iterator[tuple[int, str, bytes]]:
         """``(logMonoTime ns, service, serialized Event bytes)`` in the same order as iteration."""

@@ -1,19 +1,26 @@
 """``chestnut record``: subscribe to every logged service and write log segments (openpilot's loggerd).
 
 Every service of :data:`~chestnut.msgs.services.SERVICE_LIST` with ``should_log`` (or the ones named
-with ``--services``) is received on its own SUB socket and written, byte for byte as published, to
-``<log-dir>/<route>--<n>/rlog.zst`` and ``rlog.mcap`` (:mod:`chestnut.msgs.logfile`), segments of
-``--segment-seconds`` (default 60 s). ``--logs qlog|both`` adds the light log (``qlog.*``: every
-``decimation``-th message of a service). ``--format zst|mcap`` writes one format only.
+with ``--services``) is received on its own SUB socket and written, byte for byte as published (camera
+frames logged as video excepted, below), to ``<log-dir>/<route>--<n>/rlog.zst`` and ``rlog.mcap``
+(:mod:`chestnut.msgs.logfile`), segments of ``--segment-seconds`` (default 60 s). ``--logs qlog|both``
+adds the light log (``qlog.*``: every ``decimation``-th message of a service). ``--format zst|mcap``
+writes one format only.
 ``--mcap-encoding``: the MCAP files' channels: ``json`` (JSON Schema generated from the Cap'n Proto
 schema, frames as ``foxglove.RawImage``: what Foxglove opens, :mod:`chestnut.msgs.jsonschema`),
 ``capnproto`` (the published bytes) or ``both``; ``auto`` (default) is ``json`` when the rlog is
 also written (it already holds the exact bytes for replay) and ``both`` when MCAP is the only format.
 
-- A ``cameraFrame`` whose pixels are in the camera's shared-memory ring (``msgs/visionipc.py``) is
-  logged with its pixels copied into ``data`` (its ``buffer`` kept), so a log holds every frame's
-  pixels whichever way it travelled; one the camera overwrote before the logger read it is logged
-  without them and counted (``frames_unread``).
+- ``--frames video`` (default): each segment's camera frames go to ``<segment>/fcamera.mkv``
+  (``msgs/video.py``: ``--video-codec ffv1``, lossless, the default, so replay sees the camera's bytes;
+  ``--video-codec h264 --crf 23`` for long drives, lossy: replay then reports mismatches by design), and
+  the logs keep each ``cameraFrame``'s metadata with ``video`` (file, frame number) and no pixels. A
+  frame the codec cannot store (h264 and an odd size) or whose ``data`` does not match its size is
+  logged raw instead, counted (``frames_raw``). ``--frames raw``: the pixels inline in ``data``, as
+  before. Either way a frame's pixels are read when it is received, from ``data`` or from the camera's
+  shared-memory ring (``msgs/visionipc.py``; ``buffer`` kept in the log), so a log holds every frame's
+  pixels whichever way it travelled; a ring frame the camera overwrote before the logger read it is
+  logged without them and counted (``frames_unread``).
 - Every received message is checked with :func:`~chestnut.msgs.messaging.log_from_bytes` (bounded
   traversal); malformed ones, and ones whose union member is not the socket's service, are counted
   per (service, reason), the first of each logged, and skipped.
@@ -37,13 +44,16 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import zmq
 
+from chestnut.msgs.frames import frame_to_array
 from chestnut.msgs.logfile import FORMATS, MCAP_ENCODINGS, SEGMENT_SECONDS, FlushPolicy, RouteWriter
 from chestnut.msgs.messaging import REASON_WRONG_SERVICE, MalformedMessageError, SubSocket, log_from_bytes, sub_sock
 from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError, get_service
-from chestnut.msgs.visionipc import FrameBufferError, FrameOverwrittenError, FrameReader, inline_event
+from chestnut.msgs.video import CRF_DEFAULT, FRAME_MODES, VIDEO_CODECS, VideoOptions
+from chestnut.msgs.visionipc import FrameBufferError, FrameOverwrittenError, FrameReader
 
 _log = logging.getLogger("chestnut.record")
 
@@ -63,7 +73,8 @@ class Recorder:
 
     ``services``: names to subscribe to (raises :class:`UnknownServiceError` for an unknown one).
     Counters: ``received`` and ``written`` (service -> messages), ``malformed`` ((service, reason)
-    -> messages).
+    -> messages), ``frames_unread`` and ``frames_raw`` (see the module doc). Frames go to the segment's
+    video when ``writer.video`` is set (:meth:`RouteWriter.write_frame`), else raw.
     """
 
     def __init__(
@@ -84,6 +95,7 @@ class Recorder:
         self.malformed: Counter[tuple[str, str]] = Counter()
         self.frame_reader = FrameReader(prefix)  # a ring frame is logged with its pixels (msgs/visionipc.py)
         self.frames_unread = 0  # ring frames logged without pixels: overwritten before the logger read them
+        self.frames_raw = 0  # frames logged raw although the route logs video (see the module doc)
         try:
             for s in self.services:
                 # ZMQ_MAXMSGSIZE = the service's bound, a lost connection is healed (msgs/messaging.py)
@@ -95,13 +107,15 @@ class Recorder:
     def _count_malformed(self, service: str, reason: str, detail: str) -> None:
         self.malformed[(service, reason)] += 1
         if self.malformed[(service, reason)] == 1:
-            _log.warning("%s: skipped a malformed message (%s): %s; further ones are only counted", service, reason,
-                         detail)
+            _log.warning(
+                "%s: skipped a malformed message (%s): %s; further ones are only counted", service, reason, detail
+            )
 
     def step(self, timeout_ms: int = POLL_MS) -> int:
         """Wait up to ``timeout_ms`` for messages, write what arrived (time-ordered), apply the
         rotation and flush policies. Returns the number of messages written."""
-        batch: list[tuple[int, str, bytes]] = []
+        # (logMonoTime, service, bytes, the Event reader, a frame's pixels when it goes to the video)
+        batch: list[tuple[int, str, bytes, Any, Any]] = []
         if self.poller.poll(timeout_ms):
             for service, sock in self.socks.items():
                 for _ in range(DRAIN_MAX_MESSAGES):
@@ -120,25 +134,55 @@ class Recorder:
                     if member != service:
                         self._count_malformed(service, REASON_WRONG_SERVICE, f"a {member!r} message")
                         continue
-                    if service == "cameraFrame" and self.frame_reader.in_ring(event.cameraFrame):
-                        data = self._inline(event, data)
-                    batch.append((event.logMonoTime, service, data))
+                    pixels = None
+                    if service == "cameraFrame":
+                        pixels = self._pixels(event.cameraFrame)  # now: the camera reuses a ring slot
+                        if pixels is not None and self.writer.video is None:
+                            if self.frame_reader.in_ring(event.cameraFrame):
+                                data = _with_pixels(event, pixels)
+                            pixels = None
+                    batch.append((event.logMonoTime, service, data, event, pixels))
         batch.sort(key=lambda item: item[0])
-        for log_mono_time, service, data in batch:
-            self.writer.write(service, log_mono_time, data)
+        for log_mono_time, service, data, event, pixels in batch:
+            if pixels is None:
+                self.writer.write(service, log_mono_time, data)
+            else:
+                self._write_frame(log_mono_time, data, event, pixels)
             self.written[service] += 1
         self.writer.tick()
         return len(batch)
 
-    def _inline(self, event: object, data: bytes) -> bytes:
-        """A ring frame's bytes with its pixels inline; the metadata alone when they cannot be read."""
+    def _pixels(self, cf: Any) -> Any:
+        """A frame's pixels (uint8, ``msgs/frames.py`` ``frame_shape``): a verified copy out of the ring, or
+        ``data`` read as the node reads it; None when they cannot be read (the frame is logged as received)."""
+        if self.frame_reader.in_ring(cf):
+            try:
+                return self.frame_reader.read(cf)
+            except (FrameOverwrittenError, FrameBufferError, ValueError) as e:
+                self.frames_unread += 1
+                if self.frames_unread == 1:
+                    _log.warning("cameraFrame: logged without its pixels: %s; further ones are only counted", e)
+                return None
+        if self.writer.video is None:
+            return None  # logged raw as received: nothing to read
         try:
-            return inline_event(event, self.frame_reader)
-        except (FrameOverwrittenError, FrameBufferError, ValueError) as e:
-            self.frames_unread += 1
-            if self.frames_unread == 1:
-                _log.warning("cameraFrame: logged without its pixels: %s; further ones are only counted", e)
-            return data
+            return frame_to_array(cf)
+        except ValueError as e:
+            self._count_raw(f"{e}")
+            return None
+
+    def _count_raw(self, why: str) -> None:
+        self.frames_raw += 1
+        if self.frames_raw == 1:
+            _log.warning("cameraFrame: logged raw, not as video: %s; further ones are only counted", why)
+
+    def _write_frame(self, log_mono_time: int, data: bytes, event: Any, pixels: Any) -> None:
+        try:
+            self.writer.write_frame(log_mono_time, event, pixels)
+        except ValueError as e:  # the codec cannot store this frame: its pixels go inline
+            self._count_raw(str(e))
+            cf = event.cameraFrame
+            self.writer.write("cameraFrame", log_mono_time, data if len(cf.data) else _with_pixels(event, pixels))
 
     def close_sockets(self) -> None:
         for sock in self.socks.values():
@@ -152,27 +196,87 @@ class Recorder:
         self.writer.close()
 
 
+def _with_pixels(event: Any, pixels: Any) -> bytes:
+    """The bytes of a ``cameraFrame`` Event with ``pixels`` in ``data`` (``buffer`` kept: the log says
+    the frame travelled through the ring); ``logMonoTime`` kept."""
+    msg = event.as_builder()
+    msg.cameraFrame.data = pixels.tobytes()
+    return bytes(msg.to_bytes())
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-dir", type=Path, default=Path("logs"), help="where routes are written (default ./logs)")
-    parser.add_argument("--segment-seconds", type=float, default=SEGMENT_SECONDS,
-                        help=f"segment length in s (default {SEGMENT_SECONDS:g})")
-    parser.add_argument("--format", choices=("both", *FORMATS), default="both",
-                        help="file format(s): zst (openpilot rlog), mcap, or both (default)")
-    parser.add_argument("--mcap-encoding", choices=("auto", *MCAP_ENCODINGS, "both"), default="auto",
-                        help="channels of the .mcap files: json (Foxglove), capnproto (exact bytes) or both; auto "
-                        "(default): json next to an rlog, both when mcap is the only format")
-    parser.add_argument("--logs", choices=("rlog", "qlog", "both"), default="rlog",
-                        help="rlog = every message (default); qlog = light log honouring each service's "
-                        "decimation; both")
-    parser.add_argument("--services", nargs="+", metavar="SERVICE", default=None,
-                        help="services to record (default: every service with should_log)")
-    parser.add_argument("--flush-messages", type=int, default=FlushPolicy.every_messages,
-                        help="flush after this many pending messages (default %(default)s)")
-    parser.add_argument("--flush-seconds", type=float, default=FlushPolicy.interval_s,
-                        help="flush at least this often, in s (default %(default)s)")
+    parser.add_argument(
+        "--segment-seconds",
+        type=float,
+        default=SEGMENT_SECONDS,
+        help=f"segment length in s (default {SEGMENT_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("both", *FORMATS),
+        default="both",
+        help="file format(s): zst (openpilot rlog), mcap, or both (default)",
+    )
+    parser.add_argument(
+        "--mcap-encoding",
+        choices=("auto", *MCAP_ENCODINGS, "both"),
+        default="auto",
+        help="channels of the .mcap files: json (Foxglove), capnproto (exact bytes) or both; auto "
+        "(default): json next to an rlog, both when mcap is the only format",
+    )
+    parser.add_argument(
+        "--logs",
+        choices=("rlog", "qlog", "both"),
+        default="rlog",
+        help="rlog = every message (default); qlog = light log honouring each service's decimation; both",
+    )
+    parser.add_argument(
+        "--services",
+        nargs="+",
+        metavar="SERVICE",
+        default=None,
+        help="services to record (default: every service with should_log)",
+    )
+    parser.add_argument(
+        "--flush-messages",
+        type=int,
+        default=FlushPolicy.every_messages,
+        help="flush after this many pending messages (default %(default)s)",
+    )
+    parser.add_argument(
+        "--flush-seconds",
+        type=float,
+        default=FlushPolicy.interval_s,
+        help="flush at least this often, in s (default %(default)s)",
+    )
     parser.add_argument("--fsync", action="store_true", help="fsync on every flush (survives power loss)")
-    parser.add_argument("--rcvhwm", type=int, default=RCVHWM_MESSAGES,
-                        help="ZeroMQ receive queue bound per service, messages (default %(default)s)")
+    parser.add_argument(
+        "--rcvhwm",
+        type=int,
+        default=RCVHWM_MESSAGES,
+        help="ZeroMQ receive queue bound per service, messages (default %(default)s)",
+    )
+    parser.add_argument(
+        "--frames",
+        choices=FRAME_MODES,
+        default="video",
+        help="camera frames: video = a video file per segment, the logs keep the metadata "
+        "(default); raw = the pixels inline in the logs",
+    )
+    parser.add_argument(
+        "--video-codec",
+        choices=tuple(VIDEO_CODECS),
+        default="ffv1",
+        help="ffv1 = lossless, replay is exact (default); h264 = lossy, for long drives (replay "
+        "then reports mismatches)",
+    )
+    parser.add_argument(
+        "--crf",
+        type=int,
+        default=CRF_DEFAULT,
+        help="h264 constant rate factor, 0..51, lower is better (default %(default)s)",
+    )
     parser.add_argument("--prefix", default=None, help="runtime prefix of the stack (default: $CHESTNUT_PREFIX)")
 
 
@@ -200,6 +304,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--rcvhwm must be >= 1, got {args.rcvhwm}")
         if not args.segment_seconds > 0:
             raise ValueError(f"--segment-seconds must be > 0, got {args.segment_seconds}")
+        frames = getattr(args, "frames", "raw")
+        video = None
+        if frames == "video":
+            video = VideoOptions(getattr(args, "video_codec", "ffv1"), getattr(args, "crf", CRF_DEFAULT))
     except (ValueError, UnknownServiceError) as e:
         _log.error("%s", e)
         return 2
@@ -215,14 +323,16 @@ def run(args: argparse.Namespace) -> int:
             policy=policy,
             config={"services": services, "rcvhwm": args.rcvhwm},
             mcap_encodings=mcap_encodings(getattr(args, "mcap_encoding", "auto"), formats),
+            video=video,
         )
         try:
             recorder = Recorder(writer, services, prefix=args.prefix, rcvhwm=args.rcvhwm)
         except BaseException:
             writer.close()
             raise
-        _log.info("recording %d services to %s (%s; %s)", len(services), writer.segment_dir, "+".join(formats),
-                  args.logs)
+        _log.info(
+            "recording %d services to %s (%s; %s)", len(services), writer.segment_dir, "+".join(formats), args.logs
+        )
         next_status_s = time.monotonic() + STATUS_INTERVAL_S
         segment = writer.segment
         while not stop_signal:
@@ -232,8 +342,11 @@ def run(args: argparse.Namespace) -> int:
                 segment = writer.segment
             if time.monotonic() >= next_status_s:
                 next_status_s += STATUS_INTERVAL_S
-                _log.info("written %d messages, malformed %d", sum(recorder.written.values()),
-                          sum(recorder.malformed.values()))
+                _log.info(
+                    "written %d messages, malformed %d",
+                    sum(recorder.written.values()),
+                    sum(recorder.malformed.values()),
+                )
     except OSError as e:
         _log.error("cannot write the log: %s", e)
         return 1
@@ -244,9 +357,19 @@ def run(args: argparse.Namespace) -> int:
             except OSError as e:
                 _log.error("cannot close the log cleanly: %s", e)
             w = recorder.writer
-            _log.info("stopped%s: %d messages written to %s (route %s, segments 0..%d); malformed skipped: %s",
-                      f" by signal {stop_signal[0]}" if stop_signal else "", sum(recorder.written.values()),
-                      w.log_dir, w.route, w.segment, dict(recorder.malformed) or "none")
+            _log.info(
+                "stopped%s: %d messages written to %s (route %s, segments 0..%d); malformed skipped: %s; "
+                "frames %s (logged raw instead %d, without pixels %d)",
+                f" by signal {stop_signal[0]}" if stop_signal else "",
+                sum(recorder.written.values()),
+                w.log_dir,
+                w.route,
+                w.segment,
+                dict(recorder.malformed) or "none",
+                "raw" if w.video is None else f"as video ({w.video.codec})",
+                recorder.frames_raw,
+                recorder.frames_unread,
+            )
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0

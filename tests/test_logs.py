@@ -426,6 +426,7 @@ def _start_logger(tmp_path, *extra):
     proc = subprocess.Popen(
         # both MCAP encodings: the capnproto channels are read back here like the rlog
         [sys.executable, "-m", "chestnut.launch.cli", "record", "--log-dir", str(log_dir), "--mcap-encoding", "both",
+         "--frames", "raw",  # these tests compare the logged bytes with the published ones
          *extra],
         stdout=subprocess.DEVNULL,
         stderr=stderr,

@@ -12,7 +12,11 @@ source that served it (``--source logged``) or with one source forced for every 
   configuration (onnxruntime by default), one intra-op thread like the node's.
 
 Frames are preprocessed by :func:`chestnut.node.preprocess.preprocess` with the name the node logged,
-so replay feeds the models exactly what the node fed them.
+so replay feeds the models exactly what the node fed them. A frame logged as video (``chestnut record
+--frames video``, ``msgs/video.py``) is decoded from its segment's ``fcamera.mkv``: FFV1 gives the
+camera's bytes back, so such a log replays with no mismatch; an h264 (lossy) log mismatches by design.
+A frame whose video is missing or truncated is an ``input`` result naming the file and frame number;
+the rest of the segment replays.
 
 **Units of work.** One segment file is one unit: :func:`replay_segment` takes a :class:`SegmentTask`
 (the segment's path, the next segment's path, the resolved :class:`ReplayPlan`) and returns a
@@ -42,8 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from chestnut.msgs.frames import frame_to_array
 from chestnut.msgs.logfile import LogReader, find_log_files
+from chestnut.msgs.video import LoggedFrames
 from chestnut.node.offline.timeline import (
     NS_PER_MS,
     NS_PER_S,
@@ -610,6 +614,7 @@ class _SegmentReplayer:
         stale_ns = int(STALE_PENDING_S * NS_PER_S)
         node_seen = task.has_previous  # the node has published (in this segment or, assumed, before it)
         stopping = False
+        logged_frames = LoggedFrames(Path(task.path).parent)  # frames logged as video: beside the segment file
         # file order (reorder window 0): a damage report then follows the last message read before it
         for t, service, ev in LogReader(task.path, on_damage=recorder.on_damage, reorder_window_ns=0):
             recorder.add(t, service, ev)
@@ -623,7 +628,7 @@ class _SegmentReplayer:
                 first_frame = fid if first_frame is None else first_frame
                 try:
                     # read as the node reads it, with its encoding for a warp (node/preprocess.py)
-                    p = _Pending(t, int(cf.timestampEof), frame_to_array(cf), encoding=str(cf.encoding))
+                    p = _Pending(t, int(cf.timestampEof), logged_frames.read(cf), encoding=str(cf.encoding))
                 except ValueError as e:
                     p = _Pending(t, int(cf.timestampEof), None, str(e))
                 if not node_seen or stopping:
@@ -673,6 +678,7 @@ class _SegmentReplayer:
                     skipped_head += 1  # the previous segment's frame (its unit replays it), or before the log
                 else:
                     early[fid] = (t, ev)  # aligned by frame id: its frame may still come
+        logged_frames.close()
         extract = recorder.finish()
         orphans = [
             FrameResult(

@@ -1,0 +1,499 @@
+"""Camera frames logged as video: one Matroska file per segment, written and read with PyAV.
+
+openpilot's loggerd writes each segment's road camera to ``fcamera.hevc`` beside the rlog; ``chestnut
+record --frames video`` (the default) does the same with ``<segment>/fcamera.mkv`` and logs each
+``cameraFrame`` with its metadata only: ``data`` empty and ``video`` (``msgs/chestnut.capnp``
+``VideoFrameRef``) naming the file, the frame's number in it (from 0, decode order), the encoder and
+whether decoding gives the camera's bytes back exactly.
+
+**Codecs** (:class:`VideoOptions`):
+
+- ``ffv1`` (default, lossless): FFmpeg's FFV1 level 3 with a CRC per slice (``slicecrc``), so a damaged
+  frame fails to decode instead of giving wrong pixels. BGR / RGB frames are stored as ``bgr0`` (FFV1's
+  reversible colour transform), ``gray8`` as ``gray``, ``nv12`` as ``yuv420p`` (its U and V planes
+  de-interleaved, which only moves bytes). Every format round-trips bit-exactly
+  (``tests/test_video_log.py``), so ``chestnut replay`` of a video-logged run sees the camera's bytes.
+- ``h264`` (lossy, for long drives): libx264 at ``--crf`` (default 23, x264's own default), preset
+  ``veryfast``, ``tune=zerolatency`` (no frames held in the encoder's look-ahead, so a killed logger
+  loses no more than with FFV1) and a keyframe every :data:`H264_GOP` frames. Replay of such a log
+  reports mismatches by design: the model sees other pixels than the node saw. Needs an even width and
+  height (``yuv420p``).
+
+**Crash bound**: every FFV1 frame is a keyframe, and FFmpeg's Matroska muxer (``libavformat/matroskaenc.c``
+``mkv_write_packet``) starts a new cluster at a video keyframe once the open one holds more than 4 KiB,
+writing out the previous one; ``cluster_time_limit`` (:data:`CLUSTER_TIME_LIMIT_MS`) does it for h264
+between keyframes, and ``flush_packets`` hands every packet to the file at once. The file object is
+flushed with the logs' flush policy. A SIGKILLed logger so leaves a file that decodes up to its last
+written cluster (the newest one or two frames are lost); a closed one ends with Matroska's cues.
+
+**Reading** (:class:`LoggedFrames`): one segment directory; a frame with ``video`` set is decoded from
+its file, any other is read as ``msgs/frames.py`` ``frame_to_array`` reads it, so old raw logs read as
+before. Refused in one line naming the file and the frame (:class:`VideoFrameError`, a ``ValueError``):
+a file name that is not ``fcamera.mkv`` / ``fcamera-<n>.mkv`` (never a path), a missing, non-regular or
+symlinked file, a stream that is not FFV1 / h264 or whose size differs from the frame's, a frame over
+``msgs/services.py`` ``FRAME_MAX_BYTES``, a packet over :func:`packet_limit`, a frame past the end of a
+truncated file, a frame that fails to decode. The rest of the log still reads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import IO, Any
+
+import av
+import numpy as np
+
+from chestnut.msgs.frames import frame_shape, frame_to_array
+from chestnut.msgs.outdir import open_private
+from chestnut.msgs.schema import log
+from chestnut.msgs.services import FRAME_MAX_BYTES
+
+__all__ = [
+    "CLUSTER_TIME_LIMIT_MS",
+    "FRAME_MODES",
+    "H264_GOP",
+    "VIDEO_CODECS",
+    "VIDEO_FILE",
+    "LoggedFrames",
+    "SegmentVideo",
+    "VideoFrameError",
+    "VideoOptions",
+    "VideoWriter",
+    "packet_limit",
+    "video_event",
+    "video_file_name",
+]
+
+FRAME_MODES = ("video", "raw")  # chestnut record --frames: pixels to a video file, or inline in the log
+VIDEO_CODECS = {"ffv1": "ffv1", "h264": "libx264"}  # --video-codec -> FFmpeg encoder
+VIDEO_FILE = "fcamera.mkv"  # the segment's first video file (openpilot's fcamera.hevc, in Matroska)
+_VIDEO_FILE_RE = re.compile(r"fcamera(?:-([1-9][0-9]{0,3}))?\.mkv")
+_DECODERS = ("ffv1", "h264")  # the codecs a logged video may hold
+CRF_DEFAULT = 23  # libx264's own default constant rate factor
+H264_PRESET = "veryfast"  # x264 preset: a 1928x1208 frame in ~20 ms of one core here
+H264_GOP = 20  # frames between h264 keyframes: 1 s at 20 Hz, what a truncated file loses at most
+CLUSTER_TIME_LIMIT_MS = 1000  # a Matroska cluster is closed (written) after this, like the logs' flush interval
+TIME_BASE = Fraction(1, 1000)  # pts in ms since the file's first frame (Matroska's default timescale)
+
+# (input format of the array handed to PyAV, the stream's pixel format) per (encoding, lossless)
+_FORMATS: dict[tuple[str, bool], tuple[str, str]] = {
+    ("bgr888", True): ("bgr24", "bgr0"),
+    ("rgb888", True): ("rgb24", "bgr0"),
+    ("gray8", True): ("gray", "gray"),
+    ("nv12", True): ("yuv420p", "yuv420p"),
+    ("bgr888", False): ("bgr24", "yuv420p"),
+    ("rgb888", False): ("rgb24", "yuv420p"),
+    ("gray8", False): ("gray", "gray"),
+    ("nv12", False): ("yuv420p", "yuv420p"),
+}
+
+
+class VideoFrameError(ValueError):
+    """A logged frame whose pixels cannot be read from its video file. ``str()`` is one line naming the
+    file and the frame number, what is wrong and what to do; ``problem`` is the part after them."""
+
+    def __init__(self, where: str, index: int, problem: str) -> None:
+        super().__init__(f"{where} frame {index}: {problem}")
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class VideoOptions:
+    """How ``chestnut record`` encodes frames: ``codec`` ``"ffv1"`` (lossless) or ``"h264"`` (lossy, at
+    ``crf``, 0-51, lower is better). Raises ValueError for anything else."""
+
+    codec: str = "ffv1"
+    crf: int = CRF_DEFAULT
+
+    def __post_init__(self) -> None:
+        if self.codec not in VIDEO_CODECS:
+            raise ValueError(f"--video-codec must be one of {', '.join(VIDEO_CODECS)}, got {self.codec!r}")
+        if not 0 <= self.crf <= 51:
+            raise ValueError(f"--crf must be 0..51 (x264's range), got {self.crf}")
+
+    @property
+    def lossless(self) -> bool:
+        return self.codec == "ffv1"
+
+    @property
+    def encoder(self) -> str:
+        return VIDEO_CODECS[self.codec]
+
+
+def video_file_name(k: int) -> str:
+    """The segment's ``k``-th video file (from 0): ``fcamera.mkv``, then ``fcamera-1.mkv``, ... (a new
+    file whenever the frames' size or encoding changes)."""
+    return VIDEO_FILE if k == 0 else f"fcamera-{k}.mkv"
+
+
+def packet_limit(frame_bytes: int) -> int:
+    """Largest compressed packet read for a frame of ``frame_bytes`` raw bytes: twice the raw size plus
+    64 KiB (FFV1 and h264 never need more than a little over the raw size; our bound)."""
+    return 2 * frame_bytes + (64 << 10)
+
+
+def _nv12_to_yuv420p(a: np.ndarray, h: int, w: int) -> np.ndarray:
+    """[H*3/2, W(, 1)] nv12 -> [H*3/2, W] yuv420p (Y, then the U plane, then the V plane): bytes moved only."""
+    flat = a.reshape(h * 3 // 2, w)
+    uv = flat[h:].reshape(h // 2, w // 2, 2)
+    return np.concatenate([flat[:h].reshape(-1), uv[:, :, 0].reshape(-1), uv[:, :, 1].reshape(-1)]).reshape(
+        h * 3 // 2, w
+    )
+
+
+def _yuv420p_to_nv12(a: np.ndarray, h: int, w: int) -> np.ndarray:
+    """The inverse of :func:`_nv12_to_yuv420p`, as a [H*3/2, W, 1] nv12 array."""
+    flat = a.reshape(-1)
+    q = (h // 2) * (w // 2)
+    out = np.empty((h * 3 // 2, w), np.uint8)
+    out[:h] = flat[: h * w].reshape(h, w)
+    uv = out[h:].reshape(h // 2, w // 2, 2)
+    uv[:, :, 0] = flat[h * w : h * w + q].reshape(h // 2, w // 2)
+    uv[:, :, 1] = flat[h * w + q : h * w + 2 * q].reshape(h // 2, w // 2)
+    return out[:, :, None]
+
+
+class VideoWriter:
+    """One Matroska file of ``width`` x ``height`` frames in ``encoding`` (a ``CameraFrame.PixelEncoding``
+    name), created 0600 and exclusively (``msgs/outdir.py`` ``open_private``). :meth:`write` takes a
+    uint8 array of ``msgs/frames.py`` ``frame_shape`` and returns its frame number. Raises ValueError
+    for an encoding or size the codec cannot store (h264: even width and height)."""
+
+    def __init__(self, path: Path, width: int, height: int, encoding: str, options: VideoOptions) -> None:
+        self.path = Path(path)
+        self.width, self.height, self.encoding, self.options = int(width), int(height), str(encoding), options
+        key = (self.encoding, options.lossless)
+        if key not in _FORMATS:
+            raise ValueError(f"no video format for {self.encoding!r} frames")
+        self.shape = frame_shape(self.height, self.width, self.encoding)
+        if not options.lossless and (self.width % 2 or self.height % 2):
+            raise ValueError(f"h264 needs an even width and height, not {self.width}x{self.height}")
+        self._in_fmt, pix_fmt = _FORMATS[key]
+        self.frames = 0
+        self._first_ms: int | None = None
+        self._last_pts = -1
+        self._fh: IO[bytes] = open_private(self.path, "xb")
+        try:
+            self._container: Any = av.open(
+                self._fh,
+                "w",
+                format="matroska",
+                options={"flush_packets": "1", "cluster_time_limit": str(CLUSTER_TIME_LIMIT_MS)},
+            )
+            stream: Any = self._container.add_stream(options.encoder, rate=20)
+            stream.width, stream.height, stream.pix_fmt = self.width, self.height, pix_fmt
+            stream.time_base = TIME_BASE
+            if options.lossless:
+                stream.options = {"level": "3", "slicecrc": "1", "g": "1"}
+            else:
+                stream.options = {
+                    "crf": str(options.crf),
+                    "preset": H264_PRESET,
+                    "tune": "zerolatency",
+                    "g": str(H264_GOP),
+                }
+            self._stream = stream
+        except BaseException:
+            self._fh.close()
+            raise
+
+    def write(self, pixels: np.ndarray, t_ns: int) -> int:
+        """Encode one frame (``t_ns``: its time, ns, for the file's timestamps); returns its number."""
+        if pixels.shape != self.shape and pixels.size != int(np.prod(self.shape)):
+            raise ValueError(f"{self.path}: a {pixels.shape} frame for a {self.shape} video")
+        if self.encoding == "nv12":
+            arr = _nv12_to_yuv420p(pixels, self.height, self.width)
+        elif self.encoding == "gray8":
+            arr = pixels.reshape(self.height, self.width)
+        else:
+            arr = np.ascontiguousarray(pixels).reshape(self.height, self.width, 3)
+        frame = av.VideoFrame.from_ndarray(arr, format=self._in_fmt)
+        if self._in_fmt != self._stream.pix_fmt:
+            frame = frame.reformat(format=self._stream.pix_fmt)
+        ms = t_ns // 1_000_000
+        if self._first_ms is None:
+            self._first_ms = ms
+        pts = max(ms - self._first_ms, self._last_pts + 1)  # strictly increasing
+        self._last_pts = pts
+        frame.pts, frame.time_base = pts, TIME_BASE
+        for packet in self._stream.encode(frame):
+            self._container.mux(packet)
+        index = self.frames
+        self.frames += 1
+        return index
+
+    def flush(self, fsync: bool = False) -> None:
+        """Hand what the muxer wrote to the OS (and to the disk with ``fsync``)."""
+        self._fh.flush()
+        if fsync:
+            os.fsync(self._fh.fileno())
+
+    def close(self, fsync: bool = False) -> None:
+        """Drain the encoder, write Matroska's cues and close the file."""
+        try:
+            for packet in self._stream.encode():
+                self._container.mux(packet)
+            self._container.close()
+            self.flush(fsync)
+        finally:
+            self._fh.close()
+
+
+class SegmentVideo:
+    """The video files of one segment directory (``RouteWriter``'s, ``msgs/logfile.py``): the first frame
+    opens ``fcamera.mkv``; a frame of another size or encoding closes it and opens the next
+    (:func:`video_file_name`). Flushes with the logs' policy: every ``every_messages`` frames or
+    ``interval_s`` seconds (``clock``, s), checked on :meth:`add` and :meth:`maybe_flush`."""
+
+    def __init__(
+        self,
+        seg_dir: Path,
+        options: VideoOptions,
+        every_messages: int,
+        interval_s: float,
+        fsync: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.seg_dir = Path(seg_dir)
+        self.options = options
+        self.every_messages, self.interval_s, self.fsync = every_messages, interval_s, fsync
+        self._clock = clock
+        self._writer: VideoWriter | None = None
+        self._files = 0
+        self._pending = 0
+        self._last_flush_s = clock()
+        self.paths: list[Path] = []
+
+    def add(self, width: int, height: int, encoding: str, pixels: np.ndarray, t_ns: int) -> tuple[str, int]:
+        """Encode one frame; returns (file name, frame number). Raises ValueError when the codec cannot
+        store it (nothing is written then) and OSError for a write error."""
+        w = self._writer
+        if w is None or (w.width, w.height, w.encoding) != (width, height, encoding):
+            path = self.seg_dir / video_file_name(self._files)
+            new = VideoWriter(path, width, height, encoding, self.options)  # ValueError: the old file stays open
+            self._files += 1
+            self.paths.append(path)
+            if w is not None:
+                w.close(self.fsync)
+            self._writer = w = new
+        index = w.write(pixels, t_ns)
+        self._pending += 1
+        self.maybe_flush()
+        return w.path.name, index
+
+    def maybe_flush(self) -> None:
+        if self._writer is None or not self._pending:
+            return
+        if self._pending >= self.every_messages or self._clock() - self._last_flush_s >= self.interval_s:
+            self._writer.flush(self.fsync)
+            self._pending = 0
+            self._last_flush_s = self._clock()
+
+    def close(self) -> None:
+        """Close the open file cleanly (encoder drained, cues written). Idempotent."""
+        w, self._writer = self._writer, None
+        if w is not None:
+            w.close(self.fsync)
+
+
+def video_event(event: Any, file: str, index: int, options: VideoOptions) -> bytes:
+    """The bytes of the ``cameraFrame`` Event ``event`` as logged with its pixels in a video: every field
+    kept (``buffer`` too, when the frame travelled through the ring) except ``data``, which is empty, and
+    ``video`` saying the pixels are frame ``index`` of ``file``. Built afresh, since a Cap'n Proto
+    message keeps the space of a field it no longer points to."""
+    d = event.to_dict()
+    cf = d["cameraFrame"]
+    cf.pop("data", None)
+    cf["video"] = {"file": file, "index": index, "codec": options.encoder, "lossless": options.lossless}
+    return bytes(log.Event.new_message(**d).to_bytes())
+
+
+# ---------------------------------------------------------------- reading
+
+
+class _VideoFile:
+    """Sequential decoder of one video file; frames asked for in increasing order are decoded once."""
+
+    def __init__(self, path: Path, width: int, height: int, encoding: str) -> None:
+        self.path = path
+        self.width, self.height, self.encoding = width, height, encoding
+        self.shape = frame_shape(height, width, encoding)
+        self.frame_bytes = int(np.prod(self.shape))
+        self.ended_at: int | None = None  # frames in the file, once its end (or damage) was met
+        self.end_reason = ""
+        self._container: Any = None
+        self._frames: Any = None
+        self._next = 0
+        self._fh: IO[bytes] | None = None
+        self._open()
+
+    def _fail(self, index: int, problem: str) -> VideoFrameError:
+        return VideoFrameError(str(self.path), index, problem)
+
+    def _open(self) -> None:
+        self.close()
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise self._fail(0, "missing: the log names a video file that is not in the segment directory") from None
+        except OSError as e:
+            raise self._fail(0, f"cannot be opened ({e.strerror}); a symlink is never followed") from None
+        fh = os.fdopen(fd, "rb")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            fh.close()
+            raise self._fail(0, "is not a regular file")
+        try:
+            container = av.open(fh, "r", format="matroska")
+        except (av.FFmpegError, ValueError, OSError) as e:
+            fh.close()
+            raise self._fail(0, f"not a readable Matroska file ({e})") from None
+        try:
+            if not container.streams.video:
+                raise self._fail(0, "holds no video stream")
+            stream = container.streams.video[0]
+            ctx = stream.codec_context
+            if ctx.name not in _DECODERS:
+                raise self._fail(0, f"codec {ctx.name!r} is not one chestnut record writes ({', '.join(_DECODERS)})")
+            if (ctx.width, ctx.height) != (self.width, self.height):
+                raise self._fail(
+                    0, f"the stream is {ctx.width}x{ctx.height}, the log says {self.width}x{self.height} (WxH)"
+                )
+        except BaseException:
+            container.close()
+            fh.close()
+            raise
+        self._fh, self._container, self._next = fh, container, 0
+        self._frames = self._decode(stream)
+
+    def _decode(self, stream: Any) -> Any:
+        limit = packet_limit(self.frame_bytes)
+        for packet in self._container.demux(stream):
+            if packet.size > limit:
+                raise ValueError(f"a packet of {packet.size} bytes (at most {limit} for this frame size)")
+            yield from packet.decode()
+
+    def frame(self, index: int) -> np.ndarray:
+        """Frame ``index`` (from 0) as a uint8 array of ``frame_shape``; raises VideoFrameError."""
+        if self.ended_at is not None and index >= self.ended_at:
+            raise self._fail(index, self.end_reason)
+        if index < self._next or self._frames is None:
+            self._open()
+        while True:
+            try:
+                frame = next(self._frames)
+            except StopIteration:
+                self._end(f"the file ends after {self._next} frame(s) (truncated: the logger was killed?)")
+                raise self._fail(index, self.end_reason) from None
+            except (av.FFmpegError, ValueError, OSError) as e:
+                self._end(f"unreadable after {self._next} frame(s): {e}")
+                raise self._fail(index, self.end_reason) from None
+            n = self._next
+            self._next += 1
+            if n == index:
+                return self._pixels(frame, index)
+
+    def _end(self, reason: str) -> None:
+        self.ended_at, self.end_reason = self._next, reason
+        self._frames = None
+
+    def _pixels(self, frame: Any, index: int) -> np.ndarray:
+        if (frame.width, frame.height) != (self.width, self.height):
+            raise self._fail(index, f"decoded {frame.width}x{frame.height}, the log says {self.width}x{self.height}")
+        if self.encoding == "nv12":
+            return _yuv420p_to_nv12(frame.to_ndarray(format="yuv420p"), self.height, self.width)
+        if self.encoding == "gray8":
+            return frame.to_ndarray(format="gray").reshape(self.shape).copy()
+        fmt = "rgb24" if self.encoding == "rgb888" else "bgr24"
+        return np.ascontiguousarray(frame.to_ndarray(format=fmt)).reshape(self.shape)
+
+    def close(self) -> None:
+        if self._frames is not None:
+            self._frames.close()
+            self._frames = None
+        if self._container is not None:
+            self._container.close()
+            self._container = None
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+class LoggedFrames:
+    """Pixels of the ``cameraFrame`` messages of one log segment (``seg_dir``: the directory of its rlog).
+
+    :meth:`read` returns a uint8 array of ``msgs/frames.py`` ``frame_shape`` ([H, W, 3]; [H, W, 1] for
+    ``gray8``; [H * 3/2, W, 1] for ``nv12``) for a frame logged either way: decoded from its video file
+    (``video`` set), or ``frame_to_array``'s. Raises :class:`VideoFrameError` (see the module doc) and
+    ``frame_to_array``'s ValueError. At most :data:`OPEN_FILES` files are open at once.
+    """
+
+    OPEN_FILES = 2
+
+    def __init__(self, seg_dir: Path | str | None) -> None:
+        self.seg_dir = None if seg_dir is None else Path(seg_dir)
+        self._files: dict[str, _VideoFile] = {}
+        self._failed: dict[str, str] = {}  # file name -> why it cannot be opened
+
+    @staticmethod
+    def in_video(cf: Any) -> bool:
+        return bool(cf._has("video")) and len(cf.data) == 0
+
+    def read(self, cf: Any) -> np.ndarray:
+        if not self.in_video(cf):
+            return frame_to_array(cf)
+        ref = cf.video
+        name, index = str(ref.file), int(ref.index)
+        if not _VIDEO_FILE_RE.fullmatch(name):
+            raise VideoFrameError(
+                f"cameraFrame {cf.frameId}: video file {name!r}",
+                index,
+                "not a name chestnut record writes (fcamera.mkv, fcamera-<n>.mkv); the log was not written by it",
+            )
+        width, height, encoding = int(cf.width), int(cf.height), str(cf.encoding)
+        where = (self.seg_dir or Path(".")) / name
+        h, w, c = frame_shape(height, width, encoding)
+        if h * w * c > FRAME_MAX_BYTES:
+            raise VideoFrameError(
+                str(where),
+                index,
+                f"{width}x{height} {encoding} is {h * w * c} bytes, over the {FRAME_MAX_BYTES}-byte frame bound "
+                "(msgs/services.py FRAME_MAX_BYTES); refused",
+            )
+        if name in self._failed:
+            raise VideoFrameError(str(where), index, self._failed[name])
+        video = self._files.get(name)
+        if video is not None and (video.width, video.height, video.encoding) != (width, height, encoding):
+            raise VideoFrameError(
+                str(where),
+                index,
+                f"the log says {width}x{height} {encoding}, its earlier frames {video.width}x{video.height} "
+                f"{video.encoding}",
+            )
+        if video is None:
+            while len(self._files) >= self.OPEN_FILES:
+                self._files.pop(next(iter(self._files))).close()
+            try:
+                video = _VideoFile(where, width, height, encoding)
+            except VideoFrameError as e:
+                self._failed[name] = e.problem
+                raise VideoFrameError(str(where), index, e.problem) from None
+            self._files[name] = video
+        return video.frame(index)
+
+    def close(self) -> None:
+        for video in self._files.values():
+            video.close()
+        self._files.clear()
+
+    def __enter__(self) -> LoggedFrames:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
