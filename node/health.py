@@ -43,11 +43,14 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+import numpy as np
+
 from chestnut.backend.classify import diagnose
 from chestnut.backend.errors import LAYER_ERRORS, ChestnutError, Layer
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, StepResult
 from chestnut.backend.real_runner import COPY_STATS_KEY
 from chestnut.backend.retry import STATS_KEY
+from chestnut.backend.stages import STAGE_NAMES, STAGES, StageTimes
 from chestnut.node.supervisor import Source
 from chestnut.node.validity import ValidityReport
 from chestnut.node.watchdog import ActionKind, WatchdogAction
@@ -497,6 +500,109 @@ def evidence_from_copy_timing(stats: Mapping[str, Any], fresh_ms: float = PROBE_
             else "no copy rated yet")
     fence = f", fences within {float(fence_ms):.0f} ms" if fence_ms is not None else ""
     return ev(Level.OK, what + fence)
+
+
+FRAME_PERIOD_S = 0.05
+"""The frame period the stage budget shares out: 20 Hz, openpilot modeld's model rate (``MODEL_FREQ``), 50 ms."""
+
+STAGE_SHARES: Mapping[str, float] = {"copy_in": 0.4, "compute": 0.4, "copy_out": 0.2}
+"""Each stage's share of :data:`FRAME_PERIOD_S`. The node runs one frame at a time, so the three stages
+share one frame period and the shares add up to 1. copy-in 0.4 (20 ms): openpilot#38862's dock spent
+~22 ms of the 50 ms frame on the USB copy alone and showed "Driving Model Lagging", so that copy is over
+budget here; compute 0.4 (20 ms): the same share for the model itself; copy-out 0.2 (10 ms): a model's
+outputs are no larger than its inputs, and tinygrad 0.14's copy-out path is the slower of the two
+(``AMDAllocator._copyout``, ``README.md`` "Measured")."""
+
+STAGE_LAYERS: Mapping[str, Layer] = {"copy_in": Layer.USB, "compute": Layer.GPU, "copy_out": Layer.USB}
+"""The layer that owns each stage: the copies cross the USB link, the compute is the GPU's."""
+
+STAGE_WINDOW = 20  # frames the budget speaks for: 1 s at 20 Hz, the layers' stale_after_ms
+STAGE_MIN_FRAMES = 5  # fewer recent frames than this are not judged (one slow frame is not a slow stage)
+STAGE_MAX_AGE_S = 2.0  # frames older than this leave the window (a primary that served again after a gap)
+STAGE_SOURCE = "stage_budget"  # the Evidence.source of the stage budget's conditions
+
+
+@dataclass(frozen=True)
+class StageVerdict:
+    """One stage over the window: ``p50_s`` (median, s), ``budget_s``, ``frames`` judged, ``over``."""
+
+    stage: str
+    p50_s: float
+    budget_s: float
+    frames: int
+
+    @property
+    def over(self) -> bool:
+        return self.p50_s > self.budget_s
+
+    def describe(self, frame_period_s: float) -> str:
+        """E.g. ``"copy-in p50 31.2 ms > 20 ms budget of 50 ms frame"`` (``<=`` when within it)."""
+        op = ">" if self.over else "<="
+        return (f"{STAGE_NAMES[self.stage]} p50 {self.p50_s * 1e3:.1f} ms {op} {self.budget_s * 1e3:g} ms budget "
+                f"of {frame_period_s * 1e3:g} ms frame")
+
+
+class StageBudget:
+    """The per-stage time budget of the primary: *slow but alive* before deadlines are missed.
+
+    :meth:`observe` takes one frame's :class:`~chestnut.backend.stages.StageTimes` (s) and returns the
+    evidence for the layers that own the stages (:data:`STAGE_LAYERS`): per stage, the median of the
+    last ``window`` frames (at most ``max_age_s`` old, at least ``min_frames`` of them) against its share
+    of the frame (:data:`STAGE_SHARES` of ``frame_period_s``). A stage over budget makes its layer WARN
+    with a reason naming the stage, its median and its budget (tags ``slow_copy_in``, ``slow_compute``,
+    ``slow_copy_out``); within budget it is OK. Medians, not one sample: one slow frame on a busy host
+    is not a slow stage. The conditions' source is :data:`STAGE_SOURCE`, so a WARN holds while the
+    window says so and clears with the layer's hysteresis once the median is back under (module doc).
+    WARN never fails the primary over: deadline misses and errors do that. Pure: no clock of its own.
+    Raises ``ValueError`` for a share outside (0, 1], a period or window that is not positive.
+    """
+
+    def __init__(self, frame_period_s: float = FRAME_PERIOD_S, shares: Mapping[str, float] | None = None,
+                 window: int = STAGE_WINDOW, min_frames: int = STAGE_MIN_FRAMES,
+                 max_age_s: float = STAGE_MAX_AGE_S) -> None:
+        shares = dict(STAGE_SHARES if shares is None else shares)
+        if set(shares) != set(STAGES) or not all(0 < v <= 1 for v in shares.values()):
+            raise ValueError(f"stage shares must give each of {', '.join(STAGES)} a share in (0, 1]: {shares}")
+        if not frame_period_s > 0 or window < 1 or not 1 <= min_frames <= window or not max_age_s > 0:
+            raise ValueError("frame_period_s and max_age_s must be > 0, 1 <= min_frames <= window")
+        self.frame_period_s, self.shares = frame_period_s, shares
+        self.window, self.min_frames, self.max_age_ns = window, min_frames, int(max_age_s * 1e9)
+        self.samples: list[tuple[int, StageTimes]] = []
+
+    def budget_s(self, stage: str) -> float:
+        return self.shares[stage] * self.frame_period_s
+
+    def verdicts(self, now_ns: int) -> list[StageVerdict]:
+        """Each stage over the current window, in :data:`STAGES` order; [] with too few recent frames."""
+        recent = [st for t, st in self.samples if now_ns - t <= self.max_age_ns]
+        if len(recent) < self.min_frames:
+            return []
+        return [StageVerdict(s, float(np.median([getattr(st, s) for st in recent])), self.budget_s(s), len(recent))
+                for s in STAGES]
+
+    def observe(self, stages: StageTimes, now_ns: int) -> list[Evidence]:
+        """Add one frame's stage times at ``now_ns`` (CLOCK_MONOTONIC ns); the evidence per owning layer
+        (usb, then gpu), none while the window holds fewer than ``min_frames`` recent frames."""
+        self.samples = [*self.samples[-(self.window - 1):], (now_ns, stages)]
+        verdicts = self.verdicts(now_ns)
+        out = []
+        for layer in (Layer.USB, Layer.GPU):
+            mine = [v for v in verdicts if STAGE_LAYERS[v.stage] is layer]
+            if not mine:
+                continue
+            over = [v for v in mine if v.over]
+            shown = over or mine
+            text = "; ".join(v.describe(self.frame_period_s) for v in shown)
+            frames = f" (median of the last {mine[0].frames} frames)"
+            if over:
+                out.append(Evidence(layer, Level.WARN, f"slow but alive: {text}{frames}",
+                                    tag=f"slow_{over[0].stage}", source=STAGE_SOURCE))
+            else:
+                out.append(Evidence(layer, Level.OK, f"within budget: {text}{frames}", source=STAGE_SOURCE))
+        return out
+
+    def reset(self) -> None:
+        self.samples = []
 
 
 def evidence_from_observation(obs: DockObservation, fresh_ms: float = PROBE_FRESH_MS) -> list[Evidence]:

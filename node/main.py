@@ -62,6 +62,7 @@ import zmq
 from chestnut.backend.errors import ChestnutError, ConfigError, Layer, ModelError
 from chestnut.backend.interface import ModelSpec, StepResult
 from chestnut.backend.jitcache import JitCache
+from chestnut.backend.stages import StageTimes
 from chestnut.fallback.standby import FallbackModel
 from chestnut.msgs.frames import CAMERA_RESTART_MIN_STEP
 from chestnut.msgs.messaging import PubMaster, SubMaster, drain_sock, new_message, sub_sock
@@ -74,6 +75,7 @@ from chestnut.node.health import (
     Evidence,
     HealthMonitor,
     Level,
+    StageBudget,
     chestnut_active,
     evidence_from_error,
     evidence_from_ladder,
@@ -233,11 +235,23 @@ class _StopDuringStart(Exception):
 @dataclass
 class FrameResult:
     """One frame's published answer (:class:`~chestnut.node.policy.Answer`), whether the primary missed the
-    frame's deadline, and the primary's output checks (None when it gave no output)."""
+    frame's deadline, the primary's output checks (None when it gave no output) and the primary's stage
+    times (s, None unless it gave an output and its runner times its stages)."""
 
     answer: Answer
     deadline_missed: bool = False
     report: ValidityReport | None = None
+    stages: StageTimes | None = None
+
+
+def published_stages(r: FrameResult) -> StageTimes:
+    """The stage times ``modelOutput`` carries for ``r``: the primary's own when it served and timed them;
+    else the serving model's run time as compute with no copies (the fallback runs in the node's memory;
+    a runner that does not time its stages counts all of its time as compute); zeros when none served."""
+    a = r.answer
+    if a.source is Source.PRIMARY and r.stages is not None:
+        return r.stages
+    return StageTimes(compute=max(0.0, float(a.exec_s)))
 
 
 @dataclass
@@ -266,6 +280,7 @@ class Node:
         self.primary_model_id = self._read_primary_model_id()
         self.fallback: FallbackModel | None = None
         self.health = HealthMonitor()
+        self.stage_budget = StageBudget()  # the primary's copy-in / compute / copy-out against the frame
         t = cfg.timing
         self.watchdog = Watchdog(WatchdogConfig(frame_deadline_ms=t.deadline_ms,
                                                 wait_timeout_ms=cfg.dock.wait_timeout_ms,
@@ -697,7 +712,8 @@ class Node:
             report = check_outputs(res.outputs, self.contracts, input_fp=input_fp, stale=self.stale,
                                    reference=agreement_reference(fallback))
             self.miss_run = 0
-            self._apply_health(evidence_from_run(res.exec_time_s * 1e3) + [evidence_from_validity(report)], now)
+            slow = self.stage_budget.observe(res.stages, now) if res.stages is not None else []
+            self._apply_health(evidence_from_run(res.exec_time_s * 1e3) + [evidence_from_validity(report)] + slow, now)
             vote = shadow_vote(report)
             if self.sup.state in (State.SHADOWING, State.AWAITING_SWITCH) and vote is not None:
                 self._perform_all(self.sup.shadow(vote, now, report.reason))
@@ -707,7 +723,7 @@ class Node:
         if fallback is None and not primary_serves(self.sup.serving, primary):
             fallback = self._run_fallback(inputs, input_fp)
         answer = choose_answer(self.sup.serving, self.sup.reason, primary, fallback, outcome.why)
-        return FrameResult(answer, outcome.missed, report)
+        return FrameResult(answer, outcome.missed, report, res.stages if res is not None and res.ok else None)
 
     def _primary_missed(self, frame_id: int, why: str, evidence: bool) -> None:
         """One frame the primary did not answer in time. Counts towards ``timing.miss_run``, which fails
@@ -784,6 +800,7 @@ class Node:
             mo.primaryAgrees = r.report.primary_agrees
             mo.maxAbsDiff = float(r.report.max_abs_diff)
         mo.reason = a.reason
+        mo.copyInTime, mo.computeTime, mo.copyOutTime = published_stages(r).as_list()
         self.pm.send("modelOutput", msg)
         self.frames_out += 1
 

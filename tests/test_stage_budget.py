@@ -1,0 +1,355 @@
+"""The per-stage time budget: copy-in, compute and copy-out per frame, published in ``modelOutput`` and
+rated against their shares of the 50 ms frame (``node/health.py`` ``StageBudget``, ``docs/health.md``).
+
+Contract: the worker carries a runner's stage times back exactly; the node publishes the primary's,
+and the fallback's run time as compute with no copies; a stage whose median over the last frames is
+over its budget makes the layer that owns it WARN with a reason naming the stage, its median and its
+budget ("slow but alive"), one slow frame does not, and back under budget the layer is OK again after
+the layer's hysteresis; the WARN clears ``ChestnutActive`` (as any WARN does) but never fails the
+primary over. With real processes: a twin whose GPU starts every unit of work late (``slow_gpu``) turns
+usb WARN naming copy-in and gpu WARN naming compute while the primary still answers every frame in
+time, and both OK after the fault is cleared.
+
+The runner the worker loads from this file (``KnownStagesRunner``) reports stage times it is given;
+nothing here asserts a duration, only levels, reasons and the values that were reported.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from chestnut.backend.errors import Layer
+from chestnut.backend.interface import DockObservation, LadderReport, ModelSpec
+from chestnut.backend.ladder import LadderConfig
+from chestnut.backend.model import TensorSpec
+from chestnut.backend.stages import StageClock, StageTimes
+from chestnut.node.health import (
+    FRAME_PERIOD_S,
+    STAGE_SHARES,
+    STAGE_SOURCE,
+    Evidence,
+    HealthMonitor,
+    Level,
+    StageBudget,
+    chestnut_active,
+    evidence_from_run,
+)
+from chestnut.node.main import FrameResult, published_stages
+from chestnut.node.policy import Answer
+from chestnut.node.runner_loader import RunnerSpec
+from chestnut.node.supervisor import Source
+from chestnut.node.wire import result_payload, stages_from_payload
+from chestnut.node.worker_handle import WorkerHandle
+
+HERE = Path(__file__).resolve()
+MS = 1_000_000  # ns
+FAST = StageTimes(0.0012, 0.0030, 0.0004)
+SLOW_IN = StageTimes(0.0312, 0.0030, 0.0004)
+
+
+def feed(budget: StageBudget, health: HealthMonitor, stages: StageTimes, n: int, t_ns: int) -> int:
+    """``n`` frames 50 ms apart from ``t_ns``, each a completed run plus the budget's evidence; the next time."""
+    for _ in range(n):
+        ok = Evidence(Layer.OUTPUT, Level.OK, "output valid")
+        health.apply([*evidence_from_run(stages.total * 1e3), ok, *budget.observe(stages, t_ns)], t_ns)
+        t_ns += 50 * MS
+    return t_ns
+
+
+# ---------------------------------------------------------------- the budget, pure
+def test_the_budgets_are_shares_of_the_50_ms_frame_that_add_up_to_it() -> None:
+    b = StageBudget()
+    assert FRAME_PERIOD_S == 0.05 and sum(STAGE_SHARES.values()) == pytest.approx(1.0)
+    assert [round(b.budget_s(s) * 1e3, 6) for s in ("copy_in", "compute", "copy_out")] == [20.0, 20.0, 10.0]
+    with pytest.raises(ValueError, match="stage shares"):
+        StageBudget(shares={"copy_in": 0.5, "compute": 0.5})
+    with pytest.raises(ValueError, match="min_frames"):
+        StageBudget(window=4, min_frames=5)
+
+
+def test_a_slow_copy_in_is_a_usb_warn_naming_the_stage_its_median_and_its_budget() -> None:
+    b = StageBudget()
+    assert [b.observe(SLOW_IN, i * 50 * MS) for i in range(4)] == [[], [], [], []]  # fewer than 5 frames: no verdict
+    usb, gpu = b.observe(SLOW_IN, 4 * 50 * MS)
+    assert usb == Evidence(Layer.USB, Level.WARN, "slow but alive: copy-in p50 31.2 ms > 20 ms budget of 50 ms frame "
+                           "(median of the last 5 frames)", tag="slow_copy_in", source=STAGE_SOURCE)
+    assert gpu == Evidence(Layer.GPU, Level.OK, "within budget: compute p50 3.0 ms <= 20 ms budget of 50 ms frame "
+                           "(median of the last 5 frames)", source=STAGE_SOURCE)
+
+
+def test_a_slow_compute_is_a_gpu_warn_and_both_copies_over_are_named_together() -> None:
+    b = StageBudget()
+    for i in range(5):
+        ev = b.observe(StageTimes(0.025, 0.0405, 0.0125), i * 50 * MS)
+    usb, gpu = ev
+    assert (usb.level, usb.tag, usb.reason) == (
+        Level.WARN, "slow_copy_in", "slow but alive: copy-in p50 25.0 ms > 20 ms budget of 50 ms frame; copy-out p50 "
+        "12.5 ms > 10 ms budget of 50 ms frame (median of the last 5 frames)")
+    assert (gpu.layer, gpu.level, gpu.tag, gpu.reason) == (
+        Layer.GPU, Level.WARN, "slow_compute",
+        "slow but alive: compute p50 40.5 ms > 20 ms budget of 50 ms frame (median of the last 5 frames)")
+
+
+def test_one_slow_frame_is_not_a_slow_stage() -> None:
+    b = StageBudget()
+    for i in range(19):
+        b.observe(FAST, i * 50 * MS)
+    usb, gpu = b.observe(StageTimes(0.5, 0.5, 0.5), 19 * 50 * MS)
+    assert (usb.level, gpu.level) == (Level.OK, Level.OK)
+    assert usb.reason == ("within budget: copy-in p50 1.2 ms <= 20 ms budget of 50 ms frame; copy-out p50 0.4 ms "
+                          "<= 10 ms budget of 50 ms frame (median of the last 20 frames)")
+
+
+def test_frames_older_than_the_window_age_are_not_judged() -> None:
+    b = StageBudget()
+    for i in range(10):
+        b.observe(SLOW_IN, i * 50 * MS)
+    # the primary served again after a 5 s gap: the old slow frames are gone, one new frame is no verdict
+    assert b.observe(FAST, 5_000 * MS + 9 * 50 * MS) == []
+
+
+def test_the_usb_layer_is_warn_while_frames_complete_and_ok_again_after_the_window_clears() -> None:
+    h, b = HealthMonitor(), StageBudget()
+    t = feed(b, h, FAST, 20, 0)
+    assert h.status(Layer.USB).level is Level.OK and chestnut_active(h, Source.PRIMARY) == (True, "all layers OK")
+    t = feed(b, h, SLOW_IN, 10, t)  # 10 of 20 slow: the median is still under budget
+    assert h.status(Layer.USB).level is Level.OK
+    t = feed(b, h, SLOW_IN, 1, t)  # 11 of 20: over
+    usb = h.status(Layer.USB)
+    assert (usb.level, usb.reason) == (Level.WARN, "slow but alive: copy-in p50 31.2 ms > 20 ms budget of 50 ms "
+                                       "frame (median of the last 20 frames)")
+    assert usb.counters["slow_copy_in"] == 1 and usb.counters["faults"] == 0
+    assert h.status(Layer.GPU).level is Level.OK
+    # a WARN clears ChestnutActive, as a USB 2 link's WARN does; it is no fault: the primary keeps serving
+    assert chestnut_active(h, Source.PRIMARY) == (False, f"usb WARN: {usb.reason}")
+    t = feed(b, h, SLOW_IN, 9, t)  # every frame slow: still WARN, the completed runs do not mask it
+    assert h.status(Layer.USB).level is Level.WARN
+    t = feed(b, h, FAST, 9, t)  # 9 fast of 20: the median is still a slow frame's
+    assert h.status(Layer.USB).level is Level.WARN
+    t = feed(b, h, FAST, 2, t)  # 10 and 11 fast: the median is under budget, but the WARN holds (hysteresis)
+    assert h.status(Layer.USB).level is Level.WARN
+    t = feed(b, h, FAST, 1, t)  # the 3rd OK from the budget in a row (recover_after): OK
+    usb = h.status(Layer.USB)
+    assert (usb.level, usb.reason) == (Level.OK, "transfers complete")
+    assert chestnut_active(h, Source.PRIMARY) == (True, "all layers OK")
+    assert usb.counters["slow_copy_in"] == 1 + 9 + 9
+
+
+def test_the_budget_warn_expires_when_the_primary_stops_answering() -> None:
+    """While the fallback serves there is no stage evidence: the condition stops being current (1 s)."""
+    h, b = HealthMonitor(), StageBudget()
+    t = feed(b, h, SLOW_IN, 20, 0)
+    assert h.status(Layer.USB).level is Level.WARN
+    h.apply([Evidence(Layer.USB, Level.OK, "dock enumerated", source="probe", fresh_ms=2500.0)], t + 1_100 * MS)
+    assert h.status(Layer.USB).level is Level.OK
+
+
+# ---------------------------------------------------------------- the wire and what is published
+def test_stage_times_cross_the_wire_exactly_and_a_bad_payload_is_a_protocol_error() -> None:
+    st = StageTimes(0.0312, 0.0041, 0.0007)
+    assert stages_from_payload(result_payload(st)) == st
+    assert result_payload(None) == b"" and stages_from_payload(b"") is None
+    for bad in (b'{"stages": [1, 2]}', b'{"stages": [0.1, -0.2, 0.3]}', b'{"stage": []}', b'[1, 2, 3]',
+                b'{"stages": [0.1, true, 0.3]}', b'{"stages": [0.1, NaN, 0.3]}'):
+        with pytest.raises(ValueError):
+            stages_from_payload(bad)
+
+
+def test_the_primary_publishes_its_stages_and_the_fallback_its_run_time_as_compute() -> None:
+    st = StageTimes(0.0312, 0.0041, 0.0007)
+    primary = FrameResult(Answer(Source.PRIMARY, {}, 0.036, True, ""), stages=st)
+    assert published_stages(primary) == st
+    fallback = FrameResult(Answer(Source.FALLBACK, {}, 0.0031, True, "fallback serving"), stages=None)
+    assert published_stages(fallback) == StageTimes(0.0, 0.0031, 0.0)
+    untimed = FrameResult(Answer(Source.PRIMARY, {}, 0.002, True, ""))  # a runner that does not time its stages
+    assert published_stages(untimed) == StageTimes(0.0, 0.002, 0.0)
+    assert published_stages(FrameResult(Answer(Source.NONE, None, 0.0, False, "bad frame"))) == StageTimes()
+
+
+def test_the_stage_clock_sums_the_parts_of_a_stage_and_forgets_a_failed_run() -> None:
+    c = StageClock()
+    c.begin()
+    c.add("copy_in", 0.25)
+    c.add("copy_in", 0.5)
+    c.add("compute", 0.125)
+    assert c.end() == StageTimes(0.75, 0.125, 0.0) == c.last
+    c.begin()
+    c.add("copy_in", 0.25)  # the run raised before end(): nothing to report
+    assert c.last is None
+
+
+# ---------------------------------------------------------------- through the worker process
+X_SPEC = TensorSpec("x", (2,), "float32")
+Y_SPEC = TensorSpec("y", (2,), "float32")
+
+
+class KnownStagesRunner:
+    """x float32[2] -> y = x; the stage times it reports are x[0], x[1] and 0.0007 s (it takes none of
+    them); x[0] = -1 raises."""
+
+    kind = "known-stages"
+
+    def __init__(self) -> None:
+        self.stages = StageClock()
+
+    def qualify(self) -> LadderReport:
+        return LadderReport([])
+
+    def load(self, model: ModelSpec) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+        return (X_SPEC,), (Y_SPEC,)
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        x = inputs["x"]
+        self.stages.begin()
+        if float(x[0]) == -1.0:
+            raise ValueError("no stages for this one")
+        self.stages.add("copy_in", float(x[0]))
+        self.stages.add("compute", float(x[1]))
+        self.stages.add("copy_out", 0.0007)
+        self.stages.end()
+        return {"y": x.copy()}
+
+    def probe(self) -> DockObservation:
+        return DockObservation(True, (0xADD1, 0x0001), (4, 7), 5000, 0, 0x78)
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_worker_carries_the_runners_stage_times_back_exactly() -> None:
+    h = WorkerHandle()
+    h.start(RunnerSpec(f"{HERE}:KnownStagesRunner"), ModelSpec(Path("known.onnx"), "known"),
+            LadderConfig(require_fingerprint=False))
+    try:
+        deadline = time.monotonic() + 60
+        while not h.poll_ready():
+            assert h.start_error is None, h.start_error
+            assert time.monotonic() < deadline, "worker not ready in time"
+            select.select([h], [], [], 0.1)
+        got = []
+        for seq, x in enumerate(([0.0312, 0.0041], [0.25, 1.5], [-1.0, 0.0]), start=1):
+            h.submit(seq, {"x": np.array(x, np.float32)})
+            r = h.poll_result(timeout_s=30)
+            assert r is not None and r.seq == seq
+            got.append((r.ok, r.stages))
+    finally:
+        h.stop()
+    f32 = [float(np.float32(v)) for v in (0.0312, 0.0041)]
+    assert got == [(True, StageTimes(f32[0], f32[1], 0.0007)), (True, StageTimes(0.25, 1.5, 0.0007)), (False, None)]
+
+
+# ---------------------------------------------------------------- the node on the twin
+SLOW_GPU_MS = 25.0  # each unit of work starts this late: one copy-in chunk, OP_RUN, one copy-out piece
+
+
+class Taps:
+    """The node's modelOutput and chestnutHealth, with stage times and counters (the test's own subscribers)."""
+
+    def __init__(self, prefix: str) -> None:
+        import zmq
+
+        from chestnut.msgs.messaging import sub_sock
+
+        self.poller = zmq.Poller()
+        self.socks = {s: sub_sock(s, self.poller, prefix=prefix) for s in ("modelOutput", "chestnutHealth")}
+        self.outputs: list[dict[str, Any]] = []
+        self.health: list[dict[str, tuple[str, str, dict[str, int]]]] = []
+
+    def pump(self) -> None:
+        from chestnut.msgs.messaging import drain_sock
+
+        self.poller.poll(50)
+        for ev in drain_sock(self.socks["modelOutput"]):
+            m = ev.modelOutput
+            self.outputs.append({"frame": int(m.frameId), "source": str(m.source), "missed": bool(m.deadlineMissed),
+                                 "stages": (m.copyInTime, m.computeTime, m.copyOutTime), "exec": m.executionTime})
+        for ev in drain_sock(self.socks["chestnutHealth"]):
+            self.health.append({str(la.layer): (str(la.level), str(la.reason), {c.name: int(c.value)
+                                                                                for c in la.counters})
+                                for la in ev.chestnutHealth.layers})
+
+    def wait(self, pred: Any, timeout_s: float, what: str, log: Any) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.pump()
+            got = pred(self)
+            if got:
+                return got
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{log()}")
+
+    def close(self) -> None:
+        for s in self.socks.values():
+            s.close(linger=0)
+
+
+def _levels(t: Taps) -> tuple[str, str] | None:
+    if not t.health:
+        return None
+    last = t.health[-1]
+    return last["usb"][0], last["gpu"][0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_slow_dock_is_usb_and_gpu_warn_naming_the_stages_while_the_primary_answers_in_time(
+        tmp_path: Path) -> None:
+    sys.path.insert(0, str(HERE.parent))
+    from nodeharness import Bus, NodeProcess, record_fingerprint, write_node_config
+    from tinymodel import make_tiny_onnx
+
+    from chestnut.backend.sim.client import TwinDaemon
+    from chestnut.msgs.paths import runtime_dir
+
+    # an 8x16 model: its 1.5 KB input and 128 B output are below the copy timer's rated size (4096 bytes),
+    # so the usb layer's reason is the stage budget's alone
+    model = make_tiny_onnx(tmp_path / "tiny8x16.onnx", 8, 16)
+    fp = record_fingerprint(model, tmp_path / "tiny8x16.fingerprint.json")
+    cfg = write_node_config(tmp_path / "node.toml", model, fingerprint=fp, shape=(1, 3, 8, 16),
+                            timing={"deadline_ms": 1000.0, "start_timeout_s": 60.0})
+    prefix = os.environ["CHESTNUT_PREFIX"]
+    twin = TwinDaemon(prefix).start()
+    client = twin.client()
+    bus = Bus(prefix, height=8, width=16, rate_hz=10.0)  # 100 ms apart: three 25 ms late units fit between
+    bus.start()
+    node = NodeProcess(cfg, prefix, tmp_path / "node.log").start()
+    taps = Taps(prefix)
+    try:
+        taps.wait(lambda t: _levels(t) == ("ok", "ok") and len(t.outputs) > 5 and t.outputs[-1]["source"] == "primary",
+                  90, "the primary serving with usb and gpu OK", node.log_tail)
+        client.fault("slow_gpu", delay_ms=SLOW_GPU_MS)
+        n_before = len(taps.outputs)
+        taps.wait(lambda t: _levels(t) == ("warn", "warn"), 60, "usb and gpu WARN", node.log_tail)
+        usb_level, usb_reason, usb_counters = taps.health[-1]["usb"]
+        gpu_level, gpu_reason, gpu_counters = taps.health[-1]["gpu"]
+        assert usb_reason.startswith("slow but alive: copy-in p50 ") and " ms > 20 ms budget of 50 ms frame" in (
+            usb_reason), usb_reason
+        assert gpu_reason.startswith("slow but alive: compute p50 ") and " ms > 20 ms budget of 50 ms frame" in (
+            gpu_reason), gpu_reason
+        assert usb_counters["slow_copy_in"] >= 1 and gpu_counters["slow_compute"] >= 1
+        assert usb_counters["faults"] == 0 and gpu_counters["faults"] == 0
+        during = taps.outputs[n_before:]
+        # slow but alive: every frame still answered by the primary, none past its deadline
+        assert during and {(o["source"], o["missed"]) for o in during} == {("primary", False)}, during[-3:]
+        # a late-starting unit of work is at least that late: the published stages carry it
+        assert all(o["stages"][0] >= SLOW_GPU_MS / 1e3 for o in during[-3:]), during[-3:]
+        client.clear()
+        taps.wait(lambda t: _levels(t) == ("ok", "ok"), 60, "usb and gpu OK after the fault", node.log_tail)
+        assert taps.health[-1]["usb"][1] != usb_reason
+        assert "primary_fault" not in node.log_tail(200_000)
+    finally:
+        taps.close()
+        bus.close()
+        node.kill()
+        client.close_connection()
+        twin.stop()
+        shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
