@@ -17,6 +17,7 @@ import numpy as np
 
 from chestnut.backend.errors import Layer
 from chestnut.backend.model import TensorSpec
+from chestnut.backend.warp import WarpSpec
 
 
 class StepResult(StrEnum):
@@ -66,12 +67,17 @@ class LadderReport:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What to load: an ONNX file, a display name, fixed input shapes, and the recorded warm-up fingerprint."""
+    """What to load: an ONNX file, a display name, fixed input shapes, the recorded warm-up fingerprint, and
+    ``warp``: when set, the program on the dock warps the full camera frame to the model's input itself
+    (``backend/warp.py``, ``docs/warp.md``): the runner's input is then the raw frame (uint8
+    ``warp.frame_shape``, named as the model's one input), and ``run()`` also takes the model's own input
+    (the warm-up's fingerprint is recorded on it)."""
 
     path: Path
     name: str
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     fingerprint: dict[str, Any] | None = None  # see chestnut.backend.fingerprint for the format
+    warp: WarpSpec | None = None
 
 
 @dataclass

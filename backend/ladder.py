@@ -430,7 +430,10 @@ def model_steps(runner: Any, spec: ModelSpec, config: LadderConfig | None = None
             fp_seed = int(fp["seed"])
         from chestnut.backend.fingerprint import DEFAULT_SEED
 
-        inputs = fixed_inputs(state["inputs"], fp_seed if fp_seed is not None else DEFAULT_SEED)
+        # a runner whose program warps the frame (ModelSpec.warp) also runs the model on its own input, which
+        # is what the fingerprint was recorded on
+        specs = getattr(runner, "model_inputs", None) or state["inputs"]
+        inputs = fixed_inputs(specs, fp_seed if fp_seed is not None else DEFAULT_SEED)
         outputs = runner.run(inputs)
         for name, a in outputs.items():
             if isinstance(a, np.ndarray) and a.dtype.kind == "f" and not np.isfinite(a).all():

@@ -20,8 +20,13 @@
 - ``load()``: the real ONNX bytes are copied into VRAM chunk by chunk, ``OP_LOAD`` compiles them on
   the twin's GPU (bounded by ``load_timeout_ms``: compiling is slow), the signature is read back and
   checked against the file's sha256, the input/output buffers and the ``OP_RUN`` tensor table are
-  placed in VRAM.
+  placed in VRAM. With ``ModelSpec.warp`` the program image is the ONNX bytes behind the warp's header
+  (``backend/sim/engine.py`` ``warp_program``): program 1 takes the raw frame and warps it on the GPU
+  (``docs/warp.md``), program 2 is the same ONNX bytes alone (the model's own input, for the warm-up's
+  fingerprint); the signature must name the warp asked for.
 - ``run()``: inputs copied in, ``OP_RUN``, outputs copied out; every wait bounded by ``wait_timeout_ms``.
+  ``copy_in_bytes`` is what the last run copied in (with a warp: the full frame, e.g. 3,493,536 bytes for
+  1928x1208 NV12).
 
 Errors are typed (:mod:`chestnut.backend.errors`; tinygrad's messages through
 :func:`~chestnut.backend.classify.classify`). A dock-layer error (USB, PCIe, GPU) is sticky, as tinygrad's
@@ -53,6 +58,7 @@ from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
 from chestnut.backend.model import TensorSpec
 from chestnut.backend.real_runner import COPY_STATS_KEY, CopyTimer, DockLock, check_inputs, dock_lock_path
 from chestnut.backend.retry import STATS_KEY, RetryingUSB3
+from chestnut.backend.sim.engine import warp_program
 from chestnut.backend.stages import StageClock
 from chestnut.msgs.paths import current_prefix
 
@@ -61,6 +67,17 @@ COPY_PROTOCOLS = ("tinygrad", "chestnut")
 LINK_CHECK_TIMEOUT_MS = 100  # the per-frame LTSSM read (openpilot's hardwared reads it with 100 ms timeouts)
 VRAM_ALIGN = 0x1000
 PROGRAM_ID = 1
+MODEL_PROGRAM_ID = 2  # with a warp: the model alone, on its own input (the warm-up's fingerprint)
+
+
+def _matches(specs: tuple[TensorSpec, ...], inputs: dict[str, np.ndarray]) -> bool:
+    """Whether ``inputs`` are exactly ``specs`` (names, shapes, dtypes)."""
+    return set(inputs) == {s.name for s in specs} and all(
+        isinstance(inputs[s.name], np.ndarray)
+        and tuple(inputs[s.name].shape) == s.shape
+        and inputs[s.name].dtype == np.dtype(s.dtype)
+        for s in specs
+    )
 
 
 class VramHeap:
@@ -135,6 +152,10 @@ class TwinRunner:
         self._outputs: tuple[TensorSpec, ...] = ()
         self._buffers: dict[str, tuple[int, int]] = {}
         self._table = 0
+        self.model_inputs: tuple[TensorSpec, ...] = ()  # the model's own inputs (= the inputs without a warp)
+        self._model_buffers: dict[str, tuple[int, int]] = {}
+        self._model_table = 0  # program 2's tensor table (0: no warp)
+        self.copy_in_bytes = 0  # bytes the last run copied in
         self._heap_next = P.VRAM_HEAP_OFFSET  # first VRAM byte past the loaded model's buffers
         self._loaded = False
         self._failed: ChestnutError | None = None
@@ -296,30 +317,30 @@ class TwinRunner:
         if not path.is_file():
             raise ModelError("missing_model", f"model file {path} does not exist")
         onnx_bytes = path.read_bytes()
+        image = onnx_bytes if model.warp is None else warp_program(model.warp, onnx_bytes)
 
         def do() -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
             self._ensure_qualified()
             self._open_data_path()
             assert self.queue is not None
             heap = VramHeap(P.VRAM_HEAP_OFFSET, self._bars.get(0, (0, P.BAR0_VRAM_BYTES_DEFAULT))[1])
-            onnx_off = heap.alloc(len(onnx_bytes))
+            image_off = heap.alloc(len(image))
             sig_off = heap.alloc(SIGNATURE_MAX_BYTES)
-            self._copy_in(onnx_off, onnx_bytes)
-            (seq,) = self.queue.submit(
-                [Packet(P.OP_LOAD, (PROGRAM_ID, *lo_hi(onnx_off), len(onnx_bytes), *lo_hi(sig_off)))]
-            )
-            try:
-                self.queue.wait(seq, f"OP_LOAD of {model.name}", self.load_timeout_ms)
-            except ModelError as e:
-                raise ModelError(e.reason, f"{e.detail}: {self._read_signature(sig_off).get('error', '')}") from e
-            sig = self._read_signature(sig_off)
+            self._copy_in(image_off, image)
             sha = hashlib.sha256(onnx_bytes).hexdigest()
+            sig = self._load_program(model.name, PROGRAM_ID, image_off, len(image), sig_off)
             if sig.get("sha256") != sha:
                 raise GpuLayerError("signature_mismatch", f"the GPU compiled {sig.get('sha256')!r}, the file is {sha}")
+            want_warp = None if model.warp is None else model.warp.to_json()
+            if sig.get("warp") != want_warp:
+                raise GpuLayerError(
+                    "signature_mismatch", f"the GPU's program warps {sig.get('warp')!r}, not {want_warp!r}"
+                )
             self.signature = sig
             ins = tuple(TensorSpec.from_json(d) for d in sig["inputs"])
             outs = tuple(TensorSpec.from_json(d) for d in sig["outputs"])
-            for s in ins:
+            model_ins = tuple(TensorSpec.from_json(d) for d in sig.get("model_inputs", sig["inputs"]))
+            for s in model_ins:
                 want = model.input_shapes.get(s.name)
                 if want is not None and tuple(want) != s.shape:
                     raise ModelError(
@@ -328,16 +349,38 @@ class TwinRunner:
                         f"dock, the model spec asks for {list(want)}",
                     )
             self._buffers = {s.name: (heap.alloc(s.nbytes), s.nbytes) for s in (*ins, *outs)}
-            table = struct.pack("<II", len(ins), len(outs)) + b"".join(
-                struct.pack("<QQ", *self._buffers[s.name]) for s in (*ins, *outs)
-            )
-            self._table = heap.alloc(len(table))
-            self._copy_in(self._table, table)
+            self._table = self._place_table(heap, [self._buffers[s.name] for s in (*ins, *outs)], len(ins), len(outs))
+            self._model_buffers, self._model_table = {}, 0
+            if model.warp is not None:  # program 2: the ONNX bytes inside the image, no second copy
+                onnx_off = image_off + len(image) - len(onnx_bytes)
+                sig2 = self._load_program(model.name, MODEL_PROGRAM_ID, onnx_off, len(onnx_bytes), sig_off)
+                if sig2.get("sha256") != sha or "warp" in sig2:
+                    raise GpuLayerError("signature_mismatch", f"the GPU's model program is {sig2.get('sha256')!r}")
+                self._model_buffers = {s.name: (heap.alloc(s.nbytes), s.nbytes) for s in model_ins}
+                places = [self._model_buffers[s.name] for s in model_ins] + [self._buffers[s.name] for s in outs]
+                self._model_table = self._place_table(heap, places, len(model_ins), len(outs))
             self._heap_next = heap.next
-            self._inputs, self._outputs, self._loaded = ins, outs, True
+            self._inputs, self._outputs, self.model_inputs, self._loaded = ins, outs, model_ins, True
             return ins, outs
 
         return self._guard(do)
+
+    def _load_program(self, name: str, program_id: int, off: int, nbytes: int, sig_off: int) -> dict[str, Any]:
+        """``OP_LOAD`` of the program image at VRAM ``off``; its signature. ModelError when it does not compile."""
+        assert self.queue is not None
+        (seq,) = self.queue.submit([Packet(P.OP_LOAD, (program_id, *lo_hi(off), nbytes, *lo_hi(sig_off)))])
+        try:
+            self.queue.wait(seq, f"OP_LOAD of {name}", self.load_timeout_ms)
+        except ModelError as e:
+            raise ModelError(e.reason, f"{e.detail}: {self._read_signature(sig_off).get('error', '')}") from e
+        return self._read_signature(sig_off)
+
+    def _place_table(self, heap: VramHeap, places: list[tuple[int, int]], n_in: int, n_out: int) -> int:
+        """``OP_RUN``'s tensor table (u32 n_in, n_out; u64 offset, nbytes per tensor) copied into VRAM; its offset."""
+        table = struct.pack("<II", n_in, n_out) + b"".join(struct.pack("<QQ", *p) for p in places)
+        off = heap.alloc(len(table))
+        self._copy_in(off, table)
+        return off
 
     def _read_signature(self, sig_off: int) -> dict[str, Any]:
         n = struct.unpack("<I", self._copy_out(sig_off, 4))[0]
@@ -360,7 +403,10 @@ class TwinRunner:
         self.stages.begin()
         if not self._loaded:
             raise ModelError("not_loaded", "no model is loaded")
-        check_inputs(self._inputs, inputs)
+        specs, buffers, program, table = self._inputs, self._buffers, PROGRAM_ID, self._table
+        if self._model_table and _matches(self.model_inputs, inputs):  # a warped program's model, unwarped
+            specs, buffers, program, table = self.model_inputs, self._model_buffers, MODEL_PROGRAM_ID, self._model_table
+        check_inputs(specs, inputs)
         clock = self.stages.now
 
         def do() -> dict[str, np.ndarray]:
@@ -368,11 +414,13 @@ class TwinRunner:
             if self.tinygrad is not None:
                 self._check_link()
             t0 = clock()
-            for s in self._inputs:
-                self._copy_in(self._buffers[s.name][0], np.ascontiguousarray(inputs[s.name]).data)
+            self.copy_in_bytes = 0
+            for s in specs:
+                self._copy_in(buffers[s.name][0], np.ascontiguousarray(inputs[s.name]).data)
+                self.copy_in_bytes += s.nbytes
             t1 = clock()
             self.stages.add("copy_in", t1 - t0)
-            (seq,) = self.queue.submit([Packet(P.OP_RUN, (PROGRAM_ID, *lo_hi(self._table)))])
+            (seq,) = self.queue.submit([Packet(P.OP_RUN, (program, *lo_hi(table)))])
             t2 = clock()
             self.queue.wait(seq, "OP_RUN")
             t3 = clock()

@@ -26,6 +26,7 @@ from chestnut.backend.errors import ConfigError
 from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
 from chestnut.backend.protocol import WAIT_TIMEOUT_MS
 from chestnut.backend.real_runner import WARM_LOAD_BOUND_S, cached_on_dock
+from chestnut.node.preprocess import primary_warp
 
 START_MARGIN_S = 5.0  # a worker's spawn and tinygrad's import before the first rung (s)
 
@@ -53,6 +54,7 @@ class ModelConfig:
     input: str = "x"
     shape: tuple[int, ...] = (1, 3, 128, 256)  # N, C, H, W
     preprocess: str = "ppocr"
+    frame: str = ""                            # e.g. "nv12:1928x1208": the primary warps that full frame
     fingerprint: Path | None = None            # default: <path>.fingerprint.json when it exists
     ranges: dict[str, tuple[float, float]] = field(default_factory=lambda: {"text_prob": (0.0, 1.0)})
 
@@ -220,6 +222,8 @@ def validate(cfg: NodeConfig) -> NodeConfig:
         raise ConfigError("config", f"timing.backoff_initial_s = {t.backoff_initial_s}, backoff_max_s = "
                                     f"{t.backoff_max_s}, backoff_factor = {t.backoff_factor}; want initial <= max "
                                     "and factor >= 1")
+    if cfg.model.frame:
+        primary_warp(cfg.model.frame, cfg.model.preprocess, tuple(cfg.model.shape))
     for name, (lo, hi) in cfg.model.ranges.items():
         if not lo <= hi:
             raise ConfigError("config", f"model.ranges.{name} = [{lo}, {hi}]; want lo <= hi")

@@ -62,6 +62,7 @@ import zmq
 from chestnut.backend.errors import ChestnutError, ConfigError, Layer, ModelError
 from chestnut.backend.interface import ModelSpec, StepResult
 from chestnut.backend.jitcache import JitCache
+from chestnut.backend.model import TensorSpec
 from chestnut.backend.stages import StageTimes
 from chestnut.fallback.standby import FallbackModel
 from chestnut.msgs.frames import CAMERA_RESTART_MIN_STEP
@@ -114,7 +115,7 @@ from chestnut.node.policy import (
     timed_out_start_failure,
     with_frame_clock,
 )
-from chestnut.node.preprocess import preprocess
+from chestnut.node.preprocess import preprocess, primary_warp
 from chestnut.node.runner_loader import RunnerSpec
 from chestnut.node.shm import WorkerState
 from chestnut.node.supervisor import (
@@ -254,6 +255,15 @@ def published_stages(r: FrameResult) -> StageTimes:
     return StageTimes(compute=max(0.0, float(a.exec_s)))
 
 
+def primary_inputs(specs: tuple[TensorSpec, ...], inputs: dict[str, np.ndarray],
+                   full: np.ndarray | None) -> dict[str, np.ndarray]:
+    """What the primary is sent: the full frame when its one input is that frame (its program warps it),
+    else the same warped ``inputs`` as the fallback (a runner that does not warp, or no ``model.frame``)."""
+    if full is not None and len(specs) == 1 and specs[0].dtype == "uint8" and specs[0].shape == full.shape:
+        return {specs[0].name: full}
+    return inputs
+
+
 @dataclass
 class PrimaryOutcome:
     """What became of one frame's primary request: the result (None if none is usable), whether the
@@ -275,8 +285,10 @@ class Node:
         self.starting = True
         self.exit_code = EXIT_OK
         now = time.monotonic_ns()
+        # model.frame with a warp:<name> preprocess: the primary's program warps the full frame (docs/warp.md)
+        self.warp = primary_warp(cfg.model.frame, cfg.model.preprocess, tuple(cfg.model.shape))
         self.spec_in = ModelSpec(cfg.model.path, cfg.model.name, {cfg.model.input: tuple(cfg.model.shape)},
-                                 self._read_fingerprint())
+                                 self._read_fingerprint(), self.warp)
         self.primary_model_id = self._read_primary_model_id()
         self.fallback: FallbackModel | None = None
         self.health = HealthMonitor()
@@ -631,6 +643,8 @@ class Node:
             img = self.frame_reader.view(cf)  # a ring frame is read in place: no copy before preprocessing
             inputs = preprocess(self.cfg.model.preprocess, img, self.cfg.model.input, tuple(self.cfg.model.shape),
                                 str(cf.encoding))  # "warp:<name>" resizes / converts a full frame (node/preprocess.py)
+            # the primary's own warp takes the full frame: a copy, read before the torn-frame check below
+            full = None if self.warp is None else np.array(self.warp.check_frame(img, str(cf.encoding)))
             self.frame_reader.verify(cf)  # lapped by the camera while read: dropped, never torn
             if self.frame_reader.session != self.ring_session:  # the first frame of a camera's ring
                 self.ring_session = self.frame_reader.session
@@ -647,7 +661,7 @@ class Node:
         if not clock.age_known:
             self._bad_timestamp(clock)
         # the worker's request seq: the frame id, plus an offset that keeps it increasing across camera restarts
-        result = self._infer(frame_id + self.seq_offset, inputs, clock)
+        result = self._infer(frame_id + self.seq_offset, inputs, clock, full)
         result.answer = with_frame_clock(result.answer, clock)
         self._publish_output(frame_id, cf, result, clock, drop_perc)
         self._publish_active(result.answer.source, result.answer.valid, result.answer.reason)
@@ -679,8 +693,10 @@ class Node:
                 log.error("fallback output invalid: %s (%d so far)", report.reason, self.fallback_invalid)
         return Candidate(out, report, exec_s)
 
-    def _infer(self, seq: int, inputs: dict[str, np.ndarray], clock: FrameClock) -> FrameResult:
-        """One frame through the decisions of :mod:`chestnut.node.policy`; the I/O between them."""
+    def _infer(self, seq: int, inputs: dict[str, np.ndarray], clock: FrameClock,
+               full: np.ndarray | None = None) -> FrameResult:
+        """One frame through the decisions of :mod:`chestnut.node.policy`; the I/O between them. ``inputs``
+        are the fallback's; ``full``, the full frame, goes to a primary whose program warps it itself."""
         t = self.cfg.timing
         w = self.worker
         view = PrimaryView(self.sup.runs_primary, w is not None and w.ready and w.alive, self.draining,
@@ -691,7 +707,7 @@ class Node:
             self._primary_missed(seq, sub.why, evidence=True)
         elif sub.verdict is Submit.SUBMIT and w is not None:
             try:
-                w.submit(seq, inputs)
+                w.submit(seq, primary_inputs(w.inputs, inputs, full))
                 self._watchdog_actions(self.watchdog.request(seq, clock.base_ns, RequestKind.FRAME))
                 submitted = True
             except ChestnutError as e:

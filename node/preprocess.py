@@ -23,6 +23,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from chestnut.backend.errors import ConfigError
 from chestnut.backend.warp import WarpSpec, WarpSpecError, warp_numpy
 
 
@@ -128,3 +129,17 @@ def preprocess(
             f"(WxH, from its input shape N,C,H,W {[int(d) for d in input_shape]})"
         )
     return {input_name: PREPROCESSORS[base](img)}
+
+
+def primary_warp(frame: str, preprocess_name: str, shape: tuple[int, ...]) -> WarpSpec | None:
+    """The warp the primary's program runs (``model.frame`` with a ``warp:<name>`` preprocess), or None.
+    Raises ConfigError naming ``model.frame`` for a spec that cannot run."""
+    if not frame:
+        return None
+    if not preprocess_name.startswith(WARP_PREFIX):
+        raise ConfigError("config", f"model.frame = {frame!r} needs model.preprocess = {WARP_PREFIX}<name>, "
+                                    f"not {preprocess_name!r}")
+    try:
+        return WarpSpec.parse(frame, preprocess_name[len(WARP_PREFIX):], int(shape[2]), int(shape[3]))
+    except WarpSpecError as e:
+        raise ConfigError("config", f"model.frame = {frame!r}: {e}") from None

@@ -25,6 +25,7 @@ from chestnut.backend import errors as backend_errors
 from chestnut.backend.errors import ChestnutError
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec, StepResult
 from chestnut.backend.stages import StageTimes
+from chestnut.backend.warp import WarpSpec
 
 PACKET_MAX_BYTES = 65536  # one SEQPACKET message; payloads are small JSON (our bound)
 DETAIL_MAX_CHARS = 8000   # error details and tracebacks are cut to this (our bound)
@@ -153,13 +154,13 @@ def stages_from_payload(payload: bytes) -> StageTimes | None:
 
 def model_spec_to_json(m: ModelSpec) -> dict[str, Any]:
     return {"path": str(m.path), "name": m.name, "input_shapes": {k: list(v) for k, v in m.input_shapes.items()},
-            "fingerprint": m.fingerprint}
+            "fingerprint": m.fingerprint, "warp": None if m.warp is None else m.warp.to_json()}
 
 
 def model_spec_from_json(d: Mapping[str, Any]) -> ModelSpec:
     return ModelSpec(Path(d["path"]), str(d["name"]),
                      {k: tuple(int(x) for x in v) for k, v in d.get("input_shapes", {}).items()},
-                     d.get("fingerprint"))
+                     d.get("fingerprint"), None if d.get("warp") is None else WarpSpec.from_json(d["warp"]))
 
 
 def ladder_to_json(report: LadderReport | None) -> list[dict[str, Any]] | None:

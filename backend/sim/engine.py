@@ -26,10 +26,16 @@ The format is defined in ``backend/protocol.py`` ("GPU command packets"); in sho
   in VRAM with :class:`chestnut.backend.model.OnnxModel` (tinygrad on the host CPU, cached by
   sha256, warmed so its JIT is captured) and write its signature at ``sig``: u32 length, then UTF-8
   JSON ``{"sha256", "inputs": [{name, shape, dtype}], "outputs": [...]}``; on ``STATUS_COMPILE_FAILED``
-  the JSON is ``{"error": message}``.
+  the JSON is ``{"error": message}``. A **warped program** (``docs/warp.md``) is the ONNX bytes behind a
+  header: ``WARP_MAGIC`` (8 bytes), u32 length, a UTF-8 JSON :class:`~chestnut.backend.warp.WarpSpec`;
+  its program takes the raw frame (uint8, the spec's frame shape) in place of the model's one float32
+  [1, 3, h, w] input, warps it on the GPU (here ``backend/warp.py`` ``warp_numpy``) and runs the model; its
+  signature also holds ``"warp"`` (the spec) and ``"model_inputs"`` (the model's own), ``sha256`` is the ONNX
+  bytes'. A bad header or spec, or a model whose input the warp does not make, is ``STATUS_COMPILE_FAILED``.
 - ``OP_RUN program_id, table_lo, table_hi``: the table is u32 n_in, u32 n_out, then per tensor
   u64 VRAM offset, u64 nbytes, inputs then outputs in signature order; each nbytes must equal the
-  tensor's size.
+  tensor's size. ``status()["last_run"]`` says how many input bytes the last RUN read from VRAM and
+  which warp it ran.
 - ``OP_SIGNAL value``: write ``value`` to completion page + ``CPL_SIGNAL``.
 
 Faults acting here (:mod:`.faults`): ``gpu_hang`` and ``slow_gpu`` at each packet start,
@@ -59,6 +65,7 @@ import numpy as np
 from chestnut.backend import protocol as P
 from chestnut.backend.sim.faults import PhaseEvent
 from chestnut.backend.sim.memory import SparseMemory
+from chestnut.backend.warp import WarpSpec, WarpSpecError, warp_numpy
 
 if TYPE_CHECKING:
     from chestnut.backend.model import OnnxModel
@@ -71,6 +78,8 @@ MAX_TENSORS = 256
 WAIT_POLL_S = 0.5
 COMPILE_CACHE_SIZE = 8
 STOP_JOIN_S = 1.0
+WARP_MAGIC = b"CHNTWARP"  # a warped program's header; no ONNX protobuf starts with it (0x43: a group field)
+MAX_WARP_HEADER = 4096    # bytes of the warp spec's JSON
 
 PROGRAM_ENGINES = ("tinygrad", "onnxruntime")
 _cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
@@ -146,11 +155,54 @@ class EngineHost(Protocol):
     def gpu_system_read(self, gpu_addr: int, n: int) -> bytes | None: ...
 
 
+def warp_program(spec: WarpSpec, onnx_bytes: bytes) -> bytes:
+    """The program image of ``onnx_bytes`` behind the warp ``spec`` (the OP_LOAD format above)."""
+    doc = json.dumps(spec.to_json()).encode()
+    return WARP_MAGIC + struct.pack("<I", len(doc)) + doc + onnx_bytes
+
+
+def split_program(image: bytes) -> tuple[WarpSpec | None, bytes]:
+    """A program image -> (its warp spec or None, the ONNX bytes). Raises WarpSpecError for a bad header."""
+    if not image.startswith(WARP_MAGIC):
+        return None, image
+    head = len(WARP_MAGIC) + 4
+    if len(image) < head:
+        raise WarpSpecError("a warped program ends inside its header")
+    (n,) = struct.unpack_from("<I", image, len(WARP_MAGIC))
+    if not 0 < n <= MAX_WARP_HEADER or head + n > len(image):
+        raise WarpSpecError(f"a warped program's spec is {n} bytes (1..{MAX_WARP_HEADER}, inside the image)")
+    try:
+        doc = json.loads(image[head:head + n])
+    except ValueError as e:
+        raise WarpSpecError(f"a warped program's spec is not JSON: {e}") from None
+    return WarpSpec.from_json(doc), image[head + n:]
+
+
+def warped_signature(spec: WarpSpec, signature: dict[str, Any]) -> dict[str, Any]:
+    """The signature of the model behind ``spec``: the raw frame in place of the model's one input.
+    Raises WarpSpecError when the model's inputs are not the one float32 tensor the warp makes."""
+    ins = signature["inputs"]
+    want = {"shape": list(spec.output_shape), "dtype": "float32"}
+    if len(ins) != 1 or {k: ins[0][k] for k in want} != want:
+        got = ", ".join(f"{d['name']} {d['dtype']}{d['shape']}" for d in ins)
+        raise WarpSpecError(f"the warp makes float32{want['shape']}; the model's inputs are {got}")
+    return {**signature, "inputs": [spec.frame_spec(ins[0]["name"]).to_json()], "model_inputs": ins,
+            "warp": spec.to_json()}
+
+
 @dataclass
 class Program:
     model: OnnxModel
     signature: dict[str, Any]
     last_outputs: list[bytes] | None = None
+    warp: WarpSpec | None = None
+
+    @property
+    def inputs(self) -> tuple[Any, ...]:
+        """What the program reads from VRAM: the model's inputs, or the raw frame of a warped program."""
+        if self.warp is None:
+            return tuple(self.model.inputs)
+        return (self.warp.frame_spec(self.model.inputs[0].name),)
 
 
 class _Aborted(Exception):
@@ -176,6 +228,7 @@ class Engine:
         self.programs: dict[int, Program] = {}
         self.executed = 0
         self.current: str | None = None
+        self.last_run: dict[str, Any] = {}
         self._stop = False
         self._thread: threading.Thread | None = None
 
@@ -206,7 +259,7 @@ class Engine:
 
     def status(self) -> dict[str, Any]:
         return {"rptr": self.rptr, "wptr": self.wptr, "hung": self.hung, "executing": self.current,
-                "executed": self.executed,
+                "executed": self.executed, "last_run": dict(self.last_run),
                 "programs": {str(k): v.signature.get("sha256", "")[:16] for k, v in self.programs.items()},
                 "queue_fence": self._read_cpl(P.CPL_QUEUE_FENCE), "status": self._read_cpl(P.CPL_STATUS)}
 
@@ -402,10 +455,11 @@ class Engine:
             tw.phase_event(PhaseEvent.LOAD)
             if not 0 < onnx_nbytes <= MAX_ONNX_BYTES or src + onnx_nbytes > tw.vram.size:
                 return _Done(P.STATUS_OUT_OF_RANGE)
-            onnx_bytes = tw.vram.read(src, onnx_nbytes)
+            image = tw.vram.read(src, onnx_nbytes)
         try:
+            warp, onnx_bytes = split_program(image)
             model = compile_program(onnx_bytes, tw.program_engine)
-            signature = model.signature()
+            signature = model.signature() if warp is None else warped_signature(warp, model.signature())
         except Exception as e:  # ModelError, or tinygrad failing on an odd graph
             log.warning("LOAD program %d failed: %s", program_id, e)
             with tw.lock:
@@ -416,7 +470,7 @@ class Engine:
             self._check(epochs)
             if not self._write_signature(sig, signature):
                 return _Done(P.STATUS_OUT_OF_RANGE)
-            self.programs[program_id] = Program(model, signature)
+            self.programs[program_id] = Program(model, signature, warp=warp)
         log.info("LOAD program %d: %s", program_id, signature["sha256"][:16])
         return _Done(P.STATUS_OK)
 
@@ -428,7 +482,7 @@ class Engine:
             prog = self.programs.get(program_id)
             if prog is None:
                 return _Done(P.STATUS_NO_PROGRAM)
-            specs_in, specs_out = prog.model.inputs, prog.model.outputs
+            specs_in, specs_out = prog.inputs, prog.model.outputs
             if table + 8 > tw.vram.size:
                 return _Done(P.STATUS_OUT_OF_RANGE)
             n_in, n_out = struct.unpack("<II", tw.vram.read(table, 8))
@@ -443,7 +497,12 @@ class Engine:
                     return _Done(P.STATUS_OUT_OF_RANGE)
             inputs = {s.name: np.frombuffer(tw.vram.read(off, nb), dtype=s.dtype).reshape(s.shape)
                       for (off, nb), s in zip(places[:n_in], specs_in, strict=True)}
+            self.last_run = {"program": program_id, "input_bytes": sum(nb for _, nb in places[:n_in]),
+                             "warp": None if prog.warp is None else prog.warp.frame}
         try:
+            if prog.warp is not None:  # the GPU's warp: the raw frame to the model's input, then the model
+                name = prog.model.inputs[0].name
+                inputs = {name: warp_numpy(prog.warp, inputs[name])}
             result = prog.model.run(inputs)
             outputs = [np.ascontiguousarray(result[s.name], dtype=s.dtype).tobytes() for s in specs_out]
         except Exception as e:
