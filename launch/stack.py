@@ -198,6 +198,7 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
     t_zero = 0
     wall_start_ns = 0
     fault_events: list[dict[str, Any]] = []
+    primary_stages: list[tuple[float, float, float]] = []  # s, per primary-served output that carries them
     for t, service, ev in reader if reader is not None else ():
         if not t_zero:
             t_zero = t
@@ -225,6 +226,9 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
             last_out_id = mo.frameId
             outs[(out_stream, mo.frameId)] = (str(mo.source), mo.executionTime, mo.frameAge, t)
             by_source[str(mo.source)] += 1
+            stages = (mo.copyInTime, mo.computeTime, mo.copyOutTime)
+            if str(mo.source) == "primary" and any(stages):  # a log from before the stage times has zeros
+                primary_stages.append(stages)
             first_out_ns = first_out_ns or t
         elif service == "chestnutActive":
             if ev.chestnutActive.active and not first_active_ns:
@@ -280,6 +284,7 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
         "exec_ms_p99": float(np.percentile(ex, 99)),
         "frame_age_ms_p50": float(np.percentile(age, 50)),
         "frame_age_ms_p99": float(np.percentile(age, 99)),
+        "stages_ms": stage_percentiles(primary_stages),
         "first_output_s": (first_out_ns - t_launch_ns) / NS if first_out_ns else None,
         "first_active_s": (first_active_ns - t_launch_ns) / NS if first_active_ns else None,
         "transitions": transitions,
@@ -288,6 +293,39 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
         "soft_disable_episodes": soft_episodes,
         "log_damage": [str(d) for d in reader.damage] if reader is not None else [],
     }
+
+
+def stage_percentiles(stages: list[tuple[float, float, float]]) -> dict[str, list[float]] | None:
+    """The primary's stage times (``modelOutput.copyInTime`` / ``computeTime`` / ``copyOutTime``, s) as
+    ``{"copy_in": [p50, p99], "compute": [...], "copy_out": [...]}`` in ms, rounded to 0.01 ms; None
+    when no primary output carries them (the fallback served throughout, or a log from before them)."""
+    if not stages:
+        return None
+    a = np.array(stages, dtype=np.float64) * 1e3
+    return {
+        name: [round(float(np.percentile(a[:, i], 50)), 2), round(float(np.percentile(a[:, i], 99)), 2)]
+        for i, name in enumerate(("copy_in", "compute", "copy_out"))
+    }
+
+
+OPENPILOT_COPY_MS = 22.0
+"""openpilot#38862: the USB copy of one camera frame took ~22 ms of the 50 ms frame on a comma 3X."""
+
+
+def stage_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary's rows for the primary's stage times (p50 / p99, ms), copy-in beside openpilot#38862's
+    figure; one row saying they are absent when the log has none."""
+    st = s.get("stages_ms")
+    if not st:
+        return [("primary stage times", "none in this log")]
+    return [
+        (
+            "primary copy-in p50 / p99",
+            f"{st['copy_in'][0]:.1f} / {st['copy_in'][1]:.1f} ms  (openpilot#38862: ~{OPENPILOT_COPY_MS:g} ms)",
+        ),
+        ("primary compute p50 / p99", f"{st['compute'][0]:.1f} / {st['compute'][1]:.1f} ms"),
+        ("primary copy-out p50 / p99", f"{st['copy_out'][0]:.1f} / {st['copy_out'][1]:.1f} ms"),
+    ]
 
 
 NOT_CAUSES = {"disengaged", "engaged", "softDisableCleared"}
@@ -325,6 +363,8 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
     t.add_row("camera rate", f"{s['frame_rate_hz']:.1f} Hz")
     t.add_row("execution time p50 / p99", f"{s['exec_ms_p50']:.1f} / {s['exec_ms_p99']:.1f} ms")
     t.add_row("frame age p50 / p99", f"{s['frame_age_ms_p50']:.1f} / {s['frame_age_ms_p99']:.1f} ms")
+    for label, value in stage_rows(s):
+        t.add_row(label, value)
     fo, fa = s["first_output_s"], s["first_active_s"]
     t.add_row("launch -> first modelOutput", f"{fo:.1f} s" if fo is not None else "never")
     t.add_row("launch -> ChestnutActive", f"{fa:.1f} s" if fa is not None else "never")

@@ -12,7 +12,10 @@ Written by :func:`write_report` (matplotlib, Agg backend, no display needed):
   against the node's agreement tolerance; after a replay, each frame's replayed-vs-logged difference.
   A log axis cannot draw an exact 0: identical frames are counted on the panel and in the caption
   (:func:`describe_diffs`), never drawn as a made-up small value.
-- ``latency.png``: the latency distributions per source.
+- ``latency.png``: the latency distributions per source; below them the primary's copy-in, compute and
+  copy-out per frame (``copyInTime``, ``computeTime``, ``copyOutTime``, ms) with each stage's budget
+  (``node/health.py`` ``StageBudget``) and openpilot#38862's ~22 ms copy; the page's "stage times"
+  table gives their p50 / p99 / max per source.
 - ``index.html``: the clock (t = 0 is the log's first message, its wall-clock time once) and a link to
   the logs, a summary table, the images (embedded as base64 PNG, so the page is one file), "what
   happened" (every node state change with its reason, ChestnutActive change, soft-disable episode
@@ -433,9 +436,12 @@ def plot_agreement(tl: Timeline, path: Path, replay: ReplayResult | None = None)
 
 
 def plot_latency(tl: Timeline, path: Path) -> None:
-    """Histograms of frameAge and executionTime per source (ms)."""
+    """Histograms of frameAge and executionTime per source (ms); below them the primary's stage times per
+    frame (:func:`plot_stages`)."""
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.4))
+    fig = plt.figure(figsize=(12, 6.6))
+    grid = fig.add_gridspec(2, 2)
+    axes = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])]
     for ax, attr, label in ((axes[0], "frame_age_s", "frameAge (ms)"), (axes[1], "execution_time_s",
                                                                          "executionTime (ms)")):
         any_data = False
@@ -452,9 +458,65 @@ def plot_latency(tl: Timeline, path: Path) -> None:
         ax.set_ylabel("frames")
         ax.set_title(f"{label.split()[0]} by serving source", loc="left", fontsize=10)
         ax.grid(True, alpha=0.3)
+    plot_stages(tl, fig.add_subplot(grid[1, :]))
     fig.tight_layout()
     _save_png(fig, path)
     plt.close(fig)
+
+
+# ---------------------------------------------------------------- stage times
+STAGE_LABELS = ("copy-in", "compute", "copy-out")  # modelOutput.copyInTime, computeTime, copyOutTime
+STAGE_COLORS = ("#1f77b4", "#2ca02c", "#9467bd")
+OPENPILOT_COPY_MS = 22.0  # openpilot#38862: a comma 3X's USB copy of one frame, of its 50 ms frame
+
+
+def _stage_budgets_ms() -> tuple[float, float, float]:
+    from chestnut.node.health import FRAME_PERIOD_S, STAGE_SHARES
+
+    ms = FRAME_PERIOD_S * 1e3
+    return STAGE_SHARES["copy_in"] * ms, STAGE_SHARES["compute"] * ms, STAGE_SHARES["copy_out"] * ms
+
+
+def _timed(tl: Timeline, source: str) -> list[Any]:
+    """``source``'s outputs that carry stage times (a log from before them has zeros)."""
+    return [o for o in tl.outputs if o.source == source and any(o.stages_s)]
+
+
+def stage_rows(tl: Timeline) -> list[tuple[str, str, int, str, str, str, str, str]]:
+    """Per serving source and stage: frames, p50 / p99 / max (ms), the stage's budget (``node/health.py``
+    ``STAGE_SHARES`` of the 50 ms frame) and, for the primary's copy-in, openpilot#38862's figure. The
+    fallback runs in the node's memory: its copies are 0 and only its compute is listed. [] without
+    stage times in the log."""
+    budgets = _stage_budgets_ms()
+    rows = []
+    for src in ("primary", "fallback"):
+        outs = _timed(tl, src)
+        for i, label in enumerate(STAGE_LABELS):
+            if not outs or (src == "fallback" and i != 1):
+                continue
+            v = [o.stages_s[i] * 1e3 for o in outs]
+            note = f"openpilot#38862: ~{OPENPILOT_COPY_MS:g} ms a frame" if (src, i) == ("primary", 0) else ""
+            rows.append((src, label, len(v), _pct(v, 50), _pct(v, 99), f"{max(v):.1f}", f"{budgets[i]:g}", note))
+    return rows
+
+
+def plot_stages(tl: Timeline, ax: Any) -> None:
+    """On ``ax``: the primary's stage times per frame over time (ms), each with its budget as a dashed line
+    and openpilot#38862's copy as a dotted one."""
+    outs = _timed(tl, "primary")
+    if outs:
+        t = [tl.seconds(o.t_ns) for o in outs]
+        for i, (label, color, budget) in enumerate(zip(STAGE_LABELS, STAGE_COLORS, _stage_budgets_ms(), strict=True)):
+            ax.plot(t, [o.stages_s[i] * 1e3 for o in outs], ".", ms=3, color=color, label=label)
+            ax.axhline(budget, color=color, ls="--", lw=0.8, label=f"{label} budget {budget:g} ms")
+        ax.axhline(OPENPILOT_COPY_MS, color="#d62728", ls=":", lw=0.8, label="openpilot#38862 copy")
+        _legend(ax, ncol=7)
+    else:
+        _no_data(ax, "stage times (copyInTime / computeTime / copyOutTime)")
+    ax.set_xlabel("t (s)")
+    ax.set_ylabel("ms")
+    ax.set_title("primary: copy-in, compute, copy-out per frame", loc="left", fontsize=10)
+    ax.grid(True, alpha=0.3)
 
 
 # ---------------------------------------------------------------- summary and HTML
@@ -591,7 +653,14 @@ def write_report(out_dir: Path | str, timeline: Timeline, *, violations: Sequenc
         parts.append(_table(("t (s)", "action", "fault", "detail"),
                             [(f"{f['t_s']:.3f}", f["action"], f["fault"], f.get("detail", "")) for f in fault_schedule])
                      if fault_schedule else "<p>no fault was scheduled</p>")
-    parts += [_img(out / "agreement.png", agreement), _img(out / "latency.png", "latency distributions")]
+    parts += [_img(out / "agreement.png", agreement),
+              _img(out / "latency.png", "latency distributions; the primary's copy-in, compute and copy-out per "
+                   "frame with their budgets")]
+    stages = stage_rows(tl)
+    parts.append("<h2>stage times</h2>")
+    parts.append(_table(("source", "stage", "frames", "p50 (ms)", "p99 (ms)", "max (ms)", "budget (ms)",
+                         "for comparison"), stages) if stages
+                 else "<p>no stage times in this log (no primary output, or a log from before them)</p>")
     if violations is not None:
         parts.append(f"<h2>violations ({len(vs)})</h2>")
         parts.append(_table(("t (s)", "frame", "contract", "what"),

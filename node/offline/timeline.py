@@ -78,6 +78,7 @@ class OutputRec:
     max_abs_diff: float
     reason: str
     service: str = "modelOutput"
+    stages_s: tuple[float, float, float] = (0.0, 0.0, 0.0)  # copyInTime, computeTime, copyOutTime; 0 in older logs
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +185,8 @@ def _output_record(t: int, ev: Any) -> OutputRec:
     m = ev.modelOutput
     return OutputRec(t, m.frameId, str(m.source), m.modelId, float(m.executionTime), float(m.frameAge),
                      float(m.frameDropPerc), m.deadlineMissed, m.agreementChecked, m.primaryAgrees,
-                     float(m.maxAbsDiff), m.reason)
+                     float(m.maxAbsDiff), m.reason,
+                     stages_s=(float(m.copyInTime), float(m.computeTime), float(m.copyOutTime)))
 
 
 _RECORDERS: dict[str, Callable[[int, Any], Record]] = {
