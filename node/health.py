@@ -21,11 +21,12 @@ hysteresis (the AUTOSAR watchdog manager's pattern):
 - outside ERROR the layer's level is the **worst of its current evidence**, one condition per
   evidence *source* (:attr:`Evidence.source`: the per-frame stream ``""`` -- runs, the watchdog,
   typed errors --, the dock ``"probe"``, the ``"transfers"`` counters, the ``"copy_path"`` timing, the
-  ``"ladder"``), each current for its own freshness (:attr:`Evidence.fresh_ms`; default ``stale_after_ms``). A condition
-  that still holds keeps its level: a USB 2 link reported by every probe keeps the layer WARN
-  however many frames complete in between (ROS ``diagnostic_aggregator``: a group is as bad as its
-  worst child). One source's WARN clears after ``recover_after`` consecutive OKs *from that source*,
-  or when that source stops being current;
+  ``"stage_budget"`` (:class:`StageBudget`), the ``"ladder"``), each current for its own freshness
+  (:attr:`Evidence.fresh_ms`; default ``stale_after_ms``). A condition that still holds keeps its
+  level: a USB 2 link reported by every probe keeps the layer WARN however many frames complete in
+  between (ROS ``diagnostic_aggregator``: a group is as bad as its worst child). One source's WARN
+  clears after ``recover_after`` consecutive OKs *from that source*, or when that source stops being
+  current;
 - no current evidence from any source turns an OK or WARN layer STALE (a layer with no evidence
   yet starts STALE). An ERROR layer stays ERROR: positive evidence of a fault does not expire
   by silence, only good observations clear it.
@@ -570,6 +571,7 @@ class StageBudget:
         self.samples: list[tuple[int, StageTimes]] = []
 
     def budget_s(self, stage: str) -> float:
+        """``stage``'s budget, s: its share of the frame period."""
         return self.shares[stage] * self.frame_period_s
 
     def verdicts(self, now_ns: int) -> list[StageVerdict]:
