@@ -894,6 +894,9 @@ def run(args: argparse.Namespace) -> int:
     if (problem := argument_problem(args.seconds, args.rate, args.fault, frames)) is not None:
         log.error("%s", problem)
         return 2
+    if args.json and (problem := json_target_problem(args.json)) is not None:
+        log.error("--json: %s", problem)
+        return 2
     if shutil.which("supervisord", path=str(Path(sys.executable).parent)) is None:
         log.error("supervisord not found next to %s; run `bash launch/setup.sh`", sys.executable)
         return 2
@@ -1067,15 +1070,43 @@ def run(args: argparse.Namespace) -> int:
         run_dir, summary["fault_schedule"], summary.get("wall_start") or None
     )
     print_summary(summary, run_dir)
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=1))
+    json_lost = False  # the summary asked for could not be written: the run's caller cannot read its verdict
+    if args.json and (problem := write_summary_json(args.json, summary)) is not None:
+        log.error("--json: %s", problem)
+        json_lost = True
     # which frames were owed an output is the contract check's call (one_output_per_frame): a node restarted
     # under supervision owes nothing for the frames sent while none ran, which missing_outputs still lists
     ok = summary["outputs"] > 0 and bool(summary["contracts"]) and not any(summary["contracts"].values())
-    ok = ok and not died and not failed_start
+    ok = ok and not died and not failed_start and not json_lost
     if flag.signum == signal.SIGINT:
         return 130
     return 0 if ok else 1
+
+
+def json_target_problem(path: Path) -> str | None:
+    """Why the summary cannot be written to ``path`` (checked before the run, so a run is never lost to a
+    typo), or None: its folder must exist and ``path`` must not be a symlink or a folder."""
+    if not path.parent.is_dir():
+        return f"{path}: folder {path.parent} does not exist; create it or give another path"
+    if path.is_symlink():
+        return f"{path} is a symlink: remove it (rm {path}) or give another path"
+    if path.exists() and not path.is_file():
+        return f"{path} exists and is not a regular file; give another path"
+    return None
+
+
+def write_summary_json(path: Path, summary: dict[str, Any]) -> str | None:
+    """Write the run's summary to ``path`` as JSON, mode 0600 (it names the dock and the run dir), never
+    through a symlink (``O_NOFOLLOW``). Returns the problem in one line, or None."""
+    if (problem := json_target_problem(path)) is not None:
+        return problem
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(summary, indent=1))
+    except OSError as e:
+        return f"{path}: cannot be written ({e.strerror})"
+    return None
 
 
 def check_contracts(
