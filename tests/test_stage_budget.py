@@ -54,6 +54,7 @@ HERE = Path(__file__).resolve()
 MS = 1_000_000  # ns
 FAST = StageTimes(0.0012, 0.0030, 0.0004)
 SLOW_IN = StageTimes(0.0312, 0.0030, 0.0004)
+SLOW_GPU_MS = 25.0  # twin slow_gpu: each unit of work starts this late (a copy-in chunk, OP_RUN, a copy-out piece)
 
 
 def feed(budget: StageBudget, health: HealthMonitor, stages: StageTimes, n: int, t_ns: int) -> int:
@@ -247,8 +248,58 @@ def test_the_worker_carries_the_runners_stage_times_back_exactly() -> None:
     assert got == [(True, StageTimes(f32[0], f32[1], 0.0007)), (True, StageTimes(0.25, 1.5, 0.0007)), (False, None)]
 
 
+# ---------------------------------------------------------------- the runners' own timing
+def test_the_real_runners_stages_are_the_spans_its_copy_timer_rates(tiny_onnx: Path, tmp_path: Path) -> None:
+    """``DockJit.call`` as the real runner calls it, on the host CPU: the stage clock and the copy timer time
+    the same spans (tinygrad's copy-in, the JIT's launch to ``synchronize``, the copy-out)."""
+    from chestnut.backend.jitcache import JitCache
+    from chestnut.backend.model import ensure_cpu_device
+
+    ensure_cpu_device()
+    from chestnut.backend.real_runner import CopyTimer, load_or_build_jit
+
+    dj = load_or_build_jit(tiny_onnx.read_bytes(), "tiny", (TensorSpec("x", (1, 3, 32, 64), "float32"),), "CPU",
+                           "gfx1100", JitCache(tmp_path / "jit"))
+    timer, clock = CopyTimer(), StageClock()
+    dj.call({"x": np.zeros((1, 3, 32, 64), np.float32)}, timer, clock)
+    st = clock.last
+    assert st is not None
+    assert timer.fences == [st.compute * 1e3]
+    assert timer.recent[("in", 32768)] == [pytest.approx(24576 / st.copy_in / 1e6, rel=1e-9)]
+    assert st.copy_out > 0  # the 2048-byte output is not rated (under 4096 bytes), but it is timed
+
+
+def test_the_twin_runner_puts_each_late_unit_of_work_in_its_own_stage(tiny_onnx: Path) -> None:
+    """``slow_gpu`` starts each unit of work late: the input's one copy-in chunk, ``OP_RUN`` and the output's
+    one copy-out piece; each stage holds at least that delay (a lower bound: load only adds to it)."""
+    from chestnut.backend.errors import ModelError
+    from chestnut.backend.sim.client import running_twin
+    from chestnut.backend.sim.usb3 import forget_device_lists
+    from chestnut.backend.twin_runner import TwinRunner
+
+    prefix = os.environ["CHESTNUT_PREFIX"]
+    with running_twin(prefix) as client:
+        r = TwinRunner(prefix, config=LadderConfig(stability_window_s=0.05))
+        try:
+            r.load(ModelSpec(tiny_onnx, "tiny"))
+            x = {"x": np.zeros((1, 3, 32, 64), np.float32)}
+            r.run(x)
+            assert r.stages.last is not None
+            client.fault("slow_gpu", delay_ms=SLOW_GPU_MS)
+            r.run(x)
+            late = r.stages.last
+            client.clear()
+            assert late is not None
+            assert min(late.copy_in, late.compute, late.copy_out) >= SLOW_GPU_MS / 1e3, late
+            with pytest.raises(ModelError):
+                r.run({"x": np.zeros((1, 3, 8, 8), np.float32)})
+            assert r.stages.last is None  # a run that raised reports no stages
+        finally:
+            r.close()
+    forget_device_lists()
+
+
 # ---------------------------------------------------------------- the node on the twin
-SLOW_GPU_MS = 25.0  # each unit of work starts this late: one copy-in chunk, OP_RUN, one copy-out piece
 
 
 class Taps:
