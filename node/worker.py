@@ -130,6 +130,11 @@ class _LoadRecorder:
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.runner.run(inputs)
 
+    @property
+    def model_inputs(self) -> tuple[TensorSpec, ...]:
+        """The model's own inputs when the runner's program warps the frame (``ModelSpec.warp``), else ()."""
+        return tuple(getattr(self.runner, "model_inputs", ()))
+
 
 class _WorkerLoop:
     """The worker's main thread: start-up, then one command at a time until STOP or EOF."""
