@@ -137,9 +137,10 @@ def primary_warp(frame: str, preprocess_name: str, shape: tuple[int, ...]) -> Wa
     if not frame:
         return None
     if not preprocess_name.startswith(WARP_PREFIX):
-        raise ConfigError("config", f"model.frame = {frame!r} needs model.preprocess = {WARP_PREFIX}<name>, "
-                                    f"not {preprocess_name!r}")
+        raise ConfigError(
+            "config", f"model.frame = {frame!r} needs model.preprocess = {WARP_PREFIX}<name>, not {preprocess_name!r}"
+        )
     try:
-        return WarpSpec.parse(frame, preprocess_name[len(WARP_PREFIX):], int(shape[2]), int(shape[3]))
+        return WarpSpec.parse(frame, preprocess_name[len(WARP_PREFIX) :], int(shape[2]), int(shape[3]))
     except WarpSpecError as e:
         raise ConfigError("config", f"model.frame = {frame!r}: {e}") from None

@@ -50,8 +50,15 @@ def test_a_flat_nv12_frame_gets_the_bt601_limited_range_colour(yuv):
     frame[:64], frame[64:, 0::2], frame[64:, 1::2] = y, u, v
     got = warp_numpy(WarpSpec("nv12", 64, 64, 16, 32, "unit"), frame)[0] * 255
     c, d, e = BT601_LIMITED["y"] * (y - 16), u - 128, v - 128
-    want = np.clip([c + BT601_LIMITED["b_u"] * d, c + BT601_LIMITED["g_u"] * d + BT601_LIMITED["g_v"] * e,
-                    c + BT601_LIMITED["r_v"] * e], 0, 255)
+    want = np.clip(
+        [
+            c + BT601_LIMITED["b_u"] * d,
+            c + BT601_LIMITED["g_u"] * d + BT601_LIMITED["g_v"] * e,
+            c + BT601_LIMITED["r_v"] * e,
+        ],
+        0,
+        255,
+    )
     assert np.abs(got - np.asarray(want)[:, None, None]).max() < 1e-3
     if yuv[0] in (16, 235):  # black and white exactly (Rec. 601 limited range)
         assert np.abs(got - (0 if y == 16 else 255)).max() < 1e-3
@@ -90,19 +97,29 @@ def test_warp_preprocess_is_the_numpy_warp_for_any_frame_size():
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: WarpSpec.parse("nv12:1927x1208", "ppocr", 128, 256),
-         "an nv12 source is 1927x1208 (WxH): 4:2:0 chroma needs an even width and height"),
-        (lambda: WarpSpec.parse("yuyv:1928x1208", "ppocr", 128, 256),
-         "warp source encoding 'yuyv' is unknown; use one of nv12, bgr888, rgb888"),
-        (lambda: WarpSpec.parse("nv12 1928x1208", "ppocr", 128, 256),
-         "frame 'nv12 1928x1208': write it as <encoding>:<W>x<H>, e.g. nv12:1928x1208"),
-        (lambda: WarpSpec.parse("nv12:1928x1208", "imagenet", 128, 256),
-         "warp normalisation 'imagenet' is unknown; use one of ppocr, unit"),
+        (
+            lambda: WarpSpec.parse("nv12:1927x1208", "ppocr", 128, 256),
+            "an nv12 source is 1927x1208 (WxH): 4:2:0 chroma needs an even width and height",
+        ),
+        (
+            lambda: WarpSpec.parse("yuyv:1928x1208", "ppocr", 128, 256),
+            "warp source encoding 'yuyv' is unknown; use one of nv12, bgr888, rgb888",
+        ),
+        (
+            lambda: WarpSpec.parse("nv12 1928x1208", "ppocr", 128, 256),
+            "frame 'nv12 1928x1208': write it as <encoding>:<W>x<H>, e.g. nv12:1928x1208",
+        ),
+        (
+            lambda: WarpSpec.parse("nv12:1928x1208", "imagenet", 128, 256),
+            "warp normalisation 'imagenet' is unknown; use one of ppocr, unit",
+        ),
         (lambda: WarpSpec.parse("bgr888:9000x1208", "unit", 128, 256), "warp source width 9000: want 1..8192 pixels"),
         (lambda: WarpSpec("nv12", 1208, 1928, 0, 256, "unit"), "warp target height 0: want 1..4096 pixels"),
         (lambda: WarpSpec.from_json({"encoding": "nv12", "src_h": 2}), "warp spec without 'src_w'"),
-        (lambda: split_program(b"CHNTWARP\xff\xff\x00\x00"),
-         "a warped program's spec is 65535 bytes (1..4096, inside the image)"),
+        (
+            lambda: split_program(b"CHNTWARP\xff\xff\x00\x00"),
+            "a warped program's spec is 65535 bytes (1..4096, inside the image)",
+        ),
     ],
 )
 def test_a_bad_warp_spec_is_one_line(build, message):
