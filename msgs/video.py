@@ -24,7 +24,9 @@ whether decoding gives the camera's bytes back exactly.
 writing out the previous one; ``cluster_time_limit`` (:data:`CLUSTER_TIME_LIMIT_MS`) does it for h264
 between keyframes, and ``flush_packets`` hands every packet to the file at once. The file object is
 flushed with the logs' flush policy. A SIGKILLed logger so leaves a file that decodes up to its last
-written cluster (the newest one or two frames are lost); a closed one ends with Matroska's cues.
+written cluster: it loses the newest one or two frames, plus those still queued for the encoder thread
+(:class:`SegmentVideo`, at most ``QUEUE_FRAMES``, none while it keeps up); a closed file ends with
+Matroska's cues.
 
 **Reading** (:class:`LoggedFrames`): one segment directory; a frame with ``video`` set is decoded from
 its file, any other is read as ``msgs/frames.py`` ``frame_to_array`` reads it, so old raw logs read as
@@ -38,8 +40,10 @@ truncated file, a frame that fails to decode. The rest of the log still reads.
 from __future__ import annotations
 
 import os
+import queue
 import re
 import stat
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -206,8 +210,20 @@ class VideoWriter:
 
     def write(self, pixels: np.ndarray, t_ns: int) -> int:
         """Encode one frame (``t_ns``: its time, ns, for the file's timestamps); returns its number."""
-        if pixels.shape != self.shape and pixels.size != int(np.prod(self.shape)):
+        index = self.reserve(pixels)
+        self.encode(pixels, t_ns)
+        return index
+
+    def reserve(self, pixels: np.ndarray) -> int:
+        """The number the next frame gets; raises ValueError for pixels of another size (nothing reserved)."""
+        if pixels.size != int(np.prod(self.shape)):
             raise ValueError(f"{self.path}: a {pixels.shape} frame for a {self.shape} video")
+        index = self.frames
+        self.frames += 1
+        return index
+
+    def encode(self, pixels: np.ndarray, t_ns: int) -> None:
+        """Encode the frame :meth:`reserve` numbered (frames in the order reserved)."""
         if self.encoding == "nv12":
             arr = _nv12_to_yuv420p(pixels, self.height, self.width)
         elif self.encoding == "gray8":
@@ -225,9 +241,6 @@ class VideoWriter:
         frame.pts, frame.time_base = pts, TIME_BASE
         for packet in self._stream.encode(frame):
             self._container.mux(packet)
-        index = self.frames
-        self.frames += 1
-        return index
 
     def flush(self, fsync: bool = False) -> None:
         """Hand what the muxer wrote to the OS (and to the disk with ``fsync``)."""
@@ -249,8 +262,14 @@ class VideoWriter:
 class SegmentVideo:
     """The video files of one segment directory (``RouteWriter``'s, ``msgs/logfile.py``): the first frame
     opens ``fcamera.mkv``; a frame of another size or encoding closes it and opens the next
-    (:func:`video_file_name`). Flushes with the logs' policy: every ``every_messages`` frames or
-    ``interval_s`` seconds (``clock``, s), checked on :meth:`add` and :meth:`maybe_flush`."""
+    (:func:`video_file_name`). Frames are numbered at once and encoded by a thread of their own (PyAV
+    releases the GIL in ``avcodec_send_frame``), so the logger keeps reading the camera's ring while a
+    big frame is encoded; at most :data:`QUEUE_FRAMES` wait for it (:meth:`add` blocks beyond). Flushes
+    with the logs' policy: every ``every_messages`` frames or ``interval_s`` seconds (``clock``, s),
+    checked on :meth:`add` and :meth:`maybe_flush`. A write error of the thread is raised by the next
+    call."""
+
+    QUEUE_FRAMES = 8  # 28 MB of 1928x1208 NV12 frames; 0.4 s at 20 Hz
 
     def __init__(
         self,
@@ -270,10 +289,38 @@ class SegmentVideo:
         self._pending = 0
         self._last_flush_s = clock()
         self.paths: list[Path] = []
+        self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(maxsize=self.QUEUE_FRAMES)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _put(self, item: tuple[Any, ...]) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._encode_loop, name="chestnut-video", daemon=True)
+            self._thread.start()
+        self._queue.put(item)
+
+    def _encode_loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            op, writer, *rest = item
+            try:
+                if op == "frame":
+                    writer.encode(*rest)
+                elif op == "flush":
+                    writer.flush(self.fsync)
+                else:
+                    writer.close(self.fsync)
+            except Exception as e:  # raised in the logger's thread by its next call, as a write error
+                if self._error is None:
+                    self._error = e if isinstance(e, OSError) else OSError(f"{writer.path}: cannot encode: {e}")
 
     def add(self, width: int, height: int, encoding: str, pixels: np.ndarray, t_ns: int) -> tuple[str, int]:
-        """Encode one frame; returns (file name, frame number). Raises ValueError when the codec cannot
-        store it (nothing is written then) and OSError for a write error."""
+        """Number one frame and queue it for encoding; returns (file name, frame number). Raises
+        ValueError when the codec cannot store it (nothing is written then) and OSError for a write error."""
+        self._raise_error()
         w = self._writer
         if w is None or (w.width, w.height, w.encoding) != (width, height, encoding):
             path = self.seg_dir / video_file_name(self._files)
@@ -281,26 +328,34 @@ class SegmentVideo:
             self._files += 1
             self.paths.append(path)
             if w is not None:
-                w.close(self.fsync)
+                self._put(("close", w))
             self._writer = w = new
-        index = w.write(pixels, t_ns)
+        index = w.reserve(pixels)
+        self._put(("frame", w, pixels, t_ns))
         self._pending += 1
         self.maybe_flush()
         return w.path.name, index
 
     def maybe_flush(self) -> None:
+        self._raise_error()
         if self._writer is None or not self._pending:
             return
         if self._pending >= self.every_messages or self._clock() - self._last_flush_s >= self.interval_s:
-            self._writer.flush(self.fsync)
+            self._put(("flush", self._writer))
             self._pending = 0
             self._last_flush_s = self._clock()
 
     def close(self) -> None:
-        """Close the open file cleanly (encoder drained, cues written). Idempotent."""
+        """Encode what is queued, close the open file cleanly (encoder drained, cues written) and end the
+        thread. Idempotent; raises a write error of the thread."""
         w, self._writer = self._writer, None
         if w is not None:
-            w.close(self.fsync)
+            self._put(("close", w))
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        self._raise_error()
 
 
 def video_event(event: Any, file: str, index: int, options: VideoOptions) -> bytes:
