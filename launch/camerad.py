@@ -90,6 +90,14 @@ def iter_frames(
             return
 
 
+def source_size(source: Path, pixel_format: str = "bgr24") -> tuple[int, int]:
+    """(height, width) in px of the frames ``--native`` publishes from ``source``: its first frame's own size,
+    rounded down to even for ``nv12`` (:func:`iter_frames`). Raises what :func:`iter_frames` raises."""
+    first = next(iter_frames(source, None, None, loop=False, pixel_format=pixel_format))
+    rows = int(first.shape[0])
+    return (rows * 2 // 3 if pixel_format == "nv12" else rows), int(first.shape[1])
+
+
 def synthetic_frames(height: int, width: int, pixel_format: str = "bgr24") -> Iterator[np.ndarray]:
     """An endless moving test pattern, frames as :func:`iter_frames` gives them: diagonal luma ramps that
     shift 4 levels a frame, a chroma ramp across and down. Raises ValueError for an odd ``nv12`` size."""

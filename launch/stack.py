@@ -468,9 +468,13 @@ class FrameOptions:
     """What ``chestnut launch`` tells the camera (``launch/camerad.py``) and the twin about the frames.
 
     ``model_hw``: the model input's (H, W) in px, from the node configuration's ``[model] shape``;
-    ``preprocess``: its ``[model] preprocess``; ``dock_kind``: its ``[dock] kind``. ``link_mbps`` (Mbps) and
-    ``latency_us`` (us) None: the ``--dock-timing`` defaults (:data:`DOCK_LINK_MBPS`,
-    :data:`DOCK_LATENCY_US`)."""
+    ``preprocess``: its ``[model] preprocess``; ``model_frame``: its ``[model] frame`` (``""``: none);
+    ``dock_kind``: its ``[dock] kind``. ``link_mbps`` (Mbps) and ``latency_us`` (us) None: the
+    ``--dock-timing`` defaults (:data:`DOCK_LINK_MBPS`, :data:`DOCK_LATENCY_US`). ``native_hw``: the
+    source's own (H, W) in px for ``--frames native`` without ``--synthetic`` (``launch/camerad.py``
+    ``source_size``). ``warp_on``: ``primary`` -- the primary's program takes the full frame and warps it
+    (``[model] frame``, ``node/preprocess.py`` ``primary_warp``), so the full frame crosses the copy path
+    every frame; ``node`` -- the node warps and the primary takes the model's input."""
 
     frames: str = "model"
     synthetic: bool = False
@@ -482,6 +486,9 @@ class FrameOptions:
     model_hw: tuple[int, int] = (128, 256)
     preprocess: str = "ppocr"
     dock_kind: str = "twin"
+    warp_on: str = "primary"
+    native_hw: tuple[int, int] | None = None
+    model_frame: str = ""
 
     def problem(self) -> str | None:
         """The one line that refuses these options together, or None when they can run."""
@@ -497,6 +504,12 @@ class FrameOptions:
                 f"--dock-timing is the twin's timing model, and the node configuration's dock.kind is "
                 f'{self.dock_kind!r}: leave --dock-timing out or use a configuration with dock.kind = "twin"'
             )
+        if self.warp and self.model_frame and self.model_frame != self.frame_format():
+            return (
+                f"the node configuration's model.frame = {self.model_frame!r} is not the camera's frames "
+                f"({self.frame_format()}): leave model.frame out (chestnut launch sets it) or change --frames / "
+                "--pixel-format"
+            )
         h, w = self.model_hw
         if self.frames == "model" and self.pixel_format == "nv12" and (h % 2 or w % 2):
             return (
@@ -509,6 +522,23 @@ class FrameOptions:
     def warp(self) -> bool:
         """The node must warp the frames to the model's input: they are not the model's size or not BGR."""
         return self.frames == "native" or self.pixel_format != "bgr24"
+
+    @property
+    def frame_hw(self) -> tuple[int, int]:
+        """The camera's frame (H, W) in px: the model's input, the synthetic frame's or the source's own."""
+        if self.frames == "model":
+            return self.model_hw
+        if self.synthetic:
+            return SYNTHETIC_NATIVE_HW
+        if self.native_hw is None:
+            raise ValueError("--frames native: the source's size is not known")
+        return self.native_hw
+
+    def frame_format(self) -> str:
+        """The camera's frames as ``[model] frame`` names them: ``<encoding>:<W>x<H>`` (``backend/warp.py``
+        ``WarpSpec.parse``), e.g. ``nv12:1928x1208``."""
+        h, w = self.frame_hw
+        return f"{'nv12' if self.pixel_format == 'nv12' else 'bgr888'}:{w}x{h}"
 
     def camera_args(self) -> list[str]:
         """``chestnut camera``'s arguments beyond ``--rate``."""
@@ -533,6 +563,17 @@ class FrameOptions:
         if self.warp and not self.preprocess.startswith("warp:"):
             return "warp:" + self.preprocess
         return self.preprocess
+
+    def node_model_frame(self) -> str:
+        """The node's ``[model] frame``: the camera's frame format when the primary warps, else as given."""
+        return self.frame_format() if self.warp and self.warp_on == "primary" else self.model_frame
+
+    @property
+    def node_config_changes(self) -> dict[str, str]:
+        """The ``[model]`` keys this run's node configuration changes (empty: the given one runs as it is)."""
+        want = {"preprocess": self.node_preprocess(), "frame": self.node_model_frame()}
+        have = {"preprocess": self.preprocess, "frame": self.model_frame}
+        return {k: v for k, v in want.items() if v != have[k]}
 
 
 def read_node_toml(path: Path | None) -> dict[str, Any]:
@@ -570,6 +611,12 @@ def frame_options(args: argparse.Namespace, node_toml: dict[str, Any]) -> FrameO
         hw = (int(shape[2]), int(shape[3]))
     except (TypeError, ValueError, IndexError):
         hw = ModelConfig().shape[2:4]  # the node names a malformed shape itself
+    native_hw = None
+    if args.frames == "native" and not args.synthetic:
+        from chestnut.launch.assets import traffic_video_path
+        from chestnut.launch.camerad import source_size
+
+        native_hw = source_size(traffic_video_path(), args.pixel_format)
     return FrameOptions(
         frames=args.frames,
         synthetic=args.synthetic,
@@ -581,18 +628,22 @@ def frame_options(args: argparse.Namespace, node_toml: dict[str, Any]) -> FrameO
         model_hw=(int(hw[0]), int(hw[1])),
         preprocess=str(model.get("preprocess", ModelConfig().preprocess)),
         dock_kind=str(dock.get("kind", DockConfig().kind)),
+        warp_on=args.warp,
+        native_hw=native_hw,
+        model_frame=str(model.get("frame", "")),
     )
 
 
 def write_frame_node_config(run_dir: Path, node_toml: dict[str, Any], opts: FrameOptions) -> Path:
-    """The node configuration of this run when the frames need the warp: ``node_toml`` with ``[model]
-    preprocess`` from :meth:`FrameOptions.node_preprocess`, written 0600 to ``<run dir>/node.toml`` and
-    checked by loading it (``node/config.py`` ``load_config``; raises its ``ConfigError``)."""
+    """The node configuration of this run when the frames need the warp: ``node_toml`` with the ``[model]``
+    keys of :attr:`FrameOptions.node_config_changes` (``preprocess``, ``frame``), written 0600 to
+    ``<run dir>/node.toml`` and checked by loading it (``node/config.py`` ``load_config``; raises its
+    ``ConfigError``)."""
     from chestnut.launch.acceptance import write_node_toml
     from chestnut.node.config import load_config
 
     data = {k: dict(v) for k, v in node_toml.items() if isinstance(v, dict)}
-    data.setdefault("model", {})["preprocess"] = opts.node_preprocess()
+    data.setdefault("model", {}).update(opts.node_config_changes)
     path = run_dir / "node.toml"
     write_node_toml(path, data)
     load_config(path)
@@ -656,6 +707,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="how frames reach the node: shm (the camera's shared-memory ring, only metadata on the bus), inline "
         "(pixels in the message); auto (default): shm for frames over 256 KiB (every native frame), else inline",
+    )
+    p.add_argument(
+        "--warp",
+        choices=("primary", "node"),
+        default="primary",
+        help="where frames that are not the model's input are warped to it: primary (default; its program takes "
+        "the full frame, which crosses the copy path every frame: [model] frame) or node (the node's CPU warp; "
+        "the primary takes the model's input); the fallback always warps on the CPU",
     )
     p.add_argument(
         "--dock-timing",
@@ -878,7 +937,7 @@ def wait_last_answer(view: Any, timeout_s: float) -> bool:
 def run(args: argparse.Namespace) -> int:
     from rich.live import Live
 
-    from chestnut.backend.errors import ConfigError
+    from chestnut.backend.errors import ChestnutError, ConfigError
     from chestnut.backend.sim.client import TwinClient
     from chestnut.launch.assets import default_model_path
     from chestnut.launch.signals import StopFlag
@@ -890,7 +949,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         log.error("--node-config: %s", e.detail or e)
         return 2
-    frames = frame_options(args, node_toml)
+    try:
+        frames = frame_options(args, node_toml)
+    except (ChestnutError, FileNotFoundError, ValueError) as e:  # the camera's source cannot be read
+        log.error("--frames native: %s", e)
+        return 2
     if (problem := argument_problem(args.seconds, args.rate, args.fault, frames)) is not None:
         log.error("%s", problem)
         return 2
@@ -918,14 +981,20 @@ def run(args: argparse.Namespace) -> int:
         log.error("--runs-dir: %s", e)
         return 2
     node_args = ["--config", str(args.node_config.resolve())] if args.node_config else []
-    if frames.node_preprocess() != frames.preprocess:  # the frames need the warp: this run's own node config
+    if frames.node_config_changes:  # the frames need the warp: this run's own node config
         try:
             node_conf = write_frame_node_config(run_dir, node_toml, frames)
         except ConfigError as e:
             log.error("--node-config: %s", e.detail or e)
             return 2
         node_args = ["--config", str(node_conf)]
-        log.info("node: preprocess %s for %s frames (%s)", frames.node_preprocess(), frames.frames, node_conf)
+        log.info(
+            "node: %s for %s %s frames (%s)",
+            ", ".join(f"model.{k} = {v!r}" for k, v in frames.node_config_changes.items()),
+            frames.frames,
+            frames.frame_format(),
+            node_conf,
+        )
     conf = render_config(
         run_dir,
         prefix,

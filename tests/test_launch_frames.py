@@ -40,6 +40,11 @@ def test_native_synthetic_nv12_is_openpilots_road_frame_through_the_ring_on_the_
     assert (DOCK_LINK_MBPS, DOCK_LATENCY_US) == (5600.0, 125.0)
     assert opts.twin_args() == ["--link-mbps", "5600", "--latency-us", "125"]
     assert opts.node_preprocess() == "warp:ppocr"
+    # the primary's program takes the full frame: it crosses the copy path every frame
+    assert opts.node_config_changes == {"preprocess": "warp:ppocr", "frame": "nv12:1928x1208"}
+    assert FrameOptions(frames="native", synthetic=True, warp_on="node").node_config_changes == {
+        "preprocess": "warp:ppocr"
+    }
     assert opts.problem() is None
 
 
@@ -55,9 +60,13 @@ def test_native_video_keeps_its_size_and_model_frames_take_the_models_input_size
     assert model.camera_args() == ["--height", "64", "--width", "96", "--pixel-format", "bgr24", "--transport", "auto"]
     assert model.twin_args() == []
     assert model.node_preprocess() == "ppocr"  # BGR at the model's size: no warp, the node config as given
+    assert model.node_config_changes == {}
+    video = FrameOptions(frames="native", native_hw=(576, 704))
+    assert video.node_config_changes == {"preprocess": "warp:ppocr", "frame": "bgr888:704x576"}
     nv12 = FrameOptions(pixel_format="nv12", synthetic=True)
     assert nv12.camera_args()[:5] == ["--synthetic", "--height", "128", "--width", "256"]
     assert nv12.node_preprocess() == "warp:ppocr"  # nv12 needs the conversion even at the model's size
+    assert nv12.node_model_frame() == "nv12:256x128"
     assert FrameOptions(frames="native", preprocess="warp:unit").node_preprocess() == "warp:unit"
     assert FrameOptions(dock_timing=True, link_mbps=10000, latency_us=0).twin_args() == [
         "--link-mbps",
@@ -89,6 +98,11 @@ def test_native_video_keeps_its_size_and_model_frames_take_the_models_input_size
             FrameOptions(pixel_format="nv12", model_hw=(33, 64)),
             "--pixel-format nv12 --frames model: an nv12 frame has an even width and height, the model's input is "
             "64x33 (WxH); use --frames native or --pixel-format bgr24",
+        ),
+        (
+            FrameOptions(frames="native", synthetic=True, model_frame="nv12:704x576"),
+            "the node configuration's model.frame = 'nv12:704x576' is not the camera's frames (bgr888:1928x1208): "
+            "leave model.frame out (chestnut launch sets it) or change --frames / --pixel-format",
         ),
     ],
 )
@@ -125,14 +139,25 @@ def test_the_runs_node_config_is_the_given_one_with_the_warp(tmp_path):
     table = read_node_toml(given)
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700)
-    path = write_frame_node_config(run_dir, table, FrameOptions(frames="native", model_hw=(64, 128)))
+    opts = FrameOptions(frames="native", synthetic=True, pixel_format="nv12", model_hw=(64, 128))
+    path = write_frame_node_config(run_dir, table, opts)
     assert path == run_dir / "node.toml"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     data = tomllib.loads(path.read_text())
-    assert data["model"] == {"shape": [1, 3, 64, 128], "preprocess": "warp:ppocr", "ranges": {"text_prob": [0.0, 1.0]}}
+    assert data["model"] == {
+        "shape": [1, 3, 64, 128],
+        "preprocess": "warp:ppocr",
+        "frame": "nv12:1928x1208",
+        "ranges": {"text_prob": [0.0, 1.0]},
+    }
     assert data["timing"] == {"deadline_ms": 120}
     cfg = load_config(path)
-    assert (cfg.model.preprocess, cfg.model.shape, cfg.timing.deadline_ms) == ("warp:ppocr", (1, 3, 64, 128), 120.0)
+    assert (cfg.model.preprocess, cfg.model.frame, cfg.model.shape, cfg.timing.deadline_ms) == (
+        "warp:ppocr",
+        "nv12:1928x1208",
+        (1, 3, 64, 128),
+        120.0,
+    )
 
 
 def test_the_default_node_config_gives_the_models_size_and_preprocess():
