@@ -58,8 +58,8 @@ from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
 from chestnut.backend.model import TensorSpec
 from chestnut.backend.real_runner import COPY_STATS_KEY, CopyTimer, DockLock, check_inputs, dock_lock_path
 from chestnut.backend.retry import STATS_KEY, RetryingUSB3
-from chestnut.backend.sim.engine import warp_program
 from chestnut.backend.stages import StageClock
+from chestnut.backend.warp import warp_program
 from chestnut.msgs.paths import current_prefix
 
 SIGNATURE_MAX_BYTES = 1 << 20  # VRAM reserved for OP_LOAD's signature (u32 length + JSON)

@@ -27,7 +27,9 @@ float32 rounding: :data:`IMPLEMENTATIONS_ATOL` (``docs/warp.md``).
 
 from __future__ import annotations
 
+import json
 import re
+import struct
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -54,6 +56,8 @@ BT601_LIMITED = {
     "g_v": -_CS * 2 * (1 - _KR) * _KR / _KG,
     "b_u": _CS * 2 * (1 - _KB),
 }
+WARP_MAGIC = b"CHNTWARP"  # a warped program image's header; no ONNX protobuf starts with it (0x43: a group field)
+MAX_WARP_HEADER = 4096  # bytes of the warp spec's JSON in a program image
 _FRAME_RE = re.compile(r"^([a-z0-9]+):(\d+)x(\d+)$")
 
 
@@ -257,3 +261,27 @@ def warp_tensor(spec: WarpSpec, frame: Any) -> Any:
         bgr = Tensor.stack(*(chans if spec.encoding == "bgr888" else chans[::-1]))
     mean, std = NORMALISATIONS[spec.norm]
     return ((bgr * (1 / 255.0) - mean) / std).reshape(spec.output_shape).cast(dtypes.float32)
+
+
+# ------------------------------------------------------------------ the program image
+def warp_program(spec: WarpSpec, onnx_bytes: bytes) -> bytes:
+    """The program image of ``onnx_bytes`` behind the warp ``spec`` (the OP_LOAD format above)."""
+    doc = json.dumps(spec.to_json()).encode()
+    return WARP_MAGIC + struct.pack("<I", len(doc)) + doc + onnx_bytes
+
+
+def split_program(image: bytes) -> tuple[WarpSpec | None, bytes]:
+    """A program image -> (its warp spec or None, the ONNX bytes). Raises WarpSpecError for a bad header."""
+    if not image.startswith(WARP_MAGIC):
+        return None, image
+    head = len(WARP_MAGIC) + 4
+    if len(image) < head:
+        raise WarpSpecError("a warped program ends inside its header")
+    (n,) = struct.unpack_from("<I", image, len(WARP_MAGIC))
+    if not 0 < n <= MAX_WARP_HEADER or head + n > len(image):
+        raise WarpSpecError(f"a warped program's spec is {n} bytes (1..{MAX_WARP_HEADER}, inside the image)")
+    try:
+        doc = json.loads(image[head : head + n])
+    except ValueError as e:
+        raise WarpSpecError(f"a warped program's spec is not JSON: {e}") from None
+    return WarpSpec.from_json(doc), image[head + n :]

@@ -14,7 +14,6 @@ from chestnut.backend.interface import ModelSpec
 from chestnut.backend.ladder import LadderConfig
 from chestnut.backend.model import OnnxModel, ensure_cpu_device
 from chestnut.backend.sim.client import running_twin
-from chestnut.backend.sim.engine import split_program, warp_program
 from chestnut.backend.sim.usb3 import forget_device_lists
 from chestnut.backend.twin_runner import TwinRunner
 from chestnut.backend.warp import (
@@ -23,7 +22,9 @@ from chestnut.backend.warp import (
     WarpSpec,
     WarpSpecError,
     filter_matrix,
+    split_program,
     warp_numpy,
+    warp_program,
     warp_tensor,
 )
 from chestnut.launch.assets import traffic_video_path

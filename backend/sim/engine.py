@@ -27,11 +27,12 @@ The format is defined in ``backend/protocol.py`` ("GPU command packets"); in sho
   sha256, warmed so its JIT is captured) and write its signature at ``sig``: u32 length, then UTF-8
   JSON ``{"sha256", "inputs": [{name, shape, dtype}], "outputs": [...]}``; on ``STATUS_COMPILE_FAILED``
   the JSON is ``{"error": message}``. A **warped program** (``docs/warp.md``) is the ONNX bytes behind a
-  header: ``WARP_MAGIC`` (8 bytes), u32 length, a UTF-8 JSON :class:`~chestnut.backend.warp.WarpSpec`;
-  its program takes the raw frame (uint8, the spec's frame shape) in place of the model's one float32
-  [1, 3, h, w] input, warps it on the GPU (here ``backend/warp.py`` ``warp_numpy``) and runs the model; its
-  signature also holds ``"warp"`` (the spec) and ``"model_inputs"`` (the model's own), ``sha256`` is the ONNX
-  bytes'. A bad header or spec, or a model whose input the warp does not make, is ``STATUS_COMPILE_FAILED``.
+  header (``backend/warp.py`` ``warp_program``): ``WARP_MAGIC`` (8 bytes), u32 length, a UTF-8 JSON
+  :class:`~chestnut.backend.warp.WarpSpec`. It takes the raw frame (uint8, the spec's frame shape) in
+  place of the model's one float32 [1, 3, h, w] input, warps it on the GPU (here ``backend/warp.py``
+  ``warp_numpy``) and runs the model; its signature also holds ``"warp"`` (the spec) and
+  ``"model_inputs"`` (the model's own), ``sha256`` is the ONNX bytes'. A bad header or spec, or a model
+  whose input the warp does not make, is ``STATUS_COMPILE_FAILED``.
 - ``OP_RUN program_id, table_lo, table_hi``: the table is u32 n_in, u32 n_out, then per tensor
   u64 VRAM offset, u64 nbytes, inputs then outputs in signature order; each nbytes must equal the
   tensor's size. ``status()["last_run"]`` says how many input bytes the last RUN read from VRAM and
@@ -65,7 +66,7 @@ import numpy as np
 from chestnut.backend import protocol as P
 from chestnut.backend.sim.faults import PhaseEvent
 from chestnut.backend.sim.memory import SparseMemory
-from chestnut.backend.warp import WarpSpec, WarpSpecError, warp_numpy
+from chestnut.backend.warp import WarpSpec, WarpSpecError, split_program, warp_numpy
 
 if TYPE_CHECKING:
     from chestnut.backend.model import OnnxModel
@@ -78,8 +79,6 @@ MAX_TENSORS = 256
 WAIT_POLL_S = 0.5
 COMPILE_CACHE_SIZE = 8
 STOP_JOIN_S = 1.0
-WARP_MAGIC = b"CHNTWARP"  # a warped program's header; no ONNX protobuf starts with it (0x43: a group field)
-MAX_WARP_HEADER = 4096    # bytes of the warp spec's JSON
 
 PROGRAM_ENGINES = ("tinygrad", "onnxruntime")
 _cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
@@ -153,29 +152,6 @@ class EngineHost(Protocol):
     def gpu_system_write(self, gpu_addr: int, data: bytes) -> bool: ...
 
     def gpu_system_read(self, gpu_addr: int, n: int) -> bytes | None: ...
-
-
-def warp_program(spec: WarpSpec, onnx_bytes: bytes) -> bytes:
-    """The program image of ``onnx_bytes`` behind the warp ``spec`` (the OP_LOAD format above)."""
-    doc = json.dumps(spec.to_json()).encode()
-    return WARP_MAGIC + struct.pack("<I", len(doc)) + doc + onnx_bytes
-
-
-def split_program(image: bytes) -> tuple[WarpSpec | None, bytes]:
-    """A program image -> (its warp spec or None, the ONNX bytes). Raises WarpSpecError for a bad header."""
-    if not image.startswith(WARP_MAGIC):
-        return None, image
-    head = len(WARP_MAGIC) + 4
-    if len(image) < head:
-        raise WarpSpecError("a warped program ends inside its header")
-    (n,) = struct.unpack_from("<I", image, len(WARP_MAGIC))
-    if not 0 < n <= MAX_WARP_HEADER or head + n > len(image):
-        raise WarpSpecError(f"a warped program's spec is {n} bytes (1..{MAX_WARP_HEADER}, inside the image)")
-    try:
-        doc = json.loads(image[head:head + n])
-    except ValueError as e:
-        raise WarpSpecError(f"a warped program's spec is not JSON: {e}") from None
-    return WarpSpec.from_json(doc), image[head + n:]
 
 
 def warped_signature(spec: WarpSpec, signature: dict[str, Any]) -> dict[str, Any]:
