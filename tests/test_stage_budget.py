@@ -81,10 +81,19 @@ def test_a_slow_copy_in_is_a_usb_warn_naming_the_stage_its_median_and_its_budget
     b = StageBudget()
     assert [b.observe(SLOW_IN, i * 50 * MS) for i in range(4)] == [[], [], [], []]  # fewer than 5 frames: no verdict
     usb, gpu = b.observe(SLOW_IN, 4 * 50 * MS)
-    assert usb == Evidence(Layer.USB, Level.WARN, "slow but alive: copy-in p50 31.2 ms > 20 ms budget of 50 ms frame "
-                           "(median of the last 5 frames)", tag="slow_copy_in", source=STAGE_SOURCE)
-    assert gpu == Evidence(Layer.GPU, Level.OK, "within budget: compute p50 3.0 ms <= 20 ms budget of 50 ms frame "
-                           "(median of the last 5 frames)", source=STAGE_SOURCE)
+    assert usb == Evidence(
+        Layer.USB,
+        Level.WARN,
+        "slow but alive: copy-in p50 31.2 ms > 20 ms budget of 50 ms frame (median of the last 5 frames)",
+        tag="slow_copy_in",
+        source=STAGE_SOURCE,
+    )
+    assert gpu == Evidence(
+        Layer.GPU,
+        Level.OK,
+        "within budget: compute p50 3.0 ms <= 20 ms budget of 50 ms frame (median of the last 5 frames)",
+        source=STAGE_SOURCE,
+    )
 
 
 def test_a_slow_compute_is_a_gpu_warn_and_both_copies_over_are_named_together() -> None:
@@ -93,11 +102,17 @@ def test_a_slow_compute_is_a_gpu_warn_and_both_copies_over_are_named_together() 
         ev = b.observe(StageTimes(0.025, 0.0405, 0.0125), i * 50 * MS)
     usb, gpu = ev
     assert (usb.level, usb.tag, usb.reason) == (
-        Level.WARN, "slow_copy_in", "slow but alive: copy-in p50 25.0 ms > 20 ms budget of 50 ms frame; copy-out p50 "
-        "12.5 ms > 10 ms budget of 50 ms frame (median of the last 5 frames)")
+        Level.WARN,
+        "slow_copy_in",
+        "slow but alive: copy-in p50 25.0 ms > 20 ms budget of 50 ms frame; copy-out p50 "
+        "12.5 ms > 10 ms budget of 50 ms frame (median of the last 5 frames)",
+    )
     assert (gpu.layer, gpu.level, gpu.tag, gpu.reason) == (
-        Layer.GPU, Level.WARN, "slow_compute",
-        "slow but alive: compute p50 40.5 ms > 20 ms budget of 50 ms frame (median of the last 5 frames)")
+        Layer.GPU,
+        Level.WARN,
+        "slow_compute",
+        "slow but alive: compute p50 40.5 ms > 20 ms budget of 50 ms frame (median of the last 5 frames)",
+    )
 
 
 def test_one_slow_frame_is_not_a_slow_stage() -> None:
@@ -106,8 +121,10 @@ def test_one_slow_frame_is_not_a_slow_stage() -> None:
         b.observe(FAST, i * 50 * MS)
     usb, gpu = b.observe(StageTimes(0.5, 0.5, 0.5), 19 * 50 * MS)
     assert (usb.level, gpu.level) == (Level.OK, Level.OK)
-    assert usb.reason == ("within budget: copy-in p50 1.2 ms <= 20 ms budget of 50 ms frame; copy-out p50 0.4 ms "
-                          "<= 10 ms budget of 50 ms frame (median of the last 20 frames)")
+    assert usb.reason == (
+        "within budget: copy-in p50 1.2 ms <= 20 ms budget of 50 ms frame; copy-out p50 0.4 ms "
+        "<= 10 ms budget of 50 ms frame (median of the last 20 frames)"
+    )
 
 
 def test_frames_older_than_the_window_age_are_not_judged() -> None:
@@ -126,8 +143,10 @@ def test_the_usb_layer_is_warn_while_frames_complete_and_ok_again_after_the_wind
     assert h.status(Layer.USB).level is Level.OK
     t = feed(b, h, SLOW_IN, 1, t)  # 11 of 20: over
     usb = h.status(Layer.USB)
-    assert (usb.level, usb.reason) == (Level.WARN, "slow but alive: copy-in p50 31.2 ms > 20 ms budget of 50 ms "
-                                       "frame (median of the last 20 frames)")
+    assert (usb.level, usb.reason) == (
+        Level.WARN,
+        "slow but alive: copy-in p50 31.2 ms > 20 ms budget of 50 ms frame (median of the last 20 frames)",
+    )
     assert usb.counters["slow_copy_in"] == 1 and usb.counters["faults"] == 0
     assert h.status(Layer.GPU).level is Level.OK
     # a WARN clears ChestnutActive, as a USB 2 link's WARN does; it is no fault: the primary keeps serving
@@ -159,8 +178,14 @@ def test_stage_times_cross_the_wire_exactly_and_a_bad_payload_is_a_protocol_erro
     st = StageTimes(0.0312, 0.0041, 0.0007)
     assert stages_from_payload(result_payload(st)) == st
     assert result_payload(None) == b"" and stages_from_payload(b"") is None
-    for bad in (b'{"stages": [1, 2]}', b'{"stages": [0.1, -0.2, 0.3]}', b'{"stage": []}', b'[1, 2, 3]',
-                b'{"stages": [0.1, true, 0.3]}', b'{"stages": [0.1, NaN, 0.3]}'):
+    for bad in (
+        b'{"stages": [1, 2]}',
+        b'{"stages": [0.1, -0.2, 0.3]}',
+        b'{"stage": []}',
+        b"[1, 2, 3]",
+        b'{"stages": [0.1, true, 0.3]}',
+        b'{"stages": [0.1, NaN, 0.3]}',
+    ):
         with pytest.raises(ValueError):
             stages_from_payload(bad)
 
@@ -228,8 +253,11 @@ class KnownStagesRunner:
 
 def test_the_worker_carries_the_runners_stage_times_back_exactly() -> None:
     h = WorkerHandle()
-    h.start(RunnerSpec(f"{HERE}:KnownStagesRunner"), ModelSpec(Path("known.onnx"), "known"),
-            LadderConfig(require_fingerprint=False))
+    h.start(
+        RunnerSpec(f"{HERE}:KnownStagesRunner"),
+        ModelSpec(Path("known.onnx"), "known"),
+        LadderConfig(require_fingerprint=False),
+    )
     try:
         deadline = time.monotonic() + 60
         while not h.poll_ready():
@@ -258,8 +286,14 @@ def test_the_real_runners_stages_are_the_spans_its_copy_timer_rates(tiny_onnx: P
     ensure_cpu_device()
     from chestnut.backend.real_runner import CopyTimer, load_or_build_jit
 
-    dj = load_or_build_jit(tiny_onnx.read_bytes(), "tiny", (TensorSpec("x", (1, 3, 32, 64), "float32"),), "CPU",
-                           "gfx1100", JitCache(tmp_path / "jit"))
+    dj = load_or_build_jit(
+        tiny_onnx.read_bytes(),
+        "tiny",
+        (TensorSpec("x", (1, 3, 32, 64), "float32"),),
+        "CPU",
+        "gfx1100",
+        JitCache(tmp_path / "jit"),
+    )
     timer, clock = CopyTimer(), StageClock()
     dj.call({"x": np.zeros((1, 3, 32, 64), np.float32)}, timer, clock)
     st = clock.last
@@ -321,12 +355,22 @@ class Taps:
         self.poller.poll(50)
         for ev in drain_sock(self.socks["modelOutput"]):
             m = ev.modelOutput
-            self.outputs.append({"frame": int(m.frameId), "source": str(m.source), "missed": bool(m.deadlineMissed),
-                                 "stages": (m.copyInTime, m.computeTime, m.copyOutTime), "exec": m.executionTime})
+            self.outputs.append(
+                {
+                    "frame": int(m.frameId),
+                    "source": str(m.source),
+                    "missed": bool(m.deadlineMissed),
+                    "stages": (m.copyInTime, m.computeTime, m.copyOutTime),
+                    "exec": m.executionTime,
+                }
+            )
         for ev in drain_sock(self.socks["chestnutHealth"]):
-            self.health.append({str(la.layer): (str(la.level), str(la.reason), {c.name: int(c.value)
-                                                                                for c in la.counters})
-                                for la in ev.chestnutHealth.layers})
+            self.health.append(
+                {
+                    str(la.layer): (str(la.level), str(la.reason), {c.name: int(c.value) for c in la.counters})
+                    for la in ev.chestnutHealth.layers
+                }
+            )
 
     def wait(self, pred: Any, timeout_s: float, what: str, log: Any) -> Any:
         deadline = time.monotonic() + timeout_s
@@ -352,8 +396,7 @@ def _levels(t: Taps) -> tuple[str, str] | None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_slow_dock_is_usb_and_gpu_warn_naming_the_stages_while_the_primary_answers_in_time(
-        tmp_path: Path) -> None:
+def test_a_slow_dock_is_usb_and_gpu_warn_naming_the_stages_while_the_primary_answers_in_time(tmp_path: Path) -> None:
     sys.path.insert(0, str(HERE.parent))
     from nodeharness import Bus, NodeProcess, record_fingerprint, write_node_config
     from tinymodel import make_tiny_onnx
@@ -365,27 +408,38 @@ def test_a_slow_dock_is_usb_and_gpu_warn_naming_the_stages_while_the_primary_ans
     # so the usb layer's reason is the stage budget's alone
     model = make_tiny_onnx(tmp_path / "tiny8x16.onnx", 8, 16)
     fp = record_fingerprint(model, tmp_path / "tiny8x16.fingerprint.json")
-    cfg = write_node_config(tmp_path / "node.toml", model, fingerprint=fp, shape=(1, 3, 8, 16),
-                            timing={"deadline_ms": 1000.0, "start_timeout_s": 60.0})
+    cfg = write_node_config(
+        tmp_path / "node.toml",
+        model,
+        fingerprint=fp,
+        shape=(1, 3, 8, 16),
+        timing={"deadline_ms": 1000.0, "start_timeout_s": 60.0},
+    )
     prefix = os.environ["CHESTNUT_PREFIX"]
     twin = TwinDaemon(prefix).start()
     client = twin.client()
-    bus = Bus(prefix, height=8, width=16, rate_hz=10.0)  # 100 ms apart: three 25 ms late units fit between
+    bus = Bus(prefix, height=8, width=16, rate_hz=8.0)  # 125 ms apart: three 25 ms late units fit between
     bus.start()
     node = NodeProcess(cfg, prefix, tmp_path / "node.log").start()
     taps = Taps(prefix)
     try:
-        taps.wait(lambda t: _levels(t) == ("ok", "ok") and len(t.outputs) > 5 and t.outputs[-1]["source"] == "primary",
-                  90, "the primary serving with usb and gpu OK", node.log_tail)
+        taps.wait(
+            lambda t: _levels(t) == ("ok", "ok") and len(t.outputs) > 5 and t.outputs[-1]["source"] == "primary",
+            90,
+            "the primary serving with usb and gpu OK",
+            node.log_tail,
+        )
         client.fault("slow_gpu", delay_ms=SLOW_GPU_MS)
         n_before = len(taps.outputs)
         taps.wait(lambda t: _levels(t) == ("warn", "warn"), 60, "usb and gpu WARN", node.log_tail)
         usb_level, usb_reason, usb_counters = taps.health[-1]["usb"]
         gpu_level, gpu_reason, gpu_counters = taps.health[-1]["gpu"]
         assert usb_reason.startswith("slow but alive: copy-in p50 ") and " ms > 20 ms budget of 50 ms frame" in (
-            usb_reason), usb_reason
+            usb_reason
+        ), usb_reason
         assert gpu_reason.startswith("slow but alive: compute p50 ") and " ms > 20 ms budget of 50 ms frame" in (
-            gpu_reason), gpu_reason
+            gpu_reason
+        ), gpu_reason
         assert usb_counters["slow_copy_in"] >= 1 and gpu_counters["slow_compute"] >= 1
         assert usb_counters["faults"] == 0 and gpu_counters["faults"] == 0
         during = taps.outputs[n_before:]

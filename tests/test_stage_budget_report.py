@@ -40,8 +40,9 @@ def stage_log(tmp_path: Path, with_stages: bool = True) -> Path:
         mo.source = "primary" if primary else "fallback"
         mo.executionTime = (i + 1 + 2.5) / 1e3 if primary else 0.003
         if with_stages:
-            mo.copyInTime, mo.computeTime, mo.copyOutTime = ((i + 1) / 1e3, 0.002, 0.0005) if primary else (
-                0.0, 0.003, 0.0)
+            mo.copyInTime, mo.computeTime, mo.copyOutTime = (
+                ((i + 1) / 1e3, 0.002, 0.0005) if primary else (0.0, 0.003, 0.0)
+            )
         items.append((t + 4 * MS, "modelOutput", m.to_bytes()))
     write_drive(items, tmp_path / "logs")
     return tmp_path / "logs"
@@ -82,6 +83,8 @@ def test_the_report_tables_the_stage_times_with_their_budgets(tmp_path: Path) ->
     ]
     page = write_report(tmp_path / "report", tl).read_text()
     assert "<h2>stage times</h2>" in page
-    assert ("<tr><td>primary</td><td>copy-in</td><td>30</td><td>15.5</td><td>29.7</td><td>30.0</td><td>20</td>"
-            "<td>openpilot#38862: ~22 ms a frame</td></tr>") in page
+    assert (
+        "<tr><td>primary</td><td>copy-in</td><td>30</td><td>15.5</td><td>29.7</td><td>30.0</td><td>20</td>"
+        "<td>openpilot#38862: ~22 ms a frame</td></tr>"
+    ) in page
     assert page.count('src="data:image/png;base64,') == 3
