@@ -3,8 +3,9 @@
 The command socket is an ``AF_UNIX`` ``SOCK_SEQPACKET`` pair (a bidirectional pipe that keeps message
 boundaries and can carry a descriptor, ``unix(7)``). Every message is one packet of at most
 :data:`PACKET_MAX_BYTES`: a 24-byte little-endian header ``<BBHIqq`` (kind, status, slot, payload
-length, seq, value) and an optional UTF-8 JSON payload (specs, errors, probe data). This replaces
-openpilot modeld's one-byte pipe protocol between modeld and its worker with a typed one.
+length, seq, value) and an optional UTF-8 JSON payload (specs, errors, probe data, a result's stage
+times). This replaces openpilot modeld's one-byte pipe protocol between modeld and its worker with a typed
+one.
 
 Errors cross as the typed classes of :mod:`chestnut.backend.errors` (:func:`error_to_json`,
 :func:`error_from_json`); anything else a runner raises becomes :class:`WorkerError`.
