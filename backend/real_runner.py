@@ -60,6 +60,7 @@ from chestnut.backend.ladder import DockQualifier, LadderConfig, Outcome, UsbDoc
 from chestnut.backend.model import TensorSpec, outputs_digest, verification_inputs
 from chestnut.backend.retry import install_in_tinygrad
 from chestnut.backend.stages import StageClock
+from chestnut.backend.warp import WarpSpec, warp_program, warp_tensor
 
 REAL_DEV = "USB+AMD:LLVM"  # tinygrad 0.14: the AMD GPU behind the USB bridge, LLVM compiler
 TINYGRAD_DEVICE = "AMD"
@@ -454,6 +455,7 @@ def load_or_build_jit(
     cache: JitCache | None,
     progress: Callable[[str], None] | None = None,
     tg_version: str | None = None,
+    warp: WarpSpec | None = None,
 ) -> DockJit:
     """The model's captured ``TinyJit`` on ``device``: from ``cache`` when a trusted entry for this key
     reproduces its recorded output digest, else parsed, compiled, captured (three calls on zeros;
@@ -462,9 +464,14 @@ def load_or_build_jit(
     The same code path serves the dock (``device="AMD"``) and the host CPU (``"CPU"``, how it is
     tested without a dock). ``progress`` receives one line per phase. Raises what tinygrad raises
     (the runner translates it); a refused or stale entry is rebuilt (the cache logs why).
+
+    With ``warp`` (``backend/warp.py``), ``inputs`` is the raw frame's one spec and the JIT is the warp
+    (``warp_tensor``) then the model, one graph on ``device``: on a dock the full frame is copied in and
+    warped on the GPU. Its key is the program image's (``warp_program``), so each warp has its own entry.
     """
     say = progress or (lambda _msg: None)
-    key = dock_cache_key(onnx_bytes, inputs, device, arch, tg_version)
+    image = onnx_bytes if warp is None else warp_program(warp, onnx_bytes)
+    key = dock_cache_key(image, inputs, device, arch, tg_version)
     check = verification_inputs(inputs)
     if cache is not None and (hit := cache.load(key)) is not None:
         jit, meta = hit
@@ -479,7 +486,13 @@ def load_or_build_jit(
     say(f"{name}: parsing the ONNX graph for {device} ({arch})")
     runner = OnnxRunner(Tensor(onnx_bytes, dtype=dtypes.uint8, device="CPU"))
     runner.to(device)
-    jit = TinyJit(lambda **kw: {k: v.realize() for k, v in runner(kw).items()})
+    if warp is None:
+        jit = TinyJit(lambda **kw: {k: v.realize() for k, v in runner(kw).items()})
+    else:
+        (frame_name,) = (s.name for s in inputs)
+        jit = TinyJit(
+            lambda **kw: {k: v.realize() for k, v in runner({frame_name: warp_tensor(warp, kw[frame_name])}).items()}
+        )
     dj = DockJit(jit, device, (), key, built=True)
     zeros = {s.name: np.zeros(s.shape, s.dtype) for s in inputs}
     say(f"{name}: first run on {device} (compiles every kernel: minutes for a real model on a dock)")
@@ -536,6 +549,8 @@ class RealRunner:
         self._jit: Any = None
         self._inputs: tuple[TensorSpec, ...] = ()
         self._outputs: tuple[TensorSpec, ...] = ()
+        self.model_inputs: tuple[TensorSpec, ...] = ()  # the model's own (= the inputs without a warp)
+        self.model_compiled: DockJit | None = None  # with a warp: the model alone, for the warm-up
         self._qualifier: DockQualifier | None = None
         self._failed: ChestnutError | None = None
 
@@ -598,11 +613,19 @@ class RealRunner:
         if not path.is_file():
             raise ModelError("missing_model", f"model file {path} does not exist")
         onnx_bytes = path.read_bytes()
-        self._inputs = _graph_inputs(onnx_bytes, model.name, dict(model.input_shapes))
+        self.model_inputs = _graph_inputs(onnx_bytes, model.name, dict(model.input_shapes))
+        self._inputs = self.model_inputs if model.warp is None else (warped_input(model.warp, self.model_inputs),)
+        self.model_compiled = None
         try:
             self.compiled = load_or_build_jit(
-                onnx_bytes, model.name, self._inputs, TINYGRAD_DEVICE, self.arch, self.jit_cache, self.progress
+                onnx_bytes, model.name, self._inputs, TINYGRAD_DEVICE, self.arch, self.jit_cache, self.progress,
+                warp=model.warp,
             )
+            if model.warp is not None:  # the model alone too: the warm-up's fingerprint is recorded on its input
+                self.model_compiled = load_or_build_jit(
+                    onnx_bytes, model.name, self.model_inputs, TINYGRAD_DEVICE, self.arch, self.jit_cache,
+                    self.progress,
+                )
         except ChestnutError:
             raise
         except Exception as e:
@@ -623,10 +646,14 @@ class RealRunner:
         self._check_alive()
         if self._jit is None:
             raise ModelError("not_loaded", "no model is loaded")
-        check_inputs(self._inputs, inputs)
-        assert self.compiled is not None
+        compiled = self.compiled
+        if self.model_compiled is not None and inputs_match(self.model_inputs, inputs):
+            compiled = self.model_compiled  # a warped program's model on its own input (the warm-up)
+        else:
+            check_inputs(self._inputs, inputs)
+        assert compiled is not None
         try:
-            return self.compiled.call(inputs, self.copy_timer, self.stages)
+            return compiled.call(inputs, self.copy_timer, self.stages)
         except Exception as e:
             raise self._fail(translate(e)) from e
 
@@ -659,6 +686,26 @@ class RealRunner:
         if err.layer is not None:
             self._failed = err
         return err
+
+
+def inputs_match(specs: tuple[TensorSpec, ...], inputs: dict[str, np.ndarray]) -> bool:
+    """Whether ``inputs`` are exactly ``specs`` (names, shapes, dtypes): :func:`check_inputs` without raising."""
+    return set(inputs) == {s.name for s in specs} and all(
+        isinstance(inputs[s.name], np.ndarray)
+        and tuple(inputs[s.name].shape) == s.shape
+        and inputs[s.name].dtype == np.dtype(s.dtype)
+        for s in specs
+    )
+
+
+def warped_input(warp: WarpSpec, model_inputs: tuple[TensorSpec, ...]) -> TensorSpec:
+    """The raw frame spec a warped program takes in place of the model's one input. Raises ModelError
+    ``bad_warp`` when the model's inputs are not the one float32 [1, 3, h, w] tensor the warp makes."""
+    want = TensorSpec(model_inputs[0].name if model_inputs else "x", warp.output_shape, "float32")
+    if model_inputs != (want,):
+        got = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in model_inputs)
+        raise ModelError("bad_warp", f"the warp makes float32{list(warp.output_shape)}; the model's inputs are {got}")
+    return warp.frame_spec(want.name)
 
 
 def check_inputs(specs: tuple[TensorSpec, ...], inputs: dict[str, np.ndarray]) -> None:

@@ -56,7 +56,14 @@ from chestnut.backend.errors import ChestnutError, GpuLayerError, ModelError, Pc
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec
 from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
 from chestnut.backend.model import TensorSpec
-from chestnut.backend.real_runner import COPY_STATS_KEY, CopyTimer, DockLock, check_inputs, dock_lock_path
+from chestnut.backend.real_runner import (
+    COPY_STATS_KEY,
+    CopyTimer,
+    DockLock,
+    check_inputs,
+    dock_lock_path,
+    inputs_match,
+)
 from chestnut.backend.retry import STATS_KEY, RetryingUSB3
 from chestnut.backend.stages import StageClock
 from chestnut.backend.warp import warp_program
@@ -68,16 +75,6 @@ LINK_CHECK_TIMEOUT_MS = 100  # the per-frame LTSSM read (openpilot's hardwared r
 VRAM_ALIGN = 0x1000
 PROGRAM_ID = 1
 MODEL_PROGRAM_ID = 2  # with a warp: the model alone, on its own input (the warm-up's fingerprint)
-
-
-def _matches(specs: tuple[TensorSpec, ...], inputs: dict[str, np.ndarray]) -> bool:
-    """Whether ``inputs`` are exactly ``specs`` (names, shapes, dtypes)."""
-    return set(inputs) == {s.name for s in specs} and all(
-        isinstance(inputs[s.name], np.ndarray)
-        and tuple(inputs[s.name].shape) == s.shape
-        and inputs[s.name].dtype == np.dtype(s.dtype)
-        for s in specs
-    )
 
 
 class VramHeap:
@@ -404,7 +401,7 @@ class TwinRunner:
         if not self._loaded:
             raise ModelError("not_loaded", "no model is loaded")
         specs, buffers, program, table = self._inputs, self._buffers, PROGRAM_ID, self._table
-        if self._model_table and _matches(self.model_inputs, inputs):  # a warped program's model, unwarped
+        if self._model_table and inputs_match(self.model_inputs, inputs):  # a warped program's model, unwarped
             specs, buffers, program, table = self.model_inputs, self._model_buffers, MODEL_PROGRAM_ID, self._model_table
         check_inputs(specs, inputs)
         clock = self.stages.now

@@ -186,3 +186,41 @@ def test_a_warp_that_does_not_make_the_models_input_fails_to_load_in_one_line(do
     assert e.value.detail.endswith(
         "WarpSpecError: the warp makes float32[1, 3, 64, 64]; the model's inputs are x float32[1, 3, 32, 64]"
     ), e.value.detail
+
+
+# ------------------------------------------------------------------ the warp inside the real runner's JIT
+def test_the_real_runners_jit_warps_then_runs_the_model_in_one_graph(tiny_onnx, tmp_path):
+    """``load_or_build_jit`` with a warp, on the host CPU (the same code path as the dock's ``AMD``): the
+    captured JIT takes the raw NV12 frame and gives the model's output on its warp, cached under its own key."""
+    ensure_cpu_device()
+    from chestnut.backend.jitcache import JitCache
+    from chestnut.backend.real_runner import dock_cache_key, load_or_build_jit
+
+    spec = WarpSpec("nv12", 576, 704, 32, 64, "unit")
+    onnx = tiny_onnx.read_bytes()
+    frame_in = (spec.frame_spec("x"),)
+    cache = JitCache(tmp_path / "cache")
+    dj = load_or_build_jit(onnx, "tiny", frame_in, "CPU", "host", cache, warp=spec)
+    assert dj.built and dj.outputs[0].shape == (1, 1, 16, 32)
+    assert dj.key != dock_cache_key(onnx, frame_in, "CPU", "host")  # the program image's key, not the model's
+    cpu = OnnxModel(tiny_onnx, name="tiny")
+    frame = next(iter_frames(traffic_video_path(), None, None, loop=False, pixel_format="nv12"))
+    want = cpu.run({"x": warp_numpy(spec, frame)})["prob"]
+    np.testing.assert_allclose(dj.call({"x": frame})["prob"], want, rtol=0, atol=1e-5)
+    again = load_or_build_jit(onnx, "tiny", frame_in, "CPU", "host", cache, warp=spec)
+    assert not again.built  # from the compile cache, verified
+    np.testing.assert_allclose(again.call({"x": frame})["prob"], want, rtol=0, atol=1e-5)
+
+
+def test_a_warp_the_model_cannot_take_is_one_model_error():
+    from chestnut.backend.model import TensorSpec
+    from chestnut.backend.real_runner import warped_input
+
+    spec = WarpSpec("nv12", *NV12_FULL, 128, 256, "ppocr")
+    assert warped_input(spec, (TensorSpec("x", (1, 3, 128, 256), "float32"),)) == TensorSpec("x", (1812, 1928), "uint8")
+    with pytest.raises(ModelError) as e:
+        warped_input(spec, (TensorSpec("x", (1, 3, 32, 64), "float32"),))
+    assert (e.value.reason, e.value.detail) == (
+        "bad_warp",
+        "the warp makes float32[1, 3, 128, 256]; the model's inputs are x float32[1, 3, 32, 64]",
+    )
