@@ -506,13 +506,13 @@ def evidence_from_copy_timing(stats: Mapping[str, Any], fresh_ms: float = PROBE_
 FRAME_PERIOD_S = 0.05
 """The frame period the stage budget shares out: 20 Hz, openpilot modeld's model rate (``MODEL_FREQ``), 50 ms."""
 
-STAGE_SHARES: Mapping[str, float] = {"copy_in": 0.4, "compute": 0.4, "copy_out": 0.2}
+STAGE_SHARES: Mapping[str, float] = {"copy_in": 0.4, "compute": 0.3, "copy_out": 0.3}
 """Each stage's share of :data:`FRAME_PERIOD_S`. The node runs one frame at a time, so the three stages
 share one frame period and the shares add up to 1. copy-in 0.4 (20 ms): openpilot#38862's dock spent
 ~22 ms of the 50 ms frame on the USB copy alone and showed "Driving Model Lagging", so that copy is over
-budget here; compute 0.4 (20 ms): the same share for the model itself; copy-out 0.2 (10 ms): a model's
-outputs are no larger than its inputs, and tinygrad 0.14's copy-out path is the slower of the two
-(``AMDAllocator._copyout``, ``README.md`` "Measured")."""
+budget here; copy-out 0.3 (15 ms): tinygrad 0.14's copy-out costs round trips more than bytes (about
+eight in turn per 512 KiB, ``AMDAllocator._copyout``; ``README.md`` "Known limits"), so even a small
+output needs more than its size's share; compute 0.3 (15 ms): the rest of the frame."""
 
 STAGE_LAYERS: Mapping[str, Layer] = {"copy_in": Layer.USB, "compute": Layer.GPU, "copy_out": Layer.USB}
 """The layer that owns each stage: the copies cross the USB link, the compute is the GPU's."""

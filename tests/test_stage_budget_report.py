@@ -77,9 +77,9 @@ def test_the_report_tables_the_stage_times_with_their_budgets(tmp_path: Path) ->
     assert {o.stages_s for o in tl.outputs if o.source == "fallback"} == {(0.0, np.float32(0.003), 0.0)}
     assert stage_rows(tl) == [
         ("primary", "copy-in", 30, "15.5", "29.7", "30.0", "20", "openpilot#38862: ~22 ms a frame"),
-        ("primary", "compute", 30, "2.0", "2.0", "2.0", "20", ""),
-        ("primary", "copy-out", 30, "0.5", "0.5", "0.5", "10", ""),
-        ("fallback", "compute", 10, "3.0", "3.0", "3.0", "20", ""),
+        ("primary", "compute", 30, "2.0", "2.0", "2.0", "15", ""),
+        ("primary", "copy-out", 30, "0.5", "0.5", "0.5", "15", ""),
+        ("fallback", "compute", 10, "3.0", "3.0", "3.0", "15", ""),
     ]
     page = write_report(tmp_path / "report", tl).read_text()
     assert "<h2>stage times</h2>" in page
