@@ -224,3 +224,72 @@ def test_a_warp_the_model_cannot_take_is_one_model_error():
         "bad_warp",
         "the warp makes float32[1, 3, 128, 256]; the model's inputs are x float32[1, 3, 32, 64]",
     )
+
+
+# ------------------------------------------------------------------ the node's side: model.frame and bad frames
+def test_model_frame_is_checked_when_the_config_is_loaded(tmp_path):
+    from chestnut.backend.errors import ConfigError
+    from chestnut.node.config import load_config
+
+    def load(frame: str, preprocess: str = "warp:ppocr") -> str:
+        path = tmp_path / "node.toml"
+        path.write_text(f'[model]\npreprocess = "{preprocess}"\nframe = "{frame}"\n')
+        with pytest.raises(ConfigError) as e:
+            load_config(path)
+        return e.value.detail
+
+    assert load("nv12:1927x1208") == (
+        "model.frame = 'nv12:1927x1208': an nv12 source is 1927x1208 (WxH): 4:2:0 chroma needs an even width and height"
+    )
+    assert load("gray8:640x480") == (
+        "model.frame = 'gray8:640x480': warp source encoding 'gray8' is unknown; use one of nv12, bgr888, rgb888"
+    )
+    assert (
+        load("nv12:1928x1208", "ppocr")
+        == "model.frame = 'nv12:1928x1208' needs model.preprocess = warp:<name>, not 'ppocr'"
+    )
+    path = tmp_path / "node.toml"
+    path.write_text('[model]\npreprocess = "warp:ppocr"\nframe = "nv12:1928x1208"\n')
+    assert load_config(path).model.frame == "nv12:1928x1208"
+
+
+def test_a_frame_of_another_format_than_model_frame_is_one_line():
+    from chestnut.node.main import primary_inputs
+    from chestnut.node.preprocess import primary_warp
+
+    spec = primary_warp("nv12:1928x1208", "warp:ppocr", (1, 3, 128, 256))
+    assert spec == WarpSpec("nv12", *NV12_FULL, 128, 256, "ppocr")
+    assert primary_warp("", "warp:ppocr", (1, 3, 128, 256)) is None  # no model.frame: the CPU warps for both
+    with pytest.raises(ValueError) as e:
+        spec.check_frame(np.zeros((576, 704, 3), np.uint8), "bgr888")
+    assert str(e.value) == (
+        "frame is bgr888 uint8[576, 704, 3], the warp on the primary takes nv12:1928x1208 (uint8[1812, 1928]): "
+        "set model.frame to the camera's format"
+    )
+    full = spec.check_frame(np.zeros((1812, 1928, 1), np.uint8), "nv12")  # a CameraFrame's trailing axis of 1
+    assert full.shape == (1812, 1928)
+    warped = {"x": np.zeros((1, 3, 128, 256), np.float32)}
+    assert primary_inputs((spec.frame_spec("x"),), warped, full)["x"] is full  # a primary that warps
+    model_in = (spec.output_spec("x"),)
+    assert primary_inputs(model_in, warped, full) is warped  # a runner that does not warp gets the CPU's input
+    assert primary_inputs((spec.frame_spec("x"),), warped, None) is warped
+
+
+def test_the_tinygrad_warp_keeps_a_model_within_the_agreement_tolerance(tmp_path):
+    """Hot standby on a dock: the primary's outputs on its GPU warp against the fallback's on the CPU warp, by
+    the node's agreement rule (|a - b| <= max(tol, tol * max(|a|, |b|)), ``timing.agreement_tol`` 1e-3). The
+    tiny model's margin here; the PP-OCRv4 detector's, measured: 1/580 of the tolerance (docs/warp.md)."""
+    ensure_cpu_device()
+    from tinygrad import Tensor
+    from tinymodel import make_tiny_onnx
+
+    from chestnut.node.config import TimingConfig
+
+    tol = TimingConfig().agreement_tol
+    model = OnnxModel(make_tiny_onnx(tmp_path / "tiny128.onnx", 128, 256), name="tiny128")
+    for encoding, frame in _frames()[:3]:
+        h = frame.shape[0] * 2 // 3 if encoding == "nv12" else frame.shape[0]
+        spec = WarpSpec(encoding, h, frame.shape[1], 128, 256, "ppocr")
+        a = model.run({"x": warp_tensor(spec, Tensor(frame)).numpy()})["prob"]
+        b = model.run({"x": warp_numpy(spec, frame)})["prob"]
+        assert (np.abs(a - b) <= 0.01 * np.maximum(tol, tol * np.maximum(np.abs(a), np.abs(b)))).all()
