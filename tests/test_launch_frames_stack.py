@@ -1,7 +1,7 @@
 """The whole launched stack on openpilot-sized frames, a short version of the 60 s run in the README:
 ``chestnut launch --frames native --synthetic --pixel-format nv12 --dock-timing`` -- 1928x1208 NV12 frames
-through the camera's shared-memory ring, warped on the node's CPU (``--warp node``) for the fallback and the
-primary on the twin with the dock-like timing model -- answers every frame.
+through the camera's shared-memory ring, the full frame to the primary, whose program warps it, on the twin
+with the dock-like timing model, and the fallback's warp on the node's CPU -- answers every frame.
 
 Needs the prepared model (``chestnut model prepare``, part of ``launch/setup.sh``).
 """
@@ -47,8 +47,6 @@ def run(tmp_path_factory):
             "--pixel-format",
             "nv12",
             "--dock-timing",
-            "--warp",
-            "node",
             "--log-format",
             "zst",
             "--runs-dir",
@@ -91,7 +89,7 @@ def test_the_node_warps_and_the_twin_runs_the_timing_model(run):
     _, _, run_dir, _ = run
     cfg = tomllib.loads((run_dir / "node.toml").read_text())
     assert cfg["model"]["preprocess"] == "warp:ppocr" and cfg["model"]["shape"] == [1, 3, 128, 256]
-    assert "frame" not in cfg["model"]  # the node warps: the primary takes the model's input
+    assert cfg["model"]["frame"] == "nv12:1928x1208"  # the primary's program warps: the full frame crosses USB
     commands = [line for line in (run_dir / "supervisord.conf").read_text().splitlines() if line.startswith("command=")]
     assert any(c.endswith(f"run --config {run_dir / 'node.toml'}") for c in commands)
     assert any(c.endswith("twin serve --engine onnxruntime --link-mbps 5600 --latency-us 125") for c in commands)
