@@ -2,6 +2,7 @@
 ``--transport`` reach the camera's command line, the node is switched to the warp, ``--dock-timing`` turns on
 the twin's timing model, and bad combinations are one line and exit 2."""
 
+import argparse
 import stat
 import subprocess
 import sys
@@ -10,11 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from chestnut.launch.assets import traffic_video_path
+from chestnut.launch.camerad import source_size
 from chestnut.launch.stack import (
     DOCK_LATENCY_US,
     DOCK_LINK_MBPS,
     FrameOptions,
     argument_problem,
+    frame_options,
     read_node_toml,
     render_config,
     write_frame_node_config,
@@ -205,3 +209,21 @@ def test_an_unreadable_node_config_is_one_line(tmp_path):
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and f"ERROR chestnut.launch: --node-config: {bad} is not valid TOML: " in lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_native_video_frames_are_the_traffic_videos_own_size():
+    args = argparse.Namespace(
+        frames="native",
+        synthetic=False,
+        pixel_format="nv12",
+        transport="auto",
+        dock_timing=False,
+        link_mbps=None,
+        latency_us=None,
+        warp="primary",
+    )
+    assert source_size(traffic_video_path()) == source_size(traffic_video_path(), "nv12") == (576, 704)
+    opts = frame_options(args, read_node_toml(None))
+    assert (opts.native_hw, opts.model_hw, opts.preprocess) == ((576, 704), (128, 256), "ppocr")
+    assert opts.node_config_changes == {"preprocess": "warp:ppocr", "frame": "nv12:704x576"}
+    assert opts.camera_args() == ["--native", "--pixel-format", "nv12", "--transport", "auto"]
