@@ -15,8 +15,10 @@ shared-memory ring above):
 - ``nv12``: ``synthetic_frames`` at 1928x1208 NV12, openpilot's road camera frame (3.5 MB).
 
 Figures per run: frames logged of frames sent; MB per minute of logging (the segment directory's
-files, scaled to 1200 frames), split into the logs (rlog + MCAP) and the video; the logger's CPU time
-over the publishing window as % of one core (``/proc/<pid>/stat`` utime + stime); and, read back with
+files, scaled from the frames logged with their pixels to 1200 frames), split into the logs (rlog +
+MCAP) and the video; the logger's CPU time (``/proc/<pid>/stat`` utime + stime) per frame logged with
+its pixels, times 20 Hz, as % of one core (what logging every frame at 20 Hz costs, also when a loaded
+machine starved the logger), next to its share of the wall time ("busy"); and, read back with
 ``msgs/video.py`` ``LoggedFrames``, how many logged frames differ from what was sent (0 for raw and
 FFV1; every frame for h264, by design), the largest pixel difference, and how many were logged without
 pixels (ring frames the camera overwrote before the logger read them: the logger fell behind).
@@ -146,13 +148,15 @@ def run_one(case: str, mode: str, seconds: float, work: Path) -> dict[str, float
             max_diff = max(max_diff, int(np.abs(got.astype(np.int16) - want.astype(np.int16)).max()))
     for lf in readers.values():
         lf.close()
-    per_min = 60 * RATE_HZ / max(1, logged)  # bytes of `logged` frames -> bytes of one minute (1200 frames)
+    kept = max(1, logged - unread)  # frames logged with their pixels
+    per_min = 60 * RATE_HZ / kept  # bytes of the kept frames -> bytes of one minute (1200 frames)
     return {
         "sent": sent,
         "logged": logged,
         "logs_mb_min": log_bytes * per_min / MB,
         "video_mb_min": video_bytes * per_min / MB,
-        "cpu_pct": 100 * cpu / wall,
+        "cpu_pct": 100 * cpu * RATE_HZ / kept,
+        "busy_pct": 100 * cpu / wall,
         "differ": differ,
         "max_diff": max_diff,
         "unread": unread,
@@ -171,7 +175,7 @@ def main() -> int:
     print(f"chestnut record at {RATE_HZ:g} Hz, {args.seconds:g} s per run; MB = 10^6 bytes; per minute = 1200 frames")
     print(
         f"{'case':32} {'mode':5} {'logged':>9} {'logs MB/min':>12} {'video MB/min':>13} {'total':>8} "
-        f"{'CPU %':>6} {'differ':>7} {'max |d|':>8} {'no pixels':>9}"
+        f"{'CPU %':>6} {'busy':>5} {'differ':>7} {'max |d|':>8} {'no pixels':>9}"
     )
     results = {}
     try:
@@ -182,7 +186,7 @@ def main() -> int:
                 total = r["logs_mb_min"] + r["video_mb_min"]
                 print(
                     f"{CASES[case]:32} {mode:5} {r['logged']:>4}/{r['sent']:<4} {r['logs_mb_min']:12.1f} "
-                    f"{r['video_mb_min']:13.1f} {total:8.1f} {r['cpu_pct']:6.1f} {r['differ']:>7} "
+                    f"{r['video_mb_min']:13.1f} {total:8.1f} {r['cpu_pct']:6.1f} {r['busy_pct']:5.1f} {r['differ']:>7} "
                     f"{r['max_diff']:>8} {r['unread']:>9}",
                     flush=True,
                 )
