@@ -451,8 +451,8 @@ def argument_problem(
 
 FRAME_SIZES = ("model", "native")
 """``--frames``: ``model`` -- the camera resizes to the model's input (``[model] shape`` H, W);
-``native`` -- the source's own size (``launch/camerad.py`` ``--native``), warped to the model's input by
-the node (``node/preprocess.py`` ``warp:``)."""
+``native`` -- the source's own size (``launch/camerad.py`` ``--native``), warped to the model's input by the
+primary's program or the node (``--warp``; ``node/preprocess.py`` ``warp:``, ``primary_warp``)."""
 SYNTHETIC_NATIVE_HW = (1208, 1928)
 """``--synthetic --frames native``: openpilot's road camera frame, 1928x1208 (H, W; ``launch/camerad.py``
 ``--synthetic``), 3.5 MB a frame in nv12."""
@@ -690,7 +690,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=FRAME_SIZES,
         default="model",
         help="model (default): the camera resizes to the model's input; native: the source's own size (the "
-        "traffic video's 704x576, --synthetic's 1928x1208), warped to the model's input by the node",
+        "traffic video's 704x576, --synthetic's 1928x1208), warped to the model's input (--warp)",
     )
     p.add_argument(
         "--synthetic", action="store_true", help="the camera's moving test pattern instead of the traffic video"
