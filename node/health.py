@@ -18,6 +18,9 @@ hysteresis (the AUTOSAR watchdog manager's pattern):
   ``bad_run`` counter shows the suspicion;
 - WARN evidence (usable with a known hazard: a USB 2 link, one late frame) applies at once;
 - improving from ERROR takes ``recover_after`` consecutive good (OK or WARN) observations;
+- evidence that only rates a frame other evidence already observed (the stage budget's,
+  :attr:`Evidence.counted` False) updates its source's condition and its tag's counter but no run:
+  it neither debounces nor recovers a layer;
 - outside ERROR the layer's level is the **worst of its current evidence**, one condition per
   evidence *source* (:attr:`Evidence.source`: the per-frame stream ``""`` -- runs, the watchdog,
   typed errors --, the dock ``"probe"``, the ``"transfers"`` counters, the ``"copy_path"`` timing, the
@@ -111,12 +114,15 @@ class Evidence:
     source: str = ""              # the condition this evidence speaks for (module doc); "" = the per-frame stream
     fresh_ms: float | None = None  # how long it stays current; None: the layer's ``stale_after_ms``
     counters: tuple[tuple[str, int], ...] = ()  # absolute counter values it reports (set, not added)
+    counted: bool = True  # False: a rating of a frame other evidence already observed (module doc)
 
     def __post_init__(self) -> None:
         if self.level is Level.STALE:
             raise ValueError("STALE is inferred from missing evidence, never observed")
         if self.fresh_ms is not None and not self.fresh_ms > 0:
             raise ValueError("fresh_ms must be > 0")
+        if not self.counted and self.level is Level.ERROR:
+            raise ValueError("an ERROR is always counted")
 
 
 @dataclass
@@ -208,6 +214,11 @@ class LayerMonitor:
         self.counters["observations"] += 1
         self.counters.update(ev.counters)
         self.last_evidence_ns = now_ns
+        if not ev.counted:  # it only rates a frame already observed: its source's condition, not the runs
+            if ev.level is Level.WARN and ev.tag:
+                self.counters[ev.tag] = self.counters.get(ev.tag, 0) + 1
+            self._condition(ev, now_ns)
+            return self.refresh(now_ns)
         if ev.level is Level.ERROR:
             self.counters["bad"] += 1
             if ev.tag:
@@ -554,6 +565,8 @@ class StageBudget:
     ``slow_copy_out``); within budget it is OK. Medians, not one sample: one slow frame on a busy host
     is not a slow stage. The conditions' source is :data:`STAGE_SOURCE`, so a WARN holds while the
     window says so and clears with the layer's hysteresis once the median is back under (module doc).
+    The evidence is not *counted* (:attr:`Evidence.counted`): it rates frames the completed runs already
+    observed, so a frame is still one observation towards a layer's recovery from ERROR.
     WARN never fails the primary over: deadline misses and errors do that. Pure: no clock of its own.
     Raises ``ValueError`` for a share outside (0, 1], a period or window that is not positive.
     """
@@ -598,9 +611,10 @@ class StageBudget:
             frames = f" (median of the last {mine[0].frames} frames)"
             if over:
                 out.append(Evidence(layer, Level.WARN, f"slow but alive: {text}{frames}",
-                                    tag=f"slow_{over[0].stage}", source=STAGE_SOURCE))
+                                    tag=f"slow_{over[0].stage}", source=STAGE_SOURCE, counted=False))
             else:
-                out.append(Evidence(layer, Level.OK, f"within budget: {text}{frames}", source=STAGE_SOURCE))
+                out.append(Evidence(layer, Level.OK, f"within budget: {text}{frames}", source=STAGE_SOURCE,
+                                    counted=False))
         return out
 
     def reset(self) -> None:

@@ -87,12 +87,14 @@ def test_a_slow_copy_in_is_a_usb_warn_naming_the_stage_its_median_and_its_budget
         "slow but alive: copy-in p50 31.2 ms > 20 ms budget of 50 ms frame (median of the last 5 frames)",
         tag="slow_copy_in",
         source=STAGE_SOURCE,
+        counted=False,
     )
     assert gpu == Evidence(
         Layer.GPU,
         Level.OK,
         "within budget: compute p50 3.0 ms <= 15 ms budget of 50 ms frame (median of the last 5 frames)",
         source=STAGE_SOURCE,
+        counted=False,
     )
 
 
@@ -162,6 +164,21 @@ def test_the_usb_layer_is_warn_while_frames_complete_and_ok_again_after_the_wind
     assert (usb.level, usb.reason) == (Level.OK, "transfers complete")
     assert chestnut_active(h, Source.PRIMARY) == (True, "all layers OK")
     assert usb.counters["slow_copy_in"] == 1 + 9 + 9
+
+
+def test_the_budgets_rating_of_a_frame_is_no_extra_observation_towards_recovery() -> None:
+    """A frame is one good observation however many sources rate it: a gpu ERROR still takes
+    ``recover_after`` (3) completed frames to clear, not 2 with the budget's OK beside each run's."""
+    h, b = HealthMonitor(), StageBudget()
+    t = feed(b, h, FAST, 10, 0)
+    h.apply([Evidence(Layer.GPU, Level.ERROR, "3 consecutive deadline misses", hard=True, tag="deadline_miss_run")], t)
+    t = feed(b, h, FAST, 2, t + 50 * MS)
+    gpu = h.status(Layer.GPU)
+    assert (gpu.level, gpu.reason) == (Level.ERROR, "3 consecutive deadline misses (recovering: 2/3 good)")
+    feed(b, h, FAST, 1, t)
+    assert h.status(Layer.GPU).level is Level.OK
+    with pytest.raises(ValueError, match="always counted"):
+        Evidence(Layer.GPU, Level.ERROR, "x", counted=False)
 
 
 def test_the_budget_warn_expires_when_the_primary_stops_answering() -> None:
