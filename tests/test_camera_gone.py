@@ -34,13 +34,16 @@ def ring_mappings(pid: int) -> int:
 
 
 class Outputs:
-    """The node's ``modelOutput`` and ``nodeState`` as (frame id, valid, reason) and state names."""
+    """The node's ``modelOutput`` and ``nodeState`` as (frame id, valid, reason) and state names, and the
+    camera's ``cameraFrame`` as (frame id, ring session), in order of arrival."""
 
     def __init__(self, prefix: str) -> None:
         self.poller = zmq.Poller()
-        self.socks = {s: sub_sock(s, self.poller, prefix=prefix) for s in ("modelOutput", "nodeState")}
+        services = ("modelOutput", "nodeState", "cameraFrame")
+        self.socks = {s: sub_sock(s, self.poller, prefix=prefix) for s in services}
         self.outputs: list[tuple[int, bool, str]] = []
         self.states: list[str] = []
+        self.frames: list[tuple[int, int]] = []
 
     def wait_for(self, pred: Callable[[], Any], timeout_s: float, what: str) -> Any:
         deadline = time.monotonic() + timeout_s
@@ -55,6 +58,8 @@ class Outputs:
                 self.outputs.append((int(ev.modelOutput.frameId), bool(ev.valid), str(ev.modelOutput.reason)))
             for ev in drain_sock(self.socks["nodeState"]):
                 self.states.append(str(ev.nodeState.state))
+            for ev in drain_sock(self.socks["cameraFrame"]):
+                self.frames.append((int(ev.cameraFrame.frameId), int(ev.cameraFrame.buffer.session)))
 
     def close(self) -> None:
         for s in self.socks.values():
@@ -131,10 +136,18 @@ def test_a_killed_camera_is_unmapped_and_the_next_one_is_served(tmp_path: Path, 
         == 2
     ), log
     assert "Traceback" not in log
-    second_ids = [f for f, _, _ in bus.outputs[n_before:]]
-    # the second camera's own frames (ids from 0; the first ones may go before the node's socket joins it), each
-    # answered once from the one the node first took
-    assert second_ids and min(second_ids) < 20 and second_ids == list(range(min(second_ids), max(second_ids) + 1))
+    # the second camera's stream: the outputs after the one decrease of ids (its ids count from 0 again);
+    # every frame it sent from the first one the node took (the first may go before the node's socket joins
+    # it) to the last one answered has exactly one output, in order
+    ids = [f for f, _, _ in bus.outputs]
+    restart = next(i for i in range(len(ids) - 1, 0, -1) if ids[i] < ids[i - 1])
+    second_ids = ids[restart:]
+    second_session = bus.frames[-1][1]
+    assert len({session for _, session in bus.frames}) == 2
+    sent = [f for f, session in bus.frames if session == second_session]
+    lo = max(second_ids[0], sent[0])  # this test's own subscriber may join the second camera later than the node
+    assert [f for f in second_ids if f >= lo] == [f for f in sent if lo <= f <= second_ids[-1]], (second_ids, sent)
+    assert second_ids[0] < 20 and len(second_ids) >= 10
     # a frame of the first camera still queued when its ring went is answered invalid, never from a stale ring
     assert all(v or "bad frame" in why for _, v, why in bus.outputs), bus.outputs
 
