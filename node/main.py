@@ -643,8 +643,10 @@ class Node:
             img = self.frame_reader.view(cf)  # a ring frame is read in place: no copy before preprocessing
             inputs = preprocess(self.cfg.model.preprocess, img, self.cfg.model.input, tuple(self.cfg.model.shape),
                                 str(cf.encoding))  # "warp:<name>" resizes / converts a full frame (node/preprocess.py)
-            # the primary's own warp takes the full frame: a copy, read before the torn-frame check below
-            full = None if self.warp is None else np.array(self.warp.check_frame(img, str(cf.encoding)))
+            # the primary's own warp takes the full frame (checked always; copied, before the torn-frame
+            # check below, while there is a worker to send it to)
+            full = None if self.warp is None else self.warp.check_frame(img, str(cf.encoding))
+            full = None if full is None or self.worker is None else np.array(full)
             self.frame_reader.verify(cf)  # lapped by the camera while read: dropped, never torn
             if self.frame_reader.session != self.ring_session:  # the first frame of a camera's ring
                 self.ring_session = self.frame_reader.session

@@ -87,6 +87,9 @@ def test_the_tinygrad_warp_is_the_numpy_warp_on_real_and_synthetic_frames():
         assert got.shape == want.shape == (1, 3, 128, 256) and got.dtype == np.float32
         assert np.abs(got - want).max() <= IMPLEMENTATIONS_ATOL, (encoding, frame.shape)
         assert want.min() >= -1 and want.max() <= 1
+        if encoding == "bgr888":  # the same pixels as RGB: the same input
+            rgb = WarpSpec("rgb888", h, frame.shape[1], 128, 256, "ppocr")
+            assert np.array_equal(warp_numpy(rgb, np.ascontiguousarray(frame[..., ::-1])), want)
 
 
 def test_warp_preprocess_is_the_numpy_warp_for_any_frame_size():

@@ -56,7 +56,7 @@ def test_the_primary_is_sent_the_full_frame_and_agrees_with_the_fallbacks_cpu_wa
         bus.publishing = True
         rec = bus.wait_for(
             lambda r: r if sum(o.source == "primary" and o.valid for o in r.outputs) >= 10 else None,
-            60.0,
+            90.0,
             "10 valid primary outputs",
         )
         last_run = client.status()["gpu"]["last_run"]
