@@ -10,7 +10,9 @@ model (``tests/tinymodel.py``, input 1x3x128x256: the model is not the point) be
 ``--frame`` (``docs/warp.md``). Each frame is one of ``launch/camerad.py``'s synthetic NV12 frames (or BGR
 for a ``bgr888`` frame). Printed per frame, medians and p90 over ``--frames``: bytes copied in, copy-in /
 compute (the GPU's warp and model) / copy-out times from the runner's own stage clock, and the same for the
-pre-warped float input (what the primary was sent before: 1x3x128x256 float32). The last line is
+pre-warped float input (what the primary was sent before: 1x3x128x256 float32); then the fallback's CPU warp
+of the same frames (``warp_numpy``) next to swscale through PyAV (``node/preprocess.py`` ``warp``). The last
+line is
 ``copy-in per frame at <frame>: B bytes, T ms (openpilot#38862: ~22 ms of the 50 ms budget)``.
 """
 
@@ -20,6 +22,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +37,7 @@ from chestnut.backend.sim.client import TwinDaemon  # noqa: E402
 from chestnut.backend.twin_runner import TwinRunner  # noqa: E402
 from chestnut.backend.warp import WarpSpec, warp_numpy  # noqa: E402
 from chestnut.launch.camerad import synthetic_frames  # noqa: E402
+from chestnut.node.preprocess import warp as swscale_warp  # noqa: E402
 
 LINK_MBPS, LATENCY_US = 5600.0, 125.0  # as tests/bench/bench_copy.py
 OPENPILOT_COPY_MS = 22.0  # openpilot#38862: the full frame's copy to the USB GPU, of a 50 ms frame
@@ -82,6 +86,18 @@ def main() -> None:
         for label, nbytes, stats in rows:
             cells = ", ".join(f"{k} {statistics.median(v):.2f} / {pct(v, 90):.2f} ms" for k, v in stats.items())
             print(f"{label}: {nbytes} bytes in per frame; p50 / p90: {cells}")
+        cpu: dict[str, list[float]] = {"warp_numpy": [], "swscale": []}
+        enc = "nv12" if spec.encoding == "nv12" else "bgr888"
+        for _ in range(args.frames + 2):
+            raw = next(frames)
+            t0 = time.perf_counter()
+            warp_numpy(spec, raw)
+            t1 = time.perf_counter()
+            swscale_warp(raw, enc, spec.dst_h, spec.dst_w)
+            cpu["warp_numpy"].append((t1 - t0) * 1e3)
+            cpu["swscale"].append((time.perf_counter() - t1) * 1e3)
+        cells = ", ".join(f"{k} {statistics.median(v[2:]):.2f} / {pct(v[2:], 90):.2f} ms" for k, v in cpu.items())
+        print(f"the fallback's CPU warp per frame, p50 / p90: {cells}")
         label, nbytes, stats = rows[0]
         print(
             f"copy-in per frame at {spec.frame}: {nbytes} bytes, {statistics.median(stats['copy_in']):.1f} ms "
