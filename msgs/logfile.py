@@ -42,6 +42,7 @@ those of ``capnp compile -o- chestnut.capnp`` (capnp 0.9.2) except for the sourc
 from __future__ import annotations
 
 import abc
+import base64
 import heapq
 import importlib.metadata
 import itertools
@@ -73,7 +74,7 @@ from chestnut.msgs.messaging import REASON_UNKNOWN_MEMBER, MalformedMessageError
 from chestnut.msgs.outdir import DIR_MODE, open_private, private_dir
 from chestnut.msgs.schema import MAX_MESSAGE_BYTES, SCHEMA_PATH, SCHEMA_SHA256, log
 from chestnut.msgs.services import SERVICE_LIST
-from chestnut.msgs.video import SegmentVideo, VideoOptions, video_event
+from chestnut.msgs.video import SegmentVideo, VideoOptions, preview, video_event
 
 __all__ = [
     "FLUSH_EVERY_MESSAGES",
@@ -272,11 +273,12 @@ class _SegmentFileWriter(abc.ABC):
         self.messages = 0
         self.closed = False
 
-    def write(self, service: str, log_mono_time_ns: int, data: bytes) -> None:
-        """Append one serialized ``Event`` of ``service`` (its ``logMonoTime`` in ns); may flush."""
+    def write(self, service: str, log_mono_time_ns: int, data: bytes, pixels: Any = None) -> None:
+        """Append one serialized ``Event`` of ``service`` (its ``logMonoTime`` in ns); may flush.
+        ``pixels``: a video-logged ``cameraFrame``'s (``msgs/video.py``), for a JSON MCAP's preview."""
         if self.closed:
             raise ValueError(f"{self.path} is closed")
-        self._write(service, log_mono_time_ns, data)
+        self._write(service, log_mono_time_ns, data, pixels)
         self.messages += 1
         self._pending += 1
         self.maybe_flush()
@@ -306,7 +308,7 @@ class _SegmentFileWriter(abc.ABC):
         self._close()
 
     @abc.abstractmethod
-    def _write(self, service: str, log_mono_time_ns: int, data: bytes) -> None:
+    def _write(self, service: str, log_mono_time_ns: int, data: bytes, pixels: Any = None) -> None:
         """Append ``data`` to the format's stream."""
 
     @abc.abstractmethod
@@ -341,7 +343,7 @@ class RlogSegmentWriter(_SegmentFileWriter):
         self._fh = open_private(self.path, "xb")  # 0600, never through a symlink; closed in _close
         self._z = zstd.ZstdCompressor(level=level, write_checksum=True).stream_writer(self._fh, closefd=False)
 
-    def _write(self, service: str, log_mono_time_ns: int, data: bytes) -> None:
+    def _write(self, service: str, log_mono_time_ns: int, data: bytes, pixels: Any = None) -> None:
         self._z.write(data)
 
     def _flush(self) -> None:
@@ -368,10 +370,10 @@ class McapSegmentWriter(_SegmentFileWriter):
     published bytes, for exact replay) and/or ``"json"`` channels Foxglove decodes (JSON Schema
     generated from the Cap'n Proto schema: topic ``/<service>`` plus ``/camera/image`` as
     ``foxglove.RawImage``, ``/chestnut/levels`` and ``/chestnut/log``; :mod:`chestnut.msgs.jsonschema`).
-    Channels are registered on a topic's first message. A ``cameraFrame`` without pixels (logged as
-    video, ``msgs/video.py``, or a ring frame the logger could not read) has no ``/camera/image``
-    message, so Foxglove shows no empty image (``chestnut export`` puts decoded frames back). A flush
-    ends the open chunk. ``metadata``
+    Channels are registered on a topic's first message. A ``cameraFrame`` logged as video
+    (``msgs/video.py``) has a ``/camera/image`` preview (``msgs/video.py`` ``preview``, at most
+    ``PREVIEW_MAX_BYTES``; ``chestnut export`` writes full frames); a ring frame the logger could not
+    read has none, so Foxglove shows no empty image. A flush ends the open chunk. ``metadata``
     (str -> str) is written as an MCAP metadata record named ``chestnut``. Raises ``ValueError``
     for an unknown or empty ``encodings``.
     """
@@ -424,7 +426,7 @@ class McapSegmentWriter(_SegmentFileWriter):
             self._json_channels[topic] = channel_id
         return channel_id
 
-    def _write(self, service: str, log_mono_time_ns: int, data: bytes) -> None:
+    def _write(self, service: str, log_mono_time_ns: int, data: bytes, pixels: Any = None) -> None:
         if "capnproto" in self.encodings:
             channel_id = self._channels.get(service)
             if channel_id is None:
@@ -441,7 +443,18 @@ class McapSegmentWriter(_SegmentFileWriter):
                 return
             for topic, message in foxglove_messages(service, body, self._json_state):
                 if topic == TOPIC_IMAGE and not message["data"]:
-                    continue
+                    if pixels is None:
+                        continue
+                    w, h, enc, img = preview(pixels, body["width"], body["height"], body["encoding"])
+                    step = w * (1 if enc == "mono8" else 3)
+                    message = {
+                        **message,
+                        "width": w,
+                        "height": h,
+                        "encoding": enc,
+                        "step": step,
+                        "data": base64.b64encode(img).decode(),
+                    }
                 self._add(self._json_channel(topic), log_mono_time_ns, json.dumps(message).encode())
 
     def _flush(self) -> None:
@@ -616,14 +629,14 @@ class RouteWriter:
         self.rotate_if_due()
         self._append(service, log_mono_time_ns, data)
 
-    def _append(self, service: str, log_mono_time_ns: int, data: bytes) -> None:
+    def _append(self, service: str, log_mono_time_ns: int, data: bytes, pixels: Any = None) -> None:
         """:meth:`write` into the open segment, whatever the time."""
         self.messages += 1
         for name in self.names:
             if name == "qlog" and not self._keep_light(service):
                 continue
             for fmt in self.formats:
-                self._files[(name, fmt)].write(service, log_mono_time_ns, data)
+                self._files[(name, fmt)].write(service, log_mono_time_ns, data, pixels)
         if "qlog" in self.names:
             self._light_seen[service] += 1
 
@@ -643,7 +656,8 @@ class RouteWriter:
             )
         cf = event.cameraFrame
         file, index = self._video.add(int(cf.width), int(cf.height), str(cf.encoding), pixels, log_mono_time_ns)
-        self._append("cameraFrame", log_mono_time_ns, video_event(event, file, index, self.video))  # same segment
+        meta = video_event(event, file, index, self.video)
+        self._append("cameraFrame", log_mono_time_ns, meta, pixels)  # the segment of the video frame
         return index
 
     def video_files(self) -> list[Path]:

@@ -71,6 +71,7 @@ __all__ = [
     "VideoOptions",
     "VideoWriter",
     "packet_limit",
+    "preview",
     "video_event",
     "video_file_name",
 ]
@@ -356,6 +357,30 @@ class SegmentVideo:
             self._thread.join()
             self._thread = None
         self._raise_error()
+
+
+PREVIEW_MAX_BYTES = 64 << 10
+"""Pixels of the ``/camera/image`` preview in a live JSON MCAP when frames are logged as video (our
+choice): the 128x256 default frame at half size (24 KB), 1928x1208 at 1/11 (175x109); the MCAP is
+Foxglove's view, the rlog and the video are the record, and ``chestnut export`` writes full frames."""
+
+
+def preview(pixels: np.ndarray, width: int, height: int, encoding: str) -> tuple[int, int, str, bytes]:
+    """A Foxglove ``RawImage`` preview of a frame: (width, height, RawImage encoding, bytes), every
+    ``k``-th pixel of every ``k``-th row for the smallest integer ``k`` that fits
+    :data:`PREVIEW_MAX_BYTES`; ``nv12`` is scaled and converted to ``bgr8`` by FFmpeg's swscale."""
+    channels = 1 if encoding == "gray8" else 3
+    k = 1
+    while (width // k) * (height // k) * channels > PREVIEW_MAX_BYTES:
+        k += 1
+    w, h = max(1, width // k), max(1, height // k)
+    if encoding == "nv12":
+        frame = av.VideoFrame.from_ndarray(pixels.reshape(height * 3 // 2, width), format="nv12")
+        img = frame.reformat(width=w, height=h, format="bgr24").to_ndarray()
+        return w, h, "bgr8", np.ascontiguousarray(img).tobytes()
+    img = pixels.reshape(height, width, channels)[: h * k : k, : w * k : k]
+    name = {"bgr888": "bgr8", "rgb888": "rgb8", "gray8": "mono8"}.get(encoding, "bgr8")
+    return w, h, name, np.ascontiguousarray(img).tobytes()
 
 
 def video_event(event: Any, file: str, index: int, options: VideoOptions) -> bytes:

@@ -25,6 +25,7 @@ from chestnut.msgs.logger import Recorder
 from chestnut.msgs.messaging import PubMaster, log_from_bytes
 from chestnut.msgs.services import FRAME_MAX_BYTES
 from chestnut.msgs.video import (
+    PREVIEW_MAX_BYTES,
     VIDEO_FILE,
     LoggedFrames,
     VideoFrameError,
@@ -206,25 +207,40 @@ def test_video_logging_cuts_the_log_to_the_metadata(tmp_path):
     assert vid_rlog < 40 * 1024  # metadata: a few hundred bytes a frame
 
 
-def test_live_json_mcap_has_no_empty_images(tmp_path):
+def live_images(tmp_path: Path, imgs: list[np.ndarray], encoding: str) -> list[dict]:
+    """The JSON ``/camera/image`` messages of a live MCAP of ``imgs`` logged as video."""
+    import base64
+
     from mcap.reader import make_reader
 
-    _, items = frame_items(5)
-    now = [items[0][0]]
-    with RouteWriter(
-        tmp_path,
-        formats=("mcap",),
-        mcap_encodings=("json",),
-        video=VideoOptions(),
-        route=ROUTE,
-        clock=lambda: now[0] / 1e9,
-    ) as w:
-        for t, _, data in items:
-            ev = log_from_bytes(data)
-            w.write_frame(t, ev, frame_to_array(ev.cameraFrame))
+    with RouteWriter(tmp_path, formats=("mcap",), mcap_encodings=("json",), video=VideoOptions(), route=ROUTE) as w:
+        for k, img in enumerate(imgs):
+            t = 10**9 + k * 50 * MS
+            w.write_frame(t, log_from_bytes(frame_event(k, img, encoding, t_ns=t).to_bytes()), img)
     with open(tmp_path / f"{ROUTE}--0" / "rlog.mcap", "rb") as fh:
-        topics = [c.topic for _, c, _ in make_reader(fh).iter_messages()]
-    assert topics.count("/cameraFrame") == 5 and "/camera/image" not in topics
+        messages = [(c.topic, json.loads(m.data)) for _, c, m in make_reader(fh).iter_messages()]
+    assert [t for t, _ in messages].count("/cameraFrame") == len(imgs)
+    images = [body for t, body in messages if t == "/camera/image"]
+    for body in images:
+        body["pixels"] = base64.b64decode(body.pop("data"))
+        assert len(body["pixels"]) == body["step"] * body["height"]
+    return images
+
+
+def test_the_live_json_mcap_shows_a_video_logged_frame_as_a_preview(tmp_path):
+    """Foxglove opens a run's MCAP with the camera image (a preview of at most PREVIEW_MAX_BYTES): the
+    128x256 default frame at half size, every other pixel of every other row."""
+    imgs = random_frames(3, 128, 256, "bgr888")
+    images = live_images(tmp_path, imgs, "bgr888")
+    assert [(b["width"], b["height"], b["encoding"], b["step"]) for b in images] == [(128, 64, "bgr8", 384)] * 3
+    assert all(b["pixels"] == imgs[k][::2, ::2].tobytes() for k, b in enumerate(images))
+
+
+def test_the_preview_of_a_full_size_nv12_frame_is_small_and_in_colour(tmp_path):
+    g = synthetic_frames(1208, 1928, "nv12")
+    (image,) = live_images(tmp_path, [next(g)[:, :, None]], "nv12")
+    assert (image["width"], image["height"], image["encoding"], image["step"]) == (175, 109, "bgr8", 525)
+    assert len(image["pixels"]) <= PREVIEW_MAX_BYTES
 
 
 # ---------------------------------------------------------------- the logger on real sockets
