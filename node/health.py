@@ -515,7 +515,8 @@ def evidence_from_copy_timing(stats: Mapping[str, Any], fresh_ms: float = PROBE_
 
 
 FRAME_PERIOD_S = 0.05
-"""The frame period the stage budget shares out: 20 Hz, openpilot modeld's model rate (``MODEL_FREQ``), 50 ms."""
+"""The frame period the stage budget shares out, s: openpilot's model rate, ``DT_MDL`` = 0.05 s in
+``common/realtime.py`` (``msgs/services.py``: ``modelOutput`` at 20 Hz)."""
 
 STAGE_SHARES: Mapping[str, float] = {"copy_in": 0.4, "compute": 0.3, "copy_out": 0.3}
 """Each stage's share of :data:`FRAME_PERIOD_S`. The node runs one frame at a time, so the three stages
