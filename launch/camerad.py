@@ -24,6 +24,7 @@ shared-memory ring and only its metadata (``buffer``: session, slot, sequence nu
 (``msgs/visionipc.py``). The ring is removed when the camera stops; when it is killed, the kernel frees
 the buffers once the last subscriber unmaps them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -153,10 +154,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--height", type=int, default=128)
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--native", action="store_true", help="keep the source's own size (ignores --height/--width)")
-    p.add_argument("--pixel-format", choices=sorted(PIXEL_FORMATS), default="bgr24",
-                   help="bgr24 (default) or nv12 (YUV 4:2:0, openpilot's camera format)")
-    p.add_argument("--synthetic", action="store_true",
-                   help="a moving test pattern of --width x --height instead of --source")
+    p.add_argument(
+        "--pixel-format",
+        choices=sorted(PIXEL_FORMATS),
+        default="bgr24",
+        help="bgr24 (default) or nv12 (YUV 4:2:0, openpilot's camera format)",
+    )
+    p.add_argument(
+        "--synthetic", action="store_true", help="a moving test pattern of --width x --height instead of --source"
+    )
     p.add_argument("--frames", type=int, default=0, help="stop after this many frames (0 = run until stopped)")
     p.add_argument("--no-loop", action="store_true", help="stop at the end of the source instead of looping")
     p.add_argument(
@@ -192,8 +198,13 @@ def run(args: argparse.Namespace) -> int:
             frames = synthetic_frames(args.height, args.width, pixel_format)
         else:
             native = getattr(args, "native", False)
-            frames = iter_frames(Path(source), None if native else args.height, None if native else args.width,
-                                 loop=not args.no_loop, pixel_format=pixel_format)
+            frames = iter_frames(
+                Path(source),
+                None if native else args.height,
+                None if native else args.width,
+                loop=not args.no_loop,
+                pixel_format=pixel_format,
+            )
         first = next(frames)
     except (FileNotFoundError, ValueError, StopIteration) as e:
         log.error("%s", e or f"camera source {source} has no frames")
@@ -229,9 +240,15 @@ def _publish(
     sent = skipped = 0
     with PubMaster(["cameraFrame"]) as pm:
         rows, cols = pending[0].shape[:2]
-        log.info("camera: %s at %.1f Hz, %dx%d %s, %s", source, args.rate, cols,
-                 rows * 2 // 3 if encoding == "nv12" else rows, encoding,
-                 "inline" if ring is None else f"shared-memory ring of {ring.slots}")
+        log.info(
+            "camera: %s at %.1f Hz, %dx%d %s, %s",
+            source,
+            args.rate,
+            cols,
+            rows * 2 // 3 if encoding == "nv12" else rows,
+            encoding,
+            "inline" if ring is None else f"shared-memory ring of {ring.slots}",
+        )
         time.sleep(max(0.0, args.start_delay))
         t0 = time.monotonic_ns()
         frame_id = 0
