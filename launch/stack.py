@@ -957,6 +957,14 @@ def run(args: argparse.Namespace) -> int:
     if (problem := argument_problem(args.seconds, args.rate, args.fault, frames)) is not None:
         log.error("%s", problem)
         return 2
+    if frames.node_config_changes and args.node_config is not None:  # its own errors, before it is rewritten
+        from chestnut.node.config import load_config
+
+        try:
+            load_config(args.node_config)
+        except ConfigError as e:
+            log.error("--node-config: %s", e.detail or e)
+            return 2
     if args.json and (problem := json_target_problem(args.json)) is not None:
         log.error("--json: %s", problem)
         return 2

@@ -227,3 +227,32 @@ def test_native_video_frames_are_the_traffic_videos_own_size():
     assert (opts.native_hw, opts.model_hw, opts.preprocess) == ((576, 704), (128, 256), "ppocr")
     assert opts.node_config_changes == {"preprocess": "warp:ppocr", "frame": "nv12:704x576"}
     assert opts.camera_args() == ["--native", "--pixel-format", "nv12", "--transport", "auto"]
+
+
+def test_a_node_config_the_node_would_refuse_is_refused_before_it_is_rewritten(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('stray = 1\n[model]\npreprocess = "ppocr"\n')  # a key outside every section
+    r = subprocess.run(
+        [
+            CHESTNUT,
+            "launch",
+            "--seconds",
+            "10",
+            "--frames",
+            "native",
+            "--synthetic",
+            "--node-config",
+            str(bad),
+            "--runs-dir",
+            str(tmp_path / "runs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].endswith(
+        f"ERROR chestnut.launch: --node-config: unknown section [stray] in {bad}; known: model, fallback, dock, timing"
+    ), r.stderr
+    assert not (tmp_path / "runs").exists()
