@@ -7,11 +7,12 @@ whose channels are JSON with JSON Schemas generated from ``msgs/chestnut.capnp``
 channels as well (exact replay from the one file). A frame logged as video (``chestnut record --frames
 video``, ``msgs/video.py``) is decoded from its segment's ``fcamera.mkv`` and exported with its pixels
 inline (``data`` filled, ``video`` kept to say where they came from), so the exported file stands alone;
-one whose video is missing or damaged is exported as metadata without an image and named on one line
-like any damage. A damaged input is exported up to the damage,
-and each damage is named on one line. ``OUT`` must not exist (it is never overwritten); it is created
-0600 (``msgs/outdir.py``, a missing directory 0700) and removed again when no message could be
-exported or the export stops on an error, so a failed export leaves nothing behind to block a rerun.
+one whose video is missing or damaged is exported as metadata without an image, and each such video
+file is named on one line like any damage (its first failing frame, and how many more failed). A
+damaged input is exported up to the damage, and each damage is named on one line. ``OUT`` must not
+exist (it is never overwritten); it is created 0600 (``msgs/outdir.py``, a missing directory 0700) and
+removed again when no message could be exported or the export stops on an error, so a failed export
+leaves nothing behind to block a rerun.
 Every bad path is one line: which path, what is wrong, how to fix it.
 """
 
@@ -45,7 +46,7 @@ def export_mcap(logs: list[Path], out: Path, with_capnp: bool = False) -> tuple[
     writer = McapSegmentWriter(out, FlushPolicy(every_messages=1000, interval_s=60.0), encodings=encodings)
     done = False
     frames: LoggedFrames | None = None
-    video_damage: list[str] = []
+    video_damage: dict[Path, list[Any]] = {}  # video file -> [its first error, frames that failed]
     try:
         for log_mono_time, service, data, event, path in reader.iter_from():
             if service == "cameraFrame" and LoggedFrames.in_video(event.cameraFrame):
@@ -69,16 +70,20 @@ def export_mcap(logs: list[Path], out: Path, with_capnp: bool = False) -> tuple[
         if not done:
             writer.close()
             out.unlink(missing_ok=True)  # created exclusively by this call: ours to remove
-    return writer.messages, [str(d) for d in reader.damage] + video_damage
+    lines = [
+        f"{e}{f'; {n - 1} more frame(s) of it without their pixels' if n > 1 else ''}" for e, n in video_damage.values()
+    ]
+    return writer.messages, [str(d) for d in reader.damage] + lines
 
 
-def _decoded(event: Any, frames: LoggedFrames, damage: list[str]) -> bytes:
-    """A video-logged ``cameraFrame``'s bytes with its decoded pixels in ``data``; as logged (and a line in
-    ``damage``) when they cannot be decoded."""
+def _decoded(event: Any, frames: LoggedFrames, damage: dict[Path, list[Any]]) -> bytes:
+    """A video-logged ``cameraFrame``'s bytes with its decoded pixels in ``data``; as logged (and counted in
+    ``damage`` under its video file) when they cannot be decoded."""
     try:
         pixels = frames.read(event.cameraFrame)
     except VideoFrameError as e:
-        damage.append(str(e))
+        entry = damage.setdefault(Path(frames.seg_dir or ".") / str(event.cameraFrame.video.file), [e, 0])
+        entry[1] += 1
         return bytes(event.as_builder().to_bytes())
     msg = event.as_builder()
     msg.cameraFrame.data = pixels.tobytes()
