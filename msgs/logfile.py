@@ -556,6 +556,7 @@ class RouteWriter:
         self._segment_end_s = 0.0
         self.video = video
         self._video: SegmentVideo | None = None  # the open segment's video files, from its first frame
+        self._closing_video: SegmentVideo | None = None  # the previous segment's, closed by its own thread
         self._open_segment(0)
 
     @property
@@ -599,14 +600,19 @@ class RouteWriter:
                 self._files[(name, fmt)] = writer
         self._segment_end_s = self._clock() + self.segment_seconds
 
-    def _close_segment(self) -> None:
+    def _close_segment(self, wait: bool = True) -> None:
+        """Close the open segment's files; its video in the background unless ``wait`` (a rollover: the
+        previous segment's video is waited for instead, long finished by then)."""
         errors = []
-        if self._video is not None:
+        for video in (self._closing_video, self._video):
+            if video is None:
+                continue
             try:
-                self._video.close()
+                video.close(wait=wait or video is self._closing_video)
             except OSError as e:
                 errors.append(e)
-            self._video = None
+        self._closing_video = None if wait else self._video
+        self._video = None
         for writer in self._files.values():
             try:
                 writer.close()
@@ -620,7 +626,7 @@ class RouteWriter:
         """Close the open segment and open the next one if its time is up; returns whether it did."""
         if self._clock() < self._segment_end_s:
             return False
-        self._close_segment()
+        self._close_segment(wait=False)
         self._open_segment(self.segment + 1)
         return True
 

@@ -293,6 +293,7 @@ class SegmentVideo:
         self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(maxsize=self.QUEUE_FRAMES)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._closing = False  # the thread was told to end
 
     def _raise_error(self) -> None:
         if self._error is not None:
@@ -346,14 +347,23 @@ class SegmentVideo:
             self._pending = 0
             self._last_flush_s = self._clock()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """Encode what is queued, close the open file cleanly (encoder drained, cues written) and end the
-        thread. Idempotent; raises a write error of the thread."""
+        thread; with ``wait`` False the thread does it while the caller goes on (a segment rollover must
+        not stall the logger's reading of the ring), and :meth:`join` waits. Idempotent; raises a write
+        error of the thread when it waited."""
         w, self._writer = self._writer, None
         if w is not None:
             self._put(("close", w))
-        if self._thread is not None:
+        if self._thread is not None and not self._closing:
+            self._closing = True
             self._queue.put(None)
+        if wait:
+            self.join()
+
+    def join(self) -> None:
+        """Wait for the thread to finish closing; raises its write error."""
+        if self._thread is not None:
             self._thread.join()
             self._thread = None
         self._raise_error()
