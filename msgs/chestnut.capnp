@@ -128,6 +128,8 @@ struct VideoFrameRef {
   index @1 :UInt32;                  # frame number in that file, from 0, in decode order
   codec @2 :Text;                    # FFmpeg encoder: "ffv1" (lossless) or "libx264"
   lossless @3 :Bool;                 # decoding gives back the camera's bytes exactly
+  crc32 @4 :UInt32;                  # CRC-32 (zlib) of the pixels as the camera sent them; 0: not recorded.
+                                     # A lossless frame that decodes to other bytes is refused as damaged
 }
 
 struct ModelOutput {
