@@ -74,7 +74,7 @@ from chestnut.msgs.messaging import REASON_UNKNOWN_MEMBER, MalformedMessageError
 from chestnut.msgs.outdir import DIR_MODE, open_private, private_dir
 from chestnut.msgs.schema import MAX_MESSAGE_BYTES, SCHEMA_PATH, SCHEMA_SHA256, log
 from chestnut.msgs.services import SERVICE_LIST
-from chestnut.msgs.video import SegmentVideo, VideoOptions, preview, video_event
+from chestnut.msgs.video import SegmentVideo, VideoOptions, pixels_crc32, preview, video_event
 
 __all__ = [
     "FLUSH_EVERY_MESSAGES",
@@ -662,7 +662,7 @@ class RouteWriter:
             )
         cf = event.cameraFrame
         file, index = self._video.add(int(cf.width), int(cf.height), str(cf.encoding), pixels, log_mono_time_ns)
-        meta = video_event(event, file, index, self.video)
+        meta = video_event(event, file, index, self.video, pixels_crc32(pixels))
         self._append("cameraFrame", log_mono_time_ns, meta, pixels)  # the segment of the video frame
         return index
 

@@ -463,6 +463,27 @@ def test_a_truncated_video_decodes_up_to_the_cut(small_video_log):
         assert np.array_equal(lf.read(frames[0]), imgs[0])  # earlier frames still read (the file is reopened)
 
 
+def test_a_damaged_frame_is_refused_by_its_crc_not_decoded_to_other_pixels(small_video_log):
+    """FFmpeg conceals a damaged FFV1 slice (the previous frame's pixels): the logged CRC-32 catches it."""
+    seg, imgs, frames = small_video_log
+    path = seg / VIDEO_FILE
+    with av.open(str(path)) as c:
+        packet = [p for p in c.demux(video=0) if p.size][10]
+        pos, size = packet.pos, packet.size
+    data = bytearray(path.read_bytes())
+    data[pos + size // 2] ^= 0xFF  # one byte inside frame 10's compressed pixels
+    path.write_bytes(data)
+    with LoggedFrames(seg) as lf:
+        for k, cf in enumerate(frames):
+            if k == 10:
+                with pytest.raises(VideoFrameError) as e:
+                    lf.read(cf)
+                assert str(e.value).startswith(f"{path} frame 10: decodes to other bytes than the camera sent")
+                assert str(e.value).endswith(f"logged {int(cf.video.crc32):08x}): the video file is damaged")
+            else:
+                assert np.array_equal(lf.read(cf), imgs[k])
+
+
 def test_a_frame_claiming_a_huge_size_is_refused_before_the_file_is_opened(small_video_log):
     seg, _, frames = small_video_log
     msg = frames[0].as_builder()
