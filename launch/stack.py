@@ -610,7 +610,8 @@ def frame_options(args: argparse.Namespace, node_toml: dict[str, Any]) -> FrameO
     try:
         hw = (int(shape[2]), int(shape[3]))
     except (TypeError, ValueError, IndexError):
-        hw = ModelConfig().shape[2:4]  # the node names a malformed shape itself
+        default = ModelConfig().shape
+        hw = (int(default[2]), int(default[3]))  # the node names a malformed shape itself
     native_hw = None
     if args.frames == "native" and not args.synthetic:
         from chestnut.launch.assets import traffic_video_path
