@@ -14,13 +14,15 @@ also written (it already holds the exact bytes for replay) and ``both`` when MCA
 - ``--frames video`` (default): each segment's camera frames go to ``<segment>/fcamera.mkv``
   (``msgs/video.py``: ``--video-codec ffv1``, lossless, the default, so replay sees the camera's bytes;
   ``--video-codec h264 --crf 23`` for long drives, lossy: replay then reports mismatches by design), and
-  the logs keep each ``cameraFrame``'s metadata with ``video`` (file, frame number) and no pixels. A
-  frame the codec cannot store (h264 and an odd size) or whose ``data`` does not match its size is
-  logged raw instead, counted (``frames_raw``). ``--frames raw``: the pixels inline in ``data``, as
-  before. Either way a frame's pixels are read when it is received, from ``data`` or from the camera's
-  shared-memory ring (``msgs/visionipc.py``; ``buffer`` kept in the log), so a log holds every frame's
-  pixels whichever way it travelled; a ring frame the camera overwrote before the logger read it is
-  logged without them and counted (``frames_unread``).
+  the logs keep each ``cameraFrame``'s metadata with ``video`` (file, frame number, CRC-32) and no
+  pixels; a JSON MCAP's ``/camera/image`` is a preview of at most 64 KiB (``msgs/video.py``
+  ``preview``; ``chestnut export`` writes full frames). A frame the codec cannot store (h264 and an odd
+  size) or whose ``data`` does not match its size is logged raw instead, counted (``frames_raw``).
+  ``--frames raw``: the pixels inline in ``data``, as before. Either way a frame's pixels are read when
+  it is received, from ``data`` or from the camera's shared-memory ring (``msgs/visionipc.py``;
+  ``buffer`` kept in the log), so a log holds every frame's pixels whichever way it travelled; a ring
+  frame the camera overwrote before the logger read it is logged without them and counted
+  (``frames_unread``).
 - Every received message is checked with :func:`~chestnut.msgs.messaging.log_from_bytes` (bounded
   traversal); malformed ones, and ones whose union member is not the socket's service, are counted
   per (service, reason), the first of each logged, and skipped.
