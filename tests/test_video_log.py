@@ -684,3 +684,34 @@ def test_sigterm_closes_the_video_cleanly(tmp_path):
         assert c.duration is not None and c.streams.video[0].codec_context.name == "ffv1"
         n = sum(1 for _ in c.decode(video=0))
     assert n == len([1 for _, s, _ in LogReader(log_dir) if s == "cameraFrame"]) >= 1
+
+
+def test_a_shipped_video_logged_segment_replays_as_the_one_read_from_its_path(drive, tmp_path):
+    """``--ship-logs``: a segment travels with the video files beside it, so a worker that reads only what
+    was shipped decodes the same frames as one that reads the path."""
+    from chestnut.msgs.logfile import find_log_files
+    from chestnut.node.offline.replay import (
+        KIND_INPUT,
+        KIND_OK,
+        SegmentResult,
+        find_node_config,
+        plan_tasks,
+        resolve_plan,
+    )
+    from chestnut.node.offline.units import KIND_REPLAY, Unit, read_shipped, run_unit
+
+    write_route(tmp_path / "video", drive, VideoOptions())
+    files = find_log_files(tmp_path / "video")
+    plan = resolve_plan(find_node_config(files), config_origin="the log", jit_cache=False)
+    task = plan_tasks(files, plan)[1]
+    unit = Unit(KIND_REPLAY, "video", 1, task.path, task, task.next_path)
+    shipped = read_shipped(task.path)
+    assert list(shipped) == [Path(task.path).name, VIDEO_FILE]
+    here = run_unit(unit)
+    there = run_unit(unit, shipped, read_shipped(str(task.next_path)))
+    assert isinstance(here, SegmentResult) and isinstance(there, SegmentResult)
+    assert [asdict(f) for f in there.frames] == [asdict(f) for f in here.frames] and there.damage == here.damage
+    assert len(here.frames) == 60 and {f.kind for f in here.frames} == {KIND_OK}
+    # the segment file alone (no video): every frame is named as missing its video, none replays from stale pixels
+    alone = run_unit(unit, Path(task.path).read_bytes())
+    assert isinstance(alone, SegmentResult) and {f.kind for f in alone.frames} == {KIND_INPUT}

@@ -36,7 +36,16 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayError, RayTaskError
 
-from chestnut.node.offline.units import MAX_ATTEMPTS, ExecutorError, Outcome, Unit, read_shipped, run_unit, worker_id
+from chestnut.node.offline.units import (
+    MAX_ATTEMPTS,
+    ExecutorError,
+    Outcome,
+    Shipped,
+    Unit,
+    read_shipped,
+    run_unit,
+    worker_id,
+)
 
 log = logging.getLogger("chestnut.fleet")
 
@@ -94,7 +103,9 @@ class SegmentWorker:
     def ident(self) -> str:
         return worker_id()
 
-    def run(self, unit: Unit, data: bytes | None = None, next_data: bytes | None = None) -> tuple[Any, str, float]:
+    def run(
+        self, unit: Unit, data: Shipped | bytes | None = None, next_data: Shipped | bytes | None = None
+    ) -> tuple[Any, str, float]:
         t0 = time.perf_counter()
         result = run_unit(unit, data, next_data)
         self.units += 1

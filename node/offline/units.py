@@ -22,9 +22,15 @@ KIND_REPLAY = "replay"
 KIND_EXTRACT = "extract"
 MAX_ATTEMPTS = 3  # tries of one unit whose worker died under it, before it is reported as failed
 MAX_SHIP_BYTES = 2 << 30
-"""Largest segment file shipped through the object store (bytes; ``--ship-logs``): 2 GiB, about five
-minutes of the logger's 20 Hz full-resolution rlog (``README.md``, 360 MB per minute). A larger file is
-refused with its size; read it from a shared path instead."""
+"""Largest segment shipped through the object store (bytes; ``--ship-logs``): the segment file and the
+video files beside it together, 2 GiB (a minute of raw 704x576 frames is about 1.4 GB, of FFV1 video
+0.2 GB: ``README.md``). A larger one is refused with its size; read it from a shared path instead."""
+MAX_VIDEO_FILES = 10_000  # fcamera.mkv, fcamera-1.mkv ... fcamera-9999.mkv (msgs/video.py's names)
+
+Shipped = dict[str, bytes]
+"""A segment as shipped: file name -> bytes, the segment file first, then the segment directory's video
+files (``msgs/video.py``: ``fcamera.mkv``, ``fcamera-<n>.mkv``), which a video-logged segment's frames
+are decoded from."""
 RAY_INSTALL_HINT = (
     "--executor ray needs Ray, which is not installed: pip install 'chestnut[cluster]' "
     "(or run bash launch/setup.sh, which installs it)"
@@ -91,10 +97,13 @@ def _relocate_result(r: SegmentResult, path: str) -> SegmentResult:
     )
 
 
-def run_unit(unit: Unit, data: bytes | None = None, next_data: bytes | None = None) -> SegmentResult | FileExtract:
-    """Run one unit in this process. ``data`` / ``next_data``: the bytes of ``unit.path`` / ``unit.next_path``
-    when shipped (written to a private temporary directory, read from there, and the paths in the result
-    put back to the unit's own, so a shipped unit's result equals a read one's).
+def run_unit(
+    unit: Unit, data: Shipped | bytes | None = None, next_data: Shipped | bytes | None = None
+) -> SegmentResult | FileExtract:
+    """Run one unit in this process. ``data`` / ``next_data``: ``unit.path`` / ``unit.next_path`` when
+    shipped (:func:`read_shipped`, or the segment file's bytes alone), written to a private temporary
+    directory, read from there, and the paths in the result put back to the unit's own, so a shipped
+    unit's result equals a read one's.
 
     Never raises for bad log content (damage is a result); raises
     :class:`~chestnut.backend.errors.ModelError` when a model cannot be loaded."""
@@ -114,13 +123,19 @@ def run_unit(unit: Unit, data: bytes | None = None, next_data: bytes | None = No
     return relocate_extract(result, unit.path)
 
 
-def _stage(folder: Path, original: str | None, data: bytes) -> str:
+def _stage(folder: Path, original: str | None, data: Shipped | bytes) -> str:
     folder.mkdir(mode=0o700)
-    dest = folder / Path(str(original)).name  # the suffix decides the format
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    return str(dest)
+    name = Path(str(original)).name  # the suffix decides the format
+    files = {name: data} if isinstance(data, bytes) else data
+    if name not in files:
+        raise ValueError(f"shipped {original}: the segment file {name} is not among {sorted(files)}")
+    for fname, raw in files.items():
+        if Path(fname).name != fname or fname in ("", ".", ".."):
+            raise ValueError(f"shipped {original}: {fname!r} is not a plain file name")
+        fd = os.open(folder / fname, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+    return str(folder / name)
 
 
 def _run_at(unit: Unit, path: str, next_path: str | None) -> SegmentResult | FileExtract:
@@ -131,13 +146,37 @@ def _run_at(unit: Unit, path: str, next_path: str | None) -> SegmentResult | Fil
     return replay_segment(replace(unit.task, path=path, next_path=next_path))
 
 
-def read_shipped(path: str) -> bytes:
-    """A segment file's bytes for ``--ship-logs``; refuses a file over :data:`MAX_SHIP_BYTES`."""
-    size = os.stat(path).st_size
+def shipped_files(path: str) -> list[Path]:
+    """What ``--ship-logs`` ships for the segment file ``path``: the file, then the video files of its
+    directory in order (``fcamera.mkv``, ``fcamera-1.mkv`` ...: ``msgs/video.py`` ``video_file_name``)."""
+    from chestnut.msgs.video import video_file_name
+
+    seg = Path(path)
+    files = [seg]
+    for k in range(MAX_VIDEO_FILES):
+        video = seg.parent / video_file_name(k)
+        if not video.is_file() or video.is_symlink():
+            break
+        files.append(video)
+    return files
+
+
+def read_shipped(path: str) -> Shipped:
+    """A segment's files for ``--ship-logs`` (:func:`shipped_files`), read with their total bounded by
+    :data:`MAX_SHIP_BYTES`; raises :class:`ExecutorError` for a larger segment."""
+    files = shipped_files(path)
+    size = sum(os.stat(f).st_size for f in files)
     if size > MAX_SHIP_BYTES:
         raise ExecutorError(
-            f"{path}: {size} bytes is over the {MAX_SHIP_BYTES} bytes shipped per segment "
-            "(--ship-logs): put the logs on a path every worker reads and drop --ship-logs"
+            f"{path}: {size} bytes with its {len(files) - 1} video file(s) is over the {MAX_SHIP_BYTES} bytes "
+            "shipped per segment (--ship-logs): put the logs on a path every worker reads and drop --ship-logs"
         )
-    with open(path, "rb") as fh:
-        return fh.read(MAX_SHIP_BYTES + 1)
+    out: Shipped = {}
+    left = MAX_SHIP_BYTES
+    for f in files:
+        with open(f, "rb") as fh:
+            out[f.name] = raw = fh.read(left + 1)
+        left -= len(raw)
+        if left < 0:  # grew while read
+            raise ExecutorError(f"{f}: grew over the {MAX_SHIP_BYTES} bytes shipped per segment while read")
+    return out
