@@ -144,6 +144,22 @@ def test_switch_without_a_reason(drive, tmp_path):
                                        "chestnutActive or nodeState")
 
 
+def test_a_switch_announced_after_the_next_camera_frame_has_its_reason(drive, tmp_path):
+    """A lagging node's announcement of the switch at frame 60 is logged after camera frame 61 (another
+    publisher: the logger orders them by arrival) but before the node's next output: announced."""
+    t60, t61 = frame_time(60), frame_time(61)
+    moved = {"chestnutActive": t61 + 1 * MS, "nodeState": t61 + 2 * MS}
+    items = _edit(drive, lambda t, s, e: s in moved and t60 <= t < t61,
+                  lambda ev: setattr(ev, "logMonoTime", moved[ev.which()]), expect=3)
+    assert [s for t, s, _ in items if t61 <= t < t61 + 5 * MS] == [
+        "cameraFrame", "chestnutActive", "nodeState", "nodeState", "modelOutput"]
+    assert found(check_log(write(items, tmp_path))) == []
+    # and moved past the next output, it is no announcement of this switch
+    later = _edit(drive, lambda t, s, e: s in moved and t60 <= t < t61,
+                  lambda ev: setattr(ev, "logMonoTime", moved[ev.which()] + 4 * MS), expect=3)
+    assert ("switch_has_reason", 60) in found(check_log(write(later, tmp_path / "later")))
+
+
 def test_control_engaged_past_the_soft_disable(drive, tmp_path):
     items = _edit(drive, lambda t, s, e: s == "controlState" and frame_time(120) <= t < frame_time(131),
                   lambda ev: setattr(ev.controlState, "engaged", True), expect=11)

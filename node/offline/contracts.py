@@ -27,7 +27,7 @@ active_only_when_healthy ``chestnutActive.active`` is never true while a layer i
                          (``docs/health.md``)
 switch_has_reason        every change of ``modelOutput.source`` between primary and fallback within one node
                          process is announced with a reason, after the previous output and before the next
-                         frame: a ``nodeState`` with a reason, or a ``chestnutActive`` naming the new source
+                         output: a ``nodeState`` with a reason, or a ``chestnutActive`` naming the new source
                          with a reason (the node publishes the output, then ``chestnutActive``, then
                          ``nodeState``: ``node/main.py``)
 control_disengages       ``controlState.engaged`` never starts while ``chestnutActive`` is false or stale,
@@ -387,7 +387,9 @@ def switch_has_reason(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
             continue  # an unusable frame answered without a model (source none) is no switch
         session = tl.session_at(r.t_ns)
         if prev is not None and r.source != prev.source and session == prev_session:
-            end = next((j for j in range(i + 1, len(events)) if isinstance(events[j], FrameRec)), len(events))
+            # the node's next output ends the window; a camera frame does not: it comes from another publisher,
+            # and the logger orders messages of different publishers by their arrival (as active_only_when_healthy)
+            end = next((j for j in range(i + 1, len(events)) if isinstance(events[j], OutputRec)), len(events))
             window = events[prev_i + 1:end]
             announced = any(
                 (isinstance(w, NodeStateRec) and w.reason)
