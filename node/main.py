@@ -95,6 +95,7 @@ from chestnut.node.policy import (
     PrimaryView,
     StartFailure,
     Submit,
+    active_as_published,
     active_for_output,
     agreement_reference,
     choose_answer,
@@ -303,6 +304,7 @@ class Node:
             flap_max_failovers=t.flap_max_failovers, flap_backoff_s=t.flap_backoff_s),
             on_transition=self._log_transition)
         self.active = ActiveFlag(now)
+        self.health_published_ok = False  # the last chestnutHealth sent showed every layer OK (active_as_published)
         self.framedrop = FrameDropFilter()
         self.stale = StaleDetector()           # the primary's outputs
         self.fallback_stale = StaleDetector()  # the fallback's: the output checks apply to every source
@@ -826,7 +828,9 @@ class Node:
         """``chestnutActive`` after a frame answered by ``source`` (``valid``: its output was valid, else
         ``output_reason`` says why), or between frames (``valid`` True: health decides alone)."""
         now = time.monotonic_ns()
-        active, reason = active_for_output(*chestnut_active(self.health, source), valid, output_reason)
+        active, reason = active_as_published(
+            *active_for_output(*chestnut_active(self.health, source), valid, output_reason), self.health_published_ok
+        )
         self.active.update(active, reason, source, now)
         msg = new_message("chestnutActive")
         fill_active(msg.chestnutActive, self.active)
@@ -861,6 +865,7 @@ class Node:
             msg = new_message("chestnutHealth")
             fill_health(msg.chestnutHealth, self.health)
             self.pm.send("chestnutHealth", msg)
+            self.health_published_ok = self.health.overall is Level.OK
             # on a drift-free grid: counted from this send, every interval would add the loop's wake-up lag and
             # the rate fall below the 0.8 x health_hz a SubMaster's freq_ok allows; a stall skips whole periods
             period_ns = int(NS / self.cfg.timing.health_hz)

@@ -338,3 +338,18 @@ def active_for_output(health_active: bool, health_reason: str, valid: bool, reas
     if not valid:
         return False, f"output not valid: {reason}"
     return True, health_reason
+
+
+HEALTH_NOT_YET_PUBLISHED = "all layers OK again, not yet said by chestnutHealth (at most one health period)"
+
+
+def active_as_published(active: bool, reason: str, published_all_ok: bool) -> tuple[bool, str]:
+    """``ChestnutActive`` never says more than the node's last ``chestnutHealth``: true only while the last
+    health message published showed every layer OK (``published_all_ok``). A layer back to OK between two
+    health messages (5 Hz) leaves ``active`` false until the next one says so, so no consumer -- nor
+    ``chestnut check``'s ``active_only_when_healthy``, which judges each true ``active`` by the levels the
+    health messages published -- sees ``active`` true beside a health message that says otherwise. Falling
+    is never delayed."""
+    if active and not published_all_ok:
+        return False, HEALTH_NOT_YET_PUBLISHED
+    return active, reason

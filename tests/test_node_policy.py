@@ -22,6 +22,7 @@ from chestnut.node.policy import (
     StartFailure,
     Submission,
     Submit,
+    active_as_published,
     active_for_output,
     agreement_reference,
     choose_answer,
@@ -311,6 +312,14 @@ def test_a_stale_fallback_output_is_not_valid() -> None:
 
 
 # ---------------------------------------------------------------- ChestnutActive
+def test_chestnut_active_rises_only_once_a_published_health_says_every_layer_ok() -> None:
+    assert active_as_published(True, "all layers OK", True) == (True, "all layers OK")
+    assert active_as_published(True, "all layers OK", False) == (
+        False, "all layers OK again, not yet said by chestnutHealth (at most one health period)")
+    assert active_as_published(False, "usb WARN: 480 Mbps", True) == (False, "usb WARN: 480 Mbps")
+    assert active_as_published(False, "usb WARN: 480 Mbps", False) == (False, "usb WARN: 480 Mbps")
+
+
 def test_chestnut_active_needs_the_health_rule_and_a_valid_output() -> None:
     assert active_for_output(True, "all layers OK", True, "") == (True, "all layers OK")
     assert active_for_output(True, "all layers OK", False, "cameraFrame 3: timestampEof is 0") == (
