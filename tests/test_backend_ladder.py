@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from twinfixtures import twin_fixtures
 
 from chestnut.backend import protocol as P
 from chestnut.backend.errors import ConfigError, Layer, PcieLayerError
@@ -20,7 +21,6 @@ from chestnut.backend.interface import LadderReport, ModelSpec, StepResult
 from chestnut.backend.ladder import DOCK_STEPS, STEPS, DockQualifier, LadderConfig, Outcome, Step, UsbDock, run_steps
 from chestnut.backend.model import OnnxModel, TensorSpec
 from chestnut.backend.sim import descriptors as D
-from chestnut.backend.sim.client import running_twin
 from chestnut.backend.sim.pyusb_backend import TwinBackend, twin_backend
 from chestnut.backend.sim.twin import Twin, TwinConfig
 from chestnut.backend.sim.usb3 import forget_device_lists
@@ -31,19 +31,7 @@ PREFIX = f"t{os.getpid()}-ladder"
 CFG = LadderConfig(stability_window_s=0.2, train_timeout_ms=200)
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    with running_twin(PREFIX) as client:
-        yield client
-    forget_device_lists()
-
-
-@pytest.fixture
-def dock(daemon):
-    daemon.clear()
-    daemon.power_cycle(0)
-    forget_device_lists()
-    return daemon
+daemon, dock = twin_fixtures(PREFIX)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from twinfixtures import twin_fixtures
 
 from chestnut.backend import protocol as P
 from chestnut.backend.errors import GpuLayerError, ModelError, PcieLayerError, UsbLayerError
@@ -35,25 +36,12 @@ CTRL_MS = 200
 MARGIN_S = 0.1
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    with running_twin(PREFIX) as client:
-        yield client
-    forget_device_lists()
+daemon, dock = twin_fixtures(PREFIX)
 
 
 @pytest.fixture(scope="module")
 def cpu_model(tiny_onnx):
     return OnnxModel(tiny_onnx, name="tiny")
-
-
-@pytest.fixture
-def dock(daemon):
-    """The module's twin, power-cycled (fresh GPU, new address) with no faults, and a fresh device list."""
-    daemon.clear()
-    daemon.power_cycle(0)
-    forget_device_lists()
-    return daemon
 
 
 def new_runner(**kw) -> TwinRunner:

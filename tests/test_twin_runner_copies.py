@@ -10,14 +10,13 @@ import os
 
 import numpy as np
 import pytest
+from twinfixtures import twin_fixtures
 
 from chestnut.backend import protocol as P
 from chestnut.backend.interface import ModelSpec
 from chestnut.backend.ladder import LadderConfig
 from chestnut.backend.model import OnnxModel
 from chestnut.backend.retry import RetryingUSB3
-from chestnut.backend.sim.client import running_twin
-from chestnut.backend.sim.usb3 import forget_device_lists
 from chestnut.backend.twin_runner import TwinRunner
 from chestnut.launch.acceptance import _copy_once
 
@@ -26,19 +25,7 @@ PREFIX = f"t{os.getpid()}-twincopies"
 MIB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    with running_twin(PREFIX) as client:
-        yield client
-    forget_device_lists()
-
-
-@pytest.fixture
-def dock(daemon):
-    daemon.clear()
-    daemon.power_cycle(0)
-    forget_device_lists()
-    return daemon
+daemon, dock = twin_fixtures(PREFIX)
 
 
 @pytest.fixture

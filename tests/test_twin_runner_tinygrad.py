@@ -9,33 +9,20 @@ import os
 
 import numpy as np
 import pytest
+from twinfixtures import twin_fixtures
 
 from chestnut.backend import protocol as P
 from chestnut.backend.errors import UsbLayerError
 from chestnut.backend.interface import ModelSpec
 from chestnut.backend.ladder import LadderConfig
 from chestnut.backend.model import OnnxModel
-from chestnut.backend.sim.client import running_twin
-from chestnut.backend.sim.usb3 import forget_device_lists
 from chestnut.backend.twin_runner import TwinRunner
 
 pytestmark = pytest.mark.timeout(120)
 PREFIX = f"t{os.getpid()}-twinrunner-tg"
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    with running_twin(PREFIX) as client:
-        yield client
-    forget_device_lists()
-
-
-@pytest.fixture
-def dock(daemon):
-    daemon.clear()
-    daemon.power_cycle(0)
-    forget_device_lists()
-    return daemon
+daemon, dock = twin_fixtures(PREFIX)
 
 
 @pytest.fixture

@@ -8,13 +8,12 @@ import os
 
 import numpy as np
 import pytest
+from twinfixtures import twin_fixtures
 
 from chestnut.backend.errors import ModelError
 from chestnut.backend.interface import ModelSpec
 from chestnut.backend.ladder import LadderConfig
 from chestnut.backend.model import OnnxModel, ensure_cpu_device
-from chestnut.backend.sim.client import running_twin
-from chestnut.backend.sim.usb3 import forget_device_lists
 from chestnut.backend.twin_runner import TwinRunner
 from chestnut.backend.warp import (
     BT601_LIMITED,
@@ -139,19 +138,7 @@ def test_a_program_image_carries_its_warp_and_the_onnx_bytes_unchanged():
 
 
 # ------------------------------------------------------------------ the warped program on the twin
-@pytest.fixture(scope="module")
-def daemon():
-    with running_twin(PREFIX) as client:
-        yield client
-    forget_device_lists()
-
-
-@pytest.fixture
-def dock(daemon):
-    daemon.clear()
-    daemon.power_cycle(0)
-    forget_device_lists()
-    return daemon
+daemon, dock = twin_fixtures(PREFIX)
 
 
 def new_runner() -> TwinRunner:
