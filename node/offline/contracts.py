@@ -302,16 +302,18 @@ def frame_ids_increase(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
 
 @contract("deadline_or_fallback", "no primary output later than the per-frame deadline + slack")
 def deadline_or_fallback(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
-    """Measured from the frame's ``timestampEof`` (the first copy's for a repeated id; the output's own
-    ``frameAge`` when the frame is not in the log). Gaps and restarts change nothing: each primary output
-    is judged on its own."""
-    eof: dict[int, int] = {}
-    for f in tl.frames:
-        eof.setdefault(f.frame_id, f.eof_ns)
-    for o in tl.outputs:
+    """Measured from the frame's ``timestampEof``, the frame matched by (camera stream, frame id) as
+    ``one_output_per_frame`` matches it (:func:`streams`: a restarted camera counts its ids from 0 again;
+    the first copy's for a repeated id; the output's own ``frameAge`` when the frame is not in the log).
+    Gaps change nothing: each primary output is judged on its own."""
+    frame_streams, output_streams = streams(tl)
+    eof: dict[tuple[int, int], int] = {}
+    for f, k in zip(tl.frames, frame_streams, strict=True):
+        eof.setdefault((k, f.frame_id), f.eof_ns)
+    for o, k in zip(tl.outputs, output_streams, strict=True):
         if o.source != "primary":
             continue
-        frame_eof = eof.get(o.frame_id, o.t_ns - int(o.frame_age_s * NS_PER_S))
+        frame_eof = eof.get((k, o.frame_id), o.t_ns - int(o.frame_age_s * NS_PER_S))
         late_ms = (o.t_ns - frame_eof) / NS_PER_MS
         if late_ms > p.deadline_ms + p.slack_ms:
             yield _v(tl, "deadline_or_fallback", o.t_ns, f"primary output {late_ms:.1f} ms after the frame's EOF "
