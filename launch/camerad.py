@@ -22,7 +22,10 @@ Transport (``--transport``): a frame up to ``msgs/visionipc.py`` ``INLINE_MAX_BY
 (pixels in ``data``); a bigger one, or every one with ``shm``, is copied into the camera's
 shared-memory ring and only its metadata (``buffer``: session, slot, sequence number) is published
 (``msgs/visionipc.py``). The ring is removed when the camera stops; when it is killed, the kernel frees
-the buffers once the last subscriber unmaps them.
+the buffers once the last subscriber unmaps them. ``--transport inline`` refuses, at start, a frame whose
+message is over ``cameraFrame``'s ``max_bytes`` (``msgs/services.py``): every subscriber's
+``ZMQ_MAXMSGSIZE`` would drop each one (:func:`inline_frame_error`); ``auto`` never sends such a frame
+inline, since ``INLINE_MAX_BYTES`` is far below that bound.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import numpy as np
 from chestnut.launch.signals import StopFlag
 from chestnut.msgs.frames import fill_frame
 from chestnut.msgs.messaging import PubMaster
+from chestnut.msgs.services import get_service
 from chestnut.msgs.visionipc import INLINE_MAX_BYTES, FrameBufferError, FrameRing
 
 log = logging.getLogger("chestnut.camera")
@@ -138,6 +142,26 @@ def ring_frame(
     return msg
 
 
+def inline_frame_error(img: np.ndarray, source_name: str, encoding: str) -> str | None:
+    """Why ``img`` cannot travel inline (one line naming ``--transport shm``), or None when it can.
+
+    ``img``: a frame as the source gives it (uint8, HxWx3 BGR or (H*3/2)xWx1 NV12). The bound is
+    ``cameraFrame``'s ``max_bytes`` (``msgs/services.py``), compared with the serialised size of the
+    frame's own message, so the message's overhead counts too.
+    """
+    bound = get_service("cameraFrame").max_bytes
+    if img.nbytes + (64 << 10) < bound:  # far below the bound: no need to build the message
+        return None
+    size = len(fill_frame(0, img, 0, 0, source_name, encoding).to_bytes())
+    if size <= bound:
+        return None
+    return (
+        f"--transport inline: a frame of {img.nbytes} bytes makes a {size}-byte cameraFrame message, over the "
+        f"service's bound of {bound} bytes (msgs/services.py), which every subscriber drops; "
+        "use --transport shm (or auto)"
+    )
+
+
 def ticks_to_skip(now_ns: int, sof_ns: int, period_ns: int, late_max_periods: int = LATE_MAX_PERIODS) -> int:
     """How many ticks a source that is late for the tick starting at ``sof_ns`` (ns, CLOCK_MONOTONIC) skips
     at ``now_ns``: 0 while it is at most ``late_max_periods`` periods late (the frame goes out late, and the
@@ -214,6 +238,9 @@ def run(args: argparse.Namespace) -> int:
     pending: list[np.ndarray] = [first]
     transport = getattr(args, "transport", "auto")
     ring: FrameRing | None = None
+    if transport == "inline" and (why := inline_frame_error(first, Path(source).name, encoding)):
+        log.error("%s", why)
+        return 2
     if transport == "shm" or (transport == "auto" and first.nbytes > INLINE_MAX_BYTES):  # before the first send
         try:
             ring = FrameRing(first.nbytes)
