@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -436,7 +437,7 @@ def argument_problem(
     (:meth:`FrameOptions.problem`)."""
     if frames is not None and (problem := frames.problem()) is not None:
         return problem
-    if seconds < 0:
+    if not (0 <= seconds < math.inf):  # also nan (every comparison false) and inf
         return f"--seconds {seconds:g}: give 0 (until Ctrl-C) or a positive number of seconds"
     if not 0 < rate <= MAX_RATE_HZ:
         return f"--rate {rate:g}: give a camera rate in (0, {MAX_RATE_HZ:g}] Hz (default 20, openpilot's model rate)"
@@ -489,9 +490,16 @@ class FrameOptions:
     warp_on: str = "primary"
     native_hw: tuple[int, int] | None = None
     model_frame: str = ""
+    warp_given: bool = False
 
     def problem(self) -> str | None:
         """The one line that refuses these options together, or None when they can run."""
+        if self.warp_given and not self.warp:
+            return (
+                f"--warp {self.warp_on} chooses where frames that are not the model's input are warped, and these "
+                "are (--frames model, --pixel-format bgr24): add --frames native or --pixel-format nv12, or leave "
+                "--warp out"
+            )
         if not self.dock_timing and (self.link_mbps is not None or self.latency_us is not None):
             given = "--link-mbps" if self.link_mbps is not None else "--latency-us"
             return f"{given} sets the twin's dock-like timing model: add --dock-timing (or leave {given} out)"
@@ -629,9 +637,10 @@ def frame_options(args: argparse.Namespace, node_toml: dict[str, Any]) -> FrameO
         model_hw=(int(hw[0]), int(hw[1])),
         preprocess=str(model.get("preprocess", ModelConfig().preprocess)),
         dock_kind=str(dock.get("kind", DockConfig().kind)),
-        warp_on=args.warp,
+        warp_on=args.warp or "primary",
         native_hw=native_hw,
         model_frame=str(model.get("frame", "")),
+        warp_given=args.warp is not None,
     )
 
 
@@ -712,10 +721,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--warp",
         choices=("primary", "node"),
-        default="primary",
+        default=None,
         help="where frames that are not the model's input are warped to it: primary (default; its program takes "
         "the full frame, which crosses the copy path every frame: [model] frame) or node (the node's CPU warp; "
-        "the primary takes the model's input); the fallback always warps on the CPU",
+        "the primary takes the model's input); the fallback always warps on the CPU; only with --frames native "
+        "or --pixel-format nv12",
     )
     p.add_argument(
         "--dock-timing",
@@ -958,7 +968,7 @@ def run(args: argparse.Namespace) -> int:
     if (problem := argument_problem(args.seconds, args.rate, args.fault, frames)) is not None:
         log.error("%s", problem)
         return 2
-    if frames.node_config_changes and args.node_config is not None:  # its own errors, before it is rewritten
+    if args.node_config is not None:  # the node's own config check, before anything starts (or it is rewritten)
         from chestnut.node.config import load_config
 
         try:

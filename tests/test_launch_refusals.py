@@ -1,0 +1,74 @@
+"""``chestnut launch`` refuses before anything starts, in one line and exit 2: a ``--seconds`` that is not a
+number of seconds (nan, inf), a ``--warp`` for frames that need no warp, and a given node configuration the
+node itself would refuse (``node/config.py`` ``load_config``), whatever ``--frames`` is."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chestnut.launch.stack import FrameOptions, argument_problem
+
+CHESTNUT = str(Path(sys.executable).with_name("chestnut"))
+
+
+@pytest.mark.parametrize("seconds", [math.nan, math.inf, -math.inf])
+def test_seconds_nan_and_inf_are_refused(seconds):
+    assert argument_problem(seconds, 20.0, []) == (
+        f"--seconds {seconds:g}: give 0 (until Ctrl-C) or a positive number of seconds"
+    )
+    assert argument_problem(0.0, 20.0, []) is None and argument_problem(5.0, 20.0, []) is None
+
+
+@pytest.mark.parametrize("where", ["node", "primary"])
+def test_warp_without_frames_that_need_it_is_refused(where):
+    line = (
+        f"--warp {where} chooses where frames that are not the model's input are warped, and these are "
+        "(--frames model, --pixel-format bgr24): add --frames native or --pixel-format nv12, or leave --warp out"
+    )
+    assert FrameOptions(warp_on=where, warp_given=True).problem() == line
+    assert FrameOptions(warp_on=where).problem() is None  # not given: the default, no word
+    assert FrameOptions(warp_on=where, warp_given=True, pixel_format="nv12").problem() is None
+    assert FrameOptions(warp_on=where, warp_given=True, frames="native", synthetic=True).problem() is None
+
+
+def _launch(tmp_path, *extra):
+    return subprocess.run(
+        [CHESTNUT, "launch", "--seconds", "3", "--no-live", "--runs-dir", str(tmp_path / "runs"), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_seconds_nan_stops_the_launch_before_anything_starts(tmp_path):
+    r = _launch(tmp_path, "--seconds", "nan")
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].endswith(
+        " ERROR chestnut.launch: --seconds nan: give 0 (until Ctrl-C) or a positive number of seconds"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+def test_warp_node_alone_stops_the_launch_before_anything_starts(tmp_path):
+    r = _launch(tmp_path, "--warp", "node")
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and " ERROR chestnut.launch: --warp node chooses where frames" in lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_odd_nv12_model_frame_is_refused_with_the_default_frames(tmp_path):
+    odd = tmp_path / "odd.toml"
+    odd.write_text('[model]\npreprocess = "warp:ppocr"\nframe = "nv12:1927x1207"\n')
+    r = _launch(tmp_path, "--node-config", str(odd))
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, lines
+    assert " ERROR chestnut.launch: --node-config: model.frame = 'nv12:1927x1207': " in lines[0]
+    assert "even width and height" in lines[0]
+    assert not (tmp_path / "runs").exists()
