@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -36,13 +37,14 @@ import stat
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import capnp
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from chestnut.msgs.paths import PREFIX_ENV, current_prefix, runtime_dir
+from chestnut.msgs.paths import PREFIX_ENV, RuntimeDirError, current_prefix, runtime_dir
 from chestnut.msgs.schema import MAX_MESSAGE_BYTES, TRAVERSAL_LIMIT_WORDS, log
 from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError, get_service
 from chestnut.msgs.submaster import SubMasterChecks
@@ -58,6 +60,7 @@ __all__ = [
     "MalformedMessageError",
     "PubMaster",
     "PubSocket",
+    "PubLockError",
     "PublisherBusyError",
     "SubMaster",
     "SubSocket",
@@ -418,6 +421,29 @@ class PublisherBusyError(RuntimeError):
         self.holder = holder
 
 
+class PubLockError(RuntimeDirError):
+    """The publisher lock file is not one of ours: a symlink, not a regular file, another user's, or
+    reachable by group/other. ``str()`` is one line: which file, what is wrong, how to fix. A
+    :class:`~chestnut.msgs.paths.RuntimeDirError`, so the programs refuse it as they refuse a subverted
+    runtime directory (one line, exit 2). ``path`` is the lock file."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        PermissionError.__init__(
+            self, f"publisher lock file {path} {problem}: not ours, refused; remove it (rm {path}) and start again"
+        )
+        self.path = Path(path)
+
+
+def _check_lock_file(path: str, st: os.stat_result) -> None:
+    """Refuse (:class:`PubLockError`) a lock file that is not a regular file of ours, mode 0600 or stricter."""
+    if not stat.S_ISREG(st.st_mode):
+        raise PubLockError(path, "is not a regular file")
+    if st.st_uid != os.geteuid():
+        raise PubLockError(path, f"belongs to uid {st.st_uid}, not to uid {os.geteuid()}")
+    if st.st_mode & 0o077:
+        raise PubLockError(path, f"is reachable by group/other (mode {stat.S_IMODE(st.st_mode):04o})")
+
+
 def _lock_holder(fd: int) -> int | None:
     """The pid written in a publisher lock file (bounded read), or None when absent or garbled."""
     try:
@@ -433,12 +459,23 @@ def take_pub_lock(service: str, prefix: str | None = None) -> int:
     The file is opened with ``O_NOFOLLOW | O_CLOEXEC`` in the private runtime directory and locked with
     ``flock(LOCK_EX | LOCK_NB)`` (an exec'd child does not inherit it; the lock goes with the last
     close of the fd, so a killed holder frees it). Raises :class:`PublisherBusyError` when held,
-    ``ValueError`` / :class:`~chestnut.msgs.paths.RuntimeDirError` from :func:`runtime_dir`.
+    :class:`PubLockError` when the file is not ours (a symlink, a FIFO, a directory, another user's, or
+    reachable by group/other: never followed, opened for blocking or written), ``ValueError`` /
+    :class:`~chestnut.msgs.paths.RuntimeDirError` from :func:`runtime_dir`.
     """
     prefix = current_prefix() if prefix is None else prefix
     path = f"{runtime_dir(prefix)}/{service}{PUB_LOCK_SUFFIX}"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, PUB_LOCK_MODE)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO must not block
     try:
+        fd = os.open(path, flags, PUB_LOCK_MODE)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise PubLockError(path, "is a symlink") from None
+        if e.errno in (errno.EISDIR, errno.ENXIO, errno.EOPNOTSUPP):
+            raise PubLockError(path, "is not a regular file") from None
+        raise
+    try:
+        _check_lock_file(path, os.fstat(fd))
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = _lock_holder(fd)

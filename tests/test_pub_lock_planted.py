@@ -1,0 +1,96 @@
+"""A publisher lock file that is not ours (``msgs/messaging.py`` ``take_pub_lock``) is refused in one line
+naming the file and the fix, exit 2, as a subverted runtime directory is; its target is never touched."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chestnut.msgs.messaging import PubLockError, take_pub_lock
+from chestnut.msgs.paths import RuntimeDirError, runtime_dir
+
+CHESTNUT = str(Path(sys.executable).with_name("chestnut"))
+
+
+def _fix(lock: Path) -> str:
+    return f": not ours, refused; remove it (rm {lock}) and start again"
+
+
+def test_a_symlinked_lock_is_refused_and_its_target_untouched(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    victim.chmod(0o644)
+    lock = runtime_dir() / "cameraFrame.pub.lock"
+    lock.symlink_to(victim)
+    with pytest.raises(PubLockError) as e:
+        take_pub_lock("cameraFrame")
+    assert str(e.value) == f"publisher lock file {lock} is a symlink{_fix(lock)}"
+    assert isinstance(e.value, RuntimeDirError) and e.value.path == lock
+    assert victim.read_text() == "precious\n" and victim.stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize(
+    ("plant", "problem"),
+    [
+        ("fifo", "is not a regular file"),
+        ("dir", "is not a regular file"),
+        ("0644", "is reachable by group/other (mode 0644)"),
+    ],
+)
+def test_a_lock_that_is_not_a_private_file_of_ours_is_refused(plant, problem):
+    lock = runtime_dir() / "modelOutput.pub.lock"
+    if plant == "fifo":
+        os.mkfifo(lock, 0o600)
+    elif plant == "dir":
+        lock.mkdir(0o700)
+    else:
+        lock.write_text("")
+        lock.chmod(0o644)
+    with pytest.raises(PubLockError) as e:
+        take_pub_lock("modelOutput")
+    assert str(e.value) == f"publisher lock file {lock} {problem}{_fix(lock)}"
+
+
+def test_a_lock_of_another_uid_is_refused():
+    if os.geteuid() != 0:
+        pytest.skip("chown to another uid needs root")
+    lock = runtime_dir() / "modelOutput.pub.lock"
+    lock.write_text("")
+    lock.chmod(0o600)
+    os.chown(lock, 65534, 65534)
+    with pytest.raises(PubLockError) as e:
+        take_pub_lock("modelOutput")
+    assert str(e.value) == f"publisher lock file {lock} belongs to uid 65534, not to uid 0{_fix(lock)}"
+
+
+def test_our_own_lock_file_is_taken_again():
+    fd = take_pub_lock("modelOutput")
+    os.close(fd)
+    fd = take_pub_lock("modelOutput")
+    try:
+        assert os.pread(fd, 32, 0) == f"{os.getpid()}\n".encode()
+    finally:
+        os.close(fd)
+
+
+def test_the_camera_refuses_a_planted_lock_in_one_line_exit_2(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    lock = runtime_dir() / "cameraFrame.pub.lock"
+    lock.symlink_to(victim)
+    r = subprocess.run(
+        [CHESTNUT, "camera", "--frames", "3", "--start-delay", "0", "--synthetic"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"chestnut camera: publisher lock file {lock} is a symlink{_fix(lock)}"
+    )
+    assert victim.read_text() == "precious\n"
