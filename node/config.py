@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from chestnut.backend.errors import ConfigError
 from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
 from chestnut.backend.protocol import WAIT_TIMEOUT_MS
 from chestnut.backend.real_runner import WARM_LOAD_BOUND_S, cached_on_dock
-from chestnut.node.preprocess import primary_warp
+from chestnut.node.preprocess import PREPROCESSORS, WARP_PREFIX, primary_warp
 
 START_MARGIN_S = 5.0  # a worker's spawn and tinygrad's import before the first rung (s)
 
@@ -44,6 +45,10 @@ def default_model_path() -> Path:
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "launch" / "node.toml"
 DOCK_KINDS = ("twin", "real", "cpu", "none")
+MAX_INPUT_ELEMENTS = 1 << 24
+"""Most elements a model input may have (N*C*H*W): 64 MiB of float32, four times the 16 MiB bound of a
+``cameraFrame`` (``msgs/services.py``), so any input a frame can give fits and an absurd shape is refused
+when the configuration loads, not as an allocation failure at start."""
 
 
 @dataclass
@@ -205,6 +210,13 @@ def validate(cfg: NodeConfig) -> NodeConfig:
         raise ConfigError("config", f"fallback.standby = {cfg.fallback.standby!r}; use hot or warm")
     if len(cfg.model.shape) != 4 or min(cfg.model.shape) <= 0:
         raise ConfigError("config", f"model.shape = {list(cfg.model.shape)}; want N, C, H, W > 0")
+    if math.prod(cfg.model.shape) > MAX_INPUT_ELEMENTS:
+        raise ConfigError("config", f"model.shape = {list(cfg.model.shape)}: {math.prod(cfg.model.shape)} elements, "
+                                    f"over the {MAX_INPUT_ELEMENTS} a model input may have (64 MiB of float32)")
+    base = cfg.model.preprocess.removeprefix(WARP_PREFIX)
+    if base not in PREPROCESSORS:
+        known = sorted(PREPROCESSORS) + [WARP_PREFIX + k for k in sorted(PREPROCESSORS)]
+        raise ConfigError("config", f"model.preprocess = {cfg.model.preprocess!r}; use one of {', '.join(known)}")
     if not 0 < cfg.timing.deadline_ms < cfg.dock.wait_timeout_ms:
         raise ConfigError("config", f"timing.deadline_ms = {cfg.timing.deadline_ms}; want 0 < it < the wait timeout")
     t = cfg.timing
