@@ -8,6 +8,8 @@ no one may make us write through a planted symlink:
   with ``O_NOFOLLOW | O_DIRECTORY`` and checked with ``fstat`` on that descriptor, the same rules as the
   runtime directory (``msgs/paths.py``), except that an existing directory may be readable by others
   (its files are 0600 all the same).
+- :func:`new_private_dir` creates a fresh directory (a run's own), never an existing one: a name taken by
+  a directory of ours gets a ``-2``, ``-3`` ... suffix, a planted symlink or a foreign entry is refused.
 - :func:`write_private` writes a 0600 temp file beside the target (``O_CREAT | O_EXCL | O_NOFOLLOW``,
   relative to the directory's descriptor) and renames it over the target, so a reader never sees half a
   file; a target that is a symlink (or not a regular file) is refused, never followed or replaced.
@@ -101,6 +103,50 @@ def private_dir(path: str | os.PathLike[str], targets: Iterable[str] = ()) -> Pa
     return p
 
 
+def new_private_dir(parent: str | os.PathLike[str], name: str, max_tries: int = 100) -> Path:
+    """Create a fresh directory ``parent/name`` (0700), or ``name-2``, ``name-3`` ... while the name is taken by
+    a directory of ours (another run in the same second); returns its path. Never reuses an existing entry.
+
+    ``parent`` must pass :func:`private_dir` (created if missing). The directory is made with ``mkdir``
+    relative to ``parent``'s descriptor (``mkdir`` never follows a symlink at its own name), then opened
+    ``O_NOFOLLOW | O_DIRECTORY`` and checked with ``fstat``. Raises :class:`OutputDirError` for a symlink, a
+    non-directory or a directory of another user at the name (planted: refused, never followed), or when
+    ``max_tries`` names are all taken."""
+    p = private_dir(parent)
+    dfd = _open_dir(p)
+    try:
+        for i in range(max_tries):
+            cand = name if i == 0 else f"{name}-{i + 1}"
+            try:
+                os.mkdir(cand, DIR_MODE, dir_fd=dfd)
+            except FileExistsError:
+                st = os.lstat(cand, dir_fd=dfd)
+                if stat.S_ISLNK(st.st_mode):
+                    raise OutputDirError(
+                        p / cand, "is a symlink (never followed)", f"remove it (rm {p / cand}) and start again"
+                    ) from None
+                if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                    raise OutputDirError(
+                        p / cand, dir_problem(st, os.getuid()) or "is not ours", "remove it or give another folder"
+                    ) from None
+                continue  # a directory of ours: taken, try the next name
+            except OSError as e:
+                raise OutputDirError(
+                    p / cand, f"cannot be created ({(e.strerror or str(e)).lower()})", "give another folder"
+                ) from None
+            fd = os.open(cand, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            try:
+                problem = dir_problem(os.fstat(fd), os.getuid())
+            finally:
+                os.close(fd)
+            if problem is not None:  # replaced between mkdir and open
+                raise OutputDirError(p / cand, problem, "remove it and start again")
+            return p / cand
+    finally:
+        os.close(dfd)
+    raise OutputDirError(p / name, f"and {max_tries - 1} suffixed names are all taken", "remove old ones")
+
+
 def _check_target(dfd: int, path: Path) -> None:
     try:
         st = os.lstat(path.name, dir_fd=dfd)
@@ -176,6 +222,7 @@ __all__ = [
     "OutputDirError",
     "OutputExistsError",
     "dir_problem",
+    "new_private_dir",
     "open_private",
     "private_dir",
     "write_private",
