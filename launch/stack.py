@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from chestnut.msgs.outdir import OutputDirError, private_dir, write_private
+from chestnut.msgs.outdir import OutputDirError, new_private_dir, private_dir, write_private
 
 log = logging.getLogger("chestnut.launch")
 
@@ -123,13 +123,16 @@ RUN_UMASK = 0o077  # supervisord and every program: logs (camera frames), report
 
 
 def make_run_dir(runs_dir: Path, now: time.struct_time | None = None) -> Path:
-    """Create ``<runs_dir>/<YYYY-mm-dd--HH-MM-SS UTC>/logs`` 0700 (``msgs/outdir.py``); returns the run dir.
+    """Create a fresh ``<runs_dir>/<YYYY-mm-dd--HH-MM-SS UTC>/logs`` 0700 (``msgs/outdir.py``
+    ``new_private_dir``); returns the run dir. A run never shares a directory: a name already taken by a
+    directory of ours (a launch in the same second) gets a ``-2``, ``-3`` ... suffix.
 
     The logs hold camera frames and the dock's identity, so no other user may read them. Raises
-    :class:`~chestnut.msgs.outdir.OutputDirError` (one line) for a ``runs_dir`` that is a symlink, not ours
-    or group/other-writable."""
-    run_dir = (runs_dir / time.strftime("%Y-%m-%d--%H-%M-%S", now or time.gmtime())).resolve()
-    private_dir(runs_dir)
+    :class:`~chestnut.msgs.outdir.OutputDirError` (one line) before anything is written for a ``runs_dir``
+    that is a symlink, not ours or group/other-writable, and for a symlink or a foreign entry at the run's
+    name (never followed)."""
+    runs = private_dir(runs_dir).resolve()  # runs_dir itself is no symlink: resolve only names its folders
+    run_dir = new_private_dir(runs, time.strftime("%Y-%m-%d--%H-%M-%S", now or time.gmtime()))
     private_dir(run_dir / "logs")
     return run_dir
 
