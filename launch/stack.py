@@ -21,6 +21,10 @@ While the stack runs, a live status (``chestnut top``'s view) is shown, and faul
 first answers a frame) and cleared after their duration. At the end the stack is stopped cleanly
 and a summary is printed from the recorded log: frames in and out, outputs per source, latencies,
 time to the first output and to ``ChestnutActive``, state transitions and faults.
+
+Exit status (:func:`exit_code`): 0 when the run and its contracts are clean, 1 when not, 2 for arguments
+refused before anything starts, 130 for a Ctrl-C that cut a timed run (``--seconds N``) short. With
+``--seconds 0`` Ctrl-C is the normal end of the run, so it exits 0 or 1 like a timed run that ran out.
 """
 
 from __future__ import annotations
@@ -678,7 +682,11 @@ def control_lines(s: dict[str, Any]) -> list[str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--seconds", type=float, default=60.0, help="run this long after the first output (0 = until Ctrl-C)"
+        "--seconds",
+        type=float,
+        default=60.0,
+        help="run this long after the first output (0 = until Ctrl-C, which then ends the run normally: exit 0 "
+        "when it and its contracts are clean, 1 when not; a Ctrl-C that cuts a timed run short exits 130)",
     )
     p.add_argument("--rate", type=float, default=20.0, help=f"camera rate, Hz (default 20, at most {MAX_RATE_HZ:g})")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run directories go (default ./runs)")
@@ -1169,7 +1177,14 @@ def run(args: argparse.Namespace) -> int:
     # under supervision owes nothing for the frames sent while none ran, which missing_outputs still lists
     ok = summary["outputs"] > 0 and bool(summary["contracts"]) and not any(summary["contracts"].values())
     ok = ok and not died and not failed_start and not json_lost
-    if flag.signum == signal.SIGINT:
+    return exit_code(ok, args.seconds, flag.signum == signal.SIGINT)
+
+
+def exit_code(ok: bool, seconds: float, interrupted: bool) -> int:
+    """``chestnut launch``'s exit status: ``ok`` -- the run and its contracts were clean; ``seconds`` -- the
+    ``--seconds`` asked (0: until Ctrl-C); ``interrupted`` -- it ended on Ctrl-C (SIGINT). 130 (128 + SIGINT,
+    the shell's convention) only for a timed run cut short; with ``seconds == 0`` Ctrl-C is the normal end."""
+    if interrupted and seconds > 0:
         return 130
     return 0 if ok else 1
 
