@@ -83,6 +83,11 @@ class DockConfig:
 class TimingConfig:
     frame_service: str = "cameraFrame"
     deadline_ms: float = 150.0                 # openpilot modeld's per-frame deadline for the big model
+    # a frame read this long after its timestampEof is answered at once, without a model: valid=False, "stale
+    # frame" (docs/health.md). Our choice: 20 frames at 20 Hz, the health layers' stale_after_ms
+    # (node/health.py DEFAULT_DEBOUNCE); well over deadline_ms, so a frame only queued behind one late
+    # frame (a deadline miss answered by the fallback) is still served, and one this old is of no use
+    max_frame_age_ms: float = 1000.0
     shadow_frames: int = 20                    # agreeing shadow frames before a return to the primary
     agreement_tol: float = 1e-3                # |a-b| <= max(tol, tol*max(|a|,|b|))
     health_hz: float = 5.0
@@ -220,6 +225,9 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     if not 0 < cfg.timing.deadline_ms < cfg.dock.wait_timeout_ms:
         raise ConfigError("config", f"timing.deadline_ms = {cfg.timing.deadline_ms}; want 0 < it < the wait timeout")
     t = cfg.timing
+    if not t.max_frame_age_ms > t.deadline_ms:
+        raise ConfigError("config", f"timing.max_frame_age_ms = {t.max_frame_age_ms}; want it over timing.deadline_ms "
+                                    f"({t.deadline_ms}): a frame younger than its deadline is never stale")
     _check_start_budget(cfg)
     positive = {"shadow_frames": t.shadow_frames, "health_hz": t.health_hz, "node_state_hz": t.node_state_hz,
                 "probe_hz": t.probe_hz, "miss_run": t.miss_run, "start_timeout_s": t.start_timeout_s,

@@ -2,6 +2,8 @@
 
 One process, one single-threaded main loop that reads top to bottom. Per camera frame:
 
+0. a frame read more than ``timing.max_frame_age_ms`` after its ``timestampEof`` (the node is behind) is
+   answered at once without a model: ``valid=False``, source none, "stale frame" (docs/health.md);
 1. preprocess the frame (``node.preprocess``); a frame that cannot be used is answered with an
    invalid ``modelOutput`` that says why, so every frame still gets exactly one output;
 2. if the primary runs (active, or in shadow during recovery), hand the frame to the primary worker
@@ -246,6 +248,19 @@ class FrameResult:
     stages: StageTimes | None = None
 
 
+def stale_frame_reason(eof_ns: int, now_ns: int, max_age_ms: float) -> str:
+    """Why a frame read at ``now_ns`` with ``timestampEof`` = ``eof_ns`` (both CLOCK_MONOTONIC ns) is too old
+    to run a model on: read more than ``max_age_ms`` (``timing.max_frame_age_ms``) after its EOF. "" when it
+    is not, and when its age is unknown (``eof_ns`` 0 or in the future: :func:`frame_clock` says so)."""
+    if eof_ns <= 0 or eof_ns > now_ns or now_ns - eof_ns <= max_age_ms * 1e6:
+        return ""
+    return (f"stale frame: read {(now_ns - eof_ns) / 1e6:.0f} ms after its EOF (bound {max_age_ms:.0f} ms); "
+            "the node is behind")
+
+
+STALE_FRAME_SOURCE = "intake"  # the output layer's condition for stale frames (node/health.py Evidence.source)
+
+
 def published_stages(r: FrameResult) -> StageTimes:
     """The stage times ``modelOutput`` carries for ``r``: the primary's own when it served and timed them;
     else the serving model's run time as compute with no copies (the fallback runs in the node's memory;
@@ -324,6 +339,8 @@ class Node:
         self.frames_in = self.frames_out = 0
         self.bad_frames = 0
         self.bad_timestamps = 0          # frames whose timestampEof gives no age (0, or in the future)
+        self.stale_frames = 0            # frames read over timing.max_frame_age_ms after their EOF
+        self.next_stale_log_s = 0.0
         self.fallback_invalid = 0        # fallback outputs that failed their checks
         self.next_timestamp_log_s = self.next_fallback_log_s = 0.0
         self.out_of_order = 0
@@ -641,6 +658,10 @@ class Node:
         self.last_sof_ns = sof
         self.frames_in += 1
         drop_perc = self.framedrop.update(frame_id)
+        now = time.monotonic_ns()
+        if stale := stale_frame_reason(int(cf.timestampEof), now, self.cfg.timing.max_frame_age_ms):
+            self._stale_frame(frame_id, cf, stale, drop_perc, now)
+            return
         try:
             img = self.frame_reader.view(cf)  # a ring frame is read in place: no copy before preprocessing
             inputs = preprocess(self.cfg.model.preprocess, img, self.cfg.model.input, tuple(self.cfg.model.shape),
@@ -669,6 +690,22 @@ class Node:
         result.answer = with_frame_clock(result.answer, clock)
         self._publish_output(frame_id, cf, result, clock, drop_perc)
         self._publish_active(result.answer.source, result.answer.valid, result.answer.reason)
+
+    def _stale_frame(self, frame_id: int, cf: Any, why: str, drop_perc: float, now: int) -> None:
+        """A frame read over ``timing.max_frame_age_ms`` after its EOF: answered at once, without reading its
+        pixels or running a model (``valid`` False, source none, ``why``), so a backlog drains instead of
+        being served late; counted, logged at most every :data:`BAD_FRAME_LOG_PERIOD_S`, and the output
+        layer is WARN (tag ``stale_frame``) while such frames come."""
+        self.stale_frames += 1
+        if time.monotonic() >= self.next_stale_log_s:
+            self.next_stale_log_s = time.monotonic() + BAD_FRAME_LOG_PERIOD_S
+            log.warning("cameraFrame %d: %s; answered without a model (%d such frames so far)", frame_id, why,
+                        self.stale_frames)
+        self.health.apply([Evidence(Layer.OUTPUT, Level.WARN, why, tag="stale_frame", source=STALE_FRAME_SOURCE,
+                                    counted=False)], now)
+        clock = frame_clock(frame_id, int(cf.timestampEof), now, self.cfg.dock.wait_timeout_ms)
+        self._publish_output(frame_id, cf, FrameResult(Answer(Source.NONE, None, 0.0, False, why)), clock, drop_perc)
+        self._publish_active(Source.NONE, False, why)
 
     def _bad_timestamp(self, clock: FrameClock) -> None:
         """A frame whose age is unknown: counted, logged at most every :data:`BAD_FRAME_LOG_PERIOD_S`."""
