@@ -768,7 +768,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _wait_for(view: Any, service: str, deadline_s: float, conf: Path | None = None) -> bool:
-    """Wait until ``service`` is seen; with ``conf``, give up early once supervisord has given up on the node."""
+    """Wait until ``service`` is seen; with ``conf``, give up early once supervisord has given up on the node
+    or the node exits at every start (:func:`node_exits`, from ``supervisord.log`` beside ``conf``)."""
     t_end = time.monotonic() + deadline_s
     next_status = time.monotonic() + 2.0
     while time.monotonic() < t_end:
@@ -779,7 +780,42 @@ def _wait_for(view: Any, service: str, deadline_s: float, conf: Path | None = No
             next_status = time.monotonic() + 2.0
             if program_state(conf, "node") in ("FATAL", "EXITED", "BACKOFF"):
                 return False
+            if node_exits(read_tail(conf.parent / "supervisord.log")) >= CRASH_LOOP_EXITS:
+                return False
     return False
+
+
+CRASH_LOOP_EXITS = 2
+"""A node that has exited unexpectedly this often before it answered a frame exits at every start (its
+configuration or model cannot run): ``chestnut launch`` stops waiting and names the cause."""
+LOG_TAIL_BYTES = 64 * 1024  # bound on reading the end of a program's log
+
+
+def read_tail(path: Path, max_bytes: int = LOG_TAIL_BYTES) -> str:
+    """The last ``max_bytes`` of ``path`` as text ("" when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - max_bytes))
+            return f.read(max_bytes).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def node_exits(supervisord_log: str) -> int:
+    """How often the node exited unexpectedly, from supervisord's log (its ``exited: node (exit status N; not
+    expected)`` lines, supervisor's ``process.py`` wording)."""
+    return sum(1 for line in supervisord_log.splitlines() if "exited: node (" in line and "not expected" in line)
+
+
+def last_error_line(node_log: str) -> str:
+    """The node log's last ERROR / CRITICAL line (else its last state change to ``stopping``, else its last
+    line), without the timestamp: what made the node exit."""
+    lines = [ln.strip() for ln in node_log.splitlines() if ln.strip()]
+    for marks in ((" ERROR ", " CRITICAL "), (" -> stopping",)):
+        for ln in reversed(lines):
+            if any(m in ln for m in marks):
+                return ln.split(" ", 2)[2] if ln[:4].isdigit() and ln.count(" ") >= 2 else ln
+    return lines[-1] if lines else "(node.log is empty)"
 
 
 def program_state(conf: Path, name: str) -> str:
@@ -1067,8 +1103,16 @@ def run(args: argparse.Namespace) -> int:
         elif (cam_rc := supervisorctl(conf, "start", "camera")) != 0:
             log.error("supervisorctl start camera: exit %d; see %s", cam_rc, run_dir / "camera.log")
             flag.stop = failed_start = True
-        elif not _wait_for(view, "modelOutput", 60.0):
-            log.error("no modelOutput within 60 s of starting the camera; see %s", run_dir)
+        elif not _wait_for(view, "modelOutput", 60.0, conf):
+            if (exits := node_exits(read_tail(run_dir / "supervisord.log"))) >= CRASH_LOOP_EXITS:
+                log.error(
+                    "the node exits at every start (%d exits before its first output; %s); its last error: %s",
+                    exits,
+                    run_dir / "supervisord.log",
+                    last_error_line(read_tail(run_dir / "node.log")),
+                )
+            else:
+                log.error("no modelOutput within 60 s of starting the camera; see %s", run_dir)
             flag.stop = failed_start = True
         if failed_start and (code := proc.poll()) is not None:
             died = True
@@ -1166,7 +1210,7 @@ def run(args: argparse.Namespace) -> int:
     write_private(run_dir / "faults.json", json.dumps(summary["fault_schedule"], indent=1))
     summary["processes"] = sampler.report()
     summary["contracts"], summary["report"] = check_contracts(
-        run_dir, summary["fault_schedule"], summary.get("wall_start") or None
+        run_dir, summary["fault_schedule"], summary.get("wall_start") or None, list_violations=not failed_start
     )
     print_summary(summary, run_dir)
     json_lost = False  # the summary asked for could not be written: the run's caller cannot read its verdict
@@ -1216,10 +1260,15 @@ def write_summary_json(path: Path, summary: dict[str, Any]) -> str | None:
 
 
 def check_contracts(
-    run_dir: Path, fault_schedule: list[dict[str, Any]] | None = None, wall_start: str | None = None
+    run_dir: Path,
+    fault_schedule: list[dict[str, Any]] | None = None,
+    wall_start: str | None = None,
+    list_violations: bool = True,
 ) -> tuple[dict[str, int], str]:
     """``chestnut check`` over the run's log, with its report in ``<run dir>/report`` (with the fault
-    schedule, times in s since the log's first message, and a link to the logs)."""
+    schedule, times in s since the log's first message, and a link to the logs). ``list_violations``
+    False (a stack that never came up, whose start was already named): the violations go to the report
+    only, not one line each."""
     from chestnut.node.offline.contracts import check_log
     from chestnut.node.offline.report import write_report
 
@@ -1228,7 +1277,7 @@ def check_contracts(
     except FileNotFoundError as e:
         log.error("no log to check: %s", e)
         return {}, ""
-    for v in res.violations[:20]:
+    for v in res.violations[:20] if list_violations else []:
         log.error("contract %s violated at frame %s: %s", v.contract, v.frame_id, v.message)
     page = write_report(
         run_dir / "report",
