@@ -225,8 +225,8 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     if not 0 < cfg.timing.deadline_ms < cfg.dock.wait_timeout_ms:
         raise ConfigError("config", f"timing.deadline_ms = {cfg.timing.deadline_ms}; want 0 < it < the wait timeout")
     t = cfg.timing
-    if not t.max_frame_age_ms > t.deadline_ms:
-        raise ConfigError("config", f"timing.max_frame_age_ms = {t.max_frame_age_ms}; want it over timing.deadline_ms "
+    if not t.max_frame_age_ms >= t.deadline_ms:
+        raise ConfigError("config", f"timing.max_frame_age_ms = {t.max_frame_age_ms}; want at least timing.deadline_ms "
                                     f"({t.deadline_ms}): a frame younger than its deadline is never stale")
     _check_start_budget(cfg)
     positive = {"shadow_frames": t.shadow_frames, "health_hz": t.health_hz, "node_state_hz": t.node_state_hz,

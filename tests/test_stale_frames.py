@@ -38,12 +38,15 @@ def test_the_reason_names_the_age_and_the_bound():
     assert stale_frame_reason(now + 5 * MS, now, 1000.0) == ""
 
 
-def test_the_bound_must_be_over_the_deadline():
+def test_the_bound_must_be_at_least_the_deadline():
     cfg = NodeConfig()
     assert cfg.timing.max_frame_age_ms == 1000.0
-    cfg.timing.max_frame_age_ms = 150.0
+    cfg.timing.deadline_ms = 1000.0
+    cfg.timing.max_frame_age_ms = 1000.0
+    assert validate(cfg).timing.max_frame_age_ms == 1000.0  # a bound equal to the deadline is allowed
+    cfg.timing.deadline_ms, cfg.timing.max_frame_age_ms = 150.0, 149.0
     with pytest.raises(
-        ConfigError, match=re.escape("timing.max_frame_age_ms = 150.0; want it over timing.deadline_ms")
+        ConfigError, match=re.escape("timing.max_frame_age_ms = 149.0; want at least timing.deadline_ms (150.0)")
     ):
         validate(cfg)
 
