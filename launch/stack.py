@@ -651,6 +651,36 @@ def frame_options(args: argparse.Namespace, node_toml: dict[str, Any]) -> FrameO
     )
 
 
+MODEL_FILE_MAX_BYTES = 2 << 30  # protobuf's own bound on one message (an ONNX file without external data)
+
+
+def model_input_problem(path: Path, input_name: str, shape: tuple[int, ...]) -> str | None:
+    """The one line that refuses ``[model] shape`` (N, C, H, W) for the model file at ``path`` when its input
+    ``input_name`` has other fixed dimensions (the node would fail at every start), else None. A dynamic
+    dimension takes any size; a file that is missing or cannot be read is the node's to name. Read with the
+    ``onnx`` package (``backend/model.py`` reads the inputs the same way)."""
+    try:
+        if os.stat(path).st_size > MODEL_FILE_MAX_BYTES:
+            return None
+        import onnx
+
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception:  # missing, unreadable, not ONNX: the node's own load says which
+        return None
+    for inp in graph.input:
+        if inp.name != input_name:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in inp.type.tensor_type.shape.dim]
+        if len(dims) != len(shape) or any(d is not None and d != s for d, s in zip(dims, shape, strict=False)):
+            have = [d if d is not None else "?" for d in dims]
+            return (
+                f"model.shape = {list(shape)} does not fit the input {input_name!r} of {path} ({have}): give its "
+                "shape, or prepare the model for this one (chestnut model prepare --onnx M --shape N,C,H,W)"
+            )
+        return None
+    return None
+
+
 def write_frame_node_config(run_dir: Path, node_toml: dict[str, Any], opts: FrameOptions) -> Path:
     """The node configuration of this run when the frames need the warp: ``node_toml`` with the ``[model]``
     keys of :attr:`FrameOptions.node_config_changes` (``preprocess``, ``frame``), written 0600 to
@@ -1019,9 +1049,13 @@ def run(args: argparse.Namespace) -> int:
         from chestnut.node.config import load_config
 
         try:
-            load_config(args.node_config)
+            node_cfg = load_config(args.node_config)
         except ConfigError as e:
             log.error("--node-config: %s", e.detail or e)
+            return 2
+        model = node_cfg.model
+        if (problem := model_input_problem(model.path, model.input, model.shape)) is not None:
+            log.error("--node-config: %s", problem)
             return 2
     if args.json and (problem := json_target_problem(args.json)) is not None:
         log.error("--json: %s", problem)

@@ -72,3 +72,44 @@ def test_an_odd_nv12_model_frame_is_refused_with_the_default_frames(tmp_path):
     assert " ERROR chestnut.launch: --node-config: model.frame = 'nv12:1927x1207': " in lines[0]
     assert "even width and height" in lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def _model(path, dims):
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph), str(path))
+    return path
+
+
+def test_a_model_shape_the_model_file_does_not_take_is_one_line(tmp_path):
+    from chestnut.launch.stack import model_input_problem
+
+    fixed = _model(tmp_path / "fixed.onnx", [1, 3, 128, 256])
+    assert model_input_problem(fixed, "x", (1, 3, 128, 256)) is None
+    assert model_input_problem(fixed, "x", (1, 3, 127, 255)) == (
+        f"model.shape = [1, 3, 127, 255] does not fit the input 'x' of {fixed} ([1, 3, 128, 256]): give its "
+        "shape, or prepare the model for this one (chestnut model prepare --onnx M --shape N,C,H,W)"
+    )
+    dynamic = _model(tmp_path / "dyn.onnx", [1, 3, "H", "W"])
+    assert model_input_problem(dynamic, "x", (1, 3, 127, 255)) is None  # a dynamic dimension takes any size
+    assert model_input_problem(dynamic, "x", (3, 127, 255)) is not None
+    assert model_input_problem(tmp_path / "missing.onnx", "x", (1, 3, 1, 1)) is None  # the node names it
+
+
+def test_launch_refuses_a_model_shape_the_model_file_does_not_take(tmp_path):
+    model = _model(tmp_path / "fixed.onnx", [1, 3, 128, 256])
+    odd = tmp_path / "odd.toml"
+    odd.write_text(f'[model]\npath = "{model}"\nshape = [1, 3, 127, 255]\n')
+    r = _launch(tmp_path, "--node-config", str(odd))
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, lines
+    assert (
+        f" ERROR chestnut.launch: --node-config: model.shape = [1, 3, 127, 255] does not fit the input 'x' of {model}"
+        in lines[0]
+    )
+    assert not (tmp_path / "runs").exists()
