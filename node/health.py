@@ -596,6 +596,18 @@ class StageBudget:
         return [StageVerdict(s, float(np.median([getattr(st, s) for st in recent])), self.budget_s(s), len(recent))
                 for s in STAGES]
 
+    def pending(self) -> str:
+        """Why the budget has not judged yet (it has seen fewer than ``min_frames`` timed frames), else "".
+
+        Until then the budget says nothing (no OK, no WARN): its layers' levels come from their other
+        evidence only, and ``ChestnutActive`` stays false while a primary that times its stages serves
+        (docs/health.md): a dock is not trusted before the budget has seen enough of it to call it slow.
+        Counted over the window whatever the frames' age, so a camera slower than ``min_frames`` per
+        ``max_age_s`` (2.5 Hz) is gated for its first frames only."""
+        if len(self.samples) >= self.min_frames:
+            return ""
+        return f"stage budget not judged yet ({len(self.samples)} of {self.min_frames} timed primary frames)"
+
     def observe(self, stages: StageTimes, now_ns: int) -> list[Evidence]:
         """Add one frame's stage times at ``now_ns`` (CLOCK_MONOTONIC ns); the evidence per owning layer
         (usb, then gpu), none while the window holds fewer than ``min_frames`` recent frames."""

@@ -309,6 +309,7 @@ class Node:
         self.fallback: FallbackModel | None = None
         self.health = HealthMonitor()
         self.stage_budget = StageBudget()  # the primary's copy-in / compute / copy-out against the frame
+        self.primary_timed = False  # the primary's last result carried stage times (the budget must judge them)
         t = cfg.timing
         self.watchdog = Watchdog(WatchdogConfig(frame_deadline_ms=t.deadline_ms,
                                                 wait_timeout_ms=cfg.dock.wait_timeout_ms,
@@ -769,6 +770,7 @@ class Node:
             report = check_outputs(res.outputs, self.contracts, input_fp=input_fp, stale=self.stale,
                                    reference=agreement_reference(fallback))
             self.miss_run = 0
+            self.primary_timed = res.stages is not None
             slow = self.stage_budget.observe(res.stages, now) if res.stages is not None else []
             self._apply_health(evidence_from_run(res.exec_time_s * 1e3) + [evidence_from_validity(report)] + slow, now)
             vote = shadow_vote(report)
@@ -865,8 +867,11 @@ class Node:
         """``chestnutActive`` after a frame answered by ``source`` (``valid``: its output was valid, else
         ``output_reason`` says why), or between frames (``valid`` True: health decides alone)."""
         now = time.monotonic_ns()
+        active, reason = chestnut_active(self.health, source)
+        if active and self.primary_timed and (unjudged := self.stage_budget.pending()):
+            active, reason = False, unjudged  # the budget has not judged the primary's stages yet
         active, reason = active_as_published(
-            *active_for_output(*chestnut_active(self.health, source), valid, output_reason), self.health_published_ok
+            *active_for_output(active, reason, valid, output_reason), self.health_published_ok
         )
         self.active.update(active, reason, source, now)
         msg = new_message("chestnutActive")
