@@ -30,6 +30,7 @@ refused before anything starts, 130 for a Ctrl-C that cut a timed run (``--secon
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -783,7 +784,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--log-format",
         choices=("both", "zst", "mcap"),
         default="both",
-        help="log segment format(s): both (default, ~360 MB/min at 20 Hz), zst (openpilot rlog) or mcap",
+        help="log segment format(s): both (default, ~300 MB/min at 20 Hz), zst (openpilot rlog) or mcap",
     )
     p.add_argument("--json", type=Path, help="also write the summary as JSON here")
     p.add_argument(
@@ -1280,15 +1281,23 @@ def json_target_problem(path: Path) -> str | None:
 
 
 def write_summary_json(path: Path, summary: dict[str, Any]) -> str | None:
-    """Write the run's summary to ``path`` as JSON, mode 0600 (it names the dock and the run dir), never
-    through a symlink (``O_NOFOLLOW``). Returns the problem in one line, or None."""
+    """Write the run's summary to ``path`` as JSON, mode 0600 (it names the dock and the run dir), by a
+    temporary file beside it and a rename, so an existing file's mode is not kept and a symlink is never
+    followed. Returns the problem in one line, or None."""
     if (problem := json_target_problem(path)) is not None:
         return problem
+    import tempfile
+
+    tmp = None
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # O_EXCL, 0600
         with os.fdopen(fd, "w") as fh:
             fh.write(json.dumps(summary, indent=1))
+        os.replace(tmp, path)  # a planted symlink at path is replaced, never followed; an old file's mode goes
     except OSError as e:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         return f"{path}: cannot be written ({e.strerror})"
     return None
 

@@ -36,10 +36,11 @@ def test_a_folder_in_the_way_is_refused(tmp_path: Path):
 def test_the_summary_is_written_private_and_replaces_an_old_one(tmp_path: Path):
     target = tmp_path / "s.json"
     target.write_text("x" * 1000)
-    os.chmod(target, 0o600)
+    os.chmod(target, 0o644)  # an old summary another tool wrote: replaced, its mode not kept
     assert write_summary_json(target, {"outputs": 3, "stop_s": 1.5}) is None
     assert json.loads(target.read_text()) == {"outputs": 3, "stop_s": 1.5}
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o600
     fresh = tmp_path / "t.json"
     assert write_summary_json(fresh, {}) is None
     assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json", "t.json"]  # no temporary file left
