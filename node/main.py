@@ -303,6 +303,7 @@ class Node:
         now = time.monotonic_ns()
         # model.frame with a warp:<name> preprocess: the primary's program warps the full frame (docs/warp.md)
         self.warp = primary_warp(cfg.model.frame, cfg.model.preprocess, tuple(cfg.model.shape))
+        self.format_refused, self.format_refused_why, self.next_format_log_s = 0, "", 0.0  # _frame_format_refused
         self.spec_in = ModelSpec(cfg.model.path, cfg.model.name, {cfg.model.input: tuple(cfg.model.shape)},
                                  self._read_fingerprint(), self.warp)
         self.primary_model_id = self._read_primary_model_id()
@@ -669,7 +670,13 @@ class Node:
                                 str(cf.encoding))  # "warp:<name>" resizes / converts a full frame (node/preprocess.py)
             # the primary's own warp takes the full frame (checked always; copied, before the torn-frame
             # check below, while there is a worker to send it to)
-            full = None if self.warp is None else self.warp.check_frame(img, str(cf.encoding))
+            full, refusal = None, ""
+            if self.warp is not None:
+                try:
+                    full = self.warp.check_frame(img, str(cf.encoding))
+                except ValueError as e:  # another camera format: the fallback's CPU warp takes any frame
+                    refusal = f"the primary cannot take this frame: {e}"
+                    self._frame_format_refused(refusal)
             full = None if full is None or self.worker is None else np.array(full)
             self.frame_reader.verify(cf)  # lapped by the camera while read: dropped, never torn
             if self.frame_reader.session != self.ring_session:  # the first frame of a camera's ring
@@ -687,10 +694,19 @@ class Node:
         if not clock.age_known:
             self._bad_timestamp(clock)
         # the worker's request seq: the frame id, plus an offset that keeps it increasing across camera restarts
-        result = self._infer(frame_id + self.seq_offset, inputs, clock, full)
+        result = self._infer(frame_id + self.seq_offset, inputs, clock, full, refusal)
         result.answer = with_frame_clock(result.answer, clock)
         self._publish_output(frame_id, cf, result, clock, drop_perc)
         self._publish_active(result.answer.source, result.answer.valid, result.answer.reason)
+
+    def _frame_format_refused(self, why: str) -> None:
+        """A frame the primary's warp cannot take (``model.frame`` is another format): counted, logged once per
+        distinct reason and then at most every :data:`BAD_FRAME_LOG_PERIOD_S`; the fallback answers it."""
+        self.format_refused += 1
+        if why != self.format_refused_why or time.monotonic() >= self.next_format_log_s:
+            log.error("%s; the fallback answers such frames (%d so far)", why, self.format_refused)
+            self.format_refused_why = why
+            self.next_format_log_s = time.monotonic() + BAD_FRAME_LOG_PERIOD_S
 
     def _stale_frame(self, frame_id: int, cf: Any, why: str, drop_perc: float, now: int) -> None:
         """A frame read over ``timing.max_frame_age_ms`` after its EOF: answered at once, without reading its
@@ -736,16 +752,20 @@ class Node:
         return Candidate(out, report, exec_s)
 
     def _infer(self, seq: int, inputs: dict[str, np.ndarray], clock: FrameClock,
-               full: np.ndarray | None = None) -> FrameResult:
+               full: np.ndarray | None = None, refusal: str = "") -> FrameResult:
         """One frame through the decisions of :mod:`chestnut.node.policy`; the I/O between them. ``inputs``
-        are the fallback's; ``full``, the full frame, goes to a primary whose program warps it itself."""
+        are the fallback's; ``full``, the full frame, goes to a primary whose program warps it itself;
+        ``refusal``: why the primary's program cannot take this frame at all (another camera format): it is
+        not sent, and the fallback answers it."""
         t = self.cfg.timing
         w = self.worker
         view = PrimaryView(self.sup.runs_primary, w is not None and w.ready and w.alive, self.draining,
                            w is not None and w.can_submit, w.in_flight[0] if w is not None and w.in_flight else None)
         sub = decide_submission(view, clock.base_ns, time.monotonic_ns(), t.deadline_ms)
         why, submitted = sub.why, False
-        if sub.verdict is Submit.MISS:
+        if refusal:
+            why = refusal
+        elif sub.verdict is Submit.MISS:
             self._primary_missed(seq, sub.why, evidence=True)
         elif sub.verdict is Submit.SUBMIT and w is not None:
             try:

@@ -35,7 +35,16 @@ def test_the_primary_is_sent_the_full_frame_and_agrees_with_the_fallbacks_cpu_wa
     sent: dict[int, np.ndarray] = {}
     ring = FrameRing(FRAME_BYTES)
 
+    small_source = synthetic_frames(720, 1280, "nv12")
+    small: list[FrameRing] = []  # the 1280x720 camera's ring, once the camera changed
+    switched: list[int] = []  # frame ids from which the camera sends 1280x720 frames
+
     def frame_fn(fid: int) -> Any:
+        if switched:
+            if not small:  # one ring per prefix: the first camera's goes, as a restarted camera's would
+                ring.close()
+                small.append(FrameRing(720 * 3 // 2 * 1280))
+            return ring_frame(small[0], fid, next(small_source), time.monotonic_ns(), "synthetic", "nv12")
         planes = next(source)
         sent[fid] = planes
         return ring_frame(ring, fid, planes, time.monotonic_ns(), "synthetic", "nv12")
@@ -60,13 +69,19 @@ def test_the_primary_is_sent_the_full_frame_and_agrees_with_the_fallbacks_cpu_wa
             "10 valid primary outputs",
         )
         last_run = client.status()["gpu"]["last_run"]
+        # the camera changes to a format the primary's program cannot take: the fallback's CPU warp answers
+        switched.append(max(bus.snapshot().sent) + 1)
+        after = bus.wait_for(
+            lambda r: r if sum(o.frame_id > switched[0] for o in r.outputs) >= 10 else None, 60.0, "10 more outputs"
+        )
         log = node.log_tail()
     finally:
         bus.close()
         node.kill()
         client.close_connection()
         twin.stop()
-        ring.close()
+        for r in small or [ring]:
+            r.close()
         shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
     # the twin's program read the full NV12 frame from VRAM and warped it there
     assert last_run == {"program": 1, "input_bytes": FRAME_BYTES, "warp": "nv12:1928x1208"}, log
@@ -79,3 +94,8 @@ def test_the_primary_is_sent_the_full_frame_and_agrees_with_the_fallbacks_cpu_wa
         want = sess.run(["prob"], {"x": warp_numpy(spec, sent[o.frame_id])})[0]
         assert o.tensors is not None
         np.testing.assert_allclose(o.tensors["prob"], want, rtol=0, atol=1e-5)
+    later = [o for o in after.outputs if o.frame_id > switched[0]]
+    refused = ("the primary cannot take this frame: frame is nv12 uint8[1080, 1280], the warp on the primary takes "
+               "nv12:1928x1208 (uint8[1812, 1928]): set model.frame to the camera's format")
+    assert all(o.source == "fallback" and o.valid and refused in o.reason for o in later), (later[:3], log)
+    assert log.count(refused) <= 2, log  # said once (then counted), not once a frame
