@@ -213,6 +213,10 @@ def run(args: argparse.Namespace) -> int:
     if args.rate <= 0 or args.width <= 0 or args.height <= 0:
         log.error("--rate, --width and --height must be > 0")
         return 2
+    if synthetic and getattr(args, "native", False):
+        log.error("--native keeps a source's own size; a --synthetic source has none: give its size with "
+                  "--width and --height (openpilot's road camera: --width 1928 --height 1208)")
+        return 2
     pixel_format = getattr(args, "pixel_format", "bgr24")
     encoding = PIXEL_FORMATS[pixel_format]
     if synthetic:

@@ -86,3 +86,15 @@ def test_an_inline_native_frame_and_an_odd_nv12_size_is_one_line(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].endswith("an nv12 frame has an even width and height, not 7x4")
     assert "Traceback" not in r.stderr
+
+
+def test_native_with_a_synthetic_source_is_one_line_and_exit_2(caplog):
+    """A synthetic source has no size of its own: ``--native`` with it was silently ignored (256x128 came out)."""
+    from chestnut.launch.cli import main
+
+    with caplog.at_level("ERROR"):
+        assert main(["camera", "--synthetic", "--native", "--pixel-format", "nv12", "--frames", "1"]) == 2
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "--native keeps a source's own size; a --synthetic source has none: give its size with --width and "
+        "--height (openpilot's road camera: --width 1928 --height 1208)"
+    ]
