@@ -20,7 +20,9 @@
   connection *without* reconnecting; a :class:`SubSocket` therefore watches its own connection
   (a ZeroMQ socket monitor, ``ZMQ_EVENT_DISCONNECTED``) and connects again itself
   (:meth:`SubSocket.heal`, run by every receive function here), counting each such loss in
-  :attr:`SubSocket.disconnects`. Give :func:`sub_sock` the loop's ``poller`` so that a lost
+  :attr:`SubSocket.disconnects`. ZeroMQ's event is the same for both causes; the publisher's own files
+  tell them apart (:func:`loss_cause`): a publisher that went away is logged at INFO, a refused message
+  while the publisher still runs at WARNING, each cause once. Give :func:`sub_sock` the loop's ``poller`` so that a lost
   connection wakes the loop even when no message arrives.
 - :class:`PubMaster` and :class:`SubMaster` -- the aggregates. SubMaster's checks (alive / freq_ok /
   valid) are the pure :class:`~chestnut.msgs.submaster.SubMasterChecks`; this module adds sockets.
@@ -341,6 +343,7 @@ class SubSocket(zmq.Socket):
     addr: str = ""
     conn_monitor: zmq.Socket | None = None
     disconnects: int = 0
+    losses_logged: frozenset[str] = frozenset()  # the causes of a lost connection logged so far (heal)
     _poller: zmq.Poller | None = None
 
     def heal(self) -> bool:
@@ -363,14 +366,31 @@ class SubSocket(zmq.Socket):
         if not lost:
             return False
         self.disconnects += lost
-        if self.disconnects == lost:
-            _log.warning(
-                "%s: lost the connection to its publisher (a message over the service's bound of %d bytes, "
-                "refused by ZeroMQ, or the publisher went away); connected again (further ones are only "
-                "counted)",
-                self.service,
-                self.max_bytes,
-            )
+        cause, holder = loss_cause(self.addr)
+        if cause not in self.losses_logged:  # each cause once; the rest are only counted in ``disconnects``
+            self.losses_logged = self.losses_logged | {cause}
+            if cause == LOSS_PUBLISHER_GONE:
+                _log.info(
+                    "%s: its publisher went away (stopped or restarted); connected again, waiting for the next one",
+                    self.service,
+                )
+            elif cause == LOSS_REFUSED:
+                _log.warning(
+                    "%s: lost the connection to its publisher (pid %s), which still runs: a message over the "
+                    "service's bound of %d bytes refused by ZeroMQ (or another protocol error); connected again "
+                    "(further ones are only counted)",
+                    self.service,
+                    holder,
+                    self.max_bytes,
+                )
+            else:
+                _log.warning(
+                    "%s: lost the connection to its publisher (a message over the service's bound of %d bytes, "
+                    "refused by ZeroMQ, or the publisher went away: over TCP the two cannot be told apart); "
+                    "connected again (further ones are only counted)",
+                    self.service,
+                    self.max_bytes,
+                )
         with contextlib.suppress(zmq.ZMQError):
             self.disconnect(self.addr)
         self.connect(self.addr)
@@ -393,6 +413,34 @@ class SubSocket(zmq.Socket):
         self.malformed[err.reason] += 1
         if self.malformed[err.reason] == 1:
             _log.warning("%s: dropped a malformed message: %s (further ones are only counted)", self.service, err)
+
+
+LOSS_PUBLISHER_GONE = "publisher gone"
+LOSS_REFUSED = "refused"
+LOSS_UNKNOWN = "unknown"
+
+
+def loss_cause(addr: str, proc_locks: str | None = None) -> tuple[str, int | None]:
+    """Why a subscriber of ``addr`` lost its connection, as far as the publisher's own files tell.
+
+    libzmq 4.3 reports both a publisher that went away and a message over ``ZMQ_MAXMSGSIZE`` as
+    ``ZMQ_EVENT_DISCONNECTED`` (``stream_engine_base_t::error`` emits no other event for a protocol error
+    after the handshake; ``ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL`` covers the handshake only), so the event
+    alone cannot tell them apart. The publisher's files can, for ``ipc://``: :meth:`PubSocket.close` unlinks
+    the socket file before it closes the socket and releases the publisher lock after, and a killed
+    publisher's lock goes with its process. So: the socket file gone, or no live process holding the
+    lock, is :data:`LOSS_PUBLISHER_GONE`; a live holder with its socket file still there is
+    :data:`LOSS_REFUSED` (with the holder's pid). TCP: :data:`LOSS_UNKNOWN`. Returns ``(cause, pid)``."""
+    if not addr.startswith("ipc://"):
+        return LOSS_UNKNOWN, None
+    path = addr.removeprefix("ipc://")
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return LOSS_PUBLISHER_GONE, None
+    except OSError:
+        return LOSS_PUBLISHER_GONE, None
+    holder = _flock_holder(path + PUB_LOCK_SUFFIX, PROC_LOCKS if proc_locks is None else proc_locks)
+    return (LOSS_PUBLISHER_GONE, None) if holder is None else (LOSS_REFUSED, holder)
 
 
 PUB_LOCK_SUFFIX = ".pub.lock"
@@ -500,7 +548,11 @@ def publisher_pid(service: str, prefix: str | None = None, proc_locks: str = PRO
     instant, could refuse a publisher starting at that moment). A publisher is live when ``/proc/locks``
     lists a ``FLOCK`` on the lock file's inode; its pid is that entry's. Raises what :func:`runtime_dir` does.
     """
-    path = f"{runtime_dir(prefix)}/{service}{PUB_LOCK_SUFFIX}"
+    return _flock_holder(f"{runtime_dir(prefix)}/{service}{PUB_LOCK_SUFFIX}", proc_locks)
+
+
+def _flock_holder(path: str, proc_locks: str) -> int | None:
+    """The pid of the live process holding a ``flock`` on ``path`` (``/proc/locks``, bounded read), else None."""
     try:
         st = os.lstat(path)
         with open(proc_locks, "rb") as f:

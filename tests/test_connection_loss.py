@@ -1,0 +1,127 @@
+"""A subscriber's lost connection says what it was (``msgs/messaging.py`` ``loss_cause``): a publisher
+that went away (an orderly stop, a kill) is INFO, once; a message refused by ZeroMQ while the publisher
+still runs is the WARNING naming the bound."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import zmq
+
+from chestnut.msgs.messaging import (
+    LOSS_PUBLISHER_GONE,
+    LOSS_REFUSED,
+    LOSS_UNKNOWN,
+    drain_sock,
+    loss_cause,
+    new_message,
+    pub_sock,
+    sub_sock,
+)
+
+pytestmark = [pytest.mark.timeout(60)]
+GONE = "nodeState: its publisher went away (stopped or restarted); connected again, waiting for the next one"
+
+
+def _hello(pub, sub) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # ZeroMQ drops messages until the subscription has arrived
+        pub.send(new_message("nodeState").to_bytes())
+        if sub.poll(20):
+            drain_sock(sub)
+            return
+    raise AssertionError("subscriber never connected")
+
+
+def _wait_for_loss(sub, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while sub.disconnects == 0:
+        assert time.monotonic() < deadline, "no lost connection reported"
+        sub.conn_monitor.poll(50)
+        drain_sock(sub)  # runs heal()
+
+
+def test_an_orderly_stop_of_the_publisher_is_info_not_a_warning(caplog):
+    caplog.set_level(logging.INFO, "chestnut.msgs.messaging")
+    pub = pub_sock("nodeState")
+    sub = sub_sock("nodeState")
+    try:
+        _hello(pub, sub)
+        pub.close()
+        _wait_for_loss(sub)
+    finally:
+        sub.close()
+    got = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "chestnut.msgs.messaging"]
+    assert got == [("INFO", GONE)]
+
+
+_KILLED = textwrap.dedent(
+    """
+    import time
+    from chestnut.msgs.messaging import new_message, pub_sock
+    pub = pub_sock("nodeState")
+    print("bound", flush=True)
+    while True:
+        pub.send(new_message("nodeState").to_bytes())
+        time.sleep(0.01)
+    """
+)
+
+
+def test_a_killed_publisher_is_info_too_and_a_restart_is_not_logged_again(caplog):
+    caplog.set_level(logging.INFO, "chestnut.msgs.messaging")
+    sub = sub_sock("nodeState")
+    try:
+        for round_ in (1, 2):
+            p = subprocess.Popen([sys.executable, "-c", _KILLED], stdout=subprocess.PIPE, text=True)
+            try:
+                assert p.stdout is not None and p.stdout.readline() == "bound\n"
+                deadline = time.monotonic() + 20
+                while not sub.poll(50):
+                    assert time.monotonic() < deadline, "no message from the publisher"
+                drain_sock(sub)
+                before = sub.disconnects
+                p.send_signal(signal.SIGKILL)
+                p.wait(10)
+                deadline = time.monotonic() + 20
+                while sub.disconnects == before:
+                    assert time.monotonic() < deadline, "no lost connection reported"
+                    sub.conn_monitor.poll(50)
+                    drain_sock(sub)
+            finally:
+                p.kill()
+                p.wait()
+            assert sub.disconnects >= round_
+    finally:
+        sub.close()
+    got = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "chestnut.msgs.messaging"]
+    assert got == [("INFO", GONE)]
+
+
+def test_the_cause_is_read_from_the_publishers_own_files():
+    pub = pub_sock("nodeState")
+    try:
+        assert loss_cause(pub.ipc_file and f"ipc://{pub.ipc_file}") == (LOSS_REFUSED, os.getpid())
+    finally:
+        path = pub.ipc_file
+        pub.close()
+    assert loss_cause(f"ipc://{path}") == (LOSS_PUBLISHER_GONE, None)  # socket file unlinked, lock free
+    assert loss_cause("tcp://127.0.0.1:5555") == (LOSS_UNKNOWN, None)
+
+
+def test_a_live_socket_file_without_a_live_lock_holder_is_a_publisher_gone(tmp_path):
+    s = zmq.Context.instance().socket(zmq.PUB)
+    path = tmp_path / "nodeState"
+    s.bind(f"ipc://{path}")
+    try:
+        (tmp_path / "nodeState.pub.lock").write_text("12345\n")  # written, never locked
+        assert loss_cause(f"ipc://{path}") == (LOSS_PUBLISHER_GONE, None)
+    finally:
+        s.close(linger=0)
