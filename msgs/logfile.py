@@ -51,6 +51,7 @@ import logging
 import os
 import platform
 import socket
+import stat
 import struct
 import time
 from collections import Counter
@@ -74,7 +75,16 @@ from chestnut.msgs.messaging import REASON_UNKNOWN_MEMBER, MalformedMessageError
 from chestnut.msgs.outdir import DIR_MODE, open_private, private_dir
 from chestnut.msgs.schema import MAX_MESSAGE_BYTES, SCHEMA_PATH, SCHEMA_SHA256, log
 from chestnut.msgs.services import SERVICE_LIST
-from chestnut.msgs.video import SegmentVideo, VideoOptions, pixels_crc32, preview, video_event
+from chestnut.msgs.video import (
+    NotRegularFileError,
+    SegmentVideo,
+    VideoOptions,
+    file_kind,
+    open_regular,
+    pixels_crc32,
+    preview,
+    video_event,
+)
 
 __all__ = [
     "FLUSH_EVERY_MESSAGES",
@@ -883,7 +893,7 @@ class SegmentFileReader:
         """Decompressed pieces of the file, in order; returns None if every frame was ended, else
         why the stream stops. After a zstd error, the failing input is replayed byte by byte from a
         fresh decoder so that every block before the damage is still delivered."""
-        with open(self.path, "rb") as fh:
+        with os.fdopen(open_regular(self.path, follow=True), "rb") as fh:
             dec = _ZstdFeed()
             offset = 0  # compressed offset of the next chunk
             while chunk := fh.read(READ_CHUNK_BYTES):
@@ -943,7 +953,7 @@ class SegmentFileReader:
         channels: dict[int, Channel] = {}
         schemas: dict[int, Schema] = {}
         bad_channels: set[int] = set()
-        with open(self.path, "rb") as fh:
+        with os.fdopen(open_regular(self.path, follow=True), "rb") as fh:
             if size == 0:
                 self._report(0, "empty file")
                 return
@@ -1032,7 +1042,10 @@ def find_log_files(paths: Iterable[Path | str] | Path | str, name: str = "rlog",
     ``<name>.zst`` / ``<name>.mcap``. A segment holding both formats contributes one file: ``fmt``
     ``"auto"`` prefers ``.zst`` (openpilot's format), ``"zst"`` or ``"mcap"`` take only that one.
     Sorted by (route, segment, path). Raises ``FileNotFoundError`` for a missing path or when
-    nothing is found, ``ValueError`` for a bad ``name`` or ``fmt``.
+    nothing is found, ``msgs/video.py`` :class:`NotRegularFileError` (a ``FileNotFoundError``) for a
+    path, or a log file found in a directory, that is a FIFO, socket, device or (found) symlink: such a
+    file is never opened (a FIFO would block the reader for good), and ``ValueError`` for a bad ``name``
+    or ``fmt``.
     """
     if name not in LOG_NAMES:
         raise ValueError(f"log name must be one of {LOG_NAMES}, got {name!r}")
@@ -1043,17 +1056,24 @@ def find_log_files(paths: Iterable[Path | str] | Path | str, name: str = "rlog",
     prefs = FORMATS if fmt == "auto" else (fmt,)
     found: list[Path] = []
     for p in map(Path, paths):
-        if p.is_file():
+        try:
+            mode = p.stat().st_mode  # a path given by name may be a symlink: the caller's choice
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{p}: no such file or directory") from None
+        if stat.S_ISREG(mode):
             found.append(p)
-        elif p.is_dir():
+        elif stat.S_ISDIR(mode):
             by_dir: dict[Path, dict[str, Path]] = {}
             for suffix in prefs:
                 for f in p.rglob(f"{name}.{suffix}"):
+                    f_mode = f.lstat().st_mode  # found in a walk: only a regular file, never what it links to
+                    if not stat.S_ISREG(f_mode):
+                        raise NotRegularFileError(f, file_kind(f_mode))
                     by_dir.setdefault(f.parent, {})[suffix] = f
             for options in by_dir.values():
                 found.append(next(options[s] for s in prefs if s in options))
         else:
-            raise FileNotFoundError(f"{p}: no such file or directory")
+            raise NotRegularFileError(p, file_kind(mode))
     if not found:
         raise FileNotFoundError(f"no {name}.{'/'.join(prefs)} under {', '.join(map(str, paths))}")
 

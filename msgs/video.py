@@ -70,10 +70,13 @@ __all__ = [
     "VIDEO_CODECS",
     "VIDEO_FILE",
     "LoggedFrames",
+    "NotRegularFileError",
     "SegmentVideo",
     "VideoFrameError",
     "VideoOptions",
     "VideoWriter",
+    "file_kind",
+    "open_regular",
     "packet_limit",
     "pixels_crc32",
     "preview",
@@ -105,13 +108,63 @@ _FORMATS: dict[tuple[str, bool], tuple[str, str]] = {
 }
 
 
+class NotRegularFileError(FileNotFoundError):
+    """A FIFO, socket, device, directory or symlink where a regular file belongs (so no such *file*: a
+    ``FileNotFoundError``, which every offline tool reports in one line); ``kind`` names what is there."""
+
+    def __init__(self, path: str | os.PathLike[str], kind: str) -> None:
+        super().__init__(f"{os.fspath(path)}: {kind}, not a regular file; refused (remove it)")
+        self.kind = kind
+
+
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISLNK, "a symlink"),
+)
+
+
+def file_kind(mode: int) -> str:
+    """What ``mode`` (an ``st_mode``) is, in words: "a regular file", "a FIFO", "a symlink", ..."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((name for test, name in _FILE_KINDS if test(mode)), "not a file")
+
+
+def open_regular(path: str | os.PathLike[str], follow: bool = False) -> int:
+    """A read-only fd of ``path``, which must be a regular file: never a FIFO, socket or device (opening a
+    FIFO waits for a writer, forever for a planted one: ``open(2)``), nor a symlink unless ``follow``.
+
+    ``lstat`` (``stat`` with ``follow``) first, so that a FIFO or device is never opened at all; then
+    ``O_NONBLOCK`` (a FIFO swapped in meanwhile opens at once), ``O_NOFOLLOW`` unless ``follow``, and an
+    ``fstat`` of what was opened. Raises :class:`NotRegularFileError`, FileNotFoundError and OSError (ELOOP
+    for a symlink swapped in between the two looks). The fd is blocking again on return."""
+    st = os.stat(path) if follow else os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFileError(path, file_kind(st.st_mode))
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFileError(path, file_kind(mode))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class VideoFrameError(ValueError):
     """A logged frame whose pixels cannot be read from its video file. ``str()`` is one line naming the
     file and the frame number, what is wrong and what to do; ``problem`` is the part after them."""
 
     def __init__(self, where: str, index: int, problem: str) -> None:
         super().__init__(f"{where} frame {index}: {problem}")
-        self.problem = problem
+        self.where, self.index, self.problem = where, index, problem
 
 
 @dataclass(frozen=True)
@@ -448,15 +501,16 @@ class _VideoFile:
     def _open(self) -> None:
         self.close()
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = open_regular(self.path)
+        except NotRegularFileError as e:
+            raise self._fail(
+                0, f"{e.kind}, not a regular file: refused (a video is read only from a regular file, never followed)"
+            ) from None
         except FileNotFoundError:
             raise self._fail(0, "missing: the log names a video file that is not in the segment directory") from None
         except OSError as e:
             raise self._fail(0, f"cannot be opened ({e.strerror}); a symlink is never followed") from None
         fh = os.fdopen(fd, "rb")
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            fh.close()
-            raise self._fail(0, "is not a regular file")
         try:
             container = av.open(fh, "r", format="matroska")
         except (av.FFmpegError, ValueError, OSError) as e:

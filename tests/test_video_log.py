@@ -522,7 +522,7 @@ def test_a_symlinked_video_is_not_followed(small_video_log, tmp_path):
     seg, _, frames = small_video_log
     (seg / VIDEO_FILE).rename(tmp_path / "elsewhere.mkv")
     (seg / VIDEO_FILE).symlink_to(tmp_path / "elsewhere.mkv")
-    with LoggedFrames(seg) as lf, pytest.raises(VideoFrameError, match="cannot be opened .*a symlink is never"):
+    with LoggedFrames(seg) as lf, pytest.raises(VideoFrameError, match="frame 0: a symlink, not a regular file"):
         lf.read(frames[0])
 
 
@@ -552,18 +552,28 @@ def test_replay_of_a_video_logged_drive_has_zero_mismatches(drive, tmp_path):
 
 
 def test_replay_names_the_missing_video_and_replays_the_other_segments(drive, tmp_path):
-    from chestnut.node.offline.replay import KIND_INPUT, replay
+    """A missing video is one damaged file and its frames are not replayable, never model mismatches."""
+    from chestnut.node.offline.replay import KIND_NOT_REPLAYABLE, VIDEO_DAMAGE_OFFSET, replay
 
     segs = write_route(tmp_path / "video", drive, VideoOptions())
     (segs[1] / VIDEO_FILE).unlink()
     r = replay(tmp_path / "video", jit_cache=False)
-    bad = [f for f in r.frames if f.kind == KIND_INPUT]
+    lost = [f for f in r.frames if f.kind == KIND_NOT_REPLAYABLE]
     frames_in_1 = [int(ev.cameraFrame.frameId) for _, s, ev in LogReader(segs[1]) if s == "cameraFrame"]
-    assert [f.frame_id for f in bad] == frames_in_1 and len(frames_in_1) == 60
-    assert bad[0].detail == (
-        f"{segs[1] / VIDEO_FILE} frame 0: missing: the log names a video file that is not in the segment directory"
+    assert [f.frame_id for f in lost] == frames_in_1 and len(frames_in_1) == 60
+    assert lost[0].detail == (
+        f"video damaged: {segs[1] / VIDEO_FILE} frame 0: missing: the log names a video file that is not in the "
+        "segment directory"
     )
-    assert [f.frame_id for f in r.mismatches] == frames_in_1  # the other segments replay clean
+    assert r.mismatches == [] and not r.ok  # the other segments replay clean; the damaged file fails the run
+    assert [(d.path, d.offset, d.reason, d.frame_id) for d in r.damage] == [
+        (
+            str(segs[1] / VIDEO_FILE),
+            VIDEO_DAMAGE_OFFSET,
+            "frame 0: missing: the log names a video file that is not in the segment directory",
+            frames_in_1[0],
+        )
+    ]
 
 
 def test_export_puts_the_decoded_frames_back(tmp_path):
@@ -691,7 +701,7 @@ def test_a_shipped_video_logged_segment_replays_as_the_one_read_from_its_path(dr
     was shipped decodes the same frames as one that reads the path."""
     from chestnut.msgs.logfile import find_log_files
     from chestnut.node.offline.replay import (
-        KIND_INPUT,
+        KIND_NOT_REPLAYABLE,
         KIND_OK,
         SegmentResult,
         find_node_config,
@@ -714,4 +724,7 @@ def test_a_shipped_video_logged_segment_replays_as_the_one_read_from_its_path(dr
     assert len(here.frames) == 60 and {f.kind for f in here.frames} == {KIND_OK}
     # the segment file alone (no video): every frame is named as missing its video, none replays from stale pixels
     alone = run_unit(unit, Path(task.path).read_bytes())
-    assert isinstance(alone, SegmentResult) and {f.kind for f in alone.frames} == {KIND_INPUT}
+    assert isinstance(alone, SegmentResult) and {f.kind for f in alone.frames} == {KIND_NOT_REPLAYABLE}
+    assert [d.reason for d in alone.damage] == [
+        "frame 0: missing: the log names a video file that is not in the segment directory"
+    ]

@@ -42,6 +42,7 @@ from chestnut.node.offline.replay import (
     ReplayResult,
     SegmentResult,
     SegmentTask,
+    damage_line,
     find_node_config,
     plan_tasks,
     resolve_plan,
@@ -361,7 +362,7 @@ def replay_segment_rows(fleet: FleetReplay) -> list[SegmentRow]:
             n = len(bad) + len(s.damage)
             if n:
                 first = (
-                    f"byte {s.damage[0].offset}: {s.damage[0].reason}"
+                    damage_line(s.damage[0]).removeprefix(f"{s.damage[0].path}: ")
                     if s.damage
                     else f"frame {bad[0].frame_id}: {bad[0].kind}: {bad[0].detail}"
                 )

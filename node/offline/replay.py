@@ -15,8 +15,12 @@ Frames are preprocessed by :func:`chestnut.node.preprocess.preprocess` with the 
 so replay feeds the models exactly what the node fed them. A frame logged as video (``chestnut record
 --frames video``, ``msgs/video.py``) is decoded from its segment's ``fcamera.mkv``: FFV1 gives the
 camera's bytes back, so such a log replays with no mismatch; an h264 (lossy) log mismatches by design.
-A frame whose video is missing or truncated is an ``input`` result naming the file and frame number;
-the rest of the segment replays.
+A frame whose pixels the log does not hold is ``not_replayable``, excused and counted apart, its detail
+naming why: a video file missing, truncated, damaged or not a regular file (each such file is also one
+damaged file, :class:`~chestnut.node.offline.timeline.DamageRec` at offset -1, reason "frame <n>: ..."), or
+a ring frame the logger read after the camera reused its slot ("logged without pixels"). A frame the node
+answered "none" because its ring slot was overwritten before the node read it (:data:`RING_LOSS_REASONS`)
+is ``transport_loss``: the node handled it right, whatever pixels the logger kept. The rest replays.
 
 **Units of work.** One segment file is one unit: :func:`replay_segment` takes a :class:`SegmentTask`
 (the segment's path, the next segment's path, the resolved :class:`ReplayPlan`) and returns a
@@ -47,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from chestnut.msgs.logfile import LogReader, find_log_files
-from chestnut.msgs.video import LoggedFrames
+from chestnut.msgs.video import LoggedFrames, VideoFrameError
 from chestnut.node.offline.timeline import (
     NS_PER_MS,
     NS_PER_S,
@@ -277,7 +281,34 @@ KIND_LATE = "late_output"  # an output more than STALE_PENDING_S after its frame
 KIND_IN_FLIGHT = "in_flight"  # excused: still in flight when the log ended
 KIND_LOST = "lost_to_damage"  # excused: its answer fell into unreadable log
 KIND_NOT_SERVING = "node_not_serving"  # excused: before the node's first message, or after it said stopping
-EXCUSED = frozenset({KIND_OK, KIND_IN_FLIGHT, KIND_LOST, KIND_NOT_SERVING})
+KIND_TRANSPORT_LOSS = "transport_loss"  # excused: answered none, the ring slot overwritten before the node read it
+KIND_NOT_REPLAYABLE = "not_replayable"  # excused: the log holds no pixels of the frame (see the detail)
+EXCUSED = frozenset({KIND_OK, KIND_IN_FLIGHT, KIND_LOST, KIND_NOT_SERVING, KIND_TRANSPORT_LOSS, KIND_NOT_REPLAYABLE})
+NOT_REPLAYED = frozenset({KIND_TRANSPORT_LOSS, KIND_NOT_REPLAYABLE})  # counted apart in the summary
+
+RING_LOSS_REASONS = ("was overwritten (now frame", "its ring was unmapped during the read")
+"""How the node's ``modelOutput.reason`` names a ring frame it could not read in time: the wording of
+``msgs/visionipc.py`` ``FrameReader._check`` / ``FrameReader.verify`` (``FrameOverwrittenError``), which the
+node logs as "bad frame: <error>" (``node/main.py``). The slot was reused by the camera, so the node's
+"none" answer was right whatever pixels the logger, reading the ring on its own, kept."""
+VIDEO_DAMAGE_OFFSET = -1  # DamageRec.offset of a damaged video file: no byte offset, the reason names the frame
+
+
+def damage_line(d: DamageRec) -> str:
+    """``path: byte <offset>: reason`` of a damaged log file; ``path: reason`` of a damaged video file."""
+    return f"{d.path}: {d.reason}" if d.offset == VIDEO_DAMAGE_OFFSET else f"{d.path}: byte {d.offset}: {d.reason}"
+
+
+def ring_loss(reason: str) -> bool:
+    """Whether a node's "none" answer says its ring frame was overwritten before it was read (see
+    :data:`RING_LOSS_REASONS`)."""
+    return any(r in reason for r in RING_LOSS_REASONS)
+
+
+def logged_without_pixels(cf: Any) -> bool:
+    """A ring frame (``buffer`` set) that the logger logged with neither pixels nor video: it read the slot
+    after the camera had reused it (``msgs/logger.py`` ``frames_unread``)."""
+    return bool(cf._has("buffer")) and len(cf.data) == 0 and not LoggedFrames.in_video(cf)
 
 
 @dataclass(frozen=True)
@@ -364,6 +395,11 @@ class ReplayResult:
     @property
     def mismatches(self) -> list[FrameResult]:
         return [f for f in self.frames if not f.ok]
+
+    @property
+    def not_replayed(self) -> list[FrameResult]:
+        """Frames answered but not replayable (:data:`NOT_REPLAYED`): excused, counted apart."""
+        return [f for f in self.frames if f.kind in NOT_REPLAYED]
 
     @property
     def model_ids(self) -> list[ModelIdCheck]:
@@ -518,6 +554,8 @@ class _Pending:
     error: str = ""
     not_served: str = ""  # why the node was not answering frames then ("" = it was)
     encoding: str = "bgr888"  # the frame's CameraFrame pixel encoding (node/preprocess.py warp)
+    absent: str = ""  # why the log holds no pixels of the frame ("" = it does, or they are bad input)
+    via_ring: bool = False  # the frame travelled through the camera's shared-memory ring (buffer set)
 
 
 _NODE_SERVICES = frozenset({"modelOutput", "chestnutActive", "chestnutHealth", "nodeState"})
@@ -548,6 +586,14 @@ class _SegmentReplayer:
         self.done += 1
         if self.done % PROGRESS_EVERY_FRAMES == 0:
             self.on_frame(PROGRESS_EVERY_FRAMES)
+        if logged_source == "none" and pending.via_ring and ring_loss(str(mo.reason)):
+            self.frames.append(
+                FrameResult(**base, kind=KIND_TRANSPORT_LOSS, detail=f"the node could not read it in time: {mo.reason}")
+            )
+            return
+        if pending.absent:
+            self.frames.append(FrameResult(**base, kind=KIND_NOT_REPLAYABLE, detail=pending.absent))
+            return
         if logged_source == "none":  # the node found the frame unusable: it must fail preprocessing here too
             self.frames.append(self._unusable(base, pending, mo))
             return
@@ -615,6 +661,7 @@ class _SegmentReplayer:
         node_seen = task.has_previous  # the node has published (in this segment or, assumed, before it)
         stopping = False
         logged_frames = LoggedFrames(Path(task.path).parent)  # frames logged as video: beside the segment file
+        video_damage: dict[str, DamageRec] = {}  # video file -> its first failure (one damaged file each)
         # file order (reorder window 0): a damage report then follows the last message read before it
         for t, service, ev in LogReader(task.path, on_damage=recorder.on_damage, reorder_window_ns=0):
             recorder.add(t, service, ev)
@@ -626,11 +673,7 @@ class _SegmentReplayer:
                 cf = ev.cameraFrame
                 fid = int(cf.frameId)
                 first_frame = fid if first_frame is None else first_frame
-                try:
-                    # read as the node reads it, with its encoding for a warp (node/preprocess.py)
-                    p = _Pending(t, int(cf.timestampEof), logged_frames.read(cf), encoding=str(cf.encoding))
-                except ValueError as e:
-                    p = _Pending(t, int(cf.timestampEof), None, str(e))
+                p = self._read_frame(logged_frames, cf, t, video_damage)
                 if not node_seen or stopping:
                     p.not_served = "the node had not started" if not node_seen else "the node was stopping"
                 if fid in early:  # its output was logged before it (frame ids out of order)
@@ -714,7 +757,7 @@ class _SegmentReplayer:
             task.index,
             task.path,
             self.frames,
-            list(extract.damage),
+            [*extract.damage, *video_damage.values()],
             ids,
             skipped_head,
             extract,
@@ -724,6 +767,28 @@ class _SegmentReplayer:
             os.getpid(),
             time.process_time() - cpu_start,
         )
+
+    @staticmethod
+    def _read_frame(frames: LoggedFrames, cf: Any, t: int, damage: dict[str, DamageRec]) -> _Pending:
+        """The frame's pixels as the node read them (with its encoding for a warp: ``node/preprocess.py``), or
+        why not: a damaged, truncated or missing video (counted once per file in ``damage``) and a ring frame
+        logged without pixels make it not replayable; any other unreadable frame is bad input."""
+        eof, ring = int(cf.timestampEof), bool(cf._has("buffer"))
+        try:
+            return _Pending(t, eof, frames.read(cf), encoding=str(cf.encoding), via_ring=ring)
+        except VideoFrameError as e:
+            damage.setdefault(
+                e.where, DamageRec(e.where, VIDEO_DAMAGE_OFFSET, f"frame {e.index}: {e.problem}", t, int(cf.frameId))
+            )
+            return _Pending(t, eof, None, str(e), absent=f"video damaged: {e}", via_ring=ring)
+        except ValueError as e:
+            absent = ""
+            if logged_without_pixels(cf):
+                absent = (
+                    f"logged without pixels: cameraFrame {int(cf.frameId)} was overwritten in the camera's ring "
+                    "before the logger read it (chestnut record's 'without pixels' count)"
+                )
+            return _Pending(t, eof, None, str(e), absent=absent, via_ring=ring)
 
     def _replay_id(self, src: str) -> str:
         ref = {"primary": self.plan.primary, "fallback": self.plan.fallback}[src]

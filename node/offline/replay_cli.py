@@ -34,10 +34,13 @@ from chestnut.node.offline.replay import (
     DEFAULT_TOL,
     ENGINES,
     EXCUSED,
+    KIND_NOT_REPLAYABLE,
     KIND_OK,
+    KIND_TRANSPORT_LOSS,
     SOURCES,
     ReplayError,
     ReplayResult,
+    damage_line,
 )
 from chestnut.node.offline.report import write_report
 from chestnut.node.offline.timeline import SLACK_MS
@@ -117,7 +120,7 @@ def print_result(result: ReplayResult, console: Any, top: int = 10) -> None:
             )
         console.print(t)
     for dmg in result.damage:
-        console.print(f"[red]log damage: {dmg.path}: byte {dmg.offset}: {dmg.reason}[/red]")
+        console.print(f"[red]log damage: {damage_line(dmg)}[/red]")
     infer = sum(s.infer_s for s in result.segments)
     n = sum(1 for f in frames if f.replayed_with)
     rate = n / result.wall_s if result.wall_s > 0 else 0.0
@@ -177,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
             for m in r.model_mismatches:
                 console.print(f"[red]{m.describe()}[/red]")
             for dmg in r.damage:
-                console.print(f"[red]log damage: {dmg.path}: byte {dmg.offset}: {dmg.reason}[/red]")
+                console.print(f"[red]log damage: {damage_line(dmg)}[/red]")
         if args.report is not None:
             worst = [(row.log, k) for row in rows for k in fleet.logs if short_name(k) == row.log and row.problems]
             per_log = [(name, _writer(fleet.logs[k])) for name, k in worst]
@@ -191,9 +194,13 @@ def run(args: argparse.Namespace) -> int:
     model_mm = sum(len(r.model_mismatches) for r in fleet.logs.values())
     damaged = sum(len(r.damage) for r in fleet.logs.values())
     bad = mism + model_mm + damaged + len(run_.failed)
+    kinds = [f.kind for r in fleet.logs.values() for f in r.not_replayed]
     console.print(
         f"[{'red' if bad else 'green'}]{mism} mismatch(es), {model_mm} model id mismatch(es), "
-        f"{damaged} damaged file(s)" + (f", {len(run_.failed)} failed segment(s)" if run_.failed else "") + "[/]"
+        f"{damaged} damaged file(s)"
+        + (f", {len(run_.failed)} failed segment(s)" if run_.failed else "")
+        + f"; {kinds.count(KIND_NOT_REPLAYABLE)} not replayable, {kinds.count(KIND_TRANSPORT_LOSS)} transport loss"
+        + "[/]"
     )
     if run_.interrupted:
         console.print(f"[yellow]interrupted: {len(run_.outcomes)} of {run_.units} segment(s) finished[/yellow]")

@@ -1,0 +1,206 @@
+"""Offline tools over video-logged logs: frames the log holds no pixels of, ring losses the node handled,
+damaged videos, non-regular files in a log, and fleets made from video logs."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from drivelog import MS, _clock_at, build_drive
+
+from chestnut.launch.cli import main
+from chestnut.msgs.frames import frame_to_array
+from chestnut.msgs.logfile import LogReader, RouteWriter, find_log_files
+from chestnut.msgs.messaging import log_from_bytes
+from chestnut.msgs.video import VIDEO_FILE, LoggedFrames, NotRegularFileError, VideoFrameError, VideoOptions
+
+ROUTE = "2026-01-01--00-00-00"
+RING_REASON = (
+    "bad frame: frame seq 10: slot 2 was overwritten (now frame 14, done); the reader fell more than 3 frames "
+    "behind the camera"
+)
+OVERWRITTEN = 10  # the node answered none: its ring slot was reused before it read it (the logger kept the pixels)
+UNREAD = 12  # the logger read the slot too late: logged without pixels (the node had served it)
+
+
+@pytest.fixture(scope="module")
+def drive(tiny_onnx: Path) -> list:
+    return build_drive(tiny_onnx)
+
+
+def _ring(ev, frame_id: int) -> None:
+    buf = ev.cameraFrame.init("buffer")
+    buf.session, buf.index, buf.seq, buf.size = 7, frame_id % 4, frame_id, len(ev.cameraFrame.data)
+
+
+def write_ring_route(log_dir: Path, drive: list, doctor: bool = True) -> list[Path]:
+    """The drive as ``chestnut record`` logs ring frames as video; with ``doctor``, frame OVERWRITTEN
+    answered "none" for a ring overwrite and frame UNREAD logged without pixels."""
+    now = [drive[0][0] - 1 * MS]
+    with _clock_at(now):
+        w = RouteWriter(
+            log_dir,
+            formats=("zst",),
+            segment_seconds=3.0,
+            clock=lambda: now[0] / 1e9,
+            config={"services": ["cameraFrame", "modelOutput"]},
+            route=ROUTE,
+            video=VideoOptions(),
+        )
+        with w:
+            for t, service, data in drive:
+                now[0] = t
+                ev = log_from_bytes(data).as_builder()
+                if service == "cameraFrame":
+                    fid = int(ev.cameraFrame.frameId)
+                    _ring(ev, fid)
+                    if doctor and fid == UNREAD:
+                        ev.cameraFrame.data = b""
+                        w.write(service, t, ev.to_bytes())
+                    else:
+                        ro = log_from_bytes(ev.to_bytes())
+                        w.write_frame(t, ro, frame_to_array(log_from_bytes(data).cameraFrame))
+                elif service == "modelOutput" and doctor and int(ev.modelOutput.frameId) == OVERWRITTEN:
+                    ev.modelOutput.source, ev.modelOutput.reason = "none", RING_REASON
+                    ev.modelOutput.init("outputs", 0)
+                    w.write(service, t, ev.to_bytes())
+                else:
+                    w.write(service, t, data)
+    return sorted(p for p in Path(log_dir).iterdir() if p.is_dir())
+
+
+def test_a_ring_loss_and_a_frame_logged_without_pixels_are_not_model_mismatches(drive, tmp_path, capsys):
+    from chestnut.node.offline.replay import KIND_NOT_REPLAYABLE, KIND_OK, KIND_TRANSPORT_LOSS, replay
+
+    write_ring_route(tmp_path / "logs", drive)
+    r = replay(tmp_path / "logs", jit_cache=False)
+    assert r.mismatches == [] and r.damage == [] and r.ok
+    odd = {f.frame_id: (f.kind, f.logged_source, f.replayed_with, f.detail) for f in r.frames if f.kind != KIND_OK}
+    assert odd == {
+        OVERWRITTEN: ("transport_loss", "none", "", f"the node could not read it in time: {RING_REASON}"),
+        UNREAD: (
+            "not_replayable",
+            "primary",
+            "",
+            f"logged without pixels: cameraFrame {UNREAD} was overwritten in the camera's ring before the logger "
+            "read it (chestnut record's 'without pixels' count)",
+        ),
+    }
+    assert [f.kind for f in r.not_replayed] == [KIND_TRANSPORT_LOSS, KIND_NOT_REPLAYABLE]
+    assert r.replayed() == {"primary": 98, "fallback": 80}
+    assert main(["replay", str(tmp_path / "logs"), "--no-jit-cache"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal's width
+    assert out.endswith(
+        "0 mismatch(es), 0 model id mismatch(es), 0 damaged file(s); 1 not replayable, 1 transport loss"
+    )
+    assert "FrameReader" not in out  # no live-only advice for a log read offline
+
+
+def test_a_none_answer_the_frame_contradicts_is_still_a_mismatch(drive, tmp_path):
+    """Only a ring-overwrite reason on a ring frame is a transport loss: another "none" over a good frame
+    stays a mismatch."""
+    from chestnut.node.offline.replay import KIND_INPUT, replay
+
+    (seg0, *_) = write_ring_route(tmp_path / "logs", drive, doctor=False)
+    items = [(t, s, ev.as_builder()) for t, s, ev in LogReader(seg0)]
+    for _, s, b in items:
+        if s == "modelOutput" and int(b.modelOutput.frameId) == OVERWRITTEN:
+            b.modelOutput.source, b.modelOutput.reason = "none", "bad frame: 0 bytes for 48x64x3 (HxWxC)"
+    (seg0 / "rlog.zst").unlink()
+    rewrite(seg0, items)
+    r = replay(tmp_path / "logs", jit_cache=False)
+    assert [(f.frame_id, f.kind) for f in r.mismatches] == [(OVERWRITTEN, KIND_INPUT)]
+
+
+def rewrite(seg: Path, items: list) -> None:
+    import zstandard as zstd
+
+    with open(seg / "rlog.zst", "wb") as fh, zstd.ZstdCompressor().stream_writer(fh) as z:
+        for _, _, b in items:
+            z.write(b.to_bytes())
+
+
+@pytest.mark.parametrize("harm", ["truncate", "missing"])
+def test_a_damaged_video_is_a_damaged_file_and_its_frames_not_replayable(drive, tmp_path, capsys, harm):
+    from chestnut.node.offline.replay import KIND_NOT_REPLAYABLE, VIDEO_DAMAGE_OFFSET, replay
+
+    segs = write_ring_route(tmp_path / "logs", drive, doctor=False)
+    video = segs[2] / VIDEO_FILE
+    if harm == "missing":
+        video.unlink()
+    else:
+        os.truncate(video, video.stat().st_size // 2)
+    r = replay(tmp_path / "logs", jit_cache=False)
+    assert r.mismatches == [] and not r.ok
+    lost = [f for f in r.frames if f.kind == KIND_NOT_REPLAYABLE]
+    assert lost and all(f.detail.startswith(f"video damaged: {video} frame ") for f in lost)
+    assert [(d.path, d.offset) for d in r.damage] == [(str(video), VIDEO_DAMAGE_OFFSET)]
+    assert main(["replay", str(tmp_path / "logs"), "--no-jit-cache"]) == 1
+    raw = capsys.readouterr().out
+    out = " ".join(raw.split())  # rich wraps at the terminal's width (a long path even inside a word)
+    assert out.endswith(
+        f"0 mismatch(es), 0 model id mismatch(es), 1 damaged file(s); {len(lost)} not replayable, 0 transport loss"
+    )
+    assert "".join(f"log damage: {video}: {r.damage[0].reason}".split()) in "".join(raw.split())
+    if harm == "missing":
+        assert len(lost) == 60 and r.damage[0].reason == (
+            "frame 0: missing: the log names a video file that is not in the segment directory"
+        )
+
+
+# ---------------------------------------------------------------- non-regular files (never opened)
+
+
+def _run_cli(args: list[str], timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """The CLI in a child, so that a hang would be a failed test, not a stuck suite."""
+    code = "import sys; from chestnut.launch.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_fifo_video_is_refused_without_being_opened(drive, tmp_path):
+    segs = write_ring_route(tmp_path / "logs", drive, doctor=False)
+    fifo = segs[0] / VIDEO_FILE
+    fifo.unlink()
+    os.mkfifo(fifo, 0o600)
+    cf = next(ev.cameraFrame for _, s, ev in LogReader(segs[0]) if s == "cameraFrame")
+    with LoggedFrames(segs[0]) as lf, pytest.raises(VideoFrameError) as e:
+        lf.read(cf)
+    assert str(e.value) == (
+        f"{fifo} frame 0: a FIFO, not a regular file: refused (a video is read only from a regular file, never "
+        "followed)"
+    )
+    out = tmp_path / "e.mcap"
+    p = _run_cli(["export", str(tmp_path / "logs"), "--mcap", str(out)])
+    assert p.returncode == 1, p.stderr
+    assert f"damaged input: {fifo} frame 0: a FIFO, not a regular file" in p.stderr and out.is_file()
+
+
+def test_a_fifo_log_file_in_a_directory_is_refused_and_named(drive, tmp_path):
+    segs = write_ring_route(tmp_path / "logs", drive, doctor=False)
+    fifo = segs[1] / "rlog.zst"
+    fifo.unlink()
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(NotRegularFileError) as e:
+        find_log_files(tmp_path / "logs")
+    assert str(e.value) == f"{fifo}: a FIFO, not a regular file; refused (remove it)"
+    with pytest.raises(NotRegularFileError, match=r": a FIFO, not a regular file"):
+        find_log_files(fifo)  # named by hand: the same words, not "no such file"
+    out = tmp_path / "w.mcap"
+    p = _run_cli(["export", str(tmp_path / "logs"), "--mcap", str(out)])
+    assert p.returncode == 2 and not out.exists()
+    assert f"LOG {fifo}: a FIFO, not a regular file; refused (remove it)" in p.stderr
+    p = _run_cli(["check", str(fifo)])
+    assert p.returncode == 2 and "a FIFO, not a regular file" in p.stderr and "no such file" not in p.stderr
+
+
+def test_a_symlinked_log_file_found_in_a_walk_is_not_followed(drive, tmp_path):
+    segs = write_ring_route(tmp_path / "logs", drive, doctor=False)
+    (segs[1] / "rlog.zst").rename(tmp_path / "elsewhere.zst")
+    (segs[1] / "rlog.zst").symlink_to(tmp_path / "elsewhere.zst")
+    with pytest.raises(NotRegularFileError, match=r"rlog\.zst: a symlink, not a regular file"):
+        find_log_files(tmp_path / "logs")
+    assert stat.S_ISREG(os.stat(segs[1] / "rlog.zst").st_mode)  # a working link: refused all the same
