@@ -204,3 +204,33 @@ def test_a_symlinked_log_file_found_in_a_walk_is_not_followed(drive, tmp_path):
     with pytest.raises(NotRegularFileError, match=r"rlog\.zst: a symlink, not a regular file"):
         find_log_files(tmp_path / "logs")
     assert stat.S_ISREG(os.stat(segs[1] / "rlog.zst").st_mode)  # a working link: refused all the same
+
+
+# ---------------------------------------------------------------- fleet make
+
+
+def test_a_fleet_made_from_a_video_log_carries_its_videos_and_replays_clean(drive, tmp_path):
+    from chestnut.node.offline.fleet import make_fleet
+    from chestnut.node.offline.replay import replay
+
+    segs = write_ring_route(tmp_path / "logs", drive, doctor=False)
+    dirs = make_fleet(tmp_path / "logs", 2, tmp_path / "fleet")
+    assert len(dirs) == 2 * len(segs) == 8
+    for d, src in zip(dirs, segs * 2, strict=True):
+        assert sorted(p.name for p in d.iterdir()) == ["fcamera.mkv", "rlog.zst"]
+        assert (d / VIDEO_FILE).read_bytes() == (src / VIDEO_FILE).read_bytes()
+        assert {stat.S_IMODE(os.lstat(p).st_mode) for p in d.iterdir()} == {0o600}
+    r = replay(tmp_path / "fleet", jit_cache=False)
+    assert r.mismatches == [] and r.damage == [] and r.replayed() == {"primary": 200, "fallback": 160}
+
+
+def test_fleet_make_refuses_a_symlinked_video_and_writes_nothing(drive, tmp_path):
+    from chestnut.node.offline.fleet import make_fleet
+
+    segs = write_ring_route(tmp_path / "logs", drive, doctor=False)
+    (segs[1] / VIDEO_FILE).rename(tmp_path / "elsewhere.mkv")
+    (segs[1] / VIDEO_FILE).symlink_to(tmp_path / "elsewhere.mkv")
+    with pytest.raises(NotRegularFileError) as e:
+        make_fleet(tmp_path / "logs", 1, tmp_path / "fleet")
+    assert str(e.value) == f"{segs[1] / VIDEO_FILE}: a symlink, not a regular file; refused (remove it)"
+    assert not (tmp_path / "fleet").exists()

@@ -25,6 +25,7 @@ import hashlib
 import html
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,6 +36,7 @@ import numpy as np
 
 from chestnut.msgs.logfile import find_log_files, parse_segment_dir
 from chestnut.msgs.outdir import private_dir, write_private
+from chestnut.msgs.video import NotRegularFileError, file_kind, open_regular, video_file_name
 from chestnut.node.offline.contracts import CONTRACTS, CheckParams, CheckResult, check_timeline
 from chestnut.node.offline.executor import KIND_EXTRACT, KIND_REPLAY, Executor, Outcome, Unit, units_of
 from chestnut.node.offline.replay import (
@@ -48,6 +50,7 @@ from chestnut.node.offline.replay import (
     resolve_plan,
 )
 from chestnut.node.offline.timeline import FileExtract, Timeline, default_node_config
+from chestnut.node.offline.units import MAX_VIDEO_FILES
 
 MAX_COPIES = 100_000  # chestnut fleet make --copies bound (route ids carry 5 digits at most)
 REPORT_LOGS = 5  # logs given their own full report (plots) under --report, worst first
@@ -576,33 +579,55 @@ def write_fleet_report(
 def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
     """Copy every log under ``source`` ``copies`` times into ``out`` as new routes
     ``<route>-<k:05d>`` (k from 1), segment directories ``<route>-<k>--<n>`` with the files byte for
-    byte (new directories 0700, files 0600). Returns the segment directories written. Raises
-    ``FileNotFoundError`` (no log under ``source``), ``FileExistsError`` (a route already in ``out``:
-    nothing is overwritten), ``ValueError`` (``copies`` not in 1..:data:`MAX_COPIES`)."""
+    byte, each segment file with the video files beside it (:func:`_segment_videos`: a video-logged
+    segment replays from its copy) (new directories 0700, files 0600, no symlink followed). Returns the
+    segment directories written. Raises ``FileNotFoundError`` (no log under ``source``; a video or log
+    file that is not a regular file, ``msgs/video.py`` ``NotRegularFileError``), ``FileExistsError`` (a
+    route already in ``out``: nothing is overwritten), ``ValueError`` (``copies`` not in
+    1..:data:`MAX_COPIES`)."""
     if not 1 <= copies <= MAX_COPIES:
         raise ValueError(f"copies must be in 1..{MAX_COPIES}, got {copies}")
     groups = group_logs(source)
     out = Path(out)
-    plan: list[tuple[Path, Path]] = []
+    plan: list[tuple[Path, Path, bool]] = []  # (from, to, follow a symlink: a log file named by hand may be one)
     for log_name, files in groups:
         base = Path(log_name).name
+        with_videos = [(f, _segment_videos(f)) for f in files]
         for k in range(1, copies + 1):
-            for n, f in enumerate(files):
+            for n, (f, videos) in enumerate(with_videos):
                 seg = parse_segment_dir(f.parent.name)
-                plan.append((f, out / f"{base}-{k:05d}--{seg[1] if seg else n}" / f.name))
-    dirs = sorted({d.parent for _, d in plan})
+                dest = out / f"{base}-{k:05d}--{seg[1] if seg else n}"
+                plan += [(f, dest / f.name, True), *((v, dest / v.name, False) for v in videos)]
+    dirs = sorted({d.parent for _, d, _ in plan})
     taken = [d for d in dirs if d.exists()]
     if taken:
         raise FileExistsError(f"{taken[0]} already exists: give an empty OUT directory")
     out.mkdir(mode=0o700, parents=True, exist_ok=True)
     for d in dirs:
         d.mkdir(mode=0o700)
-    for src, dest in plan:
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as w, open(src, "rb") as r:
+    for src, dest, follow in plan:
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as w, os.fdopen(open_regular(src, follow=follow), "rb") as r:
             while chunk := r.read(1 << 20):
                 w.write(chunk)
     return dirs
+
+
+def _segment_videos(segment_file: Path) -> list[Path]:
+    """The video files beside a segment file, in order (``fcamera.mkv``, ``fcamera-1.mkv`` ...: ``msgs/video.py``
+    ``video_file_name``; the rlog's ``VideoFrameRef`` names them by file name), up to the first absent one.
+    Raises :class:`~chestnut.msgs.video.NotRegularFileError` for one that is a symlink, FIFO or device."""
+    videos = []
+    for k in range(MAX_VIDEO_FILES):
+        video = segment_file.parent / video_file_name(k)
+        try:
+            mode = video.lstat().st_mode
+        except FileNotFoundError:
+            break
+        if not stat.S_ISREG(mode):
+            raise NotRegularFileError(video, file_kind(mode))
+        videos.append(video)
+    return videos
 
 
 __all__ = [
