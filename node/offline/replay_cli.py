@@ -3,7 +3,8 @@
 
 One log: the models' identities, the frames per outcome, the largest difference per tensor and the
 frames that differ most. Many logs: the fleet table, worst log first, and the worst segments. Exit
-status: 0 when every frame matched, 1 on a mismatch, a model id mismatch, a damaged file or a segment
+status: 0 when every frame matched (a ``transport_loss`` or ``not_replayable`` frame is counted, not a
+mismatch), 1 on a mismatch, a model id mismatch, a damaged file or a segment
 that failed, 2 when replay cannot start (no log, no usable model, no Ray), 130 after Ctrl-C (what
 finished is printed).
 """
