@@ -161,6 +161,7 @@ def _run_cli(args: list[str], timeout: float = 120.0) -> subprocess.CompletedPro
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.timeout(120)  # a FIFO that is opened blocks for good: fail, never hang
 def test_a_fifo_video_is_refused_without_being_opened(drive, tmp_path):
     segs = write_ring_route(tmp_path / "logs", drive, doctor=False)
     fifo = segs[0] / VIDEO_FILE
@@ -179,6 +180,7 @@ def test_a_fifo_video_is_refused_without_being_opened(drive, tmp_path):
     assert f"damaged input: {fifo} frame 0: a FIFO, not a regular file" in p.stderr and out.is_file()
 
 
+@pytest.mark.timeout(120)  # a FIFO that is opened blocks for good: fail, never hang
 def test_a_fifo_log_file_in_a_directory_is_refused_and_named(drive, tmp_path):
     segs = write_ring_route(tmp_path / "logs", drive, doctor=False)
     fifo = segs[1] / "rlog.zst"
