@@ -146,6 +146,15 @@ def test_a_damaged_video_is_a_damaged_file_and_its_frames_not_replayable(drive, 
         f"0 mismatch(es), 0 model id mismatch(es), 1 damaged file(s); {len(lost)} not replayable, 0 transport loss"
     )
     assert "".join(f"log damage: {video}: {r.damage[0].reason}".split()) in "".join(raw.split())
+    from chestnut.node.offline.executor import LocalExecutor
+    from chestnut.node.offline.fleet import replay_fleet, replay_rows
+
+    ex = LocalExecutor(1)
+    try:
+        (row,) = replay_rows(replay_fleet(tmp_path / "logs", ex, jit_cache=False))
+    finally:
+        ex.close()
+    assert (row.mismatches, row.damage) == (0, 1)  # the fleet table counts the damaged video too
     if harm == "missing":
         assert len(lost) == 60 and r.damage[0].reason == (
             "frame 0: missing: the log names a video file that is not in the segment directory"

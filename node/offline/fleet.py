@@ -293,15 +293,23 @@ def _p(vals: Sequence[float]) -> tuple[float, float] | None:
 
 
 def log_row(
-    log: str, tl: Timeline, segments: int, *, mismatches: int = 0, violations: int = 0, model_mismatches: int = 0
+    log: str,
+    tl: Timeline,
+    segments: int,
+    *,
+    mismatches: int = 0,
+    violations: int = 0,
+    model_mismatches: int = 0,
+    damage: int | None = None,
 ) -> LogRow:
+    """``damage``: damaged files, when more than the timeline's (replay's damaged videos); else its own."""
     return LogRow(
         short_name(log),
         segments,
         len(tl.frames),
         mismatches,
         violations,
-        len(tl.damage),
+        len(tl.damage) if damage is None else damage,
         failovers(tl),
         _p([o.execution_time_s * 1e3 for o in tl.outputs]),
         _p([o.frame_age_s * 1e3 for o in tl.outputs]),
@@ -313,7 +321,12 @@ def replay_rows(fleet: FleetReplay) -> list[LogRow]:
     """The fleet table of a replay, worst log first (most problems, then name)."""
     rows = [
         log_row(
-            k, r.timeline(), len(r.segments), mismatches=len(r.mismatches), model_mismatches=len(r.model_mismatches)
+            k,
+            r.timeline(),
+            len(r.segments),
+            mismatches=len(r.mismatches),
+            model_mismatches=len(r.model_mismatches),
+            damage=len(r.damage),  # the log files' damage and the damaged videos
         )
         for k, r in fleet.logs.items()
     ]
