@@ -116,6 +116,26 @@ def test_a_none_answer_the_frame_contradicts_is_still_a_mismatch(drive, tmp_path
     assert [(f.frame_id, f.kind) for f in r.mismatches] == [(OVERWRITTEN, KIND_INPUT)]
 
 
+def test_a_frame_the_node_answered_as_stale_is_a_transport_loss(drive, tmp_path):
+    """A frame the node read over ``timing.max_frame_age_ms`` after its EOF was answered "none" without a
+    model (``node/main.py`` ``stale_frame_reason``): the node was behind, not wrong; replay says so."""
+    from chestnut.node.main import stale_frame_reason
+    from chestnut.node.offline.replay import KIND_TRANSPORT_LOSS, replay
+
+    reason = stale_frame_reason(1, 1 + 2_500_000_000, 1000.0)
+    assert reason == "stale frame: read 2500 ms after its EOF (bound 1000 ms); the node is behind"
+    (seg0, *_) = write_ring_route(tmp_path / "logs", drive, doctor=False)
+    items = [(t, s, ev.as_builder()) for t, s, ev in LogReader(seg0)]
+    for _, s, b in items:
+        if s == "modelOutput" and int(b.modelOutput.frameId) == OVERWRITTEN:
+            b.modelOutput.source, b.modelOutput.reason = "none", reason
+    (seg0 / "rlog.zst").unlink()
+    rewrite(seg0, items)
+    r = replay(tmp_path / "logs", jit_cache=False)
+    assert r.mismatches == [] and r.ok
+    assert [(f.frame_id, f.kind) for f in r.not_replayed] == [(OVERWRITTEN, KIND_TRANSPORT_LOSS)]
+
+
 def rewrite(seg: Path, items: list) -> None:
     import zstandard as zstd
 

@@ -281,7 +281,7 @@ KIND_LATE = "late_output"  # an output more than STALE_PENDING_S after its frame
 KIND_IN_FLIGHT = "in_flight"  # excused: still in flight when the log ended
 KIND_LOST = "lost_to_damage"  # excused: its answer fell into unreadable log
 KIND_NOT_SERVING = "node_not_serving"  # excused: before the node's first message, or after it said stopping
-KIND_TRANSPORT_LOSS = "transport_loss"  # excused: answered none, the ring slot overwritten before the node read it
+KIND_TRANSPORT_LOSS = "transport_loss"  # excused: answered none, the ring slot overwritten or the frame stale when read
 KIND_NOT_REPLAYABLE = "not_replayable"  # excused: the log holds no pixels of the frame (see the detail)
 EXCUSED = frozenset({KIND_OK, KIND_IN_FLIGHT, KIND_LOST, KIND_NOT_SERVING, KIND_TRANSPORT_LOSS, KIND_NOT_REPLAYABLE})
 NOT_REPLAYED = frozenset({KIND_TRANSPORT_LOSS, KIND_NOT_REPLAYABLE})  # counted apart in the summary
@@ -291,6 +291,10 @@ RING_LOSS_REASONS = ("was overwritten (now frame", "its ring was unmapped during
 ``msgs/visionipc.py`` ``FrameReader._check`` / ``FrameReader.verify`` (``FrameOverwrittenError``), which the
 node logs as "bad frame: <error>" (``node/main.py``). The slot was reused by the camera, so the node's
 "none" answer was right whatever pixels the logger, reading the ring on its own, kept."""
+STALE_FRAME_PREFIX = "stale frame: read "
+"""How the node's ``modelOutput.reason`` starts for a frame it read over ``timing.max_frame_age_ms`` after its
+EOF and answered "none" without a model (``node/main.py`` ``stale_frame_reason``): the node was behind, its
+answer was right whatever the frame holds, so replay counts it as a transport loss, not a mismatch."""
 VIDEO_DAMAGE_OFFSET = -1  # DamageRec.offset of a damaged video file: no byte offset, the reason names the frame
 
 
@@ -586,7 +590,8 @@ class _SegmentReplayer:
         self.done += 1
         if self.done % PROGRESS_EVERY_FRAMES == 0:
             self.on_frame(PROGRESS_EVERY_FRAMES)
-        if logged_source == "none" and pending.via_ring and ring_loss(str(mo.reason)):
+        late = str(mo.reason).startswith(STALE_FRAME_PREFIX)
+        if logged_source == "none" and (late or (pending.via_ring and ring_loss(str(mo.reason)))):
             self.frames.append(
                 FrameResult(**base, kind=KIND_TRANSPORT_LOSS, detail=f"the node could not read it in time: {mo.reason}")
             )
