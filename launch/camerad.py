@@ -152,7 +152,7 @@ def inline_frame_error(img: np.ndarray, source_name: str, encoding: str) -> str 
     bound = get_service("cameraFrame").max_bytes
     if img.nbytes + (64 << 10) < bound:  # far below the bound: no need to build the message
         return None
-    size = len(fill_frame(0, img, 0, 0, source_name, encoding).to_bytes())
+    size = len(fill_frame(0, img, 0, 0, source_name, encoding).to_bytes())  # type: ignore[attr-defined]
     if size <= bound:
         return None
     return (
