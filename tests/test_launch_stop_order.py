@@ -14,7 +14,6 @@ import pytest
 
 from chestnut.launch.stack import STOP_ORDER, stack_pids
 from chestnut.msgs.logfile import LogReader
-from chestnut.msgs.paths import current_prefix
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -23,7 +22,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 def stopped(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stop")
     out = tmp / "summary.json"
-    prefix = current_prefix()  # the first test's private prefix (conftest), kept for the module
+    # a prefix of the module's own: a module fixture is set up before conftest's per-test prefix, so
+    # current_prefix() here would be the user's (their own stack's, and every process that inherited it)
+    prefix = f"t{os.getpid()}-stoporder"
     proc = subprocess.run(
         [
             sys.executable,
