@@ -1132,7 +1132,7 @@ def run(args: argparse.Namespace) -> int:
     failed_start = False  # the stack never came up: the run failed whatever the log says
     try:
         if not _wait_for(view, "nodeState", 120.0, conf):
-            tail = (run_dir / "node.log").read_text(errors="replace")[-1500:] if (run_dir / "node.log").exists() else ""
+            tail = read_tail(run_dir / "node.log", 1500)
             log.error("the node did not come up; last lines of %s:\n%s", run_dir / "node.log", tail)
             flag.stop = failed_start = True
         elif (cam_rc := supervisorctl(conf, "start", "camera")) != 0:

@@ -80,6 +80,7 @@ __all__ = [
     "packet_limit",
     "pixels_crc32",
     "preview",
+    "segment_videos",
     "video_event",
     "video_file_name",
 ]
@@ -194,6 +195,28 @@ def video_file_name(k: int) -> str:
     """The segment's ``k``-th video file (from 0): ``fcamera.mkv``, then ``fcamera-1.mkv``, ... (a new
     file whenever the frames' size or encoding changes)."""
     return VIDEO_FILE if k == 0 else f"fcamera-{k}.mkv"
+
+
+MAX_VIDEO_FILES = 10_000  # fcamera.mkv, fcamera-1.mkv ... fcamera-9999.mkv: the names _VIDEO_FILE_RE takes
+
+
+def segment_videos(segment_file: Path, strict: bool = True) -> list[Path]:
+    """The video files beside a segment file, in order (:func:`video_file_name`; the rlog's
+    ``VideoFrameRef`` names them by file name), up to the first absent one. Never followed: a symlink,
+    FIFO or device among them raises :class:`NotRegularFileError` (``strict``) or ends the list there."""
+    videos = []
+    for k in range(MAX_VIDEO_FILES):
+        video = segment_file.parent / video_file_name(k)
+        try:
+            mode = video.lstat().st_mode
+        except FileNotFoundError:
+            break
+        if not stat.S_ISREG(mode):
+            if strict:
+                raise NotRegularFileError(video, file_kind(mode))
+            break
+        videos.append(video)
+    return videos
 
 
 def packet_limit(frame_bytes: int) -> int:

@@ -25,7 +25,6 @@ import hashlib
 import html
 import json
 import os
-import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -36,7 +35,7 @@ import numpy as np
 
 from chestnut.msgs.logfile import find_log_files, parse_segment_dir
 from chestnut.msgs.outdir import private_dir, write_private
-from chestnut.msgs.video import NotRegularFileError, file_kind, open_regular, video_file_name
+from chestnut.msgs.video import open_regular, segment_videos
 from chestnut.node.offline.contracts import CONTRACTS, CheckParams, CheckResult, check_timeline
 from chestnut.node.offline.executor import KIND_EXTRACT, KIND_REPLAY, Executor, Outcome, Unit, units_of
 from chestnut.node.offline.replay import (
@@ -50,7 +49,6 @@ from chestnut.node.offline.replay import (
     resolve_plan,
 )
 from chestnut.node.offline.timeline import FileExtract, Timeline, default_node_config
-from chestnut.node.offline.units import MAX_VIDEO_FILES
 
 MAX_COPIES = 100_000  # chestnut fleet make --copies bound (route ids carry 5 digits at most)
 REPORT_LOGS = 5  # logs given their own full report (plots) under --report, worst first
@@ -592,7 +590,7 @@ def write_fleet_report(
 def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
     """Copy every log under ``source`` ``copies`` times into ``out`` as new routes
     ``<route>-<k:05d>`` (k from 1), segment directories ``<route>-<k>--<n>`` with the files byte for
-    byte, each segment file with the video files beside it (:func:`_segment_videos`: a video-logged
+    byte, each segment file with the video files beside it (:func:`~chestnut.msgs.video.segment_videos`: a video-logged
     segment replays from its copy) (new directories 0700, files 0600, no symlink followed). Returns the
     segment directories written. Raises ``FileNotFoundError`` (no log under ``source``; a video or log
     file that is not a regular file, ``msgs/video.py`` ``NotRegularFileError``), ``FileExistsError`` (a
@@ -605,7 +603,7 @@ def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
     plan: list[tuple[Path, Path, bool]] = []  # (from, to, follow a symlink: a log file named by hand may be one)
     for log_name, files in groups:
         base = Path(log_name).name
-        with_videos = [(f, _segment_videos(f)) for f in files]
+        with_videos = [(f, segment_videos(f)) for f in files]
         for k in range(1, copies + 1):
             for n, (f, videos) in enumerate(with_videos):
                 seg = parse_segment_dir(f.parent.name)
@@ -624,23 +622,6 @@ def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
             while chunk := r.read(1 << 20):
                 w.write(chunk)
     return dirs
-
-
-def _segment_videos(segment_file: Path) -> list[Path]:
-    """The video files beside a segment file, in order (``fcamera.mkv``, ``fcamera-1.mkv`` ...: ``msgs/video.py``
-    ``video_file_name``; the rlog's ``VideoFrameRef`` names them by file name), up to the first absent one.
-    Raises :class:`~chestnut.msgs.video.NotRegularFileError` for one that is a symlink, FIFO or device."""
-    videos = []
-    for k in range(MAX_VIDEO_FILES):
-        video = segment_file.parent / video_file_name(k)
-        try:
-            mode = video.lstat().st_mode
-        except FileNotFoundError:
-            break
-        if not stat.S_ISREG(mode):
-            raise NotRegularFileError(video, file_kind(mode))
-        videos.append(video)
-    return videos
 
 
 __all__ = [

@@ -25,7 +25,6 @@ MAX_SHIP_BYTES = 2 << 30
 """Largest segment shipped through the object store (bytes; ``--ship-logs``): the segment file and the
 video files beside it together, 2 GiB (a minute of raw 704x576 frames is about 1.4 GB, of FFV1 video
 0.2 GB: ``README.md``). A larger one is refused with its size; read it from a shared path instead."""
-MAX_VIDEO_FILES = 10_000  # fcamera.mkv, fcamera-1.mkv ... fcamera-9999.mkv (msgs/video.py's names)
 
 Shipped = dict[str, bytes]
 """A segment as shipped: file name -> bytes, the segment file first, then the segment directory's video
@@ -148,17 +147,10 @@ def _run_at(unit: Unit, path: str, next_path: str | None) -> SegmentResult | Fil
 
 def shipped_files(path: str) -> list[Path]:
     """What ``--ship-logs`` ships for the segment file ``path``: the file, then the video files of its
-    directory in order (``fcamera.mkv``, ``fcamera-1.mkv`` ...: ``msgs/video.py`` ``video_file_name``)."""
-    from chestnut.msgs.video import video_file_name
+    directory in order, up to the first absent or not regular one (``msgs/video.py`` ``segment_videos``)."""
+    from chestnut.msgs.video import segment_videos
 
-    seg = Path(path)
-    files = [seg]
-    for k in range(MAX_VIDEO_FILES):
-        video = seg.parent / video_file_name(k)
-        if not video.is_file() or video.is_symlink():
-            break
-        files.append(video)
-    return files
+    return [Path(path), *segment_videos(Path(path), strict=False)]
 
 
 def read_shipped(path: str) -> Shipped:
