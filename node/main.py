@@ -148,7 +148,22 @@ STOP_BUDGET_S = 5.0           # the process manager's stop budget
 WORKER_STOP_BUDGET_S = STOP_BUDGET_S - 1.0  # the worker's share; the rest is ours (publish, close sockets)
 WATCHDOG_DEFAULT_PERIOD_S = 1.0  # WATCHDOG=1 period when systemd gives no WATCHDOG_USEC
 INIT_DATA_PERIOD_S = 10.0     # initData is re-sent this often (on-demand service; it is the log's header)
-BAD_FRAME_LOG_PERIOD_S = 1.0  # frames with a non-increasing id are logged at most this often (then counted)
+BAD_FRAME_LOG_PERIOD_S = 1.0  # a repeated per-frame error is logged at most this often (then counted)
+
+
+class LogEvery:
+    """For a per-frame error logged at most once per ``period_s`` (CLOCK_MONOTONIC) and counted otherwise:
+    :meth:`due` is True at most once a period, and at once for a ``reason`` other than the last one."""
+
+    def __init__(self, period_s: float = BAD_FRAME_LOG_PERIOD_S) -> None:
+        self.period_s, self.next_s, self.reason = period_s, 0.0, ""
+
+    def due(self, reason: str = "") -> bool:
+        now = time.monotonic()
+        if now < self.next_s and reason == self.reason:
+            return False
+        self.next_s, self.reason = now + self.period_s, reason
+        return True
 
 
 def _versions() -> dict[str, str]:
@@ -303,7 +318,7 @@ class Node:
         now = time.monotonic_ns()
         # model.frame with a warp:<name> preprocess: the primary's program warps the full frame (docs/warp.md)
         self.warp = primary_warp(cfg.model.frame, cfg.model.preprocess, tuple(cfg.model.shape))
-        self.format_refused, self.format_refused_why, self.next_format_log_s = 0, "", 0.0  # _frame_format_refused
+        self.format_refused, self.format_log = 0, LogEvery()  # _frame_format_refused
         self.spec_in = ModelSpec(cfg.model.path, cfg.model.name, {cfg.model.input: tuple(cfg.model.shape)},
                                  self._read_fingerprint(), self.warp)
         self.primary_model_id = self._read_primary_model_id()
@@ -342,11 +357,11 @@ class Node:
         self.bad_frames = 0
         self.bad_timestamps = 0          # frames whose timestampEof gives no age (0, or in the future)
         self.stale_frames = 0            # frames read over timing.max_frame_age_ms after their EOF
-        self.next_stale_log_s = 0.0
+        self.stale_log = LogEvery()
         self.fallback_invalid = 0        # fallback outputs that failed their checks
-        self.next_timestamp_log_s = self.next_fallback_log_s = 0.0
+        self.timestamp_log, self.fallback_log = LogEvery(), LogEvery()
         self.out_of_order = 0
-        self.next_order_log_s = 0.0
+        self.order_log = LogEvery()
         self.frame_reader = FrameReader(self.prefix)  # inline frames, or the camera's shared-memory ring
         self.cameras_gone = 0            # times the camera of the mapped ring went away (stopped or died)
         self.ring_session: int | None = None  # the camera session whose ring is mapped, once a ring frame came
@@ -651,8 +666,7 @@ class Node:
         if self.last_frame_id is not None and frame_id <= self.last_frame_id:
             # a repeated or reordered frame: answering it would break the increasing frame ids consumers rely on
             self.out_of_order += 1
-            if time.monotonic() >= self.next_order_log_s:
-                self.next_order_log_s = time.monotonic() + BAD_FRAME_LOG_PERIOD_S
+            if self.order_log.due():
                 log.error("cameraFrame %d after %d: frame ids must increase; dropped (%d so far)", frame_id,
                           self.last_frame_id, self.out_of_order)
             return
@@ -703,10 +717,8 @@ class Node:
         """A frame the primary's warp cannot take (``model.frame`` is another format): counted, logged once per
         distinct reason and then at most every :data:`BAD_FRAME_LOG_PERIOD_S`; the fallback answers it."""
         self.format_refused += 1
-        if why != self.format_refused_why or time.monotonic() >= self.next_format_log_s:
+        if self.format_log.due(why):
             log.error("%s; the fallback answers such frames (%d so far)", why, self.format_refused)
-            self.format_refused_why = why
-            self.next_format_log_s = time.monotonic() + BAD_FRAME_LOG_PERIOD_S
 
     def _stale_frame(self, frame_id: int, cf: Any, why: str, drop_perc: float, now: int) -> None:
         """A frame read over ``timing.max_frame_age_ms`` after its EOF: answered at once, without reading its
@@ -714,8 +726,7 @@ class Node:
         being served late; counted, logged at most every :data:`BAD_FRAME_LOG_PERIOD_S`, and the output
         layer is WARN (tag ``stale_frame``) while such frames come."""
         self.stale_frames += 1
-        if time.monotonic() >= self.next_stale_log_s:
-            self.next_stale_log_s = time.monotonic() + BAD_FRAME_LOG_PERIOD_S
+        if self.stale_log.due():
             log.warning("cameraFrame %d: %s; answered without a model (%d such frames so far)", frame_id, why,
                         self.stale_frames)
         self.health.apply([Evidence(Layer.OUTPUT, Level.WARN, why, tag="stale_frame", source=STALE_FRAME_SOURCE,
@@ -727,8 +738,7 @@ class Node:
     def _bad_timestamp(self, clock: FrameClock) -> None:
         """A frame whose age is unknown: counted, logged at most every :data:`BAD_FRAME_LOG_PERIOD_S`."""
         self.bad_timestamps += 1
-        if time.monotonic() >= self.next_timestamp_log_s:
-            self.next_timestamp_log_s = time.monotonic() + BAD_FRAME_LOG_PERIOD_S
+        if self.timestamp_log.due():
             log.error("%s; its output is published as not valid (%d such frames so far)", clock.age_problem,
                       self.bad_timestamps)
 
@@ -746,8 +756,7 @@ class Node:
         report = check_outputs(out, self.contracts, input_fp=input_fp, stale=self.fallback_stale)
         if not report.ok:
             self.fallback_invalid += 1
-            if time.monotonic() >= self.next_fallback_log_s:
-                self.next_fallback_log_s = time.monotonic() + BAD_FRAME_LOG_PERIOD_S
+            if self.fallback_log.due():
                 log.error("fallback output invalid: %s (%d so far)", report.reason, self.fallback_invalid)
         return Candidate(out, report, exec_s)
 
