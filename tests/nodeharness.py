@@ -74,6 +74,18 @@ def record_fingerprint(model: Path, out: Path, timeout_s: float = 120.0) -> Path
     return out
 
 
+def tiny_8x16_twin_config(tmp_path: Path) -> Path:
+    """A node config for a twin primary running an 8x16 tiny model (with its fingerprint), a 1000 ms deadline
+    and a 60 s start budget: its 1.5 KB input and 128 B output are below the copy timer's rated size
+    (4096 bytes), so the usb layer's reason is the stage budget's alone."""
+    from tinymodel import make_tiny_onnx
+
+    model = make_tiny_onnx(tmp_path / "tiny8x16.onnx", 8, 16)
+    fp = record_fingerprint(model, tmp_path / "tiny8x16.fingerprint.json")
+    return write_node_config(tmp_path / "node.toml", model, fingerprint=fp, shape=(1, 3, 8, 16),
+                             timing={"deadline_ms": 1000.0, "start_timeout_s": 60.0})
+
+
 class NodeProcess:
     """``chestnut run --config CONFIG`` as a child process of this one, logging to ``log_path``."""
 

@@ -41,21 +41,12 @@ def test_an_old_window_stays_judged():
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_chestnut_active_rises_only_after_the_budget_has_judged(tmp_path):
-    from nodeharness import Bus, NodeProcess, record_fingerprint, write_node_config
-    from tinymodel import make_tiny_onnx
+    from nodeharness import Bus, NodeProcess, tiny_8x16_twin_config
 
     from chestnut.backend.sim.client import TwinDaemon
     from chestnut.msgs.paths import runtime_dir
 
-    model = make_tiny_onnx(tmp_path / "tiny8x16.onnx", 8, 16)
-    fp = record_fingerprint(model, tmp_path / "tiny8x16.fingerprint.json")
-    cfg = write_node_config(
-        tmp_path / "node.toml",
-        model,
-        fingerprint=fp,
-        shape=(1, 3, 8, 16),
-        timing={"deadline_ms": 1000.0, "start_timeout_s": 60.0},
-    )
+    cfg = tiny_8x16_twin_config(tmp_path)
     prefix = os.environ["CHESTNUT_PREFIX"]
     twin = TwinDaemon(prefix).start()
     bus = Bus(prefix, height=8, width=16, rate_hz=10.0)

@@ -415,23 +415,14 @@ def _levels(t: Taps) -> tuple[str, str] | None:
 @pytest.mark.timeout(180)
 def test_a_slow_dock_is_usb_and_gpu_warn_naming_the_stages_while_the_primary_answers_in_time(tmp_path: Path) -> None:
     sys.path.insert(0, str(HERE.parent))
-    from nodeharness import Bus, NodeProcess, record_fingerprint, write_node_config
-    from tinymodel import make_tiny_onnx
+    from nodeharness import Bus, NodeProcess, tiny_8x16_twin_config
 
     from chestnut.backend.sim.client import TwinDaemon
     from chestnut.msgs.paths import runtime_dir
 
     # an 8x16 model: its 1.5 KB input and 128 B output are below the copy timer's rated size (4096 bytes),
     # so the usb layer's reason is the stage budget's alone
-    model = make_tiny_onnx(tmp_path / "tiny8x16.onnx", 8, 16)
-    fp = record_fingerprint(model, tmp_path / "tiny8x16.fingerprint.json")
-    cfg = write_node_config(
-        tmp_path / "node.toml",
-        model,
-        fingerprint=fp,
-        shape=(1, 3, 8, 16),
-        timing={"deadline_ms": 1000.0, "start_timeout_s": 60.0},
-    )
+    cfg = tiny_8x16_twin_config(tmp_path)
     prefix = os.environ["CHESTNUT_PREFIX"]
     twin = TwinDaemon(prefix).start()
     client = twin.client()
