@@ -162,8 +162,10 @@ struct LayerHealth {
   level @1 :Level;
   reason @2 :Text;
   counters @3 :List(Counter);
-  lastChange @4 :UInt64;             # ns, CLOCK_MONOTONIC, when `level` last changed
+  lastChange @4 :UInt64;             # ns, CLOCK_MONOTONIC, when `level` (or `advisory`) last changed
   lastEvidence @5 :UInt64;           # ns, CLOCK_MONOTONIC, when this layer was last observed
+  advisory @6 :Bool;                 # a WARN that informs (a stage over its share, the deadline not at
+                                     # risk): the layer counts as OK for ChestnutActive (docs/health.md)
 
   enum Layer {
     usb @0;                          # VID/PID, product string, link speed, transfers
@@ -175,7 +177,20 @@ struct LayerHealth {
 
 struct ChestnutHealth {
   layers @0 :List(LayerHealth);      # exactly one entry per layer, in Layer order
-  overall @1 :Level;                 # the worst of the layers
+  overall @1 :Level;                 # the worst of the layers (the host is not one: docs/health.md)
+  host @2 :HostHealth;               # whether the host itself is late; never a dock layer, never in `overall`
+}
+
+# The host beside the dock (docs/health.md "The host"): a deadline miss while the host was late is the
+# host's, counted here and not against the gpu layer. ok: on time; warn: late within the last second.
+struct HostHealth {
+  level @0 :Level;
+  reason @1 :Text;                   # e.g. "host late: loop woke 38 ms late, cpu pressure 64 %"
+  loopLateMs @2 :Float32;            # the node's loop: worst wake-up lateness within the window, ms
+  workerLateMs @3 :Float32;          # the worker's heartbeat timer: likewise, ms
+  cpuPressure @4 :Float32;           # /proc/pressure/cpu some avg10, %; NaN where absent
+  lateMisses @5 :UInt32;             # deadline misses blamed on the host since the node started
+  lastLate @6 :UInt64;               # ns, CLOCK_MONOTONIC, the last such miss (0: none yet)
 }
 
 struct NodeState {

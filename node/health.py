@@ -57,7 +57,7 @@ from chestnut.backend.retry import STATS_KEY
 from chestnut.backend.stages import STAGE_NAMES, STAGES, StageTimes
 from chestnut.node.supervisor import Source
 from chestnut.node.validity import ValidityReport
-from chestnut.node.watchdog import ActionKind, WatchdogAction
+from chestnut.node.watchdog import FRAME_DEADLINE_MS, ActionKind, WatchdogAction
 
 NS_PER_MS = 1_000_000
 
@@ -115,6 +115,7 @@ class Evidence:
     fresh_ms: float | None = None  # how long it stays current; None: the layer's ``stale_after_ms``
     counters: tuple[tuple[str, int], ...] = ()  # absolute counter values it reports (set, not added)
     counted: bool = True  # False: a rating of a frame other evidence already observed (module doc)
+    advisory: bool = False  # a WARN that informs: shown, but the layer still counts as OK for ChestnutActive
 
     def __post_init__(self) -> None:
         if self.level is Level.STALE:
@@ -123,6 +124,8 @@ class Evidence:
             raise ValueError("fresh_ms must be > 0")
         if not self.counted and self.level is Level.ERROR:
             raise ValueError("an ERROR is always counted")
+        if self.advisory and self.level is not Level.WARN:
+            raise ValueError("only a WARN is advisory")
 
 
 @dataclass
@@ -134,6 +137,7 @@ class Condition:
     at_ns: int
     fresh_ns: int
     ok_run: int = 0  # consecutive OKs from this source while it holds a WARN
+    advisory: bool = False  # a WARN that informs (Evidence.advisory)
 
     def current(self, now_ns: int) -> bool:
         return now_ns - self.at_ns <= self.fresh_ns
@@ -173,6 +177,7 @@ class LayerStatus:
     counters: Mapping[str, int] = field(default_factory=dict)
     last_change_ns: int = 0
     last_evidence_ns: int = 0
+    advisory: bool = False  # WARN only for advisory conditions: the layer counts as OK (:func:`layer_usable`)
 
 
 @dataclass(frozen=True)
@@ -196,6 +201,7 @@ class LayerMonitor:
         self.debounced = Level.OK  # the level the evidence supports (OK / WARN / ERROR)
         self.level = Level.STALE  # what is published: debounced, or STALE without fresh evidence
         self.reason = "no evidence yet"
+        self.advisory = False  # the published WARN is advisory only (every current WARN condition informs)
         self._debounced_reason = ""  # while ERROR: the fault and its recovery progress
         self.fault_reason = ""
         self.last_change_ns = 0
@@ -251,7 +257,7 @@ class LayerMonitor:
         fresh_ns = int(ev.fresh_ms * NS_PER_MS) if ev.fresh_ms is not None else self._stale_ns
         cond = self.conditions.get(ev.source)
         if ev.level is Level.WARN or cond is None or cond.level is not Level.WARN or not cond.current(now_ns):
-            self.conditions[ev.source] = Condition(ev.level, ev.reason, now_ns, fresh_ns)
+            self.conditions[ev.source] = Condition(ev.level, ev.reason, now_ns, fresh_ns, advisory=ev.advisory)
             return
         cond.ok_run += 1  # an OK from a source that holds a WARN: the WARN clears with hysteresis
         cond.at_ns, cond.fresh_ns = now_ns, fresh_ns
@@ -259,10 +265,12 @@ class LayerMonitor:
             self.conditions[ev.source] = Condition(Level.OK, ev.reason, now_ns, fresh_ns)
 
     def current(self, now_ns: int) -> Condition | None:
-        """The worst current condition (the first source to report it wins a tie), or None if none is current."""
+        """The worst current condition, a WARN that does not inform ranked above an advisory one (the first
+        source to report it wins a tie), or None if none is current."""
         best: Condition | None = None
         for cond in self.conditions.values():
-            if cond.current(now_ns) and (best is None or cond.level.severity > best.level.severity):
+            if cond.current(now_ns) and (best is None or (cond.level.severity, not cond.advisory)
+                                         > (best.level.severity, not best.advisory)):
                 best = cond
         return best
 
@@ -279,12 +287,16 @@ class LayerMonitor:
             last = max(self.conditions.values(), key=lambda c: c.at_ns + c.fresh_ns)
             return self._publish(Level.STALE, f"no evidence for {(now_ns - last.at_ns) / NS_PER_MS:.0f} ms "
                                  f"(window {last.fresh_ns / NS_PER_MS:.0f} ms)", now_ns)
-        return self._publish(cond.level, cond.reason, now_ns)
+        return self._publish(cond.level, cond.reason, now_ns, advisory=cond.advisory)
 
-    def _publish(self, level: Level, reason: str, now_ns: int) -> LayerChange | None:
-        old = self.level
-        self.level, self.reason = level, reason
+    def _publish(self, level: Level, reason: str, now_ns: int, advisory: bool = False) -> LayerChange | None:
+        """Set the published level; ``last_change_ns`` moves when the level or its advisory flag changes (a
+        WARN that turns advisory or back changes ``ChestnutActive``); a change is returned for the level's."""
+        old, old_advisory = self.level, self.advisory
+        self.level, self.reason, self.advisory = level, reason, advisory
         if level is old:
+            if advisory != old_advisory:
+                self.last_change_ns = now_ns
             return None
         if level is Level.STALE:
             self.counters["stale"] += 1
@@ -294,7 +306,7 @@ class LayerMonitor:
     def status(self) -> LayerStatus:
         counters = dict(self.counters, bad_run=self.bad_run, good_run=self.usable_run)
         return LayerStatus(self.layer, self.level, self.reason, counters, self.last_change_ns,
-                           self.last_evidence_ns or 0)
+                           self.last_evidence_ns or 0, self.advisory)
 
 
 class HealthMonitor:
@@ -329,12 +341,21 @@ class HealthMonitor:
         return next((s for s in self.statuses() if s.level is not Level.OK), None)
 
 
-def chestnut_active(health: HealthMonitor | Iterable[LayerStatus], serving_source: Source) -> tuple[bool, str]:
-    """``ChestnutActive``: true only when all four layers are OK **and** the primary serves.
+def layer_usable(s: LayerStatus) -> bool:
+    """Whether ``s`` lets ``ChestnutActive`` be true: OK, or a WARN that is advisory only (every current WARN
+    condition informs: a stage over its share of the frame while the frame deadline is not at risk,
+    :class:`StageBudget`)."""
+    return s.level is Level.OK or (s.level is Level.WARN and s.advisory)
 
-    Returns ``(active, reason)``; the reason is the first (lowest) non-OK layer with its level and
-    reason, else the serving source when it is not the primary, else ``"all layers OK"``. A missing
-    layer counts as not OK.
+
+def chestnut_active(health: HealthMonitor | Iterable[LayerStatus], serving_source: Source) -> tuple[bool, str]:
+    """``ChestnutActive``: true only when all four layers are OK (an advisory WARN counts as OK,
+    :func:`layer_usable`) **and** the primary serves.
+
+    Returns ``(active, reason)``; the reason is the first (lowest) layer that is not usable with its level
+    and reason, else the serving source when it is not the primary, else ``"all layers OK"``, followed by
+    each advisory WARN (``"all layers OK; advisory: gpu WARN: slow but alive: ..."``). A missing layer
+    counts as not OK.
     """
     statuses = health.statuses() if isinstance(health, HealthMonitor) else tuple(health)
     by_layer = {s.layer: s for s in statuses}
@@ -342,11 +363,12 @@ def chestnut_active(health: HealthMonitor | Iterable[LayerStatus], serving_sourc
         s = by_layer.get(la)
         if s is None:
             return False, f"{la.value}: no status"
-        if s.level is not Level.OK:
+        if not layer_usable(s):
             return False, f"{la.value} {s.level.name}: {s.reason}"
     if serving_source is not Source.PRIMARY:
         return False, f"{serving_source.value} serving, not the primary"
-    return True, "all layers OK"
+    notes = [f"{la.value} WARN: {by_layer[la].reason}" for la in LAYERS if by_layer[la].advisory]
+    return True, "all layers OK" + (f"; advisory: {'; '.join(notes)}" if notes else "")
 
 
 class ActiveFlag:
@@ -533,6 +555,10 @@ STAGE_WINDOW = 20  # frames the budget speaks for: 1 s at 20 Hz, the layers' sta
 STAGE_MIN_FRAMES = 5  # fewer recent frames than this are not judged (one slow frame is not a slow stage)
 STAGE_MAX_AGE_S = 2.0  # frames older than this leave the window (a primary that served again after a gap)
 STAGE_SOURCE = "stage_budget"  # the Evidence.source of the stage budget's conditions
+RISK_QUANTILE = 99.0
+"""The percentile of the primary's run times over the budget's window judged against the deadline's bound
+(numpy's linear interpolation: of 20 frames, one slow frame moves it less than one fifth of the way to
+itself, two put it at the second slowest)."""
 
 
 @dataclass(frozen=True)
@@ -555,46 +581,99 @@ class StageVerdict:
                 f"of {frame_period_s * 1e3:g} ms frame")
 
 
-class StageBudget:
-    """The per-stage time budget of the primary: *slow but alive* before deadlines are missed.
+@dataclass(frozen=True)
+class RiskVerdict:
+    """The frame deadline over the window: the primary's run time, median ``p50_s`` and ``p99_s``
+    (:data:`RISK_QUANTILE`, s), against the frame period ``frame_period_s`` and the bound ``bound_s``
+    (the deadline less one frame period, ``deadline_s``), s."""
 
-    :meth:`observe` takes one frame's :class:`~chestnut.backend.stages.StageTimes` (s) and returns the
-    evidence for the layers that own the stages (:data:`STAGE_LAYERS`): per stage, the median of the
-    last ``window`` frames (at most ``max_age_s`` old, at least ``min_frames`` of them) against its share
-    of the frame (:data:`STAGE_SHARES` of ``frame_period_s``). A stage over budget makes its layer WARN
-    with a reason naming the stage, its median and its budget (tags ``slow_copy_in``, ``slow_compute``,
-    ``slow_copy_out``); within budget it is OK. Medians, not one sample: one slow frame on a busy host
-    is not a slow stage. The conditions' source is :data:`STAGE_SOURCE`, so a WARN holds while the
-    window says so and clears with the layer's hysteresis once the median is back under (module doc).
-    The evidence is not *counted* (:attr:`Evidence.counted`): it rates frames the completed runs already
-    observed, so a frame is still one observation towards a layer's recovery from ERROR.
-    WARN never fails the primary over: deadline misses and errors do that. Pure: no clock of its own.
-    Raises ``ValueError`` for a share outside (0, 1], a period or window that is not positive.
+    p50_s: float
+    p99_s: float
+    frame_period_s: float
+    deadline_s: float
+
+    @property
+    def bound_s(self) -> float:
+        return self.deadline_s - self.frame_period_s
+
+    @property
+    def at_risk(self) -> bool:
+        """The deadline is at risk: the median run is longer than the frame period (one frame at a time, the
+        node falls behind its camera and the queue grows until frames miss), or the p99 run is past the
+        deadline less one frame period (one more frame's delay and it misses)."""
+        return self.p50_s > self.frame_period_s or self.p99_s > self.bound_s
+
+    def describe(self) -> str:
+        """E.g. ``"run p50 20.0 ms <= 50 ms frame, p99 24.0 ms <= 100 ms (150 ms deadline - 50 ms frame)"``."""
+        op50 = ">" if self.p50_s > self.frame_period_s else "<="
+        op99 = ">" if self.p99_s > self.bound_s else "<="
+        return (f"run p50 {self.p50_s * 1e3:.1f} ms {op50} {self.frame_period_s * 1e3:g} ms frame, p99 "
+                f"{self.p99_s * 1e3:.1f} ms {op99} {self.bound_s * 1e3:g} ms ({self.deadline_s * 1e3:g} ms deadline "
+                f"- {self.frame_period_s * 1e3:g} ms frame)")
+
+
+class StageBudget:
+    """The per-stage time budget of the primary: *slow but alive*, told apart from a frame deadline at risk.
+
+    :meth:`observe` takes one frame's :class:`~chestnut.backend.stages.StageTimes` (s) and the primary's
+    run time of that frame (s, ``modelOutput.executionTime``) and returns the evidence for the layers that
+    own the stages (:data:`STAGE_LAYERS`): per stage, the median of the last ``window`` frames (at most
+    ``max_age_s`` old, at least ``min_frames`` of them) against its share of the frame (:data:`STAGE_SHARES`
+    of ``frame_period_s``). Medians, not one sample: one slow frame on a busy host is not a slow stage.
+
+    A stage over its share is shown, it does not disengage: its layer is WARN with a reason naming the
+    stage, its median and its budget (tags ``slow_copy_in``, ``slow_compute``, ``slow_copy_out``), and the
+    WARN is *advisory* (:attr:`Evidence.advisory`: ``ChestnutActive`` still rises) while the frame deadline
+    is not at risk. *At risk* (:class:`RiskVerdict`) is judged on the primary's run times over the same
+    window: the median run over the frame period (50 ms: the node runs one frame at a time and falls behind
+    its camera), or the p99 run (:data:`RISK_QUANTILE`) over the deadline less one frame period (150 - 50 =
+    100 ms: one more frame's delay and it misses). Then the WARN is not advisory and ``ChestnutActive``
+    drops (tag ``deadline_at_risk``); a deadline at risk with no stage over its share is the gpu layer's,
+    as a deadline miss is (the time is outside the timed stages). Within budget and not at risk the source
+    says OK. The conditions' source is :data:`STAGE_SOURCE`, so a WARN holds while the window says so and
+    clears with the layer's hysteresis once the median is back under (module doc); advisory and not
+    advisory follow the window at once. The evidence is not *counted* (:attr:`Evidence.counted`): it rates
+    frames the completed runs already observed, so a frame is still one observation towards a layer's
+    recovery from ERROR. It never fails the primary over: deadline misses and errors do that. Pure: no
+    clock of its own. Raises ``ValueError`` for a share outside (0, 1], a period or window that is not
+    positive, a deadline not longer than the frame period.
     """
 
     def __init__(self, frame_period_s: float = FRAME_PERIOD_S, shares: Mapping[str, float] | None = None,
                  window: int = STAGE_WINDOW, min_frames: int = STAGE_MIN_FRAMES,
-                 max_age_s: float = STAGE_MAX_AGE_S) -> None:
+                 max_age_s: float = STAGE_MAX_AGE_S, deadline_s: float = FRAME_DEADLINE_MS / 1e3) -> None:
         shares = dict(STAGE_SHARES if shares is None else shares)
         if set(shares) != set(STAGES) or not all(0 < v <= 1 for v in shares.values()):
             raise ValueError(f"stage shares must give each of {', '.join(STAGES)} a share in (0, 1]: {shares}")
         if not frame_period_s > 0 or window < 1 or not 1 <= min_frames <= window or not max_age_s > 0:
             raise ValueError("frame_period_s and max_age_s must be > 0, 1 <= min_frames <= window")
-        self.frame_period_s, self.shares = frame_period_s, shares
+        if not deadline_s > frame_period_s:
+            raise ValueError(f"deadline_s ({deadline_s}) must be longer than frame_period_s ({frame_period_s})")
+        self.frame_period_s, self.shares, self.deadline_s = frame_period_s, shares, deadline_s
         self.window, self.min_frames, self.max_age_ns = window, min_frames, int(max_age_s * 1e9)
-        self.samples: list[tuple[int, StageTimes]] = []
+        self.samples: list[tuple[int, StageTimes, float]] = []  # (ns, stages s, run s)
 
     def budget_s(self, stage: str) -> float:
         """``stage``'s budget, s: its share of the frame period."""
         return self.shares[stage] * self.frame_period_s
 
+    def _recent(self, now_ns: int) -> list[tuple[int, StageTimes, float]]:
+        recent = [x for x in self.samples if now_ns - x[0] <= self.max_age_ns]
+        return recent if len(recent) >= self.min_frames else []
+
     def verdicts(self, now_ns: int) -> list[StageVerdict]:
         """Each stage over the current window, in :data:`STAGES` order; [] with too few recent frames."""
-        recent = [st for t, st in self.samples if now_ns - t <= self.max_age_ns]
-        if len(recent) < self.min_frames:
-            return []
+        recent = [st for _, st, _ in self._recent(now_ns)]
         return [StageVerdict(s, float(np.median([getattr(st, s) for st in recent])), self.budget_s(s), len(recent))
-                for s in STAGES]
+                for s in STAGES] if recent else []
+
+    def risk(self, now_ns: int) -> RiskVerdict | None:
+        """The frame deadline over the current window (:class:`RiskVerdict`); None with too few recent frames."""
+        runs = [r for _, _, r in self._recent(now_ns)]
+        if not runs:
+            return None
+        return RiskVerdict(float(np.median(runs)), float(np.percentile(runs, RISK_QUANTILE)), self.frame_period_s,
+                           self.deadline_s)
 
     def pending(self) -> str:
         """Why the budget has not judged yet (it has seen fewer than ``min_frames`` timed frames), else "".
@@ -608,23 +687,32 @@ class StageBudget:
             return ""
         return f"stage budget not judged yet ({len(self.samples)} of {self.min_frames} timed primary frames)"
 
-    def observe(self, stages: StageTimes, now_ns: int) -> list[Evidence]:
-        """Add one frame's stage times at ``now_ns`` (CLOCK_MONOTONIC ns); the evidence per owning layer
-        (usb, then gpu), none while the window holds fewer than ``min_frames`` recent frames."""
-        self.samples = [*self.samples[-(self.window - 1):], (now_ns, stages)]
-        verdicts = self.verdicts(now_ns)
+    def observe(self, stages: StageTimes, now_ns: int, run_s: float | None = None) -> list[Evidence]:
+        """Add one frame's stage times and the primary's run time of it (``run_s``, s; None: the stages' sum)
+        at ``now_ns`` (CLOCK_MONOTONIC ns); the evidence per owning layer (usb, then gpu), none while the
+        window holds fewer than ``min_frames`` recent frames."""
+        run = stages.total if run_s is None else run_s
+        self.samples = [*self.samples[-(self.window - 1):], (now_ns, stages, run)]
+        verdicts, risk = self.verdicts(now_ns), self.risk(now_ns)
+        if risk is None:
+            return []
+        at_risk = risk.at_risk
+        any_over = any(v.over for v in verdicts)
         out = []
         for layer in (Layer.USB, Layer.GPU):
             mine = [v for v in verdicts if STAGE_LAYERS[v.stage] is layer]
-            if not mine:
-                continue
             over = [v for v in mine if v.over]
             shown = over or mine
             text = "; ".join(v.describe(self.frame_period_s) for v in shown)
             frames = f" (median of the last {mine[0].frames} frames)"
-            if over:
-                out.append(Evidence(layer, Level.WARN, f"slow but alive: {text}{frames}",
-                                    tag=f"slow_{over[0].stage}", source=STAGE_SOURCE, counted=False))
+            if at_risk and (over or (layer is Layer.GPU and not any_over)):
+                what = f"slow but alive: {text}" if over else f"no stage over its share: {text}"
+                out.append(Evidence(layer, Level.WARN, f"deadline at risk: {risk.describe()}; {what}{frames}",
+                                    tag="deadline_at_risk", source=STAGE_SOURCE, counted=False))
+            elif over:
+                out.append(Evidence(layer, Level.WARN, f"slow but alive: {text}{frames}; deadline not at risk: "
+                                    f"{risk.describe()}", tag=f"slow_{over[0].stage}", source=STAGE_SOURCE,
+                                    counted=False, advisory=True))
             else:
                 out.append(Evidence(layer, Level.OK, f"within budget: {text}{frames}", source=STAGE_SOURCE,
                                     counted=False))
@@ -676,7 +764,8 @@ def evidence_from_observation(obs: DockObservation, fresh_ms: float = PROBE_FRES
 
 def fill_health(builder: Any, health: HealthMonitor) -> None:
     """Fill a ``ChestnutHealth`` builder (``msgs.schema.log``): one ``LayerHealth`` per layer in
-    :data:`LAYERS` order, and ``overall`` = :func:`worst` of the layers."""
+    :data:`LAYERS` order (``advisory``: its WARN informs, :func:`layer_usable`), and ``overall`` =
+    :func:`worst` of the layers."""
     statuses = health.statuses()
     layers = builder.init("layers", len(statuses))
     for entry, s in zip(layers, statuses, strict=True):
@@ -689,6 +778,7 @@ def fill_health(builder: Any, health: HealthMonitor) -> None:
             c.value = value
         entry.lastChange = s.last_change_ns
         entry.lastEvidence = s.last_evidence_ns
+        entry.advisory = s.advisory
     builder.overall = worst(s.level for s in statuses).name.lower()
 
 

@@ -88,6 +88,7 @@ from chestnut.node.health import (
     evidence_from_watchdog,
     fill_active,
     fill_health,
+    layer_usable,
 )
 from chestnut.node.policy import (
     Answer,
@@ -324,7 +325,8 @@ class Node:
         self.primary_model_id = self._read_primary_model_id()
         self.fallback: FallbackModel | None = None
         self.health = HealthMonitor()
-        self.stage_budget = StageBudget()  # the primary's copy-in / compute / copy-out against the frame
+        # the primary's copy-in / compute / copy-out against the frame, its run times against the deadline
+        self.stage_budget = StageBudget(deadline_s=cfg.timing.deadline_ms / 1e3)
         self.primary_timed = False  # the primary's last result carried stage times (the budget must judge them)
         t = cfg.timing
         self.watchdog = Watchdog(WatchdogConfig(frame_deadline_ms=t.deadline_ms,
@@ -800,7 +802,7 @@ class Node:
                                    reference=agreement_reference(fallback))
             self.miss_run = 0
             self.primary_timed = res.stages is not None
-            slow = self.stage_budget.observe(res.stages, now) if res.stages is not None else []
+            slow = self.stage_budget.observe(res.stages, now, res.exec_time_s) if res.stages is not None else []
             self._apply_health(evidence_from_run(res.exec_time_s * 1e3) + [evidence_from_validity(report)] + slow, now)
             vote = shadow_vote(report)
             if self.sup.state in (State.SHADOWING, State.AWAITING_SWITCH) and vote is not None:
@@ -936,7 +938,7 @@ class Node:
             msg = new_message("chestnutHealth")
             fill_health(msg.chestnutHealth, self.health)
             self.pm.send("chestnutHealth", msg)
-            self.health_published_ok = self.health.overall is Level.OK
+            self.health_published_ok = all(layer_usable(s) for s in self.health.statuses())
             # on a drift-free grid: counted from this send, every interval would add the loop's wake-up lag and
             # the rate fall below the 0.8 x health_hz a SubMaster's freq_ok allows; a stall skips whole periods
             period_ns = int(NS / self.cfg.timing.health_hz)

@@ -20,7 +20,8 @@ frame_ids_increase       ``frameId`` strictly increases within ``cameraFrame`` a
                          stream the outputs follow once
 deadline_or_fallback     no ``modelOutput`` from the primary later than the per-frame deadline + slack after
                          its frame's ``timestampEof`` (150 ms, openpilot modeld; ``timing.deadline_ms``)
-active_only_when_healthy ``chestnutActive.active`` is never true while a layer is not OK (the layer's level
+active_only_when_healthy ``chestnutActive.active`` is never true while a layer is not OK (an advisory WARN,
+                         a stage over its share with the deadline not at risk, counts as OK; the layer's level
                          at that instant, reconstructed from the same node process's ``chestnutHealth`` and
                          each layer's ``lastChange``) or while its source is not the primary; a frame served
                          by the fallback never leaves a consumer believing a live (not stale) ``active``
@@ -348,7 +349,7 @@ def active_only_when_healthy(tl: Timeline, p: CheckParams) -> Iterator[Violation
             la = tl.layer_at(layer, a.t_ns)
             if la is None:
                 why.append(f"no health reported for {layer}")
-            elif la.level != "ok":
+            elif not la.usable:
                 why.append(f"{layer} is {la.level.upper()} ({la.reason})")
         if why:
             yield _v(tl, name, a.t_ns, "chestnutActive true while " + "; ".join(why))

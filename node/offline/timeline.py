@@ -97,6 +97,12 @@ class LayerRec:
     level: str
     reason: str
     last_change_ns: int
+    advisory: bool = False  # a WARN that informs: the layer counts as OK for ChestnutActive (docs/health.md)
+
+    @property
+    def usable(self) -> bool:
+        """OK, or an advisory WARN: what ``chestnutActive`` may be true beside (``node/health.py`` ``layer_usable``)."""
+        return self.level == "ok" or (self.level == "warn" and self.advisory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +183,8 @@ def _init_record(t: int, ev: Any) -> InitRec:
 
 def _health_record(t: int, ev: Any) -> HealthRec:
     h = ev.chestnutHealth
-    layers = tuple(LayerRec(str(la.layer), str(la.level), la.reason, la.lastChange) for la in h.layers)
+    layers = tuple(LayerRec(str(la.layer), str(la.level), la.reason, la.lastChange, bool(la.advisory))
+                   for la in h.layers)
     return HealthRec(t, layers, str(h.overall))
 
 
