@@ -62,6 +62,15 @@ below, called by tinygrad's ``CustomASM24Controller`` (``read``, ``write``, ``pc
 (``backend/copy.py`` through :class:`~chestnut.backend.bridge.Bridge`). Without it the error went up
 unchanged, the runner turned it sticky and the worker was replaced, each time.
 
+Short and truncated transfers are lost transfers too, and retried by the same rules: tinygrad 0.14's
+``USB3.bulk_write`` asserts ``"bulk OUT short write: n/m bytes"`` after libusb moved fewer bytes, its
+control transfers assert their length, and its ``bulk_read`` returns what arrived (``_bulk_mv[:transferred]``),
+which ``scsi_read``/``pcie_mem_read`` slice without looking. A short bulk OUT into an armed stream moved that
+stream on by the bytes that crossed, so it is sent whole again only after its arm or header (which restarts
+the stream at its first byte: the same bytes land in the same place); a short bulk IN is read again after its
+arm and is never returned short (:meth:`RetryingUSB3.bulk_read` raises ``short_transfer`` instead), so no
+result is built on a short transfer. On the twin they come from the ``short`` fault (``backend/sim/faults.py``).
+
 A transfer that is not retried and fails is counted too, and raised as before (the worker is
 replaced). Never retried inside tinygrad's copy (``_copyin``/``_copyout``): after a failed copy a
 same-process retry "succeeds" and leaves the destination as it was (``tests/test_tinygrad_on_twin.py``
@@ -96,9 +105,12 @@ from chestnut.backend import protocol as P
 from chestnut.backend.classify import classify
 from chestnut.backend.errors import ChestnutError, GpuLayerError, UsbLayerError
 
-TRANSIENT_REASONS = frozenset({"transfer_timeout", "transfer_error"})
-"""Classified reasons (:mod:`chestnut.backend.classify`) worth another try: LIBUSB_ERROR_TIMEOUT and
-LIBUSB_ERROR_IO. A vanished device, a halted endpoint or a busy interface are not transient."""
+TRANSIENT_REASONS = frozenset({"transfer_timeout", "transfer_error", "short_transfer"})
+"""Classified reasons (:mod:`chestnut.backend.classify`) worth another try: LIBUSB_ERROR_TIMEOUT,
+LIBUSB_ERROR_IO and a short transfer (tinygrad 0.14 ``USB3.bulk_write``'s ``"bulk OUT short write: n/m
+bytes"``, the bare ``assert`` on a control transfer's length, a bulk IN that returned fewer bytes than
+asked, ``"async bulk OUT failed: status=-1"``). A vanished device, a halted endpoint or a busy interface are
+not transient."""
 
 STATS_KEY = "transient_errors"
 """The key of :meth:`RetryingUSB3.stats` in ``DockObservation.extra``."""
@@ -460,9 +472,20 @@ class RetryingUSB3:
                          self._sender(rp if kind is Kind.BULK_OUT_ARMED else None))
 
     def bulk_read(self, length: int, timeout: int = 1000) -> Any:
+        """A bulk IN of ``length`` bytes. tinygrad 0.14 ``USB3.bulk_read`` returns whatever arrived
+        (``_bulk_mv[:transferred]``) and its callers (``scsi_read``, ``pcie_mem_read``) slice it without
+        looking, so a short read here raises :class:`UsbLayerError` ``short_transfer`` instead of being
+        returned: retried with its arm like a timeout, never handed up."""
         rp, self._arm["in"] = self._arm["in"], None
         kind = Kind.BULK_IN_ARMED if rp is not None and rp.nbytes >= length else Kind.BULK_BARE
-        return self._run("bulk IN 0x81", kind, lambda t: self.usb.bulk_read(length, t), timeout, length,
+
+        def whole(t_ms: int) -> Any:
+            out = self.usb.bulk_read(length, t_ms)
+            got = len(memoryview(out).cast("B")) if out is not None else 0
+            if out is not None and got < length:
+                raise UsbLayerError("short_transfer", f"bulk IN 0x81: got {got} of {length} bytes")
+            return out
+        return self._run("bulk IN 0x81", kind, whole, timeout, length,
                          self._sender(rp if kind is Kind.BULK_IN_ARMED else None))
 
     # ------------------------------------------------------------------ async transfers

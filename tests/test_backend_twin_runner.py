@@ -96,7 +96,6 @@ USB_FAULTS = [
     ("reenumerate", {}, UsbLayerError, "disconnect", 0.0),
     ("brownout", {"off_s": 30.0}, UsbLayerError, "disconnect", 0.0),
     ("stall", {"on": "bulk_out"}, UsbLayerError, "stall", 0.0),
-    ("short", {"on": "bulk_out"}, UsbLayerError, "short_transfer", 0.0),
     # every try of the run's first transfer times out: 3 tries of 25 ms (backend/retry.py RetryPolicy)
     ("wedged", {}, UsbLayerError, "no_answer", 3 * RetryPolicy().attempt_timeout_ms / 1e3),
 ]

@@ -27,6 +27,11 @@ TIMEOUT = "libusb_control_transfer: Operation timed out"
 BULK_TIMEOUT = "bulk OUT 0x02 failed: Operation timed out"
 IO_ERROR = "bulk IN 0x81 failed: Input/Output Error"
 GONE = "libusb_control_transfer: No such device (it may have been disconnected)"
+
+
+def short_write(n: int, m: int) -> AssertionError:
+    """tinygrad 0.14 ``USB3.bulk_write``'s check of the bytes libusb moved."""
+    return AssertionError(f"bulk OUT short write: {n}/{m} bytes")
 VRAM = (0x1000_0000, 0x100_0000)
 
 
@@ -36,17 +41,20 @@ def tlp(address: int, value: int = 0) -> bytes:
 
 class ScriptedUSB3:
     """tinygrad 0.14 ``USB3``'s four synchronous methods: records every call; ``fail`` maps a call number
-    (1-based, over all calls) to the RuntimeError text it raises."""
+    (1-based, over all calls) to the RuntimeError text it raises (or the exception itself); ``short`` maps a
+    bulk IN's call number to the bytes it returns (tinygrad's ``bulk_read`` returns what arrived)."""
 
-    def __init__(self, fail: dict[int, str] | None = None) -> None:
+    def __init__(self, fail: dict[int, str | BaseException] | None = None, short: dict[int, int] | None = None) -> None:
         self.fail = fail or {}
+        self.short = short or {}
         self.calls: list[tuple[Any, ...]] = []
         self.product = "custom"
 
     def _call(self, *call: Any) -> None:
         self.calls.append(call)
         if len(self.calls) in self.fail:
-            raise RuntimeError(self.fail[len(self.calls)])
+            f = self.fail[len(self.calls)]
+            raise f if isinstance(f, BaseException) else RuntimeError(f)
 
     def control_write(self, request: int, value: int = 0, index: int = 0, data: bytes = b"",
                       timeout: int = 1000) -> None:
@@ -62,14 +70,15 @@ class ScriptedUSB3:
 
     def bulk_read(self, length: int, timeout: int = 1000) -> bytes:
         self._call("br", length, timeout)
-        return bytes(length)
+        return bytes(self.short.get(len(self.calls), length))
 
     def bulk_wait(self, tag: int) -> None:
         self._call("wait", tag)
 
 
-def wrapped(fail: dict[int, str] | None = None, **kw: Any) -> tuple[RetryingUSB3, ScriptedUSB3]:
-    usb = ScriptedUSB3(fail)
+def wrapped(fail: dict[int, str | BaseException] | None = None, short: dict[int, int] | None = None,
+            **kw: Any) -> tuple[RetryingUSB3, ScriptedUSB3]:
+    usb = ScriptedUSB3(fail, short)
     return RetryingUSB3(usb, clock=lambda: 100.0, value_regions=[VRAM], **kw), usb
 
 
@@ -312,3 +321,76 @@ def test_an_armed_bulk_in_that_never_comes_with_a_silent_bridge_is_left_to_the_l
     with pytest.raises(UsbLayerError) as info:
         u.bulk_read(512, 10000)
     assert info.value.reason == "no_answer" and usb.calls[-1][:2] == ("cr", P.REQ_XDATA_READ)
+
+
+# ---------------------------------------------------------------- short and truncated transfers
+
+
+def test_a_short_bulk_out_is_sent_whole_again_after_its_arm():
+    """The issue's ``bulk OUT short write 4/8`` (an 8-byte stream into a doorbell region, 0xF0 mode 1): the
+    header is sent again, then all 8 bytes; counted as a transient error that went through."""
+    u, usb = wrapped({2: short_write(4, 8)})
+    hdr = tlp(VRAM[0] + 0x100, 8 // 4)
+    u.control_write(P.REQ_TLP, P.TLP_MEM_WRITE64 | 0x0F << 8, P.TLP_MODE_STREAM_WRITE, hdr, 5000)
+    u.bulk_write(bytes(8), 1000)
+    again = ("cw", P.REQ_TLP, P.TLP_MEM_WRITE64 | 0x0F << 8, P.TLP_MODE_STREAM_WRITE, hdr, 25)
+    assert usb.calls == [again, ("bw", 8, 26), again, ("bw", 8, 26)]
+    assert (u.log.attempts, u.log.errors, u.log.retried_ok, u.log.not_retried) == (3, 1, 1, 0)
+    assert u.log.last_error.startswith("bulk OUT 0x02: short_transfer: AssertionError: bulk OUT short write: 4/8")
+
+
+def test_a_short_bulk_in_is_read_again_after_its_arm_and_never_handed_up():
+    u, usb = wrapped(short={2: 256})
+    u.control_write(P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, timeout=1000)
+    assert len(u.bulk_read(512, 10000)) == 512
+    arm = ("cw", P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, b"", 25)
+    assert usb.calls == [arm, ("br", 512, 50), arm, ("br", 512, 50)]
+    assert (u.log.errors, u.log.retried_ok) == (1, 1)
+    u, usb = wrapped(short={1: 100})  # nothing to re-arm: raised, not returned short
+    with pytest.raises(UsbLayerError) as info:
+        u.bulk_read(512, 1000)
+    assert (info.value.reason, info.value.detail) == ("short_transfer", "bulk IN 0x81: got 100 of 512 bytes")
+    assert (u.log.errors, u.log.not_retried) == (1, 1)
+
+
+def test_a_short_control_transfer_is_retried_like_a_timeout():
+    class OneShortRead(ScriptedUSB3):
+        def control_read(self, request: int, length: int, value: int = 0, index: int = 0,
+                         timeout: int = 1000) -> bytes:  # tinygrad 0.14 USB3.control_read's bare length assert
+            self._call("cr", request, length, value, index, timeout)
+            got = length // 2 if len(self.calls) == 1 else length
+            assert got == length
+            return bytes(length)
+
+    usb = OneShortRead()
+    u = RetryingUSB3(usb, clock=lambda: 100.0)
+    assert u.control_read(P.REQ_XDATA_READ, 4, value=0xA800) == bytes(4)
+    assert len(usb.calls) == 2 and u.log.retried_ok == 1
+    assert u.log.last_error.startswith("control IN 0xE4: short_transfer: AssertionError: ")
+
+
+def test_a_run_of_short_transfers_fails_over_with_the_figure_in_the_reason():
+    u, usb = wrapped({2: short_write(4, 8), 4: short_write(4, 8), 6: short_write(4, 8)})
+    u.control_write(P.REQ_SRAM, 1, 0, timeout=1000)
+    with pytest.raises(UsbLayerError) as info:
+        u.bulk_write(bytes(512), 1000)
+    assert info.value.reason == "unstable_link"
+    assert info.value.detail.startswith("3 consecutive transfer attempts failed (bound 3); last: bulk OUT 0x02: "
+                                        "AssertionError: bulk OUT short write: 4/8 bytes")
+    assert isinstance(info.value.__cause__, AssertionError) and len(usb.calls) == 6
+
+
+def test_a_rate_of_short_transfers_fails_over_with_the_rate_in_the_reason():
+    now = [0.0]
+    usb = ScriptedUSB3({14 * i + 2: short_write(256, 512) for i in range(11)})  # 14 calls a round
+    u = RetryingUSB3(usb, clock=lambda: now[0], link=LinkErrorPolicy(ratio_window=10))
+    with pytest.raises(UsbLayerError) as info:
+        for i in range(11):  # each one goes through on its second try: 11 errors in 2 s
+            now[0] = 0.2 * i
+            u.control_write(P.REQ_SRAM, 1, 0, timeout=1000)
+            u.bulk_write(bytes(512), 1000)
+            for _ in range(10):
+                u.control_read(P.REQ_XDATA_READ, 1, value=0xB450)
+    assert info.value.reason == "unstable_link"
+    assert info.value.detail.startswith("11 transfer errors in 2 s, above 5/s (openpilot hardwared's bound); last: ")
+    assert u.log.retried_ok == 10

@@ -56,11 +56,26 @@ def test_weights_inputs_and_outputs_cross_on_tinygrads_copy_path(runner, dock, t
     assert runner.probe().fence == 2 + 3  # tinygrad's drain fence (XDATA 0xA800): one chunk per copy-in
 
 
-def test_after_a_copy_failure_the_runner_refuses_without_touching_the_dock(runner, dock):
+def test_a_short_bulk_out_is_sent_again_and_the_frame_served(runner, dock, tiny_onnx):
+    """A short bulk OUT (tinygrad's "bulk OUT short write: n/m bytes") through the transport the node's worker
+    uses (``RetryingUSB3`` over the twin's ``USB3`` face): re-armed, sent whole again, the frame's output the
+    CPU's, the error counted as retried."""
+    cpu = OnnxModel(tiny_onnx, name="tiny")
+    before = runner.usb.stats()
     dock.fault("short", on="bulk_out", after=3)  # the input's first chunk, past the ring and doorbell writes
+    assert np.array_equal(runner.run(frame(0))["prob"], cpu.run(frame(0))["prob"])
+    assert sum(f["fired"] for f in dock.status()["fault_history"] + dock.status()["faults"]) == 1
+    after = runner.usb.stats()
+    assert (after["errors"] - before["errors"], after["retried_ok"] - before["retried_ok"]) == (1, 1)
+    assert "bulk OUT short write" in after["last_error"]
+    assert np.array_equal(runner.run(frame(1))["prob"], cpu.run(frame(1))["prob"])  # and the next one
+
+
+def test_after_a_copy_failure_the_runner_refuses_without_touching_the_dock(runner, dock):
+    dock.fault("stall", on="bulk_out", after=3)  # the input's first chunk, past the ring and doorbell writes
     with pytest.raises(UsbLayerError) as first:
         runner.run(frame(0))
-    assert first.value.reason == "short_transfer"  # the input chunk's bulk OUT moved half its bytes
+    assert first.value.reason == "stall"  # a halted endpoint is not transient: never retried
     dock.clear()
     before = dock.status()["gpu"]
     with pytest.raises(UsbLayerError) as again:
