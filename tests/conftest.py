@@ -7,6 +7,37 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from tinymodel import make_tiny_onnx  # noqa: E402
 
+pytest_plugins = ["leakguard"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist each worker gets a temporary directory of its own (0700), so the dock lock files that
+    tinygrad 0.14 places there (``<tempdir>/am_usb:<bus>-<addr>.lock``, ``System.flock_acquire``) of twins in
+    two workers never meet: every twin enumerates at the same bus and address."""
+    import os
+    import tempfile
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return
+    base = Path(tempfile.gettempdir())
+    mine = base / f"chestnut-tests-{os.getuid()}-{os.getpid()}-{worker}"
+    mine.mkdir(mode=0o700)
+    os.environ["TMPDIR"] = str(mine)
+    tempfile.tempdir = None  # gettempdir() caches its first answer
+    config.stash[_WORKER_TMP] = mine
+
+
+_WORKER_TMP = pytest.StashKey[Path]()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    mine = config.stash.get(_WORKER_TMP, None)
+    if mine is not None:
+        shutil.rmtree(mine, ignore_errors=True)
+
 
 @pytest.fixture(scope="session")
 def tiny_onnx(tmp_path_factory) -> Path:
@@ -17,14 +48,13 @@ def tiny_onnx(tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True)
 def private_prefix(monkeypatch, request):
     """Every test runs its stack under its own runtime prefix so parallel stacks never collide."""
-    import hashlib
-    import os
     import shutil
+
+    from leakguard import tag_for
 
     from chestnut.msgs.paths import runtime_dir
 
-    tag = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:10]
-    prefix = f"t{os.getpid()}-{tag}"
+    prefix = tag_for(request.node.nodeid)
     monkeypatch.setenv("CHESTNUT_PREFIX", prefix)
     yield
     shutil.rmtree(runtime_dir(prefix), ignore_errors=True)  # the test's sockets go with it

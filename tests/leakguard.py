@@ -1,0 +1,181 @@
+"""A pytest plugin that fails a test which leaves something running or lying around after it.
+
+Every test runs with ``CHESTNUT_TEST_ID`` set to a tag of its own (``conftest.py`` ``private_prefix``); every
+process it starts -- directly, through supervisord, or re-parented to init after its parent died -- inherits
+it. After the test's teardown the guard looks, through ``/proc/<pid>/environ``, for live processes that still
+carry the tag, and for dock lock files (``<tempdir>/am_usb:*.lock``, tinygrad 0.14's
+``System.flock_acquire``) the test created. A leak is reported as an error of that test, naming it and what
+was left; what was left is then killed or removed, so one leak does not cascade into the next test.
+
+Processes that module or session fixtures start carry the session's tag (``CHESTNUT_TEST_SESSION``, the pytest
+process's pid) but no test's; those left after the last test of their module are reported against that
+module. Process-lifetime helpers of the pytest process itself are not leaks: tinygrad 0.14's compile pool
+(``engine/worker.py`` ``get_worker_pool``) and multiprocessing's resource tracker.
+
+Shared memory needs no check: the project's segments are anonymous (``memfd``, ``node/shm.py``), and the
+sockets of a test live in its private runtime prefix, removed with it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+TEST_VAR = "CHESTNUT_TEST_ID"
+SESSION_VAR = "CHESTNUT_TEST_SESSION"
+GRACE_S = float(os.environ.get("CHESTNUT_LEAK_GRACE_S", "10"))
+"""s a process on its way out (SIGTERM sent, exit pending) gets before it is a leak; waited for, not slept"""
+POLL_S = 0.05
+MAX_ENVIRON_BYTES = 1 << 20  # a bounded read of /proc/<pid>/environ
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read(MAX_ENVIRON_BYTES)
+    except OSError:  # gone, or a kernel thread
+        return b""
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "X"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()[:300]
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def _helpers_of_this_process() -> set[int]:
+    """The pids of the pytest process's own lifetime helpers (see the module docstring)."""
+    pids: set[int] = set()
+    tg = sys.modules.get("tinygrad.engine.worker")
+    pool = getattr(tg, "worker_pool", None)
+    for p in getattr(pool, "_pool", None) or ():
+        if p.pid is not None:
+            pids.add(p.pid)
+    rt = sys.modules.get("multiprocessing.resource_tracker")
+    tracker = getattr(getattr(rt, "_resource_tracker", None), "_pid", None)
+    if tracker is not None:
+        pids.add(tracker)
+    host = sys.modules.get("chestnut.backend.sim.engine")
+    for pid in getattr(host, "helper_pids", lambda: ())():
+        pids.add(pid)
+    return pids
+
+
+def carriers(marker: bytes, exclude: set[int] | None = None) -> list[int]:
+    """Live (not zombie) processes whose environment holds the exact entry ``marker`` (``b"NAME=value"``)."""
+    me = os.getpid()
+    skip = (exclude or set()) | {me}
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if pid in skip:
+            continue
+        env = _environ(pid)
+        if env and marker in env.split(b"\0") and _state(pid) not in ("Z", "X"):
+            found.append(pid)
+    return found
+
+
+def _survivors(marker: bytes, grace_s: float) -> list[tuple[int, str]]:
+    """The carriers of ``marker`` still alive after ``grace_s`` (waited for, not slept), with their command lines."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = carriers(marker, _helpers_of_this_process())
+        if not alive or time.monotonic() >= deadline:
+            return [(p, _cmdline(p)) for p in alive]
+        time.sleep(POLL_S)
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _lock_files() -> set[str]:
+    try:
+        return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("am_usb:") and n.endswith(".lock")}
+    except OSError:
+        return set()
+
+
+def tag_for(nodeid: str) -> str:
+    """The tag a test's processes carry (short, stable for the node id, unique per pytest process)."""
+    import hashlib
+
+    return f"t{os.getpid()}-{hashlib.sha1(nodeid.encode()).hexdigest()[:10]}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ[SESSION_VAR] = str(os.getpid())
+
+
+@pytest.fixture(autouse=True)
+def leak_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """Tags the test's processes and, after its teardown, reports what it left (see the module docstring)."""
+    tag = tag_for(request.node.nodeid)
+    monkeypatch.setenv(TEST_VAR, tag)
+    locks_before = _lock_files()
+    yield
+    left = _survivors(f"{TEST_VAR}={tag}".encode(), GRACE_S)
+    new_locks = sorted(_lock_files() - locks_before)
+    _kill([p for p, _ in left])
+    for name in new_locks:
+        Path(tempfile.gettempdir(), name).unlink(missing_ok=True)
+    tmp = tempfile.gettempdir()
+    problems = [f"process {p} ({cmd})" for p, cmd in left] + [f"lock file {tmp}/{n}" for n in new_locks]
+    if problems:
+        pytest.fail(f"{request.node.nodeid} left behind: " + "; ".join(problems), pytrace=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    yield
+    if nextitem is not None and nextitem.module is item.module:  # type: ignore[attr-defined]
+        return
+    # the module's fixtures are torn down now: what carries the session's tag but no test's is theirs
+    marker = f"{SESSION_VAR}={os.getpid()}".encode()
+    ours = f"{TEST_VAR}=t{os.getpid()}-".encode()  # a test's own leak is that test's, reported by leak_guard
+
+    def fixtures_left(grace_s: float) -> list[tuple[int, str]]:
+        return [(p, c) for p, c in _survivors(marker, grace_s)
+                if not any(e.startswith(ours) for e in _environ(p).split(b"\0"))]
+
+    left = fixtures_left(0.0)
+    if left:
+        left = fixtures_left(GRACE_S)
+    if left:
+        _kill([p for p, _ in left])
+        item.config.stash.setdefault(_MODULE_LEAKS, []).append(
+            f"{item.module.__name__}: its fixtures left " + "; ".join(f"process {p} ({c})" for p, c in left)  # type: ignore[attr-defined]
+        )
+
+
+_MODULE_LEAKS = pytest.StashKey[list]()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    leaks = session.config.stash.get(_MODULE_LEAKS, [])
+    if leaks:
+        for line in leaks:
+            sys.stderr.write(f"leak guard: {line}\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
