@@ -10,7 +10,9 @@ Some failures are known by the pattern of their evidence rather than by one mess
 :data:`SIGNATURES` renames a typed error whose reason and detail show one (:func:`diagnose`). A
 wedged bridge is the case in point: every vendor request times out while the device stays enumerated
 at the same address and still answers standard requests (tinygrad#18137: after one large bulk write
-the bridge locked until power-cycled) -- not a cable, which loses the device or corrupts transfers.
+the bridge locked until power-cycled) -- not a cable, which loses the device or corrupts transfers. It is
+the pcie layer's :class:`PcieLayerError` ``bridge_wedged`` (the bridge is the dock's PCIe end), with the
+remedy that works: power-cycle the dock.
 
 Sources of the messages (tinygrad 0.14.0):
 
@@ -189,9 +191,10 @@ RULES: tuple[Rule, ...] = (
 
 @dataclass(frozen=True)
 class Signature:
-    """A failure named by the pattern of its evidence: a typed error of class ``error`` whose reason is one
-    of ``hides_behind`` and whose detail matches ``pattern`` (case-insensitive regex search) is renamed
-    ``reason``, with ``advice``."""
+    """A failure named by the pattern of its evidence: a typed error of class ``found_in`` whose reason is one
+    of ``hides_behind`` and whose detail matches ``pattern`` (case-insensitive regex search) becomes an
+    ``error`` named ``reason``, with ``advice`` (``error`` may be another layer's class: the evidence came
+    through one layer's transfers but speaks against another)."""
 
     reason: str
     error: type[ChestnutError]
@@ -199,12 +202,15 @@ class Signature:
     pattern: str
     source: str
     advice: str
+    found_in: type[ChestnutError] = UsbLayerError
 
 
 SIGNATURES: tuple[Signature, ...] = (
     # every LTSSM read of the ladder's stability window timed out right after the dock enumerated and answered
-    # its product string (standard requests): the bridge, not the cable (backend/ladder.py link_stability)
-    Signature("bridge_wedged", UsbLayerError, frozenset({"unstable_link", "transfer_timeout", "no_answer"}),
+    # its product string (standard requests): the bridge, not the cable (backend/ladder.py link_stability). The
+    # bridge is the PCIe side's end of the dock (its firmware issues the TLPs), so it is the pcie layer's fault,
+    # with the remedy that works: power-cycle the dock (a replug or another port does not help)
+    Signature("bridge_wedged", PcieLayerError, frozenset({"unstable_link", "transfer_timeout", "no_answer"}),
               r"\b(\d+)/\1 probe reads failed.*timed out", source="tinygrad#18137", advice=_POWER_CYCLE_BRIDGE),
 )
 _SIG_COMPILED = tuple(re.compile(sig.pattern, re.IGNORECASE) for sig in SIGNATURES)
@@ -212,6 +218,7 @@ _SIG_COMPILED = tuple(re.compile(sig.pattern, re.IGNORECASE) for sig in SIGNATUR
 # reasons raised by our own code (not by a message of tinygrad's) and what to do about them
 OWN_ADVICE: dict[str, str] = {
     "no_answer": _NO_ANSWER,   # backend/retry.py: every try of one transfer timed out
+    "bridge_wedged": _POWER_CYCLE_BRIDGE,  # backend/retry.py: ... and the bridge's own register did not answer
     "unstable_link": "reseat or replace the USB cable; avoid hubs; check the dock's power supply",
 }
 
@@ -300,7 +307,7 @@ def classify(exc: BaseException, default: type[ChestnutError] = GpuLayerError) -
     """Map any exception to a typed :class:`ChestnutError` with a layer and a ``reason``.
 
     A :class:`ChestnutError` is returned unchanged, unless its reason and detail show a known failure
-    signature (:func:`diagnose`): then it is renamed (same class, the signature's reason, the same
+    signature (:func:`diagnose`): then it is renamed (the signature's class and reason, the same
     detail, the original as ``__cause__``). An ``ExceptionGroup`` is unwrapped to its most
     specific member (the one matching the earliest row of :data:`RULES`). An exception that no row
     matches directly is classified by its cause/context chain; failing that it becomes
@@ -309,7 +316,7 @@ def classify(exc: BaseException, default: type[ChestnutError] = GpuLayerError) -
     """
     if isinstance(exc, ChestnutError):
         sig = diagnose(exc.reason, exc.detail)
-        if sig is None or not isinstance(exc, sig.error):
+        if sig is None or not isinstance(exc, sig.found_in):
             return exc
         renamed = sig.error(sig.reason, exc.detail)
         renamed.__cause__ = exc

@@ -87,7 +87,11 @@ attempts all timed out; ``unstable_link`` for such a run with I/O errors in it, 
 ``max_errors_in_window`` failures among the last ``ratio_window`` attempts, or for more than
 ``max_errors_per_s`` over ``rate_window_s`` (openpilot's hardware daemon judges link errors per
 second over 2 s, at most 5 per second being stable; the ladder's ``link_stability`` uses the same
-bound). The counters go to health through the runner's probe (:meth:`RetryingUSB3.stats`).
+bound). A ``no_answer`` run after which the bridge's own register (0xE4 of the LTSSM byte, bridge memory)
+does not answer either is a wedged bridge instead: :class:`~chestnut.backend.errors.PcieLayerError`
+``bridge_wedged``, the dock's PCIe end, whose remedy is a power-cycle (tinygrad#18137), never the cable's.
+Every verdict names its figure (the run, the count in the window, the rate). The counters go to health
+through the runner's probe (:meth:`RetryingUSB3.stats`).
 """
 
 from __future__ import annotations
@@ -103,7 +107,7 @@ from typing import Any
 
 from chestnut.backend import protocol as P
 from chestnut.backend.classify import classify
-from chestnut.backend.errors import ChestnutError, GpuLayerError, UsbLayerError
+from chestnut.backend.errors import ChestnutError, GpuLayerError, PcieLayerError, UsbLayerError
 
 TRANSIENT_REASONS = frozenset({"transfer_timeout", "transfer_error", "short_transfer"})
 """Classified reasons (:mod:`chestnut.backend.classify`) worth another try: LIBUSB_ERROR_TIMEOUT,
@@ -241,7 +245,9 @@ class LinkErrorPolicy:
     ``max_errors_in_window`` of the last ``ratio_window`` attempts (5 of 100: fifty times the rate of
     a link that loses one transfer in a thousand); ``max_errors_per_s`` over ``rate_window_s``
     (openpilot's hardware daemon: 5 per second over 2 s). ``report_window_s`` is the window of the
-    rate published to health.
+    rate published to health. ``bridge_reads``: reads of the bridge's own register after a ``no_answer``
+    run that must all time out for the bridge to be called wedged (2: a link losing one transfer in ten
+    names a good bridge wedged once in a hundred such runs; each read is bounded like one attempt, 25 ms).
     """
 
     max_error_run: int = 3
@@ -250,6 +256,7 @@ class LinkErrorPolicy:
     max_errors_per_s: float = 5.0
     rate_window_s: float = 2.0
     report_window_s: float = 60.0
+    bridge_reads: int = 2
 
 
 @dataclass
@@ -408,6 +415,8 @@ class RetryingUSB3:
                         and err.reason == "transfer_timeout":
                     self._blame_the_gpu_if_the_bridge_answers(what, err, e)
                 if bad is not None:
+                    if bad.reason == "no_answer":
+                        self._blame_the_bridge_if_it_answers_nothing(bad, what, err, e)
                     raise UsbLayerError(bad.reason, f"{bad.detail}; last: {what}: {err.detail}") from e
                 if i + 1 >= tries:
                     raise
@@ -419,6 +428,31 @@ class RetryingUSB3:
             return out
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _read_bridge_register(self) -> bytes | ChestnutError:
+        """One 0xE4 read of the bridge's own LTSSM byte (``P.XDATA_LTSSM``, bridge memory: no TLP crosses the
+        link), bounded like one retried attempt: its byte, or the classified failure."""
+        try:
+            return bytes(self.usb.control_read(P.REQ_XDATA_READ, 1, P.XDATA_LTSSM, 0, self.retry.timeout_ms(1000)))
+        except Exception as e:  # noqa: BLE001 - the failure is the answer
+            return e if isinstance(e, ChestnutError) else classify(e, default=UsbLayerError)
+
+    def _blame_the_bridge_if_it_answers_nothing(self, bad: Verdict, what: str, err: ChestnutError,
+                                                cause: BaseException) -> None:
+        """A ``no_answer`` verdict (every attempt of a run timed out on a device that is still there) is a
+        wedged bridge when the bridge's own register does not answer either: ``bridge_reads`` reads of its LTSSM
+        byte (:meth:`_read_bridge_register`) that all time out. The bridge's firmware stopped answering vendor
+        requests (tinygrad#18137: locked until power-cycled): raises :class:`PcieLayerError` ``bridge_wedged``
+        (the bridge is the dock's PCIe end; its remedy is a power-cycle of the dock, not a replug), naming the
+        run and the reads. Returns when one read answers or fails otherwise (the link rules decide)."""
+        n = self.log.policy.bridge_reads
+        for _ in range(n):
+            got = self._read_bridge_register()
+            if not isinstance(got, ChestnutError) or got.reason != "transfer_timeout":
+                return
+        raise PcieLayerError("bridge_wedged", f"{bad.detail}, and {n}/{n} reads of the bridge's own register (XDATA "
+                             f"0x{P.XDATA_LTSSM:04X}, the LTSSM byte) timed out: the bridge answers nothing "
+                             f"(tinygrad#18137); last: {what}: {err.detail}") from cause
+
     def _blame_the_gpu_if_the_bridge_answers(self, what: str, err: ChestnutError, cause: BaseException) -> None:
         """An armed bulk IN of an SRAM window that timed out on every try is also the wait for the GPU's copy
         into that window (the bridge serves the read once the GPU has written the completion page; tinygrad
@@ -427,9 +461,8 @@ class RetryingUSB3:
         GPU did not do the copy: raises :class:`GpuLayerError` ``copy_out_not_done`` (the gpu layer, as
         tinygrad's own "hung GPU?" drain error says), and the timeouts are not held against the link.
         Returns when the bridge does not answer either (then the link rules decide)."""
-        try:
-            ltssm = bytes(self.usb.control_read(P.REQ_XDATA_READ, 1, P.XDATA_LTSSM, 0, self.retry.timeout_ms(1000)))
-        except Exception:  # noqa: BLE001 - any failure here means the bridge does not answer: the link rules decide
+        ltssm = self._read_bridge_register()
+        if isinstance(ltssm, ChestnutError):  # the bridge does not answer: the link rules decide
             return
         # the bulk IN's timeouts were the GPU's, not the link's: take them back out of the link's evidence
         for _ in range(min(self.log.error_run, len(self.log.outcomes))):

@@ -114,7 +114,8 @@ def test_every_probe_read_unanswered_on_an_enumerated_dock_is_a_wedged_bridge(do
     expect_stop(report, "link_stability")
     step = report.step("link_stability")
     assert step.reason == "bridge_wedged", step
-    assert step.detail.startswith("UsbLayerError bridge_wedged: ") and " probe reads failed" in step.detail
+    assert step.detail.startswith("PcieLayerError bridge_wedged: ") and " probe reads failed" in step.detail
+    assert step.error is not None and step.error.layer is Layer.PCIE  # the bridge's fault, not the cable's
     assert step.advice == ("power-cycle the dock (unplug its power, or `chestnut twin power-cycle` on the twin): a "
                            "wedged bridge answers nothing until then; replugging the cable or another port does not "
                            "help")

@@ -24,7 +24,7 @@ from chestnut.backend.interface import ModelSpec
 from chestnut.backend.ladder import LadderConfig
 from chestnut.backend.model import OnnxModel
 from chestnut.backend.real_runner import dock_lock_path
-from chestnut.backend.retry import STATS_KEY, RetryPolicy
+from chestnut.backend.retry import STATS_KEY, LinkErrorPolicy, RetryPolicy
 from chestnut.backend.sim.client import running_twin
 from chestnut.backend.sim.usb3 import forget_device_lists
 from chestnut.backend.twin_runner import TwinRunner
@@ -96,8 +96,10 @@ USB_FAULTS = [
     ("reenumerate", {}, UsbLayerError, "disconnect", 0.0),
     ("brownout", {"off_s": 30.0}, UsbLayerError, "disconnect", 0.0),
     ("stall", {"on": "bulk_out"}, UsbLayerError, "stall", 0.0),
-    # every try of the run's first transfer times out: 3 tries of 25 ms (backend/retry.py RetryPolicy)
-    ("wedged", {}, UsbLayerError, "no_answer", 3 * RetryPolicy().attempt_timeout_ms / 1e3),
+    # every try of the run's first transfer times out (3 tries of 25 ms, backend/retry.py RetryPolicy), then both
+    # reads of the bridge's own register (25 ms each): the bridge is wedged, the pcie layer's fault
+    ("wedged", {}, PcieLayerError, "bridge_wedged",
+     (3 + LinkErrorPolicy().bridge_reads) * RetryPolicy().attempt_timeout_ms / 1e3),
 ]
 
 

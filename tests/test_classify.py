@@ -398,9 +398,11 @@ POWER_CYCLE_BRIDGE = ("power-cycle the dock (unplug its power, or `chestnut twin
 
 
 def test_every_probe_read_timing_out_on_an_enumerated_dock_is_a_wedged_bridge():
+    """Found through the usb layer's transfers, blamed on the bridge: the pcie layer's error, with its remedy."""
     seen = UsbLayerError("unstable_link", WEDGE_DETAIL)
     err = classify(seen)
-    assert (type(err), err.reason, err.detail, err.__cause__) == (UsbLayerError, "bridge_wedged", WEDGE_DETAIL, seen)
+    assert (type(err), err.reason, err.detail, err.__cause__) == (PcieLayerError, "bridge_wedged", WEDGE_DETAIL, seen)
+    assert err.layer is Layer.PCIE
     assert advice_for(err) == POWER_CYCLE_BRIDGE
     sig = diagnose("unstable_link", WEDGE_DETAIL)
     assert sig is not None and (sig.reason, sig.source) == ("bridge_wedged", "tinygrad#18137")

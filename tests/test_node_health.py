@@ -482,10 +482,14 @@ def test_every_probe_read_of_the_stability_window_timing_out_is_named_a_wedged_b
         LadderStep("link_stability", Layer.USB, StepResult.FAIL, 0.6, detail,
                    "reseat or replace the USB cable; avoid hubs; check the dock's power supply", "unstable_link"),
     ])
-    (usb,) = evidence_from_ladder(report)
-    assert usb.reason == (f"link_stability: bridge_wedged: {detail} (power-cycle the dock (unplug its power, or "
-                          "`chestnut twin power-cycle` on the twin): a wedged bridge answers nothing until then; "
-                          "replugging the cable or another port does not help)")
+    usb, pcie = evidence_from_ladder(report)
+    # the cable and the enumeration are fine (the product string answered); the bridge, the dock's PCIe end, is not
+    assert (usb.layer, usb.level, usb.reason) == (Layer.USB, OK, "usb_ids: 0xADD1:0x0001 at bus 3 address 9")
+    assert (pcie.layer, pcie.level, pcie.hard, pcie.tag, pcie.source) == (Layer.PCIE, ERROR, True, "link_stability",
+                                                                          "ladder")
+    assert pcie.reason == (f"link_stability: bridge_wedged: {detail} (power-cycle the dock (unplug its power, or "
+                           "`chestnut twin power-cycle` on the twin): a wedged bridge answers nothing until then; "
+                           "replugging the cable or another port does not help)")
     flaky = LadderStep("link_stability", Layer.USB, StepResult.FAIL, 0.6, detail.replace("5/5", "3/5"), "reseat",
                        "unstable_link")
     assert evidence_from_ladder(LadderReport([flaky]))[0].reason.startswith("link_stability: UsbLayerError unstable")

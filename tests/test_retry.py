@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from chestnut.backend import protocol as P
-from chestnut.backend.errors import GpuLayerError, UsbLayerError
+from chestnut.backend.classify import advice_for
+from chestnut.backend.errors import GpuLayerError, Layer, PcieLayerError, UsbLayerError
 from chestnut.backend.retry import (
     RULES,
     Kind,
@@ -247,7 +248,8 @@ def test_every_try_timing_out_is_no_answer_with_the_last_error_as_cause():
     assert info.value.detail == ("3 consecutive transfer attempts timed out (bound 3); the device is still there: a "
                                  f"vanished one fails LIBUSB_ERROR_NO_DEVICE; last: control IN 0xE4: RuntimeError: "
                                  f"{TIMEOUT}")
-    assert isinstance(info.value.__cause__, RuntimeError) and len(usb.calls) == 3
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert usb.calls[3:] == [("cr", P.REQ_XDATA_READ, 1, P.XDATA_LTSSM, 0, 25)]  # the bridge still answers
 
 
 def test_async_failures_passed_through_are_counted_not_retried():
@@ -315,12 +317,38 @@ def test_an_armed_bulk_in_that_never_comes_while_the_bridge_answers_is_the_gpus_
     assert (u.log.errors, u.log.error_run, sum(u.log.outcomes)) == (0, 0, 0)  # nothing held against the link
 
 
-def test_an_armed_bulk_in_that_never_comes_with_a_silent_bridge_is_left_to_the_link_rules():
-    u, usb = wrapped({2: TIMEOUT, 4: TIMEOUT, 6: TIMEOUT, 7: TIMEOUT})  # bulk IN tries and the XDATA read
+def test_an_armed_bulk_in_that_never_comes_with_a_silent_bridge_is_a_wedged_bridge():
+    u, usb = wrapped({2: TIMEOUT, 4: TIMEOUT, 6: TIMEOUT, 7: TIMEOUT, 8: TIMEOUT, 9: TIMEOUT})  # + 3 bridge reads
     u.control_write(P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, timeout=1000)
-    with pytest.raises(UsbLayerError) as info:
+    with pytest.raises(PcieLayerError) as info:
         u.bulk_read(512, 10000)
-    assert info.value.reason == "no_answer" and usb.calls[-1][:2] == ("cr", P.REQ_XDATA_READ)
+    assert info.value.reason == "bridge_wedged" and usb.calls[-1][:2] == ("cr", P.REQ_XDATA_READ)
+
+
+def test_a_run_of_timeouts_with_the_bridges_own_register_unreadable_is_a_wedged_bridge_on_the_pcie_layer():
+    """tinygrad#18137: the bridge stops answering vendor requests while the dock stays enumerated. Every try of
+    an XDATA write times out, and two reads of the bridge's LTSSM byte time out too: the pcie layer's
+    ``bridge_wedged`` (power-cycle the dock), not the cable's ``no_answer``."""
+    u, usb = wrapped({i: TIMEOUT for i in range(1, 6)})
+    with pytest.raises(PcieLayerError) as info:
+        u.control_write(P.REQ_XDATA_WRITE, 0xA800, 0x12, timeout=1000)
+    err = info.value
+    assert (err.layer, err.reason) == (Layer.PCIE, "bridge_wedged")
+    assert err.detail == ("3 consecutive transfer attempts timed out (bound 3); the device is still there: a vanished "
+                          "one fails LIBUSB_ERROR_NO_DEVICE, and 2/2 reads of the bridge's own register (XDATA 0xB450, "
+                          "the LTSSM byte) timed out: the bridge answers nothing (tinygrad#18137); last: control OUT "
+                          f"0xE5: RuntimeError: {TIMEOUT}")
+    assert usb.calls[3:] == [("cr", P.REQ_XDATA_READ, 1, P.XDATA_LTSSM, 0, 25)] * 2
+    assert advice_for(err) == ("power-cycle the dock (unplug its power, or `chestnut twin power-cycle` on the twin): "
+                               "a wedged bridge answers nothing until then; replugging the cable or another port "
+                               "does not help")
+
+
+def test_a_run_of_timeouts_while_the_bridge_answers_stays_the_links_no_answer():
+    u, usb = wrapped({1: TIMEOUT, 2: TIMEOUT, 3: TIMEOUT, 4: TIMEOUT})  # the second bridge read answers
+    with pytest.raises(UsbLayerError) as info:
+        u.control_write(P.REQ_XDATA_WRITE, 0xA800, 0x12, timeout=1000)
+    assert info.value.reason == "no_answer" and len(usb.calls) == 5
 
 
 # ---------------------------------------------------------------- short and truncated transfers
