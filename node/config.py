@@ -27,7 +27,9 @@ from chestnut.backend.errors import ConfigError
 from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
 from chestnut.backend.protocol import WAIT_TIMEOUT_MS
 from chestnut.backend.real_runner import WARM_LOAD_BOUND_S, cached_on_dock
+from chestnut.node.policy import HOST_CPU_PRESSURE_PCT, HOST_LATE_MS, HOST_WINDOW_MS
 from chestnut.node.preprocess import PREPROCESSORS, WARP_PREFIX, primary_warp
+from chestnut.node.realtime import DEFAULT_PRIORITY, POLICIES
 
 START_MARGIN_S = 5.0  # a worker's spawn and tinygrad's import before the first rung (s)
 
@@ -104,6 +106,21 @@ class TimingConfig:
     flap_window_s: float = 600.0               # flap_max_failovers failovers within this window ...
     flap_max_failovers: int = 3
     flap_backoff_s: float = 300.0              # ... raise every back-off to this until a stable period
+    # a deadline miss while the host itself was late is the host's, not counted towards a failover
+    # (node/policy.py host_late, docs/health.md "The host"): a wake-up this late, ms ...
+    host_late_ms: float = HOST_LATE_MS
+    host_cpu_pressure_pct: float = HOST_CPU_PRESSURE_PCT  # ... or /proc/pressure/cpu some avg10 this high, %
+    host_window_ms: float = HOST_WINDOW_MS    # ... within this window before the miss
+
+
+@dataclass
+class RealtimeConfig:
+    """The node's and its worker's scheduling (``node/realtime.py``; openpilot modeld: SCHED_FIFO 54). The
+    worker runs one priority below the node. ``cpus``: CPUs both are pinned to; empty: any."""
+
+    policy: str = "fifo"                       # fifo | rr | other (ask for nothing)
+    priority: int = DEFAULT_PRIORITY           # 1..99 for fifo and rr
+    cpus: tuple[int, ...] = ()
 
 
 @dataclass
@@ -112,6 +129,7 @@ class NodeConfig:
     fallback: FallbackConfig = field(default_factory=FallbackConfig)
     dock: DockConfig = field(default_factory=DockConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
+    realtime: RealtimeConfig = field(default_factory=RealtimeConfig)
 
     def to_json(self) -> dict[str, Any]:
         def conv(v: Any) -> Any:
@@ -236,6 +254,16 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     for key, value in positive.items():
         if not value > 0:
             raise ConfigError("config", f"timing.{key} = {value}; want > 0")
+    for key in ("host_late_ms", "host_cpu_pressure_pct", "host_window_ms"):
+        if not getattr(t, key) > 0:
+            raise ConfigError("config", f"timing.{key} = {getattr(t, key)}; want > 0")
+    rt = cfg.realtime
+    if rt.policy not in POLICIES:
+        raise ConfigError("config", f"realtime.policy = {rt.policy!r}; use one of {', '.join(POLICIES)}")
+    if rt.policy != "other" and not 1 <= rt.priority <= 99:
+        raise ConfigError("config", f"realtime.priority = {rt.priority}; want 1..99 for {rt.policy}")
+    if any(c < 0 for c in rt.cpus):
+        raise ConfigError("config", f"realtime.cpus = {list(rt.cpus)}; want CPU numbers >= 0")
     if t.hang_margin_ms < 0:
         raise ConfigError("config", f"timing.hang_margin_ms = {t.hang_margin_ms}; want >= 0")
     if not t.backoff_initial_s <= t.backoff_max_s or t.backoff_factor < 1:
@@ -268,7 +296,8 @@ def load_config(path: Path | None) -> NodeConfig:
     for name, values in data.items():
         section = getattr(cfg, name) if name in sections else None
         if section is None or not isinstance(values, dict):
-            raise ConfigError("config", f"unknown section [{name}] in {path}; known: model, fallback, dock, timing")
+            raise ConfigError("config", f"unknown section [{name}] in {path}; known: "
+                                        f"{', '.join(f.name for f in dataclasses.fields(cfg))}")
         _apply(section, values, name)
     return validate(cfg)
 
@@ -282,6 +311,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline-ms", type=float, help="per-frame deadline for the primary, ms")
     p.add_argument("--wait-timeout-ms", type=float, help="device wait timeout, ms (default 3000)")
     p.add_argument("--shadow-frames", type=int, help="agreeing shadow frames before returning to the primary")
+    p.add_argument("--rt-policy", choices=tuple(POLICIES), help="the node's scheduling policy (default fifo; "
+                   "other: no realtime)")
+    p.add_argument("--rt-priority", type=int, help="the node's realtime priority, 1..99 (default 54, openpilot "
+                   "modeld's; the worker runs one below)")
+    p.add_argument("--rt-cpus", help="CPUs to pin the node and its worker to, e.g. 1 or 0,1 (default: any)")
 
 
 def from_args(args: argparse.Namespace) -> NodeConfig:
@@ -301,4 +335,13 @@ def from_args(args: argparse.Namespace) -> NodeConfig:
         cfg.dock.wait_timeout_ms = args.wait_timeout_ms
     if args.shadow_frames is not None:
         cfg.timing.shadow_frames = args.shadow_frames
+    if getattr(args, "rt_policy", None) is not None:
+        cfg.realtime.policy = args.rt_policy
+    if getattr(args, "rt_priority", None) is not None:
+        cfg.realtime.priority = args.rt_priority
+    if getattr(args, "rt_cpus", None) is not None:
+        try:
+            cfg.realtime.cpus = tuple(int(c) for c in args.rt_cpus.split(",") if c.strip())
+        except ValueError as e:
+            raise ConfigError("config", f"--rt-cpus {args.rt_cpus!r}: want CPU numbers such as 1 or 0,1") from e
     return validate(cfg)

@@ -90,10 +90,12 @@ from chestnut.node.health import (
     fill_health,
     layer_usable,
 )
+from chestnut.node.hostload import HostMeter
 from chestnut.node.policy import (
     Answer,
     Candidate,
     FrameClock,
+    HostThresholds,
     Pairing,
     PrimaryView,
     StartFailure,
@@ -108,6 +110,7 @@ from chestnut.node.policy import (
     fallback_must_run,
     frame_age_s,
     frame_clock,
+    host_late,
     is_primary_fault,
     late_result_reason,
     no_result_reason,
@@ -120,6 +123,7 @@ from chestnut.node.policy import (
     with_frame_clock,
 )
 from chestnut.node.preprocess import preprocess, primary_warp
+from chestnut.node.realtime import worker_priority
 from chestnut.node.runner_loader import RunnerSpec
 from chestnut.node.shm import WorkerState
 from chestnut.node.supervisor import (
@@ -349,6 +353,12 @@ class Node:
         self.worker_beats = 0
         self.probe_seen_at_s = 0.0       # receipt time of the last probe result applied to health
         self.miss_run = 0                # consecutive frames the primary did not answer in time
+        # the host's own lateness (node/hostload.py): a deadline miss while it was late is the host's
+        self.host = HostMeter(t.host_window_ms)
+        self.host_thresholds = HostThresholds(t.host_late_ms, t.host_cpu_pressure_pct, t.deadline_ms)
+        self.host_misses = 0             # deadline misses blamed on the host (not counted towards a failover)
+        self.host_last_late_ns = 0
+        self.host_log = LogEvery()
         self.pending_events: deque[tuple[Event, str, Layer | None]] = deque()
         self.last_frame_id: int | None = None
         self.last_sof_ns = 0
@@ -495,7 +505,8 @@ class Node:
         spec = RunnerSpec(self.cfg.dock.kind, options)
         ladder = LadderConfig(wait_timeout_ms=int(self.cfg.dock.wait_timeout_ms),
                               require_fingerprint=self.spec_in.fingerprint is not None)
-        self.worker = WorkerHandle()
+        rt = self.cfg.realtime
+        self.worker = WorkerHandle(realtime=(rt.policy, worker_priority(rt.priority), rt.cpus))
         self.worker_ready_seen = False
         self.worker_beats = 0
         self.probe_seen_at_s = 0.0
@@ -624,6 +635,8 @@ class Node:
                 self.health.apply([ev], now)
             if a.kind is ActionKind.ANSWER_FROM_FALLBACK and a.seq is not None:
                 answer.add(a.seq)
+                if a.entity == "host":
+                    self._host_miss(a.reason, now)
             elif a.kind is ActionKind.KILL_WORKER:
                 log.error("watchdog: %s", a.reason)
                 self._kill_worker(a.reason)
@@ -821,15 +834,43 @@ class Node:
         taking frames once its slots are full, and those frames are misses too). ``evidence``: record
         a gpu WARN for it (the watchdog already did for a frame it saw requested)."""
         now = time.monotonic_ns()
-        if evidence:
+        host = self._host_late(now)
+        if host:
+            if evidence:  # the watchdog's own verdict on a requested frame was the host's already
+                self._host_miss(f"frame {frame_id}: {why}; {host}", now)
+        elif evidence:
             self.health.apply([Evidence(Layer.GPU, Level.WARN, f"frame {frame_id}: {why}", tag="deadline_miss")], now)
         verdict = count_miss(self.miss_run, self.cfg.timing.miss_run, self.sup.runs_primary,
-                             self.cfg.timing.deadline_ms, why)
+                             self.cfg.timing.deadline_ms, why, host)
         self.miss_run = verdict.run
         if verdict.fail_over:
             self.health.apply([Evidence(Layer.GPU, Level.ERROR, verdict.reason, hard=True, tag="deadline_miss_run")],
                               now)
             self._feed(Event.DEADLINE_MISS_RUN, verdict.reason, Layer.GPU)
+
+    def _host_late(self, now: int, dock_ms: float | None = None, elapsed_ms: float | None = None) -> str:
+        """:func:`~chestnut.node.policy.host_late` at ``now``: the node's loop and the worker's timer over the
+        last ``timing.host_window_ms`` and the CPU pressure (``node/hostload.py``); "" when on time."""
+        w = self.worker
+        if w is not None and w.alive:
+            self.host.worker_late(w.progress().late_peak_ns, now)
+        return host_late(self.host.figures(now, dock_ms, elapsed_ms), self.host_thresholds)
+
+    def _host_late_result(self, res: WorkerResult, now: int) -> str:
+        """:meth:`_host_late` for a result arriving at ``now``, with the dock's own time for it (its stage
+        times, when its runner times them) against the request's elapsed time."""
+        started = self.watchdog.started_ns(res.seq)
+        dock_ms = sum(res.stages.as_list()) * 1e3 if res.stages is not None else None
+        return self._host_late(now, dock_ms, (now - started) / 1e6 if started is not None else None)
+
+    def _host_miss(self, reason: str, now: int) -> None:
+        """A deadline miss while the host was late: counted as the host's (``chestnutHealth.host``), logged
+        at most every :data:`BAD_FRAME_LOG_PERIOD_S`; no evidence against a dock layer."""
+        self.host_misses += 1
+        self.host_last_late_ns = now
+        if self.host_log.due():
+            log.warning("deadline miss while the host was late, not counted against the dock: %s (%d so far)",
+                        reason, self.host_misses)
 
     def _await_primary(self, w: WorkerHandle, frame_id: int, deadline_ns: int) -> PrimaryOutcome:
         """Wait for frame ``frame_id``'s result until its deadline (``deadline_ns``, CLOCK_MONOTONIC)."""
@@ -845,9 +886,10 @@ class Node:
                     return PrimaryOutcome(None, False, f"primary worker exited ({describe_returncode(w.returncode)})")
                 if now < deadline_ns:
                     continue
-                self._watchdog_actions(self.watchdog.check(now))
+                self.host.loop_woke(deadline_ns, now)
+                self._watchdog_actions(self.watchdog.check(now, self._host_late(now)))
                 return PrimaryOutcome(None, True, no_result_reason(self.cfg.timing.deadline_ms))
-            verdict = self.watchdog.response(res.seq, now)
+            verdict = self.watchdog.response(res.seq, now, self._host_late_result(res, now))
             self._watchdog_actions(list(verdict.actions))
             if res.error is not None:
                 self._on_primary_error(res)
@@ -909,6 +951,20 @@ class Node:
         fill_active(msg.chestnutActive, self.active)
         self.pm.send("chestnutActive", msg)
 
+    def _fill_host(self, builder: Any, now: int) -> None:
+        """``ChestnutHealth.host``: WARN while the host is late by :func:`~chestnut.node.policy.host_late` (its
+        reason), else OK; the figures, the misses blamed on the host and the last one's time. It is not a
+        dock layer: it neither enters ``overall`` nor clears ``chestnutActive`` (docs/health.md)."""
+        late = self._host_late(now)
+        f = self.host.last_figures
+        builder.level = "warn" if late else "ok"
+        builder.reason = late or "host on time"
+        builder.loopLateMs = f.loop_late_ms
+        builder.workerLateMs = f.worker_late_ms
+        builder.cpuPressure = f.cpu_pressure_pct if f.cpu_pressure_pct is not None else float("nan")
+        builder.lateMisses = min(self.host_misses, 2**32 - 1)
+        builder.lastLate = self.host_last_late_ns
+
     def _publish_init_data(self) -> None:
         """``initData``: the node's versions and effective configuration, the header replay and the contract
         check read a log's settings from. Sent at start and every :data:`INIT_DATA_PERIOD_S` (a logger
@@ -937,6 +993,7 @@ class Node:
             self.health.refresh(now)
             msg = new_message("chestnutHealth")
             fill_health(msg.chestnutHealth, self.health)
+            self._fill_host(msg.chestnutHealth.host, now)
             self.pm.send("chestnutHealth", msg)
             self.health_published_ok = all(layer_usable(s) for s in self.health.statuses())
             # on a drift-free grid: counted from this send, every interval would add the loop's wake-up lag and
@@ -992,7 +1049,8 @@ class Node:
             # results of frames already answered (late ones, or a draining worker's): pair them for the
             # logical check; their errors are evidence
             while self._is_current(w) and (res := w.poll_result(0.0)) is not None:
-                self._watchdog_actions(list(self.watchdog.response(res.seq, now).actions))
+                verdict = self.watchdog.response(res.seq, now, self._host_late_result(res, now))
+                self._watchdog_actions(list(verdict.actions))
                 if res.error is not None:
                     self._on_primary_error(res)
             if self._is_current(w) and self.draining and not w.in_flight:
@@ -1010,7 +1068,8 @@ class Node:
             if not present:
                 self._apply_health([Evidence(Layer.USB, Level.ERROR, detail, hard=True, tag="absent")], now)
             self.next_probe_ns = now + int(NS / self.cfg.timing.probe_hz)
-        self._watchdog_actions(self.watchdog.check(now))
+        due = self.watchdog.next_check_ns()
+        self._watchdog_actions(self.watchdog.check(now, self._host_late(now) if due is not None and now >= due else ""))
         if not self.draining:  # a retry waits until the drained worker is gone (it holds the dock)
             self._perform_all(self.sup.tick(now))
         self._consumer(now)
@@ -1051,10 +1110,13 @@ class Node:
                 nxt = self.watchdog.next_check_ns()
                 timeout_ms = LOOP_PERIOD_MS if nxt is None else max(0, min(LOOP_PERIOD_MS,
                                                                             (nxt - time.monotonic_ns()) // 1_000_000))
+                asked_ns = time.monotonic_ns() + timeout_ms * 1_000_000
                 if self.poller.poll(timeout_ms):
                     for ev in drain_sock(self.frames):
                         self.on_frame(ev)
                         self._housekeeping()
+                else:
+                    self.host.loop_woke(asked_ns, time.monotonic_ns())
                 self._housekeeping()
                 self.notify.watchdog()
         finally:
@@ -1099,6 +1161,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     node_config.add_arguments(p)
 
 
+def apply_realtime(cfg: NodeConfig) -> bool:
+    """The node's ``[realtime]`` scheduling for this process (``node/realtime.py``): one INFO line when
+    granted, one WARNING line when the system refuses it (the node runs on as it was). True when granted."""
+    from chestnut.node.realtime import config_realtime_process
+
+    rt = cfg.realtime
+    ok, line = config_realtime_process(rt.policy, rt.priority, rt.cpus, "node")
+    log.log(logging.INFO if ok else logging.WARNING, "%s", line)
+    return ok
+
+
 def run(args: argparse.Namespace) -> int:
     """``chestnut run``. Exit codes: :data:`EXIT_OK` after SIGINT/SIGTERM, :data:`EXIT_CONFIG`,
     :data:`EXIT_NO_FALLBACK`."""
@@ -1108,6 +1181,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         log.error("unusable configuration: %s", e)
         return EXIT_CONFIG
+    apply_realtime(cfg)
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping", signum)

@@ -18,6 +18,8 @@ primary's response     :func:`pair_response`: the frame's own result, its failur
                        watchdog's verdict) or an earlier frame's, to be taken in and waited past
 worker declared failed :func:`count_miss`: ``miss_run`` consecutive frames without a primary result in
                        time fail the gpu layer over (openpilot modeld gives the big model 150 ms a frame);
+                       a miss while the host itself was late (:func:`host_late`) is the host's, not
+                       counted;
                        :func:`is_primary_fault`: an ERROR that leaves its layer at ERROR; a start that
                        fails (:func:`start_failure`) or takes too long (:func:`start_timed_out`); on a
                        failover a worker with requests in flight drains (:func:`drains_on_fail_over`)
@@ -170,20 +172,86 @@ def late_result_reason(elapsed_ms: float, deadline_ms: float) -> str:
     return f"primary result after {elapsed_ms:.1f} ms, past the deadline ({deadline_ms:g} ms)"
 
 
+# ---------------------------------------------------------------- a host that is late itself
+HOST_LATE_MS = 20.0
+"""A wake-up this much later than asked (ms) is a late host: 0.4 of the 50 ms frame period, over ten times
+what an idle host's timers overshoot by (the kernel's default timer slack is 50 us, a 2-core host running
+the stack alone wakes within ~2 ms) and still well inside the 150 ms deadline it would have to explain."""
+HOST_CPU_PRESSURE_PCT = 40.0
+"""``/proc/pressure/cpu`` ``some avg10`` (%: the share of the last 10 s in which a runnable task waited for
+a CPU, Linux PSI, ``Documentation/accounting/psi.rst``) from which the host counts as late: the stack alone
+on a 2-core host reads 10-15 %, the same host beside two CPU-bound processes 60-100 %."""
+HOST_WINDOW_MS = 1000.0
+"""How far back (ms) a late wake-up still explains a miss: 20 frames at 20 Hz, the watchdog's alive window."""
+
+
+@dataclass(frozen=True)
+class HostFigures:
+    """How late the host itself was around one deadline miss, in ms and %. ``loop_late_ms``: the node's main
+    loop, its worst wake-up after the time it asked for within the window; ``worker_late_ms``: the worker's
+    heartbeat timer, likewise; ``cpu_pressure_pct``: PSI ``some avg10``, None where ``/proc/pressure/cpu``
+    is absent (Linux < 4.20, or PSI off); ``dock_ms``: the dock's own time for the frame (its copy-in,
+    compute and copy-out, from a late result's stage times), None when no result came; ``elapsed_ms``: the
+    request to that result."""
+
+    loop_late_ms: float = 0.0
+    worker_late_ms: float = 0.0
+    cpu_pressure_pct: float | None = None
+    dock_ms: float | None = None
+    elapsed_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class HostThresholds:
+    """When the host counts as late (:func:`host_late`): ms of wake-up lateness, % of CPU pressure, and
+    the deadline (ms) a late result's dock time is held against."""
+
+    late_ms: float = HOST_LATE_MS
+    cpu_pressure_pct: float = HOST_CPU_PRESSURE_PCT
+    deadline_ms: float = 150.0
+
+
+def host_late(f: HostFigures, th: HostThresholds | None = None) -> str:
+    """Why the host itself was late around a deadline miss, or "" when it was on time (the miss is then the
+    dock's). Late when any holds: the node's loop or the worker's timer woke at least ``late_ms`` later than
+    asked; the CPU pressure is at least ``cpu_pressure_pct``; a result came past the deadline although the
+    dock's own stages fit inside it (the time was lost outside the dock: in scheduling the node and the
+    worker). The reason names every figure, e.g. ``host late: loop woke 38 ms late, cpu pressure 64 %``."""
+    th = th or HostThresholds()
+    why = []
+    if f.loop_late_ms >= th.late_ms:
+        why.append(f"loop woke {f.loop_late_ms:.0f} ms late")
+    if f.worker_late_ms >= th.late_ms:
+        why.append(f"worker's timer woke {f.worker_late_ms:.0f} ms late")
+    if f.cpu_pressure_pct is not None and f.cpu_pressure_pct >= th.cpu_pressure_pct:
+        why.append(f"cpu pressure {f.cpu_pressure_pct:.0f} %")
+    if (f.dock_ms is not None and f.elapsed_ms is not None and f.dock_ms <= th.deadline_ms < f.elapsed_ms):
+        why.append(f"the dock took {f.dock_ms:.0f} ms of the {f.elapsed_ms:.0f} ms")
+    return "host late: " + ", ".join(why) if why else ""
+
+
 @dataclass(frozen=True)
 class MissVerdict:
-    """After one missed frame: the consecutive-miss count, and whether (and why) the worker is failed over."""
+    """After one missed frame: the consecutive-miss count, whether (and why) the worker is failed over, and
+    ``host``: why the miss was the host's (empty when it was the dock's; such a miss is not counted)."""
 
     run: int
     fail_over: bool
     reason: str = ""
+    host: str = ""
 
 
-def count_miss(run: int, miss_run: int, runs_primary: bool, deadline_ms: float, why: str) -> MissVerdict:
+def count_miss(run: int, miss_run: int, runs_primary: bool, deadline_ms: float, why: str,
+               host: str = "") -> MissVerdict:
     """One more frame the primary did not answer in time (``run`` misses before it, ``why`` this one).
 
     ``miss_run`` consecutive misses fail the gpu layer over while the primary runs; every further miss
-    says so again (the supervisor ignores a repeat). A primary result in time resets the count to 0."""
+    says so again (the supervisor ignores a repeat). A primary result in time resets the count to 0.
+    ``host``: :func:`host_late`'s reason for this miss; a miss while the host was late is the host's: the
+    count stays as it was (neither counted nor reset), so it never fails the gpu layer over nor feeds the
+    supervisor's flap guard."""
+    if host:
+        return MissVerdict(run, False, "", host)
     run += 1
     if run >= miss_run and runs_primary:
         return MissVerdict(run, True, f"{run} consecutive frames without a primary result within the deadline "

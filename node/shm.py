@@ -119,6 +119,7 @@ class _Field(IntEnum):
     RUNS_STARTED = 7
     RUNS_DONE = 8
     RUNS_FAILED = 9
+    LATE_PEAK_NS = 10  # the heartbeat timer's worst lateness over its last second, ns
 
 
 CONTROL_MAGIC = 0x43484E5457524B31  # "CHNTWRK1": layout version of the control block
@@ -138,6 +139,7 @@ class ControlSnapshot:
     runs_started: int
     runs_done: int
     runs_failed: int
+    late_peak_ns: int = 0
 
 
 class ControlBlock:
@@ -171,6 +173,11 @@ class ControlBlock:
     def beat(self) -> None:
         self._w[_Field.HEARTBEAT_NS] = time.monotonic_ns()
         self._w[_Field.BEATS] += 1
+
+    def set_late_peak(self, late_ns: int) -> None:
+        """The heartbeat timer's worst lateness of its last second (ns): how much later than asked its
+        sleeps ended (``node/hostload.py``)."""
+        self._w[_Field.LATE_PEAK_NS] = max(0, int(late_ns))
 
     def set_pid(self, pid: int) -> None:
         self._w[_Field.PID] = pid
@@ -212,7 +219,7 @@ class ControlBlock:
             state=WorkerState(state) if state in WorkerState._value2member_map_ else WorkerState.FAILED,
             busy_seq=int(a[_Field.BUSY_SEQ]), busy_since_ns=int(a[_Field.BUSY_SINCE_NS]),
             runs_started=int(a[_Field.RUNS_STARTED]), runs_done=int(a[_Field.RUNS_DONE]),
-            runs_failed=int(a[_Field.RUNS_FAILED]),
+            runs_failed=int(a[_Field.RUNS_FAILED]), late_peak_ns=int(a[_Field.LATE_PEAK_NS]),
         )
 
 

@@ -26,6 +26,12 @@ late frame is answered by the fallback, and only a *run* of misses
 (``miss_run`` consecutive, or more than ``max_miss_ratio`` of the last ``miss_window_frames``)
 fails the gpu layer over. The hang deadline keeps AUTOSAR's rule.
 
+A miss while the host itself was late (the caller passes :func:`chestnut.node.policy.host_late`'s
+reason as ``host`` to :meth:`Watchdog.response` and :meth:`Watchdog.check`) is the host's: it is
+answered from the fallback all the same (entity ``"host"``), but the deadline entity neither counts
+it nor takes it as an on-time frame, so it never fails the gpu layer over. The hang and alive
+entities ignore ``host``: a worker silent for the wait timeout + margin is killed whatever the host does.
+
 The hang margin (250 ms, our choice): inside the worker, tinygrad's own wait raises at
 ``HCQDEV_WAIT_TIMEOUT_MS=3000``; the margin lets the worker report that typed error itself (a
 better diagnosis than a kill) and absorbs scheduling jitter on a loaded host, while the kill still
@@ -218,7 +224,8 @@ class Watchdog:
         self._beats = 0
         self._alive_failed_run = 0
         self._alive_passed_run = 0
-        self.misses = 0  # deadline misses since construction
+        self.misses = 0  # deadline misses since construction (the host's included)
+        self.host_misses = 0  # of which the host was late (not counted by the deadline entity)
         self.kills = 0  # KILL_WORKER actions since construction
 
     # ---------------------------------------------------------------- worker lifecycle
@@ -266,11 +273,17 @@ class Watchdog:
         self._pending[seq] = _Pending(now_ns, kind)
         return []
 
-    def response(self, seq: int, now_ns: int) -> Verdict:
+    def started_ns(self, seq: int) -> int | None:
+        """When request ``seq`` was sent (ns), while it is outstanding; else None."""
+        p = self._pending.get(seq)
+        return p.start_ns if p is not None else None
+
+    def response(self, seq: int, now_ns: int, host: str = "") -> Verdict:
         """The worker answered request ``seq`` at ``now_ns``.
 
         ``use_result`` is True only for an in-order response to a live request, from a worker no
-        entity has expired, and (for frames) within ``[min, frame_deadline]``.
+        entity has expired, and (for frames) within ``[min, frame_deadline]``. ``host``: why the host
+        itself was late (empty: on time); a late result then is the host's miss (module docstring).
         """
         if not self._pending or next(iter(self._pending)) != seq:
             expected = next(iter(self._pending), None)
@@ -294,9 +307,8 @@ class Watchdog:
         if elapsed > self._deadline_ns or elapsed < self._deadline_min_ns:
             bound = (f"deadline {_ms(self._deadline_ns)}" if elapsed > self._deadline_ns
                      else f"minimum {_ms(self._deadline_min_ns)}")
-            actions = [WatchdogAction(ActionKind.ANSWER_FROM_FALLBACK, "deadline",
-                                      f"frame {seq}: primary result after {_ms(elapsed)} ({bound})", now_ns, seq)]
-            actions += self._frame_outcome(True, now_ns)
+            reason = f"frame {seq}: primary result after {_ms(elapsed)} ({bound})"
+            actions = self._miss(seq, reason, now_ns, host)
             return Verdict(False, elapsed, tuple(actions))
         return Verdict(True, elapsed, tuple(self._frame_outcome(False, now_ns)))
 
@@ -315,17 +327,17 @@ class Watchdog:
 
     # ---------------------------------------------------------------- periodic check
 
-    def check(self, now_ns: int) -> list[WatchdogAction]:
-        """Catch what never arrives: frames past their deadline, hung requests, closed alive windows."""
+    def check(self, now_ns: int, host: str = "") -> list[WatchdogAction]:
+        """Catch what never arrives: frames past their deadline, hung requests, closed alive windows.
+        ``host``: why the host itself was late (empty: on time); a frame past its deadline then is the
+        host's miss (module docstring). Hangs and lost heartbeats are judged whatever ``host`` says."""
         actions: list[WatchdogAction] = []
         for seq, p in self._pending.items():
             elapsed = now_ns - p.start_ns
             if p.kind is RequestKind.FRAME and not p.answered and elapsed > self._deadline_ns:
                 p.answered = True
-                actions.append(WatchdogAction(ActionKind.ANSWER_FROM_FALLBACK, "deadline",
-                                              f"frame {seq}: no primary result {_ms(elapsed)} after the request "
-                                              f"(deadline {_ms(self._deadline_ns)})", now_ns, seq))
-                actions += self._frame_outcome(True, now_ns)
+                actions += self._miss(seq, f"frame {seq}: no primary result {_ms(elapsed)} after the request "
+                                      f"(deadline {_ms(self._deadline_ns)})", now_ns, host)
             limit = self._hang_ns if p.kind is RequestKind.FRAME else self._command_ns
             if elapsed > limit and self.hang.status is not Status.EXPIRED:
                 self.hang.apply(Result.FATAL)
@@ -374,6 +386,16 @@ class Watchdog:
         if was is Status.EXPIRED:
             return []
         return [self._kill("logical", f"logical supervision: {why}", now_ns, Layer.OUTPUT)]
+
+    def _miss(self, seq: int, reason: str, now_ns: int, host: str) -> list[WatchdogAction]:
+        """Frame ``seq`` missed its deadline: answered from the fallback; counted by the deadline entity
+        unless the host was late (``host``), then the host's (entity ``"host"``) and not counted."""
+        if host:
+            self.misses += 1
+            self.host_misses += 1
+            return [WatchdogAction(ActionKind.ANSWER_FROM_FALLBACK, "host", f"{reason}; {host}", now_ns, seq)]
+        return [WatchdogAction(ActionKind.ANSWER_FROM_FALLBACK, "deadline", reason, now_ns, seq),
+                *self._frame_outcome(True, now_ns)]
 
     def _frame_outcome(self, missed: bool, now_ns: int) -> list[WatchdogAction]:
         c = self.config

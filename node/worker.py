@@ -17,6 +17,7 @@ back to the node as a typed error (:func:`chestnut.node.wire.error_to_json`).
 from __future__ import annotations
 
 import argparse
+import collections
 import ctypes
 import dataclasses
 import json
@@ -37,6 +38,7 @@ from chestnut.backend.errors import ChestnutError, OutputLayerError
 from chestnut.backend.interface import LadderReport, ModelSpec, PrimaryRunner
 from chestnut.backend.model import TensorSpec
 from chestnut.backend.stages import StageTimes
+from chestnut.node.realtime import POLICIES, config_realtime_process
 from chestnut.node.runner_loader import RunnerSpec, resolve_runner
 from chestnut.node.shm import ControlBlock, SharedSegment, SlotBuffers, SlotLayout, WorkerState
 from chestnut.node.wire import (
@@ -101,19 +103,32 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(EXIT_PARENT_GONE)
 
 
+LATE_PEAK_WINDOW_NS = 1_000_000_000  # the heartbeat's lateness is the worst of this last second
+
+
 class _Heartbeat(threading.Thread):
-    """Beats every ``period_s`` and exits the process if the parent is gone (re-parented)."""
+    """Beats every ``period_s`` and exits the process if the parent is gone (re-parented). Each sleep's
+    lateness (how much later than ``period_s`` it ended, ns) goes to the control block as the worst of the
+    last second: the worker's side of the host's lateness (``node/hostload.py``)."""
 
     def __init__(self, ctl: ControlBlock, period_s: float, parent_pid: int) -> None:
         super().__init__(name="chestnut-heartbeat", daemon=True)
         self.ctl, self.period_s, self.parent_pid = ctl, period_s, parent_pid
 
     def run(self) -> None:
+        period_ns = int(self.period_s * 1e9)
+        recent: collections.deque[tuple[int, int]] = collections.deque()  # (woke at, late by) ns
         while True:
             self.ctl.beat()
             if os.getppid() != self.parent_pid:
                 os._exit(EXIT_PARENT_GONE)
+            asked = time.monotonic_ns() + period_ns
             time.sleep(self.period_s)
+            woke = time.monotonic_ns()
+            recent.append((woke, max(0, woke - asked)))
+            while recent and recent[0][0] < woke - LATE_PEAK_WINDOW_NS:
+                recent.popleft()
+            self.ctl.set_late_peak(max(late for _, late in recent))
 
 
 class _LoadRecorder:
@@ -319,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ctl-fd", type=int, required=True, help="the control block's shared-memory descriptor")
     p.add_argument("--parent-pid", type=int, required=True, help="the node's pid (the worker dies with it)")
     p.add_argument("--heartbeat-period-s", type=float, default=HEARTBEAT_PERIOD_S)
+    p.add_argument("--rt-policy", choices=tuple(POLICIES), help="scheduling policy to ask for (node/realtime.py)")
+    p.add_argument("--rt-priority", type=int, default=0)
+    p.add_argument("--rt-cpus", default="", help="CPUs to pin to, e.g. 0,1 (empty: any)")
     args = p.parse_args(argv)
     die_with_parent(args.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -326,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format=f"%(asctime)s %(levelname)s chestnut-worker[{os.getpid()}] %(name)s: %(message)s")
+    if args.rt_policy is not None:
+        ok, line = config_realtime_process(args.rt_policy, args.rt_priority,
+                                           tuple(int(c) for c in args.rt_cpus.split(",") if c), "worker")
+        log.log(logging.INFO if ok else logging.WARNING, "%s", line)
     ctl = ControlBlock.attach(args.ctl_fd)
     ctl.set_pid(os.getpid())
     _Heartbeat(ctl, args.heartbeat_period_s, args.parent_pid).start()

@@ -123,6 +123,7 @@ class WorkerProgress:
     runs_done: int
     runs_failed: int
     beats: int = 0            # heartbeats since the worker started (the watchdog's alive supervision counts these)
+    late_peak_ns: int = 0     # the worker's heartbeat timer: its worst lateness of the last second (ns)
 
 
 @dataclass(frozen=True)
@@ -185,11 +186,13 @@ class WorkerHandle:
     :meth:`stop`: watch :attr:`alive` and stop/replace the handle when it turns False.
     """
 
-    def __init__(self, *, slots: int = DEFAULT_SLOTS, heartbeat_period_s: float = HEARTBEAT_PERIOD_S) -> None:
+    def __init__(self, *, slots: int = DEFAULT_SLOTS, heartbeat_period_s: float = HEARTBEAT_PERIOD_S,
+                 realtime: tuple[str, int, tuple[int, ...]] | None = None) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.slots = slots
         self.heartbeat_period_s = heartbeat_period_s
+        self.realtime = realtime  # (policy, priority, cpus) the worker asks for at start (node/realtime.py)
         self.inputs: tuple[TensorSpec, ...] = ()
         self.outputs: tuple[TensorSpec, ...] = ()
         self.ladder: LadderReport | None = None
@@ -250,6 +253,9 @@ class WorkerHandle:
         cmd = [sys.executable, "-m", "chestnut.node.worker", "--sock-fd", str(theirs.fileno()),
                "--ctl-fd", str(ctl.segment.fd), "--parent-pid", str(os.getpid()),
                "--heartbeat-period-s", repr(self.heartbeat_period_s)]
+        if self.realtime is not None:
+            policy, priority, cpus = self.realtime
+            cmd += ["--rt-policy", policy, "--rt-priority", str(priority), "--rt-cpus", ",".join(map(str, cpus))]
         try:
             proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(), ctl.segment.fd), env=env,
                                     stdin=subprocess.DEVNULL)
@@ -318,7 +324,7 @@ class WorkerHandle:
         busy = s.busy_seq >= 0
         return WorkerProgress(self.heartbeat_age_s(), s.state, s.busy_seq if busy else None,
                               (time.monotonic_ns() - s.busy_since_ns) / 1e9 if busy else None,
-                              s.runs_started, s.runs_done, s.runs_failed, s.beats)
+                              s.runs_started, s.runs_done, s.runs_failed, s.beats, s.late_peak_ns)
 
     @property
     def in_flight(self) -> tuple[int, ...]:

@@ -253,6 +253,7 @@ def test_a_node_config_the_node_would_refuse_is_refused_before_it_is_rewritten(t
     assert r.returncode == 2
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and lines[0].endswith(
-        f"ERROR chestnut.launch: --node-config: unknown section [stray] in {bad}; known: model, fallback, dock, timing"
+        f"ERROR chestnut.launch: --node-config: unknown section [stray] in {bad}; "
+        "known: model, fallback, dock, timing, realtime"
     ), r.stderr
     assert not (tmp_path / "runs").exists()

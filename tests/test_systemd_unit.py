@@ -15,7 +15,7 @@ from chestnut.backend import protocol as P
 LAUNCH = Path(__file__).resolve().parent.parent / "launch"
 UNIT = LAUNCH / "chestnut-node.service"
 RULES = LAUNCH / "99-chestnut-dock.rules"
-EXPOSURE_AIM = 3.0  # systemd-analyze's scale: 0 (locked down) .. 10 (UNSAFE); <= 3 is "OK"
+EXPOSURE_AIM = 2.0  # systemd-analyze's scale: 0 (locked down) .. 10 (UNSAFE); <= 3 is "OK"; ours with realtime: 1.4
 
 
 def service_settings() -> dict[str, list[str]]:
@@ -39,7 +39,7 @@ def service_settings() -> dict[str, list[str]]:
     shutil.which("systemd-analyze") is None,
     reason="systemd-analyze not installed (Debian's systemd package); the exposure score is not measured",
 )
-def test_systemd_analyze_rates_the_unit_at_most_3_0():
+def test_systemd_analyze_rates_the_unit_at_most_2_0():
     r = subprocess.run(
         ["systemd-analyze", "security", "--offline=yes", str(UNIT)], capture_output=True, text=True, timeout=60
     )
@@ -81,6 +81,11 @@ def test_the_unit_sets_what_least_privilege_asks_for():
         # the dock's lock file stays where tinygrad takes it: the shared, real /tmp
         "PrivateTmp": ["no"],
         "ReadWritePaths": ["/tmp"],
+        # realtime as openpilot gives modeld, granted up to that priority only (node/realtime.py)
+        "CPUSchedulingPolicy": ["fifo"],
+        "CPUSchedulingPriority": ["54"],
+        "LimitRTPRIO": ["54"],
+        "RestrictRealtime": ["no"],
     }
     assert {k: s.get(k) for k in want} == want
     env = dict(v.split("=", 1) for v in s["Environment"])

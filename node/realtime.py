@@ -1,0 +1,78 @@
+"""Realtime scheduling for the node and its worker, as openpilot does it.
+
+openpilot's ``common/realtime.py`` ``config_realtime_process(cores, priority)`` pins a process to its
+cores (``os.sched_setaffinity``) and makes it ``SCHED_FIFO`` at ``priority``
+(``os.sched_setscheduler``); ``selfdrive/modeld/modeld.py`` calls it with priority 54. The node does
+the same at start (:func:`config_realtime_process`, ``[realtime]`` in the node config), and so does its
+worker, one priority below the node (:data:`WORKER_PRIORITY_BELOW`), so the node's watchdog can always
+preempt a worker spinning in a wait. The camera, the logger and the twin stay below the node.
+
+Without the right to it (no ``CAP_SYS_NICE``, ``RLIMIT_RTPRIO`` below the priority, a seccomp filter such
+as systemd's ``RestrictRealtime=``) the kernel answers ``EPERM``: that is one line in the log, and the
+process runs on with the policy it had (sched_setscheduler(2), sched_setaffinity(2)).
+"""
+
+from __future__ import annotations
+
+import os
+
+POLICIES = {"fifo": "SCHED_FIFO", "rr": "SCHED_RR", "other": "SCHED_OTHER"}
+"""``[realtime] policy`` -> the ``os`` constant; ``other`` asks for no realtime policy at all."""
+DEFAULT_PRIORITY = 54  # openpilot selfdrive/modeld/modeld.py: config_realtime_process(7, 54)
+WORKER_PRIORITY_BELOW = 1  # the worker runs this many priorities below the node
+GRANT_HINT = ("grant it: systemd CPUSchedulingPolicy=/CPUSchedulingPriority=/LimitRTPRIO= "
+              "(launch/chestnut-node.service), or `ulimit -r {priority}` / limits.conf rtprio for this user")
+
+
+def config_realtime_process(policy: str, priority: int, cpus: tuple[int, ...] = (),
+                            who: str = "node") -> tuple[bool, str]:
+    """Ask for ``policy`` (a key of :data:`POLICIES`) at ``priority`` (1..99 for fifo and rr) and, when
+    ``cpus`` is not empty, for those CPUs only, for this process. Returns (everything granted, one line
+    saying what was set or why not); never raises for a refusal (``PermissionError``, another
+    ``OSError``, a platform without these calls). Raises ``ValueError`` for an unknown policy."""
+    if policy not in POLICIES:
+        raise ValueError(f"realtime policy {policy!r}; use one of {', '.join(POLICIES)}")
+    notes, ok = [], True
+    if cpus:
+        try:
+            os.sched_setaffinity(0, set(cpus))
+            notes.append(f"pinned to CPU {','.join(map(str, cpus))}")
+        except (OSError, AttributeError) as e:
+            ok = False
+            notes.append(f"CPU affinity {','.join(map(str, cpus))} refused ({_why(e)})")
+    if policy == "other":
+        notes.append("no realtime policy asked for ([realtime] policy = other)")
+        return ok, f"{who} scheduling: " + "; ".join(notes)
+    try:
+        const = getattr(os, POLICIES[policy])
+        os.sched_setscheduler(0, const, os.sched_param(priority))
+        notes.insert(0, f"{POLICIES[policy]} priority {priority}")
+    except (OSError, AttributeError) as e:
+        ok = False
+        notes.insert(0, f"{POLICIES[policy]} priority {priority} refused ({_why(e)}); running on "
+                        f"{current_policy()}; {GRANT_HINT.format(priority=priority)}")
+    return ok, f"{who} scheduling: " + "; ".join(notes)
+
+
+def current_policy() -> str:
+    """This process's policy and priority, e.g. ``SCHED_OTHER`` or ``SCHED_FIFO priority 54``."""
+    try:
+        pol = os.sched_getscheduler(0)
+        prio = os.sched_getparam(0).sched_priority
+    except (OSError, AttributeError):
+        return "its current policy"
+    name = next((n for n in POLICIES.values() if getattr(os, n, None) == pol), f"policy {pol}")
+    return f"{name} priority {prio}" if prio else name
+
+
+def worker_priority(priority: int) -> int:
+    """The worker's priority for a node at ``priority``: :data:`WORKER_PRIORITY_BELOW` below, at least 1."""
+    return max(1, priority - WORKER_PRIORITY_BELOW)
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, PermissionError):
+        return "EPERM: not permitted"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return f"{type(e).__name__}: {e}"

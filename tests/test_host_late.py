@@ -1,0 +1,199 @@
+"""Host starvation told apart from dock faults (node/policy.py host_late, node/watchdog.py, node/hostload.py),
+and the node's realtime scheduling (node/realtime.py, the [realtime] config). Pure: figures and clocks are
+passed in; nothing here measures time."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+import pytest
+
+from chestnut.backend.errors import ConfigError, Layer
+from chestnut.node import config as node_config
+from chestnut.node import realtime
+from chestnut.node.hostload import HostMeter, read_cpu_pressure
+from chestnut.node.policy import HostFigures, HostThresholds, count_miss, host_late
+from chestnut.node.watchdog import ActionKind, RequestKind, Watchdog, WatchdogConfig
+
+MS = 1_000_000
+LATE = "host late: loop woke 38 ms late, cpu pressure 64 %"
+
+
+# ---------------------------------------------------------------- the rule
+def test_an_on_time_host_is_not_late():
+    assert host_late(HostFigures(loop_late_ms=2.0, worker_late_ms=1.0, cpu_pressure_pct=12.0)) == ""
+    assert host_late(HostFigures()) == ""  # no PSI on this kernel: only the wake-ups speak
+
+
+def test_a_late_host_is_named_with_its_figures():
+    assert host_late(HostFigures(loop_late_ms=38.2, cpu_pressure_pct=64.0)) == LATE
+    assert host_late(HostFigures(worker_late_ms=25.0)) == "host late: worker's timer woke 25 ms late"
+    # a result past the deadline although the dock's own stages fit inside it: the time was lost on the host
+    assert host_late(HostFigures(dock_ms=14.0, elapsed_ms=180.0)) == "host late: the dock took 14 ms of the 180 ms"
+    # the dock itself took longer than the deadline, on an on-time host: the dock's
+    assert host_late(HostFigures(dock_ms=170.0, elapsed_ms=180.0)) == ""
+
+
+def test_the_thresholds_are_the_configured_ones():
+    th = HostThresholds(late_ms=50.0, cpu_pressure_pct=90.0)
+    assert host_late(HostFigures(loop_late_ms=38.0, cpu_pressure_pct=64.0), th) == ""
+    assert host_late(HostFigures(loop_late_ms=50.0), th) == "host late: loop woke 50 ms late"
+
+
+# ---------------------------------------------------------------- the node's miss count
+def test_host_late_misses_do_not_count_towards_a_failover():
+    run = 0
+    for _ in range(10):
+        v = count_miss(run, 3, True, 150.0, "no primary result", host=LATE)
+        assert not v.fail_over and v.host == LATE
+        run = v.run
+    assert run == 0
+
+
+def test_on_time_misses_still_fail_over_and_host_misses_between_them_neither_count_nor_reset():
+    v1 = count_miss(0, 3, True, 150.0, "a")
+    v2 = count_miss(v1.run, 3, True, 150.0, "host's", host=LATE)
+    v3 = count_miss(v2.run, 3, True, 150.0, "b")
+    assert (v1.run, v2.run, v3.run) == (1, 1, 2) and not v3.fail_over
+    v4 = count_miss(v3.run, 3, True, 150.0, "c")
+    assert v4.fail_over and v4.run == 3 and "3 consecutive frames" in v4.reason
+
+
+# ---------------------------------------------------------------- the watchdog
+def _watchdog() -> Watchdog:
+    wd = Watchdog(WatchdogConfig(alive_enabled=False))
+    wd.worker_started(0)
+    return wd
+
+
+def _miss_frames(wd: Watchdog, n: int, host: str, start_seq: int = 1) -> list:
+    """``n`` frames requested 200 ms apart, each past its 150 ms deadline at the check."""
+    actions = []
+    for i in range(n):
+        seq, t0 = start_seq + i, (start_seq + i) * 200 * MS
+        wd.request(seq, t0)
+        actions += wd.check(t0 + 160 * MS, host)
+        actions += list(wd.response(seq, t0 + 170 * MS, host).actions)  # the late result, discarded
+    return actions
+
+
+def test_watchdog_host_late_misses_are_answered_from_the_fallback_but_not_failed_over():
+    wd = _watchdog()
+    actions = _miss_frames(wd, 6, LATE)
+    kinds = [(a.kind, a.entity) for a in actions]
+    assert (ActionKind.ANSWER_FROM_FALLBACK, "host") in kinds
+    assert all(a.kind is not ActionKind.FAIL_OVER for a in actions)
+    assert sum(a.kind is ActionKind.ANSWER_FROM_FALLBACK for a in actions) == 6
+    assert all(LATE in a.reason for a in actions if a.entity == "host")
+    assert wd.host_misses == 6 and not wd.expired
+
+
+def test_watchdog_on_time_misses_fail_the_gpu_over():
+    wd = _watchdog()
+    actions = _miss_frames(wd, 3, "")
+    fail = [a for a in actions if a.kind is ActionKind.FAIL_OVER]
+    assert len(fail) == 1 and fail[0].layer is Layer.GPU and wd.host_misses == 0
+
+
+def test_a_hung_gpu_fails_over_whatever_the_host_does():
+    wd = _watchdog()
+    wd.request(1, 0)
+    assert wd.check(160 * MS, LATE)[0].entity == "host"  # the deadline miss: the host's
+    hang_ns = int(wd.config.hang_timeout_ms * MS) + 1
+    kills = [a for a in wd.check(hang_ns, LATE) if a.kind is ActionKind.KILL_WORKER]
+    assert len(kills) == 1 and kills[0].entity == "hang" and kills[0].layer is Layer.GPU
+
+
+def test_a_silent_worker_is_killed_whatever_the_host_does():
+    wd = Watchdog(WatchdogConfig())
+    wd.worker_started(0)
+    kills = [a for a in wd.check(10_000 * MS, LATE) if a.kind is ActionKind.KILL_WORKER]
+    assert len(kills) == 1 and kills[0].entity == "alive"
+
+
+def test_commands_are_not_deadline_judged():
+    wd = _watchdog()
+    wd.request(1, 0, RequestKind.COMMAND)
+    assert wd.check(500 * MS, LATE) == []
+
+
+# ---------------------------------------------------------------- the figures
+def test_the_meter_keeps_the_worst_lateness_of_its_window():
+    m = HostMeter(window_ms=1000.0, psi_path=__import__("pathlib").Path("/nonexistent/psi"))
+    m.loop_woke(0, 5 * MS)
+    m.loop_woke(100 * MS, 138 * MS)          # 38 ms late
+    m.loop_woke(200 * MS, 190 * MS)          # woke early (an event): no lateness
+    m.worker_late(12 * MS, 300 * MS)
+    f = m.figures(1000 * MS)
+    assert (f.loop_late_ms, f.worker_late_ms, f.cpu_pressure_pct) == (38.0, 12.0, None)
+    assert m.figures(1500 * MS).loop_late_ms == 0.0  # out of the window
+
+
+def test_cpu_pressure_is_psi_some_avg10(tmp_path):
+    psi = tmp_path / "cpu"
+    psi.write_text("some avg10=63.72 avg60=27.06 avg300=8.68 total=33373854\n"
+                   "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    assert read_cpu_pressure(psi) == 63.72
+    assert read_cpu_pressure(tmp_path / "absent") is None
+    psi.write_text("garbage\n")
+    assert read_cpu_pressure(psi) is None
+
+
+# ---------------------------------------------------------------- realtime scheduling
+def test_the_realtime_config_is_parsed(tmp_path):
+    cfg = node_config.load_config(node_config.DEFAULT_CONFIG)
+    assert (cfg.realtime.policy, cfg.realtime.priority, cfg.realtime.cpus) == ("fifo", 54, ())
+    toml = tmp_path / "node.toml"
+    toml.write_text('[realtime]\npolicy = "rr"\npriority = 10\ncpus = [1]\n'
+                    '[timing]\nhost_late_ms = 30\nhost_cpu_pressure_pct = 70\n')
+    cfg = node_config.load_config(toml)
+    assert (cfg.realtime.policy, cfg.realtime.priority, cfg.realtime.cpus) == ("rr", 10, (1,))
+    assert (cfg.timing.host_late_ms, cfg.timing.host_cpu_pressure_pct) == (30.0, 70.0)
+    for bad in ('policy = "idle"', "priority = 0", "priority = 100", "cpus = [-1]"):
+        toml.write_text(f"[realtime]\n{bad}\n")
+        with pytest.raises(ConfigError, match="realtime"):
+            node_config.load_config(toml)
+
+
+def test_the_realtime_flags_override_the_file():
+    p = argparse.ArgumentParser()
+    node_config.add_arguments(p)
+    cfg = node_config.from_args(p.parse_args(["--rt-policy", "other", "--rt-priority", "20", "--rt-cpus", "0,1"]))
+    assert (cfg.realtime.policy, cfg.realtime.priority, cfg.realtime.cpus) == ("other", 20, (0, 1))
+    with pytest.raises(ConfigError, match="--rt-cpus"):
+        node_config.from_args(p.parse_args(["--rt-cpus", "one"]))
+
+
+def _refuse(*_args):
+    raise PermissionError(1, "Operation not permitted")
+
+
+def test_a_refused_realtime_policy_is_one_line_not_a_traceback(monkeypatch, caplog):
+    monkeypatch.setattr(os, "sched_setscheduler", _refuse)
+    monkeypatch.setattr(os, "sched_setaffinity", _refuse)
+    ok, line = realtime.config_realtime_process("fifo", 54, (1,), "node")
+    assert not ok and "\n" not in line
+    assert line.startswith("node scheduling: SCHED_FIFO priority 54 refused (EPERM: not permitted)")
+    assert "LimitRTPRIO=" in line and "CPU affinity 1 refused" in line
+
+    from chestnut.node.main import apply_realtime
+
+    cfg = node_config.load_config(node_config.DEFAULT_CONFIG)
+    with caplog.at_level(logging.INFO, logger="chestnut.node"):
+        assert apply_realtime(cfg) is False
+    records = [r for r in caplog.records if r.name == "chestnut.node"]
+    assert len(records) == 1 and records[0].levelno == logging.WARNING and records[0].exc_info is None
+    assert "refused (EPERM" in records[0].getMessage()
+
+
+def test_a_granted_policy_says_so_and_other_asks_for_nothing(monkeypatch):
+    calls = []
+    monkeypatch.setattr(os, "sched_setscheduler", lambda pid, pol, param: calls.append((pid, pol,
+                                                                                          param.sched_priority)))
+    assert realtime.config_realtime_process("fifo", 54) == (True, "node scheduling: SCHED_FIFO priority 54")
+    assert calls == [(0, os.SCHED_FIFO, 54)]
+    ok, line = realtime.config_realtime_process("other", 54, (), "worker")
+    assert ok and "no realtime policy" in line and len(calls) == 1
+    assert realtime.worker_priority(54) == 53 and realtime.worker_priority(1) == 1
