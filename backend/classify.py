@@ -219,6 +219,8 @@ _SIG_COMPILED = tuple(re.compile(sig.pattern, re.IGNORECASE) for sig in SIGNATUR
 OWN_ADVICE: dict[str, str] = {
     "no_answer": _NO_ANSWER,   # backend/retry.py: every try of one transfer timed out
     "bridge_wedged": _POWER_CYCLE_BRIDGE,  # backend/retry.py: ... and the bridge's own register did not answer
+    "slow_link": "move the dock to a SuperSpeed (USB 3) port and cable: a USB 2 link is too slow for the model's "
+                 "copies",  # blame_slow_link
     "unstable_link": "reseat or replace the USB cable; avoid hubs; check the dock's power supply",
 }
 
@@ -229,6 +231,35 @@ def diagnose(reason: str, detail: str) -> Signature | None:
         if reason in sig.hides_behind and rx.search(detail):
             return sig
     return None
+
+
+SUPERSPEED_MBPS = 5000  # USB 3 SuperSpeed (backend/protocol.py SUPERSPEED_MBPS); below it the link is USB 2
+HIGHSPEED_MBPS = 480    # USB 2 High-Speed (backend/protocol.py HIGHSPEED_MBPS)
+SLOW_LINK_REASONS = frozenset({"fence_stall", "wait_timeout", "hang", "copy_out_not_done", "start_timeout"})
+"""GPU-layer reasons that a slow link produces by itself: on a USB 2 link tinygrad 0.14's copy-in drain
+(``AMDAllocator._copyin``, 10 s) and the signal waits (``HCQSignal.wait``) time out because the bytes are
+slow to cross (or a truncated bulk OUT never delivers the sentinel), not because the GPU stopped."""
+
+
+def link_speed_text(speed_mbps: int | None) -> str | None:
+    """``"480 Mbps, USB 2"`` for a link below SuperSpeed (``"12 Mbps, USB 1"`` below 480), None otherwise."""
+    if speed_mbps is None or speed_mbps >= SUPERSPEED_MBPS:
+        return None
+    return f"{speed_mbps} Mbps, USB {2 if speed_mbps >= HIGHSPEED_MBPS else 1}"
+
+
+def blame_slow_link(err: ChestnutError, speed_mbps: int | None) -> ChestnutError:
+    """``err`` as the usb layer's when the link is below SuperSpeed and ``err`` is a GPU-layer failure a slow
+    link causes (:data:`SLOW_LINK_REASONS`): :class:`UsbLayerError` ``slow_link`` with the speed and the
+    original reason in its detail (``"fence_stall on a 480 Mbps, USB 2 link: ..."``), the original as
+    ``__cause__``. Anything else, or a SuperSpeed (or unknown) link, returns ``err`` unchanged."""
+    speed = link_speed_text(speed_mbps)
+    if speed is None or not isinstance(err, GpuLayerError) or err.reason not in SLOW_LINK_REASONS:
+        return err
+    blamed = UsbLayerError("slow_link", f"{err.reason} on a {speed} link (copies ~10x slower than SuperSpeed, bulk "
+                                        f"OUT transfers may be truncated): {err.detail}")
+    blamed.__cause__ = err
+    return blamed
 
 
 UNCLASSIFIED = "unclassified"

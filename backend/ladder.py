@@ -39,7 +39,7 @@ import usb.util
 
 from chestnut.backend import protocol as P
 from chestnut.backend.bridge import Bridge, LinkTraining
-from chestnut.backend.classify import advice_for, classify
+from chestnut.backend.classify import advice_for, blame_slow_link, classify, link_speed_text
 from chestnut.backend.errors import ChestnutError, Layer, ModelError, OutputLayerError, UsbLayerError
 from chestnut.backend.fingerprint import compare, fixed_inputs
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec, StepResult
@@ -114,15 +114,25 @@ class Step:
         return LAYER_OF[self.name]
 
 
+def reported_speed_mbps(report: LadderReport) -> int | None:
+    """The link speed (Mbps) a ``link_speed`` step of ``report`` warned of (its detail starts with it), or None
+    when it passed, was not run or named no speed."""
+    step = next((s for s in report.steps if s.name == "link_speed" and s.result is StepResult.WARN), None)
+    head = step.detail.split(" ", 1)[0] if step is not None else ""
+    return int(head) if head.isdigit() else None
+
+
 def run_steps(steps: Sequence[Step], report: LadderReport | None = None,
               clock: Callable[[], float] = time.monotonic,
               on_step: Callable[[LadderStep], None] | None = None) -> LadderReport:
     """Run ``steps`` in order into ``report`` (new if None), stopping at the first failure.
 
     Every step gets a :class:`LadderStep` entry; those not reached stay ``skipped``. A raised
-    exception is classified (:func:`chestnut.backend.classify.classify`, the step's layer by default)
-    and reported as ``FAIL`` with ``"reason: detail"`` and advice. A step that took longer than its
-    ``bound_s`` fails even if it returned. ``on_step`` sees each entry as soon as it is decided.
+    exception is classified (:func:`chestnut.backend.classify.classify`, the step's layer by default; a
+    GPU timeout on a link the ``link_speed`` step found below SuperSpeed is the usb layer's,
+    :func:`chestnut.backend.classify.blame_slow_link`) and reported as ``FAIL`` with ``"reason: detail"``
+    and advice. A step that took longer than its ``bound_s`` fails even if it returned. ``on_step`` sees
+    each entry as soon as it is decided.
     """
     from chestnut.backend.errors import LAYER_ERRORS
 
@@ -141,7 +151,7 @@ def run_steps(steps: Sequence[Step], report: LadderReport | None = None,
             out = step.run()
             entry.result, entry.detail, entry.advice = out.result, out.detail, out.advice
         except Exception as e:  # every failure becomes a typed error and a FAIL entry
-            err = classify(e, default=LAYER_ERRORS[step.layer])
+            err = blame_slow_link(classify(e, default=LAYER_ERRORS[step.layer]), reported_speed_mbps(report))
             entry.result = StepResult.FAIL
             entry.detail = f"{type(err).__name__} {err}"
             entry.advice = advice_for(err) or STEP_ADVICE[step.name]
@@ -348,7 +358,7 @@ class DockQualifier:
             return Outcome(StepResult.WARN, "link speed unknown", "use a SuperSpeed port; " + USB2_HAZARDS)
         if mbps >= P.SUPERSPEED_MBPS:
             return Outcome(StepResult.PASS, f"SuperSpeed, {mbps} Mbps")
-        return Outcome(StepResult.WARN, f"{mbps} Mbps, below SuperSpeed ({P.SUPERSPEED_MBPS} Mbps)",
+        return Outcome(StepResult.WARN, f"{link_speed_text(mbps)}, below SuperSpeed ({P.SUPERSPEED_MBPS} Mbps)",
                        USB2_HAZARDS + "; move the dock to a USB 3 port")
 
     def link_stability(self) -> Outcome:

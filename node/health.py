@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from chestnut.backend.classify import diagnose
+from chestnut.backend.classify import diagnose, link_speed_text
 from chestnut.backend.errors import LAYER_ERRORS, ChestnutError, Layer
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, StepResult
 from chestnut.backend.real_runner import COPY_STATS_KEY
@@ -745,8 +745,8 @@ def evidence_from_observation(obs: DockObservation, fresh_ms: float = PROBE_FRES
         return Evidence(layer, level, reason, tag=tag, source="probe", fresh_ms=fresh_ms)
 
     if obs.speed_mbps is not None and obs.speed_mbps < SUPERSPEED_MBPS:
-        out.append(probe(Layer.USB, Level.WARN, f"{ids}{where} at {obs.speed_mbps} Mbps, not SuperSpeed "
-                         "(USB 2: large reads time out, bulk writes truncate)", "slow_link"))
+        out.append(probe(Layer.USB, Level.WARN, f"{ids}{where} at {link_speed_text(obs.speed_mbps)}, not SuperSpeed "
+                         "(large reads time out, bulk writes truncate, copies ~10x slower)", "slow_link"))
     else:
         speed = f" at {obs.speed_mbps} Mbps" if obs.speed_mbps is not None else ""
         out.append(probe(Layer.USB, Level.OK, f"{ids}{where}{speed}"))

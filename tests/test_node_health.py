@@ -304,8 +304,9 @@ def test_dock_observations_as_evidence():
         Evidence(Layer.USB, ERROR, "no Chestnut dock enumerated", True, "absent")]
     slow = DockObservation(True, (0xADD1, 0x0001), (2, 7), 480, 0, 0x78)
     assert evidence_from_observation(slow) == [
-        Evidence(Layer.USB, WARN, "add1:0001 at bus 2 address 7 at 480 Mbps, not SuperSpeed "
-                 "(USB 2: large reads time out, bulk writes truncate)", False, "slow_link", "probe", PROBE_FRESH_MS),
+        Evidence(Layer.USB, WARN, "add1:0001 at bus 2 address 7 at 480 Mbps, USB 2, not SuperSpeed "
+                 "(large reads time out, bulk writes truncate, copies ~10x slower)", False, "slow_link", "probe",
+                 PROBE_FRESH_MS),
         Evidence(Layer.PCIE, OK, "LTSSM=0x78 (link up)", source="probe", fresh_ms=PROBE_FRESH_MS),
     ]
     stuck = DockObservation(True, (0xADD1, 0x0001), (2, 7), 10000, 0, 0x4C)
@@ -493,3 +494,79 @@ def test_every_probe_read_of_the_stability_window_timing_out_is_named_a_wedged_b
     flaky = LadderStep("link_stability", Layer.USB, StepResult.FAIL, 0.6, detail.replace("5/5", "3/5"), "reseat",
                        "unstable_link")
     assert evidence_from_ladder(LadderReport([flaky]))[0].reason.startswith("link_stability: UsbLayerError unstable")
+
+
+# ---------------------------------------------------------------- blame on the right layer
+
+
+def test_a_bridge_wedged_while_loading_is_the_pcie_layers_error_with_its_remedy():
+    """The retry wrapper's verdict on a load whose every transfer timed out while the bridge's own register did
+    not answer either (backend/retry.py): the usb steps passed (the dock enumerated, its product string
+    answered), the model load's failure counts against pcie, with the power-cycle remedy."""
+    from chestnut.backend.classify import advice_for
+
+    err = PcieLayerError("bridge_wedged", "3 consecutive transfer attempts timed out (bound 3); ...")
+    report = LadderReport([
+        LadderStep("usb_ids", Layer.USB, StepResult.PASS, 0.01, "0xADD1:0x0001 at bus 3 address 9"),
+        LadderStep("link_speed", Layer.USB, StepResult.PASS, 0.0, "SuperSpeed, 5000 Mbps"),
+        LadderStep("model_loaded", Layer.GPU, StepResult.FAIL, 0.3, f"PcieLayerError {err}", advice_for(err),
+                   "bridge_wedged", err),
+    ])
+    usb, pcie = evidence_from_ladder(report)
+    assert (usb.layer, usb.level) == (Layer.USB, OK)
+    assert (pcie.layer, pcie.level, pcie.hard, pcie.tag) == (Layer.PCIE, ERROR, True, "model_loaded")
+    assert pcie.reason == ("model_loaded: PcieLayerError bridge_wedged: 3 consecutive transfer attempts timed out "
+                           "(bound 3); ... (power-cycle the dock (unplug its power, or `chestnut twin power-cycle` on "
+                           "the twin): a wedged bridge answers nothing until then; replugging the cable or another "
+                           "port does not help)")
+    ev = evidence_from_error(err)
+    assert ev is not None and (ev.layer, ev.level, ev.hard, ev.tag) == (Layer.PCIE, ERROR, True, "bridge_wedged")
+
+
+def test_a_usb2_link_is_the_usb_layers_warn_from_the_first_step_with_its_speed():
+    report = LadderReport([
+        LadderStep("usb_ids", Layer.USB, StepResult.PASS, 0.01, "0xADD1:0x0001 at bus 3 address 9"),
+        LadderStep("link_speed", Layer.USB, StepResult.WARN, 0.0, "480 Mbps, USB 2, below SuperSpeed (5000 Mbps)"),
+    ])
+    (usb,) = evidence_from_ladder(report)
+    assert (usb.layer, usb.level, usb.reason, usb.tag) == (
+        Layer.USB, WARN, "link_speed: 480 Mbps, USB 2, below SuperSpeed (5000 Mbps)", "link_speed")
+    m = LayerMonitor(Layer.USB)
+    m.observe(usb, 0)
+    probe = evidence_from_observation(DockObservation(True, (0xADD1, 0x0001), (3, 9), 480))
+    assert (m.level, m.reason) == (WARN, "link_speed: 480 Mbps, USB 2, below SuperSpeed (5000 Mbps)")
+    # the node's own enumerations while the worker loads (one a second) take over before the ladder's evidence
+    # expires: WARN all along, never STALE
+    for t_ms in range(1000, 13000, 1000):
+        m.observe(probe[0], t_ms * MS)
+        m.refresh(t_ms * MS + 500 * MS)
+        assert m.level is WARN and "480 Mbps, USB 2" in m.reason, (t_ms, m.level, m.reason)
+    assert m.reason == ("add1:0001 at bus 3 address 9 at 480 Mbps, USB 2, not SuperSpeed (large reads time out, bulk "
+                        "writes truncate, copies ~10x slower)")
+
+
+def test_a_fence_stall_on_a_usb2_link_is_blamed_on_usb_not_gpu():
+    """A 12 s load on a USB 2 link whose copy-in drain gave up: the slow (or truncating) link, not the GPU."""
+    from chestnut.backend.classify import blame_slow_link
+    from chestnut.backend.ladder import Outcome, Step, run_steps
+
+    drain = "GPU failed to drain USB copyin chunk 3 (10s, hung GPU?)"
+
+    def load() -> Outcome:
+        raise RuntimeError(drain)
+
+    report = LadderReport([
+        LadderStep("link_speed", Layer.USB, StepResult.WARN, 0.0, "480 Mbps, USB 2, below SuperSpeed (5000 Mbps)"),
+    ])
+    run_steps([Step("model_loaded", 120.0, load)], report)
+    step = report.step("model_loaded")
+    assert (step.reason, type(step.error).__name__, step.error.layer) == ("slow_link", "UsbLayerError", Layer.USB)
+    assert step.detail == (f"UsbLayerError slow_link: fence_stall on a 480 Mbps, USB 2 link (copies ~10x slower than "
+                           f"SuperSpeed, bulk OUT transfers may be truncated): RuntimeError: {drain}")
+    usb = evidence_from_ladder(report)[0]
+    assert (usb.layer, usb.level, usb.tag) == (Layer.USB, ERROR, "model_loaded")
+    assert not any(e.layer is Layer.GPU for e in evidence_from_ladder(report))
+    # the same failure on a SuperSpeed link is the GPU's
+    fast = GpuLayerError("fence_stall", drain)
+    assert blame_slow_link(fast, 5000) is fast and blame_slow_link(fast, None) is fast
+    assert blame_slow_link(GpuLayerError("unsupported_arch", "gfx803"), 480).layer is Layer.GPU
