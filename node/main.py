@@ -1130,9 +1130,19 @@ class Node:
             self.starting = False  # raise once: close() must run undisturbed
             raise _StopDuringStart()
 
+    def _publish_stopping(self) -> None:
+        """``chestnutActive`` false (source none) and ``nodeState`` stopping now, and ``chestnutHealth`` when due."""
+        self.state_dirty = True
+        if self.fallback is not None:
+            self._publish_active(Source.NONE)
+        self._publish_housekeeping(time.monotonic_ns())
+
     def close(self) -> None:
-        """The stop sequence: STOPPING=1, the worker stopped and reaped (ask, terminate, kill; within
-        :data:`WORKER_STOP_BUDGET_S`), ``chestnutActive`` false and ``nodeState`` stopping published."""
+        """The stop sequence: STOPPING=1; ``chestnutActive`` false and ``nodeState`` stopping published at
+        once; the worker stopped and reaped (ask, terminate, kill; within :data:`WORKER_STOP_BUDGET_S`) while
+        ``chestnutHealth`` and ``nodeState`` go on at their rates (a worker slow to stop, e.g. one busy
+        qualifying, never silences them: ``chestnut check``'s ``health_not_silent``); then a final
+        ``chestnutActive``, ``chestnutHealth`` and ``nodeState`` stopping, the node's last word."""
         self.starting = False
         self.notify.notify("STOPPING=1")
         self._feed(Event.STOP, "stop requested")
@@ -1142,15 +1152,14 @@ class Node:
                     getattr(self, sock).close()
             self.notify.close()
             return
+        self._publish_stopping()
         if self.worker is not None:
             w, self.worker = self.worker, None
             self.draining = False
-            report = w.stop(WORKER_STOP_BUDGET_S)
+            report = w.stop(WORKER_STOP_BUDGET_S, while_waiting=lambda: self._publish_housekeeping(time.monotonic_ns()))
             log.info("worker stopped: %s", report)
-        self.state_dirty = True
-        if self.fallback is not None:
-            self._publish_active(Source.NONE)
-        self._publish_housekeeping(time.monotonic_ns())
+        self.next_health_ns = min(self.next_health_ns, time.monotonic_ns())  # a final health, whenever it is due
+        self._publish_stopping()
         self.pm.close()
         self.frames.close(linger=0)
         self.sm.close()

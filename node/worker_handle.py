@@ -39,7 +39,7 @@ import sys
 import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -75,6 +75,7 @@ log = logging.getLogger("chestnut.node.worker")
 STOP_ASK_S = 2.0        # openpilot's manager stops modeld: join 2 s after asking ...
 STOP_TERMINATE_S = 0.5  # ... then SIGTERM and 0.5 s ...
 STOP_KILL_S = 0.5       # ... then SIGKILL and 0.5 s, inside the 5 s stop budget
+STOP_TICK_S = 0.05      # a stop that waits calls its ``while_waiting`` this often (the node's 20 Hz loop period)
 STOP_BUDGET_S = 5.0     # the process manager's stop budget (openpilot's manager gives modeld 5 s)
 DEFAULT_SLOTS = 2
 
@@ -441,13 +442,15 @@ class WorkerHandle:
         self._note_exit(("killed by the node" if reaped else "SIGKILL sent, not yet reaped") if was_running else None)
         return reaped
 
-    def stop(self, budget_s: float = STOP_BUDGET_S) -> StopReport:
+    def stop(self, budget_s: float = STOP_BUDGET_S, while_waiting: Callable[[], None] | None = None) -> StopReport:
         """Stop the worker and release everything, within ``budget_s``.
 
         openpilot modeld's sequence (openpilot's manager): send STOP and wait 2 s, SIGTERM and wait 0.5 s,
         SIGKILL and wait 0.5 s (3 s in all). With a smaller budget the wait after STOP shrinks
         first. The descriptors and shared memory are released in every case; unreturned results
-        are dropped.
+        are dropped. ``while_waiting`` is called about every :data:`STOP_TICK_S` while the worker is
+        waited for (the node keeps publishing its health and state through a slow stop); what it raises
+        propagates, and the worker is then left as it is (``__exit__`` or a later ``stop`` finishes it).
         """
         t0 = time.monotonic()
         if self._proc is None:
@@ -464,17 +467,17 @@ class WorkerHandle:
                 self._send(pack(Msg.STOP))
             except WorkerError:  # its command socket is full: it is not listening, escalate below
                 pass
-            if self._wait(ask_s):
+            if self._wait(ask_s, while_waiting):
                 how = "asked"
             else:
                 log.warning("worker pid %d did not stop within %.1f s; SIGTERM", proc.pid, ask_s)
                 proc.terminate()
-                if self._wait(term_s):
+                if self._wait(term_s, while_waiting):
                     how = "terminated"
                 else:
                     log.warning("worker pid %d survived SIGTERM for %.1f s; SIGKILL", proc.pid, term_s)
                     proc.kill()
-                    if self._wait(kill_s):
+                    if self._wait(kill_s, while_waiting):
                         how = "killed"
                     else:
                         log.error("worker pid %d not reaped %.1f s after SIGKILL", proc.pid, kill_s)
@@ -489,13 +492,21 @@ class WorkerHandle:
         self.stop()
 
     # ---------------------------------------------------------------- internals
-    def _wait(self, timeout_s: float) -> bool:
+    def _wait(self, timeout_s: float, tick: Callable[[], None] | None = None) -> bool:
+        """Whether the worker exited within ``timeout_s`` (s); ``tick`` is called every :data:`STOP_TICK_S`
+        meanwhile."""
         assert self._proc is not None
-        try:
-            self._proc.wait(timeout=max(0.0, timeout_s))
-            return True
-        except subprocess.TimeoutExpired:
-            return False
+        end = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            left = max(0.0, end - time.monotonic())
+            step = left if tick is None else min(left, STOP_TICK_S)
+            try:
+                self._proc.wait(timeout=step)
+                return True
+            except subprocess.TimeoutExpired:
+                if step >= left:
+                    return False
+                tick()
 
     def _send(self, data: bytes) -> None:
         if self._sock is None or self._eof:
