@@ -1,6 +1,7 @@
 """``chestnut twin ...``: run the Chestnut twin and break it on purpose.
 
     chestnut twin serve [--training-delay-ms MS] [--bus N] [--address N] [--link-mbps X --latency-us Y]
+                        [--engine tinygrad|onnxruntime] [--priority N] [--compute-priority N]
     chestnut twin fault KIND [--once|--repeat] [--probability P] [--for SECONDS] [--phase PHASE]
                              [--after N] [--on TARGET] [--status ur|ca] [--delay-ms MS] [--off-s S]
                              [--nbytes N] [--seed N]
@@ -21,6 +22,8 @@ import sys
 import zlib
 from typing import Any
 
+from chestnut.backend.sim.compute import DEFAULT_BRIDGE_PRIORITY, MAX_PRIORITY
+from chestnut.backend.sim.compute import DEFAULT_PRIORITY as DEFAULT_COMPUTE_PRIORITY
 from chestnut.backend.sim.faults import KINDS, TLP_STATUSES, Phase
 
 
@@ -43,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--latency-us", type=float, default=0.0, help="timing model: per-transfer latency (e.g. 125)")
     s.add_argument("--engine", choices=("tinygrad", "onnxruntime"), default="tinygrad",
                    help="how the GPU engine executes programs (default tinygrad: bit-exact with the CPU reference)")
+    s.add_argument("--priority", type=int, default=DEFAULT_BRIDGE_PRIORITY, metavar="N",
+                   help="SCHED_RR priority of the threads that answer USB (0: normal scheduling; at most "
+                        f"{MAX_PRIORITY}, below the node's; default {DEFAULT_BRIDGE_PRIORITY})")
+    s.add_argument("--compute-priority", type=int, default=DEFAULT_COMPUTE_PRIORITY, metavar="N",
+                   help="SCHED_RR priority of a program RUN in the engine's compute process (0: normal; compiles "
+                        f"always run at normal scheduling; default {DEFAULT_COMPUTE_PRIORITY})")
 
     f = sub.add_parser("fault", help="inject a fault (see `chestnut twin kinds`)")
     f.add_argument("kind", choices=sorted(KINDS), metavar="KIND", help=", ".join(KINDS))
@@ -107,9 +116,14 @@ def run(args: argparse.Namespace) -> int:
         config = TwinConfig(bus=args.bus if args.bus is not None else bus,
                             first_address=args.address if args.address is not None else address,
                             training_delay_s=args.training_delay_ms / 1000, link_mbps=args.link_mbps,
-                            latency_us=args.latency_us, program_engine=args.engine)
+                            latency_us=args.latency_us, program_engine=args.engine,
+                            bridge_priority=args.priority, compute_priority=args.compute_priority)
         if not (1 <= config.bus <= 255 and 1 <= config.first_address <= 127):
             print("--bus must be in 1..255 and --address in 1..127", file=sys.stderr)
+            return 2
+        if not (0 <= args.priority <= MAX_PRIORITY and 0 <= args.compute_priority <= MAX_PRIORITY):
+            print(f"--priority and --compute-priority must be in 0..{MAX_PRIORITY} (below the node's realtime "
+                  "priority)", file=sys.stderr)
             return 2
         code = serve(config, prefix)
         # The daemon has released its lock and socket. Exit without interpreter shutdown: an engine thread

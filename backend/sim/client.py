@@ -10,9 +10,15 @@ Every round trip is bounded, so a daemon that accepts a connection and never ans
 caller (the node's main loop looks for the dock through this client): a request without a USB timeout
 (admin, enumerate, open, claim ...) waits at most ``reply_timeout_s`` (default
 :data:`REPLY_TIMEOUT_S`), a USB transfer its own ``timeout_ms`` plus that margin (``timeout_ms == 0``
-means no timeout, as in libusb). A request that runs out of time leaves the stream mid-frame, so the
-connection is closed: that call raises ``LIBUSB_ERROR_TIMEOUT`` (USB) or :class:`TwinNotRunning`
-(admin) naming the bound, later calls fail as for a gone daemon.
+means no timeout, as in libusb). A request whose reply does not come in time raises
+``LIBUSB_ERROR_TIMEOUT`` (USB) or :class:`TwinNotRunning` (admin) naming the bound, and nothing else
+changes: the connection and its handles stay (closing it would make the daemon close the handles and
+every later call fail, which to a host is an unplug), and the late reply is owed. The next request is
+sent, then the owed replies (or what is left of a partly read one) are read and discarded before its
+own, all within the next request's own bound; a daemon still silent then times that request out too.
+Only the socket's end (the daemon exited, or the dock's process went away) is ``LIBUSB_ERROR_NO_DEVICE``
+/ :class:`TwinNotRunning` "went away", and so is a request that could not even be *sent* in time (the
+stream is then mid-frame, so the connection is closed).
 
 In tests::
 
@@ -85,6 +91,9 @@ class TwinClient:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._hdr = bytearray(W.RSP.size)
+        self._hdr_got = 0       # bytes of the next reply's header already in _hdr (a read cut short by a timeout)
+        self._owed = 0          # replies of timed-out requests whose header is still to be read
+        self._skip_body = 0     # bytes of a discarded reply's body still to be read
         self._dead = False
         self.prefix = current_prefix() if prefix is None else prefix
         self.path = socket_path(self.prefix) if twin is None else None
@@ -108,6 +117,16 @@ class TwinClient:
     @property
     def local(self) -> bool:
         return self._twin is not None
+
+    @property
+    def connected(self) -> bool:
+        """False once the connection is closed or the daemon went away (a timed-out request keeps it)."""
+        return self._twin is not None or (self._sock is not None and not self._dead)
+
+    @property
+    def owed_replies(self) -> int:
+        """Late replies of timed-out requests not yet read and discarded (a partly read one counts)."""
+        return self._owed + int(self._skip_body > 0)
 
     # ------------------------------------------------------------------ connection
     def close_connection(self) -> None:
@@ -149,7 +168,8 @@ class TwinClient:
         """One round trip. Returns (value, payload) -- or (value, nbytes) when ``into`` receives the payload.
 
         Bounded: ``reply_timeout_s``, plus ``timeout_ms`` for a USB transfer (``timeout_ms == 0`` on a
-        USB op: unbounded, as libusb's 0)."""
+        USB op: unbounded, as libusb's 0). Late replies of earlier timed-out requests are read and dropped
+        first, within the same bound (see the module docstring)."""
         usb_op = op in (W.OP_CTRL, W.OP_BULK_OUT, W.OP_BULK_IN)
         bound_s: float | None = self.reply_timeout_s + (timeout_ms / 1000 if usb_op else 0.0)
         if usb_op and timeout_ms == 0:
@@ -168,18 +188,32 @@ class TwinClient:
                     self._send_gather(s, hdr, payload)
                 else:
                     s.sendall(hdr)
-                self._recv_exact(s, memoryview(self._hdr), deadline)
-                n, status, rvalue = W.RSP.unpack(self._hdr)
+            except TimeoutError:  # the request is on the wire in part: the stream cannot be resumed
+                self._gone()
+                what = f"the twin daemon at {self.path} took no request within {bound_s:g} s (hung?); connection closed"
+                if admin:
+                    raise TwinNotRunning(what) from None
+                raise UsbError(LIBUSB_ERROR_TIMEOUT, what) from None
+            except OSError:
+                self._gone()
+                if admin:
+                    raise TwinNotRunning(f"the twin daemon at {self.path} went away") from None
+                raise UsbError(LIBUSB_ERROR_NO_DEVICE, "the twin daemon went away") from None
+            self._owed += 1  # this request's reply, until its header is read
+            body = bytearray()
+            try:
+                self._drain_owed(s, deadline)
+                n, status, rvalue = self._read_header(s, deadline)
                 if n > W.MAX_PAYLOAD:  # a bounded read: never allocate what a broken daemon announces
                     raise ConnectionResetError(f"the twin daemon announced a {n}-byte reply")
+                self._skip_body = n  # until it is read: a timeout in the body leaves the rest to discard
                 if status == W.ST_OK and into is not None and n <= len(into):
-                    self._recv_exact(s, into[:n], deadline)
+                    self._recv_body(s, into[:n], deadline)
                     return rvalue, n
                 body = bytearray(n)
-                self._recv_exact(s, memoryview(body), deadline)
+                self._recv_body(s, memoryview(body), deadline)
             except TimeoutError:
-                self._gone()
-                what = f"the twin daemon at {self.path} did not answer within {bound_s:g} s (hung?); connection closed"
+                what = f"the twin daemon at {self.path} did not answer within {bound_s:g} s (hung?)"
                 if admin:
                     raise TwinNotRunning(what) from None
                 raise UsbError(LIBUSB_ERROR_TIMEOUT, what) from None
@@ -197,6 +231,51 @@ class TwinClient:
             raise RuntimeError(f"the twin rejected the request frame: {detail}")
         raise UsbError(status, detail, transferred=rvalue)
 
+    def _read_header(self, s: socket.socket, deadline: float | None) -> tuple[int, int, int]:
+        """Lock held: the next reply's header (resuming a read a timeout cut short); one owed reply fewer.
+        Raises TimeoutError (progress kept) or ConnectionResetError at EOF."""
+        mv = memoryview(self._hdr)
+        while self._hdr_got < len(mv):
+            s.settimeout(_left(deadline))
+            k = s.recv_into(mv[self._hdr_got:])
+            if k == 0:
+                raise ConnectionResetError("twin daemon closed the connection")
+            self._hdr_got += k
+        self._hdr_got = 0
+        self._owed -= 1
+        return W.RSP.unpack(self._hdr)
+
+    def _recv_body(self, s: socket.socket, mv: memoryview, deadline: float | None) -> None:
+        """Lock held: the ``len(mv)`` bytes of the body whose length is in ``_skip_body``; a timeout leaves
+        the rest in ``_skip_body`` to discard."""
+        got = 0
+        while got < len(mv):
+            s.settimeout(_left(deadline))
+            k = s.recv_into(mv[got:])
+            if k == 0:
+                raise ConnectionResetError("twin daemon closed the connection")
+            got += k
+            self._skip_body -= k
+        self._skip_body = 0
+
+    def _drain_owed(self, s: socket.socket, deadline: float | None) -> None:
+        """Lock held: read and drop every late reply still owed before this request's own (the last one)."""
+        scratch = bytearray(min(W.MAX_PAYLOAD, 1 << 16))
+        mv = memoryview(scratch)
+        while True:
+            while self._skip_body > 0:
+                s.settimeout(_left(deadline))
+                k = s.recv_into(mv[:min(len(mv), self._skip_body)])
+                if k == 0:
+                    raise ConnectionResetError("twin daemon closed the connection")
+                self._skip_body -= k
+            if self._owed <= 1:
+                return
+            n, _, _ = self._read_header(s, deadline)
+            if n > W.MAX_PAYLOAD:
+                raise ConnectionResetError(f"the twin daemon announced a {n}-byte reply")
+            self._skip_body = n
+
     @staticmethod
     def _send_gather(s: socket.socket, hdr: bytes, payload: bytes | bytearray | memoryview) -> None:
         """Header and payload in one sendmsg (no copy of the payload); finish what a partial send left."""
@@ -206,16 +285,6 @@ class TwinClient:
             s.sendall(payload)
         elif sent < len(hdr) + len(payload):
             s.sendall(memoryview(payload)[sent - len(hdr) :])
-
-    @staticmethod
-    def _recv_exact(s: socket.socket, mv: memoryview, deadline: float | None = None) -> None:
-        got = 0
-        while got < len(mv):
-            s.settimeout(_left(deadline))
-            k = s.recv_into(mv[got:])
-            if k == 0:
-                raise ConnectionResetError("twin daemon closed the connection")
-            got += k
 
     # ------------------------------------------------------------------ USB host view
     def ping(self) -> None:

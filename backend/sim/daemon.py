@@ -10,6 +10,14 @@ bulk OUT whose payload did not arrive in full is discarded, never applied in par
 timing model) of a client that closed its socket is abandoned. Nothing a client sends can stop the
 daemon: a malformed frame closes that connection, a malformed USB request gets a STALL, a bug inside a
 request is logged and answered with ``LIBUSB_ERROR_OTHER``. SIGTERM/SIGINT stop it within a second.
+
+The daemon stands for hardware beside the host: its threads (which answer USB) run at ``SCHED_RR``
+``TwinConfig.bridge_priority`` (default ``compute.DEFAULT_BRIDGE_PRIORITY``, 20; ``--priority``), so ordinary
+host load does not delay the bridge's answers, and the program engine's compile and run happen in a child
+process (:mod:`.compute`, RUN at ``--compute-priority``, default 10), so a busy GPU does not either. Both stay
+below the node's realtime priority (openpilot's modeld: 54), and the daemon's own work per request is
+bounded (a transfer's copy), so a realtime daemon cannot hold a core. Where the system refuses realtime
+scheduling, one INFO line and it serves at the normal policy.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from typing import Any
 
 from chestnut.backend.sim import wire as W
 from chestnut.backend.sim.client import _admin_local
+from chestnut.backend.sim.compute import check_priority, set_realtime
 from chestnut.backend.sim.libusb_codes import LIBUSB_ERROR_INVALID_PARAM, LIBUSB_ERROR_OTHER, UsbError
 from chestnut.backend.sim.twin import Twin, TwinConfig
 from chestnut.msgs.paths import runtime_dir
@@ -318,6 +327,12 @@ def serve(config: TwinConfig, prefix: str | None = None) -> int:
     path = runtime_dir(prefix) / W.SOCKET_NAME
     if config.link_mbps is not None or config.latency_us:
         _tight_timer_slack()
+    # before any thread starts: the connection, engine and publisher threads inherit the policy
+    refused = set_realtime(check_priority(config.bridge_priority, "bridge priority"))
+    if refused:
+        log.info("bridge: %s", refused)
+    elif config.bridge_priority:
+        log.info("bridge: threads at SCHED_RR priority %d", config.bridge_priority)
     twin = Twin(config)
     server = TwinServer(twin, path)
     try:

@@ -44,8 +44,19 @@ Faults acting here (:mod:`.faults`): ``gpu_hang`` and ``slow_gpu`` at each packe
 ``stale_output`` and ``zero_output`` at each RUN's outputs.
 
 Threading: one engine thread per twin, started by the first doorbell. It takes the twin's lock to
-touch state and releases it while compiling, running a model or waiting; a GPU reset (PCIe power off,
-power-cycle, brown-out) or a queue reset while it works makes it drop what it was doing.
+touch state and releases it while waiting; a GPU reset (PCIe power off, power-cycle, brown-out) or a
+queue reset while it works makes it drop what it was doing (noticed within :data:`COMPUTE_POLL_S` while a
+LOAD or RUN computes; the compute's late result is dropped).
+
+Where programs compute: LOAD's compile and RUN's model run (and a warped program's ``warp_numpy``) happen in
+the process's compute child (:mod:`.compute`), never in the process that answers USB: a compile or run
+holding that process's GIL would keep the bridge from answering control transfers, as a real dock's bridge
+does while its GPU is busy. The engine thread sends the program's bytes or the RUN's input tensors and
+waits, GIL released. A program's compiled model lives in the child (its compile cache, :func:`compile_program`,
+shared by every twin of the process); a RUN the child cannot find (a new child after one died, or an LRU
+eviction) is compiled again from the bytes the engine kept. If the child dies while a LOAD or RUN waits on
+it, that packet completes with ``STATUS_RUN_FAILED`` (a GPU-side failure, not the model's) and the next one
+starts a new child. ``status()["compute"]`` shows the child (pid, requests waiting, starts, RUN priority).
 """
 
 from __future__ import annotations
@@ -58,18 +69,18 @@ import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from chestnut.backend import protocol as P
+from chestnut.backend.model import TensorSpec
+from chestnut.backend.sim import compute as C
 from chestnut.backend.sim.faults import PhaseEvent
 from chestnut.backend.sim.memory import SparseMemory
-from chestnut.backend.warp import WarpSpec, WarpSpecError, split_program, warp_numpy
-
-if TYPE_CHECKING:
-    from chestnut.backend.model import OnnxModel
+from chestnut.backend.warp import WarpSpec, WarpSpecError, split_program
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +90,7 @@ MAX_TENSORS = 256
 WAIT_POLL_S = 0.5
 COMPILE_CACHE_SIZE = 8
 STOP_JOIN_S = 1.0
+COMPUTE_POLL_S = 0.05  # s between the engine's looks for a reset while the compute child works
 
 PROGRAM_ENGINES = ("tinygrad", "onnxruntime")
 _cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
@@ -118,6 +130,12 @@ def compile_program(onnx_bytes: bytes, engine: str = "tinygrad") -> Any:
         return model
 
 
+def helper_pids() -> tuple[int, ...]:
+    """The pids of this process's running compute children (:mod:`.compute`): process-lifetime helpers of
+    the twins open in it, not leaks (``tests/leakguard.py``)."""
+    return C.running_pids()
+
+
 def sentinel_block(payload: bytes | memoryview, seq: int) -> bytes:
     """The 512-byte sentinel block that must follow ``payload`` (chunk ``seq``) in its SRAM half."""
     block = bytearray(P.SENTINEL_BLOCK)
@@ -145,6 +163,9 @@ class EngineHost(Protocol):
     @property
     def program_engine(self) -> str: ...
 
+    @property
+    def compute_priority(self) -> int: ...
+
     def fire(self, kind: str) -> Any: ...
 
     def phase_event(self, event: PhaseEvent) -> None: ...
@@ -168,17 +189,26 @@ def warped_signature(spec: WarpSpec, signature: dict[str, Any]) -> dict[str, Any
 
 @dataclass
 class Program:
-    model: OnnxModel
+    """A loaded program: its compiled model lives in the compute child under ``key`` (sha256, engine)."""
+
+    key: tuple[str, str]
+    onnx: bytes  # to compile it again in a new compute child
     signature: dict[str, Any]
+    model_inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
     last_outputs: list[bytes] | None = None
     warp: WarpSpec | None = None
 
     @property
-    def inputs(self) -> tuple[Any, ...]:
+    def inputs(self) -> tuple[TensorSpec, ...]:
         """What the program reads from VRAM: the model's inputs, or the raw frame of a warped program."""
         if self.warp is None:
-            return tuple(self.model.inputs)
-        return (self.warp.frame_spec(self.model.inputs[0].name),)
+            return self.model_inputs
+        return (self.warp.frame_spec(self.model_inputs[0].name),)
+
+
+class _ComputeFailed(Exception):
+    """The compute child reported an error (``args[0]``: ``"Type: message"``)."""
 
 
 class _Aborted(Exception):
@@ -207,6 +237,7 @@ class Engine:
         self.last_run: dict[str, Any] = {}
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._child: C.ComputeChild | None = None
 
     # ------------------------------------------------------------------ called with the twin's lock held
     def doorbell_write(self, offset: int, value: int) -> None:
@@ -234,7 +265,9 @@ class Engine:
         self.twin.cv.notify_all()
 
     def status(self) -> dict[str, Any]:
-        return {"rptr": self.rptr, "wptr": self.wptr, "hung": self.hung, "executing": self.current,
+        child = self._child
+        return {"compute": None if child is None else child.status(),
+                "rptr": self.rptr, "wptr": self.wptr, "hung": self.hung, "executing": self.current,
                 "executed": self.executed, "last_run": dict(self.last_run),
                 "programs": {str(k): v.signature.get("sha256", "")[:16] for k, v in self.programs.items()},
                 "queue_fence": self._read_cpl(P.CPL_QUEUE_FENCE), "status": self._read_cpl(P.CPL_STATUS)}
@@ -253,7 +286,11 @@ class Engine:
             self.twin.cv.notify_all()
             thread = self._thread
         if thread is not None:
-            thread.join(timeout=STOP_JOIN_S)  # a compile in progress is not waited for: the thread is a daemon
+            thread.join(timeout=STOP_JOIN_S)  # it notices the stop within COMPUTE_POLL_S of a wait
+        with self.twin.lock:
+            child, self._child = self._child, None
+        if child is not None:
+            C.release(child)  # the last twin of the process ends the compute child
 
     def _epochs(self) -> tuple[int, int]:
         return self.gpu_epoch, self.queue_epoch
@@ -422,6 +459,32 @@ class Engine:
         self.twin.vram.write(sig, struct.pack("<I", len(raw)) + raw)
         return True
 
+    # ------------------------------------------------------------------ the compute child
+    def _compute(self, msg: tuple[Any, ...], epochs: tuple[int, int]) -> tuple[Any, ...]:
+        """Send ``msg`` to the compute child and wait for its reply (``("ok", rid, ...)`` or ``("missing", rid)``).
+        Raises _Aborted on a reset or stop meanwhile (the request is cancelled, a late result dropped),
+        _ComputeFailed for the child's error and :class:`~.compute.ComputeDied` if it died."""
+        tw = self.twin
+        with tw.lock:
+            self._check(epochs)
+            if self._child is None:
+                self._child = C.acquire(tw.compute_priority)
+            child = self._child
+        rid, fut = child.submit(msg)
+        while True:
+            try:
+                reply = fut.result(timeout=COMPUTE_POLL_S)
+                break
+            except FutureTimeout:
+                pass
+            with tw.lock:
+                if self._stop or self._epochs() != epochs:
+                    child.cancel(rid)
+                    raise _Aborted from None
+        if reply[0] == "error":
+            raise _ComputeFailed(reply[2])
+        return reply
+
     def _load(self, program_id: int, onnx_lo: int, onnx_hi: int, onnx_nbytes: int, sig_lo: int, sig_hi: int, *,
               epochs: tuple[int, int]) -> _Done:
         tw = self.twin
@@ -432,21 +495,32 @@ class Engine:
             if not 0 < onnx_nbytes <= MAX_ONNX_BYTES or src + onnx_nbytes > tw.vram.size:
                 return _Done(P.STATUS_OUT_OF_RANGE)
             image = tw.vram.read(src, onnx_nbytes)
+            engine = tw.program_engine
         try:
             warp, onnx_bytes = split_program(image)
-            model = compile_program(onnx_bytes, tw.program_engine)
-            signature = model.signature() if warp is None else warped_signature(warp, model.signature())
-        except Exception as e:  # ModelError, or tinygrad failing on an odd graph
+            model_sig = self._compute(("load", onnx_bytes, engine), epochs)[2]
+            signature = model_sig if warp is None else warped_signature(warp, model_sig)
+        except (WarpSpecError, _ComputeFailed) as e:  # a bad header, ModelError, tinygrad failing on an odd graph
+            error = str(e) if isinstance(e, _ComputeFailed) else f"{type(e).__name__}: {e}"
+            log.warning("LOAD program %d failed: %s", program_id, error)
+            with tw.lock:
+                self._check(epochs)
+                self._write_signature(sig, {"error": error})
+            return _Done(P.STATUS_COMPILE_FAILED)
+        except C.ComputeDied as e:
             log.warning("LOAD program %d failed: %s", program_id, e)
             with tw.lock:
                 self._check(epochs)
-                self._write_signature(sig, {"error": f"{type(e).__name__}: {e}"})
-            return _Done(P.STATUS_COMPILE_FAILED)
+                self._write_signature(sig, {"error": f"ComputeDied: {e}"})
+            return _Done(P.STATUS_RUN_FAILED)
         with tw.lock:
             self._check(epochs)
             if not self._write_signature(sig, signature):
                 return _Done(P.STATUS_OUT_OF_RANGE)
-            self.programs[program_id] = Program(model, signature, warp=warp)
+            self.programs[program_id] = Program(
+                (signature["sha256"], engine), onnx_bytes, signature,
+                tuple(TensorSpec.from_json(d) for d in model_sig["inputs"]),
+                tuple(TensorSpec.from_json(d) for d in model_sig["outputs"]), warp=warp)
         log.info("LOAD program %d: %s", program_id, signature["sha256"][:16])
         return _Done(P.STATUS_OK)
 
@@ -458,7 +532,7 @@ class Engine:
             prog = self.programs.get(program_id)
             if prog is None:
                 return _Done(P.STATUS_NO_PROGRAM)
-            specs_in, specs_out = prog.inputs, prog.model.outputs
+            specs_in, specs_out = prog.inputs, prog.outputs
             if table + 8 > tw.vram.size:
                 return _Done(P.STATUS_OUT_OF_RANGE)
             n_in, n_out = struct.unpack("<II", tw.vram.read(table, 8))
@@ -471,17 +545,20 @@ class Engine:
                     return _Done(P.STATUS_BAD_PACKET)
                 if off + nb > tw.vram.size:
                     return _Done(P.STATUS_OUT_OF_RANGE)
-            inputs = {s.name: np.frombuffer(tw.vram.read(off, nb), dtype=s.dtype).reshape(s.shape)
-                      for (off, nb), s in zip(places[:n_in], specs_in, strict=True)}
+            inputs = [(s.name, s.dtype, tuple(s.shape), tw.vram.read(off, nb))
+                      for (off, nb), s in zip(places[:n_in], specs_in, strict=True)]
             self.last_run = {"program": program_id, "input_bytes": sum(nb for _, nb in places[:n_in]),
                              "warp": None if prog.warp is None else prog.warp.frame}
         try:
-            if prog.warp is not None:  # the GPU's warp: the raw frame to the model's input, then the model
-                name = prog.model.inputs[0].name
-                inputs = {name: warp_numpy(prog.warp, inputs[name])}
-            result = prog.model.run(inputs)
-            outputs = [np.ascontiguousarray(result[s.name], dtype=s.dtype).tobytes() for s in specs_out]
-        except Exception as e:
+            reply = self._compute(("run", prog.key, prog.warp, inputs), epochs)
+            if reply[0] == "missing":  # a new compute child, or its LRU dropped the model: compile it again
+                log.info("RUN program %d: compiling it again in the compute process", program_id)
+                self._compute(("load", prog.onnx, prog.key[1]), epochs)
+                reply = self._compute(("run", prog.key, prog.warp, inputs), epochs)
+            if reply[0] != "ok":
+                raise _ComputeFailed(f"the compute process does not hold program {prog.key[0][:16]}")
+            outputs = list(reply[2])
+        except (_ComputeFailed, C.ComputeDied) as e:
             log.warning("RUN program %d failed: %s", program_id, e)
             return _Done(P.STATUS_RUN_FAILED)
         with tw.lock:
@@ -497,7 +574,7 @@ class Engine:
     def _output_faults(self, prog: Program, outputs: list[bytes]) -> tuple[list[bytes], bool]:
         """Lock held: the outputs as the output faults leave them, and whether one fired."""
         tw = self.twin
-        specs = prog.model.outputs
+        specs = prog.outputs
         if tw.fire("nan_output"):
             return [np.full(s.shape, np.nan, s.dtype).tobytes() if np.dtype(s.dtype).kind == "f" else o
                     for s, o in zip(specs, outputs, strict=True)], True

@@ -60,6 +60,8 @@ from chestnut.backend import protocol as P
 from chestnut.backend.docklock import dock_lock_path, open_dock_lock, try_flock
 from chestnut.backend.errors import UsbLayerError
 from chestnut.backend.sim import descriptors as D
+from chestnut.backend.sim.compute import DEFAULT_BRIDGE_PRIORITY
+from chestnut.backend.sim.compute import DEFAULT_PRIORITY as DEFAULT_COMPUTE_PRIORITY
 from chestnut.backend.sim.engine import Engine
 from chestnut.backend.sim.faults import (
     KINDS,
@@ -105,7 +107,10 @@ class TwinConfig:
     """How the twin is built. ``bus``/``first_address`` name the first enumeration; ``training_delay_s``
     is how long PCIe link training takes after ``0xF3`` power-on; ``link_mbps``/``latency_us`` switch on
     the timing model (each transfer takes ``latency_us + bytes*8/link_mbps`` microseconds);
-    ``program_engine`` is how the GPU engine executes loaded programs (``engine.compile_program``)."""
+    ``program_engine`` is how the GPU engine executes loaded programs (``engine.compile_program``);
+    ``compute_priority`` is the ``SCHED_RR`` priority of a RUN in the engine's compute process (0: normal
+    scheduling; below the node's realtime priority, :mod:`.compute`); ``bridge_priority`` that of the daemon's
+    threads, which answer USB (``chestnut twin serve`` only; :mod:`.daemon`)."""
 
     bus: int = 2
     first_address: int = 5
@@ -114,6 +119,8 @@ class TwinConfig:
     latency_us: float = 0.0
     identity: D.Identity = field(default_factory=D.Identity)
     program_engine: str = "tinygrad"  # how the GPU engine executes programs: tinygrad | onnxruntime
+    compute_priority: int = DEFAULT_COMPUTE_PRIORITY
+    bridge_priority: int = DEFAULT_BRIDGE_PRIORITY
 
 
 @dataclass(frozen=True)
@@ -253,6 +260,11 @@ class Twin:
     def program_engine(self) -> str:
         """How the GPU engine executes loaded programs (``TwinConfig.program_engine``)."""
         return self.config.program_engine
+
+    @property
+    def compute_priority(self) -> int:
+        """``SCHED_RR`` priority of a RUN in the compute process (``TwinConfig.compute_priority``)."""
+        return self.config.compute_priority
 
     # ------------------------------------------------------------------ phase + faults
     def phase_event(self, event: PhaseEvent) -> None:
