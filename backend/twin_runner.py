@@ -50,7 +50,7 @@ import numpy as np
 
 from chestnut.backend import protocol as P
 from chestnut.backend.bridge import Bridge, round_up
-from chestnut.backend.classify import classify
+from chestnut.backend.classify import blame_slow_link, classify
 from chestnut.backend.copy import CommandQueue, CopyProtocol, Packet, lo_hi
 from chestnut.backend.errors import ChestnutError, GpuLayerError, ModelError, PcieLayerError, UsbLayerError
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec
@@ -297,14 +297,23 @@ class TwinRunner:
         try:
             return fn()
         except ChestnutError as e:
-            if e.layer is not None:
-                self._failed = e
-            raise
+            err = blame_slow_link(e, self._speed_mbps())
+            if err.layer is not None:
+                self._failed = err
+            if err is e:
+                raise
+            raise err from e
         except Exception as e:
-            err = classify(e)
+            err = blame_slow_link(classify(e), self._speed_mbps())
             if err.layer is not None:
                 self._failed = err
             raise err from e
+
+    def _speed_mbps(self) -> int | None:
+        """The link speed (Mbps) the qualifier found, or None before it enumerated the dock: on a link below
+        SuperSpeed a GPU timeout is the usb layer's (:func:`chestnut.backend.classify.blame_slow_link`)."""
+        dev = self.qualifier.dev if self.qualifier is not None else None
+        return self.dock.speed_mbps(dev) if dev is not None else None
 
     # ------------------------------------------------------------------ model
     def load(self, model: ModelSpec) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:

@@ -61,8 +61,9 @@ from typing import Any
 import numpy as np
 import zmq
 
+from chestnut.backend.classify import link_speed_text
 from chestnut.backend.errors import ChestnutError, ConfigError, Layer, ModelError
-from chestnut.backend.interface import ModelSpec, StepResult
+from chestnut.backend.interface import DockObservation, ModelSpec, StepResult
 from chestnut.backend.jitcache import JitCache
 from chestnut.backend.model import TensorSpec
 from chestnut.backend.stages import StageTimes
@@ -241,6 +242,29 @@ def look_for_dock(kind: str, prefix: str | None = None) -> tuple[bool, str]:
         return False, f"no Chestnut dock found ({type(e).__name__}: {e})"
 
 
+def dock_link(kind: str, prefix: str | None = None) -> DockObservation | None:
+    """The dock's USB side as a fresh enumeration sees it, without claiming it or sending it a vendor request
+    (presence, IDs, bus/address, speed): what the node knows of the link while a worker climbs the ladder and
+    loads the model. None for a CPU or disabled dock, when none is enumerated, or when enumeration fails (no
+    evidence: the worker's own steps speak)."""
+    if kind in ("cpu", "none"):
+        return None
+    try:
+        from chestnut.backend.ladder import UsbDock
+
+        backend = None
+        if kind == "twin":
+            from chestnut.backend.sim.pyusb_backend import twin_backend
+
+            backend = twin_backend(prefix, cached=False)
+        for dev in UsbDock(backend).find_all():
+            return DockObservation(True, (dev.idVendor, dev.idProduct), (dev.bus, dev.address),
+                                   UsbDock.speed_mbps(dev))
+        return None
+    except Exception:  # noqa: BLE001 - pyusb/libusb/twin-socket errors: nothing seen, nothing said
+        return None
+
+
 def evidence_from_worker_error(err: ChestnutError) -> Evidence:
     """A failed primary request as hard evidence: a typed dock error against its own layer; an error
     without a layer (the worker died, the runner raised something untyped, the model refused the
@@ -349,6 +373,7 @@ class Node:
         self.contracts: tuple[Any, ...] = ()
         self.worker: WorkerHandle | None = None
         self.worker_ready_seen = False   # this worker's readiness was taken in (fed QUALIFIED/LOADED)
+        self.link_speed_mbps: int | None = None  # the dock's USB speed at the last probe or enumeration (Mbps)
         self.draining = False            # failed over; the worker only finishes what is in flight
         self.worker_beats = 0
         self.probe_seen_at_s = 0.0       # receipt time of the last probe result applied to health
@@ -596,10 +621,14 @@ class Node:
         loading = state is WorkerState.LOADING
         why = (f"primary worker {w.pid} not ready {self.cfg.timing.start_timeout_s:g} s after spawn "
                f"(stuck {state.name.lower()}, heartbeat {w.heartbeat_age_s() * 1e3:.0f} ms old)")
+        layer = Layer.GPU
+        if (speed := link_speed_text(self.link_speed_mbps)) is not None:
+            # on a USB 2 link the load's copies are ~10x slower: the link's failure, not the GPU's
+            layer, why = Layer.USB, f"{why} on a {speed} link (copies ~10x slower than SuperSpeed)"
         log.error("%s; killing it", why)
-        self.health.apply([Evidence(Layer.GPU, Level.ERROR, why, hard=True, tag="start_timeout")], time.monotonic_ns())
+        self.health.apply([Evidence(layer, Level.ERROR, why, hard=True, tag="start_timeout")], time.monotonic_ns())
         self._kill_worker(why)
-        self._feed_start_failure(timed_out_start_failure(loading), why, Layer.GPU)
+        self._feed_start_failure(timed_out_start_failure(loading), why, layer)
 
     def _feed_start_failure(self, kind: StartFailure, reason: str, layer: Layer | None) -> None:
         """A failed start to the supervisor; a failed load after QUALIFIED (the worker climbs the dock rungs
@@ -1060,8 +1089,16 @@ class Node:
                 if (self.cfg.dock.kind != "cpu" and probe is not None and probe.observation is not None
                         and probe.at_s > self.probe_seen_at_s):
                     self.probe_seen_at_s = probe.at_s
+                    self.link_speed_mbps = probe.observation.speed_mbps
                     self._apply_health(evidence_from_observation(probe.observation), now)
                 w.request_probe()
+                self.next_probe_ns = now + int(NS / self.cfg.timing.probe_hz)
+            elif self._is_current(w) and not self.worker_ready_seen and now >= self.next_probe_ns:
+                # the worker is still qualifying or loading (seconds on a USB 2 link): the node's own enumeration
+                # keeps the usb layer's link speed current (a USB 2 WARN settled from the first, not STALE)
+                if (obs := dock_link(self.cfg.dock.kind, self.prefix)) is not None:
+                    self.link_speed_mbps = obs.speed_mbps
+                    self._apply_health(evidence_from_observation(obs), now)
                 self.next_probe_ns = now + int(NS / self.cfg.timing.probe_hz)
         elif now >= self.next_probe_ns and self.sup.state in (State.DEGRADED, State.LOOKING):
             present, detail = look_for_dock(self.cfg.dock.kind, self.prefix)
