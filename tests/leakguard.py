@@ -1,16 +1,17 @@
-"""A pytest plugin that fails a test which leaves something running or lying around after it.
+"""A pytest plugin that fails a test which leaves something running or held after it.
 
 Every test runs with ``CHESTNUT_TEST_ID`` set to a tag of its own (``conftest.py`` ``private_prefix``); every
 process it starts -- directly, through supervisord, or re-parented to init after its parent died -- inherits
 it. After the test's teardown the guard looks, through ``/proc/<pid>/environ``, for live processes that still
 carry the tag, and for dock lock files (``<tempdir>/am_usb:*.lock``, tinygrad 0.14's
-``System.flock_acquire``) the test created. A leak is reported as an error of that test, naming it and what
-was left; what was left is then killed or removed, so one leak does not cascade into the next test.
+``System.flock_acquire``) held now that were not held before the test. A leak is reported as an error of that
+test, naming it and what was left; a leaked process is then killed, so one leak does not cascade.
 
 Processes that module or session fixtures start carry the session's tag (``CHESTNUT_TEST_SESSION``, the pytest
-process's pid) but no test's; those left after the last test of their module are reported against that
-module. Process-lifetime helpers of the pytest process itself are not leaks: tinygrad 0.14's compile pool
-(``engine/worker.py`` ``get_worker_pool``) and multiprocessing's resource tracker.
+process's pid) but no test's; those left after the last test of their module, and any dock lock still held
+then, are reported against that module at the end of the run. Process-lifetime helpers of the pytest process
+itself are not leaks: tinygrad 0.14's compile pool (``engine/worker.py`` ``get_worker_pool``),
+multiprocessing's resource tracker and the twin's compute host (``backend/sim/engine.py`` ``helper_pids``).
 
 Shared memory needs no check: the project's segments are anonymous (``memfd``, ``node/shm.py``), and the
 sockets of a test live in its private runtime prefix, removed with it.
@@ -111,11 +112,33 @@ def _kill(pids: list[int]) -> None:
             pass
 
 
-def _lock_files() -> set[str]:
+def _held_locks() -> set[str]:
+    """The dock lock files in the temporary directory that some open file holds (``flock``: a fresh open file
+    description conflicts with every other, this process's included). tinygrad never removes its lock files, so
+    one lying there unheld is no leak."""
+    import fcntl
+
+    tmp = tempfile.gettempdir()
     try:
-        return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("am_usb:") and n.endswith(".lock")}
+        names = [n for n in os.listdir(tmp) if n.startswith("am_usb:") and n.endswith(".lock")]
     except OSError:
         return set()
+    held = set()
+    for n in names:
+        path = os.path.join(tmp, n)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held.add(path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return held
 
 
 def tag_for(nodeid: str) -> str:
@@ -134,15 +157,12 @@ def leak_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
     """Tags the test's processes and, after its teardown, reports what it left (see the module docstring)."""
     tag = tag_for(request.node.nodeid)
     monkeypatch.setenv(TEST_VAR, tag)
-    locks_before = _lock_files()
+    held_before = _held_locks()
     yield
     left = _survivors(f"{TEST_VAR}={tag}".encode(), GRACE_S)
-    new_locks = sorted(_lock_files() - locks_before)
     _kill([p for p, _ in left])
-    for name in new_locks:
-        Path(tempfile.gettempdir(), name).unlink(missing_ok=True)
-    tmp = tempfile.gettempdir()
-    problems = [f"process {p} ({cmd})" for p, cmd in left] + [f"lock file {tmp}/{n}" for n in new_locks]
+    problems = [f"process {p} ({cmd})" for p, cmd in left]
+    problems += [f"a held lock on {n}" for n in sorted(_held_locks() - held_before)]
     if problems:
         pytest.fail(f"{request.node.nodeid} left behind: " + "; ".join(problems), pytrace=False)
 
@@ -163,10 +183,11 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     left = fixtures_left(0.0)
     if left:
         left = fixtures_left(GRACE_S)
-    if left:
-        _kill([p for p, _ in left])
+    _kill([p for p, _ in left])
+    problems = [f"process {p} ({c})" for p, c in left] + [f"a held lock on {n}" for n in sorted(_held_locks())]
+    if problems:
         item.config.stash.setdefault(_MODULE_LEAKS, []).append(
-            f"{item.module.__name__}: its fixtures left " + "; ".join(f"process {p} ({c})" for p, c in left)  # type: ignore[attr-defined]
+            f"{getattr(item.module, '__name__', item.nodeid)}: its fixtures left " + "; ".join(problems)
         )
 
 

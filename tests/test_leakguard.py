@@ -63,16 +63,24 @@ def test_an_orphan_reparented_to_init_is_still_found(pytester, tmp_path):
     assert not _alive(int(pidfile.read_text()))
 
 
-def test_a_dock_lock_file_left_in_the_temporary_directory_is_reported_and_removed(pytester, tmp_path):
+def test_a_dock_lock_still_held_after_a_test_is_reported_and_one_merely_left_is_not(pytester, tmp_path):
     result = _run_inner(pytester, """
-        import tempfile
+        import fcntl, os, tempfile
         from pathlib import Path
 
-        def test_lock_left():
-            Path(tempfile.gettempdir(), "am_usb:9-9.lock").write_text("")
+        HELD = []
+
+        def test_lock_file_left_unheld():  # tinygrad never removes its lock files: no leak
+            Path(tempfile.gettempdir(), "am_usb:9-8.lock").write_text("")
+
+        def test_lock_left_held():
+            fd = os.open(os.path.join(tempfile.gettempdir(), "am_usb:9-9.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            HELD.append(fd)
     """)
-    result.assert_outcomes(passed=1, errors=1)
-    result.stdout.fnmatch_lines(["*test_lock_left left behind: lock file */am_usb:9-9.lock*"])
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*test_lock_left_held left behind: a held lock on */am_usb:9-9.lock*"])
+    assert "test_lock_file_left_unheld left behind" not in result.stdout.str()
 
 
 def test_a_module_fixture_that_leaks_is_named_at_the_end_of_its_module(pytester, tmp_path):
