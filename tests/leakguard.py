@@ -11,7 +11,8 @@ Processes that module or session fixtures start carry the session's tag (``CHEST
 process's pid) but no test's; those left after the last test of their module, and any dock lock still held
 then, are reported against that module at the end of the run. Process-lifetime helpers of the pytest process
 itself are not leaks: tinygrad 0.14's compile pool (``engine/worker.py`` ``get_worker_pool``),
-multiprocessing's resource tracker and the twin's compute host (``backend/sim/engine.py`` ``helper_pids``).
+multiprocessing's resource tracker and the twin's compute child while a twin of the
+process is open (``backend/sim/compute.py`` ``running_pids``).
 
 Shared memory needs no check: the project's segments are anonymous (``memfd``, ``node/shm.py``), and the
 sockets of a test live in its private runtime prefix, removed with it.
@@ -71,8 +72,8 @@ def _helpers_of_this_process() -> set[int]:
     tracker = getattr(getattr(rt, "_resource_tracker", None), "_pid", None)
     if tracker is not None:
         pids.add(tracker)
-    host = sys.modules.get("chestnut.backend.sim.engine")
-    for pid in getattr(host, "helper_pids", lambda: ())():
+    compute = sys.modules.get("chestnut.backend.sim.compute")
+    for pid in getattr(compute, "running_pids", lambda: ())():
         pids.add(pid)
     return pids
 
