@@ -228,9 +228,9 @@ class ComputeChild:
         return None if p is None or p.poll() is not None else p.pid
 
     def status(self) -> dict[str, Any]:
-        """``{"pid", "pending", "starts", "priority"}``: the child now (pid None: none running)."""
-        with self._lock:
-            return {"pid": self.pid, "pending": len(self._pending), "starts": self.starts, "priority": self.priority}
+        """``{"pid", "pending", "starts", "priority"}``: the child now (pid None: none running). Lock-free (the
+        twin calls it holding its own lock, which must never wait for a request being sent)."""
+        return {"pid": self.pid, "pending": len(self._pending), "starts": self.starts, "priority": self.priority}
 
     def _start(self) -> None:
         """Lock held: spawn a child. Raises ComputeDied if it cannot be started."""

@@ -478,9 +478,10 @@ class Engine:
             except FutureTimeout:
                 pass
             with tw.lock:
-                if self._stop or self._epochs() != epochs:
-                    child.cancel(rid)
-                    raise _Aborted from None
+                aborted = self._stop or self._epochs() != epochs
+            if aborted:
+                child.cancel(rid)
+                raise _Aborted
         if reply[0] == "error":
             raise _ComputeFailed(reply[2])
         return reply

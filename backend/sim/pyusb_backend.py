@@ -127,7 +127,10 @@ class TwinBackend(usb.backend.IBackend):
         try:
             infos = self._connect().enumerate()
         except (USBError, TwinNotRunning):
-            self._client = None  # no daemon (or it went away): no dock; try again next time
+            # no daemon, or it went away: no dock; connect again next time. A daemon that was only late keeps
+            # the connection (its open handles with it): TwinClient drops the late reply itself.
+            if self._client is not None and not self._client.connected:
+                self._client = None
             infos = []
         self._list = [_Device(i) for i in infos]
         return self._list
