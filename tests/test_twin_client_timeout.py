@@ -161,8 +161,7 @@ def test_a_timed_out_request_leaves_the_connection_and_its_handle_working(late_d
     late_daemon.release(2)  # the late reply, then the next request's
     got = client.ctrl_transfer(handle, 0xC0, 0xE4, 0xB451, 0, 3, timeout_ms=1000)
     assert got == b"\xab" * 3  # the next request's own reply (3 bytes), not the late one (4)
-    assert [r[5] for r in late_daemon.requests] == [0, 0xB450, 0xB451] and [r[7] for r in late_daemon.requests][1:] == [
-        handle, handle]
+    assert [(r[5], r[7]) for r in late_daemon.requests[1:]] == [(0xB450, handle), (0xB451, handle)]  # wValue, handle
     assert client.owed_replies == 0 and late_daemon.answered == 3
     client.close_connection()
 
