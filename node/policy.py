@@ -192,38 +192,45 @@ class HostFigures:
     heartbeat timer, likewise; ``cpu_pressure_pct``: PSI ``some avg10``, None where ``/proc/pressure/cpu``
     is absent (Linux < 4.20, or PSI off); ``dock_ms``: the dock's own time for the frame (its copy-in,
     compute and copy-out, from a late result's stage times), None when no result came; ``elapsed_ms``: the
-    request to that result."""
+    request to that result; ``dock_p50_ms``: the median of the dock's own time over its recent timed frames,
+    None before any."""
 
     loop_late_ms: float = 0.0
     worker_late_ms: float = 0.0
     cpu_pressure_pct: float | None = None
     dock_ms: float | None = None
     elapsed_ms: float | None = None
+    dock_p50_ms: float | None = None
 
 
 @dataclass(frozen=True)
 class HostThresholds:
     """When the host counts as late (:func:`host_late`): ms of wake-up lateness, % of CPU pressure, and
-    the deadline (ms) a late result's dock time is held against."""
+    the deadline (ms) a late result's dock time is held against, and the frame period (ms) the dock's recent
+    median must fit in for the CPU pressure to speak."""
 
     late_ms: float = HOST_LATE_MS
     cpu_pressure_pct: float = HOST_CPU_PRESSURE_PCT
     deadline_ms: float = 150.0
+    frame_period_ms: float = 50.0
 
 
 def host_late(f: HostFigures, th: HostThresholds | None = None) -> str:
     """Why the host itself was late around a deadline miss, or "" when it was on time (the miss is then the
     dock's). Late when any holds: the node's loop or the worker's timer woke at least ``late_ms`` later than
-    asked; the CPU pressure is at least ``cpu_pressure_pct``; a result came past the deadline although the
-    dock's own stages fit inside it (the time was lost outside the dock: in scheduling the node and the
-    worker). The reason names every figure, e.g. ``host late: loop woke 38 ms late, cpu pressure 64 %``."""
+    asked; the CPU pressure is at least ``cpu_pressure_pct`` while the dock's own recent median time fits in
+    the frame period (a system-wide figure: it speaks for the host only while the dock itself is not slow
+    frame after frame; unknown median: it speaks); a result came past the deadline although the dock's own
+    stages fit inside it (the time was lost outside the dock: in scheduling the node and the worker). The
+    reason names every figure, e.g. ``host late: loop woke 38 ms late, cpu pressure 64 %``."""
     th = th or HostThresholds()
     why = []
     if f.loop_late_ms >= th.late_ms:
         why.append(f"loop woke {f.loop_late_ms:.0f} ms late")
     if f.worker_late_ms >= th.late_ms:
         why.append(f"worker's timer woke {f.worker_late_ms:.0f} ms late")
-    if f.cpu_pressure_pct is not None and f.cpu_pressure_pct >= th.cpu_pressure_pct:
+    if (f.cpu_pressure_pct is not None and f.cpu_pressure_pct >= th.cpu_pressure_pct
+            and (f.dock_p50_ms is None or f.dock_p50_ms <= th.frame_period_ms)):
         why.append(f"cpu pressure {f.cpu_pressure_pct:.0f} %")
     if (f.dock_ms is not None and f.elapsed_ms is not None and f.dock_ms <= th.deadline_ms < f.elapsed_ms):
         why.append(f"the dock took {f.dock_ms:.0f} ms of the {f.elapsed_ms:.0f} ms")

@@ -197,3 +197,17 @@ def test_a_granted_policy_says_so_and_other_asks_for_nothing(monkeypatch):
     ok, line = realtime.config_realtime_process("other", 54, (), "worker")
     assert ok and "no realtime policy" in line and len(calls) == 1
     assert realtime.worker_priority(54) == 53 and realtime.worker_priority(1) == 1
+
+
+def test_cpu_pressure_does_not_excuse_a_dock_that_is_slow_frame_after_frame():
+    slow = HostFigures(cpu_pressure_pct=64.0, dock_p50_ms=80.0)  # the dock's own median is over the 50 ms frame
+    assert host_late(slow) == ""
+    assert host_late(HostFigures(cpu_pressure_pct=64.0, dock_p50_ms=14.0)) == "host late: cpu pressure 64 %"
+    # the host's own wake-ups still speak for it
+    assert host_late(HostFigures(loop_late_ms=38.0, cpu_pressure_pct=64.0, dock_p50_ms=80.0)) == \
+        "host late: loop woke 38 ms late"
+    m = HostMeter(psi_path=__import__("pathlib").Path("/nonexistent/psi"))
+    assert m.dock_p50_ms() is None
+    for ms in (10.0, 12.0, 90.0):
+        m.dock_time(ms)
+    assert m.dock_p50_ms() == 12.0
