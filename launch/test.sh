@@ -30,4 +30,8 @@ EOF
 echo "mypy (settings: pyproject.toml [tool.mypy]) on ${packages[*]}"
 MYPYPATH="$root" .venv/bin/mypy --cache-dir .mypy_cache/package/cache "${packages[@]}" | sed "s#^$root/chestnut/##"
 
-exec .venv/bin/python -m pytest "$@"
+# The tests run in parallel processes (pytest-xdist), a test file to one process (`--dist loadfile`: a module's
+# fixtures -- a compiled model, a launched stack -- are made once); most of a test's time is waiting on the
+# processes it started, so more workers than cores pays. CHESTNUT_TEST_WORKERS=0 runs them in this process.
+# The slowest tests are listed at the end.
+exec .venv/bin/python -m pytest -n "${CHESTNUT_TEST_WORKERS:-3}" --dist loadfile --durations=15 "$@"

@@ -58,3 +58,19 @@ def private_prefix(monkeypatch, request):
     monkeypatch.setenv("CHESTNUT_PREFIX", prefix)
     yield
     shutil.rmtree(runtime_dir(prefix), ignore_errors=True)  # the test's sockets go with it
+
+
+# The test files that take longest (pytest --durations, summed per file), in that order. pytest-xdist's
+# --dist loadfile hands files to workers in collection order, so these go first and the short ones fill in
+# behind them: a long file started last would otherwise hold the whole run up on one worker.
+LONGEST_FILES = (
+    "test_tinygrad_on_twin.py", "test_e2e_launch.py", "test_replay.py", "test_node_failover.py",
+    "test_fleet_ray.py", "test_contracts_launch.py", "test_acceptance.py", "test_link_faults.py",
+    "test_foxglove_launch.py", "test_worker.py", "test_launch_frames_stack.py", "test_node_main.py",
+    "test_stage_budget.py", "test_launch_stop_order.py", "test_warp_node.py", "test_twin_daemon.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
