@@ -17,8 +17,9 @@ every later call fail, which to a host is an unplug), and the late reply is owed
 sent, then the owed replies (or what is left of a partly read one) are read and discarded before its
 own, all within the next request's own bound; a daemon still silent then times that request out too.
 Only the socket's end (the daemon exited, or the dock's process went away) is ``LIBUSB_ERROR_NO_DEVICE``
-/ :class:`TwinNotRunning` "went away", and so is a request that could not even be *sent* in time (the
-stream is then mid-frame, so the connection is closed).
+/ :class:`TwinNotRunning` "went away". One exception: a request that could not even be *sent* in time
+(a daemon that stopped reading) leaves the stream mid-frame, so it times out "took no request" and closes
+the connection; later calls then fail as for a gone daemon.
 
 In tests::
 
