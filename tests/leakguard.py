@@ -3,15 +3,15 @@
 Every test runs with ``CHESTNUT_TEST_ID`` set to a tag of its own (``conftest.py`` ``private_prefix``); every
 process it starts -- directly, through supervisord, or re-parented to init after its parent died -- inherits
 it. After the test's teardown the guard looks, through ``/proc/<pid>/environ``, for live processes that still
-carry the tag, and for dock lock files (``<tempdir>/am_usb:*.lock``, tinygrad 0.14's
-``System.flock_acquire``) held now that were not held before the test. A leak is reported as an error of that
-test, naming it and what was left; a leaked process is then killed, so one leak does not cascade.
+carry the tag. A leak is reported as an error of that test, naming it and what was left; the process is then
+killed, so one leak does not cascade.
 
 Processes that module or session fixtures start carry the session's tag (``CHESTNUT_TEST_SESSION``, the pytest
-process's pid) but no test's; those left after the last test of their module, and any dock lock still held
-then, are reported against that module at the end of the run. Process-lifetime helpers of the pytest process
-itself are not leaks: tinygrad 0.14's compile pool (``engine/worker.py`` ``get_worker_pool``),
-multiprocessing's resource tracker and the twin's compute child while a twin of the
+process's pid) but no test's. Those left after the last test of their module, and any dock lock still held
+then (``<tempdir>/am_usb:*.lock``, tinygrad 0.14's ``System.flock_acquire``: a module's shared stack holds one
+across its tests, and may move it to a new address), are an error of the module's last test. Process-lifetime
+helpers of the pytest process itself are not leaks: tinygrad 0.14's compile pool (``engine/worker.py``
+``get_worker_pool``), multiprocessing's resource tracker and the twin's compute child while a twin of the
 process is open (``backend/sim/compute.py`` ``running_pids``).
 
 Shared memory needs no check: the project's segments are anonymous (``memfd``, ``node/shm.py``), and the
@@ -158,21 +158,19 @@ def leak_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
     """Tags the test's processes and, after its teardown, reports what it left (see the module docstring)."""
     tag = tag_for(request.node.nodeid)
     monkeypatch.setenv(TEST_VAR, tag)
-    held_before = _held_locks()
     yield
     left = _survivors(f"{TEST_VAR}={tag}".encode(), GRACE_S)
     _kill([p for p, _ in left])
-    problems = [f"process {p} ({cmd})" for p, cmd in left]
-    problems += [f"a held lock on {n}" for n in sorted(_held_locks() - held_before)]
-    if problems:
-        pytest.fail(f"{request.node.nodeid} left behind: " + "; ".join(problems), pytrace=False)
+    if left:
+        pytest.fail(f"{request.node.nodeid} left behind: " + "; ".join(f"process {p} ({cmd})" for p, cmd in left),
+                    pytrace=False)
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
-    yield
-    if nextitem is not None and nextitem.module is item.module:  # type: ignore[attr-defined]
-        return
+    result = yield
+    if nextitem is not None and nextitem.path == item.path:
+        return result
     # the module's fixtures are torn down now: what carries the session's tag but no test's is theirs
     marker = f"{SESSION_VAR}={os.getpid()}".encode()
     ours = f"{TEST_VAR}=t{os.getpid()}-".encode()  # a test's own leak is that test's, reported by leak_guard
@@ -186,18 +184,6 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
         left = fixtures_left(GRACE_S)
     _kill([p for p, _ in left])
     problems = [f"process {p} ({c})" for p, c in left] + [f"a held lock on {n}" for n in sorted(_held_locks())]
-    if problems:
-        item.config.stash.setdefault(_MODULE_LEAKS, []).append(
-            f"{getattr(item.module, '__name__', item.nodeid)}: its fixtures left " + "; ".join(problems)
-        )
-
-
-_MODULE_LEAKS = pytest.StashKey[list]()
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    leaks = session.config.stash.get(_MODULE_LEAKS, [])
-    if leaks:
-        for line in leaks:
-            sys.stderr.write(f"leak guard: {line}\n")
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if problems:  # an error of the module's last test's teardown: it reaches the report under xdist too
+        pytest.fail(f"{item.path.name}: its fixtures left behind: " + "; ".join(problems), pytrace=False)
+    return result
