@@ -504,7 +504,7 @@ class WorkerHandle:
                 self._proc.wait(timeout=step)
                 return True
             except subprocess.TimeoutExpired:
-                if step >= left:
+                if tick is None or step >= left:
                     return False
                 tick()
 
