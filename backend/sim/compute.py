@@ -8,7 +8,7 @@ A real dock's bridge answers control transfers while its GPU is busy, so here th
 child process and the engine thread (``engine.py``) only waits for its reply, with the GIL released.
 
 One child per parent process (:func:`acquire` / :func:`release`, reference counted by the engines using it),
-so the compile cache (``engine._cache``, which lives in the child) is shared by every twin of the process:
+so the compile cache (:func:`compile_program`, which lives in the child) is shared by every twin of the process:
 a real model compiles once while any twin of the process is open. It is started lazily (the first LOAD), and
 stopped when the last engine releases it (``Twin.close()``), at interpreter exit (``atexit``), or by itself:
 its socket's EOF (the parent closed it or died) and a parent-pid watchdog (``os.getppid()``, every
@@ -50,6 +50,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import hashlib
 import itertools
 import logging
 import os
@@ -58,6 +59,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections import OrderedDict
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
@@ -118,9 +120,46 @@ def _hold_load() -> None:
         sleep_with_gil(int(HOLD_STEP_S * 1e6))
 
 
-def _load(onnx_bytes: bytes, engine: str) -> dict[str, Any]:
-    from chestnut.backend.sim.engine import compile_program
+COMPILE_CACHE_SIZE = 8  # programs a compute process keeps compiled (LRU)
+PROGRAM_ENGINES = ("tinygrad", "onnxruntime")
+_cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+_cache_lock = threading.Lock()
 
+
+def compile_program(onnx_bytes: bytes, engine: str = "tinygrad") -> Any:
+    """The warmed executor of a program, compiled once per process (LRU by sha256 and engine).
+
+    ``engine``: ``"tinygrad"`` — :class:`OnnxModel` on the host CPU through the compile cache
+    (``backend/jitcache.py``), the same kernels tinygrad runs for the CPU reference, so results are
+    bit-exact with it; ``"onnxruntime"`` — :class:`~chestnut.backend.model.OrtModel`'s
+    onnxruntime session, an order of magnitude faster on a small host (a GPU's real-time budget
+    cannot be met by tinygrad's CPU backend there). Both expose ``inputs``, ``outputs``, ``run`` and
+    ``signature()``. Raises :class:`chestnut.backend.errors.ModelError` for a graph it cannot load
+    and ``ValueError`` for an unknown engine.
+    """
+    from chestnut.backend.jitcache import JitCache
+    from chestnut.backend.model import OnnxModel, OrtModel
+
+    if engine not in PROGRAM_ENGINES:
+        raise ValueError(f"program engine {engine!r}: use one of {PROGRAM_ENGINES}")
+    sha = hashlib.sha256(onnx_bytes).hexdigest()
+    with _cache_lock:
+        model = _cache.get((sha, engine))
+        if model is not None:
+            _cache.move_to_end((sha, engine))
+            return model
+        if engine == "tinygrad":
+            model = OnnxModel(onnx_bytes, name=f"program-{sha[:12]}", jit_cache=JitCache())
+        else:
+            model = OrtModel(onnx_bytes, name=f"program-{sha[:12]}", threads=1)
+        model.warm()
+        _cache[(sha, engine)] = model
+        while len(_cache) > COMPILE_CACHE_SIZE:
+            _cache.popitem(last=False)
+        return model
+
+
+def _load(onnx_bytes: bytes, engine: str) -> dict[str, Any]:
     _hold_load()
     return dict(compile_program(onnx_bytes, engine).signature())
 
@@ -128,7 +167,6 @@ def _load(onnx_bytes: bytes, engine: str) -> dict[str, Any]:
 def _run(key: tuple[str, str], warp: Any, inputs: list[tuple[str, str, tuple[int, ...], bytes]]) -> list[bytes] | None:
     import numpy as np
 
-    from chestnut.backend.sim.engine import _cache, _cache_lock
     from chestnut.backend.warp import warp_numpy
 
     with _cache_lock:

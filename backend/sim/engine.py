@@ -52,7 +52,7 @@ Where programs compute: LOAD's compile and RUN's model run (and a warped program
 the process's compute child (:mod:`.compute`), never in the process that answers USB: a compile or run
 holding that process's GIL would keep the bridge from answering control transfers, as a real dock's bridge
 does while its GPU is busy. The engine thread sends the program's bytes or the RUN's input tensors and
-waits, GIL released. A program's compiled model lives in the child (its compile cache, :func:`compile_program`,
+waits, GIL released. A program's compiled model lives in the child (its compile cache, :func:`.compute.compile_program`,
 shared by every twin of the process); a RUN the child cannot find (a new child after one died, or an LRU
 eviction) is compiled again from the bytes the engine kept. If the child dies while a LOAD or RUN waits on
 it, that packet completes with ``STATUS_RUN_FAILED`` (a GPU-side failure, not the model's) and the next one
@@ -61,13 +61,11 @@ starts a new child. ``status()["compute"]`` shows the child (pid, requests waiti
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import struct
 import threading
 import zlib
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -88,47 +86,8 @@ PACKET_DWORDS, OP_NAMES = P.PACKET_DWORDS, P.OP_NAMES
 MAX_ONNX_BYTES = 1 << 30
 MAX_TENSORS = 256
 WAIT_POLL_S = 0.5
-COMPILE_CACHE_SIZE = 8
 STOP_JOIN_S = 1.0
 COMPUTE_POLL_S = 0.05  # s between the engine's looks for a reset while the compute child works
-
-PROGRAM_ENGINES = ("tinygrad", "onnxruntime")
-_cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
-_cache_lock = threading.Lock()
-
-
-def compile_program(onnx_bytes: bytes, engine: str = "tinygrad") -> Any:
-    """The warmed executor of a program, compiled once per process (LRU by sha256 and engine).
-
-    ``engine``: ``"tinygrad"`` — :class:`OnnxModel` on the host CPU through the compile cache
-    (``backend/jitcache.py``), the same kernels tinygrad runs for the CPU reference, so results are
-    bit-exact with it; ``"onnxruntime"`` — :class:`~chestnut.backend.model.OrtModel`'s
-    onnxruntime session, an order of magnitude faster on a small host (a GPU's real-time budget
-    cannot be met by tinygrad's CPU backend there). Both expose ``inputs``, ``outputs``, ``run`` and
-    ``signature()``. Raises :class:`chestnut.backend.errors.ModelError` for a graph it cannot load
-    and ``ValueError`` for an unknown engine.
-    """
-    from chestnut.backend.jitcache import JitCache
-    from chestnut.backend.model import OnnxModel, OrtModel
-
-    if engine not in PROGRAM_ENGINES:
-        raise ValueError(f"program engine {engine!r}: use one of {PROGRAM_ENGINES}")
-    sha = hashlib.sha256(onnx_bytes).hexdigest()
-    with _cache_lock:
-        model = _cache.get((sha, engine))
-        if model is not None:
-            _cache.move_to_end((sha, engine))
-            return model
-        if engine == "tinygrad":
-            model = OnnxModel(onnx_bytes, name=f"program-{sha[:12]}", jit_cache=JitCache())
-        else:
-            model = OrtModel(onnx_bytes, name=f"program-{sha[:12]}", threads=1)
-        model.warm()
-        _cache[(sha, engine)] = model
-        while len(_cache) > COMPILE_CACHE_SIZE:
-            _cache.popitem(last=False)
-        return model
-
 
 def helper_pids() -> tuple[int, ...]:
     """The pids of this process's running compute children (:mod:`.compute`): process-lifetime helpers of

@@ -107,7 +107,7 @@ class TwinConfig:
     """How the twin is built. ``bus``/``first_address`` name the first enumeration; ``training_delay_s``
     is how long PCIe link training takes after ``0xF3`` power-on; ``link_mbps``/``latency_us`` switch on
     the timing model (each transfer takes ``latency_us + bytes*8/link_mbps`` microseconds);
-    ``program_engine`` is how the GPU engine executes loaded programs (``engine.compile_program``);
+    ``program_engine`` is how the GPU engine executes loaded programs (``compute.compile_program``);
     ``compute_priority`` is the ``SCHED_RR`` priority of a RUN in the engine's compute process (0: normal
     scheduling; below the node's realtime priority, :mod:`.compute`); ``bridge_priority`` that of the daemon's
     threads, which answer USB (``chestnut twin serve`` only; :mod:`.daemon`)."""
