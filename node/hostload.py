@@ -27,7 +27,6 @@ from chestnut.node.policy import HOST_WINDOW_MS, HostFigures
 NS_PER_MS = 1_000_000
 PSI_CPU = Path("/proc/pressure/cpu")
 PRESSURE_PERIOD_S = 0.2  # PSI's avg10 moves slowly (a 10 s average): 5 reads a second are plenty
-DOCK_FRAMES = 20  # the dock's own time is judged over its last 20 timed frames (1 s at 20 Hz)
 MAX_SAMPLES = 256  # wake-ups kept (the loop wakes ~20-40 times a second; the window is 1 s)
 
 
@@ -59,7 +58,6 @@ class HostMeter:
         self.psi_path = psi_path
         self._loop: deque[tuple[int, int]] = deque(maxlen=MAX_SAMPLES)    # (woke at, late by) ns
         self._worker: deque[tuple[int, int]] = deque(maxlen=MAX_SAMPLES)
-        self._dock: deque[float] = deque(maxlen=DOCK_FRAMES)  # the dock's own time of recent frames, ms
         self._pressure: float | None = None
         self._pressure_at_s = -1e9
         self.last_figures = HostFigures()
@@ -74,17 +72,6 @@ class HostMeter:
         """The worker's timer's worst lateness of its last second (``late_ns``), read at ``now_ns``."""
         if late_ns > 0:
             self._worker.append((now_ns, late_ns))
-
-    def dock_time(self, ms: float) -> None:
-        """One primary frame's dock time (copy-in + compute + copy-out, ms), in time or late."""
-        self._dock.append(ms)
-
-    def dock_p50_ms(self) -> float | None:
-        """The median dock time of the last :data:`DOCK_FRAMES` timed frames (ms); None before any."""
-        if not self._dock:
-            return None
-        v = sorted(self._dock)
-        return v[len(v) // 2]
 
     def cpu_pressure(self) -> float | None:
         """PSI ``some avg10`` (%), re-read at most every :data:`PRESSURE_PERIOD_S`; None where absent."""
@@ -104,7 +91,6 @@ class HostMeter:
             return max((late for at, late in samples if at >= since), default=0) / NS_PER_MS
 
         f = HostFigures(worst(self._loop), worst(self._worker),
-                        pressure if pressure is not None else self.cpu_pressure(), dock_ms, elapsed_ms,
-                        self.dock_p50_ms())
+                        pressure if pressure is not None else self.cpu_pressure(), dock_ms, elapsed_ms)
         self.last_figures = f
         return f

@@ -75,7 +75,6 @@ from chestnut.node import config as node_config
 from chestnut.node.config import NodeConfig
 from chestnut.node.framedrop import FrameDropFilter
 from chestnut.node.health import (
-    FRAME_PERIOD_S,
     ActiveFlag,
     Evidence,
     HealthMonitor,
@@ -381,8 +380,7 @@ class Node:
         self.miss_run = 0                # consecutive frames the primary did not answer in time
         # the host's own lateness (node/hostload.py): a deadline miss while it was late is the host's
         self.host = HostMeter(t.host_window_ms)
-        self.host_thresholds = HostThresholds(t.host_late_ms, t.host_cpu_pressure_pct, t.deadline_ms,
-                                              FRAME_PERIOD_S * 1e3)
+        self.host_thresholds = HostThresholds(t.host_late_ms, t.host_cpu_pressure_pct, t.deadline_ms)
         self.host_misses = 0             # deadline misses blamed on the host (not counted towards a failover)
         self.host_last_late_ns = 0
         self.host_log = LogEvery()
@@ -892,8 +890,6 @@ class Node:
         times, when its runner times them) against the request's elapsed time."""
         started = self.watchdog.started_ns(res.seq)
         dock_ms = sum(res.stages.as_list()) * 1e3 if res.stages is not None else None
-        if dock_ms is not None:
-            self.host.dock_time(dock_ms)
         return self._host_late(now, dock_ms, (now - started) / 1e6 if started is not None else None)
 
     def _host_miss(self, reason: str, now: int) -> None:

@@ -199,15 +199,11 @@ def test_a_granted_policy_says_so_and_other_asks_for_nothing(monkeypatch):
     assert realtime.worker_priority(54) == 53 and realtime.worker_priority(1) == 1
 
 
-def test_cpu_pressure_does_not_excuse_a_dock_that_is_slow_frame_after_frame():
-    slow = HostFigures(cpu_pressure_pct=64.0, dock_p50_ms=80.0)  # the dock's own median is over the 50 ms frame
-    assert host_late(slow) == ""
-    assert host_late(HostFigures(cpu_pressure_pct=64.0, dock_p50_ms=14.0)) == "host late: cpu pressure 64 %"
-    # the host's own wake-ups still speak for it
-    assert host_late(HostFigures(loop_late_ms=38.0, cpu_pressure_pct=64.0, dock_p50_ms=80.0)) == \
-        "host late: loop woke 38 ms late"
-    m = HostMeter(psi_path=__import__("pathlib").Path("/nonexistent/psi"))
-    assert m.dock_p50_ms() is None
-    for ms in (10.0, 12.0, 90.0):
-        m.dock_time(ms)
-    assert m.dock_p50_ms() == 12.0
+def test_cpu_pressure_alone_never_makes_a_miss_the_hosts():
+    # a hung or slow GPU beside CPU-bound load, on an on-time node and worker: the dock's
+    assert host_late(HostFigures(cpu_pressure_pct=95.0)) == ""
+    assert host_late(HostFigures(cpu_pressure_pct=95.0, dock_ms=170.0, elapsed_ms=180.0)) == ""
+    # the node's own figures decide; the pressure is named beside them from its threshold on
+    assert host_late(HostFigures(loop_late_ms=38.0, cpu_pressure_pct=39.0)) == "host late: loop woke 38 ms late"
+    assert host_late(HostFigures(dock_ms=14.0, elapsed_ms=180.0, cpu_pressure_pct=40.0)) == \
+        "host late: the dock took 14 ms of the 180 ms, cpu pressure 40 %"
