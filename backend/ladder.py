@@ -57,6 +57,7 @@ SPEED_MBPS: dict[int, int] = {1: 1, 2: 12, 3: P.HIGHSPEED_MBPS, 4: P.SUPERSPEED_
 USB2_HAZARDS = ("USB 2 link (480 Mbps): the bridge's vendor control reads over 64 bytes time out and bulk OUT "
                 "transfers can be silently truncated (a corrupt copy-in); copies are ~10x slower")
 MAX_LINK_ERRORS_PER_S = 5.0  # openpilot hardwared: <= 5 link errors/s over its window is stable
+STABILITY_OVERRUN_S = 0.5  # s past link_stability's window in which its planned probe reads may still start
 
 STEP_ADVICE: dict[str, str] = {
     "usb_ids": "plug the dock in and power it; `lsusb -d add1:0001` should list it",
@@ -364,10 +365,26 @@ class DockQualifier:
     def link_stability(self) -> Outcome:
         """Count link errors over the window: the device's counter delta plus failed probe reads.
 
-        Probe reads are LTSSM reads (one control transfer each, ``ctrl_timeout_ms``); a read that
-        times out or fails counts as an error; losing the device fails the step at once.
+        Probe reads are LTSSM reads (one control transfer each, ``ctrl_timeout_ms``), one every
+        ``stability_poll_s``: ``stability_window_s / stability_poll_s + 1`` of them (26 with the
+        defaults), a sample whose size does not depend on how long each read takes. A read that times
+        out or fails counts as an error; losing the device fails the step at once. The rate is
+        ``counter delta / elapsed s + failed reads / stability_window_s``: a read that times out spends
+        up to ``ctrl_timeout_ms`` of the window without sampling the link again, so a rate of failed
+        reads over the elapsed time would fall as the reads got slower (or the host later), and a link
+        losing half its reads could pass; over the nominal window it is a property of the sample.
+
+        The sampling ends early once the failed reads alone exceed the allowance
+        (``max_link_errors_per_s * stability_window_s``) and some read was answered: the link is
+        unstable whatever the rest would show. While no read has been answered it goes on, as the
+        ``n/n probe reads failed`` of a wedged bridge (:mod:`chestnut.backend.classify`) should rest on
+        the whole sample. No read starts once :data:`STABILITY_OVERRUN_S` past the window has passed
+        (a bridge that answers nothing, or a host too late for the planned reads): the last read still
+        ends inside the step's bound (``stability_window_s + 2 * ctrl_timeout_ms + 1 s``).
         """
         c = self.config
+        planned = int(c.stability_window_s / c.stability_poll_s + 1e-9) + 1
+        allowance = c.max_link_errors_per_s * c.stability_window_s
         before = self.dock.link_errors(self.dev)
         reads = failed = 0
         last_err: ChestnutError | None = None
@@ -381,15 +398,17 @@ class DockQualifier:
                     raise
                 failed += 1
                 last_err = e
-            if self.clock() - t0 >= c.stability_window_s:
+            if reads >= planned or self.clock() - t0 >= c.stability_window_s + STABILITY_OVERRUN_S:
+                break
+            if failed > allowance and failed < reads:
                 break
             self.sleep(c.stability_poll_s)
-        window = max(self.clock() - t0, 1e-6)
+        elapsed = max(self.clock() - t0, 1e-6)
         after = self.dock.link_errors(self.dev)
         counted = (after - before) if before is not None and after is not None else 0
-        rate = (counted + failed) / window
+        rate = counted / elapsed + failed / c.stability_window_s
         src = f"counter +{counted}, " if before is not None else "no counter, "
-        detail = f"{rate:.1f} errors/s over {window:.2f} s ({src}{failed}/{reads} probe reads failed)"
+        detail = f"{rate:.1f} errors/s over {elapsed:.2f} s ({src}{failed}/{reads} probe reads failed)"
         if rate > c.max_link_errors_per_s:
             why = f"; last: {last_err}" if last_err is not None else ""
             raise UsbLayerError("unstable_link", f"{detail}, above {c.max_link_errors_per_s:g}/s{why}")

@@ -104,6 +104,17 @@ def test_some_unanswered_probe_reads_make_the_link_unstable(dock):
     assert step.duration_s < CFG.stability_window_s + 2 * CFG.ctrl_timeout_ms / 1e3 + 1.0
 
 
+def test_unanswered_probe_reads_make_the_link_unstable_on_a_late_host_too(dock):
+    """Every poll 60 ms late (a busy host): fewer reads fit in the window's time, but the verdict rests
+    on the planned sample of reads, not on how many of them a late host fits into 0.2 s."""
+    dock.fault("timeout", on="0xE4", repeat=True, probability=0.5, seed=3)
+    q = DockQualifier(UsbDock(twin_backend(PREFIX, cached=False), CFG.ctrl_timeout_ms), CFG, reset_gpu=True,
+                      sleep=lambda s: time.sleep(s + 0.06))
+    report = q.run()
+    expect_stop(report, "link_stability")
+    assert report.step("link_stability").reason == "unstable_link"
+
+
 @pytest.mark.parametrize("fault", [{"kind": "wedged"}, {"kind": "timeout", "on": "0xE4", "repeat": True}],
                          ids=["wedged", "every_0xE4_unanswered"])
 def test_every_probe_read_unanswered_on_an_enumerated_dock_is_a_wedged_bridge(dock, fault):
