@@ -43,6 +43,7 @@ from chestnut.msgs.frames import fill_frame
 from chestnut.msgs.messaging import PubMaster
 from chestnut.msgs.services import get_service
 from chestnut.msgs.visionipc import INLINE_MAX_BYTES, FrameBufferError, FrameRing
+from chestnut.node.realtime import CAMERA_PRIORITY, add_priority_argument, apply_priority
 
 log = logging.getLogger("chestnut.camera")
 
@@ -173,6 +174,7 @@ def ticks_to_skip(now_ns: int, sof_ns: int, period_ns: int, late_max_periods: in
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_priority_argument(p, CAMERA_PRIORITY, "camera")
     p.add_argument("--source", type=Path, help="video, image folder or image (default: mvtb-data traffic video)")
     p.add_argument("--rate", type=float, default=20.0, help="frames per second (default 20)")
     p.add_argument("--height", type=int, default=128)
@@ -217,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("--native keeps a source's own size; a --synthetic source has none: give its size with "
                   "--width and --height (openpilot's road camera: --width 1928 --height 1208)")
         return 2
+    apply_priority(getattr(args, "rt_priority", 0), "camera", log)
     pixel_format = getattr(args, "pixel_format", "bgr24")
     encoding = PIXEL_FORMATS[pixel_format]
     if synthetic:

@@ -28,6 +28,7 @@ from chestnut.launch.signals import StopFlag
 from chestnut.msgs.messaging import PubMaster, SubMaster, new_message
 from chestnut.msgs.services import SOFT_DISABLE_S
 from chestnut.msgs.submaster import SubMasterChecks
+from chestnut.node.realtime import CONTROL_PRIORITY, add_priority_argument, apply_priority
 
 log = logging.getLogger("chestnut.control")
 
@@ -178,9 +179,11 @@ def fill_control_state(st: ControlState) -> object:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-auto-engage", action="store_true", help="never engage by itself")
     p.add_argument("--rate", type=float, default=20.0, help="controlState rate, Hz (default 20)")
+    add_priority_argument(p, CONTROL_PRIORITY, "control daemon")
 
 
 def run(args: argparse.Namespace) -> int:
+    apply_priority(getattr(args, "rt_priority", 0), "control", log)
     flag = StopFlag()
     logic = ControlLogic(auto_engage=not args.no_auto_engage)
     period_ms = max(1, int(1000 / args.rate))

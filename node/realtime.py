@@ -14,7 +14,9 @@ process runs on with the policy it had (sched_setscheduler(2), sched_setaffinity
 
 from __future__ import annotations
 
+import logging
 import os
+from typing import Any
 
 POLICIES = {"fifo": "SCHED_FIFO", "rr": "SCHED_RR", "other": "SCHED_OTHER"}
 """``[realtime] policy`` -> the ``os`` constant; ``other`` asks for no realtime policy at all."""
@@ -76,3 +78,29 @@ def _why(e: BaseException) -> str:
     if isinstance(e, OSError) and e.strerror:
         return e.strerror
     return f"{type(e).__name__}: {e}"
+
+
+CAMERA_PRIORITY = 51
+"""The camera's SCHED_FIFO priority in a launched stack: above CPU-bound host work, so the frame rate the
+node and the control daemon judge (``freq_ok``) is the camera's own and not the host's load, and below the
+node (:data:`DEFAULT_PRIORITY`) and its worker: nothing the node waits on outranks it but the node itself."""
+CONTROL_PRIORITY = 52
+"""The control daemon's SCHED_FIFO priority: above the camera, below the node and its worker (openpilot runs
+its control loop at realtime priority too, ``common/realtime.py`` ``Priority.CTRL_HIGH``)."""
+
+
+def add_priority_argument(p: Any, default: int, who: str) -> None:
+    """``--rt-priority N`` for a program of the stack (``who``): SCHED_FIFO at N, 0 for none."""
+    p.add_argument("--rt-priority", type=int, default=default,
+                   help=f"the {who}'s SCHED_FIFO priority (default {default}, below the node's {DEFAULT_PRIORITY}; "
+                        "0: no realtime policy)")
+
+
+def apply_priority(priority: int, who: str, log: logging.Logger) -> bool:
+    """Ask for SCHED_FIFO at ``priority`` (0: none) for this process; one INFO line when granted, one
+    WARNING line (no traceback) when refused. Returns whether it was granted."""
+    if priority == 0:
+        return True
+    ok, line = config_realtime_process("fifo", priority, (), who)
+    log.log(logging.INFO if ok else logging.WARNING, "%s", line)
+    return ok
