@@ -27,11 +27,16 @@ GRANT_HINT = ("grant it: systemd CPUSchedulingPolicy=/CPUSchedulingPriority=/Lim
 
 
 def config_realtime_process(policy: str, priority: int, cpus: tuple[int, ...] = (),
-                            who: str = "node") -> tuple[bool, str]:
+                            who: str = "node", all_threads: bool = False) -> tuple[bool, str]:
     """Ask for ``policy`` (a key of :data:`POLICIES`) at ``priority`` (1..99 for fifo and rr) and, when
-    ``cpus`` is not empty, for those CPUs only, for this process. Returns (everything granted, one line
-    saying what was set or why not); never raises for a refusal (``PermissionError``, another
-    ``OSError``, a platform without these calls). Raises ``ValueError`` for an unknown policy."""
+    ``cpus`` is not empty, for those CPUs only, for this process: its calling thread and the threads it
+    starts from now on, or with ``all_threads`` every thread it has now (``/proc/self/task``; Linux's
+    ``sched_setscheduler`` sets one thread). A realtime policy is asked with ``SCHED_RESET_ON_FORK``
+    (sched(7)): processes this one starts -- tinygrad 0.14's compile pool (``engine/worker.py``), a
+    runner's helpers -- begin at the normal policy and cannot hold a core at this priority. Returns
+    (everything granted, one line saying what was set or why not); never raises for a refusal
+    (``PermissionError``, another ``OSError``, a platform without these calls). Raises ``ValueError`` for
+    an unknown policy."""
     if policy not in POLICIES:
         raise ValueError(f"realtime policy {policy!r}; use one of {', '.join(POLICIES)}")
     notes, ok = [], True
@@ -46,8 +51,13 @@ def config_realtime_process(policy: str, priority: int, cpus: tuple[int, ...] = 
         notes.append("no realtime policy asked for ([realtime] policy = other)")
         return ok, f"{who} scheduling: " + "; ".join(notes)
     try:
-        const = getattr(os, POLICIES[policy])
-        os.sched_setscheduler(0, const, os.sched_param(priority))
+        const = getattr(os, POLICIES[policy]) | getattr(os, "SCHED_RESET_ON_FORK", 0)
+        tids = [int(t) for t in os.listdir("/proc/self/task")] if all_threads else [0]
+        for tid in tids:
+            try:
+                os.sched_setscheduler(tid, const, os.sched_param(priority))
+            except ProcessLookupError:  # a thread that ended meanwhile
+                pass
         notes.insert(0, f"{POLICIES[policy]} priority {priority}")
     except (OSError, AttributeError) as e:
         ok = False
@@ -59,7 +69,7 @@ def config_realtime_process(policy: str, priority: int, cpus: tuple[int, ...] = 
 def current_policy() -> str:
     """This process's policy and priority, e.g. ``SCHED_OTHER`` or ``SCHED_FIFO priority 54``."""
     try:
-        pol = os.sched_getscheduler(0)
+        pol = os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)
         prio = os.sched_getparam(0).sched_priority
     except (OSError, AttributeError):
         return "its current policy"

@@ -158,6 +158,16 @@ class _WorkerLoop:
         self.sock, self.ctl = sock, ctl
         self.runner: PrimaryRunner | None = None
         self.slots: SlotBuffers | None = None
+        self.realtime: tuple[str, int, tuple[int, ...]] | None = None  # (policy, priority, cpus) once serving
+
+    def serve_realtime(self) -> None:
+        """The worker's realtime scheduling (``node/realtime.py``), asked once the model is loaded and
+        warm, for every thread: qualification and the load (a cold tinygrad compile holds a core for tens
+        of seconds) run at the normal policy, the per-frame path above CPU-bound host work."""
+        if self.realtime is not None:
+            policy, priority, cpus = self.realtime
+            ok, line = config_realtime_process(policy, priority, cpus, "worker", all_threads=True)
+            log.log(logging.INFO if ok else logging.WARNING, "%s", line)
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -188,6 +198,7 @@ class _WorkerLoop:
         rc = self.start(RunnerSpec.from_json(start["runner"]), model_spec_from_json(start["model"]), start["ladder"])
         if rc is not None:
             return rc
+        self.serve_realtime()
         while True:
             got = self.recv()
             if got is None:
@@ -344,17 +355,16 @@ def main(argv: list[str] | None = None) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format=f"%(asctime)s %(levelname)s chestnut-worker[{os.getpid()}] %(name)s: %(message)s")
-    if args.rt_policy is not None:
-        ok, line = config_realtime_process(args.rt_policy, args.rt_priority,
-                                           tuple(int(c) for c in args.rt_cpus.split(",") if c), "worker")
-        log.log(logging.INFO if ok else logging.WARNING, "%s", line)
     ctl = ControlBlock.attach(args.ctl_fd)
     ctl.set_pid(os.getpid())
     _Heartbeat(ctl, args.heartbeat_period_s, args.parent_pid).start()
     sock = socket.socket(fileno=args.sock_fd)
     sock.setblocking(True)
     try:
-        return _WorkerLoop(sock, ctl).serve()
+        loop = _WorkerLoop(sock, ctl)
+        if args.rt_policy is not None:
+            loop.realtime = (args.rt_policy, args.rt_priority, tuple(int(c) for c in args.rt_cpus.split(",") if c))
+        return loop.serve()
     except (BrokenPipeError, ConnectionResetError):
         return EXIT_PARENT_GONE
 
