@@ -321,16 +321,33 @@ def _detail(exc: BaseException) -> str:
     return parts[0] + "".join(f" (after {p})" for p in parts[1:])
 
 
+RESPONSES = frozenset({"hang"})
+"""Rules whose message is tinygrad's *response* to another error rather than a finding of its own: tinygrad
+0.14 ``HCQCompiled.synchronize`` (``runtime/support/hcq.py``) catches any ``RuntimeError`` of the signal
+wait -- a USB transfer that failed while it polled the fence included -- and calls ``on_device_hang()``
+(``runtime/ops_amd.py``), which raises ``"Device hang detected"`` with the original as its context. Such an
+error is named by the USB or PCIe error it responded to, when its chain holds one; alone, or after a GPU-side
+error (a wait timeout), it is a hang."""
+
+
 def _best(exc: BaseException) -> tuple[int | None, BaseException]:
     """The most specific (lowest rule index) member of ``exc``'s leaves and their cause chains."""
     best: tuple[int | None, BaseException] = (None, exc)
     for leaf in _leaves(exc):
+        found: int | None = None
         for e in _chain(leaf):
             i = match_rule(e)
-            if i is not None and (best[0] is None or i < best[0]):
-                best = (i, leaf)
-            if i is not None:
-                break  # the outermost classified exception of a chain speaks for it
+            if i is None:
+                continue
+            if found is None:
+                found = i
+            elif RULES[i].error is not GpuLayerError:  # the transport error the GPU-side response followed
+                found = i
+                break
+            if RULES[found].reason not in RESPONSES:
+                break  # the outermost classified exception of a chain speaks for it (see RESPONSES)
+        if found is not None and (best[0] is None or found < best[0]):
+            best = (found, leaf)
     return best
 
 

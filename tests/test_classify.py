@@ -427,3 +427,18 @@ def test_a_timed_out_transfer_is_not_advice_to_change_ports():
         assert "SuperSpeed" not in advice and "power-cycle the dock" in advice, (err, advice)
     assert advice_for(UsbLayerError("unstable_link", "9 of the last 100 transfer attempts failed")) == (
         "reseat or replace the USB cable; avoid hubs; check the dock's power supply")
+
+
+def test_a_hang_tinygrad_declares_in_response_to_a_usb_error_is_the_usb_errors():
+    # tinygrad 0.14 HCQCompiled.synchronize: a RuntimeError of the fence wait -> on_device_hang() raises anew
+    err = classify(RuntimeError("Device hang detected"))  # alone: a hang
+    assert (type(err).__name__, err.reason) == ("GpuLayerError", "hang")
+    try:
+        try:
+            raise RuntimeError("bulk IN 0x81 failed: Pipe error [LIBUSB_ERROR_PIPE]")
+        except RuntimeError:
+            raise RuntimeError("Device hang detected")  # noqa: B904 - tinygrad raises it so, with the context
+    except RuntimeError as e:
+        err = classify(e)
+    assert (type(err).__name__, err.reason) == ("UsbLayerError", "stall")
+    assert err.detail.startswith("RuntimeError: Device hang detected (after RuntimeError: bulk IN 0x81 failed")
