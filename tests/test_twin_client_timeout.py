@@ -124,8 +124,8 @@ class LateDaemon:
                 self.requests.append(req)
                 if not self.released.acquire(timeout=20) or self.hung_up:
                     return
+                self.answered += 1  # counted before the send: a client that has the reply sees the count
                 conn.sendall(W.RSP.pack(length, W.ST_OK, req[5] + 1000) + b"\xab" * length)
-                self.answered += 1
 
     def hang_up(self) -> None:
         """Close the connection without answering what is pending (the daemon exits)."""
