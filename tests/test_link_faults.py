@@ -175,16 +175,30 @@ def test_a_usb2_link_keeps_the_usb_layer_warn_without_flapping(stack: Stack) -> 
     try:
         first = stack.bus.wait_for(lambda r: next((h for h in r.health if h.mono_ns >= t0
                                                    and h.layers["usb"][0] == "warn"), None), 10.0, "usb WARN")
-        time.sleep(5.0)  # five probes, a hundred frames
-        rec = since(stack.bus.snapshot(), first.mono_ns)
+
+        def settled(r: Records) -> Records | None:
+            """Five probes and a hundred frames on the USB 2 link, the last three answered by the primary."""
+            rec = since(r, first.mono_ns)
+            good = (len(rec.health) >= 5 and len(rec.outputs) >= 100
+                    and all(o.source == "primary" for o in rec.outputs[-3:]))
+            return rec if good else None
+
+        rec = stack.bus.wait_for(settled, 90.0, "five probes and a hundred frames, the primary serving")
     finally:
         stack.client.clear()
+    log = stack.node.log_tail()
     levels = [h.layers["usb"] for h in rec.health]
     assert {lv for lv, _ in levels} == {"warn"}, levels
     assert all("480 Mbps, USB 2" in reason for _, reason in levels), levels
     assert rec.active and not any(a.active for a in rec.active), [a.reason for a in rec.active if a.active]
     assert all(a.reason.startswith("usb WARN: ") and "480 Mbps" in a.reason for a in rec.active)
-    assert sum(o.source == "primary" for o in rec.outputs) >= 0.95 * len(rec.outputs)
+    # The link never fails the primary over: the only failover allowed is the gpu layer's run of deadline
+    # misses, which on the twin under host load is partly the host's by construction (README: the twin's
+    # "GPU" computes on the host's CPU, and the test's camera shares it); no share of primary frames is
+    # asserted, as it measures the machine's load, not the node.
+    assert all(s.reason.startswith("deadline_miss_run (gpu): ") for s in failovers(rec)), \
+        ([s.reason for s in failovers(rec)], log)
+    assert unanswered_frames(rec)[1] == [], log
     t_clear = time.monotonic_ns()
     stack.bus.wait_for(lambda r: any(h.mono_ns > t_clear and "480 Mbps" not in h.layers["usb"][1] for h in r.health),
                        30.0, "SuperSpeed again: three probes clear the WARN")
