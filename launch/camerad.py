@@ -219,7 +219,6 @@ def run(args: argparse.Namespace) -> int:
         log.error("--native keeps a source's own size; a --synthetic source has none: give its size with "
                   "--width and --height (openpilot's road camera: --width 1928 --height 1208)")
         return 2
-    apply_priority(getattr(args, "rt_priority", 0), "camera", log)
     pixel_format = getattr(args, "pixel_format", "bgr24")
     encoding = PIXEL_FORMATS[pixel_format]
     if synthetic:
@@ -272,6 +271,7 @@ def _publish(
     encoding: str,
 ) -> int:
     sent = skipped = 0
+    apply_priority(getattr(args, "rt_priority", 0), "camera", log)  # every check passed: now it publishes
     with PubMaster(["cameraFrame"]) as pm:
         rows, cols = pending[0].shape[:2]
         log.info(

@@ -107,10 +107,11 @@ def add_priority_argument(p: Any, default: int, who: str) -> None:
 
 
 def apply_priority(priority: int, who: str, log: logging.Logger) -> bool:
-    """Ask for SCHED_FIFO at ``priority`` (0: none) for this process; one INFO line when granted, one
-    WARNING line (no traceback) when refused. Returns whether it was granted."""
+    """Ask for SCHED_FIFO at ``priority`` (0: none) for every thread of this process and those it starts
+    later; one INFO line when granted, one WARNING line (no traceback) when refused. Returns whether it was
+    granted."""
     if priority == 0:
         return True
-    ok, line = config_realtime_process("fifo", priority, (), who)
+    ok, line = config_realtime_process("fifo", priority, (), who, all_threads=True)
     log.log(logging.INFO if ok else logging.WARNING, "%s", line)
     return ok
