@@ -27,13 +27,15 @@ GRANT_HINT = ("grant it: systemd CPUSchedulingPolicy=/CPUSchedulingPriority=/Lim
 
 
 def config_realtime_process(policy: str, priority: int, cpus: tuple[int, ...] = (),
-                            who: str = "node", all_threads: bool = False) -> tuple[bool, str]:
+                            who: str = "node", all_threads: bool = False,
+                            reset_on_fork: bool = False) -> tuple[bool, str]:
     """Ask for ``policy`` (a key of :data:`POLICIES`) at ``priority`` (1..99 for fifo and rr) and, when
     ``cpus`` is not empty, for those CPUs only, for this process: its calling thread and the threads it
     starts from now on, or with ``all_threads`` every thread it has now (``/proc/self/task``; Linux's
-    ``sched_setscheduler`` sets one thread). A realtime policy is asked with ``SCHED_RESET_ON_FORK``
-    (sched(7)): processes this one starts -- tinygrad 0.14's compile pool (``engine/worker.py``), a
-    runner's helpers -- begin at the normal policy and cannot hold a core at this priority. Returns
+    ``sched_setscheduler`` sets one thread). With ``reset_on_fork`` the policy carries
+    ``SCHED_RESET_ON_FORK`` (sched(7)): every task this one starts afterwards, a process -- tinygrad 0.14's
+    compile pool (``engine/worker.py``), a runner's helpers -- or a thread, begins at the normal policy and
+    cannot hold a core at this priority. Returns
     (everything granted, one line saying what was set or why not); never raises for a refusal
     (``PermissionError``, another ``OSError``, a platform without these calls). Raises ``ValueError`` for
     an unknown policy."""
@@ -51,7 +53,7 @@ def config_realtime_process(policy: str, priority: int, cpus: tuple[int, ...] = 
         notes.append("no realtime policy asked for ([realtime] policy = other)")
         return ok, f"{who} scheduling: " + "; ".join(notes)
     try:
-        const = getattr(os, POLICIES[policy]) | getattr(os, "SCHED_RESET_ON_FORK", 0)
+        const = getattr(os, POLICIES[policy]) | (getattr(os, "SCHED_RESET_ON_FORK", 0) if reset_on_fork else 0)
         tids = [int(t) for t in os.listdir("/proc/self/task")] if all_threads else [0]
         for tid in tids:
             try:
@@ -115,3 +117,13 @@ def apply_priority(priority: int, who: str, log: logging.Logger) -> bool:
     ok, line = config_realtime_process("fifo", priority, (), who, all_threads=True)
     log.log(logging.INFO if ok else logging.WARNING, "%s", line)
     return ok
+
+
+def normal_policy() -> None:
+    """Put this thread back on SCHED_OTHER (always permitted: it only lowers the priority; a platform
+    without these calls keeps what it has)."""
+    try:
+        if os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0) != os.SCHED_OTHER:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except (OSError, AttributeError):
+        pass

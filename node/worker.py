@@ -38,7 +38,7 @@ from chestnut.backend.errors import ChestnutError, OutputLayerError
 from chestnut.backend.interface import LadderReport, ModelSpec, PrimaryRunner
 from chestnut.backend.model import TensorSpec
 from chestnut.backend.stages import StageTimes
-from chestnut.node.realtime import POLICIES, config_realtime_process
+from chestnut.node.realtime import POLICIES, config_realtime_process, normal_policy
 from chestnut.node.runner_loader import RunnerSpec, resolve_runner
 from chestnut.node.shm import ControlBlock, SharedSegment, SlotBuffers, SlotLayout, WorkerState
 from chestnut.node.wire import (
@@ -166,7 +166,8 @@ class _WorkerLoop:
         of seconds) run at the normal policy, the per-frame path above CPU-bound host work."""
         if self.realtime is not None:
             policy, priority, cpus = self.realtime
-            ok, line = config_realtime_process(policy, priority, cpus, "worker", all_threads=True)
+            ok, line = config_realtime_process(policy, priority, cpus, "worker", all_threads=True,
+                                               reset_on_fork=True)
             log.log(logging.INFO if ok else logging.WARNING, "%s", line)
 
     def send(self, data: bytes) -> None:
@@ -355,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format=f"%(asctime)s %(levelname)s chestnut-worker[{os.getpid()}] %(name)s: %(message)s")
+    normal_policy()  # a realtime parent's policy is not the worker's until it serves (_WorkerLoop.serve_realtime)
     ctl = ControlBlock.attach(args.ctl_fd)
     ctl.set_pid(os.getpid())
     _Heartbeat(ctl, args.heartbeat_period_s, args.parent_pid).start()

@@ -194,14 +194,15 @@ def test_a_granted_policy_says_so_and_other_asks_for_nothing(monkeypatch):
     monkeypatch.setattr(os, "sched_setscheduler", lambda pid, pol, param: calls.append((pid, pol,
                                                                                           param.sched_priority)))
     assert realtime.config_realtime_process("fifo", 54) == (True, "node scheduling: SCHED_FIFO priority 54")
-    assert calls == [(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, 54)]  # children start at the normal policy
+    assert calls == [(0, os.SCHED_FIFO, 54)]
     ok, line = realtime.config_realtime_process("other", 54, (), "worker")
     assert ok and "no realtime policy" in line and len(calls) == 1
     # the worker asks for every thread it has once it serves (its heartbeat thread started long before)
     threading.Thread(target=threading.Event().wait, args=(5.0,), daemon=True).start()
     tids = sorted(int(t) for t in os.listdir("/proc/self/task"))
-    assert realtime.config_realtime_process("fifo", 53, (), "worker", all_threads=True)[0]
-    assert sorted(pid for pid, _, _ in calls[1:]) == tids and {p for _, _, p in calls[1:]} == {53}
+    assert realtime.config_realtime_process("fifo", 53, (), "worker", all_threads=True, reset_on_fork=True)[0]
+    assert sorted(pid for pid, _, _ in calls[1:]) == tids
+    assert {(pol, p) for _, pol, p in calls[1:]} == {(os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, 53)}
     assert realtime.worker_priority(54) == 53 and realtime.worker_priority(1) == 1
 
 
