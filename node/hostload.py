@@ -58,7 +58,6 @@ class HostMeter:
         self.psi_path = psi_path
         self._loop: deque[tuple[int, int]] = deque(maxlen=MAX_SAMPLES)    # (woke at, late by) ns
         self._worker: deque[tuple[int, int]] = deque(maxlen=MAX_SAMPLES)
-        self._frames: deque[tuple[int, int]] = deque(maxlen=MAX_SAMPLES)  # (read at, age at read) ns
         self._pressure: float | None = None
         self._pressure_at_s = -1e9
         self.last_figures = HostFigures()
@@ -73,12 +72,6 @@ class HostMeter:
         """The worker's timer's worst lateness of its last second (``late_ns``), read at ``now_ns``."""
         if late_ns > 0:
             self._worker.append((now_ns, late_ns))
-
-    def frame_read(self, eof_ns: int, read_ns: int) -> None:
-        """A frame with ``timestampEof`` = ``eof_ns`` was read by the node at ``read_ns`` (CLOCK_MONOTONIC);
-        an EOF of 0 or in the future gives no age and is ignored."""
-        if 0 < eof_ns <= read_ns:
-            self._frames.append((read_ns, read_ns - eof_ns))
 
     def cpu_pressure(self) -> float | None:
         """PSI ``some avg10`` (%), re-read at most every :data:`PRESSURE_PERIOD_S`; None where absent."""
@@ -98,7 +91,6 @@ class HostMeter:
             return max((late for at, late in samples if at >= since), default=0) / NS_PER_MS
 
         f = HostFigures(worst(self._loop), worst(self._worker),
-                        pressure if pressure is not None else self.cpu_pressure(), dock_ms, elapsed_ms,
-                        worst(self._frames))
+                        pressure if pressure is not None else self.cpu_pressure(), dock_ms, elapsed_ms)
         self.last_figures = f
         return f

@@ -719,7 +719,6 @@ class Node:
         self.frames_in += 1
         drop_perc = self.framedrop.update(frame_id)
         now = time.monotonic_ns()
-        self.host.frame_read(int(cf.timestampEof), now)
         if stale := stale_frame_reason(int(cf.timestampEof), now, self.cfg.timing.max_frame_age_ms):
             self._stale_frame(frame_id, cf, stale, drop_perc, now)
             return

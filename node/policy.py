@@ -195,16 +195,13 @@ class HostFigures:
     heartbeat timer, likewise; ``cpu_pressure_pct``: PSI ``some avg10``, None where ``/proc/pressure/cpu``
     is absent (Linux < 4.20, or PSI off); ``dock_ms``: the dock's own time for the frame (its copy-in,
     compute and copy-out, from a late result's stage times), None when no result came; ``elapsed_ms``: the
-    request to that result; ``frame_late_ms``: the worst age at which a frame reached the node within the
-    window (read time minus its ``timestampEof``): a frame's deadline counts from its EOF, so time the camera
-    or the hand-over lost before the node could take it is the host's."""
+    request to that result."""
 
     loop_late_ms: float = 0.0
     worker_late_ms: float = 0.0
     cpu_pressure_pct: float | None = None
     dock_ms: float | None = None
     elapsed_ms: float | None = None
-    frame_late_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -219,11 +216,10 @@ class HostThresholds:
 
 def host_late(f: HostFigures, th: HostThresholds | None = None) -> str:
     """Why the host itself was late around a deadline miss, or "" when it was on time (the miss is then the
-    dock's). Late when any holds: the node's loop or the worker's timer woke at least ``late_ms`` later
-    than asked; a frame reached the node at least ``late_ms`` after its EOF; a result came past the
-    deadline although the dock's own stages fit inside it (the time was lost outside the dock: in
-    scheduling the node and the worker). Only these figures of the stack's own decide: a miss with no
-    result, on an on-time node, worker and camera, is the dock's whatever else the machine runs, so a hung
+    dock's). Late when either holds: the node's loop or the worker's timer woke at least ``late_ms`` later
+    than asked; a result came past the deadline although the dock's own stages fit inside it (the time was
+    lost outside the dock: in scheduling the node and the worker). Only the node's own figures decide: a miss
+    with no result, on an on-time node and worker, is the dock's whatever else the machine runs, so a hung
     GPU fails over in ``timing.miss_run`` frames beside any load. The CPU pressure, when at least
     ``cpu_pressure_pct``, is named as context in a late host's reason, e.g.
     ``host late: loop woke 38 ms late, cpu pressure 64 %``."""
@@ -233,8 +229,6 @@ def host_late(f: HostFigures, th: HostThresholds | None = None) -> str:
         why.append(f"loop woke {f.loop_late_ms:.0f} ms late")
     if f.worker_late_ms >= th.late_ms:
         why.append(f"worker's timer woke {f.worker_late_ms:.0f} ms late")
-    if f.frame_late_ms >= th.late_ms:
-        why.append(f"a frame reached the node {f.frame_late_ms:.0f} ms after its EOF")
     if f.dock_ms is not None and f.elapsed_ms is not None and f.dock_ms <= th.deadline_ms < f.elapsed_ms:
         why.append(f"the dock took {f.dock_ms:.0f} ms of the {f.elapsed_ms:.0f} ms")
     if not why:
