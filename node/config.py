@@ -152,12 +152,39 @@ class NodeConfig:
         return self.model.fingerprint or self.model.path.with_suffix(".fingerprint.json")
 
 
+def _toml_kind(current: Any, key: str) -> type | None:
+    """The TOML type a setting takes, from its default's (None: checked by its own conversion below)."""
+    if key in ("ranges", "path", "fingerprint") or isinstance(current, Path):
+        return None
+    for kind in (bool, tuple, int, float, str):  # bool before int: True is an int to Python
+        if isinstance(current, kind):
+            return kind
+    return None
+
+
+def _is_kind(value: Any, kind: type) -> bool:
+    """Whether a TOML value is of ``kind`` as written: no silent coercion (``true`` is no priority, ``"54"``
+    no number); an integer is also a number; a list's items are integers (not booleans)."""
+    if kind is tuple:
+        return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    if kind is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
 def _apply(section: Any, values: dict[str, Any], where: str) -> None:
     names = {f.name: f for f in dataclasses.fields(section)}
     for key, value in values.items():
         if key not in names:
             raise ConfigError("config", f"unknown key {where}.{key}; known: {', '.join(sorted(names))}")
         current = getattr(section, key)
+        want = _toml_kind(current, key)
+        if want is not None and not _is_kind(value, want):
+            shown = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+                     tuple: "a list of integers, e.g. [0, 1]"}[want]
+            raise ConfigError("config", f"{where}.{key} = {value!r}; want {shown}")
         try:
             if key == "ranges":
                 value = {k: (float(v[0]), float(v[1])) for k, v in value.items()}
@@ -255,15 +282,21 @@ def validate(cfg: NodeConfig) -> NodeConfig:
         if not value > 0:
             raise ConfigError("config", f"timing.{key} = {value}; want > 0")
     for key in ("host_late_ms", "host_cpu_pressure_pct", "host_window_ms"):
-        if not getattr(t, key) > 0:
-            raise ConfigError("config", f"timing.{key} = {getattr(t, key)}; want > 0")
+        if not 0 < getattr(t, key) < math.inf:
+            raise ConfigError("config", f"timing.{key} = {getattr(t, key)}; want a finite number > 0")
+    if t.host_cpu_pressure_pct > 100:
+        raise ConfigError("config", f"timing.host_cpu_pressure_pct = {t.host_cpu_pressure_pct}; want at most 100 "
+                                    "(a share of time, %)")
     rt = cfg.realtime
     if rt.policy not in POLICIES:
         raise ConfigError("config", f"realtime.policy = {rt.policy!r}; use one of {', '.join(POLICIES)}")
     if rt.policy != "other" and not 1 <= rt.priority <= 99:
-        raise ConfigError("config", f"realtime.priority = {rt.priority}; want 1..99 for {rt.policy}")
-    if any(c < 0 for c in rt.cpus):
-        raise ConfigError("config", f"realtime.cpus = {list(rt.cpus)}; want CPU numbers >= 0")
+        raise ConfigError("config", f"realtime.priority = {rt.priority}; want 1..99 for {rt.policy} "
+                                    "(no realtime: policy = \"other\")")
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if any(c not in cpus for c in rt.cpus) or len(set(rt.cpus)) != len(rt.cpus):
+        raise ConfigError("config", f"realtime.cpus = {list(rt.cpus)}; want distinct CPUs of this host's "
+                                    f"{', '.join(map(str, cpus))}")
     if t.hang_margin_ms < 0:
         raise ConfigError("config", f"timing.hang_margin_ms = {t.hang_margin_ms}; want >= 0")
     if not t.backoff_initial_s <= t.backoff_max_s or t.backoff_factor < 1:
@@ -314,7 +347,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rt-policy", choices=tuple(POLICIES), help="the node's scheduling policy (default fifo; "
                    "other: no realtime)")
     p.add_argument("--rt-priority", type=int, help="the node's realtime priority, 1..99 (default 54, openpilot "
-                   "modeld's; the worker runs one below)")
+                   "modeld's; the worker runs one below); 0: no realtime policy, as --rt-policy other")
     p.add_argument("--rt-cpus", help="CPUs to pin the node and its worker to, e.g. 1 or 0,1 (default: any)")
 
 
@@ -339,6 +372,8 @@ def from_args(args: argparse.Namespace) -> NodeConfig:
         cfg.realtime.policy = args.rt_policy
     if getattr(args, "rt_priority", None) is not None:
         cfg.realtime.priority = args.rt_priority
+        if args.rt_priority == 0:
+            cfg.realtime.policy = "other"
     if getattr(args, "rt_cpus", None) is not None:
         try:
             cfg.realtime.cpus = tuple(int(c) for c in args.rt_cpus.split(",") if c.strip())

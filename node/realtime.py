@@ -103,9 +103,22 @@ its control loop at realtime priority too, ``common/realtime.py`` ``Priority.CTR
 
 def add_priority_argument(p: Any, default: int, who: str) -> None:
     """``--rt-priority N`` for a program of the stack (``who``): SCHED_FIFO at N, 0 for none."""
-    p.add_argument("--rt-priority", type=int, default=default,
+    p.add_argument("--rt-priority", type=_priority, default=default,
                    help=f"the {who}'s SCHED_FIFO priority (default {default}, below the node's {DEFAULT_PRIORITY}; "
                         "0: no realtime policy)")
+
+
+def _priority(text: str) -> int:
+    """argparse type of ``--rt-priority``: 0 (none) or a SCHED_FIFO priority 1..99 (sched(7))."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number: want 0..99") from None
+    if not 0 <= value <= 99:
+        raise argparse.ArgumentTypeError(f"{value}: want 0 (no realtime policy) or 1..99")
+    return value
 
 
 def apply_priority(priority: int, who: str, log: logging.Logger) -> bool:

@@ -147,15 +147,51 @@ def test_the_realtime_config_is_parsed(tmp_path):
     cfg = node_config.load_config(node_config.DEFAULT_CONFIG)
     assert (cfg.realtime.policy, cfg.realtime.priority, cfg.realtime.cpus) == ("fifo", 54, ())
     toml = tmp_path / "node.toml"
-    toml.write_text('[realtime]\npolicy = "rr"\npriority = 10\ncpus = [1]\n'
+    cpu = max(os.sched_getaffinity(0))
+    toml.write_text(f'[realtime]\npolicy = "rr"\npriority = 10\ncpus = [{cpu}]\n'
                     '[timing]\nhost_late_ms = 30\nhost_cpu_pressure_pct = 70\n')
     cfg = node_config.load_config(toml)
-    assert (cfg.realtime.policy, cfg.realtime.priority, cfg.realtime.cpus) == ("rr", 10, (1,))
+    assert (cfg.realtime.policy, cfg.realtime.priority, cfg.realtime.cpus) == ("rr", 10, (cpu,))
     assert (cfg.timing.host_late_ms, cfg.timing.host_cpu_pressure_pct) == (30.0, 70.0)
     for bad in ('policy = "idle"', "priority = 0", "priority = 100", "cpus = [-1]"):
         toml.write_text(f"[realtime]\n{bad}\n")
         with pytest.raises(ConfigError, match="realtime"):
             node_config.load_config(toml)
+
+
+def test_settings_of_the_wrong_type_or_out_of_range_are_one_line_each(tmp_path):
+    toml = tmp_path / "node.toml"
+    cases = {
+        "[realtime]\npriority = true": "realtime.priority = True; want an integer",
+        '[realtime]\npriority = "54"': "realtime.priority = '54'; want an integer",
+        "[realtime]\npriority = 54.5": "realtime.priority = 54.5; want an integer",
+        "[realtime]\ncpus = 1": "realtime.cpus = 1; want a list of integers, e.g. [0, 1]",
+        '[realtime]\ncpus = ["1"]': "realtime.cpus = ['1']; want a list of integers, e.g. [0, 1]",
+        "[realtime]\ncpus = [4096]": "realtime.cpus = [4096]; want distinct CPUs of this host's",
+        "[realtime]\ncpus = [0, 0]": "realtime.cpus = [0, 0]; want distinct CPUs of this host's",
+        "[timing]\nhost_late_ms = inf": "timing.host_late_ms = inf; want a finite number > 0",
+        '[timing]\nhost_late_ms = "20"': "timing.host_late_ms = '20'; want a number",
+        "[timing]\nhost_cpu_pressure_pct = 150": "timing.host_cpu_pressure_pct = 150.0; want at most 100",
+    }
+    for text, line in cases.items():
+        toml.write_text(text + "\n")
+        with pytest.raises(ConfigError) as info:
+            node_config.load_config(toml)
+        assert str(info.value.detail).startswith(line), (text, info.value.detail)
+    toml.write_text("[timing]\nhost_late_ms = 25\n")  # an integer is a number
+    assert node_config.load_config(toml).timing.host_late_ms == 25.0
+
+
+def test_the_camera_and_control_priorities_are_checked_at_the_command_line(capsys):
+    p = argparse.ArgumentParser(prog="chestnut camera")
+    realtime.add_priority_argument(p, realtime.CAMERA_PRIORITY, "camera")
+    assert p.parse_args([]).rt_priority == 51 and p.parse_args(["--rt-priority", "0"]).rt_priority == 0
+    for bad in ("500", "-1", "x"):
+        with pytest.raises(SystemExit) as info:
+            p.parse_args(["--rt-priority", bad])
+        assert info.value.code == 2
+    assert "argument --rt-priority: 'x' is not a number: want 0..99" in capsys.readouterr().err
+    assert realtime.CAMERA_PRIORITY < realtime.CONTROL_PRIORITY < realtime.worker_priority(realtime.DEFAULT_PRIORITY)
 
 
 def test_the_realtime_flags_override_the_file():
@@ -165,6 +201,8 @@ def test_the_realtime_flags_override_the_file():
     assert (cfg.realtime.policy, cfg.realtime.priority, cfg.realtime.cpus) == ("other", 20, (0, 1))
     with pytest.raises(ConfigError, match="--rt-cpus"):
         node_config.from_args(p.parse_args(["--rt-cpus", "one"]))
+    cfg = node_config.from_args(p.parse_args(["--rt-priority", "0"]))  # 0: no realtime policy
+    assert cfg.realtime.policy == "other"
 
 
 def _refuse(*_args):
