@@ -114,6 +114,7 @@ from chestnut.node.policy import (
     host_late,
     is_primary_fault,
     late_result_reason,
+    miss_run_blame,
     no_result_reason,
     pair_response,
     primary_serves,
@@ -378,6 +379,7 @@ class Node:
         self.worker_beats = 0
         self.probe_seen_at_s = 0.0       # receipt time of the last probe result applied to health
         self.miss_run = 0                # consecutive frames the primary did not answer in time
+        self.errors_at_good = 0          # the worker's failed transfer attempts at its last result in time
         # the host's own lateness (node/hostload.py): a deadline miss while it was late is the host's
         self.host = HostMeter(t.host_window_ms)
         self.host_thresholds = HostThresholds(t.host_late_ms, t.host_cpu_pressure_pct, t.deadline_ms)
@@ -843,6 +845,7 @@ class Node:
             report = check_outputs(res.outputs, self.contracts, input_fp=input_fp, stale=self.stale,
                                    reference=agreement_reference(fallback))
             self.miss_run = 0
+            self.errors_at_good = self._transfer_errors()
             self.primary_timed = res.stages is not None
             slow = self.stage_budget.observe(res.stages, now, res.exec_time_s) if res.stages is not None else []
             self._apply_health(evidence_from_run(res.exec_time_s * 1e3) + [evidence_from_validity(report)] + slow, now)
@@ -873,9 +876,14 @@ class Node:
                              self.cfg.timing.deadline_ms, why, host)
         self.miss_run = verdict.run
         if verdict.fail_over:
-            self.health.apply([Evidence(Layer.GPU, Level.ERROR, verdict.reason, hard=True, tag="deadline_miss_run")],
-                              now)
-            self._feed(Event.DEADLINE_MISS_RUN, verdict.reason, Layer.GPU)
+            layer, reason = miss_run_blame(verdict.reason, self._transfer_errors() - self.errors_at_good)
+            self.health.apply([Evidence(layer, Level.ERROR, reason, hard=True, tag="deadline_miss_run")], now)
+            self._feed(Event.DEADLINE_MISS_RUN, reason, layer)
+
+    def _transfer_errors(self) -> int:
+        """The worker's failed transfer attempts so far (its control block; 0 without a worker)."""
+        w = self.worker
+        return w.progress().transfer_errors if w is not None and w.alive else 0
 
     def _host_late(self, now: int, dock_ms: float | None = None, elapsed_ms: float | None = None) -> str:
         """:func:`~chestnut.node.policy.host_late` at ``now``: the node's loop and the worker's timer over the

@@ -19,7 +19,8 @@ primary's response     :func:`pair_response`: the frame's own result, its failur
 worker declared failed :func:`count_miss`: ``miss_run`` consecutive frames without a primary result in
                        time fail the gpu layer over (openpilot modeld gives the big model 150 ms a frame);
                        a miss while the host itself was late (:func:`host_late`) is the host's, not
-                       counted;
+                       counted; a run while the link failed transfers is the usb layer's
+                       (:func:`miss_run_blame`);
                        :func:`is_primary_fault`: an ERROR that leaves its layer at ERROR; a start that
                        fails (:func:`start_failure`) or takes too long (:func:`start_timed_out`); on a
                        failover a worker with requests in flight drains (:func:`drains_on_fail_over`)
@@ -44,6 +45,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from chestnut.backend.errors import Layer
 from chestnut.node.supervisor import Source
 from chestnut.node.validity import ValidityReport
 
@@ -236,6 +238,17 @@ def host_late(f: HostFigures, th: HostThresholds | None = None) -> str:
     if f.cpu_pressure_pct is not None and f.cpu_pressure_pct >= th.cpu_pressure_pct:
         why.append(f"cpu pressure {f.cpu_pressure_pct:.0f} %")
     return "host late: " + ", ".join(why)
+
+
+def miss_run_blame(reason: str, transfer_errors: int) -> tuple[Layer, str]:
+    """The layer a run of deadline misses fails over, and the reason: the gpu's, unless the link failed
+    ``transfer_errors`` > 0 transfer attempts since the primary's last result in time -- then the usb
+    layer's, with the count: the frames were late because the transport was retrying (each retry waits
+    out its timeout, ``backend/retry.py``), and a new worker or a replug, not a GPU reset, is the remedy. A
+    hung GPU's fence polls still complete, so they add no errors."""
+    if transfer_errors > 0:
+        return Layer.USB, f"{reason}; the link failed {transfer_errors} transfer attempt(s) meanwhile"
+    return Layer.GPU, reason
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,7 @@ class _Field(IntEnum):
     RUNS_DONE = 8
     RUNS_FAILED = 9
     LATE_PEAK_NS = 10  # the heartbeat timer's worst lateness over its last second, ns
+    TRANSFER_ERRORS = 11  # the runner's failed transfer attempts so far (retried or not), when it counts them
 
 
 CONTROL_MAGIC = 0x43484E5457524B31  # "CHNTWRK1": layout version of the control block
@@ -140,6 +141,7 @@ class ControlSnapshot:
     runs_done: int
     runs_failed: int
     late_peak_ns: int = 0
+    transfer_errors: int = 0
 
 
 class ControlBlock:
@@ -178,6 +180,10 @@ class ControlBlock:
         """The heartbeat timer's worst lateness of its last second (ns): how much later than asked its
         sleeps ended (``node/hostload.py``)."""
         self._w[_Field.LATE_PEAK_NS] = max(0, int(late_ns))
+
+    def set_transfer_errors(self, n: int) -> None:
+        """The runner's failed transfer attempts so far (``backend/retry.py`` ``RetryingUSB3.stats()["errors"]``)."""
+        self._w[_Field.TRANSFER_ERRORS] = max(0, int(n))
 
     def set_pid(self, pid: int) -> None:
         self._w[_Field.PID] = pid
@@ -220,6 +226,7 @@ class ControlBlock:
             busy_seq=int(a[_Field.BUSY_SEQ]), busy_since_ns=int(a[_Field.BUSY_SINCE_NS]),
             runs_started=int(a[_Field.RUNS_STARTED]), runs_done=int(a[_Field.RUNS_DONE]),
             runs_failed=int(a[_Field.RUNS_FAILED]), late_peak_ns=int(a[_Field.LATE_PEAK_NS]),
+            transfer_errors=int(a[_Field.TRANSFER_ERRORS]),
         )
 
 

@@ -28,7 +28,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -114,6 +114,7 @@ class _Heartbeat(threading.Thread):
     def __init__(self, ctl: ControlBlock, period_s: float, parent_pid: int) -> None:
         super().__init__(name="chestnut-heartbeat", daemon=True)
         self.ctl, self.period_s, self.parent_pid = ctl, period_s, parent_pid
+        self.transfer_errors: Callable[[], int] | None = None  # the runner's error count, once it has one
 
     def run(self) -> None:
         period_ns = int(self.period_s * 1e9)
@@ -129,6 +130,8 @@ class _Heartbeat(threading.Thread):
             while recent and recent[0][0] < woke - LATE_PEAK_WINDOW_NS:
                 recent.popleft()
             self.ctl.set_late_peak(max(late for _, late in recent))
+            if self.transfer_errors is not None:
+                self.ctl.set_transfer_errors(self.transfer_errors())
 
 
 class _LoadRecorder:
@@ -154,11 +157,20 @@ class _LoadRecorder:
 class _WorkerLoop:
     """The worker's main thread: start-up, then one command at a time until STOP or EOF."""
 
-    def __init__(self, sock: socket.socket, ctl: ControlBlock) -> None:
-        self.sock, self.ctl = sock, ctl
+    def __init__(self, sock: socket.socket, ctl: ControlBlock, heartbeat: _Heartbeat | None = None) -> None:
+        self.sock, self.ctl, self.heartbeat = sock, ctl, heartbeat
         self.runner: PrimaryRunner | None = None
         self.slots: SlotBuffers | None = None
         self.realtime: tuple[str, int, tuple[int, ...]] | None = None  # (policy, priority, cpus) once serving
+
+    def count_transfer_errors(self) -> None:
+        """Have the heartbeat publish the runner's failed transfer attempts (its retry wrapper's error count,
+        ``backend/retry.py`` ``RetryingUSB3.log.errors``: one int, read without a lock) in the control block,
+        live: the node blames a run of deadline misses on the usb layer when the link was failing transfers
+        meanwhile."""
+        errors_log = getattr(getattr(self.runner, "usb", None), "log", None)
+        if self.heartbeat is not None and isinstance(getattr(errors_log, "errors", None), int):
+            self.heartbeat.transfer_errors = lambda: int(errors_log.errors)
 
     def serve_realtime(self) -> None:
         """The worker's realtime scheduling (``node/realtime.py``), asked once the model is loaded and
@@ -199,6 +211,7 @@ class _WorkerLoop:
         rc = self.start(RunnerSpec.from_json(start["runner"]), model_spec_from_json(start["model"]), start["ladder"])
         if rc is not None:
             return rc
+        self.count_transfer_errors()
         self.serve_realtime()
         while True:
             got = self.recv()
@@ -359,11 +372,12 @@ def main(argv: list[str] | None = None) -> int:
     normal_policy()  # a realtime parent's policy is not the worker's until it serves (_WorkerLoop.serve_realtime)
     ctl = ControlBlock.attach(args.ctl_fd)
     ctl.set_pid(os.getpid())
-    _Heartbeat(ctl, args.heartbeat_period_s, args.parent_pid).start()
+    heartbeat = _Heartbeat(ctl, args.heartbeat_period_s, args.parent_pid)
+    heartbeat.start()
     sock = socket.socket(fileno=args.sock_fd)
     sock.setblocking(True)
     try:
-        loop = _WorkerLoop(sock, ctl)
+        loop = _WorkerLoop(sock, ctl, heartbeat)
         if args.rt_policy is not None:
             loop.realtime = (args.rt_policy, args.rt_priority, tuple(int(c) for c in args.rt_cpus.split(",") if c))
         return loop.serve()

@@ -125,6 +125,7 @@ class WorkerProgress:
     runs_failed: int
     beats: int = 0            # heartbeats since the worker started (the watchdog's alive supervision counts these)
     late_peak_ns: int = 0     # the worker's heartbeat timer: its worst lateness of the last second (ns)
+    transfer_errors: int = 0  # the runner's failed transfer attempts so far (0 for a runner that does not count)
 
 
 @dataclass(frozen=True)
@@ -325,7 +326,8 @@ class WorkerHandle:
         busy = s.busy_seq >= 0
         return WorkerProgress(self.heartbeat_age_s(), s.state, s.busy_seq if busy else None,
                               (time.monotonic_ns() - s.busy_since_ns) / 1e9 if busy else None,
-                              s.runs_started, s.runs_done, s.runs_failed, s.beats, s.late_peak_ns)
+                              s.runs_started, s.runs_done, s.runs_failed, s.beats, s.late_peak_ns,
+                              s.transfer_errors)
 
     @property
     def in_flight(self) -> tuple[int, ...]:

@@ -252,3 +252,11 @@ def test_cpu_pressure_alone_never_makes_a_miss_the_hosts():
     assert host_late(HostFigures(loop_late_ms=38.0, cpu_pressure_pct=39.0)) == "host late: loop woke 38 ms late"
     assert host_late(HostFigures(dock_ms=14.0, elapsed_ms=180.0, cpu_pressure_pct=40.0)) == \
         "host late: the dock took 14 ms of the 180 ms, cpu pressure 40 %"
+
+
+def test_a_miss_run_while_the_link_failed_transfers_is_the_usb_layers():
+    from chestnut.node.policy import miss_run_blame
+
+    why = "3 consecutive frames without a primary result within the deadline (150 ms)"
+    assert miss_run_blame(why, 0) == (Layer.GPU, why)  # a hung GPU: its fence polls complete
+    assert miss_run_blame(why, 12) == (Layer.USB, why + "; the link failed 12 transfer attempt(s) meanwhile")
