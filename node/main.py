@@ -1216,12 +1216,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def apply_realtime(cfg: NodeConfig) -> bool:
-    """The node's ``[realtime]`` scheduling for this process (``node/realtime.py``): one INFO line when
-    granted, one WARNING line when the system refuses it (the node runs on as it was). True when granted."""
+    """The node's ``[realtime]`` scheduling for this process, every thread it has and those it starts later
+    (``node/realtime.py``): one INFO line when granted, one WARNING line when the system refuses it (the
+    node runs on as it was). True when granted."""
     from chestnut.node.realtime import config_realtime_process
 
     rt = cfg.realtime
-    ok, line = config_realtime_process(rt.policy, rt.priority, rt.cpus, "node")
+    ok, line = config_realtime_process(rt.policy, rt.priority, rt.cpus, "node", all_threads=True)
     log.log(logging.INFO if ok else logging.WARNING, "%s", line)
     return ok
 
