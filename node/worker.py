@@ -168,7 +168,7 @@ class _WorkerLoop:
         ``backend/retry.py`` ``RetryingUSB3.log.errors``: one int, read without a lock) in the control block,
         live: the node blames a run of deadline misses on the usb layer when the link was failing transfers
         meanwhile."""
-        errors_log = getattr(getattr(self.runner, "usb", None), "log", None)
+        errors_log: Any = getattr(getattr(self.runner, "usb", None), "log", None)
         if self.heartbeat is not None and isinstance(getattr(errors_log, "errors", None), int):
             self.heartbeat.transfer_errors = lambda: int(errors_log.errors)
 
