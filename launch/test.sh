@@ -32,6 +32,8 @@ MYPYPATH="$root" .venv/bin/mypy --cache-dir .mypy_cache/package/cache "${package
 
 # The tests run in parallel processes (pytest-xdist), a test file to one process (`--dist loadfile`: a module's
 # fixtures -- a compiled model, a launched stack -- are made once); most of a test's time is waiting on the
-# processes it started, so more workers than cores pays. CHESTNUT_TEST_WORKERS=0 runs them in this process.
+# processes it started, but each launched stack runs at realtime priorities, and more workers than cores make
+# the stacks compete as docks on one host would: one worker a core. CHESTNUT_TEST_WORKERS=0 runs them in this
+# process.
 # The slowest tests are listed at the end.
-exec .venv/bin/python -m pytest -n "${CHESTNUT_TEST_WORKERS:-3}" --dist loadfile --durations=15 "$@"
+exec .venv/bin/python -m pytest -n "${CHESTNUT_TEST_WORKERS:-2}" --dist loadfile --durations=15 "$@"
