@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -90,6 +91,16 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="chestnut-parent-watch", daemon=True).start()
 
 
+def no_compile_pool() -> None:
+    """Compile in this process, without tinygrad 0.14's pool of compile processes (``engine/worker.py``
+    ``get_worker_pool``, sized by ``PARALLEL``): Ray ends an actor with SIGKILL, which leaves the pool's
+    processes and its multiprocessing resource tracker running, re-parented to init."""
+    os.environ["PARALLEL"] = "0"  # read when tinygrad is first imported
+    helpers = sys.modules.get("tinygrad.helpers")
+    if helpers is not None:
+        helpers.PARALLEL.value = 0
+
+
 class SegmentWorker:
     """One worker process of the pool: runs units, keeps its models loaded between them."""
 
@@ -98,6 +109,7 @@ class SegmentWorker:
 
         _exit_with_parent()
         ensure_cpu_device()
+        no_compile_pool()
         self.units = 0
 
     def ident(self) -> str:
