@@ -191,15 +191,11 @@ class TwinClient:
                     s.sendall(hdr)
             except TimeoutError:  # the request is on the wire in part: the stream cannot be resumed
                 self._gone()
-                what = f"the twin daemon at {self.path} took no request within {bound_s:g} s (hung?); connection closed"
-                if admin:
-                    raise TwinNotRunning(what) from None
-                raise UsbError(LIBUSB_ERROR_TIMEOUT, what) from None
+                raise _failure(admin, LIBUSB_ERROR_TIMEOUT, f"the twin daemon at {self.path} took no request within "
+                               f"{bound_s:g} s (hung?); connection closed") from None
             except OSError:
                 self._gone()
-                if admin:
-                    raise TwinNotRunning(f"the twin daemon at {self.path} went away") from None
-                raise UsbError(LIBUSB_ERROR_NO_DEVICE, "the twin daemon went away") from None
+                raise self._went_away(admin) from None
             self._owed += 1  # this request's reply, until its header is read
             body = bytearray()
             try:
@@ -214,15 +210,11 @@ class TwinClient:
                 body = bytearray(n)
                 self._recv_body(s, memoryview(body), deadline)
             except TimeoutError:
-                what = f"the twin daemon at {self.path} did not answer within {bound_s:g} s (hung?)"
-                if admin:
-                    raise TwinNotRunning(what) from None
-                raise UsbError(LIBUSB_ERROR_TIMEOUT, what) from None
+                raise _failure(admin, LIBUSB_ERROR_TIMEOUT,
+                               f"the twin daemon at {self.path} did not answer within {bound_s:g} s (hung?)") from None
             except OSError:
                 self._gone()
-                if admin:
-                    raise TwinNotRunning(f"the twin daemon at {self.path} went away") from None
-                raise UsbError(LIBUSB_ERROR_NO_DEVICE, "the twin daemon went away") from None
+                raise self._went_away(admin) from None
         if status == W.ST_OK:
             return rvalue, bytes(body)
         detail = body.decode(errors="replace")
@@ -276,6 +268,12 @@ class TwinClient:
             if n > W.MAX_PAYLOAD:
                 raise ConnectionResetError(f"the twin daemon announced a {n}-byte reply")
             self._skip_body = n
+
+    def _went_away(self, admin: bool) -> Exception:
+        """The error for a daemon whose socket closed: TwinNotRunning (admin) or NO_DEVICE (USB)."""
+        if admin:
+            return TwinNotRunning(f"the twin daemon at {self.path} went away")
+        return UsbError(LIBUSB_ERROR_NO_DEVICE, "the twin daemon went away")
 
     @staticmethod
     def _send_gather(s: socket.socket, hdr: bytes, payload: bytes | bytearray | memoryview) -> None:
@@ -469,6 +467,11 @@ class TwinClient:
 
     def set_phase(self, phase: str) -> None:
         self._admin("set_phase", phase=phase)
+
+
+def _failure(admin: bool, code: int, what: str) -> Exception:
+    """``what`` as the error of an admin request (:class:`TwinNotRunning`) or of a USB one (``UsbError(code)``)."""
+    return TwinNotRunning(what) if admin else UsbError(code, what)
 
 
 def _left(deadline: float | None) -> float | None:
