@@ -20,7 +20,6 @@ from test_twin_faults import Host, onnx_reference
 
 from chestnut.backend import protocol as P
 from chestnut.backend.sim import compute as C
-from chestnut.backend.sim import engine as E
 from chestnut.backend.sim.client import TwinClient, TwinDaemon
 from chestnut.backend.sim.twin import Twin, TwinConfig
 
@@ -110,9 +109,9 @@ def test_the_compute_child_is_gone_after_the_twin_closes(local, tiny_onnx):
     twin, h = local
     assert h.load(tiny_onnx.read_bytes(), 1)["status"] == P.STATUS_OK
     pid = twin.status()["gpu"]["compute"]["pid"]
-    assert pid and pid != os.getpid() and not gone(pid) and E.helper_pids() == (pid,)
+    assert pid and pid != os.getpid() and not gone(pid) and C.running_pids() == (pid,)
     twin.close()
-    assert gone(pid) and E.helper_pids() == ()  # close() waits for it
+    assert gone(pid) and C.running_pids() == ()  # close() waits for it
 
 
 def test_a_queue_reset_abandons_a_load_in_progress_and_the_engine_goes_on(local, hold, tiny_onnx):

@@ -89,12 +89,6 @@ WAIT_POLL_S = 0.5
 STOP_JOIN_S = 1.0
 COMPUTE_POLL_S = 0.05  # s between the engine's looks for a reset while the compute child works
 
-def helper_pids() -> tuple[int, ...]:
-    """The pids of this process's running compute children (:mod:`.compute`): process-lifetime helpers of
-    the twins open in it, not leaks (``tests/leakguard.py``)."""
-    return C.running_pids()
-
-
 def sentinel_block(payload: bytes | memoryview, seq: int) -> bytes:
     """The 512-byte sentinel block that must follow ``payload`` (chunk ``seq``) in its SRAM half."""
     block = bytearray(P.SENTINEL_BLOCK)
