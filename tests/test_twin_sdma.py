@@ -231,3 +231,19 @@ def test_a_fence_stall_that_fired_once_keeps_the_fence_still_until_a_gpu_reset(t
     q.submit(write(VRAM + HEAP + 0x100, 5))
     st = q.settle()
     assert st["fence_stalled"] is False and u32(twin, HEAP + 0x100) == 5
+
+
+def test_tinygrads_0xfff_poll_ends_at_its_retry_limit_and_latches(twin, monkeypatch):
+    """A poll on a value that never matches, with tinygrad's retry count 0xFFF and interval 4
+    (``AMDAllocator._copyin``), ends after 0xFFF x 4 interval units; the unit is shortened here so the test
+    waits 0.41 s instead of 16.38 s."""
+    from chestnut.backend.sim import sdma
+
+    monkeypatch.setattr(sdma, "POLL_INTERVAL_UNIT_S", 0.000025)
+    q = Queue(twin)
+    q.submit(poll(VRAM + HEAP, 7) + write(VRAM + HEAP + 4, 9))
+    st = q.settle()
+    assert (st["rptr"], st["polling"], st["error_count"]) == (q.put, None, 1)
+    assert u32(twin, HEAP + 4) == 9
+    assert st["errors"] == ["POLL_REGMEM at 0x0 skipped: poll of 0x400400000 gave up after 4095 retries (value 0x0, "
+                            "want func 3 0x7)"]

@@ -18,9 +18,11 @@ header dword = op (bits 0-7) | sub-op (bits 8-15) | op-specific fields.
 - ``POLL_REGMEM``: header func (bits 28-30: 0 always, 1 <, 2 <=, 3 ==, 4 !=, 5 >=, 6 >) and mem_poll
   (bit 31), addr lo/hi, reference, mask, dw5 = interval (bits 0-15) | retry count (bits 16-27). The poll
   repeats until ``(mem & mask) func reference``; it is resumable -- it waits on the twin's condition, never
-  blocks the daemon. The twin reads a retry count of 0xFFF -- what tinygrad's ``AMDCopyQueue.wait`` and
-  ``_copyin`` emit, as amdgpu's ``sdma_v6_0_ring_emit_reg_wait`` does -- as no limit; a smaller count gives
-  up after that many retries, latches an error and moves on.
+  blocks the daemon. An engine re-reads once per interval and ends the poll at its retry count: the twin
+  gives up ``retry count x interval x POLL_INTERVAL_UNIT_S`` after the first read (the interval unit is not
+  in tinygrad's headers; the twin's 1 ms makes the 0xFFF x 4 that tinygrad's ``AMDCopyQueue.wait`` and
+  ``_copyin`` emit end after 16.38 s, past ``_copyin``'s 10 s drain wait and ``HCQDEV_WAIT_TIMEOUT_MS``, so
+  the host's error is still tinygrad's own), latches an error and moves on (docs/protocol.md).
 - ``TIMESTAMP`` / ``GET_GLOBAL``: addr lo/hi; writes a u64 of 100 MHz ticks (tinygrad's ``AMDSignal`` divides
   by 100 to get microseconds).
 
@@ -63,7 +65,7 @@ from chestnut.backend.sim.memory import SparseMemory
 log = logging.getLogger(__name__)
 
 POLL_WAKE_S = 0.01       # a pending poll re-reads memory at least this often (SRAM writes wake it at once)
-RETRY_FOREVER = 0xFFF    # POLL_REGMEM retry count that never gives up
+POLL_INTERVAL_UNIT_S = 0.001  # one POLL_REGMEM interval unit (the twin's choice: module doc, docs/protocol.md)
 MAX_ERRORS_KEPT = 16
 STOP_JOIN_S = 1.0
 TICKS_PER_S = 100_000_000  # TIMESTAMP: 100 MHz (tinygrad 0.14 ``AMDSignal`` timestamp_divider=100 -> us)
@@ -416,20 +418,21 @@ class SdmaEngine:
         if compare is None:
             raise _Skip(f"compare function {func} is reserved")
         retries = dw5 >> e.poll_retry_shift & e.poll_retry_mask
+        interval = max(dw5 & e.poll_interval_mask, 1)
+        give_up = host.clock() + retries * interval * POLL_INTERVAL_UNIT_S
         in_sram = P.SRAM_GPU_ADDR <= addr < P.SRAM_GPU_ADDR + P.SRAM_SIZE
         stuck = in_sram and host.fire("sentinel_stuck") is not None
         self.polling = f"{addr:#x} func {func} ref {ref:#x} mask {mask:#x}"
-        tries = 0
         try:
             while True:
                 (value,) = struct.unpack("<I", self._read(addr, 4))
                 if not stuck and compare(value & mask, ref):
                     return
-                tries += 1
-                if retries != RETRY_FOREVER and tries > retries:
+                left = give_up - host.clock()
+                if left <= 0:
                     raise _Skip(f"poll of {addr:#x} gave up after {retries} retries (value {value:#x}, want "
                                 f"func {func} {ref:#x})")
-                self._wait(POLL_WAKE_S, epoch)
+                self._wait(min(POLL_WAKE_S, left), epoch)
         finally:
             if self.epoch == epoch:
                 self.polling = None
