@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from chestnut.launch.assets import default_model_path
-from chestnut.launch.stack import stack_pids
+from chestnut.launch.supervise import stack_pids
 from chestnut.node.offline.contracts import CONTRACTS, check_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from chestnut.launch.assets import default_model_path
-from chestnut.launch.stack import stack_pids
+from chestnut.launch.supervise import stack_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from chestnut.backend.sim.faults import FaultSpec
-from chestnut.launch.stack import MAX_RATE_HZ, FaultPlan, argument_problem
+from chestnut.launch.faultplan import FaultPlan
+from chestnut.launch.stack import MAX_RATE_HZ, argument_problem
 
 CHESTNUT = str(Path(sys.executable).with_name("chestnut"))
 

@@ -5,7 +5,7 @@ no sockets."""
 from __future__ import annotations
 
 from chestnut.launch.controld import ControlInputs, ControlLogic, describe_check, failed_checks
-from chestnut.launch.stack import episode_cause
+from chestnut.launch.summary import episode_cause
 from chestnut.msgs.messaging import new_message
 from chestnut.msgs.submaster import SubMasterChecks
 
@@ -120,7 +120,7 @@ def control_log(tmp_path, steps: list[tuple[int, bool, bool, list[str]]]):
 
 
 def test_the_summary_lists_every_soft_disable_episode_with_its_cause_and_duration(tmp_path):
-    from chestnut.launch.stack import summarize
+    from chestnut.launch.summary import summarize
 
     log_dir, base = control_log(
         tmp_path,
@@ -157,7 +157,7 @@ def test_the_summary_lists_every_soft_disable_episode_with_its_cause_and_duratio
 
 
 def test_the_summary_control_lines_are_in_time_order(tmp_path):
-    from chestnut.launch.stack import control_lines, summarize
+    from chestnut.launch.summary import control_lines, summarize
 
     log_dir, base = control_log(
         tmp_path,

@@ -1,10 +1,10 @@
 """A node that exits at every start stops ``chestnut launch``'s wait for the first modelOutput (as it stops the
-nodeState wait), and launch names the node's last error line (``launch/stack.py`` ``_wait_for``,
+nodeState wait), and launch names the node's last error line (``launch/supervise.py`` ``wait_for``,
 ``node_exits``, ``last_error_line``)."""
 
 from pathlib import Path
 
-from chestnut.launch import stack
+from chestnut.launch import supervise
 
 SUPERVISORD_LOG = """\
 2026-12-01 12:26:04,101 INFO spawned: 'node' with pid 100
@@ -25,27 +25,27 @@ NODE_LOG = """\
 
 
 def test_node_exits_counts_unexpected_exits_of_the_node_only():
-    assert stack.node_exits(SUPERVISORD_LOG) == 2
-    assert stack.node_exits("") == 0
-    assert stack.node_exits("2026-12-01 12:26:09,500 INFO exited: node (exit status 0; expected)\n") == 0
+    assert supervise.node_exits(SUPERVISORD_LOG) == 2
+    assert supervise.node_exits("") == 0
+    assert supervise.node_exits("2026-12-01 12:26:09,500 INFO exited: node (exit status 0; expected)\n") == 0
 
 
 def test_the_last_error_line_names_the_cause():
-    assert stack.last_error_line(NODE_LOG) == (
+    assert supervise.last_error_line(NODE_LOG) == (
         "ERROR chestnut.node: fallback run failed: bad input x index: 2 Got: 127 Expected: 128"
     )
     no_error = "\n".join(ln for ln in NODE_LOG.splitlines() if " ERROR " not in ln)
-    assert stack.last_error_line(no_error) == (
+    assert supervise.last_error_line(no_error) == (
         "WARNING chestnut.node: starting -> stopping on fallback_failed: no usable fallback"
     )
-    assert stack.last_error_line("") == "(node.log is empty)"
+    assert supervise.last_error_line("") == "(node.log is empty)"
 
 
 def test_read_tail_is_bounded(tmp_path):
     f = tmp_path / "x.log"
     f.write_bytes(b"a" * 100 + b"tail\n")
-    assert stack.read_tail(f, 5) == "tail\n"
-    assert stack.read_tail(tmp_path / "missing.log") == ""
+    assert supervise.read_tail(f, 5) == "tail\n"
+    assert supervise.read_tail(tmp_path / "missing.log") == ""
 
 
 class _Clock:
@@ -71,18 +71,18 @@ class _View:
 
 def test_the_first_output_wait_stops_when_the_node_exits_at_every_start(tmp_path, monkeypatch):
     clock = _Clock()
-    monkeypatch.setattr(stack.time, "monotonic", clock)
-    monkeypatch.setattr(stack, "program_state", lambda conf, name: "STARTING")  # between two of its starts
+    monkeypatch.setattr(supervise.time, "monotonic", clock)
+    monkeypatch.setattr(supervise, "program_state", lambda conf, name: "STARTING")  # between two of its starts
     conf = tmp_path / "supervisord.conf"
     (tmp_path / "supervisord.log").write_text(SUPERVISORD_LOG)
-    assert stack._wait_for(_View(clock), "modelOutput", 60.0, conf) is False
+    assert supervise.wait_for(_View(clock), "modelOutput", 60.0, conf) is False
     assert clock.t < 40.0  # it gave up on the crash loop, not on the output or the deadline
 
 
 def test_one_exit_does_not_stop_the_wait(tmp_path, monkeypatch):
     clock = _Clock()
-    monkeypatch.setattr(stack.time, "monotonic", clock)
-    monkeypatch.setattr(stack, "program_state", lambda conf, name: "RUNNING")
+    monkeypatch.setattr(supervise.time, "monotonic", clock)
+    monkeypatch.setattr(supervise, "program_state", lambda conf, name: "RUNNING")
     one = "".join(SUPERVISORD_LOG.splitlines(keepends=True)[:4])
     Path(tmp_path / "supervisord.log").write_text(one)
-    assert stack._wait_for(_View(clock), "modelOutput", 60.0, tmp_path / "supervisord.conf") is True
+    assert supervise.wait_for(_View(clock), "modelOutput", 60.0, tmp_path / "supervisord.conf") is True

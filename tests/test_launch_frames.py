@@ -13,16 +13,16 @@ import pytest
 
 from chestnut.launch.assets import traffic_video_path
 from chestnut.launch.camerad import source_size
-from chestnut.launch.stack import (
+from chestnut.launch.frames import (
     DOCK_LATENCY_US,
     DOCK_LINK_MBPS,
     FrameOptions,
-    argument_problem,
     frame_options,
     read_node_toml,
-    render_config,
     write_frame_node_config,
 )
+from chestnut.launch.rundir import render_config
+from chestnut.launch.stack import argument_problem
 from chestnut.node.config import load_config
 
 CHESTNUT = str(Path(sys.executable).with_name("chestnut"))

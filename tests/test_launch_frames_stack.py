@@ -17,7 +17,7 @@ import tomllib
 import pytest
 
 from chestnut.launch.assets import default_model_path
-from chestnut.launch.stack import stack_pids
+from chestnut.launch.supervise import stack_pids
 from chestnut.msgs.logfile import LogReader
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]

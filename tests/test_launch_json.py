@@ -8,7 +8,7 @@ import os
 import stat
 from pathlib import Path
 
-from chestnut.launch.stack import json_target_problem, write_summary_json
+from chestnut.launch.summary import json_target_problem, write_summary_json
 
 
 def test_a_missing_folder_is_named_before_the_run(tmp_path: Path):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from chestnut.launch.stack import stack_pids
+from chestnut.launch.supervise import stack_pids
 from chestnut.msgs.messaging import SubMaster
 from chestnut.msgs.paths import current_prefix, runtime_dir
 

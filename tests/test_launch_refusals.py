@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from chestnut.launch.stack import FrameOptions, argument_problem
+from chestnut.launch.frames import FrameOptions
+from chestnut.launch.stack import argument_problem
 
 CHESTNUT = str(Path(sys.executable).with_name("chestnut"))
 
@@ -86,7 +87,7 @@ def _model(path, dims):
 
 
 def test_a_model_shape_the_model_file_does_not_take_is_one_line(tmp_path):
-    from chestnut.launch.stack import model_input_problem
+    from chestnut.launch.frames import model_input_problem
 
     fixed = _model(tmp_path / "fixed.onnx", [1, 3, 128, 256])
     assert model_input_problem(fixed, "x", (1, 3, 128, 256)) is None

@@ -1,4 +1,4 @@
-"""Each ``chestnut launch`` gets a fresh run directory of its own (``launch/stack.py`` ``make_run_dir``,
+"""Each ``chestnut launch`` gets a fresh run directory of its own (``launch/rundir.py`` ``make_run_dir``,
 ``msgs/outdir.py`` ``new_private_dir``): a planted symlink at the run's name is refused in one line and never
 followed, a foreign entry is refused, a directory of ours already there (a launch in the same second) is
 never reused: the run takes the next ``-N`` suffix. Nothing is written before the check."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from chestnut.launch.stack import make_run_dir
+from chestnut.launch.rundir import make_run_dir
 from chestnut.msgs.outdir import OutputDirError, new_private_dir
 
 CHESTNUT = str(Path(sys.executable).with_name("chestnut"))

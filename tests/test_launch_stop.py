@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from chestnut.launch.stack import (
+from chestnut.launch.supervise import (
     LAUNCH_ID_ENV,
     PROGRAMS,
     STOP_ORDER,

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from chestnut.launch.stack import STOP_ORDER, stack_pids
+from chestnut.launch.supervise import STOP_ORDER, stack_pids
 from chestnut.msgs.logfile import LogReader
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

@@ -186,7 +186,7 @@ def test_export_path_errors_are_one_precise_line(tmp_path: Path, caplog: pytest.
 def test_launch_run_dir_is_private(tmp_path: Path) -> None:
     import time
 
-    from chestnut.launch.stack import make_run_dir
+    from chestnut.launch.rundir import make_run_dir
 
     run_dir = make_run_dir(tmp_path / "runs", time.gmtime(0))
     assert run_dir == (tmp_path / "runs" / "1970-01-01--00-00-00").resolve()

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from drivelog import write_drive
 
-from chestnut.launch.stack import print_summary, summarize
+from chestnut.launch.summary import print_summary, summarize
 from chestnut.msgs.frames import fill_frame
 from chestnut.msgs.messaging import new_message
 from chestnut.node.offline.report import stage_rows, write_report

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from chestnut.launch.stack import FaultPlan
+from chestnut.launch.faultplan import FaultPlan
 
 HOGS = 2
 HOG_CODE = "while True: pass"

@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 
 from chestnut.backend.sim.faults import KINDS
-from chestnut.launch.stack import FaultPlan, stack_pids
+from chestnut.launch.faultplan import FaultPlan
+from chestnut.launch.supervise import stack_pids
 
 RSS_GROWTH_AIM_MB = 10.0
 FAULT_MIN_S = 2.0

@@ -1,0 +1,148 @@
+"""``chestnut launch``'s fault plans: ``--fault KIND@START[+DURATION][,key=value]`` parsed and checked against
+the twin's fault table (:class:`FaultPlan`), and carried out on the running twin (:class:`FaultRunner`):
+each fault injected at its START (s after the node's first output) and cleared after its DURATION, with
+the recovery a person would perform (:data:`RECOVERY_ACTIONS`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from chestnut.launch.summary import StackClock
+
+log = logging.getLogger("chestnut.launch")
+
+_TEXT_PARAMS = frozenset({"on", "status", "phase"})  # backend/sim/faults.py FaultSpec's text fields
+
+
+def _param_value(key: str, text: str) -> Any:
+    """A ``--fault`` ``key=value``'s value: text for FaultSpec's text fields, else a number when it is one
+    (``FaultSpec.validate`` names a value that is not)."""
+    if key in _TEXT_PARAMS:
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+@dataclasses.dataclass
+class FaultPlan:
+    kind: str
+    start_s: float
+    duration_s: float | None
+    params: dict[str, Any]
+
+    @classmethod
+    def parse(cls, text: str) -> FaultPlan:
+        """``KIND@START[+DURATION][,key=value...]``, e.g. ``gpu_hang@20+10`` or ``slow_gpu@5+10,delay_ms=400``.
+
+        The kind and the parameters are checked against the twin's fault table here, at parse time."""
+        from chestnut.backend.sim.faults import FaultSpec
+
+        head, *kvs = text.split(",")
+        try:
+            kind, when = head.split("@", 1)
+            start, _, dur = when.partition("+")
+            params: dict[str, Any] = {}
+            for kv in kvs:
+                k, _, v = kv.partition("=")
+                params[k.strip()] = _param_value(k.strip(), v.strip())
+            plan = cls(kind.strip(), float(start), float(dur) if dur else None, params)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{text!r}: want KIND@START[+DURATION][,key=value]") from e
+        if plan.start_s < 0 or (plan.duration_s is not None and plan.duration_s <= 0):
+            raise argparse.ArgumentTypeError(f"{text!r}: START must be >= 0 and DURATION > 0")
+        unknown = sorted(set(params) - set(FaultSpec.__dataclass_fields__) - {"kind"})
+        if unknown:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: unknown parameter(s) {unknown}; known: "
+                f"{', '.join(f for f in FaultSpec.__dataclass_fields__ if f != 'kind')}"
+            )
+        try:
+            FaultSpec(plan.kind, **params).validate()
+        except (ValueError, TypeError) as e:
+            raise argparse.ArgumentTypeError(f"{text!r}: {e}") from e
+        return plan
+
+
+# At the end of a fault's DURATION the fault is cleared and, for faults that leave a state behind like
+# hardware does (backend/sim/faults.py KINDS "recovery"), the recovery a person would perform is done.
+RECOVERY_ACTIONS: dict[str, str] = {"disconnect": "plug", "brownout": "plug", "wedged": "power_cycle"}
+
+
+class FaultRunner:
+    """Carries out ``plans`` on the twin of ``prefix`` as the run's time passes: :meth:`step` with the seconds
+    since the node's first output injects the faults whose START has come and clears those whose DURATION
+    is over. :attr:`schedule` records what was done: (CLOCK_MONOTONIC ns, ``inject`` / ``clear``, kind,
+    detail). A fault the twin refuses, or one a restarted twin no longer has, is named in one log line and
+    the run goes on."""
+
+    def __init__(self, prefix: str, plans: list[FaultPlan], clock: StackClock) -> None:
+        self.prefix = prefix
+        self.pending = sorted(plans, key=lambda f: f.start_s)
+        self.injected: list[tuple[FaultPlan, int | None]] = []
+        self.schedule: list[tuple[int, str, str, str]] = []
+        self.clock = clock
+
+    def log_plan(self, t0_s: float) -> None:
+        """One log line per planned fault, at its times on the run's clock (``t0_s``: the plans' zero on it)."""
+        for f in self.pending:
+            log.info(
+                "fault schedule: %s%s at %.1f s%s",
+                f.kind,
+                f" {f.params}" if f.params else "",
+                t0_s + f.start_s,
+                f", cleared at {t0_s + f.start_s + f.duration_s:.1f} s" if f.duration_s is not None else "",
+            )
+
+    def step(self, elapsed_s: float) -> None:
+        """Inject and clear what is due ``elapsed_s`` (s) after the node's first output."""
+        from chestnut.backend.sim.client import TwinClient
+
+        while self.pending and elapsed_s >= self.pending[0].start_s:
+            f = self.pending.pop(0)
+            try:
+                with TwinClient(self.prefix) as tc:
+                    info = tc.fault(f.kind, **f.params)
+                self.injected.append((f, info.get("id") if isinstance(info, dict) else None))
+                now = time.monotonic_ns()
+                self.schedule.append((now, "inject", f.kind, json.dumps(f.params) if f.params else ""))
+                log.info("t=%.1f s: injected %s%s", self.clock.seconds(now), f.kind, f" {f.params}" if f.params else "")
+            except Exception as e:  # the twin refuses a bad fault: say so, keep running
+                log.error("could not inject %s: %s", f.kind, e)
+        for f, fid in list(self.injected):
+            if f.duration_s is not None and elapsed_s >= f.start_s + f.duration_s:
+                action = RECOVERY_ACTIONS.get(f.kind)
+                self.injected.remove((f, fid))
+                try:
+                    with TwinClient(self.prefix) as tc:
+                        tc.clear(fid)
+                        if action == "plug" and not tc.status()["usb"]["present"]:
+                            tc.plug()
+                        elif action == "power_cycle":
+                            tc.power_cycle(0)
+                except Exception as e:  # a twin that restarted lost its faults: say so, keep running
+                    log.error("t=%.1f s: could not clear %s: %s", self.clock.seconds(time.monotonic_ns()), f.kind, e)
+                    continue
+                now = time.monotonic_ns()
+                self.schedule.append((now, "clear", f.kind, f"then {action}" if action else ""))
+                log.info(
+                    "t=%.1f s: cleared %s%s", self.clock.seconds(now), f.kind, f" and did {action}" if action else ""
+                )
+
+    def schedule_rows(self, t_zero_ns: int) -> list[dict[str, Any]]:
+        """:attr:`schedule` on the log's clock: ``{"t_s", "action", "fault", "detail"}``, ``t_s`` in s since
+        ``t_zero_ns`` (CLOCK_MONOTONIC ns of the log's first message)."""
+        return [
+            {"t_s": round((t_ns - t_zero_ns) / NS, 3), "action": action, "fault": fault, "detail": detail}
+            for t_ns, action, fault, detail in self.schedule
+        ]
+
+
+NS = 1_000_000_000

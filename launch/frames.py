@@ -1,0 +1,251 @@
+"""``chestnut launch``'s frame options: what the camera (``launch/camerad.py``) and the twin are told about the
+frames (:class:`FrameOptions`, from the arguments and the node TOML: :func:`frame_options`), the checks that
+refuse a node configuration before anything starts (:func:`model_input_problem`), and this run's own node
+configuration when the frames need the warp (:func:`write_frame_node_config`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+FRAME_SIZES = ("model", "native")
+"""``--frames``: ``model`` -- the camera resizes to the model's input (``[model] shape`` H, W);
+``native`` -- the source's own size (``launch/camerad.py`` ``--native``), warped to the model's input by the
+primary's program or the node (``--warp``; ``node/preprocess.py`` ``warp:``, ``primary_warp``)."""
+SYNTHETIC_NATIVE_HW = (1208, 1928)
+"""``--synthetic --frames native``: openpilot's road camera frame, 1928x1208 (H, W; ``launch/camerad.py``
+``--synthetic``), 3.5 MB a frame in nv12."""
+DOCK_LINK_MBPS = 5600.0
+"""``--dock-timing`` link rate, Mbps: the asm2464 firmware's ~700 MB/s ``0xF2`` SRAM DMA
+(``docs/protocol.md``, the twin's timing model; ``tests/bench/bench_copy.py`` measures with it)."""
+DOCK_LATENCY_US = 125.0
+"""``--dock-timing`` per-transfer latency, us: one USB 3 bus interval (``docs/protocol.md``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FrameOptions:
+    """What ``chestnut launch`` tells the camera (``launch/camerad.py``) and the twin about the frames.
+
+    ``model_hw``: the model input's (H, W) in px, from the node configuration's ``[model] shape``;
+    ``preprocess``: its ``[model] preprocess``; ``model_frame``: its ``[model] frame`` (``""``: none);
+    ``dock_kind``: its ``[dock] kind``. ``link_mbps`` (Mbps) and ``latency_us`` (us) None: the
+    ``--dock-timing`` defaults (:data:`DOCK_LINK_MBPS`, :data:`DOCK_LATENCY_US`). ``native_hw``: the
+    source's own (H, W) in px for ``--frames native`` without ``--synthetic`` (``launch/camerad.py``
+    ``source_size``). ``warp_on``: ``primary`` -- the primary's program takes the full frame and warps it
+    (``[model] frame``, ``node/preprocess.py`` ``primary_warp``), so the full frame crosses the copy path
+    every frame; ``node`` -- the node warps and the primary takes the model's input."""
+
+    frames: str = "model"
+    synthetic: bool = False
+    pixel_format: str = "bgr24"
+    transport: str = "auto"
+    dock_timing: bool = False
+    link_mbps: float | None = None
+    latency_us: float | None = None
+    model_hw: tuple[int, int] = (128, 256)
+    preprocess: str = "ppocr"
+    dock_kind: str = "twin"
+    warp_on: str = "primary"
+    native_hw: tuple[int, int] | None = None
+    model_frame: str = ""
+    warp_given: bool = False
+
+    def problem(self) -> str | None:
+        """The one line that refuses these options together, or None when they can run."""
+        if self.warp_given and not self.warp:
+            return (
+                f"--warp {self.warp_on} chooses where frames that are not the model's input are warped, and these "
+                "are (--frames model, --pixel-format bgr24): add --frames native or --pixel-format nv12, or leave "
+                "--warp out"
+            )
+        if not self.dock_timing and (self.link_mbps is not None or self.latency_us is not None):
+            given = "--link-mbps" if self.link_mbps is not None else "--latency-us"
+            return f"{given} sets the twin's dock-like timing model: add --dock-timing (or leave {given} out)"
+        if self.link_mbps is not None and not self.link_mbps > 0:
+            return f"--link-mbps {self.link_mbps:g}: give a link rate > 0 Mbps (default {DOCK_LINK_MBPS:g})"
+        if self.latency_us is not None and not self.latency_us >= 0:
+            return f"--latency-us {self.latency_us:g}: give a latency >= 0 us (default {DOCK_LATENCY_US:g})"
+        if self.dock_timing and self.dock_kind != "twin":
+            return (
+                f"--dock-timing is the twin's timing model, and the node configuration's dock.kind is "
+                f'{self.dock_kind!r}: leave --dock-timing out or use a configuration with dock.kind = "twin"'
+            )
+        if self.warp and self.model_frame and self.model_frame != self.frame_format():
+            return (
+                f"the node configuration's model.frame = {self.model_frame!r} is not the camera's frames "
+                f"({self.frame_format()}): leave model.frame out (chestnut launch sets it) or change --frames / "
+                "--pixel-format"
+            )
+        h, w = self.model_hw
+        if self.frames == "model" and self.pixel_format == "nv12" and (h % 2 or w % 2):
+            return (
+                f"--pixel-format nv12 --frames model: an nv12 frame has an even width and height, the model's "
+                f"input is {w}x{h} (WxH); use --frames native or --pixel-format bgr24"
+            )
+        return None
+
+    @property
+    def warp(self) -> bool:
+        """The node must warp the frames to the model's input: they are not the model's size or not BGR."""
+        return self.frames == "native" or self.pixel_format != "bgr24"
+
+    @property
+    def frame_hw(self) -> tuple[int, int]:
+        """The camera's frame (H, W) in px: the model's input, the synthetic frame's or the source's own."""
+        if self.frames == "model":
+            return self.model_hw
+        if self.synthetic:
+            return SYNTHETIC_NATIVE_HW
+        if self.native_hw is None:
+            raise ValueError("--frames native: the source's size is not known")
+        return self.native_hw
+
+    def frame_format(self) -> str:
+        """The camera's frames as ``[model] frame`` names them: ``<encoding>:<W>x<H>`` (``backend/warp.py``
+        ``WarpSpec.parse``), e.g. ``nv12:1928x1208``."""
+        h, w = self.frame_hw
+        return f"{'nv12' if self.pixel_format == 'nv12' else 'bgr888'}:{w}x{h}"
+
+    def camera_args(self) -> list[str]:
+        """``chestnut camera``'s arguments beyond ``--rate``."""
+        if self.frames == "native":
+            size = ["--height", str(SYNTHETIC_NATIVE_HW[0]), "--width", str(SYNTHETIC_NATIVE_HW[1])]
+            args = ["--synthetic", *size] if self.synthetic else ["--native"]
+        else:
+            size = ["--height", str(self.model_hw[0]), "--width", str(self.model_hw[1])]
+            args = ["--synthetic", *size] if self.synthetic else size
+        return [*args, "--pixel-format", self.pixel_format, "--transport", self.transport]
+
+    def twin_args(self) -> list[str]:
+        """``chestnut twin serve``'s timing-model arguments (none without ``--dock-timing``)."""
+        if not self.dock_timing:
+            return []
+        mbps = DOCK_LINK_MBPS if self.link_mbps is None else self.link_mbps
+        lat = DOCK_LATENCY_US if self.latency_us is None else self.latency_us
+        return ["--link-mbps", f"{mbps:g}", "--latency-us", f"{lat:g}"]
+
+    def node_preprocess(self) -> str:
+        """The node's ``[model] preprocess`` for these frames: ``warp:<name>`` when they need the warp."""
+        if self.warp and not self.preprocess.startswith("warp:"):
+            return "warp:" + self.preprocess
+        return self.preprocess
+
+    def node_model_frame(self) -> str:
+        """The node's ``[model] frame``: the camera's frame format when the primary warps, else as given."""
+        return self.frame_format() if self.warp and self.warp_on == "primary" else self.model_frame
+
+    @property
+    def node_config_changes(self) -> dict[str, str]:
+        """The ``[model]`` keys this run's node configuration changes (empty: the given one runs as it is)."""
+        want = {"preprocess": self.node_preprocess(), "frame": self.node_model_frame()}
+        have = {"preprocess": self.preprocess, "frame": self.model_frame}
+        return {k: v for k, v in want.items() if v != have[k]}
+
+
+def read_node_toml(path: Path | None) -> dict[str, Any]:
+    """The node TOML ``chestnut launch`` gives the node (``path``, else ``launch/node.toml`` when present) as a
+    table; raises :class:`~chestnut.backend.errors.ConfigError` (one line) for one that cannot be read."""
+    import tomllib
+
+    from chestnut.backend.errors import ConfigError
+    from chestnut.node.config import DEFAULT_CONFIG
+
+    src = path if path is not None else (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
+    if src is None:
+        return {}
+    try:
+        with open(src, "rb") as f:
+            return tomllib.loads(f.read(NODE_TOML_MAX_BYTES).decode())
+    except OSError as e:
+        raise ConfigError("config", f"cannot read {src}: {e}") from e
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError("config", f"{src} is not valid TOML: {e}") from e
+
+
+NODE_TOML_MAX_BYTES = 1 << 20  # bound on reading a node TOML (ours is under 2 KiB)
+
+
+def frame_options(args: argparse.Namespace, node_toml: dict[str, Any]) -> FrameOptions:
+    """:class:`FrameOptions` from ``chestnut launch``'s arguments and the node TOML's table (missing keys:
+    ``node/config.py``'s defaults)."""
+    from chestnut.node.config import DockConfig, ModelConfig
+
+    model = node_toml.get("model", {}) if isinstance(node_toml.get("model"), dict) else {}
+    dock = node_toml.get("dock", {}) if isinstance(node_toml.get("dock"), dict) else {}
+    shape = model.get("shape", ModelConfig().shape)
+    try:
+        hw = (int(shape[2]), int(shape[3]))
+    except (TypeError, ValueError, IndexError):
+        default = ModelConfig().shape
+        hw = (int(default[2]), int(default[3]))  # the node names a malformed shape itself
+    native_hw = None
+    if args.frames == "native" and not args.synthetic:
+        from chestnut.launch.assets import traffic_video_path
+        from chestnut.launch.camerad import source_size
+
+        native_hw = source_size(traffic_video_path(), args.pixel_format)
+    return FrameOptions(
+        frames=args.frames,
+        synthetic=args.synthetic,
+        pixel_format=args.pixel_format,
+        transport=args.transport,
+        dock_timing=args.dock_timing,
+        link_mbps=args.link_mbps,
+        latency_us=args.latency_us,
+        model_hw=(int(hw[0]), int(hw[1])),
+        preprocess=str(model.get("preprocess", ModelConfig().preprocess)),
+        dock_kind=str(dock.get("kind", DockConfig().kind)),
+        warp_on=args.warp or "primary",
+        native_hw=native_hw,
+        model_frame=str(model.get("frame", "")),
+        warp_given=args.warp is not None,
+    )
+
+
+MODEL_FILE_MAX_BYTES = 2 << 30  # protobuf's own bound on one message (an ONNX file without external data)
+
+
+def model_input_problem(path: Path, input_name: str, shape: tuple[int, ...]) -> str | None:
+    """The one line that refuses ``[model] shape`` (N, C, H, W) for the model file at ``path`` when its input
+    ``input_name`` has other fixed dimensions (the node would fail at every start), else None. A dynamic
+    dimension takes any size; a file that is missing or cannot be read is the node's to name. Read with the
+    ``onnx`` package (``backend/model.py`` reads the inputs the same way)."""
+    try:
+        if os.stat(path).st_size > MODEL_FILE_MAX_BYTES:
+            return None
+        import onnx
+
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception:  # missing, unreadable, not ONNX: the node's own load says which
+        return None
+    for inp in graph.input:
+        if inp.name != input_name:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in inp.type.tensor_type.shape.dim]
+        if len(dims) != len(shape) or any(d is not None and d != s for d, s in zip(dims, shape, strict=False)):
+            have = [d if d is not None else "?" for d in dims]
+            return (
+                f"model.shape = {list(shape)} does not fit the input {input_name!r} of {path} ({have}): give its "
+                "shape, or prepare the model for this one (chestnut model prepare --onnx M --shape N,C,H,W)"
+            )
+        return None
+    return None
+
+
+def write_frame_node_config(run_dir: Path, node_toml: dict[str, Any], opts: FrameOptions) -> Path:
+    """The node configuration of this run when the frames need the warp: ``node_toml`` with the ``[model]``
+    keys of :attr:`FrameOptions.node_config_changes` (``preprocess``, ``frame``), written 0600 to
+    ``<run dir>/node.toml`` and checked by loading it (``node/config.py`` ``load_config``; raises its
+    ``ConfigError``)."""
+    from chestnut.launch.acceptance import write_node_toml
+    from chestnut.node.config import load_config
+
+    data = {k: dict(v) for k, v in node_toml.items() if isinstance(v, dict)}
+    data.setdefault("model", {}).update(opts.node_config_changes)
+    path = run_dir / "node.toml"
+    write_node_toml(path, data)
+    load_config(path)
+    return path

@@ -1,0 +1,398 @@
+"""``chestnut launch``'s summary of a run, from its recorded log: the figures (:func:`summarize`), their
+printing (:func:`print_summary`; the main table's rows come from :func:`summary_rows`), the summary as
+JSON (:func:`write_summary_json`), the contract check and its report (:func:`check_contracts`), and the
+run's one clock (:class:`StackClock`).
+
+One clock: every time in the summary is in seconds since the log's first message; only the two
+"launch ->" durations count from the launch."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("chestnut.launch")
+
+NS = 1_000_000_000
+
+
+def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
+    """Read the run's log and compute the summary figures.
+
+    One clock: every time (``t_s``, transitions, control, soft disables, fault events) is in seconds since
+    the log's first message (``t_zero_ns``, its wall-clock time ``wall_start``), as ``chestnut check``
+    and the report count; only the two "launch ->" durations count from ``t_launch_ns``."""
+    from chestnut.msgs.logfile import LogReader
+
+    try:
+        reader = LogReader([log_dir])
+    except FileNotFoundError:
+        reader = None
+    # frames are keyed by (stream, frameId): a restarted camera counts ids from 0 again, a new stream
+    cams: dict[tuple[int, int], int] = {}
+    outs: dict[tuple[int, int], tuple[str, float, float, int]] = {}
+    cam_stream = out_stream = 0
+    last_cam_id = last_out_id = -1
+    by_source: Counter[str] = Counter()
+    transitions: list[tuple[float, str, str]] = []
+    first_out_ns = first_active_ns = 0
+    last_state = None
+    engaged_events: list[tuple[float, str]] = []
+    last_engaged = False
+    last_soft = False
+    episodes: list[list[Any]] = []  # [t_start_s, t_ns, events seen, (t_end_s)]
+    episode: list[Any] = []
+    t_zero = 0
+    wall_start_ns = 0
+    fault_events: list[dict[str, Any]] = []
+    primary_stages: list[tuple[float, float, float]] = []  # s, per primary-served output that carries them
+    for t, service, ev in reader if reader is not None else ():
+        if not t_zero:
+            t_zero = t
+        if service == "initData" and not wall_start_ns:
+            wall_start_ns = int(ev.initData.wallTimeNanos) - (t - t_zero)
+        if service == "twinFault":
+            tf = ev.twinFault
+            fault_events.append(
+                {
+                    "t_s": round((t - t_zero) / NS, 3),
+                    "fault": f"{tf.kind}#{tf.id}",
+                    "action": str(tf.action),
+                    "site": tf.site,
+                    "params": tf.params,
+                }
+            )
+        if service == "cameraFrame":
+            fid = ev.cameraFrame.frameId
+            cam_stream += fid <= last_cam_id
+            last_cam_id = fid
+            cams[(cam_stream, fid)] = t
+        elif service == "modelOutput":
+            mo = ev.modelOutput
+            out_stream += mo.frameId <= last_out_id
+            last_out_id = mo.frameId
+            outs[(out_stream, mo.frameId)] = (str(mo.source), mo.executionTime, mo.frameAge, t)
+            by_source[str(mo.source)] += 1
+            stages = (mo.copyInTime, mo.computeTime, mo.copyOutTime)
+            if str(mo.source) == "primary" and any(stages):  # a log from before the stage times has zeros
+                primary_stages.append(stages)
+            first_out_ns = first_out_ns or t
+        elif service == "chestnutActive":
+            if ev.chestnutActive.active and not first_active_ns:
+                first_active_ns = t
+        elif service == "nodeState":
+            st = str(ev.nodeState.state)
+            if st != last_state:
+                transitions.append(((t - t_zero) / NS, st, ev.nodeState.reason))
+                last_state = st
+        elif service == "controlState":
+            soft = bool(ev.controlState.softDisabling)
+            events = list(ev.controlState.events)
+            if soft and not last_soft:
+                episode = [(t - t_zero) / NS, t, events]
+                episodes.append(episode)
+            elif soft or (last_soft and "disengaged" in events):
+                episode[2].extend(e for e in events if e not in episode[2])
+            if last_soft and not soft:
+                episode.append((t - t_zero) / NS)
+            last_soft = soft
+            eng = bool(ev.controlState.engaged)
+            if eng != last_engaged:
+                engaged_events.append(((t - t_zero) / NS, "engaged" if eng else "disengaged: " + episode_cause(events)))
+                last_engaged = eng
+    soft_episodes = [
+        {
+            "t_s": round(e[0], 3),
+            "duration_s": round(e[3] - e[0], 3) if len(e) > 3 else None,
+            "cause": episode_cause(e[2]),
+            "disengaged": "disengaged" in e[2],
+        }
+        for e in episodes
+    ]
+    soft_disables = Counter(e["cause"] for e in soft_episodes)
+    answered = [f for f in cams if f in outs]
+    missing = sorted(f for f in cams if f not in outs)
+    # frames still in flight when the camera stopped are not missing: only those before the last answered one
+    last_out = max(outs, default=(-1, -1))
+    missing = [f for f in missing if f < last_out]
+    ex = np.array([outs[f][1] for f in answered]) * 1e3 if answered else np.zeros(1)
+    age = np.array([outs[f][2] for f in answered]) * 1e3 if answered else np.zeros(1)
+    span_s = (max(cams.values()) - min(cams.values())) / NS if len(cams) > 1 else 0.0
+    return {
+        "t_zero_ns": t_zero,
+        "wall_start": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(wall_start_ns / NS)) if wall_start_ns else "",
+        "fault_events": fault_events,
+        "frames_in": len(cams),
+        "outputs": len(outs),
+        "missing_outputs": [f"{s}:{i}" if s else i for s, i in missing],
+        "by_source": dict(by_source),
+        "frame_rate_hz": (len(cams) - 1) / span_s if span_s else 0.0,
+        "exec_ms_p50": float(np.percentile(ex, 50)),
+        "exec_ms_p99": float(np.percentile(ex, 99)),
+        "frame_age_ms_p50": float(np.percentile(age, 50)),
+        "frame_age_ms_p99": float(np.percentile(age, 99)),
+        "stages_ms": stage_percentiles(primary_stages),
+        "first_output_s": (first_out_ns - t_launch_ns) / NS if first_out_ns else None,
+        "first_active_s": (first_active_ns - t_launch_ns) / NS if first_active_ns else None,
+        "transitions": transitions,
+        "control": engaged_events,
+        "soft_disables": dict(soft_disables),
+        "soft_disable_episodes": soft_episodes,
+        "log_damage": [str(d) for d in reader.damage] if reader is not None else [],
+    }
+
+
+def stage_percentiles(stages: list[tuple[float, float, float]]) -> dict[str, list[float]] | None:
+    """The primary's stage times (``modelOutput.copyInTime`` / ``computeTime`` / ``copyOutTime``, s) as
+    ``{"copy_in": [p50, p99], "compute": [...], "copy_out": [...]}`` in ms, rounded to 0.01 ms; None
+    when no primary output carries them (the fallback served throughout, or a log from before them)."""
+    if not stages:
+        return None
+    a = np.array(stages, dtype=np.float64) * 1e3
+    return {
+        name: [round(float(np.percentile(a[:, i], 50)), 2), round(float(np.percentile(a[:, i], 99)), 2)]
+        for i, name in enumerate(("copy_in", "compute", "copy_out"))
+    }
+
+
+OPENPILOT_COPY_MS = 22.0
+"""openpilot#38862: the USB copy of one camera frame took ~22 ms of the 50 ms frame on a comma 3X."""
+
+
+def stage_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary's rows for the primary's stage times (p50 / p99, ms), copy-in beside openpilot#38862's
+    figure; one row saying they are absent when the log has none."""
+    st = s.get("stages_ms")
+    if not st:
+        return [("primary stage times", "none in this log")]
+    return [
+        (
+            "primary copy-in p50 / p99",
+            f"{st['copy_in'][0]:.1f} / {st['copy_in'][1]:.1f} ms  (openpilot#38862: ~{OPENPILOT_COPY_MS:g} ms)",
+        ),
+        ("primary compute p50 / p99", f"{st['compute'][0]:.1f} / {st['compute'][1]:.1f} ms"),
+        ("primary copy-out p50 / p99", f"{st['copy_out'][0]:.1f} / {st['copy_out'][1]:.1f} ms"),
+    ]
+
+
+NOT_CAUSES = {"disengaged", "engaged", "softDisableCleared"}
+
+
+def episode_cause(events: list[str]) -> str:
+    """A soft-disable episode's cause from the ``controlState.events`` seen during it: the conditions in
+    order of appearance, each ``commIssue`` with the checks that failed, e.g.
+    ``commIssue (chestnutHealth.freq_ok), chestnutInactive``."""
+    conds: dict[str, list[str]] = {}
+    for e in events:
+        if e in NOT_CAUSES:
+            continue
+        head, sep, check = e.partition(":")
+        checks = conds.setdefault(head, [])
+        if sep and check not in checks:
+            checks.append(check)
+    return ", ".join(f"{c} ({', '.join(ch)})" if ch else c for c, ch in conds.items())
+
+
+def _params_text(event: dict[str, Any]) -> str:
+    if event["action"] != "armed":
+        return ""
+    return event["params"] if event["params"] not in ("", "{}") else "the kind's defaults"
+
+
+def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary's main table as (label, value) rows, in print order; a new figure is one more row here."""
+    fo, fa = s["first_output_s"], s["first_active_s"]
+    return [
+        ("frames in / outputs out", f"{s['frames_in']} / {s['outputs']}  (missing: {len(s['missing_outputs'])})"),
+        ("outputs by source", ", ".join(f"{k} {v}" for k, v in sorted(s["by_source"].items()))),
+        ("camera rate", f"{s['frame_rate_hz']:.1f} Hz"),
+        ("execution time p50 / p99", f"{s['exec_ms_p50']:.1f} / {s['exec_ms_p99']:.1f} ms"),
+        ("frame age p50 / p99", f"{s['frame_age_ms_p50']:.1f} / {s['frame_age_ms_p99']:.1f} ms"),
+        *stage_rows(s),
+        ("launch -> first modelOutput", f"{fo:.1f} s" if fo is not None else "never"),
+        ("launch -> ChestnutActive", f"{fa:.1f} s" if fa is not None else "never"),
+    ]
+
+
+def print_summary(s: dict[str, Any], run_dir: Path) -> None:
+    """Print the summary ``s`` (:func:`summarize` plus what ``chestnut launch`` adds) of the run in ``run_dir``:
+    the main table (:func:`summary_rows`), then the faults, state transitions, processes, control lines,
+    log damage and the contracts' verdict."""
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = Table(title=f"chestnut launch: {run_dir}", show_header=False)
+    for label, value in summary_rows(s):
+        t.add_row(label, value)
+    con.print(t)
+    if s.get("wall_start"):
+        con.print(f"times: s since the stack's first message, {s['wall_start']}")
+    if s.get("fault_schedule") or s.get("fault_events"):
+        ft = Table(title="faults (schedule and the twin's fault events)")
+        for c in ("t (s)", "fault", "event", "detail"):
+            ft.add_column(c)
+        rows = [(f["t_s"], "launch", f["fault"], f["action"], f.get("detail", "")) for f in s.get("fault_schedule", [])]
+        rows += [
+            (e["t_s"], "twin", e["fault"], e["action"], f"hit {e['site']}" if e["site"] else _params_text(e))
+            for e in s.get("fault_events", [])
+        ]
+        for when, who, fault, what, detail in sorted(rows, key=lambda r: r[0]):
+            ft.add_row(f"{when:.1f}", fault, f"{what} ({who})", detail)
+        con.print(ft)
+    if s["transitions"]:
+        tr = Table(title="node state transitions")
+        for c in ("t (s)", "state", "reason"):
+            tr.add_column(c)
+        for when, st, why in s["transitions"]:
+            tr.add_row(f"{when:.1f}", st, why)
+        con.print(tr)
+    if s.get("processes"):
+        pt = Table(title="processes (CPU: % of one core over the run; RSS: peak; start -> end)")
+        for c in ("program", "CPU %", "RSS MB", "RSS MB start -> end", "fds start -> end"):
+            pt.add_column(c)
+        for name, v in s["processes"].items():
+            ends = ("-", "-")
+            if "rss_start_mb" in v and "rss_end_mb" in v:
+                ends = (f"{v['rss_start_mb']:.1f} -> {v['rss_end_mb']:.1f}", f"{v['fds_start']} -> {v['fds_end']}")
+            pt.add_row(name, f"{v['cpu_percent']:.0f}", f"{v['rss_peak_mb']:.0f}", *ends)
+        con.print(pt)
+    for line in control_lines(s):
+        con.print(line)
+    if s.get("soft_disables"):
+        con.print(
+            "control soft-disable episodes: "
+            + ", ".join(f"{n} x {why or '?'}" for why, n in s["soft_disables"].items())
+        )
+    for d in s["log_damage"]:
+        con.print(f"[red]log damage:[/red] {d}")
+    bad = {k: v for k, v in s.get("contracts", {}).items() if v}
+    if s["frames_in"] == 0:
+        con.print("[red]no frames were recorded: nothing to check[/red]")
+    else:
+        con.print(
+            f"contracts: {len(s.get('contracts', {}))} checked, "
+            + (f"[red]violated: {bad}[/red]" if bad else "[green]no violation[/green]")
+            + f"; report: {s.get('report', '-')}"
+        )
+
+
+def control_lines(s: dict[str, Any]) -> list[str]:
+    """The summary's ``control`` lines in time order: each engage / disengage (``s["control"]``) and each
+    soft-disable episode (``s["soft_disable_episodes"]``; ``s["stop_s"]`` marks those during the stop).
+    Times are s since the log's first message; an engage and an episode at the same time keep that order."""
+    rows: list[tuple[float, int, str]] = [(when, 0, what) for when, what in s["control"]]
+    for e in s.get("soft_disable_episodes", []):
+        dur = f"for {e['duration_s']:.2f} s" if e["duration_s"] is not None else "until the end"
+        at_stop = " (during the stop)" if s.get("stop_s") is not None and e["t_s"] >= s["stop_s"] else ""
+        then = ", then disengaged" if e["disengaged"] else ""
+        rows.append((e["t_s"], 1, f"soft disable {dur}{then}{at_stop}: {e['cause'] or '?'}"))
+    return [f"control {when:6.1f} s  {what}" for when, _, what in sorted(rows, key=lambda r: (r[0], r[1]))]
+
+
+def json_target_problem(path: Path) -> str | None:
+    """Why the summary cannot be written to ``path`` (checked before the run, so a run is never lost to a
+    typo), or None: its folder must exist and ``path`` must not be a symlink or a folder."""
+    if not path.parent.is_dir():
+        return f"{path}: folder {path.parent} does not exist; create it or give another path"
+    if path.is_symlink():
+        return f"{path} is a symlink: remove it (rm {path}) or give another path"
+    if path.exists() and not path.is_file():
+        return f"{path} exists and is not a regular file; give another path"
+    return None
+
+
+def write_summary_json(path: Path, summary: dict[str, Any]) -> str | None:
+    """Write the run's summary to ``path`` as JSON, mode 0600 (it names the dock and the run dir), by a
+    temporary file beside it and a rename, so an existing file's mode is not kept and a symlink is never
+    followed. Returns the problem in one line, or None."""
+    if (problem := json_target_problem(path)) is not None:
+        return problem
+    import tempfile
+
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # O_EXCL, 0600
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(summary, indent=1))
+        os.replace(tmp, path)  # a planted symlink at path is replaced, never followed; an old file's mode goes
+    except OSError as e:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        return f"{path}: cannot be written ({e.strerror})"
+    return None
+
+
+def check_contracts(
+    run_dir: Path,
+    fault_schedule: list[dict[str, Any]] | None = None,
+    wall_start: str | None = None,
+    list_violations: bool = True,
+) -> tuple[dict[str, int], str]:
+    """``chestnut check`` over the run's log, with its report in ``<run dir>/report`` (with the fault
+    schedule, times in s since the log's first message, and a link to the logs). ``list_violations``
+    False (a stack that never came up, whose start was already named): the violations go to the report
+    only, not one line each."""
+    from chestnut.node.offline.contracts import check_log
+    from chestnut.node.offline.report import write_report
+
+    try:
+        res = check_log([run_dir / "logs"])
+    except FileNotFoundError as e:
+        log.error("no log to check: %s", e)
+        return {}, ""
+    for v in res.violations[:20] if list_violations else []:
+        log.error("contract %s violated at frame %s: %s", v.contract, v.frame_id, v.message)
+    page = write_report(
+        run_dir / "report",
+        res.timeline,
+        violations=res.violations,
+        title=f"chestnut {run_dir.name}",
+        fault_schedule=fault_schedule,
+        logs=run_dir / "logs",
+        wall_start=wall_start,
+    )
+    return res.counts(), str(page)
+
+
+class StackClock:
+    """The run's one clock: seconds since the stack's first message, the first message of its log (the
+    logger's ``initData`` of segment 0, flushed when the segment opens). Until the log has one, the
+    launch time stands in."""
+
+    def __init__(self, log_dir: Path, t_launch_ns: int) -> None:
+        self.log_dir = log_dir
+        self.t_zero_ns = t_launch_ns
+        self.wall_ns = time.time_ns()
+        self.found = False
+
+    def _find(self) -> None:
+        if self.found:
+            return
+        from chestnut.msgs.logfile import SegmentFileReader, find_log_files
+
+        try:
+            first = find_log_files(self.log_dir)[0]
+            item = next(iter(SegmentFileReader(first)), None)
+        except (FileNotFoundError, ValueError, OSError):
+            return
+        if item is not None and item[1] == "initData":
+            self.t_zero_ns, self.wall_ns, self.found = item[0], int(item[3].initData.wallTimeNanos), True
+
+    def seconds(self, t_ns: int) -> float:
+        """``t_ns`` (CLOCK_MONOTONIC) on the run's clock."""
+        self._find()
+        return (t_ns - self.t_zero_ns) / NS
+
+    def wall_start(self) -> str:
+        self._find()
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.wall_ns / NS))

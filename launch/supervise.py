@@ -1,0 +1,296 @@
+"""``chestnut launch``'s process control: supervisord started with this launch's environment
+(:func:`start_supervisord`), the waits for the stack to come up (:func:`wait_for`, which gives up on a node
+that exits at every start), the stop in :data:`STOP_ORDER` (:func:`stop_stack`, :func:`shut_down`), and the
+search for whatever of the launch survived it (:func:`stack_pids`, :func:`kill_stack`).
+
+The stop order lets the log hold everything the node answered: the control daemon leaves first (a consumer
+that is gone sees no node going silent, so a stop is never a ``commIssue``), then the camera, then -- once the
+node has answered the camera's last frame -- the node, then the logger, after a drain period, and the twin
+last. supervisord's own priorities give the same order when it stops the stack by itself."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from chestnut.launch.rundir import RUN_UMASK
+
+log = logging.getLogger("chestnut.launch")
+
+PROGRAMS = ("twin", "record", "node", "camera", "control")
+# consumer first, then the source, the node, the logger, the dock: see the module docstring
+STOP_ORDER = ("control", "camera", "node", "record", "twin")
+LAUNCH_ID_ENV = "CHESTNUT_LAUNCH_ID"  # set in every program of one launch (with CHESTNUT_PREFIX)
+LAST_ANSWER_WAIT_S = 2.0  # after the camera stopped: longest wait for the node's answer to its last frame
+LOGGER_DRAIN_S = 0.5  # after the node stopped: the logger's time to take in its last messages (POLL_MS x 5)
+ENVIRON_MAX_BYTES = 1 << 20  # bound on one /proc/<pid>/environ read (Linux caps argv + envp near ARG_MAX)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h: orphans of our tree are re-parented to us, not to init
+SUPERVISORD_STOP_S = 40.0  # after the stop: longest wait for supervisord itself to exit before SIGKILL
+
+
+def start_supervisord(conf: Path, prefix: str, launch_id: str) -> subprocess.Popen[bytes]:
+    """Start supervisord on ``conf`` in a session of its own, with ``CHESTNUT_PREFIX=prefix`` and
+    ``CHESTNUT_LAUNCH_ID=launch_id`` in its (and every program's) environment, umask :data:`RUN_UMASK`, and
+    SIGTERM when this process dies; this process becomes the tree's child subreaper first."""
+    supervisord = str(Path(sys.executable).parent / "supervisord")
+    _become_subreaper()
+    return subprocess.Popen(
+        [supervisord, "-c", str(conf)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+        umask=RUN_UMASK,  # supervisord runs in the foreground (nodaemon), so its own umask setting never applies
+        env=dict(os.environ, CHESTNUT_PREFIX=prefix, **{LAUNCH_ID_ENV: launch_id}),
+    )
+
+
+def shut_down(proc: subprocess.Popen[bytes], conf: Path, view: Any, prefix: str, launch_id: str) -> None:
+    """End the launch: the programs in :data:`STOP_ORDER` (:func:`stop_stack`) while supervisord runs, the view's
+    subscriptions closed, supervisord itself (SIGTERM, SIGKILL after :data:`SUPERVISORD_STOP_S`), then whatever
+    of the launch is left (:func:`kill_stack`), each note logged."""
+    if proc.poll() is None:
+        for note in stop_stack(conf, view):
+            log.warning("stop: %s", note)
+    view.close()
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=SUPERVISORD_STOP_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if killed := kill_stack(prefix, launch_id):
+        log.warning("killed %d process(es) of the stack left after supervisord: %s", len(killed), killed)
+
+
+def wait_for(view: Any, service: str, deadline_s: float, conf: Path | None = None) -> bool:
+    """Wait until ``service`` is seen; with ``conf``, give up early once supervisord has given up on the node
+    or the node exits at every start (:func:`node_exits`, from ``supervisord.log`` beside ``conf``)."""
+    t_end = time.monotonic() + deadline_s
+    next_status = time.monotonic() + 2.0
+    while time.monotonic() < t_end:
+        view.update(100)
+        if view.sm.seen[service]:
+            return True
+        if conf is not None and time.monotonic() >= next_status:
+            next_status = time.monotonic() + 2.0
+            if program_state(conf, "node") in ("FATAL", "EXITED", "BACKOFF"):
+                return False
+            if node_exits(read_tail(conf.parent / "supervisord.log")) >= CRASH_LOOP_EXITS:
+                return False
+    return False
+
+
+CRASH_LOOP_EXITS = 2
+"""A node that has exited unexpectedly this often before it answered a frame exits at every start (its
+configuration or model cannot run): ``chestnut launch`` stops waiting and names the cause."""
+LOG_TAIL_BYTES = 64 * 1024  # bound on reading the end of a program's log
+
+
+def read_tail(path: Path, max_bytes: int = LOG_TAIL_BYTES) -> str:
+    """The last ``max_bytes`` of ``path`` as text ("" when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - max_bytes))
+            return f.read(max_bytes).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def node_exits(supervisord_log: str) -> int:
+    """How often the node exited unexpectedly, from supervisord's log (its ``exited: node (exit status N; not
+    expected)`` lines, supervisor's ``process.py`` wording)."""
+    return sum(1 for line in supervisord_log.splitlines() if "exited: node (" in line and "not expected" in line)
+
+
+def last_error_line(node_log: str) -> str:
+    """The node log's last ERROR / CRITICAL line (else its last state change to ``stopping``, else its last
+    line), without the timestamp: what made the node exit."""
+    lines = [ln.strip() for ln in node_log.splitlines() if ln.strip()]
+    for marks in ((" ERROR ", " CRITICAL "), (" -> stopping",)):
+        for ln in reversed(lines):
+            if any(m in ln for m in marks):
+                return ln.split(" ", 2)[2] if ln[:4].isdigit() and ln.count(" ") >= 2 else ln
+    return lines[-1] if lines else "(node.log is empty)"
+
+
+def program_state(conf: Path, name: str) -> str:
+    """supervisord's state of one program (RUNNING, STARTING, BACKOFF, FATAL, EXITED ...), or "UNKNOWN"."""
+    exe = str(Path(sys.executable).parent / "supervisorctl")
+    try:
+        out = subprocess.run([exe, "-c", str(conf), "status", name], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "UNKNOWN"
+    parts = out.split()
+    return parts[1] if len(parts) > 1 else "UNKNOWN"
+
+
+def running_stack(prefix: str) -> str | None:
+    """What of a stack already answers on ``prefix`` (the twin's or supervisord's socket), else None."""
+    import socket as _socket
+
+    from chestnut.msgs.paths import runtime_dir
+
+    for name in ("supervisor.sock", "twin.sock"):
+        path = runtime_dir(prefix) / name
+        if not path.exists():
+            continue
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            s.connect(str(path))
+            return f"{path} answers"
+        except OSError:
+            continue
+        finally:
+            s.close()
+    return None
+
+
+def _die_with_parent() -> None:
+    """In supervisord's child: PR_SET_PDEATHSIG(SIGTERM), so a killed ``chestnut launch`` stops its stack."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def supervisorctl(conf: Path, *args: str, timeout_s: float = 30.0) -> int:
+    """Run ``supervisorctl -c conf ARGS``; returns its exit code (-1 when it could not run or timed out)."""
+    exe = str(Path(sys.executable).parent / "supervisorctl")
+    try:
+        return subprocess.run(
+            [exe, "-c", str(conf), *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=timeout_s
+        ).returncode
+    except (OSError, subprocess.SubprocessError):
+        return -1
+
+
+def _become_subreaper() -> bool:
+    """``prctl(PR_SET_CHILD_SUBREAPER)``: the stack's orphans (a killed supervisord's programs) become our
+    children, so :func:`kill_stack` can reap them. False where the kernel refuses."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def environ_matches(environ: bytes, want: dict[str, str]) -> bool:
+    """True when the NUL-separated ``KEY=VALUE`` block ``environ`` (``/proc/<pid>/environ``) holds every
+    ``want`` pair exactly."""
+    found = {}
+    for entry in environ.split(b"\0"):
+        key, sep, value = entry.partition(b"=")
+        if sep:
+            found[key] = value
+    return all(found.get(k.encode()) == v.encode() for k, v in want.items())
+
+
+def stack_pids(prefix: str, launch_id: str | None = None, exclude: frozenset[int] = frozenset()) -> list[int]:
+    """Pids of this user's processes whose environment has ``CHESTNUT_PREFIX=prefix`` (and, given,
+    ``CHESTNUT_LAUNCH_ID=launch_id``), read from ``/proc/<pid>/environ`` (at most
+    :data:`ENVIRON_MAX_BYTES` each). Other users' processes, zombies and processes gone meanwhile are
+    skipped; ``exclude`` and this process never count."""
+    want = {"CHESTNUT_PREFIX": prefix, **({LAUNCH_ID_ENV: launch_id} if launch_id is not None else {})}
+    uid, me = os.getuid(), os.getpid()
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) in exclude or int(entry.name) == me:
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != uid:
+                continue
+            fd = os.open(f"/proc/{entry.name}/environ", os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                data = os.read(fd, ENVIRON_MAX_BYTES)
+            finally:
+                os.close(fd)
+        except OSError:  # gone, or not ours to read
+            continue
+        if data and environ_matches(data, want):
+            out.append(int(entry.name))
+    return sorted(out)
+
+
+def kill_stack(prefix: str, launch_id: str, term_wait_s: float = 3.0, kill_wait_s: float = 5.0) -> list[int]:
+    """End every process of this launch (:func:`stack_pids`): SIGTERM, then after ``term_wait_s`` (s) SIGKILL
+    for what is left, until none is left or ``kill_wait_s`` more passed; reaps those that are our children
+    (we are the subreaper). Returns the pids found (empty after a clean stop)."""
+    found: list[int] = []
+    t_kill = time.monotonic() + term_wait_s
+    t_end = t_kill + kill_wait_s
+    sig = signal.SIGTERM
+    while True:
+        _reap(found)
+        pids = stack_pids(prefix, launch_id)
+        now = time.monotonic()
+        if not pids or now >= t_end:
+            return found
+        if sig == signal.SIGTERM and now >= t_kill:
+            sig = signal.SIGKILL
+        for pid in pids:
+            if pid not in found:
+                found.append(pid)
+            elif sig == signal.SIGTERM:
+                continue  # asked once already
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        time.sleep(0.05)
+
+
+def _reap(pids: list[int]) -> None:
+    """Collect those of ``pids`` that are our exited children (orphans re-parented to us), without blocking;
+    other children of this process are left to their owners."""
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def stop_stack(conf: Path, view: Any) -> list[str]:
+    """Stop the programs one at a time in :data:`STOP_ORDER` through supervisorctl, waiting between the
+    camera and the node for the node's answer to the camera's last frame (at most
+    :data:`LAST_ANSWER_WAIT_S`), and between the node and the logger :data:`LOGGER_DRAIN_S`. ``view``:
+    a :class:`~chestnut.launch.top.StackView` that still subscribes. Returns notes on what did not go
+    as planned (empty when all went well)."""
+    notes: list[str] = []
+    for name in STOP_ORDER:
+        rc = supervisorctl(conf, "stop", name)
+        if rc != 0:
+            notes.append(f"supervisorctl stop {name}: exit {rc}")
+        if name == "camera":
+            if not wait_last_answer(view, LAST_ANSWER_WAIT_S):
+                notes.append(f"the node did not answer the camera's last frame within {LAST_ANSWER_WAIT_S:g} s")
+        elif name == "node":
+            time.sleep(LOGGER_DRAIN_S)
+    return notes
+
+
+def wait_last_answer(view: Any, timeout_s: float) -> bool:
+    """After the camera stopped: wait until ``view`` saw a ``modelOutput`` for the newest ``cameraFrame`` it
+    saw (or a later one). True at once when no frame was ever seen."""
+    t_end = time.monotonic() + timeout_s
+    view.update(0)
+    sm = view.sm
+    while True:
+        if not sm.seen["cameraFrame"]:
+            return True
+        if sm.seen["modelOutput"] and int(sm["modelOutput"].frameId) >= int(sm["cameraFrame"].frameId):
+            return True
+        if time.monotonic() >= t_end:
+            return False
+        view.update(50)
