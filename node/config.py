@@ -64,6 +64,9 @@ class ModelConfig:
     frame: str = ""                            # e.g. "nv12:1928x1208": the primary warps that full frame
     fingerprint: Path | None = None            # default: <path>.fingerprint.json when it exists
     ranges: dict[str, tuple[float, float]] = field(default_factory=lambda: {"text_prob": (0.0, 1.0)})
+    # not a setting: whether [model.ranges] was written in the file (the built-in default names the PP-OCRv4
+    # detector's output, and applies only to a primary that has it); set by load_config
+    ranges_given: bool = field(default=False, repr=False, compare=False)
 
 
 @dataclass
@@ -72,6 +75,9 @@ class FallbackConfig:
     engine: str = "onnxruntime"                # onnxruntime | tinygrad
     standby: str = "hot"                       # hot: every frame; warm: only when needed
     threads: int = 1
+    # false: a fallback refused at load (unusable, or not of the primary's output contract: node/contract.py)
+    # leaves the node serving from the primary alone; true: the node refuses to start without one
+    required: bool = True
 
 
 @dataclass
@@ -141,7 +147,9 @@ class NodeConfig:
                 return [conv(x) for x in v]
             return v
 
-        return conv(dataclasses.asdict(self))
+        out: dict[str, Any] = conv(dataclasses.asdict(self))
+        out["model"].pop("ranges_given", None)  # not a setting
+        return out
 
     @property
     def fallback_path(self) -> Path:
@@ -175,7 +183,7 @@ def _is_kind(value: Any, kind: type) -> bool:
 
 
 def _apply(section: Any, values: dict[str, Any], where: str) -> None:
-    names = {f.name: f for f in dataclasses.fields(section)}
+    names = {f.name: f for f in dataclasses.fields(section) if f.name != "ranges_given"}
     for key, value in values.items():
         if key not in names:
             raise ConfigError("config", f"unknown key {where}.{key}; known: {', '.join(sorted(names))}")
@@ -203,6 +211,8 @@ def _apply(section: Any, values: dict[str, Any], where: str) -> None:
         except (TypeError, ValueError, IndexError, AttributeError) as e:
             raise ConfigError("config", f"{where}.{key} = {value!r}: {e}") from e
         setattr(section, key, value)
+        if key == "ranges":
+            section.ranges_given = True  # written in the file: each key must name a primary output (node/contract.py)
 
 
 def ladder_bounds_s(ladder: LadderConfig, warm: bool) -> dict[str, float]:

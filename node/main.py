@@ -73,6 +73,7 @@ from chestnut.msgs.messaging import PubMaster, SubMaster, drain_sock, new_messag
 from chestnut.msgs.visionipc import FrameBufferError, FrameReader
 from chestnut.node import config as node_config
 from chestnut.node.config import NodeConfig
+from chestnut.node.contract import ContractError, DeclaredContract, declare_contract, fallback_refusal
 from chestnut.node.framedrop import FrameDropFilter
 from chestnut.node.health import (
     ActiveFlag,
@@ -138,7 +139,7 @@ from chestnut.node.supervisor import (
     Transition,
     fill_node_state,
 )
-from chestnut.node.validity import StaleDetector, ValidityReport, check_outputs, contracts_from_specs, fingerprint
+from chestnut.node.validity import StaleDetector, ValidityReport, check_outputs, fingerprint
 from chestnut.node.watchdog import ActionKind, RequestKind, Watchdog, WatchdogAction, WatchdogConfig
 from chestnut.node.worker_handle import WorkerHandle, WorkerResult, describe_returncode
 
@@ -371,7 +372,9 @@ class Node:
         self.framedrop = FrameDropFilter()
         self.stale = StaleDetector()           # the primary's outputs
         self.fallback_stale = StaleDetector()  # the fallback's: the output checks apply to every source
-        self.contracts: tuple[Any, ...] = ()
+        self.contracts: tuple[Any, ...] = ()  # the declared contract's outputs (declare_contract)
+        self.contract: DeclaredContract | None = None
+        self.answering = False  # the contract is declared and the fallback warm (or not required): frames answered
         self.worker: WorkerHandle | None = None
         self.worker_ready_seen = False   # this worker's readiness was taken in (fed QUALIFIED/LOADED)
         self.link_speed_mbps: int | None = None  # the dock's USB speed at the last probe or enumeration (Mbps)
@@ -441,36 +444,68 @@ class Node:
         self.frames = sub_sock(self.cfg.timing.frame_service, self.poller, prefix=self.prefix)
         self.sm = SubMaster(["controlState"], prefix=self.prefix)
 
+    def declare_contract(self) -> int | None:
+        """The node's output contract from the primary model file and the configuration
+        (:func:`chestnut.node.contract.declare_contract`); None when declared, else one line and the exit code:
+        :data:`EXIT_CONFIG` for a ``model.ranges`` key the primary does not output, :data:`EXIT_NO_FALLBACK`
+        for a primary file that is missing, unreadable or fails its known-answer check (refused as primary and
+        as fallback: the node cannot serve)."""
+        try:
+            self.contract = declare_contract(self.cfg, self.spec_in.fingerprint)
+        except ConfigError as e:
+            log.error("unusable configuration: %s", e)
+            return EXIT_CONFIG
+        except ContractError as e:
+            log.error("no output contract: %s; %s", e.detail, MODEL_FIX)
+            return EXIT_NO_FALLBACK
+        self.contracts = self.contract.outputs
+        log.info("output contract %s from the primary model %s: %s (known answer: %s)", self.contract.fingerprint,
+                 self.cfg.model.path, self.contract.describe(), self.contract.known_answer)
+        return None
+
     def warm_fallback(self) -> bool:
-        """Load and warm the fallback (it answers frames from now on). False when it cannot serve."""
+        """Load the fallback, check it against the contract, and warm it (it answers frames from now on).
+        False when the node cannot serve: no usable fallback and ``fallback.required`` (else the node runs on
+        the primary alone, ``self.fallback`` None)."""
         fb = self.cfg.fallback
+        assert self.contract is not None  # declare_contract ran first
         try:
             t0 = time.monotonic()
-            self.fallback = FallbackModel(self.cfg.fallback_path, fb.engine, name=f"{self.cfg.model.name}-fallback",
-                                          input_shapes={self.cfg.model.input: tuple(self.cfg.model.shape)},
-                                          threads=fb.threads,
-                                          jit_cache=JitCache() if fb.engine == "tinygrad" else None)
-            last = self.fallback.warm()
+            fallback = FallbackModel(self.cfg.fallback_path, fb.engine, name=f"{self.cfg.model.name}-fallback",
+                                     input_shapes={self.cfg.model.input: tuple(self.cfg.model.shape)},
+                                     threads=fb.threads,
+                                     jit_cache=JitCache() if fb.engine == "tinygrad" else None)
+            refusal = fallback_refusal(self.contract, fallback, self.cfg.fallback_path)
+            if refusal is None:
+                self.fallback = fallback
+                last = self.fallback.warm()
             self.starting = False  # from here on a stop request waits for the loop (no child is mid-spawn)
-            declared = {s.name for s in self.fallback.outputs}
-            unknown = sorted(set(self.cfg.model.ranges) - declared)
-            if unknown:
-                log.warning("model.ranges names %s, which the model does not output (outputs: %s); ignored",
-                            unknown, sorted(declared))
-            self.contracts = contracts_from_specs(self.fallback.outputs,
-                                                  {k: v for k, v in self.cfg.model.ranges.items() if k in declared},
-                                                  self.cfg.timing.agreement_tol)
         except _StopDuringStart:
             raise
         except Exception as e:  # ModelError, or anything the engine raises: no fallback, no service
             self.starting = False
             log.error("no usable fallback model (%s, %s): %s: %s; %s", self.cfg.fallback_path, fb.engine,
                       type(e).__name__, e, MODEL_FIX)
-            self._feed(Event.FALLBACK_FAILED, str(e))
-            return False
+            return self._without_fallback(str(e))
+        if refusal is not None:
+            log.error("%s", refusal)
+            return self._without_fallback(refusal)
+        assert self.fallback is not None
         log.info("fallback %s (%s, %s standby) warm in %.2f s, %.1f ms per frame", self.fallback.model_id,
                  fb.engine, fb.standby, time.monotonic() - t0, last * 1e3)
         self._feed(Event.FALLBACK_READY, f"fallback {fb.engine} warm")
+        return True
+
+    def _without_fallback(self, why: str) -> bool:
+        """No fallback: the node refuses to start (False) unless ``fallback.required`` is false, when it runs
+        on the primary alone (every frame the primary does not answer is published not valid)."""
+        self.fallback = None
+        if self.cfg.fallback.required:
+            self._feed(Event.FALLBACK_FAILED, why)
+            return False
+        log.warning("running without a fallback (fallback.required = false): a frame the primary does not answer "
+                    "is published not valid")
+        self._feed(Event.FALLBACK_READY, "no fallback (fallback.required = false)")
         return True
 
     # ---------------------------------------------------------------- supervisor glue
@@ -791,7 +826,8 @@ class Node:
     def _run_fallback(self, inputs: dict[str, np.ndarray], input_fp: bytes) -> Candidate:
         """The fallback's answer, checked like any source's (present, shape, dtype, finite, range, stale).
         It never takes the node down: a failed run is a candidate without outputs that says why."""
-        assert self.fallback is not None
+        if self.fallback is None:
+            return Candidate(None, None, 0.0, "no fallback (fallback.required = false)")
         t0 = time.perf_counter()
         try:
             out = self.fallback.run(inputs)
@@ -849,7 +885,8 @@ class Node:
             self.primary_timed = res.stages is not None
             slow = self.stage_budget.observe(res.stages, now, res.exec_time_s) if res.stages is not None else []
             self._apply_health(evidence_from_run(res.exec_time_s * 1e3) + [evidence_from_validity(report)] + slow, now)
-            vote = shadow_vote(report)
+            # without a fallback (fallback.required = false) nothing can agree: the primary's own checks vote
+            vote = shadow_vote(report) if self.fallback is not None else report.ok
             if self.sup.state in (State.SHADOWING, State.AWAITING_SWITCH) and vote is not None:
                 self._perform_all(self.sup.shadow(vote, now, report.reason))
             primary = Candidate(res.outputs, report, res.exec_time_s)
@@ -948,8 +985,8 @@ class Node:
         mo = msg.modelOutput
         mo.frameId = frame_id
         mo.source = a.source.value
-        assert self.fallback is not None
-        mo.modelId = (self.fallback.model_id if a.source is Source.FALLBACK
+        fallback_id = self.fallback.model_id if self.fallback is not None else ""
+        mo.modelId = (fallback_id if a.source is Source.FALLBACK
                       else self.primary_model_id if a.source is Source.PRIMARY else "")
         outs = mo.init("outputs", len(a.outputs or {}))
         for t, (name, arr) in zip(outs, (a.outputs or {}).items(), strict=True):
@@ -1011,7 +1048,8 @@ class Node:
         vers = init.init("versions", len(self.versions))
         for kv, (k, v) in zip(vers, self.versions.items(), strict=True):
             kv.key, kv.value = k, v
-        init.config = json.dumps(self.cfg.to_json())
+        init.config = json.dumps({**self.cfg.to_json(),
+                                  **({"contract": self.contract.to_json()} if self.contract is not None else {})})
         init.hostname = socket.gethostname()
         init.wallTimeNanos = time.time_ns()
         from chestnut.msgs.schema import SCHEMA_SHA256
@@ -1143,12 +1181,16 @@ class Node:
         try:
             try:
                 self.open()
+                if (refused := self.declare_contract()) is not None:
+                    self.starting = False
+                    return refused
                 if not self.warm_fallback():
                     self._publish_housekeeping(time.monotonic_ns())
                     return EXIT_NO_FALLBACK
             except _StopDuringStart:
                 log.info("stopped while warming the fallback")
                 return EXIT_OK
+            self.answering = True
             self.notify.notify("READY=1")
             log.info("ready: answering %s from the fallback while the primary qualifies", self.cfg.timing.frame_service)
             while not self.stop_requested:
@@ -1178,7 +1220,7 @@ class Node:
     def _publish_stopping(self) -> None:
         """``chestnutActive`` false (source none) and ``nodeState`` stopping now, and ``chestnutHealth`` when due."""
         self.state_dirty = True
-        if self.fallback is not None:
+        if self.answering:
             self._publish_active(Source.NONE)
         self._publish_housekeeping(time.monotonic_ns())
 

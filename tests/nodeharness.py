@@ -46,7 +46,8 @@ def _toml_value(v: Any) -> str:
 def write_node_config(path: Path, model: Path, *, fingerprint: Path | None = None, dock: str = "twin",
                       standby: str = "hot", fallback_model: Path | None = None, shape: tuple[int, ...] = (1, 3, 32, 64),
                       preprocess: str = "unit", ranges: dict[str, tuple[float, float]] | None = None,
-                      timing: dict[str, Any] | None = None, dock_extra: dict[str, Any] | None = None) -> Path:
+                      timing: dict[str, Any] | None = None, dock_extra: dict[str, Any] | None = None,
+                      fallback_extra: dict[str, Any] | None = None) -> Path:
     """A node TOML: the tiny model's contract by default (``x`` [1,3,32,64] -> ``prob`` in [0, 1])."""
     lines = ["[model]", f"path = {_toml_value(model)}", 'name = "tiny"', 'input = "x"',
              f"shape = {_toml_value(list(shape))}", f"preprocess = {_toml_value(preprocess)}"]
@@ -58,6 +59,7 @@ def write_node_config(path: Path, model: Path, *, fingerprint: Path | None = Non
     lines += ["", "[fallback]", 'engine = "onnxruntime"', f"standby = {_toml_value(standby)}"]
     if fallback_model is not None:
         lines.append(f"path = {_toml_value(fallback_model)}")
+    lines += [f"{k} = {_toml_value(v)}" for k, v in (fallback_extra or {}).items()]
     lines += ["", "[dock]", f"kind = {_toml_value(dock)}"]
     lines += [f"{k} = {_toml_value(v)}" for k, v in (dock_extra or {}).items()]
     lines += ["", "[timing]"] + [f"{k} = {_toml_value(v)}" for k, v in (timing or {}).items()]

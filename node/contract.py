@@ -1,0 +1,189 @@
+"""The node's one declared output contract: from the primary model file and the node configuration.
+
+Consumers of ``modelOutput`` (control daemons) must receive the same output names, shapes and dtypes
+whichever model answers a frame, so the contract is declared once, when the node starts, from the
+primary model file (``[model] path``, run once on the host CPU with onnxruntime at the configured
+input shape) and the configuration (``[model] ranges``, ``timing.agreement_tol``); never from whichever
+model happens to load first. Every source's outputs are checked against it on every frame
+(:func:`chestnut.node.validity.check_outputs`).
+
+- A ``[model.ranges]`` key naming an output the primary does not have is refused
+  (:class:`~chestnut.backend.errors.ConfigError` naming the key).
+- The fallback is checked against the contract when it loads (:meth:`DeclaredContract.difference`): one
+  line naming the first difference (input or output names, shapes, dtypes) refuses it.
+- *Known answer*: where a warm-up fingerprint is recorded (``backend/fingerprint.py``: the model's output
+  on a fixed, seeded input, recorded on the host CPU), the file is run on that input here and compared
+  with it (:func:`~chestnut.backend.fingerprint.compare`, openpilot process replay's tolerance). A file
+  that fails is damaged, not the dock: it is refused for both roles (:func:`known_answer`).
+
+The contract's *fingerprint* (:attr:`DeclaredContract.fingerprint`) is the first 16 hex digits of a
+SHA-256 over its canonical JSON (:meth:`DeclaredContract.to_json` without the fingerprint); the node
+writes the contract into its ``initData`` configuration under ``"contract"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chestnut.backend.errors import ConfigError, ModelError
+from chestnut.backend.model import TensorSpec
+from chestnut.node.config import NodeConfig
+from chestnut.node.validity import OutputContract, contracts_from_specs
+
+
+def describe_spec(s: TensorSpec) -> str:
+    """``"prob float32[1, 1, 16, 32]"``."""
+    return f"{s.name} {s.dtype}{list(s.shape)}"
+
+
+def spec_difference(what: str, have: tuple[TensorSpec, ...], want: tuple[TensorSpec, ...]) -> str | None:
+    """The first difference between two spec lists (``what``: "input" or "output"), in one phrase, or None:
+    other names first (``outputs ['a'] != the contract's ['prob']``), then per name a shape, then a dtype."""
+    names, want_names = sorted(s.name for s in have), sorted(s.name for s in want)
+    if names != want_names:
+        return f"{what}s {names} != the contract's {want_names}"
+    by_name = {s.name: s for s in have}
+    for w in want:
+        h = by_name[w.name]
+        if tuple(h.shape) != tuple(w.shape):
+            return f"{what} {w.name!r} has shape {list(h.shape)}, the contract's is {list(w.shape)}"
+        if h.dtype != w.dtype:
+            return f"{what} {w.name!r} has dtype {h.dtype}, the contract's is {w.dtype}"
+    return None
+
+
+@dataclass(frozen=True)
+class DeclaredContract:
+    """The node's contract: the primary file it was declared from (``source``, its ``model_sha256``), the
+    model's inputs and the per-output :class:`~chestnut.node.validity.OutputContract` (spec, value range,
+    agreement tolerance), and what the known-answer check found (``known_answer``: one phrase)."""
+
+    source: Path
+    model_sha256: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[OutputContract, ...]
+    known_answer: str = "no fingerprint recorded"
+
+    @property
+    def output_specs(self) -> tuple[TensorSpec, ...]:
+        return tuple(c.spec for c in self.outputs)
+
+    def body(self) -> dict[str, Any]:
+        """The contract as JSON-ready data (what its fingerprint is taken over)."""
+        return {
+            "source": str(self.source),
+            "model_sha256": self.model_sha256,
+            "inputs": [s.to_json() for s in self.inputs],
+            "outputs": [{**c.spec.to_json(), "range": list(c.value_range) if c.value_range else None, "tol": c.tol}
+                        for c in self.outputs],
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        """First 16 hex digits of SHA-256 over :meth:`body` as sorted-key compact JSON."""
+        raw = json.dumps(self.body(), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(raw).hexdigest()[:16]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.body(), "fingerprint": self.fingerprint, "known_answer": self.known_answer}
+
+    def describe(self) -> str:
+        """``"x float32[1, 3, 32, 64] -> prob float32[1, 1, 16, 32]"``."""
+        return (", ".join(describe_spec(s) for s in self.inputs) + " -> "
+                + ", ".join(describe_spec(s) for s in self.output_specs))
+
+    def difference(self, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> str | None:
+        """How a model with ``inputs`` -> ``outputs`` differs from the contract (one phrase), or None."""
+        return spec_difference("input", inputs, self.inputs) or spec_difference("output", outputs, self.output_specs)
+
+
+def known_answer(model: Any, fingerprint: dict[str, Any] | None) -> tuple[bool, str]:
+    """Run ``model`` (anything with ``inputs`` and ``run``: :class:`~chestnut.backend.model.OrtModel`) on the
+    fingerprint's fixed input and compare (:func:`chestnut.backend.fingerprint.compare`). Returns (ok, one
+    phrase); (True, "no fingerprint recorded") without one. A fingerprint recorded for other inputs than the
+    model's (another shape) fails."""
+    from chestnut.backend.fingerprint import compare, fixed_inputs
+
+    if fingerprint is None:
+        return True, "no fingerprint recorded"
+    try:
+        rec_inputs = {k: (list(v["shape"]), str(v["dtype"])) for k, v in dict(fingerprint["inputs"]).items()}
+        seed = int(fingerprint["seed"])
+    except (KeyError, TypeError, ValueError) as e:
+        return False, f"the fingerprint is malformed ({type(e).__name__}: {e})"
+    mine = {s.name: (list(s.shape), s.dtype) for s in model.inputs}
+    if rec_inputs != mine:
+        return False, f"the fingerprint was recorded for inputs {rec_inputs}, the model takes {mine}"
+    try:
+        outputs = model.run(fixed_inputs(model.inputs, seed))
+    except Exception as e:  # ModelError, or the engine's own error classes
+        return False, f"it cannot run the fingerprint's input: {type(e).__name__}: {e}"
+    check = compare(fingerprint, outputs)
+    return check.ok, ("matches its recorded fingerprint: " if check.ok else "does not match its recorded "
+                      "fingerprint on the host CPU: ") + check.detail
+
+
+class ContractError(ModelError):
+    """The contract cannot be declared, or a model is refused against it (``detail``: the one line)."""
+
+
+def declare_contract(cfg: NodeConfig, fingerprint: dict[str, Any] | None) -> DeclaredContract:
+    """The node's contract from ``cfg.model`` (its file run once on onnxruntime, one thread, at ``model.shape``)
+    and ``cfg.model.ranges`` / ``cfg.timing.agreement_tol``. ``fingerprint``: the primary's recorded warm-up
+    fingerprint, or None.
+
+    Raises :class:`~chestnut.backend.errors.ConfigError` for a ``model.ranges`` key the primary does not
+    output, and :class:`ContractError` for a primary file that cannot be read or run, or that fails its
+    known-answer check (:func:`known_answer`)."""
+    from chestnut.backend.model import OrtModel
+
+    m = cfg.model
+    try:
+        model = OrtModel(m.path, name=m.name, input_shapes={m.input: tuple(m.shape)}, threads=1)
+    except ModelError as e:
+        raise ContractError("no_contract", f"the primary model {m.path} declares the output contract and cannot "
+                                           f"be loaded: {e.detail or e}") from e
+    outputs = tuple(model.outputs)
+    names = [s.name for s in outputs]
+    ranges = dict(m.ranges)
+    for key in list(ranges):
+        if key in names:
+            continue
+        if not m.ranges_given:  # the built-in default (the PP-OCRv4 detector's output): only for a model that has it
+            del ranges[key]
+            continue
+        raise ConfigError("config", f"model.ranges.{key}: the primary model {m.path} has no output {key!r} "
+                                    f"(its outputs: {', '.join(names)})")
+    ok, phrase = known_answer(model, fingerprint)
+    if not ok:
+        raise ContractError("known_answer", f"the model file {m.path} {phrase}: the file is damaged or not the one "
+                                            "the fingerprint was recorded for; refused as primary and as fallback")
+    return DeclaredContract(Path(m.path), model.sha256, tuple(model.inputs),
+                            contracts_from_specs(outputs, ranges, cfg.timing.agreement_tol), phrase)
+
+
+def fallback_refusal(contract: DeclaredContract, fallback: Any, path: Path) -> str | None:
+    """The one line that refuses ``fallback`` (a loaded :class:`~chestnut.fallback.standby.FallbackModel`, read
+    from ``path``), or None when it may serve: its inputs and outputs must be the contract's
+    (:meth:`DeclaredContract.difference`), and a file other than the primary's that has a fingerprint recorded
+    beside it (``<path>.fingerprint.json``) must match it (:func:`known_answer`; the primary's own file passed
+    its check when the contract was declared)."""
+    diff = contract.difference(tuple(fallback.inputs), tuple(fallback.outputs))
+    if diff is not None:
+        return (f"fallback model {path} refused: {diff} (the contract is declared by the primary model "
+                f"{contract.source}: {contract.describe()})")
+    if fallback.sha256 == contract.model_sha256:
+        return None
+    fp_path = Path(path).with_suffix(".fingerprint.json")
+    if not fp_path.is_file():
+        return None
+    try:
+        fp = dict(json.loads(fp_path.read_text()))
+    except (OSError, ValueError, TypeError) as e:
+        return f"fallback model {path} refused: its fingerprint {fp_path} is unreadable: {e}"
+    ok, phrase = known_answer(fallback, fp)
+    return None if ok else f"fallback model {path} refused: it {phrase}"
