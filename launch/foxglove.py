@@ -21,6 +21,9 @@ sockets (mode 0700): it runs only when asked for, and belongs on a machine one d
 Open it in Foxglove: *Open connection* -> *Foxglove WebSocket* -> ``ws://127.0.0.1:8765``, then
 *Layout* -> *Import from file* -> ``launch/foxglove-layout.json``.
 
+Log times and timestamps are Unix time (ns): each message's ``logMonoTime`` plus one offset taken
+when the server starts (``msgs/clock.py``), the clock the MCAP log's times are on.
+
 Every received message is checked with :func:`~chestnut.msgs.messaging.log_from_bytes` (bounded
 traversal); malformed ones are counted per service and skipped. ZeroMQ keeps at most
 :data:`RCVHWM_MESSAGES` per service; the SDK keeps at most ``message_backlog_size`` per client and
@@ -39,6 +42,7 @@ from typing import Any
 
 import zmq
 
+from chestnut.msgs.clock import unix_offset_ns
 from chestnut.msgs.jsonschema import DerivedState, all_topic_schemas, event_to_json, foxglove_messages
 from chestnut.msgs.messaging import MalformedMessageError, SubSocket, log_from_bytes, sub_sock
 from chestnut.msgs.services import SERVICE_LIST
@@ -75,6 +79,7 @@ class Bridge:
                 context=self.context,
             )
         self.state = DerivedState()
+        self.unix_offset_ns = unix_offset_ns()  # log times in Unix ns: logMonoTime + this (msgs/clock.py)
         self.forwarded: Counter[str] = Counter()
         self.malformed: Counter[str] = Counter()
         self.unwatched: Counter[str] = Counter()
@@ -107,8 +112,9 @@ class Bridge:
         if member != service:
             self.malformed[service] += 1
             return False
-        for topic, message in foxglove_messages(service, body, self.state):
-            self.channels[topic].log(json.dumps(message).encode(), log_time=body["logMonoTime"])
+        log_time = body["logMonoTime"] + self.unix_offset_ns
+        for topic, message in foxglove_messages(service, body, self.state, self.unix_offset_ns):
+            self.channels[topic].log(json.dumps(message).encode(), log_time=log_time)
         self.forwarded[service] += 1
         return True
 

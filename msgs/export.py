@@ -23,11 +23,20 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from chestnut.msgs.clock import logged_unix_offset_ns
 from chestnut.msgs.logfile import FlushPolicy, LogReader, McapSegmentWriter
 from chestnut.msgs.outdir import OutputDirError
 from chestnut.msgs.video import LoggedFrames, VideoFrameError
 
 _log = logging.getLogger("chestnut.export")
+
+
+def _offset(logs: list[Path]) -> int | None:
+    """The Unix-time offset the log was written with (``msgs/clock.py``), from its first ``initData``; None
+    (taken now) for a log without one."""
+    for t, service, event in LogReader(logs):
+        return logged_unix_offset_ns(t, event.initData) if service == "initData" else None
+    return None
 
 
 class NothingToExportError(ValueError):
@@ -43,7 +52,9 @@ def export_mcap(logs: list[Path], out: Path, with_capnp: bool = False) -> tuple[
     case, and on any error after ``out`` was created, ``out`` is removed."""
     reader = LogReader(logs)
     encodings = ("capnproto", "json") if with_capnp else ("json",)
-    writer = McapSegmentWriter(out, FlushPolicy(every_messages=1000, interval_s=60.0), encodings=encodings)
+    writer = McapSegmentWriter(
+        out, FlushPolicy(every_messages=1000, interval_s=60.0), encodings=encodings, unix_offset_ns=_offset(logs)
+    )
     done = False
     frames: LoggedFrames | None = None
     video_damage: dict[Path, list[Any]] = {}  # video file -> [its first error, frames that failed]

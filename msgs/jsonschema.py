@@ -26,7 +26,9 @@ Beside one topic per service (``/<service>``, the service's struct: ``/modelOutp
 - ``/chestnut/log``: ``foxglove.Log`` lines for node state changes, ChestnutActive changes,
   control events and every twin fault event (levels: Foxglove's ``LogLevel`` 1 debug .. 5 fatal).
 
-Each message is stamped with its ``logMonoTime`` (ns, CLOCK_MONOTONIC) as its log time.
+Each message's log time and the derived topics' ``timestamp`` are Unix time (ns): the event's
+``logMonoTime`` (ns, CLOCK_MONOTONIC) plus the writer's ``unix_offset_ns`` (``msgs/clock.py``); the
+service topics keep ``logMonoTime`` itself as a field.
 """
 
 from __future__ import annotations
@@ -302,12 +304,15 @@ _SOURCE_ORDINAL = {name: i for i, name in enumerate(log.ModelSource.schema.enume
 _LEVEL_ORDINAL = {name: i for i, name in enumerate(log.Level.schema.enumerants)}
 
 
-def foxglove_messages(service: str, body: dict[str, Any], state: DerivedState) -> list[tuple[str, dict[str, Any]]]:
+def foxglove_messages(
+    service: str, body: dict[str, Any], state: DerivedState, unix_offset_ns: int = 0
+) -> list[tuple[str, dict[str, Any]]]:
     """The JSON messages of one event, ``[(topic, message), ...]``: its own topic first, then derived ones.
 
     ``body`` is :func:`event_to_json`'s dict. ``state`` is updated in place (state changes are
-    logged once, when they happen)."""
-    ns = body["logMonoTime"]
+    logged once, when they happen). ``unix_offset_ns`` (``msgs/clock.py`` ``unix_offset_ns``) is added to
+    the monotonic times of the derived topics' ``timestamp`` fields (0: they stay monotonic)."""
+    ns = body["logMonoTime"] + unix_offset_ns
     out: list[tuple[str, dict[str, Any]]] = [(service_topic(service), body)]
     if service == "cameraFrame":
         enc, channels = _IMAGE_ENCODINGS.get(body["encoding"], ("bgr8", 3))
@@ -315,7 +320,7 @@ def foxglove_messages(service: str, body: dict[str, Any], state: DerivedState) -
             (
                 TOPIC_IMAGE,
                 {
-                    "timestamp": _stamp(body["timestampEof"]),
+                    "timestamp": _stamp(body["timestampEof"] + unix_offset_ns),
                     "frame_id": "camera",
                     "width": body["width"],
                     "height": body["height"],

@@ -14,7 +14,9 @@ messages, each in standard unpacked Cap'n Proto framing (segment table + segment
 **MCAP** (``.mcap``, the ``mcap`` package): message and schema encoding ``capnproto`` (MCAP format
 registry); one schema named ``chestnut.capnp:Event`` (the root struct's ``displayName``) whose data
 is the binary ``CodeGeneratorRequest`` of ``msgs/chestnut.capnp``; one channel per service with
-topic = service name; ``log_time = publish_time = logMonoTime`` (ns, CLOCK_MONOTONIC); zstd chunks.
+topic = service name; ``log_time = publish_time = logMonoTime + unix_offset_ns``: Unix time in ns
+(``msgs/clock.py``; the offset is taken once per route and kept in every ``initData`` config and the MCAP
+``chestnut`` metadata, so a reader gets the monotonic ``logMonoTime`` back from the event); zstd chunks.
 With ``mcap_encodings`` containing ``"json"``, the file also (or only) carries the JSON channels Foxglove
 decodes (``jsonschema`` schemas generated from the Cap'n Proto schema, :mod:`chestnut.msgs.jsonschema`);
 readers here skip them. ``chestnut record`` writes JSON-only MCAP next to an rlog (README "Foxglove").
@@ -70,6 +72,8 @@ from mcap.well_known import MessageEncoding, SchemaEncoding
 from mcap.writer import MCAP0_MAGIC, CompressionType
 from mcap.writer import Writer as _McapWriter
 
+from chestnut.msgs.clock import UNIX_OFFSET_KEY
+from chestnut.msgs.clock import unix_offset_ns as unix_offset_ns_now
 from chestnut.msgs.jsonschema import TOPIC_IMAGE, DerivedState, all_topic_schemas, event_to_json, foxglove_messages
 from chestnut.msgs.messaging import REASON_UNKNOWN_MEMBER, MalformedMessageError, log_from_bytes, new_message
 from chestnut.msgs.outdir import DIR_MODE, open_private, private_dir
@@ -384,8 +388,9 @@ class McapSegmentWriter(_SegmentFileWriter):
     (``msgs/video.py``) has a ``/camera/image`` preview (``msgs/video.py`` ``preview``, at most
     ``PREVIEW_MAX_BYTES``; ``chestnut export`` writes full frames); a ring frame the logger could not
     read has none, so Foxglove shows no empty image. A flush ends the open chunk. ``metadata``
-    (str -> str) is written as an MCAP metadata record named ``chestnut``. Raises ``ValueError``
-    for an unknown or empty ``encodings``.
+    (str -> str) is written as an MCAP metadata record named ``chestnut``, with ``unix_offset_ns``: the
+    ns added to every ``logMonoTime`` for the MCAP log and publish times (``msgs/clock.py``; None: taken
+    now). Raises ``ValueError`` for an unknown or empty ``encodings``.
     """
 
     def __init__(
@@ -395,8 +400,10 @@ class McapSegmentWriter(_SegmentFileWriter):
         clock: Callable[[], float] = time.monotonic,
         metadata: dict[str, str] | None = None,
         encodings: Iterable[str] = ("capnproto",),
+        unix_offset_ns: int | None = None,
     ) -> None:
         self.encodings = tuple(dict.fromkeys(encodings))
+        self.unix_offset_ns = unix_offset_ns_now() if unix_offset_ns is None else int(unix_offset_ns)
         if not self.encodings or set(self.encodings) - set(MCAP_ENCODINGS):
             raise ValueError(f"MCAP encodings {self.encodings}: give one or both of {', '.join(MCAP_ENCODINGS)}")
         super().__init__(path, policy, clock)
@@ -413,15 +420,13 @@ class McapSegmentWriter(_SegmentFileWriter):
         self._json_state = DerivedState()
         self.json_skipped = 0
         self._sequence: Counter[int] = Counter()
-        if metadata:
-            self._mcap.add_metadata(MCAP_LIBRARY, dict(metadata))
+        self._mcap.add_metadata(MCAP_LIBRARY, {**(metadata or {}), UNIX_OFFSET_KEY: str(self.unix_offset_ns)})
 
     def _add(self, channel_id: int, log_mono_time_ns: int, data: bytes) -> None:
         seq = self._sequence[channel_id]
         self._sequence[channel_id] = (seq + 1) & 0xFFFFFFFF
-        self._mcap.add_message(
-            channel_id=channel_id, log_time=log_mono_time_ns, publish_time=log_mono_time_ns, data=data, sequence=seq
-        )
+        t = log_mono_time_ns + self.unix_offset_ns
+        self._mcap.add_message(channel_id=channel_id, log_time=t, publish_time=t, data=data, sequence=seq)
 
     def _json_channel(self, topic: str) -> int:
         channel_id = self._json_channels.get(topic)
@@ -451,7 +456,7 @@ class McapSegmentWriter(_SegmentFileWriter):
             except (MalformedMessageError, KeyError, capnp.KjException):
                 self.json_skipped += 1  # a member this schema does not know: kept in the capnproto channel only
                 return
-            for topic, message in foxglove_messages(service, body, self._json_state):
+            for topic, message in foxglove_messages(service, body, self._json_state, self.unix_offset_ns):
                 if topic == TOPIC_IMAGE and not message["data"]:
                     if pixels is None:
                         continue
@@ -521,7 +526,8 @@ class RouteWriter:
     channels of the ``.mcap`` files (:class:`McapSegmentWriter`). ``video``: how
     :meth:`write_frame` encodes camera frames into the segment's ``fcamera.mkv`` (``msgs/video.py``;
     None: frames are logged raw with :meth:`write`); the video is flushed with ``policy`` and closed with
-    its segment.
+    its segment. ``unix_offset_ns``: the route's one offset from CLOCK_MONOTONIC to Unix time (``msgs/clock.py``;
+    None: taken now), kept in every segment's ``initData`` config and used for the MCAP times.
     """
 
     def __init__(
@@ -538,8 +544,10 @@ class RouteWriter:
         route: str | None = None,
         mcap_encodings: Iterable[str] = ("capnproto",),
         video: VideoOptions | None = None,
+        unix_offset_ns: int | None = None,
     ) -> None:
         self.formats = tuple(dict.fromkeys(formats))
+        self.unix_offset_ns = unix_offset_ns_now() if unix_offset_ns is None else int(unix_offset_ns)
         self.mcap_encodings = tuple(dict.fromkeys(mcap_encodings))
         if not self.mcap_encodings or set(self.mcap_encodings) - set(MCAP_ENCODINGS):
             raise ValueError(
@@ -592,6 +600,7 @@ class RouteWriter:
             "flush_every_messages": self.policy.every_messages,
             "flush_interval_s": self.policy.interval_s,
             "frames": "raw" if self.video is None else f"video {self.video.codec}",
+            UNIX_OFFSET_KEY: self.unix_offset_ns,
         }
         header = init_data_event(self.segment_seconds, config)
         header_time = log_from_bytes(header).logMonoTime
@@ -601,7 +610,12 @@ class RouteWriter:
                 path = seg_dir / f"{name}.{fmt}"
                 if fmt == "mcap":
                     writer: _SegmentFileWriter = McapSegmentWriter(
-                        path, self.policy, self._clock, metadata=meta, encodings=self.mcap_encodings
+                        path,
+                        self.policy,
+                        self._clock,
+                        metadata=meta,
+                        encodings=self.mcap_encodings,
+                        unix_offset_ns=self.unix_offset_ns,
                     )
                 else:
                     writer = _WRITERS[fmt](path, self.policy, self._clock)

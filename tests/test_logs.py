@@ -1,6 +1,7 @@
 """Log segments (rlog.zst and MCAP), the reader, and ``chestnut record`` as a real process."""
 
 import io
+import json
 import os
 import random
 import signal
@@ -370,8 +371,14 @@ def test_mcap_is_readable_by_the_mcap_package_and_self_describing(tmp_path):
             **{"initData": "capnproto"}, **{m: "capnproto" for m, _, _ in events}
         }
         messages = [(c.topic, m.log_time, m.publish_time, m.data) for _, c, m in reader.iter_messages()]
+        (meta,) = [m for m in reader.iter_metadata() if m.name == "chestnut"]
     assert [(t, d) for t, _, _, d in messages[1:]] == [(m, d) for m, d, _ in events]
-    assert all(lt == pt == log_from_bytes(d).logMonoTime for _, lt, pt, d in messages)
+    # MCAP times are Unix ns: logMonoTime plus the route's one offset, kept in the metadata and in initData
+    offset = w.unix_offset_ns
+    assert int(meta.metadata["unix_offset_ns"]) == offset
+    assert json.loads(log_from_bytes(messages[0][3]).initData.config)["unix_offset_ns"] == offset
+    assert all(lt == pt == log_from_bytes(d).logMonoTime + offset for _, lt, pt, d in messages)
+    assert abs(messages[0][1] - time.time_ns()) < 60 * 10**9
 
     # a consumer that only has the file: build the schema from the CodeGeneratorRequest, decode
     pkg = Path(capnp.__file__).parent
