@@ -46,10 +46,13 @@ bulk IN of an SRAM window                 yes, with    a read of SRAM the GPU no
                                                        :class:`RetryPolicy`)
 0xF3 OUT (PCIe power)                     no           power-on retrains the link for up to 10 s: the
                                                        ladder's job, never inside a frame
-async transfers (``*_async``)             as their     tinygrad's ``USB3`` latches the first failure in
-                                          synchronous  ``_async_err`` and never clears it: with
-                                          twins        ``serialize_async`` (the default) each runs as its
-                                                       synchronous twin, retried by the rules above
+async transfers (``*_async``)             as their     they stay async and in flight together; tinygrad's
+                                          synchronous  ``USB3`` latches the first failure in ``_async_err``
+                                          twins, in    and never clears it, so the wrapper owns completion:
+                                          order        on a transient failure at a wait it lets the rest
+                                                       finish, clears the latch and submits again, in order,
+                                                       every transfer not yet waited (a bulk OUT after its
+                                                       arm) -- all idempotent, or none is sent again
 ========================================  ===========  ====================================================
 
 Where a lost transfer shows up: on the twin, ``Twin._gate`` (``backend/sim/twin.py``) decides the
@@ -77,9 +80,11 @@ same-process retry "succeeds" and leaves the destination as it was (``tests/test
 shows it); retry happens here, one transfer at a time, below the copy.
 
 Bounds (:class:`RetryPolicy`): each retried transfer gets ``attempts`` tries of at most
-``attempt_timeout_ms`` (plus the bytes at ``floor_bytes_per_ms`` for a bulk transfer), so a retried
-transfer still ends inside the node's 150 ms frame deadline (openpilot modeld's deadline for the big
-model); a transfer that is not retried keeps the caller's timeout.
+``attempt_timeout_ms`` (plus the bytes at ``floor_bytes_per_ms`` for a bulk transfer), so a lost transfer is
+retried inside the node's 150 ms frame deadline (openpilot modeld's deadline for the big model) -- except the
+bulk IN of an armed SRAM window, which is also the wait for the GPU's copy and gets the GPU's whole wait
+(``gpu_wait_ms``, the device wait timeout): a slow GPU is the frame deadline's to judge, not the transport's.
+A transfer that is not retried keeps the caller's timeout.
 
 When the link is bad (:class:`LinkErrorPolicy`, :func:`judge`), the failing transfer raises
 :class:`UsbLayerError` (the dock fails over): ``no_answer`` when ``max_error_run`` consecutive
@@ -207,33 +212,34 @@ def control_in_kind(request: int) -> Kind:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How hard one idempotent transfer is tried: ``attempts`` tries, each bounded by
-    ``attempt_timeout_ms`` plus ``nbytes / floor_bytes_per_ms`` for bulk transfers.
+    """How hard one idempotent transfer is tried: ``attempts`` tries, each bounded by what the dock needs for
+    it -- ``attempt_timeout_ms`` for the request, plus ``nbytes / floor_bytes_per_ms`` for a bulk transfer's
+    bytes, and for the bulk IN of an armed SRAM window the GPU's wait, ``gpu_wait_ms``.
 
-    3 tries of 25 ms end within 75 ms, half the node's 150 ms frame deadline; a control transfer on
-    a working USB 3 link answers in well under a millisecond. ``floor_bytes_per_ms`` (20 000, i.e.
-    20 MB/s) is below what a USB 2 link moves (480 Mbps), so a slow link is not mistaken for a lost
-    transfer. A bulk IN gets at least ``bulk_in_wait_ms`` (50 ms, a third of the frame deadline)
-    per try: reading an armed SRAM window is also the wait for the GPU's copy into it (tinygrad 0.14
-    ``AMDAllocator._copyout`` reads right after ``scsi_read_arm``; ``scsi_read`` allows 10 s), and
-    the device NAKs until the data is there, so a copy that is merely late must not read as a lost
-    transfer.
+    A control transfer on a working USB 3 link answers in well under a millisecond: 3 tries of 25 ms end
+    within 75 ms, half the node's 150 ms frame deadline. ``floor_bytes_per_ms`` (20 000, i.e. 20 MB/s) is
+    below what a USB 2 link moves (480 Mbps), so a slow link is not mistaken for a lost transfer. Reading an
+    armed SRAM window is also the wait for the GPU's copy into it (tinygrad 0.14 ``AMDAllocator._copyout``
+    reads right after ``scsi_read_arm``; ``scsi_read`` allows 10 s; the bridge NAKs until the GPU wrote the
+    completion page), so that read gets the GPU's whole wait, ``gpu_wait_ms`` (3000 ms, the device wait
+    timeout ``HCQDEV_WAIT_TIMEOUT_MS``, ``backend/protocol.py`` ``WAIT_TIMEOUT_MS``): a GPU that answers within
+    the wait timeout is never called dead here; a slow one is the frame deadline's and the stage budget's.
     """
 
     attempts: int = 3
     attempt_timeout_ms: int = 25
     floor_bytes_per_ms: int = 20_000
-    bulk_in_wait_ms: int = 50
+    gpu_wait_ms: int = P.WAIT_TIMEOUT_MS
 
     def __post_init__(self) -> None:
-        if min(self.attempts, self.attempt_timeout_ms, self.floor_bytes_per_ms, self.bulk_in_wait_ms) < 1:
-            raise ValueError("attempts, attempt_timeout_ms, floor_bytes_per_ms and bulk_in_wait_ms must be >= 1")
+        if min(self.attempts, self.attempt_timeout_ms, self.floor_bytes_per_ms, self.gpu_wait_ms) < 1:
+            raise ValueError("attempts, attempt_timeout_ms, floor_bytes_per_ms and gpu_wait_ms must be >= 1")
 
-    def timeout_ms(self, caller_ms: int, nbytes: int = 0, bulk_in: bool = False) -> int:
+    def timeout_ms(self, caller_ms: int, nbytes: int = 0, gpu_wait: bool = False) -> int:
         """One attempt's timeout: the bound above, never more than the caller's own (0 = none: the bound)."""
         bound = self.attempt_timeout_ms + -(-nbytes // self.floor_bytes_per_ms)
-        if bulk_in:
-            bound = max(bound, self.bulk_in_wait_ms)
+        if gpu_wait:
+            bound = max(bound, self.gpu_wait_ms)
         return bound if caller_ms <= 0 else min(caller_ms, bound)
 
 
@@ -339,6 +345,22 @@ def judge(log: LinkErrorLog, now_s: float) -> Verdict | None:
 # ---------------------------------------------------------------- the wrapper
 
 
+@dataclass
+class _Async:
+    """An async transfer the wrapper submitted and owns until it is waited: ``submit(timeout_ms)`` sends it
+    (again) and returns the wrapped USB3's tag and, for a control IN, the buffer the data lands in."""
+
+    what: str
+    kind: Kind
+    submit: Callable[[int], tuple[int, memoryview | None]]
+    caller_ms: int
+    nbytes: int = 0
+    arm: _Replay | None = None       # a bulk OUT's 0xF2 arm or streaming header: sent again before it
+    inner: int = 0                   # the wrapped USB3's tag of the latest submission
+    out: memoryview | None = None    # a control IN's buffer, the one handed to tinygrad
+    pending_copy: memoryview | None = None
+
+
 @dataclass(frozen=True)
 class _Replay:
     """A request that makes the next transfer repeatable: sent again before it."""
@@ -358,25 +380,24 @@ class RetryingUSB3:
     Same methods and arguments as the wrapped ``usb`` (timeouts in ms); anything else is passed
     through (``handle``, ``product``, ``close`` ...). ``value_regions``: (base, size) byte ranges of
     PCIe memory whose writes set values (VRAM, doorbells); may be set after construction, once the
-    BARs are known. ``serialize_async``: run ``*_async`` transfers synchronously so that they can be
-    retried (their tags are done at once); False passes them to the wrapped USB3 (counted at
-    ``bulk_wait``, never retried). Raises what the wrapped transfer raises; when :func:`judge` says the link is bad,
-    :class:`UsbLayerError` ``no_answer`` / ``unstable_link`` naming the rule and the last error (its
-    ``__cause__``).
+    BARs are known. Async transfers stay async and in flight as tinygrad issues them; the wrapper owns their
+    completion (the "async transfers" section below). Raises what the wrapped transfer raises; when
+    :func:`judge` says the link is bad, :class:`UsbLayerError` ``no_answer`` / ``unstable_link`` naming the
+    rule and the last error (its ``__cause__``).
     """
 
     def __init__(self, usb: Any, *, retry: RetryPolicy | None = None, link: LinkErrorPolicy | None = None,
-                 value_regions: Sequence[tuple[int, int]] = (), serialize_async: bool = True,
+                 value_regions: Sequence[tuple[int, int]] = (),
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.usb = usb
         self.retry = retry or RetryPolicy()
         self.log = LinkErrorLog(link or LinkErrorPolicy())
         self.value_regions: Sequence[tuple[int, int]] = tuple(value_regions)
         self.clock = clock
-        self.serialize_async = serialize_async
         self._arm: dict[str, _Replay | None] = {"out": None, "in": None, "cpl": None}  # per direction: what re-arms
-        self._done_tags = itertools.count(-1, -1)  # tags of async transfers run here synchronously
-        self._done: set[int] = set()
+        self._tags = itertools.count(1)  # this wrapper's async tags (the wrapped USB3's change on a retry)
+        self._pending: dict[int, _Async] = {}  # tag -> transfer, in submission order, until waited
+        self._async_failed: BaseException | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.usb, name)
@@ -392,11 +413,13 @@ class RetryingUSB3:
                 "errors_in_window": self.log.errors_since(now - w), "last_error": self.log.last_error}
 
     def _run(self, what: str, kind: Kind, attempt: Callable[[int], Any], caller_ms: int, nbytes: int = 0,
-             replay: Callable[[int], None] | None = None) -> Any:
-        """``attempt(timeout_ms)`` with the retry rules of ``kind``; ``replay(timeout_ms)`` re-arms before a retry."""
+             replay: Callable[[int], None] | None = None, gpu_wait: bool = False) -> Any:
+        """``attempt(timeout_ms)`` with the retry rules of ``kind``; ``replay(timeout_ms)`` re-arms before a retry.
+        ``gpu_wait``: the transfer is also the wait for the GPU (the bulk IN of an armed SRAM window): each try
+        gets the GPU's whole wait, and one that timed out while the bridge answers is the GPU's."""
         retried = RULES[kind][0]
         tries = self.retry.attempts if retried else 1
-        t_ms = self.retry.timeout_ms(caller_ms, nbytes, kind is Kind.BULK_IN_ARMED) if retried else caller_ms
+        t_ms = self.retry.timeout_ms(caller_ms, nbytes, gpu_wait) if retried else caller_ms
         failed = False
         for i in range(tries):
             try:
@@ -411,7 +434,7 @@ class RetryingUSB3:
                 if not retried:
                     self.log.not_retried += 1
                 bad = judge(self.log, self.clock())
-                if (bad is not None or i + 1 >= tries) and kind is Kind.BULK_IN_ARMED \
+                if (bad is not None or i + 1 >= tries or gpu_wait) and kind is Kind.BULK_IN_ARMED \
                         and err.reason == "transfer_timeout":
                     self._blame_the_gpu_if_the_bridge_answers(what, err, e)
                 if bad is not None:
@@ -454,9 +477,10 @@ class RetryingUSB3:
                              f"(tinygrad#18137); last: {what}: {err.detail}") from cause
 
     def _blame_the_gpu_if_the_bridge_answers(self, what: str, err: ChestnutError, cause: BaseException) -> None:
-        """An armed bulk IN of an SRAM window that timed out on every try is also the wait for the GPU's copy
-        into that window (the bridge serves the read once the GPU has written the completion page; tinygrad
-        0.14 ``AMDAllocator._copyout`` reads the window right after queueing the SDMA copy). If the bridge
+        """An armed bulk IN that timed out on every try -- of an SRAM window, on its first: that try had the GPU's
+        whole wait -- is also the wait for the GPU's copy into that window (the bridge serves the read once the
+        GPU has written the completion page; tinygrad 0.14 ``AMDAllocator._copyout`` reads the window right
+        after queueing the SDMA copy). If the bridge
         still answers one XDATA read (0xE4 of the LTSSM byte, ``P.XDATA_LTSSM``), the link is alive and the
         GPU did not do the copy: raises :class:`GpuLayerError` ``copy_out_not_done`` (the gpu layer, as
         tinygrad's own "hung GPU?" drain error says), and the timeouts are not held against the link.
@@ -471,8 +495,8 @@ class RetryingUSB3:
             self.log.errors -= 1
         self.log.error_run = self.log.timeouts_in_run = 0
         state = f"LTSSM 0x{ltssm[0]:02X}" if ltssm else "XDATA read answered"
-        raise GpuLayerError("copy_out_not_done", f"{what} timed out on every try while the bridge answers ({state}): "
-                            f"the GPU never wrote the window (hung GPU?); last: {err.detail}") from cause
+        raise GpuLayerError("copy_out_not_done", f"{what} timed out while the bridge answers ({state}): the GPU "
+                            f"never wrote the window (hung GPU?); last: {err.detail}") from cause
 
     # ------------------------------------------------------------------ synchronous transfers
     def control_write(self, request: int, value: int = 0, index: int = 0, data: bytes = b"",
@@ -518,57 +542,151 @@ class RetryingUSB3:
             if out is not None and got < length:
                 raise UsbLayerError("short_transfer", f"bulk IN 0x81: got {got} of {length} bytes")
             return out
+        gpu_wait = kind is Kind.BULK_IN_ARMED and rp is not None and rp.request == P.REQ_SRAM
         return self._run("bulk IN 0x81", kind, whole, timeout, length,
-                         self._sender(rp if kind is Kind.BULK_IN_ARMED else None))
+                         self._sender(rp if kind is Kind.BULK_IN_ARMED else None), gpu_wait)
 
     # ------------------------------------------------------------------ async transfers
-    # tinygrad's USB3 latches an async failure for good (``_async_err``), so an async transfer can be retried
-    # only by not sending it asynchronously: with ``serialize_async`` each one runs here as its synchronous
-    # twin (retried by the same rules) and its tag is done at once. Async transfers complete in submission
-    # order, so the dock sees the same sequence; what is lost is the overlap of the next transfer with this one.
+    # tinygrad's USB3 latches the first async failure in ``_async_err`` and raises it at every later
+    # ``bulk_wait``. The wrapper owns each async transfer's completion instead: it submits the transfer to the
+    # wrapped USB3 as tinygrad asked (asynchronously, in flight with the others; its timeout bounded like a
+    # synchronous try), and when a wait reports a transient failure it lets every transfer still in flight
+    # finish, clears the latch and submits again, in their order, all transfers not yet waited (a bulk OUT
+    # after its arm), before tinygrad sees anything -- only if every one of them is idempotent (:data:`RULES`).
+    def _try_ms(self, kind: Kind, caller_ms: int, nbytes: int = 0) -> int:
+        return self.retry.timeout_ms(caller_ms, nbytes) if RULES[kind][0] else caller_ms
+
+    def _submit(self, rec: _Async) -> int:
+        if self._async_failed is not None:  # given up on: tinygrad's latch stays, as tinygrad's USB3 would have it
+            raise RuntimeError(str(self._async_failed))
+        rec.inner, out = rec.submit(self._try_ms(rec.kind, rec.caller_ms, rec.nbytes))
+        if rec.out is None:
+            rec.out = out
+        tag = next(self._tags)
+        self._pending[tag] = rec
+        return tag
+
     def control_write_async(self, request: int, value: int = 0, index: int = 0, data: bytes = b"",
                             timeout: int = 1000) -> int:
-        if not self.serialize_async:
-            return int(self.usb.control_write_async(request, value, index, data, timeout))
-        self.control_write(request, value, index, data, timeout)
-        return self._done_tag()
+        data = bytes(data)
+        kind = control_out_kind(request, value, index, data, self.value_regions)
+        rp = self._replay_for(kind, request, value, index, data, timeout)
+        if rp is not None:
+            self._arm[rp.direction] = rp
+
+        def submit(t_ms: int) -> tuple[int, memoryview | None]:
+            return int(self.usb.control_write_async(request, value, index, data, t_ms)), None
+        return self._submit(_Async(f"async control OUT 0x{request:02X}", kind, submit, timeout))
 
     def control_read_async(self, request: int, length: int, value: int = 0, index: int = 0,
                            timeout: int = 1000) -> tuple[int, memoryview]:
-        if not self.serialize_async:
-            tag, out = self.usb.control_read_async(request, length, value, index, timeout)
+        kind = control_in_kind(request)
+        if kind is Kind.TLP_COMPLETION:
+            kind = Kind.OTHER  # its header went before it, not with it: nothing to send again
+
+        def submit(t_ms: int) -> tuple[int, memoryview | None]:
+            tag, out = self.usb.control_read_async(request, length, value, index, t_ms)
             return int(tag), out
-        got = bytearray(bytes(self.control_read(request, length, value, index, timeout)))
-        return self._done_tag(), memoryview(got)
+        rec = _Async(f"async control IN 0x{request:02X}", kind, submit, timeout)
+        tag = self._submit(rec)
+        assert rec.out is not None
+        return tag, rec.out
 
     def bulk_write_async(self, payload: Any, timeout: int = 10000) -> int:
-        if not self.serialize_async:
-            return int(self.usb.bulk_write_async(payload, timeout))
-        self.bulk_write(payload, timeout)
-        return self._done_tag()
+        n = len(memoryview(payload).cast("B"))
+        rp, self._arm["out"] = self._arm["out"], None
+        armed = rp is not None and rp.nbytes == n
 
-    def _done_tag(self) -> int:
-        tag = next(self._done_tags)
-        self._done.add(tag)
-        return tag
+        def submit(t_ms: int) -> tuple[int, memoryview | None]:
+            return int(self.usb.bulk_write_async(payload, t_ms)), None
+        return self._submit(_Async("async bulk OUT 0x02", Kind.BULK_OUT_ARMED if armed else Kind.BULK_BARE, submit,
+                                   timeout, n, rp if armed else None))
 
     def bulk_wait(self, tag: int) -> Any:
-        """Wait for an async transfer; one run here synchronously is done already. A latched failure of the
-        wrapped USB3 is counted (never retried) and raised."""
-        if tag in self._done:
-            self._done.discard(tag)
+        """Wait for an async transfer of this wrapper. A transient failure reported by the wrapped USB3 is
+        retried as the section above says (up to ``attempts`` submissions in all, each failure held against the
+        link: :func:`judge` may raise :class:`UsbLayerError`); anything else is raised as tinygrad raised it."""
+        if self._async_failed is not None:
+            raise RuntimeError(str(self._async_failed))
+        rec = self._pending.get(tag)
+        if rec is None:  # done again (and waited) while an earlier wait recovered
             return None
         try:
-            out = self.usb.bulk_wait(tag)
+            self.usb.bulk_wait(rec.inner)
         except Exception as e:
             err = classify(e, default=UsbLayerError)
-            if err.reason in TRANSIENT_REASONS:
-                self.log.error(self.clock(), f"async transfer: {err.reason}: {err.detail}",
-                               err.reason == "transfer_timeout")
-                self.log.not_retried += 1
-            raise
+            if err.reason not in TRANSIENT_REASONS:
+                raise
+            self._recover(rec, e, err)
+            return None
+        del self._pending[tag]
         self.log.ok()
-        return out
+        return None
+
+    def _drain(self, tags: Sequence[int]) -> None:
+        """Let the wrapped USB3's transfers ``tags`` finish, whatever its latch says."""
+        for t in tags:
+            try:
+                self.usb.bulk_wait(t)
+            except Exception:  # noqa: BLE001, S110 - the latch: each was waited only to let it finish
+                pass
+
+    def _recover(self, failed: _Async, cause: BaseException, err: ChestnutError) -> None:
+        recs = list(self._pending.values())  # in submission order: the failed one and every one not yet waited
+        self.log.error(self.clock(), f"{failed.what}: {err.reason}: {err.detail}", err.reason == "transfer_timeout")
+        if not all(RULES[r.kind][0] for r in recs):
+            self.log.not_retried += 1
+            self._give_up(cause)
+            raise cause
+        last: BaseException = cause
+        for _ in range(self.retry.attempts - 1):
+            bad = judge(self.log, self.clock())
+            if bad is not None:
+                self._give_up(last)
+                raise UsbLayerError(bad.reason, f"{bad.detail}; last: {failed.what}: {err.detail}") from last
+            self._drain([r.inner for r in recs])
+            if hasattr(self.usb, "_async_err"):
+                self.usb._async_err = 0
+            try:
+                waits: list[tuple[int, _Async | None]] = []
+                for r in recs:
+                    if r.arm is not None:
+                        a = r.arm
+                        waits.append((int(self.usb.control_write_async(a.request, a.value, a.index, a.data,
+                                                                       self.retry.timeout_ms(a.timeout_ms))), None))
+                    r.inner, out = r.submit(self._try_ms(r.kind, r.caller_ms, r.nbytes))
+                    waits.append((r.inner, r))
+                    if out is not None and r.out is not None and out is not r.out:
+                        r.pending_copy = out
+                for t, r in waits:
+                    self.usb.bulk_wait(t)
+                    if r is not None and r.pending_copy is not None and r.out is not None:
+                        r.out[:] = r.pending_copy
+                        r.pending_copy = None
+            except Exception as e:
+                err = classify(e, default=UsbLayerError)
+                if err.reason not in TRANSIENT_REASONS:
+                    self._give_up(e)
+                    raise
+                self.log.error(self.clock(), f"{failed.what}: {err.reason}: {err.detail}",
+                               err.reason == "transfer_timeout")
+                last = e
+                continue
+            self.log.ok()
+            self.log.retried_ok += 1
+            self._pending.clear()
+            return
+        bad = judge(self.log, self.clock())
+        self._give_up(last)
+        if bad is not None:
+            raise UsbLayerError(bad.reason, f"{bad.detail}; last: {failed.what}: {err.detail}") from last
+        raise last
+
+    def _give_up(self, cause: BaseException) -> None:
+        """From now on every async call raises ``cause``'s text (tinygrad's own error), as tinygrad's latch
+        would; the wrapped USB3's latch is left set."""
+        self._pending.clear()
+        self._async_failed = cause
 
     # ------------------------------------------------------------------ replays
     @staticmethod

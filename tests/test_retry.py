@@ -41,15 +41,19 @@ def tlp(address: int, value: int = 0) -> bytes:
 
 
 class ScriptedUSB3:
-    """tinygrad 0.14 ``USB3``'s four synchronous methods: records every call; ``fail`` maps a call number
-    (1-based, over all calls) to the RuntimeError text it raises (or the exception itself); ``short`` maps a
-    bulk IN's call number to the bytes it returns (tinygrad's ``bulk_read`` returns what arrived)."""
+    """tinygrad 0.14 ``USB3``: records every call; ``fail`` maps a call number (1-based, over all calls) to the
+    RuntimeError text a synchronous call raises (or the exception itself) -- for an async submission, the
+    ``libusb_transfer_status`` it latches in ``_async_err`` (never cleared; every later ``bulk_wait`` raises
+    tinygrad's "async bulk OUT failed: status=N"); ``short`` maps a bulk IN's call number to the bytes it
+    returns (tinygrad's ``bulk_read`` returns what arrived)."""
 
     def __init__(self, fail: dict[int, str | BaseException] | None = None, short: dict[int, int] | None = None) -> None:
         self.fail = fail or {}
         self.short = short or {}
         self.calls: list[tuple[Any, ...]] = []
         self.product = "custom"
+        self._async_err = 0
+        self._tags = iter(range(101, 10_000))
 
     def _call(self, *call: Any) -> None:
         self.calls.append(call)
@@ -73,8 +77,29 @@ class ScriptedUSB3:
         self._call("br", length, timeout)
         return bytes(self.short.get(len(self.calls), length))
 
+    def _submit(self, *call: Any) -> int:
+        self.calls.append(call)
+        status = self.fail.get(len(self.calls))
+        if status is not None:
+            self._async_err = self._async_err or int(status)  # the first failure stays
+        return next(self._tags)
+
+    def control_write_async(self, request: int, value: int = 0, index: int = 0, data: bytes = b"",
+                            timeout: int = 1000) -> int:
+        return self._submit("cwa", request, value, index, bytes(data), timeout)
+
+    def control_read_async(self, request: int, length: int, value: int = 0, index: int = 0,
+                           timeout: int = 1000) -> tuple[int, memoryview]:
+        return self._submit("cra", request, length, value, index, timeout), memoryview(bytearray([len(self.calls)]
+                                                                                                  * length))
+
+    def bulk_write_async(self, payload: Any, timeout: int = 10000) -> int:
+        return self._submit("bwa", len(payload), timeout)
+
     def bulk_wait(self, tag: int) -> None:
-        self._call("wait", tag)
+        self.calls.append(("wait", tag))
+        if self._async_err:
+            raise RuntimeError(f"async bulk OUT failed: status={self._async_err}")
 
 
 def wrapped(fail: dict[int, str | BaseException] | None = None, short: dict[int, int] | None = None,
@@ -125,8 +150,8 @@ def test_attempt_timeouts_end_inside_the_frame_deadline():
     assert p.timeout_ms(1000, 0x40000) == 25 + 14  # 256 KiB at the 20 MB/s floor
     assert p.timeout_ms(10) == 10  # never longer than the caller asked
     assert p.timeout_ms(0) == 25   # 0 is libusb's "forever": bounded
-    assert p.timeout_ms(10000, 0x40000, bulk_in=True) == 50  # an armed read is also the wait for the GPU's copy
-    assert p.timeout_ms(10000, 0x400000, bulk_in=True) == 25 + 210
+    assert p.timeout_ms(10000, 0x40000, gpu_wait=True) == 3000  # an armed SRAM read is also the GPU's whole wait
+    assert p.timeout_ms(1000, 0x40000, gpu_wait=True) == 1000   # never longer than the caller asked
     with pytest.raises(ValueError):
         RetryPolicy(attempts=0)
 
@@ -200,7 +225,7 @@ def test_a_bulk_in_is_read_again_after_its_streaming_read_header():
     u.control_write(P.REQ_TLP, P.TLP_MEM_READ64 | 0x0F << 8, P.TLP_MODE_STREAM_READ, hdr, 5000)
     assert u.bulk_read(64, 30000) == bytes(64)
     again = ("cw", P.REQ_TLP, P.TLP_MEM_READ64 | 0x0F << 8, P.TLP_MODE_STREAM_READ, hdr, 25)
-    assert usb.calls == [again, ("br", 64, 50), again, ("br", 64, 50)]  # a bulk IN also waits for the data
+    assert usb.calls == [again, ("br", 64, 26), again, ("br", 64, 26)]  # a memory read: the link's timing
 
 
 def test_a_tlp_completion_is_read_again_only_after_its_header():
@@ -252,15 +277,15 @@ def test_every_try_timing_out_is_no_answer_with_the_last_error_as_cause():
     assert usb.calls[3:] == [("cr", P.REQ_XDATA_READ, 1, P.XDATA_LTSSM, 0, 25)]  # the bridge still answers
 
 
-def test_async_failures_passed_through_are_counted_not_retried():
-    class Latched(ScriptedUSB3):
-        def bulk_wait(self, tag: int) -> None:
-            raise RuntimeError("async bulk OUT failed: status=2")
-
-    u = RetryingUSB3(Latched(), clock=lambda: 0.0, serialize_async=False)
+def test_an_async_failure_with_a_transfer_that_is_not_idempotent_in_flight_is_counted_and_raised():
+    """A bare bulk OUT (no arm before it) cannot be sent again: tinygrad's own error, and every later wait too."""
+    u, usb = wrapped({1: "2"})
+    tag = u.bulk_write_async(bytes(512), 10000)
     with pytest.raises(RuntimeError, match="status=2"):
-        u.bulk_wait(1)
-    assert (u.log.errors, u.log.not_retried) == (1, 1)
+        u.bulk_wait(tag)
+    assert (u.log.errors, u.log.not_retried, usb._async_err) == (1, 1, 2)
+    with pytest.raises(RuntimeError, match="status=2"):
+        u.bulk_wait(u.control_write_async(P.REQ_XDATA_WRITE, 0xA000, 0))
     assert u.product == "custom"  # anything else passes through
 
 
@@ -284,41 +309,98 @@ def test_a_bulk_in_keeps_its_sram_arm_across_other_traffic_as_tinygrads_copyout_
     u.bulk_write(bytes(8), 1000)                                                      # the doorbell's stream
     assert u.bulk_read(512, 10000) == bytes(512)
     arm = ("cw", P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, b"", 25)
-    assert usb.calls[3:] == [("br", 512, 50), arm, ("br", 512, 50)]
+    assert usb.calls[3:] == [("br", 512, 3000), arm, ("br", 512, 3000)]
 
 
-def test_async_transfers_run_as_their_synchronous_twins_and_are_retried():
-    """tinygrad 0.14 ``_copyin`` per chunk: async 0xF2 arm, async 0xE4 fence read, waits, async bulk OUT."""
-    u, usb = wrapped({2: TIMEOUT, 4: BULK_TIMEOUT})
-    arm_tag = u.control_write_async(P.REQ_SRAM, 1024 // 512, 16 | 1 << 8)
-    rd_tag, rd = u.control_read_async(P.REQ_XDATA_READ, 8, value=0xA800)
-    u.bulk_wait(arm_tag)
-    u.bulk_wait(rd_tag)
-    assert bytes(rd) == bytes(8)
-    u.bulk_wait(u.bulk_write_async(bytes(1024)))
-    arm = ("cw", P.REQ_SRAM, 2, 16 | 1 << 8, b"", 25)
-    assert usb.calls == [arm, ("cr", 0xE4, 8, 0xA800, 0, 25), ("cr", 0xE4, 8, 0xA800, 0, 25), ("bw", 1024, 26),
-                         arm, ("bw", 1024, 26)]
-    assert (u.log.errors, u.log.retried_ok) == (2, 2)
-    assert len({arm_tag, rd_tag}) == 2 and arm_tag < 0  # tags the wrapped USB3 never hands out
+def copyin_chunks(u: RetryingUSB3, n: int) -> list[memoryview]:
+    """tinygrad 0.14 ``_copyin``'s stream of ``n`` 1024-byte chunks: per chunk an async 0xF2 arm and an async
+    0xE4 fence read, both waited, then the async bulk OUT, waited only when its window is armed again."""
+    inflight: list[int | None] = [None, None]
+    reads = []
+    for seq in range(n):
+        if inflight[seq & 1] is not None:
+            u.bulk_wait(inflight[seq & 1])
+        arm = u.control_write_async(P.REQ_SRAM, 1024 // 512, (seq & 1) * 16 | 1 << 8)
+        rd, mv = u.control_read_async(P.REQ_XDATA_READ, 8, value=0xA800)
+        u.bulk_wait(arm)
+        u.bulk_wait(rd)
+        reads.append(mv)
+        inflight[seq & 1] = u.bulk_write_async(bytes([seq]) * 1024)
+    for t in inflight:
+        if t is not None:
+            u.bulk_wait(t)
+    return reads
+
+
+def test_async_transfers_stay_in_flight_with_bounded_timeouts():
+    u, usb = wrapped()
+    copyin_chunks(u, 3)
+    submits = [c for c in usb.calls if c[0] != "wait"]
+    assert submits == [("cwa", P.REQ_SRAM, 2, 1 << 8, b"", 25), ("cra", 0xE4, 8, 0xA800, 0, 25), ("bwa", 1024, 26),
+                       ("cwa", P.REQ_SRAM, 2, 16 | 1 << 8, b"", 25), ("cra", 0xE4, 8, 0xA800, 0, 25), ("bwa", 1024, 26),
+                       ("cwa", P.REQ_SRAM, 2, 1 << 8, b"", 25), ("cra", 0xE4, 8, 0xA800, 0, 25), ("bwa", 1024, 26)]
+    assert not any(c[0] in ("cw", "cr", "bw") for c in usb.calls)  # nothing was turned into a synchronous transfer
+    assert (u.log.attempts, u.log.errors) == (9, 0)
+
+
+def test_a_failed_async_transfer_is_submitted_again_with_everything_not_yet_waited_before_tinygrad_sees_it():
+    """Chunk 1's arm times out (status 2, latched) while chunk 0's bulk OUT is still in flight: the wrapper lets
+    them finish, clears the latch, submits chunk 0's arm and bulk OUT, chunk 1's arm and fence read again, in
+    order, and waits them; tinygrad's waits see nothing, the fence read's buffer holds the new read."""
+    u, usb = wrapped({6: "2"})  # calls: cwa cra wait wait bwa | cwa (fails) ...
+    reads = copyin_chunks(u, 2)
+    after = usb.calls[usb.calls.index(("cwa", P.REQ_SRAM, 2, 16 | 1 << 8, b"", 25)) + 1:]
+    submits = [c for c in after if c[0] != "wait"]
+    assert submits[:5] == [("cra", 0xE4, 8, 0xA800, 0, 25),                          # chunk 1's read, as asked
+                           ("cwa", P.REQ_SRAM, 2, 1 << 8, b"", 25), ("bwa", 1024, 26),  # chunk 0 again, after its arm
+                           ("cwa", P.REQ_SRAM, 2, 16 | 1 << 8, b"", 25),              # chunk 1's arm again
+                           ("cra", 0xE4, 8, 0xA800, 0, 25)]                           # and its read
+    assert usb._async_err == 0
+    last_read = max(i for i, c in enumerate(usb.calls) if c[0] == "cra") + 1  # its call number: the data it returns
+    assert bytes(reads[1]) == bytes([last_read]) * 8  # in the buffer tinygrad holds
+    assert (u.log.errors, u.log.retried_ok, u.log.not_retried) == (1, 1, 0)
+
+
+def test_an_async_failure_on_every_submission_is_an_unstable_link():
+    """``async_error`` repeating (LIBUSB_TRANSFER_ERROR, status 1): three submissions fail, the link is judged."""
+    class AlwaysFails(ScriptedUSB3):
+        def _submit(self, *call: Any) -> int:
+            self.calls.append(call)
+            self._async_err = 1
+            return next(self._tags)
+
+    usb = AlwaysFails()
+    u = RetryingUSB3(usb, clock=lambda: 100.0)
+    arm = u.control_write_async(P.REQ_SRAM, 2, 1 << 8)
+    with pytest.raises(UsbLayerError) as info:
+        u.bulk_wait(arm)
+    assert info.value.reason == "unstable_link"
+    assert info.value.detail.startswith("3 consecutive transfer attempts failed (bound 3); last: async control OUT "
+                                        "0xF2: RuntimeError: async bulk OUT failed: status=1")
+    assert [c[0] for c in usb.calls if c[0] != "wait"] == ["cwa"] * 3
+    with pytest.raises(RuntimeError, match="status=1"):  # and every later wait, as tinygrad's latch would
+        u.bulk_wait(u.control_write_async(P.REQ_SRAM, 2, 1 << 8))
 
 
 def test_an_armed_bulk_in_that_never_comes_while_the_bridge_answers_is_the_gpus_copy_not_the_link():
     """The armed SRAM read is also the wait for the GPU's copy into the window: every try timing out while one
-    XDATA read of the LTSSM byte answers is a GPU that never did the copy, not a link that answers nothing."""
-    u, usb = wrapped({2: TIMEOUT, 4: TIMEOUT, 6: TIMEOUT})  # each bulk IN try (the arm sent again between)
+    XDATA read of the LTSSM byte answers is a GPU that never did the copy, not a link that answers nothing. Its
+    one try had the GPU's whole wait (3000 ms): the GPU is called dead at the wait timeout, not before or after."""
+    u, usb = wrapped({2: TIMEOUT})
     u.control_write(P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, timeout=1000)
     with pytest.raises(GpuLayerError) as info:
         u.bulk_read(512, 10000)
     assert info.value.reason == "copy_out_not_done"
-    assert info.value.detail == ("bulk IN 0x81 timed out on every try while the bridge answers (LTSSM 0x00): the "
-                                 f"GPU never wrote the window (hung GPU?); last: RuntimeError: {TIMEOUT}")
-    assert usb.calls[-1] == ("cr", P.REQ_XDATA_READ, 1, P.XDATA_LTSSM, 0, 25)
+    assert info.value.detail == ("bulk IN 0x81 timed out while the bridge answers (LTSSM 0x00): the GPU never wrote "
+                                 f"the window (hung GPU?); last: RuntimeError: {TIMEOUT}")
+    assert usb.calls[1:] == [("br", 512, 3000), ("cr", P.REQ_XDATA_READ, 1, P.XDATA_LTSSM, 0, 25)]
     assert (u.log.errors, u.log.error_run, sum(u.log.outcomes)) == (0, 0, 0)  # nothing held against the link
 
 
 def test_an_armed_bulk_in_that_never_comes_with_a_silent_bridge_is_a_wedged_bridge():
-    u, usb = wrapped({2: TIMEOUT, 4: TIMEOUT, 6: TIMEOUT, 7: TIMEOUT, 8: TIMEOUT, 9: TIMEOUT})  # + 3 bridge reads
+    # each try: the bulk IN and one read of the bridge's register time out; after the third, 2 more reads
+    u, usb = wrapped({2: TIMEOUT, 3: TIMEOUT, 5: TIMEOUT, 6: TIMEOUT, 8: TIMEOUT, 9: TIMEOUT, 10: TIMEOUT,
+                      11: TIMEOUT})
     u.control_write(P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, timeout=1000)
     with pytest.raises(PcieLayerError) as info:
         u.bulk_read(512, 10000)
@@ -372,7 +454,7 @@ def test_a_short_bulk_in_is_read_again_after_its_arm_and_never_handed_up():
     u.control_write(P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, timeout=1000)
     assert len(u.bulk_read(512, 10000)) == 512
     arm = ("cw", P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, b"", 25)
-    assert usb.calls == [arm, ("br", 512, 50), arm, ("br", 512, 50)]
+    assert usb.calls == [arm, ("br", 512, 3000), arm, ("br", 512, 3000)]
     assert (u.log.errors, u.log.retried_ok) == (1, 1)
     u, usb = wrapped(short={1: 100})  # nothing to re-arm: raised, not returned short
     with pytest.raises(UsbLayerError) as info:

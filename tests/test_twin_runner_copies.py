@@ -1,6 +1,6 @@
 """Large copies through the twin runner's own copy path, as the node uses it: tinygrad 0.14's
-``AMDAllocator._copyin`` / ``_copyout`` behind :class:`~chestnut.backend.retry.RetryingUSB3` with
-``serialize_async`` (each async transfer run as its synchronous twin). A 4 MiB copy is 17 chunks of the 256 KiB
+``AMDAllocator._copyin`` / ``_copyout`` behind :class:`~chestnut.backend.retry.RetryingUSB3`, its async
+transfers in flight as tinygrad issues them. A 4 MiB copy is 17 chunks of the 256 KiB
 SRAM windows and a 16 MiB copy 65, more than any frame's; the reserved VRAM below ``VRAM_HEAP_OFFSET`` (the
 rings, their pointers, the timeline signal) must never be a copy's destination."""
 
@@ -54,7 +54,7 @@ def test_the_kits_copy_step_passes_on_a_fault_free_twin(runner, dock):
 
 def test_4_and_16_mib_cross_byte_exact_several_times_in_one_worker(runner, dock, tiny_onnx):
     runner.load(ModelSpec(tiny_onnx, "tiny"))
-    assert isinstance(runner.usb, RetryingUSB3) and runner.usb.serialize_async
+    assert isinstance(runner.usb, RetryingUSB3)
     at = runner.scratch_offset(16 * MIB)
     assert at >= P.VRAM_HEAP_OFFSET and at % 0x1000 == 0
     seq_before = runner.tinygrad.allocator._usb_seq
@@ -68,6 +68,7 @@ def test_4_and_16_mib_cross_byte_exact_several_times_in_one_worker(runner, dock,
     x = {"x": np.random.default_rng(7).standard_normal((1, 3, 32, 64)).astype(np.float32)}
     assert np.array_equal(runner.run(x)["prob"], OnnxModel(tiny_onnx, name="tiny").run(x)["prob"])
     assert dock.status()["gpu"]["sdma"]["error_count"] == 0
+    assert runner.usb.log.errors == 0 and not runner.usb._pending  # every async transfer waited, none failed
 
 
 def test_a_copy_into_the_reserved_vram_is_refused_before_the_dock(runner, dock):
