@@ -272,6 +272,11 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path, Path] | int:
         if (problem := model_input_problem(model.path, model.input, model.shape)) is not None:
             log.error("--node-config: %s", problem)
             return 2
+        from chestnut.node.contract import start_problem
+
+        if (problem := start_problem(node_cfg)) is not None:  # the output contract (node/contract.py)
+            log.error("--node-config: %s", problem)
+            return 2
     if args.json and (problem := json_target_problem(args.json)) is not None:
         log.error("--json: %s", problem)
         return 2

@@ -187,3 +187,36 @@ def fallback_refusal(contract: DeclaredContract, fallback: Any, path: Path) -> s
         return f"fallback model {path} refused: its fingerprint {fp_path} is unreadable: {e}"
     ok, phrase = known_answer(fallback, fp)
     return None if ok else f"fallback model {path} refused: it {phrase}"
+
+
+def read_fingerprint(path: Path) -> dict[str, Any] | None:
+    """The recorded fingerprint at ``path`` (None when there is none); raises ConfigError when unreadable."""
+    if not path.is_file():
+        return None
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError) as e:
+        raise ConfigError("fingerprint", f"{path} is unreadable: {e}") from e
+
+
+def start_problem(cfg: NodeConfig) -> str | None:
+    """The one line that stops a node with configuration ``cfg`` from starting, found before anything starts
+    (``chestnut launch``), or None: a ``model.ranges`` key the primary does not output, a primary file that
+    fails its known-answer check, or a fallback that is not of the contract while ``fallback.required``. A file
+    that is missing or cannot be loaded is the node's own to name (None). The fallback is read with onnxruntime
+    whatever its engine (the output specs do not depend on it; this process must not import tinygrad)."""
+    from chestnut.backend.model import OrtModel
+
+    try:
+        contract = declare_contract(cfg, read_fingerprint(cfg.fingerprint_path))
+    except ConfigError as e:
+        return e.detail or str(e)
+    except ContractError as e:
+        return None if e.reason == "no_contract" else e.detail
+    if not cfg.fallback.required:
+        return None
+    try:
+        fallback = OrtModel(cfg.fallback_path, input_shapes={cfg.model.input: tuple(cfg.model.shape)}, threads=1)
+    except ModelError:
+        return None
+    return fallback_refusal(contract, fallback, cfg.fallback_path)

@@ -154,3 +154,23 @@ def test_a_model_that_fails_its_known_answer_is_refused_for_both_roles(tmp_path:
     fb = FallbackModel(damaged, input_shapes={"x": (1, 3, 32, 64)})
     line = fallback_refusal(contract, fb, damaged)
     assert line is not None and line.startswith(f"fallback model {damaged} refused: it does not match its recorded")
+
+
+def test_launch_with_a_fallback_of_another_shape_exits_before_the_stack_starts(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    primary = make_model(tmp_path / "primary.onnx")
+    small = make_model(tmp_path / "small.onnx", stride=4)
+    cfg = write_node_config(tmp_path / "node.toml", primary, fallback_model=small)
+    r = subprocess.run([str(Path(sys.executable).with_name("chestnut")), "launch", "--seconds", "3", "--no-live",
+                        "--runs-dir", str(tmp_path / "runs"), "--node-config", str(cfg)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-3000:]
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].endswith(
+        f" ERROR chestnut.launch: --node-config: fallback model {small} refused: output 'prob' has shape "
+        f"[1, 1, 8, 16], the contract's is [1, 1, 16, 32] (the contract is declared by the primary model {primary}: "
+        "x float32[1, 3, 32, 64] -> prob float32[1, 1, 16, 32])"), lines[0]
+    assert not (tmp_path / "runs").exists()
