@@ -148,6 +148,8 @@ struct ModelOutput {
   copyInTime @12 :Float32;           # s, the primary's copy of this frame's inputs into VRAM; 0 for the fallback
   computeTime @13 :Float32;          # s, the serving model's compute (primary: program launch to fence)
   copyOutTime @14 :Float32;          # s, the primary's copy of the outputs back to host memory; 0 for the fallback
+  deadline @15 :Float32;             # s, the primary's deadline in force for this frame (adaptive, docs/health.md);
+                                     # 0 when the primary was not asked (and in older logs)
 }
 
 struct ChestnutActive {

@@ -74,6 +74,7 @@ from chestnut.msgs.visionipc import FrameBufferError, FrameReader
 from chestnut.node import config as node_config
 from chestnut.node.config import NodeConfig
 from chestnut.node.contract import ContractError, DeclaredContract, declare_contract, fallback_refusal
+from chestnut.node.deadline import Deadline, DeadlineRule, adaptive_deadline
 from chestnut.node.framedrop import FrameDropFilter
 from chestnut.node.health import (
     ActiveFlag,
@@ -292,6 +293,7 @@ class FrameResult:
     deadline_missed: bool = False
     report: ValidityReport | None = None
     stages: StageTimes | None = None
+    deadline_ms: float = 0.0  # the primary's deadline in force for this frame (node/deadline.py); 0: not judged
 
 
 def stale_frame_reason(eof_ns: int, now_ns: int, max_age_ms: float) -> str:
@@ -387,6 +389,11 @@ class Node:
         self.host = HostMeter(t.host_window_ms)
         self.host_thresholds = HostThresholds(t.host_late_ms, t.host_cpu_pressure_pct, t.deadline_ms)
         self.host_misses = 0             # deadline misses blamed on the host (not counted towards a failover)
+        # the primary's adaptive deadline (node/deadline.py): its recent latencies (ms) and the deadline in force
+        self.deadline_rule = DeadlineRule(ceiling_ms=t.deadline_ms, floor_ms=min(t.deadline_floor_ms, t.deadline_ms),
+                                          host_late_ms=t.host_late_ms, adaptive=t.adaptive_deadline)
+        self.latencies: deque[float] = deque(maxlen=self.deadline_rule.window)
+        self.deadline: Deadline = adaptive_deadline((), self.deadline_rule)
         self.host_last_late_ns = 0
         self.host_log = LogEvery()
         self.pending_events: deque[tuple[Event, str, Layer | None]] = deque()
@@ -636,6 +643,8 @@ class Node:
             log.info("worker %s qualified and loaded: %s", w.pid, steps)
         if not self.primary_model_id:
             self.primary_model_id = self._read_primary_model_id()
+        self.latencies.clear()  # a new worker's latency is its own: the ceiling until it has shown it
+        self.deadline = adaptive_deadline((), self.deadline_rule)
         self._watchdog_actions(self.watchdog.worker_started(now))
         self._feed(Event.QUALIFIED, "qualification ladder passed")
         self._feed(Event.LOADED, "model loaded; warm-up matched its fingerprint"
@@ -848,20 +857,20 @@ class Node:
         are the fallback's; ``full``, the full frame, goes to a primary whose program warps it itself;
         ``refusal``: why the primary's program cannot take this frame at all (another camera format): it is
         not sent, and the fallback answers it."""
-        t = self.cfg.timing
         w = self.worker
         view = PrimaryView(self.sup.runs_primary, w is not None and w.ready and w.alive, self.draining,
                            w is not None and w.can_submit, w.in_flight[0] if w is not None and w.in_flight else None)
-        sub = decide_submission(view, clock.base_ns, time.monotonic_ns(), t.deadline_ms)
+        deadline_ms = self.deadline.ms  # in force for this frame, whatever the results on the way change
+        sub = decide_submission(view, clock.base_ns, time.monotonic_ns(), deadline_ms)
         why, submitted = sub.why, False
         if refusal:
             why = refusal
         elif sub.verdict is Submit.MISS:
-            self._primary_missed(seq, sub.why, evidence=True)
+            self._primary_missed(seq, sub.why, evidence=True, deadline_ms=deadline_ms)
         elif sub.verdict is Submit.SUBMIT and w is not None:
             try:
                 w.submit(seq, primary_inputs(w.inputs, inputs, full))
-                self._watchdog_actions(self.watchdog.request(seq, clock.base_ns, RequestKind.FRAME))
+                self._watchdog_actions(self.watchdog.request(seq, clock.base_ns, RequestKind.FRAME, deadline_ms))
                 submitted = True
             except ChestnutError as e:
                 why = f"submit to the primary failed: {e}"
@@ -872,7 +881,7 @@ class Node:
             fallback = self._run_fallback(inputs, input_fp)
         outcome = PrimaryOutcome(None, False, why)
         if submitted and w is not None:
-            outcome = self._await_primary(w, seq, clock.base_ns + int(t.deadline_ms * 1e6))
+            outcome = self._await_primary(w, seq, clock.base_ns + int(deadline_ms * 1e6), deadline_ms)
         res = outcome.result
         primary: Candidate | None = None
         report: ValidityReport | None = None
@@ -891,26 +900,28 @@ class Node:
                 self._perform_all(self.sup.shadow(vote, now, report.reason))
             primary = Candidate(res.outputs, report, res.exec_time_s)
         elif outcome.missed:
-            self._primary_missed(seq, outcome.why, evidence=False)
+            self._primary_missed(seq, outcome.why, evidence=False, deadline_ms=deadline_ms)
         if fallback is None and not primary_serves(self.sup.serving, primary):
             fallback = self._run_fallback(inputs, input_fp)
         answer = choose_answer(self.sup.serving, self.sup.reason, primary, fallback, outcome.why)
-        return FrameResult(answer, outcome.missed, report, res.stages if res is not None and res.ok else None)
+        return FrameResult(answer, outcome.missed, report, res.stages if res is not None and res.ok else None,
+                           deadline_ms if sub.verdict is not Submit.SKIP and not refusal else 0.0)
 
-    def _primary_missed(self, frame_id: int, why: str, evidence: bool) -> None:
+    def _primary_missed(self, frame_id: int, why: str, evidence: bool, deadline_ms: float | None = None) -> None:
         """One frame the primary did not answer in time. Counts towards ``timing.miss_run``, which fails
         the gpu layer over (the watchdog counts only frames it saw requested; a stuck worker stops
         taking frames once its slots are full, and those frames are misses too). ``evidence``: record
-        a gpu WARN for it (the watchdog already did for a frame it saw requested)."""
+        a gpu WARN for it (the watchdog already did for a frame it saw requested). ``deadline_ms``: the
+        frame's deadline in force (default: the current one)."""
         now = time.monotonic_ns()
+        deadline_ms = self.deadline.ms if deadline_ms is None else deadline_ms
         host = self._host_late(now)
         if host:
             if evidence:  # the watchdog's own verdict on a requested frame was the host's already
                 self._host_miss(f"frame {frame_id}: {why}; {host}", now)
         elif evidence:
             self.health.apply([Evidence(Layer.GPU, Level.WARN, f"frame {frame_id}: {why}", tag="deadline_miss")], now)
-        verdict = count_miss(self.miss_run, self.cfg.timing.miss_run, self.sup.runs_primary,
-                             self.cfg.timing.deadline_ms, why, host)
+        verdict = count_miss(self.miss_run, self.cfg.timing.miss_run, self.sup.runs_primary, deadline_ms, why, host)
         self.miss_run = verdict.run
         if verdict.fail_over:
             layer, reason = miss_run_blame(verdict.reason, self._transfer_errors() - self.errors_at_good)
@@ -928,7 +939,10 @@ class Node:
         w = self.worker
         if w is not None and w.alive:
             self.host.worker_late(w.progress().late_peak_ns, now)
-        return host_late(self.host.figures(now, dock_ms, elapsed_ms), self.host_thresholds)
+        th = self.host_thresholds
+        if th.deadline_ms != self.deadline.ms:  # a late result's dock time is held against the deadline in force
+            th = HostThresholds(th.late_ms, th.cpu_pressure_pct, self.deadline.ms)
+        return host_late(self.host.figures(now, dock_ms, elapsed_ms), th)
 
     def _host_late_result(self, res: WorkerResult, now: int) -> str:
         """:meth:`_host_late` for a result arriving at ``now``, with the dock's own time for it (its stage
@@ -936,6 +950,17 @@ class Node:
         started = self.watchdog.started_ns(res.seq)
         dock_ms = sum(res.stages.as_list()) * 1e3 if res.stages is not None else None
         return self._host_late(now, dock_ms, (now - started) / 1e6 if started is not None else None)
+
+    def _observe_latency(self, res: WorkerResult, elapsed_ns: int, host: str) -> None:
+        """One primary result's latency (its frame's deadline base to its receipt, ``elapsed_ns``; late ones
+        too) into the adaptive deadline's window, and the deadline for the next frame (``node/deadline.py``):
+        held while the host is late (``host``), never below the host's own worst wake-up lateness."""
+        if res.error is not None or elapsed_ns < 0:
+            return
+        self.latencies.append(elapsed_ns / 1e6)
+        f = self.host.last_figures
+        self.deadline = adaptive_deadline(self.latencies, self.deadline_rule, previous_ms=self.deadline.ms,
+                                          host_late=bool(host), host_late_peak_ms=max(f.loop_late_ms, f.worker_late_ms))
 
     def _host_miss(self, reason: str, now: int) -> None:
         """A deadline miss while the host was late: counted as the host's (``chestnutHealth.host``), logged
@@ -946,8 +971,9 @@ class Node:
             log.warning("deadline miss while the host was late, not counted against the dock: %s (%d so far)",
                         reason, self.host_misses)
 
-    def _await_primary(self, w: WorkerHandle, frame_id: int, deadline_ns: int) -> PrimaryOutcome:
-        """Wait for frame ``frame_id``'s result until its deadline (``deadline_ns``, CLOCK_MONOTONIC)."""
+    def _await_primary(self, w: WorkerHandle, frame_id: int, deadline_ns: int, deadline_ms: float) -> PrimaryOutcome:
+        """Wait for frame ``frame_id``'s result until its deadline (``deadline_ns``, CLOCK_MONOTONIC; the
+        deadline in force ``deadline_ms`` after the frame's base)."""
         while True:
             if not self._is_current(w) or self.draining:  # failed over on the way: the fallback answers now
                 return PrimaryOutcome(None, False, self.sup.reason)
@@ -962,9 +988,11 @@ class Node:
                     continue
                 self.host.loop_woke(deadline_ns, now)
                 self._watchdog_actions(self.watchdog.check(now, self._host_late(now)))
-                return PrimaryOutcome(None, True, no_result_reason(self.cfg.timing.deadline_ms))
-            verdict = self.watchdog.response(res.seq, now, self._host_late_result(res, now))
+                return PrimaryOutcome(None, True, no_result_reason(deadline_ms))
+            host = self._host_late_result(res, now)
+            verdict = self.watchdog.response(res.seq, now, host)
             self._watchdog_actions(list(verdict.actions))
+            self._observe_latency(res, verdict.elapsed_ns, host)
             if res.error is not None:
                 self._on_primary_error(res)
             pairing = pair_response(res.seq, frame_id, res.error is not None, verdict.use_result)
@@ -973,8 +1001,7 @@ class Node:
             if pairing is Pairing.FAILED:
                 return PrimaryOutcome(res, False, f"primary failed: {res.error}")
             if pairing is Pairing.LATE:
-                return PrimaryOutcome(None, True, late_result_reason(verdict.elapsed_ns / 1e6,
-                                                                     self.cfg.timing.deadline_ms))
+                return PrimaryOutcome(None, True, late_result_reason(verdict.elapsed_ns / 1e6, deadline_ms))
             return PrimaryOutcome(res, False, "")
 
     # ---------------------------------------------------------------- publishing
@@ -1001,6 +1028,7 @@ class Node:
         mo.frameAge = frame_age_s(clock, int(cf.timestampEof), int(msg.logMonoTime))
         mo.frameDropPerc = float(drop_perc)
         mo.deadlineMissed = r.deadline_missed
+        mo.deadline = float(r.deadline_ms) / 1e3
         if r.report is not None:
             mo.agreementChecked = r.report.agreement_checked
             mo.primaryAgrees = r.report.primary_agrees
@@ -1124,8 +1152,10 @@ class Node:
             # results of frames already answered (late ones, or a draining worker's): pair them for the
             # logical check; their errors are evidence
             while self._is_current(w) and (res := w.poll_result(0.0)) is not None:
-                verdict = self.watchdog.response(res.seq, now, self._host_late_result(res, now))
+                host = self._host_late_result(res, now)
+                verdict = self.watchdog.response(res.seq, now, host)
                 self._watchdog_actions(list(verdict.actions))
+                self._observe_latency(res, verdict.elapsed_ns, host)
                 if res.error is not None:
                     self._on_primary_error(res)
             if self._is_current(w) and self.draining and not w.in_flight:

@@ -183,6 +183,7 @@ class _Pending:
     start_ns: int
     kind: RequestKind
     answered: bool = False  # the fallback already answered this frame
+    deadline_ns: int = 0    # frames: the deadline in force when it was requested (node/deadline.py)
 
 
 def _ms(ns: int) -> str:
@@ -211,6 +212,7 @@ class Watchdog:
         self.alive = Entity("alive")
         self.logical = Entity("logical")
         self._deadline_ns = int(c.frame_deadline_ms * NS_PER_MS)
+        self._last_deadline_ns = self._deadline_ns  # the deadline of the last frame requested
         self._deadline_min_ns = int(c.frame_deadline_min_ms * NS_PER_MS)
         self._hang_ns = int(c.hang_timeout_ms * NS_PER_MS)
         self._command_ns = int(c.command_timeout_ms * NS_PER_MS)
@@ -260,9 +262,18 @@ class Watchdog:
 
     # ---------------------------------------------------------------- requests and responses
 
-    def request(self, seq: int, now_ns: int, kind: RequestKind = RequestKind.FRAME) -> list[WatchdogAction]:
+    def request(self, seq: int, now_ns: int, kind: RequestKind = RequestKind.FRAME,
+                deadline_ms: float | None = None) -> list[WatchdogAction]:
         """A request ``seq`` was sent to the worker at ``now_ns``. Sequence numbers must strictly increase
-        (across workers too); a violation is a logical fault (KILL_WORKER)."""
+        (across workers too); a violation is a logical fault (KILL_WORKER). ``deadline_ms``: a frame's
+        deadline in force (the adaptive deadline, ``node/deadline.py``); None: ``frame_deadline_ms``. Raises
+        ``ValueError`` for a deadline outside ``(frame_deadline_min_ms, frame_deadline_ms]``."""
+        deadline_ns = self._deadline_ns
+        if deadline_ms is not None:
+            deadline_ns = int(deadline_ms * NS_PER_MS)
+            if not self._deadline_min_ns < deadline_ns <= self._deadline_ns:
+                raise ValueError(f"frame deadline {deadline_ms} ms outside ({self.config.frame_deadline_min_ms}, "
+                                 f"{self.config.frame_deadline_ms}] ms")
         if self._last_seq is not None and seq <= self._last_seq:
             actions = self._logical_fault(now_ns, f"request seq {seq} not after previous request seq {self._last_seq}")
             if kind is RequestKind.FRAME:
@@ -270,7 +281,8 @@ class Watchdog:
                                               f"frame {seq}: request out of sequence", now_ns, seq))
             return actions
         self._last_seq = seq
-        self._pending[seq] = _Pending(now_ns, kind)
+        self._pending[seq] = _Pending(now_ns, kind, deadline_ns=deadline_ns)
+        self._last_deadline_ns = deadline_ns if kind is RequestKind.FRAME else self._last_deadline_ns
         return []
 
     def started_ns(self, seq: int) -> int | None:
@@ -304,8 +316,8 @@ class Watchdog:
             return Verdict(False, elapsed, (WatchdogAction(
                 ActionKind.ANSWER_FROM_FALLBACK, "worker",
                 f"frame {seq}: result from a worker being replaced ({expired} expired)", now_ns, seq),))
-        if elapsed > self._deadline_ns or elapsed < self._deadline_min_ns:
-            bound = (f"deadline {_ms(self._deadline_ns)}" if elapsed > self._deadline_ns
+        if elapsed > p.deadline_ns or elapsed < self._deadline_min_ns:
+            bound = (f"deadline {_ms(p.deadline_ns)}" if elapsed > p.deadline_ns
                      else f"minimum {_ms(self._deadline_min_ns)}")
             reason = f"frame {seq}: primary result after {_ms(elapsed)} ({bound})"
             actions = self._miss(seq, reason, now_ns, host)
@@ -334,10 +346,10 @@ class Watchdog:
         actions: list[WatchdogAction] = []
         for seq, p in self._pending.items():
             elapsed = now_ns - p.start_ns
-            if p.kind is RequestKind.FRAME and not p.answered and elapsed > self._deadline_ns:
+            if p.kind is RequestKind.FRAME and not p.answered and elapsed > p.deadline_ns:
                 p.answered = True
                 actions += self._miss(seq, f"frame {seq}: no primary result {_ms(elapsed)} after the request "
-                                      f"(deadline {_ms(self._deadline_ns)})", now_ns, host)
+                                      f"(deadline {_ms(p.deadline_ns)})", now_ns, host)
             limit = self._hang_ns if p.kind is RequestKind.FRAME else self._command_ns
             if elapsed > limit and self.hang.status is not Status.EXPIRED:
                 self.hang.apply(Result.FATAL)
@@ -352,7 +364,7 @@ class Watchdog:
         due: list[int] = []
         for p in self._pending.values():
             if p.kind is RequestKind.FRAME and not p.answered:
-                due.append(p.start_ns + self._deadline_ns + 1)
+                due.append(p.start_ns + p.deadline_ns + 1)
             if self.hang.status is not Status.EXPIRED:
                 due.append(p.start_ns + (self._hang_ns if p.kind is RequestKind.FRAME else self._command_ns) + 1)
         if self._alive_start_ns is not None:
@@ -420,7 +432,7 @@ class Watchdog:
         old, _ = self.deadline.apply(Result.FAIL_LIMIT)
         if old is Status.EXPIRED:
             return []
-        return [WatchdogAction(ActionKind.FAIL_OVER, "deadline", f"{why} (deadline {_ms(self._deadline_ns)})",
+        return [WatchdogAction(ActionKind.FAIL_OVER, "deadline", f"{why} (deadline {_ms(self._last_deadline_ns)})",
                                now_ns, None, Layer.GPU)]
 
     def _close_alive_windows(self, now_ns: int) -> list[WatchdogAction]:

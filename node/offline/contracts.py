@@ -18,8 +18,10 @@ one_output_per_frame     every distinct ``cameraFrame`` a running node owes gets
 frame_ids_increase       ``frameId`` strictly increases within ``cameraFrame`` and within ``modelOutput``;
                          skipped ids are allowed; a camera restart (an id more than 20 lower) starts a
                          stream the outputs follow once
-deadline_or_fallback     no ``modelOutput`` from the primary later than the per-frame deadline + slack after
-                         its frame's ``timestampEof`` (150 ms, openpilot modeld; ``timing.deadline_ms``)
+deadline_or_fallback     no ``modelOutput`` from the primary later than its frame's deadline + slack after
+                         its frame's ``timestampEof``: the deadline the node published for that frame
+                         (``modelOutput.deadline``, the adaptive deadline in force, ``docs/health.md``), at
+                         most ``timing.deadline_ms`` (150 ms, openpilot modeld), which older logs use
 active_only_when_healthy ``chestnutActive.active`` is never true while a layer is not OK (an advisory WARN,
                          a stage over its share with the deadline not at risk, counts as OK; the layer's level
                          at that instant, reconstructed from the same node process's ``chestnutHealth`` and
@@ -316,9 +318,19 @@ def deadline_or_fallback(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
             continue
         frame_eof = eof.get((k, o.frame_id), o.t_ns - int(o.frame_age_s * NS_PER_S))
         late_ms = (o.t_ns - frame_eof) / NS_PER_MS
-        if late_ms > p.deadline_ms + p.slack_ms:
+        deadline_ms, which = frame_deadline_ms(o, p)
+        if late_ms > deadline_ms + p.slack_ms:
             yield _v(tl, "deadline_or_fallback", o.t_ns, f"primary output {late_ms:.1f} ms after the frame's EOF "
-                     f"(deadline {p.deadline_ms:g} ms + slack {p.slack_ms:g} ms)", o.frame_id)
+                     f"({which} {deadline_ms:g} ms + slack {p.slack_ms:g} ms)", o.frame_id)
+
+
+def frame_deadline_ms(o: OutputRec, p: CheckParams) -> tuple[float, str]:
+    """The deadline a primary output is judged by (ms) and what it is: the one the node published for its frame
+    (``modelOutput.deadline``, the adaptive deadline in force, docs/health.md), never above ``p.deadline_ms``;
+    ``p.deadline_ms`` itself for an output that carries none (an older log)."""
+    if o.deadline_s > 0:
+        return min(round(o.deadline_s * 1e3, 3), p.deadline_ms), "deadline in force"
+    return p.deadline_ms, "deadline"
 
 
 def believed(latest: ActiveRec | None, t_ns: int, p: CheckParams) -> bool:

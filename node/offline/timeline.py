@@ -79,6 +79,7 @@ class OutputRec:
     reason: str
     service: str = "modelOutput"
     stages_s: tuple[float, float, float] = (0.0, 0.0, 0.0)  # copyInTime, computeTime, copyOutTime; 0 in older logs
+    deadline_s: float = 0.0  # the primary's deadline in force for the frame (s); 0: not asked, or an older log
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +194,8 @@ def _output_record(t: int, ev: Any) -> OutputRec:
     return OutputRec(t, m.frameId, str(m.source), m.modelId, float(m.executionTime), float(m.frameAge),
                      float(m.frameDropPerc), m.deadlineMissed, m.agreementChecked, m.primaryAgrees,
                      float(m.maxAbsDiff), m.reason,
-                     stages_s=(float(m.copyInTime), float(m.computeTime), float(m.copyOutTime)))
+                     stages_s=(float(m.copyInTime), float(m.computeTime), float(m.copyOutTime)),
+                     deadline_s=float(m.deadline))
 
 
 _RECORDERS: dict[str, Callable[[int, Any], Record]] = {

@@ -1,0 +1,125 @@
+"""The primary's adaptive frame deadline: a pure function of its own recent latencies and the host's lateness.
+
+The fixed 150 ms of openpilot's modeld (``timing.deadline_ms``) is the *ceiling*: with the fallback in hot
+standby its answer is ready a few ms after the frame arrives, so waiting 150 ms for a primary that answers
+every frame in ~25 ms turns a hung frame into three frame periods of silence. The deadline in force follows
+the primary's measured latency instead (docs/health.md "Adaptive deadline"):
+
+    need     = max(q * margin, q + max(host_late_ms, host_late_peak_ms))
+    deadline = min(ceiling, max(floor, need))
+
+where ``q`` is the ``quantile`` (nearest rank) of the last ``window`` primary latencies (ms from the frame's
+``timestampEof`` to the primary's result reaching the node: what the deadline itself measures, queueing
+included; late results count too). Until ``min_frames`` latencies are known the deadline is the ceiling.
+While the host is late (:func:`chestnut.node.policy.host_late` says so) the deadline does not fall: a late
+host's frames are never judged against a deadline it shrank.
+
+Nothing here reads a clock: the node passes the window and the host's figures and keeps the result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from chestnut.node.policy import HOST_LATE_MS
+
+DEADLINE_CEILING_MS = 150.0
+"""openpilot modeld: the big model's 0.15 s per-frame deadline (``timing.deadline_ms``); never exceeded."""
+DEADLINE_FLOOR_MS = 25.0
+"""Our choice: half the 50 ms frame period (20 Hz, modeld's model rate). Below it a deadline would be set by
+the node's own loop granularity (the main loop's poll is in whole ms, an idle 2-core host wakes within ~2 ms)
+rather than by the dock; at the floor the fallback still answers within one frame period."""
+DEADLINE_WINDOW = 100
+"""Latencies the rule looks at: the last 100 primary results, 5 s at 20 Hz. A slow stretch of a few frames
+stays in it for 5 s, so the deadline falls back only after 5 s of faster frames."""
+DEADLINE_MIN_FRAMES = 20
+"""Latencies needed before the deadline adapts: 1 s at 20 Hz (the health layers' staleness window,
+``node/health.py``); before that, and after every worker start, the ceiling."""
+DEADLINE_QUANTILE = 0.99
+"""The latency the deadline must cover: over 100 frames the second slowest (nearest rank), so one outlier
+in 5 s does not set it, two do (``node/health.py`` ``RISK_RANK`` = 2, the same idea over 20 frames)."""
+DEADLINE_MARGIN = 1.5
+"""Multiplier on that latency: a slow primary (p99 60 ms) gets 90 ms, not 80 ms."""
+
+
+@dataclass(frozen=True)
+class DeadlineRule:
+    """The rule's parameters (ms, frames, a quantile in (0, 1], a margin >= 1). Raises ``ValueError`` for
+    values that cannot make a deadline (a floor above the ceiling, a window below ``min_frames``)."""
+
+    ceiling_ms: float = DEADLINE_CEILING_MS
+    floor_ms: float = DEADLINE_FLOOR_MS
+    window: int = DEADLINE_WINDOW
+    min_frames: int = DEADLINE_MIN_FRAMES
+    quantile: float = DEADLINE_QUANTILE
+    margin: float = DEADLINE_MARGIN
+    host_late_ms: float = HOST_LATE_MS
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 < self.floor_ms <= self.ceiling_ms < math.inf:
+            raise ValueError(f"deadline floor {self.floor_ms} ms and ceiling {self.ceiling_ms} ms: want "
+                             "0 < floor <= ceiling")
+        if not 1 <= self.min_frames <= self.window:
+            raise ValueError(f"deadline min_frames {self.min_frames}, window {self.window}: want 1 <= min_frames "
+                             "<= window")
+        if not 0 < self.quantile <= 1 or not self.margin >= 1 or not self.host_late_ms >= 0:
+            raise ValueError(f"deadline quantile {self.quantile}, margin {self.margin}, host_late_ms "
+                             f"{self.host_late_ms}: want 0 < quantile <= 1, margin >= 1, host_late_ms >= 0")
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """The deadline in force (ms) and why: ``basis`` names the term that set it (``ceiling``, ``floor``,
+    ``margin``, ``host``, ``held``, ``warming``, ``fixed``); ``quantile_ms`` the latency it covers (NaN while
+    warming or fixed)."""
+
+    ms: float
+    basis: str
+    quantile_ms: float = math.nan
+
+    def describe(self) -> str:
+        """One line, e.g. ``deadline 36.0 ms (p99 16.0 ms + host allowance 20 ms)``."""
+        q = f"p99 {self.quantile_ms:.1f} ms" if not math.isnan(self.quantile_ms) else ""
+        why = {"ceiling": f"ceiling; {q}", "floor": f"floor; {q}", "margin": f"{q} x margin",
+               "host": f"{q} + host allowance", "held": "held while the host is late",
+               "warming": "ceiling until enough primary frames", "fixed": "fixed"}.get(self.basis, self.basis)
+        return f"deadline {self.ms:.1f} ms ({why})"
+
+
+def nearest_rank(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` by nearest rank (the ceil(q * n)-th smallest). Raises ``ValueError``
+    for an empty sequence."""
+    if not values:
+        raise ValueError("nearest_rank of no values")
+    s = sorted(values)
+    return s[max(0, min(len(s) - 1, math.ceil(q * len(s)) - 1))]
+
+
+def adaptive_deadline(latencies_ms: Sequence[float], rule: DeadlineRule, *, previous_ms: float | None = None,
+                      host_late: bool = False, host_late_peak_ms: float = 0.0) -> Deadline:
+    """The primary's deadline (ms) for the next frame (module docstring).
+
+    ``latencies_ms``: the primary's recent latencies, oldest first (only the last ``rule.window`` count);
+    ``previous_ms``: the deadline in force until now (None: none yet); ``host_late``: the host is late now
+    (the deadline then does not fall below ``previous_ms``); ``host_late_peak_ms``: the worst wake-up
+    lateness of the node's loop or the worker's timer in the host window (ms), added in place of
+    ``rule.host_late_ms`` when larger."""
+    if not rule.adaptive:
+        return Deadline(rule.ceiling_ms, "fixed")
+    recent = list(latencies_ms)[-rule.window:]
+    if len(recent) < rule.min_frames:
+        return Deadline(rule.ceiling_ms, "warming")
+    q = nearest_rank(recent, rule.quantile)
+    by_margin = q * rule.margin
+    by_host = q + max(rule.host_late_ms, host_late_peak_ms)
+    need, basis = (by_margin, "margin") if by_margin >= by_host else (by_host, "host")
+    if need <= rule.floor_ms:
+        need, basis = rule.floor_ms, "floor"
+    if need >= rule.ceiling_ms:
+        need, basis = rule.ceiling_ms, "ceiling"
+    if host_late and previous_ms is not None and previous_ms > need:
+        return Deadline(min(previous_ms, rule.ceiling_ms), "held", q)
+    return Deadline(need, basis, q)

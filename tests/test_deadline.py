@@ -1,0 +1,200 @@
+"""The adaptive frame deadline (node/deadline.py) as a pure function, the watchdog judging each frame by the
+deadline in force when it was requested, and check's deadline_or_fallback by the deadline a frame carries."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from chestnut.node.deadline import (
+    DEADLINE_CEILING_MS,
+    DEADLINE_FLOOR_MS,
+    DeadlineRule,
+    adaptive_deadline,
+    nearest_rank,
+)
+from chestnut.node.watchdog import NS_PER_MS, ActionKind, Watchdog
+
+RULE = DeadlineRule()
+
+
+def run(latencies: list[float], host_late: list[bool] | None = None, peak: float = 0.0) -> list[float]:
+    """The deadline after each latency, as the node updates it frame by frame."""
+    out: list[float] = []
+    prev: float | None = None
+    window: list[float] = []
+    for i, lat in enumerate(latencies):
+        window.append(lat)
+        d = adaptive_deadline(window, RULE, previous_ms=prev, host_late=bool(host_late and host_late[i]),
+                              host_late_peak_ms=peak)
+        prev = d.ms
+        out.append(d.ms)
+    return out
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    assert (RULE.ceiling_ms, RULE.floor_ms, RULE.window, RULE.min_frames, RULE.quantile, RULE.margin,
+            RULE.host_late_ms) == (150.0, 25.0, 100, 20, 0.99, 1.5, 20.0)
+    assert (DEADLINE_CEILING_MS, DEADLINE_FLOOR_MS) == (150.0, 25.0)
+
+
+def test_ceiling_until_enough_frames() -> None:
+    d = adaptive_deadline([10.0] * 19, RULE)
+    assert (d.ms, d.basis) == (150.0, "warming")
+    d = adaptive_deadline([10.0] * 20, RULE)
+    assert (d.ms, d.basis, d.quantile_ms) == (30.0, "host", 10.0)  # 10 + the 20 ms host allowance
+
+
+def test_steady_latency_gives_a_steady_deadline() -> None:
+    out = run([24.0] * 200)
+    assert out[:19] == [150.0] * 19
+    assert set(out[19:]) == {44.0}  # max(24 x 1.5 = 36, 24 + 20 = 44)
+
+
+def test_margin_term_for_a_slow_primary() -> None:
+    d = adaptive_deadline([60.0] * 100, RULE)
+    assert (d.ms, d.basis) == (90.0, "margin")  # 60 x 1.5 = 90 > 60 + 20
+
+
+def test_quantile_is_the_second_slowest_of_100() -> None:
+    lats = [10.0] * 98 + [50.0, 70.0]
+    assert nearest_rank(lats, 0.99) == 50.0
+    assert adaptive_deadline(lats, RULE).ms == 75.0  # one outlier does not set it, the second does: 50 x 1.5
+    with pytest.raises(ValueError, match="no values"):
+        nearest_rank([], 0.99)
+
+
+def test_rising_latency_raises_the_deadline_within_two_frames() -> None:
+    out = run([20.0] * 100 + [60.0] * 5)
+    assert out[99] == 40.0
+    assert out[100] == 40.0      # one slow frame: still the second slowest's 20 ms
+    assert out[101] == 90.0      # two: 60 x 1.5
+    assert out[104] == 90.0
+
+
+def test_falling_latency_lowers_it_once_the_slow_frames_leave_the_window() -> None:
+    out = run([60.0] * 100 + [20.0] * 100)
+    assert out[99] == 90.0
+    assert out[197] == 90.0      # two 60 ms frames still among the last 100: the second slowest is 60
+    assert out[198] == 40.0      # one left: an outlier, not the second slowest
+    assert out[199] == 40.0
+
+
+def test_floor_for_a_fast_primary() -> None:
+    rule = DeadlineRule(host_late_ms=0.0)
+    d = adaptive_deadline([2.0] * 50, rule)
+    assert (d.ms, d.basis) == (25.0, "floor")
+    assert adaptive_deadline([2.0] * 50, RULE).ms == 25.0  # 2 + 20 = 22 < the floor
+
+
+def test_ceiling_for_a_primary_slower_than_it() -> None:
+    d = adaptive_deadline([120.0] * 50, RULE)
+    assert (d.ms, d.basis) == (150.0, "ceiling")
+    assert adaptive_deadline([400.0] * 50, RULE).ms == 150.0
+
+
+def test_host_late_frames_never_shrink_it() -> None:
+    # 100 slow frames set 90 ms; then fast frames while the host is late: held, not falling
+    lats = [60.0] * 100 + [20.0] * 100
+    late = [False] * 100 + [True] * 100
+    out = run(lats, late)
+    assert out[-1] == 90.0
+    assert adaptive_deadline(lats, RULE, previous_ms=90.0, host_late=True).basis == "held"
+    # ... and it falls at once once the host is on time again
+    assert adaptive_deadline(lats, RULE, previous_ms=90.0, host_late=False).ms == 40.0
+
+
+def test_host_late_frames_raise_it_like_any_latency() -> None:
+    out = run([20.0] * 100 + [70.0, 70.0], [False] * 100 + [True, True])
+    assert out[-1] == 105.0  # a late host's latencies count: 70 x 1.5
+
+
+def test_never_below_the_hosts_own_lateness() -> None:
+    d = adaptive_deadline([20.0] * 100, RULE, host_late_peak_ms=35.0)
+    assert (d.ms, d.basis) == (55.0, "host")  # 20 + the loop's 35 ms worst wake-up, not + 20
+
+
+def test_fixed_when_not_adaptive() -> None:
+    d = adaptive_deadline([10.0] * 100, DeadlineRule(adaptive=False))
+    assert (d.ms, d.basis, math.isnan(d.quantile_ms)) == (150.0, "fixed", True)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"floor_ms": 200.0}, "floor"),
+    ({"floor_ms": 0.0}, "floor"),
+    ({"min_frames": 200}, "min_frames"),
+    ({"quantile": 0.0}, "quantile"),
+    ({"margin": 0.5}, "margin"),
+])
+def test_rule_refuses_values_that_cannot_make_a_deadline(kwargs: dict[str, float], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        DeadlineRule(**kwargs)  # type: ignore[arg-type]
+
+
+def test_describe_names_the_term() -> None:
+    assert adaptive_deadline([24.0] * 100, RULE).describe() == "deadline 44.0 ms (p99 24.0 ms + host allowance)"
+
+
+# ---------------------------------------------------------------- the watchdog judges each frame by its own deadline
+def test_watchdog_misses_at_the_deadline_in_force() -> None:
+    wd = Watchdog()
+    wd.worker_started(0)
+    wd.request(1, 0, deadline_ms=40.0)
+    assert wd.next_check_ns() == 40 * NS_PER_MS + 1
+    assert wd.check(39 * NS_PER_MS) == []
+    actions = wd.check(41 * NS_PER_MS)
+    assert [(a.kind, a.entity, a.seq) for a in actions] == [(ActionKind.ANSWER_FROM_FALLBACK, "deadline", 1)]
+    assert actions[0].reason == "frame 1: no primary result 41.0 ms after the request (deadline 40.0 ms)"
+
+
+def test_one_late_frame_is_a_miss_not_a_failover() -> None:
+    wd = Watchdog()
+    wd.worker_started(0)
+    wd.request(1, 0, deadline_ms=40.0)
+    v = wd.response(1, 45 * NS_PER_MS)
+    assert not v.use_result
+    assert [a.kind for a in v.actions] == [ActionKind.ANSWER_FROM_FALLBACK]
+    wd.request(2, 50 * NS_PER_MS, deadline_ms=40.0)
+    assert wd.response(2, 70 * NS_PER_MS).use_result
+    assert wd.misses == 1 and wd.deadline.status.value == "failed"
+
+
+def test_a_run_of_misses_against_the_adaptive_deadline_fails_over() -> None:
+    wd = Watchdog()
+    wd.worker_started(0)
+    kinds = []
+    for i in range(3):
+        wd.request(i + 1, i * 50 * NS_PER_MS, deadline_ms=40.0)
+        kinds += [a.kind for a in wd.response(i + 1, (i * 50 + 45) * NS_PER_MS).actions]
+    assert kinds[-1] is ActionKind.FAIL_OVER
+    assert kinds.count(ActionKind.FAIL_OVER) == 1
+
+
+def test_a_frame_keeps_the_deadline_it_was_requested_with() -> None:
+    wd = Watchdog()
+    wd.worker_started(0)
+    wd.request(1, 0, deadline_ms=100.0)
+    wd.request(2, 10 * NS_PER_MS, deadline_ms=30.0)
+    actions = wd.check(45 * NS_PER_MS)
+    assert [a.seq for a in actions if a.kind is ActionKind.ANSWER_FROM_FALLBACK] == [2]
+
+
+def test_watchdog_refuses_a_deadline_over_its_ceiling() -> None:
+    wd = Watchdog()
+    with pytest.raises(ValueError, match=r"frame deadline 200.0 ms outside \(0.0, 150.0\] ms"):
+        wd.request(1, 0, deadline_ms=200.0)
+
+
+# ---------------------------------------------------------------- check judges a frame by the deadline it carries
+def test_contract_uses_the_published_deadline() -> None:
+    from chestnut.node.offline.contracts import CheckParams, frame_deadline_ms
+    from chestnut.node.offline.timeline import OutputRec
+
+    def out(deadline_s: float) -> OutputRec:
+        return OutputRec(0, 1, "primary", "m", 0.01, 0.04, 0.0, False, False, False, 0.0, "", deadline_s=deadline_s)
+
+    p = CheckParams()
+    assert frame_deadline_ms(out(0.04), p) == (40.0, "deadline in force")
+    assert frame_deadline_ms(out(0.0), p) == (150.0, "deadline")     # an older log: the configured one
+    assert frame_deadline_ms(out(0.5), p) == (150.0, "deadline in force")  # never above the configured one
