@@ -77,6 +77,7 @@ from chestnut.node.contract import ContractError, DeclaredContract, declare_cont
 from chestnut.node.deadline import Deadline, DeadlineRule, adaptive_deadline
 from chestnut.node.framedrop import FrameDropFilter
 from chestnut.node.health import (
+    DEFAULT_DEBOUNCE,
     ActiveFlag,
     Evidence,
     HealthMonitor,
@@ -140,7 +141,7 @@ from chestnut.node.supervisor import (
     Transition,
     fill_node_state,
 )
-from chestnut.node.validity import StaleDetector, ValidityReport, check_outputs, fingerprint
+from chestnut.node.validity import Check, StaleDetector, ValidityReport, check_outputs, fingerprint
 from chestnut.node.watchdog import ActionKind, RequestKind, Watchdog, WatchdogAction, WatchdogConfig
 from chestnut.node.worker_handle import WorkerHandle, WorkerResult, describe_returncode
 
@@ -157,6 +158,7 @@ STOP_BUDGET_S = 5.0           # the process manager's stop budget
 WORKER_STOP_BUDGET_S = STOP_BUDGET_S - 1.0  # the worker's share; the rest is ours (publish, close sockets)
 WATCHDOG_DEFAULT_PERIOD_S = 1.0  # WATCHDOG=1 period when systemd gives no WATCHDOG_USEC
 INIT_DATA_PERIOD_S = 10.0     # initData is re-sent this often (on-demand service; it is the log's header)
+DISAGREE_RUN = DEFAULT_DEBOUNCE[Layer.OUTPUT].fail_after  # disagreeing frames in a row the node logs (3)
 BAD_FRAME_LOG_PERIOD_S = 1.0  # a repeated per-frame error is logged at most this often (then counted)
 
 
@@ -376,6 +378,7 @@ class Node:
         self.fallback_stale = StaleDetector()  # the fallback's: the output checks apply to every source
         self.contracts: tuple[Any, ...] = ()  # the declared contract's outputs (declare_contract)
         self.contract: DeclaredContract | None = None
+        self.disagree_run = self.disagreements = 0  # hot standby: primary outputs that disagree with the fallback
         self.answering = False  # the contract is declared and the fallback warm (or not required): frames answered
         self.worker: WorkerHandle | None = None
         self.worker_ready_seen = False   # this worker's readiness was taken in (fed QUALIFIED/LOADED)
@@ -889,6 +892,7 @@ class Node:
             now = time.monotonic_ns()
             report = check_outputs(res.outputs, self.contracts, input_fp=input_fp, stale=self.stale,
                                    reference=agreement_reference(fallback))
+            self._note_agreement(report)
             self.miss_run = 0
             self.errors_at_good = self._transfer_errors()
             self.primary_timed = res.stages is not None
@@ -906,6 +910,31 @@ class Node:
         answer = choose_answer(self.sup.serving, self.sup.reason, primary, fallback, outcome.why)
         return FrameResult(answer, outcome.missed, report, res.stages if res is not None and res.ok else None,
                            deadline_ms if sub.verdict is not Submit.SKIP and not refusal else 0.0)
+
+    def _note_agreement(self, report: ValidityReport) -> None:
+        """Hot standby: a run of frames whose primary output disagrees with a valid fallback output is shown
+        (one WARNING when the run reaches the output layer's debounce, ``node/health.py`` ``DEFAULT_DEBOUNCE``;
+        one INFO when they agree again), naming the side its own checks speak against: the primary when one
+        of its own checks failed too, else neither (the fallback's passed, or it would not be compared)."""
+        if not report.agreement_checked:
+            return
+        if report.primary_agrees:
+            if self.disagree_run >= DISAGREE_RUN:
+                log.info("hot standby: primary and fallback agree again after %d frames that did not",
+                         self.disagree_run)
+            self.disagree_run = 0
+            return
+        self.disagree_run += 1
+        self.disagreements += 1
+        if self.disagree_run != DISAGREE_RUN:
+            return
+        own = [r for r in report.results if r.check is not Check.AGREEMENT and not r.ok]
+        against = (f"evidence against the primary, which fails its own checks too ({own[0].reason})" if own else
+                   "both pass their own checks (the fallback's answer is no proof: the output layer counts the run "
+                   "against the primary, and chestnut check shows each frame's maxAbsDiff)")
+        agree = next(r for r in report.results if r.check is Check.AGREEMENT and not r.ok)
+        log.warning("hot standby: the primary disagrees with the fallback for %d frames in a row (%s); %s "
+                    "(%d disagreeing frames so far)", self.disagree_run, agree.reason, against, self.disagreements)
 
     def _primary_missed(self, frame_id: int, why: str, evidence: bool, deadline_ms: float | None = None) -> None:
         """One frame the primary did not answer in time. Counts towards ``timing.miss_run``, which fails

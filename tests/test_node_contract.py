@@ -174,3 +174,24 @@ def test_launch_with_a_fallback_of_another_shape_exits_before_the_stack_starts(t
         f"[1, 1, 8, 16], the contract's is [1, 1, 16, 32] (the contract is declared by the primary model {primary}: "
         "x float32[1, 3, 32, 64] -> prob float32[1, 1, 16, 32])"), lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_persistent_hot_standby_disagreement_is_shown(tmp_path: Path) -> None:
+    primary = make_model(tmp_path / "primary.onnx")
+    other = make_model(tmp_path / "other.onnx", bias=2.0)  # of the contract, but other numbers
+    cfg = write_node_config(tmp_path / "node.toml", primary, dock="cpu", fallback_model=other)
+    prefix = os.environ["CHESTNUT_PREFIX"]
+    bus = Bus(prefix)
+    bus.start()
+    node = NodeProcess(cfg, prefix, tmp_path / "node.log").start()
+    try:
+        bus.wait_for(lambda r: any(o.agreement_checked for o in r.outputs), 90.0, "a compared frame")
+        bus.wait_for(lambda r: "disagrees with the fallback" in node.log_tail(), 60.0, "the disagreement's line")
+        log = node.log_tail()
+    finally:
+        bus.close()
+        node.kill()
+    line = next(x for x in log.splitlines() if "disagrees with the fallback" in x)
+    assert " WARNING chestnut.node: hot standby: the primary disagrees with the fallback for 3 frames in a row " \
+           "(prob: 512 value(s) differ from the fallback beyond tol 0.001 " in line, line
+    assert "both pass their own checks" in line and "(3 disagreeing frames so far)" in line
