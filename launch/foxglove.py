@@ -9,6 +9,9 @@ live as JSON, with the topics and JSON Schemas that :mod:`chestnut.msgs.jsonsche
 
 - ``/<service>`` for each service (``/modelOutput``, ``/chestnutActive``, ``/chestnutHealth``, ...);
 - ``/camera/image``: the camera frames as ``foxglove.RawImage`` (Image panel);
+- ``/camera/video``: the camera frames at their own size as ``foxglove.CompressedVideo`` (H.264, a keyframe
+  every second: ``msgs/video.py`` ``FoxgloveVideo``; the layout's Image panel), encoded only while a client
+  subscribes to it, from the message's pixels or the camera's shared-memory ring (``msgs/visionipc.py``);
 - ``/chestnut/levels``: layer levels, ``active``, ``source`` and latencies as numbers (Plot panel);
 - ``/chestnut/log``: node state changes, ChestnutActive changes, control events and twin fault
   events as ``foxglove.Log`` (Log panel).
@@ -43,7 +46,14 @@ from typing import Any
 import zmq
 
 from chestnut.msgs.clock import unix_offset_ns
-from chestnut.msgs.jsonschema import DerivedState, all_topic_schemas, event_to_json, foxglove_messages
+from chestnut.msgs.jsonschema import (
+    TOPIC_VIDEO,
+    DerivedState,
+    all_topic_schemas,
+    compressed_video,
+    event_to_json,
+    foxglove_messages,
+)
 from chestnut.msgs.messaging import MalformedMessageError, SubSocket, log_from_bytes, sub_sock
 from chestnut.msgs.services import SERVICE_LIST
 
@@ -56,7 +66,10 @@ RCVHWM_MESSAGES = 20  # per service: 1 s of frames; a viewer wants the newest, n
 DRAIN_MAX_MESSAGES = 50  # per socket per loop
 BACKLOG_MESSAGES = 256  # per client: outgoing messages the SDK buffers before dropping the oldest
 # services converted only while a client subscribes to one of their topics (base64 of every frame costs CPU)
-ON_DEMAND = {"cameraFrame": ("/cameraFrame", "/camera/image"), "modelOutput": ("/modelOutput", "/chestnut/levels")}
+ON_DEMAND = {
+    "cameraFrame": ("/cameraFrame", "/camera/image", "/camera/video"),
+    "modelOutput": ("/modelOutput", "/chestnut/levels"),
+}
 
 
 class Bridge:
@@ -83,6 +96,10 @@ class Bridge:
         self.forwarded: Counter[str] = Counter()
         self.malformed: Counter[str] = Counter()
         self.unwatched: Counter[str] = Counter()
+        self.prefix = prefix
+        self._frames: Any = None  # msgs/visionipc.py FrameReader, on the first frame for /camera/video
+        self._video: Any = None  # msgs/video.py FoxgloveVideo, while a client watches /camera/video
+        self.video_skipped = 0
         self.poller = zmq.Poller()
         self.socks: dict[str, SubSocket] = {}
         try:
@@ -115,8 +132,37 @@ class Bridge:
         log_time = body["logMonoTime"] + self.unix_offset_ns
         for topic, message in foxglove_messages(service, body, self.state, self.unix_offset_ns):
             self.channels[topic].log(json.dumps(message).encode(), log_time=log_time)
+        if service == "cameraFrame":
+            self._forward_video(event.cameraFrame, body, log_time)
         self.forwarded[service] += 1
         return True
+
+    def _forward_video(self, cf: Any, body: dict[str, Any], log_time: int) -> None:
+        """The frame on ``/camera/video`` while a client watches it; the stream restarts (with a keyframe) for
+        the next client after none watched."""
+        channel = self.channels[TOPIC_VIDEO]
+        if not channel.has_sinks():
+            self._video = None
+            return
+        import av
+
+        from chestnut.msgs.video import FoxgloveVideo
+        from chestnut.msgs.visionipc import FrameReader
+
+        if self._frames is None:
+            self._frames = FrameReader(self.prefix)
+        if self._video is None:
+            self._video = FoxgloveVideo()
+        try:
+            pixels = self._frames.read(cf)
+            unit, _ = self._video.encode(pixels, body["width"], body["height"], body["encoding"], body["logMonoTime"])
+        except (ValueError, OSError, av.FFmpegError) as e:  # an overwritten ring slot, no ring, a refused frame
+            self.video_skipped += 1
+            if self.video_skipped == 1:
+                _log.warning("%s: a frame not sent: %s; further ones are only counted", TOPIC_VIDEO, e)
+            return
+        if unit:
+            channel.log(json.dumps(compressed_video(body, unit, self.unix_offset_ns)).encode(), log_time=log_time)
 
     def step(self, timeout_ms: int = POLL_MS) -> int:
         """Wait up to ``timeout_ms``, forward what arrived; returns the number of messages forwarded."""
@@ -133,6 +179,9 @@ class Bridge:
         return n
 
     def close(self) -> None:
+        if self._frames is not None:
+            self._frames.close()
+            self._frames = None
         for sock in self.socks.values():
             self.poller.unregister(sock)
             sock.close(linger=0)

@@ -54,6 +54,7 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
     wall_start_ns = 0
     fault_events: list[dict[str, Any]] = []
     primary_stages: list[tuple[float, float, float]] = []  # s, per primary-served output that carries them
+    drop_perc: list[float] = []  # modelOutput.frameDropPerc, %, in log order
     for t, service, ev in reader if reader is not None else ():
         if not t_zero:
             t_zero = t
@@ -81,6 +82,7 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
             last_out_id = mo.frameId
             outs[(out_stream, mo.frameId)] = (str(mo.source), mo.executionTime, mo.frameAge, t)
             by_source[str(mo.source)] += 1
+            drop_perc.append(float(mo.frameDropPerc))
             stages = (mo.copyInTime, mo.computeTime, mo.copyOutTime)
             if str(mo.source) == "primary" and any(stages):  # a log from before the stage times has zeros
                 primary_stages.append(stages)
@@ -129,12 +131,16 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
     return {
         "t_zero_ns": t_zero,
         "wall_start": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(wall_start_ns / NS)) if wall_start_ns else "",
+        "wall_start_ns": wall_start_ns,  # Unix ns of the log's first message (0: no initData)
         "fault_events": fault_events,
         "frames_in": len(cams),
         "outputs": len(outs),
         "missing_outputs": [f"{s}:{i}" if s else i for s, i in missing],
         "by_source": dict(by_source),
         "frame_rate_hz": (len(cams) - 1) / span_s if span_s else 0.0,
+        # the node's measure (node/framedrop.py, openpilot modeld's filtered one): at the end, and its largest
+        "frame_drop_perc": round(drop_perc[-1], 2) if drop_perc else None,
+        "frame_drop_perc_max": round(max(drop_perc), 2) if drop_perc else None,
         "exec_ms_p50": float(np.percentile(ex, 50)),
         "exec_ms_p99": float(np.percentile(ex, 99)),
         "frame_age_ms_p50": float(np.percentile(age, 50)),
@@ -207,6 +213,25 @@ def _params_text(event: dict[str, Any]) -> str:
     return event["params"] if event["params"] not in ("", "{}") else "the kind's defaults"
 
 
+def _drop_text(s: dict[str, Any]) -> str:
+    if s.get("frame_drop_perc") is None:
+        return "no modelOutput"
+    return f"{s['frame_drop_perc']:.1f} / {s['frame_drop_perc_max']:.1f} %  (modelOutput.frameDropPerc)"
+
+
+def soft_disable_lines(s: dict[str, Any]) -> list[str]:
+    """The soft-disable tally: one line with the number of episodes, then one per cause (its conditions as
+    :func:`episode_cause` names them), most frequent first; none without an episode."""
+    tally = s.get("soft_disables") or {}
+    if not tally:
+        return []
+    n = sum(tally.values())
+    lines = [f"control soft-disable episodes: {n}"]
+    for cause, k in sorted(tally.items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"  {k} x {cause or 'cause not recorded'}")
+    return lines
+
+
 def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     """The summary's main table as (label, value) rows, in print order; a new figure is one more row here."""
     fo, fa = s["first_output_s"], s["first_active_s"]
@@ -214,6 +239,7 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("frames in / outputs out", f"{s['frames_in']} / {s['outputs']}  (missing: {len(s['missing_outputs'])})"),
         ("outputs by source", ", ".join(f"{k} {v}" for k, v in sorted(s["by_source"].items()))),
         ("camera rate", f"{s['frame_rate_hz']:.1f} Hz"),
+        ("frame drop at the end / max", _drop_text(s)),
         ("execution time p50 / p99", f"{s['exec_ms_p50']:.1f} / {s['exec_ms_p99']:.1f} ms"),
         ("frame age p50 / p99", f"{s['frame_age_ms_p50']:.1f} / {s['frame_age_ms_p99']:.1f} ms"),
         *stage_rows(s),
@@ -267,11 +293,8 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
         con.print(pt)
     for line in control_lines(s):
         con.print(line)
-    if s.get("soft_disables"):
-        con.print(
-            "control soft-disable episodes: "
-            + ", ".join(f"{n} x {why or '?'}" for why, n in s["soft_disables"].items())
-        )
+    for line in soft_disable_lines(s):
+        con.print(line)
     for d in s["log_damage"]:
         con.print(f"[red]log damage:[/red] {d}")
     bad = {k: v for k, v in s.get("contracts", {}).items() if v}

@@ -23,6 +23,8 @@ Beside one topic per service (``/<service>``, the service's struct: ``/modelOutp
 - ``/chestnut/levels``: numbers the Plot panel draws: each layer's level and the overall level
   (0 ok, 1 warn, 2 error, 3 stale: the ``Level`` ordinals), ``active`` (0/1), ``source`` (the
   ``ModelSource`` ordinal), latencies in ms;
+- ``/camera/video``: the camera frames as ``foxglove.CompressedVideo`` (H.264 at the frame's own size,
+  :func:`compressed_video`; the encoding is the writer's, ``msgs/video.py`` ``FoxgloveVideo``);
 - ``/chestnut/log``: ``foxglove.Log`` lines for node state changes, ChestnutActive changes,
   control events and every twin fault event (levels: Foxglove's ``LogLevel`` 1 debug .. 5 fatal).
 
@@ -43,11 +45,13 @@ from typing import Any
 from chestnut.msgs.schema import log
 
 __all__ = [
+    "FOXGLOVE_COMPRESSED_VIDEO_SCHEMA",
     "FOXGLOVE_LOG_SCHEMA",
     "FOXGLOVE_RAW_IMAGE_SCHEMA",
     "LEVELS_SCHEMA",
     "DerivedState",
     "all_topic_schemas",
+    "compressed_video",
     "event_to_json",
     "foxglove_messages",
     "service_schema",
@@ -59,6 +63,7 @@ _INTEGERS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "ui
 _NO_DISCRIMINANT = 0xFFFF  # capnp/schema.capnp Field.noDiscriminant
 
 TOPIC_IMAGE = "/camera/image"
+TOPIC_VIDEO = "/camera/video"
 TOPIC_LEVELS = "/chestnut/levels"
 TOPIC_LOG = "/chestnut/log"
 
@@ -87,6 +92,18 @@ FOXGLOVE_RAW_IMAGE_SCHEMA: dict[str, Any] = {
         "encoding": {"type": "string"},
         "step": {"type": "integer", "minimum": 0},
         "data": {"type": "string", "contentEncoding": "base64"},
+    },
+}
+
+FOXGLOVE_COMPRESSED_VIDEO_SCHEMA: dict[str, Any] = {
+    "title": "foxglove.CompressedVideo",
+    "description": "A frame of compressed video (Foxglove's foxglove.CompressedVideo message schema)",
+    "type": "object",
+    "properties": {
+        "timestamp": _TIME_SCHEMA,
+        "frame_id": {"type": "string"},
+        "data": {"type": "string", "contentEncoding": "base64"},
+        "format": {"type": "string"},
     },
 }
 
@@ -224,6 +241,7 @@ def all_topic_schemas() -> dict[str, tuple[str, dict[str, Any]]]:
         schema = service_schema(name)
         topics[service_topic(name)] = (schema["title"], schema)
     topics[TOPIC_IMAGE] = ("foxglove.RawImage", FOXGLOVE_RAW_IMAGE_SCHEMA)
+    topics[TOPIC_VIDEO] = ("foxglove.CompressedVideo", FOXGLOVE_COMPRESSED_VIDEO_SCHEMA)
     topics[TOPIC_LEVELS] = ("chestnut.Levels", LEVELS_SCHEMA)
     topics[TOPIC_LOG] = ("foxglove.Log", FOXGLOVE_LOG_SCHEMA)
     return topics
@@ -283,6 +301,18 @@ def event_to_json(event: Any) -> tuple[str, dict[str, Any]]:
 
 def _stamp(ns: int) -> dict[str, int]:
     return {"sec": ns // 1_000_000_000, "nsec": ns % 1_000_000_000}
+
+
+def compressed_video(body: dict[str, Any], data: bytes, unix_offset_ns: int = 0) -> dict[str, Any]:
+    """The ``/camera/video`` message of a ``cameraFrame`` (``body``: :func:`event_to_json`'s dict) whose H.264
+    access unit is ``data`` (Annex B, ``msgs/video.py`` ``FoxgloveVideo``); stamped like ``/camera/image``
+    (``timestampEof`` plus ``unix_offset_ns``)."""
+    return {
+        "timestamp": _stamp(body["timestampEof"] + unix_offset_ns),
+        "frame_id": "camera",
+        "data": base64.b64encode(data).decode(),
+        "format": "h264",
+    }
 
 
 def _log(ns: int, level: int, name: str, message: str) -> dict[str, Any]:

@@ -63,6 +63,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import av
 import capnp
 import zstandard as zstd
 from mcap.exceptions import McapError
@@ -74,12 +75,22 @@ from mcap.writer import Writer as _McapWriter
 
 from chestnut.msgs.clock import UNIX_OFFSET_KEY
 from chestnut.msgs.clock import unix_offset_ns as unix_offset_ns_now
-from chestnut.msgs.jsonschema import TOPIC_IMAGE, DerivedState, all_topic_schemas, event_to_json, foxglove_messages
+from chestnut.msgs.frames import frame_to_array
+from chestnut.msgs.jsonschema import (
+    TOPIC_IMAGE,
+    TOPIC_VIDEO,
+    DerivedState,
+    all_topic_schemas,
+    compressed_video,
+    event_to_json,
+    foxglove_messages,
+)
 from chestnut.msgs.messaging import REASON_UNKNOWN_MEMBER, MalformedMessageError, log_from_bytes, new_message
 from chestnut.msgs.outdir import DIR_MODE, open_private, private_dir
 from chestnut.msgs.schema import MAX_MESSAGE_BYTES, SCHEMA_PATH, SCHEMA_SHA256, log
 from chestnut.msgs.services import SERVICE_LIST
 from chestnut.msgs.video import (
+    FoxgloveVideo,
     NotRegularFileError,
     SegmentVideo,
     VideoOptions,
@@ -390,7 +401,10 @@ class McapSegmentWriter(_SegmentFileWriter):
     read has none, so Foxglove shows no empty image. A flush ends the open chunk. ``metadata``
     (str -> str) is written as an MCAP metadata record named ``chestnut``, with ``unix_offset_ns``: the
     ns added to every ``logMonoTime`` for the MCAP log and publish times (``msgs/clock.py``; None: taken
-    now). Raises ``ValueError`` for an unknown or empty ``encodings``.
+    now). With ``video`` and the JSON channels, the camera frames are also on ``/camera/video`` as
+    ``foxglove.CompressedVideo`` (H.264 at the frame's own size, a keyframe every second: ``msgs/video.py``
+    ``FoxgloveVideo``), what Foxglove plays at full size. Raises ``ValueError`` for an unknown or empty
+    ``encodings``.
     """
 
     def __init__(
@@ -401,6 +415,7 @@ class McapSegmentWriter(_SegmentFileWriter):
         metadata: dict[str, str] | None = None,
         encodings: Iterable[str] = ("capnproto",),
         unix_offset_ns: int | None = None,
+        video: bool = True,
     ) -> None:
         self.encodings = tuple(dict.fromkeys(encodings))
         self.unix_offset_ns = unix_offset_ns_now() if unix_offset_ns is None else int(unix_offset_ns)
@@ -419,6 +434,9 @@ class McapSegmentWriter(_SegmentFileWriter):
         self._json_channels: dict[str, int] = {}
         self._json_state = DerivedState()
         self.json_skipped = 0
+        # the camera on /camera/video as H.264 at its own size (Foxglove's CompressedVideo), with the JSON view
+        self._video = FoxgloveVideo() if "json" in self.encodings and video else None
+        self.video_skipped = 0
         self._sequence: Counter[int] = Counter()
         self._mcap.add_metadata(MCAP_LIBRARY, {**(metadata or {}), UNIX_OFFSET_KEY: str(self.unix_offset_ns)})
 
@@ -452,7 +470,8 @@ class McapSegmentWriter(_SegmentFileWriter):
             self._add(channel_id, log_mono_time_ns, data)
         if "json" in self.encodings:
             try:
-                _, body = event_to_json(log_from_bytes(data))
+                event = log_from_bytes(data)
+                _, body = event_to_json(event)
             except (MalformedMessageError, KeyError, capnp.KjException):
                 self.json_skipped += 1  # a member this schema does not know: kept in the capnproto channel only
                 return
@@ -471,6 +490,27 @@ class McapSegmentWriter(_SegmentFileWriter):
                         "data": base64.b64encode(img).decode(),
                     }
                 self._add(self._json_channel(topic), log_mono_time_ns, json.dumps(message).encode())
+            if service == "cameraFrame" and self._video is not None:
+                self._write_video(event.cameraFrame, body, pixels, log_mono_time_ns)
+
+    def _write_video(self, cf: Any, body: dict[str, Any], pixels: Any, log_mono_time_ns: int) -> None:
+        """The frame on ``/camera/video`` (H.264, ``msgs/video.py`` ``FoxgloveVideo``): its ``pixels``, else its
+        inline ``data``; a frame with neither (a ring frame the logger could not read) has none, one the
+        encoder refuses is counted in ``video_skipped``."""
+        try:
+            if pixels is None:
+                if not len(cf.data):
+                    return
+                pixels = frame_to_array(cf)
+            unit, _ = self._video.encode(pixels, body["width"], body["height"], body["encoding"], log_mono_time_ns)
+        except (ValueError, av.FFmpegError) as e:
+            self.video_skipped += 1
+            if self.video_skipped == 1:
+                _log.warning("%s: a frame not on %s: %s; further ones are only counted", self.path, TOPIC_VIDEO, e)
+            return
+        if unit:
+            message = compressed_video(body, unit, self.unix_offset_ns)
+            self._add(self._json_channel(TOPIC_VIDEO), log_mono_time_ns, json.dumps(message).encode())
 
     def _flush(self) -> None:
         self._mcap.flush()

@@ -65,7 +65,9 @@ from chestnut.msgs.services import FRAME_MAX_BYTES
 
 __all__ = [
     "CLUSTER_TIME_LIMIT_MS",
+    "FOXGLOVE_KEYFRAME_NS",
     "FRAME_MODES",
+    "FoxgloveVideo",
     "H264_GOP",
     "VIDEO_CODECS",
     "VIDEO_FILE",
@@ -448,6 +450,82 @@ class SegmentVideo:
             self._thread.join()
             self._thread = None
         self._raise_error()
+
+
+FOXGLOVE_KEYFRAME_NS = 1_000_000_000
+"""ns between keyframes of the ``foxglove.CompressedVideo`` stream (:class:`FoxgloveVideo`): Foxglove
+decodes from the keyframe before the point it seeks to, so a seek decodes at most 1 s of frames."""
+FOXGLOVE_VIDEO_PRESET = "ultrafast"
+"""x264 preset of the Foxglove stream: the view, not the record (the FFV1 file is); ~28 ms of CPU for a
+1928x1208 frame of noise here, ~1 ms for the default 256x128 frame (x264's fastest preset)."""
+FOXGLOVE_VIDEO_CRF = 23  # libx264's own default constant rate factor
+
+
+class FoxgloveVideo:
+    """Camera frames as H.264 for Foxglove's ``foxglove.CompressedVideo`` (format ``h264``): one Annex B
+    access unit per frame, at the frame's own size, no B-frames (``tune=zerolatency``: each frame's unit
+    comes out of :meth:`encode` at once, as Foxglove wants one frame per message), and an IDR keyframe
+    (with SPS / PPS) on the first frame and then once :data:`FOXGLOVE_KEYFRAME_NS` passed since the last.
+
+    :meth:`encode` takes a uint8 array of ``msgs/frames.py`` ``frame_shape`` (``bgr888``, ``rgb888``,
+    ``gray8`` or ``nv12``) and its time (ns); a frame of another size or encoding than the one before
+    starts a new stream (a keyframe). An odd width or height loses its last column or row (4:2:0 needs
+    even ones). Returns ``(data, keyframe)``."""
+
+    def __init__(self, preset: str = FOXGLOVE_VIDEO_PRESET, crf: int = FOXGLOVE_VIDEO_CRF) -> None:
+        self.preset, self.crf = preset, crf
+        self._ctx: Any = None
+        self._key: tuple[int, int, str] | None = None
+        self._last_key_ns: int | None = None
+        self._first_ms = 0
+        self._last_pts = -1
+        self.frames = 0
+
+    def _open(self, width: int, height: int) -> None:
+        ctx = av.CodecContext.create("libx264", "w")
+        ctx.width, ctx.height, ctx.pix_fmt = width, height, "yuv420p"
+        ctx.time_base = TIME_BASE
+        ctx.options = {
+            "preset": self.preset,
+            "tune": "zerolatency",
+            "crf": str(self.crf),
+            "forced-idr": "1",  # a keyframe asked for (pict_type I) is an IDR, where a decoder may start
+            "g": "1000000",  # keyframes come from the time rule, not from x264's own interval
+        }
+        ctx.open()
+        self._ctx = ctx
+
+    def encode(self, pixels: np.ndarray, width: int, height: int, encoding: str, t_ns: int) -> tuple[bytes, bool]:
+        w, h = int(width) & ~1, int(height) & ~1
+        if w == 0 or h == 0:
+            raise ValueError(f"a {width}x{height} frame is too small for H.264")
+        key = (int(width), int(height), str(encoding))
+        if key != self._key:
+            self._open(w, h)
+            self._key, self._last_key_ns, self._last_pts = key, None, -1
+            self._first_ms = t_ns // 1_000_000
+        if encoding == "nv12":
+            img = pixels.reshape(int(height) * 3 // 2, int(width))
+            frame = av.VideoFrame.from_ndarray(_nv12_to_yuv420p(img, int(height), int(width)), format="yuv420p")
+        else:
+            fmt = {"bgr888": "bgr24", "rgb888": "rgb24", "gray8": "gray"}.get(str(encoding), "bgr24")
+            chans = 1 if fmt == "gray" else 3
+            arr = pixels.reshape(int(height), int(width), chans)[:h, :w]
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr if chans == 3 else arr[:, :, 0]), format=fmt)
+        if frame.width != w or frame.height != h or frame.format.name != "yuv420p":
+            frame = frame.reformat(width=w, height=h, format="yuv420p")
+        pts = max(t_ns // 1_000_000 - self._first_ms, self._last_pts + 1)  # ms, strictly increasing
+        self._last_pts = pts
+        frame.pts, frame.time_base = pts, TIME_BASE
+        want_key = self._last_key_ns is None or t_ns - self._last_key_ns >= FOXGLOVE_KEYFRAME_NS
+        if want_key:
+            frame.pict_type = av.video.frame.PictureType.I
+        packets = self._ctx.encode(frame)
+        keyframe = any(p.is_keyframe for p in packets)
+        if keyframe:
+            self._last_key_ns = t_ns
+        self.frames += 1
+        return b"".join(bytes(p) for p in packets), keyframe
 
 
 PREVIEW_MAX_BYTES = 64 << 10

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import av
 import jsonschema
 import pytest
 import websockets
@@ -33,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 # the protocol's subprotocol names: foxglove.websocket.v1 (Foxglove's ws-protocol) and the name
 # foxglove-sdk 0.30 gives the same protocol (it refuses the older name with HTTP 400)
 SUBPROTOCOLS = ["foxglove.websocket.v1", "foxglove.sdk.v1"]
-WANTED = ("/modelOutput", "/chestnutActive", "/chestnutHealth", "/camera/image")
+WANTED = ("/modelOutput", "/chestnutActive", "/chestnutHealth", "/camera/image", "/camera/video")
 OP_MESSAGE_DATA = 0x01  # binary server message: opcode u8, subscription id u32 LE, log time u64 LE, payload
 
 
@@ -81,6 +82,11 @@ async def _client(port: int, deadline_s: float) -> dict:
             topic = subscribed[sub_id]
             out["messages"].setdefault(topic, (log_time, json.loads(frame[13:])))
     return out
+
+
+def _decode_h264(data_b64: str) -> list:
+    codec = av.CodecContext.create("h264", "r")
+    return list(codec.decode(av.Packet(base64.b64decode(data_b64))))
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +141,14 @@ def test_a_foxglove_websocket_client_decodes_the_live_stack_with_the_advertised_
         _, msg = live["messages"][topic]
         jsonschema.validate(msg, schema)
     assert channels["/camera/image"]["schemaName"] == "foxglove.RawImage"
+    assert channels["/camera/video"]["schemaName"] == "foxglove.CompressedVideo"
+    log_time, video = live["messages"]["/camera/video"]
+    assert video["format"] == "h264"
+    (frame,) = _decode_h264(video["data"])  # the client's stream starts with a keyframe, at the camera's size
+    assert (frame.width, frame.height, frame.key_frame) == (256, 128, True)
+    # Unix time (ns), not the machine's since-boot clock: within a minute of now
+    assert abs(log_time - time.time_ns()) < 60 * 10**9
+    assert abs(video["timestamp"]["sec"] - time.time()) < 60
     _, img = live["messages"]["/camera/image"]
     assert (img["width"], img["height"], img["encoding"], img["step"]) == (256, 128, "bgr8", 768)
     assert len(base64.b64decode(img["data"])) == 128 * 256 * 3
@@ -169,6 +183,30 @@ def test_the_runs_mcap_opens_with_a_json_only_reader_every_service_and_frames_as
     assert images > 100
     assert set(seen["/modelOutput"]) >= {"frameId", "source", "outputs", "executionTime", "frameAge"}
     assert set(seen["/cameraFrame"]) >= {"frameId", "width", "height", "encoding", "data"}
+
+
+def test_the_runs_mcap_is_on_unix_time_and_has_the_camera_as_h264_at_its_size(launched):
+    """Foxglove places the drive at the time it happened: every logTime / publishTime is Unix ns (within a
+    minute of the run's wall-clock start), and /camera/video is foxglove.CompressedVideo whose first message
+    is a keyframe that decodes to the camera's 256x128."""
+    _, s, run_dir, _ = launched
+    wall_start_ns = s["wall_start_ns"]
+    assert abs(wall_start_ns - time.time_ns()) < 15 * 60 * 10**9  # the summary's start: this run's
+    first_video = None
+    times = []
+    for path in sorted((run_dir / "logs").glob("*/rlog.mcap")):
+        with open(path, "rb") as f:
+            for schema, channel, message in make_reader(f).iter_messages():
+                times.append((message.log_time, message.publish_time))
+                if channel.topic == "/camera/video" and first_video is None:
+                    assert schema.name == "foxglove.CompressedVideo"
+                    first_video = json.loads(message.data)
+    assert times and all(lt == pt for lt, pt in times)
+    assert abs(min(t for t, _ in times) - wall_start_ns) < 60 * 10**9
+    assert max(t for t, _ in times) - wall_start_ns < 10 * 60 * 10**9
+    assert first_video is not None and first_video["format"] == "h264"
+    (frame,) = _decode_h264(first_video["data"])
+    assert (frame.width, frame.height, frame.key_frame) == (256, 128, True)
 
 
 def test_a_one_shot_fault_firing_within_a_second_is_on_the_record_summary_and_report(launched):

@@ -180,3 +180,39 @@ def test_the_summary_control_lines_are_in_time_order(tmp_path):
         "control    9.0 s  engaged",
         "control    9.5 s  soft disable until the end: modelLagging",
     ]
+
+
+def test_the_soft_disable_tally_is_one_line_per_cause_most_frequent_first():
+    from chestnut.launch.summary import soft_disable_lines
+
+    s = {"soft_disables": {"chestnutInactive, modelSourceChanged": 1, "chestnutInactive": 2, "": 1}}
+    assert soft_disable_lines(s) == [
+        "control soft-disable episodes: 4",
+        "  2 x chestnutInactive",
+        "  1 x cause not recorded",
+        "  1 x chestnutInactive, modelSourceChanged",
+    ]
+    assert soft_disable_lines({"soft_disables": {}}) == []
+
+
+def test_the_summary_has_the_frame_drop_percentage_and_the_wall_clock_start(tmp_path):
+    import time
+
+    from drivelog import write_drive
+
+    from chestnut.launch.summary import summarize, summary_rows
+
+    base = 10_000 * 10**9
+    items = []
+    for k, drop in enumerate((0.0, 5.0, 13.5, 12.25)):
+        m = new_message("modelOutput")
+        m.modelOutput.frameId = k
+        m.modelOutput.frameDropPerc = drop
+        m.logMonoTime = base + k * 50 * MS
+        items.append((m.logMonoTime, "modelOutput", m.to_bytes()))
+    write_drive(items, tmp_path / "logs")
+    s = summarize(tmp_path / "logs", base)
+    assert (s["frame_drop_perc"], s["frame_drop_perc_max"]) == (12.25, 13.5)
+    assert dict(summary_rows(s))["frame drop at the end / max"] == "12.2 / 13.5 %  (modelOutput.frameDropPerc)"
+    # the log's first message (its initData, 1 ms before the first item) in Unix time
+    assert abs(s["wall_start_ns"] - time.time_ns()) < 60 * 10**9 and s["wall_start"].endswith(" UTC")

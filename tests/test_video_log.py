@@ -243,6 +243,61 @@ def test_the_preview_of_a_full_size_nv12_frame_is_small_and_in_colour(tmp_path):
     assert len(image["pixels"]) <= PREVIEW_MAX_BYTES
 
 
+def _video_messages(path: Path) -> list[tuple[int, dict]]:
+    from mcap.reader import make_reader
+
+    with open(path, "rb") as fh:
+        return [
+            (m.log_time, json.loads(m.data))
+            for s, c, m in make_reader(fh).iter_messages()
+            if c.topic == "/camera/video" and s.name == "foxglove.CompressedVideo"
+        ]
+
+
+def _decode_units(bodies: list[dict]) -> list[av.VideoFrame]:
+    import base64
+
+    codec = av.CodecContext.create("h264", "r")
+    return [f for b in bodies for f in codec.decode(av.Packet(base64.b64decode(b["data"])))]
+
+
+@pytest.mark.parametrize(("frames", "raw"), [("video", False), ("raw", True)])
+def test_the_live_json_mcap_carries_the_camera_as_h264_at_full_size_with_a_keyframe_every_second(
+    tmp_path, frames, raw
+):
+    """``/camera/video``: foxglove.CompressedVideo, one H.264 access unit per frame at the frame's own size,
+    an IDR keyframe first and then once a second (msgs/video.py FOXGLOVE_KEYFRAME_NS), from a video-logged
+    frame's pixels or a raw frame's inline data."""
+    g = synthetic_frames(128, 256, "bgr888")  # the camera's moving test pattern
+    imgs = [next(g) for _ in range(45)]
+    video = None if raw else VideoOptions()
+    with RouteWriter(tmp_path, formats=("mcap",), mcap_encodings=("json",), video=video, route=ROUTE) as w:
+        for k, img in enumerate(imgs):
+            t = 10**9 + k * 50 * MS  # 20 Hz
+            ev = log_from_bytes(frame_event(k, img, "bgr888", t_ns=t).to_bytes())
+            if raw:
+                w.write("cameraFrame", t, ev.as_builder().to_bytes())
+            else:
+                w.write_frame(t, ev, img)
+    msgs = _video_messages(tmp_path / f"{ROUTE}--0" / "rlog.mcap")
+    assert len(msgs) == 45 and {b["format"] for _, b in msgs} == {"h264"}
+    assert [lt for lt, _ in msgs] == [10**9 + k * 50 * MS + w.unix_offset_ns for k in range(45)]
+    decoded = _decode_units([b for _, b in msgs])
+    assert len(decoded) == 45 and {(f.width, f.height) for f in decoded} == {(256, 128)}
+    assert [k for k, f in enumerate(decoded) if f.key_frame] == [0, 20, 40]  # every 1 s at 20 Hz
+    first = decoded[0].to_ndarray(format="bgr24").astype(int)
+    assert np.abs(first - imgs[0]).mean() < 8  # lossy (x264 at crf 23), but the frame
+
+
+def test_a_full_size_nv12_frame_is_one_decodable_keyframe(tmp_path):
+    g = synthetic_frames(1208, 1928, "nv12")
+    with RouteWriter(tmp_path, formats=("mcap",), mcap_encodings=("json",), video=VideoOptions(), route=ROUTE) as w:
+        img = next(g)[:, :, None]
+        w.write_frame(10**9, log_from_bytes(frame_event(0, img, "nv12", t_ns=10**9).to_bytes()), img)
+    (frame,) = _decode_units([b for _, b in _video_messages(tmp_path / f"{ROUTE}--0" / "rlog.mcap")])
+    assert (frame.width, frame.height, frame.key_frame) == (1928, 1208, True)
+
+
 # ---------------------------------------------------------------- the logger on real sockets
 
 
