@@ -108,7 +108,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from chestnut.backend import protocol as P
 from chestnut.backend.classify import classify
@@ -159,6 +159,7 @@ RULES: dict[Kind, tuple[bool, str]] = {
     Kind.OTHER: (False, "not a request of this bridge's data path"),
 }
 """Kind -> (retried, why)."""
+_RETRIED = {k: v[0] for k, v in RULES.items()}
 
 
 def _posted(fmt_type: int) -> bool:
@@ -347,22 +348,23 @@ def judge(log: LinkErrorLog, now_s: float) -> Verdict | None:
 
 @dataclass
 class _Async:
-    """An async transfer the wrapper submitted and owns until it is waited: ``submit(timeout_ms)`` sends it
-    (again) and returns the wrapped USB3's tag and, for a control IN, the buffer the data lands in."""
+    """An async transfer the wrapper submitted and owns until it is waited: ``method(*args, timeout_ms)`` of the
+    wrapped USB3 sends it (again); ``reads``: it returns (tag, the buffer the data lands in)."""
 
-    what: str
+    what: tuple[Any, ...]            # a format and its arguments naming the transfer
     kind: Kind
-    submit: Callable[[int], tuple[int, memoryview | None]]
+    method: Callable[..., Any]
+    args: tuple[Any, ...]
     caller_ms: int
     nbytes: int = 0
     arm: _Replay | None = None       # a bulk OUT's 0xF2 arm or streaming header: sent again before it
+    reads: bool = False
     inner: int = 0                   # the wrapped USB3's tag of the latest submission
     out: memoryview | None = None    # a control IN's buffer, the one handed to tinygrad
     pending_copy: memoryview | None = None
 
 
-@dataclass(frozen=True)
-class _Replay:
+class _Replay(NamedTuple):
     """A request that makes the next transfer repeatable: sent again before it."""
 
     request: int
@@ -395,6 +397,7 @@ class RetryingUSB3:
         self.value_regions: Sequence[tuple[int, int]] = tuple(value_regions)
         self.clock = clock
         self._arm: dict[str, _Replay | None] = {"out": None, "in": None, "cpl": None}  # per direction: what re-arms
+        self._timeouts: dict[tuple[int, int, bool], int] = {}
         self._tags = itertools.count(1)  # this wrapper's async tags (the wrapped USB3's change on a retry)
         self._pending: dict[int, _Async] = {}  # tag -> transfer, in submission order, until waited
         self._async_failed: BaseException | None = None
@@ -412,43 +415,65 @@ class RetryingUSB3:
                 "not_retried": self.log.not_retried, "window_s": w,
                 "errors_in_window": self.log.errors_since(now - w), "last_error": self.log.last_error}
 
-    def _run(self, what: str, kind: Kind, attempt: Callable[[int], Any], caller_ms: int, nbytes: int = 0,
-             replay: Callable[[int], None] | None = None, gpu_wait: bool = False) -> Any:
-        """``attempt(timeout_ms)`` with the retry rules of ``kind``; ``replay(timeout_ms)`` re-arms before a retry.
+    def _timeout(self, caller_ms: int, nbytes: int = 0, gpu_wait: bool = False) -> int:
+        """:meth:`RetryPolicy.timeout_ms`, remembered per argument (the hot path of every transfer)."""
+        key = (caller_ms, nbytes, gpu_wait)
+        t = self._timeouts.get(key)
+        if t is None:
+            t = self._timeouts[key] = self.retry.timeout_ms(caller_ms, nbytes, gpu_wait)
+        return t
+
+    def _run(self, what: tuple[Any, ...], kind: Kind, attempt: Callable[..., Any], args: tuple[Any, ...],
+             caller_ms: int, nbytes: int = 0, rp: _Replay | None = None, gpu_wait: bool = False) -> Any:
+        """``attempt(*args, timeout_ms)`` with the retry rules of ``kind``; ``rp`` (an arm or header) is sent again
+        before a retry. ``what``: a format and its arguments naming the transfer (formatted only for an error).
         ``gpu_wait``: the transfer is also the wait for the GPU (the bulk IN of an armed SRAM window): each try
         gets the GPU's whole wait, and one that timed out while the bridge answers is the GPU's."""
-        retried = RULES[kind][0]
-        tries = self.retry.attempts if retried else 1
-        t_ms = self.retry.timeout_ms(caller_ms, nbytes, gpu_wait) if retried else caller_ms
-        failed = False
-        for i in range(tries):
-            try:
-                if i and replay is not None:
-                    replay(t_ms)
-                out = attempt(t_ms)
-            except Exception as e:
-                err = e if isinstance(e, ChestnutError) else classify(e, default=UsbLayerError)
-                if err.reason not in TRANSIENT_REASONS:
-                    raise
-                self.log.error(self.clock(), f"{what}: {err.reason}: {err.detail}", err.reason == "transfer_timeout")
-                if not retried:
-                    self.log.not_retried += 1
-                bad = judge(self.log, self.clock())
-                if (bad is not None or i + 1 >= tries or gpu_wait) and kind is Kind.BULK_IN_ARMED \
-                        and err.reason == "transfer_timeout":
-                    self._blame_the_gpu_if_the_bridge_answers(what, err, e)
-                if bad is not None:
-                    if bad.reason == "no_answer":
-                        self._blame_the_bridge_if_it_answers_nothing(bad, what, err, e)
-                    raise UsbLayerError(bad.reason, f"{bad.detail}; last: {what}: {err.detail}") from e
-                if i + 1 >= tries:
-                    raise
-                failed = True
-                continue
+        t_ms = self._timeout(caller_ms, nbytes, gpu_wait) if _RETRIED[kind] else caller_ms
+        try:
+            out = attempt(*args, t_ms)
+        except Exception as e:
+            first = e
+        else:
             self.log.ok()
-            if failed:
-                self.log.retried_ok += 1
             return out
+        return self._retry_after(what[0] % what[1:], kind, attempt, args, t_ms, rp, gpu_wait, first)
+
+    def _retry_after(self, what: str, kind: Kind, attempt: Callable[..., Any], args: tuple[Any, ...], t_ms: int,
+                     rp: _Replay | None, gpu_wait: bool, first: Exception) -> Any:
+        """The tries after a first failure ``first`` (see :meth:`_run`)."""
+        retried = _RETRIED[kind]
+        tries = self.retry.attempts if retried else 1
+        replay = self._sender(rp)
+        e: Exception = first
+        for i in range(tries):
+            if i:
+                try:
+                    if replay is not None:
+                        replay(t_ms)
+                    out = attempt(*args, t_ms)
+                except Exception as again:
+                    e = again
+                else:
+                    self.log.ok()
+                    self.log.retried_ok += 1
+                    return out
+            err = e if isinstance(e, ChestnutError) else classify(e, default=UsbLayerError)
+            if err.reason not in TRANSIENT_REASONS:
+                raise e
+            self.log.error(self.clock(), f"{what}: {err.reason}: {err.detail}", err.reason == "transfer_timeout")
+            if not retried:
+                self.log.not_retried += 1
+            bad = judge(self.log, self.clock())
+            if (bad is not None or i + 1 >= tries or gpu_wait) and kind is Kind.BULK_IN_ARMED \
+                    and err.reason == "transfer_timeout":
+                self._blame_the_gpu_if_the_bridge_answers(what, err, e)
+            if bad is not None:
+                if bad.reason == "no_answer":
+                    self._blame_the_bridge_if_it_answers_nothing(bad, what, err, e)
+                raise UsbLayerError(bad.reason, f"{bad.detail}; last: {what}: {err.detail}") from e
+            if i + 1 >= tries:
+                raise e
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _read_bridge_register(self) -> bytes | ChestnutError:
@@ -506,8 +531,8 @@ class RetryingUSB3:
         rp = self._replay_for(kind, request, value, index, data, timeout)
         if rp is not None:
             self._arm[rp.direction] = rp
-        return self._run(f"control OUT 0x{request:02X}", kind,
-                         lambda t: self.usb.control_write(request, value, index, data, t), timeout)
+        return self._run(("control OUT 0x%02X", request), kind, self.usb.control_write,
+                         (request, value, index, data), timeout)
 
     def control_read(self, request: int, length: int, value: int = 0, index: int = 0,
                      timeout: int = 1000) -> Any:
@@ -517,16 +542,22 @@ class RetryingUSB3:
             rp, self._arm["cpl"] = self._arm["cpl"], None
             if rp is None:
                 kind = Kind.OTHER  # a completion with no repeatable header before it
-        return self._run(f"control IN 0x{request:02X}", kind,
-                         lambda t: self.usb.control_read(request, length, value, index, t), timeout,
-                         replay=self._sender(rp))
+        return self._run(("control IN 0x%02X", request), kind, self.usb.control_read, (request, length, value, index),
+                         timeout, rp=rp)
 
     def bulk_write(self, payload: Any, timeout: int = 1000) -> Any:
         n = len(memoryview(payload).cast("B"))
         rp, self._arm["out"] = self._arm["out"], None
-        kind = Kind.BULK_OUT_ARMED if rp is not None and rp.nbytes == n else Kind.BULK_BARE
-        return self._run("bulk OUT 0x02", kind, lambda t: self.usb.bulk_write(payload, t), timeout, n,
-                         self._sender(rp if kind is Kind.BULK_OUT_ARMED else None))
+        armed = rp is not None and rp.nbytes == n
+        return self._run(("bulk OUT 0x02",), Kind.BULK_OUT_ARMED if armed else Kind.BULK_BARE, self.usb.bulk_write,
+                         (payload,), timeout, n, rp if armed else None)
+
+    def _whole_read(self, length: int, t_ms: int) -> Any:
+        out = self.usb.bulk_read(length, t_ms)
+        got = len(memoryview(out).cast("B")) if out is not None else 0
+        if out is not None and got < length:
+            raise UsbLayerError("short_transfer", f"bulk IN 0x81: got {got} of {length} bytes")
+        return out
 
     def bulk_read(self, length: int, timeout: int = 1000) -> Any:
         """A bulk IN of ``length`` bytes. tinygrad 0.14 ``USB3.bulk_read`` returns whatever arrived
@@ -534,17 +565,10 @@ class RetryingUSB3:
         looking, so a short read here raises :class:`UsbLayerError` ``short_transfer`` instead of being
         returned: retried with its arm like a timeout, never handed up."""
         rp, self._arm["in"] = self._arm["in"], None
-        kind = Kind.BULK_IN_ARMED if rp is not None and rp.nbytes >= length else Kind.BULK_BARE
-
-        def whole(t_ms: int) -> Any:
-            out = self.usb.bulk_read(length, t_ms)
-            got = len(memoryview(out).cast("B")) if out is not None else 0
-            if out is not None and got < length:
-                raise UsbLayerError("short_transfer", f"bulk IN 0x81: got {got} of {length} bytes")
-            return out
-        gpu_wait = kind is Kind.BULK_IN_ARMED and rp is not None and rp.request == P.REQ_SRAM
-        return self._run("bulk IN 0x81", kind, whole, timeout, length,
-                         self._sender(rp if kind is Kind.BULK_IN_ARMED else None), gpu_wait)
+        armed = rp is not None and rp.nbytes >= length
+        gpu_wait = armed and rp is not None and rp.request == P.REQ_SRAM
+        return self._run(("bulk IN 0x81",), Kind.BULK_IN_ARMED if armed else Kind.BULK_BARE, self._whole_read,
+                         (length,), timeout, length, rp if armed else None, gpu_wait)
 
     # ------------------------------------------------------------------ async transfers
     # tinygrad's USB3 latches the first async failure in ``_async_err`` and raises it at every later
@@ -554,17 +578,27 @@ class RetryingUSB3:
     # finish, clears the latch and submits again, in their order, all transfers not yet waited (a bulk OUT
     # after its arm), before tinygrad sees anything -- only if every one of them is idempotent (:data:`RULES`).
     def _try_ms(self, kind: Kind, caller_ms: int, nbytes: int = 0) -> int:
-        return self.retry.timeout_ms(caller_ms, nbytes) if RULES[kind][0] else caller_ms
+        return self._timeout(caller_ms, nbytes) if _RETRIED[kind] else caller_ms
 
     def _submit(self, rec: _Async) -> int:
         if self._async_failed is not None:  # given up on: tinygrad's latch stays, as tinygrad's USB3 would have it
             raise RuntimeError(str(self._async_failed))
-        rec.inner, out = rec.submit(self._try_ms(rec.kind, rec.caller_ms, rec.nbytes))
-        if rec.out is None:
-            rec.out = out
+        got = rec.method(*rec.args, self._try_ms(rec.kind, rec.caller_ms, rec.nbytes))
+        if rec.reads:
+            rec.inner, rec.out = int(got[0]), got[1]
+        else:
+            rec.inner = int(got)
         tag = next(self._tags)
         self._pending[tag] = rec
         return tag
+
+    def _resubmit(self, rec: _Async) -> None:
+        """Submit ``rec`` again (a control IN's data is copied into the buffer tinygrad holds once waited)."""
+        got = rec.method(*rec.args, self._try_ms(rec.kind, rec.caller_ms, rec.nbytes))
+        if rec.reads:
+            rec.inner, rec.pending_copy = int(got[0]), got[1]
+        else:
+            rec.inner = int(got)
 
     def control_write_async(self, request: int, value: int = 0, index: int = 0, data: bytes = b"",
                             timeout: int = 1000) -> int:
@@ -573,21 +607,16 @@ class RetryingUSB3:
         rp = self._replay_for(kind, request, value, index, data, timeout)
         if rp is not None:
             self._arm[rp.direction] = rp
-
-        def submit(t_ms: int) -> tuple[int, memoryview | None]:
-            return int(self.usb.control_write_async(request, value, index, data, t_ms)), None
-        return self._submit(_Async(f"async control OUT 0x{request:02X}", kind, submit, timeout))
+        return self._submit(_Async(("async control OUT 0x%02X", request), kind, self.usb.control_write_async,
+                                   (request, value, index, data), timeout))
 
     def control_read_async(self, request: int, length: int, value: int = 0, index: int = 0,
                            timeout: int = 1000) -> tuple[int, memoryview]:
         kind = control_in_kind(request)
         if kind is Kind.TLP_COMPLETION:
             kind = Kind.OTHER  # its header went before it, not with it: nothing to send again
-
-        def submit(t_ms: int) -> tuple[int, memoryview | None]:
-            tag, out = self.usb.control_read_async(request, length, value, index, t_ms)
-            return int(tag), out
-        rec = _Async(f"async control IN 0x{request:02X}", kind, submit, timeout)
+        rec = _Async(("async control IN 0x%02X", request), kind, self.usb.control_read_async,
+                     (request, length, value, index), timeout, reads=True)
         tag = self._submit(rec)
         assert rec.out is not None
         return tag, rec.out
@@ -596,11 +625,8 @@ class RetryingUSB3:
         n = len(memoryview(payload).cast("B"))
         rp, self._arm["out"] = self._arm["out"], None
         armed = rp is not None and rp.nbytes == n
-
-        def submit(t_ms: int) -> tuple[int, memoryview | None]:
-            return int(self.usb.bulk_write_async(payload, t_ms)), None
-        return self._submit(_Async("async bulk OUT 0x02", Kind.BULK_OUT_ARMED if armed else Kind.BULK_BARE, submit,
-                                   timeout, n, rp if armed else None))
+        return self._submit(_Async(("async bulk OUT 0x02",), Kind.BULK_OUT_ARMED if armed else Kind.BULK_BARE,
+                                   self.usb.bulk_write_async, (payload,), timeout, n, rp if armed else None))
 
     def bulk_wait(self, tag: int) -> Any:
         """Wait for an async transfer of this wrapper. A transient failure reported by the wrapped USB3 is
@@ -617,10 +643,12 @@ class RetryingUSB3:
             err = classify(e, default=UsbLayerError)
             if err.reason not in TRANSIENT_REASONS:
                 raise
-            self._recover(rec, e, err)
+            failed = e
+        else:
+            del self._pending[tag]
+            self.log.ok()
             return None
-        del self._pending[tag]
-        self.log.ok()
+        self._recover(rec, failed, err)
         return None
 
     def _drain(self, tags: Sequence[int]) -> None:
@@ -633,7 +661,8 @@ class RetryingUSB3:
 
     def _recover(self, failed: _Async, cause: BaseException, err: ChestnutError) -> None:
         recs = list(self._pending.values())  # in submission order: the failed one and every one not yet waited
-        self.log.error(self.clock(), f"{failed.what}: {err.reason}: {err.detail}", err.reason == "transfer_timeout")
+        what = failed.what[0] % failed.what[1:]
+        self.log.error(self.clock(), f"{what}: {err.reason}: {err.detail}", err.reason == "transfer_timeout")
         if not all(RULES[r.kind][0] for r in recs):
             self.log.not_retried += 1
             self._give_up(cause)
@@ -643,7 +672,7 @@ class RetryingUSB3:
             bad = judge(self.log, self.clock())
             if bad is not None:
                 self._give_up(last)
-                raise UsbLayerError(bad.reason, f"{bad.detail}; last: {failed.what}: {err.detail}") from last
+                raise UsbLayerError(bad.reason, f"{bad.detail}; last: {what}: {err.detail}") from last
             self._drain([r.inner for r in recs])
             if hasattr(self.usb, "_async_err"):
                 self.usb._async_err = 0
@@ -654,10 +683,8 @@ class RetryingUSB3:
                         a = r.arm
                         waits.append((int(self.usb.control_write_async(a.request, a.value, a.index, a.data,
                                                                        self.retry.timeout_ms(a.timeout_ms))), None))
-                    r.inner, out = r.submit(self._try_ms(r.kind, r.caller_ms, r.nbytes))
+                    self._resubmit(r)
                     waits.append((r.inner, r))
-                    if out is not None and r.out is not None and out is not r.out:
-                        r.pending_copy = out
                 for t, r in waits:
                     self.usb.bulk_wait(t)
                     if r is not None and r.pending_copy is not None and r.out is not None:
@@ -668,8 +695,7 @@ class RetryingUSB3:
                 if err.reason not in TRANSIENT_REASONS:
                     self._give_up(e)
                     raise
-                self.log.error(self.clock(), f"{failed.what}: {err.reason}: {err.detail}",
-                               err.reason == "transfer_timeout")
+                self.log.error(self.clock(), f"{what}: {err.reason}: {err.detail}", err.reason == "transfer_timeout")
                 last = e
                 continue
             self.log.ok()
@@ -679,7 +705,7 @@ class RetryingUSB3:
         bad = judge(self.log, self.clock())
         self._give_up(last)
         if bad is not None:
-            raise UsbLayerError(bad.reason, f"{bad.detail}; last: {failed.what}: {err.detail}") from last
+            raise UsbLayerError(bad.reason, f"{bad.detail}; last: {what}: {err.detail}") from last
         raise last
 
     def _give_up(self, cause: BaseException) -> None:

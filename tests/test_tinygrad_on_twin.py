@@ -48,6 +48,16 @@ def err(fn):
     return {"error": None, "s": round(time.monotonic() - t, 2)}
 def sdma():
     return client.status()["gpu"]["sdma"]
+def node_transport():
+    # the transport the node puts under tinygrad (backend/twin_runner.py): RetryingUSB3 over the same TwinUSB3,
+    # VRAM and doorbells as its value regions; tinygrad's controller calls it from now on
+    from chestnut.backend.retry import RetryingUSB3
+    t = RetryingUSB3(usb, value_regions=[dock.bars[i] for i in (0, 2)])
+    dock.ctrl.usb = t
+    return t
+def fired(kind):
+    st = client.status()
+    return sum(f["fired"] for f in st["faults"] + st["fault_history"] if f["kind"] == kind)
 """
 
 
@@ -256,3 +266,96 @@ out["wedged"] = client.status()["bridge"]["wedged"]
     assert out["first"]["s"] >= 1.0
     assert out["next_read"]["error"] == "RuntimeError: libusb_control_transfer: Operation timed out"
     assert out["wedged"] is True
+
+
+# ---------------------------------------------------------------- the same faults through the node's transport
+# The tests above are tinygrad alone (the reference); these run the same tinygrad code over RetryingUSB3, the
+# transport the node's twin runner builds (backend/retry.py).
+
+
+@pytest.mark.timeout(120)
+def test_a_400_ms_slow_gpu_on_copy_out_completes_bare_and_through_the_nodes_transport(twin):
+    out = run_tinygrad("""
+data = pattern(4096)
+dock.copy_in(P.VRAM_HEAP_OFFSET, data)
+got = {}
+client.fault("slow_gpu", delay_ms=400.0, repeat=False)  # the copy-out's COPY_LINEAR starts 400 ms late
+out["bare"] = err(lambda: got.update(bare=dock.copy_out(P.VRAM_HEAP_OFFSET, 4096)))
+t = node_transport()
+client.fault("slow_gpu", delay_ms=400.0, repeat=False)
+out["node"] = err(lambda: got.update(node=dock.copy_out(P.VRAM_HEAP_OFFSET, 4096)))
+out["exact"] = [got.get("bare") == data, got.get("node") == data]
+out["stats"] = {k: t.stats()[k] for k in ("errors", "retried_ok", "not_retried")}
+out["fired"] = fired("slow_gpu")
+""")
+    assert out["bare"]["error"] is None and out["node"]["error"] is None, out
+    assert out["bare"]["s"] >= 0.4 and out["node"]["s"] >= 0.4
+    assert out["exact"] == [True, True]
+    assert out["stats"] == {"errors": 0, "retried_ok": 0, "not_retried": 0}  # slow is not a lost transfer
+    assert out["fired"] == 2
+
+
+@pytest.mark.timeout(120)
+def test_async_error_latches_for_good_in_bare_tinygrad(twin):
+    """The reference: LIBUSB_TRANSFER_ERROR on one async transfer of a copy-in, latched and never cleared."""
+    out = run_tinygrad("""
+dock.copy_in(P.VRAM_HEAP_OFFSET, pattern(10))  # the process's one-time window clear
+client.fault("async_error")
+out["first"] = err(lambda: dock.copy_in(P.VRAM_HEAP_OFFSET, pattern(4 * P.COPYIN_CHUNK)))
+out["later_wait"] = err(lambda: usb.bulk_wait(usb.control_write_async(0xE5, 0xA000, 0)))
+out["fired"] = fired("async_error")
+""")
+    assert out["first"]["error"] == "RuntimeError: async bulk OUT failed: status=1"
+    assert out["later_wait"]["error"] == "RuntimeError: async bulk OUT failed: status=1"
+    assert out["fired"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_async_error_fires_on_the_nodes_transport_is_retried_once_and_judged_when_it_repeats(twin):
+    """Through RetryingUSB3 tinygrad's async transfers stay async, so ``async_error`` fires on them: one is
+    submitted again with the transfers not yet waited and the copy is byte-exact; a link failing every async
+    transfer is ``unstable_link`` (the usb layer: the node fails over), after three submissions."""
+    out = run_tinygrad("""
+t = node_transport()
+dock.copy_in(P.VRAM_HEAP_OFFSET, pattern(10))
+data = pattern(4 * P.COPYIN_CHUNK, 3)
+client.fault("async_error")
+out["once"] = err(lambda: dock.copy_in(P.VRAM_HEAP_OFFSET, data))
+out["exact"] = dock.copy_out(P.VRAM_HEAP_OFFSET, len(data)) == data
+out["stats"] = {k: t.stats()[k] for k in ("errors", "retried_ok", "not_retried")}
+out["latch"] = usb._async_err
+client.fault("async_error", repeat=True)
+out["repeat"] = err(lambda: dock.copy_in(P.VRAM_HEAP_OFFSET, data))
+out["fired"] = fired("async_error")
+""")
+    assert out["once"]["error"] is None and out["exact"], out
+    assert out["stats"] == {"errors": 1, "retried_ok": 1, "not_retried": 0}
+    assert out["latch"] == 0
+    assert out["repeat"]["error"].startswith("UsbLayerError: unstable_link: 3 consecutive transfer attempts failed "
+                                             "(bound 3); last: async control OUT 0xF2: RuntimeError: async bulk OUT "
+                                             "failed: status=1"), out["repeat"]
+    # once, then on chunk 0's arm and fence read (both in flight when the arm's wait failed), three times each
+    assert out["fired"] == 1 + 2 * 3
+
+
+@pytest.mark.timeout(120)
+def test_lost_receipts_short_and_timed_out_async_transfers_are_retried_by_the_nodes_transport(twin):
+    """The faults that end a bare tinygrad copy with a latched async error (above: ``lost_receipt``, ``short``)
+    or a timeout, one at a time, each while a copy-in streams: retried below tinygrad, the copy byte-exact."""
+    out = run_tinygrad("""
+t = node_transport()
+dock.copy_in(P.VRAM_HEAP_OFFSET, pattern(10))
+res = {}
+for i, (kind, params) in enumerate((("lost_receipt", {}), ("short", {"on": "bulk_out", "after": 3}),
+                                    ("timeout", {"on": "0xF2", "after": 1}), ("timeout", {"on": "bulk_out",
+                                                                                          "after": 4}))):
+    data = pattern(4 * P.COPYIN_CHUNK, 10 + i)
+    client.fault(kind, **params)
+    e = err(lambda: dock.copy_in(P.VRAM_HEAP_OFFSET, data))
+    res[f"{kind}-{i}"] = [e["error"], dock.copy_out(P.VRAM_HEAP_OFFSET, len(data)) == data]
+    client.clear()
+out["res"] = res
+out["stats"] = {k: t.stats()[k] for k in ("errors", "retried_ok", "not_retried")}
+""")
+    assert out["res"] == {k: [None, True] for k in ("lost_receipt-0", "short-1", "timeout-2", "timeout-3")}, out
+    assert out["stats"] == {"errors": 4, "retried_ok": 4, "not_retried": 0}

@@ -20,8 +20,16 @@ Measured per size, medians of ``--reps``:
   ``--protocol chestnut`` -- the bounded :class:`~chestnut.backend.copy.CopyProtocol`.
 
 The 3.2 MB and 7.5 MB sizes are openpilot's full camera frame on a comma four / comma 3X, sent to the USB GPU
-every frame (openpilot#38862: ~22 ms of the 50 ms budget on a comma 3X). The last line is
-``efficiency at >= 1 MiB: in X out Y``: copy MB/s over raw MB/s, the lowest over the sizes >= 1 MiB.
+every frame (openpilot#38862: ~22 ms of the 50 ms budget on a comma 3X). Then ``efficiency at >= 1 MiB: in X
+out Y``: copy MB/s over raw MB/s, the lowest over the sizes >= 1 MiB.
+
+Last, the node's transport against tinygrad's bare one (``--protocol tinygrad`` only): the full 1928x1208 NV12
+frame (3,493,536 bytes, ``docs/warp.md``) copied in by the same ``AMDAllocator._copyin`` of the same dock
+object, its controller's ``usb`` switched between the bare ``TwinUSB3`` and the node's
+:class:`~chestnut.backend.retry.RetryingUSB3` over it (as ``backend/twin_runner.py`` builds it) on alternate
+repetitions, so both see the same twin, ring and load. The last line is ``supervised/bare copy-in at 3.5 MB:
+R``: the median over ``--frame-reps`` (default 41) adjacent pairs of supervised time / bare time (a pair sees the
+same moment of a loaded machine; the medians of each are printed above it).
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from chestnut.backend.sim.client import TwinDaemon
 MIB = 1 << 20
 LINK_MBPS = 5600.0   # asm2464 firmware README: 0xF2 SRAM DMA ~700 MB/s on 10 Gbps USB 3
 LATENCY_US = 125.0   # one USB 3 bus interval
+FRAME_BYTES = 1928 * 1208 * 3 // 2  # the full 1928x1208 NV12 frame (docs/warp.md): 3,493,536 bytes
 
 
 def timed(reps: int, fn: Callable[..., Any], *args: Any) -> float:
@@ -104,12 +113,14 @@ def main() -> int:
     ap.add_argument("--link-mbps", type=float, default=LINK_MBPS, help="twin timing model: link (0 = off)")
     ap.add_argument("--latency-us", type=float, default=LATENCY_US, help="twin timing model: per-transfer latency")
     ap.add_argument("--protocol", choices=("tinygrad", "chestnut"), default="tinygrad")
+    ap.add_argument("--frame-reps", type=int, default=41, help="repetitions of each transport for the last line")
     args = ap.parse_args()
     os.environ.setdefault("CHESTNUT_PREFIX", f"bench-copy-{os.getpid()}")
     os.environ.setdefault("DEV", "CPU")
     serve = ["--training-delay-ms", "1"]
     if args.link_mbps:
         serve += ["--link-mbps", str(args.link_mbps), "--latency-us", str(args.latency_us)]
+    from chestnut.backend.retry import RetryingUSB3
     from chestnut.backend.sim.usb3 import TwinUSB3
     from chestnut.backend.tinygrad_harness import TinygradDock
 
@@ -139,9 +150,31 @@ def main() -> int:
                 effs.append((e_in, e_out))
             print(f"{size / 1e6:>8.3f}MB | {mbs[0]:>8.0f} {mbs[1]:>8.0f} {e_in:>5.2f} {t_in * 1e3:>7.2f} | "
                   f"{mbs[2]:>8.0f} {mbs[3]:>8.0f} {e_out:>5.2f} {t_out * 1e3:>7.2f}")
+        ratio = None
+        if args.protocol == "tinygrad":
+            bars = dock.bars
+            node_usb = RetryingUSB3(usb, value_regions=[bars[i] for i in (0, 2) if i in bars])
+            frame = memoryview(os.urandom(FRAME_BYTES))
+            times: dict[str, list[float]] = {"bare": [], "supervised": []}
+            for i in range(2 * args.frame_reps + 2):  # alternate; the first of each is a warm-up
+                which = ("bare", "supervised")[i & 1]
+                dock.ctrl.usb = usb if which == "bare" else node_usb
+                t0 = time.perf_counter()
+                dock.copy_in(dst, frame)
+                if i >= 2:
+                    times[which].append(time.perf_counter() - t0)
+            dock.ctrl.usb = node_usb
+            assert dock.copy_out(dst, FRAME_BYTES) == frame.tobytes(), "the supervised copy-in is not byte-exact"
+            assert node_usb.log.errors == 0, node_usb.stats()
+            bare, sup = (statistics.median(times[k]) for k in ("bare", "supervised"))
+            ratio = statistics.median(s / b for b, s in zip(times["bare"], times["supervised"], strict=True))
+            print(f"full frame {FRAME_BYTES} bytes, medians of {args.frame_reps}: bare tinygrad {bare * 1e3:.2f} ms, "
+                  f"supervised (RetryingUSB3) {sup * 1e3:.2f} ms")
         usb.close()
     print("MB/s are medians (10^6 bytes/s); eff = copy / raw on the same transport in the same run; ms = one copy")
     print(f"efficiency at >= 1 MiB: in {min(e for e, _ in effs):.2f} out {min(e for _, e in effs):.2f}")
+    if ratio is not None:
+        print(f"supervised/bare copy-in at 3.5 MB: {ratio:.2f}")
     return 0
 
 
