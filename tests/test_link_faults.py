@@ -4,6 +4,8 @@ ONNX model, and a camera + control daemon + recorder in this process (``nodeharn
 - transient transfer errors are retried inside the frame deadline and counted, not failed over: at one
   transfer in 300 (the field's 0-815 errors per hour, openpilot#38519, scaled up so that seconds show
   dozens of them) the node keeps the primary; at one in ten it fails over on the usb layer at once;
+- ``async_error`` fires on the node's own async transfers; on every one of them the node fails over on the
+  usb layer;
 - a USB 2 link keeps the usb layer WARN and ``ChestnutActive`` false while it lasts, without flapping;
 - a bridge wedged while the model loads is named a wedged bridge on the pcie layer with the remedy that works
   (power-cycle the dock), never the cable, the port or a lost receipt.
@@ -164,6 +166,33 @@ def test_a_link_losing_one_transfer_in_ten_fails_over_on_the_usb_layer_at_once(s
     late = [(o.frame_id, (o.recv_ns - rec.sent[o.frame_id]) / 1e6) for o in rec.outputs
             if o.mono_ns <= failover.mono_ns + 200_000_000]
     assert late and max(ms for _, ms in late) <= DEADLINE_MS + LATENCY_ALLOWANCE_MS, (late, log)
+    assert all(o.valid for o in rec.outputs)
+    serving_primary(stack)
+
+
+def test_async_errors_fire_on_the_nodes_path_and_a_link_failing_every_one_fails_over_on_the_usb_layer(
+        stack: Stack) -> None:
+    """tinygrad's copy-in sends its SRAM arms, fence reads and chunks asynchronously, and the node's transport
+    keeps them so (backend/retry.py): ``async_error`` (LIBUSB_TRANSFER_ERROR on an async transfer) fires on the
+    node's own copies. One at a time they are retried; on every async transfer the link is unstable and the node
+    fails over, every frame still answered."""
+    serving_primary(stack)
+    t0 = time.monotonic_ns()
+    before = fired(stack, "async_error")
+    stack.client.fault("async_error", repeat=True)
+    try:
+        failover = stack.bus.wait_for(lambda r: next((s for s in r.states if s.mono_ns >= t0
+                                                      and s.state == "degraded"), None), 15.0, "the failover")
+        rec = since(stack.bus.wait_for(lambda r: r if any(o.mono_ns > failover.mono_ns for o in r.outputs) else None,
+                                       5.0, "an output after the failover"), t0)
+        n = fired(stack, "async_error") - before
+    finally:
+        stack.client.clear()
+    log = stack.node.log_tail()
+    assert failover.reason.startswith("primary_fault (usb): unstable_link: 3 consecutive transfer attempts failed "
+                                      "(bound 3); last: async "), (failover.reason, log)
+    assert n >= 3, n
+    assert unanswered_frames(rec)[1] == [], log
     assert all(o.valid for o in rec.outputs)
     serving_primary(stack)
 
