@@ -45,6 +45,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from chestnut.backend import progress
 from chestnut.backend import protocol as P
 from chestnut.backend.bridge import Bridge, ceildiv, round_up
 from chestnut.backend.errors import ChestnutError, GpuLayerError, ModelError, PcieLayerError, UsbLayerError
@@ -121,6 +122,7 @@ class Completion:
     status: int
     signal: int
     rptr: int
+    ticks: int = 0  # the engine's work ticks (``CPL_PROGRESS``)
 
 
 class Deadline:
@@ -182,11 +184,11 @@ class CommandQueue:
         return self.bridge.bar(2)[0] + P.DOORBELL_BAR_OFFSET
 
     def read_completion(self, timeout_ms: int | None = None) -> Completion:
-        """One 16-byte read of the completion page (XDATA 0xB800): fence, status, signal, read pointer."""
-        raw = self.bridge.control_read(P.REQ_XDATA_READ, 16, value=P.XDATA_CPL_PAGE + P.CPL_QUEUE_FENCE,
+        """One 20-byte read of the completion page (XDATA 0xB800): fence, status, signal, read pointer, ticks."""
+        raw = self.bridge.control_read(P.REQ_XDATA_READ, 20, value=P.XDATA_CPL_PAGE + P.CPL_QUEUE_FENCE,
                                        timeout_ms=timeout_ms)
-        fence, status, signal, rptr = struct.unpack("<IIII", raw)
-        return Completion(fence, status, signal, rptr)
+        fence, status, signal, rptr, ticks = struct.unpack("<IIIII", raw)
+        return Completion(fence, status, signal, rptr, ticks)
 
     def attach(self) -> Completion:
         """Reset the queue and take over its pointers (see the class doc). Returns the completion page seen."""
@@ -270,8 +272,12 @@ class CommandQueue:
         poll read times out (a lost receipt).
         """
         dl = Deadline(self.wait_timeout_ms if wait_timeout_ms is None else wait_timeout_ms, self.clock, self.sleep)
+        ticks: int | None = None
         while True:
             cpl = poll_completion(self, dl, what)
+            if ticks is not None and cpl.ticks != ticks:
+                progress.note()  # the engine works on the packet (a compile): the wait makes progress
+            ticks = cpl.ticks
             self.rptr = cpl.rptr
             if cpl.status != P.STATUS_OK and self.ours(cpl.fence, seq):
                 raise status_error(cpl.status, f"{what} (packet seq {cpl.fence})")

@@ -37,6 +37,7 @@ import numpy as np
 import usb.core
 import usb.util
 
+from chestnut.backend import progress
 from chestnut.backend import protocol as P
 from chestnut.backend.bridge import Bridge, LinkTraining
 from chestnut.backend.classify import advice_for, blame_slow_link, classify, link_speed_text
@@ -133,7 +134,7 @@ def run_steps(steps: Sequence[Step], report: LadderReport | None = None,
     GPU timeout on a link the ``link_speed`` step found below SuperSpeed is the usb layer's,
     :func:`chestnut.backend.classify.blame_slow_link`) and reported as ``FAIL`` with ``"reason: detail"``
     and advice. A step that took longer than its ``bound_s`` fails even if it returned. ``on_step`` sees
-    each entry as soon as it is decided.
+    each entry as soon as it is decided. Each step's start and end is progress (``backend/progress.py``).
     """
     from chestnut.backend.errors import LAYER_ERRORS
 
@@ -148,6 +149,7 @@ def run_steps(steps: Sequence[Step], report: LadderReport | None = None,
         if failed_already:
             break
         t0 = clock()
+        progress.note()
         try:
             out = step.run()
             entry.result, entry.detail, entry.advice = out.result, out.detail, out.advice
@@ -158,6 +160,7 @@ def run_steps(steps: Sequence[Step], report: LadderReport | None = None,
             entry.advice = advice_for(err) or STEP_ADVICE[step.name]
             entry.reason, entry.error = err.reason, err
         entry.duration_s = clock() - t0
+        progress.note()
         if entry.result is not StepResult.FAIL and entry.duration_s > step.bound_s:
             entry.result = StepResult.FAIL
             entry.detail = f"took {entry.duration_s:.3f} s, over its bound of {step.bound_s:.3f} s ({entry.detail})"

@@ -115,6 +115,8 @@ CPL_STATUS = 0x104                # u32: status of that packet (STATUS_*)
 CPL_SIGNAL = 0x108                # u32: value written by OP_SIGNAL
 CPL_RPTR = 0x10C                  # u32: the engine's read pointer (bytes consumed since GPU reset), written before
 #                                   CPL_QUEUE_FENCE; a fresh host process continues its write pointer from here
+CPL_PROGRESS = 0x110              # u32: the engine's work ticks: +1 every 50 ms while a long packet (OP_LOAD's
+#                                   compile, OP_RUN) executes; a hung engine does not tick (backend/progress.py)
 
 OP_NOP = 0x00
 OP_COPYIN = 0x01   # half, payload_nbytes, dst_lo, dst_hi, chunk_seq: wait for the sentinel of chunk_seq in that

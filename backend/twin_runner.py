@@ -56,6 +56,7 @@ from chestnut.backend.errors import ChestnutError, GpuLayerError, ModelError, Pc
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec
 from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
 from chestnut.backend.model import TensorSpec
+from chestnut.backend.progress import ProgressUSB3
 from chestnut.backend.real_runner import (
     COPY_STATS_KEY,
     CopyTimer,
@@ -213,7 +214,9 @@ class TwinRunner:
             )
         # transfers that are safe to repeat are retried within the frame deadline (backend/retry.py); VRAM (BAR0)
         # and the doorbells (BAR2) hold values, so writes there are among them
-        self.usb = RetryingUSB3(TwinUSB3(dev), value_regions=[self._bars[i] for i in (0, 2) if i in self._bars])
+        # under it, every transfer is reported to the worker's progress supervision (backend/progress.py)
+        self.usb = RetryingUSB3(ProgressUSB3(TwinUSB3(dev)),
+                                value_regions=[self._bars[i] for i in (0, 2) if i in self._bars])
         bridge = Bridge(
             self.usb,
             ctrl_timeout_ms=self.ctrl_timeout_ms,

@@ -121,6 +121,10 @@ class _Field(IntEnum):
     RUNS_FAILED = 9
     LATE_PEAK_NS = 10  # the heartbeat timer's worst lateness over its last second, ns
     TRANSFER_ERRORS = 11  # the runner's failed transfer attempts so far (retried or not), when it counts them
+    PROGRESS = 12      # progress reports of the current long command (bytes moved, steps, engine ticks)
+    PROGRESS_NS = 13   # CLOCK_MONOTONIC ns of the last progress, or of the start of the current dock I/O
+    IO_NS = 14         # CLOCK_MONOTONIC ns of the last dock transfer's begin or end
+    IO_DEPTH = 15      # transfers in progress (> 0: inside one)
 
 
 CONTROL_MAGIC = 0x43484E5457524B31  # "CHNTWRK1": layout version of the control block
@@ -142,6 +146,16 @@ class ControlSnapshot:
     runs_failed: int
     late_peak_ns: int = 0
     transfer_errors: int = 0
+    progress: int = 0
+    progress_ns: int = 0
+    io_ns: int = 0
+    io_depth: int = 0
+
+
+IO_GAP_NS = 500_000_000
+"""Dock I/O after this long without any (ns) starts a new stretch, a new wait: its progress clock starts
+then. Our choice: ten times the longest pause between a bounded wait's polls (``backend/copy.py``
+``Deadline``), far below the wait timeout; host work between transfers (a compile) is not a wait."""
 
 
 class ControlBlock:
@@ -189,7 +203,26 @@ class ControlBlock:
         self._w[_Field.PID] = pid
 
     def set_state(self, state: WorkerState) -> None:
+        """The worker's state; a new state is also progress (a command started or ended)."""
         self._w[_Field.STATE] = int(state)
+        self._w[_Field.PROGRESS_NS] = time.monotonic_ns()
+
+    def progress(self, amount: int = 1) -> None:
+        """The dock made progress (``backend/progress.py``): the count grows by ``amount``, its clock is now."""
+        self._w[_Field.PROGRESS] += amount
+        self._w[_Field.PROGRESS_NS] = time.monotonic_ns()
+
+    def dock_io(self, begin: bool) -> None:
+        """A dock transfer begins (``begin``) or ends. The first after :data:`IO_GAP_NS` without any starts a
+        new wait: its progress clock starts at it."""
+        now = time.monotonic_ns()
+        if begin:
+            if int(self._w[_Field.IO_DEPTH]) <= 0 and now - int(self._w[_Field.IO_NS]) > IO_GAP_NS:
+                self._w[_Field.PROGRESS_NS] = now
+            self._w[_Field.IO_DEPTH] += 1
+        elif int(self._w[_Field.IO_DEPTH]) > 0:
+            self._w[_Field.IO_DEPTH] -= 1
+        self._w[_Field.IO_NS] = now
 
     def run_started(self, seq: int) -> None:
         self._w[_Field.BUSY_SINCE_NS] = time.monotonic_ns()
@@ -226,7 +259,8 @@ class ControlBlock:
             busy_seq=int(a[_Field.BUSY_SEQ]), busy_since_ns=int(a[_Field.BUSY_SINCE_NS]),
             runs_started=int(a[_Field.RUNS_STARTED]), runs_done=int(a[_Field.RUNS_DONE]),
             runs_failed=int(a[_Field.RUNS_FAILED]), late_peak_ns=int(a[_Field.LATE_PEAK_NS]),
-            transfer_errors=int(a[_Field.TRANSFER_ERRORS]),
+            transfer_errors=int(a[_Field.TRANSFER_ERRORS]), progress=int(a[_Field.PROGRESS]),
+            progress_ns=int(a[_Field.PROGRESS_NS]), io_ns=int(a[_Field.IO_NS]), io_depth=int(a[_Field.IO_DEPTH]),
         )
 
 

@@ -55,6 +55,8 @@ NS_PER_MS = 1_000_000
 FRAME_DEADLINE_MS = 150.0  # openpilot modeld: 0.15 s per-frame deadline for the big model on the dock
 HANG_MARGIN_MS = 250.0  # our choice; see the module docstring
 COMMAND_TIMEOUT_MS = 60_000.0  # openpilot modeld: 60 s for the big model's start-up on the dock
+STALL_MARGIN_MS = 100.0  # our choice: a long command waiting on the dock without progress is ended at the wait
+# timeout + this, so the worker is gone (the loop's 50 ms period, the kill and reap) by wait timeout + HANG_MARGIN_MS
 
 
 class Status(StrEnum):
@@ -133,6 +135,7 @@ class WatchdogConfig:
     wait_timeout_ms: float = WAIT_TIMEOUT_MS
     hang_margin_ms: float = HANG_MARGIN_MS
     command_timeout_ms: float = COMMAND_TIMEOUT_MS
+    stall_margin_ms: float = STALL_MARGIN_MS
     miss_run: int = 3  # consecutive deadline misses that fail the gpu layer over (our choice: 150 ms of misses)
     miss_window_frames: int = 20  # 1 s at 20 Hz
     max_miss_ratio: float = 0.2  # more than this fraction of the window missed also fails over
@@ -156,6 +159,12 @@ class WatchdogConfig:
     def hang_timeout_ms(self) -> float:
         """Wait timeout + margin: a frame request unanswered longer than this means a hung worker."""
         return self.wait_timeout_ms + self.hang_margin_ms
+
+    @property
+    def stall_timeout_ms(self) -> float:
+        """Wait timeout + stall margin: a long command (qualification, load, probe) that waits on the dock this
+        long without progress (``backend/progress.py``) is ended: no single wait may outlast the wait timeout."""
+        return self.wait_timeout_ms + self.stall_margin_ms
 
 
 class Entity:

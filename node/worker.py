@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from chestnut.backend import errors as backend_errors
+from chestnut.backend import progress
 from chestnut.backend.errors import ChestnutError, OutputLayerError
 from chestnut.backend.interface import LadderReport, ModelSpec, PrimaryRunner
 from chestnut.backend.model import TensorSpec
@@ -372,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     normal_policy()  # a realtime parent's policy is not the worker's until it serves (_WorkerLoop.serve_realtime)
     ctl = ControlBlock.attach(args.ctl_fd)
     ctl.set_pid(os.getpid())
+    progress.set_sink(ctl)  # the runner's progress (bytes moved, steps, engine ticks) where the node watches it
     heartbeat = _Heartbeat(ctl, args.heartbeat_period_s, args.parent_pid)
     heartbeat.start()
     sock = socket.socket(fileno=args.sock_fd)

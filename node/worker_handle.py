@@ -50,7 +50,15 @@ from chestnut.backend.interface import DockObservation, LadderReport, ModelSpec
 from chestnut.backend.model import TensorSpec
 from chestnut.backend.stages import StageTimes
 from chestnut.node.runner_loader import RUNNER_KINDS, RunnerSpec, unknown_kind
-from chestnut.node.shm import ControlBlock, ControlSnapshot, SharedSegment, SlotBuffers, SlotLayout, WorkerState
+from chestnut.node.shm import (
+    IO_GAP_NS,
+    ControlBlock,
+    ControlSnapshot,
+    SharedSegment,
+    SlotBuffers,
+    SlotLayout,
+    WorkerState,
+)
 from chestnut.node.wire import (
     HEADER_BYTES,
     HEARTBEAT_PERIOD_S,
@@ -126,6 +134,8 @@ class WorkerProgress:
     beats: int = 0            # heartbeats since the worker started (the watchdog's alive supervision counts these)
     late_peak_ns: int = 0     # the worker's heartbeat timer: its worst lateness of the last second (ns)
     transfer_errors: int = 0  # the runner's failed transfer attempts so far (0 for a runner that does not count)
+    progress: int = 0         # the worker's progress reports (backend/progress.py: bytes moved, steps, engine ticks)
+    stalled_s: float = 0.0    # how long the worker has waited on the dock without progress (0: not waiting)
 
 
 @dataclass(frozen=True)
@@ -152,6 +162,17 @@ def _identity(raw: object) -> dict[str, str]:
     if not isinstance(raw, dict):
         return {}
     return {str(k)[:IDENTITY_MAX_CHARS]: str(v)[:IDENTITY_MAX_CHARS] for k, v in list(raw.items())[:IDENTITY_MAX_ITEMS]}
+
+
+def stalled_ns(now_ns: int, progress_ns: int, io_ns: int, io_depth: int, io_gap_ns: int = IO_GAP_NS) -> int:
+    """How long (ns) a worker has been waiting on the dock without progress at ``now_ns``: since its last
+    progress (or the start of its current stretch of dock I/O, ``node/shm.py`` ``ControlBlock.dock_io``) while
+    it is inside a transfer (``io_depth`` > 0) or did one within ``io_gap_ns``; 0 when it is not talking to the
+    dock (host work, idle) or has reported nothing yet. All times CLOCK_MONOTONIC ns."""
+    waiting = io_depth > 0 or (io_ns > 0 and now_ns - io_ns <= io_gap_ns)
+    if not waiting or progress_ns <= 0:
+        return 0
+    return max(0, now_ns - progress_ns)
 
 
 def describe_returncode(rc: int | None) -> str:
@@ -324,10 +345,12 @@ class WorkerHandle:
             return WorkerProgress(float("inf"), WorkerState.SPAWNED, None, None, 0, 0, 0, 0)
         s: ControlSnapshot = self._ctl.snapshot()
         busy = s.busy_seq >= 0
+        now = time.monotonic_ns()
         return WorkerProgress(self.heartbeat_age_s(), s.state, s.busy_seq if busy else None,
-                              (time.monotonic_ns() - s.busy_since_ns) / 1e9 if busy else None,
+                              (now - s.busy_since_ns) / 1e9 if busy else None,
                               s.runs_started, s.runs_done, s.runs_failed, s.beats, s.late_peak_ns,
-                              s.transfer_errors)
+                              s.transfer_errors, s.progress,
+                              stalled_ns(now, s.progress_ns, s.io_ns, s.io_depth) / 1e9)
 
     @property
     def in_flight(self) -> tuple[int, ...]:

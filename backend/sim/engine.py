@@ -186,6 +186,7 @@ class Engine:
         self.hung = False
         self.programs: dict[int, Program] = {}
         self.executed = 0
+        self.ticks = 0  # work ticks written to CPL_PROGRESS while a packet executes in the compute child
         self.current: str | None = None
         self.last_run: dict[str, Any] = {}
         self._stop = False
@@ -432,6 +433,10 @@ class Engine:
                 pass
             with tw.lock:
                 aborted = self._stop or self._epochs() != epochs
+                if not aborted:  # still working on the packet: a work tick the host's wait sees as progress
+                    self.ticks = (self.ticks + 1) & 0xFFFFFFFF
+                    at = P.XDATA_CPL_PAGE + P.CPL_PROGRESS  # straight into XDATA: a tick is no fence (no receipt)
+                    tw.xdata[at:at + 4] = struct.pack("<I", self.ticks)
             if aborted:
                 child.cancel(rid)
                 raise _Aborted
