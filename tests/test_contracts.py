@@ -246,11 +246,15 @@ def test_a_repeated_frame_then_a_skip_is_one_camera_fault(drive, tmp_path):
     """The camera sends frame 50 twice, then skips to 61; the node answers 50 once and drops the copy.
     Every distinct frame has its one output: the one violation is the camera's repeated id (the check
     used to take the repeat for a camera restart: 234 one_output_per_frame violations, none else)."""
-    r = check_log(write(repeat_then_skip(drive, 50, 61), tmp_path))
+    logs = write(repeat_then_skip(drive, 50, 61), tmp_path)
+    r = check_log(logs)
     assert [f.frame_id for f in r.timeline.frames[49:53]] == [49, 50, 50, 61]
-    assert found(r) == [("frame_ids_increase", 50)]
-    assert r.violations[0].t_ns == frame_time(51)
-    assert r.violations[0].message == "cameraFrame frame id 50 after 50 (repeated; the node drops it)"
+    assert found(r) == []  # the camera's faults are input anomalies, not the node's violations
+    assert [(a.t_ns, a.kind, a.frame_id, a.message) for a in r.anomalies] == [
+        (frame_time(51), "frame_id", 50, "cameraFrame frame id 50 after 50 (repeated; the node drops it)"),
+        (r.timeline.frames[52].t_ns, "frame_id", 61,
+         "cameraFrame frame id 61 after 50: 10 id(s) skipped (frames the camera never sent)")]
+    assert main(["check", str(logs)]) == 0
 
 
 def test_a_repeated_frame_answered_twice_is_a_duplicate_output(drive, tmp_path):
@@ -259,25 +263,26 @@ def test_a_repeated_frame_answered_twice_is_a_duplicate_output(drive, tmp_path):
     copy = _edit([it for it in items if it[0] == t and it[1] == "modelOutput"], lambda *_: True,
                  lambda ev: setattr(ev, "logMonoTime", frame_time(51) + 4 * MS))
     r = check_log(write(sorted([*items, *copy], key=lambda it: it[0]), tmp_path))
-    assert found(r) == [("frame_ids_increase", 50), ("one_output_per_frame", 50), ("frame_ids_increase", 50)]
+    assert found(r) == [("one_output_per_frame", 50), ("frame_ids_increase", 50)]
     assert [v.message for v in r.violations] == [
-        "cameraFrame frame id 50 after 50 (repeated; the node drops it)",
         "frame 50 answered 2 times (sources primary, primary)",
         "modelOutput frame id 50 after 50",
     ]
+    assert [a.message for a in r.anomalies][0] == "cameraFrame frame id 50 after 50 (repeated; the node drops it)"
 
 
 @pytest.mark.parametrize("fmt", ["zst", "mcap"])
 def test_a_frame_stamped_zero_is_checked_where_it_was_logged(drive, tmp_path, fmt):
-    """``logMonoTime`` 0 on frame 50: one log_intact violation; the frame keeps its place in the file (after
-    frame 49's controlState, 7 ms after frame 49), so its output matches and the log is 9.007 s long
-    (the check used to sort it first: 303 one_output_per_frame violations)."""
+    """``logMonoTime`` 0 on frame 50: the camera's clock, an input anomaly (no violation); the frame keeps its
+    place in the file (after frame 49's controlState, 7 ms after frame 49), so its output matches and the log
+    is 9.007 s long (the check used to sort it first: 303 one_output_per_frame violations)."""
     logs = write(zero_log_time(drive, 50), tmp_path, formats=(fmt,))
     r = check_log(logs)
     seg = logs / "2026-01-01--00-00-00--0" / f"rlog.{fmt}"
-    assert found(r) == [("log_intact", 50)]
-    assert r.violations[0].message == (f"{seg}: cameraFrame 50 has logMonoTime 0 (never stamped); checked at the "
-                                       "time of the message before it")
+    assert found(r) == []
+    assert [(a.kind, a.frame_id, a.message) for a in r.anomalies] == [
+        ("timestamp", 50, f"{seg}: cameraFrame 50 has logMonoTime 0 (never stamped); checked at the time of the "
+                          "message before it")]
     assert r.timeline.frames[50].frame_id == 50 and r.timeline.frames[50].t_ns == frame_time(49) + 7 * MS
     assert (r.timeline.start_ns, r.timeline.end_ns) == (BASE_NS, frame_time(179) + 7 * MS)
 

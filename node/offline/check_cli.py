@@ -3,9 +3,10 @@
 
 One log: the bounds used, one row per contract with its violation count, and every violation with its
 time (s since the log's first message) and frame id. Many logs: the fleet table, worst log first, and
-the worst segments. Exit status: 0 when every contract held, 1 when any was violated or a segment
-failed, 2 when the check cannot start (no log file, an unknown contract name, no Ray), 130 after
-Ctrl-C (what finished is printed).
+the worst segments; then the inputs' anomalies (repeated or skipped camera ids, absurd timestamps, a log
+that begins mid-episode), which are the inputs' faults, not the node's. Exit status: 0 when every contract
+held (whatever the anomalies), 1 when any was violated or a segment failed, 2 when the check cannot start
+(no log file, an unknown contract name, no Ray), 130 after Ctrl-C (what finished is printed).
 """
 
 from __future__ import annotations
@@ -71,6 +72,23 @@ def print_violations(result: CheckResult, console: Any) -> None:
                 f"{tl.seconds(v.t_ns):.3f}", "-" if v.frame_id is None else str(v.frame_id), v.contract, v.message
             )
         console.print(table)
+    print_anomalies(result, console)
+
+
+def print_anomalies(result: CheckResult, console: Any) -> None:
+    """The inputs' anomalies (:func:`~chestnut.node.offline.contracts.input_anomalies`): listed, never a
+    violation."""
+    from rich.table import Table
+
+    if not result.anomalies:
+        return
+    tl = result.timeline
+    table = Table(title="input anomalies (not the node's faults)", show_edge=False)
+    for col, just in (("t (s)", "right"), ("frame", "right"), ("kind", "left"), ("what", "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for a in result.anomalies:
+        table.add_row(f"{tl.seconds(a.t_ns):.3f}", "-" if a.frame_id is None else str(a.frame_id), a.kind, a.message)
+    console.print(table)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,10 +155,12 @@ def run(args: argparse.Namespace) -> int:
                 return 2
             console.print(f"report: {index}")
     n = sum(len(r.violations) for r in fleet.logs.values())
+    anomalies = sum(len(r.anomalies) for r in fleet.logs.values())
     console.print(
         f"[{'red' if n or run_.failed else 'green'}]{n} violation(s)"
         + (f", {len(run_.failed)} failed segment(s)" if run_.failed else "")
         + "[/]"
+        + (f"; {anomalies} input anomal{'y' if anomalies == 1 else 'ies'} (not the node's faults)" if anomalies else "")
     )
     if run_.interrupted:
         console.print(f"[yellow]interrupted: {len(run_.outcomes)} of {run_.units} segment(s) finished[/yellow]")

@@ -10,12 +10,13 @@ docstring says what it means for gaps, duplicates and restarts; ``docs/contracts
 contract                 holds when (source of the rule)
 =======================  ==================================================================================
 log_intact               every log file reads to its end (damage is reported with its byte offset; the rest
-                         is still checked) and every message carries its time (``logMonoTime`` 0 is reported)
+                         is still checked) and every node message carries its time (``logMonoTime`` 0 or
+                         absurd is reported; another publisher's is an input anomaly)
 one_output_per_frame     every distinct ``cameraFrame`` a running node owes gets exactly one ``modelOutput``
                          (``docs/architecture.md``): repeated ids are owed nothing; frames logged while no
                          node ran, or still in flight when their node died or stopped or the log ended, or
                          whose answer fell into unreadable log, are not judged
-frame_ids_increase       ``frameId`` strictly increases within ``cameraFrame`` and within ``modelOutput``;
+frame_ids_increase       ``frameId`` strictly increases within ``modelOutput`` (the camera's: an anomaly);
                          skipped ids are allowed; a camera restart (an id more than 20 lower) starts a
                          stream the outputs follow once
 deadline_or_fallback     no ``modelOutput`` from the primary later than its frame's deadline + slack after
@@ -44,6 +45,9 @@ worker_answers           while a node process's ``nodeState`` is ``active``, no 
                          primary answer
 =======================  ==================================================================================
 
+The inputs' own faults (absurd timestamps, repeated or skipped camera ids, a log that begins mid-episode)
+are no violations: :func:`input_anomalies` lists them (``docs/contracts.md`` "Input anomalies").
+
 Times are ``logMonoTime`` in ns (CLOCK_MONOTONIC); reports show seconds since the log's first message.
 Missing data is never evidence: a contract that needs a message to be present excuses any window
 that overlaps a gap left by a damaged file. *Stale* is cereal's SubMaster rule: a message older than
@@ -53,6 +57,7 @@ that overlaps a gap left by a damaged file. *Stale* is cereal's SubMaster rule: 
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,22 +66,27 @@ from typing import Any
 from chestnut.msgs.frames import CAMERA_RESTART_MIN_STEP
 from chestnut.msgs.services import SERVICE_LIST, SOFT_DISABLE_S
 from chestnut.node.offline.timeline import (
+    ABSURD_NS,
     ALIVE_PERIODS,
     LAYER_NAMES,
     NS_PER_MS,
     NS_PER_S,
     SLACK_MS,
     ActiveRec,
+    Anomaly,
     ControlRec,
     FrameRec,
+    MisstampedRec,
     NodeStateRec,
     OutputRec,
     Timeline,
+    UnstampedRec,
     Violation,
     config_section,
     default_node_config,
     read_timeline,
 )
+from chestnut.node.policy import frame_clock
 from chestnut.node.watchdog import FRAME_DEADLINE_MS, HANG_MARGIN_MS, WAIT_TIMEOUT_MS
 
 # ---------------------------------------------------------------- parameters
@@ -164,17 +174,36 @@ def _v(tl: Timeline, name: str, t_ns: int, message: str, frame_id: int | None = 
 @contract("log_intact", "every log file reads to its end and every message carries its time")
 def log_intact(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
     """A truncated or corrupt file: one violation per damage, with its byte offset (the rest of the log is
-    still read and checked). A message stamped ``logMonoTime`` 0: one violation per message, placed where
-    the logger wrote it (the previous message's time in its file) so that it is checked like the others.
+    still read and checked). A node message stamped ``logMonoTime`` 0, or with an absurd one
+    (:data:`~chestnut.node.offline.timeline.ABSURD_NS` off the log's clock): one violation per message, placed
+    where the logger wrote it (the previous message's time in its file) so that it is checked like the
+    others; another publisher's (the camera's) is an input anomaly (:func:`input_anomalies`).
     Duplicates and restarts are no concern of this one: every file is read whole, whoever wrote it."""
     for d in tl.damage:
         t = d.t_ns if d.t_ns is not None else tl.start_ns
         yield Violation(t, "log_intact", d.frame_id, f"{d.path}: byte {d.offset}: {d.reason}")
     for u in tl.unstamped:
-        what = u.service if u.frame_id is None else f"{u.service} {u.frame_id}"
-        where = "checked at the time of the message before it" if u.t_ns else "nothing before it: not checked"
-        yield Violation(u.t_ns or tl.start_ns, "log_intact", u.frame_id,
-                        f"{u.path}: {what} has logMonoTime 0 (never stamped); {where}")
+        if u.service in NODE_SERVICES:  # another publisher's clock is an input anomaly (input_anomalies)
+            yield Violation(u.t_ns or tl.start_ns, "log_intact", u.frame_id, unstamped_line(u))
+    for m in tl.misstamped:
+        if m.service in NODE_SERVICES:
+            yield Violation(m.t_ns, "log_intact", m.frame_id, misstamped_line(m))
+
+
+NODE_SERVICES = frozenset({"modelOutput", "chestnutActive", "chestnutHealth", "nodeState"})
+"""What only the node publishes (and stamps): a time of one of these that lies is the node's fault."""
+
+
+def unstamped_line(u: UnstampedRec) -> str:
+    what = u.service if u.frame_id is None else f"{u.service} {u.frame_id}"
+    where = "checked at the time of the message before it" if u.t_ns else "nothing before it: not checked"
+    return f"{u.path}: {what} has logMonoTime 0 (never stamped); {where}"
+
+
+def misstamped_line(m: MisstampedRec) -> str:
+    what = m.service if m.frame_id is None else f"{m.service} {m.frame_id}"
+    return (f"{m.path}: {what} has logMonoTime {m.stamped_ns}, {(m.stamped_ns - m.t_ns) / NS_PER_S:+.0f} s off the "
+            "log's clock around it; checked at the time of the message before it")
 
 
 def camera_order(tl: Timeline) -> tuple[list[int], list[bool]]:
@@ -214,17 +243,29 @@ def streams(tl: Timeline) -> tuple[list[int], list[int]]:
     return frame_k, out_k
 
 
+def frame_base_ns(f: FrameRec, wait_timeout_ms: float) -> int:
+    """When the node counts frame ``f``'s deadline and age from (ns), as it does (``node/policy.py``
+    ``frame_clock``, with the frame's ``logMonoTime`` as its receipt): its ``timestampEof`` when that is a time
+    of the host's clock not after the frame was logged and not older than the wait timeout, else the frame's
+    ``logMonoTime`` (an EOF of 0 or ahead of the clock is the camera's lie, not a late node). A frame whose
+    ``logMonoTime`` itself lied (``placed`` where the logger wrote it) has no receipt time: its EOF, unless that
+    is 0 or absurd too."""
+    if f.placed:
+        return f.eof_ns if f.eof_ns and abs(f.eof_ns - f.t_ns) <= ABSURD_NS else f.t_ns
+    return frame_clock(f.frame_id, f.eof_ns, f.t_ns, wait_timeout_ms).base_ns
+
+
 def owed(tl: Timeline, f: FrameRec, bound_ns: int) -> bool:
     """Whether the node owes frame ``f`` an answer: a node process ran when it was logged
     (:meth:`~chestnut.node.offline.timeline.Timeline.session_at`), had not published ``stopping``, and
-    still ran when the answer fell due (``max(EOF, logMonoTime)`` + ``bound_ns``); the answer's window is
+    still ran when the answer fell due (its ``logMonoTime`` + ``bound_ns``); the answer's window is
     readable. A frame logged while no node ran, or still in flight when its node died (a successor
     started) or stopped or the log ended, is owed nothing."""
     i = tl.session_at(f.t_ns)
     if i is None:
         return False
     s = tl.sessions[i]
-    due = max(f.eof_ns, f.t_ns) + bound_ns
+    due = f.t_ns + bound_ns  # from receipt: a plausible EOF is earlier, one that lies (0, ahead) is no due date
     if s.stopping_ns is not None and f.t_ns >= s.stopping_ns:
         return False
     return due <= tl.session_end(i) and not tl.overlaps_gap(f.t_ns, due)
@@ -275,9 +316,10 @@ def frame_ids_increase(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
     """Gaps (skipped ids) are allowed. A camera that restarts counts from 0 again: an id more than
     :data:`~chestnut.msgs.frames.CAMERA_RESTART_MIN_STEP` below the previous starts a new stream, and the
     node's outputs may follow it once (one output decrease per camera stream, after it). Any other
-    camera id that does not increase is a violation of the camera's (``cameraFrame.frameId`` strictly
-    increases), reported once per message; an output id that does not increase is the node's. A node
-    restart changes nothing here: a new node answers with the camera's ids."""
+    camera id that does not increase breaks the camera's contract (``cameraFrame.frameId`` strictly
+    increases), not the node's: it is an input anomaly (:func:`input_anomalies`), and the node drops the
+    frame; an output id that does not increase is the node's violation. A node restart changes nothing
+    here: a new node answers with the camera's ids."""
     last: dict[str, int] = {}
     frame_k, _ = camera_order(tl)
     frame_index = {id(f): i for i, f in enumerate(tl.frames)}
@@ -296,10 +338,9 @@ def frame_ids_increase(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
                     output_resets += 1
                     last[r.service] = r.frame_id
                     continue
-                what = (f" ({'repeated' if r.frame_id == prev else 'out of order'}; the node drops it)"
-                        if isinstance(r, FrameRec) else "")
-                yield Violation(r.t_ns, "frame_ids_increase", r.frame_id,
-                                f"{r.service} frame id {r.frame_id} after {prev}{what}")
+                if isinstance(r, OutputRec):  # the camera's own ids are its anomalies (input_anomalies)
+                    yield Violation(r.t_ns, "frame_ids_increase", r.frame_id,
+                                    f"{r.service} frame id {r.frame_id} after {prev}")
             last[r.service] = r.frame_id if prev is None else max(prev, r.frame_id)
 
 
@@ -312,7 +353,7 @@ def deadline_or_fallback(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
     frame_streams, output_streams = streams(tl)
     eof: dict[tuple[int, int], int] = {}
     for f, k in zip(tl.frames, frame_streams, strict=True):
-        eof.setdefault((k, f.frame_id), f.eof_ns)
+        eof.setdefault((k, f.frame_id), frame_base_ns(f, p.wait_timeout_ms))  # as the node counts it
     for o, k in zip(tl.outputs, output_streams, strict=True):
         if o.source != "primary":
             continue
@@ -423,14 +464,17 @@ def control_disengages(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
     """At most one violation per engagement and fault: engaging while ``chestnutActive`` is false or
     stale, or still engaged soft-disable + slack after ``chestnutActive`` went false, went stale (its
     newest true older than 10 periods: a dead node's last word) or ``canEngage`` went false. A window
-    that touches unreadable log is not judged."""
+    that touches unreadable log is not judged. The state before the log's first ``controlState`` is unknown
+    (a log that begins mid-episode, e.g. a logger restarted while the daemon soft-disables): an engagement
+    in progress then did not start in the log, and its soft-disable time counts from the first evidence the
+    log holds (:func:`input_anomalies` lists it as ``initial_state``)."""
     name = "control_disengages"
     limit_ns = int((p.soft_disable_s + p.slack_ms / 1000.0) * NS_PER_S)
     latest: ActiveRec | None = None
     inactive_since: int | None = None  # when the consumer last saw chestnutActive turn false or go stale
     stale = False  # inactive_since is the staleness of the newest true, not a false
     checks_failed_since: int | None = None  # when canEngage last turned false
-    engaged = False
+    engaged: bool | None = None  # None: the state before the log's first controlState is unknown (never a start)
     reported = False  # this engagement's fault is reported
     for r in tl.events:
         if isinstance(r, ActiveRec):
@@ -450,7 +494,7 @@ def control_disengages(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
             checks_failed_since = r.t_ns
         if not r.engaged or (inactive_since is None and checks_failed_since is None):
             reported = False
-        if r.engaged and not engaged and latest is not None and not believed(latest, r.t_ns, p):
+        if r.engaged and engaged is False and latest is not None and not believed(latest, r.t_ns, p):
             reported = True
             why = latest.reason if not latest.active else "it went stale"
             yield _v(tl, name, r.t_ns, f"engaged while chestnutActive was false ({why})")
@@ -518,13 +562,57 @@ def worker_answers(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
         elif isinstance(r, OutputRec) and r.source == "primary":
             waiting_since, waiting_frame, reported = None, None, False
         elif isinstance(r, FrameRec) and active and waiting_since is None:
-            waiting_since, waiting_frame = min(r.eof_ns, r.t_ns), r.frame_id
+            waiting_since, waiting_frame = min(frame_base_ns(r, p.wait_timeout_ms), r.t_ns), r.frame_id
         if (active and waiting_since is not None and not reported and r.t_ns - waiting_since > bound
                 and not tl.overlaps_gap(waiting_since, r.t_ns)):
             reported = True
             yield _v(tl, name, r.t_ns, f"no primary answer for {(r.t_ns - waiting_since) / NS_PER_MS:.0f} ms since "
                      f"frame {waiting_frame} while nodeState was active (bound {bound / NS_PER_MS:g} ms)",
                      waiting_frame)
+
+
+def input_anomalies(tl: Timeline, p: CheckParams) -> list[Anomaly]:
+    """What is wrong with the node's inputs, not with the node (listed by ``chestnut check``; its exit status
+    stays 0), in time order:
+
+    - ``timestamp``: a message of another publisher than the node stamped ``logMonoTime`` 0 or absurdly
+      (placed where the logger wrote it, :mod:`~chestnut.node.offline.timeline`); a ``cameraFrame`` whose
+      ``timestampEof`` is 0 or after its ``logMonoTime`` (the node answers it not valid, its deadline counted
+      from receipt: :func:`frame_base_ns`);
+    - ``frame_id``: a camera id repeated or out of order (the node drops the frame), or a skip of ids within
+      a camera stream (the frames never came);
+    - ``initial_state``: the log begins with the control daemon engaged (the state before it is unknown:
+      :func:`control_disengages`).
+    """
+    out: list[Anomaly] = []
+    out += [Anomaly(u.t_ns or tl.start_ns, "timestamp", u.frame_id, unstamped_line(u))
+            for u in tl.unstamped if u.service not in NODE_SERVICES]
+    out += [Anomaly(m.t_ns, "timestamp", m.frame_id, misstamped_line(m))
+            for m in tl.misstamped if m.service not in NODE_SERVICES]
+    for f in tl.frames:
+        if f.eof_ns == 0 or (f.eof_ns > f.t_ns and not f.placed):
+            what = "0 (not set)" if f.eof_ns == 0 else f"{(f.eof_ns - f.t_ns) / NS_PER_MS:.1f} ms after its logMonoTime"
+            out.append(Anomaly(f.t_ns, "timestamp", f.frame_id, f"cameraFrame {f.frame_id}: timestampEof is {what}: "
+                               "its age is unknown (the node answers it not valid)"))
+    frame_k, fresh = camera_order(tl)
+    top: int | None = None
+    for i, (f, k, new) in enumerate(zip(tl.frames, frame_k, fresh, strict=True)):
+        if i and k != frame_k[i - 1]:
+            top = None
+        if top is not None and not new:
+            what = "repeated" if f.frame_id == top else "out of order"
+            out.append(Anomaly(f.t_ns, "frame_id", f.frame_id,
+                               f"cameraFrame frame id {f.frame_id} after {top} ({what}; the node drops it)"))
+        elif top is not None and f.frame_id > top + 1:
+            out.append(Anomaly(f.t_ns, "frame_id", f.frame_id, f"cameraFrame frame id {f.frame_id} after {top}: "
+                               f"{f.frame_id - top - 1} id(s) skipped (frames the camera never sent)"))
+        top = f.frame_id if top is None else max(top, f.frame_id)
+    if tl.controls and tl.controls[0].engaged:
+        c = tl.controls[0]
+        state = "soft-disabling" if c.soft_disabling else "engaged"
+        out.append(Anomaly(c.t_ns, "initial_state", None, f"the log begins with the control daemon {state}: the "
+                           "state before it is unknown (its engagement is not judged as a start)"))
+    return sorted(out, key=lambda a: (a.t_ns, a.kind, a.frame_id or 0))
 
 
 def check_timeline(tl: Timeline, params: CheckParams, only: Iterable[str] | None = None) -> list[Violation]:
@@ -545,6 +633,11 @@ class CheckResult:
     params: CheckParams
     violations: list[Violation]
     config_origin: str = "given"  # where the bounds' configuration came from
+
+    @functools.cached_property
+    def anomalies(self) -> list[Anomaly]:
+        """The inputs' anomalies (:func:`input_anomalies`): reported, never a violation."""
+        return input_anomalies(self.timeline, self.params)
 
     def counts(self) -> dict[str, int]:
         """Violations per contract, every contract listed (0 when it held)."""

@@ -10,7 +10,9 @@ unreadable log that contracts treat as missing data, never as evidence.
 Times are ``logMonoTime`` in ns (CLOCK_MONOTONIC); reports show seconds since the log's first message.
 A message stamped ``logMonoTime`` 0 (a publisher that never set it) cannot be placed by its time: it is
 placed where the logger wrote it, at the time of the message before it in its file, and listed in
-:attr:`Timeline.unstamped` (``docs/contracts.md`` "Time").
+:attr:`Timeline.unstamped` (``docs/contracts.md`` "Time"). So is a message whose ``logMonoTime`` is absurd
+(:data:`ABSURD_NS` away from the messages around it in its file, which return to their own clock after it:
+a publisher's clock that lies, e.g. 10^6 s ahead or 2^64-1), listed in :attr:`Timeline.misstamped`.
 
 **Node sessions.** One node process is one :class:`Session`, from its first message to its last. The
 node's ``nodeState.framesIn`` / ``framesOut`` counters start from 0 in every process, so a counter that
@@ -23,6 +25,7 @@ Contracts use sessions for what a dead node owes and what a consumer still belie
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import logging
 import time
@@ -41,6 +44,11 @@ SLACK_MS = 100.0
 """Publishing slack on top of every time bound (ms, our choice): the node publishes a fallback answer
 after the deadline plus one fallback inference (~15 ms for PP-OCRv4 on onnxruntime, 2 cores), and a
 loaded 2-core host adds scheduling jitter."""
+ABSURD_NS = 60 * NS_PER_S
+"""A message this far (ns) from the log's clock around it in its file is mis-stamped (our choice: a minute is
+far beyond the logger's reorder window and any stall of a running stack, and well below the absurd stamps
+seen: 10^6 s ahead, 2^64-1)."""
+ABSURD_LOOKAHEAD = 64  # messages after a suspect one searched for the clock's return (a real jump never returns)
 ALIVE_PERIODS = 10.0  # cereal SubMaster: a service is alive if a message came within 10 / frequency s
 LAYER_NAMES = ("usb", "pcie", "gpu", "output")  # LayerHealth.Layer order
 
@@ -61,6 +69,7 @@ class FrameRec:
     frame_id: int
     eof_ns: int
     service: str = "cameraFrame"
+    placed: bool = False  # its logMonoTime was 0 or absurd: t_ns is where the logger wrote it, not its receipt
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +257,37 @@ class UnstampedRec:
     frame_id: int | None
 
 
+@dataclass(frozen=True)
+class MisstampedRec:
+    """A message whose ``logMonoTime`` (``stamped_ns``) is absurd (:data:`ABSURD_NS`), placed at ``t_ns``
+    (the time of the message before it in its file); ``frame_id`` as :class:`UnstampedRec`'s."""
+
+    path: str
+    service: str
+    t_ns: int
+    stamped_ns: int
+    frame_id: int | None
+
+
+def misstamped(times: Sequence[int]) -> list[bool]:
+    """Which of ``times`` (one file's ``logMonoTime`` values, file order) are absurd: over :data:`ABSURD_NS`
+    from the clock so far (the latest plausible time; at the start, the median of the first messages) while
+    a message within the next :data:`ABSURD_LOOKAHEAD` is back within it. A jump the messages after it keep
+    is the clock's own (not absurd)."""
+    if not times:
+        return []
+    head = sorted(times[:ABSURD_LOOKAHEAD])
+    clock = head[len(head) // 2]
+    flags = []
+    for i, t in enumerate(times):
+        bad = abs(t - clock) > ABSURD_NS and any(
+            abs(u - clock) <= ABSURD_NS for u in times[i + 1:i + 1 + ABSURD_LOOKAHEAD])
+        flags.append(bad)
+        if not bad:
+            clock = t
+    return flags
+
+
 @dataclass
 class FileExtract:
     """What one log file holds, as records, and where it was damaged.
@@ -263,6 +303,7 @@ class FileExtract:
     unstamped: list[UnstampedRec] = field(default_factory=list)
     first_ns: int | None = None
     last_ns: int | None = None
+    misstamped: list[MisstampedRec] = field(default_factory=list)
 
 
 class FileRecorder:
@@ -298,6 +339,9 @@ class FileRecorder:
         x.first_ns = t_ns if x.first_ns is None else min(x.first_ns, t_ns)
         x.last_ns = t_ns if x.last_ns is None else max(x.last_ns, t_ns)
         rec = record_of(t_ns, service, event)
+        if isinstance(rec, FrameRec) and x.unstamped and x.unstamped[-1].t_ns == t_ns and \
+                x.unstamped[-1].frame_id == rec.frame_id and x.unstamped[-1].service == service:
+            rec = dataclasses.replace(rec, placed=True)
         if rec is not None:
             x.records.append(rec)
             if isinstance(rec, FrameRec):
@@ -308,7 +352,26 @@ class FileRecorder:
         if self._open_gap is not False:
             self.extract.gaps.append((self._open_gap, None))  # type: ignore[arg-type]
             self._open_gap = False
+        self._place_misstamped()
         return self.extract
+
+    def _place_misstamped(self) -> None:
+        """Records whose time is absurd (:func:`misstamped`) take the time of the record before them in the
+        file, as one stamped 0 does; the file's first and last times are then those of its records."""
+        x = self.extract
+        flags = misstamped([r.t_ns for r in x.records])
+        if not any(flags):
+            return
+        placed: list[Record] = []
+        for r, bad in zip(x.records, flags, strict=True):
+            if bad:
+                at = placed[-1].t_ns if placed else next(q.t_ns for q, b in zip(x.records, flags, strict=True) if not b)
+                x.misstamped.append(MisstampedRec(x.path, r.service, at, r.t_ns, getattr(r, "frame_id", None)))
+                r = (dataclasses.replace(r, t_ns=at, placed=True) if isinstance(r, FrameRec)
+                     else dataclasses.replace(r, t_ns=at))
+            placed.append(r)
+        x.records = placed
+        x.first_ns, x.last_ns = min(r.t_ns for r in placed), max(r.t_ns for r in placed)
 
 
 def _frame_id_of(service: str, event: Any) -> int | None:
@@ -389,6 +452,7 @@ class Timeline:
     twins: list[TwinRec] = field(default_factory=list)
     faults: list[FaultRec] = field(default_factory=list)
     unstamped: list[UnstampedRec] = field(default_factory=list)
+    misstamped: list[MisstampedRec] = field(default_factory=list)
     sessions: list[Session] = field(default_factory=list)
     _frame_times: list[int] = field(default_factory=list, repr=False)  # bisect indexes
     _health_times: list[int] = field(default_factory=list, repr=False)
@@ -422,6 +486,7 @@ class Timeline:
         tl._frame_times = [f.t_ns for f in tl.frames]
         tl._health_times = [h.t_ns for h in tl.healths]
         tl.unstamped = [u for x in extracts for u in x.unstamped]
+        tl.misstamped = [m for x in extracts for m in getattr(x, "misstamped", [])]
         tl.sessions = node_sessions(events)
         return tl
 
@@ -493,6 +558,18 @@ def read_timeline(paths: Iterable[Path | str] | Path | str) -> Timeline:
     """Find the log files under ``paths`` (rlog; ``.zst`` preferred) and merge them into a timeline.
     Raises ``FileNotFoundError`` when there is none."""
     return Timeline.from_extracts([extract_file(p) for p in find_log_files(paths)])
+
+
+@dataclass(frozen=True)
+class Anomaly:
+    """An anomaly of the node's inputs, not a fault of the node (``chestnut check`` lists it and its exit status
+    stays 0): when (``t_ns``), its ``kind`` (``timestamp``, ``frame_id`` or ``initial_state``), which frame,
+    and what exactly."""
+
+    t_ns: int
+    kind: str
+    frame_id: int | None
+    message: str
 
 
 @dataclass(frozen=True)
