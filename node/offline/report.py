@@ -6,7 +6,8 @@ Written by :func:`write_report` (matplotlib, Agg backend, no display needed):
   latency (``executionTime`` and ``frameAge``, ms, coloured by the serving source, with the deadline);
   the serving source, ``ChestnutActive`` and the control daemon's engagement; each health layer's level
   (OK / WARN / STALE / ERROR, ROS 2 colours); the node's state with its transitions, the twin's faults
-  (a bar from armed to cleared or expired and a star at every firing, from the ``twinFault`` events) and
+  (a bar from inject to clear -- ``chestnut launch``'s schedule, else the ``twinFault`` events from armed to
+  cleared or expired -- with a tick at arming, a star at every firing and a bold tick at the clear) and
   the violations and log damage as markers; frame drops (``frameDropPerc``) and deadline misses.
 - ``agreement.png``: primary-vs-fallback ``maxAbsDiff`` where both ran (hot standby, shadow frames),
   against the node's agreement tolerance; after a replay, each frame's replayed-vs-logged difference.
@@ -19,8 +20,10 @@ Written by :func:`write_report` (matplotlib, Agg backend, no display needed):
 - ``index.html``: the clock (t = 0 is the log's first message, its wall-clock time once) and a link to
   the logs, a summary table, the images (embedded as base64 PNG, so the page is one file), "what
   happened" (every node state change with its reason, ChestnutActive change, soft-disable episode
-  with the events seen during it, and fault event with what it hit), the fault schedule ``chestnut
-  launch`` ran, the violations and, after a replay, the model identities and the mismatches.
+  with the events seen during it, and fault event with what it hit), each fault from inject to clear
+  with its clear time (:func:`fault_intervals`), the fault schedule ``chestnut launch`` ran, the
+  violations and, after a replay, the model identities and the mismatches. A panel with nothing to draw
+  (the agreement plot when every frame was identical, or none was compared) is a sentence instead.
 
 ``DIR`` and every file in it go through ``msgs/outdir.py``: a new ``DIR`` is made 0700, an existing
 one must be ours and not group/other-writable, files are 0600 and written by temp + rename, and a
@@ -35,6 +38,7 @@ import html
 import io
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +57,7 @@ STATE_COLORS = {"starting": "#c7c7c7", "qualifying": "#aec7e8", "loading": "#9ed
                 "degraded": "#ff7f0e", "recovering": "#9467bd", "stopping": "#7f7f7f"}
 DPI = 110
 LATENCY_FLOOR_MS = 0.1  # latencies plotted on a log axis; smaller ones (e.g. 0 for a bad frame) sit here
+LEGEND_ROWS = 6  # entries of a one-column legend; more go in two columns
 MAX_LABELLED_FAULTS = 12  # violations named on the timeline; more would overlap (the table lists them all)
 
 
@@ -85,11 +90,13 @@ def _band(ax: Any, row: float, spans: dict[str, list[tuple[float, float]]], colo
         ax.broken_barh(segs, (row - 0.4, 0.8), facecolors=colors.get(value, "#444444"), linewidth=0)
 
 
-def _legend(ax: Any, handles: Any = None, labels: Any = None, ncol: int = 4) -> None:
-    """A legend above the panel's right end, clear of the data."""
+def _legend(ax: Any, handles: Any = None, labels: Any = None) -> None:
+    """A legend right of the panel, clear of its data and of its title (``fig.tight_layout`` leaves room for
+    it inside the figure); two columns when it has more than :data:`LEGEND_ROWS` entries."""
     args = () if handles is None else (handles, labels)
-    ax.legend(*args, loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=7, ncol=ncol, frameon=False,
-              borderaxespad=0.1, handletextpad=0.4, columnspacing=1.0)
+    n = len(labels) if labels is not None else len(ax.get_legend_handles_labels()[1])
+    ax.legend(*args, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, ncol=1 if n <= LEGEND_ROWS else 2,
+              frameon=False, borderaxespad=0.0, handletextpad=0.4, columnspacing=1.0)
 
 
 def _no_data(ax: Any, what: str) -> None:
@@ -103,8 +110,10 @@ def _save_png(fig: Any, path: Path) -> None:
     write_private(path, buf.getvalue())
 
 
-def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path) -> None:
-    """The five-panel timeline (see the module docstring)."""
+def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path,
+                  fault_schedule: Sequence[dict[str, Any]] | None = None) -> None:
+    """The five-panel timeline (see the module docstring); ``fault_schedule``: ``chestnut launch``'s steps, so
+    each fault is drawn from its injection to its clear."""
     plt = _plt()
     sec = tl.seconds
     end = max(sec(tl.end_ns), 1e-3)
@@ -125,7 +134,7 @@ def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path) -> 
             ax_lat.scatter(t, [max(o.execution_time_s * 1e3, LATENCY_FLOOR_MS) for o in outs], s=9, color=color,
                            marker="x", alpha=0.6, label=f"executionTime ({src})")
         ax_lat.axhline(deadline_ms, color="#d62728", linestyle="--", linewidth=1, label=f"deadline {deadline_ms:g} ms")
-        _legend(ax_lat, ncol=5)
+        _legend(ax_lat)
         ax_lat.set_yscale("log")
         lows = [max(v * 1e3, LATENCY_FLOOR_MS) for o in tl.outputs for v in (o.frame_age_s, o.execution_time_s)]
         ax_lat.set_ylim(bottom=max(LATENCY_FLOOR_MS * 0.8, 0.5 * min(lows, default=LATENCY_FLOOR_MS)))
@@ -153,7 +162,7 @@ def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path) -> 
     ax_src.set_ylim(-0.6, 2.6)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (SOURCE_COLORS["primary"], SOURCE_COLORS["fallback"],
                                                                "#2ca02c", "#f2b701")]
-    _legend(ax_src, handles, ["primary", "fallback", "active / engaged", "soft-disabling"], ncol=4)
+    _legend(ax_src, handles, ["primary", "fallback", "active / engaged", "soft-disabling"])
     ax_src.set_title("serving source, ChestnutActive, control daemon", loc="left", fontsize=10)
 
     # health layers
@@ -163,7 +172,7 @@ def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path) -> 
             levels = [(rec.level if (rec := h.layer(layer)) is not None else "stale") for h in tl.healths]
             _band(ax_health, row, _spans(times, levels, end), LEVEL_COLORS)
         handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in LEVEL_COLORS.values()]
-        _legend(ax_health, handles, [k.upper() for k in LEVEL_COLORS], ncol=4)
+        _legend(ax_health, handles, [k.upper() for k in LEVEL_COLORS])
     else:
         _no_data(ax_health, "chestnutHealth")
     ax_health.set_yticks(range(len(LAYER_NAMES)), list(reversed(LAYER_NAMES)))
@@ -192,19 +201,22 @@ def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path) -> 
     for d in tl.damage:
         ax_state.plot([sec(d.t_ns if d.t_ns is not None else tl.start_ns)], [0], marker="X", color="black",
                       markersize=8)
-    if tl.faults:
-        _fault_lane(ax_state, tl, end)
+    if tl.faults or fault_schedule:
+        _fault_lane(ax_state, tl, end, fault_schedule)
     else:  # an older log without twinFault events: the twin's 1 Hz twinState snapshots
         _fault_bars_from_snapshots(ax_state, tl)
     ax_state.set_yticks([1, 0], ["node state", "faults"])
     ax_state.set_ylim(-0.9, 1.6)
     handles = [plt.Line2D([], [], marker="v", color="#d62728", linestyle=""),
                plt.Line2D([], [], marker="X", color="black", linestyle=""),
-               plt.Line2D([], [], marker="*", color=FAULT_FIRED_COLOR, linestyle="")]
+               plt.Line2D([], [], marker="*", color=FAULT_FIRED_COLOR, linestyle=""),
+               plt.Rectangle((0, 0), 1, 1, color=FAULT_COLOR, alpha=0.45),
+               plt.Line2D([], [], marker="|", color="black", markersize=10, markeredgewidth=2, linestyle="")]
     handles += [plt.Rectangle((0, 0), 1, 1, color=c) for c in STATE_COLORS.values()]
     fired = sum(f.action == "fired" for f in tl.faults)
     _legend(ax_state, handles, [f"violation ({len(violations)})", f"log damage ({len(tl.damage)})",
-                                f"fault fired ({fired})", *STATE_COLORS], ncol=10)
+                                f"fault fired ({fired})", "fault: inject to clear", "fault cleared",
+                                *STATE_COLORS])
     ax_state.set_title("node state, faults", loc="left", fontsize=10)
 
     # frame drops and deadline misses
@@ -220,7 +232,7 @@ def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path) -> 
             ax_drop.scatter([sec(v.t_ns) for v in missing], [0] * len(missing), color="black", marker="x", s=30,
                             label=f"frame without one output ({len(missing)})")
         ax_drop.axhline(1.0, color="#d62728", linestyle=":", linewidth=1, label="1 % (control soft-disables)")
-        _legend(ax_drop, ncol=4)
+        _legend(ax_drop)
         ax_drop.set_ylim(bottom=-0.1, top=max(2.0, max(o.frame_drop_perc for o in tl.outputs) * 1.2))
     else:
         _no_data(ax_drop, "modelOutput")
@@ -252,17 +264,94 @@ def fault_spans(tl: Timeline) -> list[tuple[str, float, float | None, list[float
     return [tuple(v) for v in spans.values()]  # type: ignore[misc]
 
 
-def _fault_lane(ax: Any, tl: Timeline, end: float) -> None:
-    """A bar per fault from armed to cleared/expired and a star at every firing, named by its kind: a one-shot
-    fault that fires and is spent within a second still gets its star (``twinFault``, sent when it happens)."""
-    for name, t0, t1, fired in fault_spans(tl):
-        width = max((end if t1 is None else t1) - t0, 0.004 * end)
-        ax.barh(0, width, left=t0, height=0.35, color=FAULT_COLOR, alpha=0.45)
+@dataclass
+class FaultInterval:
+    """One fault from its start to its end, with its events: ``start_s`` -- launch injected it (the
+    schedule's ``inject``) or, without a schedule, the twin armed it; ``end_s`` -- launch cleared it (the
+    schedule's ``clear``) or the twin's ``cleared`` / ``expired``, None while it lasted to the end of the log;
+    ``end_how`` names that end; ``events``: the twin's ``twinFault`` events of it, (t s, action). Times are
+    s since the log's first message."""
+
+    name: str
+    start_s: float
+    end_s: float | None
+    end_how: str
+    events: list[tuple[float, str]] = field(default_factory=list)
+
+
+SCHEDULE_MATCH_S = 2.0  # a twin fault armed this close to a launch injection of its kind is that injection
+
+
+def fault_intervals(tl: Timeline, fault_schedule: Sequence[dict[str, Any]] | None = None) -> list[FaultInterval]:
+    """Each fault from inject to clear (see :class:`FaultInterval`), in start order: the launch's schedule
+    steps paired with the twin's events of the same kind (the nearest arming within
+    :data:`SCHEDULE_MATCH_S`), and twin faults no schedule step names on their own."""
+    twin: dict[int, FaultInterval] = {}
+    for f in tl.faults:
+        t = tl.seconds(f.t_ns)
+        iv = twin.setdefault(f.fault_id, FaultInterval(f"{f.kind}#{f.fault_id}", t, None, ""))
+        iv.events.append((t, f.action))
+        if f.action in FAULT_END_ACTIONS and iv.end_s is None:
+            iv.end_s, iv.end_how = t, f"{f.action} (twin)"
+    free = list(twin.values())
+    out: list[FaultInterval] = []
+    steps = sorted(fault_schedule or (), key=lambda st: float(st["t_s"]))
+    clears = [st for st in steps if st["action"] == "clear"]
+    for st in steps:
+        if st["action"] != "inject":
+            continue
+        kind, t_in = str(st["fault"]), float(st["t_s"])
+        near = [iv for iv in free if iv.name.split("#")[0] == kind and abs(iv.start_s - t_in) <= SCHEDULE_MATCH_S]
+        match = min(near, key=lambda iv: abs(iv.start_s - t_in), default=None)
+        clear = next((c for c in clears if c["fault"] == kind and float(c["t_s"]) >= t_in), None)
+        iv = FaultInterval(kind, t_in, None, "")
+        if match is not None:
+            free.remove(match)
+            iv.name, iv.events = match.name, match.events
+            iv.start_s = min(t_in, match.start_s)
+            iv.end_s, iv.end_how = match.end_s, match.end_how
+        if clear is not None:
+            clears.remove(clear)
+            detail = f", {clear['detail']}" if clear.get("detail") else ""
+            iv.end_s, iv.end_how = float(clear["t_s"]), f"cleared by launch{detail}"
+        out.append(iv)
+    return sorted(out + free, key=lambda iv: iv.start_s)
+
+
+def _fault_lane(ax: Any, tl: Timeline, end: float, fault_schedule: Sequence[dict[str, Any]] | None = None) -> None:
+    """A bar per fault from inject to clear (:func:`fault_intervals`; to the end of the log while it lasted),
+    a tick where the twin armed it, a star at every firing, a cross where the twin cleared or expired it, and
+    a bold tick at its clear, named by its kind and its clear time: a one-shot fault that fires and is spent
+    within a second still gets its star (``twinFault``, sent when it happens)."""
+    for iv in fault_intervals(tl, fault_schedule):
+        stop = end if iv.end_s is None else iv.end_s
+        ax.barh(0, max(stop - iv.start_s, 0.004 * end), left=iv.start_s, height=0.35, color=FAULT_COLOR, alpha=0.45)
+        fired = [t for t, a in iv.events if a == "fired"]
+        marks = (("armed", "|", "#4b2c6f", 9), ("cleared", "x", "#4b2c6f", 6), ("expired", "x", "#4b2c6f", 6))
+        for action, marker, color, size in marks:
+            ts = [t for t, a in iv.events if a == action]
+            if ts:
+                ax.plot(ts, [0] * len(ts), marker=marker, color=color, markersize=size, linestyle="")
         if fired:
             ax.plot(fired, [0] * len(fired), marker="*", color=FAULT_FIRED_COLOR, markersize=10, linestyle="")
-        at = fired[0] if fired else t0
-        ax.text(at, 0.22, name.split("#")[0] + ("" if fired else " (never fired)"), fontsize=7, color="#4b2c6f",
+        if iv.end_s is not None:
+            ax.plot([iv.end_s], [0], marker="|", color="black", markersize=14, markeredgewidth=2, linestyle="")
+        until = "to the end" if iv.end_s is None else f"until {iv.end_s:.1f} s"
+        never = "" if fired or not iv.events else ", never fired"
+        ax.text(iv.start_s, 0.22, f"{iv.name.split('#')[0]} {until}{never}", fontsize=7, color="#4b2c6f",
                 va="bottom")
+
+
+def fault_table_rows(intervals: Sequence[FaultInterval]) -> list[tuple[str, str, str, str, str]]:
+    """The report's fault table: (fault, injected s, firing times s, cleared s, how it ended) per fault; a
+    fault that lasted to the end of the log says so."""
+    rows = []
+    for iv in intervals:
+        fired = [t for t, a in iv.events if a == "fired"]
+        fired_text = ", ".join(f"{t:.3f}" for t in fired[:5]) + (f" (+{len(fired) - 5} more)" if len(fired) > 5 else "")
+        end = "-" if iv.end_s is None else f"{iv.end_s:.3f}"
+        rows.append((iv.name, f"{iv.start_s:.3f}", fired_text or "never", end, iv.end_how or "lasted to the end"))
+    return rows
 
 
 def _fault_bars_from_snapshots(ax: Any, tl: Timeline) -> None:
@@ -378,6 +467,24 @@ def _diff_panel(ax: Any, what: str, diffs: Sequence[float]) -> bool:
     return True
 
 
+def _agreement_diffs(tl: Timeline, replay: ReplayResult | None) -> list[tuple[str, list[float]]]:
+    panels = [("primary / fallback", [o.max_abs_diff for o in tl.outputs if o.agreement_checked])]
+    if replay is not None:
+        panels.append(("replayed / logged", [f.max_abs_diff for f in replay.frames if f.tensors]))
+    return panels
+
+
+def agreement_has_plot(tl: Timeline, replay: ReplayResult | None = None) -> bool:
+    """Whether :func:`plot_agreement` has a point to draw: some compared frame with a difference above 0."""
+    return any(d > 0 for _, diffs in _agreement_diffs(tl, replay) for d in diffs)
+
+
+def agreement_caption(tl: Timeline, replay: ReplayResult | None = None) -> str:
+    """The agreement panels in words (:func:`describe_diffs` for each), what the page shows when there is
+    nothing to plot."""
+    return "; ".join(describe_diffs(what, diffs) for what, diffs in _agreement_diffs(tl, replay))
+
+
 def plot_agreement(tl: Timeline, path: Path, replay: ReplayResult | None = None) -> str:
     """Primary/fallback agreement where both ran; and replayed-vs-logged differences after a replay.
     Differences of exactly 0 are counted on the panel, never drawn as a made-up small value. Returns the
@@ -398,7 +505,7 @@ def plot_agreement(tl: Timeline, path: Path, replay: ReplayResult | None = None)
                            label=f"{label} ({len(pts)})")
         ax.axhline(tol, color="#d62728", linestyle="--", linewidth=1, label=f"agreement tol {tol:g}")
         ax.set_yscale("log")
-        _legend(ax, ncol=3)
+        _legend(ax)
     elif not checked:
         _no_data(ax, "frame where both models ran")
     ax.set_ylabel("max |primary - fallback|")
@@ -423,7 +530,7 @@ def plot_agreement(tl: Timeline, path: Path, replay: ReplayResult | None = None)
             ax.axhline(replay.plan.tol, color="#d62728", linestyle="--", linewidth=1,
                        label=f"tol {replay.plan.tol:g}")
             ax.set_yscale("log")
-            _legend(ax, ncol=4)
+            _legend(ax)
         ax.set_ylabel("max |replayed - logged|")
         ax.set_title("replay: largest difference per frame", loc="left", fontsize=10)
         ax.grid(True, alpha=0.3)
@@ -510,7 +617,7 @@ def plot_stages(tl: Timeline, ax: Any) -> None:
             ax.plot(t, [o.stages_s[i] * 1e3 for o in outs], ".", ms=3, color=color, label=label)
             ax.axhline(budget, color=color, ls="--", lw=0.8, label=f"{label} budget {budget:g} ms")
         ax.axhline(OPENPILOT_COPY_MS, color="#d62728", ls=":", lw=0.8, label="openpilot#38862 copy")
-        _legend(ax, ncol=7)
+        _legend(ax)
     else:
         _no_data(ax, "stage times (copyInTime / computeTime / copyOutTime)")
     ax.set_xlabel("t (s)")
@@ -617,8 +724,12 @@ def write_report(out_dir: Path | str, timeline: Timeline, *, violations: Sequenc
     out = private_dir(out_dir, ("timeline.png", "agreement.png", "latency.png", "index.html"))
     tl = timeline
     vs = list(violations or [])
-    plot_timeline(tl, vs, out / "timeline.png")
-    agreement = plot_agreement(tl, out / "agreement.png", replay)
+    plot_timeline(tl, vs, out / "timeline.png", fault_schedule)
+    agreement = plot_agreement(tl, out / "agreement.png", replay)  # the file set stays the same either way
+    if agreement_has_plot(tl, replay):
+        agreement_html = _img(out / "agreement.png", agreement)
+    else:  # nothing to draw: the page says it in a sentence (an empty set of axes would say nothing more)
+        agreement_html = f"<h2>agreement</h2><p>{html.escape(agreement)}</p>"
     plot_latency(tl, out / "latency.png")
     bad = bool(vs) or (replay is not None and not replay.ok)
     verdict = ("<p class='verdict fail'>FAIL: " if bad else "<p class='verdict ok'>PASS: ") + html.escape(
@@ -648,12 +759,17 @@ def write_report(out_dir: Path | str, timeline: Timeline, *, violations: Sequenc
                         ["bad" if k in ("fault", "control") else ("sched" if k == "schedule" else "")
                          for _, _, k, _ in story])
                  if story else "<p>no state change, soft disable or fault event in this log</p>")
+    intervals = fault_intervals(tl, fault_schedule)
+    if intervals:
+        parts.append(f"<h2>faults ({len(intervals)})</h2>")
+        parts.append(_table(("fault", "injected (s)", "fired (s)", "cleared (s)", "how it ended"),
+                            fault_table_rows(intervals), ["bad"] * len(intervals)))
     if fault_schedule is not None:
         parts.append(f"<h2>fault schedule ({len(fault_schedule)})</h2>")
         parts.append(_table(("t (s)", "action", "fault", "detail"),
                             [(f"{f['t_s']:.3f}", f["action"], f["fault"], f.get("detail", "")) for f in fault_schedule])
                      if fault_schedule else "<p>no fault was scheduled</p>")
-    parts += [_img(out / "agreement.png", agreement),
+    parts += [agreement_html,
               _img(out / "latency.png", "latency distributions; the primary's copy-in, compute and copy-out per "
                    "frame with their budgets")]
     stages = stage_rows(tl)
