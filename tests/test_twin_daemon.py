@@ -307,7 +307,9 @@ def test_sigterm_stops_the_daemon_and_a_second_daemon_refuses_the_socket():
     daemon = TwinDaemon().start()
     second = subprocess.run([sys.executable, "-m", "chestnut.launch.cli", "twin", "serve"], env=dict(os.environ),
                             capture_output=True, text=True, timeout=30)
-    assert second.returncode == 1 and "already serving" in second.stderr
+    # refused like any start (exit 2), naming the running one's pid
+    assert second.returncode == 2, second.stderr
+    assert f"a twin daemon (pid {daemon.process.pid}) is already serving at {socket_path()}" in second.stderr
     t0 = time.monotonic()
     assert daemon.stop() == 0
     assert time.monotonic() - t0 < 5.0  # the process manager's stop budget

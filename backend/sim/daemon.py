@@ -29,6 +29,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -57,6 +58,29 @@ def _recv_exact(sock: socket.socket, mv: memoryview) -> bool:
             return False
         got += k
     return True
+
+
+class TwinAlreadyServing(RuntimeError):
+    """Another twin daemon answers on this prefix's socket; ``pid``: its process (0 when the kernel did not
+    say). ``chestnut twin serve`` exits 2 with this line, as for any refused start."""
+
+    def __init__(self, path: Path, pid: int) -> None:
+        self.path, self.pid = path, pid
+        who = f"pid {pid}" if pid else "another process"
+        super().__init__(
+            f"a twin daemon ({who}) is already serving at {path}: stop it first, or serve another prefix with "
+            "CHESTNUT_PREFIX=NAME"
+        )
+
+
+def _peer_pid(sock: socket.socket) -> int:
+    """The pid of the process at the other end of a connected unix socket (``SO_PEERCRED``: for a client, the
+    server that called ``listen``, socket(7)); 0 when it cannot be read."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return 0
+    return int(struct.unpack("3i", creds)[0])
 
 
 def _peer_closed(sock: socket.socket) -> bool:
@@ -201,12 +225,13 @@ class TwinServer:
         self._count = 0
 
     def bind(self) -> None:
-        """Bind the socket; raises RuntimeError if another daemon already answers there."""
+        """Bind the socket; raises :class:`TwinAlreadyServing` (naming its pid) if another daemon already
+        answers there."""
         if self.path.exists():
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 probe.connect(str(self.path))
-                raise RuntimeError(f"a twin daemon is already serving at {self.path}")
+                raise TwinAlreadyServing(self.path, _peer_pid(probe))
             except (ConnectionRefusedError, FileNotFoundError):
                 self.path.unlink(missing_ok=True)  # stale socket of a daemon that died
             finally:
@@ -337,6 +362,10 @@ def serve(config: TwinConfig, prefix: str | None = None) -> int:
     server = TwinServer(twin, path)
     try:
         server.bind()
+    except TwinAlreadyServing as e:  # a second instance on the prefix: refused like any start, exit 2
+        log.error("%s", e)
+        twin.close()
+        return 2
     except (RuntimeError, OSError) as e:
         log.error("%s", e)
         twin.close()
