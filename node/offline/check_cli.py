@@ -73,6 +73,28 @@ def print_violations(result: CheckResult, console: Any) -> None:
             )
         console.print(table)
     print_anomalies(result, console)
+    print_restarts(result, console)
+
+
+def print_restarts(result: CheckResult, console: Any) -> None:
+    """Every node, worker and twin restart in the log (:mod:`~chestnut.node.offline.restarts`): its time,
+    cause and the frames it cost; accounts, not violations."""
+    from rich.table import Table
+
+    from chestnut.node.offline.restarts import restarts
+
+    found = restarts(result.timeline)
+    if not found:
+        return
+    tl = result.timeline
+    table = Table(title="restarts", show_edge=False)
+    for col, just in (("t (s)", "right"), ("what", "left"), ("cause", "left"), ("frames lost", "right"),
+                      ("back (s)", "right")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r in found:
+        table.add_row(f"{tl.seconds(r.t_ns):.3f}", r.what, r.cause, str(r.frames),
+                      "-" if r.back_ns is None else f"{tl.seconds(r.back_ns):.3f}")
+    console.print(table)
 
 
 def print_anomalies(result: CheckResult, console: Any) -> None:
