@@ -55,6 +55,7 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
     fault_events: list[dict[str, Any]] = []
     primary_stages: list[tuple[float, float, float]] = []  # s, per primary-served output that carries them
     drop_perc: list[float] = []  # modelOutput.frameDropPerc, %, in log order
+    deadlines: list[float] = []  # modelOutput.deadline, ms, of frames the primary was asked (docs/health.md)
     for t, service, ev in reader if reader is not None else ():
         if not t_zero:
             t_zero = t
@@ -83,6 +84,8 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
             outs[(out_stream, mo.frameId)] = (str(mo.source), mo.executionTime, mo.frameAge, t)
             by_source[str(mo.source)] += 1
             drop_perc.append(float(mo.frameDropPerc))
+            if mo.deadline > 0:  # the primary's deadline in force for this frame; 0: not asked, or an older log
+                deadlines.append(float(mo.deadline) * 1e3)
             stages = (mo.copyInTime, mo.computeTime, mo.copyOutTime)
             if str(mo.source) == "primary" and any(stages):  # a log from before the stage times has zeros
                 primary_stages.append(stages)
@@ -146,6 +149,9 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
         "frame_age_ms_p50": float(np.percentile(age, 50)),
         "frame_age_ms_p99": float(np.percentile(age, 99)),
         "stages_ms": stage_percentiles(primary_stages),
+        # the primary's adaptive deadline: in force at the end, and its range over the run (ms)
+        "deadline_ms": round(deadlines[-1], 1) if deadlines else None,
+        "deadline_ms_range": [round(min(deadlines), 1), round(max(deadlines), 1)] if deadlines else None,
         "first_output_s": (first_out_ns - t_launch_ns) / NS if first_out_ns else None,
         "first_active_s": (first_active_ns - t_launch_ns) / NS if first_active_ns else None,
         "transitions": transitions,
@@ -243,9 +249,19 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("execution time p50 / p99", f"{s['exec_ms_p50']:.1f} / {s['exec_ms_p99']:.1f} ms"),
         ("frame age p50 / p99", f"{s['frame_age_ms_p50']:.1f} / {s['frame_age_ms_p99']:.1f} ms"),
         *stage_rows(s),
+        ("primary deadline at the end (range)", _deadline_text(s)),
         ("launch -> first modelOutput", f"{fo:.1f} s" if fo is not None else "never"),
         ("launch -> ChestnutActive", f"{fa:.1f} s" if fa is not None else "never"),
     ]
+
+
+def _deadline_text(s: dict[str, Any]) -> str:
+    """The primary's deadline in force at the end of the run and its range over it (docs/health.md "Adaptive
+    deadline"); "primary never asked" when no output carried one."""
+    if s.get("deadline_ms") is None:
+        return "primary never asked"
+    lo, hi = s["deadline_ms_range"]
+    return f"{s['deadline_ms']:.1f} ms  ({lo:.1f} .. {hi:.1f} ms)"
 
 
 def print_summary(s: dict[str, Any], run_dir: Path) -> None:

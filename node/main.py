@@ -11,7 +11,8 @@ One process, one single-threaded main loop that reads top to bottom. Per camera 
    spent queued behind a slow primary counts. A frame already past its deadline when the node takes it,
    or one the worker cannot take because every slot still holds an unanswered request, is a miss;
 3. run the fallback on the host CPU when it must answer, or on every frame in hot standby;
-4. wait for the primary's result until the per-frame deadline (150 ms); a late or missing result
+4. wait for the primary's result until its deadline in force (adaptive, ``node/deadline.py``: the primary's
+   own recent latency with a margin, 25..150 ms; published as ``modelOutput.deadline``); a late or missing result
    is answered by the fallback at the deadline and the late result is discarded (watchdog);
    ``timing.miss_run`` (3) consecutive misses fail the ``gpu`` layer over;
 5. check every source's output (finite, shape/dtype, range, stale; the primary's also for agreement with
@@ -26,8 +27,9 @@ the I/O around them.
 
 Between frames: the watchdog's periodic check (a worker silent 3000 ms + margin after a request is
 killed), heartbeat (alive) supervision, worker start/exit (a worker not qualified and loaded within
-``timing.start_timeout_s`` is killed), the supervisor's timers, ``controlState`` (a return to the
-primary waits for the consumer), health at 5 Hz, ``chestnutActive`` at once on change,
+``timing.start_timeout_s`` is killed, and so is one whose load waits on the dock without progress for the
+wait timeout + 100 ms: docs/health.md "Progress during load"), the supervisor's timers, ``controlState``
+(a return to the primary waits for the consumer), health at 5 Hz, ``chestnutActive`` at once on change,
 ``nodeState`` at 1 Hz and on every transition, a dock probe at 1 Hz, and ``WATCHDOG=1`` to systemd
 from this loop only.
 

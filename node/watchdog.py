@@ -9,9 +9,11 @@ and logical supervision; hang is the deadline of a request that never returns):
 =========  ===================================================================  ==========  ===========
 entity     checks                                                               on failure  on EXPIRED
 =========  ===================================================================  ==========  ===========
-deadline   a frame request's result within ``[min, frame_deadline]`` (150 ms,   debounced   FAIL_OVER
-           openpilot modeld); a periodic :meth:`Watchdog.check` catches a       (a run)     (gpu)
-           result that never comes. Each miss: ANSWER_FROM_FALLBACK at once.
+deadline   a frame request's result within ``[min, deadline]``: the deadline    debounced   FAIL_OVER
+           in force when it was requested (adaptive, node/deadline.py; at      (a run)     (gpu)
+           most ``frame_deadline_ms``, 150 ms, openpilot modeld); a periodic
+           :meth:`Watchdog.check` catches a result that never comes. Each
+           miss: ANSWER_FROM_FALLBACK at once.
 hang       no request unanswered longer than the wait timeout + margin          at once     KILL_WORKER
            (3000 + 250 ms) for frames, or the command timeout (60 s, modeld's               (gpu)
            start-up budget) for qualify/load commands

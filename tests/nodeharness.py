@@ -163,6 +163,7 @@ class Out:
     recv_ns: int
     tensors: dict[str, np.ndarray] | None = None  # with Bus(record_tensors=True)
     frame_age_s: float = 0.0
+    deadline_s: float = 0.0  # modelOutput.deadline: the primary's deadline in force for the frame (0: not asked)
 
 
 @dataclass(frozen=True)
@@ -308,7 +309,7 @@ class Bus(threading.Thread):
                             for x in m.outputs} if self.record_tensors else None)
                 recs.append(Out(int(m.frameId), str(m.source), bool(ev.valid), bool(m.deadlineMissed), str(m.reason),
                                 bool(m.agreementChecked), bool(m.primaryAgrees), float(m.executionTime), t, recv,
-                                tensors, float(m.frameAge)))
+                                tensors, float(m.frameAge), float(m.deadline)))
             elif service == "chestnutActive":
                 a = ev.chestnutActive
                 recs.append(Active(bool(a.active), str(a.source), str(a.reason), t))

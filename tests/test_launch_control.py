@@ -216,3 +216,24 @@ def test_the_summary_has_the_frame_drop_percentage_and_the_wall_clock_start(tmp_
     assert dict(summary_rows(s))["frame drop at the end / max"] == "12.2 / 13.5 %  (modelOutput.frameDropPerc)"
     # the log's first message (its initData, 1 ms before the first item) in Unix time
     assert abs(s["wall_start_ns"] - time.time_ns()) < 60 * 10**9 and s["wall_start"].endswith(" UTC")
+
+
+def test_the_summary_has_the_deadline_in_force_and_its_range(tmp_path):
+    from drivelog import write_drive
+
+    from chestnut.launch.summary import summarize, summary_rows
+
+    base = 10_000 * 10**9
+    items = []
+    for k, deadline_s in enumerate((0.0, 0.150, 0.044, 0.0395, 0.041)):  # 0: a frame the primary was not asked
+        m = new_message("modelOutput")
+        m.modelOutput.frameId = k
+        m.modelOutput.deadline = deadline_s
+        m.logMonoTime = base + k * 50 * MS
+        items.append((m.logMonoTime, "modelOutput", m.to_bytes()))
+    write_drive(items, tmp_path / "logs")
+    s = summarize(tmp_path / "logs", base)
+    assert (s["deadline_ms"], s["deadline_ms_range"]) == (41.0, [39.5, 150.0])
+    assert dict(summary_rows(s))["primary deadline at the end (range)"] == "41.0 ms  (39.5 .. 150.0 ms)"
+    s["deadline_ms"] = s["deadline_ms_range"] = None
+    assert dict(summary_rows(s))["primary deadline at the end (range)"] == "primary never asked"
