@@ -125,3 +125,14 @@ def test_no_legend_covers_a_title_or_leaves_the_figure(tmp_path, monkeypatch):
     assert problems == []
     checked = legends[0]
     assert checked >= 6  # latency, source, health, state, drops; agreement; stages and the histograms
+
+
+def test_the_deadline_in_force_and_its_range():
+    from chestnut.node.offline.report import deadline_in_force
+    from chestnut.node.offline.timeline import OutputRec
+
+    def out(deadline_s: float) -> OutputRec:
+        return OutputRec(0, 1, "primary", "m", 0.01, 0.03, 0.0, False, False, False, 0.0, "", deadline_s=deadline_s)
+
+    assert deadline_in_force([out(0.0), out(0.15), out(0.0395), out(0.041)]) == "41.0 ms (39.5 .. 150.0 ms)"
+    assert deadline_in_force([out(0.0)]) == ""  # no frame the primary was asked, or an older log

@@ -3,7 +3,8 @@
 Written by :func:`write_report` (matplotlib, Agg backend, no display needed):
 
 - ``timeline.png``: one shared time axis (s since the log's first message), top to bottom: per-frame
-  latency (``executionTime`` and ``frameAge``, ms, coloured by the serving source, with the deadline);
+  latency (``executionTime`` and ``frameAge``, ms, coloured by the serving source, with the configured
+  deadline and the deadline in force per frame);
   the serving source, ``ChestnutActive`` and the control daemon's engagement; each health layer's level
   (OK / WARN / STALE / ERROR, ROS 2 colours); the node's state with its transitions, the twin's faults
   (a bar from inject to clear -- ``chestnut launch``'s schedule, else the ``twinFault`` events from armed to
@@ -21,7 +22,8 @@ Written by :func:`write_report` (matplotlib, Agg backend, no display needed):
   the logs, a summary table, the images (embedded as base64 PNG, so the page is one file), "what
   happened" (every node state change with its reason, ChestnutActive change, soft-disable episode
   with the events seen during it, and fault event with what it hit), each fault from inject to clear
-  with its clear time (:func:`fault_intervals`), the fault schedule ``chestnut launch`` ran, the
+  with its clear time (:func:`fault_intervals`), every node, worker and twin restart with its cause and
+  the frames it cost, the inputs' anomalies (not the node's faults), the fault schedule ``chestnut launch`` ran, the
   violations and, after a replay, the model identities and the mismatches. A panel with nothing to draw
   (the agreement plot when every frame was identical, or none was compared) is a sentence instead.
 
@@ -46,7 +48,7 @@ import numpy as np
 
 from chestnut.msgs.outdir import private_dir, write_private
 from chestnut.node.offline.contracts import CONTRACTS
-from chestnut.node.offline.timeline import LAYER_NAMES, Timeline, Violation
+from chestnut.node.offline.timeline import LAYER_NAMES, OutputRec, Timeline, Violation
 
 if TYPE_CHECKING:
     from chestnut.node.offline.replay import ReplayResult
@@ -134,6 +136,10 @@ def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path,
             ax_lat.scatter(t, [max(o.execution_time_s * 1e3, LATENCY_FLOOR_MS) for o in outs], s=9, color=color,
                            marker="x", alpha=0.6, label=f"executionTime ({src})")
         ax_lat.axhline(deadline_ms, color="#d62728", linestyle="--", linewidth=1, label=f"deadline {deadline_ms:g} ms")
+        asked = [o for o in tl.outputs if o.deadline_s > 0]  # the primary's deadline in force, per frame
+        if asked:
+            ax_lat.step([sec(o.t_ns) for o in asked], [o.deadline_s * 1e3 for o in asked], where="post",
+                        color="#d62728", linewidth=1, alpha=0.7, label="deadline in force (modelOutput.deadline)")
         _legend(ax_lat)
         ax_lat.set_yscale("log")
         lows = [max(v * 1e3, LATENCY_FLOOR_MS) for o in tl.outputs for v in (o.frame_age_s, o.execution_time_s)]
@@ -633,6 +639,16 @@ def _pct(vals: Sequence[float], q: float) -> str:
     return f"{float(np.percentile(vals, q)):.1f}" if vals else "-"
 
 
+def deadline_in_force(outputs: Sequence[OutputRec]) -> str:
+    """The primary's deadline in force at the end of the log and its range over it (``modelOutput.deadline``,
+    docs/health.md "Adaptive deadline"), e.g. ``41.0 ms (39.5 .. 150.0 ms)``; "" when no output carries one."""
+    ms = [o.deadline_s * 1e3 for o in outputs if o.deadline_s > 0]
+    if not ms:
+        return ""
+    return f"{ms[-1]:.1f} ms ({min(ms):.1f} .. {max(ms):.1f} ms)"
+
+
+
 def summary_rows(tl: Timeline, violations: Sequence[Violation] | None,
                  replay: ReplayResult | None = None) -> list[tuple[str, str]]:
     """(label, value) rows of the summary table."""
@@ -647,6 +663,8 @@ def summary_rows(tl: Timeline, violations: Sequence[Violation] | None,
                          f"p50/p95/p99 {_pct(age, 50)}/{_pct(age, 95)}/{_pct(age, 99)} ms; executionTime "
                          f"p50/p99 {_pct(ex, 50)}/{_pct(ex, 99)} ms"))
     rows.append(("deadline misses", str(sum(o.deadline_missed for o in tl.outputs))))
+    if deadline_text := deadline_in_force(tl.outputs):
+        rows.append(("deadline in force at the end (range)", deadline_text))
     if tl.outputs:
         rows.append(("frame drops (max)", f"{max(o.frame_drop_perc for o in tl.outputs):.2f} %"))
     if tl.actives:
@@ -710,6 +728,28 @@ figcaption { font-size: 0.85em; color: #666; } .verdict { font-size: 1.1em; font
 """
 
 
+def restart_and_anomaly_html(tl: Timeline) -> list[str]:
+    """The page's restarts (every node, worker and twin restart: time, cause, frames it cost;
+    :mod:`~chestnut.node.offline.restarts`) and the inputs' anomalies (:func:`~chestnut.node.offline.contracts.
+    input_anomalies`: not the node's faults)."""
+    from chestnut.node.offline.contracts import CheckParams, input_anomalies
+    from chestnut.node.offline.restarts import restarts
+
+    found = restarts(tl)
+    parts = [f"<h2>restarts ({len(found)})</h2>",
+             _table(("t (s)", "what", "cause", "frames lost", "back (s)"),
+                    [(f"{tl.seconds(r.t_ns):.3f}", r.what, r.cause, r.frames,
+                      "-" if r.back_ns is None else f"{tl.seconds(r.back_ns):.3f}") for r in found],
+                    ["bad"] * len(found)) if found else "<p>no node, worker or twin restart in this log</p>"]
+    anomalies = input_anomalies(tl, CheckParams.from_config(tl.node_config()))
+    if anomalies:
+        parts += [f"<h2>input anomalies ({len(anomalies)}; not the node's faults)</h2>",
+                  _table(("t (s)", "frame", "kind", "what"),
+                         [(f"{tl.seconds(a.t_ns):.3f}", "-" if a.frame_id is None else a.frame_id, a.kind, a.message)
+                          for a in anomalies])]
+    return parts
+
+
 def write_report(out_dir: Path | str, timeline: Timeline, *, violations: Sequence[Violation] | None = None,
                  replay: ReplayResult | None = None, title: str = "chestnut",
                  fault_schedule: Sequence[dict[str, Any]] | None = None, logs: Path | None = None,
@@ -759,6 +799,7 @@ def write_report(out_dir: Path | str, timeline: Timeline, *, violations: Sequenc
                         ["bad" if k in ("fault", "control") else ("sched" if k == "schedule" else "")
                          for _, _, k, _ in story])
                  if story else "<p>no state change, soft disable or fault event in this log</p>")
+    parts += restart_and_anomaly_html(tl)
     intervals = fault_intervals(tl, fault_schedule)
     if intervals:
         parts.append(f"<h2>faults ({len(intervals)})</h2>")
