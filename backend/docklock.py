@@ -21,6 +21,10 @@ backed-off error, not tinygrad's first-try ``RuntimeError``), but opens it more 
   refused here with :class:`~chestnut.backend.errors.UsbLayerError` ``lock_unusable``.
 
 Once we created the file in the sticky temp dir, no other user can swap it before tinygrad opens it.
+
+tinygrad's ``flock_acquire`` also calls ``os.umask(0)`` and leaves it there, so every file and directory the
+process creates afterwards would be world-writable (tinygrad's compile cache among them), against the unit's
+``UMask=0077``: :func:`keep_umask_around_tinygrads_lock` makes that call restore the umask the process had.
 """
 
 from __future__ import annotations
@@ -157,3 +161,24 @@ class DockLock:
         """Wait (with back-off) until nobody holds the lock, then leave it free for tinygrad to take."""
         self.acquire(timeout_s)
         self.release()
+
+
+def keep_umask_around_tinygrads_lock() -> None:
+    """Wrap tinygrad 0.14's ``_System.flock_acquire`` (``runtime/support/system.py``, which sets ``os.umask(0)``
+    to create its lock file 0666 and never sets it back) so that the process umask after the call is the one it
+    had before, whether the lock was taken or refused. Call before tinygrad opens the dock; idempotent."""
+    from tinygrad.runtime.support import system
+
+    cls = type(system.System)
+    real = getattr(cls.flock_acquire, "_chestnut_real", cls.flock_acquire)
+
+    def flock_acquire(self: object, name: str) -> int:
+        before = os.umask(0o077)
+        os.umask(before)
+        try:
+            return int(real(self, name))
+        finally:
+            os.umask(before)
+
+    flock_acquire._chestnut_real = real  # type: ignore[attr-defined]
+    cls.flock_acquire = flock_acquire  # type: ignore[method-assign]

@@ -23,6 +23,15 @@ Unpickling runs code, so nothing is unpickled that this user did not write:
 
 Anything refused is logged in one line (which file, why) and rebuilt; a loaded JIT must still
 reproduce, bit for bit, the output digest recorded when it was built (``backend/model.py``).
+
+tinygrad's own disk cache (tinygrad 0.14 ``helpers.py``: ``CACHEDB``, default
+``$XDG_CACHE_HOME/tinygrad/cache.db``, an sqlite file whose values ``diskcache_get`` unpickles as they are:
+compiled kernels, beam results) is kept to the same ownership rule: :func:`private_tinygrad_cache` points it
+at ``tinygrad/cache.db`` beside the project's cache, a directory created 0700 and checked like the cache
+directory above, its files checked like an entry's; where that is refused, tinygrad's disk cache is turned
+off (``CACHELEVEL=0``; the project's signed cache still holds the captured JITs). Every process that runs
+tinygrad code calls it before tinygrad's first compile (``backend/model.py`` ``ensure_cpu_device`` for the
+fallback and the CPU runner, the runners' environments for the worker).
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ import platform
 import shutil
 import stat
 import subprocess
+import sys
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -51,6 +62,65 @@ log = logging.getLogger("chestnut.jitcache")
 def default_cache_dir() -> Path:
     """``$CHESTNUT_CACHE/jit`` or ``~/.cache/chestnut/jit``."""
     return Path(os.environ.get("CHESTNUT_CACHE") or Path.home() / ".cache" / "chestnut") / "jit"
+
+
+TINYGRAD_CACHE_FILES = ("cache.db", "cache.db-wal", "cache.db-shm", "cache.db-journal")  # sqlite's files
+
+
+def tinygrad_cache_dir() -> Path:
+    """``$CHESTNUT_CACHE/tinygrad`` or ``~/.cache/chestnut/tinygrad``: where tinygrad's disk cache is kept."""
+    return Path(os.environ.get("CHESTNUT_CACHE") or Path.home() / ".cache" / "chestnut") / "tinygrad"
+
+
+def _tinygrad_cache_off(environ: MutableMapping[str, str], why: str) -> None:
+    log.warning("tinygrad's disk cache is off (CACHELEVEL=0): %s", why)
+    environ["CACHELEVEL"] = "0"
+    helpers = sys.modules.get("tinygrad.helpers")
+    if helpers is not None:
+        helpers.CACHELEVEL.value = 0
+
+
+def private_tinygrad_cache(root: Path | None = None, environ: MutableMapping[str, str] | None = None) -> Path | None:
+    """Point tinygrad 0.14's disk cache (``helpers.CACHEDB``, read by ``db_connection`` when it first opens the
+    database; ``CACHEDB`` in the environment for processes tinygrad starts) at ``root/cache.db`` (default
+    :func:`tinygrad_cache_dir`), after creating ``root`` 0700 and checking it: every ancestor this user's or
+    root's and not writable by others unless sticky, ``root`` this user's and not writable by others, each of
+    :data:`TINYGRAD_CACHE_FILES` that exists a regular file (no symlink) of this user not writable by others.
+
+    Returns the database path, or None when something is refused or tinygrad already opened another database in
+    this process: tinygrad's disk cache is then off (``CACHELEVEL=0``), with one line logged saying why.
+    Idempotent; never raises for a refused cache.
+    """
+    environ = os.environ if environ is None else environ
+    root = Path(root or tinygrad_cache_dir())
+    db = Path(os.path.realpath(root)) / TINYGRAD_CACHE_FILES[0]
+    try:
+        fd = JitCache(root)._open_root(create=True)
+    except (CacheRefused, OSError) as e:
+        _tinygrad_cache_off(environ, str(e).replace("the cache directory", "tinygrad's cache directory"))
+        return None
+    try:
+        for name in TINYGRAD_CACHE_FILES:
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                raise CacheRefused(f"{root / name} is a symlink")
+            _check_file(root / name, st, private=False)
+    except (CacheRefused, OSError) as e:
+        _tinygrad_cache_off(environ, str(e))
+        return None
+    finally:
+        os.close(fd)
+    environ["CACHEDB"] = str(db)
+    helpers = sys.modules.get("tinygrad.helpers")
+    if helpers is not None:
+        if helpers._db_connection is not None and os.path.realpath(helpers.CACHEDB) != str(db):
+            _tinygrad_cache_off(environ, f"tinygrad already opened {helpers.CACHEDB} in this process")
+            return None
+        helpers.CACHEDB = str(db)
+    return db
 
 
 @cache

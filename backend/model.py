@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from chestnut.backend.errors import ConfigError, ModelError
-from chestnut.backend.jitcache import CacheKey, JitCache
+from chestnut.backend.jitcache import CacheKey, JitCache, private_tinygrad_cache
 
 log = logging.getLogger("chestnut.model")
 
@@ -57,9 +57,11 @@ class TensorSpec:
 def ensure_cpu_device() -> None:
     """Make tinygrad in this process use the host CPU.
 
-    Sets ``DEV=CPU`` before tinygrad's first import. Raises :class:`ConfigError` if tinygrad was
+    Sets ``DEV=CPU`` before tinygrad's first import and keeps tinygrad's disk cache private
+    (:func:`~chestnut.backend.jitcache.private_tinygrad_cache`). Raises :class:`ConfigError` if tinygrad was
     already imported with ``DEV`` naming another device (its ``getenv`` is cached at import).
     """
+    private_tinygrad_cache()
     if "tinygrad" not in sys.modules:
         os.environ["DEV"] = "CPU"
         return

@@ -52,10 +52,16 @@ import numpy as np
 
 from chestnut.backend import protocol as P
 from chestnut.backend.classify import classify
-from chestnut.backend.docklock import LOCK_BACKOFF_S, DockLock, dock_lock_path, lock_holders
+from chestnut.backend.docklock import (
+    LOCK_BACKOFF_S,
+    DockLock,
+    dock_lock_path,
+    keep_umask_around_tinygrads_lock,
+    lock_holders,
+)
 from chestnut.backend.errors import ChestnutError, ConfigError, GpuLayerError, ModelError, UsbLayerError
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec, StepResult
-from chestnut.backend.jitcache import CacheKey, JitCache
+from chestnut.backend.jitcache import CacheKey, JitCache, private_tinygrad_cache
 from chestnut.backend.ladder import DockQualifier, LadderConfig, Outcome, UsbDock
 from chestnut.backend.model import TensorSpec, outputs_digest, verification_inputs
 from chestnut.backend.retry import install_in_tinygrad
@@ -90,6 +96,8 @@ def prepare_environment(
     """
     environ = os.environ if environ is None else environ
     modules = sys.modules if modules is None else modules
+    if environ is os.environ:
+        private_tinygrad_cache()  # tinygrad's disk cache: a private directory, or off (backend/jitcache.py)
     want = real_environment(wait_timeout_ms)
     if "tinygrad" in modules:
         wrong = {k: environ.get(k) for k, v in want.items() if environ.get(k) != v}
@@ -582,6 +590,7 @@ class RealRunner:
                 from tinygrad import Device
 
                 install_in_tinygrad()  # tinygrad's USB3 with bounded retry of idempotent transfers (backend/retry.py)
+                keep_umask_around_tinygrads_lock()  # its lock call leaves umask(0) (backend/docklock.py)
                 return Device[TINYGRAD_DEVICE]
             except Exception as e:
                 err = translate(e)

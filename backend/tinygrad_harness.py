@@ -22,7 +22,8 @@ built -- and then calls tinygrad's functions unmodified:
 
 Environment (read by tinygrad's cached ``getenv``): :func:`configure_env` sets ``HCQDEV_WAIT_TIMEOUT_MS``
 (openpilot's 3000 ms; if tinygrad cached another value in this process its ``getenv`` cache is cleared so the
-wait reads the new one), defaults ``DEV`` to ``CPU`` (never probe devices) and refuses ``DEV=MOCK*``,
+wait reads the new one), keeps tinygrad's disk cache private (``backend/jitcache.py``), defaults ``DEV`` to
+``CPU`` (never probe devices) and refuses ``DEV=MOCK*``,
 ``PROFILE``, ``AMD_DISABLE_SDMA`` and ``HCQ2`` (each changes the code path under test).
 
 **After any copy failure the dock object refuses further copies** (:class:`CopyRefused`): tinygrad 0.14 keeps
@@ -38,6 +39,7 @@ import struct
 from typing import Any
 
 from chestnut.backend import protocol as P
+from chestnut.backend.jitcache import private_tinygrad_cache
 
 REFUSED_ENV = ("PROFILE", "AMD_DISABLE_SDMA", "HCQ2")
 GPU_TARGETS: dict[str, tuple[int, int, int]] = {"gfx1100": (11, 0, 0), "gfx1101": (11, 0, 1),
@@ -60,6 +62,7 @@ def configure_env(wait_timeout_ms: int = P.WAIT_TIMEOUT_MS) -> None:
         bad.append("DEV=" + os.environ["DEV"])
     if bad:
         raise RuntimeError(f"tinygrad environment: unset {', '.join(bad)} (they change tinygrad's copy path)")
+    private_tinygrad_cache()  # tinygrad's disk cache: a private directory, or off (backend/jitcache.py)
     os.environ.setdefault("DEV", "CPU")  # tinygrad's only device in this process is the host CPU
     os.environ["HCQDEV_WAIT_TIMEOUT_MS"] = str(wait_timeout_ms)
     from tinygrad.helpers import getenv
