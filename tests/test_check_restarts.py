@@ -60,3 +60,19 @@ def test_a_worker_restart_after_a_failover_names_its_cause(drive, tmp_path):
                              RETURN_FRAME - FAULT_FRAME, output_time(drive, RETURN_FRAME))]
     assert found[0].line(tl) == (f"worker restart at {tl.seconds(failover):.3f} s: primary_fault: worker died "
                                  f"(exit -9); 80 frame(s) lost; back at {tl.seconds(output_time(drive, 140)):.3f} s")
+
+
+def test_the_report_names_the_restart_and_the_anomalies(tiny_onnx, drive, tmp_path):
+    from drivelog import repeat_then_skip
+
+    from chestnut.node.offline.report import write_report
+
+    logs = tmp_path / "logs"
+    write_drive(repeat_then_skip(restart_node(tiny_onnx, drive, 25), 100, 111), logs)
+    r = check_log(logs)
+    index = write_report(tmp_path / "report", r.timeline, violations=r.violations)
+    page = index.read_text()
+    assert "<h2>restarts (1)</h2>" in page
+    assert "killed or crashed: it published no stopping (the log holds no exit status or signal)" in page
+    assert "<h2>input anomalies (2; not the node's faults)</h2>" in page
+    assert "cameraFrame frame id 100 after 100 (repeated; the node drops it)" in page
