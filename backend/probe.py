@@ -7,7 +7,9 @@
     chestnut probe --fill-firmware /path/to/linux-firmware/amdgpu   # fill tinygrad's GPU firmware cache
 
 Each rung prints as it is decided: PASS / WARN / FAIL / SKIP, its duration and what was seen; then the
-first failure and what to do about it. Exit status: 0 qualified (WARNs allowed), 1 a rung failed,
+first failure and what to do about it. A step still running after 2 s (recording the model's fingerprint,
+a rung such as the model's compile) says so every 5 s with its time so far (:class:`Ticker`). Exit
+status: 0 qualified (WARNs allowed), 1 a rung failed,
 2 the probe could not run (bad arguments, unreadable files).
 """
 
@@ -19,6 +21,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -157,6 +161,59 @@ def _shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
     return out
 
 
+PROGRESS_AFTER_S = 2.0  # a step still running after this long is said to be running ...
+PROGRESS_EVERY_S = 5.0  # ... and again this often, with its time so far
+
+
+class Ticker:
+    """Progress for steps longer than :data:`PROGRESS_AFTER_S`: while one runs, a line ``... <what> (N s)``
+    once it has run that long and every :data:`PROGRESS_EVERY_S` after, from a background thread. ``what``
+    names the running step (:meth:`step` moves on to the next one); ``out`` None prints nothing (``--json``).
+    A context manager: the thread ends with the block."""
+
+    def __init__(self, what: str, out: TextIO | None = sys.stdout) -> None:
+        self.out = out
+        self._what, self._t0, self._said = what, time.monotonic(), 0
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="probe-progress", daemon=True)
+
+    def step(self, what: str, now: float | None = None) -> None:
+        """The next step, ``what``, runs from ``now`` (``time.monotonic()``; None: now)."""
+        with self._lock:
+            self._what, self._t0, self._said = what, time.monotonic() if now is None else now, 0
+
+    def due(self, now: float) -> str | None:
+        """The progress line owed at ``now`` (``time.monotonic()``), or None; counts it as said."""
+        with self._lock:
+            ran = now - self._t0
+            owed = 0 if ran < PROGRESS_AFTER_S else 1 + int((ran - PROGRESS_AFTER_S) // PROGRESS_EVERY_S)
+            if owed <= self._said:
+                return None
+            self._said = owed
+            return f"       ... {self._what} ({ran:.0f} s)"
+
+    def _loop(self) -> None:
+        while not self._done.wait(0.25):
+            line = self.due(time.monotonic())
+            if line is not None and self.out is not None:
+                print(line, file=self.out, flush=True)
+
+    def __enter__(self) -> Ticker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def _rung_words(name: str) -> str:
+    return {"model_loaded": "model_loaded: loading and compiling the model", "warmup": "warmup: the first run"}.get(
+        name, name
+    )
+
+
 def print_step(step: LadderStep, out: TextIO = sys.stdout) -> None:
     ms = step.duration_s * 1e3
     line = f"[{MARKS[step.result]}] {step.name:<15} {step.layer.value:<6} {ms:9.1f} ms  {step.detail}"
@@ -251,28 +308,40 @@ def run(args: argparse.Namespace) -> int:
 
         runner = TwinRunner(args.prefix, wait_timeout_ms=args.wait_timeout_ms)
 
+    out = None if args.json else sys.stdout  # progress lines would break the JSON
     if spec is not None:
         try:
             if args.fingerprint is not None:
                 fp = json.loads(args.fingerprint.read_text())
-            elif args.real:
-                fp = _record_fingerprint_subprocess(spec)
             else:
-                from chestnut.backend.fingerprint import record_fingerprint
+                with Ticker(f"recording the fingerprint of {spec.name} on the host CPU (tinygrad compiles it)", out):
+                    if args.real:
+                        fp = _record_fingerprint_subprocess(spec)
+                    else:
+                        from chestnut.backend.fingerprint import record_fingerprint
 
-                fp = record_fingerprint(spec)
+                        fp = record_fingerprint(spec)
         except (OSError, ValueError, subprocess.CalledProcessError, ChestnutError) as e:
             print(f"chestnut probe: no fingerprint for {spec.name}: {e}", file=sys.stderr)
             return 2
         spec = ModelSpec(spec.path, spec.name, spec.input_shapes, fp)
 
-    from chestnut.backend.ladder import full_ladder
+    from chestnut.backend.ladder import STEPS, full_ladder
 
     target = "a real dock (tinygrad DEV=USB+AMD:LLVM)" if args.real else f"the twin (prefix {runner.prefix})"
     if not args.json:
-        print(f"qualification ladder against {target}")
+        print(f"qualification ladder against {target}", flush=True)
+    names = [name for name, _ in STEPS]
+    ticker = Ticker(_rung_words(names[0]), out)
+
+    def on_step(step: LadderStep) -> None:
+        print_step(step)
+        later = names[names.index(step.name) + 1 :] if step.name in names else []
+        ticker.step(_rung_words(later[0]) if later else "the ladder's end")
+
     try:
-        report = full_ladder(runner, spec, on_step=None if args.json else print_step)
+        with ticker:
+            report = full_ladder(runner, spec, on_step=None if args.json else on_step)
         identity = runner_identity(runner)
     finally:
         runner.close()

@@ -53,3 +53,22 @@ def test_probe_without_a_twin_says_no_dock_and_how_to_start_one():
     out = probe("--twin", "--prefix", f"t{os.getpid()}-nobody")
     assert out.returncode == 1
     assert "no Chestnut dock found" in out.stdout and "chestnut twin serve" in out.stdout
+
+
+def test_a_step_longer_than_two_seconds_says_so_every_five_seconds():
+    from chestnut.backend.probe import Ticker
+
+    t = Ticker("recording the fingerprint", out=None)
+    t.step("recording the fingerprint", now=100.0)
+    said = [(now, t.due(now)) for now in (101.9, 102.1, 103.0, 106.9, 107.2, 112.5)]
+    assert said == [
+        (101.9, None),
+        (102.1, "       ... recording the fingerprint (2 s)"),
+        (103.0, None),
+        (106.9, None),
+        (107.2, "       ... recording the fingerprint (7 s)"),
+        (112.5, "       ... recording the fingerprint (12 s)"),
+    ]
+    t.step("model_loaded: loading and compiling the model", now=113.0)
+    assert t.due(114.0) is None
+    assert t.due(115.5) == "       ... model_loaded: loading and compiling the model (2 s)"
