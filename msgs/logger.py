@@ -16,7 +16,8 @@ also written (it already holds the exact bytes for replay) and ``both`` when MCA
   ``--video-codec h264 --crf 23`` for long drives, lossy: replay then reports mismatches by design), and
   the logs keep each ``cameraFrame``'s metadata with ``video`` (file, frame number, CRC-32) and no
   pixels; a JSON MCAP's ``/camera/image`` is a preview of at most 64 KiB (``msgs/video.py``
-  ``preview``; ``chestnut export`` writes full frames). A frame the codec cannot store (h264 and an odd
+  ``preview``; ``chestnut export`` writes full frames) and its ``/camera/video`` the frames at full size
+  as ``foxglove.CompressedVideo`` (H.264, ``msgs/video.py`` ``FoxgloveVideo``), whatever ``--frames``. A frame the codec cannot store (h264 and an odd
   size) or whose ``data`` does not match its size is logged raw instead, counted (``frames_raw``).
   ``--frames raw``: the pixels inline in ``data``, as before. Either way a frame's pixels are read when
   it is received, from ``data`` or from the camera's shared-memory ring (``msgs/visionipc.py``;
