@@ -17,8 +17,9 @@ also written (it already holds the exact bytes for replay) and ``both`` when MCA
   the logs keep each ``cameraFrame``'s metadata with ``video`` (file, frame number, CRC-32) and no
   pixels; a JSON MCAP's ``/camera/image`` is a preview of at most 64 KiB (``msgs/video.py``
   ``preview``; ``chestnut export`` writes full frames) and its ``/camera/video`` the frames at full size
-  as ``foxglove.CompressedVideo`` (H.264, ``msgs/video.py`` ``FoxgloveVideo``), whatever ``--frames``. A frame the codec cannot store (h264 and an odd
-  size) or whose ``data`` does not match its size is logged raw instead, counted (``frames_raw``).
+  as ``foxglove.CompressedVideo`` (H.264, ``msgs/video.py`` ``FoxgloveVideo``), whatever ``--frames``.
+  A frame the codec cannot store (h264 and an odd size) or whose ``data`` does not match its size is
+  logged raw instead, counted (``frames_raw``).
   ``--frames raw``: the pixels inline in ``data``, as before. Either way a frame's pixels are read when
   it is received, from ``data`` or from the camera's shared-memory ring (``msgs/visionipc.py``;
   ``buffer`` kept in the log), so a log holds every frame's pixels whichever way it travelled; a ring
