@@ -470,7 +470,10 @@ class Kit:
 
     def node_steps(self) -> None:
         cfg_path = self.args.out / "node.toml"
-        write_node_toml(cfg_path, self.cfg.to_json())
+        cfg = self.cfg.to_json()
+        if not self.cfg.model.ranges_given:  # the defaults' ranges: for a primary that has their outputs only
+            cfg["model"].pop("ranges", None)
+        write_node_toml(cfg_path, cfg)
         log_path = self.args.out / "node.log"
         h, w = int(self.cfg.model.shape[2]), int(self.cfg.model.shape[3])
         bus = FrameBus(self.prefix, h, w)

@@ -65,8 +65,9 @@ class ModelConfig:
     frame: str = ""                            # e.g. "nv12:1928x1208": the primary warps that full frame
     fingerprint: Path | None = None            # default: <path>.fingerprint.json when it exists
     ranges: dict[str, tuple[float, float]] = field(default_factory=lambda: {"text_prob": (0.0, 1.0)})
-    # not a setting: whether [model.ranges] was written in the file (the built-in default names the PP-OCRv4
-    # detector's output, and applies only to a primary that has it); set by load_config
+    # not a setting: whether [model.ranges] was written in the file (the built-in default and the shipped
+    # launch/node.toml name the PP-OCRv4 detector's output, and apply only to a primary that has it); set by
+    # load_config: a written key naming no primary output is refused (node/contract.py)
     ranges_given: bool = field(default=False, repr=False, compare=False)
 
 
@@ -350,6 +351,8 @@ def load_config(path: Path | None) -> NodeConfig:
             raise ConfigError("config", f"unknown section [{name}] in {path}; known: "
                                         f"{', '.join(f.name for f in dataclasses.fields(cfg))}")
         _apply(section, values, name)
+    if Path(path).resolve() == DEFAULT_CONFIG:  # the shipped file's ranges are the defaults' (the PP-OCRv4 detector's)
+        cfg.model.ranges_given = False
     return validate(cfg)
 
 

@@ -195,3 +195,15 @@ def test_a_persistent_hot_standby_disagreement_is_shown(tmp_path: Path) -> None:
     assert " WARNING chestnut.node: hot standby: the primary disagrees with the fallback for 3 frames in a row " \
            "(prob: 512 value(s) differ from the fallback beyond tol 0.001 " in line, line
     assert "both pass their own checks" in line and "(3 disagreeing frames so far)" in line
+
+
+def test_the_shipped_configs_ranges_are_defaults_and_a_written_one_is_enforced(tmp_path: Path) -> None:
+    from chestnut.node.config import DEFAULT_CONFIG
+
+    primary = make_model(tmp_path / "primary.onnx")
+    shipped = load_config(DEFAULT_CONFIG)
+    assert shipped.model.ranges == {"text_prob": (0.0, 1.0)} and not shipped.model.ranges_given
+    shipped.model.path = primary  # chestnut run --model primary.onnx: the PP-OCRv4 range does not apply to it
+    assert [(c.name, c.value_range) for c in declare_contract(shipped, None).outputs] == [("prob", None)]
+    written = load_config(write_node_config(tmp_path / "node.toml", primary, dock="none"))
+    assert written.model.ranges_given and "ranges_given" not in written.to_json()["model"]
