@@ -144,9 +144,10 @@ def declare_contract(cfg: NodeConfig, fingerprint: dict[str, Any] | None) -> Dec
     m = cfg.model
     try:
         model = OrtModel(m.path, name=m.name, input_shapes={m.input: tuple(m.shape)}, threads=1)
-    except ModelError as e:
+    except Exception as e:  # ModelError, or onnxruntime's own (an input shape the graph does not take)
+        detail = e.detail if isinstance(e, ModelError) else f"{type(e).__name__}: {e}"
         raise ContractError("no_contract", f"the primary model {m.path} declares the output contract and cannot "
-                                           f"be loaded: {e.detail or e}") from e
+                                           f"be run at model.shape {list(m.shape)}: {' '.join(detail.split())}") from e
     outputs = tuple(model.outputs)
     names = [s.name for s in outputs]
     ranges = dict(m.ranges)
@@ -217,6 +218,6 @@ def start_problem(cfg: NodeConfig) -> str | None:
         return None
     try:
         fallback = OrtModel(cfg.fallback_path, input_shapes={cfg.model.input: tuple(cfg.model.shape)}, threads=1)
-    except ModelError:
+    except Exception:  # ModelError or onnxruntime's own: the node's own load names it
         return None
     return fallback_refusal(contract, fallback, cfg.fallback_path)

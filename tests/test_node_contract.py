@@ -204,6 +204,9 @@ def test_the_shipped_configs_ranges_are_defaults_and_a_written_one_is_enforced(t
     shipped = load_config(DEFAULT_CONFIG)
     assert shipped.model.ranges == {"text_prob": (0.0, 1.0)} and not shipped.model.ranges_given
     shipped.model.path = primary  # chestnut run --model primary.onnx: the PP-OCRv4 range does not apply to it
+    with pytest.raises(ContractError, match=r"cannot be run at model.shape \[1, 3, 128, 256\]: InvalidArgument: "):
+        declare_contract(shipped, None)  # one line for a shape the graph does not take, not onnxruntime's traceback
+    shipped.model.shape = (1, 3, 32, 64)
     assert [(c.name, c.value_range) for c in declare_contract(shipped, None).outputs] == [("prob", None)]
     written = load_config(write_node_config(tmp_path / "node.toml", primary, dock="none"))
     assert written.model.ranges_given and "ranges_given" not in written.to_json()["model"]
