@@ -11,9 +11,11 @@ Three sources, each read without blocking:
   last 10 s in which at least one runnable task waited for a CPU; Linux >= 4.20 with PSI on,
   ``Documentation/accounting/psi.rst``), read at most every :data:`PRESSURE_PERIOD_S`
   (:func:`read_cpu_pressure`). Absent (an older kernel, ``psi=0``, a container that hides it): None,
-  and only the wake-ups speak.
+  and only the wake-ups speak;
+- on the twin, its own threads' worst wait for a CPU over its last second (``backend/sim/hostwait.py``,
+  a file the twin daemon keeps beside its socket), read with each figure (:meth:`HostMeter.figures`).
 
-Times are CLOCK_MONOTONIC ns, passed in; only :meth:`HostMeter.cpu_pressure` reads a file.
+Times are CLOCK_MONOTONIC ns, passed in; only :meth:`HostMeter.cpu_pressure` and the twin's figure read a file.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from chestnut.backend.sim.hostwait import read_peak_ms
 from chestnut.node.policy import HOST_WINDOW_MS, HostFigures
 
 NS_PER_MS = 1_000_000
@@ -53,9 +56,11 @@ class HostMeter:
     """The host's lateness over the last ``window_ms`` (default :data:`~chestnut.node.policy.HOST_WINDOW_MS`):
     the worst wake-up lateness of the node's loop and of the worker's timer (ms), and the CPU pressure (%)."""
 
-    def __init__(self, window_ms: float = HOST_WINDOW_MS, psi_path: Path = PSI_CPU) -> None:
+    def __init__(self, window_ms: float = HOST_WINDOW_MS, psi_path: Path = PSI_CPU,
+                 twin_wait_path: Path | None = None) -> None:
         self.window_ns = int(window_ms * NS_PER_MS)
         self.psi_path = psi_path
+        self.twin_wait_path = twin_wait_path  # the twin daemon's hostwait file; None on a real dock
         self._loop: deque[tuple[int, int]] = deque(maxlen=MAX_SAMPLES)    # (woke at, late by) ns
         self._worker: deque[tuple[int, int]] = deque(maxlen=MAX_SAMPLES)
         self._pressure: float | None = None
@@ -83,14 +88,15 @@ class HostMeter:
     def figures(self, now_ns: int, dock_ms: float | None = None, elapsed_ms: float | None = None,
                 pressure: float | None = None) -> HostFigures:
         """The figures at ``now_ns``: the worst lateness of each source within the window (ms), the CPU
-        pressure (``pressure`` when given, else :meth:`cpu_pressure`), and a late result's ``dock_ms`` /
-        ``elapsed_ms`` when there is one."""
+        pressure (``pressure`` when given, else :meth:`cpu_pressure`), a late result's ``dock_ms`` /
+        ``elapsed_ms`` when there is one, and the twin's wait for a CPU (0 without a twin)."""
         since = now_ns - self.window_ns
 
         def worst(samples: deque[tuple[int, int]]) -> float:
             return max((late for at, late in samples if at >= since), default=0) / NS_PER_MS
 
+        twin = read_peak_ms(self.twin_wait_path, now_ns) if self.twin_wait_path is not None else 0.0
         f = HostFigures(worst(self._loop), worst(self._worker),
-                        pressure if pressure is not None else self.cpu_pressure(), dock_ms, elapsed_ms)
+                        pressure if pressure is not None else self.cpu_pressure(), dock_ms, elapsed_ms, twin)
         self.last_figures = f
         return f

@@ -68,10 +68,12 @@ from chestnut.backend.errors import ChestnutError, ConfigError, Layer, ModelErro
 from chestnut.backend.interface import DockObservation, ModelSpec, StepResult
 from chestnut.backend.jitcache import JitCache
 from chestnut.backend.model import TensorSpec
+from chestnut.backend.sim.hostwait import FILE_NAME as HOSTWAIT_FILE
 from chestnut.backend.stages import StageTimes
 from chestnut.fallback.standby import FallbackModel
 from chestnut.msgs.frames import CAMERA_RESTART_MIN_STEP
 from chestnut.msgs.messaging import PubMaster, SubMaster, drain_sock, new_message, sub_sock
+from chestnut.msgs.paths import runtime_dir
 from chestnut.msgs.visionipc import FrameBufferError, FrameReader
 from chestnut.node import config as node_config
 from chestnut.node.config import NodeConfig
@@ -391,7 +393,8 @@ class Node:
         self.miss_run = 0                # consecutive frames the primary did not answer in time
         self.errors_at_good = 0          # the worker's failed transfer attempts at its last result in time
         # the host's own lateness (node/hostload.py): a deadline miss while it was late is the host's
-        self.host = HostMeter(t.host_window_ms)
+        self.host = HostMeter(t.host_window_ms, twin_wait_path=(runtime_dir(prefix) / HOSTWAIT_FILE
+                                                                if cfg.dock.kind == "twin" else None))
         self.host_thresholds = HostThresholds(t.host_late_ms, t.host_cpu_pressure_pct, t.deadline_ms)
         self.host_misses = 0             # deadline misses blamed on the host (not counted towards a failover)
         # the primary's adaptive deadline (node/deadline.py): its recent latencies (ms) and the deadline in force
@@ -1019,7 +1022,7 @@ class Node:
         self.latencies.append(elapsed_ns / 1e6)
         f = self.host.last_figures
         self.deadline = adaptive_deadline(self.latencies, self.deadline_rule, previous_ms=self.deadline.ms,
-                                          host_late=bool(host), host_late_peak_ms=max(f.loop_late_ms, f.worker_late_ms))
+                                          host_late=bool(host), host_late_peak_ms=f.peak_late_ms)
 
     def _host_miss(self, reason: str, now: int) -> None:
         """A deadline miss while the host was late: counted as the host's (``chestnutHealth.host``), logged

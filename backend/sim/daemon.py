@@ -17,7 +17,9 @@ host load does not delay the bridge's answers, and the program engine's compile 
 process (:mod:`.compute`, RUN at ``--compute-priority``, default 10), so a busy GPU does not either. Both stay
 below the node's realtime priority (openpilot's modeld: 54), and the daemon's own work per request is
 bounded (a transfer's copy), so a realtime daemon cannot hold a core. Where the system refuses realtime
-scheduling, one INFO line and it serves at the normal policy.
+scheduling, one INFO line and it serves at the normal policy. What the host's other realtime work still
+costs the twin (its threads' run-queue waits) is published beside the socket for the node (:mod:`.hostwait`),
+so that a late answer the host caused is not read as the dock's fault.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from typing import Any
 
 from chestnut.backend.sim import wire as W
 from chestnut.backend.sim.client import _admin_local
-from chestnut.backend.sim.compute import check_priority, set_realtime
+from chestnut.backend.sim.compute import check_priority, running_pids, set_realtime
+from chestnut.backend.sim.hostwait import FILE_NAME as HOSTWAIT_FILE
+from chestnut.backend.sim.hostwait import WaitPublisher
 from chestnut.backend.sim.libusb_codes import LIBUSB_ERROR_INVALID_PARAM, LIBUSB_ERROR_OTHER, UsbError
 from chestnut.backend.sim.twin import Twin, TwinConfig
 from chestnut.msgs.paths import runtime_dir
@@ -380,6 +384,9 @@ def serve(config: TwinConfig, prefix: str | None = None) -> int:
     publisher = threading.Thread(target=publish_twin_state, args=(twin, prefix, server), name="twinState",
                                  daemon=True)
     publisher.start()
+    # how long the twin's own threads waited for a host CPU, for the node to tell host load from a dock fault
+    waits = WaitPublisher(path.parent / HOSTWAIT_FILE, lambda: (os.getpid(), *running_pids()))
+    waits.start()
     d = twin.enumerate()[0]
     log.info("twin serving at %s: %04x:%04x at %d-%d, %d Mbps, pid %d", path, d.vid, d.pid, d.bus, d.address,
              d.speed_mbps, os.getpid())
@@ -388,6 +395,7 @@ def serve(config: TwinConfig, prefix: str | None = None) -> int:
     finally:
         # the publisher's last drain and its sockets' close (which unlinks their ipc files) before exit
         publisher.join(PUBLISHER_JOIN_S)
+        waits.stop()
         twin.close()
     log.info("twin stopped")
     return 0

@@ -1,0 +1,159 @@
+"""How long the twin itself waited for a host CPU: the figure that keeps host load off the dock's record.
+
+A real dock's GPU computes on its own silicon; the twin's "GPU" (the program engine's compute process,
+:mod:`.compute`) and its bridge (the daemon's threads, :mod:`.daemon`) are host threads. When other
+realtime work on the host (a second stack, another twin) holds every core, the twin's answers come late
+although nothing on the dock failed -- and a node that judged that delay the dock's would fail over on host
+load. So the twin measures it: Linux keeps, per thread, the time it spent runnable on a run queue without a
+CPU (``/proc/<pid>/task/<tid>/schedstat``, second field, ns; ``Documentation/scheduler/sched-stats.rst``).
+The daemon samples that for its own threads and its compute child's every :data:`SAMPLE_PERIOD_S` and
+publishes the **worst single thread's wait over the last second** in a small file in the prefix's runtime
+directory, which the node reads beside its own wake-up lateness (``node/hostload.py``,
+``node/policy.py`` ``host_late``). On a real dock the file does not exist and the figure is 0.
+
+The file (:data:`FILE_NAME`, mode 0600, 24 bytes): three little-endian u64, ``peak_ns``, ``updated_ns``
+(CLOCK_MONOTONIC ns of the sample) and ``peak_ns ^ updated_ns ^ MAGIC`` -- a torn read (the writer's
+``pwrite`` and a reader's ``pread`` are not atomic together) fails that check and reads as no figure.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+FILE_NAME = "twin-hostwait"
+MAGIC = 0x43484E5457414954  # "CHNTWAIT"
+_LAYOUT = struct.Struct("<QQQ")
+SAMPLE_PERIOD_S = 0.05
+"""How often the daemon samples its threads' waits (s): one frame period at 20 Hz."""
+WINDOW_NS = 1_000_000_000
+"""The figure is the worst thread's wait over this last stretch (ns): the node's host window
+(``node/policy.py`` ``HOST_WINDOW_MS``)."""
+FRESH_NS = 500_000_000
+"""A figure older than this (ns) is no figure: the daemon has stopped (or has not sampled yet)."""
+MAX_SCHEDSTAT_BYTES = 128  # "<on-cpu ns> <run-queue wait ns> <slices>\n": three u64 in decimal fit in 64
+
+
+def thread_waits(pids: Iterable[int], proc: Path = Path("/proc")) -> dict[tuple[int, int], int]:
+    """Each thread's total run-queue wait so far, ns, for every thread of ``pids``: ``{(pid, tid): ns}``.
+    Threads and processes that are gone (or a kernel without schedstat) are left out; never raises."""
+    waits: dict[tuple[int, int], int] = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(proc / str(pid) / "task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(proc / str(pid) / "task" / tid / "schedstat", "rb") as f:
+                    fields = f.read(MAX_SCHEDSTAT_BYTES).split()
+                waits[(pid, int(tid))] = int(fields[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    return waits
+
+
+class WaitPeak:
+    """The worst single thread's run-queue wait over the last ``window_ns`` (ns), from cumulative samples.
+
+    ``sample(now_ns, waits)`` takes :func:`thread_waits`'s totals at ``now_ns`` and returns the peak: for each
+    thread, its total now less its total at the oldest sample within the window (a thread first seen inside
+    the window counts from its first sample)."""
+
+    def __init__(self, window_ns: int = WINDOW_NS) -> None:
+        self.window_ns = window_ns
+        self._history: deque[tuple[int, dict[tuple[int, int], int]]] = deque()
+
+    def sample(self, now_ns: int, waits: dict[tuple[int, int], int]) -> int:
+        self._history.append((now_ns, waits))
+        while len(self._history) > 1 and self._history[1][0] <= now_ns - self.window_ns:
+            self._history.popleft()
+        first: dict[tuple[int, int], int] = {}
+        for _, old in self._history:
+            for key, ns in old.items():
+                first.setdefault(key, ns)
+        return max((ns - first[key] for key, ns in waits.items()), default=0)
+
+
+def encode(peak_ns: int, updated_ns: int) -> bytes:
+    return _LAYOUT.pack(peak_ns, updated_ns, peak_ns ^ updated_ns ^ MAGIC)
+
+
+def decode(data: bytes) -> tuple[int, int] | None:
+    """``(peak_ns, updated_ns)``, or None for a short or torn record."""
+    if len(data) != _LAYOUT.size:
+        return None
+    peak, updated, check = _LAYOUT.unpack(data)
+    return (peak, updated) if check == peak ^ updated ^ MAGIC else None
+
+
+class WaitPublisher:
+    """The daemon's side: a thread that samples ``pids()`` (the daemon and its compute child) every
+    :data:`SAMPLE_PERIOD_S` and rewrites the file at ``path`` until :meth:`stop`. The file is created anew
+    (``O_EXCL``, 0600, never following a link: a planted file or link at the path is replaced, not written
+    through) and removed at stop."""
+
+    def __init__(self, path: Path, pids: Callable[[], Iterable[int]]) -> None:
+        self.path, self.pids = path, pids
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="twin-hostwait", daemon=True)
+        self._fd: int | None = None
+
+    def start(self) -> None:
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        os.pwrite(self._fd, encode(0, time.monotonic_ns()), 0)
+        self._thread.start()
+
+    def _run(self) -> None:
+        peak = WaitPeak()
+        while not self._stop.wait(SAMPLE_PERIOD_S):
+            now = time.monotonic_ns()
+            value = peak.sample(now, thread_waits(self.pids()))
+            if self._fd is not None:
+                try:
+                    os.pwrite(self._fd, encode(value, now), 0)
+                except OSError:
+                    return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(2 * SAMPLE_PERIOD_S + 1.0)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def read_peak_ms(path: Path, now_ns: int, fresh_ns: int = FRESH_NS) -> float:
+    """The twin's worst thread wait over its last second (ms) from the file at ``path``, read at ``now_ns``
+    (CLOCK_MONOTONIC); 0.0 when the file is absent, not this user's regular file, torn, or older than
+    ``fresh_ns``. Never raises: a missing figure only means the host is judged on the node's own."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return 0.0
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid() or (st.st_mode & 0o170000) != 0o100000:
+            return 0.0
+        got = decode(os.pread(fd, _LAYOUT.size, 0))
+    except OSError:
+        return 0.0
+    finally:
+        os.close(fd)
+    if got is None or not 0 <= now_ns - got[1] <= fresh_ns:
+        return 0.0
+    return got[0] / 1e6

@@ -1,0 +1,103 @@
+"""The twin's own wait for a host CPU (backend/sim/hostwait.py) and how the node's host judgement uses it."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from chestnut.backend.sim.client import running_twin
+from chestnut.backend.sim.hostwait import FILE_NAME, WaitPeak, decode, encode, read_peak_ms, thread_waits
+from chestnut.msgs.paths import runtime_dir
+from chestnut.node.hostload import HostMeter
+from chestnut.node.policy import HostFigures, host_late
+
+MS = 1_000_000
+
+
+def test_the_peak_is_the_worst_single_threads_wait_within_the_window():
+    peak = WaitPeak(window_ns=1000 * MS)
+    assert peak.sample(0, {(1, 1): 5 * MS, (1, 2): 0}) == 0
+    assert peak.sample(400 * MS, {(1, 1): 12 * MS, (1, 2): 3 * MS}) == 7 * MS
+    # a thread first seen inside the window counts from its first sample, a gone one is no longer judged
+    assert peak.sample(800 * MS, {(1, 1): 13 * MS, (1, 3): 40 * MS}) == 8 * MS
+    assert peak.sample(900 * MS, {(1, 1): 13 * MS, (1, 3): 65 * MS}) == 25 * MS
+    # the sample at 0 has left the window at 1500 ms (the one at 400 ms is the base for the last second)
+    assert peak.sample(1500 * MS, {(1, 1): 14 * MS, (1, 3): 65 * MS}) == 25 * MS
+    assert peak.sample(1900 * MS, {(1, 1): 14 * MS, (1, 3): 65 * MS}) == 1 * MS  # since 900 ms: 13 -> 14
+    assert peak.sample(2900 * MS, {(1, 1): 14 * MS, (1, 3): 65 * MS}) == 0
+
+
+def test_a_record_round_trips_and_a_torn_or_short_one_is_no_figure():
+    assert decode(encode(31 * MS, 123456789)) == (31 * MS, 123456789)
+    torn = bytearray(encode(31 * MS, 123456789))
+    torn[0] ^= 1
+    assert decode(bytes(torn)) is None
+    assert decode(encode(1, 2)[:16]) is None
+
+
+def test_the_file_is_read_only_when_fresh_regular_and_ours(tmp_path: Path):
+    path = tmp_path / FILE_NAME
+    assert read_peak_ms(path, 10**12) == 0.0  # absent: a real dock
+    path.write_bytes(encode(31 * MS, 10**12))
+    assert read_peak_ms(path, 10**12 + 100 * MS) == 31.0
+    assert read_peak_ms(path, 10**12 + 600 * MS) == 0.0  # the daemon stopped sampling: stale
+    link = tmp_path / "link"
+    link.symlink_to(path)
+    assert read_peak_ms(link, 10**12) == 0.0  # never through a link
+    (tmp_path / "dir").mkdir()
+    assert read_peak_ms(tmp_path / "dir", 10**12) == 0.0
+
+
+def test_a_thread_that_waits_for_a_cpu_is_measured():
+    """Two busy threads of one child pinned to one CPU: each waits on the run queue while the other runs, and
+    schedstat says so (the figure the twin publishes is real run-queue time, not an estimate)."""
+    code = ("import os, threading\nos.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+            "def spin():\n    while True: pass\nthreading.Thread(target=spin, daemon=True).start()\nspin()\n")
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        peak, got, deadline = WaitPeak(), 0, time.monotonic() + 30
+        while got < 20 * MS and time.monotonic() < deadline:
+            got = peak.sample(time.monotonic_ns(), thread_waits([child.pid]))
+            time.sleep(0.05)
+        assert got >= 20 * MS
+        assert {pid for pid, _ in thread_waits([child.pid])} == {child.pid}
+    finally:
+        child.kill()
+        child.wait()
+    assert thread_waits([child.pid]) == {}  # gone: left out, no error
+
+
+def test_a_twin_wait_of_20_ms_makes_a_miss_the_hosts_and_less_does_not():
+    assert host_late(HostFigures(twin_wait_ms=31.0)) == "host late: the twin waited 31 ms for a CPU"
+    assert host_late(HostFigures(twin_wait_ms=19.9)) == ""
+    assert HostFigures(loop_late_ms=3.0, worker_late_ms=5.0, twin_wait_ms=31.0).peak_late_ms == 31.0
+
+
+def test_the_host_meter_reads_the_twins_file(tmp_path: Path):
+    path = tmp_path / FILE_NAME
+    now = time.monotonic_ns()
+    path.write_bytes(encode(42 * MS, now))
+    assert HostMeter(twin_wait_path=path).figures(now).twin_wait_ms == 42.0
+    assert HostMeter().figures(now).twin_wait_ms == 0.0
+
+
+def test_the_daemon_keeps_the_file_beside_its_socket_and_removes_it_at_stop():
+    path = runtime_dir() / FILE_NAME
+    with running_twin() as twin:
+        deadline = time.monotonic() + 10
+        while (got := decode(path.read_bytes()) if path.exists() else None) is None or got[1] == 0:
+            assert time.monotonic() < deadline, "no hostwait record within 10 s"
+            time.sleep(0.05)
+        st = path.lstat()
+        assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.getuid()
+        first = decode(path.read_bytes())
+        while (again := decode(path.read_bytes())) is None or again[1] == first[1]:
+            assert time.monotonic() < deadline, "the record was not rewritten"
+            time.sleep(0.05)
+        assert 0 <= time.monotonic_ns() - again[1] < 10**10
+        twin.daemon.stop()
+    assert not path.exists()
