@@ -567,7 +567,8 @@ class RouteWriter:
     :meth:`write_frame` encodes camera frames into the segment's ``fcamera.mkv`` (``msgs/video.py``;
     None: frames are logged raw with :meth:`write`); the video is flushed with ``policy`` and closed with
     its segment. ``unix_offset_ns``: the route's one offset from CLOCK_MONOTONIC to Unix time (``msgs/clock.py``;
-    None: taken now), kept in every segment's ``initData`` config and used for the MCAP times.
+    None: taken now), kept in every segment's ``initData`` config and used for the MCAP times. ``mcap_video``:
+    the JSON MCAP's ``/camera/video`` (:class:`McapSegmentWriter` ``video``).
     """
 
     def __init__(
@@ -585,8 +586,10 @@ class RouteWriter:
         mcap_encodings: Iterable[str] = ("capnproto",),
         video: VideoOptions | None = None,
         unix_offset_ns: int | None = None,
+        mcap_video: bool = True,
     ) -> None:
         self.formats = tuple(dict.fromkeys(formats))
+        self.mcap_video = mcap_video
         self.unix_offset_ns = unix_offset_ns_now() if unix_offset_ns is None else int(unix_offset_ns)
         self.mcap_encodings = tuple(dict.fromkeys(mcap_encodings))
         if not self.mcap_encodings or set(self.mcap_encodings) - set(MCAP_ENCODINGS):
@@ -656,6 +659,7 @@ class RouteWriter:
                         metadata=meta,
                         encodings=self.mcap_encodings,
                         unix_offset_ns=self.unix_offset_ns,
+                        video=self.mcap_video,
                     )
                 else:
                     writer = _WRITERS[fmt](path, self.policy, self._clock)

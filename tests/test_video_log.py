@@ -289,6 +289,14 @@ def test_the_live_json_mcap_carries_the_camera_as_h264_at_full_size_with_a_keyfr
     assert np.abs(first - imgs[0]).mean() < 8  # lossy (x264 at crf 23), but the frame
 
 
+def test_no_mcap_video_leaves_the_camera_video_out(tmp_path):
+    img = random_frames(1, 128, 256, "bgr888")[0]
+    kw = {"formats": ("mcap",), "mcap_encodings": ("json",), "video": VideoOptions(), "route": ROUTE}
+    with RouteWriter(tmp_path, mcap_video=False, **kw) as w:  # chestnut record --no-mcap-video
+        w.write_frame(10**9, log_from_bytes(frame_event(0, img, "bgr888", t_ns=10**9).to_bytes()), img)
+    assert _video_messages(tmp_path / f"{ROUTE}--0" / "rlog.mcap") == []
+
+
 def test_a_full_size_nv12_frame_is_one_decodable_keyframe(tmp_path):
     g = synthetic_frames(1208, 1928, "nv12")
     with RouteWriter(tmp_path, formats=("mcap",), mcap_encodings=("json",), video=VideoOptions(), route=ROUTE) as w:
