@@ -491,9 +491,11 @@ class McapSegmentWriter(_SegmentFileWriter):
                     }
                 self._add(self._json_channel(topic), log_mono_time_ns, json.dumps(message).encode())
             if service == "cameraFrame" and self._video is not None:
-                self._write_video(event.cameraFrame, body, pixels, log_mono_time_ns)
+                self._write_video(self._video, event.cameraFrame, body, pixels, log_mono_time_ns)
 
-    def _write_video(self, cf: Any, body: dict[str, Any], pixels: Any, log_mono_time_ns: int) -> None:
+    def _write_video(
+        self, video: FoxgloveVideo, cf: Any, body: dict[str, Any], pixels: Any, log_mono_time_ns: int
+    ) -> None:
         """The frame on ``/camera/video`` (H.264, ``msgs/video.py`` ``FoxgloveVideo``): its ``pixels``, else its
         inline ``data``; a frame with neither (a ring frame the logger could not read) has none, one the
         encoder refuses is counted in ``video_skipped``."""
@@ -502,7 +504,7 @@ class McapSegmentWriter(_SegmentFileWriter):
                 if not len(cf.data):
                     return
                 pixels = frame_to_array(cf)
-            unit, _ = self._video.encode(pixels, body["width"], body["height"], body["encoding"], log_mono_time_ns)
+            unit, _ = video.encode(pixels, body["width"], body["height"], body["encoding"], log_mono_time_ns)
         except (ValueError, av.FFmpegError) as e:
             self.video_skipped += 1
             if self.video_skipped == 1:
