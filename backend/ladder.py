@@ -9,7 +9,9 @@ The rungs, in order, each with the health layer it speaks for:
 ``link_speed``     usb     SuperSpeed (>= 5000 Mbps); USB 2 is a WARN with its known hazards
 ``link_stability`` usb     link errors over a short window <= 5 per second (openpilot hardwared)
 ``ltssm``          pcie    LTSSM 0x78, after a 0xF3 power-on and a bounded wait for training if needed
-``gpu_arch``       gpu     an AMD GPU (vendor 0x1002) of a supported architecture on bus 4
+``gpu_arch``       gpu     the BARs assigned by tinygrad's own ``System.pci_setup_usb_bars`` and checked
+                           (:func:`tinygrad_bar_setup`); an AMD GPU (vendor 0x1002) of a supported
+                           architecture on bus 4
 ``model_loaded``   gpu     the model is loaded on the dock
 ``warmup``         output  one inference on the fingerprint's fixed input matches the recorded
                            fingerprint (:mod:`chestnut.backend.fingerprint`)
@@ -39,11 +41,20 @@ import usb.util
 
 from chestnut.backend import progress
 from chestnut.backend import protocol as P
-from chestnut.backend.bridge import Bridge, LinkTraining
+from chestnut.backend.bridge import PCI_BAR_MEM_TYPE_64, PCI_BASE_ADDRESS_0, Bridge, LinkTraining
 from chestnut.backend.classify import advice_for, blame_slow_link, classify, link_speed_text
-from chestnut.backend.errors import ChestnutError, Layer, ModelError, OutputLayerError, UsbLayerError
+from chestnut.backend.errors import (
+    ChestnutError,
+    GpuLayerError,
+    Layer,
+    ModelError,
+    OutputLayerError,
+    PcieLayerError,
+    UsbLayerError,
+)
 from chestnut.backend.fingerprint import compare, fixed_inputs
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec, StepResult
+from chestnut.backend.jitcache import private_tinygrad_cache
 
 STEPS: tuple[tuple[str, Layer], ...] = (
     ("usb_ids", Layer.USB), ("link_speed", Layer.USB), ("link_stability", Layer.USB), ("ltssm", Layer.PCIE),
@@ -432,11 +443,86 @@ class DockQualifier:
         return self._gpu_step(self) if self._gpu_step is not None else self.gpu_arch_via_bridge()
 
     def gpu_arch_via_bridge(self) -> Outcome:
-        """Assign the BARs (tinygrad's ``pci_setup_usb_bars`` steps) and check the GPU's vendor/device id."""
-        self.bars = self.bridge.setup_bars()
+        """Assign the BARs with tinygrad's own ``System.pci_setup_usb_bars`` (:func:`tinygrad_bar_setup`) and
+        check the GPU's vendor/device id."""
+        self.bars = tinygrad_bar_setup(self.bridge)
         self.gpu = self.bridge.check_gpu()
         vram = self.bars.get(0, (0, 0))[1]
         return Outcome(StepResult.PASS, f"AMD {self.gpu.describe()}, BAR0 {vram >> 20} MiB")
+
+
+# ------------------------------------------------------------------ tinygrad's BAR set-up, checked
+class _BoundedControl:
+    """tinygrad 0.14 ``USB3``'s control transfers over ``usb``, each bounded by ``ctrl_timeout_ms``: tinygrad's
+    ``CustomASM24Controller`` asks 5000 ms for a TLP and 1000 ms for an XDATA read; inside a ladder rung
+    every transfer has the rung's own bound (``LadderConfig.ctrl_timeout_ms``)."""
+
+    def __init__(self, usb: Any, ctrl_timeout_ms: int) -> None:
+        self.usb, self.ctrl_timeout_ms = usb, ctrl_timeout_ms
+
+    def control_write(self, request: int, value: int = 0, index: int = 0, data: bytes = b"",
+                      timeout: int = 1000) -> Any:
+        return self.usb.control_write(request, value, index, data, min(timeout, self.ctrl_timeout_ms))
+
+    def control_read(self, request: int, length: int, value: int = 0, index: int = 0, timeout: int = 1000) -> Any:
+        return self.usb.control_read(request, length, value, index, min(timeout, self.ctrl_timeout_ms))
+
+
+def check_bars(bridge: Any, bars: dict[int, tuple[int, int]], gpu_bus: int = P.GPU_BUS,
+               mem_base: int = P.USB_MEM_BASE, pref_mem_base: int = P.USB_PREF_MEM_BASE) -> None:
+    """Our checks after tinygrad's ``pci_setup_usb_bars``, which trusts what it read: BAR0 (VRAM) and BAR2 (the
+    doorbells) are assigned (``AMDev`` and ``AMDQueueDesc`` use both); each size is a power of two of at least
+    4 KiB (PCI BAR sizing) at an address aligned to ``min(size, 2 MiB)`` inside its window (non-prefetchable
+    from ``mem_base`` below 4 GiB, prefetchable from ``pref_mem_base``); and each BAR register, read back
+    through ``bridge`` (anything with :meth:`Bridge.cfg_read`'s signature), holds the address assigned.
+    Raises :class:`GpuLayerError` ``bar_missing`` / ``bad_bar`` or :class:`PcieLayerError`
+    ``bar_not_programmed``, naming the BAR."""
+    for i in (0, 2):
+        if i not in bars:
+            raise GpuLayerError("bar_missing", f"BAR{i} was not assigned by pci_setup_usb_bars (got {sorted(bars)})")
+    for i, (addr, size) in sorted(bars.items()):
+        lo, hi = (pref_mem_base, 1 << 64) if addr >= pref_mem_base else (mem_base, 1 << 32)
+        if size < 0x1000 or size & (size - 1) or addr % min(size, 2 << 20) or not lo <= addr < addr + size <= hi:
+            raise GpuLayerError("bad_bar", f"BAR{i} at {addr:#x}, {size:#x} bytes: not a power-of-two size at an "
+                                           f"aligned address in [{lo:#x}, {hi:#x})")
+        reg = PCI_BASE_ADDRESS_0 + 4 * i
+        low = bridge.cfg_read(reg, bus=gpu_bus)
+        got = low & ~0xF
+        if low & PCI_BAR_MEM_TYPE_64:
+            got |= bridge.cfg_read(reg + 4, bus=gpu_bus) << 32
+        if got != addr:
+            raise PcieLayerError("bar_not_programmed", f"BAR{i} reads {got:#x} after pci_setup_usb_bars "
+                                                       f"assigned {addr:#x}")
+
+
+def tinygrad_bar_setup(bridge: Bridge, gpu_bus: int = P.GPU_BUS, mem_base: int = P.USB_MEM_BASE,
+                       pref_mem_base: int = P.USB_PREF_MEM_BASE) -> dict[int, tuple[int, int]]:
+    """tinygrad 0.14's own ``System.pci_setup_usb_bars`` (``runtime/support/system.py``), unmodified, on its own
+    ``CustomASM24Controller`` (``runtime/support/usb.py``, its ``__init__`` included: the LTSSM read) over the
+    bridge's transport, each control transfer bounded by ``bridge.ctrl_timeout_ms``; tinygrad's errors are
+    classified (:func:`~chestnut.backend.classify.classify`), and :func:`check_bars` checks what it assigned.
+    In a process whose tinygrad is not imported yet, ``DEV`` defaults to ``CPU`` (never probe devices) and
+    tinygrad's disk cache is private (``backend/jitcache.py``). Returns BAR -> (bus address, size in bytes),
+    also kept in ``bridge.bars``."""
+    import os
+    import sys
+
+    if "tinygrad" not in sys.modules:
+        os.environ.setdefault("DEV", "CPU")
+    private_tinygrad_cache()
+    from tinygrad.runtime.support.system import System
+    from tinygrad.runtime.support.usb import CustomASM24Controller
+
+    try:
+        ctrl = CustomASM24Controller(_BoundedControl(bridge.usb, bridge.ctrl_timeout_ms))
+        bars = dict(System.pci_setup_usb_bars(ctrl, gpu_bus=gpu_bus, mem_base=mem_base, pref_mem_base=pref_mem_base))
+    except ChestnutError:
+        raise
+    except Exception as e:
+        raise classify(e, default=UsbLayerError) from e
+    check_bars(bridge, bars, gpu_bus, mem_base, pref_mem_base)
+    bridge.bars = bars
+    return bars
 
 
 # ------------------------------------------------------------------ the model's rungs

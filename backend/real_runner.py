@@ -522,6 +522,36 @@ def load_or_build_jit(
 
 
 # ------------------------------------------------------------------ the runner
+class _TinygradConfigSpace:
+    """Configuration reads through tinygrad's own controller (``CustomASM24Controller.pcie_cfg_req``), for
+    :func:`~chestnut.backend.ladder.check_bars` on a dock tinygrad owns."""
+
+    def __init__(self, ctrl: Any) -> None:
+        self.ctrl = ctrl
+
+    def cfg_read(self, byte_addr: int, bus: int = P.GPU_BUS, dev: int = 0, fn: int = 0, size: int = 4) -> int:
+        return int(self.ctrl.pcie_cfg_req(byte_addr, bus=bus, dev=dev, fn=fn, size=size))
+
+
+def check_tinygrads_bars(device: Any) -> None:
+    """The BARs tinygrad's ``USBPCIDevice.__init__`` assigned with ``System.pci_setup_usb_bars``
+    (``device.iface.pci_dev._bar_info``), checked as the twin's ladder checks them
+    (:func:`~chestnut.backend.ladder.check_bars`, read back through tinygrad's controller). Raises the typed
+    error; a device without a USB PCI device (not a dock) is not checked."""
+    from chestnut.backend.ladder import check_bars
+
+    pci = getattr(getattr(device, "iface", None), "pci_dev", None)
+    bars = getattr(pci, "_bar_info", None)
+    if pci is None or not isinstance(bars, dict):
+        return
+    try:
+        check_bars(_TinygradConfigSpace(pci.usb), dict(bars))
+    except ChestnutError:
+        raise
+    except Exception as e:
+        raise translate(e) from e
+
+
 class RealRunner:
     """:class:`~chestnut.backend.interface.PrimaryRunner` on a real dock through tinygrad 0.14.
 
@@ -573,6 +603,7 @@ class RealRunner:
         check_firmware_cache()
         DockLock(dock_lock_path(q.dev.bus, q.dev.address)).wait_free(self.lock_timeout_s)
         self.device = self._open_device(dock_lock_path(q.dev.bus, q.dev.address))
+        check_tinygrads_bars(self.device)
         arch = str(getattr(self.device, "arch", ""))
         if arch not in P.SUPPORTED_ARCHS:
             raise GpuLayerError(

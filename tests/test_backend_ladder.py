@@ -271,3 +271,93 @@ def test_wall_clock_of_a_healthy_qualification_is_bounded(dock):
     t0 = time.monotonic()
     assert qualify().passed
     assert time.monotonic() - t0 < 5.0
+
+
+def test_the_bars_are_tinygrads_own_pci_setup_usb_bars_checked_after(monkeypatch):
+    """The gpu_arch rung calls tinygrad 0.14's ``System.pci_setup_usb_bars`` itself (on tinygrad's
+    ``CustomASM24Controller``), and what it assigned is what the project's own sizing finds."""
+    from tinygrad.runtime.support import system
+    from tinygrad.runtime.support.usb import CustomASM24Controller
+
+    from chestnut.backend.bridge import Bridge
+
+    real = type(system.System).pci_setup_usb_bars
+    calls = []
+
+    def spy(self, usb, **kw):
+        calls.append((type(usb), kw))
+        return real(self, usb, **kw)
+
+    monkeypatch.setattr(type(system.System), "pci_setup_usb_bars", spy)
+    twin = Twin(TwinConfig())
+    try:
+        dock = UsbDock(TwinBackend(twin=twin, cached=False), CFG.ctrl_timeout_ms)
+        q = DockQualifier(dock, CFG)
+        report = q.run()
+        assert report.passed, report.first_failure
+        assert calls == [(CustomASM24Controller, {"gpu_bus": P.GPU_BUS, "mem_base": P.USB_MEM_BASE,
+                                                  "pref_mem_base": P.USB_PREF_MEM_BASE})]
+        ours = Bridge(q.bridge.usb).setup_bars()  # the project's own sizing, run again on the same dock
+        assert q.bars == ours and q.bars[0] == (P.USB_PREF_MEM_BASE, P.BAR0_VRAM_BYTES)
+    finally:
+        twin.close()
+
+
+class _Cfg:
+    """A bridge whose BAR registers read ``regs`` (config offset -> dword)."""
+
+    def __init__(self, regs: dict[int, int]) -> None:
+        self.regs = regs
+
+    def cfg_read(self, byte_addr: int, bus: int = P.GPU_BUS, dev: int = 0, fn: int = 0, size: int = 4) -> int:
+        return self.regs.get(byte_addr, 0)
+
+
+def test_bars_tinygrad_assigned_are_checked_against_the_bar_registers():
+    from chestnut.backend.errors import GpuLayerError
+    from chestnut.backend.ladder import check_bars
+
+    bar0, bar2 = (P.USB_PREF_MEM_BASE, P.BAR0_VRAM_BYTES), (P.USB_PREF_MEM_BASE + P.BAR0_VRAM_BYTES, 2 << 20)
+    good = {0x10: (bar0[0] & 0xFFFFFFFF) | 0xC, 0x14: bar0[0] >> 32,
+            0x18: (bar2[0] & 0xFFFFFFFF) | 0xC, 0x1C: bar2[0] >> 32}
+    check_bars(_Cfg(good), {0: bar0, 2: bar2})
+    with pytest.raises(PcieLayerError) as info:
+        check_bars(_Cfg({**good, 0x1C: 0}), {0: bar0, 2: bar2})
+    assert (info.value.reason, info.value.detail) == (
+        "bar_not_programmed", f"BAR2 reads {bar2[0] & 0xFFFFFFF0:#x} after pci_setup_usb_bars assigned {bar2[0]:#x}")
+    with pytest.raises(GpuLayerError) as ginfo:
+        check_bars(_Cfg(good), {0: bar0})
+    assert (ginfo.value.reason, ginfo.value.detail) == ("bar_missing",
+                                                        "BAR2 was not assigned by pci_setup_usb_bars (got [0])")
+    with pytest.raises(GpuLayerError) as ginfo:
+        check_bars(_Cfg(good), {0: bar0, 2: (bar2[0] + 0x1000, 3 << 20)})
+    assert ginfo.value.reason == "bad_bar"
+
+
+def test_the_real_paths_bars_from_tinygrads_device_are_checked_through_its_controller():
+    """On a dock tinygrad opens itself (``USBPCIDevice.__init__`` runs ``pci_setup_usb_bars``), the same checks
+    read the BAR registers back through tinygrad's ``CustomASM24Controller.pcie_cfg_req``."""
+    from types import SimpleNamespace
+
+    from chestnut.backend.real_runner import check_tinygrads_bars
+
+    bar0, bar2 = (P.USB_PREF_MEM_BASE, P.BAR0_VRAM_BYTES), (P.USB_PREF_MEM_BASE + P.BAR0_VRAM_BYTES, 2 << 20)
+    regs = {0x10: (bar0[0] & 0xFFFFFFFF) | 0xC, 0x14: bar0[0] >> 32, 0x18: (bar2[0] & 0xFFFFFFFF) | 0xC,
+            0x1C: bar2[0] >> 32}
+    reads = []
+
+    def pcie_cfg_req(byte_addr, bus=1, dev=0, fn=0, value=None, size=4):
+        reads.append((byte_addr, bus))
+        return regs.get(byte_addr, 0)
+
+    def device(bars):
+        ctrl = SimpleNamespace(pcie_cfg_req=pcie_cfg_req)
+        return SimpleNamespace(iface=SimpleNamespace(pci_dev=SimpleNamespace(usb=ctrl, _bar_info=bars)))
+
+    check_tinygrads_bars(device({0: bar0, 2: bar2}))
+    assert reads == [(0x10, P.GPU_BUS), (0x14, P.GPU_BUS), (0x18, P.GPU_BUS), (0x1C, P.GPU_BUS)]
+    regs[0x14] = 0  # BAR0's upper dword lost
+    with pytest.raises(PcieLayerError) as info:
+        check_tinygrads_bars(device({0: bar0, 2: bar2}))
+    assert info.value.reason == "bar_not_programmed"
+    check_tinygrads_bars(SimpleNamespace())  # not a dock (no USB PCI device): nothing to check
