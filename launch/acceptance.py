@@ -36,21 +36,18 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from chestnut.backend import protocol as P
+from chestnut.launch.acceptance_bus import FRAME_HZ, FrameBus, inactive_since, percentile_ms, serving_primary
+from chestnut.launch.acceptance_dock import run_dock_process
 from chestnut.msgs.outdir import OutputDirError, open_private, private_dir, write_private
 
 DEFAULT_SIZES = (64 << 10, 1 << 20, 4 << 20)  # bytes per copy
-FRAME_HZ = 20.0  # camera rate of the kit (Hz), openpilot's road camera
-CHILD_TIMEOUT_S = 600.0  # the ladder's own bounds sum to about 230 s on a cold compile cache
 ACTIVE_TIMEOUT_S = 300.0  # the node's derived start-up budget (node/config.py) plus its fallback's warm-up
 DETECT_BOUND_MS = P.WAIT_TIMEOUT_MS * 1.1 + 2000.0  # the wait timeout + 10 %, plus a scheduling allowance
 RECOVER_BOUND_S = 120.0  # back-off, a fresh worker's ladder (warm compile cache) and shadow frames
@@ -80,217 +77,6 @@ class StepRecord:
             "figures": self.figures,
             "detail": self.detail,
         }
-
-
-# ------------------------------------------------------------------ the dock's process
-def _child_main(params: dict[str, Any]) -> dict[str, Any]:
-    """In a fresh process that owns the dock: the ladder, the copies, the fingerprint and the identity."""
-    from chestnut.backend.fingerprint import compare, fixed_inputs, summarize
-    from chestnut.backend.interface import ModelSpec
-    from chestnut.backend.ladder import LadderConfig, model_steps, run_steps
-    from chestnut.backend.probe import runner_identity
-
-    runner: Any
-    if params["twin"]:
-        from chestnut.backend.twin_runner import TwinRunner
-
-        runner = TwinRunner(params["prefix"], wait_timeout_ms=params["wait_timeout_ms"])
-    else:
-        from chestnut.backend.real_runner import RealRunner
-
-        runner = RealRunner(wait_timeout_ms=params["wait_timeout_ms"])
-    fp = params["fingerprint"]
-    spec = ModelSpec(Path(params["model"]), params["name"], {k: tuple(v) for k, v in params["shapes"].items()}, fp)
-    out: dict[str, Any] = {"copies": [], "fingerprint": None}
-    try:
-        report = runner.qualify()
-        if report.passed:
-            out["copies"] = [_copy_once(runner, n, params["twin"]) for n in params["sizes"]]
-            run_steps(model_steps(runner, spec, LadderConfig(wait_timeout_ms=params["wait_timeout_ms"])), report)
-        if report.passed:
-            got = runner.run(fixed_inputs(runner._inputs, int(fp["seed"])))  # the specs load() found
-            check = compare(fp, got)
-            diff = max(
-                abs(float(summarize(a)["mean"]) - float(fp["outputs"][k]["mean"]))
-                for k, a in got.items()
-                if k in fp["outputs"]
-            )
-            out["fingerprint"] = {
-                "ok": check.ok,
-                "exact": check.exact,
-                "detail": check.detail,
-                "max_mean_diff": diff,
-                "seed": int(fp["seed"]),
-            }
-        out["ladder"] = report.to_json()
-        out["identity"] = runner_identity(runner)
-    finally:
-        runner.close()
-    return out
-
-
-def _copy_once(runner: Any, nbytes: int, twin: bool) -> dict[str, Any]:
-    """Copy ``nbytes`` random bytes in and back out; MB/s each way (1 MB = 1e6 bytes)."""
-    data = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8).tobytes()
-    try:
-        if twin:  # the twin runner's copy path: tinygrad 0.14's AMDAllocator._copyin/_copyout over the twin's SDMA
-            at = runner.scratch_offset(nbytes)  # free VRAM: below VRAM_HEAP_OFFSET are the rings
-            t0 = time.perf_counter()
-            runner._copy_in(at, data)
-            t1 = time.perf_counter()
-            back = bytes(runner._copy_out(at, nbytes))
-            t2 = time.perf_counter()
-        else:  # tinygrad's own Buffers on the dock (tinygrad 0.14 device.py Buffer.copy_from, as_memoryview)
-            from tinygrad import Device, dtypes
-            from tinygrad.device import Buffer
-
-            buf = Buffer("AMD", nbytes, dtypes.uint8).allocate()
-            src = Buffer("PYTHON", nbytes, dtypes.uint8, opaque=memoryview(bytearray(data)))
-            t0 = time.perf_counter()
-            buf.copy_from(src)
-            Device["AMD"].synchronize()
-            t1 = time.perf_counter()
-            back = bytes(buf.as_memoryview())
-            t2 = time.perf_counter()
-    except Exception as e:  # a failed copy is this step's verdict, with the error as its detail
-        return {"bytes": nbytes, "error": f"{type(e).__name__}: {e}"}
-    return {
-        "bytes": nbytes,
-        "copy_in_mbps": round(nbytes / max(t1 - t0, 1e-9) / 1e6, 3),
-        "copy_out_mbps": round(nbytes / max(t2 - t1, 1e-9) / 1e6, 3),
-        "round_trip_exact": back == data,
-    }
-
-
-def _run_child(params: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "chestnut.launch.acceptance", "--child", json.dumps(params)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"the dock's process exited {proc.returncode}: {tail[0]}")
-    return dict(json.loads(lines[-1]))
-
-
-# ------------------------------------------------------------------ the node and its messages
-@dataclass
-class Seen:
-    """What the kit received from the node: (receipt ns, frame id, source) of every output; ChestnutActive
-    (receipt ns, active); nodeState (receipt ns, state) and its identity."""
-
-    outputs: list[tuple[int, int, str]] = field(default_factory=list)
-    active: list[tuple[int, bool]] = field(default_factory=list)
-    states: list[tuple[int, str]] = field(default_factory=list)
-    sent: dict[int, int] = field(default_factory=dict)
-    identity: dict[str, str] = field(default_factory=dict)  # the latest nodeState's
-    init_identity: dict[str, str] = field(default_factory=dict)  # the latest initData's
-
-
-class FrameBus(threading.Thread):
-    """Publishes ``cameraFrame`` (uint8 noise, ``height`` x ``width``) at :data:`FRAME_HZ` and records the
-    node's ``modelOutput``, ``chestnutActive`` and ``nodeState``."""
-
-    def __init__(self, prefix: str, height: int, width: int) -> None:
-        super().__init__(name="acceptance-bus", daemon=True)
-        self.prefix, self.height, self.width = prefix, height, width
-        self.seen = Seen()
-        self.lock = threading.Lock()
-        self.stop_evt = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        import zmq
-
-        from chestnut.msgs.frames import fill_frame
-        from chestnut.msgs.messaging import PubMaster, drain_sock, sub_sock
-
-        try:
-            pm = PubMaster(["cameraFrame"], prefix=self.prefix)
-            poller = zmq.Poller()
-            socks = {
-                s: sub_sock(s, poller, prefix=self.prefix)
-                for s in ("modelOutput", "chestnutActive", "nodeState", "initData")
-            }
-            rng = np.random.default_rng(0)
-            fid, next_s = 0, time.monotonic()
-            while not self.stop_evt.is_set():
-                if time.monotonic() >= next_s:
-                    now = time.monotonic_ns()
-                    pm.send(
-                        "cameraFrame",
-                        fill_frame(
-                            fid,
-                            rng.integers(0, 256, (self.height, self.width, 3), dtype=np.uint8),
-                            now,
-                            now,
-                            "acceptance",
-                        ),
-                    )
-                    with self.lock:
-                        self.seen.sent[fid] = now
-                    fid += 1
-                    next_s = max(next_s + 1.0 / FRAME_HZ, time.monotonic())
-                poller.poll(max(0, int((next_s - time.monotonic()) * 1000)))
-                recv = time.monotonic_ns()
-                for service, sock in socks.items():
-                    for ev in drain_sock(sock):
-                        with self.lock:
-                            if service == "modelOutput":
-                                self.seen.outputs.append(
-                                    (recv, int(ev.modelOutput.frameId), str(ev.modelOutput.source))
-                                )
-                            elif service == "chestnutActive":
-                                self.seen.active.append((recv, bool(ev.chestnutActive.active)))
-                            elif service == "initData":
-                                self.seen.init_identity = {str(kv.key): str(kv.value) for kv in ev.initData.identity}
-                            else:
-                                self.seen.states.append((recv, str(ev.nodeState.state)))
-                                self.seen.identity = {str(kv.key): str(kv.value) for kv in ev.nodeState.identity}
-            for sock in socks.values():
-                sock.close(linger=0)
-            pm.close()
-        except BaseException as e:  # reported by wait_for
-            self.error = e
-
-    def wait_for(self, pred: Callable[[Seen], Any], timeout_s: float) -> Any:
-        """``pred(seen)`` until truthy (returned), or None after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and self.error is None:
-            with self.lock:
-                got = pred(self.seen)
-            if got:
-                return got
-            time.sleep(0.02)
-        return None
-
-
-def serving_primary(since_ns: int, n: int = 3) -> Callable[[Seen], int | None]:
-    """The receipt time of the ``n``-th consecutive primary output after ``since_ns`` with the node active."""
-
-    def pred(s: Seen) -> int | None:
-        outs = [o for o in s.outputs if o[0] >= since_ns]
-        active = any(t >= since_ns and st == "active" for t, st in s.states)
-        if active and len(outs) >= n and all(o[2] == "primary" for o in outs[-n:]):
-            return outs[-1][0]
-        return None
-
-    return pred
-
-
-def inactive_since(since_ns: int) -> Callable[[Seen], int | None]:
-    """The first receipt after ``since_ns`` of ChestnutActive false or nodeState degraded."""
-
-    def pred(s: Seen) -> int | None:
-        times = [t for t, a in s.active if t >= since_ns and not a] + [
-            t for t, st in s.states if t >= since_ns and st == "degraded"
-        ]
-        return min(times) if times else None
-
-    return pred
-
-
-def percentile_ms(values_ns: list[int], q: float) -> float:
-    return round(float(np.percentile(np.asarray(values_ns, dtype=np.float64), q)) / 1e6, 3) if values_ns else -1.0
 
 
 # ------------------------------------------------------------------ the kit
@@ -420,7 +206,7 @@ class Kit:
         }
         self.say(f"ladder, copies and fingerprint against {'the twin' if self.twin else 'the dock'}")
         try:
-            res = _run_child(params, self.env)
+            res = run_dock_process(params, self.env)
         except (RuntimeError, subprocess.TimeoutExpired, ValueError) as e:
             self.add(StepRecord("ladder", False, {"error": str(e)}, str(e)))
             return False
@@ -718,9 +504,3 @@ def run(args: argparse.Namespace) -> int:
         return 2
     return kit.run()
 
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        print(json.dumps(_child_main(json.loads(sys.argv[2]))), flush=True)
-        sys.exit(0)
-    sys.exit(2)

@@ -18,7 +18,7 @@ from chestnut.backend.ladder import LadderConfig
 from chestnut.backend.model import OnnxModel
 from chestnut.backend.retry import RetryingUSB3
 from chestnut.backend.twin_runner import TwinRunner
-from chestnut.launch.acceptance import _copy_once
+from chestnut.launch.acceptance_dock import copy_once
 
 pytestmark = pytest.mark.timeout(120)
 PREFIX = f"t{os.getpid()}-twincopies"
@@ -42,7 +42,7 @@ def payload(nbytes: int) -> bytes:
 
 def test_the_kits_copy_step_passes_on_a_fault_free_twin(runner, dock):
     """``chestnut acceptance --twin``'s copy step: 64 KiB, 1 MiB, 4 MiB and 16 MiB in and back, byte-exact."""
-    got = [_copy_once(runner, n, True) for n in (64 << 10, MIB, 4 * MIB, 16 * MIB)]
+    got = [copy_once(runner, n, True) for n in (64 << 10, MIB, 4 * MIB, 16 * MIB)]
     assert [(c["bytes"], c.get("error"), c.get("round_trip_exact")) for c in got] == [
         (64 << 10, None, True),
         (MIB, None, True),
