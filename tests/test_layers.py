@@ -200,3 +200,15 @@ def test_check_exit_status(tmp_path: Path, capsys) -> None:
     root = _tree(tmp_path, {"fallback/s.py": "from chestnut.node import main\n", "node/main.py": ""})
     assert ig.main(["--root", str(root), "--check"]) == 1
     assert capsys.readouterr().out.startswith("fallback/s.py:1 imports chestnut.node.main: layer 2 (fallback)")
+
+
+LAUNCH_MODULE_MAX_LINES = 600
+"""``launch/`` is the folder a newcomer opens first: each module does one job and stays readable at a sitting
+(our bound)."""
+
+
+def test_no_module_in_launch_is_over_600_lines() -> None:
+    launch = Path(__file__).resolve().parents[1] / "launch"
+    sizes = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in sorted(launch.glob("*.py"))}
+    assert "stack.py" in sizes and len(sizes) > 10
+    assert {name: n for name, n in sizes.items() if n > LAUNCH_MODULE_MAX_LINES} == {}
