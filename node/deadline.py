@@ -5,14 +5,19 @@ standby its answer is ready a few ms after the frame arrives, so waiting 150 ms 
 every frame in ~25 ms turns a hung frame into three frame periods of silence. The deadline in force follows
 the primary's measured latency instead (docs/health.md "Adaptive deadline"):
 
-    need     = max(q * margin, q + max(host_late_ms, host_late_peak_ms))
+    need     = max(q * margin, q + host_late_ms)
     deadline = min(ceiling, max(floor, need))
 
 where ``q`` is the ``quantile`` (nearest rank) of the last ``window`` primary latencies (ms from the frame's
 ``timestampEof`` to the primary's result reaching the node: what the deadline itself measures, queueing
 included; late results count too). Until ``min_frames`` latencies are known the deadline is the ceiling.
-While the host is late (:func:`chestnut.node.policy.host_late` says so) the deadline does not fall: a late
-host's frames are never judged against a deadline it shrank.
+
+The host: ``host_late_ms`` (``timing.host_late_ms``, 20 ms) is the lateness from which
+:func:`chestnut.node.policy.host_late` takes a miss as the host's (not counted against the dock). The
+allowance covers the host's jitter below it, so a frame the dock answers within ``q`` is never missed
+because the host was a little late; a host later than that makes the miss its own. While the host is late
+the deadline does not fall below the one in force: a late host's frames are never judged against a deadline
+it shrank.
 
 Nothing here reads a clock: the node passes the window and the host's figures and keeps the result.
 """
@@ -98,15 +103,13 @@ def nearest_rank(values: Sequence[float], q: float) -> float:
     return s[max(0, min(len(s) - 1, math.ceil(q * len(s)) - 1))]
 
 
-def adaptive_deadline(latencies_ms: Sequence[float], rule: DeadlineRule, *, previous_ms: float | None = None,
-                      host_late: bool = False, host_late_peak_ms: float = 0.0) -> Deadline:
+def adaptive_deadline(latencies_ms: Sequence[float], rule: DeadlineRule, *, previous: Deadline | None = None,
+                      host_late: bool = False) -> Deadline:
     """The primary's deadline (ms) for the next frame (module docstring).
 
     ``latencies_ms``: the primary's recent latencies, oldest first (only the last ``rule.window`` count);
-    ``previous_ms``: the deadline in force until now (None: none yet); ``host_late``: the host is late now
-    (the deadline then does not fall below ``previous_ms``); ``host_late_peak_ms``: the worst wake-up
-    lateness of the node's loop or the worker's timer in the host window (ms), added in place of
-    ``rule.host_late_ms`` when larger."""
+    ``previous``: the deadline in force until now (None: none yet); ``host_late``: the host is late now
+    (the deadline then does not fall below an adapted ``previous``; the ceiling of a warming one is not held)."""
     if not rule.adaptive:
         return Deadline(rule.ceiling_ms, "fixed")
     recent = list(latencies_ms)[-rule.window:]
@@ -114,12 +117,12 @@ def adaptive_deadline(latencies_ms: Sequence[float], rule: DeadlineRule, *, prev
         return Deadline(rule.ceiling_ms, "warming")
     q = nearest_rank(recent, rule.quantile)
     by_margin = q * rule.margin
-    by_host = q + max(rule.host_late_ms, host_late_peak_ms)
+    by_host = q + rule.host_late_ms
     need, basis = (by_margin, "margin") if by_margin >= by_host else (by_host, "host")
     if need <= rule.floor_ms:
         need, basis = rule.floor_ms, "floor"
     if need >= rule.ceiling_ms:
         need, basis = rule.ceiling_ms, "ceiling"
-    if host_late and previous_ms is not None and previous_ms > need:
-        return Deadline(min(previous_ms, rule.ceiling_ms), "held", q)
+    if host_late and previous is not None and previous.basis not in ("warming", "fixed") and previous.ms > need:
+        return Deadline(min(previous.ms, rule.ceiling_ms), "held", q)
     return Deadline(need, basis, q)

@@ -146,7 +146,7 @@ from chestnut.node.supervisor import (
     fill_node_state,
 )
 from chestnut.node.validity import Check, StaleDetector, ValidityReport, check_outputs, fingerprint
-from chestnut.node.watchdog import ActionKind, RequestKind, Watchdog, WatchdogAction, WatchdogConfig
+from chestnut.node.watchdog import ActionKind, RequestKind, Watchdog, WatchdogAction, WatchdogConfig, queued_behind
 from chestnut.node.worker_handle import WorkerHandle, WorkerResult, describe_returncode
 
 log = logging.getLogger("chestnut.node")
@@ -164,6 +164,7 @@ WATCHDOG_DEFAULT_PERIOD_S = 1.0  # WATCHDOG=1 period when systemd gives no WATCH
 INIT_DATA_PERIOD_S = 10.0     # initData is re-sent this often (on-demand service; it is the log's header)
 DISAGREE_RUN = DEFAULT_DEBOUNCE[Layer.OUTPUT].fail_after  # disagreeing frames in a row the node logs (3)
 BAD_FRAME_LOG_PERIOD_S = 1.0  # a repeated per-frame error is logged at most this often (then counted)
+DEADLINE_LOG_PERIOD_S = 10.0  # the adaptive deadline is logged when its basis changes, else at most this often
 
 
 class LogEvery:
@@ -402,6 +403,7 @@ class Node:
                                           host_late_ms=t.host_late_ms, adaptive=t.adaptive_deadline)
         self.latencies: deque[float] = deque(maxlen=self.deadline_rule.window)
         self.deadline: Deadline = adaptive_deadline((), self.deadline_rule)
+        self.deadline_log = LogEvery(DEADLINE_LOG_PERIOD_S)
         self.host_last_late_ns = 0
         self.host_log = LogEvery()
         self.pending_events: deque[tuple[Event, str, Layer | None]] = deque()
@@ -983,12 +985,22 @@ class Node:
                 self._host_miss(f"frame {frame_id}: {why}; {host}", now)
         elif evidence:
             self.health.apply([Evidence(Layer.GPU, Level.WARN, f"frame {frame_id}: {why}", tag="deadline_miss")], now)
-        verdict = count_miss(self.miss_run, self.cfg.timing.miss_run, self.sup.runs_primary, deadline_ms, why, host)
+        verdict = count_miss(self.miss_run, self.cfg.timing.miss_run, self.sup.runs_primary, deadline_ms, why, host,
+                             self._queued_behind(frame_id, now))
         self.miss_run = verdict.run
         if verdict.fail_over:
             layer, reason = miss_run_blame(verdict.reason, self._transfer_errors() - self.errors_at_good)
             self.health.apply([Evidence(layer, Level.ERROR, reason, hard=True, tag="deadline_miss_run")], now)
             self._feed(Event.DEADLINE_MISS_RUN, reason, layer)
+
+    def _queued_behind(self, seq: int, now: int) -> str:
+        """Why frame ``seq``'s miss only queued behind the worker's oldest unanswered request, still within the
+        ceiling (``node/watchdog.py`` ``queued_behind``); "" when it counts."""
+        w = self.worker
+        head = w.in_flight[0] if w is not None and w.in_flight else None
+        started = self.watchdog.started_ns(head) if head is not None else None
+        age_ms = (now - started) / 1e6 if started is not None else None
+        return queued_behind(seq, head, age_ms, self.cfg.timing.deadline_ms)
 
     def _transfer_errors(self) -> int:
         """The worker's failed transfer attempts so far (its control block; 0 without a worker)."""
@@ -1016,13 +1028,14 @@ class Node:
     def _observe_latency(self, res: WorkerResult, elapsed_ns: int, host: str) -> None:
         """One primary result's latency (its frame's deadline base to its receipt, ``elapsed_ns``; late ones
         too) into the adaptive deadline's window, and the deadline for the next frame (``node/deadline.py``):
-        held while the host is late (``host``), never below the host's own worst wake-up lateness."""
+        held while the host is late (``host``)."""
         if res.error is not None or elapsed_ns < 0:
             return
         self.latencies.append(elapsed_ns / 1e6)
-        f = self.host.last_figures
-        self.deadline = adaptive_deadline(self.latencies, self.deadline_rule, previous_ms=self.deadline.ms,
-                                          host_late=bool(host), host_late_peak_ms=f.peak_late_ms)
+        self.deadline = adaptive_deadline(self.latencies, self.deadline_rule, previous=self.deadline,
+                                          host_late=bool(host))
+        if self.deadline_log.due(self.deadline.basis):  # what sets the deadline: at once when that changes
+            log.info("primary %s", self.deadline.describe())
 
     def _host_miss(self, reason: str, now: int) -> None:
         """A deadline miss while the host was late: counted as the host's (``chestnutHealth.host``), logged

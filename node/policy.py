@@ -275,16 +275,19 @@ class MissVerdict:
 
 
 def count_miss(run: int, miss_run: int, runs_primary: bool, deadline_ms: float, why: str,
-               host: str = "") -> MissVerdict:
+               host: str = "", queued: str = "") -> MissVerdict:
     """One more frame the primary did not answer in time (``run`` misses before it, ``why`` this one).
 
     ``miss_run`` consecutive misses fail the gpu layer over while the primary runs; every further miss
     says so again (the supervisor ignores a repeat). A primary result in time resets the count to 0.
     ``host``: :func:`host_late`'s reason for this miss; a miss while the host was late is the host's: the
     count stays as it was (neither counted nor reset), so it never fails the gpu layer over nor feeds the
-    supervisor's flap guard."""
+    supervisor's flap guard. ``queued``: why the frame only queued behind an earlier, slower one still within
+    the ceiling (``node/watchdog.py`` ``queued_behind``); such a miss is not counted either."""
     if host:
         return MissVerdict(run, False, "", host)
+    if queued:
+        return MissVerdict(run, False)
     run += 1
     if run >= miss_run and runs_primary:
         return MissVerdict(run, True, f"{run} consecutive frames without a primary result within the deadline "

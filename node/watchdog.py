@@ -34,6 +34,11 @@ answered from the fallback all the same (entity ``"host"``), but the deadline en
 it nor takes it as an on-time frame, so it never fails the gpu layer over. The hang and alive
 entities ignore ``host``: a worker silent for the wait timeout + margin is killed whatever the host does.
 
+A miss of a frame that is only queued behind an earlier request still within ``frame_deadline_ms`` (the
+ceiling, 150 ms: :func:`queued_behind`) is answered from the fallback but not counted either: with the
+adaptive deadline one slow frame would otherwise make the frames behind it miss too, and one late frame is a
+miss, not a failover. Once the request at the head is older than the ceiling, the frames behind it count.
+
 The hang margin (250 ms, our choice): inside the worker, tinygrad's own wait raises at
 ``HCQDEV_WAIT_TIMEOUT_MS=3000``; the margin lets the worker report that typed error itself (a
 better diagnosis than a kill) and absorbs scheduling jitter on a loaded host, while the kill still
@@ -201,6 +206,19 @@ def _ms(ns: int) -> str:
     return f"{ns / NS_PER_MS:.1f} ms"
 
 
+def queued_behind(seq: int, head_seq: int | None, head_age_ms: float | None, ceiling_ms: float) -> str:
+    """Why frame ``seq``'s deadline miss is only a queue behind an earlier request, or "" when it counts.
+
+    ``head_seq``: the oldest request the worker has not answered (None: none), outstanding ``head_age_ms``
+    (ms since its frame's deadline base); ``ceiling_ms``: the fixed deadline (``timing.deadline_ms``, 150 ms,
+    openpilot modeld). A frame behind a head still within the ceiling missed because the head is slow, not
+    because the primary failed: one slow frame is one miss. A head older than the ceiling is late by modeld's
+    own rule, so the frames behind it count."""
+    if head_seq is None or head_seq == seq or head_age_ms is None or head_age_ms > ceiling_ms:
+        return ""
+    return f"queued behind frame {head_seq} (outstanding {head_age_ms:.0f} ms, within the {ceiling_ms:g} ms ceiling)"
+
+
 class Watchdog:
     """Deadline, hang, alive and logical supervision of one primary worker at a time.
 
@@ -239,6 +257,7 @@ class Watchdog:
         self._alive_passed_run = 0
         self.misses = 0  # deadline misses since construction (the host's included)
         self.host_misses = 0  # of which the host was late (not counted by the deadline entity)
+        self.queued_misses = 0  # of which only queued behind an earlier frame within the ceiling (not counted)
         self.kills = 0  # KILL_WORKER actions since construction
 
     # ---------------------------------------------------------------- worker lifecycle
@@ -355,12 +374,15 @@ class Watchdog:
         ``host``: why the host itself was late (empty: on time); a frame past its deadline then is the
         host's miss (module docstring). Hangs and lost heartbeats are judged whatever ``host`` says."""
         actions: list[WatchdogAction] = []
+        head = next(((s, q) for s, q in self._pending.items() if q.kind is RequestKind.FRAME), None)
         for seq, p in self._pending.items():
             elapsed = now_ns - p.start_ns
             if p.kind is RequestKind.FRAME and not p.answered and elapsed > p.deadline_ns:
                 p.answered = True
+                queued = "" if head is None else queued_behind(seq, head[0], (now_ns - head[1].start_ns) / NS_PER_MS,
+                                                              self.config.frame_deadline_ms)
                 actions += self._miss(seq, f"frame {seq}: no primary result {_ms(elapsed)} after the request "
-                                      f"(deadline {_ms(p.deadline_ns)})", now_ns, host)
+                                      f"(deadline {_ms(p.deadline_ns)})", now_ns, host, queued)
             limit = self._hang_ns if p.kind is RequestKind.FRAME else self._command_ns
             if elapsed > limit and self.hang.status is not Status.EXPIRED:
                 self.hang.apply(Result.FATAL)
@@ -410,13 +432,18 @@ class Watchdog:
             return []
         return [self._kill("logical", f"logical supervision: {why}", now_ns, Layer.OUTPUT)]
 
-    def _miss(self, seq: int, reason: str, now_ns: int, host: str) -> list[WatchdogAction]:
+    def _miss(self, seq: int, reason: str, now_ns: int, host: str, queued: str = "") -> list[WatchdogAction]:
         """Frame ``seq`` missed its deadline: answered from the fallback; counted by the deadline entity
-        unless the host was late (``host``), then the host's (entity ``"host"``) and not counted."""
+        unless the host was late (``host``), then the host's (entity ``"host"``) and not counted, or it was only
+        queued behind a slower earlier frame (``queued``, :func:`queued_behind`): not counted either."""
         if host:
             self.misses += 1
             self.host_misses += 1
             return [WatchdogAction(ActionKind.ANSWER_FROM_FALLBACK, "host", f"{reason}; {host}", now_ns, seq)]
+        if queued:
+            self.misses += 1
+            self.queued_misses += 1
+            return [WatchdogAction(ActionKind.ANSWER_FROM_FALLBACK, "deadline", f"{reason}; {queued}", now_ns, seq)]
         return [WatchdogAction(ActionKind.ANSWER_FROM_FALLBACK, "deadline", reason, now_ns, seq),
                 *self._frame_outcome(True, now_ns)]
 

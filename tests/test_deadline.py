@@ -10,6 +10,7 @@ import pytest
 from chestnut.node.deadline import (
     DEADLINE_CEILING_MS,
     DEADLINE_FLOOR_MS,
+    Deadline,
     DeadlineRule,
     adaptive_deadline,
     nearest_rank,
@@ -19,17 +20,15 @@ from chestnut.node.watchdog import NS_PER_MS, ActionKind, Watchdog
 RULE = DeadlineRule()
 
 
-def run(latencies: list[float], host_late: list[bool] | None = None, peak: float = 0.0) -> list[float]:
+def run(latencies: list[float], host_late: list[bool] | None = None) -> list[float]:
     """The deadline after each latency, as the node updates it frame by frame."""
     out: list[float] = []
-    prev: float | None = None
+    prev: Deadline | None = None
     window: list[float] = []
     for i, lat in enumerate(latencies):
         window.append(lat)
-        d = adaptive_deadline(window, RULE, previous_ms=prev, host_late=bool(host_late and host_late[i]),
-                              host_late_peak_ms=peak)
-        prev = d.ms
-        out.append(d.ms)
+        prev = adaptive_deadline(window, RULE, previous=prev, host_late=bool(host_late and host_late[i]))
+        out.append(prev.ms)
     return out
 
 
@@ -100,9 +99,17 @@ def test_host_late_frames_never_shrink_it() -> None:
     late = [False] * 100 + [True] * 100
     out = run(lats, late)
     assert out[-1] == 90.0
-    assert adaptive_deadline(lats, RULE, previous_ms=90.0, host_late=True).basis == "held"
+    held = Deadline(90.0, "margin", 60.0)
+    assert adaptive_deadline(lats, RULE, previous=held, host_late=True).basis == "held"
     # ... and it falls at once once the host is on time again
-    assert adaptive_deadline(lats, RULE, previous_ms=90.0, host_late=False).ms == 40.0
+    assert adaptive_deadline(lats, RULE, previous=held, host_late=False).ms == 40.0
+
+
+def test_a_late_host_does_not_hold_the_warming_ceiling() -> None:
+    warming = adaptive_deadline([20.0] * 19, RULE)
+    assert warming.basis == "warming"
+    d = adaptive_deadline([20.0] * 20, RULE, previous=warming, host_late=True)
+    assert (d.ms, d.basis) == (40.0, "host")
 
 
 def test_host_late_frames_raise_it_like_any_latency() -> None:
@@ -110,9 +117,11 @@ def test_host_late_frames_raise_it_like_any_latency() -> None:
     assert out[-1] == 105.0  # a late host's latencies count: 70 x 1.5
 
 
-def test_never_below_the_hosts_own_lateness() -> None:
-    d = adaptive_deadline([20.0] * 100, RULE, host_late_peak_ms=35.0)
-    assert (d.ms, d.basis) == (55.0, "host")  # 20 + the loop's 35 ms worst wake-up, not + 20
+def test_never_below_what_the_host_may_be_late_by() -> None:
+    # the allowance is the lateness from which a miss is the host's (timing.host_late_ms): below it the host's
+    # jitter is absorbed, above it host_late takes the miss as the host's
+    d = adaptive_deadline([20.0] * 100, DeadlineRule(host_late_ms=35.0))
+    assert (d.ms, d.basis) == (55.0, "host")
 
 
 def test_fixed_when_not_adaptive() -> None:
@@ -198,3 +207,56 @@ def test_contract_uses_the_published_deadline() -> None:
     assert frame_deadline_ms(out(0.04), p) == (40.0, "deadline in force")
     assert frame_deadline_ms(out(0.0), p) == (150.0, "deadline")     # an older log: the configured one
     assert frame_deadline_ms(out(0.5), p) == (150.0, "deadline in force")  # never above the configured one
+
+
+# ---------------------------------------------------------------- one slow frame is one miss, not a run
+def test_queued_behind_a_head_within_the_ceiling() -> None:
+    from chestnut.node.watchdog import queued_behind
+
+    assert queued_behind(5, 4, 101.0, 150.0) == "queued behind frame 4 (outstanding 101 ms, within the 150 ms ceiling)"
+    assert queued_behind(5, 5, 101.0, 150.0) == ""   # its own request is the head: it counts
+    assert queued_behind(5, None, None, 150.0) == ""  # nothing ahead of it
+    assert queued_behind(5, 4, 151.0, 150.0) == ""   # the head is late by modeld's own deadline: it counts
+
+
+def test_one_slow_frame_makes_the_frame_behind_it_miss_without_counting() -> None:
+    wd = Watchdog()
+    wd.worker_started(0)
+    wd.request(1, 0, deadline_ms=40.0)
+    wd.request(2, 50 * NS_PER_MS, deadline_ms=40.0)
+    first = wd.check(41 * NS_PER_MS)   # frame 1 (the head) misses: counted
+    second = wd.check(91 * NS_PER_MS)  # frame 2 misses behind frame 1, 91 ms old: answered, not counted
+    assert [a.seq for a in first + second] == [1, 2]
+    assert second[0].reason.endswith("queued behind frame 1 (outstanding 91 ms, within the 150 ms ceiling)")
+    assert (wd.misses, wd.queued_misses) == (2, 1)
+    assert wd.response(1, 110 * NS_PER_MS).elapsed_ns == 110 * NS_PER_MS
+    wd.response(2, 130 * NS_PER_MS)
+    wd.request(3, 150 * NS_PER_MS, deadline_ms=40.0)
+    assert wd.response(3, 170 * NS_PER_MS).use_result
+    assert wd.deadline.status.value != "expired"
+
+
+def test_a_hung_head_makes_the_frames_behind_it_count_past_the_ceiling() -> None:
+    wd = Watchdog()
+    wd.worker_started(0)
+    kinds: list[ActionKind] = []
+    for i in range(4):
+        wd.request(i + 1, i * 50 * NS_PER_MS, deadline_ms=40.0)
+        kinds += [a.kind for a in wd.check((i * 50 + 41) * NS_PER_MS)]
+    # frame 1 counts; 2 and 3 are behind a head within 150 ms; 4 (head 191 ms old) counts
+    assert wd.queued_misses == 2
+    assert ActionKind.FAIL_OVER not in kinds
+    wd.request(5, 200 * NS_PER_MS, deadline_ms=40.0)
+    kinds += [a.kind for a in wd.check(241 * NS_PER_MS)]
+    wd.request(6, 250 * NS_PER_MS, deadline_ms=40.0)
+    kinds += [a.kind for a in wd.check(291 * NS_PER_MS)]
+    assert kinds.count(ActionKind.FAIL_OVER) == 1  # frames 1, 4 and 5: three counted misses in a row, once
+
+
+def test_count_miss_leaves_a_queued_miss_uncounted() -> None:
+    from chestnut.node.policy import count_miss
+
+    v = count_miss(2, 3, True, 40.0, "primary busy", queued="queued behind frame 4 (...)")
+    assert (v.run, v.fail_over) == (2, False)
+    v = count_miss(2, 3, True, 40.0, "primary busy")
+    assert (v.run, v.fail_over) == (3, True)
