@@ -76,7 +76,7 @@ def test_nv12_layout_and_its_round_trip():
 
 def test_openpilot_sized_nv12_frames_through_the_ring():
     got = _receive(["--synthetic", "--width", "1928", "--height", "1208", "--pixel-format", "nv12", "--rate", "10"], 4)
-    for cf, img in got:
+    for cf, _ in got:
         assert (str(cf.encoding), cf.width, cf.height) == ("nv12", 1928, 1208)
         assert len(cf.data) == 0 and cf.buffer.size == 1928 * 1208 * 3 // 2 == 3_493_536  # in the ring, not inline
     planes = (img[:, :, 0] for _, img in got)
