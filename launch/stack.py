@@ -6,21 +6,28 @@ them with restart policies and per-program logs; the configuration is rendered f
 ``launch/supervisord.conf`` into the run directory ``runs/<UTC time>/``, which also holds the logs
 (``logs/``: rlog + MCAP segments) and every program's output.
 
-The stop order (:data:`STOP_ORDER`, :func:`stop_stack`) lets the log hold everything the node
+The stop order (``launch/supervise.py`` ``STOP_ORDER``, ``stop_stack``) lets the log hold everything the node
 answered: the control daemon leaves first (a consumer that is gone sees no node going silent, so a
 stop is never a ``commIssue``), then the camera, then -- once the node has answered the camera's last
 frame -- the node, then the logger, after a drain period, and the twin last. supervisord's own
 priorities give the same order when it stops the stack by itself (``chestnut launch`` killed).
 Every program carries ``CHESTNUT_PREFIX`` and this launch's ``CHESTNUT_LAUNCH_ID`` in its
 environment, so whatever survives the stop (supervisord killed, a program that ignores SIGTERM) is
-found by those and killed (:func:`kill_stack`); launch is the tree's child subreaper, so it also reaps
-them.
+found by those and killed (``launch/supervise.py`` ``kill_stack``); launch is the tree's child subreaper,
+so it also reaps them.
 
 While the stack runs, a live status (``chestnut top``'s view) is shown, and faults given with
 ``--fault KIND@START[+DURATION]`` are injected into the twin at those times (seconds after the node
 first answers a frame) and cleared after their duration. At the end the stack is stopped cleanly
 and a summary is printed from the recorded log: frames in and out, outputs per source, latencies,
 time to the first output and to ``ChestnutActive``, state transitions and faults.
+
+The jobs live in rooms of their own: the fault plans (``launch/faultplan.py``), the run directory and
+supervisord's configuration (``launch/rundir.py``), the frame options (``launch/frames.py``), process
+control (``launch/supervise.py``), the process sampler (``launch/sampler.py``), and the summary and its
+printing (``launch/summary.py``); :func:`run` here is the sequence of steps: :func:`prepare`,
+:func:`start`, :func:`come_up`, :func:`start_foxglove`, :func:`drive`, the stop, :func:`finish_summary`
+and :func:`verdict`.
 
 Exit status (:func:`exit_code`): 0 when the run and its contracts are clean, 1 when not, 2 for arguments
 refused before anything starts, 130 for a Ctrl-C that cut a timed run (``--seconds N``) short. With
