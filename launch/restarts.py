@@ -1,0 +1,105 @@
+"""The restarts of a launched run, for ``chestnut launch``'s summary: every program supervisord restarted
+(its exit status or signal, from supervisord's own log) and every primary worker the node restarted, each
+with its time on the run's one clock (s since the log's first message), its cause and the frames it cost.
+
+supervisord writes ``exited: <program> (<exit status N | terminated by SIGNAME>; [not ]expected)`` when a
+program exits and ``spawned: '<program>' with pid N`` when it starts one (supervisor's ``process.py``
+wording), in local time with milliseconds. The frames a restart cost come from the log
+(:mod:`chestnut.node.offline.restarts`): for the node, the camera frames logged while no node process ran
+that got no ``modelOutput``; for the twin and a worker, the outputs the primary did not serve until it
+served again.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+NS = 1_000_000_000
+_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \w+ (exited|spawned): '?([\w-]+)'? ?(.*)$")
+MATCH_WINDOW_S = 10.0
+"""A program's exit and the log's restart of it are the same when this close (s; our choice: a restart's
+silence in the log starts at the process's last message, which a killed node sends within a frame period
+of its death, and supervisord logs the exit within its own poll, well under a second)."""
+
+
+@dataclass(frozen=True)
+class Exit:
+    """One ``exited:`` line: the Unix time (ns), the program, its cause and whether supervisord restarted it."""
+
+    wall_ns: int
+    program: str
+    cause: str
+    restarted: bool
+
+
+def supervisor_exits(supervisord_log: str) -> list[Exit]:
+    """Each program exit in supervisord's log, with whether a ``spawned:`` of the same program followed it."""
+    events: list[tuple[int, str, str, str]] = []
+    for line in supervisord_log.splitlines():
+        m = _LINE.match(line.strip())
+        if m is None:
+            continue
+        stamp, ms, verb, program, rest = m.groups()
+        wall_ns = int(time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) * NS) + int(ms) * 1_000_000
+        events.append((wall_ns, verb, program, rest.strip()))
+    out = []
+    for i, (wall_ns, verb, program, rest) in enumerate(events):
+        if verb != "exited":
+            continue
+        cause = rest.strip("()").split(";")[0].strip() or "exited"
+        again = any(v == "spawned" and p == program for _, v, p, _ in events[i + 1:])
+        out.append(Exit(wall_ns, program, cause, again))
+    return out
+
+
+def run_restarts(run_dir: Path, wall_start_ns: int) -> list[dict[str, Any]]:
+    """The run's restarts as JSON-ready dicts (``t_s``, ``what``, ``cause``, ``frames_lost``, ``back_s``), in
+    time order: each program supervisord restarted (``wall_start_ns``: the Unix ns of the log's first message,
+    the summary's clock), matched with the log's account of it for the frames it cost, and each worker the
+    node restarted. Empty when the run has neither log nor supervisord log."""
+    from chestnut.node.offline.restarts import Restart, node_restarts, twin_restarts, worker_restarts
+    from chestnut.node.offline.timeline import read_timeline
+
+    try:
+        text = (run_dir / "supervisord.log").read_text(errors="replace")
+    except OSError:
+        text = ""
+    try:
+        tl = read_timeline([run_dir / "logs"])
+    except FileNotFoundError:
+        tl = None
+    out: list[dict[str, Any]] = []
+    logged: dict[str, list[Restart]] = {"node": node_restarts(tl), "twin": twin_restarts(tl)} if tl else {}
+    for e in supervisor_exits(text):
+        if not e.restarted:
+            continue
+        t_s = round((e.wall_ns - wall_start_ns) / NS, 3) if wall_start_ns else None
+        near: Restart | None = None
+        if tl is not None and t_s is not None:
+            at = t_s
+            seen = logged.get(e.program, [])
+            near = min(seen, key=lambda r: abs(tl.seconds(r.t_ns) - at), default=None)
+            if near is not None and abs(tl.seconds(near.t_ns) - at) > MATCH_WINDOW_S:
+                near = None
+            if near is not None:
+                seen.remove(near)
+        back = round(tl.seconds(near.back_ns), 3) if tl is not None and near is not None and near.back_ns else None
+        out.append({"t_s": t_s, "what": e.program, "cause": e.cause,
+                    "frames_lost": near.frames if near is not None else None, "back_s": back})
+    for r in worker_restarts(tl) if tl else []:
+        out.append({"t_s": round(tl.seconds(r.t_ns), 3), "what": "worker", "cause": r.cause,
+                    "frames_lost": r.frames, "back_s": round(tl.seconds(r.back_ns), 3) if r.back_ns else None})
+    return sorted(out, key=lambda d: (d["t_s"] is None, d["t_s"] or 0.0, d["what"]))
+
+
+def restart_line(r: dict[str, Any]) -> str:
+    """``"restart 9.4 s: node (terminated by SIGKILL), 18 frame(s) lost, serving again at 11.2 s"``."""
+    when = f"{r['t_s']:.1f} s" if r.get("t_s") is not None else "time unknown"
+    lost = f"{r['frames_lost']} frame(s) lost" if r.get("frames_lost") is not None else "frames lost unknown"
+    back = f", serving again at {r['back_s']:.1f} s" if r.get("back_s") is not None else ""
+    return f"restart {when}: {r['what']} ({r['cause']}), {lost}{back}"
+
