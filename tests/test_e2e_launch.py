@@ -77,3 +77,5 @@ def test_the_report_and_summary_show_the_injected_gpu_hang(run):
     (run_dir,) = (tmp / "runs").iterdir()
     page = (run_dir / "report" / "index.html").read_text()
     assert "fault gpu_hang#1 fired" in page and "launch: inject gpu_hang" in page and "hit packet #" in page
+    # the fault from inject to clear, its clear time named (report.py fault_intervals)
+    assert f"<td>{clear['t_s']:.3f}</td><td>cleared by launch" in page
