@@ -173,14 +173,21 @@ SDMA_WPTR_VRAM_OFFSET = 0x300008  # u64: ``AMDQueueDesc.write_ptr`` (the host wr
 SIGNAL_VRAM_OFFSET = 0x301000     # 16 bytes per signal (u64 value, u64 timestamp): the timeline signal first
 SDMA_DOORBELL_BAR_OFFSET = 0x10   # BAR2: u64 doorbell of SDMA queue 0 (the compute ring's doorbell is at 0x0)
 SDMA_MAX_COPY_BYTES = 64 << 20    # the twin skips (and latches an error for) a COPY_LINEAR larger than this
-# GPU virtual addresses with GMMU=0 (tinygrad 0.14 ``runtime/support/memory.py`` ``MemoryManager.valloc``:
-# VRAM at ``identity_va + paddr``): VRAM is identity-mapped at VRAM_VA_BASE; the system windows (SYS aspace,
-# ``USBIface._dma_region``) are mapped at their bus addresses: SRAM 0x200000, sys_buf 0x820000, cq_buf 0x822000.
-VRAM_VA_BASE = 16 << 30           # aligned to the 16 GiB BAR, as ``identity_va`` aligns to the VRAM size
-SYS_WINDOWS: tuple[tuple[int, int, int], ...] = (  # (GPU VA, XDATA address of the host's view, size)
-    (SRAM_GPU_ADDR, XDATA_SRAM_WINDOW, SRAM_SIZE),
-    (SYS_PAGE_GPU_ADDR, XDATA_SYS_PAGE, 0x1000),
-    (CPL_PAGE_GPU_ADDR, XDATA_CPL_PAGE, 0x1000),
+# GPU virtual addresses as tinygrad 0.14 lays them out with GMMU=0, all from ``AMMemoryManager.alloc_vaddr``
+# (``runtime/support/memory.py``; the allocator's base 0x2000_0000_0000, ``runtime/support/am/amdev.py``): VRAM
+# identity-mapped first (``MemoryManager.identity_va``: the VRAM size, aligned to it; a buffer is at
+# ``identity_va + paddr``), then ``USBIface._dma_region``'s three system windows in its order (``ops_amd.py``:
+# copy_bufs 0x80000, sys_buf 0x1000, cq_buf 0x1000, each aligned to its size), mapped (SYS aspace) to their bus
+# addresses SRAM_GPU_ADDR, SYS_PAGE_GPU_ADDR, CPL_PAGE_GPU_ADDR. ``backend/tinygrad_harness.py`` allocates them
+# with tinygrad's allocator and checks they are these.
+VRAM_VA_BASE = 0x2000_0000_0000
+SRAM_GPU_VA = VRAM_VA_BASE + BAR0_VRAM_BYTES   # 0x2004_0000_0000
+SYS_PAGE_GPU_VA = SRAM_GPU_VA + SRAM_SIZE      # 0x2004_0008_0000
+CPL_PAGE_GPU_VA = SYS_PAGE_GPU_VA + 0x1000     # 0x2004_0008_1000
+SYS_WINDOWS: tuple[tuple[int, int, int, int], ...] = (  # (GPU VA, bus address, XDATA address of the host's view, size)
+    (SRAM_GPU_VA, SRAM_GPU_ADDR, XDATA_SRAM_WINDOW, SRAM_SIZE),
+    (SYS_PAGE_GPU_VA, SYS_PAGE_GPU_ADDR, XDATA_SYS_PAGE, 0x1000),
+    (CPL_PAGE_GPU_VA, CPL_PAGE_GPU_ADDR, XDATA_CPL_PAGE, 0x1000),
 )
 COPYIN_CHUNK = 0x40000 - 4        # tinygrad 0.14 ``_copyin``: payload per chunk (a 256 KiB window minus the sentinel)
 COPYOUT_CHUNK = SRAM_SIZE         # tinygrad 0.14 ``_copyout``: one copy per ``copy_bufs[0].size`` (512 KiB)

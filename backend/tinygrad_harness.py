@@ -15,10 +15,11 @@ built -- and then calls tinygrad's functions unmodified:
 - an ``AMDDevice`` made the same way with ``sdma`` (tinygrad's ``autogen/am/sdma_6_0_0``), ``target``,
   ``hw_copy_queue_t``, ``sdma_queues={0: AMDQueueDesc}``, a timeline signal (an ``AMDSignal`` in VRAM),
   ``timeline_value=1``, ``error_state=None``; it is not registered in ``HCQCompiled.peer_groups``;
-- the GPU virtual addresses the driver's page tables would hold with ``GMMU=0``: VRAM identity-mapped at
-  ``VRAM_VA_BASE``, the system windows at their bus addresses. The layout is in
-  :mod:`chestnut.backend.protocol` ("the SDMA queue"); the twin's SDMA engine (``backend/sim/sdma.py``)
-  translates with the same table.
+- the GPU virtual addresses the driver's page tables would hold with ``GMMU=0``, allocated with tinygrad's
+  own ``AMMemoryManager.alloc_vaddr`` in tinygrad's order (:func:`dma_layout`): VRAM identity-mapped first
+  (``identity_va``), then ``copy_bufs``, ``sys_buf`` and ``cq_buf`` as ``USBIface._dma_region`` allocates
+  them. The layout is in :mod:`chestnut.backend.protocol` (``VRAM_VA_BASE``, ``SYS_WINDOWS``); the twin's SDMA
+  engine (``backend/sim/sdma.py``) translates with the same table.
 
 Environment (read by tinygrad's cached ``getenv``): :func:`configure_env` sets ``HCQDEV_WAIT_TIMEOUT_MS``
 (openpilot's 3000 ms; if tinygrad cached another value in this process its ``getenv`` cache is cleared so the
@@ -74,6 +75,32 @@ def configure_env(wait_timeout_ms: int = P.WAIT_TIMEOUT_MS) -> None:
         raise RuntimeError(f"tinygrad reads HCQDEV_WAIT_TIMEOUT_MS={seen}, not {wait_timeout_ms}")
 
 
+@functools.cache
+def dma_layout() -> dict[str, int]:
+    """The GPU virtual addresses of this process's dock, allocated once with tinygrad 0.14's own
+    ``AMMemoryManager.alloc_vaddr`` (``runtime/support/memory.py``: the process-wide allocator of
+    ``runtime/support/am/amdev.py``) in the order tinygrad allocates them with ``GMMU=0``: the VRAM identity
+    mapping (``MemoryManager.identity_va``: ``alloc_vaddr(vram, vram)``, ``P.BAR0_VRAM_BYTES`` of VRAM), then
+    ``USBIface.__init__``'s ``_dma_region`` calls (copy_bufs 0x80000, sys_buf 0x1000, cq_buf 0x1000).
+
+    Returns {"vram", "copy_bufs", "sys_buf", "cq_buf"} -> GPU VA. Raises ``RuntimeError`` if tinygrad's
+    allocator hands out other addresses than the twin's SDMA engine maps (``P.VRAM_VA_BASE``, ``P.SYS_WINDOWS``:
+    something else in this process allocated GPU addresses first)."""
+    from tinygrad.runtime.support.am.amdev import AMMemoryManager
+
+    got = {"vram": AMMemoryManager.alloc_vaddr(P.BAR0_VRAM_BYTES, P.BAR0_VRAM_BYTES),
+           "copy_bufs": AMMemoryManager.alloc_vaddr(size=P.SRAM_SIZE),
+           "sys_buf": AMMemoryManager.alloc_vaddr(size=0x1000),
+           "cq_buf": AMMemoryManager.alloc_vaddr(size=0x1000)}
+    want = {"vram": P.VRAM_VA_BASE, "copy_bufs": P.SRAM_GPU_VA, "sys_buf": P.SYS_PAGE_GPU_VA,
+            "cq_buf": P.CPL_PAGE_GPU_VA}
+    if got != want:
+        raise RuntimeError("tinygrad's GPU address allocator gave " + ", ".join(f"{k} {v:#x}" for k, v in got.items())
+                           + "; the twin maps " + ", ".join(f"{k} {v:#x}" for k, v in want.items())
+                           + " (run the dock in a fresh process)")
+    return got
+
+
 class TinygradDock:
     """tinygrad 0.14's ``AMDDevice`` / ``AMDAllocator`` for the dock behind ``usb`` (a tinygrad ``USB3`` or the
     twin's :class:`~chestnut.backend.sim.usb3.TwinUSB3`).
@@ -109,10 +136,10 @@ class TinygradDock:
         def sys_region(xdata_addr: int, gpu_va: int, size: int) -> Any:
             return HCQBuffer(gpu_va, size, view=pci.dma_view(xdata_addr, size), owner=dev)
 
-        windows = {gva: (xaddr, size) for gva, xaddr, size in P.SYS_WINDOWS}
-        iface.copy_bufs = [sys_region(windows[P.SRAM_GPU_ADDR][0], P.SRAM_GPU_ADDR, P.SRAM_SIZE)]
-        iface.sys_buf = sys_region(P.XDATA_SYS_PAGE, P.SYS_PAGE_GPU_ADDR, 0x1000)
-        iface.cq_buf = sys_region(P.XDATA_CPL_PAGE, P.CPL_PAGE_GPU_ADDR, 0x1000)
+        layout = dma_layout()
+        iface.copy_bufs = [sys_region(P.XDATA_SRAM_WINDOW, layout["copy_bufs"], P.SRAM_SIZE)]
+        iface.sys_buf = sys_region(P.XDATA_SYS_PAGE, layout["sys_buf"], 0x1000)
+        iface.cq_buf = sys_region(P.XDATA_CPL_PAGE, layout["cq_buf"], 0x1000)
         dev.iface, dev.sdma, dev.device = iface, sdma_6_0_0, "AMD"
         dev.target = GPU_TARGETS[arch]
         dev.arch = arch

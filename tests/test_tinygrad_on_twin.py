@@ -246,8 +246,8 @@ for i, (kind, params) in enumerate((("sentinel_stuck", {}), ("usb2", {"nbytes": 
     for kind in ("sentinel_stuck", "usb2", "gpu_hang", "fence_stall"):
         assert out[kind]["error"] == "RuntimeError: GPU failed to drain USB copyin chunk 0 (10s, hung GPU?)", kind
         assert out[kind]["s"] >= 10.0
-    assert out["sentinel_stuck_sdma"]["polling"].startswith(f"{P.SRAM_GPU_ADDR + 100352 - 4:#x} func 3 ")
-    assert out["usb2_sdma"]["polling"].startswith(f"{P.SRAM_GPU_ADDR + 101376 - 4:#x} func 3 ")
+    assert out["sentinel_stuck_sdma"]["polling"].startswith(f"{P.SRAM_GPU_VA + 100352 - 4:#x} func 3 ")
+    assert out["usb2_sdma"]["polling"].startswith(f"{P.SRAM_GPU_VA + 101376 - 4:#x} func 3 ")
     assert out["gpu_hang_sdma"] == {"hung": True, "polling": None}
     assert out["fence_stall_sdma"] == {"hung": False, "polling": None}  # the work was done, the fence never moved
 
@@ -359,3 +359,31 @@ out["stats"] = {k: t.stats()[k] for k in ("errors", "retried_ok", "not_retried")
 """)
     assert out["res"] == {k: [None, True] for k in ("lost_receipt-0", "short-1", "timeout-2", "timeout-3")}, out
     assert out["stats"] == {"errors": 4, "retried_ok": 4, "not_retried": 0}
+
+
+@pytest.mark.timeout(120)
+def test_the_dma_windows_are_where_tinygrads_allocator_puts_them(twin):
+    """The harness's copy_bufs, sys_buf and cq_buf and its VRAM buffers sit at the GPU addresses tinygrad 0.14's
+    own ``AMMemoryManager.alloc_vaddr`` hands out with ``GMMU=0`` -- the VRAM identity mapping first, then
+    ``USBIface._dma_region``'s windows in its order -- computed here on a fresh copy of tinygrad's allocator."""
+    out = run_tinygrad("""
+from tinygrad.runtime.support.am.amdev import AMMemoryManager
+from tinygrad.runtime.support.memory import TLSFAllocator
+g = AMMemoryManager.va_allocator
+fresh = TLSFAllocator(g.size, base=g.base)
+def alloc_vaddr(size, align=0x1000):  # MemoryManager.alloc_vaddr's rule, on the fresh allocator
+    return fresh.alloc(size, max(1 << (size.bit_length() - 1), align))
+out["tinygrad"] = [alloc_vaddr(P.BAR0_VRAM_BYTES, P.BAR0_VRAM_BYTES), alloc_vaddr(0x80000), alloc_vaddr(0x1000),
+                   alloc_vaddr(0x1000)]
+iface = dock.dev.iface
+out["harness"] = [dock.buffer(0, 16).va_addr, iface.copy_bufs[0].va_addr, iface.sys_buf.va_addr, iface.cq_buf.va_addr]
+out["sizes"] = [iface.copy_bufs[0].size, iface.sys_buf.size, iface.cq_buf.size]
+data = pattern(3 * P.COPYIN_CHUNK)
+dock.copy_in(P.VRAM_HEAP_OFFSET, data)
+out["exact"] = dock.copy_out(P.VRAM_HEAP_OFFSET, len(data)) == data
+out["sdma_errors"] = sdma()["error_count"]
+""")
+    assert out["harness"] == out["tinygrad"] == [0x2000_0000_0000, 0x2004_0000_0000, 0x2004_0008_0000,
+                                                 0x2004_0008_1000]
+    assert out["sizes"] == [0x80000, 0x1000, 0x1000]
+    assert out["exact"] and out["sdma_errors"] == 0

@@ -91,11 +91,11 @@ def test_tinygrads_packets_execute_exactly(twin):
     twin.vram.write(HEAP, bytes(range(256)) * 4)
     nop_run = [S.SDMA_OP_NOP | S.SDMA_PKT_NOP_HEADER_COUNT(2), 0xDEAD, 0xBEEF, 0, 0]  # a 3-dword NOP, two 1-dword
     q.submit(nop_run + copy(VRAM + HEAP + 0x1000, VRAM + HEAP + 3, 1000) + write(VRAM + HEAP + 0x2000, 7)
-             + write(VRAM + HEAP + 0x2008, 0x11223344, 0x55667788) + fence(P.SYS_PAGE_GPU_ADDR + 0x800, 9)
+             + write(VRAM + HEAP + 0x2008, 0x11223344, 0x55667788) + fence(P.SYS_PAGE_GPU_VA + 0x800, 9)
              + [S.SDMA_OP_TRAP, 0] + [S.SDMA_OP_TIMESTAMP
                                       | S.SDMA_PKT_TIMESTAMP_GET_HEADER_SUB_OP(S.SDMA_SUBOP_TIMESTAMP_GET_GLOBAL),
                                       *lo_hi(VRAM + HEAP + 0x3000)]
-             + copy(P.SRAM_GPU_ADDR + 0x100, VRAM + HEAP, 16))
+             + copy(P.SRAM_GPU_VA + 0x100, VRAM + HEAP, 16))
     st = q.settle()
     assert (st["rptr"], st["executed"], st["traps"], st["error_count"]) == (q.put, 10, 1, 0)
     assert twin.vram.read(HEAP + 0x1000, 1000) == (bytes(range(256)) * 4)[3:1003]
@@ -109,10 +109,10 @@ def test_tinygrads_packets_execute_exactly(twin):
 
 def test_a_poll_waits_without_blocking_the_twin_and_resumes_when_memory_matches(twin):
     q = Queue(twin)
-    q.submit(poll(P.SRAM_GPU_ADDR + 0x3FFFC, 0x51000005) + write(VRAM + HEAP, 1))
+    q.submit(poll(P.SRAM_GPU_VA + 0x3FFFC, 0x51000005) + write(VRAM + HEAP, 1))
     time.sleep(0.05)
     st = twin.status()["gpu"]["sdma"]  # the twin answers while its engine polls
-    assert st["polling"] == f"{P.SRAM_GPU_ADDR + 0x3FFFC:#x} func 3 ref 0x51000005 mask 0xffffffff"
+    assert st["polling"] == f"{P.SRAM_GPU_VA + 0x3FFFC:#x} func 3 ref 0x51000005 mask 0xffffffff"
     assert st["rptr"] == 0 and u32(twin, HEAP) == 0
     with twin.lock:
         twin.sram[0x3FFFC:0x40000] = struct.pack("<I", 0x51000005)
@@ -127,7 +127,7 @@ def test_a_poll_with_a_retry_limit_gives_up_latches_and_goes_on(twin):
     q.submit(poll(VRAM + HEAP, 5, func=5, retries=3) + write(VRAM + HEAP + 4, 2))
     st = q.settle()
     assert st["rptr"] == q.put and u32(twin, HEAP + 4) == 2
-    assert st["errors"] == ["POLL_REGMEM at 0x0 skipped: poll of 0x400400000 gave up after 3 retries (value 0x0, "
+    assert st["errors"] == ["POLL_REGMEM at 0x0 skipped: poll of 0x200000400000 gave up after 3 retries (value 0x0, "
                             "want func 5 0x5)"]
 
 
@@ -218,7 +218,7 @@ def test_a_fence_stall_that_fired_once_keeps_the_fence_still_until_a_gpu_reset(t
     q = Queue(twin)
     twin.vram.write(HEAP, b"\xab" * 64)
     twin.inject(FaultSpec("fence_stall"))  # one-shot: fires on the first write, then the fault is spent
-    q.submit(write(VRAM + HEAP + 0x100, 1) + fence(P.SYS_PAGE_GPU_ADDR + 0x800, 2)
+    q.submit(write(VRAM + HEAP + 0x100, 1) + fence(P.SYS_PAGE_GPU_VA + 0x800, 2)
              + copy(VRAM + HEAP + 0x200, VRAM + HEAP, 64) + write(VRAM + HEAP + 0x104, 3))
     st = q.settle()
     assert (st["rptr"], st["fence_stalled"], st["error_count"]) == (q.put, True, 0)
@@ -245,5 +245,5 @@ def test_tinygrads_0xfff_poll_ends_at_its_retry_limit_and_latches(twin, monkeypa
     st = q.settle()
     assert (st["rptr"], st["polling"], st["error_count"]) == (q.put, None, 1)
     assert u32(twin, HEAP + 4) == 9
-    assert st["errors"] == ["POLL_REGMEM at 0x0 skipped: poll of 0x400400000 gave up after 4095 retries (value 0x0, "
+    assert st["errors"] == ["POLL_REGMEM at 0x0 skipped: poll of 0x200000400000 gave up after 4095 retries (value 0x0, "
                             "want func 3 0x7)"]

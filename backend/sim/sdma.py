@@ -26,8 +26,9 @@ header dword = op (bits 0-7) | sub-op (bits 8-15) | op-specific fields.
 - ``TIMESTAMP`` / ``GET_GLOBAL``: addr lo/hi; writes a u64 of 100 MHz ticks (tinygrad's ``AMDSignal`` divides
   by 100 to get microseconds).
 
-Addresses are GPU virtual addresses as tinygrad sees them with ``GMMU=0``: VRAM identity-mapped at
-``VRAM_VA_BASE`` and the system windows (SRAM, sys_buf, cq_buf) at their bus addresses (``SYS_WINDOWS``).
+Addresses are GPU virtual addresses as tinygrad lays them out with ``GMMU=0``: VRAM identity-mapped at
+``VRAM_VA_BASE`` and the system windows (SRAM, sys_buf, cq_buf) where ``USBIface._dma_region`` allocates them,
+mapped to their bus addresses (``SYS_WINDOWS``, :mod:`chestnut.backend.protocol`).
 
 Nothing the host writes can raise inside the daemon. Each failure ends the way an engine would and is
 latched in :attr:`SdmaEngine.errors` (readable with ``chestnut twin status``, key ``gpu.sdma``):
@@ -260,9 +261,9 @@ class SdmaEngine:
         vram = self.host.vram
         if P.VRAM_VA_BASE <= va and va + n <= P.VRAM_VA_BASE + vram.size:
             return True, va - P.VRAM_VA_BASE
-        for base, _, size in P.SYS_WINDOWS:
+        for base, bus, _, size in P.SYS_WINDOWS:
             if base <= va and va + n <= base + size:
-                return False, va
+                return False, bus + (va - base)
         raise _Skip(f"GPU address {va:#x} ({n} bytes) is not mapped")
 
     def _read(self, va: int, n: int) -> bytes:
@@ -420,7 +421,7 @@ class SdmaEngine:
         retries = dw5 >> e.poll_retry_shift & e.poll_retry_mask
         interval = max(dw5 & e.poll_interval_mask, 1)
         give_up = host.clock() + retries * interval * POLL_INTERVAL_UNIT_S
-        in_sram = P.SRAM_GPU_ADDR <= addr < P.SRAM_GPU_ADDR + P.SRAM_SIZE
+        in_sram = P.SRAM_GPU_VA <= addr < P.SRAM_GPU_VA + P.SRAM_SIZE
         stuck = in_sram and host.fire("sentinel_stuck") is not None
         self.polling = f"{addr:#x} func {func} ref {ref:#x} mask {mask:#x}"
         try:
