@@ -115,6 +115,8 @@ class ReplayPlan:
     fallback: ModelRef | None
     source: str = "logged"
     tol: float = DEFAULT_TOL
+    # the configured deadline: the ceiling of the adaptive one (docs/health.md), so every frame's answer is due
+    # by it + slack whatever deadline was in force for it (chestnut check judges each by its published one)
     deadline_ms: float = FRAME_DEADLINE_MS
     slack_ms: float = SLACK_MS
     jit_cache: bool = True
