@@ -193,6 +193,7 @@ struct HostHealth {
   cpuPressure @4 :Float32;           # /proc/pressure/cpu some avg10, %; NaN where absent
   lateMisses @5 :UInt32;             # deadline misses blamed on the host since the node started
   lastLate @6 :UInt64;               # ns, CLOCK_MONOTONIC, the last such miss (0: none yet)
+  twinWaitMs @7 :Float32;            # the twin's worst thread's wait for a host CPU within the window, ms (0: a real dock)
 }
 
 struct NodeState {

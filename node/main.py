@@ -1138,6 +1138,7 @@ class Node:
         builder.reason = late or "host on time"
         builder.loopLateMs = f.loop_late_ms
         builder.workerLateMs = f.worker_late_ms
+        builder.twinWaitMs = f.twin_wait_ms
         builder.cpuPressure = f.cpu_pressure_pct if f.cpu_pressure_pct is not None else float("nan")
         builder.lateMisses = min(self.host_misses, 2**32 - 1)
         builder.lastLate = self.host_last_late_ns

@@ -178,6 +178,7 @@ class Active:
 class Health:
     layers: dict[str, tuple[str, str]]  # layer -> (level, reason)
     mono_ns: int
+    host_late_misses: int = 0  # chestnutHealth.host.lateMisses: deadline misses blamed on the host so far
 
 
 @dataclass(frozen=True)
@@ -314,8 +315,9 @@ class Bus(threading.Thread):
                 a = ev.chestnutActive
                 recs.append(Active(bool(a.active), str(a.source), str(a.reason), t))
             elif service == "chestnutHealth":
-                recs.append(Health({str(la.layer): (str(la.level), str(la.reason)) for la in ev.chestnutHealth.layers},
-                                   t))
+                h = ev.chestnutHealth
+                recs.append(Health({str(la.layer): (str(la.level), str(la.reason)) for la in h.layers}, t,
+                                   int(h.host.lateMisses)))
             else:
                 n = ev.nodeState
                 recs.append(NodeStateRec(str(n.state), int(n.workerPid), str(n.reason), int(n.restarts), t))
