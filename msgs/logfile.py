@@ -63,7 +63,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import av
 import capnp
 import zstandard as zstd
 from mcap.exceptions import McapError
@@ -90,7 +89,7 @@ from chestnut.msgs.outdir import DIR_MODE, open_private, private_dir
 from chestnut.msgs.schema import MAX_MESSAGE_BYTES, SCHEMA_PATH, SCHEMA_SHA256, log
 from chestnut.msgs.services import SERVICE_LIST
 from chestnut.msgs.video import (
-    FoxgloveVideo,
+    FoxgloveVideoThread,
     NotRegularFileError,
     SegmentVideo,
     VideoOptions,
@@ -403,8 +402,9 @@ class McapSegmentWriter(_SegmentFileWriter):
     ns added to every ``logMonoTime`` for the MCAP log and publish times (``msgs/clock.py``; None: taken
     now). With ``video`` and the JSON channels, the camera frames are also on ``/camera/video`` as
     ``foxglove.CompressedVideo`` (H.264 at the frame's own size, a keyframe every second: ``msgs/video.py``
-    ``FoxgloveVideo``), what Foxglove plays at full size. Raises ``ValueError`` for an unknown or empty
-    ``encodings``.
+    ``FoxgloveVideo``), what Foxglove plays at full size, encoded in a thread of its own; ``video_drop``: a frame
+    that finds that thread's queue full is left out of the view (the logger, live) instead of waited for (an
+    export). Raises ``ValueError`` for an unknown or empty ``encodings``.
     """
 
     def __init__(
@@ -416,6 +416,7 @@ class McapSegmentWriter(_SegmentFileWriter):
         encodings: Iterable[str] = ("capnproto",),
         unix_offset_ns: int | None = None,
         video: bool = True,
+        video_drop: bool = False,
     ) -> None:
         self.encodings = tuple(dict.fromkeys(encodings))
         self.unix_offset_ns = unix_offset_ns_now() if unix_offset_ns is None else int(unix_offset_ns)
@@ -435,7 +436,9 @@ class McapSegmentWriter(_SegmentFileWriter):
         self._json_state = DerivedState()
         self.json_skipped = 0
         # the camera on /camera/video as H.264 at its own size (Foxglove's CompressedVideo), with the JSON view
-        self._video = FoxgloveVideo() if "json" in self.encodings and video else None
+        # (its own thread: the logger's loop does not wait for x264; ``video_drop``: a frame the thread has no
+        # room for is left out of the view, never out of the record)
+        self._video = FoxgloveVideoThread(drop=video_drop) if "json" in self.encodings and video else None
         self.video_skipped = 0
         self._sequence: Counter[int] = Counter()
         self._mcap.add_metadata(MCAP_LIBRARY, {**(metadata or {}), UNIX_OFFSET_KEY: str(self.unix_offset_ns)})
@@ -494,27 +497,49 @@ class McapSegmentWriter(_SegmentFileWriter):
                 self._write_video(self._video, event.cameraFrame, body, pixels, log_mono_time_ns)
 
     def _write_video(
-        self, video: FoxgloveVideo, cf: Any, body: dict[str, Any], pixels: Any, log_mono_time_ns: int
+        self, video: FoxgloveVideoThread, cf: Any, body: dict[str, Any], pixels: Any, log_mono_time_ns: int
     ) -> None:
-        """The frame on ``/camera/video`` (H.264, ``msgs/video.py`` ``FoxgloveVideo``): its ``pixels``, else its
-        inline ``data``; a frame with neither (a ring frame the logger could not read) has none, one the
-        encoder refuses is counted in ``video_skipped``."""
+        """The frame to ``/camera/video`` (H.264, ``msgs/video.py`` ``FoxgloveVideoThread``): its ``pixels``, else
+        its inline ``data``; a frame with neither (a ring frame the logger could not read) has none. Its message
+        is written once encoded (:meth:`_add_video`), stamped with the frame's own times."""
         try:
             if pixels is None:
                 if not len(cf.data):
                     return
                 pixels = frame_to_array(cf)
-            unit, _ = video.encode(pixels, body["width"], body["height"], body["encoding"], log_mono_time_ns)
-        except (ValueError, av.FFmpegError) as e:
-            self.video_skipped += 1
-            if self.video_skipped == 1:
-                _log.warning("%s: a frame not on %s: %s; further ones are only counted", self.path, TOPIC_VIDEO, e)
+        except ValueError:
+            self.video_skipped += 1  # inline data that is not a frame of its size: the rlog has it as it came
             return
-        if unit:
-            message = compressed_video(body, unit, self.unix_offset_ns)
+        meta = (log_mono_time_ns, {"timestampEof": body["timestampEof"]})
+        video.submit(pixels, body["width"], body["height"], body["encoding"], log_mono_time_ns, meta)
+        self._add_video(video.results())
+
+    def _add_video(self, encoded: list[tuple[Any, bytes]]) -> None:
+        for (log_mono_time_ns, stamp), unit in encoded:
+            message = compressed_video(stamp, unit, self.unix_offset_ns)
             self._add(self._json_channel(TOPIC_VIDEO), log_mono_time_ns, json.dumps(message).encode())
 
+    def _end_video(self) -> None:
+        """The video thread's last frames written, its counts logged once."""
+        video, self._video = self._video, None
+        if video is None:
+            return
+        self._add_video(video.close())
+        if video.refused or video.dropped:
+            _log.warning(
+                "%s: %d frame(s) not on %s: %d the encoder refused (%s), %d it had no room for (the logger ran "
+                "behind); the rlog and the video file keep every frame",
+                self.path,
+                video.refused + video.dropped,
+                TOPIC_VIDEO,
+                video.refused,
+                video.first_error or "-",
+                video.dropped,
+            )
+
     def _flush(self) -> None:
+        if self._video is not None:
+            self._add_video(self._video.results())
         self._mcap.flush()
 
     def _fileno(self) -> int:
@@ -522,6 +547,7 @@ class McapSegmentWriter(_SegmentFileWriter):
 
     def _close(self) -> None:
         try:
+            self._end_video()
             self._mcap.finish()
             self._fh.flush()
             if self.policy.fsync:
@@ -570,7 +596,8 @@ class RouteWriter:
     None: frames are logged raw with :meth:`write`); the video is flushed with ``policy`` and closed with
     its segment. ``unix_offset_ns``: the route's one offset from CLOCK_MONOTONIC to Unix time (``msgs/clock.py``;
     None: taken now), kept in every segment's ``initData`` config and used for the MCAP times. ``mcap_video``:
-    the JSON MCAP's ``/camera/video`` (:class:`McapSegmentWriter` ``video``).
+    the JSON MCAP's ``/camera/video`` (:class:`McapSegmentWriter` ``video``; ``mcap_video_drop``: its
+    ``video_drop``).
     """
 
     def __init__(
@@ -589,9 +616,10 @@ class RouteWriter:
         video: VideoOptions | None = None,
         unix_offset_ns: int | None = None,
         mcap_video: bool = True,
+        mcap_video_drop: bool = False,
     ) -> None:
         self.formats = tuple(dict.fromkeys(formats))
-        self.mcap_video = mcap_video
+        self.mcap_video, self.mcap_video_drop = mcap_video, mcap_video_drop
         self.unix_offset_ns = unix_offset_ns_now() if unix_offset_ns is None else int(unix_offset_ns)
         self.mcap_encodings = tuple(dict.fromkeys(mcap_encodings))
         if not self.mcap_encodings or set(self.mcap_encodings) - set(MCAP_ENCODINGS):
@@ -662,6 +690,7 @@ class RouteWriter:
                         encodings=self.mcap_encodings,
                         unix_offset_ns=self.unix_offset_ns,
                         video=self.mcap_video,
+                        video_drop=self.mcap_video_drop,
                     )
                 else:
                     writer = _WRITERS[fmt](path, self.policy, self._clock)

@@ -335,6 +335,7 @@ def run(args: argparse.Namespace) -> int:
             mcap_encodings=mcap_encodings(getattr(args, "mcap_encoding", "auto"), formats),
             video=video,
             mcap_video=not getattr(args, "no_mcap_video", False),
+            mcap_video_drop=True,  # live: a frame the view's encoder has no room for is left out of the view
         )
         try:
             recorder = Recorder(writer, services, prefix=args.prefix, rcvhwm=args.rcvhwm)

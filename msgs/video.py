@@ -68,6 +68,7 @@ __all__ = [
     "FOXGLOVE_KEYFRAME_NS",
     "FRAME_MODES",
     "FoxgloveVideo",
+    "FoxgloveVideoThread",
     "H264_GOP",
     "VIDEO_CODECS",
     "VIDEO_FILE",
@@ -526,6 +527,70 @@ class FoxgloveVideo:
             self._last_key_ns = t_ns
         self.frames += 1
         return b"".join(bytes(p) for p in packets), keyframe
+
+
+FOXGLOVE_QUEUE_FRAMES = 4  # frames waiting for the Foxglove encoder thread (200 ms at 20 Hz)
+
+
+class FoxgloveVideoThread:
+    """:class:`FoxgloveVideo` in a thread of its own, so the logger's loop does not wait for an encode (PyAV
+    releases the GIL while x264 works). :meth:`submit` queues a frame with ``meta`` (anything, returned with
+    its unit); :meth:`results` hands back ``(meta, unit)`` of the frames encoded since, in order. At most
+    :data:`FOXGLOVE_QUEUE_FRAMES` wait: with ``drop`` a frame that finds the queue full is not encoded
+    (counted in ``dropped``; the Foxglove view skips it, the record keeps it), else :meth:`submit` waits.
+    A frame the encoder refuses is counted in ``refused``, the first reason kept in ``first_error``.
+    :meth:`close` waits for the queued frames and returns their results."""
+
+    def __init__(self, drop: bool = True, queue_frames: int = FOXGLOVE_QUEUE_FRAMES) -> None:
+        self.video = FoxgloveVideo()
+        self.drop = drop
+        self.dropped = self.refused = 0
+        self.first_error = ""
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_frames)
+        self._lock = threading.Lock()
+        self._out: list[tuple[Any, bytes]] = []
+        self._thread = threading.Thread(target=self._loop, name="foxglove-video", daemon=True)
+        self._thread.start()
+
+    def submit(self, pixels: np.ndarray, width: int, height: int, encoding: str, t_ns: int, meta: Any) -> bool:
+        """Queue one frame (``FoxgloveVideo.encode``'s arguments); False when it was dropped."""
+        item = (pixels, width, height, encoding, t_ns, meta)
+        if not self.drop:
+            self._queue.put(item)
+            return True
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            self.dropped += 1
+            return False
+        return True
+
+    def _loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            pixels, width, height, encoding, t_ns, meta = item
+            try:
+                unit, _ = self.video.encode(pixels, width, height, encoding, t_ns)
+            except (ValueError, av.FFmpegError) as e:
+                with self._lock:
+                    self.refused += 1
+                    self.first_error = self.first_error or str(e)
+                continue
+            if unit:
+                with self._lock:
+                    self._out.append((meta, unit))
+
+    def results(self) -> list[tuple[Any, bytes]]:
+        """The ``(meta, unit)`` encoded since the last call, in submission order."""
+        with self._lock:
+            out, self._out = self._out, []
+        return out
+
+    def close(self) -> list[tuple[Any, bytes]]:
+        """Encode what is queued, end the thread; the last :meth:`results`."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        return self.results()
 
 
 PREVIEW_MAX_BYTES = 64 << 10

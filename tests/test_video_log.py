@@ -791,3 +791,18 @@ def test_a_shipped_video_logged_segment_replays_as_the_one_read_from_its_path(dr
     assert [d.reason for d in alone.damage] == [
         "frame 0: missing: the log names a video file that is not in the segment directory"
     ]
+
+
+def test_the_foxglove_encoder_thread_leaves_out_what_it_has_no_room_for_and_keeps_the_order():
+    from chestnut.msgs.video import FoxgloveVideoThread
+
+    g = synthetic_frames(1208, 1928, "nv12")
+    imgs = [next(g)[:, :, None] for _ in range(12)]
+    live = FoxgloveVideoThread(drop=True, queue_frames=1)
+    taken = [live.submit(img, 1928, 1208, "nv12", k * 50 * MS, k) for k, img in enumerate(imgs)]  # faster than x264
+    done = live.close()
+    assert [k for k, _ in done] == [k for k, ok in enumerate(taken) if ok]  # each queued frame, in order
+    assert live.dropped == taken.count(False) and live.dropped + len(done) == 12 and live.refused == 0
+    waited = FoxgloveVideoThread(drop=False, queue_frames=1)  # an export: every frame, however slow
+    assert all(waited.submit(img, 1928, 1208, "nv12", k * 50 * MS, k) for k, img in enumerate(imgs[:4]))
+    assert [k for k, _ in waited.close()] == [0, 1, 2, 3] and waited.dropped == 0
