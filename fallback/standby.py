@@ -75,6 +75,18 @@ class FallbackModel:
         self.inputs: tuple[TensorSpec, ...] = self._model.inputs
         self.outputs: tuple[TensorSpec, ...] = self._model.outputs
 
+    @classmethod
+    def of(cls, model: OrtModel, name: str) -> FallbackModel:
+        """The fallback served by ``model``, an onnxruntime session already loaded (the node's contract loads the
+        primary's file once: ``node/contract.py``), named ``name`` (its ``model_id`` is ``name@<sha256 prefix>``)."""
+        from chestnut.backend.model import model_id
+
+        fb = cls.__new__(cls)
+        fb.engine, fb._model = Engine.ONNXRUNTIME, model
+        fb.name, fb.model_id, fb.sha256 = name, model_id(name, model.onnx_bytes), model.sha256
+        fb.inputs, fb.outputs = model.inputs, model.outputs
+        return fb
+
     def check_inputs(self, inputs: dict[str, np.ndarray]) -> None:
         """Raise ModelError unless ``inputs`` matches the model's input names, shapes and dtypes exactly."""
         check_inputs(self.inputs, inputs)

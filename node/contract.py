@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,7 @@ class DeclaredContract:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[OutputContract, ...]
     known_answer: str = "no fingerprint recorded"
+    model: Any = field(default=None, compare=False, repr=False)  # the loaded OrtModel (the fallback may reuse it)
 
     @property
     def output_specs(self) -> tuple[TensorSpec, ...]:
@@ -164,7 +165,7 @@ def declare_contract(cfg: NodeConfig, fingerprint: dict[str, Any] | None) -> Dec
         raise ContractError("known_answer", f"the model file {m.path} {phrase}: the file is damaged or not the one "
                                             "the fingerprint was recorded for; refused as primary and as fallback")
     return DeclaredContract(Path(m.path), model.sha256, tuple(model.inputs),
-                            contracts_from_specs(outputs, ranges, cfg.timing.agreement_tol), phrase)
+                            contracts_from_specs(outputs, ranges, cfg.timing.agreement_tol), phrase, model)
 
 
 def fallback_refusal(contract: DeclaredContract, fallback: Any, path: Path) -> str | None:

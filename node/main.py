@@ -488,10 +488,14 @@ class Node:
         assert self.contract is not None  # declare_contract ran first
         try:
             t0 = time.monotonic()
-            fallback = FallbackModel(self.cfg.fallback_path, fb.engine, name=f"{self.cfg.model.name}-fallback",
-                                     input_shapes={self.cfg.model.input: tuple(self.cfg.model.shape)},
-                                     threads=fb.threads,
-                                     jit_cache=JitCache() if fb.engine == "tinygrad" else None)
+            name = f"{self.cfg.model.name}-fallback"
+            if (fb.engine == "onnxruntime" and fb.threads == 1 and self.contract.model is not None
+                    and self.cfg.fallback_path.resolve() == self.cfg.model.path.resolve()):
+                fallback = FallbackModel.of(self.contract.model, name)  # the contract's session: one load, not two
+            else:
+                fallback = FallbackModel(self.cfg.fallback_path, fb.engine, name=name,
+                                         input_shapes={self.cfg.model.input: tuple(self.cfg.model.shape)},
+                                         threads=fb.threads, jit_cache=JitCache() if fb.engine == "tinygrad" else None)
             refusal = fallback_refusal(self.contract, fallback, self.cfg.fallback_path)
             if refusal is None:
                 self.fallback = fallback
