@@ -37,6 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from chestnut.backend.errors import UsbLayerError
 
@@ -172,7 +173,7 @@ def keep_umask_around_tinygrads_lock() -> None:
     cls = type(system.System)
     real = getattr(cls.flock_acquire, "_chestnut_real", cls.flock_acquire)
 
-    def flock_acquire(self: object, name: str) -> int:
+    def flock_acquire(self: Any, name: str) -> int:
         before = os.umask(0o077)
         os.umask(before)
         try:

@@ -116,10 +116,11 @@ def private_tinygrad_cache(root: Path | None = None, environ: MutableMapping[str
     environ["CACHEDB"] = str(db)
     helpers = sys.modules.get("tinygrad.helpers")
     if helpers is not None:
-        if helpers._db_connection is not None and os.path.realpath(helpers.CACHEDB) != str(db):
-            _tinygrad_cache_off(environ, f"tinygrad already opened {helpers.CACHEDB} in this process")
+        opened = getattr(helpers, "CACHEDB")  # noqa: B009 - a module attribute mypy cannot see
+        if getattr(helpers, "_db_connection") is not None and os.path.realpath(opened) != str(db):  # noqa: B009
+            _tinygrad_cache_off(environ, f"tinygrad already opened {opened} in this process")
             return None
-        helpers.CACHEDB = str(db)
+        setattr(helpers, "CACHEDB", str(db))  # noqa: B010
     return db
 
 

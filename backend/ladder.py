@@ -514,7 +514,7 @@ def tinygrad_bar_setup(bridge: Bridge, gpu_bus: int = P.GPU_BUS, mem_base: int =
     from tinygrad.runtime.support.usb import CustomASM24Controller
 
     try:
-        ctrl = CustomASM24Controller(_BoundedControl(bridge.usb, bridge.ctrl_timeout_ms))
+        ctrl = CustomASM24Controller(_BoundedControl(bridge.usb, bridge.ctrl_timeout_ms))  # type: ignore[arg-type]
         bars = dict(System.pci_setup_usb_bars(ctrl, gpu_bus=gpu_bus, mem_base=mem_base, pref_mem_base=pref_mem_base))
     except ChestnutError:
         raise

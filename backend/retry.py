@@ -108,7 +108,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Any
 
 from chestnut.backend import protocol as P
 from chestnut.backend.classify import classify
@@ -346,7 +346,7 @@ def judge(log: LinkErrorLog, now_s: float) -> Verdict | None:
 # ---------------------------------------------------------------- the wrapper
 
 
-@dataclass
+@dataclass(slots=True)
 class _Async:
     """An async transfer the wrapper submitted and owns until it is waited: ``method(*args, timeout_ms)`` of the
     wrapped USB3 sends it (again); ``reads``: it returns (tag, the buffer the data lands in)."""
@@ -364,7 +364,8 @@ class _Async:
     pending_copy: memoryview | None = None
 
 
-class _Replay(NamedTuple):
+@dataclass(slots=True)
+class _Replay:
     """A request that makes the next transfer repeatable: sent again before it."""
 
     request: int
@@ -685,11 +686,11 @@ class RetryingUSB3:
                                                                        self.retry.timeout_ms(a.timeout_ms))), None))
                     self._resubmit(r)
                     waits.append((r.inner, r))
-                for t, r in waits:
+                for t, w in waits:
                     self.usb.bulk_wait(t)
-                    if r is not None and r.pending_copy is not None and r.out is not None:
-                        r.out[:] = r.pending_copy
-                        r.pending_copy = None
+                    if w is not None and w.pending_copy is not None and w.out is not None:
+                        w.out[:] = w.pending_copy
+                        w.pending_copy = None
             except Exception as e:
                 err = classify(e, default=UsbLayerError)
                 if err.reason not in TRANSIENT_REASONS:
