@@ -249,14 +249,14 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("execution time p50 / p99", f"{s['exec_ms_p50']:.1f} / {s['exec_ms_p99']:.1f} ms"),
         ("frame age p50 / p99", f"{s['frame_age_ms_p50']:.1f} / {s['frame_age_ms_p99']:.1f} ms"),
         *stage_rows(s),
-        ("primary deadline at the end (range)", _deadline_text(s)),
+        ("primary deadline (range)", _deadline_text(s)),
         ("launch -> first modelOutput", f"{fo:.1f} s" if fo is not None else "never"),
         ("launch -> ChestnutActive", f"{fa:.1f} s" if fa is not None else "never"),
     ]
 
 
 def _deadline_text(s: dict[str, Any]) -> str:
-    """The primary's deadline in force at the end of the run and its range over it (docs/health.md "Adaptive
+    """The primary's deadline in force at the end of the run, then its range over it (docs/health.md "Adaptive
     deadline"); "primary never asked" when no output carried one."""
     if s.get("deadline_ms") is None:
         return "primary never asked"
