@@ -362,7 +362,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fallback-model", type=Path, help="fallback model (ONNX; default: the primary's file)")
     p.add_argument("--dock", choices=DOCK_KINDS, help="where the primary runs")
     p.add_argument("--standby", choices=("hot", "warm"), help="fallback standby mode")
-    p.add_argument("--deadline-ms", type=float, help="per-frame deadline for the primary, ms")
+    p.add_argument("--deadline-ms", type=float,
+                   help="the primary's per-frame deadline at most (the adaptive deadline's ceiling), ms")
     p.add_argument("--wait-timeout-ms", type=float, help="device wait timeout, ms (default 3000)")
     p.add_argument("--shadow-frames", type=int, help="agreeing shadow frames before returning to the primary")
     p.add_argument("--rt-policy", choices=tuple(POLICIES), help="the node's scheduling policy (default fifo; "
