@@ -34,8 +34,10 @@ also written (it already holds the exact bytes for replay) and ``both`` when MCA
   together are written in ``logMonoTime`` order.
 - The flush policy (``--flush-messages``, ``--flush-seconds``) bounds what a crash loses; the loop
   wakes at least every :data:`POLL_MS` ms so the time bound holds without traffic.
-- SIGINT / SIGTERM: the loop ends within one poll, the open segment is closed cleanly (zstd frame
-  ended, MCAP summary and footer written) and the process exits 0.
+- SIGINT / SIGTERM: the loop ends within one poll; what the sockets already hold is still written (for at
+  most :data:`STOP_DRAIN_S`: a logger behind the stack at its stop keeps the stack's last messages, which
+  the publishers sent before they stopped), the open segment is closed cleanly (zstd frame ended, MCAP
+  summary and footer written) and the process exits 0.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ POLL_MS = 100  # ms; bounds the reaction to SIGINT/SIGTERM and the granularity o
 RCVHWM_MESSAGES = 100  # per service: ZeroMQ receive queue (100 frames of 128x256x3 = 9.8 MB at most)
 DRAIN_MAX_MESSAGES = 200  # per socket per loop, so one busy service cannot starve the others
 STATUS_INTERVAL_S = 60.0  # s between INFO lines with the counters
+STOP_DRAIN_S = 2.0  # s, at most, to write what the sockets hold at a stop (supervisord waits 10 s: stopwaitsecs)
+STOP_DRAIN_POLL_MS = 20  # ms without a message that ends the stop's drain
 
 
 def logged_services() -> list[str]:
@@ -290,6 +294,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix", default=None, help="runtime prefix of the stack (default: $CHESTNUT_PREFIX)")
 
 
+def drain_at_stop(recorder: Recorder, limit_s: float = STOP_DRAIN_S, poll_ms: int = STOP_DRAIN_POLL_MS) -> int:
+    """Write what the sockets already hold, until one ``poll_ms`` poll brings nothing or ``limit_s`` (s)
+    passed; returns the messages written."""
+    n, t_end = 0, time.monotonic() + limit_s
+    while time.monotonic() < t_end:
+        got = recorder.step(poll_ms)
+        if not got:
+            break
+        n += got
+    return n
+
+
 def mcap_encodings(choice: str, formats: Iterable[str]) -> tuple[str, ...]:
     """The MCAP channel encodings for ``--mcap-encoding choice`` when writing ``formats``."""
     if choice == "auto":
@@ -359,6 +375,7 @@ def run(args: argparse.Namespace) -> int:
                     sum(recorder.written.values()),
                     sum(recorder.malformed.values()),
                 )
+        drain_at_stop(recorder)
     except OSError as e:
         _log.error("cannot write the log: %s", e)
         return 1

@@ -427,6 +427,30 @@ def test_recorder_counts_and_skips_malformed_messages(tmp_path):
     assert outputs == [99]
 
 
+def test_a_recorder_behind_the_stack_at_its_stop_still_writes_what_its_sockets_hold(tmp_path):
+    """The stack's last messages were sent before the logger's stop: ``drain_at_stop`` writes them (a frame
+    the node answered is then in the log, not a missing one)."""
+    from chestnut.msgs.logger import drain_at_stop
+
+    with PubMaster(["modelOutput"]) as pm, RouteWriter(tmp_path, formats=["zst"]) as w:
+        rec = Recorder(w, ["modelOutput"])
+        try:
+            deadline = time.monotonic() + 10
+            while not rec.written["modelOutput"]:  # wait for the subscription to reach the publisher
+                assert time.monotonic() < deadline
+                pm.send("modelOutput", new_message("modelOutput"))
+                rec.step(20)
+            for k in range(30):  # sent while the recorder does not step: it is behind
+                m = new_message("modelOutput")
+                m.modelOutput.frameId = 1000 + k
+                pm.send("modelOutput", m)
+            assert drain_at_stop(rec, limit_s=30.0, poll_ms=1000) >= 30
+        finally:
+            rec.close_sockets()
+    outputs = [e.modelOutput.frameId for _, s, e in LogReader(tmp_path) if s == "modelOutput"]
+    assert [f for f in outputs if f >= 1000] == [1000 + k for k in range(30)]  # every one, in order
+
+
 def _start_logger(tmp_path, *extra):
     log_dir = tmp_path / "logs"
     stderr = open(tmp_path / "record.stderr", "w")  # noqa: SIM115
