@@ -387,3 +387,21 @@ out["sdma_errors"] = sdma()["error_count"]
                                                  0x2004_0008_1000]
     assert out["sizes"] == [0x80000, 0x1000, 0x1000]
     assert out["exact"] and out["sdma_errors"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_gpu_on_copy_out_is_the_gpus_at_the_wait_timeout_through_the_nodes_transport(twin):
+    """The armed SRAM read is also the wait for the GPU: through the node's transport it gets the device wait
+    timeout (3000 ms, not tinygrad's 10 s ``scsi_read`` and not a short per-try bound), then the bridge's own
+    register answers, so the GPU is named, never the link."""
+    out = run_tinygrad("""
+t = node_transport()
+dock.copy_in(P.VRAM_HEAP_OFFSET, pattern(4096))
+client.fault("gpu_hang")
+out["copy_out"] = err(lambda: dock.copy_out(P.VRAM_HEAP_OFFSET, 4096))
+out["link_errors"] = t.stats()["errors"]
+""")
+    assert out["copy_out"]["error"].startswith("GpuLayerError: copy_out_not_done: bulk IN 0x81 timed out while the "
+                                               "bridge answers (LTSSM 0x78): the GPU never wrote the window"), out
+    assert 3.0 <= out["copy_out"]["s"] < 10.0
+    assert out["link_errors"] == 0  # the timeout was the GPU's: nothing held against the link
