@@ -34,8 +34,9 @@ _log = logging.getLogger("chestnut.export")
 def _offset(logs: list[Path]) -> int | None:
     """The Unix-time offset the log was written with (``msgs/clock.py``), from its first ``initData``; None
     (taken now) for a log without one."""
-    for t, service, event in LogReader(logs):
-        return logged_unix_offset_ns(t, event.initData) if service == "initData" else None
+    for t, service, event in LogReader(logs):  # every segment file starts with one: found at once
+        if service == "initData":
+            return logged_unix_offset_ns(t, event.initData)
     return None
 
 

@@ -806,3 +806,18 @@ def test_the_foxglove_encoder_thread_leaves_out_what_it_has_no_room_for_and_keep
     waited = FoxgloveVideoThread(drop=False, queue_frames=1)  # an export: every frame, however slow
     assert all(waited.submit(img, 1928, 1208, "nv12", k * 50 * MS, k) for k, img in enumerate(imgs[:4]))
     assert [k for k, _ in waited.close()] == [0, 1, 2, 3] and waited.dropped == 0
+
+
+def test_an_export_has_the_camera_as_h264_on_the_logs_own_unix_clock(tmp_path):
+    """``chestnut export``: the log's offset (its initData), not the exporting machine's, and every frame."""
+    from chestnut.msgs.export import export_mcap
+
+    g = synthetic_frames(128, 256, "bgr888")
+    ts = [10**12 + k * 50 * MS for k in range(5)]
+    with RouteWriter(tmp_path / "logs", formats=("zst",), unix_offset_ns=1_800_000_000 * 10**9) as w:
+        for k, t in enumerate(ts):
+            w.write("cameraFrame", t, frame_event(k, next(g), "bgr888", t_ns=t).to_bytes())
+    export_mcap([tmp_path / "logs"], tmp_path / "view.mcap")
+    msgs = _video_messages(tmp_path / "view.mcap")
+    assert [lt for lt, _ in msgs] == [t + 1_800_000_000 * 10**9 for t in ts]
+    assert [f.key_frame for f in _decode_units([b for _, b in msgs])] == [True, False, False, False, False]
