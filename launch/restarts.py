@@ -90,9 +90,10 @@ def run_restarts(run_dir: Path, wall_start_ns: int) -> list[dict[str, Any]]:
         back = round(tl.seconds(near.back_ns), 3) if tl is not None and near is not None and near.back_ns else None
         out.append({"t_s": t_s, "what": e.program, "cause": e.cause,
                     "frames_lost": near.frames if near is not None else None, "back_s": back})
-    for r in worker_restarts(tl) if tl else []:
-        out.append({"t_s": round(tl.seconds(r.t_ns), 3), "what": "worker", "cause": r.cause,
-                    "frames_lost": r.frames, "back_s": round(tl.seconds(r.back_ns), 3) if r.back_ns else None})
+    if tl is not None:
+        for r in worker_restarts(tl):
+            out.append({"t_s": round(tl.seconds(r.t_ns), 3), "what": "worker", "cause": r.cause,
+                        "frames_lost": r.frames, "back_s": round(tl.seconds(r.back_ns), 3) if r.back_ns else None})
     return sorted(out, key=lambda d: (d["t_s"] is None, d["t_s"] or 0.0, d["what"]))
 
 
