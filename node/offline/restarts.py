@@ -4,8 +4,8 @@
   Its cause as the log shows it: ``stopped`` when the old process published ``nodeState`` stopping, else
   killed or crashed (a process killed by a signal says nothing; its exit status or signal is the process
   manager's to give: ``chestnut launch``'s summary names it from supervisord's log). Frames it cost: camera
-  frames logged from the old process's last message to the new one's first output that got no
-  ``modelOutput`` at all.
+  frames logged from the old process's last output (those in flight when it died among them) to the new
+  one's first output that got no ``modelOutput`` at all.
 - **worker**: ``nodeState.restarts`` (worker spawns after the first, ``node/supervisor.py``) goes up within
   one node process. Time and cause: the failover before it (the ``nodeState`` entering ``degraded``, whose
   reason names the failure, e.g. ``primary_fault: worker died (killed by SIGKILL)``). Frames it cost: outputs
@@ -58,8 +58,9 @@ def node_restarts(tl: Timeline) -> list[Restart]:
     for old, new in zip(tl.sessions, tl.sessions[1:], strict=False):
         first_out = next((o.t_ns for o in tl.outputs if o.t_ns >= new.start_ns), None)
         end = first_out if first_out is not None else tl.end_ns
+        last_out = max((o.t_ns for o in tl.outputs if old.start_ns <= o.t_ns <= old.end_ns), default=old.start_ns)
         lost = {(k, f.frame_id) for f, k in zip(tl.frames, frame_k, strict=True)
-                if old.end_ns < f.t_ns <= end and (k, f.frame_id) not in answered}
+                if last_out < f.t_ns <= end and (k, f.frame_id) not in answered}
         cause = (f"stopped (nodeState stopping at {tl.seconds(old.stopping_ns):.3f} s)" if old.stopping_ns is not None
                  else "killed or crashed: it published no stopping (the log holds no exit status or signal)")
         out.append(Restart(old.end_ns, "node", f"{cause}; the new process started at {tl.seconds(new.start_ns):.3f} s",
