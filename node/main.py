@@ -693,14 +693,14 @@ class Node:
         self._feed_start_failure(timed_out_start_failure(loading), why, layer)
 
     def _stalled(self, w: WorkerHandle) -> bool:
-        """A worker in a long command (qualifying, loading, probing) that has waited on the dock without progress
-        (``backend/progress.py``: no bytes moved, no step, no engine tick) longer than the wait timeout + stall
-        margin: ended now, whatever its own waits would do (tinygrad 0.14's copy-in drain waits 10 s). A load
-        is counted as a failed start, a probe as a dead worker. True when it was ended."""
+        """A worker in its long command (qualifying and loading: the START) that has waited on the dock without
+        progress (``backend/progress.py``: no bytes moved, no step, no engine tick) longer than the wait timeout +
+        stall margin: ended now, whatever its own waits would do (tinygrad 0.14's copy-in drain waits 10 s), and
+        counted as a failed start. Its other commands are frames (the watchdog's hang check) and probes (bounded
+        transfers, queued behind the frames). True when it was ended."""
         prog = w.progress()
         limit_ms = self.watchdog.config.stall_timeout_ms
-        if prog.state not in (WorkerState.QUALIFYING, WorkerState.LOADING, WorkerState.PROBING) or \
-                prog.stalled_s * 1e3 <= limit_ms:
+        if prog.state not in (WorkerState.QUALIFYING, WorkerState.LOADING) or prog.stalled_s * 1e3 <= limit_ms:
             return False
         c = self.watchdog.config
         what = prog.state.name.lower()
@@ -712,10 +712,7 @@ class Node:
         log.error("%s; killing it", why)
         self.health.apply([Evidence(layer, Level.ERROR, why, hard=True, tag="stall")], time.monotonic_ns())
         self._kill_worker(why)
-        if prog.state is WorkerState.PROBING:
-            self._feed(Event.WORKER_DIED, why, layer)
-        else:
-            self._feed_start_failure(timed_out_start_failure(prog.state is WorkerState.LOADING), why, layer)
+        self._feed_start_failure(timed_out_start_failure(prog.state is WorkerState.LOADING), why, layer)
         return True
 
     def _feed_start_failure(self, kind: StartFailure, reason: str, layer: Layer | None) -> None:
@@ -1238,9 +1235,7 @@ class Node:
                 self._observe_latency(res, verdict.elapsed_ns, host)
                 if res.error is not None:
                     self._on_primary_error(res)
-            if self._is_current(w) and self.worker_ready_seen and self._stalled(w):
-                pass  # a probe that waited on the dock without progress: ended
-            elif self._is_current(w) and self.draining and not w.in_flight:
+            if self._is_current(w) and self.draining and not w.in_flight:
                 self._kill_worker("drained after failing over")
             elif self._is_current(w) and not self.draining and self.worker_ready_seen and now >= self.next_probe_ns:
                 probe = w.latest_probe

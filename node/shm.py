@@ -127,6 +127,8 @@ class _Field(IntEnum):
     IO_DEPTH = 15      # transfers in progress (> 0: inside one)
 
 
+_PROGRESS, _PROGRESS_NS, _IO_NS, _IO_DEPTH = (int(f) for f in (_Field.PROGRESS, _Field.PROGRESS_NS, _Field.IO_NS,
+                                                                 _Field.IO_DEPTH))
 CONTROL_MAGIC = 0x43484E5457524B31  # "CHNTWRK1": layout version of the control block
 CONTROL_BYTES = 128
 
@@ -170,6 +172,7 @@ class ControlBlock:
             raise ValueError(f"control segment is {segment.size} bytes, need {CONTROL_BYTES}")
         self.segment = segment
         self._w = segment.buf[:CONTROL_BYTES].view(np.int64)
+        self._q = memoryview(self._w)  # the same words as Python ints: the writes of every transfer, cheaply
 
     @classmethod
     def create(cls) -> ControlBlock:
@@ -209,20 +212,21 @@ class ControlBlock:
 
     def progress(self, amount: int = 1) -> None:
         """The dock made progress (``backend/progress.py``): the count grows by ``amount``, its clock is now."""
-        self._w[_Field.PROGRESS] += amount
-        self._w[_Field.PROGRESS_NS] = time.monotonic_ns()
+        q = self._q
+        q[_PROGRESS] += amount
+        q[_PROGRESS_NS] = time.monotonic_ns()
 
     def dock_io(self, begin: bool) -> None:
         """A dock transfer begins (``begin``) or ends. The first after :data:`IO_GAP_NS` without any starts a
         new wait: its progress clock starts at it."""
-        now = time.monotonic_ns()
+        q, now = self._q, time.monotonic_ns()
         if begin:
-            if int(self._w[_Field.IO_DEPTH]) <= 0 and now - int(self._w[_Field.IO_NS]) > IO_GAP_NS:
-                self._w[_Field.PROGRESS_NS] = now
-            self._w[_Field.IO_DEPTH] += 1
-        elif int(self._w[_Field.IO_DEPTH]) > 0:
-            self._w[_Field.IO_DEPTH] -= 1
-        self._w[_Field.IO_NS] = now
+            if q[_IO_DEPTH] <= 0 and now - q[_IO_NS] > IO_GAP_NS:
+                q[_PROGRESS_NS] = now
+            q[_IO_DEPTH] += 1
+        elif q[_IO_DEPTH] > 0:
+            q[_IO_DEPTH] -= 1
+        q[_IO_NS] = now
 
     def run_started(self, seq: int) -> None:
         self._w[_Field.BUSY_SINCE_NS] = time.monotonic_ns()

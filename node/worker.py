@@ -212,6 +212,8 @@ class _WorkerLoop:
         rc = self.start(RunnerSpec.from_json(start["runner"]), model_spec_from_json(start["model"]), start["ladder"])
         if rc is not None:
             return rc
+        # serving: a frame has its own supervision (the node's hang check); the per-frame path reports nothing
+        progress.set_sink(None)
         self.count_transfer_errors()
         self.serve_realtime()
         while True:
