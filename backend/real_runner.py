@@ -64,7 +64,7 @@ from chestnut.backend.interface import DockObservation, LadderReport, LadderStep
 from chestnut.backend.jitcache import CacheKey, JitCache, private_tinygrad_cache
 from chestnut.backend.ladder import DockQualifier, LadderConfig, Outcome, UsbDock
 from chestnut.backend.model import TensorSpec, outputs_digest, verification_inputs
-from chestnut.backend.retry import install_in_tinygrad
+from chestnut.backend.retry import RetryPolicy, install_in_tinygrad
 from chestnut.backend.stages import StageClock
 from chestnut.backend.warp import WarpSpec, warp_program, warp_tensor
 
@@ -620,7 +620,8 @@ class RealRunner:
             try:
                 from tinygrad import Device
 
-                install_in_tinygrad()  # tinygrad's USB3 with bounded retry of idempotent transfers (backend/retry.py)
+                # tinygrad's USB3 with bounded retry of idempotent transfers (backend/retry.py); the GPU's wait is ours
+                install_in_tinygrad(RetryPolicy(gpu_wait_ms=self.config.wait_timeout_ms))
                 keep_umask_around_tinygrads_lock()  # its lock call leaves umask(0) (backend/docklock.py)
                 return Device[TINYGRAD_DEVICE]
             except Exception as e:

@@ -65,7 +65,7 @@ from chestnut.backend.real_runner import (
     dock_lock_path,
     inputs_match,
 )
-from chestnut.backend.retry import STATS_KEY, RetryingUSB3
+from chestnut.backend.retry import STATS_KEY, RetryingUSB3, RetryPolicy
 from chestnut.backend.stages import StageClock
 from chestnut.backend.warp import warp_program
 from chestnut.msgs.paths import current_prefix
@@ -215,7 +215,7 @@ class TwinRunner:
         # transfers that are safe to repeat are retried within the frame deadline (backend/retry.py); VRAM (BAR0)
         # and the doorbells (BAR2) hold values, so writes there are among them
         # under it, every transfer is reported to the worker's progress supervision (backend/progress.py)
-        self.usb = RetryingUSB3(ProgressUSB3(TwinUSB3(dev)),
+        self.usb = RetryingUSB3(ProgressUSB3(TwinUSB3(dev)), retry=RetryPolicy(gpu_wait_ms=self.wait_timeout_ms),
                                 value_regions=[self._bars[i] for i in (0, 2) if i in self._bars])
         bridge = Bridge(
             self.usb,
