@@ -227,7 +227,7 @@ def test_cpu_round_trip_equals_running_the_model_directly(tiny_onnx):
         for seq in (5, 6, 9):
             x = rng.random((1, 3, 32, 64), dtype=np.float32)
             h.submit(seq, {"x": x})
-            r = h.poll_result(timeout_s=10)
+            r = h.poll_result(timeout_s=60)
             assert r is not None and r.ok and r.seq == seq
             assert list(r.outputs) == ["prob"] and r.outputs["prob"].dtype == np.float32
             np.testing.assert_array_equal(r.outputs["prob"], direct.run({"x": x})["prob"])
@@ -272,7 +272,7 @@ def test_twin_round_trip_climbs_the_whole_ladder_and_a_fence_stall_comes_back_ty
         assert h.ladder.steps[-1].detail == "1 output(s) bit-exact"
         x = np.random.default_rng(3).random((1, 3, 32, 64), dtype=np.float32)
         h.submit(1, {"x": x})
-        r = h.poll_result(timeout_s=10)
+        r = h.poll_result(timeout_s=60)
         assert r is not None and r.ok and r.seq == 1
         np.testing.assert_array_equal(r.outputs["prob"], direct.run({"x": x})["prob"])
         assert h.request_probe()
@@ -283,7 +283,7 @@ def test_twin_round_trip_climbs_the_whole_ladder_and_a_fence_stall_comes_back_ty
         assert (h.latest_probe.observation.present, h.latest_probe.observation.ltssm) == (True, 0x78)
         twin.fault("fence_stall")  # the GPU does the work, the fence never moves
         h.submit(2, {"x": x})
-        stalled = h.poll_result(timeout_s=10)
+        stalled = h.poll_result(timeout_s=60)
         assert stalled is not None and stalled.seq == 2 and type(stalled.error) is GpuLayerError
         assert (stalled.error.reason, stalled.error.layer) == ("fence_stall", Layer.GPU) and h.alive
         procs = tree(h)
