@@ -193,12 +193,12 @@ def test_worker_silent_while_active(drive, tmp_path):
     items = _edit(drive, lambda t, s, e: s == "nodeState" and frame_time(60) <= t < frame_time(140)
                   and e.nodeState.state != "active", lambda ev: setattr(ev.nodeState, "state", "active"), expect=6)
     r = check_log(write(items, tmp_path))
-    # waiting since frame 60's EOF (t60 - 1 ms); the first message later than 3250 ms after it is
-    # frame 125's cameraFrame (65 * 50 = 3250 ms after t60, 3251 ms after the EOF)
+    # waiting since frame 60's EOF (t60 - 1 ms); the first message later than 3350 ms after it is
+    # frame 127's cameraFrame (67 * 50 = 3350 ms after t60, 3351 ms after the EOF)
     assert found(r) == [("worker_answers", 60)]
-    assert r.violations[0].t_ns == frame_time(125)
-    assert r.violations[0].message == ("no primary answer for 3251 ms since frame 60 while nodeState was active "
-                                       "(bound 3250 ms)")
+    assert r.violations[0].t_ns == frame_time(127)
+    assert r.violations[0].message == ("no primary answer for 3351 ms since frame 60 while nodeState was active "
+                                       "(bound 3350 ms)")
 
 
 def test_log_end_excuses_frames_in_flight(drive, tmp_path):

@@ -41,8 +41,8 @@ health_not_silent        within a node process, ``chestnutHealth`` never silent 
                          allows: 10 / f (cereal's *alive*; 5 Hz -> 2 s, :data:`~chestnut.msgs.services.SERVICE_LIST`);
                          the last process is judged to the log's end
 worker_answers           while a node process's ``nodeState`` is ``active``, no frame waits longer than the
-                         wait timeout + the hang margin (3000 + 250 ms, :mod:`chestnut.node.watchdog`) for a
-                         primary answer
+                         wait timeout + the hang margin + slack (3000 + 250 + 100 ms, :mod:`chestnut.node.watchdog`)
+                         for a primary answer
 =======================  ==================================================================================
 
 The inputs' own faults (absurd timestamps, repeated or skipped camera ids, a log that begins mid-episode)
@@ -111,7 +111,10 @@ class CheckParams:
 
     @property
     def hang_bound_ns(self) -> int:
-        return int((self.wait_timeout_ms + self.hang_margin_ms) * NS_PER_MS)
+        """Wait timeout + hang margin + slack, ns: the longest a frame may wait for a primary answer while the
+        node says active (the watchdog's hang rule counts from the request, this from the frame's EOF, and the
+        node's state change is published like any answer: the slack applies as on every bound)."""
+        return int((self.wait_timeout_ms + self.hang_margin_ms + self.slack_ms) * NS_PER_MS)
 
     @property
     def health_silence_ns(self) -> int:
