@@ -12,7 +12,7 @@ Three sources, each read without blocking:
   ``Documentation/accounting/psi.rst``), read at most every :data:`PRESSURE_PERIOD_S`
   (:func:`read_cpu_pressure`). Absent (an older kernel, ``psi=0``, a container that hides it): None,
   and only the wake-ups speak;
-- on the twin, its own threads' worst wait for a CPU over its last second (``backend/sim/hostwait.py``,
+- on the twin, its GPU's (compute process's) worst wait for a CPU over its last second (``backend/sim/hostwait.py``,
   a file the twin daemon keeps beside its socket), read with each figure (:meth:`HostMeter.figures`).
 
 Times are CLOCK_MONOTONIC ns, passed in; only :meth:`HostMeter.cpu_pressure` and the twin's figure read a file.

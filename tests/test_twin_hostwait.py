@@ -72,7 +72,7 @@ def test_a_thread_that_waits_for_a_cpu_is_measured():
 
 
 def test_a_twin_wait_of_20_ms_makes_a_miss_the_hosts_and_less_does_not():
-    assert host_late(HostFigures(twin_wait_ms=31.0)) == "host late: the twin waited 31 ms for a CPU"
+    assert host_late(HostFigures(twin_wait_ms=31.0)) == "host late: the twin's GPU waited 31 ms for a CPU"
     assert host_late(HostFigures(twin_wait_ms=19.9)) == ""
     assert HostFigures(loop_late_ms=3.0, worker_late_ms=5.0, twin_wait_ms=31.0).peak_late_ms == 31.0
 

@@ -18,7 +18,8 @@ process (:mod:`.compute`, RUN at ``--compute-priority``, default 10), so a busy 
 below the node's realtime priority (openpilot's modeld: 54), and the daemon's own work per request is
 bounded (a transfer's copy), so a realtime daemon cannot hold a core. Where the system refuses realtime
 scheduling, one INFO line and it serves at the normal policy. What the host's other realtime work still
-costs the twin (its threads' run-queue waits) is published beside the socket for the node (:mod:`.hostwait`),
+costs the twin's GPU (the compute child's run-queue waits) is published beside the socket for the node
+(:mod:`.hostwait`),
 so that a late answer the host caused is not read as the dock's fault.
 """
 
@@ -384,8 +385,8 @@ def serve(config: TwinConfig, prefix: str | None = None) -> int:
     publisher = threading.Thread(target=publish_twin_state, args=(twin, prefix, server), name="twinState",
                                  daemon=True)
     publisher.start()
-    # how long the twin's own threads waited for a host CPU, for the node to tell host load from a dock fault
-    waits = WaitPublisher(path.parent / HOSTWAIT_FILE, lambda: (os.getpid(), *running_pids()))
+    # how long the twin's GPU (the compute child) waited for a host CPU: the node tells host load from a dock fault
+    waits = WaitPublisher(path.parent / HOSTWAIT_FILE, running_pids)
     waits.start()
     d = twin.enumerate()[0]
     log.info("twin serving at %s: %04x:%04x at %d-%d, %d Mbps, pid %d", path, d.vid, d.pid, d.bus, d.address,

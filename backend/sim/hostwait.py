@@ -6,10 +6,14 @@ realtime work on the host (a second stack, another twin) holds every core, the t
 although nothing on the dock failed -- and a node that judged that delay the dock's would fail over on host
 load. So the twin measures it: Linux keeps, per thread, the time it spent runnable on a run queue without a
 CPU (``/proc/<pid>/task/<tid>/schedstat``, second field, ns; ``Documentation/scheduler/sched-stats.rst``).
-The daemon samples that for its own threads and its compute child's every :data:`SAMPLE_PERIOD_S` and
-publishes the **worst single thread's wait over the last second** in a small file in the prefix's runtime
-directory, which the node reads beside its own wake-up lateness (``node/hostload.py``,
+The daemon samples that for its compute child's threads -- the twin's GPU -- every :data:`SAMPLE_PERIOD_S`
+and publishes the **worst single thread's wait over the last second** in a small file in the prefix's
+runtime directory, which the node reads beside its own wake-up lateness (``node/hostload.py``,
 ``node/policy.py`` ``host_late``). On a real dock the file does not exist and the figure is 0.
+
+Only the GPU's threads count, not the bridge's (the daemon's own, which answer USB): a GPU that is hung or
+whose fence never moves computes nothing and waits for no CPU, so its misses stay the dock's beside any
+load, while the bridge keeps answering the node's fence polls -- and a busy host would delay those too.
 
 The file (:data:`FILE_NAME`, mode 0600, 24 bytes): three little-endian u64, ``peak_ns``, ``updated_ns``
 (CLOCK_MONOTONIC ns of the sample) and ``peak_ns ^ updated_ns ^ MAGIC`` -- a torn read (the writer's
@@ -93,7 +97,7 @@ def decode(data: bytes) -> tuple[int, int] | None:
 
 
 class WaitPublisher:
-    """The daemon's side: a thread that samples ``pids()`` (the daemon and its compute child) every
+    """The daemon's side: a thread that samples ``pids()`` (its compute child, the twin's GPU) every
     :data:`SAMPLE_PERIOD_S` and rewrites the file at ``path`` until :meth:`stop`. The file is created anew
     (``O_EXCL``, 0600, never following a link: a planted file or link at the path is replaced, not written
     through) and removed at stop."""
