@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from tinymodel import tiny_node_config
 
 from chestnut.launch.supervise import STOP_ORDER, stack_pids
 from chestnut.msgs.logfile import LogReader
@@ -38,6 +39,8 @@ def stopped(tmp_path_factory):
             str(tmp / "runs"),
             "--json",
             str(out),
+            "--node-config",  # the model is not the point: the tiny one at the shipped config's input
+            str(tiny_node_config(tmp)),
         ],
         env=dict(os.environ, CHESTNUT_PREFIX=prefix),
         capture_output=True,

@@ -35,3 +35,16 @@ def make_tiny_onnx(path: Path, height: int = 32, width: int = 64, seed: int = 0)
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+def tiny_node_config(folder: Path, engine: str = "onnxruntime") -> Path:
+    """A node config for a launched stack where the model is not the point: the tiny model at the shipped
+    config's input (1x3x128x256, PP-OCR preprocessing), its fallback onnxruntime in hot standby, the twin as the
+    dock (``engine`` is the fallback's). Writes ``folder/tiny128.onnx`` and ``folder/node.toml``; returns the
+    config's path."""
+    model = make_tiny_onnx(folder / "tiny128.onnx", height=128, width=256)
+    conf = folder / "node.toml"
+    conf.write_text(f'[model]\npath = "{model}"\nname = "tiny"\ninput = "x"\nshape = [1, 3, 128, 256]\n'
+                    'preprocess = "ppocr"\n[model.ranges]\nprob = [0.0, 1.0]\n'
+                    f'[fallback]\nengine = "{engine}"\nstandby = "hot"\n[dock]\nkind = "twin"\n')
+    return conf
