@@ -29,7 +29,8 @@ object, its controller's ``usb`` switched between the bare ``TwinUSB3`` and the 
 :class:`~chestnut.backend.retry.RetryingUSB3` over it (as ``backend/twin_runner.py`` builds it) on alternate
 repetitions, so both see the same twin, ring and load. The last line is ``supervised/bare copy-in at 3.5 MB:
 R``: the median over ``--frame-reps`` (default 41) adjacent pairs of supervised time / bare time (a pair sees the
-same moment of a loaded machine; the medians of each are printed above it).
+same moment of a loaded machine; pairs run in turn bare-first and supervised-first, so neither always follows
+the other; the medians of each are printed above it).
 """
 
 from __future__ import annotations
@@ -156,13 +157,13 @@ def main() -> int:
             node_usb = RetryingUSB3(usb, value_regions=[bars[i] for i in (0, 2) if i in bars])
             frame = memoryview(os.urandom(FRAME_BYTES))
             times: dict[str, list[float]] = {"bare": [], "supervised": []}
-            for i in range(2 * args.frame_reps + 2):  # alternate; the first of each is a warm-up
-                which = ("bare", "supervised")[i & 1]
-                dock.ctrl.usb = usb if which == "bare" else node_usb
-                t0 = time.perf_counter()
-                dock.copy_in(dst, frame)
-                if i >= 2:
-                    times[which].append(time.perf_counter() - t0)
+            for j in range(args.frame_reps + 1):  # pairs in turn bare-first and supervised-first; pair 0 warms up
+                for which in (("bare", "supervised") if j % 2 else ("supervised", "bare")):
+                    dock.ctrl.usb = usb if which == "bare" else node_usb
+                    t0 = time.perf_counter()
+                    dock.copy_in(dst, frame)
+                    if j:
+                        times[which].append(time.perf_counter() - t0)
             dock.ctrl.usb = node_usb
             assert dock.copy_out(dst, FRAME_BYTES) == frame.tobytes(), "the supervised copy-in is not byte-exact"
             assert node_usb.log.errors == 0, node_usb.stats()
