@@ -133,9 +133,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=FaultPlan.parse,
         action="append",
         default=[],
-        help="inject KIND@START[+DURATION][,key=value]: START s after the node's first output; after "
-        "DURATION s the fault is cleared (a pulled cable is plugged back, a wedged bridge power-cycled); "
-        "kinds: `chestnut twin kinds`; repeatable",
+        help="inject KIND@START[+DURATION][,key=value]: START s after the node's first output (or its first "
+        "ChestnutActive, --fault-from active); after DURATION s the fault is cleared (a pulled cable is plugged "
+        "back, a wedged bridge power-cycled); kinds: `chestnut twin kinds`; repeatable",
+    )
+    p.add_argument(
+        "--fault-from",
+        choices=("output", "active"),
+        default="output",
+        help="what --fault's START counts from: the node's first output (default; a fault may then meet the "
+        "primary while it loads) or the first ChestnutActive (the primary serving)",
     )
     p.add_argument(
         "--twin-engine",
@@ -413,13 +420,19 @@ def drive(launch: Launch) -> None:
     t0 = time.monotonic()
     launch.sampler.start_mark = t0 + SAMPLE_SETTLE_S
     log.info("clock: times are s since the stack's first message, %s", launch.clock.wall_start())
-    launch.faults.log_plan(launch.clock.seconds(int(t0 * NS)))
+    fault_t0: float | None = t0 if args.fault_from == "output" else None  # the fault plans' zero
+    if fault_t0 is not None:
+        launch.faults.log_plan(launch.clock.seconds(int(fault_t0 * NS)))
     next_sample = 0.0
     with Live(view.render(), refresh_per_second=4, transient=False) if not args.no_live else _Null() as live:
         next_draw = 0.0
         while not flag.stop and (args.seconds <= 0 or time.monotonic() - t0 < args.seconds) and proc.poll() is None:
             view.update(50)
-            launch.faults.step(time.monotonic() - t0)
+            if fault_t0 is None and view.first_active_ns is not None:  # --fault-from active: the primary serves
+                fault_t0 = view.first_active_ns / NS
+                launch.faults.log_plan(launch.clock.seconds(view.first_active_ns))
+            if fault_t0 is not None:
+                launch.faults.step(time.monotonic() - fault_t0)
             if time.monotonic() >= next_sample:
                 launch.sampler.sample()
                 next_sample = time.monotonic() + 1.0
@@ -427,6 +440,9 @@ def drive(launch: Launch) -> None:
                 live.update(view.render())
                 next_draw = time.monotonic() + 0.25
     end_live_line(live)
+    if launch.faults.pending:
+        log.error("%d planned fault(s) not injected: %s", len(launch.faults.pending),
+                  "the run ended first" if fault_t0 is not None else "the primary never served (no ChestnutActive)")
     if (code := proc.poll()) is not None and not flag.stop:
         launch.died = True
         log.error(

@@ -64,10 +64,13 @@ class StackView:
         self.frames_in = 0
         self.cam_times: deque[int] = deque(maxlen=41)
         self.out_times: deque[int] = deque(maxlen=41)
+        self.first_active_ns: int | None = None  # CLOCK_MONOTONIC ns the first ChestnutActive true was read
 
     def update(self, timeout_ms: int = 100) -> None:
         self.sm.update(timeout_ms)
         now = self.sm.mono_time_ns()
+        if self.first_active_ns is None and self.sm.updated["chestnutActive"] and self.sm["chestnutActive"].active:
+            self.first_active_ns = now
         if self.sm.updated["cameraFrame"]:
             self.frames_in += 1
             self.cam_times.append(now)

@@ -28,7 +28,7 @@ def run(tmp_path_factory):
     out = tmp / "summary.json"
     proc = subprocess.run(
         [sys.executable, "-m", "chestnut.launch.cli", "launch", "--seconds", "28", "--no-live",
-         "--runs-dir", str(tmp / "runs"), "--fault", "gpu_hang@8+4", "--json", str(out)],
+         "--runs-dir", str(tmp / "runs"), "--fault", "gpu_hang@5+4", "--fault-from", "active", "--json", str(out)],
         env=env, capture_output=True, text=True, timeout=380)
     assert out.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, json.loads(out.read_text()), tmp
@@ -73,7 +73,7 @@ def test_the_report_and_summary_show_the_injected_gpu_hang(run):
     assert ("gpu_hang", "armed") in events and ("gpu_hang", "fired") in events
     assert [(f["action"], f["fault"]) for f in s["fault_schedule"]] == [("inject", "gpu_hang"), ("clear", "gpu_hang")]
     inject, clear = s["fault_schedule"]
-    assert abs(clear["t_s"] - inject["t_s"] - 4.0) < 1.0  # gpu_hang@8+4, on the one clock
+    assert abs(clear["t_s"] - inject["t_s"] - 4.0) < 1.0  # gpu_hang@5+4, on the one clock
     (run_dir,) = (tmp / "runs").iterdir()
     page = (run_dir / "report" / "index.html").read_text()
     assert "fault gpu_hang#1 fired" in page and "launch: inject gpu_hang" in page and "hit packet #" in page

@@ -224,7 +224,8 @@ def test_launched_stack_log_with_a_fault_replays_and_checks_clean(tmp_path):
     # a short run directory: supervisord's control socket lives there (AF_UNIX paths stop at 108 bytes)
     runs = Path(tempfile.mkdtemp(prefix="chestnut-runs-", dir="/tmp"))
     cmd = [sys.executable, "-m", "chestnut.launch.cli", "launch", "--seconds", "16", "--no-live", "--runs-dir",
-           str(runs), "--node-config", str(conf), "--twin-engine", "tinygrad", "--fault", "fence_stall@4+3"]
+           str(runs), "--node-config", str(conf), "--twin-engine", "tinygrad", "--fault", "fence_stall@2+3",
+           "--fault-from", "active"]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = proc.communicate(timeout=240)
