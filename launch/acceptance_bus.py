@@ -18,19 +18,21 @@ FRAME_HZ = 20.0  # camera rate of the kit (Hz), openpilot's road camera
 @dataclass
 class Seen:
     """What the kit received from the node: (receipt ns, frame id, source) of every output; ChestnutActive
-    (receipt ns, active); nodeState (receipt ns, state) and its identity."""
+    (receipt ns, active); nodeState (receipt ns, state) and its identity; the deadline misses it blamed on a late
+    host so far (chestnutHealth.host.lateMisses, docs/health.md "The host")."""
 
     outputs: list[tuple[int, int, str]] = field(default_factory=list)
     active: list[tuple[int, bool]] = field(default_factory=list)
     states: list[tuple[int, str]] = field(default_factory=list)
     sent: dict[int, int] = field(default_factory=dict)
     identity: dict[str, str] = field(default_factory=dict)  # the latest nodeState's
+    host_late_misses: list[tuple[int, int]] = field(default_factory=list)  # (receipt ns, host.lateMisses)
     init_identity: dict[str, str] = field(default_factory=dict)  # the latest initData's
 
 
 class FrameBus(threading.Thread):
     """Publishes ``cameraFrame`` (uint8 noise, ``height`` x ``width``) at :data:`FRAME_HZ` and records the
-    node's ``modelOutput``, ``chestnutActive`` and ``nodeState``."""
+    node's ``modelOutput``, ``chestnutActive``, ``nodeState`` and ``chestnutHealth``'s host misses."""
 
     def __init__(self, prefix: str, height: int, width: int) -> None:
         super().__init__(name="acceptance-bus", daemon=True)
@@ -51,7 +53,7 @@ class FrameBus(threading.Thread):
             poller = zmq.Poller()
             socks = {
                 s: sub_sock(s, poller, prefix=self.prefix)
-                for s in ("modelOutput", "chestnutActive", "nodeState", "initData")
+                for s in ("modelOutput", "chestnutActive", "nodeState", "initData", "chestnutHealth")
             }
             rng = np.random.default_rng(0)
             fid, next_s = 0, time.monotonic()
@@ -83,6 +85,8 @@ class FrameBus(threading.Thread):
                                 )
                             elif service == "chestnutActive":
                                 self.seen.active.append((recv, bool(ev.chestnutActive.active)))
+                            elif service == "chestnutHealth":
+                                self.seen.host_late_misses.append((recv, int(ev.chestnutHealth.host.lateMisses)))
                             elif service == "initData":
                                 self.seen.init_identity = {str(kv.key): str(kv.value) for kv in ev.initData.identity}
                             else:
