@@ -398,6 +398,7 @@ class Node:
                                                                 if cfg.dock.kind == "twin" else None))
         self.host_thresholds = HostThresholds(t.host_late_ms, t.host_cpu_pressure_pct, t.deadline_ms)
         self.host_misses = 0             # deadline misses blamed on the host (not counted towards a failover)
+        self.result_at_ns = 0            # receipt of the worker's last result (CLOCK_MONOTONIC ns)
         # the primary's adaptive deadline (node/deadline.py): its recent latencies (ms) and the deadline in force
         self.deadline_rule = DeadlineRule(ceiling_ms=t.deadline_ms, floor_ms=min(t.deadline_floor_ms, t.deadline_ms),
                                           host_late_ms=t.host_late_ms, adaptive=t.adaptive_deadline)
@@ -1021,8 +1022,13 @@ class Node:
 
     def _host_late_result(self, res: WorkerResult, now: int) -> str:
         """:meth:`_host_late` for a result arriving at ``now``, with the dock's own time for it (its stage
-        times, when its runner times them) against the request's elapsed time."""
+        times, when its runner times them) against the time since the worker could start it: its submission,
+        or the previous result's receipt if that came later -- the worker runs one request at a time, so a
+        request queued behind a slow run waited for the dock, not for the host."""
         started = self.watchdog.started_ns(res.seq)
+        if started is not None:
+            started = max(started, self.result_at_ns)
+        self.result_at_ns = now
         dock_ms = sum(res.stages.as_list()) * 1e3 if res.stages is not None else None
         return self._host_late(now, dock_ms, (now - started) / 1e6 if started is not None else None)
 
