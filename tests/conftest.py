@@ -17,6 +17,10 @@ def pytest_configure(config: pytest.Config) -> None:
     import os
     import tempfile
 
+    # tinygrad reads DEV once, at its first import, and every use of it inside this process is the host CPU
+    # (backend/model.py ensure_cpu_device): so it is, whichever test module imports it first (programs the
+    # tests start choose their own device, e.g. the worker's runner)
+    os.environ["DEV"] = "CPU"
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None:
         return

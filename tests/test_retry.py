@@ -290,6 +290,9 @@ def test_an_async_failure_with_a_transfer_that_is_not_idempotent_in_flight_is_co
 
 
 def test_install_in_tinygrad_wraps_the_usb3_its_system_module_opens(monkeypatch):
+    from chestnut.backend.model import ensure_cpu_device
+
+    ensure_cpu_device()  # tinygrad's first import in this process, as the node's would be: the host CPU
     from tinygrad.runtime.support import system
 
     monkeypatch.setattr(system, "USB3", ScriptedUSB3)
