@@ -172,7 +172,8 @@ class ControlBlock:
             raise ValueError(f"control segment is {segment.size} bytes, need {CONTROL_BYTES}")
         self.segment = segment
         self._w = segment.buf[:CONTROL_BYTES].view(np.int64)
-        self._q = memoryview(self._w)  # the same words as Python ints: the writes of every transfer, cheaply
+        # the same words as Python ints: the writes of every transfer, cheaply
+        self._q = memoryview(segment.buf[:CONTROL_BYTES].data).cast("q")
 
     @classmethod
     def create(cls) -> ControlBlock:
