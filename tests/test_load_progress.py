@@ -167,11 +167,14 @@ def _serving(r: Records) -> bool:
 
 
 def reload_under(st: Stack, kind: str, **params: object) -> int:
-    """With the primary serving: kill its worker (the node starts another, which loads the model) and arm
+    """With the primary serving: kill its worker (the node starts another, which loads the model) and, once
+    the new worker is spawned (before it qualifies and loads; the old one's packets are done by then), arm
     ``kind`` for the twin's loading phase only, so it acts on the new worker's load. Returns the old pid."""
     rec = st.bus.wait_for(lambda r: r if _serving(r) else None, 120.0, "the primary serving")
     old = rec.states[-1].worker_pid
     os.kill(old, signal.SIGKILL)
+    st.bus.wait_for(lambda r: r if r.states and r.states[-1].worker_pid not in (0, old) else None, 30.0,
+                    "a new worker spawned")
     st.client.set_phase("loading")
     st.client.fault(kind, phase="loading", **params)
     return old

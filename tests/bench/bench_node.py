@@ -275,9 +275,10 @@ def one_fault(bus: Bus, client: TwinClient, name: str, inject: Callable[[TwinCli
 
 def load_hang(bus: Bus, client: TwinClient, prefix: str) -> str:
     """A GPU hang while a fresh worker loads the model: the serving worker is killed (the node starts another,
-    which loads), the twin is put in its loading phase and a one-shot ``gpu_hang`` armed for that phase, so it
-    fires at the new worker's first packet (its model image's copy-in, whose drain tinygrad 0.14 waits 10 s
-    for). One row: from the hang firing (``twinFault``) to the loading worker gone (nodeState ``workerPid``)."""
+    which loads), and once the new one is spawned the twin is put in its loading phase and a one-shot
+    ``gpu_hang`` armed for that phase, so it fires at the new worker's first packet (its model image's copy-in,
+    whose drain tinygrad 0.14 waits 10 s for). One row: from the hang firing (``twinFault``) to the loading
+    worker gone (nodeState ``workerPid``)."""
     from chestnut.msgs.messaging import drain_sock, sub_sock
 
     faults = sub_sock("twinFault", prefix=prefix)
@@ -285,6 +286,8 @@ def load_hang(bus: Bus, client: TwinClient, prefix: str) -> str:
         rec = bus.wait_for(lambda r: r if _serving_primary(r) else None, 120.0, "the primary serving")
         old = rec.states[-1].worker_pid
         os.kill(old, signal.SIGKILL)
+        bus.wait_for(lambda r: r if r.states and r.states[-1].worker_pid not in (0, old) else None, 30.0,
+                     "a new worker spawned")
         client.set_phase("loading")
         client.fault("gpu_hang", phase="loading")
         t_end = time.monotonic() + 60.0
