@@ -63,6 +63,7 @@ class HostMeter:
         self.twin_wait_path = twin_wait_path  # the twin daemon's hostwait file; None on a real dock
         self._loop: deque[tuple[int, int]] = deque(maxlen=MAX_SAMPLES)    # (woke at, late by) ns
         self._worker: deque[tuple[int, int]] = deque(maxlen=MAX_SAMPLES)
+        self._outside: deque[tuple[int, int]] = deque(maxlen=MAX_SAMPLES)
         self._pressure: float | None = None
         self._pressure_at_s = -1e9
         self.last_figures = HostFigures()
@@ -77,6 +78,12 @@ class HostMeter:
         """The worker's timer's worst lateness of its last second (``late_ns``), read at ``now_ns``."""
         if late_ns > 0:
             self._worker.append((now_ns, late_ns))
+
+    def result_outside(self, now_ns: int, lost_ns: int) -> None:
+        """A result received at ``now_ns`` lost ``lost_ns`` outside the dock (request to receipt, less its
+        stages)."""
+        if lost_ns > 0:
+            self._outside.append((now_ns, lost_ns))
 
     def cpu_pressure(self) -> float | None:
         """PSI ``some avg10`` (%), re-read at most every :data:`PRESSURE_PERIOD_S`; None where absent."""
@@ -97,6 +104,7 @@ class HostMeter:
 
         twin = read_peak_ms(self.twin_wait_path, now_ns) if self.twin_wait_path is not None else 0.0
         f = HostFigures(worst(self._loop), worst(self._worker),
-                        pressure if pressure is not None else self.cpu_pressure(), dock_ms, elapsed_ms, twin)
+                        pressure if pressure is not None else self.cpu_pressure(), dock_ms, elapsed_ms, twin,
+                        worst(self._outside))
         self.last_figures = f
         return f

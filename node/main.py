@@ -1030,6 +1030,8 @@ class Node:
             started = max(started, self.result_at_ns)
         self.result_at_ns = now
         dock_ms = sum(res.stages.as_list()) * 1e3 if res.stages is not None else None
+        if dock_ms is not None and started is not None:  # what the host cost it: the frames behind it wait as long
+            self.host.result_outside(now, now - started - int(dock_ms * 1e6))
         return self._host_late(now, dock_ms, (now - started) / 1e6 if started is not None else None)
 
     def _observe_latency(self, res: WorkerResult, elapsed_ns: int, host: str) -> None:

@@ -199,7 +199,9 @@ class HostFigures:
     compute and copy-out, from a late result's stage times), None when no result came; ``elapsed_ms``: the
     request to that result; ``twin_wait_ms``: on the twin only, its GPU's (compute process's) worst thread's
     wait for a host CPU within the window (``backend/sim/hostwait.py``: the twin's GPU is host threads, a real
-    dock's is not; 0 on a real dock)."""
+    dock's is not; 0 on a real dock); ``outside_ms``: the most a result lost outside the dock within the window
+    (from when the worker could start its request to its receipt, less its dock stages): the frames queued
+    behind a result the host delayed were delayed by the host too."""
 
     loop_late_ms: float = 0.0
     worker_late_ms: float = 0.0
@@ -207,11 +209,13 @@ class HostFigures:
     dock_ms: float | None = None
     elapsed_ms: float | None = None
     twin_wait_ms: float = 0.0
+    outside_ms: float = 0.0
 
     @property
     def peak_late_ms(self) -> float:
-        """The host's worst lateness of the window (ms): the node's loop, the worker's timer, the twin's wait."""
-        return max(self.loop_late_ms, self.worker_late_ms, self.twin_wait_ms)
+        """The host's worst lateness of the window (ms): the node's loop, the worker's timer, the twin's wait,
+        the time a result lost outside the dock."""
+        return max(self.loop_late_ms, self.worker_late_ms, self.twin_wait_ms, self.outside_ms)
 
 
 @dataclass(frozen=True)
@@ -229,7 +233,9 @@ def host_late(f: HostFigures, th: HostThresholds | None = None) -> str:
     dock's). Late when either holds: the node's loop or the worker's timer woke at least ``late_ms`` later
     than asked; a result came past the deadline although the dock's own stages fit inside it (the time was
     lost outside the dock: in scheduling the node and the worker); on the twin, its GPU waited at least
-    ``late_ms`` for a host CPU (the twin's GPU is host work, so that wait is the host's, not the dock's). Only
+    ``late_ms`` for a host CPU (the twin's GPU is host work, so that wait is the host's, not the dock's); a
+    result within the window lost at least ``late_ms`` outside the dock (the frames queued behind it waited on
+    the host as well). Only
     the stack's own figures decide: a miss with no result, on an on-time node, worker and twin, is the dock's
     whatever else the machine runs, so a hung GPU fails over in ``timing.miss_run`` frames beside any load
     (a hung twin computes nothing and waits for no CPU). The CPU pressure, when at least
@@ -245,6 +251,8 @@ def host_late(f: HostFigures, th: HostThresholds | None = None) -> str:
         why.append(f"the dock took {f.dock_ms:.0f} ms of the {f.elapsed_ms:.0f} ms")
     if f.twin_wait_ms >= th.late_ms:
         why.append(f"the twin's GPU waited {f.twin_wait_ms:.0f} ms for a CPU")
+    if f.outside_ms >= th.late_ms and not (f.dock_ms is not None and f.elapsed_ms is not None):
+        why.append(f"a result lost {f.outside_ms:.0f} ms outside the dock")
     if not why:
         return ""
     if f.cpu_pressure_pct is not None and f.cpu_pressure_pct >= th.cpu_pressure_pct:

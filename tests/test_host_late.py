@@ -260,3 +260,17 @@ def test_a_miss_run_while_the_link_failed_transfers_is_the_usb_layers():
     why = "3 consecutive frames without a primary result within the deadline (150 ms)"
     assert miss_run_blame(why, 0) == (Layer.GPU, why)  # a hung GPU: its fence polls complete
     assert miss_run_blame(why, 12) == (Layer.USB, why + "; the link failed 12 transfer attempt(s) meanwhile")
+
+
+def test_a_result_the_host_delayed_excuses_the_frames_queued_behind_it_for_the_window():
+    """A late result whose dock stages fit (the host cost it 60 ms) makes the next misses, of frames that
+    queued behind it, the host's too -- within the window only, and never a result's own verdict."""
+    from chestnut.node.hostload import HostMeter
+
+    meter = HostMeter(window_ms=1000.0)
+    meter.result_outside(5_000_000_000, 60_000_000)
+    assert host_late(meter.figures(5_100_000_000, pressure=0.0)) == "host late: a result lost 60 ms outside the dock"
+    assert host_late(meter.figures(5_100_000_000, dock_ms=170.0, elapsed_ms=180.0, pressure=0.0)) == ""
+    assert host_late(meter.figures(6_100_000_000, pressure=0.0)) == ""  # out of the window: the dock's again
+    meter.result_outside(7_000_000_000, 19_000_000)
+    assert host_late(meter.figures(7_000_000_000, pressure=0.0)) == ""  # under 20 ms: the host's jitter
