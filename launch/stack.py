@@ -461,6 +461,9 @@ def finish_summary(launch: Launch) -> dict[str, Any]:
     summary["fault_schedule"] = launch.faults.schedule_rows(t_zero)
     write_private(run_dir / "faults.json", json.dumps(summary["fault_schedule"], indent=1))
     summary["processes"] = launch.sampler.report()
+    from chestnut.launch.restarts import run_restarts
+
+    summary["restarts"] = run_restarts(run_dir, summary.get("wall_start_ns") or 0)  # cause, frames lost
     summary["contracts"], summary["report"] = check_contracts(
         run_dir, summary["fault_schedule"], summary.get("wall_start") or None, list_violations=not launch.failed_start
     )

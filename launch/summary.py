@@ -311,6 +311,10 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
         con.print(line)
     for line in soft_disable_lines(s):
         con.print(line)
+    from chestnut.launch.restarts import restart_line
+
+    for r in s.get("restarts", []):  # each program or worker restarted: when, why, the frames it cost
+        con.print(f"[yellow]{restart_line(r)}[/yellow]")
     for d in s["log_damage"]:
         con.print(f"[red]log damage:[/red] {d}")
     bad = {k: v for k, v in s.get("contracts", {}).items() if v}

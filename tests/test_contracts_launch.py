@@ -91,3 +91,15 @@ def test_the_run_had_a_restart_and_frames_no_node_answered(run):
     restart = {f.frame_id for f in tl.frames
                if tl.session_at(f.t_ns) is None or dead - r.params.answer_bound_ns < f.t_ns <= dead}
     assert set(s["missing_outputs"]) <= restart
+
+
+def test_the_summary_names_the_node_restart_with_its_signal_and_the_frames_it_cost(run):
+    _, s, run_dir, _ = run
+    node = [r for r in s["restarts"] if r["what"] == "node"]
+    assert len(node) == 1, s["restarts"]
+    restart = node[0]
+    assert restart["cause"] == "terminated by SIGKILL"
+    assert restart["frames_lost"] == len(s["missing_outputs"])  # every frame no node answered is the restart's
+    assert 0 < restart["t_s"] < restart["back_s"] < s["stop_s"]
+    r = check_log([run_dir / "logs"])
+    assert abs(r.timeline.seconds(r.timeline.sessions[0].end_ns) - restart["t_s"]) < 2.0  # the node's last word
