@@ -135,7 +135,12 @@ MCAP_SCHEMA_NAME = "chestnut.capnp:Event"  # MCAP registry: the root struct node
 MCAP_LIBRARY = "chestnut"
 SCHEMA_FILE_NAME = SCHEMA_PATH.name  # "chestnut.capnp", the displayName of the schema's file node
 
-READ_CHUNK_BYTES = 32 * 1024  # compressed bytes fed to the zstd decompressor per step
+READ_CHUNK_BYTES = 32 * 1024  # compressed bytes read from the file per step
+FEED_BYTES = 512
+"""Compressed bytes given to the zstd decoder at once. zstd's output per input byte is unbounded in effect: an
+RLE block's 3-byte header stands for up to 128 KiB (RFC 8878 3.1.1.2), so 32 KiB of planted input could come
+back as 1 GiB in one call. 512 bytes bound one step's output to ~22 MiB, which the parser consumes (and the
+damage limit ends a file of nonsense) before the next step."""
 CAPNP_MAX_SEGMENTS = 512  # segment-table limit (libcapnp's readMessage refuses more)
 MCAP_RECORD_LIMIT_BYTES = 2 * MAX_MESSAGE_BYTES + MCAP_CHUNK_BYTES  # one chunk: <= chunk size + one message
 MAX_DAMAGE_PER_FILE = 100  # a file this damaged is abandoned after its 100th report
@@ -986,14 +991,17 @@ class SegmentFileReader:
             dec = _ZstdFeed()
             offset = 0  # compressed offset of the next chunk
             while chunk := fh.read(READ_CHUNK_BYTES):
-                try:
-                    out = dec.feed(chunk)
-                except zstd.ZstdError as e:
-                    yield from self._zstd_salvage(fh, offset, len(chunk))
-                    return f"zstd: {e}"
+                view = memoryview(chunk)
+                for at in range(0, len(chunk), FEED_BYTES):  # bounded output per step (see FEED_BYTES)
+                    piece = view[at:at + FEED_BYTES]
+                    try:
+                        out = dec.feed(bytes(piece))
+                    except zstd.ZstdError as e:
+                        yield from self._zstd_salvage(fh, offset + at, len(piece))
+                        return f"zstd: {e}"
+                    if out:
+                        yield out
                 offset += len(chunk)
-                if out:
-                    yield out
         if dec.in_frame:
             return "zstd frame not finished (the writer did not close the file)"
         if not dec.frames_ended:
@@ -1006,7 +1014,7 @@ class SegmentFileReader:
         fh.seek(0)
         dec = _ZstdFeed()
         while fh.tell() < fail_offset:
-            dec.feed(fh.read(min(READ_CHUNK_BYTES, fail_offset - fh.tell())))  # delivered already
+            dec.feed(fh.read(min(FEED_BYTES, fail_offset - fh.tell())))  # delivered already (bounded steps)
         for byte in fh.read(fail_len):
             try:
                 out = dec.feed(bytes((byte,)))

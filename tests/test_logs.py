@@ -546,3 +546,30 @@ def test_sigkilled_record_leaves_segments_readable_up_to_the_last_flush(tmp_path
 
 def test_record_subscribes_to_every_service_the_registry_logs():
     assert logged_services() == [name for name, s in SERVICE_LIST.items() if s.should_log]
+
+
+def test_a_zstd_bomb_is_read_in_bounded_memory(tmp_path):
+    """64 KiB of zstd that decompress to 2 GiB of zeros (nonsense as Events): the reader reports it and gives
+    up at the damage limit without holding more than a few pieces in memory (a child process's peak RSS)."""
+    import subprocess
+    import sys
+
+    import zstandard as zstd
+
+    path = tmp_path / "rlog.zst"
+    with open(path, "wb") as f:
+        w = zstd.ZstdCompressor(level=19).stream_writer(f)
+        zeros = bytes(1 << 24)
+        for _ in range(128):
+            w.write(zeros)
+        w.flush(zstd.FLUSH_FRAME)
+    assert path.stat().st_size < 1 << 17
+    code = ("import resource, sys\nfrom chestnut.msgs.logfile import SegmentFileReader\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "r = SegmentFileReader(sys.argv[1])\nn = sum(1 for _ in r)\n"
+            "grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before\n"
+            "print(n, len(r.damage), r.damage[-1].reason, grew // 1024)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
+    n, damage, *reason, grew_mb = out.stdout.split()
+    assert (n, damage, " ".join(reason)) == ("0", "101", "abandoned after 100 damage reports")
+    assert int(grew_mb) < 256, out.stdout  # 2 GiB decompressed would be 2048
