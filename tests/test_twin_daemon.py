@@ -346,3 +346,17 @@ def test_cli_injects_lists_and_clears_faults_and_moves_the_dock(twin):
 def test_cli_without_a_daemon_says_so():
     r = cli("status", prefix="nobody-serves-here")
     assert r.returncode == 1 and "no twin daemon at" in r.stderr and "chestnut twin serve" in r.stderr
+
+
+def test_a_planted_publisher_lock_refuses_the_start_in_one_line_and_leaves_no_socket():
+    from chestnut.msgs.paths import runtime_dir
+
+    d = runtime_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "twinState.pub.lock").symlink_to("/nonexistent-target")
+    r = cli("serve")
+    assert r.returncode == 2, r.stderr
+    errors = [line for line in r.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "twinState.pub.lock is a symlink: not ours, refused" in errors[0], r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (d / "twin.sock").exists()

@@ -333,16 +333,14 @@ def _send_fault_events(pm: Any, twin: Twin) -> int:
     return len(events)
 
 
-def publish_twin_state(twin: Twin, prefix: str | None, server: TwinServer) -> None:
+def publish_twin_state(twin: Twin, pm: Any, server: TwinServer) -> None:
     """Publish ``twinState`` at 1 Hz (presence, address, speed, LTSSM, active faults, engine, phase)
     and every fault event as ``twinFault`` within :data:`FAULT_EVENT_POLL_S` of it happening.
 
     The twin's side of the log: replay and reports see which faults were live, when each one was
     armed, fired (and what it hit) and cleared, and how the twin ran programs. Runs in a daemon
-    thread until the server stops."""
-    from chestnut.msgs.messaging import PubMaster
-
-    with PubMaster(["twinState", "twinFault"], prefix=prefix) as pm:
+    thread until the server stops, on ``pm`` (a ``PubMaster`` of both services, which it closes at the end)."""
+    with pm:
         next_state = time.monotonic() + TWIN_STATE_PERIOD_S
         while not server.stopped.wait(FAULT_EVENT_POLL_S):
             _send_fault_events(pm, twin)
@@ -382,7 +380,17 @@ def serve(config: TwinConfig, prefix: str | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    publisher = threading.Thread(target=publish_twin_state, args=(twin, prefix, server), name="twinState",
+    from chestnut.msgs.messaging import PubMaster
+
+    try:  # the publishers' sockets and locks before serving: a lock another process holds or planted refuses it
+        pm = PubMaster(["twinState", "twinFault"], prefix=prefix)
+    except (RuntimeError, OSError) as e:
+        log.error("%s", e)
+        server.stop()
+        server.serve_forever()  # stopped already: it only closes the socket and removes its file
+        twin.close()
+        return 2
+    publisher = threading.Thread(target=publish_twin_state, args=(twin, pm, server), name="twinState",
                                  daemon=True)
     publisher.start()
     # how long the twin's GPU (the compute child) waited for a host CPU: the node tells host load from a dock fault
