@@ -30,7 +30,7 @@ printing (``launch/summary.py``); :func:`run` here is the sequence of steps: :fu
 and :func:`verdict`.
 
 Exit status (:func:`exit_code`): 0 when the run and its contracts are clean, 1 when not, 2 for arguments
-refused before anything starts, 130 for a Ctrl-C that cut a timed run (``--seconds N``) short. With
+refused before anything starts, 130 for a Ctrl-C (143 for a SIGTERM) that cut a timed run (``--seconds N``) short. With
 ``--seconds 0`` Ctrl-C is the normal end of the run, so it exits 0 or 1 like a timed run that ran out.
 """
 
@@ -43,7 +43,6 @@ import logging
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -124,7 +123,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=60.0,
         help="run this long after the first output (0 = until Ctrl-C, which then ends the run normally: exit 0 "
-        "when it and its contracts are clean, 1 when not; a Ctrl-C that cuts a timed run short exits 130)",
+        "when it and its contracts are clean, 1 when not; a Ctrl-C or SIGTERM that cuts a timed run short exits "
+        "130 or 143)",
     )
     p.add_argument("--rate", type=float, default=20.0, help=f"camera rate, Hz (default 20, at most {MAX_RATE_HZ:g})")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run directories go (default ./runs)")
@@ -482,15 +482,17 @@ def verdict(launch: Launch, summary: dict[str, Any]) -> int:
     # under supervision owes nothing for the frames sent while none ran, which missing_outputs still lists
     ok = summary["outputs"] > 0 and bool(summary["contracts"]) and not any(summary["contracts"].values())
     ok = ok and not launch.died and not launch.failed_start and not json_lost
-    return exit_code(ok, args.seconds, launch.flag.signum == signal.SIGINT)
+    return exit_code(ok, args.seconds, launch.flag.signum)
 
 
-def exit_code(ok: bool, seconds: float, interrupted: bool) -> int:
+def exit_code(ok: bool, seconds: float, signum: int | None) -> int:
     """``chestnut launch``'s exit status: ``ok`` -- the run and its contracts were clean; ``seconds`` -- the
-    ``--seconds`` asked (0: until Ctrl-C); ``interrupted`` -- it ended on Ctrl-C (SIGINT). 130 (128 + SIGINT,
-    the shell's convention) only for a timed run cut short; with ``seconds == 0`` Ctrl-C is the normal end."""
-    if interrupted and seconds > 0:
-        return 130
+    ``--seconds`` asked (0: until stopped); ``signum`` -- the stop signal it ended on (SIGINT: Ctrl-C, SIGTERM:
+    a process manager or ``kill``), None when it was not stopped. 128 + the signal (the shell's convention: 130,
+    143) only for a timed run cut short, so a script can tell it did not run its time; with ``seconds == 0`` a
+    stop signal is the normal end."""
+    if signum is not None and seconds > 0:
+        return 128 + signum
     return 0 if ok else 1
 
 
