@@ -54,6 +54,55 @@ class TensorSpec:
         return cls(str(d["name"]), tuple(int(s) for s in d["shape"]), str(d["dtype"]))
 
 
+MAX_MODEL_BYTES = 2 << 30
+"""The largest model file read (bytes): protobuf's own limit for one serialized ONNX model (2 GiB)."""
+
+
+def read_model_file(path: Path, what: str = "model") -> bytes:
+    """The bytes of the ONNX file ``path`` (``what`` names it in errors: "model", "fallback model"), read
+    from one descriptor of a regular file (a FIFO or device is never opened: ``msgs/video.py``
+    ``open_regular``), at most :data:`MAX_MODEL_BYTES`.
+
+    A model decides what the node publishes, so it is refused -- like the runner code the worker loads
+    (``node/runner_loader.py`` ``trust_refusal``) -- when another user could change it: the file or its folder
+    owned by another user than this one or root, or writable by group or other (a folder with the sticky bit,
+    like ``/tmp``, protects its files from other users). Raises :class:`ModelError` ``missing_model`` (absent,
+    a folder, unreadable, too large) or ``untrusted_model``, one line each with the fix."""
+    import stat
+
+    from chestnut.msgs.video import NotRegularFileError, open_regular
+
+    uid = os.getuid()
+    try:
+        fd = open_regular(path, follow=True)
+    except NotRegularFileError as e:
+        if path.is_dir():
+            raise ModelError("missing_model", f"{what} file {path} is a folder: give the .onnx file in it") from None
+        raise ModelError("missing_model", f"{what} file {path}: {e}") from None
+    except FileNotFoundError:
+        raise ModelError("missing_model", f"{what} file {path} does not exist") from None
+    except OSError as e:
+        raise ModelError("missing_model", f"{what} file {path}: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        folder = path.resolve().parent
+        fst = os.stat(folder)
+        for kind, where, s_ in (("file", path, st), ("folder", folder, fst)):
+            if s_.st_uid not in (uid, 0):
+                raise ModelError("untrusted_model", f"{what} {kind} {where} is owned by uid {s_.st_uid}, not by uid "
+                                 f"{uid} or root: another user could change what the node computes (copy it to "
+                                 f"a folder you own)")
+            sticky_dir = kind == "folder" and s_.st_mode & stat.S_ISVTX
+            if s_.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky_dir:
+                raise ModelError("untrusted_model", f"{what} {kind} {where} is writable by group or other (mode "
+                                 f"{stat.S_IMODE(s_.st_mode):04o}): another user could change what the node "
+                                 f"computes (chmod go-w {where})")
+        if st.st_size > MAX_MODEL_BYTES:
+            raise ModelError("missing_model", f"{what} file {path} is {st.st_size} bytes, over the "
+                             f"{MAX_MODEL_BYTES} an ONNX model can be")
+        return f.read(MAX_MODEL_BYTES)
+
+
 def ensure_cpu_device() -> None:
     """Make tinygrad in this process use the host CPU.
 
@@ -194,9 +243,7 @@ class OnnxModel(_HostModel):
             self.name = name or "model"
         else:
             path = Path(source)
-            if not path.is_file():
-                raise ModelError("missing_model", f"model file {path} does not exist")
-            self.onnx_bytes = path.read_bytes()
+            self.onnx_bytes = read_model_file(path)
             self.name = name or path.stem
         self.sha256 = hashlib.sha256(self.onnx_bytes).hexdigest()
         self.model_id = model_id(self.name, self.onnx_bytes)
@@ -301,9 +348,7 @@ class OrtModel(_HostModel):
             self.name = name or "model"
         else:
             path = Path(source)
-            if not path.is_file():
-                raise ModelError("missing_model", f"model file {path} does not exist")
-            self.onnx_bytes = path.read_bytes()
+            self.onnx_bytes = read_model_file(path)
             self.name = name or path.stem
         self.sha256 = hashlib.sha256(self.onnx_bytes).hexdigest()
         self.model_id = model_id(self.name, self.onnx_bytes)

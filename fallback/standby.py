@@ -21,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from chestnut.backend.errors import ModelError
 from chestnut.backend.jitcache import JitCache
-from chestnut.backend.model import OnnxModel, OrtModel, TensorSpec, check_inputs
+from chestnut.backend.model import OnnxModel, OrtModel, TensorSpec, check_inputs, read_model_file
 
 
 class Standby(StrEnum):
@@ -60,9 +59,7 @@ class FallbackModel:
             data, name = path, name or "model"
         else:
             path = Path(path)
-            if not path.is_file():
-                raise ModelError("missing_model", f"fallback model file {path} does not exist")
-            data = path.read_bytes()
+            data = read_model_file(path, "fallback model")
             name = name or path.stem
         self._model: OnnxModel | OrtModel
         if self.engine is Engine.TINYGRAD:

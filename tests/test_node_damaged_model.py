@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from nodeharness import NodeProcess, write_node_config
 
 from chestnut.node.main import EXIT_NO_FALLBACK
@@ -30,3 +31,35 @@ def test_a_damaged_model_exits_naming_chestnut_model_prepare(tmp_path: Path, tin
     ), line
     assert f"no usable fallback model ({damaged}, onnxruntime): " in line
     assert "Traceback" not in log
+
+
+def test_a_model_another_user_could_change_is_refused_in_one_line(tmp_path, tiny_onnx):
+    """A model decides what the node publishes: a file or folder writable by group or other is refused (a
+    sticky folder like /tmp protects its files); a folder is no model file."""
+    import os
+    import shutil
+
+    from chestnut.backend.errors import ModelError
+    from chestnut.backend.model import read_model_file
+
+    folder = tmp_path / "models"
+    folder.mkdir(mode=0o755)
+    model = folder / "tiny.onnx"
+    shutil.copy(tiny_onnx, model)
+    model.chmod(0o644)
+    assert read_model_file(model) == tiny_onnx.read_bytes()
+    model.chmod(0o666)
+    with pytest.raises(ModelError, match=r"^untrusted_model: model file .*tiny.onnx is writable by group or other "
+                                         r"\(mode 0666\): another user could change what the node computes "
+                                         r"\(chmod go-w .*tiny.onnx\)$"):
+        read_model_file(model)
+    model.chmod(0o644)
+    folder.chmod(0o777)
+    with pytest.raises(ModelError, match=r"^untrusted_model: fallback model folder .*models is writable"):
+        read_model_file(model, "fallback model")
+    folder.chmod(0o1777)  # sticky: like /tmp
+    assert read_model_file(model) == tiny_onnx.read_bytes()
+    folder.chmod(0o755)
+    with pytest.raises(ModelError, match=r"^missing_model: model file .*models is a folder: give the .onnx file"):
+        read_model_file(folder)
+    assert os.getuid() == model.stat().st_uid
