@@ -12,7 +12,11 @@ decides like openpilot's control daemon (``selfdrive/controls/controlsd.py``; th
   Conditions: ``commIssue`` (a check failed; followed in ``events`` by one ``commIssue:<service>.<check>``
   per failed check, e.g. ``commIssue:chestnutHealth.freq_ok``), ``modelLagging`` (frame drops above 1 %),
   ``chestnutInactive`` (``active`` went false), ``modelSourceChanged`` (the serving model is not the
-  one that was serving at engagement).
+  one that was serving at engagement), ``hostLate`` (``active`` went false because the node answered a frame
+  from the fallback after a deadline miss it blamed on its host, ``docs/health.md`` "The host": the dock did
+  not fail and the serving model did not change). ``hostLate`` alone starts the soft disable only once it has
+  lasted ``HOST_LATE_GRACE_S`` (as openpilot tolerates a few dropped model frames before ``modelLagging``);
+  the 3 s count from its first step all the same.
 - ``allowSourceSwitch`` tells the node when it may swap the model source: only while not engaged.
 
 :class:`ControlLogic` is the pure decision (clock passed in); :func:`run` is the process loop.
@@ -33,6 +37,10 @@ from chestnut.node.realtime import CONTROL_PRIORITY, add_priority_argument, appl
 log = logging.getLogger("chestnut.control")
 
 FRAME_DROP_MAX_PERC = 1.0  # openpilot controlsd: model lagging above 1 % dropped frames
+HOST_LATE_GRACE_S = 0.5
+"""How long ``hostLate`` alone may last before it starts a soft disable (s, our choice): 10 frames at 20 Hz,
+well inside the 3 s soft-disable time (which counts from its first step): a host that is late for longer is
+overloaded, and the driver is told so."""
 ENGAGE_STABLE_S = 1.0  # auto-engage after all checks passed continuously this long
 SERVICES = ("modelOutput", "chestnutActive", "chestnutHealth")
 NS = 1_000_000_000
@@ -47,6 +55,7 @@ class ControlInputs:
     source: str  # chestnutActive.source ("primary", "fallback", "none")
     frame_drop_perc: float  # modelOutput.frameDropPerc, %
     failed_checks: tuple[str, ...] = ()  # "<service>.<check>" for each failed check (failed_checks())
+    active_reason: str = ""  # chestnutActive.reason
 
 
 def failed_checks(sm: SubMasterChecks, services: tuple[str, ...] = SERVICES) -> tuple[str, ...]:
@@ -103,6 +112,7 @@ class ControlLogic:
         self.engaged = False
         self.engaged_source: str | None = None
         self.soft_disable_start_ns: int | None = None
+        self.failing_since_ns: int | None = None  # first step of the current run of failing steps while engaged
         self.ok_since_ns: int | None = None
         self.engage_requested = False
 
@@ -114,9 +124,10 @@ class ControlLogic:
             events.extend(f"commIssue:{c}" for c in x.failed_checks)
         if x.frame_drop_perc > FRAME_DROP_MAX_PERC:
             events.append("modelLagging")
+        host = not x.active and x.active_reason.startswith("host late")
         if not x.active:
-            events.append("chestnutInactive")
-        if self.engaged and self.engaged_source is not None and x.source != self.engaged_source:
+            events.append("hostLate" if host else "chestnutInactive")
+        if self.engaged and self.engaged_source is not None and x.source != self.engaged_source and not host:
             events.append("modelSourceChanged")
         return events
 
@@ -134,17 +145,22 @@ class ControlLogic:
         out_events = list(events)
         if self.engaged:
             if events:
-                if self.soft_disable_start_ns is None:
-                    self.soft_disable_start_ns = now_ns
+                if self.failing_since_ns is None:
+                    self.failing_since_ns = now_ns
+                failing_s = (now_ns - self.failing_since_ns) / NS
+                if self.soft_disable_start_ns is None and (events != ["hostLate"] or failing_s >= HOST_LATE_GRACE_S):
+                    self.soft_disable_start_ns = self.failing_since_ns  # the 3 s count from the first failing step
                     log.warning("soft disable: %s", ", ".join(events))
-                elapsed_s = (now_ns - self.soft_disable_start_ns) / NS
-                if elapsed_s >= SOFT_DISABLE_S:
+                if failing_s >= SOFT_DISABLE_S:
                     self.engaged, self.engaged_source, self.soft_disable_start_ns = False, None, None
+                    self.failing_since_ns = None
                     out_events.append("disengaged")
-                    log.warning("control exited after %.1f s of soft disable", elapsed_s)
-            elif self.soft_disable_start_ns is not None:
-                self.soft_disable_start_ns = None
-                out_events.append("softDisableCleared")
+                    log.warning("control exited after %.1f s of soft disable", failing_s)
+            else:
+                self.failing_since_ns = None
+                if self.soft_disable_start_ns is not None:
+                    self.soft_disable_start_ns = None
+                    out_events.append("softDisableCleared")
         else:
             stable = self.ok_since_ns is not None and (now_ns - self.ok_since_ns) / NS >= ENGAGE_STABLE_S
             if can_engage and (self.engage_requested or (self.auto_engage and stable)):
@@ -205,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
                 source=str(sm["chestnutActive"].source),
                 frame_drop_perc=float(sm["modelOutput"].frameDropPerc),
                 failed_checks=failed,
+                active_reason=str(sm["chestnutActive"].reason),
             )
             st = logic.step(now, x)
             if st.engaged != was_engaged:

@@ -67,6 +67,7 @@ class HostMeter:
         self._pressure: float | None = None
         self._pressure_at_s = -1e9
         self.last_figures = HostFigures()
+        self.last_figures_reason = ""  # the last host-blamed miss's figures, as host_late named them
 
     def loop_woke(self, asked_ns: int, woke_ns: int) -> None:
         """The node's loop asked to wake at ``asked_ns`` and woke at ``woke_ns`` (a wake-up before the

@@ -838,10 +838,13 @@ class Node:
         if not clock.age_known:
             self._bad_timestamp(clock)
         # the worker's request seq: the frame id, plus an offset that keeps it increasing across camera restarts
+        started = time.monotonic_ns()
         result = self._infer(frame_id + self.seq_offset, inputs, clock, full, refusal)
         result.answer = with_frame_clock(result.answer, clock)
         self._publish_output(frame_id, cf, result, clock, drop_perc)
-        self._publish_active(result.answer.source, result.answer.valid, result.answer.reason)
+        host = self.host_last_late_ns >= started and self.sup.serving is Source.PRIMARY
+        self._publish_active(result.answer.source, result.answer.valid, result.answer.reason,
+                             host_frame=frame_id if host and result.answer.source is not Source.PRIMARY else None)
 
     def _frame_format_refused(self, why: str) -> None:
         """A frame the primary's warp cannot take (``model.frame`` is another format): counted, logged once per
@@ -1051,6 +1054,7 @@ class Node:
         at most every :data:`BAD_FRAME_LOG_PERIOD_S`; no evidence against a dock layer."""
         self.host_misses += 1
         self.host_last_late_ns = now
+        self.host.last_figures_reason = reason.rpartition("host late: ")[2] or reason
         if self.host_log.due():
             log.warning("deadline miss while the host was late, not counted against the dock: %s (%d so far)",
                         reason, self.host_misses)
@@ -1122,11 +1126,17 @@ class Node:
         self.pm.send("modelOutput", msg)
         self.frames_out += 1
 
-    def _publish_active(self, source: Source, valid: bool = True, output_reason: str = "") -> None:
+    def _publish_active(self, source: Source, valid: bool = True, output_reason: str = "",
+                        host_frame: int | None = None) -> None:
         """``chestnutActive`` after a frame answered by ``source`` (``valid``: its output was valid, else
-        ``output_reason`` says why), or between frames (``valid`` True: health decides alone)."""
+        ``output_reason`` says why), or between frames (``valid`` True: health decides alone). ``host_frame``:
+        the frame the fallback answered because the primary's miss was the host's (docs/health.md "The host"):
+        ``active`` is false as for any frame the primary did not answer, and its reason starts with
+        ``host late`` so that a consumer can tell an overloaded host from a failing dock."""
         now = time.monotonic_ns()
         active, reason = chestnut_active(self.health, source)
+        if host_frame is not None and not active:
+            reason = f"host late: the fallback answered frame {host_frame} ({self.host.last_figures_reason})"
         if active and self.primary_timed and (unjudged := self.stage_budget.pending()):
             active, reason = False, unjudged  # the budget has not judged the primary's stages yet
         active, reason = active_as_published(

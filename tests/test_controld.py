@@ -68,3 +68,35 @@ def test_failed_checks_are_a_comm_issue_and_block_engagement():
     assert (st.engaged, st.events) == (False, ["commIssue"])
     st = c.step(1, OK)  # the button press waits for a step that allows it
     assert (st.engaged, st.events) == (True, ["engaged"])
+
+
+HOST = ControlInputs(checks_ok=True, active=False, source="fallback", frame_drop_perc=0.0,
+                     active_reason="host late: the fallback answered frame 7 (loop woke 38 ms late)")
+
+
+def test_a_host_late_frame_is_named_and_soft_disables_only_when_it_lasts():
+    """The node answered a frame from the fallback because its host was late: ``hostLate``, not
+    ``chestnutInactive`` / ``modelSourceChanged``, and no soft disable unless it lasts 0.5 s; the 3 s still
+    count from its first step."""
+    c = ControlLogic()
+    run_until(c, 0, S, OK)
+    st = c.step(2 * S, HOST)
+    assert (st.engaged, st.soft_disabling, st.events, st.can_engage) == (True, False, ["hostLate"], False)
+    st = c.step(2 * S + S // 20, OK)  # one frame: nothing to clear, nothing to tell the driver
+    assert (st.engaged, st.soft_disabling, st.events) == (True, False, [])
+    st = run_until(c, 3 * S, 3 * S + S // 2 - 1, HOST)
+    assert (st.engaged, st.soft_disabling) == (True, False)
+    st = c.step(3 * S + S // 2, HOST)  # 0.5 s: an overloaded host, said as such
+    assert (st.engaged, st.soft_disabling, st.events) == (True, True, ["hostLate"])
+    assert abs(st.soft_disable_remaining_s - 2.5) < 1e-9
+    st = c.step(6 * S, HOST)
+    assert (st.engaged, st.events[-1]) == (False, "disengaged")
+
+
+def test_a_host_late_frame_beside_another_failure_soft_disables_at_once():
+    c = ControlLogic()
+    run_until(c, 0, S, OK)
+    both = ControlInputs(checks_ok=False, active=False, source="fallback", frame_drop_perc=0.0,
+                         failed_checks=("chestnutHealth.freq_ok",), active_reason=HOST.active_reason)
+    st = c.step(2 * S, both)
+    assert (st.soft_disabling, st.events) == (True, ["commIssue", "commIssue:chestnutHealth.freq_ok", "hostLate"])
