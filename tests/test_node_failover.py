@@ -253,7 +253,9 @@ def test_whole_run_every_frame_one_output_and_active_only_with_primary(stack: St
     ids = [o.frame_id for o in rec.outputs]
     assert all(a < b for a, b in zip(ids, ids[1:], strict=False))
     assert unanswered_frames(rec) == ([], [])
-    assert all(o.valid and o.source in ("primary", "fallback") for o in rec.outputs)
+    bad = [(o.frame_id, o.source, o.valid, o.reason) for o in rec.outputs
+           if not (o.valid and o.source in ("primary", "fallback"))]
+    assert bad == []
     assert all(a.source == "primary" for a in rec.active if a.active)
     assert {o.source for o in rec.outputs} == {"primary", "fallback"}
     stack.bus.publishing = True
