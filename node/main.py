@@ -77,7 +77,13 @@ from chestnut.msgs.paths import runtime_dir
 from chestnut.msgs.visionipc import FrameBufferError, FrameReader
 from chestnut.node import config as node_config
 from chestnut.node.config import NodeConfig
-from chestnut.node.contract import ContractError, DeclaredContract, declare_contract, fallback_refusal
+from chestnut.node.contract import (
+    ContractError,
+    DeclaredContract,
+    declare_contract,
+    fallback_refusal,
+    read_fingerprint,
+)
 from chestnut.node.deadline import Deadline, DeadlineRule, adaptive_deadline
 from chestnut.node.framedrop import FrameDropFilter
 from chestnut.node.health import (
@@ -438,13 +444,7 @@ class Node:
     # ---------------------------------------------------------------- set-up
 
     def _read_fingerprint(self) -> dict[str, Any] | None:
-        path = self.cfg.fingerprint_path
-        if not path.is_file():
-            return None
-        try:
-            return dict(json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError) as e:
-            raise ConfigError("fingerprint", f"{path} is unreadable: {e}") from e
+        return read_fingerprint(self.cfg.fingerprint_path)
 
     def _read_primary_model_id(self) -> str:
         """``modelOutput.modelId`` of the primary; "" while the file cannot be read (the worker reports why)."""
