@@ -55,6 +55,7 @@ from chestnut.backend.errors import (
 from chestnut.backend.fingerprint import compare, fixed_inputs
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec, StepResult
 from chestnut.backend.jitcache import private_tinygrad_cache
+from chestnut.backend.retry import TRANSIENT_REASONS, RetryingUSB3, RetryPolicy
 
 STEPS: tuple[tuple[str, Layer], ...] = (
     ("usb_ids", Layer.USB), ("link_speed", Layer.USB), ("link_stability", Layer.USB), ("ltssm", Layer.PCIE),
@@ -264,20 +265,37 @@ class UsbDock:
             raise UsbLayerError("no_dock", f"no Chestnut dock found (no USB device {ids} enumerated)")
         return docks[0]
 
-    def product(self, dev: Any) -> str:
-        """The product string (a standard GET_DESCRIPTOR request). Raises a typed USB error."""
-        try:
-            return str(usb.util.get_string(dev, dev.iProduct) or "")
-        except Exception as e:
-            raise classify(e, default=UsbLayerError) from e
+    def product(self, dev: Any, attempts: int = 3) -> str:
+        """The product string (standard GET_DESCRIPTOR requests, each bounded by ``ctrl_timeout_ms``: reads, so
+        repeated, up to ``attempts`` tries, on a transient error -- the ``TRANSIENT_REASONS`` of
+        :mod:`chestnut.backend.retry`, and pyusb 1.3's ``"The device has no langid"``, which is what
+        ``usb.util.get_string`` raises when its read of string descriptor 0 failed). Raises a typed USB error."""
+        dev.default_timeout = self.ctrl_timeout_ms
+        for i in range(attempts):
+            if i and getattr(dev, "_langids", None) == ():
+                dev._langids = None  # pyusb 1.3 ``Device.langids`` keeps () after a failed read: read it again
+            try:
+                return str(usb.util.get_string(dev, dev.iProduct) or "")
+            except Exception as e:
+                err = classify(e, default=UsbLayerError)
+                if err.reason not in (*TRANSIENT_REASONS, "no_product_string") or i + 1 >= attempts:
+                    raise err from e
+        raise AssertionError("unreachable")  # pragma: no cover
 
     @staticmethod
     def speed_mbps(dev: Any) -> int | None:
         return SPEED_MBPS.get(int(dev.speed)) if dev.speed is not None else None
 
-    def bridge(self, dev: Any, **kw: Any) -> Bridge:
-        """A :class:`Bridge` over control transfers to ``dev`` (``ctrl_timeout_ms`` per transfer)."""
-        return Bridge(PyusbTransport(dev), ctrl_timeout_ms=self.ctrl_timeout_ms, **kw)
+    def bridge(self, dev: Any, retried: bool = True, **kw: Any) -> Bridge:
+        """A :class:`Bridge` over control transfers to ``dev`` (``ctrl_timeout_ms`` per transfer). ``retried``:
+        through :class:`~chestnut.backend.retry.RetryingUSB3` -- each idempotent transfer up to 3 tries of
+        ``ctrl_timeout_ms``, by the same table as the data path -- so that the transient errors of a working dock
+        (0-815 per hour, openpilot#38519) do not fail a rung; the link's evidence (``link_stability``'s probe
+        reads, :meth:`observe`) is read without it, each failure counted."""
+        transport: Any = PyusbTransport(dev)
+        if retried:
+            transport = RetryingUSB3(transport, retry=RetryPolicy(attempt_timeout_ms=self.ctrl_timeout_ms))
+        return Bridge(transport, ctrl_timeout_ms=self.ctrl_timeout_ms, **kw)
 
     def observe(self, read_fence: bool = False) -> DockObservation:
         """A runner's ``probe()``: a fresh enumeration, then presence, IDs, bus/address, speed, link errors,
@@ -293,7 +311,7 @@ class UsbDock:
         obs = DockObservation(True, (d.idVendor, d.idProduct), (d.bus, d.address), self.speed_mbps(d),
                               self.link_errors(d))
         try:
-            bridge = self.bridge(d)
+            bridge = self.bridge(d, retried=False)
             obs.ltssm = bridge.ltssm()
             if read_fence:
                 obs.fence = bridge.xdata_u32(P.XDATA_COPYIN_FENCE)
@@ -402,11 +420,12 @@ class DockQualifier:
         before = self.dock.link_errors(self.dev)
         reads = failed = 0
         last_err: ChestnutError | None = None
+        probe = self.dock.bridge(self.dev, retried=False)  # every failed read counts: no retries here
         t0 = self.clock()
         while True:
             reads += 1
             try:
-                self.bridge.ltssm()
+                probe.ltssm()
             except ChestnutError as e:
                 if e.reason in ("disconnect", "no_dock", "not_found"):
                     raise

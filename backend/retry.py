@@ -83,7 +83,8 @@ Bounds (:class:`RetryPolicy`): each retried transfer gets ``attempts`` tries of 
 ``attempt_timeout_ms`` (plus the bytes at ``floor_bytes_per_ms`` for a bulk transfer), so a lost transfer is
 retried inside the node's 150 ms frame deadline (openpilot modeld's deadline for the big model) -- except the
 bulk IN of an armed SRAM window, which is also the wait for the GPU's copy and gets the GPU's whole wait
-(``gpu_wait_ms``, the device wait timeout): a slow GPU is the frame deadline's to judge, not the transport's.
+(``gpu_wait_ms``, the device wait timeout) after a first ordinary try: a slow GPU is the frame deadline's to
+judge, not the transport's, and a lost read costs one short try, not the wait timeout.
 A transfer that is not retried keeps the caller's timeout.
 
 When the link is bad (:class:`LinkErrorPolicy`, :func:`judge`), the failing transfer raises
@@ -223,8 +224,10 @@ class RetryPolicy:
     armed SRAM window is also the wait for the GPU's copy into it (tinygrad 0.14 ``AMDAllocator._copyout``
     reads right after ``scsi_read_arm``; ``scsi_read`` allows 10 s; the bridge NAKs until the GPU wrote the
     completion page), so that read gets the GPU's whole wait, ``gpu_wait_ms`` (3000 ms, the device wait
-    timeout ``HCQDEV_WAIT_TIMEOUT_MS``, ``backend/protocol.py`` ``WAIT_TIMEOUT_MS``): a GPU that answers within
-    the wait timeout is never called dead here; a slow one is the frame deadline's and the stage budget's.
+    timeout ``HCQDEV_WAIT_TIMEOUT_MS``, ``backend/protocol.py`` ``WAIT_TIMEOUT_MS``), in two tries: an ordinary
+    one, then -- if the bridge still answers -- the rest of the wait (:meth:`RetryingUSB3._read_window`). A GPU
+    that answers within the wait timeout is never called dead here; a slow one is the frame deadline's and the
+    stage budget's; a read lost on the wire is read again after one ordinary try.
     """
 
     attempts: int = 3
@@ -278,6 +281,7 @@ class LinkErrorLog:
     errors: int = 0
     retried_ok: int = 0        # transfers that failed at least once and then went through
     not_retried: int = 0       # failures of transfers that are not idempotent
+    window_waits: int = 0      # SRAM-window reads that outlasted one try while the bridge answered (not errors)
     error_run: int = 0
     timeouts_in_run: int = 0   # of ``error_run``, how many timed out (the rest: I/O errors)
     last_error: str = ""
@@ -413,7 +417,7 @@ class RetryingUSB3:
         now = self.clock()
         w = self.log.policy.report_window_s
         return {"attempts": self.log.attempts, "errors": self.log.errors, "retried_ok": self.log.retried_ok,
-                "not_retried": self.log.not_retried, "window_s": w,
+                "not_retried": self.log.not_retried, "window_waits": self.log.window_waits, "window_s": w,
                 "errors_in_window": self.log.errors_since(now - w), "last_error": self.log.last_error}
 
     def _timeout(self, caller_ms: int, nbytes: int = 0, gpu_wait: bool = False) -> int:
@@ -429,8 +433,11 @@ class RetryingUSB3:
         """``attempt(*args, timeout_ms)`` with the retry rules of ``kind``; ``rp`` (an arm or header) is sent again
         before a retry. ``what``: a format and its arguments naming the transfer (formatted only for an error).
         ``gpu_wait``: the transfer is also the wait for the GPU (the bulk IN of an armed SRAM window): each try
-        gets the GPU's whole wait, and one that timed out while the bridge answers is the GPU's."""
-        t_ms = self._timeout(caller_ms, nbytes, gpu_wait) if _RETRIED[kind] else caller_ms
+        gets the GPU's whole wait (:meth:`_read_window`), and one that timed out while the bridge answers is the
+        GPU's."""
+        if gpu_wait:
+            return self._read_window(what, kind, attempt, args, caller_ms, nbytes, rp)
+        t_ms = self._timeout(caller_ms, nbytes) if _RETRIED[kind] else caller_ms
         try:
             out = attempt(*args, t_ms)
         except Exception as e:
@@ -439,6 +446,41 @@ class RetryingUSB3:
             self.log.ok()
             return out
         return self._retry_after(what[0] % what[1:], kind, attempt, args, t_ms, rp, gpu_wait, first)
+
+    def _read_window(self, what: tuple[Any, ...], kind: Kind, attempt: Callable[..., Any], args: tuple[Any, ...],
+                     caller_ms: int, nbytes: int, rp: _Replay | None) -> Any:
+        """The bulk IN of an armed SRAM window, which is also the wait for the GPU's copy into it. A first try
+        with an ordinary transfer's bound (``attempt_timeout_ms`` + the bytes): a healthy GPU has written the
+        window by then. When it times out and the bridge still answers one XDATA read, the transfer was lost
+        or the GPU is still copying -- neither is the link's fault, so it is not counted against the link --
+        and the window is armed again and read with what is left of the GPU's wait (``gpu_wait_ms`` in all).
+        So a lost transfer costs one short try, not the wait timeout, and a slow GPU still has its whole wait;
+        a second timeout with the bridge answering is the GPU's (``copy_out_not_done``). Any other failure,
+        or a bridge that does not answer, goes to the link rules as for any transfer."""
+        quick = self._timeout(caller_ms, nbytes)
+        t0 = self.clock()
+        try:
+            out = attempt(*args, quick)
+        except Exception as e:
+            first = e
+        else:
+            self.log.ok()
+            return out
+        whole = self._timeout(caller_ms, nbytes, True)
+        err = first if isinstance(first, ChestnutError) else classify(first, default=UsbLayerError)
+        if err.reason != "transfer_timeout" or isinstance(self._read_bridge_register(), ChestnutError):
+            return self._retry_after(what[0] % what[1:], kind, attempt, args, whole, rp, True, first)
+        self.log.window_waits += 1
+        left = max(1, whole - int((self.clock() - t0) * 1e3))
+        replay = self._sender(rp)
+        try:
+            if replay is not None:
+                replay(quick)
+            out = attempt(*args, left)
+        except Exception as e:
+            return self._retry_after(what[0] % what[1:], kind, attempt, args, left, rp, True, e)
+        self.log.ok()
+        return out
 
     def _retry_after(self, what: str, kind: Kind, attempt: Callable[..., Any], args: tuple[Any, ...], t_ms: int,
                      rp: _Replay | None, gpu_wait: bool, first: Exception) -> Any:

@@ -94,6 +94,17 @@ def test_usb2_link_is_a_warning_with_its_hazards(dock):
     assert report.passed
 
 
+@pytest.mark.parametrize(("on", "after"), [("control_in", 0), ("0xF0", 5)], ids=["product_string", "config_tlp"])
+def test_one_lost_transfer_is_read_again_and_the_ladder_passes(dock, on, after):
+    """A working dock loses a transfer now and then (0-815 per hour, openpilot#38519): one unanswered GET_DESCRIPTOR
+    of the product string (usb_ids) or TLP of the BAR set-up (gpu_arch) is tried again, not a failed rung."""
+    fid = dock.fault("timeout", on=on, after=after, repeat=False)["id"]
+    report = qualify()
+    assert results(report) == [(name, "pass") for name, _ in STEPS[:5]], report.first_failure
+    status = dock.status()
+    assert {f["fired"] for f in status["faults"] + status["fault_history"] if f["id"] == fid} == {1}
+
+
 def test_some_unanswered_probe_reads_make_the_link_unstable(dock):
     dock.fault("timeout", on="0xE4", repeat=True, probability=0.5, seed=3)
     report = qualify()

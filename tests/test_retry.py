@@ -214,7 +214,8 @@ def test_a_bulk_out_is_sent_again_after_its_sram_arm():
     u.bulk_write(bytes(1024), timeout=3000)
     arm = ("cw", P.REQ_SRAM, 2, 1 << 8, b"", 25)
     assert usb.calls == [arm, ("bw", 1024, 26), arm, ("bw", 1024, 26)]
-    assert u.stats() == {"attempts": 3, "errors": 1, "retried_ok": 1, "not_retried": 0, "window_s": 60.0,
+    assert u.stats() == {"attempts": 3, "errors": 1, "retried_ok": 1, "not_retried": 0, "window_waits": 0,
+                         "window_s": 60.0,
                          "errors_in_window": 1, "last_error": f"bulk OUT 0x02: transfer_timeout: RuntimeError: "
                                                               f"{BULK_TIMEOUT}"}
 
@@ -312,7 +313,7 @@ def test_a_bulk_in_keeps_its_sram_arm_across_other_traffic_as_tinygrads_copyout_
     u.bulk_write(bytes(8), 1000)                                                      # the doorbell's stream
     assert u.bulk_read(512, 10000) == bytes(512)
     arm = ("cw", P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, b"", 25)
-    assert usb.calls[3:] == [("br", 512, 3000), arm, ("br", 512, 3000)]
+    assert usb.calls[3:] == [("br", 512, 26), arm, ("br", 512, 3000)]  # a first ordinary try, then the GPU's wait
 
 
 def copyin_chunks(u: RetryingUSB3, n: int) -> list[memoryview]:
@@ -387,23 +388,41 @@ def test_an_async_failure_on_every_submission_is_an_unstable_link():
 
 def test_an_armed_bulk_in_that_never_comes_while_the_bridge_answers_is_the_gpus_copy_not_the_link():
     """The armed SRAM read is also the wait for the GPU's copy into the window: every try timing out while one
-    XDATA read of the LTSSM byte answers is a GPU that never did the copy, not a link that answers nothing. Its
-    one try had the GPU's whole wait (3000 ms): the GPU is called dead at the wait timeout, not before or after."""
-    u, usb = wrapped({2: TIMEOUT})
+    XDATA read of the LTSSM byte answers is a GPU that never did the copy, not a link that answers nothing. An
+    ordinary first try (25 ms + the bytes), then -- the bridge answering -- the window armed again and read with the
+    rest of the GPU's wait (3000 ms in all): the GPU is called dead at the wait timeout, not before or after."""
+    u, usb = wrapped({2: TIMEOUT, 5: TIMEOUT})
     u.control_write(P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, timeout=1000)
     with pytest.raises(GpuLayerError) as info:
         u.bulk_read(512, 10000)
     assert info.value.reason == "copy_out_not_done"
     assert info.value.detail == ("bulk IN 0x81 timed out while the bridge answers (LTSSM 0x00): the GPU never wrote "
                                  f"the window (hung GPU?); last: RuntimeError: {TIMEOUT}")
-    assert usb.calls[1:] == [("br", 512, 3000), ("cr", P.REQ_XDATA_READ, 1, P.XDATA_LTSSM, 0, 25)]
+    ltssm = ("cr", P.REQ_XDATA_READ, 1, P.XDATA_LTSSM, 0, 25)
+    arm = ("cw", P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, b"", 25)
+    assert usb.calls[1:] == [("br", 512, 26), ltssm, arm, ("br", 512, 3000), ltssm]
     assert (u.log.errors, u.log.error_run, sum(u.log.outcomes)) == (0, 0, 0)  # nothing held against the link
+    assert u.log.window_waits == 1
+
+
+def test_an_armed_bulk_in_lost_once_costs_one_ordinary_try_not_the_wait_timeout():
+    """A read of the window lost on the wire (the device NAKed it until its timeout) while the GPU had written it:
+    the first try ends at its ordinary bound (25 ms + the bytes), the bridge answers, the window is armed again and
+    read. Not a link error (the link's evidence cannot tell it from a GPU still copying), not the GPU's wait."""
+    u, usb = wrapped({2: TIMEOUT})
+    u.control_write(P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, timeout=1000)
+    assert u.bulk_read(512, 10000) == bytes(512)
+    arm = ("cw", P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, b"", 25)
+    assert usb.calls == [arm, ("br", 512, 26), ("cr", P.REQ_XDATA_READ, 1, P.XDATA_LTSSM, 0, 25), arm,
+                         ("br", 512, 3000)]
+    assert (u.log.errors, u.log.error_run, u.log.window_waits, u.log.attempts) == (0, 0, 1, 2)  # the arm, the read
 
 
 def test_an_armed_bulk_in_that_never_comes_with_a_silent_bridge_is_a_wedged_bridge():
-    # each try: the bulk IN and one read of the bridge's register time out; after the third, 2 more reads
-    u, usb = wrapped({2: TIMEOUT, 3: TIMEOUT, 5: TIMEOUT, 6: TIMEOUT, 8: TIMEOUT, 9: TIMEOUT, 10: TIMEOUT,
-                      11: TIMEOUT})
+    # the ordinary first try and the bridge read after it time out (the link rules decide: 3 tries); each try:
+    # the bulk IN and one read of the bridge's register time out; after the third, 2 more reads
+    u, usb = wrapped({2: TIMEOUT, 3: TIMEOUT, 4: TIMEOUT, 6: TIMEOUT, 7: TIMEOUT, 9: TIMEOUT, 10: TIMEOUT,
+                      11: TIMEOUT, 12: TIMEOUT})
     u.control_write(P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, timeout=1000)
     with pytest.raises(PcieLayerError) as info:
         u.bulk_read(512, 10000)
@@ -457,7 +476,7 @@ def test_a_short_bulk_in_is_read_again_after_its_arm_and_never_handed_up():
     u.control_write(P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, timeout=1000)
     assert len(u.bulk_read(512, 10000)) == 512
     arm = ("cw", P.REQ_SRAM, 1 | P.SRAM_READ_FLAG, 1 << 8, b"", 25)
-    assert usb.calls == [arm, ("br", 512, 3000), arm, ("br", 512, 3000)]
+    assert usb.calls == [arm, ("br", 512, 26), arm, ("br", 512, 3000)]
     assert (u.log.errors, u.log.retried_ok) == (1, 1)
     u, usb = wrapped(short={1: 100})  # nothing to re-arm: raised, not returned short
     with pytest.raises(UsbLayerError) as info:
