@@ -65,7 +65,7 @@ import zmq
 
 from chestnut.backend.classify import link_speed_text
 from chestnut.backend.errors import ChestnutError, ConfigError, Layer, ModelError
-from chestnut.backend.interface import DockObservation, ModelSpec, StepResult
+from chestnut.backend.interface import ModelSpec, StepResult
 from chestnut.backend.jitcache import JitCache
 from chestnut.backend.model import TensorSpec
 from chestnut.backend.sim.hostwait import FILE_NAME as HOSTWAIT_FILE
@@ -85,6 +85,7 @@ from chestnut.node.contract import (
     read_fingerprint,
 )
 from chestnut.node.deadline import Deadline, DeadlineRule, adaptive_deadline
+from chestnut.node.docklook import DockLooker
 from chestnut.node.framedrop import FrameDropFilter
 from chestnut.node.health import (
     DEFAULT_DEBOUNCE,
@@ -163,6 +164,8 @@ EXIT_NO_FALLBACK = 3          # the node cannot serve at all: no usable fallback
 MODEL_FIX = ("prepare it again with `chestnut model prepare` (it checks the file's sha256 and rebuilds a damaged "
              "one), or name another file in the config's [model] / [fallback]")
 NS = 1_000_000_000
+LOOK_RETRY, LOOK_ABSENT, LOOK_LINK = "retry", "absent", "link"  # DockLooker purposes: the supervisor's retry,
+# the absent dock's ERROR while degraded, the link speed while a worker qualifies
 LOOP_PERIOD_MS = 50           # longest the loop sleeps without a frame (20 Hz housekeeping)
 STOP_BUDGET_S = 5.0           # the process manager's stop budget
 WORKER_STOP_BUDGET_S = STOP_BUDGET_S - 1.0  # the worker's share; the rest is ours (publish, close sockets)
@@ -235,50 +238,6 @@ class SdNotify:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
-
-
-def look_for_dock(kind: str, prefix: str | None = None) -> tuple[bool, str]:
-    """A cheap look for the dock without claiming it: (present, detail). A fresh enumeration every call."""
-    if kind == "cpu":
-        return True, "primary on the host CPU"
-    if kind == "none":
-        return False, "dock disabled (dock.kind = none)"
-    try:
-        from chestnut.backend.ladder import UsbDock
-
-        backend = None
-        if kind == "twin":
-            from chestnut.backend.sim.pyusb_backend import twin_backend
-
-            backend = twin_backend(prefix, cached=False)
-        for dev in UsbDock(backend).find_all():
-            return True, f"{dev.idVendor:04x}:{dev.idProduct:04x} at bus {dev.bus} address {dev.address}"
-        return False, "no Chestnut dock enumerated"
-    except Exception as e:  # pyusb/libusb/twin-socket errors: the dock cannot be seen
-        return False, f"no Chestnut dock found ({type(e).__name__}: {e})"
-
-
-def dock_link(kind: str, prefix: str | None = None) -> DockObservation | None:
-    """The dock's USB side as a fresh enumeration sees it, without claiming it or sending it a vendor request
-    (presence, IDs, bus/address, speed): what the node knows of the link while a worker climbs the ladder and
-    loads the model. None for a CPU or disabled dock, when none is enumerated, or when enumeration fails (no
-    evidence: the worker's own steps speak)."""
-    if kind in ("cpu", "none"):
-        return None
-    try:
-        from chestnut.backend.ladder import UsbDock
-
-        backend = None
-        if kind == "twin":
-            from chestnut.backend.sim.pyusb_backend import twin_backend
-
-            backend = twin_backend(prefix, cached=False)
-        for dev in UsbDock(backend).find_all():
-            return DockObservation(True, (dev.idVendor, dev.idProduct), (dev.bus, dev.address),
-                                   UsbDock.speed_mbps(dev))
-        return None
-    except Exception:  # noqa: BLE001 - pyusb/libusb/twin-socket errors: nothing seen, nothing said
-        return None
 
 
 def evidence_from_worker_error(err: ChestnutError) -> Evidence:
@@ -429,6 +388,7 @@ class Node:
         self.out_of_order = 0
         self.order_log = LogEvery()
         self.frame_reader = FrameReader(self.prefix)  # inline frames, or the camera's shared-memory ring
+        self.looker = DockLooker(cfg.dock.kind, self.prefix)  # the node's own enumerations, off this loop
         self.cameras_gone = 0            # times the camera of the mapped ring went away (stopped or died)
         self.ring_session: int | None = None  # the camera session whose ring is mapped, once a ring frame came
         self.next_health_ns = self.next_state_ns = self.next_probe_ns = now
@@ -559,11 +519,7 @@ class Node:
         elif t.action is Action.BACK_OFF:
             self._fail_over_worker(t.reason)
         elif t.action is Action.LOOK_FOR_DOCK:
-            present, detail = look_for_dock(self.cfg.dock.kind, self.prefix)
-            if not present:
-                self.health.apply([Evidence(Layer.USB, Level.ERROR, detail, hard=True, tag="absent")],
-                                  time.monotonic_ns())
-            self.pending_events.append((Event.DOCK_FOUND if present else Event.DOCK_ABSENT, detail, Layer.USB))
+            self.looker.ask(LOOK_RETRY)  # answered in _take_looks (node/docklook.py: never on this loop)
         elif t.action in (Action.STOP, Action.ABORT):
             self.stop_requested = True
             if t.action is Action.ABORT:
@@ -1267,21 +1223,33 @@ class Node:
             elif self._is_current(w) and not self.worker_ready_seen and now >= self.next_probe_ns:
                 # the worker is still qualifying or loading (seconds on a USB 2 link): the node's own enumeration
                 # keeps the usb layer's link speed current (a USB 2 WARN settled from the first, not STALE)
-                if (obs := dock_link(self.cfg.dock.kind, self.prefix)) is not None:
-                    self.link_speed_mbps = obs.speed_mbps
-                    self._apply_health(evidence_from_observation(obs), now)
+                if self.cfg.dock.kind not in ("cpu", "none"):
+                    self.looker.ask(LOOK_LINK)
                 self.next_probe_ns = now + int(NS / self.cfg.timing.probe_hz)
         elif now >= self.next_probe_ns and self.sup.state in (State.DEGRADED, State.LOOKING):
-            present, detail = look_for_dock(self.cfg.dock.kind, self.prefix)
-            if not present:
-                self._apply_health([Evidence(Layer.USB, Level.ERROR, detail, hard=True, tag="absent")], now)
+            self.looker.ask(LOOK_ABSENT)
             self.next_probe_ns = now + int(NS / self.cfg.timing.probe_hz)
+        self._take_looks(now)
         due = self.watchdog.next_check_ns()
         self._watchdog_actions(self.watchdog.check(now, self._host_late(now) if due is not None and now >= due else ""))
         if not self.draining:  # a retry waits until the drained worker is gone (it holds the dock)
             self._perform_all(self.sup.tick(now))
         self._consumer(now)
         self._publish_housekeeping(time.monotonic_ns())
+
+    def _take_looks(self, now: int) -> None:
+        """The node's finished looks at the dock (:class:`~chestnut.node.docklook.DockLooker`): the supervisor's
+        retry (``dock_found`` / ``dock_absent``), the absent dock's ERROR while degraded, the link's speed while a
+        worker qualifies."""
+        retry, absent = self.looker.take(LOOK_RETRY), self.looker.take(LOOK_ABSENT)
+        for lk in {id(lk): lk for lk in (retry, absent) if lk is not None and not lk.present}.values():
+            self._apply_health([Evidence(Layer.USB, Level.ERROR, lk.detail, hard=True, tag="absent")], now)
+        if (lk := self.looker.take(LOOK_LINK)) is not None and lk.observation is not None \
+                and self.worker is not None and not self.worker_ready_seen:
+            self.link_speed_mbps = lk.observation.speed_mbps
+            self._apply_health(evidence_from_observation(lk.observation), now)
+        if retry is not None:
+            self._feed(Event.DOCK_FOUND if retry.present else Event.DOCK_ABSENT, retry.detail, Layer.USB)
 
     def _is_current(self, w: WorkerHandle) -> bool:
         """``w`` is still the node's worker (a fault handled on the way may have replaced it)."""
@@ -1358,6 +1326,7 @@ class Node:
         self.starting = False
         self.notify.notify("STOPPING=1")
         self._feed(Event.STOP, "stop requested")
+        self.looker.close()
         if not hasattr(self, "sm"):  # stopped (or failed) before the sockets were all open
             for sock in ("pm", "frames"):
                 if hasattr(self, sock):

@@ -2,7 +2,7 @@
 ONNX model, and a camera + control daemon + recorder in this process (``nodeharness.Bus``).
 
 - transient transfer errors are retried inside the frame deadline and counted, not failed over: at one
-  transfer in 300 (the field's 0-815 errors per hour, openpilot#38519, scaled up so that seconds show
+  transfer in 800 (the field's 0-815 errors per hour, openpilot#38519, scaled up so that seconds show
   dozens of them) the node keeps the primary; at one in ten it fails over on the usb layer at once;
 - ``async_error`` fires on the node's own async transfers; on every one of them the node fails over on the
   usb layer;
@@ -123,9 +123,12 @@ def fired(st: Stack, kind: str) -> int:
 def test_transient_errors_are_retried_and_counted_without_a_failover(stack: Stack) -> None:
     serving_primary(stack)
     t0 = time.monotonic_ns()
-    stack.client.fault("timeout", repeat=True, probability=1 / 300, seed=13)
+    stack.client.fault("timeout", repeat=True, probability=1 / 800, seed=13)
     try:
-        # ~500 transfers/s at 20 Hz: ~1.7 errors/s, 18 of them in ~10 s (fewer if the machine is slow)
+        # ~1100 transfers/s at 20 Hz (tinygrad's copy-in streams its chunks one arm and fence read each): ~1.4
+        # errors/s, 18 of them in ~13 s (later if the machine is slow). The link's bound is 5/s over 2 s
+        # (openpilot hardwared): at 1 in 300, 3.6/s, a 2 s window over it came once in a few runs -- the rule
+        # working, not a false alarm; at 1 in 800 one in thousands of runs.
         stack.bus.wait_for(lambda _r: fired(stack, "timeout") >= 18, 90.0, "18 timed-out transfers")
     finally:
         stack.client.clear()
@@ -137,7 +140,7 @@ def test_transient_errors_are_retried_and_counted_without_a_failover(stack: Stac
     # a late host (chestnutHealth.host.lateMisses: on a busy machine the host, not the link, loses frames)
     host = rec.health[-1].host_late_misses - min(h.host_late_misses for h in rec.health)
     fallback = sum(o.source != "primary" for o in rec.outputs)
-    assert fallback <= 0.05 * len(rec.outputs) + host, (fallback, host, len(rec.outputs), log)
+    assert fallback <= 0.05 * len(rec.outputs) + host, (fallback, host, len(rec.outputs), fired(stack, "timeout"), log)
     assert unanswered_frames(rec)[1] == []
     # more than 14 in the last 60 s: above the 815/h of working docks, so the usb layer warns, with the rate
     warn = stack.bus.wait_for(lambda r: next((h for h in r.health if h.mono_ns >= t0 and h.layers["usb"][0] == "warn"
@@ -226,7 +229,8 @@ def test_a_usb2_link_keeps_the_usb_layer_warn_without_flapping(stack: Stack) -> 
     assert {lv for lv, _ in levels} == {"warn"}, levels
     assert all("480 Mbps, USB 2" in reason for _, reason in levels), levels
     assert rec.active and not any(a.active for a in rec.active), [a.reason for a in rec.active if a.active]
-    assert all(a.reason.startswith("usb WARN: ") and "480 Mbps" in a.reason for a in rec.active)
+    assert all(a.reason.startswith("usb WARN: ") and "480 Mbps" in a.reason for a in rec.active), \
+        sorted({a.reason for a in rec.active if not a.reason.startswith("usb WARN: ") or "480 Mbps" not in a.reason})
     # The link never fails the primary over: the only failover allowed is the gpu layer's run of deadline
     # misses, which on the twin under host load is partly the host's by construction (README: the twin's
     # "GPU" computes on the host's CPU, and the test's camera shares it); no share of primary frames is
@@ -273,3 +277,28 @@ def test_a_bridge_wedged_while_loading_is_named_with_the_remedy_that_works(stack
     assert not any("UsbLayerError" in h.layers["gpu"][1] for h in rec.health), "a USB fault named on the gpu layer"
     assert not any("bridge_wedged" in h.layers["usb"][1] for h in rec.health), "the bridge's fault named on usb"
     serving_primary(stack)  # power-cycled: the dock serves again
+
+
+def test_a_frozen_dock_never_silences_the_nodes_health(stack: Stack) -> None:
+    """The twin daemon stopped (SIGSTOP) for a while, as a dock whose bridge and GPU stop answering anything
+    (or a host that stopped the process): the node fails over and keeps looking for the dock, and its
+    ``chestnutHealth`` keeps coming -- never silent for 10 periods (2 s at 5 Hz, ``chestnut check``'s
+    ``health_not_silent``): the node's own looks at the dock (a request to the frozen daemon, unanswered for
+    the client's 1 s each) run off its loop (``node/docklook.py``). Once it runs again the primary serves."""
+    serving_primary(stack)
+    t0 = time.monotonic_ns()
+    pid = stack.twin.process.pid  # type: ignore[union-attr]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        failover = stack.bus.wait_for(lambda r: next((s for s in r.states if s.mono_ns >= t0
+                                                      and s.state == "degraded"), None), 20.0, "the failover")
+        # frozen for 4 s more than it took to fail over: the node looks for the dock (1 s per unanswered look)
+        stack.bus.wait_for(lambda r: any(h.mono_ns >= failover.mono_ns + 4 * 10**9 for h in r.health), 30.0,
+                           "4 s of health after the failover")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    t_cont = time.monotonic_ns()
+    serving_primary(stack)
+    health = [h.mono_ns for h in stack.bus.snapshot().health if t0 <= h.mono_ns <= t_cont]
+    gaps = [(b - a) / 1e9 for a, b in zip(health, health[1:], strict=False)]
+    assert len(health) >= 20 and max(gaps) < 2.0, (max(gaps), len(health), stack.node.log_tail())

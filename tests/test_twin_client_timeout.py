@@ -192,7 +192,7 @@ def test_a_daemon_that_exits_after_a_timeout_is_still_no_device(late_daemon):
 
 
 def test_the_nodes_look_for_the_dock_returns_on_a_daemon_that_never_answers(mute_daemon):
-    from chestnut.node.main import look_for_dock
+    from chestnut.node.docklook import look_for_dock
 
     assert look_for_dock("twin", None) == (False, "no Chestnut dock enumerated")  # returns: not blocked
     assert mute_daemon  # it did ask the daemon
