@@ -121,6 +121,7 @@ from chestnut.node.policy import (
     choose_answer,
     count_miss,
     decide_submission,
+    dock_outpaced,
     drains_on_fail_over,
     fallback_must_run,
     frame_age_s,
@@ -371,6 +372,11 @@ class Node:
         self.deadline: Deadline = adaptive_deadline((), self.deadline_rule)
         self.deadline_log = LogEvery(DEADLINE_LOG_PERIOD_S)
         self.host_last_late_ns = 0
+        # the dock's own time per frame (stage times, ms) and the camera's frame period (ms): a dock slower than
+        # the camera is not excused by a late host (node/policy.py dock_outpaced)
+        self.dock_recent: deque[float] = deque(maxlen=9)
+        self.frame_periods: deque[float] = deque(maxlen=20)
+        self.outpaced_log = LogEvery()
         self.host_log = LogEvery()
         self.pending_events: deque[tuple[Event, str, Layer | None]] = deque()
         self.last_frame_id: int | None = None
@@ -380,6 +386,7 @@ class Node:
         self.seq_offset = 0  # request seq = frame id + offset (see on_frame: camera restarts)
         self.frames_in = self.frames_out = 0
         self.bad_frames = 0
+        self.bad_frame_log = LogEvery()
         self.bad_timestamps = 0          # frames whose timestampEof gives no age (0, or in the future)
         self.stale_frames = 0            # frames read over timing.max_frame_age_ms after their EOF
         self.stale_log = LogEvery()
@@ -746,6 +753,7 @@ class Node:
             log.warning("camera restarted: frame id %d after %d with a newer start-of-frame; following the new "
                         "stream (restart %d)", frame_id, self.last_frame_id, self.camera_restarts)
             self.framedrop.reset()
+            self.frame_periods.clear()
             self.stale.reset()
             self.fallback_stale.reset()
             self.last_frame_id = None
@@ -756,6 +764,8 @@ class Node:
                 log.error("cameraFrame %d after %d: frame ids must increase; dropped (%d so far)", frame_id,
                           self.last_frame_id, self.out_of_order)
             return
+        if self.last_frame_id is not None and sof > self.last_sof_ns:
+            self.frame_periods.append((sof - self.last_sof_ns) / 1e6 / (frame_id - self.last_frame_id))
         self.last_frame_id = frame_id
         self.last_sof_ns = sof
         self.frames_in += 1
@@ -785,7 +795,8 @@ class Node:
                          cf.encoding, cf.width, cf.height)
         except (ValueError, KeyError, FrameBufferError) as e:
             self.bad_frames += 1
-            log.error("cameraFrame %d unusable: %s", frame_id, e)
+            if self.bad_frame_log.due(type(e).__name__):  # at once for a new kind, then at most once a second
+                log.error("cameraFrame %d unusable: %s (%d such frames so far)", frame_id, e, self.bad_frames)
             clock = frame_clock(frame_id, int(cf.timestampEof), time.monotonic_ns(), self.cfg.dock.wait_timeout_ms)
             bad = Answer(Source.NONE, None, 0.0, False, f"bad frame: {e}")
             self._publish_output(frame_id, cf, FrameResult(bad), clock, drop_perc)
@@ -977,7 +988,13 @@ class Node:
         th = self.host_thresholds
         if th.deadline_ms != self.deadline.ms:  # a late result's dock time is held against the deadline in force
             th = HostThresholds(th.late_ms, th.cpu_pressure_pct, self.deadline.ms)
-        return host_late(self.host.figures(now, dock_ms, elapsed_ms), th)
+        figures = self.host.figures(now, dock_ms, elapsed_ms)
+        late = host_late(figures, th)
+        if late and (slow := dock_outpaced(self.dock_recent, self.frame_periods, figures.twin_wait_ms)):
+            if self.outpaced_log.due():
+                log.warning("%s: deadline misses count against the dock although the %s", slow, late)
+            return ""
+        return late
 
     def _host_late_result(self, res: WorkerResult, now: int) -> str:
         """:meth:`_host_late` for a result arriving at ``now``, with the dock's own time for it (its stage
@@ -989,6 +1006,8 @@ class Node:
             started = max(started, self.result_at_ns)
         self.result_at_ns = now
         dock_ms = sum(res.stages.as_list()) * 1e3 if res.stages is not None else None
+        if dock_ms is not None and res.error is None:
+            self.dock_recent.append(dock_ms)
         if dock_ms is not None and started is not None:  # what the host cost it: the frames behind it wait as long
             self.host.result_outside(now, now - started - int(dock_ms * 1e6))
         return self._host_late(now, dock_ms, (now - started) / 1e6 if started is not None else None)

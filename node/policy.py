@@ -39,7 +39,7 @@ to every source; agreement only to the primary, against a valid fallback output.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -258,6 +258,26 @@ def host_late(f: HostFigures, th: HostThresholds | None = None) -> str:
     if f.cpu_pressure_pct is not None and f.cpu_pressure_pct >= th.cpu_pressure_pct:
         why.append(f"cpu pressure {f.cpu_pressure_pct:.0f} %")
     return "host late: " + ", ".join(why)
+
+
+def dock_outpaced(dock_ms: Sequence[float], period_ms: Sequence[float], twin_wait_ms: float = 0.0,
+                  min_samples: int = 3) -> str:
+    """Why the dock itself cannot keep up with the camera, or "": the median of its own time per frame over its
+    last results (``dock_ms``: the stage times a runner reports, copy-in + compute + copy-out, ms), less the share
+    of the twin GPU's CPU wait that falls on one frame (``twin_wait_ms`` per second, :class:`HostFigures`, times
+    the period / 1000: on the twin the GPU is host work), is over the median frame period (``period_ms``: the
+    camera's start-of-frame spacing, ms). Then every frame queues behind the one before it whatever the host
+    does -- the backlog grows by the difference each frame -- so a deadline miss is the dock's even while the
+    host is late as well (:func:`host_late`): a late host does not excuse a dock slower than the camera.
+    Needs ``min_samples`` of each; "" otherwise."""
+    if len(dock_ms) < min_samples or len(period_ms) < min_samples:
+        return ""
+    period = float(np.median(period_ms))
+    own = float(np.median(dock_ms)) - twin_wait_ms * period / 1000.0
+    if period <= 0 or own <= period:
+        return ""
+    return (f"the dock's own time per frame ({own:.0f} ms, median of its last {len(dock_ms)}) is over the frame "
+            f"period ({period:.0f} ms): frames queue behind it whatever the host does")
 
 
 def miss_run_blame(reason: str, transfer_errors: int) -> tuple[Layer, str]:

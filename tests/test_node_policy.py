@@ -28,6 +28,7 @@ from chestnut.node.policy import (
     choose_answer,
     count_miss,
     decide_submission,
+    dock_outpaced,
     drains_on_fail_over,
     fallback_must_run,
     frame_age_s,
@@ -327,3 +328,19 @@ def test_chestnut_active_needs_the_health_rule_and_a_valid_output() -> None:
     assert active_for_output(False, "gpu ERROR: fence stuck", False, "x") == (False, "gpu ERROR: fence stuck")
     assert active_for_output(False, "fallback serving, not the primary", True, "") == (
         False, "fallback serving, not the primary")
+
+
+def test_a_dock_slower_than_the_camera_is_not_excused_by_a_late_host():
+    """The median of the dock's own time per frame, less the twin GPU's CPU wait per frame, against the median
+    frame period: 90 ms a frame on a 50 ms camera queues every frame behind the last whatever the host does."""
+    assert dock_outpaced([90.0, 95.0, 92.0], [50.0, 50.0, 50.0]) == (
+        "the dock's own time per frame (92 ms, median of its last 3) is over the frame period (50 ms): frames queue "
+        "behind it whatever the host does")
+    assert dock_outpaced([30.0, 35.0, 32.0], [50.0, 50.0, 50.0]) == ""  # keeps up: a late host may be the cause
+    # on the twin, 400 ms a second of GPU waiting for a CPU is 20 ms of each 50 ms frame: 62 ms of its own
+    assert dock_outpaced([82.0, 82.0, 82.0], [50.0, 50.0, 50.0], twin_wait_ms=400.0).startswith(
+        "the dock's own time per frame (62 ms")
+    assert dock_outpaced([60.0, 60.0, 60.0], [50.0, 50.0, 50.0], twin_wait_ms=400.0) == ""  # 40 ms: keeps up
+    assert dock_outpaced([90.0, 90.0], [50.0, 50.0, 50.0]) == ""  # too few results to say
+    assert dock_outpaced([90.0, 90.0, 90.0], [50.0]) == ""  # too few frames to say
+    assert dock_outpaced([50.0, 50.0, 50.0], [50.0, 50.0, 50.0]) == ""  # exactly the period: no backlog grows
