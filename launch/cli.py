@@ -11,6 +11,7 @@ import argparse
 import importlib
 import logging
 import sys
+from typing import NoReturn
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -34,12 +35,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argument error is one line and a pointer to ``--help`` (exit 2, as argparse), not the whole usage
+    block: ``chestnut launch: error: argument --fault: 'x': want KIND@START[+DURATION][,key=value] (chestnut
+    launch --help)``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="chestnut", description="Supervised inference node for the Chestnut USB GPU dock."
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (repeat for debug)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=OneLineParser)
     chosen = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

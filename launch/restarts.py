@@ -98,9 +98,12 @@ def run_restarts(run_dir: Path, wall_start_ns: int) -> list[dict[str, Any]]:
 
 
 def restart_line(r: dict[str, Any]) -> str:
-    """``"restart 9.4 s: node (terminated by SIGKILL), 18 frame(s) lost, serving again at 11.2 s"``."""
+    """``"restart 9.4 s: node (terminated by SIGKILL), 18 frame(s) unanswered, serving again at 11.2 s"`` (a
+    worker's or the twin's: frames "answered by the fallback", ``chestnut.node.offline.restarts.frames_text``)."""
+    from chestnut.node.offline.restarts import frames_text
+
     when = f"{r['t_s']:.1f} s" if r.get("t_s") is not None else "time unknown"
-    lost = f"{r['frames_lost']} frame(s) lost" if r.get("frames_lost") is not None else "frames lost unknown"
+    lost = frames_text(r["what"], r.get("frames_lost"))
     back = f", serving again at {r['back_s']:.1f} s" if r.get("back_s") is not None else ""
     return f"restart {when}: {r['what']} ({r['cause']}), {lost}{back}"
 

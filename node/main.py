@@ -1261,12 +1261,13 @@ class Node:
         retry (``dock_found`` / ``dock_absent``), the absent dock's ERROR while degraded, the link's speed while a
         worker qualifies."""
         retry, absent = self.looker.take(LOOK_RETRY), self.looker.take(LOOK_ABSENT)
-        for lk in {id(lk): lk for lk in (retry, absent) if lk is not None and not lk.present}.values():
-            self._apply_health([Evidence(Layer.USB, Level.ERROR, lk.detail, hard=True, tag="absent")], now)
-        if (lk := self.looker.take(LOOK_LINK)) is not None and lk.observation is not None \
-                and self.worker is not None and not self.worker_ready_seen:
-            self.link_speed_mbps = lk.observation.speed_mbps
-            self._apply_health(evidence_from_observation(lk.observation), now)
+        for gone in {id(x): x for x in (retry, absent) if x is not None and not x.present}.values():
+            self._apply_health([Evidence(Layer.USB, Level.ERROR, gone.detail, hard=True, tag="absent")], now)
+        link = self.looker.take(LOOK_LINK)
+        if link is not None and link.observation is not None and self.worker is not None \
+                and not self.worker_ready_seen:
+            self.link_speed_mbps = link.observation.speed_mbps
+            self._apply_health(evidence_from_observation(link.observation), now)
         if retry is not None:
             self._feed(Event.DOCK_FOUND if retry.present else Event.DOCK_ABSENT, retry.detail, Layer.USB)
 

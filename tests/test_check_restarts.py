@@ -59,7 +59,8 @@ def test_a_worker_restart_after_a_failover_names_its_cause(drive, tmp_path):
     assert found == [Restart(failover, "worker", "primary_fault: worker died (exit -9)",
                              RETURN_FRAME - FAULT_FRAME, output_time(drive, RETURN_FRAME))]
     assert found[0].line(tl) == (f"worker restart at {tl.seconds(failover):.3f} s: primary_fault: worker died "
-                                 f"(exit -9); 80 frame(s) lost; back at {tl.seconds(output_time(drive, 140)):.3f} s")
+                                 f"(exit -9); 80 frame(s) answered by the fallback; back at "
+                                 f"{tl.seconds(output_time(drive, 140)):.3f} s")
 
 
 def test_the_report_names_the_restart_and_the_anomalies(tiny_onnx, drive, tmp_path):

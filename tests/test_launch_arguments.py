@@ -72,3 +72,13 @@ def test_fault_parameters_keep_their_types():
     assert FaultSpec(plan.kind, **plan.params).validate().on == "1"
     with pytest.raises(ValueError, match=r"^after='x' is not a count; give e.g. after=3$"):
         FaultSpec("timeout", after="x").validate()  # type: ignore[arg-type]
+
+
+def test_a_bad_argument_is_one_line_naming_it_and_where_help_is(capsys):
+    from chestnut.launch.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["launch", "--fault", "gpu_hang@soon"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == ("chestnut launch: error: argument --fault: 'gpu_hang@soon': want "
+                                       "KIND@START[+DURATION][,key=value] (chestnut launch --help)\n")

@@ -52,5 +52,5 @@ def test_a_node_sigkill_is_one_restart_with_its_signal_and_the_frames_it_cost(ti
     back = round((output_time(drive, 56) - BASE_NS) / 1e9, 3)
     assert found == [{"t_s": want_t, "what": "node", "cause": "terminated by SIGKILL", "frames_lost": 30,
                       "back_s": back}]
-    assert restart_line(found[0]) == (f"restart {want_t:.1f} s: node (terminated by SIGKILL), 30 frame(s) lost, "
+    assert restart_line(found[0]) == (f"restart {want_t:.1f} s: node (terminated by SIGKILL), 30 frame(s) unanswered, "
                                       f"serving again at {back:.1f} s")

@@ -42,10 +42,20 @@ class Restart:
     back_ns: int | None
 
     def line(self, tl: Timeline) -> str:
-        """``"node restart at 12.345 s: killed or crashed ...; 18 frame(s) without an output; serving again at
-        12.9 s"``."""
+        """``"node restart at 12.345 s: killed or crashed ...; 18 frame(s) unanswered; back at 12.900 s"`` -- or,
+        for a worker or the twin, whose frames the fallback answered meanwhile, ``"...; 80 frame(s) answered by
+        the fallback; ..."`` (:func:`frames_text`)."""
         back = f"; back at {tl.seconds(self.back_ns):.3f} s" if self.back_ns is not None else "; not back in the log"
-        return f"{self.what} restart at {tl.seconds(self.t_ns):.3f} s: {self.cause}; {self.frames} frame(s) lost{back}"
+        return (f"{self.what} restart at {tl.seconds(self.t_ns):.3f} s: {self.cause}; "
+                f"{frames_text(self.what, self.frames)}{back}")
+
+
+def frames_text(what: str, frames: int | None) -> str:
+    """What a restart of ``what`` cost in frames: a node's restart leaves frames with no output at all
+    ("unanswered"); a worker's or the twin's, frames the primary did not serve -- answered by the fallback."""
+    if frames is None:
+        return "frames unknown"
+    return f"{frames} frame(s) unanswered" if what == "node" else f"{frames} frame(s) answered by the fallback"
 
 
 def node_restarts(tl: Timeline) -> list[Restart]:
