@@ -88,7 +88,8 @@ def bgr_to_input(img: np.ndarray) -> np.ndarray:
 def repair_and_fix_shape(model: Any, input_shape: tuple[int, ...]) -> tuple[Any, int]:
     """Fix the first graph input's dims to ``input_shape`` and give every ``Resize`` an explicit roi.
 
-    Returns (model, number of Resize nodes repaired). Raises ModelError if the rank differs.
+    Returns (model, number of Resize nodes repaired). Raises ModelError if the rank differs or a dim the model
+    fixes (a ``dim_value``, e.g. the 3 colour channels) is given another value -- before anything is compiled.
     """
     from onnx import numpy_helper
 
@@ -96,6 +97,13 @@ def repair_and_fix_shape(model: Any, input_shape: tuple[int, ...]) -> tuple[Any,
     dims = inp.type.tensor_type.shape.dim
     if len(dims) != len(input_shape):
         raise ModelError("bad_input_shape", f"input {inp.name!r} has rank {len(dims)}, shape given {list(input_shape)}")
+    fixed = [(i, d.dim_value, v) for i, (d, v) in enumerate(zip(dims, input_shape, strict=True))
+             if not d.HasField("dim_param") and d.dim_value > 0 and d.dim_value != v]
+    if fixed:
+        i, have, want = fixed[0]
+        model_dims = [d.dim_param or d.dim_value for d in dims]
+        raise ModelError("bad_input_shape", f"input {inp.name!r} {model_dims}: dim {i} is {have} in the model, "
+                                            f"shape given {list(input_shape)} asks {want}")
     for d, v in zip(dims, input_shape, strict=True):
         d.ClearField("dim_param")
         d.dim_value = int(v)

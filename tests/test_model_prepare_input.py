@@ -60,3 +60,14 @@ def test_parse_shape():
     assert parse_shape("1, 3, 64, 128") == (1, 3, 64, 128)
     with pytest.raises(ValueError, match=r"^--shape '1,x,3': give"):
         parse_shape("1,x,3")
+
+
+def test_a_shape_against_a_dim_the_model_fixes_is_refused_before_compiling(tmp_path):
+    """PP-OCRv4's input is [N, 3, H, W] with N, H, W free: 4 channels is refused at once, nothing written."""
+    r = prepare(tmp_path, "--shape", "1,4,128,256")
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[-1] == (
+        "chestnut model prepare: bad_input_shape: input 'x' ['p2o.DynamicDimension.0', 3, 'p2o.DynamicDimension.1', "
+        "'p2o.DynamicDimension.2']: dim 1 is 3 in the model, shape given [1, 4, 128, 256] asks 4")
+    assert not (tmp_path / "out" / "m.onnx").exists()
+    assert not (tmp_path / "cache" / "chestnut" / "jit").exists()  # nothing compiled
