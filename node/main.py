@@ -154,7 +154,7 @@ from chestnut.node.supervisor import (
     fill_node_state,
 )
 from chestnut.node.validity import Check, StaleDetector, ValidityReport, check_outputs, fingerprint
-from chestnut.node.watchdog import ActionKind, RequestKind, Watchdog, WatchdogAction, WatchdogConfig, queued_behind
+from chestnut.node.watchdog import ActionKind, RequestKind, Watchdog, WatchdogAction, WatchdogConfig
 from chestnut.node.worker_handle import WorkerHandle, WorkerResult, describe_returncode
 
 log = logging.getLogger("chestnut.node")
@@ -967,12 +967,9 @@ class Node:
 
     def _queued_behind(self, seq: int, now: int) -> str:
         """Why frame ``seq``'s miss only queued behind the worker's oldest unanswered request, still within the
-        ceiling (``node/watchdog.py`` ``queued_behind``); "" when it counts."""
-        w = self.worker
-        head = w.in_flight[0] if w is not None and w.in_flight else None
-        started = self.watchdog.started_ns(head) if head is not None else None
-        age_ms = (now - started) / 1e6 if started is not None else None
-        return queued_behind(seq, head, age_ms, self.cfg.timing.deadline_ms)
+        ceiling, or as that request could start only after a slower one (``node/watchdog.py``
+        ``queued_behind``, the watchdog's own rule); "" when it counts."""
+        return self.watchdog.queued(seq, now)
 
     def _transfer_errors(self) -> int:
         """The worker's failed transfer attempts so far (its control block; 0 without a worker)."""

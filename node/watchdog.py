@@ -200,23 +200,38 @@ class _Pending:
     kind: RequestKind
     answered: bool = False  # the fallback already answered this frame
     deadline_ns: int = 0    # frames: the deadline in force when it was requested (node/deadline.py)
+    head_ns: int = 0        # when the worker could start it: the previous request's answer, if after start_ns
 
 
 def _ms(ns: int) -> str:
     return f"{ns / NS_PER_MS:.1f} ms"
 
 
-def queued_behind(seq: int, head_seq: int | None, head_age_ms: float | None, ceiling_ms: float) -> str:
+def queued_behind(seq: int, head_seq: int | None, head_age_ms: float | None, ceiling_ms: float,
+                  own_ms: float | None = None, deadline_ms: float | None = None) -> str:
     """Why frame ``seq``'s deadline miss is only a queue behind an earlier request, or "" when it counts.
 
     ``head_seq``: the oldest request the worker has not answered (None: none), outstanding ``head_age_ms``
     (ms since its frame's deadline base); ``ceiling_ms``: the fixed deadline (``timing.deadline_ms``, 150 ms,
     openpilot modeld). A frame behind a head still within the ceiling missed because the head is slow, not
     because the primary failed: one slow frame is one miss. A head older than the ceiling is late by modeld's
-    own rule, so the frames behind it count."""
-    if head_seq is None or head_seq == seq or head_age_ms is None or head_age_ms > ceiling_ms:
+    own rule, so the frames behind it count.
+
+    The head itself, when it could only start after the request before it was answered: ``own_ms`` is the
+    time since then (the worker runs one request at a time), ``deadline_ms`` its deadline in force. Within
+    both its deadline (its own time) and the ceiling (since its frame), it missed only because it waited
+    behind the slower one: not counted. Without this, one slow frame made every frame queued behind it miss
+    its own deadline in turn as the head -- three misses, a failover -- although each took its usual time."""
+    if head_seq is None or head_age_ms is None or head_age_ms > ceiling_ms:
         return ""
-    return f"queued behind frame {head_seq} (outstanding {head_age_ms:.0f} ms, within the {ceiling_ms:g} ms ceiling)"
+    if head_seq != seq:
+        return (f"queued behind frame {head_seq} (outstanding {head_age_ms:.0f} ms, within the {ceiling_ms:g} ms "
+                f"ceiling)")
+    if own_ms is None or deadline_ms is None or own_ms > deadline_ms or own_ms >= head_age_ms:
+        return ""
+    return (f"queued: started {head_age_ms - own_ms:.0f} ms after its frame, behind a slower one; its own "
+            f"{own_ms:.0f} ms within the {deadline_ms:g} ms deadline, {head_age_ms:.0f} ms within the {ceiling_ms:g} "
+            f"ms ceiling")
 
 
 class Watchdog:
@@ -315,6 +330,21 @@ class Watchdog:
         self._last_deadline_ns = deadline_ns if kind is RequestKind.FRAME else self._last_deadline_ns
         return []
 
+    def _queued(self, seq: int, head: _Pending, now_ns: int, head_seq: int | None = None) -> str:
+        """:func:`queued_behind` for frame ``seq`` with ``head`` (request ``head_seq``, default ``seq``) the
+        oldest outstanding one at ``now_ns``."""
+        head_seq = seq if head_seq is None else head_seq
+        age_ms = (now_ns - head.start_ns) / NS_PER_MS
+        own_ms = (now_ns - max(head.start_ns, head.head_ns)) / NS_PER_MS
+        return queued_behind(seq, head_seq, age_ms, self.config.frame_deadline_ms, own_ms,
+                             head.deadline_ns / NS_PER_MS)
+
+    def queued(self, seq: int, now_ns: int) -> str:
+        """:func:`queued_behind` for frame ``seq`` at ``now_ns`` against the oldest outstanding frame request
+        ("" when none is outstanding): the node's own miss count (``node/main.py``) uses the same rule."""
+        head = next(((s, q) for s, q in self._pending.items() if q.kind is RequestKind.FRAME), None)
+        return "" if head is None else self._queued(seq, head[1], now_ns, head[0])
+
     def started_ns(self, seq: int) -> int | None:
         """When request ``seq`` was sent (ns), while it is outstanding; else None."""
         p = self._pending.get(seq)
@@ -333,6 +363,9 @@ class Watchdog:
                    else f"response seq {seq} out of order (expected {expected})")
             return Verdict(False, -1, tuple(self._logical_fault(now_ns, why)))
         p = self._pending.pop(seq)
+        if self._pending:  # the next request can start only now (the worker runs one at a time)
+            nxt = next(iter(self._pending.values()))
+            nxt.head_ns = max(nxt.head_ns, now_ns)
         elapsed = now_ns - p.start_ns
         self.logical.apply(Result.PASS)
         if p.kind is RequestKind.COMMAND:
@@ -350,7 +383,8 @@ class Watchdog:
             bound = (f"deadline {_ms(p.deadline_ns)}" if elapsed > p.deadline_ns
                      else f"minimum {_ms(self._deadline_min_ns)}")
             reason = f"frame {seq}: primary result after {_ms(elapsed)} ({bound})"
-            actions = self._miss(seq, reason, now_ns, host)
+            queued = self._queued(seq, p, now_ns) if elapsed > p.deadline_ns else ""
+            actions = self._miss(seq, reason, now_ns, host, queued)
             return Verdict(False, elapsed, tuple(actions))
         return Verdict(True, elapsed, tuple(self._frame_outcome(False, now_ns)))
 
@@ -379,8 +413,7 @@ class Watchdog:
             elapsed = now_ns - p.start_ns
             if p.kind is RequestKind.FRAME and not p.answered and elapsed > p.deadline_ns:
                 p.answered = True
-                queued = "" if head is None else queued_behind(seq, head[0], (now_ns - head[1].start_ns) / NS_PER_MS,
-                                                              self.config.frame_deadline_ms)
+                queued = "" if head is None else self._queued(seq, head[1], now_ns, head[0])
                 actions += self._miss(seq, f"frame {seq}: no primary result {_ms(elapsed)} after the request "
                                       f"(deadline {_ms(p.deadline_ns)})", now_ns, host, queued)
             limit = self._hang_ns if p.kind is RequestKind.FRAME else self._command_ns

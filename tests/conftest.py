@@ -21,6 +21,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # (backend/model.py ensure_cpu_device): so it is, whichever test module imports it first (programs the
     # tests start choose their own device, e.g. the worker's runner)
     os.environ["DEV"] = "CPU"
+    # Ray starts its workers at niceness 15 (its raylet's `worker_niceness`, read from RAY_worker_niceness): beside
+    # CPU-bound load they then get almost no CPU and a fleet test waits minutes on work its cluster would do in
+    # seconds. The tests' Ray workers run at the test's own priority (the product keeps Ray's default).
+    os.environ.setdefault("RAY_worker_niceness", "0")
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None:
         return

@@ -260,3 +260,55 @@ def test_count_miss_leaves_a_queued_miss_uncounted() -> None:
     assert (v.run, v.fail_over) == (2, False)
     v = count_miss(2, 3, True, 40.0, "primary busy")
     assert (v.run, v.fail_over) == (3, True)
+
+
+def test_the_head_that_could_start_only_after_a_slower_one_is_queued_on_its_own_time() -> None:
+    from chestnut.node.watchdog import queued_behind
+
+    # started 70 ms after its frame, 15 ms of its own: within its 40 ms deadline and the 150 ms ceiling
+    assert queued_behind(5, 5, 85.0, 150.0, own_ms=15.0, deadline_ms=40.0) == (
+        "queued: started 70 ms after its frame, behind a slower one; its own 15 ms within the 40 ms deadline, 85 ms "
+        "within the 150 ms ceiling")
+    assert queued_behind(5, 5, 85.0, 150.0, own_ms=45.0, deadline_ms=40.0) == ""   # its own time is over: counts
+    assert queued_behind(5, 5, 155.0, 150.0, own_ms=15.0, deadline_ms=40.0) == ""  # past the ceiling: counts
+    assert queued_behind(5, 5, 85.0, 150.0, own_ms=85.0, deadline_ms=90.0) == ""   # it never waited: counts
+
+
+def test_one_slow_frame_does_not_make_the_frames_queued_behind_it_a_run_of_misses() -> None:
+    """A primary back from a recovery at a 40 ms deadline, 20 Hz: frame 1 takes 120 ms, every frame after it
+    its usual 15 ms. Frames 2 and 3 could start only at 120 and 135 ms: they miss their deadlines as heads, but
+    on their own time they were on time -- one miss (frame 1), not three and a failover."""
+    wd = Watchdog()
+    wd.worker_started(0)
+    acts: list = []
+    for i in (1, 2, 3):
+        acts += wd.request(i, (i - 1) * 50 * NS_PER_MS, deadline_ms=40.0)
+    acts += wd.check(41 * NS_PER_MS)                  # frame 1 misses: counted
+    acts += wd.check(91 * NS_PER_MS)                  # frame 2 behind frame 1 (91 ms old): not counted
+    acts += wd.response(1, 120 * NS_PER_MS).actions   # late: already answered from the fallback
+    acts += wd.response(2, 135 * NS_PER_MS).actions   # 135 ms after its frame, 15 ms of its own
+    acts += wd.check(141 * NS_PER_MS)                 # frame 3 misses as the head: 6 ms of its own
+    acts += wd.response(3, 150 * NS_PER_MS).actions
+    acts += wd.request(4, 150 * NS_PER_MS, deadline_ms=40.0)
+    assert wd.response(4, 165 * NS_PER_MS).use_result
+    assert ActionKind.FAIL_OVER not in [a.kind for a in acts]
+    assert (wd.misses, wd.queued_misses) == (3, 2)
+    queued = [a.reason for a in acts if a.seq == 3 and a.kind is ActionKind.ANSWER_FROM_FALLBACK]
+    assert queued == ["frame 3: no primary result 41.0 ms after the request (deadline 40.0 ms); queued: started 35 "
+                      "ms after its frame, behind a slower one; its own 6 ms within the 40 ms deadline, 41 ms within "
+                      "the 150 ms ceiling"]
+
+
+def test_a_dock_slower_than_its_deadline_on_its_own_time_still_fails_over() -> None:
+    """Every frame 60 ms of its own at a 40 ms deadline: each head misses on its own time too -- three in a row."""
+    wd = Watchdog()
+    wd.worker_started(0)
+    acts: list = []
+    t = 0
+    for i in range(1, 5):
+        acts += wd.request(i, (i - 1) * 50 * NS_PER_MS, deadline_ms=40.0)
+    for i in range(1, 5):
+        t = max(t, (i - 1) * 50) + 60
+        acts += wd.check((t - 1) * NS_PER_MS)
+        acts += wd.response(i, t * NS_PER_MS).actions
+    assert [a.kind for a in acts].count(ActionKind.FAIL_OVER) == 1
