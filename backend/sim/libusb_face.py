@@ -458,7 +458,8 @@ class LibusbFace:
 
 
 # ---------------------------------------------------------------------- entry point
-USAGE = ("usage: python -m chestnut.backend.sim.libusb_face [--prefix P] [--stats] (-m MODULE | SCRIPT) [ARGS...]")
+USAGE = ("usage: python -m chestnut.backend.sim.libusb_face [--prefix P] [--stats] (-m MODULE | -c CODE | SCRIPT) "
+         "[ARGS...] | --check")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -476,7 +477,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         prefix = args[1]
         del args[:2]
-    if not args or (args[0] == "-m" and len(args) < 2) or args[0].startswith("-") and args[0] != "-m":
+    if args == ["--check"]:
+        why = unavailable()
+        print(why or "ok")
+        return 0 if why is None else 3
+    if not args or (args[0] in ("-m", "-c") and len(args) < 2) or args[0].startswith("-") and args[0] not in ("-m", "-c"):
         print(USAGE, file=sys.stderr)
         return 2
     why = unavailable()
@@ -489,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
         os.execv(wrapper, [wrapper, sys.executable, "-m", "chestnut.backend.sim.libusb_face",
                            *(["--prefix", prefix] if prefix is not None else []),
                            *(["--stats"] if show_stats else []), *args])
+    # capnp's kj opens "/dev/.." once, when it builds its disk filesystem (kj/filesystem-disk-unix.c++), and
+    # umockdev's preload aborts the process on that path inside a testbed: load the project's schema first
+    import chestnut.msgs.schema  # noqa: F401
     try:
         face = LibusbFace(prefix)
     except RuntimeError as e:
@@ -499,6 +507,9 @@ def main(argv: list[str] | None = None) -> int:
         if args[0] == "-m":
             sys.argv = [args[1], *args[2:]]
             runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        elif args[0] == "-c":
+            sys.argv = ["-c", *args[2:]]
+            exec(compile(args[1], "<libusb face -c>", "exec"), {"__name__": "__main__"})
         else:
             sys.argv = list(args)
             runpy.run_path(args[0], run_name="__main__")
