@@ -219,6 +219,8 @@ def _handler_class(UMockdev: Any) -> type:
                     result, err = self._ioctl(client, request)
                 except UsbError as e:
                     result, err = -1, _SUBMIT_ERRNO.get(e.code, errno.EIO)
+                    if e.code == LIBUSB_ERROR_NO_DEVICE:
+                        self.face.gone(self.devnode)
                 except Exception as e:  # never let an exception reach GLib: the client would hang
                     self.face.log(f"libusb face: {name} failed: {type(e).__name__}: {e}")
                     result, err = -1, errno.EIO
@@ -391,6 +393,12 @@ class LibusbFace:
         if not self.quiet:
             print(line, file=sys.stderr, flush=True)
 
+    def gone(self, devnode: str) -> None:
+        """The twin said its dock is gone: remove the node, as the kernel does at a disconnect, so a later
+        ``libusb_open`` fails ``LIBUSB_ERROR_NO_DEVICE``. Open clients keep their file (and get ENODEV)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.root + devnode)
+
     def connect(self) -> TwinClient:
         """A new connection to the twin daemon (raises :class:`~.client.TwinNotRunning`)."""
         return TwinClient(self.prefix)
@@ -458,6 +466,8 @@ class LibusbFace:
 
 
 # ---------------------------------------------------------------------- entry point
+ACTIVE: LibusbFace | None = None
+"""The face :func:`main` built for the code it runs (for its :attr:`~LibusbFace.stats`)."""
 USAGE = ("usage: python -m chestnut.backend.sim.libusb_face [--prefix P] [--stats] (-m MODULE | -c CODE | SCRIPT) "
          "[ARGS...] | --check")
 
@@ -481,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         why = unavailable()
         print(why or "ok")
         return 0 if why is None else 3
-    if not args or (args[0] in ("-m", "-c") and len(args) < 2) or args[0].startswith("-") and args[0] not in ("-m", "-c"):
+    if not args or (args[0] in ("-m", "-c") and len(args) < 2) or (args[0].startswith("-")
+                                                                   and args[0] not in ("-m", "-c")):
         print(USAGE, file=sys.stderr)
         return 2
     why = unavailable()
@@ -497,8 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     # capnp's kj opens "/dev/.." once, when it builds its disk filesystem (kj/filesystem-disk-unix.c++), and
     # umockdev's preload aborts the process on that path inside a testbed: load the project's schema first
     import chestnut.msgs.schema  # noqa: F401
+    global ACTIVE
     try:
-        face = LibusbFace(prefix)
+        face = ACTIVE = LibusbFace(prefix)
     except RuntimeError as e:
         print(e, file=sys.stderr)
         return 3
@@ -519,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         if show_stats:
             print(f"libusb face: {face.stats}", file=sys.stderr)
         face.close()
+        ACTIVE = None
     return rc
 
 
