@@ -472,6 +472,15 @@ USAGE = ("usage: python -m chestnut.backend.sim.libusb_face [--prefix P] [--stat
          "[ARGS...] | --check")
 
 
+def _set_active(face: LibusbFace | None) -> None:
+    """Set :data:`ACTIVE` here and in the importable module (``python -m`` runs this file as ``__main__``)."""
+    global ACTIVE
+    ACTIVE = face
+    if __name__ != "chestnut.backend.sim.libusb_face":
+        import chestnut.backend.sim.libusb_face as importable
+        importable.ACTIVE = face
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a Python module or script in this process over the libusb face (re-executing under
     ``umockdev-wrapper`` first when the preload is missing). Returns its exit status."""
@@ -508,9 +517,9 @@ def main(argv: list[str] | None = None) -> int:
     # capnp's kj opens "/dev/.." once, when it builds its disk filesystem (kj/filesystem-disk-unix.c++), and
     # umockdev's preload aborts the process on that path inside a testbed: load the project's schema first
     import chestnut.msgs.schema  # noqa: F401
-    global ACTIVE
     try:
-        face = ACTIVE = LibusbFace(prefix)
+        face = LibusbFace(prefix)
+        _set_active(face)
     except RuntimeError as e:
         print(e, file=sys.stderr)
         return 3
@@ -531,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         if show_stats:
             print(f"libusb face: {face.stats}", file=sys.stderr)
         face.close()
-        ACTIVE = None
+        _set_active(None)
     return rc
 
 
