@@ -181,7 +181,8 @@ def test_usb_faults_reach_tinygrad_as_libusb_reports_them(face_ready, tmp_path):
 @pytest.mark.timeout(120)
 def test_probe_real_runs_the_ladder_over_libusb_up_to_the_gpu(face_ready, tmp_path):
     """``chestnut probe --real``: the ladder's USB rungs (pyusb on libusb) and the LTSSM pass on the twin;
-    ``gpu_arch`` stops at tinygrad's firmware cache check (no AMD firmware offline). tinygrad's own open,
+    ``gpu_arch`` stops at tinygrad's firmware cache check (no AMD firmware offline); a timeout and a
+    disconnect are classified as on a dock (``bridge_wedged``, ``disconnect``). tinygrad's own open,
     ``Device["AMD"]``, gets through ``USB3``, ``CustomASM24Controller`` and ``pci_setup_usb_bars`` into the
     AM driver and stops at its IP discovery: the twin's VRAM holds no discovery table."""
     with running_twin() as twin:
@@ -196,6 +197,21 @@ def test_probe_real_runs_the_ladder_over_libusb_up_to_the_gpu(face_ready, tmp_pa
         assert f"bus {d.bus} address {d.address}" in steps["usb_ids"]["detail"]
         assert steps["gpu_arch"]["result"] == "fail"
         assert steps["gpu_arch"]["reason"] == "firmware_missing", steps["gpu_arch"]
+        # the ladder classifies USB faults met through real libusb (pyusb's libusb1 backend) as on a dock
+        for kind, params, reason in (("timeout", {"repeat": True, "on": "0xE4"}, "bridge_wedged"),
+                                     ("disconnect", {"after": 3}, "disconnect")):   # past the string reads
+            twin.clear()
+            twin.plug()
+            twin.power_cycle(0)
+            twin.fault(kind, **params)
+            p = under_face(tmp_path, ["-m", "chestnut.launch.cli", "probe", "--real", "--json"],
+                           {"XDG_CACHE_HOME": str(xdg)}, check=False)
+            ran = json.loads(p.stdout[p.stdout.index("["):])
+            failed = [s for s in ran if s["result"] == "fail"]
+            assert failed and failed[0]["reason"] == reason, (kind, ran)
+            assert all(s["result"] == "skipped" for s in ran[ran.index(failed[0]) + 1:]), ran
+        twin.clear()
+        twin.plug()
         twin.power_cycle(0)
         p = under_face(tmp_path, ["-c", AM_INIT], {"DEV": "USB+AMD:LLVM", "XDG_CACHE_HOME": str(xdg)}, check=False)
         assert p.returncode != 0

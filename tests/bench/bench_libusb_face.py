@@ -6,8 +6,8 @@ Run: ``.venv/bin/python tests/bench/bench_libusb_face.py [--n N] [--mib 1,4]``
 For each face, in a child process (the libusb one under ``umockdev-wrapper``, through
 ``python -m chestnut.backend.sim.libusb_face``): N one-byte XDATA reads (vendor control IN ``0xE4``, the
 per-control-transfer cost, p50/p99 in us), then ``pcie_mem_write`` (``0xF0`` mode 1 + bulk OUT ``0x02``)
-and ``pcie_mem_read`` (``0xF0`` mode 2 + bulk IN ``0x81``) of each size to VRAM, in MB/s (best of 3). Prints one line per
-face and measure, and the libusb face's ioctls per control transfer. Needs umockdev
+and ``pcie_mem_read`` (``0xF0`` mode 2 + bulk IN ``0x81``) of each size to VRAM, in MB/s (best of 3).
+Prints one line per face and measure, and the libusb face's ioctls per control transfer. Needs umockdev
 (``launch/setup.sh`` installs it); without it, only the socket face is measured.
 """
 
