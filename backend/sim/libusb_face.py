@@ -275,9 +275,10 @@ def _handler_class(UMockdev: Any) -> type:
                 arg.resolve(0, 8).update(0, struct.pack("<Q", urb.addr))
                 return 0, 0
             if request == USBDEVFS_DISCARDURB:
-                urb = st.held.pop(_pointer(arg), None)
-                if urb is None:
+                addr = _pointer(arg)
+                if addr not in st.held:
                     return -1, errno.EINVAL
+                urb = st.held.pop(addr)
                 st.due.append(urb)
                 return 0, 0
             if request == USBDEVFS_SETCONFIGURATION:
