@@ -6,7 +6,7 @@ The socket face (:mod:`.usb3`, :mod:`.pyusb_backend`) replaces libusb; this face
 testbed folder), a :class:`LibusbFace` builds a testbed holding the twin's dock as a USB device
 (``/sys/bus/usb/devices/<bus>-1`` with ``busnum``, ``devnum``, ``speed``, ``idVendor``, ``idProduct``,
 ``bConfigurationValue`` and the binary ``descriptors`` file libusb reads instead of asking the device) and
-a device node ``/dev/bus/usb/BBB/DDD`` whose ioctls reach :class:`UsbdevfsHandler` (a
+a device node ``/dev/bus/usb/BBB/DDD`` whose ioctls reach ``UsbdevfsHandler`` (a
 ``UMockdev.IoctlBase`` attached with ``Testbed.attach_ioctl``). The handler answers the usbdevfs ioctls
 libusb 1.0.26 sends (``libusb/os/linux_usbfs.c``; numbers and structs from the kernel's
 ``include/uapi/linux/usbdevice_fs.h``) by making the same requests of the twin daemon its socket face
@@ -38,13 +38,18 @@ enumerated when it was built (:meth:`LibusbFace.refresh` adds a re-plugged dock'
 Each forwarded ioctl costs ~0.1-0.2 ms (umockdev's socket round trip, its preload's ``usleep(0)``),
 three per transfer (submit, reap, a failed reap) -- see ``docs/protocol.md`` for the measured costs.
 
-Use (re-executes itself under ``umockdev-wrapper`` when the preload is missing)::
+Use (re-executes itself under ``umockdev-wrapper`` when the preload is missing; a twin daemon must be
+serving ``$CHESTNUT_PREFIX`` or ``--prefix``)::
 
-    python -m chestnut.backend.sim.libusb_face [--prefix P] -m chestnut.launch.cli probe --real
-    python -m chestnut.backend.sim.libusb_face [--prefix P] script.py ARGS...
+    chestnut twin libusb probe --real          # any chestnut command line
+    python -m chestnut.backend.sim.libusb_face [--prefix P] [--stats] (-m MODULE | -c CODE | SCRIPT) [ARGS...]
+    python -m chestnut.backend.sim.libusb_face --check        # "ok", or why umockdev cannot run here
 
 The testbed must exist before the process's first libusb call: tinygrad caches its libusb context
-(``USB3.ctx``, ``functools.cache``) and the device list it enumerates with it.
+(``USB3.ctx``, ``functools.cache``) and the device list it enumerates with it. Inside the testbed
+``/dev`` and ``/sys`` are the testbed's, and umockdev's preload aborts a process that opens ``/dev/..``
+(capnp's kj does, once, when it first builds its disk filesystem): :func:`main` loads the project's
+capnp schema before it builds the testbed.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import ctypes.util
 import errno
+import functools
 import os
 import runpy
 import shutil
@@ -199,10 +205,14 @@ def _fetch(arg: Any, size: int) -> bytes:
     return bytes(arg.resolve(0, size).retrieve())
 
 
+@functools.cache
 def _handler_class(UMockdev: Any) -> type:
-    """The ``UMockdev.IoctlBase`` subclass (made once PyGObject is importable)."""
+    """:class:`UsbdevfsHandler`, the ``UMockdev.IoctlBase`` subclass (made once, when PyGObject is importable:
+    a GType is registered once per process)."""
 
-    class Handler(UMockdev.IoctlBase):  # type: ignore[misc,valid-type]
+    class UsbdevfsHandler(UMockdev.IoctlBase):  # type: ignore[misc,valid-type]
+        """Answers one device node's usbdevfs ioctls (see the module docstring), in umockdev's worker thread."""
+
         def __init__(self, face: LibusbFace, devnode: str, info: DeviceInfo) -> None:
             super().__init__()
             self.face, self.devnode, self.info = face, devnode, info
@@ -361,7 +371,7 @@ def _handler_class(UMockdev: Any) -> type:
             stats.urbs += 1
             return 0, 0
 
-    return Handler
+    return UsbdevfsHandler
 
 
 class LibusbFace:
