@@ -425,7 +425,7 @@ class LibusbFace:
         try:
             with self.connect() as c:
                 found = c.enumerate()
-        except ConnectionError as e:
+        except (OSError, ValueError) as e:   # TwinNotRunning, a bad prefix or runtime folder
             raise RuntimeError(f"the libusb face found no twin: {e}") from None
         added = []
         for info in found:
