@@ -4,8 +4,9 @@ Every scenario runs in a child process, ``python -m chestnut.backend.sim.libusb_
 re-executes itself under ``umockdev-wrapper`` (umockdev's preload must be in a process from its start),
 builds the testbed before the first libusb call (tinygrad caches its libusb context, ``USB3.ctx``) and
 runs CODE there: ``USB3`` imported from ``tinygrad.runtime.support.usb``, unmodified, on libusb 1.0.26's
-usbdevfs URBs, which the face forwards to this module's twin daemon. The tests skip, with the one-line
-reason the face's ``--check`` prints, only where umockdev cannot run (``launch/setup.sh`` installs it).
+usbdevfs URBs, which the face forwards to this module's twin daemon. Those tests skip, with the one-line
+reason the face's ``--check`` prints, only where umockdev cannot run (``launch/setup.sh`` installs it); the
+ioctl numbers and the command line are checked everywhere.
 """
 
 from __future__ import annotations
@@ -220,3 +221,28 @@ def test_probe_real_runs_the_ladder_over_libusb_up_to_the_gpu(face_ready, tmp_pa
         assert "_run_discovery" in p.stderr and "pci_setup_usb_bars" not in tail[-1]
         st = twin.status()
         assert st["bridge"]["ltssm"] == P.LTSSM_L0 and st["pcie"]["bars"]["0"][1] == 16 << 30
+
+
+def test_usbdevfs_ioctl_numbers_are_the_kernels():
+    """The numbers libusb 1.0.26 sends on x86-64 (``include/uapi/linux/usbdevice_fs.h``, ``_IOC`` encoding)."""
+    from chestnut.backend.sim import libusb_face as F
+
+    assert F.URB_SIZE == 56
+    assert (F.USBDEVFS_SUBMITURB, F.USBDEVFS_DISCARDURB, F.USBDEVFS_REAPURB, F.USBDEVFS_REAPURBNDELAY) == (
+        0x8038550A, 0x550B, 0x4008550C, 0x4008550D)
+    assert (F.USBDEVFS_SETINTERFACE, F.USBDEVFS_SETCONFIGURATION, F.USBDEVFS_GETDRIVER) == (
+        0x80085504, 0x80045505, 0x41045508)
+    assert (F.USBDEVFS_CLAIMINTERFACE, F.USBDEVFS_RELEASEINTERFACE, F.USBDEVFS_CLEAR_HALT, F.USBDEVFS_RESET) == (
+        0x8004550F, 0x80045510, 0x80045515, 0x5514)
+    assert (F.USBDEVFS_GET_CAPABILITIES, F.USBDEVFS_GET_SPEED) == (0x8004551A, 0x551F)
+
+
+def test_bad_command_lines_are_one_line():
+    face = [sys.executable, "-m", "chestnut.backend.sim.libusb_face"]
+    for args in (["--bogus"], ["-m"], ["--prefix"]):
+        p = subprocess.run([*face, *args], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and p.stderr.startswith("usage: ") and len(p.stderr.splitlines()) == 1, args
+    p = subprocess.run([sys.executable, "-m", "chestnut.launch.cli", "twin", "libusb"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.strip() == "chestnut twin libusb: name a chestnut command, e.g. `chestnut twin libusb probe --real`"
