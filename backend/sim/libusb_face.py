@@ -31,8 +31,9 @@ Errors as the kernel reports them (``drivers/usb/core/devio.c``): a gone dock fa
 (``LIBUSB_ERROR_PIPE``), an I/O error with ``-EPROTO`` (``LIBUSB_ERROR_IO``), an overflow with
 ``-EOVERFLOW``; a short transfer completes with status 0 and a smaller ``actual_length``.
 
-Limits: a URB does not carry libusb's timeout, so the twin is asked with :data:`TWIN_TIMEOUT_MS` and a
-shorter libusb timeout expires at the next reap; libusb's asynchronous transfers reach the twin as
+Limits: a URB does not carry libusb's timeout, so the twin is asked with :data:`TWIN_TIMEOUT_MS` (a
+transfer the twin NAKs blocks its submit that long; a shorter libusb timeout still ends it as a timeout,
+once the submit returns); libusb's asynchronous transfers reach the twin as
 ordinary ones (the twin's ``async_error`` fault site never sees them); the testbed holds the devices
 enumerated when it was built (:meth:`LibusbFace.refresh` adds a re-plugged dock's new address).
 Each forwarded ioctl costs ~0.1-0.2 ms (umockdev's socket round trip, its preload's ``usleep(0)``),
@@ -171,7 +172,7 @@ def preloaded() -> bool:
 @dataclass
 class _Urb:
     addr: int          # the URB's address in the client
-    status: int        # completion status written into it (0, -errno.EPIPE, -errno.ENOENT ...)
+    status: int        # completion status written into it (0, -EPIPE, -ENOENT ...)
     actual: int
 
 
@@ -207,7 +208,7 @@ def _fetch(arg: Any, size: int) -> bytes:
 
 @functools.cache
 def _handler_class(UMockdev: Any) -> type:
-    """:class:`UsbdevfsHandler`, the ``UMockdev.IoctlBase`` subclass (made once, when PyGObject is importable:
+    """``UsbdevfsHandler``, the ``UMockdev.IoctlBase`` subclass (made once, when PyGObject is importable:
     a GType is registered once per process)."""
 
     class UsbdevfsHandler(UMockdev.IoctlBase):  # type: ignore[misc,valid-type]
