@@ -77,26 +77,35 @@ print(json.dumps(out))
 """
 
 FAULTS = PRELUDE + """
+from chestnut.backend.real_runner import translate
+def seen(key, fn):   # tinygrad's error, and the real runner's classification of it
+    try:
+        fn()
+    except (RuntimeError, AssertionError) as e:
+        c = translate(e)
+        out[key], out[key + "_class"] = f"{type(e).__name__}: {e}", f"{type(c).__name__} {c.reason}"
+        return
+    out[key] = "no error"
 client = TwinClient()
 devs = USB3.list_devices(0xADD1, 0x0001)
 usb = USB3(devs[0][0])
 ctrl = CustomASM24Controller(usb)
 client.fault("timeout", on="0xE4")
-out["timeout"] = err(lambda: ctrl.read(0xB450, 1))
-out["after_timeout"] = err(lambda: ctrl.read(0xB450, 1))
+seen("timeout", lambda: ctrl.read(0xB450, 1))
+seen("after_timeout", lambda: ctrl.read(0xB450, 1))
 client.fault("short", on="bulk_out")
-out["short_out"] = err(lambda: ctrl.scsi_write(bytes(4096)))
+seen("short_out", lambda: ctrl.scsi_write(bytes(4096)))
 ctrl.scsi_write(bytes(range(256)) * 16)
 ctrl.scsi_read_arm(4096)
 client.fault("short", on="bulk_in", nbytes=512)
 out["short_in"] = len(usb.bulk_read(4096))
 client.fault("stall", on="bulk_in")
-out["stall"] = err(lambda: usb.bulk_read(512))
-out["still_halted"] = err(lambda: usb.bulk_read(512))
+seen("stall", lambda: usb.bulk_read(512))
+seen("still_halted", lambda: usb.bulk_read(512))
 client.fault("disconnect")
-out["disconnect"] = err(lambda: ctrl.read(0xB450, 1))
-out["bulk_gone"] = err(lambda: usb.bulk_write(b"x"))
-out["reopen"] = err(lambda: USB3(devs[0][0]))
+seen("disconnect", lambda: ctrl.read(0xB450, 1))
+seen("bulk_gone", lambda: usb.bulk_write(b"x"))
+seen("reopen", lambda: USB3(devs[0][0]))
 out["discards"] = libusb_face.ACTIVE.stats.ioctls.get("USBDEVFS_DISCARDURB", 0)
 print(json.dumps(out))
 """
@@ -177,6 +186,11 @@ def test_usb_faults_reach_tinygrad_as_libusb_reports_them(face_ready, tmp_path):
     assert out["disconnect"] == f"RuntimeError: libusb_control_transfer: {GONE}"   # ENODEV: NO_DEVICE
     assert out["bulk_gone"] == f"RuntimeError: bulk OUT 0x02 failed: {GONE}"
     assert out["reopen"] == f"RuntimeError: libusb_open: {GONE}"   # the node went, as after an unplug
+    # the real runner's classification (backend/real_runner.py translate) of what libusb raised
+    assert out["timeout_class"] == "UsbLayerError transfer_timeout"
+    assert out["short_out_class"] == "UsbLayerError short_transfer"
+    assert out["stall_class"] == "UsbLayerError stall"
+    assert out["disconnect_class"] == out["bulk_gone_class"] == out["reopen_class"] == "UsbLayerError disconnect"
 
 
 @pytest.mark.timeout(120)
