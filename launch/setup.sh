@@ -6,11 +6,24 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v clang >/dev/null || need_apt+=(clang)          # tinygrad's CPU device compiles with clang
+# The twin's libusb face (backend/sim/libusb_face.py, tests/test_libusb_twin.py): umockdev emulates the dock's
+# usbdevfs node for real libusb-1.0, driven from Python through PyGObject (Debian bookworm: umockdev 0.17.16)
+if command -v dpkg-query >/dev/null; then
+  for pkg in umockdev libumockdev0 gir1.2-umockdev-1.0 python3-gi libusb-1.0-0; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
+  done
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "setup: installing system packages: ${need_apt[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  as_root=()
+  [ "$(id -u)" -eq 0 ] || as_root=(sudo -n)
+  if [ ${#as_root[@]} -gt 0 ] && ! sudo -n true 2>/dev/null; then
+    echo "setup: not root and no password-less sudo: install these system packages yourself: ${need_apt[*]}" >&2
+  else
+    echo "setup: installing system packages: ${need_apt[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    "${as_root[@]}" apt-get update -qq
+    "${as_root[@]}" apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  fi
 fi
 
 # pip's own output is quiet (-q); setuptools' editable-install notice (a block of asterisks about folders

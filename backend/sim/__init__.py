@@ -7,5 +7,6 @@
 - :mod:`.faults` -- fault kinds, activation (once / repeat / probability / window / phase), the inferred phase
 - :mod:`.daemon`, :mod:`.wire`, :mod:`.client` -- ``chestnut twin serve``, its socket framing, ``TwinClient``
 - :mod:`.usb3` -- tinygrad 0.14 ``USB3`` over the twin; :mod:`.pyusb_backend` -- a pyusb backend
-- :mod:`.cli` -- ``chestnut twin serve|fault|clear|status|devices|kinds|plug|unplug|power-cycle``
+- :mod:`.libusb_face` -- real libusb (and tinygrad's own ``USB3``) against the twin: umockdev's usbdevfs node
+- :mod:`.cli` -- ``chestnut twin serve|fault|clear|status|devices|kinds|plug|unplug|power-cycle|libusb``
 """

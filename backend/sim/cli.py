@@ -10,6 +10,7 @@
     chestnut twin devices
     chestnut twin kinds
     chestnut twin plug | unplug | power-cycle [--off-s S]
+    chestnut twin libusb COMMAND [ARGS...]     e.g. `chestnut twin libusb probe --real`
 
 Every command but ``serve`` talks to the daemon of ``$CHESTNUT_PREFIX`` (or ``--prefix``).
 """
@@ -80,6 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub.add_parser("unplug", help="pull the dock's cable")
     pc = sub.add_parser("power-cycle", help="switch the dock off and on (clears a wedge; VRAM is lost)")
     pc.add_argument("--off-s", type=float, default=0.0, help="seconds to stay off")
+    lu = sub.add_parser("libusb", help="run a chestnut command with real libusb seeing the twin (the libusb face, "
+                                       "umockdev; backend/sim/libusb_face.py)")
+    lu.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND [ARGS...]",
+                    help="a chestnut command line, e.g. `probe --real`")
 
 
 def _print_status(st: dict[str, Any]) -> None:
@@ -136,6 +141,14 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    if cmd == "libusb":
+        from chestnut.backend.sim.libusb_face import main as libusb_face
+
+        if not args.command:
+            print("chestnut twin libusb: name a chestnut command, e.g. `chestnut twin libusb probe --real`",
+                  file=sys.stderr)
+            return 2
+        return libusb_face(["--prefix", prefix, "-m", "chestnut.launch.cli", *args.command])
     if cmd == "kinds":
         for name, info in KINDS.items():
             print(f"{name}\n  symptom:  {info.symptom}\n  recovery: {info.recovery}")
