@@ -94,11 +94,9 @@ class TimingConfig:
     frame_service: str = "cameraFrame"
     deadline_ms: float = 150.0                 # openpilot modeld's per-frame deadline: the adaptive deadline's ceiling
     # the primary's deadline follows its own latency between this floor and deadline_ms (node/deadline.py,
-    # docs/health.md "Adaptive deadline") when adaptive_deadline = true; off by default (deadline_ms for every
-    # frame): with it on, a busy host still made the primary miss three frames in a row now and then and fail
-    # over with no fault (docs/health.md "Adaptive deadline", "Known false alarms")
+    # docs/health.md "Adaptive deadline"); adaptive_deadline = false: deadline_ms for every frame
     deadline_floor_ms: float = DEADLINE_FLOOR_MS
-    adaptive_deadline: bool = False
+    adaptive_deadline: bool = True
     # a frame read this long after its timestampEof is answered at once, without a model: valid=False, "stale
     # frame" (docs/health.md). Our choice: 20 frames at 20 Hz, the health layers' stale_after_ms
     # (node/health.py DEFAULT_DEBOUNCE); well over deadline_ms, so a frame only queued behind one late

@@ -315,7 +315,7 @@ def bench_faults(setup: Setup) -> None:
           "20 Hz)")
     prefix = setup.prefix("faults")
     timing = {"backoff_initial_s": 0.2, "backoff_max_s": 0.5, "flap_max_failovers": 1000, "shadow_frames": 10,
-              "adaptive_deadline": True}  # the rule this table measures (off by default: docs/health.md)
+              "adaptive_deadline": True}  # the rule this table measures (the default)
     with TwinDaemon(prefix) as twin, twin.client() as client:
         node, bus = start(setup, setup.config("twin", "hot", timing), prefix)
         try:
