@@ -15,7 +15,9 @@ stop the ones after it unless they need what it made (those are "not run", namin
 ``fingerprint``    one run on the fingerprint's fixed input against the fingerprint recorded on the host
                    CPU (``backend/fingerprint.py``); figures: bit-exact, largest difference of a mean
 ``frames``         ``--frames`` camera frames through the node (``chestnut run``); figures: answered,
-                   served by the primary, latency p50/p99 (ms, frame publish to ``modelOutput``)
+                   served by the primary, latency p50/p99 (ms, frame publish to ``modelOutput``), the
+                   frames the fallback answered with their reasons; passes with every frame answered, no
+                   failover, and at most 5 % single deadline misses beside the host-late ones
 ``unplug``         the dock unplugged (twin: injected; real: the person is asked to); figures: the
                    detection time (ms, unplug to ``chestnutActive`` false) against ``--detect-bound-ms``
 ``replug``         the dock plugged back; figures: the recovery time (s, replug to the primary serving
@@ -49,6 +51,7 @@ from chestnut.msgs.outdir import OutputDirError, open_private, private_dir, writ
 
 DEFAULT_SIZES = (64 << 10, 1 << 20, 4 << 20)  # bytes per copy
 ACTIVE_TIMEOUT_S = 300.0  # the node's derived start-up budget (node/config.py) plus its fallback's warm-up
+MAX_MISSED_SHARE = 0.05  # frames step: the share a dock may answer late (single deadline misses, from the fallback)
 DETECT_BOUND_MS = P.WAIT_TIMEOUT_MS * 1.1 + 2000.0  # the wait timeout + 10 %, plus a scheduling allowance
 RECOVER_BOUND_S = 120.0  # back-off, a fresh worker's ladder (warm compile cache) and shadow frames
 HUMAN_TIMEOUT_S = 300.0  # how long the kit waits for a person to unplug or replug the dock
@@ -317,6 +320,9 @@ class Kit:
             # the frames the node answered from the fallback because its host was late (not the dock's)
             host_late = (bus.seen.host_late_misses[-1][1] if bus.seen.host_late_misses else 0) - host_before
         primary = sum(1 for o in outs.values() if o[2] == "primary")
+        with bus.lock:  # the primary must not have failed over during the step
+            failed_over = any(t >= active_at and st == "degraded" for t, st in bus.seen.states)
+        others = sorted((i, o[3]) for i, o in outs.items() if o[2] != "primary")
         figures = {
             "frames": self.args.frames,
             "answered": len(outs),
@@ -329,15 +335,22 @@ class Kit:
         with bus.lock:
             self.node_identity = dict(bus.seen.identity)
             self.init_identity = dict(bus.seen.init_identity)
-        # every frame answered, each by the primary unless the node blamed its miss on a late host
-        ok = bool(done) and len(outs) == self.args.frames and primary + host_late >= self.args.frames
+        # every frame answered, the primary serving throughout (no failover), and each frame by the primary but for
+        # at most MAX_MISSED_SHARE of single deadline misses (the adaptive deadline answers a slow frame from the
+        # fallback: one late frame is a miss, not a fault) and the misses the node blamed on a late host
+        missed_ok = len(others) - host_late <= MAX_MISSED_SHARE * self.args.frames
+        ok = bool(done) and len(outs) == self.args.frames and not failed_over and missed_ok
+        figures["failed_over"] = failed_over
+        figures["fallback_frames"] = [{"frame": i, "reason": why} for i, why in others[:20]]
+        first_other = f"; first by the fallback: frame {others[0][0]}: {others[0][1]}" if others else ""
         self.add(
             StepRecord(
                 "frames",
                 ok,
                 figures,
                 f"{len(outs)}/{self.args.frames} answered, {primary} by the "
-                f"primary{f' ({host_late} late host)' if host_late else ''}, p50 {figures['latency_p50_ms']} ms",
+                f"primary{f' ({host_late} late host)' if host_late else ''}, p50 {figures['latency_p50_ms']} ms"
+                f"{'; the primary failed over' if failed_over else ''}{first_other}",
             )
         )
 

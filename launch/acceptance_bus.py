@@ -21,7 +21,7 @@ class Seen:
     (receipt ns, active); nodeState (receipt ns, state) and its identity; the deadline misses it blamed on a late
     host so far (chestnutHealth.host.lateMisses, docs/health.md "The host")."""
 
-    outputs: list[tuple[int, int, str]] = field(default_factory=list)
+    outputs: list[tuple[int, int, str, str]] = field(default_factory=list)  # receipt ns, frame, source, reason
     active: list[tuple[int, bool]] = field(default_factory=list)
     states: list[tuple[int, str]] = field(default_factory=list)
     sent: dict[int, int] = field(default_factory=dict)
@@ -80,9 +80,8 @@ class FrameBus(threading.Thread):
                     for ev in drain_sock(sock):
                         with self.lock:
                             if service == "modelOutput":
-                                self.seen.outputs.append(
-                                    (recv, int(ev.modelOutput.frameId), str(ev.modelOutput.source))
-                                )
+                                mo = ev.modelOutput
+                                self.seen.outputs.append((recv, int(mo.frameId), str(mo.source), str(mo.reason)[:300]))
                             elif service == "chestnutActive":
                                 self.seen.active.append((recv, bool(ev.chestnutActive.active)))
                             elif service == "chestnutHealth":

@@ -31,7 +31,7 @@ FIGURES = {  # every step's figures, by name
     "copy_1048576": {"bytes", "copy_in_mbps", "copy_out_mbps", "round_trip_exact"},
     "fingerprint": {"bit_exact", "max_mean_diff", "seed"},
     "frames": {"frames", "answered", "by_primary", "host_late", "time_to_active_s", "latency_p50_ms",
-               "latency_p99_ms"},
+               "latency_p99_ms", "failed_over", "fallback_frames"},
     "unplug": {"detect_ms", "bound_ms"},
     "replug": {"recover_s", "bound_s"},
 }
@@ -81,8 +81,11 @@ def test_acceptance_on_the_twin_passes_and_writes_both_reports(tmp_path: Path, t
         assert s["verdict"] == "pass", s
         assert set(s["figures"]) == FIGURES[s["name"]], s
     figs = {s["name"]: s["figures"] for s in report["steps"]}
-    # every frame answered; by the primary, but for the misses the node blamed on a late host (a busy machine)
-    assert figs["frames"]["answered"] == 20 and figs["frames"]["by_primary"] + figs["frames"]["host_late"] >= 20
+    # every frame answered, no failover; by the primary, but for the misses the node blamed on a late host (a busy
+    # machine) and at most 5 % single deadline misses (1 of 20), each named with its reason
+    fr = figs["frames"]
+    assert fr["answered"] == 20 and fr["failed_over"] is False and fr["by_primary"] + fr["host_late"] + 1 >= 20
+    assert len(fr["fallback_frames"]) == 20 - fr["by_primary"] and all(f["reason"] for f in fr["fallback_frames"])
     assert figs["copy_1048576"]["round_trip_exact"] is True and figs["copy_1048576"]["bytes"] == 1 << 20
     assert figs["fingerprint"]["bit_exact"] is True
     assert 0 <= figs["unplug"]["detect_ms"] <= figs["unplug"]["bound_ms"]
