@@ -222,6 +222,9 @@ OWN_ADVICE: dict[str, str] = {
     "slow_link": "move the dock to a SuperSpeed (USB 3) port and cable: a USB 2 link is too slow for the model's "
                  "copies",  # blame_slow_link
     "unstable_link": "reseat or replace the USB cable; avoid hubs; check the dock's power supply",
+    # backend/real_runner.py check_firmware_cache: offline, tinygrad cannot download the GPU's firmware itself
+    "firmware_missing": "fill the GPU firmware cache: `chestnut probe --fill-firmware DIR` (DIR = a copy of "
+                        "linux-firmware's amdgpu/ files), then probe again",
 }
 
 

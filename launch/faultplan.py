@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -56,8 +57,10 @@ class FaultPlan:
             plan = cls(kind.strip(), float(start), float(dur) if dur else None, params)
         except ValueError as e:
             raise argparse.ArgumentTypeError(f"{text!r}: want KIND@START[+DURATION][,key=value]") from e
-        if plan.start_s < 0 or (plan.duration_s is not None and plan.duration_s <= 0):
-            raise argparse.ArgumentTypeError(f"{text!r}: START must be >= 0 and DURATION > 0")
+        if not (math.isfinite(plan.start_s) and plan.start_s >= 0) or (
+                plan.duration_s is not None and not (math.isfinite(plan.duration_s) and plan.duration_s > 0)):
+            raise argparse.ArgumentTypeError(f"{text!r}: START must be a number >= 0 and DURATION a number > 0 "
+                                             f"(seconds; not nan or inf)")
         unknown = sorted(set(params) - set(FaultSpec.__dataclass_fields__) - {"kind"})
         if unknown:
             raise argparse.ArgumentTypeError(

@@ -257,7 +257,7 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path, Path] | int:
     """Everything before the stack starts: the arguments and the node configuration checked, the run
     directory made and supervisord's configuration written. Returns (prefix, run dir, configuration), or 2
     after one log line that names what is refused."""
-    from chestnut.backend.errors import ChestnutError, ConfigError
+    from chestnut.backend.errors import ChestnutError, ConfigError, ModelError
     from chestnut.launch.assets import default_model_path
     from chestnut.msgs.paths import current_prefix
 
@@ -283,6 +283,13 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path, Path] | int:
             log.error("--node-config: %s", e.detail or e)
             return 2
         model = node_cfg.model
+        from chestnut.backend.model import read_model_file
+
+        try:  # a model the node could never read fails every start: said here, once, before anything starts
+            read_model_file(model.path)
+        except ModelError as e:
+            log.error("--node-config: [model] path: %s", e.detail or e)
+            return 2
         if (problem := model_input_problem(model.path, model.input, model.shape)) is not None:
             log.error("--node-config: %s", problem)
             return 2

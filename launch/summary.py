@@ -126,8 +126,10 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
     answered = [f for f in cams if f in outs]
     missing = sorted(f for f in cams if f not in outs)
     # frames still in flight when the camera stopped are not missing: only those before the last answered one
-    last_out = max(outs, default=(-1, -1))
-    missing = [f for f in missing if f < last_out]
+    # (with no output at all, every frame is: nothing answered them)
+    if outs:
+        last_out = max(outs)
+        missing = [f for f in missing if f < last_out]
     ex = np.array([outs[f][1] for f in answered]) * 1e3 if answered else np.zeros(1)
     age = np.array([outs[f][2] for f in answered]) * 1e3 if answered else np.zeros(1)
     span_s = (max(cams.values()) - min(cams.values())) / NS if len(cams) > 1 else 0.0

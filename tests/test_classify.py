@@ -442,3 +442,12 @@ def test_a_hang_tinygrad_declares_in_response_to_a_usb_error_is_the_usb_errors()
         err = classify(e)
     assert (type(err).__name__, err.reason) == ("UsbLayerError", "stall")
     assert err.detail.startswith("RuntimeError: Device hang detected (after RuntimeError: bulk IN 0x81 failed")
+
+
+def test_an_empty_firmware_cache_is_told_how_to_fill_it_not_to_change_the_gpu():
+    from chestnut.backend.classify import advice_for
+    from chestnut.backend.errors import ConfigError
+
+    assert advice_for(ConfigError("firmware_missing", "the GPU firmware cache /x holds none of ...")) == (
+        "fill the GPU firmware cache: `chestnut probe --fill-firmware DIR` (DIR = a copy of linux-firmware's amdgpu/ "
+        "files), then probe again")

@@ -82,3 +82,10 @@ def test_a_bad_argument_is_one_line_naming_it_and_where_help_is(capsys):
     assert info.value.code == 2
     assert capsys.readouterr().err == ("chestnut launch: error: argument --fault: 'gpu_hang@soon': want "
                                        "KIND@START[+DURATION][,key=value] (chestnut launch --help)\n")
+
+
+@pytest.mark.parametrize("text", ["gpu_hang@nan", "gpu_hang@inf", "gpu_hang@5+inf", "gpu_hang@5+nan", "gpu_hang@-1"])
+def test_a_fault_time_that_is_not_a_finite_number_is_refused(text):
+    """``float("nan")`` passed every comparison: `gpu_hang@nan` ran the stack with no fault at all."""
+    with pytest.raises(argparse.ArgumentTypeError, match="START must be a number >= 0 and DURATION a number > 0"):
+        FaultPlan.parse(text)

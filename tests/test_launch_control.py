@@ -237,3 +237,21 @@ def test_the_summary_has_the_deadline_in_force_and_its_range(tmp_path):
     assert dict(summary_rows(s))["primary deadline (range)"] == "41.0 ms  (39.5 .. 150.0 ms)"
     s["deadline_ms"] = s["deadline_ms_range"] = None
     assert dict(summary_rows(s))["primary deadline (range)"] == "primary never asked"
+
+
+def test_frames_no_node_ever_answered_are_all_missing(tmp_path):
+    """A node that never started (a damaged model): 3 camera frames, no output -- 3 missing, not 0."""
+    from drivelog import write_drive
+
+    from chestnut.launch.summary import summarize, summary_rows
+
+    base = 10_000 * 10**9
+    items = []
+    for k in range(3):
+        m = new_message("cameraFrame")
+        m.cameraFrame.frameId = k
+        m.logMonoTime = base + k * 50 * MS
+        items.append((m.logMonoTime, "cameraFrame", m.to_bytes()))
+    write_drive(items, tmp_path / "logs")
+    s = summarize(tmp_path / "logs", base)
+    assert dict(summary_rows(s))["frames in / outputs out"] == "3 / 0  (missing: 3)"

@@ -114,3 +114,16 @@ def test_launch_refuses_a_model_shape_the_model_file_does_not_take(tmp_path):
         in lines[0]
     )
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_model_path_the_node_cannot_read_stops_the_launch_before_anything_starts(tmp_path):
+    """It used to start the stack and leave the node crash-looping on a file that is not there."""
+    cfg = tmp_path / "missing.toml"
+    cfg.write_text(f'[model]\npath = "{tmp_path / "nope.onnx"}"\n')
+    r = _launch(tmp_path, "--node-config", str(cfg))
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, lines
+    nope = tmp_path / "nope.onnx"
+    assert lines[0].endswith(f" ERROR chestnut.launch: --node-config: [model] path: model file {nope} does not exist")
+    assert not (tmp_path / "runs").exists()

@@ -88,7 +88,7 @@ def print_restarts(result: CheckResult, console: Any) -> None:
         return
     tl = result.timeline
     table = Table(title="restarts", show_edge=False)
-    for col, just in (("t (s)", "right"), ("what", "left"), ("cause", "left"), ("frames lost", "right"),
+    for col, just in (("t (s)", "right"), ("what", "left"), ("cause", "left"), ("frames without the primary", "right"),
                       ("back (s)", "right")):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for r in found:

@@ -737,7 +737,7 @@ def restart_and_anomaly_html(tl: Timeline) -> list[str]:
 
     found = restarts(tl)
     parts = [f"<h2>restarts ({len(found)})</h2>",
-             _table(("t (s)", "what", "cause", "frames lost", "back (s)"),
+             _table(("t (s)", "what", "cause", "frames without the primary", "back (s)"),
                     [(f"{tl.seconds(r.t_ns):.3f}", r.what, r.cause, r.frames,
                       "-" if r.back_ns is None else f"{tl.seconds(r.back_ns):.3f}") for r in found],
                     ["bad"] * len(found)) if found else "<p>no node, worker or twin restart in this log</p>"]
