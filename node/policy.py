@@ -135,7 +135,7 @@ def decide_submission(view: PrimaryView, base_ns: int, now_ns: int, deadline_ms:
     waited_ms = (now_ns - base_ns) / NS_PER_MS
     if waited_ms >= deadline_ms:
         return Submission(Submit.MISS, f"frame waited {waited_ms:.0f} ms before the node could take it (deadline "
-                                       f"{deadline_ms:g} ms): the primary does not keep up")
+                                       f"{round(deadline_ms, 1):g} ms): the primary does not keep up")
     if not view.can_submit:
         busy = ("primary busy: every slot still holds an unanswered request (oldest frame "
                 f"{view.oldest_in_flight})" if view.oldest_in_flight is not None else "primary busy")
@@ -167,11 +167,11 @@ def pair_response(seq: int, frame_seq: int, failed: bool, in_time: bool) -> Pair
 
 
 def no_result_reason(deadline_ms: float) -> str:
-    return f"no primary result within the deadline ({deadline_ms:g} ms after the frame)"
+    return f"no primary result within the deadline ({round(deadline_ms, 1):g} ms after the frame)"
 
 
 def late_result_reason(elapsed_ms: float, deadline_ms: float) -> str:
-    return f"primary result after {elapsed_ms:.1f} ms, past the deadline ({deadline_ms:g} ms)"
+    return f"primary result after {elapsed_ms:.1f} ms, past the deadline ({round(deadline_ms, 1):g} ms)"
 
 
 # ---------------------------------------------------------------- a host that is late itself
@@ -326,7 +326,7 @@ def count_miss(run: int, miss_run: int, runs_primary: bool, deadline_ms: float, 
     run += 1
     if run >= miss_run and runs_primary:
         return MissVerdict(run, True, f"{run} consecutive frames without a primary result within the deadline "
-                                      f"({deadline_ms:g} ms); last: {why}")
+                                      f"({round(deadline_ms, 1):g} ms); last: {why}")
     return MissVerdict(run, False)
 
 

@@ -230,8 +230,8 @@ def queued_behind(seq: int, head_seq: int | None, head_age_ms: float | None, cei
     if own_ms is None or deadline_ms is None or own_ms > deadline_ms or own_ms >= head_age_ms:
         return ""
     return (f"queued: started {head_age_ms - own_ms:.0f} ms after its frame, behind a slower one; its own "
-            f"{own_ms:.0f} ms within the {deadline_ms:g} ms deadline, {head_age_ms:.0f} ms within the {ceiling_ms:g} "
-            f"ms ceiling")
+            f"{own_ms:.0f} ms within the {round(deadline_ms, 1):g} ms deadline, {head_age_ms:.0f} ms within the "
+            f"{ceiling_ms:g} ms ceiling")
 
 
 class Watchdog:
