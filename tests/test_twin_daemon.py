@@ -325,6 +325,9 @@ def test_cli_injects_lists_and_clears_faults_and_moves_the_dock(twin):
     assert (f["kind"], f["repeat"], f["on"], f["phase"], f["fired"]) == ("timeout", True, "0xE4", "serving", 0)
     assert "fault 1: timeout (repeat phase=serving on=0xE4) fired 0/0" in cli("status").stdout
     assert cli("clear").stdout.strip() == "cleared 1 fault(s)"
+    nothing = cli("clear", "999")
+    assert (nothing.returncode, nothing.stderr.strip()) == (2, "chestnut twin clear: no fault 999 (`chestnut twin "
+                                                                "status` lists them)")
     assert cli("fault", "meteor").returncode == 2
     bad = cli("fault", "timeout", "--probability", "2")
     assert bad.returncode == 2 and "probability 2.0 is not in [0, 1]" in bad.stderr

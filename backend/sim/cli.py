@@ -164,7 +164,12 @@ def run(args: argparse.Namespace) -> int:
                                      delay_ms=args.delay_ms, off_s=args.off_s, nbytes=args.nbytes, seed=args.seed)
                 print(f"fault {entry['id']}: {entry['kind']} -- {entry['symptom']}")
             elif cmd == "clear":
-                print(f"cleared {client.clear(args.id)} fault(s)")
+                n = client.clear(args.id)
+                if args.id is not None and n == 0:  # a fault id nobody injected, or one already gone
+                    print(f"chestnut twin clear: no fault {args.id} (`chestnut twin status` lists them)",
+                          file=sys.stderr)
+                    return 2
+                print(f"cleared {n} fault(s)")
             elif cmd == "status":
                 st = client.status()
                 if args.json:
