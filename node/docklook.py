@@ -12,7 +12,6 @@ asked is not doubled; its answer serves both.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 
 from chestnut.backend.interface import DockObservation
@@ -21,15 +20,11 @@ from chestnut.backend.interface import DockObservation
 @dataclass(frozen=True)
 class Look:
     """One finished look: ``present``, ``detail`` (one line for a person), ``observation`` (the USB side as
-    enumerated: IDs, bus/address, speed; None when nothing was seen or the dock kind has no USB side),
-    ``asked``: the purposes it answers (see :meth:`DockLooker.ask`), ``at_ns``: ``time.monotonic_ns()`` when it
-    ended."""
+    enumerated: IDs, bus/address, speed; None when nothing was seen or the dock kind has no USB side)."""
 
     present: bool
     detail: str
     observation: DockObservation | None
-    asked: tuple[str, ...]
-    at_ns: int
 
 
 def look(kind: str, prefix: str | None = None) -> tuple[bool, str, DockObservation | None]:
@@ -65,7 +60,7 @@ def look_for_dock(kind: str, prefix: str | None = None) -> tuple[bool, str]:
 
 class DockLooker:
     """Looks at the dock (:func:`look`) in a background thread. :meth:`ask` requests a look for a purpose
-    (a name such as ``"dock_found"``); :meth:`take` returns the finished look that answers it, once, or None
+    (a name the caller chooses, e.g. ``"retry"``); :meth:`take` returns the finished look that answers it, once, or None
     while it runs. A purpose asked while a look is running is answered by the next look, so an answer is
     never older than its question. :meth:`close` stops the thread (it ends at its next look at the latest,
     as a daemon thread)."""
@@ -88,11 +83,6 @@ class DockLooker:
                 self._thread.start()
             self._cv.notify()
 
-    def pending(self, purpose: str) -> bool:
-        """A look for ``purpose`` was asked and not yet taken."""
-        with self._cv:
-            return purpose in self._wanted or purpose in self._done
-
     def take(self, purpose: str) -> Look | None:
         with self._cv:
             return self._done.pop(purpose, None)
@@ -104,9 +94,8 @@ class DockLooker:
                     self._cv.wait()
                 if self._closed:
                     return
-                asked, self._wanted = tuple(sorted(self._wanted)), set()
-            present, detail, obs = look(self.kind, self.prefix)
-            done = Look(present, detail, obs, asked, time.monotonic_ns())
+                asked, self._wanted = self._wanted, set()
+            done = Look(*look(self.kind, self.prefix))
             with self._cv:
                 for purpose in asked:
                     self._done[purpose] = done
