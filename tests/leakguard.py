@@ -78,10 +78,46 @@ def _helpers_of_this_process() -> set[int]:
     return pids
 
 
+PF_KTHREAD = 0x00200000
+"""``/proc/<pid>/stat`` flags bit of a kernel thread (linux ``include/linux/sched.h``)"""
+EXEC_SETTLE_S = 1.0
+"""s a process caught inside execve(2) gets to show its new environment before it is taken for none of ours"""
+
+
+def _no_address_space(pid: int) -> bool:
+    """A zombie, a process gone, or a kernel thread: nothing of its environment will ever show."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[0] in ("Z", "X") or bool(int(fields[6]) & PF_KTHREAD)
+    except (OSError, IndexError, ValueError):
+        return True
+
+
+def _settled_environ(pid: int) -> bytes:
+    """``/proc/<pid>/environ``, looked at again while the process is inside execve(2).
+
+    Between execve's new address space and its argument set-up the kernel shows an empty environment and an
+    empty command line (fs/proc/base.c ``environ_read``: no ``mm->env_end`` yet); a test's
+    ``sh -c "sleep 60 &"`` that exits while its child still exec-s leaves the child there, and one read in
+    seven found it so beside two CPU hogs. Once the command line shows, exec is over and the environment
+    read after it is the new one (empty only for a process started with none)."""
+    settle_by = time.monotonic() + EXEC_SETTLE_S
+    while True:
+        env = _environ(pid)
+        if env or _no_address_space(pid):
+            return env
+        try:
+            shown = Path(f"/proc/{pid}/cmdline").read_bytes()[:1] != b""
+        except OSError:
+            return b""
+        if shown or time.monotonic() >= settle_by:
+            return _environ(pid)
+        time.sleep(0.002)
+
+
 def carriers(marker: bytes, exclude: set[int] | None = None) -> list[int]:
     """Live (not zombie) processes whose environment holds the exact entry ``marker`` (``b"NAME=value"``)."""
-    me = os.getpid()
-    skip = (exclude or set()) | {me}
+    skip = (exclude or set()) | {os.getpid()}
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -89,7 +125,7 @@ def carriers(marker: bytes, exclude: set[int] | None = None) -> list[int]:
         pid = int(entry.name)
         if pid in skip:
             continue
-        env = _environ(pid)
+        env = _settled_environ(pid)
         if env and marker in env.split(b"\0") and _state(pid) not in ("Z", "X"):
             found.append(pid)
     return found
