@@ -171,15 +171,16 @@ _CHECKED_KINDS = frozenset({"text", "data", "struct", "list", "anyPointer", "int
 class _StructPlan:
     """What to check in a struct: its checked non-union fields and, per union member, the member's check.
 
-    Each check is ``(name, kind, sub)``: ``sub`` is a ``_StructPlan`` (struct), ``(element kind,
-    element sub)`` (list), the enumerant count (enum) or None.
+    Each check is ``(field, kind, sub)``: ``field`` the schema's field object (read with pycapnp's
+    ``_get_by_field``, a third of the cost of ``getattr`` by name), ``sub`` a ``_StructPlan`` (struct),
+    ``(element kind, element sub)`` (list), the enumerant count (enum) or None.
     """
 
     __slots__ = ("fields", "union", "display_name")
 
     def __init__(self) -> None:
-        self.fields: list[tuple[str, str, Any]] = []
-        self.union: dict[str, list[tuple[str, str, Any]]] | None = None
+        self.fields: list[tuple[Any, str, Any]] = []
+        self.union: dict[str, list[tuple[Any, str, Any]]] | None = None
         self.display_name = ""
 
 
@@ -200,20 +201,19 @@ def _struct_plan(schema: Any) -> _StructPlan:
     return plan
 
 
-def _field_checks(field: Any) -> list[tuple[str, str, Any]]:
-    name = field.proto.name
+def _field_checks(field: Any) -> list[tuple[Any, str, Any]]:
     if field.proto.which() == "group":
-        return [(name, "struct", _struct_plan(field.schema))]
+        return [(field, "struct", _struct_plan(field.schema))]
     kind = field.proto.slot.type.which()
     if kind not in _CHECKED_KINDS:
         return []
     if kind == "struct":
-        return [(name, kind, _struct_plan(field.schema))]
+        return [(field, kind, _struct_plan(field.schema))]
     if kind == "list":
-        return [(name, kind, _list_checks(field.schema, field.proto.slot.type.list.elementType))]
+        return [(field, kind, _list_checks(field.schema, field.proto.slot.type.list.elementType))]
     if kind == "enum":
-        return [(name, kind, len(field.schema.enumerants))]
-    return [(name, kind, None)]
+        return [(field, kind, len(field.schema.enumerants))]
+    return [(field, kind, None)]
 
 
 def _list_checks(list_schema: Any, elem_type: Any) -> tuple[str, Any]:
@@ -238,26 +238,26 @@ def _walk_struct(reader: Any, plan: _StructPlan) -> str | None:
     Raises ``KjException`` on a bad pointer, :class:`_UnknownEnumerant` on a union discriminant or
     enum value the schema does not name.
     """
-    for name, kind, sub in plan.fields:
-        _walk_field(reader, name, kind, sub)
+    for field, kind, sub in plan.fields:
+        _walk_field(reader, field, kind, sub)
     if plan.union is not None:
         try:
-            member = reader.which()
+            member = reader._which_str()  # which() less its Python wrapper: a fifth of the cost
         except capnp.KjException:
             raise _UnknownEnumerant(f"{plan.display_name}: union discriminant not in this schema") from None
-        for name, kind, sub in plan.union[member]:
-            _walk_field(reader, name, kind, sub)
+        for field, kind, sub in plan.union[member]:
+            _walk_field(reader, field, kind, sub)
         return member
     return None
 
 
-def _walk_field(reader: Any, name: str, kind: str, sub: Any) -> None:
+def _walk_field(reader: Any, field: Any, kind: str, sub: Any) -> None:
     if kind == "data":
         # Read (and so bounds-check) the bytes by copying them: pycapnp 2.2.4's get_data_as_view keeps
         # every viewed message and its buffer alive (a logger leaked ~130 MB/min of 20 Hz frames).
-        getattr(reader, name)
+        reader._get_by_field(field)
     else:
-        _walk_value(getattr(reader, name), kind, sub)
+        _walk_value(reader._get_by_field(field), kind, sub)
 
 
 def _walk_value(value: Any, kind: str, sub: Any) -> None:
@@ -803,7 +803,7 @@ class PubMaster:
             get_service(service)
             raise ValueError(f"PubMaster has no socket for {service!r}; it publishes {sorted(self.sock)}")
         if not isinstance(msg, bytes | bytearray | memoryview):
-            member = msg.which()
+            member = msg._which_str()
             if member != service:
                 raise ValueError(f"an Event carrying {member!r} sent on {service!r}")
             msg = msg.to_bytes()

@@ -48,6 +48,7 @@ fallback the node exits with :data:`EXIT_NO_FALLBACK`, with an unusable configur
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -175,6 +176,12 @@ INIT_DATA_PERIOD_S = 10.0     # initData is re-sent this often (on-demand servic
 DISAGREE_RUN = DEFAULT_DEBOUNCE[Layer.OUTPUT].fail_after  # disagreeing frames in a row the node logs (3)
 BAD_FRAME_LOG_PERIOD_S = 1.0  # a repeated per-frame error is logged at most this often (then counted)
 DEADLINE_LOG_PERIOD_S = 10.0  # the adaptive deadline is logged when its basis changes, else at most this often
+
+
+@functools.cache
+def _dtype_name(dtype: np.dtype) -> str:
+    """``dtype.name`` (numpy computes it in Python on every read; an output's dtype is one of a few)."""
+    return dtype.name
 
 
 class LogEvery:
@@ -1082,7 +1089,7 @@ class Node:
             shape = t.init("shape", c.ndim)
             for i, d in enumerate(c.shape):
                 shape[i] = int(d)
-            t.dtype = c.dtype.name
+            t.dtype = _dtype_name(c.dtype)
             t.data = c.tobytes()
         mo.executionTime = float(a.exec_s)
         mo.frameAge = frame_age_s(clock, int(cf.timestampEof), int(msg.logMonoTime))

@@ -91,16 +91,20 @@ def tiny_8x16_twin_config(tmp_path: Path) -> Path:
 class NodeProcess:
     """``chestnut run --config CONFIG`` as a child process of this one, logging to ``log_path``."""
 
-    def __init__(self, config: Path, prefix: str, log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, config: Path, prefix: str, log_path: Path, env: dict[str, str] | None = None,
+                 python_args: tuple[str, ...] = ()) -> None:
+        """``python_args`` go to the interpreter before ``-m chestnut.launch.cli`` (e.g. a profiler's ``-m cProfile
+        -o FILE``)."""
         self.config, self.prefix, self.log_path = config, prefix, log_path
         self.env = {**os.environ, "CHESTNUT_PREFIX": prefix, **(env or {})}
+        self.python_args = python_args
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> NodeProcess:
         with open(self.log_path, "ab") as logf:
-            self.proc = subprocess.Popen([sys.executable, "-m", "chestnut.launch.cli", "run", "--config",
-                                          str(self.config)], env=self.env, stdout=logf, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen([sys.executable, *self.python_args, "-m", "chestnut.launch.cli", "run",
+                                          "--config", str(self.config)], env=self.env, stdout=logf,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         return self
 
     @property

@@ -84,10 +84,11 @@ class Setup:
         return f"bench-node-{what}-{os.getpid()}"
 
 
-def start(setup: Setup, cfg: Path, prefix: str) -> tuple[NodeProcess, Bus]:
+def start(setup: Setup, cfg: Path, prefix: str, profile: Path | None = None) -> tuple[NodeProcess, Bus]:
     bus = Bus(prefix, height=setup.args.height, width=setup.args.width)
     bus.start()
-    node = NodeProcess(cfg, prefix, setup.tmp / f"{prefix}.log").start()
+    python_args = ("-m", "cProfile", "-o", str(profile)) if profile is not None else ()
+    node = NodeProcess(cfg, prefix, setup.tmp / f"{prefix}.log", python_args=python_args).start()
     return node, bus
 
 
@@ -171,10 +172,12 @@ def echo_ms(setup: Setup, frames: int) -> list[float]:
     return [(o.recv_ns - rec.sent[o.frame_id]) / 1e6 for o in rec.outputs[skip:skip + frames]]
 
 
-def node_overhead_ms(setup: Setup, dock: str, standby: str, frames: int) -> tuple[list[float], list[float]]:
-    """(latency - executionTime, executionTime) in ms, over ``frames`` frames served by the expected source."""
+def node_overhead_ms(setup: Setup, dock: str, standby: str, frames: int,
+                     profile: Path | None = None) -> tuple[list[float], list[float]]:
+    """(latency - executionTime, executionTime) in ms, over ``frames`` frames served by the expected source;
+    ``profile``: run the node under cProfile, its statistics written there when it stops."""
     want = "fallback" if dock == "none" else "primary"
-    node, bus = start(setup, setup.config(dock, standby), setup.prefix(f"{dock}-{standby}"))
+    node, bus = start(setup, setup.config(dock, standby), setup.prefix(f"{dock}-{standby}"), profile)
     try:
         bus.wait_for(lambda r: len(r.outputs) >= 20 and all(o.source == want for o in r.outputs[-10:]), 90.0,
                      f"{want} serving")
@@ -191,6 +194,37 @@ def node_overhead_ms(setup: Setup, dock: str, standby: str, frames: int) -> tupl
     return [a - b for a, b in zip(lat, exe, strict=True)], exe
 
 
+# The node's per-frame work by part: (label, file of the function, function). Cumulative time under cProfile,
+# per frame answered; "run" parts are the models' own time (the rest of the frame's wait is for the primary).
+PARTS = (
+    ("receive + decode (drain_sock)", "msgs/messaging.py", "drain_sock"),
+    ("on_frame, all of it", "node/main.py", "on_frame"),
+    ("  frame read + preprocess", "node/preprocess.py", "preprocess"),
+    ("  submit to the worker", "node/worker_handle.py", "submit"),
+    ("  wait for the primary", "node/main.py", "_await_primary"),
+    ("  fallback run (model)", "fallback/standby.py", "run"),
+    ("  output checks (check_outputs)", "node/validity.py", "check_outputs"),
+    ("  health + supervisor (apply)", "node/health.py", "apply"),
+    ("  publish modelOutput", "node/main.py", "_publish_output"),
+    ("  publish chestnutActive", "node/main.py", "_publish_active"),
+    ("housekeeping (1 Hz state, 5 Hz health)", "node/main.py", "_housekeeping"),
+)
+
+
+def by_part(profile: Path) -> list[tuple[str, float, int]]:
+    """(label, us per frame, calls) for :data:`PARTS` from a cProfile output of the node."""
+    import pstats
+
+    stats = pstats.Stats(str(profile)).stats  # type: ignore[attr-defined]
+    frames = sum(v[1] for (f, _, fn), v in stats.items() if f.endswith("node/main.py") and fn == "on_frame") or 1
+    out = []
+    for label, path, name in PARTS:
+        hits = [(v[3], v[1]) for (f, _, fn), v in stats.items() if f.endswith(path) and fn == name]
+        cum = sum(h[0] for h in hits)
+        out.append((label, cum / frames * 1e6, sum(h[1] for h in hits)))
+    return out
+
+
 def bench_overhead(setup: Setup) -> None:
     n = setup.args.frames
     print(f"\n== node overhead per frame ({n} frames at 20 Hz, {setup.args.height}x{setup.args.width}, "
@@ -200,19 +234,36 @@ def bench_overhead(setup: Setup) -> None:
     print(row("direct call: onnxruntime run", base))
     floor = echo_ms(setup, n)
     print(row("pub/sub floor: echo process, publish -> out", floor))
-    for dock, standby, label in (("none", "warm", "node, fallback only (dock none)"),
-                                 ("cpu", "warm", "node, primary via worker (cpu, warm standby)"),
-                                 ("cpu", "hot", "node, primary via worker (cpu, hot standby)")):
+    own: dict[str, float] = {}
+    for dock, standby, key, label in (("none", "warm", "fallback", "node, fallback only (dock none)"),
+                                      ("cpu", "warm", "warm", "node, primary via worker (cpu, warm standby)"),
+                                      ("cpu", "hot", "hot", "node, primary via worker (cpu, hot standby)")):
         try:
             over, exe = node_overhead_ms(setup, dock, standby, n)
         except AssertionError as e:  # a primary slower than the frame period never serves
             print(f"  {label}: no {n} frames served ({e})")
             continue
+        own[key] = pct(over, 50) - pct(floor, 50) - pct(pre, 50)
         print(row(f"{label}: exec", exe))
         print(row(f"{label}: latency - exec", over))
         print(f"    node overhead p50 {pct(over, 50):.3f} ms = pub/sub floor {pct(floor, 50):.3f} + preprocess "
-              f"{pct(pre, 50):.3f} + the node's own {pct(over, 50) - pct(floor, 50) - pct(pre, 50):.3f} ms; "
+              f"{pct(pre, 50):.3f} + the node's own {own[key]:.3f} ms; "
               f"p99 {pct(over, 99):.3f} ms (floor p99 {pct(floor, 99):.3f} ms)")
+        if setup.args.profile_frames > 0:
+            prof = setup.tmp / f"{key}.prof"
+            try:
+                node_overhead_ms(setup, dock, standby, setup.args.profile_frames, profile=prof)
+                parts = by_part(prof)
+            except (AssertionError, OSError, EOFError, ValueError) as e:
+                print(f"    by part: no profile ({e})")
+                continue
+            print(f"    by part, under cProfile ({setup.args.profile_frames} frames; the profiler inflates "
+                  "each figure, the shares hold):")
+            for part, us, calls in parts:
+                print(f"      {part:<42} {us:8.1f} us/frame  ({calls} calls)")
+    print(f"load average {os.getloadavg()[0]:.2f}")
+    print("node's own cost p50: " + ", ".join(
+        f"{key} {own[key]:.2f} ms" if key in own else f"{key} n/a" for key in ("fallback", "warm", "hot")))
 
 
 # ---------------------------------------------------------------- faults
@@ -382,6 +433,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", default="overhead,faults,memory", help="comma-separated parts to run")
     p.add_argument("--frames", type=int, default=600, help="frames per overhead row")
+    p.add_argument("--profile-frames", type=int, default=300,
+                   help="frames of each overhead row's second run under cProfile, for the figures by part (0: none)")
     p.add_argument("--minutes", type=float, default=10.0, help="memory run length")
     p.add_argument("--sample-s", type=float, default=30.0, help="memory sampling period")
     p.add_argument("--model", type=Path, help="ONNX model (default: the tiny test model)")

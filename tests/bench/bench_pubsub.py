@@ -16,7 +16,8 @@ sides, as with "the same payload bytes":
 
 The time to build the chestnut message (``new_message`` + filling it) is printed apart (p50).
 Payloads: a small ``chestnutActive`` message, and a ``cameraFrame`` of 128x256x3 bytes (bgr888).
-Prints p50/p99 for both and the ratio chestnut / raw (aims: <= 1.3x small, <= 1.1x frames).
+Prints p50/p99 for both and the ratio chestnut / raw; the last line is
+``chestnut/raw p50: small X, frame Y`` (aims: X <= 1.05, Y <= 1.10).
 """
 
 from __future__ import annotations
@@ -172,17 +173,21 @@ def main(argv: list[str] | None = None) -> int:
         f"{'payload':<26} {'bytes':>7} {'chestnut p50/p99 us':>20} {'raw pyzmq p50/p99 us':>21} "
         f"{'ratio p50/p99':>14} {'build p50 us':>13}"
     )
+    ratio: dict[str, float] = {}
     for kind, n, pace_s, label in (
         ("small", args.small, 0.001, "small (chestnutActive)"),
         ("frame", args.frames, 0.004, "frame 128x256x3"),
     ):
         f = run_case(kind, n, pace_s)
+        ratio[kind] = f["ours_p50"] / f["raw_p50"]
         print(
             f"{label:<26} {f['bytes']:>7} {f['ours_p50']:>9.1f} /{f['ours_p99']:>8.1f} "
             f"{f['raw_p50']:>10.1f} /{f['raw_p99']:>8.1f} "
             f"{f['ours_p50'] / f['raw_p50']:>7.2f}x /{f['ours_p99'] / f['raw_p99']:>5.2f}x {f['build_p50']:>13.1f}",
             flush=True,
         )
+    print(f"load average {os.getloadavg()[0]:.2f}")
+    print(f"chestnut/raw p50: small {ratio['small']:.2f}, frame {ratio['frame']:.2f}")
     return 0
 
 
