@@ -306,11 +306,10 @@ def _publish(
             if flag.stop:  # stopped while waiting for the tick: the last frame sent stays the last one
                 break
             if ring is None:
-                pm.send("cameraFrame", fill_frame(frame_id, img, sof, time.monotonic_ns(), Path(source).name, encoding))
-            else:  # the same bytes on the bus and, one wake-up sooner, to the ring's subscribers (msgs/visionipc.py)
-                data = ring_frame(ring, frame_id, img, sof, Path(source).name, encoding).to_bytes()  # type: ignore[attr-defined]
-                ring.notify(data)
-                pm.send("cameraFrame", data)
+                msg = fill_frame(frame_id, img, sof, time.monotonic_ns(), Path(source).name, encoding)
+            else:
+                msg = ring_frame(ring, frame_id, img, sof, Path(source).name, encoding)
+            pm.send("cameraFrame", msg)
             sent += 1
             frame_id += 1
         for sock in pm.sock.values():  # deliver the last frame to every subscriber before the socket goes

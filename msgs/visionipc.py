@@ -10,23 +10,15 @@ which frame), written for this stack's rules:
   memfd is sealed against shrinking and growing (``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``), so a
   mapping can never be cut short under a reader (no ``SIGBUS``); it has no path, so it is gone once
   the camera and every subscriber closed it -- also when the camera is killed.
-- **The hand-over** is a unix sequenced-packet socket (``SOCK_SEQPACKET``: message boundaries kept)
-  ``<runtime_dir>/cameraFrame.vipc`` inside the private 0700 runtime directory (``msgs/paths.py``). The
-  camera accepts only peers of its own uid (``SO_PEERCRED``), sends one JSON line
-  (:data:`HELLO_MAX_BYTES` at most) and the memfd (``SCM_RIGHTS``), and keeps the connection open: a
-  subscriber sees the camera's end (EOF) and unmaps. A subscriber accepts only a camera of its own uid
-  and only a sealed, unlinked memfd of its own uid with the announced size and no group/other
-  permission (:func:`buffer_problem`); every other descriptor is refused in one line
-  (:class:`FrameBufferError`).
+- **The hand-over** is a unix stream socket ``<runtime_dir>/cameraFrame.vipc`` inside the private
+  0700 runtime directory (``msgs/paths.py``). The camera accepts only peers of its own uid
+  (``SO_PEERCRED``), sends one JSON line (:data:`HELLO_MAX_BYTES` at most) and the memfd
+  (``SCM_RIGHTS``), and keeps the connection open: a subscriber sees the camera's end (EOF) and
+  unmaps. A subscriber accepts only a camera of its own uid and only a sealed, unlinked memfd of its
+  own uid with the announced size and no group/other permission (:func:`buffer_problem`); every
+  other descriptor is refused in one line (:class:`FrameBufferError`).
 - **A frame** goes out as a ``cameraFrame`` with empty ``data`` and ``buffer`` set (session, slot
-  index, sequence number, size; ``msgs/chestnut.capnp`` ``FrameBuffer``). The camera publishes it on the
-  bus (for the logger and every other subscriber) and sends the same bytes, one packet per frame, on
-  each mapped subscriber's hand-over connection (:meth:`FrameRing.notify`): a subscriber that reads
-  them (:meth:`FrameReader.notifications`, the node) learns of a frame with one wake-up instead of
-  ZeroMQ's three thread hand-offs (sender, its I/O thread, the receiver's I/O thread, the receiver),
-  and decodes it with the bus's own bounded reader. A subscriber that does not read them loses
-  nothing: once its socket's buffer is full the camera skips it (never blocks), and the bus still
-  carries every frame; a frame that arrives both ways is taken once (:class:`RingFrameOnce`).
+  index, sequence number, size; ``msgs/chestnut.capnp`` ``FrameBuffer``).
 - **Seqlock**: writing frame ``seq`` into a slot sets its word to ``2*seq - 1`` (odd: being written),
   copies the pixels, then sets ``2*seq``. A reader checks the word is ``2*seq`` before it takes the
   view and again after it is done with it (:meth:`FrameSubscriber.verify`); any other value means the
@@ -43,7 +35,6 @@ accept both.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import logging
@@ -60,14 +51,12 @@ from typing import Any
 import numpy as np
 
 from chestnut.msgs.frames import frame_shape, frame_to_array
-from chestnut.msgs.messaging import MalformedMessageError, log_from_bytes
 from chestnut.msgs.paths import runtime_dir
 from chestnut.msgs.services import FRAME_MAX_BYTES
 
 __all__ = [
     "HELLO_MAX_BYTES",
     "INLINE_MAX_BYTES",
-    "NOTIFY_MAX_BYTES",
     "RING_SLOTS",
     "SLOT_HEADER_BYTES",
     "SOCKET_NAME",
@@ -76,7 +65,6 @@ __all__ = [
     "FrameReader",
     "FrameRing",
     "FrameSubscriber",
-    "RingFrameOnce",
     "buffer_problem",
     "inline_event",
     "socket_path",
@@ -90,7 +78,6 @@ newest frame before its slot is reused; one frame late is the node's normal wors
 MAX_RING_SLOTS = 16  # a subscriber refuses a ring announcing more slots than this
 SLOT_HEADER_BYTES = 64  # seqlock word (uint64 at 0), frame bytes (uint64 at 8), the rest reserved; one cache line
 HELLO_MAX_BYTES = 4096  # the camera's JSON line; a subscriber reads no more
-NOTIFY_MAX_BYTES = 4096  # a frame's packet on the hand-over connection; a longer one is refused (truncated)
 SOCKET_NAME = "cameraFrame.vipc"  # the hand-over socket, in the private runtime directory
 INLINE_MAX_BYTES = 256 << 10
 """Frames up to this many bytes of pixels go inline by default (``chestnut camera --transport
@@ -179,7 +166,6 @@ class FrameRing:
         self.allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
         self.seq = 0
         self.refused = 0  # connections refused (another uid)
-        self.notify_skipped = 0  # frame packets a subscriber did not take (its buffer full, or gone)
         self.path = socket_path(prefix)
         self._clients: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -204,7 +190,7 @@ class FrameRing:
             st = os.lstat(self.path)
             if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
                 raise FrameBufferError(f"frame socket {self.path} exists and is not a socket of ours; remove it")
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 probe.connect(self.path)
                 raise FrameBufferError(
@@ -213,16 +199,9 @@ class FrameRing:
                 )
             except (ConnectionRefusedError, FileNotFoundError):
                 os.unlink(self.path)  # its camera died without removing it
-            except OSError as e:
-                if e.errno != errno.EPROTOTYPE:  # FrameBufferError (no errno) above included
-                    raise
-                raise FrameBufferError(  # a stream socket's listener, not a camera of this version
-                    f"frame socket {self.path}: something that is not a camera listens on it ({e.strerror}); "
-                    "stop it or choose another CHESTNUT_PREFIX"
-                ) from None
             finally:
                 probe.close()
-        lst = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)  # born 0600 (the directory is 0700 already)
         try:
             lst.bind(self.path)
@@ -283,23 +262,6 @@ class FrameRing:
         np.frombuffer(self.map, np.uint8, count=n, offset=base + SLOT_HEADER_BYTES)[:] = src.view(np.uint8)
         self._words[index] = 2 * self.seq  # even: holds frame seq
         return index, self.seq
-
-    def notify(self, packet: bytes) -> int:
-        """Send one frame's ``cameraFrame`` bytes (as published on the bus, at most :data:`NOTIFY_MAX_BYTES`)
-        to every connected subscriber as one packet; never blocks. Returns how many took it: a subscriber
-        whose socket buffer is full (it does not read them) or that is gone is skipped (``notify_skipped``).
-        Raises ``ValueError`` for a packet over :data:`NOTIFY_MAX_BYTES`."""
-        if len(packet) > NOTIFY_MAX_BYTES:
-            raise ValueError(f"a frame's packet of {len(packet)} bytes > {NOTIFY_MAX_BYTES}: inline pixels?")
-        sent = 0
-        with self._lock:
-            for conn in self._clients:
-                try:
-                    conn.send(packet, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
-                    sent += 1
-                except OSError:  # EAGAIN: not reading; EPIPE/ECONNRESET: gone (``subscribers`` drops it)
-                    self.notify_skipped += 1
-        return sent
 
     def fill(self, cf: Any, index: int, seq: int, nbytes: int) -> None:
         """Point a ``cameraFrame`` builder at slot ``index`` holding frame ``seq`` (``data`` stays empty)."""
@@ -430,22 +392,14 @@ class FrameSubscriber:
         self.ring: _Mapping | None = None
         self.overwritten = 0
         self.maps = 0
-        self.bad_packets = 0
 
     def _connect(self) -> _Mapping:
         path = socket_path(self.prefix)
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.settimeout(CONNECT_TIMEOUT_S)
             try:
-                try:
-                    conn.connect(path)
-                except OSError as e:
-                    if e.errno != errno.EPROTOTYPE:
-                        raise
-                    raise FrameBufferError(  # a stream socket, not this version's camera
-                        f"frame socket {path} is not a camera's ({e.strerror}): refused"
-                    ) from None
+                conn.connect(path)
                 peer = _peer_uid(conn)
                 if peer != self.uid:
                     raise FrameBufferError(f"frame socket {path} is served by uid {peer}, not uid {self.uid}: refused")
@@ -460,38 +414,11 @@ class FrameSubscriber:
                 ring = _Mapping(conn, hello, fd)
             finally:
                 os.close(fd)  # the mapping keeps the memory (and mmap its own descriptor until unmapped)
-            conn.setblocking(False)  # frame packets are read as they come (notifications), never waited for
         except BaseException:
             conn.close()
             raise
         self.maps += 1
         return ring
-
-    def fileno(self) -> int:
-        """The mapped ring's hand-over connection (readable when a frame packet or the camera's end came), or
-        -1 while no ring is mapped; for ``poll``."""
-        return self.ring.conn.fileno() if self.ring is not None else -1
-
-    def packets(self, limit: int = RING_SLOTS * 4) -> list[bytes]:
-        """The frame packets queued on the mapped ring's connection (at most ``limit``; never blocks). A
-        packet longer than :data:`NOTIFY_MAX_BYTES` is dropped and counted in ``bad_packets``; the camera's
-        end is left for :meth:`camera_gone`."""
-        ring = self.ring
-        out: list[bytes] = []
-        while ring is not None and len(out) < limit:
-            try:
-                data, _anc, flags, _addr = ring.conn.recvmsg(NOTIFY_MAX_BYTES)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                break  # reset: camera_gone() sees it
-            if not data and not flags:
-                break  # EOF: the camera's end (camera_gone); an empty packet is never sent
-            if flags & socket.MSG_TRUNC:
-                self.bad_packets += 1
-                continue
-            out.append(data)
-        return out
 
     def camera_gone(self) -> bool:
         """True (and the ring unmapped) when the camera ended the connection of the mapped ring; never blocks."""
@@ -599,36 +526,6 @@ class FrameReader:
         if self.in_ring(cf):
             self.shm.verify(cf.buffer)
 
-    def fileno(self) -> int:
-        """The mapped ring's hand-over connection, for ``poll`` (readable when a frame packet or the camera's
-        end came); -1 while no ring is mapped. It changes when the next camera's ring is mapped."""
-        return self.shm.fileno()
-
-    def notifications(self) -> list[Any]:
-        """The ``cameraFrame`` events the camera sent on the mapped ring's connection since the last call,
-        oldest first (never blocks): each decoded by the bus's own bounded reader (``msgs/messaging.py``
-        ``log_from_bytes``); a malformed packet or one of another service is dropped and counted in
-        ``bad_packets`` (the first logged). Empty while no ring is mapped: the first ring frame comes on
-        the bus, and reading it maps the ring."""
-        events = []
-        for packet in self.shm.packets():
-            try:
-                event = log_from_bytes(packet)
-                if event.which() != "cameraFrame":
-                    raise MalformedMessageError("wrong service", f"got {event.which()!r} on the frame ring")
-            except MalformedMessageError as e:
-                self.shm.bad_packets += 1
-                if self.shm.bad_packets == 1:
-                    _log.warning("frame ring: dropped a malformed frame packet: %s (further ones are only "
-                                 "counted)", e)
-                continue
-            events.append(event)
-        return events
-
-    @property
-    def bad_packets(self) -> int:
-        return self.shm.bad_packets
-
     def camera_gone(self) -> bool:
         """True (and the ring unmapped) when the camera of the mapped ring has ended its connection: it
         stopped or died (:meth:`FrameSubscriber.camera_gone`); never blocks. The next ring frame maps the
@@ -650,30 +547,6 @@ class FrameReader:
 
     def close(self) -> None:
         self.shm.close()
-
-
-class RingFrameOnce:
-    """Takes each ring frame once although it may come twice: on the bus and as the camera's packet on the
-    hand-over connection (:meth:`FrameRing.notify`). ``first(cf)``: True for an inline frame, and for a
-    ring frame newer (by ``buffer.seq``) than every ring frame of its camera session taken before; a
-    ring frame of an earlier seq came the other way already, or is older than one that did (the
-    consumer would drop it as out of order), and is passed over without a word."""
-
-    def __init__(self) -> None:
-        self.session: int | None = None
-        self.seq = 0
-        self.passed = 0  # ring frames passed over (second copies)
-
-    def first(self, cf: Any) -> bool:
-        if not FrameReader.in_ring(cf):
-            return True
-        buf = cf.buffer
-        session, seq = int(buf.session), int(buf.seq)
-        if session == self.session and seq <= self.seq:
-            self.passed += 1
-            return False
-        self.session, self.seq = session, seq
-        return True
 
 
 def inline_event(event: Any, reader: FrameReader) -> bytes:

@@ -48,7 +48,6 @@ fallback the node exits with :data:`EXIT_NO_FALLBACK`, with an unusable configur
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import logging
@@ -76,7 +75,7 @@ from chestnut.fallback.standby import FallbackModel
 from chestnut.msgs.frames import CAMERA_RESTART_MIN_STEP
 from chestnut.msgs.messaging import PubMaster, SubMaster, drain_sock, new_message, sub_sock
 from chestnut.msgs.paths import runtime_dir
-from chestnut.msgs.visionipc import FrameBufferError, FrameReader, RingFrameOnce
+from chestnut.msgs.visionipc import FrameBufferError, FrameReader
 from chestnut.node import config as node_config
 from chestnut.node.config import NodeConfig
 from chestnut.node.contract import (
@@ -403,8 +402,6 @@ class Node:
         self.out_of_order = 0
         self.order_log = LogEvery()
         self.frame_reader = FrameReader(self.prefix)  # inline frames, or the camera's shared-memory ring
-        self.ring_once = RingFrameOnce()  # a ring frame comes on the bus and on the ring's connection
-        self.ring_fd = -1  # the ring connection the loop's poller watches (_watch_ring)
         self.looker = DockLooker(cfg.dock.kind, self.prefix)  # the node's own enumerations, off this loop
         self.cameras_gone = 0            # times the camera of the mapped ring went away (stopped or died)
         self.ring_session: int | None = None  # the camera session whose ring is mapped, once a ring frame came
@@ -1204,20 +1201,6 @@ class Node:
 
     # ---------------------------------------------------------------- housekeeping
 
-    def _watch_ring(self) -> None:
-        """Keep the loop's poller on the mapped ring's hand-over connection (``FrameReader.fileno``), which a
-        ring mapped or unmapped since the last turn changes; before the poll, so it never watches a closed
-        descriptor."""
-        fd = self.frame_reader.fileno()
-        if fd == self.ring_fd:
-            return
-        if self.ring_fd >= 0:
-            with contextlib.suppress(KeyError, ValueError):
-                self.poller.unregister(self.ring_fd)
-        if fd >= 0:
-            self.poller.register(fd, zmq.POLLIN)
-        self.ring_fd = fd
-
     def _check_camera(self) -> None:
         """A camera whose ring we map that stopped or died (``msgs/visionipc.py`` ``camera_gone``): its ring
         is unmapped at once, so its memory is freed and no frame of it is read again (a late message naming
@@ -1332,14 +1315,10 @@ class Node:
                 timeout_ms = LOOP_PERIOD_MS if nxt is None else max(0, min(LOOP_PERIOD_MS,
                                                                             (nxt - time.monotonic_ns()) // 1_000_000))
                 asked_ns = time.monotonic_ns() + timeout_ms * 1_000_000
-                self._watch_ring()
                 if self.poller.poll(timeout_ms):
-                    # the camera's packets on the ring's connection first (one wake-up sooner than the bus);
-                    # a ring frame that came both ways is taken once (msgs/visionipc.py RingFrameOnce)
-                    for ev in self.frame_reader.notifications() + drain_sock(self.frames):
-                        if self.ring_once.first(ev.cameraFrame):
-                            self.on_frame(ev)
-                            self._housekeeping()
+                    for ev in drain_sock(self.frames):
+                        self.on_frame(ev)
+                        self._housekeeping()
                 else:
                     self.host.loop_woke(asked_ns, time.monotonic_ns())
                 self._housekeeping()

@@ -1,7 +1,6 @@
 """The node (a real ``chestnut run`` child) on openpilot-sized frames from the shared-memory ring: every
 1928x1208 NV12 frame read in place, warped on the CPU (``preprocess = "warp:unit"``) and answered with
-the exact output of the model on that warped input, once although each frame's metadata comes twice (the
-camera's packet on the ring's connection and the bus's ``cameraFrame``)."""
+the exact output of the model on that warped input."""
 
 from __future__ import annotations
 
@@ -31,16 +30,13 @@ def test_every_nv12_ring_frame_is_answered_with_the_model_on_its_warped_input(tm
     prefix = os.environ["CHESTNUT_PREFIX"]
     source = synthetic_frames(ROWS, COLS, "nv12")
     sent: dict[int, np.ndarray] = {}
-    notified: dict[int, int] = {}  # frame id -> subscribers that took its packet on the ring's connection
     ring = FrameRing(ROWS * COLS * 3 // 2)
 
     def frame_fn(fid: int) -> Any:
         planes = next(source)
         sent[fid] = planes
         now = time.monotonic_ns()
-        msg = ring_frame(ring, fid, planes, now, "synthetic", "nv12")
-        notified[fid] = ring.notify(msg.to_bytes())  # as the camera does: the same bytes, before the bus's
-        return msg
+        return ring_frame(ring, fid, planes, now, "synthetic", "nv12")
 
     cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none", standby="warm", preprocess="warp:unit")
     bus = Bus(prefix, frame_fn=frame_fn, record_tensors=True)
@@ -60,9 +56,7 @@ def test_every_nv12_ring_frame_is_answered_with_the_model_on_its_warped_input(tm
         node.kill()
         ring.close()
         shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
-    # each frame came twice, as its packet on the ring's connection and on the bus: answered exactly once
     assert unanswered_frames(rec) == ([], []), log
-    assert sum(n == 1 for n in notified.values()) >= 20, notified  # the node read the ring's packets
     # a node that fell more than the ring's depth behind (a loaded machine) answers those frames invalid,
     # naming the overwritten slot; every other frame is the fallback's valid answer
     late = [o for o in rec.outputs if (o.source, o.valid) != ("fallback", True)]

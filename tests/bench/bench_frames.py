@@ -9,11 +9,9 @@ then the interleaved UV plane) -- three transports run one after the other, each
 20 Hz (openpilot's model rate):
 
 - **shm**: ``msgs/visionipc.py``: the camera copies the pixels into its ring (``FrameRing.write``,
-  seqlock), sends the metadata-only ``cameraFrame`` as a packet on each subscriber's ring connection
-  (``FrameRing.notify``) and publishes the same bytes on the bus; the subscriber, as the node does,
-  takes whichever comes first (``FrameReader.notifications`` or ``recv_one_or_none``: bounded, validated;
-  ``RingFrameOnce``) and a read-only view of the slot after the seqlock check (``FrameReader.view``). The
-  second seqlock check (``verify``) follows the stamp.
+  seqlock) and publishes a metadata-only ``cameraFrame``; the subscriber decodes it
+  (``recv_one_or_none``: bounded, validated) and takes a read-only view of the slot after the seqlock
+  check (``FrameReader.view``). The second seqlock check (``verify``) follows the stamp.
 - **inline**: today's path: ``fill_frame``-style message with the pixels in ``data`` -> ``PubMaster.send``
   -> ``recv_one_or_none`` -> ``frame_to_array`` (the node's read).
 - **raw**: the floor of any shared-memory transport: one memcpy of the same bytes into shared memory
@@ -47,7 +45,7 @@ import zmq
 
 from chestnut.msgs.frames import frame_to_array
 from chestnut.msgs.messaging import PubMaster, new_message, recv_one_or_none, sub_sock
-from chestnut.msgs.visionipc import FrameReader, FrameRing, RingFrameOnce
+from chestnut.msgs.visionipc import FrameReader, FrameRing
 
 RATE_HZ = 20.0  # openpilot's model rate (common/realtime.py DT_MDL = 0.05 s)
 SIZES = (  # label, rows, columns, bytes per sample, encoding
@@ -113,24 +111,11 @@ def _child(cmds: Any, ready: Any, raw_map: mmap.mmap, wake_r: int, prefix: str) 
             poller = zmq.Poller()
             poller.register(sock, zmq.POLLIN)
             reader = FrameReader(prefix)
-            once = RingFrameOnce()
-            ring_fd = -1
             while len(lat) < n:
-                if reader.fileno() != ring_fd:  # the node's loop: the ring's connection too, once mapped
-                    if ring_fd >= 0:
-                        poller.unregister(ring_fd)
-                    ring_fd = reader.fileno()
-                    if ring_fd >= 0:
-                        poller.register(ring_fd, zmq.POLLIN)
                 if not poller.poll(5000):
                     break
-                events = reader.notifications()
                 while (ev := recv_one_or_none(sock)) is not None:
-                    events.append(ev)
-                for ev in events:
                     cf = ev.cameraFrame
-                    if not once.first(cf):
-                        continue
                     img = reader.view(cf) if path == "shm" else frame_to_array(cf)
                     now = time.monotonic_ns()
                     try:
@@ -146,8 +131,6 @@ def _child(cmds: Any, ready: Any, raw_map: mmap.mmap, wake_r: int, prefix: str) 
                     lat.append((now - ev.logMonoTime) / 1e6)
                     assert img.reshape(-1)[0] == fid & 0xFF
                     del img
-            if ring_fd >= 0:
-                poller.unregister(ring_fd)
             reader.close()
             sock.close(linger=0)
         cmds.send((lat, _cpu_s() - cpu0, overwritten))
@@ -186,15 +169,13 @@ def run_case(
             os.write(wake_w, WAKE.pack(stamp, fid))
             return
         assert pm is not None
-        if ring is not None:  # as launch/camerad.py: the same bytes to the ring's subscribers, then the bus
+        if ring is not None:
             index, seq = ring.write(src)
             msg = _frame_msg(fid, rows, cols, encoding, stamp, None)
             ring.fill(msg.cameraFrame, index, seq, nbytes)
-            data = msg.to_bytes()
-            ring.notify(data)
-            pm.send("cameraFrame", data)
-            return
-        pm.send("cameraFrame", _frame_msg(fid, rows, cols, encoding, stamp, src.tobytes()))
+        else:
+            msg = _frame_msg(fid, rows, cols, encoding, stamp, src.tobytes())
+        pm.send("cameraFrame", msg)
 
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
