@@ -45,11 +45,17 @@ def _environ(pid: int) -> bytes:
         return b""
 
 
-def _state(pid: int) -> str:
+def _stat_fields(pid: int) -> list[str]:
+    """``/proc/<pid>/stat`` after the command name (state first, flags at index 6; proc(5)); [] when gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return "X"
+        return []
+
+
+def _state(pid: int) -> str:
+    fields = _stat_fields(pid)
+    return fields[0] if fields else "X"
 
 
 def _cmdline(pid: int) -> str:
@@ -86,10 +92,10 @@ EXEC_SETTLE_S = 1.0
 
 def _no_address_space(pid: int) -> bool:
     """A zombie, a process gone, or a kernel thread: nothing of its environment will ever show."""
+    fields = _stat_fields(pid)
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return fields[0] in ("Z", "X") or bool(int(fields[6]) & PF_KTHREAD)
-    except (OSError, IndexError, ValueError):
+    except (IndexError, ValueError):
         return True
 
 

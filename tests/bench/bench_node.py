@@ -11,7 +11,9 @@ Three parts (``--only``):
   decode, preprocessing, the worker round trip (primary rows), the output checks, the publish.
   Rows: the fallback alone (``dock.kind = "none"``, warm standby); the primary in a host-CPU worker
   (``dock.kind = "cpu"``) in warm standby (the fallback idle) and in hot standby (the fallback also
-  runs every frame, before the node waits on the primary). The aim (issue 5): p99 <= 2 ms.
+  runs every frame, before the node waits on the primary). The aim (issue 5): p99 <= 2 ms. Each row runs
+  again under cProfile (``--profile-frames``) for the node's work by part; the last line is
+  ``node's own cost p50: fallback A ms, warm B ms, hot C ms`` (latency - exec - floor - preprocess).
 - ``faults``: time from a fault to the first frame answered by the fallback, per cause, against the
   twin (``chestnut twin serve``): measured from the injection and from the publish of the first
   frame sent after it (the injection falls anywhere in the 50 ms between frames), plus injection ->
