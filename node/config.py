@@ -27,7 +27,7 @@ from chestnut.backend.errors import ConfigError
 from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
 from chestnut.backend.protocol import WAIT_TIMEOUT_MS
 from chestnut.backend.real_runner import WARM_LOAD_BOUND_S, cached_on_dock
-from chestnut.node.deadline import DEADLINE_FLOOR_MS
+from chestnut.node.deadline import DEADLINE_ANSWER_MS, DEADLINE_FLOOR_MS, DEADLINE_PERIOD_MS
 from chestnut.node.policy import HOST_CPU_PRESSURE_PCT, HOST_LATE_MS, HOST_WINDOW_MS
 from chestnut.node.preprocess import PREPROCESSORS, WARP_PREFIX, primary_warp
 from chestnut.node.realtime import DEFAULT_PRIORITY, POLICIES
@@ -97,6 +97,9 @@ class TimingConfig:
     # docs/health.md "Adaptive deadline"); adaptive_deadline = false: deadline_ms for every frame
     deadline_floor_ms: float = DEADLINE_FLOOR_MS
     adaptive_deadline: bool = True
+    # the camera's frame period: the adaptive deadline aims to have the fallback's answer inside it
+    # (node/deadline.py DEADLINE_PERIOD_MS, openpilot DT_MDL)
+    frame_period_ms: float = DEADLINE_PERIOD_MS
     # a frame read this long after its timestampEof is answered at once, without a model: valid=False, "stale
     # frame" (docs/health.md). Our choice: 20 frames at 20 Hz, the health layers' stale_after_ms
     # (node/health.py DEFAULT_DEBOUNCE); well over deadline_ms, so a frame only queued behind one late
@@ -289,6 +292,9 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     if not 0 < t.deadline_floor_ms <= t.deadline_ms:
         raise ConfigError("config", f"timing.deadline_floor_ms = {t.deadline_floor_ms}; want 0 < it <= "
                                     f"timing.deadline_ms ({t.deadline_ms})")
+    if not DEADLINE_ANSWER_MS < t.frame_period_ms < math.inf:
+        raise ConfigError("config", f"timing.frame_period_ms = {t.frame_period_ms}; want a finite period over the "
+                                    f"{DEADLINE_ANSWER_MS:g} ms the fallback's answer needs")
     if not t.max_frame_age_ms >= t.deadline_ms:
         raise ConfigError("config", f"timing.max_frame_age_ms = {t.max_frame_age_ms}; want at least timing.deadline_ms "
                                     f"({t.deadline_ms}): a frame younger than its deadline is never stale")

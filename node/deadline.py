@@ -6,11 +6,20 @@ every frame in ~25 ms turns a hung frame into three frame periods of silence. Th
 the primary's measured latency instead (docs/health.md "Adaptive deadline"):
 
     need     = max(q * margin, q + host_late_ms)
+    need     = target           if need > target and q * period_margin <= target   (the frame period)
     deadline = min(ceiling, max(floor, need))
 
 where ``q`` is the ``quantile`` (nearest rank) of the last ``window`` primary latencies (ms from the frame's
 ``timestampEof`` to the primary's result reaching the node: what the deadline itself measures, queueing
 included; late results count too). Until ``min_frames`` latencies are known the deadline is the ceiling.
+
+The frame period: ``target`` = ``period_ms`` - ``answer_ms`` (50 - 5 = 45 ms) is the latest deadline at which
+the fallback's answer still comes within one frame period of the frame. When the margin and host terms ask
+for more but the primary's ``q`` fits under the target with ``period_margin`` (x 1.15) to spare, the target
+is the deadline: a frame the primary has not answered by then is answered by the fallback inside the frame
+period, while the primary keeps its 2nd slowest of 100 frames plus 15 % (a frame slower than that is one
+miss answered by the fallback, never a failover on its own). A primary that cannot fit the frame period with
+that headroom keeps the full margin (it cannot answer in one period anyway, and its stage budget says so).
 
 The host: ``host_late_ms`` (``timing.host_late_ms``, 20 ms) is the lateness from which
 :func:`chestnut.node.policy.host_late` takes a miss as the host's (not counted against the dock). The
@@ -18,6 +27,9 @@ allowance covers the host's jitter below it, so a frame the dock answers within 
 because the host was a little late; a host later than that makes the miss its own. While the host is late
 the deadline does not fall below the one in force: a late host's frames are never judged against a deadline
 it shrank.
+Under the frame-period target the headroom ``target - q`` can be less than the allowance; a miss
+whose dock stages fit the deadline is then still the host's (``host_late``: the time was lost outside the
+dock), so the host's jitter counts against the dock only where a runner reports no stage times.
 
 Nothing here reads a clock: the node passes the window and the host's figures and keeps the result.
 """
@@ -47,6 +59,16 @@ DEADLINE_QUANTILE = 0.99
 in 5 s does not set it, two do (``node/health.py`` ``RISK_RANK`` = 2, the same idea over 20 frames)."""
 DEADLINE_MARGIN = 1.5
 """Multiplier on that latency: a slow primary (p99 60 ms) gets 90 ms, not 80 ms."""
+DEADLINE_PERIOD_MS = 50.0
+"""The frame period the deadline aims inside: openpilot's model rate, ``DT_MDL`` = 0.05 s in
+``common/realtime.py`` (``node/health.py`` ``FRAME_PERIOD_S``)."""
+DEADLINE_ANSWER_MS = 5.0
+"""Time the fallback's answer needs after the deadline, ms: measured on this 2-core host, the first fallback
+frame of a deadline-decided fault comes 1-2 ms after the deadline in force (``tests/bench/bench_node.py --only
+faults``); 5 ms leaves room for a busy host."""
+DEADLINE_PERIOD_MARGIN = 1.15
+"""The headroom the primary keeps under the frame-period target: its 2nd slowest of 100 frames plus 15 %.
+Our choice: under two CPU hogs the primary's p99 on the twin moves by ~10 % within a 5 s window."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +84,14 @@ class DeadlineRule:
     margin: float = DEADLINE_MARGIN
     host_late_ms: float = HOST_LATE_MS
     adaptive: bool = True
+    period_ms: float = DEADLINE_PERIOD_MS
+    answer_ms: float = DEADLINE_ANSWER_MS
+    period_margin: float = DEADLINE_PERIOD_MARGIN
+
+    @property
+    def target_ms(self) -> float:
+        """The latest deadline whose fallback answer still lands inside the frame period, ms."""
+        return self.period_ms - self.answer_ms
 
     def __post_init__(self) -> None:
         if not 0 < self.floor_ms <= self.ceiling_ms < math.inf:
@@ -73,13 +103,16 @@ class DeadlineRule:
         if not 0 < self.quantile <= 1 or not self.margin >= 1 or not self.host_late_ms >= 0:
             raise ValueError(f"deadline quantile {self.quantile}, margin {self.margin}, host_late_ms "
                              f"{self.host_late_ms}: want 0 < quantile <= 1, margin >= 1, host_late_ms >= 0")
+        if not 0 <= self.answer_ms < self.period_ms < math.inf or not self.period_margin >= 1:
+            raise ValueError(f"deadline period {self.period_ms} ms, answer {self.answer_ms} ms, period margin "
+                             f"{self.period_margin}: want 0 <= answer < period, period margin >= 1")
 
 
 @dataclass(frozen=True)
 class Deadline:
     """The deadline in force (ms) and why: ``basis`` names the term that set it (``ceiling``, ``floor``,
-    ``margin``, ``host``, ``held``, ``warming``, ``fixed``); ``quantile_ms`` the latency it covers (NaN while
-    warming or fixed)."""
+    ``margin``, ``host``, ``period``, ``held``, ``warming``, ``fixed``); ``quantile_ms`` the latency it covers
+    (NaN while warming or fixed)."""
 
     ms: float
     basis: str
@@ -89,7 +122,8 @@ class Deadline:
         """One line, e.g. ``deadline 36.0 ms (p99 16.0 ms + host allowance 20 ms)``."""
         q = f"p99 {self.quantile_ms:.1f} ms" if not math.isnan(self.quantile_ms) else ""
         why = {"ceiling": f"ceiling; {q}", "floor": f"floor; {q}", "margin": f"{q} x margin",
-               "host": f"{q} + host allowance", "held": "held while the host is late",
+               "host": f"{q} + host allowance", "period": f"frame period less the fallback's answer; {q}",
+               "held": "held while the host is late",
                "warming": "ceiling until enough primary frames", "fixed": "fixed"}.get(self.basis, self.basis)
         return f"deadline {self.ms:.1f} ms ({why})"
 
@@ -119,6 +153,9 @@ def adaptive_deadline(latencies_ms: Sequence[float], rule: DeadlineRule, *, prev
     by_margin = q * rule.margin
     by_host = q + rule.host_late_ms
     need, basis = (by_margin, "margin") if by_margin >= by_host else (by_host, "host")
+    target = rule.target_ms
+    if need > target and q * rule.period_margin <= target:
+        need, basis = target, "period"
     if need <= rule.floor_ms:
         need, basis = rule.floor_ms, "floor"
     if need >= rule.ceiling_ms:

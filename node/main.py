@@ -374,7 +374,8 @@ class Node:
         self.result_at_ns = 0            # receipt of the worker's last result (CLOCK_MONOTONIC ns)
         # the primary's adaptive deadline (node/deadline.py): its recent latencies (ms) and the deadline in force
         self.deadline_rule = DeadlineRule(ceiling_ms=t.deadline_ms, floor_ms=min(t.deadline_floor_ms, t.deadline_ms),
-                                          host_late_ms=t.host_late_ms, adaptive=t.adaptive_deadline)
+                                          host_late_ms=t.host_late_ms, adaptive=t.adaptive_deadline,
+                                          period_ms=t.frame_period_ms)
         self.latencies: deque[float] = deque(maxlen=self.deadline_rule.window)
         self.deadline: Deadline = adaptive_deadline((), self.deadline_rule)
         self.deadline_log = LogEvery(DEADLINE_LOG_PERIOD_S)

@@ -4,9 +4,12 @@ deadline in force when it was requested, and check's deadline_or_fallback by the
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
+from chestnut.backend.errors import ConfigError
+from chestnut.node.config import NodeConfig, validate
 from chestnut.node.deadline import (
     DEADLINE_CEILING_MS,
     DEADLINE_FLOOR_MS,
@@ -120,8 +123,36 @@ def test_host_late_frames_raise_it_like_any_latency() -> None:
 def test_never_below_what_the_host_may_be_late_by() -> None:
     # the allowance is the lateness from which a miss is the host's (timing.host_late_ms): below it the host's
     # jitter is absorbed, above it host_late takes the miss as the host's
+    d = adaptive_deadline([20.0] * 100, DeadlineRule(host_late_ms=22.0))
+    assert (d.ms, d.basis) == (42.0, "host")
+    # past the frame-period target the target holds (a miss whose dock stages fit is the host's: host_late)
     d = adaptive_deadline([20.0] * 100, DeadlineRule(host_late_ms=35.0))
+    assert (d.ms, d.basis) == (45.0, "period")
+    d = adaptive_deadline([20.0] * 100, DeadlineRule(host_late_ms=35.0, period_ms=100.0))
     assert (d.ms, d.basis) == (55.0, "host")
+
+
+def test_frame_period_target_for_a_primary_that_fits_it() -> None:
+    assert RULE.target_ms == 45.0  # 50 ms frame less 5 ms for the fallback's answer
+    for q in (26.0, 30.0, 35.0, 39.0):  # the terms ask 46 .. 59 ms; q x 1.15 <= 45
+        d = adaptive_deadline([q] * 100, RULE)
+        assert (d.ms, d.basis, d.quantile_ms) == (45.0, "period", q)
+    d = adaptive_deadline([39.2] * 100, RULE)  # 39.2 x 1.15 = 45.08: no room under the target, full margin
+    assert (d.ms, d.basis) == (pytest.approx(59.2), "host")  # max(39.2 x 1.5, 39.2 + 20)
+    assert adaptive_deadline([25.0] * 100, RULE).basis == "host"  # 25 + 20 = 45: the terms fit the target
+
+
+def test_frame_period_target_as_the_latency_rises_and_falls() -> None:
+    out = run([24.0] * 100 + [32.0] * 100 + [60.0] * 100 + [24.0] * 100)
+    assert out[99] == 44.0       # 24 + 20
+    assert out[101] == 45.0      # two 32 ms frames: 52 asked, held to the target
+    assert out[201] == 90.0      # two 60 ms frames: 60 x 1.15 > 45, the full margin
+    assert out[399] == 44.0
+
+
+def test_a_ceiling_below_the_target_still_wins() -> None:
+    d = adaptive_deadline([30.0] * 100, DeadlineRule(ceiling_ms=40.0))
+    assert (d.ms, d.basis) == (40.0, "ceiling")
 
 
 def test_fixed_when_not_adaptive() -> None:
@@ -135,6 +166,8 @@ def test_fixed_when_not_adaptive() -> None:
     ({"min_frames": 200}, "min_frames"),
     ({"quantile": 0.0}, "quantile"),
     ({"margin": 0.5}, "margin"),
+    ({"answer_ms": 50.0}, "answer"),
+    ({"period_margin": 0.9}, "period margin"),
 ])
 def test_rule_refuses_values_that_cannot_make_a_deadline(kwargs: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -143,6 +176,8 @@ def test_rule_refuses_values_that_cannot_make_a_deadline(kwargs: dict[str, float
 
 def test_describe_names_the_term() -> None:
     assert adaptive_deadline([24.0] * 100, RULE).describe() == "deadline 44.0 ms (p99 24.0 ms + host allowance)"
+    assert (adaptive_deadline([30.0] * 100, RULE).describe()
+            == "deadline 45.0 ms (frame period less the fallback's answer; p99 30.0 ms)")
 
 
 # ---------------------------------------------------------------- the watchdog judges each frame by its own deadline
@@ -312,3 +347,15 @@ def test_a_dock_slower_than_its_deadline_on_its_own_time_still_fails_over() -> N
         acts += wd.check((t - 1) * NS_PER_MS)
         acts += wd.response(i, t * NS_PER_MS).actions
     assert [a.kind for a in acts].count(ActionKind.FAIL_OVER) == 1
+
+
+@pytest.mark.parametrize("period", [5.0, 0.0, -50.0, math.inf, math.nan])
+def test_config_refuses_a_frame_period_no_answer_fits(period: float) -> None:
+    cfg = NodeConfig()
+    assert cfg.timing.frame_period_ms == 50.0
+    cfg.timing.frame_period_ms = period
+    with pytest.raises(ConfigError, match=re.escape(f"timing.frame_period_ms = {period}; want a finite period over "
+                                                    "the 5 ms the fallback's answer needs")):
+        validate(cfg)
+    cfg.timing.frame_period_ms = 100.0
+    assert validate(cfg).timing.frame_period_ms == 100.0
