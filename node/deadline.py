@@ -68,7 +68,8 @@ frame of a deadline-decided fault comes 1-2 ms after the deadline in force (``te
 faults``); 5 ms leaves room for a busy host."""
 DEADLINE_PERIOD_MARGIN = 1.15
 """The headroom the primary keeps under the frame-period target: its 2nd slowest of 100 frames plus 15 %.
-Our choice: under two CPU hogs the primary's p99 on the twin moves by ~10 % within a 5 s window."""
+Our choice, not a measured figure: a stretch slower by more than 15 % than the worst but one of the last 5 s
+is a deadline miss the fallback answers, and only a run or a rate of them fails over (docs/health.md)."""
 
 
 @dataclass(frozen=True)
