@@ -433,9 +433,15 @@ class Node:
     def open(self) -> None:
         self.pm = PubMaster(["modelOutput", "chestnutActive", "chestnutHealth", "nodeState", "initData"],
                             prefix=self.prefix)
+        self.sm = SubMaster(["controlState"], prefix=self.prefix)
+
+    def subscribe_frames(self) -> None:
+        """Subscribe to the frame service, once the node can answer (the fallback is warm). A subscription
+        made earlier would queue the frames sent while the models load and answer them all as stale frames
+        once the loop starts: an output-layer WARN on every start on a slow host, for frames the node was
+        never ready to serve (a process manager starts consumers on ``READY=1``, not before)."""
         self.poller = zmq.Poller()  # the frames and their connection monitor: a lost connection wakes the loop
         self.frames = sub_sock(self.cfg.timing.frame_service, self.poller, prefix=self.prefix)
-        self.sm = SubMaster(["controlState"], prefix=self.prefix)
 
     def declare_contract(self) -> int | None:
         """The node's output contract from the primary model file and the configuration
@@ -1308,6 +1314,7 @@ class Node:
             except _StopDuringStart:
                 log.info("stopped while warming the fallback")
                 return EXIT_OK
+            self.subscribe_frames()
             self.answering = True
             self.notify.notify("READY=1")
             log.info("ready: answering %s from the fallback while the primary qualifies", self.cfg.timing.frame_service)
@@ -1367,7 +1374,8 @@ class Node:
         self.next_health_ns = min(self.next_health_ns, time.monotonic_ns())  # a final health, whenever it is due
         self._publish_stopping()
         self.pm.close()
-        self.frames.close(linger=0)
+        if hasattr(self, "frames"):  # subscribed once the fallback was warm
+            self.frames.close(linger=0)
         self.sm.close()
         self.notify.close()
 
