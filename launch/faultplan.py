@@ -89,9 +89,17 @@ class FaultRunner:
     def __init__(self, prefix: str, plans: list[FaultPlan], clock: StackClock) -> None:
         self.prefix = prefix
         self.pending = sorted(plans, key=lambda f: f.start_s)
+        # when the whole plan is carried out, s after the plans' zero: the last START or START + DURATION
+        self.plan_end_s = max((f.start_s + (f.duration_s or 0.0) for f in plans), default=0.0)
         self.injected: list[tuple[FaultPlan, int | None]] = []
         self.schedule: list[tuple[int, str, str, str]] = []
         self.clock = clock
+
+    @property
+    def carried_out(self) -> bool:
+        """Every planned fault injected, and cleared where it has a DURATION (or refused by the twin)."""
+        return not self.pending and not any(f.duration_s is not None for f, _ in self.injected)
+
 
     def log_plan(self, t0_s: float) -> None:
         """One log line per planned fault, at its times on the run's clock (``t0_s``: the plans' zero on it)."""

@@ -86,6 +86,10 @@ from chestnut.msgs.outdir import OutputDirError, write_private
 log = logging.getLogger("chestnut.launch")
 
 NS = 1_000_000_000
+FAULT_SETTLE_S = 5.0
+"""Our choice: how long a run goes on after its last planned fault is cleared when ``--seconds`` would have
+ended it sooner (``--fault-from active`` on a slow start moves the plan later), so the log holds the node's
+answer to the clear -- a fresh worker's qualification takes a few seconds on the twin."""
 
 
 MAX_RATE_HZ = 100.0
@@ -124,7 +128,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=60.0,
         help="run this long after the first output (0 = until Ctrl-C, which then ends the run normally: exit 0 "
         "when it and its contracts are clean, 1 when not; a Ctrl-C or SIGTERM that cuts a timed run short exits "
-        "130 or 143)",
+        "130 or 143); a timed run goes on until its --fault plan is carried out (injected and cleared, then "
+        f"{FAULT_SETTLE_S:g} s more), and exits 1 when a planned fault never could be (no ChestnutActive)",
     )
     p.add_argument("--rate", type=float, default=20.0, help=f"camera rate, Hz (default 20, at most {MAX_RATE_HZ:g})")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run directories go (default ./runs)")
@@ -231,6 +236,7 @@ class Launch:
     died: bool = False  # supervisord ended by itself (killed): the run failed whatever the log says
     failed_start: bool = False  # the stack never came up: the run failed whatever the log says
     t_stop_ns: int = 0  # CLOCK_MONOTONIC ns when the stop began
+    faults_missed: bool = False  # a planned fault was never injected (the primary never served): the run failed
 
 
 def run(args: argparse.Namespace) -> int:
@@ -418,6 +424,19 @@ def start_foxglove(launch: Launch) -> None:
         log.error("the Foxglove server did not start; see %s", launch.run_dir / "foxglove.log")
 
 
+def run_over(now: float, end: float, fault_t0: float | None, plan_end_s: float, carried_out: bool) -> bool:
+    """Whether a timed run past its ``--seconds`` (``end``, CLOCK_MONOTONIC s, at or before ``now``) is over.
+    It is not cut short of its fault plan: once the plan's zero ``fault_t0`` has come (the first output, or
+    the first ChestnutActive with ``--fault-from active``), the run goes on until the plan is ``carried_out``
+    (every fault injected, and cleared where it has a DURATION) and :data:`FAULT_SETTLE_S` past the plan's end
+    (``plan_end_s`` after its zero); a plan that ends by ``end`` ends the run on time. Without a zero (no
+    ChestnutActive yet) the run ends on time and its planned faults are reported as never injected."""
+    if fault_t0 is None:
+        return True
+    plan_end = fault_t0 + plan_end_s
+    return carried_out and (plan_end <= end or now >= plan_end + FAULT_SETTLE_S)
+
+
 def drive(launch: Launch) -> None:
     """The run itself: for ``--seconds`` after the first output (0: until Ctrl-C), or until supervisord ends,
     update the live view, carry out the fault plans and sample the processes."""
@@ -433,7 +452,17 @@ def drive(launch: Launch) -> None:
     next_sample = 0.0
     with Live(view.render(), refresh_per_second=4, transient=False) if not args.no_live else _Null() as live:
         next_draw = 0.0
-        while not flag.stop and (args.seconds <= 0 or time.monotonic() - t0 < args.seconds) and proc.poll() is None:
+        extended = False
+        while not flag.stop and proc.poll() is None:
+            now = time.monotonic()
+            if args.seconds > 0 and now - t0 >= args.seconds:
+                if run_over(now, t0 + args.seconds, fault_t0, launch.faults.plan_end_s, launch.faults.carried_out):
+                    break
+                if not extended:
+                    extended = True
+                    log.info("the run goes on past --seconds %g until its planned faults are carried out "
+                             "(the last at %.1f s) and %g s more", args.seconds,
+                             launch.clock.seconds(int((fault_t0 + launch.faults.plan_end_s) * NS)), FAULT_SETTLE_S)
             view.update(50)
             if fault_t0 is None and view.first_active_ns is not None:  # --fault-from active: the primary serves
                 fault_t0 = view.first_active_ns / NS
@@ -448,6 +477,7 @@ def drive(launch: Launch) -> None:
                 next_draw = time.monotonic() + 0.25
     end_live_line(live)
     if launch.faults.pending:
+        launch.faults_missed = not flag.stop  # asked for and never done: the run did not test what it was to
         log.error("%d planned fault(s) not injected: %s", len(launch.faults.pending),
                   "the run ended first" if fault_t0 is not None else "the primary never served (no ChestnutActive)")
     if (code := proc.poll()) is not None and not flag.stop:
@@ -488,7 +518,7 @@ def verdict(launch: Launch, summary: dict[str, Any]) -> int:
     # which frames were owed an output is the contract check's call (one_output_per_frame): a node restarted
     # under supervision owes nothing for the frames sent while none ran, which missing_outputs still lists
     ok = summary["outputs"] > 0 and bool(summary["contracts"]) and not any(summary["contracts"].values())
-    ok = ok and not launch.died and not launch.failed_start and not json_lost
+    ok = ok and not launch.died and not launch.failed_start and not json_lost and not launch.faults_missed
     return exit_code(ok, args.seconds, launch.flag.signum)
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from chestnut.backend.sim.faults import FaultSpec
-from chestnut.launch.faultplan import FaultPlan
-from chestnut.launch.stack import MAX_RATE_HZ, argument_problem
+from chestnut.launch.faultplan import FaultPlan, FaultRunner
+from chestnut.launch.stack import FAULT_SETTLE_S, MAX_RATE_HZ, argument_problem, run_over
 
 CHESTNUT = str(Path(sys.executable).with_name("chestnut"))
 
@@ -89,3 +89,29 @@ def test_a_fault_time_that_is_not_a_finite_number_is_refused(text):
     """``float("nan")`` passed every comparison: `gpu_hang@nan` ran the stack with no fault at all."""
     with pytest.raises(argparse.ArgumentTypeError, match="START must be a number >= 0 and DURATION a number > 0"):
         FaultPlan.parse(text)
+
+
+def test_a_timed_run_is_not_cut_short_of_its_fault_plan():
+    """``--seconds 16 --fault fence_stall@2+3 --fault-from active`` on a host where the primary serves only
+    15.7 s after the first output: the run goes on until the stall is cleared at 20.7 s and 5 s more."""
+    assert FAULT_SETTLE_S == 5.0
+    runner = FaultRunner("p", [FaultPlan.parse("fence_stall@2+3"), FaultPlan.parse("gpu_hang@1")], clock=None)  # type: ignore[arg-type]
+    assert (runner.plan_end_s, runner.carried_out) == (5.0, False)
+    t0, end = 100.0, 116.0
+    assert run_over(116.0, end, None, 5.0, False)  # no ChestnutActive yet: on time (the faults are reported)
+    assert not run_over(116.0, end, t0 + 15.7, 5.0, False)  # not yet carried out
+    assert not run_over(120.8, end, t0 + 15.7, 5.0, True)  # cleared at 120.7: 5 s more
+    assert not run_over(125.6, end, t0 + 15.7, 5.0, True)
+    assert run_over(125.7, end, t0 + 15.7, 5.0, True)
+    assert run_over(116.0, end, t0 + 1.0, 5.0, True)  # the plan fitted the run (over at 106): ends on time
+    assert not run_over(116.0, end, t0 + 1.0, 5.0, False)  # ... unless it is not carried out yet (a slow clear)
+    assert run_over(116.0, end, t0, 0.0, True)  # no plan
+
+
+def test_the_fault_runner_is_carried_out_once_every_fault_is_injected_and_cleared():
+    runner = FaultRunner("p", [FaultPlan.parse("fence_stall@2+3"), FaultPlan.parse("gpu_hang@1")], clock=None)  # type: ignore[arg-type]
+    runner.pending = []
+    runner.injected = [(FaultPlan.parse("gpu_hang@1"), 1)]  # no DURATION: never cleared, done once injected
+    assert runner.carried_out
+    runner.injected.append((FaultPlan.parse("fence_stall@2+3"), 2))
+    assert not runner.carried_out

@@ -243,7 +243,7 @@ def test_launched_stack_log_with_a_fault_replays_and_checks_clean(tmp_path):
     checked = check_log(logs)
     assert checked.counts() == dict.fromkeys(CONTRACTS, 0), checked.violations
     assert {o.source for o in checked.timeline.outputs} == {"primary", "fallback"}
-    assert any(s.state == "degraded" for s in checked.timeline.node_states)  # failed over, then came back
+    assert any(s.state == "degraded" for s in checked.timeline.node_states), out  # failed over, then came back
     r = replay(logs, model=model, jit_cache=False)
     assert r.ok, (r.mismatches[:5], r.model_mismatches, r.damage)
     assert set(r.replayed()) == {"primary", "fallback"}
