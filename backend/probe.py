@@ -138,8 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix", help="twin runtime prefix (default: $CHESTNUT_PREFIX)")
     parser.add_argument("--model", type=Path, help="ONNX model: also run 'model loaded' and 'warm-up'")
     parser.add_argument("--name", help="model display name (default: the file stem)")
-    parser.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
-                        help="fix an input's shape (repeatable)")
+    parser.add_argument("--shape", type=shape_arg, action="append", default=[], metavar="NAME=D0,D1,...",
+                        help="with --model: fix that model's input NAME to these positive dimensions (repeatable)")
     parser.add_argument("--fingerprint", type=Path, help="recorded fingerprint JSON of the model (default: record "
                                                          "one now on the host CPU)")
     parser.add_argument("--record-fingerprint", type=Path, metavar="OUT",
@@ -150,15 +150,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
-def _shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
-    out = {}
-    for item in items:
-        name, _, dims = item.partition("=")
-        try:
-            out[name] = tuple(int(d) for d in dims.split(","))
-        except ValueError:
-            raise SystemExit(f"chestnut probe: bad --shape {item!r}; use NAME=D0,D1,...") from None
-    return out
+def shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    """``--shape NAME=D0,D1,...``: a model input's name and its dimensions (each a positive integer, in
+    elements); raises ``argparse.ArgumentTypeError`` (one line) otherwise."""
+    name, _, dims = text.partition("=")
+    parts = [d.strip() for d in dims.split(",")]
+    if not name.strip() or not all(d.isdigit() and int(d) > 0 for d in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: want NAME=D0,D1,... (an input's name, positive dimensions)")
+    return name.strip(), tuple(int(d) for d in parts)
+
+
+def _shapes(items: list[tuple[str, tuple[int, ...]]]) -> dict[str, tuple[int, ...]]:
+    return dict(items)
+
+
+def fingerprint_target_problem(path: Path) -> str | None:
+    """Why ``--record-fingerprint`` cannot write to ``path`` (checked before the model is loaded or
+    compiled), or None: its folder must exist and ``path`` must not be a folder or another non-regular file."""
+    if not path.parent.is_dir():
+        return f"--record-fingerprint {path}: folder {path.parent} does not exist; create it or give another path"
+    if path.exists() and not path.is_file():
+        return f"--record-fingerprint {path} exists and is not a regular file; give another path"
+    return None
 
 
 PROGRESS_AFTER_S = 2.0  # a step still running after this long is said to be running ...
@@ -280,6 +293,10 @@ def run(args: argparse.Namespace) -> int:
         return 0 if res.copied or res.already else 1
 
     spec = None
+    if args.shape and args.model is None:
+        print("chestnut probe: --shape fixes the input shapes of --model; give --model too (or leave --shape out)",
+              file=sys.stderr)
+        return 2
     if args.model is not None:
         if not args.model.is_file():
             print(f"chestnut probe: model {args.model} does not exist", file=sys.stderr)
@@ -290,10 +307,21 @@ def run(args: argparse.Namespace) -> int:
         if spec is None:
             print("chestnut probe: --record-fingerprint needs --model", file=sys.stderr)
             return 2
+        if (problem := fingerprint_target_problem(args.record_fingerprint)) is not None:
+            print(f"chestnut probe: {problem}", file=sys.stderr)
+            return 2
         from chestnut.backend.fingerprint import record_fingerprint
 
-        fp = record_fingerprint(spec)
-        args.record_fingerprint.write_text(json.dumps(fp, indent=1))
+        try:
+            fp = record_fingerprint(spec)
+            args.record_fingerprint.write_text(json.dumps(fp, indent=1))
+        except ChestnutError as e:  # not an ONNX model, a shape it cannot take: one line
+            print(f"chestnut probe: no fingerprint for {spec.name}: {e}", file=sys.stderr)
+            return 2
+        except OSError as e:
+            print(f"chestnut probe: --record-fingerprint {args.record_fingerprint}: {e.strerror or e}",
+                  file=sys.stderr)
+            return 2
         print(f"fingerprint of {spec.name} (seed {fp['seed']}) written to {args.record_fingerprint}")
         return 0
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from chestnut.backend.errors import ModelError
-from chestnut.msgs.outdir import write_private
+from chestnut.msgs.outdir import OutputDirError, write_private
 from chestnut.node.config import cache_dir, default_model_path
 
 log = logging.getLogger("chestnut.assets")
@@ -299,6 +299,29 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
     return n, c, h, w
 
 
+def out_problem(out: Path) -> str | None:
+    """Why ``--out`` cannot take the prepared model (checked before anything is compiled or written), or None.
+    Its folder must exist (it is never created for a given ``--out``) and be one of ours that others cannot
+    write; ``out`` and the files written beside it (``.json`` metadata, ``.fingerprint.json``) must each be
+    absent or a regular file, not a symlink or a folder; and ``out`` must not end in ``.json`` (its metadata
+    would overwrite it)."""
+    from chestnut.msgs.outdir import private_dir
+
+    if out.suffix == ".json":
+        return f"--out {out}: the metadata goes to {out.with_suffix('.json')}; give a path ending in .onnx"
+    if not out.parent.is_dir():
+        return f"--out {out}: folder {out.parent} does not exist; create it or give another path"
+    names = (out.name, out.with_suffix(".json").name, out.with_suffix(".fingerprint.json").name)
+    try:
+        private_dir(out.parent, targets=names)
+    except OutputDirError as e:
+        what = str(e).split("; ")[0]  # "<path> <problem>"
+        if e.path == out.parent:
+            return f"--out {out}: folder {what}; give a folder of yours that others cannot write"
+        return f"--out {what}; give another path" if e.path == out else f"--out {out}: {what}; give another path"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     if args.action == "paths":
         for name, fn in (
@@ -328,6 +351,9 @@ def run(args: argparse.Namespace) -> int:
         src = args.onnx or ppocr_det_path()
     except ModelError as e:
         print(f"chestnut model prepare: {e}", file=sys.stderr)
+        return 2
+    if args.out is not None and (problem := out_problem(args.out)) is not None:
+        print(f"chestnut model prepare: {problem}", file=sys.stderr)
         return 2
     out = args.out or (default_model_path() if args.onnx is None else cache_dir() / "models" / f"{src.stem}.onnx")
     meta_path = out.with_suffix(".json")
@@ -360,7 +386,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"preparing {src} -> {out} (input {list(shape)}); the first tinygrad run compiles, this takes a while")
     try:
         meta = prepare_model(src, out, shape, frame)
-    except ModelError as e:  # not an ONNX model, a shape it cannot take, a failed check: one line
+    except (ModelError, OutputDirError) as e:  # not an ONNX model, a failed check, an unfit target: one line
         print(f"chestnut model prepare: {e}", file=sys.stderr)
         return 2
     print(

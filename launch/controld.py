@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 from dataclasses import dataclass, field
 
 from chestnut.launch.signals import StopFlag
@@ -44,6 +45,7 @@ overloaded, and the driver is told so."""
 ENGAGE_STABLE_S = 1.0  # auto-engage after all checks passed continuously this long
 SERVICES = ("modelOutput", "chestnutActive", "chestnutHealth")
 NS = 1_000_000_000
+MAX_RATE_HZ = 1000.0  # --rate: the loop's period is whole milliseconds, at least 1
 
 
 @dataclass(frozen=True)
@@ -192,9 +194,26 @@ def fill_control_state(st: ControlState) -> object:
     return msg
 
 
+def control_rate(text: str) -> float:
+    """``--rate``: the controlState rate, Hz, a number in (0, :data:`MAX_RATE_HZ`] (the loop waits whole
+    milliseconds, so a faster rate could not be kept); raises ``argparse.ArgumentTypeError`` (one line) for
+    anything else, nan and inf included."""
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = math.nan
+    if not 0 < rate <= MAX_RATE_HZ:  # also nan (every comparison false)
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a controlState rate in (0, {MAX_RATE_HZ:g}] Hz (default 20, the service's rate)"
+        )
+    return rate
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-auto-engage", action="store_true", help="never engage by itself")
-    p.add_argument("--rate", type=float, default=20.0, help="controlState rate, Hz (default 20)")
+    p.add_argument(
+        "--rate", type=control_rate, default=20.0, help=f"controlState rate, Hz (default 20, at most {MAX_RATE_HZ:g})"
+    )
     add_priority_argument(p, CONTROL_PRIORITY, "control daemon")
 
 

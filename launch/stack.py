@@ -121,6 +121,19 @@ def argument_problem(
     return None
 
 
+def foxglove_port(text: str) -> int:
+    """``--foxglove PORT``: a TCP port in 0..65535, what ``chestnut foxglove --port`` serves on (0: any free
+    port, named in the run's ``foxglove.log``); raises ``argparse.ArgumentTypeError`` (one line) otherwise, so
+    a port the Foxglove server would refuse stops the launch before anything starts."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a TCP port in 0..65535 (0: any free; default 8765)")
+    return port
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--seconds",
@@ -208,12 +221,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, help="also write the summary as JSON here")
     p.add_argument(
         "--foxglove",
-        type=int,
+        type=foxglove_port,
         nargs="?",
         const=8765,
         default=None,
         metavar="PORT",
-        help="also serve the stack to Foxglove on ws://127.0.0.1:PORT (default port 8765; chestnut foxglove)",
+        help="also serve the stack to Foxglove on ws://127.0.0.1:PORT (a TCP port in 0..65535, 0: any free one, "
+        "named in the run's foxglove.log; default port 8765; chestnut foxglove)",
     )
 
 
@@ -419,7 +433,11 @@ def start_foxglove(launch: Launch) -> None:
     if port is None or launch.flag.stop:
         return
     if supervisorctl(launch.conf, "start", "foxglove") == 0:
-        log.info("Foxglove: ws://127.0.0.1:%d (layout launch/foxglove-layout.json)", port)
+        if port == 0:  # the server chose a free port: it names it in its log
+            log.info("Foxglove: on a free port, named in %s (layout launch/foxglove-layout.json)",
+                     launch.run_dir / "foxglove.log")
+        else:
+            log.info("Foxglove: ws://127.0.0.1:%d (layout launch/foxglove-layout.json)", port)
     else:
         log.error("the Foxglove server did not start; see %s", launch.run_dir / "foxglove.log")
 
@@ -456,7 +474,8 @@ def drive(launch: Launch) -> None:
         while not flag.stop and proc.poll() is None:
             now = time.monotonic()
             if args.seconds > 0 and now - t0 >= args.seconds:
-                if run_over(now, t0 + args.seconds, fault_t0, launch.faults.plan_end_s, launch.faults.carried_out):
+                if fault_t0 is None or run_over(now, t0 + args.seconds, fault_t0, launch.faults.plan_end_s,
+                                                launch.faults.carried_out):
                     break
                 if not extended:
                     extended = True

@@ -13,6 +13,7 @@ labelled ``worker pid N`` (``no worker`` when ``nodeState.workerPid`` is 0).
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections import deque
 
@@ -27,6 +28,7 @@ from chestnut.msgs.messaging import SubMaster
 from chestnut.msgs.services import get_service
 
 SERVICES = ["cameraFrame", "modelOutput", "chestnutActive", "chestnutHealth", "nodeState", "controlState"]
+MAX_REFRESH_HZ = 20.0  # --refresh-hz: the view polls the bus every 50 ms (StackView.update(50)) between redraws
 LEVEL_STYLE = {"ok": "green", "warn": "yellow", "error": "bold red", "stale": "magenta"}
 NS = 1e9
 STALE_PERIODS = 3.0  # a service silent for this many of its periods is shown stale ...
@@ -158,9 +160,40 @@ class StackView:
         self.sm.close()
 
 
+def seconds_arg(text: str) -> float:
+    """``--seconds``: how long to show the view, s: 0 (until Ctrl-C) or a positive finite number; raises
+    ``argparse.ArgumentTypeError`` (one line) for anything else, nan and inf included."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:  # also nan (every comparison false)
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 (until Ctrl-C) or a positive number of seconds")
+    return seconds
+
+
+def refresh_hz_arg(text: str) -> float:
+    """``--refresh-hz``: redraws per second, Hz, a number in (0, :data:`MAX_REFRESH_HZ`]; raises
+    ``argparse.ArgumentTypeError`` (one line) for anything else, nan and inf included."""
+    try:
+        hz = float(text)
+    except ValueError:
+        hz = math.nan
+    if not 0 < hz <= MAX_REFRESH_HZ:  # also nan
+        raise argparse.ArgumentTypeError(f"{text!r}: give a refresh rate in (0, {MAX_REFRESH_HZ:g}] Hz (default 4)")
+    return hz
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0 = until Ctrl-C)")
-    p.add_argument("--refresh-hz", type=float, default=4.0)
+    p.add_argument(
+        "--seconds", type=seconds_arg, default=0.0, help="stop after this long, s (0 = until Ctrl-C, the default)"
+    )
+    p.add_argument(
+        "--refresh-hz",
+        type=refresh_hz_arg,
+        default=4.0,
+        help=f"redraws per second, Hz (default 4, at most {MAX_REFRESH_HZ:g})",
+    )
     p.add_argument("--prefix", help="the stack's runtime prefix (default: $CHESTNUT_PREFIX)")
 
 

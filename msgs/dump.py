@@ -66,12 +66,31 @@ def format_raw(service: str, data: bytes, recv_time_ns: int) -> str:
     return f"{recv_time_ns / 1e9:.6f} {service} {len(data)} bytes {data[:RAW_HEX_BYTES].hex()}{more}"
 
 
+def count_arg(text: str) -> int:
+    """``-n COUNT``: how many messages to print, an integer >= 0 (0: none; dump stops once its sockets are
+    connected); raises ``argparse.ArgumentTypeError`` (one line) otherwise."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of messages >= 0 (leave -n out to never stop)")
+    return count
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("services", nargs="+", metavar="SERVICE", help=f"one of: {', '.join(SERVICE_LIST)}")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--json", action="store_true", help="one JSON object per message")
     mode.add_argument("--raw", action="store_true", help="undecoded: length and a hex prefix of each message")
-    parser.add_argument("-n", "--count", type=int, default=None, metavar="COUNT", help="stop after COUNT messages")
+    parser.add_argument(
+        "-n",
+        "--count",
+        type=count_arg,
+        default=None,
+        metavar="COUNT",
+        help="stop after COUNT messages, COUNT >= 0 (0: print none, stop once connected; default: never stop)",
+    )
     parser.add_argument("--prefix", default=None, help="runtime prefix of the stack (default: $CHESTNUT_PREFIX)")
 
 

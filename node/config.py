@@ -48,6 +48,10 @@ def default_model_path() -> Path:
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "launch" / "node.toml"
 DOCK_KINDS = ("twin", "real", "cpu", "none")
+FRAME_SERVICES = ("cameraFrame",)
+"""The services ``timing.frame_service`` may name: a service carries the ``Event`` member of its own name
+(``msgs/services.py``), and the node reads a frame as ``event.cameraFrame`` (``node/main.py`` ``on_frame``), so
+only a ``cameraFrame`` service carries frames it can serve."""
 MAX_INPUT_ELEMENTS = 1 << 24
 """Most elements a model input may have (N*C*H*W): 64 MiB of float32, four times the 16 MiB bound of a
 ``cameraFrame`` (``msgs/services.py``), so any input a frame can give fits and an absurd shape is refused
@@ -191,6 +195,45 @@ def _is_kind(value: Any, kind: type) -> bool:
     return isinstance(value, kind)
 
 
+RANGE_WANT = "want [low, high], two finite numbers with low <= high"
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _ranges(value: Any) -> dict[str, tuple[float, float]]:
+    """``[model.ranges]`` as written (output name -> ``[low, high]``), each pair checked here: two finite numbers,
+    low <= high (raises ConfigError naming the pair)."""
+    if not isinstance(value, dict):
+        raise ConfigError("config", f"model.ranges = {value!r}; want a table of output name = [low, high]")
+    out: dict[str, tuple[float, float]] = {}
+    for name, pair in value.items():
+        ok = isinstance(pair, list) and len(pair) == 2 and all(_number(v) for v in pair)
+        try:
+            lo, hi = (float(pair[0]), float(pair[1])) if ok else (math.nan, math.nan)
+        except OverflowError:  # an integer too large for a float
+            lo = hi = math.nan
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+            raise ConfigError("config", f"model.ranges.{name} = {pair!r}; {RANGE_WANT}")
+        out[name] = (lo, hi)
+    return out
+
+
+def _path(value: Any, where: str, key: str) -> Path | None:
+    """A path key as written: a string, ``~`` expanded; an empty one is None (the key's default: the primary's
+    file for ``fallback.path``, ``<path>.fingerprint.json`` for ``model.fingerprint``), except for ``model.path``,
+    which has no default to fall back to once set: an empty one names no file and is refused."""
+    if not isinstance(value, str):
+        raise ConfigError("config", f"{where}.{key} = {value!r}; want a file path (a string)")
+    if value == "":
+        if (where, key) == ("model", "path"):
+            raise ConfigError("config", f"{where}.{key} = ''; want a file path (a non-empty string; leave the key "
+                                        "out for the default)")
+        return None
+    return Path(value).expanduser()
+
+
 def _apply(section: Any, values: dict[str, Any], where: str) -> None:
     names = {f.name: f for f in dataclasses.fields(section) if f.name != "ranges_given"}
     for key, value in values.items():
@@ -202,23 +245,25 @@ def _apply(section: Any, values: dict[str, Any], where: str) -> None:
             shown = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
                      tuple: "a list of integers, e.g. [0, 1]"}[want]
             raise ConfigError("config", f"{where}.{key} = {value!r}; want {shown}")
-        try:
-            if key == "ranges":
-                value = {k: (float(v[0]), float(v[1])) for k, v in value.items()}
-            elif isinstance(current, Path) or key in ("path", "fingerprint"):
-                value = Path(value).expanduser() if value not in (None, "") else None
-            elif isinstance(current, tuple):
-                value = tuple(int(v) for v in value)
-            elif isinstance(current, bool):
-                value = bool(value)
-            elif isinstance(current, int):
-                value = int(value)
-            elif isinstance(current, float):
+        # every value is of its kind here (checked above, or by _ranges and _path), so no conversion can fail
+        # with Python's own text as the reason
+        if key == "ranges":
+            value = _ranges(value)
+        elif isinstance(current, Path) or key in ("path", "fingerprint"):
+            value = _path(value, where, key)
+        elif isinstance(current, tuple):
+            value = tuple(int(v) for v in value)
+        elif isinstance(current, bool):
+            value = bool(value)
+        elif isinstance(current, int):
+            value = int(value)
+        elif isinstance(current, float):
+            try:
                 value = float(value)
-            elif isinstance(current, str):
-                value = str(value)
-        except (TypeError, ValueError, IndexError, AttributeError) as e:
-            raise ConfigError("config", f"{where}.{key} = {value!r}: {e}") from e
+            except OverflowError:  # an integer too large for a float
+                raise ConfigError("config", f"{where}.{key} = {value!r}; want a finite number") from None
+        elif isinstance(current, str):
+            value = str(value)
         setattr(section, key, value)
         if key == "ranges":
             section.ranges_given = True  # written in the file: each key must name a primary output (node/contract.py)
@@ -268,6 +313,29 @@ def _check_start_budget(cfg: NodeConfig) -> None:
                                     f"{hint}")
 
 
+def _non_finite(value: Any, where: str) -> tuple[str, float] | None:
+    """The first float in ``value`` (a setting, or a table or list of them) that is NaN or infinite, with its key."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+    for k, v in items:
+        found = _non_finite(v, f"{where}.{k}" if isinstance(value, dict) else f"{where}[{k}]")
+        if found is not None:
+            return found
+    return None
+
+
+def _check_finite(cfg: NodeConfig) -> None:
+    """One check for every float the configuration holds, from the file, a flag or code: NaN passes no comparison
+    (``nan > 0`` and ``nan < 0`` are both false) and inf passes every lower bound, so a key whose own check is
+    a bound alone would take either silently."""
+    for section in dataclasses.fields(cfg):
+        for f in dataclasses.fields(getattr(cfg, section.name)):
+            found = _non_finite(getattr(getattr(cfg, section.name), f.name), f"{section.name}.{f.name}")
+            if found is not None:
+                raise ConfigError("config", f"{found[0]} = {found[1]}; want a finite number")
+
+
 def validate(cfg: NodeConfig) -> NodeConfig:
     """Check values; raises ConfigError naming the key. A ``timing.start_timeout_s`` of 0 is replaced by the
     derived budget (:func:`required_start_budget`)."""
@@ -286,9 +354,24 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     if base not in PREPROCESSORS:
         known = sorted(PREPROCESSORS) + [WARP_PREFIX + k for k in sorted(PREPROCESSORS)]
         raise ConfigError("config", f"model.preprocess = {cfg.model.preprocess!r}; use one of {', '.join(known)}")
-    if not 0 < cfg.timing.deadline_ms < cfg.dock.wait_timeout_ms:
-        raise ConfigError("config", f"timing.deadline_ms = {cfg.timing.deadline_ms}; want 0 < it < the wait timeout")
+    if cfg.model.input == "":
+        raise ConfigError("config", "model.input = ''; want the name of the model's input (a non-empty string)")
+    # onnxruntime's intra_op_num_threads (backend/model.py OrtModel): 0 is onnxruntime's own default (one thread
+    # per physical core, SessionOptions' initial value), so it is kept; a negative count means nothing there
+    # (onnxruntime 1.32 takes -2 without a word) and is refused
+    if cfg.fallback.threads < 0:
+        raise ConfigError("config", f"fallback.threads = {cfg.fallback.threads}; want >= 0 (onnxruntime's intra-op "
+                                    "threads; 0: onnxruntime's default, one per physical core)")
     t = cfg.timing
+    if t.frame_service not in FRAME_SERVICES:
+        raise ConfigError("config", f"timing.frame_service = {t.frame_service!r}; want a service that carries "
+                                    f"camera frames: {', '.join(FRAME_SERVICES)}")
+    wait = cfg.dock.wait_timeout_ms
+    if not 0 < wait < math.inf:
+        raise ConfigError("config", f"dock.wait_timeout_ms = {wait}; want a finite number > 0")
+    if not 0 < t.deadline_ms < wait:
+        raise ConfigError("config", f"timing.deadline_ms = {t.deadline_ms}; want 0 < it < dock.wait_timeout_ms "
+                                    f"({wait})")
     if not 0 < t.deadline_floor_ms <= t.deadline_ms:
         raise ConfigError("config", f"timing.deadline_floor_ms = {t.deadline_floor_ms}; want 0 < it <= "
                                     f"timing.deadline_ms ({t.deadline_ms})")
@@ -331,8 +414,9 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     if cfg.model.frame:
         primary_warp(cfg.model.frame, cfg.model.preprocess, tuple(cfg.model.shape))
     for name, (lo, hi) in cfg.model.ranges.items():
-        if not lo <= hi:
-            raise ConfigError("config", f"model.ranges.{name} = [{lo}, {hi}]; want lo <= hi")
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+            raise ConfigError("config", f"model.ranges.{name} = [{lo}, {hi}]; {RANGE_WANT}")
+    _check_finite(cfg)  # last: a key with a range of its own above is refused with that range
     cfg.model.path = cfg.model.path.expanduser()
     if cfg.fallback.path is not None:
         cfg.fallback.path = cfg.fallback.path.expanduser()

@@ -72,3 +72,42 @@ def test_a_step_longer_than_two_seconds_says_so_every_five_seconds():
     t.step("model_loaded: loading and compiling the model", now=113.0)
     assert t.due(114.0) is None
     assert t.due(115.5) == "       ... model_loaded: loading and compiling the model (2 s)"
+
+
+def test_record_fingerprint_refuses_a_folder_target_and_a_garbage_model_in_one_line(tmp_path):
+    """Both were tracebacks (the garbage model's ending ``ModelError: bad_model ...``)."""
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"not an onnx model\n")
+    folder = tmp_path / "fps"
+    folder.mkdir()
+    r = probe("--record-fingerprint", str(folder), "--model", str(garbage))
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == (f"chestnut probe: --record-fingerprint {folder} exists and is not a regular file; give "
+                        "another path\n")
+    r = probe("--record-fingerprint", str(tmp_path / "nowhere" / "fp.json"), "--model", str(garbage))
+    assert r.returncode == 2
+    assert r.stderr == (f"chestnut probe: --record-fingerprint {tmp_path / 'nowhere' / 'fp.json'}: folder "
+                        f"{tmp_path / 'nowhere'} does not exist; create it or give another path\n")
+    r = probe("--record-fingerprint", str(folder / "fp.json"), "--model", str(garbage))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("chestnut probe: no fingerprint for garbage: bad_model: ")
+    assert list(folder.iterdir()) == []
+
+
+def test_a_shape_without_a_model_or_malformed_is_refused_in_one_line(capsys):
+    """``--shape`` fixes the --model's inputs: without --model it was silently ignored."""
+    from chestnut.launch.cli import main
+
+    assert main(["probe", "--shape", "x=1,3,32,64"]) == 2
+    assert capsys.readouterr().err == (
+        "chestnut probe: --shape fixes the input shapes of --model; give --model too (or leave --shape out)\n"
+    )
+    for bad in ("bad", "x=1,0", "=1,2", "x=1,,2"):
+        with pytest.raises(SystemExit) as info:
+            main(["probe", "--shape", bad])
+        assert info.value.code == 2
+        assert capsys.readouterr().err == (
+            f"chestnut probe: error: argument --shape: {bad!r}: want NAME=D0,D1,... (an input's name, positive "
+            "dimensions) (chestnut probe --help)\n"
+        )

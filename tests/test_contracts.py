@@ -351,3 +351,24 @@ def test_a_false_active_logged_after_the_next_camera_frame_still_answers_a_fallb
     behind_output = _edit(drive, lambda tt, s, e: s == "chestnutActive" and tt == t,
                           lambda b: setattr(b, "logMonoTime", output_time(drive, 61) + 2 * MS))
     assert found(check_log(write(behind_output, tmp_path / "b"))) == [("active_only_when_healthy", 60)]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "why"),
+    [
+        ("--deadline-ms", "-5", "give a time in milliseconds > 0"),
+        ("--deadline-ms", "0", "give a time in milliseconds > 0"),
+        ("--deadline-ms", "nan", "give a time in milliseconds > 0"),
+        ("--wait-timeout-ms", "inf", "give a time in milliseconds > 0"),
+        ("--slack-ms", "-1", "give a slack in milliseconds >= 0"),
+        ("--slack-ms", "nan", "give a slack in milliseconds >= 0"),
+    ],
+)
+def test_a_bound_that_is_not_a_finite_positive_time_is_refused_in_one_line(option, value, why, capsys, tmp_path):
+    """``--deadline-ms -5`` was accepted; ``--deadline-ms nan`` failed "cannot convert float NaN to integer"."""
+    with pytest.raises(SystemExit) as info:
+        main(["check", str(tmp_path), option, value])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"chestnut check: error: argument {option}: {value!r}: {why} (chestnut check --help)\n"
+    )

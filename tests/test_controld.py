@@ -1,4 +1,6 @@
-"""The reference control daemon's decisions, with a fake clock (ns)."""
+"""The reference control daemon's decisions, with a fake clock (ns); its --rate refused up front."""
+
+import pytest
 
 from chestnut.launch.controld import ControlInputs, ControlLogic
 
@@ -100,3 +102,24 @@ def test_a_host_late_frame_beside_another_failure_soft_disables_at_once():
                          failed_checks=("chestnutHealth.freq_ok",), active_reason=HOST.active_reason)
     st = c.step(2 * S, both)
     assert (st.soft_disabling, st.events) == (True, ["commIssue", "commIssue:chestnutHealth.freq_ok", "hostLate"])
+
+
+@pytest.mark.parametrize("rate", ["0", "-20", "nan", "inf", "1001", "fast"])
+def test_a_control_rate_that_cannot_be_kept_is_refused_in_one_line(rate, capsys):
+    """``chestnut control --rate 0`` was a ZeroDivisionError traceback."""
+    from chestnut.launch.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["control", "--rate", rate])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"chestnut control: error: argument --rate: {rate!r}: give a controlState rate in (0, 1000] Hz "
+        "(default 20, the service's rate) (chestnut control --help)\n"
+    )
+
+
+def test_control_rates_in_range_are_taken():
+    from chestnut.launch.controld import MAX_RATE_HZ, control_rate
+
+    assert MAX_RATE_HZ == 1000.0
+    assert [control_rate(t) for t in ("0.5", "20", "1000")] == [0.5, 20.0, 1000.0]

@@ -115,3 +115,24 @@ def test_the_fault_runner_is_carried_out_once_every_fault_is_injected_and_cleare
     assert runner.carried_out
     runner.injected.append((FaultPlan.parse("fence_stall@2+3"), 2))
     assert not runner.carried_out
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "65536", "http"])
+def test_a_foxglove_port_the_server_would_refuse_stops_the_launch_before_anything_starts(port, capsys, tmp_path):
+    """``--foxglove 99999`` ran the whole stack, and its Foxglove server then failed at every start."""
+    from chestnut.launch.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["launch", "--seconds", "5", "--no-live", "--foxglove", port, "--runs-dir", str(tmp_path / "runs")])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"chestnut launch: error: argument --foxglove: {port!r}: give a TCP port in 0..65535 (0: any free; "
+        "default 8765) (chestnut launch --help)\n"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_foxglove_ports_the_server_takes_are_taken():
+    from chestnut.launch.stack import foxglove_port
+
+    assert [foxglove_port(t) for t in ("0", "1", "8765", "65535")] == [0, 1, 8765, 65535]

@@ -550,6 +550,26 @@ def test_dump_exits_cleanly_on_ctrl_c_and_rejects_unknown_services():
     assert proc.returncode == 0 and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("count", ["-1", "three"])
+def test_dump_refuses_a_negative_count_in_one_line(count, capsys):
+    """``dump -n -1`` was accepted (and, as -n 0 does, printed nothing and stopped at once)."""
+    from chestnut.launch.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["dump", CAM, "-n", count])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"chestnut dump: error: argument -n/--count: {count!r}: give a number of messages >= 0 (leave -n out to "
+        "never stop) (chestnut dump --help)\n"
+    )
+
+
+def test_dump_count_0_is_taken():
+    from chestnut.msgs.dump import count_arg
+
+    assert [count_arg(t) for t in ("0", "3")] == [0, 3]
+
+
 @pytest.mark.timeout(60)
 def test_demo_shows_the_checks_and_exits_0_with_a_summary():
     done = subprocess.run([*CLI, "demo", "--seconds", "2"], capture_output=True, text=True, timeout=45)

@@ -89,3 +89,45 @@ def test_damaged_metadata_is_prepared_again(prepared, capsys):
         first == f"prepared model {out} is damaged (its metadata tiny.json does not read as JSON); preparing it again"
     )
     assert calls == [out]
+
+
+def test_an_out_that_is_a_folder_is_refused_in_one_line_before_preparing(prepared, capsys, tmp_path):
+    """It was a traceback ending ``OutputDirError: ... is not a regular file``."""
+    _, args, calls = prepared
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    args.out = folder
+    assert assets.run(args) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"chestnut model prepare: --out {folder} is not a regular file; give another path\n"
+    assert captured.out == "" and calls == []
+
+
+def test_an_out_whose_folder_does_not_exist_is_refused_and_the_folder_not_made(prepared, capsys, tmp_path):
+    """It silently made the missing folder (and its parents)."""
+    _, args, calls = prepared
+    args.out = tmp_path / "missing" / "deeper" / "x.onnx"
+    assert assets.run(args) == 2
+    assert capsys.readouterr().err == (
+        f"chestnut model prepare: --out {args.out}: folder {args.out.parent} does not exist; create it or give "
+        "another path\n"
+    )
+    assert calls == [] and not (tmp_path / "missing").exists()
+
+
+def test_an_out_whose_metadata_target_is_a_folder_or_that_is_the_metadata_is_refused(prepared, capsys, tmp_path):
+    _, args, calls = prepared
+    (tmp_path / "m2").mkdir()
+    (tmp_path / "m2" / "x.json").mkdir()
+    args.out = tmp_path / "m2" / "x.onnx"
+    assert assets.run(args) == 2
+    assert capsys.readouterr().err == (
+        f"chestnut model prepare: --out {args.out}: {tmp_path / 'm2' / 'x.json'} is not a regular file; "
+        "give another path\n"
+    )
+    args.out = tmp_path / "m2" / "y.json"
+    assert assets.run(args) == 2
+    assert capsys.readouterr().err == (
+        f"chestnut model prepare: --out {args.out}: the metadata goes to {args.out}; give a path ending in .onnx\n"
+    )
+    assert calls == []

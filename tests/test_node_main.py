@@ -205,8 +205,9 @@ def test_signal_stops_within_5_s_with_the_worker_reaped(tmp_path: Path, tiny_onn
     ("[to_json]\nx = 1\n", "unknown section [to_json]"),
     ("[timing]\nbackoff_initial_s = 5\nbackoff_max_s = 1\n", "timing.backoff_initial_s = 5.0, backoff_max_s = 1.0"),
     ("[timing]\nmiss_run = 0\n", "timing.miss_run = 0; want > 0"),
-    ("[timing]\ndeadline_ms = 3000\n", "timing.deadline_ms = 3000.0; want 0 < it < the wait timeout"),
-    ("[model.ranges]\nprob = [1.0, 0.0]\n", "model.ranges.prob = [1.0, 0.0]; want lo <= hi"),
+    ("[timing]\ndeadline_ms = 3000\n", "timing.deadline_ms = 3000.0; want 0 < it < dock.wait_timeout_ms (3000)"),
+    ("[model.ranges]\nprob = [1.0, 0.0]\n",
+     "model.ranges.prob = [1.0, 0.0]; want [low, high], two finite numbers with low <= high"),
     ("[dock]\nkind = \"usb\"\n", "dock.kind = 'usb'; use one of twin, real, cpu, none"),
 ])
 def test_config_errors_name_the_key(tmp_path: Path, toml: str, message: str) -> None:

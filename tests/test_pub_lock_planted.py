@@ -94,3 +94,23 @@ def test_the_camera_refuses_a_planted_lock_in_one_line_exit_2(tmp_path):
         f"chestnut camera: publisher lock file {lock} is a symlink{_fix(lock)}"
     )
     assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("plant", ["dir", "symlink"])
+def test_the_demo_refuses_a_planted_lock_in_one_line_exit_2_before_its_publisher_starts(plant, tmp_path, capsys):
+    """The demo's publishing child met it: a PubLockError traceback, exit 1."""
+    from chestnut.launch.cli import main
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    lock = runtime_dir() / "cameraFrame.pub.lock"
+    if plant == "dir":
+        lock.mkdir(0o700)
+    else:
+        lock.symlink_to(victim)
+    problem = "is not a regular file" if plant == "dir" else "is a symlink"
+    assert main(["demo", "--seconds", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"chestnut demo: publisher lock file {lock} {problem}{_fix(lock)}\n"
+    assert captured.out == ""  # no status line: nothing was started
+    assert victim.read_text() == "precious\n"

@@ -1,9 +1,11 @@
-"""``chestnut top`` never shows stale data as live; the worker's pid is labelled."""
+"""``chestnut top`` never shows stale data as live; the worker's pid is labelled; its --seconds and
+--refresh-hz are refused up front in one line."""
 
 from __future__ import annotations
 
 import os
 
+import pytest
 from rich.console import Console
 
 from chestnut.launch.top import StackView, stale_s
@@ -56,3 +58,31 @@ def test_a_silent_stack_is_shown_stale_not_live_and_the_worker_pid_is_labelled()
         assert "no worker" in _text(view, t0 + 5 * S) and "pid 0" not in _text(view, t0 + 5 * S)
     finally:
         view.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--refresh-hz", "0"], "argument --refresh-hz: '0': give a refresh rate in (0, 20] Hz (default 4)"),
+        (["--refresh-hz", "nan"], "argument --refresh-hz: 'nan': give a refresh rate in (0, 20] Hz (default 4)"),
+        (["--refresh-hz", "21"], "argument --refresh-hz: '21': give a refresh rate in (0, 20] Hz (default 4)"),
+        (["--seconds", "-1"], "argument --seconds: '-1': give 0 (until Ctrl-C) or a positive number of seconds"),
+        (["--seconds", "inf"], "argument --seconds: 'inf': give 0 (until Ctrl-C) or a positive number of seconds"),
+    ],
+)
+def test_a_refresh_rate_or_duration_top_cannot_keep_is_refused_in_one_line(args, why, capsys):
+    """``--refresh-hz 0`` was an AssertionError traceback from rich; ``--seconds -1`` ran until Ctrl-C."""
+    from chestnut.launch.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["top", *args])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == f"chestnut top: error: {why} (chestnut top --help)\n"
+
+
+def test_top_takes_0_seconds_as_until_ctrl_c_and_refresh_rates_up_to_20_hz():
+    from chestnut.launch.top import MAX_REFRESH_HZ, refresh_hz_arg, seconds_arg
+
+    assert [seconds_arg(t) for t in ("0", "2.5")] == [0.0, 2.5]
+    assert MAX_REFRESH_HZ == 20.0
+    assert [refresh_hz_arg(t) for t in ("0.5", "4", "20")] == [0.5, 4.0, 20.0]

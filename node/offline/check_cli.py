@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,30 @@ from chestnut.node.offline.timeline import SLACK_MS
 log = logging.getLogger("chestnut.check")
 
 
+def positive_ms(text: str) -> float:
+    """``--deadline-ms`` / ``--wait-timeout-ms``: a time in milliseconds, finite and > 0; raises
+    ``argparse.ArgumentTypeError`` (one line) otherwise, nan and inf included."""
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = math.nan
+    if not 0 < ms < math.inf:  # also nan (every comparison false)
+        raise argparse.ArgumentTypeError(f"{text!r}: give a time in milliseconds > 0")
+    return ms
+
+
+def slack_ms(text: str) -> float:
+    """``--slack-ms``: the slack on every bound in milliseconds, finite and >= 0; raises
+    ``argparse.ArgumentTypeError`` (one line) otherwise, nan and inf included."""
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = math.nan
+    if not 0 <= ms < math.inf:  # also nan
+        raise argparse.ArgumentTypeError(f"{text!r}: give a slack in milliseconds >= 0")
+    return ms
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="log files or directories (rlog.zst / rlog.mcap)")
     p.add_argument("--report", type=Path, metavar="DIR", help="write plots and an HTML report to DIR")
@@ -47,9 +72,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"check only this contract (repeatable); known: {', '.join(CONTRACTS)}",
     )
-    p.add_argument("--deadline-ms", type=float, help="per-frame deadline (default: the log's config, else 150)")
-    p.add_argument("--slack-ms", type=float, help=f"publishing slack on every bound (default {SLACK_MS:g})")
-    p.add_argument("--wait-timeout-ms", type=float, help="device wait timeout (default: the log's config, else 3000)")
+    p.add_argument(
+        "--deadline-ms", type=positive_ms, help="per-frame deadline, ms > 0 (default: the log's config, else 150)"
+    )
+    p.add_argument("--slack-ms", type=slack_ms, help=f"publishing slack on every bound, ms >= 0 (default {SLACK_MS:g})")
+    p.add_argument(
+        "--wait-timeout-ms", type=positive_ms, help="device wait timeout, ms > 0 (default: the log's config, else 3000)"
+    )
     add_executor_arguments(p)
 
 
