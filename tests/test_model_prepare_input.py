@@ -13,6 +13,7 @@ CHESTNUT = str(Path(sys.executable).with_name("chestnut"))
 
 def prepare(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    (tmp_path / "out").mkdir(mode=0o700, exist_ok=True)  # an --out's folder must exist (it is never created)
     return subprocess.run(
         [CHESTNUT, "model", "prepare", "--out", str(tmp_path / "out" / "m.onnx"), *args],
         env=env,
