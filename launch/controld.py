@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 from dataclasses import dataclass, field
 
 from chestnut.launch.signals import StopFlag
+from chestnut.msgs.argtypes import checked_float
 from chestnut.msgs.messaging import PubMaster, SubMaster, new_message
 from chestnut.msgs.services import SOFT_DISABLE_S
 from chestnut.msgs.submaster import SubMasterChecks
@@ -198,15 +198,8 @@ def control_rate(text: str) -> float:
     """``--rate``: the controlState rate, Hz, a number in (0, :data:`MAX_RATE_HZ`] (the loop waits whole
     milliseconds, so a faster rate could not be kept); raises ``argparse.ArgumentTypeError`` (one line) for
     anything else, nan and inf included."""
-    try:
-        rate = float(text)
-    except ValueError:
-        rate = math.nan
-    if not 0 < rate <= MAX_RATE_HZ:  # also nan (every comparison false)
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: give a controlState rate in (0, {MAX_RATE_HZ:g}] Hz (default 20, the service's rate)"
-        )
-    return rate
+    return checked_float(text, lambda rate: 0 < rate <= MAX_RATE_HZ,
+                         f"give a controlState rate in (0, {MAX_RATE_HZ:g}] Hz (default 20, the service's rate)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from chestnut.launch.signals import StopFlag
+from chestnut.msgs.argtypes import checked_float
 from chestnut.msgs.messaging import SubMaster
 from chestnut.msgs.services import get_service
 
@@ -163,25 +164,14 @@ class StackView:
 def seconds_arg(text: str) -> float:
     """``--seconds``: how long to show the view, s: 0 (until Ctrl-C) or a positive finite number; raises
     ``argparse.ArgumentTypeError`` (one line) for anything else, nan and inf included."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not 0 <= seconds < math.inf:  # also nan (every comparison false)
-        raise argparse.ArgumentTypeError(f"{text!r}: give 0 (until Ctrl-C) or a positive number of seconds")
-    return seconds
+    return checked_float(text, lambda s: 0 <= s < math.inf, "give 0 (until Ctrl-C) or a positive number of seconds")
 
 
 def refresh_hz_arg(text: str) -> float:
     """``--refresh-hz``: redraws per second, Hz, a number in (0, :data:`MAX_REFRESH_HZ`]; raises
     ``argparse.ArgumentTypeError`` (one line) for anything else, nan and inf included."""
-    try:
-        hz = float(text)
-    except ValueError:
-        hz = math.nan
-    if not 0 < hz <= MAX_REFRESH_HZ:  # also nan
-        raise argparse.ArgumentTypeError(f"{text!r}: give a refresh rate in (0, {MAX_REFRESH_HZ:g}] Hz (default 4)")
-    return hz
+    return checked_float(text, lambda hz: 0 < hz <= MAX_REFRESH_HZ,
+                         f"give a refresh rate in (0, {MAX_REFRESH_HZ:g}] Hz (default 4)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chestnut.msgs.argtypes import checked_float
 from chestnut.msgs.logfile import find_log_files
 from chestnut.msgs.outdir import OutputDirError
 from chestnut.node.offline.contracts import CONTRACTS, CheckResult
@@ -42,25 +43,13 @@ log = logging.getLogger("chestnut.check")
 def positive_ms(text: str) -> float:
     """``--deadline-ms`` / ``--wait-timeout-ms``: a time in milliseconds, finite and > 0; raises
     ``argparse.ArgumentTypeError`` (one line) otherwise, nan and inf included."""
-    try:
-        ms = float(text)
-    except ValueError:
-        ms = math.nan
-    if not 0 < ms < math.inf:  # also nan (every comparison false)
-        raise argparse.ArgumentTypeError(f"{text!r}: give a time in milliseconds > 0")
-    return ms
+    return checked_float(text, lambda ms: 0 < ms < math.inf, "give a time in milliseconds > 0")
 
 
 def slack_ms(text: str) -> float:
     """``--slack-ms``: the slack on every bound in milliseconds, finite and >= 0; raises
     ``argparse.ArgumentTypeError`` (one line) otherwise, nan and inf included."""
-    try:
-        ms = float(text)
-    except ValueError:
-        ms = math.nan
-    if not 0 <= ms < math.inf:  # also nan
-        raise argparse.ArgumentTypeError(f"{text!r}: give a slack in milliseconds >= 0")
-    return ms
+    return checked_float(text, lambda ms: 0 <= ms < math.inf, "give a slack in milliseconds >= 0")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
