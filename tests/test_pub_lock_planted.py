@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from chestnut.msgs.messaging import PubLockError, take_pub_lock
+from chestnut.msgs.messaging import PubLockError, SocketPathError, pub_sock, take_pub_lock
 from chestnut.msgs.paths import RuntimeDirError, runtime_dir
 
 CHESTNUT = str(Path(sys.executable).with_name("chestnut"))
@@ -94,6 +94,42 @@ def test_the_camera_refuses_a_planted_lock_in_one_line_exit_2(tmp_path):
         f"chestnut camera: publisher lock file {lock} is a symlink{_fix(lock)}"
     )
     assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize(("plant", "what"), [("file", "a regular file"), ("dir", "a directory"),
+                                             ("symlink", "a symlink")])
+def test_a_file_planted_at_a_socket_path_is_refused_and_never_replaced(plant, what, tmp_path):
+    """ZeroMQ's ipc bind unlinks whatever lies at the path: a planted file must be refused before it, and kept."""
+    path = runtime_dir() / "cameraFrame"
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    if plant == "file":
+        path.write_text("important\n")
+    elif plant == "dir":
+        path.mkdir()
+    else:
+        path.symlink_to(victim)
+    with pytest.raises(SocketPathError) as e:
+        pub_sock("cameraFrame")
+    assert str(e.value) == (f"socket path {path} holds {what}, not a socket: refused, nothing replaced; remove it "
+                            "and start again")
+    assert isinstance(e.value, RuntimeDirError) and e.value.path == path
+    assert os.path.lexists(path) and victim.read_text() == "precious\n"
+    if plant == "file":
+        assert path.read_text() == "important\n"
+    os.close(take_pub_lock("cameraFrame"))  # the refusal gave the publisher lock back
+
+
+def test_the_camera_refuses_a_file_planted_at_its_socket_path_in_one_line_exit_2():
+    path = runtime_dir() / "cameraFrame"
+    path.write_text("important\n")
+    r = subprocess.run([CHESTNUT, "camera", "--frames", "3", "--start-delay", "0", "--synthetic"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"chestnut camera: socket path {path} holds a regular file, not a socket: refused, nothing replaced; remove "
+        "it and start again")
+    assert path.read_text() == "important\n"
 
 
 @pytest.mark.parametrize("plant", ["dir", "symlink"])
