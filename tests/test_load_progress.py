@@ -200,7 +200,8 @@ def test_a_gpu_hang_during_load_is_ended_at_the_wait_timeout(stack: Stack) -> No
     assert ended[0].reason.startswith("load_failed (gpu): primary worker "), ended[0].reason
     m = STALL_LINE.search(log)
     assert m is not None, log[-4000:]
-    assert int(m.group(2)) > STALL_MS, m.group(0)
+    # ended once stalled over STALL_MS; the line shows it to the whole ms, so 3100.4 ms reads 3100
+    assert STALL_MS <= int(m.group(2)) < WatchdogConfig().hang_timeout_ms, m.group(0)
     assert "GPU failed to drain" not in log  # tinygrad's 10 s drain wait never ended it: the node did
     assert int(m.group(1)) not in {p.pid for p in st.node.descendants()}
 
