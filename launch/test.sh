@@ -30,10 +30,10 @@ EOF
 echo "mypy (settings: pyproject.toml [tool.mypy]) on ${packages[*]}"
 MYPYPATH="$root" .venv/bin/mypy --cache-dir .mypy_cache/package/cache "${packages[@]}" | sed "s#^$root/chestnut/##"
 
-# The tests run in parallel processes (pytest-xdist), a test file to one process (`--dist loadfile`: a module's
-# fixtures -- a compiled model, a launched stack -- are made once); most of a test's time is waiting on the
-# processes it started, but each launched stack runs at realtime priorities, and more workers than cores make
-# the stacks compete as docks on one host would: one worker a core. CHESTNUT_TEST_WORKERS=0 runs them in this
-# process.
+# The tests run in a pytest-xdist worker, a test file at a time (`--dist loadfile`: a module's fixtures -- a
+# compiled model, a launched stack -- are made once). One worker by default: each launched stack runs at
+# realtime priorities, and two workers on this 2-core machine put two stacks on two cores, where the twins'
+# CPU-bound GPUs fall behind and the timing tests of both fail now and then (4 of 1625 in one run).
+# CHESTNUT_TEST_WORKERS=2 runs two at once (about half the time), 0 runs them in this process.
 # The slowest tests are listed at the end.
-exec .venv/bin/python -m pytest -n "${CHESTNUT_TEST_WORKERS:-2}" --dist loadfile --durations=15 "$@"
+exec .venv/bin/python -m pytest -n "${CHESTNUT_TEST_WORKERS:-1}" --dist loadfile --durations=15 "$@"
