@@ -160,10 +160,6 @@ def shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
     return name.strip(), tuple(int(d) for d in parts)
 
 
-def _shapes(items: list[tuple[str, tuple[int, ...]]]) -> dict[str, tuple[int, ...]]:
-    return dict(items)
-
-
 def fingerprint_target_problem(path: Path) -> str | None:
     """Why ``--record-fingerprint`` cannot write to ``path`` (checked before the model is loaded or
     compiled), or None: its folder must exist and ``path`` must not be a folder or another non-regular file."""
@@ -301,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.model.is_file():
             print(f"chestnut probe: model {args.model} does not exist", file=sys.stderr)
             return 2
-        spec = ModelSpec(args.model, args.name or args.model.stem, _shapes(args.shape))
+        spec = ModelSpec(args.model, args.name or args.model.stem, dict(args.shape))  # shape_arg's (name, dims) pairs
 
     if args.record_fingerprint is not None:
         if spec is None:
