@@ -17,7 +17,8 @@ hysteresis (the AUTOSAR watchdog manager's pattern):
   failed after two consecutive bad LTSSM reads); before that the level is unchanged and the
   ``bad_run`` counter shows the suspicion;
 - WARN evidence (usable with a known hazard: a USB 2 link, one late frame) applies at once;
-- improving from ERROR takes ``recover_after`` consecutive good (OK or WARN) observations;
+- improving from ERROR takes ``recover_after`` consecutive good (OK or WARN) observations (and, with
+  ``hold_until_reported``, a report that carried the ERROR);
 - evidence that only rates a frame other evidence already observed (the stage budget's,
   :attr:`Evidence.counted` False) updates its source's condition and its tag's counter but no run:
   it neither debounces nor recovers a layer;
@@ -194,9 +195,11 @@ class LayerChange:
 class LayerMonitor:
     """One layer's debounced level (see the module docstring for the rules)."""
 
-    def __init__(self, layer: Layer, config: DebounceConfig | None = None) -> None:
+    def __init__(self, layer: Layer, config: DebounceConfig | None = None, hold_until_reported: bool = False) -> None:
         self.layer = layer
         self.config = config or DEFAULT_DEBOUNCE[layer]
+        self.hold_until_reported = hold_until_reported
+        self.error_reported = True  # the current ERROR (if any) has been carried by a report
         self._stale_ns = int(self.config.stale_after_ms * NS_PER_MS)
         self.debounced = Level.OK  # the level the evidence supports (OK / WARN / ERROR)
         self.level = Level.STALE  # what is published: debounced, or STALE without fresh evidence
@@ -234,6 +237,7 @@ class LayerMonitor:
             if ev.hard or self.bad_run >= c.fail_after:
                 if self.debounced is not Level.ERROR:
                     self.counters["faults"] += 1
+                    self.error_reported = not self.hold_until_reported
                 self.debounced, self.fault_reason = Level.ERROR, ev.reason
                 self._debounced_reason = ev.reason
         else:
@@ -244,12 +248,27 @@ class LayerMonitor:
                 self.counters[ev.tag] = self.counters.get(ev.tag, 0) + 1
             self._condition(ev, now_ns)
             if self.debounced is Level.ERROR:
-                if self.usable_run >= c.recover_after:
-                    self.counters["recoveries"] += 1
-                    self.debounced = Level.OK  # from here on: the worst current condition
-                else:
-                    self._debounced_reason = (f"{self.fault_reason} (recovering: {self.usable_run}/"
-                                              f"{c.recover_after} good)")
+                self._try_recover()
+        return self.refresh(now_ns)
+
+    def _try_recover(self) -> None:
+        """Leave ERROR after ``recover_after`` consecutive usable observations -- once a report has carried
+        the ERROR, when the layer holds unreported errors."""
+        c = self.config
+        if self.usable_run >= c.recover_after and self.error_reported:
+            self.counters["recoveries"] += 1
+            self.debounced = Level.OK  # from here on: the worst current condition
+        elif self.usable_run >= c.recover_after:
+            self._debounced_reason = f"{self.fault_reason} (recovered: {self.usable_run} good; shown until reported)"
+        else:
+            self._debounced_reason = f"{self.fault_reason} (recovering: {self.usable_run}/{c.recover_after} good)"
+
+    def reported(self, now_ns: int) -> LayerChange | None:
+        """A report (``chestnutHealth``) has carried this layer's status: a held ERROR whose recovery is
+        already earned clears now. Returns the change of the published level, if any."""
+        self.error_reported = True
+        if self.debounced is Level.ERROR:
+            self._try_recover()
         return self.refresh(now_ns)
 
     def _condition(self, ev: Evidence, now_ns: int) -> None:
@@ -310,11 +329,19 @@ class LayerMonitor:
 
 
 class HealthMonitor:
-    """The four layers. ``apply`` evidence as it arrives and ``refresh`` periodically (staleness)."""
+    """The four layers. ``apply`` evidence as it arrives and ``refresh`` periodically (staleness).
 
-    def __init__(self, configs: Mapping[Layer, DebounceConfig] | None = None) -> None:
+    ``hold_until_reported``: a layer that turns ERROR stays ERROR, its recovery earned or not, until
+    :meth:`reported` says a report carried it -- so a fault that clears within one report period (a link
+    retrained in 21 ms, three good frames in 150 ms, all between two 5 Hz ``chestnutHealth`` messages) is
+    still published, and a log reconstructs the layer's level at every instant from the reports alone.
+    """
+
+    def __init__(self, configs: Mapping[Layer, DebounceConfig] | None = None,
+                 hold_until_reported: bool = False) -> None:
         cfg = {**DEFAULT_DEBOUNCE, **(configs or {})}
-        self.layers: dict[Layer, LayerMonitor] = {la: LayerMonitor(la, cfg[la]) for la in LAYERS}
+        self.layers: dict[Layer, LayerMonitor] = {
+            la: LayerMonitor(la, cfg[la], hold_until_reported) for la in LAYERS}
 
     def apply(self, evidence: Iterable[Evidence], now_ns: int) -> list[LayerChange]:
         """Apply observations in order, then refresh every layer's staleness at ``now_ns``.
@@ -324,6 +351,10 @@ class HealthMonitor:
 
     def refresh(self, now_ns: int) -> list[LayerChange]:
         return [ch for m in self.layers.values() if (ch := m.refresh(now_ns)) is not None]
+
+    def reported(self, now_ns: int) -> list[LayerChange]:
+        """Every layer's status has just been published: held ERRORs whose recovery is earned clear."""
+        return [ch for m in self.layers.values() if (ch := m.reported(now_ns)) is not None]
 
     def status(self, layer: Layer) -> LayerStatus:
         return self.layers[layer].status()

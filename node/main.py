@@ -336,7 +336,7 @@ class Node:
                                  self._read_fingerprint(), self.warp)
         self.primary_model_id = self._read_primary_model_id()
         self.fallback: FallbackModel | None = None
-        self.health = HealthMonitor()
+        self.health = HealthMonitor(hold_until_reported=True)  # every ERROR reaches a chestnutHealth
         # the primary's copy-in / compute / copy-out against the frame, its run times against the deadline
         self.stage_budget = StageBudget(deadline_s=cfg.timing.deadline_ms / 1e3)
         self.primary_timed = False  # the primary's last result carried stage times (the budget must judge them)
@@ -1180,6 +1180,7 @@ class Node:
             self._fill_host(msg.chestnutHealth.host, now)
             self.pm.send("chestnutHealth", msg)
             self.health_published_ok = all(layer_usable(s) for s in self.health.statuses())
+            self.health.reported(now)
             # on a drift-free grid: counted from this send, every interval would add the loop's wake-up lag and
             # the rate fall below the 0.8 x health_hz a SubMaster's freq_ok allows; a stall skips whole periods
             period_ns = int(NS / self.cfg.timing.health_hz)

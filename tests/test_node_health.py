@@ -127,6 +127,35 @@ def test_recovery_takes_recover_after_consecutive_good_observations():
     assert (m.counters["faults"], m.counters["recoveries"]) == (1, 1)  # the relapse was inside one fault
 
 
+def test_an_error_held_until_reported_is_published_once_even_when_it_clears_between_reports():
+    mon = HealthMonitor(hold_until_reported=True)
+    all_ok(mon, 0)
+    mon.reported(0)
+    mon.apply([ev(Layer.PCIE, ERROR, "LTSSM=0x00 (link down)", hard=True)], 10 * MS)
+    for t in (20, 30, 40, 50):  # the recovery is earned between two reports
+        mon.apply([ev(Layer.PCIE, OK, "LTSSM=0x78 (link up)")], t * MS)
+    s = mon.status(Layer.PCIE)
+    assert (s.level, s.reason, s.last_change_ns) == (
+        ERROR, "LTSSM=0x00 (link down) (recovered: 4 good; shown until reported)", 10 * MS)
+    assert mon.reported(200 * MS) == [LayerChange(Layer.PCIE, ERROR, OK, "LTSSM=0x78 (link up)", 200 * MS)]
+    s = mon.status(Layer.PCIE)
+    assert (s.level, s.last_change_ns, s.counters["faults"], s.counters["recoveries"]) == (OK, 200 * MS, 1, 1)
+    # a report while still recovering does not shorten the recovery: recover_after good ones still clear it
+    mon.apply([ev(Layer.GPU, ERROR, "fence_stall", hard=True)], 300 * MS)
+    mon.reported(310 * MS)
+    mon.apply([ev(Layer.GPU, OK, "fence advanced")], 320 * MS)
+    assert mon.status(Layer.GPU).level is ERROR
+    mon.apply([ev(Layer.GPU, OK, "fence advanced")] * 2, 330 * MS)
+    assert mon.status(Layer.GPU).level is OK
+
+
+def test_without_the_hold_an_error_clears_without_a_report():
+    mon = HealthMonitor()
+    all_ok(mon, 0)
+    mon.apply([ev(Layer.PCIE, ERROR, "down", hard=True)] + [ev(Layer.PCIE, OK, "up")] * 3, 10 * MS)
+    assert mon.status(Layer.PCIE).level is OK
+
+
 def test_recovery_through_warn_evidence_lands_on_warn():
     m = LayerMonitor(Layer.USB, DebounceConfig(recover_after=2))
     m.observe(ev(Layer.USB, ERROR, "disconnect", hard=True), 0)
