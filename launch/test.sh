@@ -1,8 +1,19 @@
 #!/usr/bin/env bash
 # Set up if needed, lint the package (ruff check, then mypy; the first finding stops the run), then run the
-# test suite. Extra arguments go to pytest.
+# tests of one tier (the first argument; the rest go to pytest):
+#   (none)  the quick tier: every test not marked `slow` (pure rules, one program or one twin at a time), two
+#           workers -- a few minutes
+#   --slow  the slow tier: the tests marked `slow` (a node process, a launched stack, tinygrad against the twin,
+#           a Ray cluster, acceptance), one worker
+#   --all   the quick tier, then the slow tier (what CI runs); fails if either fails
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tier=quick
+case "${1:-}" in
+  --all) tier=all; shift ;;
+  --slow) tier=slow; shift ;;
+  --quick) shift ;;
+esac
 bash launch/setup.sh
 
 echo "ruff check (settings: pyproject.toml [tool.ruff])"
@@ -30,10 +41,26 @@ EOF
 echo "mypy (settings: pyproject.toml [tool.mypy]) on ${packages[*]}"
 MYPYPATH="$root" .venv/bin/mypy --cache-dir .mypy_cache/package/cache "${packages[@]}" | sed "s#^$root/chestnut/##"
 
-# The tests run in a pytest-xdist worker, a test file at a time (`--dist loadfile`: a module's fixtures -- a
-# compiled model, a launched stack -- are made once). One worker by default: each launched stack runs at
-# realtime priorities, and two workers on this 2-core machine put two stacks on two cores, where the twins'
-# CPU-bound GPUs fall behind and the timing tests of both fail now and then (4 of 1625 in one run).
-# CHESTNUT_TEST_WORKERS=2 runs two at once (about half the time), 0 runs them in this process.
-# The slowest tests are listed at the end.
-exec .venv/bin/python -m pytest -n "${CHESTNUT_TEST_WORKERS:-1}" --dist loadfile --durations=15 "$@"
+# The tests run in pytest-xdist workers, a test file at a time (`--dist loadfile`: a module's fixtures -- a
+# compiled model, a launched stack -- are made once). The quick tier runs in two workers
+# (CHESTNUT_TEST_WORKERS), the slow tier in one (CHESTNUT_SLOW_WORKERS): each node and launched stack runs at
+# realtime priorities, and two of them on this 2-core machine starve each other's twin -- the timing tests of
+# both fail now and then (4 of 1625 in one two-worker run). 0 runs a tier in this process. The slowest tests of
+# each tier are listed at its end.
+run_tier() {  # marker expression, workers, extra pytest arguments
+  local expr=$1 workers=$2
+  shift 2
+  echo "pytest: tests ${expr}, ${workers} worker(s)"
+  .venv/bin/python -m pytest -n "$workers" --dist loadfile --durations=15 -m "$expr" "$@"
+}
+quick() { run_tier "not slow" "${CHESTNUT_TEST_WORKERS:-2}" "$@"; }
+slow() { run_tier "slow" "${CHESTNUT_SLOW_WORKERS:-1}" "$@"; }
+case "$tier" in
+  quick) quick "$@" ;;
+  slow) slow "$@" ;;
+  all)
+    rc=0
+    quick "$@" || rc=$?
+    slow "$@" || { r=$?; [ "$rc" -ne 0 ] || rc=$r; }
+    exit "$rc" ;;
+esac

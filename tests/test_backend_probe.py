@@ -11,7 +11,7 @@ import pytest
 
 from chestnut.backend.sim.client import running_twin
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def probe(*args: str) -> subprocess.CompletedProcess:

@@ -22,7 +22,7 @@ from chestnut.launch.camerad import ring_frame, synthetic_frames
 from chestnut.msgs.messaging import drain_sock, sub_sock
 from chestnut.msgs.visionipc import FrameReader, FrameRing
 
-pytestmark = [pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
 RING_MAPPING = "/memfd:chestnut-frames"  # how a ring's memfd shows in /proc/<pid>/maps (msgs/visionipc.py)
 

@@ -35,6 +35,8 @@ from chestnut.node.offline.fleet import (
 from chestnut.node.offline.replay import KIND_VALUES, find_node_config, replay
 from chestnut.node.offline.units import Unit, run_unit
 
+pytestmark = pytest.mark.slow
+
 ROUTE = "2026-01-01--00-00-00"
 COPIES = 4
 SEGMENTS = 4  # per copy
@@ -343,7 +345,6 @@ def _ray(**kw):
     return ex
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ray_two_nodes_same_results_as_local(cluster, fleet, local):
     fr, fc = local
@@ -363,7 +364,6 @@ def test_ray_two_nodes_same_results_as_local(cluster, fleet, local):
         shipped.close()
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ray_worker_sigkilled_mid_run_has_its_segment_retried(cluster, fleet, local):
     fr, _ = local
@@ -386,7 +386,6 @@ def test_ray_worker_sigkilled_mid_run_has_its_segment_retried(cluster, fleet, lo
         ex.close()
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ray_ctrl_c_cancels_and_keeps_what_finished(cluster, fleet, local):
     fr, _ = local
@@ -415,7 +414,6 @@ def test_ray_ctrl_c_cancels_and_keeps_what_finished(cluster, fleet, local):
         again.close()
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cli_on_the_cluster_writes_the_fleet_report(cluster, fleet, tmp_path, capsys):
     out = tmp_path / "report"

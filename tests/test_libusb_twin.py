@@ -23,6 +23,8 @@ import pytest
 from chestnut.backend import protocol as P
 from chestnut.backend.sim.client import running_twin
 
+pytestmark = pytest.mark.slow
+
 GONE = "No such device (it may have been disconnected)"
 
 PRELUDE = """

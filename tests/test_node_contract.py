@@ -22,7 +22,7 @@ from chestnut.node.config import load_config
 from chestnut.node.contract import ContractError, declare_contract, fallback_refusal
 from chestnut.node.main import EXIT_CONFIG, EXIT_NO_FALLBACK
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def make_model(path: Path, out_name: str = "prob", stride: int = 2, bias: float = 0.0) -> Path:

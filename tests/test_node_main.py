@@ -33,7 +33,7 @@ from chestnut.msgs.paths import runtime_dir
 from chestnut.node.main import EXIT_CONFIG, EXIT_NO_FALLBACK
 from chestnut.node.preprocess import preprocess
 
-pytestmark = [pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 H, W = 32, 64
 

@@ -20,7 +20,7 @@ import pytest
 from chestnut.backend.jitcache import JitCache
 from chestnut.backend.model import TensorSpec, ensure_cpu_device
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 INPUTS = (TensorSpec("x", (1, 3, 32, 64), "float32"),)
 ARCH = "gfx1100"

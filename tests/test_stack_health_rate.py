@@ -17,7 +17,7 @@ from nodeharness import Bus, NodeProcess, write_node_config
 from chestnut.msgs.paths import runtime_dir
 from chestnut.msgs.services import get_service
 
-pytestmark = [pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 
 def test_health_keeps_its_declared_rate(tmp_path: Path, tiny_onnx: Path) -> None:

@@ -23,7 +23,7 @@ from chestnut.msgs.paths import runtime_dir
 from chestnut.node.config import NodeConfig, validate
 from chestnut.node.main import stale_frame_reason
 
-pytestmark = [pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 MS = 1_000_000
 
 

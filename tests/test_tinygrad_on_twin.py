@@ -21,6 +21,8 @@ import pytest
 from chestnut.backend import protocol as P
 from chestnut.backend.sim.client import running_twin
 
+pytestmark = pytest.mark.slow
+
 CHUNK = P.COPYIN_CHUNK
 OUT_CHUNK = P.COPYOUT_CHUNK
 
@@ -126,7 +128,6 @@ def test_tinygrads_copy_path_round_trips_byte_exact_through_the_twin(twin):
     assert out["timeline"] == [1 + 2 + len(SIZES) + pieces, len(SIZES) + pieces + 2]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_64_mib_round_trip(twin):
     out = run_tinygrad("""
@@ -138,7 +139,6 @@ out["exact"] = dock.copy_out(P.VRAM_HEAP_OFFSET, len(data)) == data
     assert out == {"fence": -(-(64 << 20) // CHUNK), "exact": True}
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_gpu_stalled_past_the_10_s_drain_then_a_same_process_retry_silently_returns_zeros(twin):
     """tinygrad's hard-coded 10 s drain, and the finding the node is built around. The GPU stalls 12 s on the
@@ -226,7 +226,6 @@ out["later"] = err(lambda: dock.copy_in(P.VRAM_HEAP_OFFSET, pattern(10000)))
     assert out["later"]["error"] == "RuntimeError: async bulk OUT failed: status=-1"
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_sentinel_never_seen_truncated_usb2_out_sdma_hang_and_fence_stall_each_end_in_the_10_s_drain(twin):
     out = run_tinygrad("""

@@ -21,7 +21,7 @@ from chestnut.launch.camerad import ring_frame, synthetic_frames
 from chestnut.msgs.paths import runtime_dir
 from chestnut.msgs.visionipc import FrameRing
 
-pytestmark = [pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 ROWS, COLS = 1208, 1928
 FRAME_BYTES = ROWS * 3 // 2 * COLS  # 3,493,536

@@ -36,6 +36,8 @@ from chestnut.node.shm import SlotLayout, WorkerState
 from chestnut.node.wire import HEADER_BYTES, Msg, WorkerError, error_from_json, error_to_json, pack, unpack
 from chestnut.node.worker_handle import WorkerHandle
 
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).resolve()
 X_SPEC = TensorSpec("x", (4, 3), "float32")
 Y_SPEC = TensorSpec("y", (3,), "float32")
