@@ -267,8 +267,8 @@ class LayerMonitor:
         """A report (``chestnutHealth``) has carried this layer's status: a held ERROR whose recovery is
         already earned clears now. Returns the change of the published level, if any."""
         self.error_reported = True
-        if self.debounced is Level.ERROR:
-            self._try_recover()
+        if self.debounced is Level.ERROR and self.usable_run >= self.config.recover_after:
+            self._try_recover()  # only a held recovery changes: a current fault keeps its reason as it is
         return self.refresh(now_ns)
 
     def _condition(self, ev: Evidence, now_ns: int) -> None:
