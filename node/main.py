@@ -1324,13 +1324,16 @@ class Node:
                 timeout_ms = LOOP_PERIOD_MS if nxt is None else max(0, min(LOOP_PERIOD_MS,
                                                                             (nxt - time.monotonic_ns()) // 1_000_000))
                 asked_ns = time.monotonic_ns() + timeout_ms * 1_000_000
+                answered = False
                 if self.poller.poll(timeout_ms):
                     for ev in drain_sock(self.frames):
                         self.on_frame(ev)
-                        self._housekeeping()
+                        self._housekeeping()  # between two queued frames too: results, the watchdog, health
+                        answered = True
                 else:
                     self.host.loop_woke(asked_ns, time.monotonic_ns())
-                self._housekeeping()
+                if not answered:  # a turn that answered a frame has just done it
+                    self._housekeeping()
                 self.notify.watchdog()
         finally:
             self.close()
