@@ -11,6 +11,7 @@ publisher finished cleanly and ``all_checks()`` held at the end of the run, 1 ot
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing as mp
 import os
 import signal
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from chestnut.msgs.argtypes import checked_float
 from chestnut.msgs.messaging import PubMaster, SubMaster, endpoint, new_message, take_pub_lock
 from chestnut.msgs.paths import current_prefix
 
@@ -77,9 +79,21 @@ def publish_camera_frames(
                 next_ns += period_ns
 
 
+MAX_RATE_HZ = 1000.0  # --rate-hz: a frame's period is whole nanoseconds of sleep; above 1 kHz it is no camera
+
+
+def _seconds(text: str) -> float:
+    return checked_float(text, lambda s: 0 < s < math.inf, "give a number of seconds > 0")
+
+
+def _rate_hz(text: str) -> float:
+    return checked_float(text, lambda hz: 0 < hz <= MAX_RATE_HZ, f"give a rate in Hz, > 0 and <= {MAX_RATE_HZ:g}")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seconds", type=float, default=5.0, help="how long to run (s, default 5)")
-    parser.add_argument("--rate-hz", type=float, default=20.0, help="publish rate (Hz, default 20 = nominal)")
+    parser.add_argument("--seconds", type=_seconds, default=5.0, help="how long to run (s > 0, default 5)")
+    parser.add_argument("--rate-hz", type=_rate_hz, default=20.0,
+                        help=f"publish rate (Hz, > 0 and <= {MAX_RATE_HZ:g}; default 20 = nominal)")
     parser.add_argument("--prefix", default=None, help="runtime prefix (default: $CHESTNUT_PREFIX)")
 
 

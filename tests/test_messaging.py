@@ -581,3 +581,21 @@ def test_demo_shows_the_checks_and_exits_0_with_a_summary():
         r"malformed 0",
         lines[-1],
     ), lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--rate-hz", "0"], "argument --rate-hz: '0': give a rate in Hz, > 0 and <= 1000"),
+        (["--rate-hz", "nan"], "argument --rate-hz: 'nan': give a rate in Hz, > 0 and <= 1000"),
+        (["--rate-hz", "1001"], "argument --rate-hz: '1001': give a rate in Hz, > 0 and <= 1000"),
+        (["--seconds", "-1"], "argument --seconds: '-1': give a number of seconds > 0"),
+    ],
+)
+def test_demo_refuses_a_rate_or_duration_it_cannot_run_in_one_line(capsys, args, line):
+    from chestnut.launch.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["demo", *args])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == f"chestnut demo: error: {line} (chestnut demo --help)\n"
