@@ -385,7 +385,9 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     positive = {"shadow_frames": t.shadow_frames, "health_hz": t.health_hz, "node_state_hz": t.node_state_hz,
                 "probe_hz": t.probe_hz, "miss_run": t.miss_run, "start_timeout_s": t.start_timeout_s,
                 "consumer_timeout_s": t.consumer_timeout_s, "backoff_initial_s": t.backoff_initial_s,
-                "flap_max_failovers": t.flap_max_failovers, "agreement_tol": t.agreement_tol}
+                "flap_max_failovers": t.flap_max_failovers, "agreement_tol": t.agreement_tol,
+                "stable_after_s": t.stable_after_s, "flap_window_s": t.flap_window_s,
+                "flap_backoff_s": t.flap_backoff_s}
     for key, value in positive.items():
         if not value > 0:
             raise ConfigError("config", f"timing.{key} = {value}; want > 0")
