@@ -331,8 +331,13 @@ def test_alive_freq_ok_valid_follow_a_publisher_in_another_process_that_slows_st
     finally:
         assert join(pub) == 0
         sm.close()
-    assert sm.recv_count[CAM] == 62 and sm[CAM].frameId == 61
     first = next(i for i, s in enumerate(samples) if s[1])
+    # ZeroMQ's slow joiner: a subscriber still connecting (a busy machine) can miss the first frames, never a
+    # later one. The first sample that saw frame k (k, or k - 1 and k together after a stall) counted at least
+    # the frames k..61 and at most all 62
+    k = samples[first][2]
+    assert k <= 5, samples[first]
+    assert 62 - k <= sm.recv_count[CAM] <= 62 and sm[CAM].frameId == 61, (k, sm.recv_count[CAM])
     assert all(s[3:] == (False, False, False) for s in samples[:first])  # never received
     received = [s for s in samples if s[1]]
     assert all(s[5] is (not 40 <= s[2] <= 49) for s in received)  # valid = the newest message's flag
