@@ -223,6 +223,8 @@ OWN_ADVICE: dict[str, str] = {
                  "copies",  # blame_slow_link
     "unstable_link": "reseat or replace the USB cable; avoid hubs; check the dock's power supply",
     # backend/real_runner.py check_firmware_cache: offline, tinygrad cannot download the GPU's firmware itself
+    # backend/docklock.py: the lock file is not one the node can use (a symlink, another user's file, ...)
+    "lock_unusable": "remove the file the error names (the node makes the dock's lock file itself)",
     "firmware_missing": "fill the GPU firmware cache: `chestnut probe --fill-firmware DIR` (DIR = a copy of "
                         "linux-firmware's amdgpu/ files), then probe again",
 }

@@ -429,6 +429,13 @@ def test_a_timed_out_transfer_is_not_advice_to_change_ports():
         "reseat or replace the USB cable; avoid hubs; check the dock's power supply")
 
 
+def test_an_unusable_dock_lock_file_is_advice_about_the_file_not_the_model():
+    err = UsbLayerError("lock_unusable", "the dock's lock file /tmp/am_usb:55-38.lock is a symlink (refused: it "
+                                         "could point anywhere); remove it (sudo rm /tmp/am_usb:55-38.lock)")
+    assert (err.reason, advice_for(err)) == (
+        "lock_unusable", "remove the file the error names (the node makes the dock's lock file itself)")
+
+
 def test_a_hang_tinygrad_declares_in_response_to_a_usb_error_is_the_usb_errors():
     # tinygrad 0.14 HCQCompiled.synchronize: a RuntimeError of the fence wait -> on_device_hang() raises anew
     err = classify(RuntimeError("Device hang detected"))  # alone: a hang
