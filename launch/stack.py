@@ -336,6 +336,11 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path, Path] | int:
             other,
         )
         return 2
+    from chestnut.msgs.messaging import check_publishable
+    from chestnut.msgs.services import SERVICE_LIST
+
+    for service in SERVICE_LIST:  # a planted lock file or socket path would stop one program after the start:
+        check_publishable(service, prefix)  # said here, in one line, exit 2 (launch/cli.py), nothing started
     try:
         run_dir = make_run_dir(args.runs_dir)
     except OutputDirError as e:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import math
 import multiprocessing as mp
-import os
 import signal
 import time
 from collections.abc import Sequence
@@ -21,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from chestnut.msgs.argtypes import checked_float
-from chestnut.msgs.messaging import PubMaster, SubMaster, endpoint, new_message, take_pub_lock
+from chestnut.msgs.messaging import PubMaster, SubMaster, check_publishable, new_message
 from chestnut.msgs.paths import current_prefix
 
 SERVICE = "cameraFrame"
@@ -97,19 +96,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix", default=None, help="runtime prefix (default: $CHESTNUT_PREFIX)")
 
 
-def check_publisher_lock(prefix: str) -> None:
-    """Take and at once release ``cameraFrame``'s publisher lock on ``prefix`` (``ipc://`` only), so that what
-    would stop the publishing child stops ``chestnut demo`` before the child starts, in one line with exit 2
-    (``launch/cli.py``), as ``chestnut camera`` does: :class:`~chestnut.msgs.messaging.PubLockError` for a lock
-    file that is not ours (a symlink, a folder, ...), :class:`~chestnut.msgs.messaging.PublisherBusyError`
-    when another live process publishes ``cameraFrame`` there."""
-    if endpoint(SERVICE, prefix).startswith("ipc://"):
-        os.close(take_pub_lock(SERVICE, prefix))
-
-
 def run(args: argparse.Namespace) -> int:
     prefix = args.prefix or current_prefix()
-    check_publisher_lock(prefix)
+    # what would stop the publishing child stops `chestnut demo` before the child starts: one line, exit 2
+    check_publishable(SERVICE, prefix)
     sm = SubMaster([SERVICE], prefix=prefix)
     publisher = mp.get_context("spawn").Process(
         target=publish_camera_frames,

@@ -67,6 +67,7 @@ __all__ = [
     "SubMaster",
     "SubSocket",
     "UnknownServiceError",
+    "check_publishable",
     "context",
     "drain_sock",
     "drain_sock_raw",
@@ -561,6 +562,21 @@ def take_pub_lock(service: str, prefix: str | None = None) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def check_publishable(service: str, prefix: str | None = None) -> None:
+    """Refuse now what would stop :func:`pub_sock` from publishing ``service`` on ``prefix``, binding nothing:
+    the publisher lock is taken and at once released, and the socket's path checked (``ipc://`` only; a TCP
+    endpoint has neither). For a program that starts publishers later, in children, to say up front in one
+    line what a child would only log. Raises :class:`PubLockError`, :class:`PublisherBusyError`,
+    :class:`SocketPathError`, :class:`~chestnut.msgs.paths.RuntimeDirError`."""
+    addr = endpoint(service, prefix)
+    if addr.startswith("ipc://"):
+        fd = take_pub_lock(service, prefix)
+        try:
+            _check_socket_path(addr.removeprefix("ipc://"))
+        finally:
+            os.close(fd)
 
 
 PROC_LOCKS = "/proc/locks"

@@ -150,3 +150,24 @@ def test_the_demo_refuses_a_planted_lock_in_one_line_exit_2_before_its_publisher
     assert captured.err == f"chestnut demo: publisher lock file {lock} {problem}{_fix(lock)}\n"
     assert captured.out == ""  # no status line: nothing was started
     assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize(("service", "plant"), [("cameraFrame", "lock"), ("chestnutHealth", "lock"),
+                                                ("controlState", "socket")])
+def test_the_launch_refuses_a_planted_lock_or_socket_path_of_any_program_before_anything_starts(service, plant,
+                                                                                                tmp_path, capsys):
+    """The camera met it after the whole stack had started: one of ~50 lines said supervisorctl's exit 7, the
+    lock file was named only in camera.log."""
+    from chestnut.launch.cli import main
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    path = runtime_dir() / (f"{service}.pub.lock" if plant == "lock" else service)
+    path.symlink_to(victim)
+    runs = tmp_path / "runs"
+    assert main(["launch", "--seconds", "5", "--no-live", "--runs-dir", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"chestnut launch: publisher lock file {path} is a symlink{_fix(path)}\n" if plant == "lock" else
+                   f"chestnut launch: socket path {path} holds a symlink, not a socket: refused, nothing replaced; "
+                   "remove it and start again\n")
+    assert not runs.exists() and victim.read_text() == "precious\n"
