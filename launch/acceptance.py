@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -47,6 +48,7 @@ from typing import Any
 from chestnut.backend import protocol as P
 from chestnut.launch.acceptance_bus import FRAME_HZ, FrameBus, inactive_since, percentile_ms, serving_primary
 from chestnut.launch.acceptance_dock import run_dock_process
+from chestnut.msgs.argtypes import checked_float
 from chestnut.msgs.outdir import OutputDirError, open_private, private_dir, write_private
 
 DEFAULT_SIZES = (64 << 10, 1 << 20, 4 << 20)  # bytes per copy
@@ -477,6 +479,33 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def _frames(text: str) -> int:
+    """``--frames``: how many camera frames go through the node, an integer > 0; raises
+    ``argparse.ArgumentTypeError`` (one line) otherwise."""
+    try:
+        frames = int(text)
+    except ValueError:
+        frames = 0
+    if frames <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of frames > 0")
+    return frames
+
+
+def _min_copy_mbps(text: str) -> float:
+    """``--min-copy-mbps``: the slowest acceptable copy, MB/s, finite and > 0 (NaN would fail no copy)."""
+    return checked_float(text, lambda mbps: 0 < mbps < math.inf, "give a copy rate in MB/s > 0")
+
+
+def _bound_ms(text: str) -> float:
+    """``--detect-bound-ms``: a time in ms, finite and > 0."""
+    return checked_float(text, lambda ms: 0 < ms < math.inf, "give a time in milliseconds > 0")
+
+
+def _bound_s(text: str) -> float:
+    """``--recover-bound-s``: a time in s, finite and > 0."""
+    return checked_float(text, lambda s: 0 < s < math.inf, "give a number of seconds > 0")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--twin", action="store_true", help="the twin, unattended, with injected faults")
@@ -491,19 +520,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="onnxruntime",
         help="how the twin's GPU executes programs (default onnxruntime, as chestnut launch: 20 Hz on 2 cores)",
     )
-    p.add_argument("--frames", type=int, default=100, help="frames through the node (default 100)")
+    p.add_argument("--frames", type=_frames, default=100, help="frames through the node (> 0, default 100)")
     p.add_argument("--sizes", type=_sizes, default=list(DEFAULT_SIZES), help="bytes per copy, comma-separated")
-    p.add_argument("--min-copy-mbps", type=float, default=1.0, help="slowest acceptable copy, MB/s")
-    p.add_argument("--detect-bound-ms", type=float, default=DETECT_BOUND_MS, help="unplug detection bound, ms")
-    p.add_argument("--recover-bound-s", type=float, default=RECOVER_BOUND_S, help="replug recovery bound, s")
+    p.add_argument("--min-copy-mbps", type=_min_copy_mbps, default=1.0,
+                   help="slowest acceptable copy, MB/s (> 0, default 1)")
+    p.add_argument("--detect-bound-ms", type=_bound_ms, default=DETECT_BOUND_MS,
+                   help=f"unplug detection bound, ms (> 0, default {DETECT_BOUND_MS:g})")
+    p.add_argument("--recover-bound-s", type=_bound_s, default=RECOVER_BOUND_S,
+                   help=f"replug recovery bound, s (> 0, default {RECOVER_BOUND_S:g})")
 
 
 def run(args: argparse.Namespace) -> int:
     from chestnut.backend.errors import ConfigError
 
-    if args.frames <= 0:
-        print("chestnut acceptance: --frames must be > 0", file=sys.stderr)
-        return 2
     try:
         kit = Kit(args)
     except ConfigError as e:

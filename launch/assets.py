@@ -85,14 +85,28 @@ def bgr_to_input(img: np.ndarray) -> np.ndarray:
     return PREPROCESSORS["ppocr"](img)
 
 
+def graph_problem(model: Any) -> str | None:
+    """Why the parsed ModelProto ``model`` cannot be prepared before its shapes are looked at, or None: it must
+    have a graph (an empty file parses as a ModelProto with none) with at least one input. Never raises."""
+    if not model.HasField("graph"):
+        return "is not an ONNX model with a graph (an empty file parses as an empty ModelProto)"
+    if not model.graph.input:
+        return "has no graph inputs; the node feeds a model one input [N,C,H,W]"
+    return None
+
+
 def repair_and_fix_shape(model: Any, input_shape: tuple[int, ...]) -> tuple[Any, int]:
     """Fix the first graph input's dims to ``input_shape`` and give every ``Resize`` an explicit roi.
 
-    Returns (model, number of Resize nodes repaired). Raises ModelError if the rank differs or a dim the model
-    fixes (a ``dim_value``, e.g. the 3 colour channels) is given another value -- before anything is compiled.
+    Returns (model, number of Resize nodes repaired). Raises ModelError ``bad_model`` if the model has no graph
+    input (e.g. an empty file, which parses as an empty ModelProto), ``bad_input_shape`` if the rank differs or a
+    dim the model fixes (a ``dim_value``, e.g. the 3 colour channels) is given another value -- before anything
+    is compiled.
     """
     from onnx import numpy_helper
 
+    if (problem := graph_problem(model)) is not None:
+        raise ModelError("bad_model", f"the model {problem}")
     inp = model.graph.input[0]
     dims = inp.type.tensor_type.shape.dim
     if len(dims) != len(input_shape):
@@ -170,10 +184,15 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
     """Prepare ``src`` into ``out`` (+ ``out.with_suffix('.json')`` metadata); returns the metadata.
 
     ``check_frame``: a uint8 [H,W,3] BGR real frame for the onnxruntime agreement check (PP-OCR
-    normalisation), or None to check on a fixed random input. Raises ModelError on any failed check.
+    normalisation), or None to check on a fixed random input. Raises ModelError on any failed check:
+    ``missing_model`` when ``src`` is no file (absent or a folder), ``bad_model`` when its bytes are not an ONNX
+    model with a graph input (garbage, an empty file) or a check fails, ``bad_input_shape`` (see
+    :func:`repair_and_fix_shape`); OutputDirError when ``out`` cannot be written.
     """
     import onnx
 
+    if src.is_dir():
+        raise ModelError("missing_model", f"model file {src} is a directory")
     if not src.is_file():
         raise ModelError("missing_model", f"model file {src} does not exist")
     try:
@@ -181,6 +200,8 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
     except Exception as e:  # protobuf's DecodeError, onnx's own errors: the bytes are not a ModelProto
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError("bad_model", f"{src} does not parse as an ONNX model ({first})") from None
+    if (problem := graph_problem(model)) is not None:
+        raise ModelError("bad_model", f"{src} {problem}")
     model, repaired = repair_and_fix_shape(model, input_shape)
     logits = expose_logits(model)
     try:
@@ -341,8 +362,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"chestnut model prepare: {e}", file=sys.stderr)
         return 2
     if args.onnx is not None and not args.onnx.is_file():
+        what = "is a directory" if args.onnx.is_dir() else "no such file"
         print(
-            f"chestnut model prepare: --onnx {args.onnx}: no such file; give the path of an ONNX model "
+            f"chestnut model prepare: --onnx {args.onnx}: {what}; give the path of an ONNX model "
             "(or leave --onnx out for the default PP-OCRv4 detector)",
             file=sys.stderr,
         )

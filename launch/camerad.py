@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from chestnut.launch.signals import StopFlag
+from chestnut.msgs.argtypes import MAX_FRAME_RATE_HZ, checked_float, frame_rate_hz
 from chestnut.msgs.frames import fill_frame
 from chestnut.msgs.messaging import PubMaster
 from chestnut.msgs.services import get_service
@@ -173,10 +175,28 @@ def ticks_to_skip(now_ns: int, sof_ns: int, period_ns: int, late_max_periods: in
     return int(late_ns // period_ns) if late_ns > late_max_periods * period_ns else 0
 
 
+def _frame_count(text: str) -> int:
+    """``--frames``: how many frames to send, an integer >= 0 (0: run until stopped); raises
+    ``argparse.ArgumentTypeError`` (one line) otherwise."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of frames >= 0 (0: run until stopped)")
+    return count
+
+
+def _start_delay_s(text: str) -> float:
+    """``--start-delay``: seconds, finite and >= 0; raises ``argparse.ArgumentTypeError`` (one line) otherwise."""
+    return checked_float(text, lambda s: 0 <= s < math.inf, "give a number of seconds >= 0")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_priority_argument(p, CAMERA_PRIORITY, "camera")
     p.add_argument("--source", type=Path, help="video, image folder or image (default: mvtb-data traffic video)")
-    p.add_argument("--rate", type=float, default=20.0, help="frames per second (default 20)")
+    p.add_argument("--rate", type=frame_rate_hz, default=20.0,
+                   help=f"frames per second (> 0 and <= {MAX_FRAME_RATE_HZ:g}; default 20)")
     p.add_argument("--height", type=int, default=128)
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--native", action="store_true", help="keep the source's own size (ignores --height/--width)")
@@ -189,7 +209,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--synthetic", action="store_true", help="a moving test pattern of --width x --height instead of --source"
     )
-    p.add_argument("--frames", type=int, default=0, help="stop after this many frames (0 = run until stopped)")
+    p.add_argument("--frames", type=_frame_count, default=0,
+                   help="stop after this many frames (>= 0; 0 = run until stopped, the default)")
     p.add_argument("--no-loop", action="store_true", help="stop at the end of the source instead of looping")
     p.add_argument(
         "--transport",
@@ -200,9 +221,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--start-delay",
-        type=float,
+        type=_start_delay_s,
         default=1.0,
-        help="s between binding the socket and the first frame (default 1): ZeroMQ drops what a PUB "
+        help="s >= 0 between binding the socket and the first frame (default 1): ZeroMQ drops what a PUB "
         "sends before a subscriber's connection is up, so subscribers get time to (re)connect",
     )
 

@@ -19,3 +19,16 @@ def checked_float(text: str, ok: Callable[[float], bool], want: str) -> float:
     if not ok(value):
         raise argparse.ArgumentTypeError(f"{text!r}: {want}")
     return value
+
+
+MAX_FRAME_RATE_HZ = 1000.0
+"""Upper bound of a publisher's frame rate on the command line (``chestnut camera --rate``, ``chestnut demo
+--rate-hz``), Hz: a frame's period must be a whole, non-zero number of nanoseconds on the tick grid, and a
+rate over 1 kHz is no camera's (openpilot's road camera: 20 Hz)."""
+
+
+def frame_rate_hz(text: str) -> float:
+    """A frame rate, Hz, in (0, :data:`MAX_FRAME_RATE_HZ`]; raises ``argparse.ArgumentTypeError`` (one line)
+    otherwise, NaN and inf included (0 Hz divided by zero, NaN has no period)."""
+    return checked_float(text, lambda hz: 0 < hz <= MAX_FRAME_RATE_HZ,
+                         f"give a rate in Hz, > 0 and <= {MAX_FRAME_RATE_HZ:g}")

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from chestnut.msgs.argtypes import checked_float
+from chestnut.msgs.argtypes import MAX_FRAME_RATE_HZ, checked_float, frame_rate_hz
 from chestnut.msgs.messaging import PubMaster, SubMaster, check_publishable, new_message
 from chestnut.msgs.paths import current_prefix
 
@@ -78,21 +78,14 @@ def publish_camera_frames(
                 next_ns += period_ns
 
 
-MAX_RATE_HZ = 1000.0  # --rate-hz: a frame's period is whole nanoseconds of sleep; above 1 kHz it is no camera
-
-
 def _seconds(text: str) -> float:
     return checked_float(text, lambda s: 0 < s < math.inf, "give a number of seconds > 0")
 
 
-def _rate_hz(text: str) -> float:
-    return checked_float(text, lambda hz: 0 < hz <= MAX_RATE_HZ, f"give a rate in Hz, > 0 and <= {MAX_RATE_HZ:g}")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=_seconds, default=5.0, help="how long to run (s > 0, default 5)")
-    parser.add_argument("--rate-hz", type=_rate_hz, default=20.0,
-                        help=f"publish rate (Hz, > 0 and <= {MAX_RATE_HZ:g}; default 20 = nominal)")
+    parser.add_argument("--rate-hz", type=frame_rate_hz, default=20.0,
+                        help=f"publish rate (Hz, > 0 and <= {MAX_FRAME_RATE_HZ:g}; default 20 = nominal)")
     parser.add_argument("--prefix", default=None, help="runtime prefix (default: $CHESTNUT_PREFIX)")
 
 

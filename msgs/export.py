@@ -47,7 +47,8 @@ class NothingToExportError(ValueError):
 def export_mcap(logs: list[Path], out: Path, with_capnp: bool = False) -> tuple[int, list[str]]:
     """Write ``out`` from ``logs``; returns (messages written, damage lines).
 
-    Raises ``FileNotFoundError`` when no log is found, :class:`~chestnut.msgs.outdir.OutputExistsError`
+    Raises ``FileNotFoundError`` when no log is found, ``ValueError`` for a given file that is no log (neither
+    ``.zst`` nor ``.mcap``; raised before ``out`` is created), :class:`~chestnut.msgs.outdir.OutputExistsError`
     (a ``FileExistsError``) if ``out`` exists, :class:`~chestnut.msgs.outdir.OutputDirError` for an
     unfit output path and :class:`NothingToExportError` when no message could be read; in the last
     case, and on any error after ``out`` was created, ``out`` is removed."""
@@ -118,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except NothingToExportError as e:
         _log.error("%s", e)
+        return 2
+    except ValueError as e:  # the input: a file that is no log by its suffix (SegmentFileReader), as check says it
+        _log.error("LOG %s; give log files or directories (rlog.zst / rlog.mcap)", e)
         return 2
     except (FileNotFoundError, IsADirectoryError, PermissionError) as e:  # the input
         what = e if e.filename is None else f"{e.filename}: {(e.strerror or str(e)).lower()}"

@@ -97,3 +97,37 @@ def test_a_failed_ladder_leaves_every_later_step_not_run(kit, tmp_path, monkeypa
 
 def test_the_twin_engine_can_be_chosen():
     assert kit_args(Path("/tmp/x"), "--twin-engine", "tinygrad").twin_engine == "tinygrad"
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "want"),
+    [
+        ("--min-copy-mbps", "nan", "give a copy rate in MB/s > 0"),
+        ("--min-copy-mbps", "inf", "give a copy rate in MB/s > 0"),
+        ("--min-copy-mbps", "-1", "give a copy rate in MB/s > 0"),
+        ("--min-copy-mbps", "0", "give a copy rate in MB/s > 0"),
+        ("--min-copy-mbps", "fast", "give a copy rate in MB/s > 0"),
+        ("--frames", "-3", "give a number of frames > 0"),
+        ("--frames", "0", "give a number of frames > 0"),
+        ("--frames", "nan", "give a number of frames > 0"),
+        ("--detect-bound-ms", "nan", "give a time in milliseconds > 0"),
+        ("--detect-bound-ms", "-5", "give a time in milliseconds > 0"),
+        ("--recover-bound-s", "nan", "give a number of seconds > 0"),
+        ("--recover-bound-s", "-inf", "give a number of seconds > 0"),
+        ("--sizes", "nan", "want bytes per copy, comma-separated"),
+        ("--sizes", "65536,-1", f"each size in 1 .. {64 << 20} bytes"),
+    ],
+)
+def test_a_number_the_kit_cannot_judge_by_is_refused_in_one_line(tmp_path, capsys, option, value, want):
+    """NaN compares false with every figure: ``--min-copy-mbps nan`` would pass any copy. Refused as argparse
+    reads it, before anything starts: one line, exit 2, no --out written."""
+    from chestnut.launch.cli import main
+
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        main(["acceptance", "--twin", "--out", str(out), f"{option}={value}"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"chestnut acceptance: error: argument {option}: {value!r}: {want} (chestnut acceptance --help)"
+    ]
+    assert not out.exists()

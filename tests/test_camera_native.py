@@ -119,3 +119,41 @@ def test_native_with_a_synthetic_source_is_one_line_and_exit_2(caplog):
         "--native keeps a source's own size; a --synthetic source has none: give its size with --width and "
         "--height (openpilot's road camera: --width 1928 --height 1208)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "want"),
+    [
+        ("--frames", "-3", "give a number of frames >= 0 (0: run until stopped)"),
+        ("--frames", "nan", "give a number of frames >= 0 (0: run until stopped)"),
+        ("--frames", "1.5", "give a number of frames >= 0 (0: run until stopped)"),
+        ("--start-delay", "-5", "give a number of seconds >= 0"),
+        ("--start-delay", "nan", "give a number of seconds >= 0"),
+        ("--start-delay", "inf", "give a number of seconds >= 0"),
+        ("--rate", "nan", "give a rate in Hz, > 0 and <= 1000"),
+        ("--rate", "-20", "give a rate in Hz, > 0 and <= 1000"),
+        ("--rate", "1e12", "give a rate in Hz, > 0 and <= 1000"),
+    ],
+)
+def test_a_frame_count_delay_or_rate_it_cannot_run_is_one_line_and_exit_2(capsys, option, value, want):
+    """``--frames -3`` sent 0 frames and exited 0, ``--start-delay -5`` was taken as 0, ``--rate nan`` was a
+    traceback: refused as argparse reads them, before any socket is bound."""
+    from chestnut.launch.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["camera", "--synthetic", f"{option}={value}"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"chestnut camera: error: argument {option}: {value!r}: {want} (chestnut camera --help)"
+    ]
+
+
+def test_frames_0_still_means_run_until_stopped():
+    import argparse
+
+    from chestnut.launch import camerad
+
+    p = argparse.ArgumentParser()
+    camerad.add_arguments(p)
+    args = p.parse_args(["--synthetic", "--frames", "0", "--start-delay", "0"])
+    assert (args.frames, args.start_delay, args.rate) == (0, 0.0, 20.0)

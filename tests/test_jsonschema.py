@@ -125,3 +125,47 @@ def test_every_message_path_of_the_foxglove_layout_names_a_generated_topic_and_f
                 node = node["items"]
     panels = {k.split("!")[0] for k in layout["configById"]}
     assert {"Image", "Indicator", "StateTransitions", "Plot", "RawMessages", "RosOut"} <= panels
+
+
+def _export_in_process(tmp_path, caplog, log_path) -> tuple[int, list[tuple[str, str]]]:
+    """``chestnut export LOG --mcap tmp/out/view.mcap`` in this process: (exit code, [(level, message)])."""
+    from chestnut.launch.cli import main
+
+    (tmp_path / "out").mkdir(mode=0o700)
+    caplog.set_level("INFO", logger="chestnut")
+    rc = main(["export", str(log_path), "--mcap", str(tmp_path / "out" / "view.mcap")])
+    return rc, [(r.levelname, r.getMessage()) for r in caplog.records if r.name.startswith("chestnut")]
+
+
+def test_export_of_a_file_that_is_no_log_is_one_line_as_check_says_it(tmp_path, caplog):
+    other = tmp_path / "model.onnx"
+    other.write_bytes(b"\x08\x07 not a log")
+    rc, lines = _export_in_process(tmp_path, caplog, other)
+    assert (rc, lines) == (2, [(
+        "ERROR",
+        f"LOG {other}: not a log file (expected a .zst or .mcap suffix); give log files or directories "
+        "(rlog.zst / rlog.mcap)",
+    )])
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_export_of_a_missing_log_is_one_line(tmp_path, caplog):
+    missing = tmp_path / "nope" / "rlog.zst"
+    rc, lines = _export_in_process(tmp_path, caplog, missing)
+    assert (rc, lines) == (2, [
+        ("ERROR", f"LOG {missing}: no such file or directory; give log files or directories (rlog.zst / rlog.mcap)")
+    ])
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_export_of_a_damaged_zst_with_no_message_is_one_line_and_leaves_nothing(tmp_path, caplog):
+    damaged = tmp_path / "rlog.zst"
+    damaged.write_bytes(b"\x00not zstd at all" * 8)
+    out = tmp_path / "out" / "view.mcap"
+    rc, lines = _export_in_process(tmp_path, caplog, damaged)
+    assert (rc, lines) == (2, [(
+        "ERROR",
+        f"nothing exported from {damaged} ({damaged}: byte 0: zstd: zstd decompressor error: Unknown frame "
+        f"descriptor); {out} not written: give a log that chestnut record wrote",
+    )])
+    assert list((tmp_path / "out").iterdir()) == []

@@ -72,3 +72,61 @@ def test_a_shape_against_a_dim_the_model_fixes_is_refused_before_compiling(tmp_p
         "'p2o.DynamicDimension.2']: dim 1 is 3 in the model, shape given [1, 4, 128, 256] asks 4")
     assert not (tmp_path / "out" / "m.onnx").exists()
     assert not (tmp_path / "cache" / "chestnut" / "jit").exists()  # nothing compiled
+
+
+def prepare_in_process(tmp_path: Path, monkeypatch, capsys, *args: str) -> tuple[int, list[str]]:
+    """``chestnut model prepare --out tmp/out/m.onnx ARGS`` in this process: (exit code, stderr lines)."""
+    from chestnut.launch.cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "out").mkdir(mode=0o700, exist_ok=True)
+    rc = main(["model", "prepare", "--out", str(tmp_path / "out" / "m.onnx"), *args])
+    return rc, capsys.readouterr().err.splitlines()
+
+
+def test_an_empty_onnx_file_is_one_line_as_garbage_is(tmp_path, monkeypatch, capsys):
+    """An empty file parses as an empty ModelProto (no graph): bad_model in one line, not an IndexError."""
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(empty))
+    assert (rc, err) == (2, [
+        f"chestnut model prepare: bad_model: {empty} is not an ONNX model with a graph "
+        "(an empty file parses as an empty ModelProto)"
+    ])
+    assert not (tmp_path / "out" / "m.onnx").exists()
+
+
+def test_an_onnx_model_without_graph_inputs_is_one_line(tmp_path, monkeypatch, capsys):
+    import onnx
+    from onnx import TensorProto, helper
+
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    const = helper.make_node("Constant", [], ["y"], value=helper.make_tensor("c", TensorProto.FLOAT, [1], [1.0]))
+    no_inputs = tmp_path / "no_inputs.onnx"
+    onnx.save(helper.make_model(helper.make_graph([const], "g", [], [out])), str(no_inputs))
+    rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(no_inputs))
+    assert (rc, err) == (2, [
+        f"chestnut model prepare: bad_model: {no_inputs} has no graph inputs; the node feeds a model one input "
+        "[N,C,H,W]"
+    ])
+    assert not (tmp_path / "out" / "m.onnx").exists()
+
+
+def test_repair_and_fix_shape_refuses_an_empty_model_as_a_model_error():
+    import onnx
+
+    from chestnut.backend.errors import ModelError
+    from chestnut.launch.assets import repair_and_fix_shape
+
+    with pytest.raises(ModelError, match=r"^bad_model: the model is not an ONNX model with a graph \("):
+        repair_and_fix_shape(onnx.ModelProto(), (1, 3, 128, 256))
+
+
+def test_an_onnx_path_that_is_a_directory_says_so(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(folder))
+    assert (rc, err) == (2, [
+        f"chestnut model prepare: --onnx {folder}: is a directory; give the path of an ONNX model "
+        "(or leave --onnx out for the default PP-OCRv4 detector)"
+    ])
