@@ -236,6 +236,10 @@ class _UnknownEnumerant(Exception):
 def _walk_struct(reader: Any, plan: _StructPlan) -> str | None:
     """Resolve every pointer and enum reachable from ``reader``; returns its union member's name (if any).
 
+    In Python, not one C++ call: pycapnp 2.2.4's ``total_size`` (capnp's own traversal of every pointer) aborts
+    the whole process on a message over the traversal limit (the kj exception meets a ``noexcept`` frame and
+    ``std::terminate`` runs), and it would check neither enums nor union discriminants.
+
     Raises ``KjException`` on a bad pointer, :class:`_UnknownEnumerant` on a union discriminant or
     enum value the schema does not name.
     """
