@@ -45,7 +45,7 @@ MYPYPATH="$root" .venv/bin/mypy --cache-dir .mypy_cache/package/cache "${package
 # compiled model, a launched stack -- are made once). The quick tier runs in two workers
 # (CHESTNUT_TEST_WORKERS), the slow tier in one (CHESTNUT_SLOW_WORKERS): each node and launched stack runs at
 # realtime priorities, and two of them on this 2-core machine starve each other's twin -- the timing tests of
-# both fail now and then (4 of 1625 in one two-worker run). 0 runs a tier in this process. The slowest tests of
+# both fail now and then (one of 183 slow tests in a two-worker run of that tier). 0 runs a tier in this process. The slowest tests of
 # each tier are listed at its end.
 run_tier() {  # marker expression, workers, extra pytest arguments
   local expr=$1 workers=$2
