@@ -61,8 +61,10 @@ def test_kill_stack_asks_with_sigterm_first():
     tag = f"term{os.getpid()}"
     polite = spawn(
         {"CHESTNUT_PREFIX": tag, LAUNCH_ID_ENV: "A"},
-        "import signal, sys, time\n"
-        "def bye(*_): print('SIGTERM', flush=True); sys.exit(0)\n"
+        # the handler writes with os.write: the signal can come while print('up') is still inside stdout's
+        # buffered writer (the parent has read the line already), and a print there raises "reentrant call"
+        "import os, signal, sys, time\n"
+        "def bye(*_): os.write(1, b'SIGTERM\\n'); sys.exit(0)\n"
         "signal.signal(signal.SIGTERM, bye); print('up', flush=True); time.sleep(60)",
     )
     try:
