@@ -62,9 +62,10 @@ def test_kill_stack_asks_with_sigterm_first():
     polite = spawn(
         {"CHESTNUT_PREFIX": tag, LAUNCH_ID_ENV: "A"},
         # the handler writes with os.write: the signal can come while print('up') is still inside stdout's
-        # buffered writer (the parent has read the line already), and a print there raises "reentrant call"
-        "import os, signal, sys, time\n"
-        "def bye(*_): os.write(1, b'SIGTERM\\n'); sys.exit(0)\n"
+        # buffered writer (the parent has read the line already): a print there raises "reentrant call", and an
+        # exit through the interpreter's shutdown could flush that half-done buffer again
+        "import os, signal, time\n"
+        "def bye(*_): os.write(1, b'SIGTERM\\n'); os._exit(0)\n"
         "signal.signal(signal.SIGTERM, bye); print('up', flush=True); time.sleep(60)",
     )
     try:
