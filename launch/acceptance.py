@@ -48,7 +48,7 @@ from typing import Any
 from chestnut.backend import protocol as P
 from chestnut.launch.acceptance_bus import FRAME_HZ, FrameBus, inactive_since, percentile_ms, serving_primary
 from chestnut.launch.acceptance_dock import run_dock_process
-from chestnut.msgs.argtypes import checked_float
+from chestnut.msgs.argtypes import checked_float, checked_int
 from chestnut.msgs.outdir import OutputDirError, open_private, private_dir, write_private
 
 DEFAULT_SIZES = (64 << 10, 1 << 20, 4 << 20)  # bytes per copy
@@ -482,13 +482,7 @@ def _sizes(text: str) -> list[int]:
 def _frames(text: str) -> int:
     """``--frames``: how many camera frames go through the node, an integer > 0; raises
     ``argparse.ArgumentTypeError`` (one line) otherwise."""
-    try:
-        frames = int(text)
-    except ValueError:
-        frames = 0
-    if frames <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of frames > 0")
-    return frames
+    return checked_int(text, lambda n: n > 0, "give a number of frames > 0")
 
 
 def _min_copy_mbps(text: str) -> float:

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from chestnut.launch.signals import StopFlag
-from chestnut.msgs.argtypes import MAX_FRAME_RATE_HZ, checked_float, frame_rate_hz
+from chestnut.msgs.argtypes import MAX_FRAME_RATE_HZ, checked_float, checked_int, frame_rate_hz
 from chestnut.msgs.frames import fill_frame
 from chestnut.msgs.messaging import PubMaster
 from chestnut.msgs.services import get_service
@@ -178,13 +178,7 @@ def ticks_to_skip(now_ns: int, sof_ns: int, period_ns: int, late_max_periods: in
 def _frame_count(text: str) -> int:
     """``--frames``: how many frames to send, an integer >= 0 (0: run until stopped); raises
     ``argparse.ArgumentTypeError`` (one line) otherwise."""
-    try:
-        count = int(text)
-    except ValueError:
-        count = -1
-    if count < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of frames >= 0 (0: run until stopped)")
-    return count
+    return checked_int(text, lambda n: n >= 0, "give a number of frames >= 0 (0: run until stopped)")
 
 
 def _start_delay_s(text: str) -> float:

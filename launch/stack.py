@@ -81,6 +81,7 @@ from chestnut.launch.supervise import (
     supervisorctl,
     wait_for,
 )
+from chestnut.msgs.argtypes import checked_int
 from chestnut.msgs.outdir import OutputDirError, write_private
 
 log = logging.getLogger("chestnut.launch")
@@ -125,13 +126,7 @@ def foxglove_port(text: str) -> int:
     """``--foxglove PORT``: a TCP port in 0..65535, what ``chestnut foxglove --port`` serves on (0: any free
     port, named in the run's ``foxglove.log``); raises ``argparse.ArgumentTypeError`` (one line) otherwise, so
     a port the Foxglove server would refuse stops the launch before anything starts."""
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a TCP port in 0..65535 (0: any free; default 8765)")
-    return port
+    return checked_int(text, lambda port: 0 <= port <= 65535, "give a TCP port in 0..65535 (0: any free; default 8765)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -21,6 +21,18 @@ def checked_float(text: str, ok: Callable[[float], bool], want: str) -> float:
     return value
 
 
+def checked_int(text: str, ok: Callable[[int], bool], want: str) -> int:
+    """``text`` as an int when ``ok`` accepts it; raises ``argparse.ArgumentTypeError`` ``"'text': want"``
+    otherwise, text that is no integer included (``checked_float``'s twin for counts and ports)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: {want}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: {want}")
+    return value
+
+
 MAX_FRAME_RATE_HZ = 1000.0
 """Upper bound of a publisher's frame rate on the command line (``chestnut camera --rate``, ``chestnut demo
 --rate-hz``), Hz: a frame's period must be a whole, non-zero number of nanoseconds on the tick grid, and a

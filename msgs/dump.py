@@ -21,6 +21,7 @@ from typing import Any
 
 import zmq
 
+from chestnut.msgs.argtypes import checked_int
 from chestnut.msgs.messaging import TCP_BASE_PORT_ENV, SubSocket, drain_sock, drain_sock_raw, publisher_pid, sub_sock
 from chestnut.msgs.paths import PREFIX_ENV, current_prefix
 from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError
@@ -69,13 +70,7 @@ def format_raw(service: str, data: bytes, recv_time_ns: int) -> str:
 def count_arg(text: str) -> int:
     """``-n COUNT``: how many messages to print, an integer >= 0 (0: none; dump stops once its sockets are
     connected); raises ``argparse.ArgumentTypeError`` (one line) otherwise."""
-    try:
-        count = int(text)
-    except ValueError:
-        count = -1
-    if count < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of messages >= 0 (leave -n out to never stop)")
-    return count
+    return checked_int(text, lambda n: n >= 0, "give a number of messages >= 0 (leave -n out to never stop)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
