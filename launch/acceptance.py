@@ -48,7 +48,7 @@ from typing import Any
 from chestnut.backend import protocol as P
 from chestnut.launch.acceptance_bus import FRAME_HZ, FrameBus, inactive_since, percentile_ms, serving_primary
 from chestnut.launch.acceptance_dock import run_dock_process
-from chestnut.msgs.argtypes import checked_float, checked_int
+from chestnut.msgs.argtypes import checked_float, checked_int, positive_ms, positive_seconds
 from chestnut.msgs.outdir import OutputDirError, open_private, private_dir, write_private
 
 DEFAULT_SIZES = (64 << 10, 1 << 20, 4 << 20)  # bytes per copy
@@ -490,16 +490,6 @@ def _min_copy_mbps(text: str) -> float:
     return checked_float(text, lambda mbps: 0 < mbps < math.inf, "give a copy rate in MB/s > 0")
 
 
-def _bound_ms(text: str) -> float:
-    """``--detect-bound-ms``: a time in ms, finite and > 0."""
-    return checked_float(text, lambda ms: 0 < ms < math.inf, "give a time in milliseconds > 0")
-
-
-def _bound_s(text: str) -> float:
-    """``--recover-bound-s``: a time in s, finite and > 0."""
-    return checked_float(text, lambda s: 0 < s < math.inf, "give a number of seconds > 0")
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--twin", action="store_true", help="the twin, unattended, with injected faults")
@@ -518,9 +508,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", type=_sizes, default=list(DEFAULT_SIZES), help="bytes per copy, comma-separated")
     p.add_argument("--min-copy-mbps", type=_min_copy_mbps, default=1.0,
                    help="slowest acceptable copy, MB/s (> 0, default 1)")
-    p.add_argument("--detect-bound-ms", type=_bound_ms, default=DETECT_BOUND_MS,
+    p.add_argument("--detect-bound-ms", type=positive_ms, default=DETECT_BOUND_MS,
                    help=f"unplug detection bound, ms (> 0, default {DETECT_BOUND_MS:g})")
-    p.add_argument("--recover-bound-s", type=_bound_s, default=RECOVER_BOUND_S,
+    p.add_argument("--recover-bound-s", type=positive_seconds, default=RECOVER_BOUND_S,
                    help=f"replug recovery bound, s (> 0, default {RECOVER_BOUND_S:g})")
 
 

@@ -21,6 +21,18 @@ def checked_float(text: str, ok: Callable[[float], bool], want: str) -> float:
     return value
 
 
+def positive_ms(text: str) -> float:
+    """A time in milliseconds, finite and > 0 (``chestnut check --deadline-ms``, ``chestnut acceptance
+    --detect-bound-ms``, ...); raises ``argparse.ArgumentTypeError`` (one line) otherwise, nan and inf included."""
+    return checked_float(text, lambda ms: 0 < ms < math.inf, "give a time in milliseconds > 0")
+
+
+def positive_seconds(text: str) -> float:
+    """A duration in seconds, finite and > 0 (``chestnut demo --seconds``, ``chestnut acceptance
+    --recover-bound-s``); raises ``argparse.ArgumentTypeError`` (one line) otherwise, nan and inf included."""
+    return checked_float(text, lambda s: 0 < s < math.inf, "give a number of seconds > 0")
+
+
 def checked_int(text: str, ok: Callable[[int], bool], want: str) -> int:
     """``text`` as an int when ``ok`` accepts it; raises ``argparse.ArgumentTypeError`` ``"'text': want"``
     otherwise, text that is no integer included (``checked_float``'s twin for counts and ports)."""

@@ -11,7 +11,6 @@ publisher finished cleanly and ``all_checks()`` held at the end of the run, 1 ot
 from __future__ import annotations
 
 import argparse
-import math
 import multiprocessing as mp
 import signal
 import time
@@ -19,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from chestnut.msgs.argtypes import MAX_FRAME_RATE_HZ, checked_float, frame_rate_hz
+from chestnut.msgs.argtypes import MAX_FRAME_RATE_HZ, frame_rate_hz, positive_seconds
 from chestnut.msgs.messaging import PubMaster, SubMaster, check_publishable, new_message
 from chestnut.msgs.paths import current_prefix
 
@@ -78,12 +77,8 @@ def publish_camera_frames(
                 next_ns += period_ns
 
 
-def _seconds(text: str) -> float:
-    return checked_float(text, lambda s: 0 < s < math.inf, "give a number of seconds > 0")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seconds", type=_seconds, default=5.0, help="how long to run (s > 0, default 5)")
+    parser.add_argument("--seconds", type=positive_seconds, default=5.0, help="how long to run (s > 0, default 5)")
     parser.add_argument("--rate-hz", type=frame_rate_hz, default=20.0,
                         help=f"publish rate (Hz, > 0 and <= {MAX_FRAME_RATE_HZ:g}; default 20 = nominal)")
     parser.add_argument("--prefix", default=None, help="runtime prefix (default: $CHESTNUT_PREFIX)")

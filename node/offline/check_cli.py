@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chestnut.msgs.argtypes import checked_float
+from chestnut.msgs.argtypes import checked_float, positive_ms
 from chestnut.msgs.logfile import find_log_files
 from chestnut.msgs.outdir import OutputDirError
 from chestnut.node.offline.contracts import CONTRACTS, CheckResult
@@ -38,12 +38,6 @@ from chestnut.node.offline.report import write_report
 from chestnut.node.offline.timeline import SLACK_MS
 
 log = logging.getLogger("chestnut.check")
-
-
-def positive_ms(text: str) -> float:
-    """``--deadline-ms`` / ``--wait-timeout-ms``: a time in milliseconds, finite and > 0; raises
-    ``argparse.ArgumentTypeError`` (one line) otherwise, nan and inf included."""
-    return checked_float(text, lambda ms: 0 < ms < math.inf, "give a time in milliseconds > 0")
 
 
 def slack_ms(text: str) -> float:
