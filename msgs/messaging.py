@@ -31,11 +31,13 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import logging
 import os
 import stat
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -214,6 +216,8 @@ def _field_checks(field: Any) -> list[tuple[Any, str, Any]]:
         return [(field, kind, _list_checks(field.schema, field.proto.slot.type.list.elementType))]
     if kind == "enum":
         return [(field, kind, len(field.schema.enumerants))]
+    if kind == "data":
+        return [(field, kind, field.proto.name)]
     return [(field, kind, None)]
 
 
@@ -258,11 +262,43 @@ def _walk_struct(reader: Any, plan: _StructPlan) -> str | None:
 
 def _walk_field(reader: Any, field: Any, kind: str, sub: Any) -> None:
     if kind == "data":
-        # Read (and so bounds-check) the bytes by copying them: pycapnp 2.2.4's get_data_as_view keeps
-        # every viewed message and its buffer alive (a logger leaked ~130 MB/min of 20 Hz frames).
-        reader._get_by_field(field)
+        _check_data(reader, field.proto.name if sub is None else sub)
     else:
         _walk_value(reader._get_by_field(field), kind, sub)
+
+
+def _data_view_leak() -> int | None:
+    """References to its struct reader that one pycapnp ``get_data_as_view`` call leaks (None: unusable).
+
+    pycapnp 2.2.4 (``capnp/lib/capnp.pyx`` ``_DynamicStructReader.get_data_as_view``) fills a ``Py_buffer``
+    with ``PyBuffer_FillInfo(&buf, self, ...)``, which takes a reference to the reader, then wraps it with
+    ``PyMemoryView_FromBuffer``, which (CPython ``Objects/memoryobject.c``) clears ``buf.obj`` and so never
+    gives that reference back: each call keeps the reader, its message and the message's buffer alive
+    forever (a logger leaked ~130 MB/min of 20 Hz frames). Measured once here on a probe message, so a
+    pycapnp that fixes it (0) or leaks otherwise is handled too."""
+    msg = log.Event.new_message()
+    msg.init("cameraFrame").data = bytes(8)
+    try:
+        cf = _reader(msg.to_bytes(), None).cameraFrame
+        before = sys.getrefcount(cf)
+        view = cf.get_data_as_view("data")
+        ok = bytes(view) == bytes(8)
+        del view
+        leaked = sys.getrefcount(cf) - before
+    except Exception:  # an API that changed: fall back to reading (copying) the bytes
+        return None
+    return leaked if ok and leaked in (0, 1) else None
+
+
+def _check_data_by_view(reader: Any, name: str) -> None:
+    """Follow (and so bounds-check) a ``Data`` pointer without copying its bytes: a view, dropped at once."""
+    reader.get_data_as_view(name)
+    if _DATA_VIEW_LEAK:
+        _py_decref(reader)  # the reference pycapnp took and never gives back (see _data_view_leak)
+
+
+def _check_data_by_copy(reader: Any, name: str) -> None:
+    getattr(reader, name)
 
 
 def _walk_value(value: Any, kind: str, sub: Any) -> None:
@@ -287,7 +323,9 @@ def log_from_bytes(data: bytes | bytearray | memoryview) -> Any:
     Every pointer and enum of the message is resolved once here, under the bounded traversal limit
     ``schema.TRAVERSAL_LIMIT_WORDS`` (64-bit words), so a returned reader never raises later on a
     malformed field. The returned reader is a fresh one with the (bounded) budget
-    :data:`READER_TRAVERSAL_LIMIT_WORDS` for re-reads. Zero-copy: it keeps ``data`` (as bytes) alive.
+    :data:`READER_TRAVERSAL_LIMIT_WORDS` for re-reads. Zero-copy: it keeps ``data`` alive (``bytes`` or a
+    received ``zmq.Frame`` as given, anything else copied once into ``bytes``), and the check reads
+    ``Data`` fields without copying them.
 
     Raises :class:`MalformedMessageError` with ``reason``: ``oversize`` (more than
     ``schema.MAX_MESSAGE_BYTES`` bytes), ``framing`` (length not a multiple of 8, bad segment table,
@@ -297,27 +335,55 @@ def log_from_bytes(data: bytes | bytearray | memoryview) -> Any:
     return _decode_event(data)[0]
 
 
-def _decode_event(data: bytes | bytearray | memoryview) -> tuple[Any, str]:
-    """:func:`log_from_bytes` that also returns the event's union member name."""
+def _decode_event(data: bytes | bytearray | memoryview | zmq.Frame) -> tuple[Any, str]:
+    """:func:`log_from_bytes` that also returns the event's union member name.
+
+    ``data`` that is not ``bytes`` is read in place when it is 8-byte aligned (a received ``zmq.Frame``:
+    the readers pin its buffer), else copied once into ``bytes``."""
     if len(data) > MAX_MESSAGE_BYTES:
         raise MalformedMessageError(REASON_OVERSIZE, f"{len(data)} bytes > limit {MAX_MESSAGE_BYTES}")
-    buf = data if isinstance(data, bytes) else bytes(data)
+    buf = data if type(data) is bytes or type(data) is zmq.Frame else bytes(data)
     try:
-        with log.Event.from_bytes(buf, traversal_limit_in_words=TRAVERSAL_LIMIT_WORDS) as check:
-            pass
+        check = _reader(buf, TRAVERSAL_LIMIT_WORDS)
     except (ValueError, capnp.KjException) as e:
-        raise MalformedMessageError(REASON_FRAMING, _first_line(e)) from None
+        if type(buf) is bytes or "unaligned" not in str(e):
+            raise MalformedMessageError(REASON_FRAMING, _first_line(e)) from None
+        return _decode_event(bytes(buf))  # a frame ZeroMQ placed off the 8-byte grid capnp requires
     try:
         member = _walk_struct(check, _EVENT_PLAN)
     except _UnknownEnumerant as e:
         raise MalformedMessageError(REASON_UNKNOWN_MEMBER, str(e)) from None
     except (capnp.KjException, ValueError) as e:
         raise MalformedMessageError(REASON_POINTER, _first_line(e)) from None
-    with log.Event.from_bytes(buf, traversal_limit_in_words=READER_TRAVERSAL_LIMIT_WORDS) as event:
-        return event, str(member)  # Event always has a union
+    return _reader(buf, READER_TRAVERSAL_LIMIT_WORDS), member  # Event always has a union
+
+
+def _flat_reader_class() -> Any:
+    """pycapnp's message reader over one contiguous buffer (``capnp/lib/capnp.pyx``
+    ``_FlatArrayMessageReader``, internal to the module), taken from a reader ``from_bytes`` made.
+
+    Made directly, it skips ``from_bytes``'s context manager (half the cost of a decode) and, unlike it,
+    keeps a non-``bytes`` buffer (a ``zmq.Frame``) pinned until the reader is gone: ``from_bytes``
+    releases the buffer when its ``with`` block ends, while the reader may still be read."""
+    with log.Event.from_bytes(log.Event.new_message().to_bytes()) as probe:
+        return type(probe._parent)
+
+
+_FLAT_READER = _flat_reader_class()
+_EVENT_SCHEMA = log.Event.schema
+
+
+def _reader(buf: bytes | zmq.Frame, limit: int | None) -> Any:
+    """An ``Event`` reader over ``buf`` with a traversal budget of ``limit`` 64-bit words; it keeps ``buf``
+    alive. Raises ``ValueError`` (length not a multiple of 8) or ``capnp.KjException`` (framing)."""
+    return _FLAT_READER(buf, limit).get_root(_EVENT_SCHEMA)
 
 
 _EVENT_PLAN = _struct_plan(log.Event.schema)
+_py_decref = ctypes.pythonapi.Py_DecRef
+_py_decref.argtypes, _py_decref.restype = [ctypes.py_object], None
+_DATA_VIEW_LEAK = _data_view_leak()
+_check_data = _check_data_by_copy if _DATA_VIEW_LEAK is None else _check_data_by_view
 
 
 def _first_line(e: BaseException) -> str:
@@ -337,7 +403,9 @@ class SubSocket(zmq.Socket):
     """A SUB socket bound to one service; counts malformed messages per reason and heals lost connections.
 
     Attributes: ``service`` (str), ``malformed`` (``Counter`` reason -> count), ``max_bytes`` (the
-    service's bound, bytes, set as ``ZMQ_MAXMSGSIZE``), ``addr`` (the endpoint), ``conn_monitor`` (the
+    service's bound, bytes, set as ``ZMQ_MAXMSGSIZE``), ``zero_copy`` (messages of
+    :data:`ZERO_COPY_MIN_BYTES` or more are decoded in place: the service's bound allows them), ``addr``
+    (the endpoint), ``conn_monitor`` (the
     ``ZMQ_EVENT_DISCONNECTED`` monitor, a PAIR socket), ``disconnects`` (connections lost and made
     again: a message over ``max_bytes`` refused by ZeroMQ, or a publisher that went away).
     """
@@ -345,6 +413,7 @@ class SubSocket(zmq.Socket):
     service: str = ""
     malformed: Counter[str] | None = None
     max_bytes: int = 0
+    zero_copy: bool = False
     addr: str = ""
     conn_monitor: zmq.Socket | None = None
     disconnects: int = 0
@@ -358,7 +427,7 @@ class SubSocket(zmq.Socket):
         a message over ``ZMQ_MAXMSGSIZE``: disconnecting and connecting the endpoint again covers both.
         Call it once the queue is drained: disconnecting drops what the old connection still holds.
         """
-        if self.conn_monitor is None or not int(self.conn_monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        if self.conn_monitor is None or not self.conn_monitor.get(zmq.EVENTS) & zmq.POLLIN:
             return False
         lost = 0
         while True:
@@ -695,6 +764,7 @@ def sub_sock(
     sock.service = service
     sock.malformed = Counter()
     sock.max_bytes = get_service(service).max_bytes
+    sock.zero_copy = sock.max_bytes >= ZERO_COPY_MIN_BYTES
     sock.addr = addr
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, sock.max_bytes)
@@ -718,7 +788,22 @@ def sub_sock(
     return sock
 
 
-def _decode(sock: SubSocket, data: bytes) -> Any | None:
+ZERO_COPY_MIN_BYTES = 65536
+"""Messages this big or bigger are received without a copy (``recv(copy=False)``: the decoded event reads
+the ZeroMQ frame in place) on a socket whose service's ``max_bytes`` allows them; smaller ones are copied
+into ``bytes``, which costs less than a ``zmq.Frame`` below it. pyzmq's own send-side
+``zmq.COPY_THRESHOLD`` (65536) is the same trade; measured with ``tests/bench/bench_pubsub.py``."""
+
+
+def _recv(sock: SubSocket) -> bytes | zmq.Frame:
+    """One queued message (``zmq.NOBLOCK``; raises ``zmq.Again`` when none is)."""
+    if not sock.zero_copy:
+        return sock.recv(zmq.NOBLOCK)
+    frame = sock.recv(zmq.NOBLOCK, copy=False)
+    return frame if len(frame) >= ZERO_COPY_MIN_BYTES else frame.bytes
+
+
+def _decode(sock: SubSocket, data: bytes | zmq.Frame) -> Any | None:
     """The event in ``data``, or None (counted on ``sock``) when malformed or of another service."""
     try:
         if len(data) > sock.max_bytes > 0:  # inproc and sockets made elsewhere skip ZMQ_MAXMSGSIZE
@@ -763,7 +848,7 @@ def recv_one(sock: SubSocket) -> Any | None:
     deadline_ns = _deadline_ns(sock)
     while True:
         try:
-            data = sock.recv(zmq.NOBLOCK)
+            data = _recv(sock)
         except zmq.Again:
             sock.heal()
             if not _wait(sock, deadline_ns):
@@ -778,7 +863,7 @@ def recv_one_or_none(sock: SubSocket) -> Any | None:
     """The next well-formed event if one is queued, else None (never blocks; heals a lost connection)."""
     while True:
         try:
-            data = sock.recv(zmq.NOBLOCK)
+            data = _recv(sock)
         except zmq.Again:
             sock.heal()
             return None
@@ -813,12 +898,18 @@ def drain_sock_raw(sock: zmq.Socket, wait_for_one: bool = False) -> list[bytes]:
 
 def drain_sock(sock: SubSocket, wait_for_one: bool = False) -> list[Any]:
     """Every queued well-formed event, oldest first; malformed ones are counted and dropped."""
-    events = []
-    for data in drain_sock_raw(sock, wait_for_one):
+    events: list[Any] = []
+    if wait_for_one and not _wait(sock, _deadline_ns(sock)):
+        return events
+    while True:
+        try:
+            data = _recv(sock)
+        except zmq.Again:
+            sock.heal()
+            return events
         event = _decode(sock, data)
         if event is not None:
             events.append(event)
-    return events
 
 
 # ---------------------------------------------------------------- aggregates

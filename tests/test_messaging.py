@@ -197,6 +197,42 @@ def test_log_from_bytes_round_trips_every_field_exactly():
     assert log_from_bytes(bytearray(data)).to_dict() == log_from_bytes(memoryview(data)).to_dict() == msg.to_dict()
 
 
+def test_a_decoded_event_holds_its_bytes_once_and_lets_them_go_with_it():
+    # the check reads cameraFrame.data through a view (no copy); pycapnp's view leaks a reference that the
+    # decoder gives back, so the bytes are held by the returned reader alone and freed with it
+    data = good_frame(7)
+    base = sys.getrefcount(data)
+    event = log_from_bytes(data)
+    assert sys.getrefcount(data) == base + 1
+    assert bytes(event.cameraFrame.data) == bytes(range(256)) * 4
+    del event
+    assert sys.getrefcount(data) == base
+    assert messaging._DATA_VIEW_LEAK in (0, 1)
+
+
+def test_frames_of_zero_copy_size_are_decoded_in_place_and_stay_readable_after_the_socket_closes():
+    pub, sub = _connected_pair()
+    try:
+        assert sub.zero_copy and messaging.ZERO_COPY_MIN_BYTES == 65536
+        big = new_message(CAM)
+        big.cameraFrame.frameId, big.cameraFrame.data = 9, bytes(range(256)) * 400  # 102400 bytes
+        pub.send(big.to_bytes())
+        pub.send(good_frame(10))  # 1 KiB: copied
+        assert sub.poll(5000)
+        first = messaging._recv(sub)
+        assert type(first) is zmq.Frame and len(first) >= 102400
+        assert sub.poll(5000)
+        second = messaging._recv(sub)
+        assert type(second) is bytes
+        event = messaging._decode(sub, first)
+        del first
+    finally:
+        pub.close()
+        sub.close()
+    assert (event.cameraFrame.frameId, bytes(event.cameraFrame.data)) == (9, bytes(range(256)) * 400)
+    assert messaging._decode(sub, second).cameraFrame.frameId == 10
+
+
 @pytest.mark.parametrize("name", sorted(MALFORMED))
 def test_malformed_bytes_raise_a_clear_error_with_the_reason(name):
     data, reason = MALFORMED[name]
