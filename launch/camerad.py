@@ -322,8 +322,8 @@ def _publish(
                 break
             if ring is None:
                 msg = fill_frame(frame_id, img, sof, time.monotonic_ns(), Path(source).name, encoding)
-            else:
-                msg = ring_frame(ring, frame_id, img, sof, Path(source).name, encoding)
+            else:  # built once: the notice to the ring's subscribers first, then the same bytes on the bus
+                msg = ring.notify_and_bytes(ring_frame(ring, frame_id, img, sof, Path(source).name, encoding))
             pm.send("cameraFrame", msg)
             sent += 1
             frame_id += 1

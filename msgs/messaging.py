@@ -237,34 +237,39 @@ class _UnknownEnumerant(Exception):
     pass
 
 
-def _walk_struct(reader: Any, plan: _StructPlan) -> str | None:
+def _walk_struct(reader: Any, plan: _StructPlan, by_view: bool) -> str | None:
     """Resolve every pointer and enum reachable from ``reader``; returns its union member's name (if any).
 
     In Python, not one C++ call: pycapnp 2.2.4's ``total_size`` (capnp's own traversal of every pointer) aborts
     the whole process on a message over the traversal limit (the kj exception meets a ``noexcept`` frame and
     ``std::terminate`` runs), and it would check neither enums nor union discriminants.
 
+    ``by_view``: read ``Data`` fields through a view (:func:`_check_data`: no copy, for a message of
+    :data:`ZERO_COPY_MIN_BYTES` or more) rather than copying them (cheaper below: no ``ctypes`` call).
+
     Raises ``KjException`` on a bad pointer, :class:`_UnknownEnumerant` on a union discriminant or
     enum value the schema does not name.
     """
     for field, kind, sub in plan.fields:
-        _walk_field(reader, field, kind, sub)
+        _walk_field(reader, field, kind, sub, by_view)
     if plan.union is not None:
         try:
             member = reader._which_str()  # which() less its Python wrapper: a fifth of the cost
         except capnp.KjException:
             raise _UnknownEnumerant(f"{plan.display_name}: union discriminant not in this schema") from None
         for field, kind, sub in plan.union[member]:
-            _walk_field(reader, field, kind, sub)
+            _walk_field(reader, field, kind, sub, by_view)
         return member
     return None
 
 
-def _walk_field(reader: Any, field: Any, kind: str, sub: Any) -> None:
-    if kind == "data":
-        _check_data(reader, field.proto.name if sub is None else sub)
+def _walk_field(reader: Any, field: Any, kind: str, sub: Any, by_view: bool) -> None:
+    if kind != "data":
+        _walk_value(reader._get_by_field(field), kind, sub, by_view)
+    elif by_view:
+        _check_data(reader, sub)
     else:
-        _walk_value(reader._get_by_field(field), kind, sub)
+        reader._get_by_field(field)  # a copy of at most the (small) message: cheaper than the view's upkeep
 
 
 def _data_view_leak() -> int | None:
@@ -274,36 +279,51 @@ def _data_view_leak() -> int | None:
     with ``PyBuffer_FillInfo(&buf, self, ...)``, which takes a reference to the reader, then wraps it with
     ``PyMemoryView_FromBuffer``, which (CPython ``Objects/memoryobject.c``) clears ``buf.obj`` and so never
     gives that reference back: each call keeps the reader, its message and the message's buffer alive
-    forever (a logger leaked ~130 MB/min of 20 Hz frames). Measured once here on a probe message, so a
-    pycapnp that fixes it (0) or leaks otherwise is handled too."""
-    msg = log.Event.new_message()
-    msg.init("cameraFrame").data = bytes(8)
-    try:
-        cf = _reader(msg.to_bytes(), None).cameraFrame
-        before = sys.getrefcount(cf)
-        view = cf.get_data_as_view("data")
-        ok = bytes(view) == bytes(8)
-        del view
-        leaked = sys.getrefcount(cf) - before
-    except Exception:  # an API that changed: fall back to reading (copying) the bytes
-        return None
-    return leaked if ok and leaked in (0, 1) else None
+    forever (a logger leaked ~130 MB/min of 20 Hz frames). For an absent ``Data`` (a null pointer, data
+    NULL) ``PyMemoryView_FromBuffer`` raises ``ValueError`` after the reference was taken. Measured once
+    here on probe messages (non-empty, empty, absent), so a pycapnp that fixes it (0) is handled too;
+    anything else falls back to reading (copying) the bytes."""
+    leaks = set()
+    for data in (bytes(8), b"", None):
+        msg = log.Event.new_message()
+        cf = msg.init("cameraFrame")
+        if data is not None:
+            cf.data = data
+        try:
+            cf = _reader(msg.to_bytes(), None).cameraFrame
+            before = sys.getrefcount(cf)
+            try:
+                view = cf.get_data_as_view("data")
+                if data is None or bytes(view) != data:
+                    return None
+                del view
+            except ValueError:
+                if data is not None:
+                    return None
+            leaks.add(sys.getrefcount(cf) - before)
+        except Exception:  # an API that changed
+            return None
+    return leaks.pop() if len(leaks) == 1 and leaks <= {0, 1} else None
 
 
 def _check_data_by_view(reader: Any, name: str) -> None:
-    """Follow (and so bounds-check) a ``Data`` pointer without copying its bytes: a view, dropped at once."""
-    reader.get_data_as_view(name)
+    """Follow (and so bounds-check) a ``Data`` pointer without copying its bytes: a view, dropped at once.
+    Raises ``capnp.KjException`` for a bad pointer (no reference taken then)."""
+    try:
+        reader.get_data_as_view(name)
+    except ValueError:  # an absent Data (null pointer): well-formed, and the reference was taken all the same
+        pass
     if _DATA_VIEW_LEAK:
         _py_decref(reader)  # the reference pycapnp took and never gives back (see _data_view_leak)
 
 
 def _check_data_by_copy(reader: Any, name: str) -> None:
-    getattr(reader, name)
+    getattr(reader, name)  # a copy
 
 
-def _walk_value(value: Any, kind: str, sub: Any) -> None:
+def _walk_value(value: Any, kind: str, sub: Any, by_view: bool) -> None:
     if kind == "struct":
-        _walk_struct(value, sub)
+        _walk_struct(value, sub, by_view)
     elif kind == "enum":
         if value.raw >= sub:
             raise _UnknownEnumerant(f"enum value {value.raw} (this schema names {sub})")
@@ -314,7 +334,7 @@ def _walk_value(value: Any, kind: str, sub: Any) -> None:
                 pass
         else:
             for item in value:
-                _walk_value(item, elem_kind, elem_sub)
+                _walk_value(item, elem_kind, elem_sub, by_view)
 
 
 def log_from_bytes(data: bytes | bytearray | memoryview) -> Any:
@@ -350,7 +370,7 @@ def _decode_event(data: bytes | bytearray | memoryview | zmq.Frame) -> tuple[Any
             raise MalformedMessageError(REASON_FRAMING, _first_line(e)) from None
         return _decode_event(bytes(buf))  # a frame ZeroMQ placed off the 8-byte grid capnp requires
     try:
-        member = _walk_struct(check, _EVENT_PLAN)
+        member = _walk_struct(check, _EVENT_PLAN, len(buf) >= ZERO_COPY_MIN_BYTES)
     except _UnknownEnumerant as e:
         raise MalformedMessageError(REASON_UNKNOWN_MEMBER, str(e)) from None
     except (capnp.KjException, ValueError) as e:

@@ -18,7 +18,16 @@ which frame), written for this stack's rules:
   own uid with the announced size and no group/other permission (:func:`buffer_problem`); every
   other descriptor is refused in one line (:class:`FrameBufferError`).
 - **A frame** goes out as a ``cameraFrame`` with empty ``data`` and ``buffer`` set (session, slot
-  index, sequence number, size; ``msgs/chestnut.capnp`` ``FrameBuffer``).
+  index, sequence number, size; ``msgs/chestnut.capnp`` ``FrameBuffer``), built once: the same bytes
+  go on the bus (for the logger and every other consumer) and, first, as a *notice* straight to each
+  ring subscriber on its hand-over connection (:meth:`FrameRing.notify`). The hand-over socket is
+  ``SOCK_SEQPACKET``, so the hello and each notice are one record each. A subscriber that reads notices
+  (:meth:`FrameReader.notices`, given a poller) has its frames one socket hop after the camera wrote
+  them: the bus's ZeroMQ path crosses an I/O thread on each side (four wake-ups, not one), which at 20
+  Hz cost ~0.17 ms more per frame on this project's 2-core machine (``tests/bench/bench_frames.py``).
+  The subscriber takes each frame once, by whichever way it comes first (:meth:`FrameReader.first_sight`).
+  A subscriber that never reads notices (the logger) loses nothing: once its socket buffer is full the
+  camera's non-blocking sends to it fail and are only counted (``FrameRing.unread``).
 - **Seqlock**: writing frame ``seq`` into a slot sets its word to ``2*seq - 1`` (odd: being written),
   copies the pixels, then sets ``2*seq``. A reader checks the word is ``2*seq`` before it takes the
   view and again after it is done with it (:meth:`FrameSubscriber.verify`); any other value means the
@@ -35,6 +44,7 @@ accept both.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -46,16 +56,19 @@ import socket
 import stat
 import struct
 import threading
+from collections import Counter
 from typing import Any
 
 import numpy as np
 
 from chestnut.msgs.frames import frame_shape, frame_to_array
+from chestnut.msgs.messaging import REASON_WRONG_SERVICE, MalformedMessageError, log_from_bytes
 from chestnut.msgs.paths import runtime_dir
 from chestnut.msgs.services import FRAME_MAX_BYTES
 
 __all__ = [
     "HELLO_MAX_BYTES",
+    "NOTICE_MAX_BYTES",
     "INLINE_MAX_BYTES",
     "RING_SLOTS",
     "SLOT_HEADER_BYTES",
@@ -78,6 +91,10 @@ newest frame before its slot is reused; one frame late is the node's normal wors
 MAX_RING_SLOTS = 16  # a subscriber refuses a ring announcing more slots than this
 SLOT_HEADER_BYTES = 64  # seqlock word (uint64 at 0), frame bytes (uint64 at 8), the rest reserved; one cache line
 HELLO_MAX_BYTES = 4096  # the camera's JSON line; a subscriber reads no more
+NOTICE_MAX_BYTES = 4096
+"""Bound on one notice record (a metadata-only ``cameraFrame`` Event, ~200 bytes; the camera refuses to send
+a bigger one, a subscriber drops a bigger one as malformed)."""
+HELLO_VERSION = 2  # 2: SOCK_SEQPACKET, notices follow the hello
 SOCKET_NAME = "cameraFrame.vipc"  # the hand-over socket, in the private runtime directory
 INLINE_MAX_BYTES = 256 << 10
 """Frames up to this many bytes of pixels go inline by default (``chestnut camera --transport
@@ -168,6 +185,8 @@ class FrameRing:
         self.refused = 0  # connections refused (another uid)
         self.path = socket_path(prefix)
         self._clients: list[socket.socket] = []
+        self._notified: list[socket.socket] = []  # clients handed the ring: they get notices
+        self.unread = 0  # notices not sent because a subscriber's socket buffer was full (it reads none, or lags)
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self.fd = os.memfd_create(_MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -177,6 +196,8 @@ class FrameRing:
             fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, _SEALS)
             self.map = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             self._words = np.frombuffer(self.map, np.uint64, count=slots * self.stride // 8)[:: self.stride // 8]
+            self._pixels = [np.frombuffer(self.map, np.uint8, count=frame_bytes, offset=i * self.stride + SLOT_HEADER_BYTES)
+                            for i in range(slots)]
             self._listener = self._bind()
         except BaseException:
             os.close(self.fd)
@@ -190,7 +211,7 @@ class FrameRing:
             st = os.lstat(self.path)
             if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
                 raise FrameBufferError(f"frame socket {self.path} exists and is not a socket of ours; remove it")
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
                 probe.connect(self.path)
                 raise FrameBufferError(
@@ -199,9 +220,15 @@ class FrameRing:
                 )
             except (ConnectionRefusedError, FileNotFoundError):
                 os.unlink(self.path)  # its camera died without removing it
+            except OSError as e:
+                if e.errno != errno.EPROTOTYPE:
+                    raise
+                raise FrameBufferError(
+                    f"frame socket {self.path} is a socket of another kind (not SOCK_SEQPACKET); remove it"
+                ) from None
             finally:
                 probe.close()
-        lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        lst = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         old = os.umask(0o177)  # born 0600 (the directory is 0700 already)
         try:
             lst.bind(self.path)
@@ -215,7 +242,7 @@ class FrameRing:
         hello = (
             json.dumps(
                 {
-                    "version": 1,
+                    "version": HELLO_VERSION,
                     "session": self.session,
                     "slots": self.slots,
                     "stride": self.stride,
@@ -239,6 +266,9 @@ class FrameRing:
                 conn.close()
                 continue
             with self._lock:  # counted before the hand-over: a subscriber that holds the ring is always counted
+                if self._closed.is_set():
+                    conn.close()
+                    return
                 self._clients.append(conn)
             try:
                 socket.send_fds(conn, [hello], [self.fd])
@@ -246,6 +276,11 @@ class FrameRing:
                 with self._lock:
                     self._clients.remove(conn)
                 conn.close()
+                continue
+            conn.setblocking(False)
+            with self._lock:  # notices only after the hello: a subscriber's first record is always the hello
+                if conn in self._clients:  # not dropped (or closed with the ring) meanwhile
+                    self._notified.append(conn)
 
     def write(self, pixels: np.ndarray | bytes | memoryview) -> tuple[int, int]:
         """Copy one frame's bytes into the next slot under the seqlock; returns ``(index, seq)``.
@@ -259,9 +294,43 @@ class FrameRing:
         base = index * self.stride
         self._words[index] = 2 * self.seq - 1  # odd: being written
         _WORD.pack_into(self.map, base + 8, n)
-        np.frombuffer(self.map, np.uint8, count=n, offset=base + SLOT_HEADER_BYTES)[:] = src.view(np.uint8)
+        self._pixels[index][:n] = src
         self._words[index] = 2 * self.seq  # even: holds frame seq
         return index, self.seq
+
+    def notify(self, event: bytes) -> int:
+        """Send ``event`` (a ``cameraFrame`` Event's bytes, at most :data:`NOTICE_MAX_BYTES`) to every
+        subscriber holding the ring, without blocking; returns how many took it. A subscriber whose buffer
+        is full misses it (counted in ``unread``); one that closed its end is dropped.
+        Raises ``ValueError`` for a notice over the bound."""
+        if len(event) > NOTICE_MAX_BYTES:
+            raise ValueError(f"a notice of {len(event)} bytes: at most {NOTICE_MAX_BYTES}")
+        sent = 0
+        with self._lock:
+            for conn in self._notified:
+                try:
+                    conn.send(event)
+                    sent += 1
+                except BlockingIOError:
+                    self.unread += 1
+                except OSError:  # the subscriber went away
+                    self._drop(conn)
+        return sent
+
+    def notify_and_bytes(self, msg: Any) -> bytes:
+        """Serialise a ring frame's ``cameraFrame`` builder once, :meth:`notify` its subscribers with it and
+        return the bytes for the bus (``PubMaster.send`` takes them as they are)."""
+        data = msg.to_bytes()
+        self.notify(data)
+        return data
+
+    def _drop(self, conn: socket.socket) -> None:
+        """Forget and close a subscriber's connection (under ``_lock``); the notice list is rebuilt, so a
+        loop over the old one may go on."""
+        self._notified = [c for c in self._notified if c is not conn]
+        with contextlib.suppress(ValueError):
+            self._clients.remove(conn)
+        conn.close()
 
     def fill(self, cf: Any, index: int, seq: int, nbytes: int) -> None:
         """Point a ``cameraFrame`` builder at slot ``index`` holding frame ``seq`` (``data`` stays empty)."""
@@ -281,8 +350,7 @@ class FrameRing:
                     continue
                 except OSError:
                     pass
-                self._clients.remove(conn)
-                conn.close()
+                self._drop(conn)
             return len(self._clients)
 
     def close(self) -> None:
@@ -298,7 +366,8 @@ class FrameRing:
             for c in self._clients:
                 c.close()
             self._clients.clear()
-        del self._words
+            self._notified = []
+        del self._words, self._pixels
         with contextlib.suppress(BufferError):
             self.map.close()
         os.close(self.fd)
@@ -322,10 +391,13 @@ class _Mapping:
         self.slots, self.stride, self.frame_bytes = hello["slots"], hello["stride"], hello["frame_bytes"]
         self.map = mmap.mmap(fd, hello["size"], mmap.MAP_SHARED, mmap.PROT_READ)
         self.words = np.frombuffer(self.map, np.uint64, count=self.slots * self.stride // 8)[:: self.stride // 8]
+        # each slot's pixels, made once: a frame's view is a slice of one
+        self.pixels = [np.frombuffer(self.map, np.uint8, count=self.frame_bytes, offset=i * self.stride + SLOT_HEADER_BYTES)
+                       for i in range(self.slots)]
 
     def close(self) -> None:
         self.conn.close()
-        del self.words
+        del self.words, self.pixels
         try:
             self.map.close()
         except BufferError:  # a view of it is still alive; the mapping goes when that view does
@@ -382,20 +454,68 @@ def _read_hello(conn: socket.socket, uid: int, path: str) -> tuple[dict[str, int
 class FrameSubscriber:
     """Maps the camera's ring once per camera session and reads frames from it without copying.
 
-    ``uid`` is the only camera uid accepted (default: ours). Counters: ``overwritten`` (frames the
-    camera lapped before or while they were read), ``maps`` (rings mapped so far).
+    ``uid`` is the only camera uid accepted (default: ours). ``poller`` (a ``zmq.Poller``): the mapped
+    ring's connection is registered there for ``POLLIN`` while mapped, and the camera's notices are kept
+    for :meth:`take_notices`; without one they are read and dropped. Counters: ``overwritten`` (frames the
+    camera lapped before or while they were read), ``maps`` (rings mapped so far), ``bad_notices``
+    (records over :data:`NOTICE_MAX_BYTES`, dropped).
     """
 
-    def __init__(self, prefix: str | None = None, uid: int | None = None) -> None:
+    def __init__(self, prefix: str | None = None, uid: int | None = None, poller: Any = None) -> None:
         self.prefix = prefix
         self.uid = os.getuid() if uid is None else uid
         self.ring: _Mapping | None = None
+        self.poller = poller
         self.overwritten = 0
         self.maps = 0
+        self.bad_notices = 0
+        self._pending: list[bytes] = []
+        self._eof = False
+
+    def _map(self, ring: _Mapping) -> None:
+        self.ring, self._eof = ring, False
+        if self.poller is not None:
+            self.poller.register(ring.conn, 1)  # zmq.POLLIN
+
+    def _unmap(self) -> None:
+        ring, self.ring = self.ring, None
+        self._pending.clear()
+        if ring is not None:
+            if self.poller is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    self.poller.unregister(ring.conn)
+            ring.close()
+
+    def _pump(self) -> None:
+        """Read every record queued on the mapped ring's connection (never blocks): notices are kept (with a
+        poller) or dropped, the camera's end of the connection (EOF) is remembered."""
+        ring = self.ring
+        while ring is not None and not self._eof:
+            try:
+                data, _anc, flags, _addr = ring.conn.recvmsg(NOTICE_MAX_BYTES, 0, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError:
+                data, flags = b"", 0
+            if not data:
+                self._eof = True
+            elif flags & socket.MSG_TRUNC:
+                self.bad_notices += 1
+                if self.bad_notices == 1:
+                    _log.warning("frame ring: dropped a notice over %d bytes (further ones are only counted)",
+                                 NOTICE_MAX_BYTES)
+            elif self.poller is not None:
+                self._pending.append(data)
+
+    def take_notices(self) -> list[bytes]:
+        """The notices (``cameraFrame`` Event bytes, unchecked) queued since the last call, oldest first."""
+        self._pump()
+        out, self._pending = self._pending, []
+        return out
 
     def _connect(self) -> _Mapping:
         path = socket_path(self.prefix)
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             conn.settimeout(CONNECT_TIMEOUT_S)
             try:
@@ -404,12 +524,17 @@ class FrameSubscriber:
                 if peer != self.uid:
                     raise FrameBufferError(f"frame socket {path} is served by uid {peer}, not uid {self.uid}: refused")
                 hello, fd = _read_hello(conn, self.uid, path)
+                conn.setblocking(False)  # notices and the camera's end are read without waiting
             except (FileNotFoundError, ConnectionRefusedError):
                 raise FrameBufferError(f"frame socket {path}: no camera serves it; start chestnut camera") from None
             except (TimeoutError, ConnectionResetError):
                 raise FrameBufferError(
                     f"frame socket {path}: the camera did not answer within {CONNECT_TIMEOUT_S} s; restart it"
                 ) from None
+            except FrameBufferError:
+                raise
+            except OSError as e:  # EPROTOTYPE: a socket of another kind at the path
+                raise FrameBufferError(f"frame socket {path}: not a camera's frame socket ({e.strerror})") from None
             try:
                 ring = _Mapping(conn, hello, fd)
             finally:
@@ -422,21 +547,12 @@ class FrameSubscriber:
 
     def camera_gone(self) -> bool:
         """True (and the ring unmapped) when the camera ended the connection of the mapped ring; never blocks."""
-        ring = self.ring
-        if ring is None:
+        if self.ring is None:
             return False
-        if not select.select([ring.conn], [], [], 0)[0]:
+        self._pump()
+        if not self._eof:
             return False
-        try:
-            alive = bool(ring.conn.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK))
-        except BlockingIOError:
-            return False
-        except OSError:
-            alive = False
-        if alive:
-            return False
-        ring.close()
-        self.ring = None
+        self._unmap()
         return True
 
     def _ring_for(self, session: int) -> _Mapping:
@@ -444,10 +560,9 @@ class FrameSubscriber:
         if ring is not None and ring.session == session:
             return ring
         if ring is not None:  # a new camera session: the old ring is done with
-            ring.close()
-            self.ring = None
+            self._unmap()
         ring = self._connect()
-        self.ring = ring
+        self._map(ring)
         if ring.session != session:
             raise FrameOverwrittenError(
                 f"frame from camera session {session:x}, the camera now serves "
@@ -461,16 +576,18 @@ class FrameSubscriber:
         Raises :class:`FrameOverwrittenError` when the slot no longer holds it (or the size does not fit
         the ring) and :class:`FrameBufferError` when no usable camera serves the ring. Check it with
         :meth:`verify` once done with the view."""
-        ring = self._ring_for(int(buf.session))
-        index, seq, size = int(buf.index), int(buf.seq), int(buf.size)
+        return self.view_slot(buf.session, buf.index, buf.seq, buf.size)
+
+    def view_slot(self, session: int, index: int, seq: int, size: int) -> np.ndarray:
+        """:meth:`view` of the frame given by its ``FrameBuffer`` figures (ints)."""
+        ring = self._ring_for(session)
         if index >= ring.slots or size > ring.frame_bytes:
             raise FrameOverwrittenError(
                 f"frame seq {seq}: slot {index} / {size} bytes outside the ring "
                 f"({ring.slots} slots of {ring.frame_bytes} bytes)"
             )
         self._check(ring, index, seq)
-        off = index * ring.stride + SLOT_HEADER_BYTES
-        return np.frombuffer(ring.map, np.uint8, count=size, offset=off)
+        return ring.pixels[index][:size]
 
     def _check(self, ring: _Mapping, index: int, seq: int) -> None:
         word = int(ring.words[index])
@@ -491,9 +608,7 @@ class FrameSubscriber:
         self._check(ring, int(buf.index), int(buf.seq))
 
     def close(self) -> None:
-        if self.ring is not None:
-            self.ring.close()
-            self.ring = None
+        self._unmap()
 
 
 class FrameReader:
@@ -504,10 +619,53 @@ class FrameReader:
     into shared memory, an inline one a copy (``msgs/frames.py`` ``frame_to_array``). Call
     ``verify(cf)`` once done with the view: a ring frame that was overwritten meanwhile raises
     :class:`FrameOverwrittenError` (a ``ValueError``). The ring is connected to on the first ring frame.
+
+    With a ``poller`` (``zmq.Poller``) the camera's notices of the mapped ring wake it: :meth:`notices`
+    returns them as decoded events (bounded and validated as every bus message is, ``msgs/messaging.py``
+    ``log_from_bytes``), and :meth:`first_sight` takes each ring frame once whether its notice or its bus
+    message comes first. ``bad_notices`` counts notices dropped as malformed or oversize.
     """
 
-    def __init__(self, prefix: str | None = None) -> None:
-        self.shm = FrameSubscriber(prefix)
+    def __init__(self, prefix: str | None = None, poller: Any = None) -> None:
+        self.shm = FrameSubscriber(prefix, poller=poller)
+        self._seen: tuple[int, int] = (0, 0)  # (session, seq) of the newest ring frame taken
+        self.bad_notice_reasons: Counter[str] = Counter()
+
+    @property
+    def bad_notices(self) -> int:
+        return self.shm.bad_notices + sum(self.bad_notice_reasons.values())
+
+    def notices(self) -> list[Any]:
+        """The ``cameraFrame`` Events the camera announced on the mapped ring's connection since the last
+        call, oldest first (none without a poller or a mapped ring). A malformed one, or one that is not a
+        frame of the mapped ring, is counted in ``bad_notices`` (logged once per reason) and dropped."""
+        out = []
+        for data in self.shm.take_notices():
+            try:
+                event = log_from_bytes(data)
+                if event.which() != "cameraFrame":
+                    raise MalformedMessageError(REASON_WRONG_SERVICE, f"a {event.which()!r} notice")
+                if not self.in_ring(event.cameraFrame) or event.cameraFrame.buffer.session != self.session:
+                    raise MalformedMessageError(REASON_WRONG_SERVICE, "a notice of a frame outside the mapped ring")
+            except MalformedMessageError as e:
+                self.bad_notice_reasons[e.reason] += 1
+                if self.bad_notice_reasons[e.reason] == 1:
+                    _log.warning("frame ring: dropped a notice: %s (further ones are only counted)", e)
+                continue
+            out.append(event)
+        return out
+
+    def first_sight(self, cf: Any) -> bool:
+        """False for a ring frame already taken (its notice and its bus message carry the same frame:
+        the same session and seq), True otherwise (inline frames always). Seq only grows within a session."""
+        if not cf._has("buffer"):
+            return True
+        buf = cf.buffer
+        key = (int(buf.session), int(buf.seq))
+        if key[0] == self._seen[0] and key[1] <= self._seen[1]:
+            return False
+        self._seen = key
+        return True
 
     @staticmethod
     def in_ring(cf: Any) -> bool:
@@ -516,11 +674,12 @@ class FrameReader:
     def view(self, cf: Any) -> np.ndarray:
         if not self.in_ring(cf):
             return frame_to_array(cf)
-        h, w, c = frame_shape(int(cf.height), int(cf.width), str(cf.encoding))
+        h, w, c = frame_shape(cf.height, cf.width, cf.encoding)
         buf = cf.buffer
-        if int(buf.size) != h * w * c:
-            raise ValueError(f"cameraFrame {cf.frameId}: {int(buf.size)} bytes in the ring for {h}x{w}x{c}")
-        return self.shm.view(buf).reshape(h, w, c)
+        size = buf.size
+        if size != h * w * c:
+            raise ValueError(f"cameraFrame {cf.frameId}: {size} bytes in the ring for {h}x{w}x{c}")
+        return self.shm.view_slot(buf.session, buf.index, buf.seq, size).reshape(h, w, c)
 
     def verify(self, cf: Any) -> None:
         if self.in_ring(cf):

@@ -442,6 +442,9 @@ class Node:
         never ready to serve (a process manager starts consumers on ``READY=1``, not before)."""
         self.poller = zmq.Poller()  # the frames and their connection monitor: a lost connection wakes the loop
         self.frames = sub_sock(self.cfg.timing.frame_service, self.poller, prefix=self.prefix)
+        # and the mapped ring's connection: its camera's notices come one socket hop after the pixels, before
+        # the same frame's bus message (msgs/visionipc.py); each frame is taken once, by whichever comes first
+        self.frame_reader.shm.poller = self.poller
 
     def declare_contract(self) -> int | None:
         """The node's output contract from the primary model file and the configuration
@@ -1326,7 +1329,9 @@ class Node:
                 asked_ns = time.monotonic_ns() + timeout_ms * 1_000_000
                 answered = False
                 if self.poller.poll(timeout_ms):
-                    for ev in drain_sock(self.frames):
+                    for ev in self.frame_reader.notices() + drain_sock(self.frames):
+                        if not self.frame_reader.first_sight(ev.cameraFrame):
+                            continue
                         self.on_frame(ev)
                         self._housekeeping()  # between two queued frames too: results, the watchdog, health
                         answered = True

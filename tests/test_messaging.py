@@ -198,16 +198,34 @@ def test_log_from_bytes_round_trips_every_field_exactly():
 
 
 def test_a_decoded_event_holds_its_bytes_once_and_lets_them_go_with_it():
-    # the check reads cameraFrame.data through a view (no copy); pycapnp's view leaks a reference that the
-    # decoder gives back, so the bytes are held by the returned reader alone and freed with it
-    data = good_frame(7)
+    # at 64 KiB and more the check reads cameraFrame.data through a view (no copy); pycapnp's view leaks a
+    # reference that the decoder gives back, so the bytes are held by the returned reader alone and freed with it
+    msg = new_message(CAM)
+    msg.cameraFrame.data = bytes(range(256)) * 256
+    data = msg.to_bytes()
+    assert len(data) >= messaging.ZERO_COPY_MIN_BYTES
     base = sys.getrefcount(data)
     event = log_from_bytes(data)
     assert sys.getrefcount(data) == base + 1
-    assert bytes(event.cameraFrame.data) == bytes(range(256)) * 4
+    assert bytes(event.cameraFrame.data) == bytes(range(256)) * 256
     del event
     assert sys.getrefcount(data) == base
     assert messaging._DATA_VIEW_LEAK in (0, 1)
+
+
+@pytest.mark.parametrize("data", [None, b""], ids=["absent", "empty"])
+def test_a_frame_without_pixels_decodes_and_lets_its_bytes_go(data):
+    msg = new_message(CAM)  # a ring frame's metadata: data absent (null pointer) or empty
+    msg.cameraFrame.frameId = 3
+    if data is not None:
+        msg.cameraFrame.data = data
+    raw = msg.to_bytes()
+    base = sys.getrefcount(raw)
+    event = log_from_bytes(raw)
+    assert (event.cameraFrame.frameId, event.cameraFrame.data) == (3, b"")
+    assert messaging._walk_struct(messaging._reader(raw, None), messaging._EVENT_PLAN, True) == CAM  # the view path
+    del event
+    assert sys.getrefcount(raw) == base
 
 
 def test_frames_of_zero_copy_size_are_decoded_in_place_and_stay_readable_after_the_socket_closes():

@@ -227,7 +227,7 @@ def _refusal(fd: int) -> str:
     """What a subscriber says when a camera of ours hands over ``fd`` as its ring."""
     import threading
 
-    lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lst = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     lst.bind(socket_path())
     lst.listen(1)
     t = threading.Thread(target=_serve_once, args=(lst, fd))
@@ -440,3 +440,76 @@ def test_chestnut_dump_shows_a_ring_frame_by_its_buffer():
     cf = d["cameraFrame"]
     assert (cf["frameId"], cf["data"], cf["height"], cf["width"]) == (7, "<0 bytes>", 4, 6)
     assert cf["buffer"] == {"session": ring.session, "index": 0, "seq": 1, "size": 72}
+
+
+def _ring_msg(ring: FrameRing, pixels: np.ndarray, frame_id: int) -> object:
+    """A ring cameraFrame builder for ``pixels`` written into ``ring``."""
+    index, seq = ring.write(pixels)
+    msg = fill_frame(frame_id, pixels[:0], 1, 2, "test")
+    msg.cameraFrame.height, msg.cameraFrame.width = pixels.shape[:2]
+    ring.fill(msg.cameraFrame, index, seq, pixels.nbytes)
+    return msg
+
+
+def _wait_for(what, timeout_s: float = 5.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if out := what():
+            return out
+        time.sleep(0.002)
+    raise AssertionError("condition not met in time")
+
+
+def test_notices_reach_a_polling_reader_once_per_frame_with_the_bus_copy_skipped():
+    import zmq
+
+    pixels = np.zeros((4, 8, 3), np.uint8)
+    poller = zmq.Poller()
+    with FrameRing(pixels.nbytes) as ring:
+        reader = FrameReader(poller=poller)
+        first = log_from_bytes(_ring_msg(ring, pixels, 0).to_bytes())  # the bus copy: maps the ring
+        assert reader.first_sight(first.cameraFrame) and reader.view(first.cameraFrame).shape == (4, 8, 3)
+        _wait_for(lambda: ring.subscribers == 1 and ring._notified)
+        bus = [ring.notify_and_bytes(_ring_msg(ring, pixels, i)) for i in (1, 2)]
+        assert dict(poller.poll(5000)) == {reader.shm.ring.conn.fileno(): zmq.POLLIN}  # the notice wakes the poll
+        got: list = []
+        _wait_for(lambda: got.extend(reader.notices()) or len(got) == 2)
+        assert [e.cameraFrame.frameId for e in got] == [1, 2]
+        assert [reader.first_sight(e.cameraFrame) for e in got] == [True, True]
+        assert [reader.first_sight(log_from_bytes(b).cameraFrame) for b in bus] == [False, False]  # already taken
+        assert reader.first_sight(log_from_bytes(_ring_msg(ring, pixels, 3).to_bytes()).cameraFrame)  # bus first
+        ring.notify(b"\x00" * 16)  # not an Event
+        ring.notify(new_active_bytes())  # an Event, not a frame
+        late: list = []
+        _wait_for(lambda: late.extend(reader.notices()) or reader.bad_notices == 2)
+        assert late == []
+        assert dict(reader.bad_notice_reasons) == {"framing": 1, "wrong service": 1}
+        with pytest.raises(ValueError, match="a notice of 4097 bytes: at most 4096"):
+            ring.notify(bytes(4097))
+    assert _wait_for(reader.camera_gone) and reader.shm.ring is None
+    assert poller.sockets == []  # the ring's connection left the poller with the mapping
+    reader.close()
+
+
+def new_active_bytes() -> bytes:
+    from chestnut.msgs.messaging import new_message
+
+    return new_message("chestnutActive").to_bytes()
+
+
+def test_a_reader_that_reads_no_notices_still_sees_its_camera_go():
+    # the logger maps the ring but never reads notices: its socket buffer fills, the camera's sends to it fail
+    # without blocking (counted), and the camera's end is still seen once it stops
+    pixels = np.zeros((4, 8, 3), np.uint8)
+    with FrameRing(pixels.nbytes) as ring:
+        reader = FrameReader()
+        reader.view(log_from_bytes(_ring_msg(ring, pixels, 0).to_bytes()).cameraFrame)
+        _wait_for(lambda: ring._notified)
+        data = ring.notify_and_bytes(_ring_msg(ring, pixels, 1))
+        t0 = time.monotonic()
+        while ring.unread == 0:
+            ring.notify(data)
+            assert time.monotonic() - t0 < 30
+        assert not reader.camera_gone() and reader.notices() == []
+    assert _wait_for(reader.camera_gone)
+    reader.close()

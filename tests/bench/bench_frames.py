@@ -9,11 +9,13 @@ then the interleaved UV plane) -- three transports run one after the other, each
 20 Hz (openpilot's model rate):
 
 - **shm**: ``msgs/visionipc.py``: the camera copies the pixels into its ring (``FrameRing.write``,
-  seqlock) and publishes a metadata-only ``cameraFrame``; the subscriber decodes it
-  (``recv_one_or_none``: bounded, validated) and takes a read-only view of the slot after the seqlock
+  seqlock), builds a metadata-only ``cameraFrame`` once and sends it as a notice on each subscriber's
+  ring connection (``FrameRing.notify``), then the same bytes on the bus; the subscriber, polling both
+  as the node does, decodes whichever comes first (``FrameReader.notices`` / ``drain_sock``: bounded,
+  validated; ``first_sight`` skips the other) and takes a read-only view of the slot after the seqlock
   check (``FrameReader.view``). The second seqlock check (``verify``) follows the stamp.
 - **inline**: today's path: ``fill_frame``-style message with the pixels in ``data`` -> ``PubMaster.send``
-  -> ``recv_one_or_none`` -> ``frame_to_array`` (the node's read).
+  -> ``drain_sock`` -> ``frame_to_array`` (the node's read).
 - **raw**: the floor of any shared-memory transport: one memcpy of the same bytes into shared memory
   (an anonymous ``MAP_SHARED`` mapping inherited by the child) and an 8-byte wake-up through a pipe;
   the child's view of the mapping is usable once the wake-up is read.
@@ -44,7 +46,7 @@ import numpy as np
 import zmq
 
 from chestnut.msgs.frames import frame_to_array
-from chestnut.msgs.messaging import PubMaster, new_message, recv_one_or_none, sub_sock
+from chestnut.msgs.messaging import PubMaster, drain_sock, new_message, sub_sock
 from chestnut.msgs.visionipc import FrameReader, FrameRing
 
 RATE_HZ = 20.0  # openpilot's model rate (common/realtime.py DT_MDL = 0.05 s)
@@ -110,12 +112,14 @@ def _child(cmds: Any, ready: Any, raw_map: mmap.mmap, wake_r: int, prefix: str) 
             sock = sub_sock("cameraFrame", prefix=prefix)
             poller = zmq.Poller()
             poller.register(sock, zmq.POLLIN)
-            reader = FrameReader(prefix)
+            reader = FrameReader(prefix, poller=poller)  # the node's intake: notices on the ring's socket, and the bus
             while len(lat) < n:
                 if not poller.poll(5000):
                     break
-                while (ev := recv_one_or_none(sock)) is not None:
+                for ev in reader.notices() + drain_sock(sock):
                     cf = ev.cameraFrame
+                    if not reader.first_sight(cf):
+                        continue
                     img = reader.view(cf) if path == "shm" else frame_to_array(cf)
                     now = time.monotonic_ns()
                     try:
@@ -173,6 +177,7 @@ def run_case(
             index, seq = ring.write(src)
             msg = _frame_msg(fid, rows, cols, encoding, stamp, None)
             ring.fill(msg.cameraFrame, index, seq, nbytes)
+            msg = ring.notify_and_bytes(msg)  # as chestnut camera: the notice first, then the same bytes on the bus
         else:
             msg = _frame_msg(fid, rows, cols, encoding, stamp, src.tobytes())
         pm.send("cameraFrame", msg)
