@@ -362,20 +362,20 @@ def _decode_event(data: bytes | bytearray | memoryview | zmq.Frame) -> tuple[Any
     the readers pin its buffer), else copied once into ``bytes``."""
     if len(data) > MAX_MESSAGE_BYTES:
         raise MalformedMessageError(REASON_OVERSIZE, f"{len(data)} bytes > limit {MAX_MESSAGE_BYTES}")
-    buf = data if type(data) is bytes or type(data) is zmq.Frame else bytes(data)
+    buf: bytes | zmq.Frame = data if type(data) is bytes or isinstance(data, zmq.Frame) else bytes(data)
     try:
         check = _reader(buf, TRAVERSAL_LIMIT_WORDS)
     except (ValueError, capnp.KjException) as e:
-        if type(buf) is bytes or "unaligned" not in str(e):
+        if not isinstance(buf, zmq.Frame) or "unaligned" not in str(e):
             raise MalformedMessageError(REASON_FRAMING, _first_line(e)) from None
-        return _decode_event(bytes(buf))  # a frame ZeroMQ placed off the 8-byte grid capnp requires
+        return _decode_event(buf.bytes)  # a frame ZeroMQ placed off the 8-byte grid capnp requires
     try:
         member = _walk_struct(check, _EVENT_PLAN, len(buf) >= ZERO_COPY_MIN_BYTES)
     except _UnknownEnumerant as e:
         raise MalformedMessageError(REASON_UNKNOWN_MEMBER, str(e)) from None
     except (capnp.KjException, ValueError) as e:
         raise MalformedMessageError(REASON_POINTER, _first_line(e)) from None
-    return _reader(buf, READER_TRAVERSAL_LIMIT_WORDS), member  # Event always has a union
+    return _reader(buf, READER_TRAVERSAL_LIMIT_WORDS), member or ""  # Event always has a union
 
 
 def _flat_reader_class() -> Any:
@@ -447,7 +447,7 @@ class SubSocket(zmq.Socket):
         a message over ``ZMQ_MAXMSGSIZE``: disconnecting and connecting the endpoint again covers both.
         Call it once the queue is drained: disconnecting drops what the old connection still holds.
         """
-        if self.conn_monitor is None or not self.conn_monitor.get(zmq.EVENTS) & zmq.POLLIN:
+        if self.conn_monitor is None or not int(self.conn_monitor.get(zmq.EVENTS)) & zmq.POLLIN:
             return False
         lost = 0
         while True:

@@ -196,8 +196,10 @@ class FrameRing:
             fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, _SEALS)
             self.map = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             self._words = np.frombuffer(self.map, np.uint64, count=slots * self.stride // 8)[:: self.stride // 8]
-            self._pixels = [np.frombuffer(self.map, np.uint8, count=frame_bytes, offset=i * self.stride + SLOT_HEADER_BYTES)
-                            for i in range(slots)]
+            self._pixels = [
+                np.frombuffer(self.map, np.uint8, count=frame_bytes, offset=i * self.stride + SLOT_HEADER_BYTES)
+                for i in range(slots)
+            ]
             self._listener = self._bind()
         except BaseException:
             os.close(self.fd)
@@ -392,8 +394,10 @@ class _Mapping:
         self.map = mmap.mmap(fd, hello["size"], mmap.MAP_SHARED, mmap.PROT_READ)
         self.words = np.frombuffer(self.map, np.uint64, count=self.slots * self.stride // 8)[:: self.stride // 8]
         # each slot's pixels, made once: a frame's view is a slice of one
-        self.pixels = [np.frombuffer(self.map, np.uint8, count=self.frame_bytes, offset=i * self.stride + SLOT_HEADER_BYTES)
-                       for i in range(self.slots)]
+        self.pixels = [
+            np.frombuffer(self.map, np.uint8, count=self.frame_bytes, offset=i * self.stride + SLOT_HEADER_BYTES)
+            for i in range(self.slots)
+        ]
 
     def close(self) -> None:
         self.conn.close()
