@@ -30,7 +30,7 @@ from chestnut.node.policy import HOST_WINDOW_MS, HostFigures
 NS_PER_MS = 1_000_000
 PSI_CPU = Path("/proc/pressure/cpu")
 PRESSURE_PERIOD_S = 0.2  # PSI's avg10 moves slowly (a 10 s average): 5 reads a second are plenty
-MAX_SAMPLES = 256  # wake-ups kept (the loop wakes ~20-40 times a second; the window is 1 s)
+MAX_SAMPLES = 256  # wake-ups kept at most (the loop wakes ~20-40 times a second; the window is 1 s)
 
 
 def read_cpu_pressure(path: Path = PSI_CPU) -> float | None:
@@ -73,18 +73,25 @@ class HostMeter:
         """The node's loop asked to wake at ``asked_ns`` and woke at ``woke_ns`` (a wake-up before the
         time asked, by an event, is no lateness)."""
         if woke_ns > asked_ns:
-            self._loop.append((woke_ns, woke_ns - asked_ns))
+            self._add(self._loop, woke_ns, woke_ns - asked_ns)
 
     def worker_late(self, late_ns: int, now_ns: int) -> None:
         """The worker's timer's worst lateness of its last second (``late_ns``), read at ``now_ns``."""
         if late_ns > 0:
-            self._worker.append((now_ns, late_ns))
+            self._add(self._worker, now_ns, late_ns)
 
     def result_outside(self, now_ns: int, lost_ns: int) -> None:
         """A result received at ``now_ns`` lost ``lost_ns`` outside the dock (request to receipt, less its
         stages)."""
         if lost_ns > 0:
-            self._outside.append((now_ns, lost_ns))
+            self._add(self._outside, now_ns, lost_ns)
+
+    def _add(self, samples: deque[tuple[int, int]], at_ns: int, late_ns: int) -> None:
+        """One sample; those older than the window before it are dropped, so a figure scans one window's worth."""
+        since = at_ns - self.window_ns
+        while samples and samples[0][0] < since:
+            samples.popleft()
+        samples.append((at_ns, late_ns))
 
     def cpu_pressure(self) -> float | None:
         """PSI ``some avg10`` (%), re-read at most every :data:`PRESSURE_PERIOD_S`; None where absent."""

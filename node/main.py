@@ -57,6 +57,7 @@ import socket
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -166,6 +167,7 @@ EXIT_NO_FALLBACK = 3          # the node cannot serve at all: no usable fallback
 MODEL_FIX = ("prepare it again with `chestnut model prepare` (it checks the file's sha256 and rebuilds a damaged "
              "one), or name another file in the config's [model] / [fallback]")
 NS = 1_000_000_000
+HostJudge = Callable[[], str]  # why the host was late around a result, "" when on time (Node._host_late_result)
 LOOK_RETRY, LOOK_ABSENT, LOOK_LINK = "retry", "absent", "link"  # DockLooker purposes: the supervisor's retry,
 # the absent dock's ERROR while degraded, the link speed while a worker qualifies
 LOOP_PERIOD_MS = 50           # longest the loop sleeps without a frame (20 Hz housekeeping)
@@ -372,6 +374,8 @@ class Node:
         self.host_thresholds = HostThresholds(t.host_late_ms, t.host_cpu_pressure_pct, t.deadline_ms)
         self.host_misses = 0             # deadline misses blamed on the host (not counted towards a failover)
         self.result_at_ns = 0            # receipt of the worker's last result (CLOCK_MONOTONIC ns)
+        self.after_output: deque[Callable[[], object]] = deque()  # _after_output's work, until the output is out
+        self.next_output: tuple[Any, Any] | None = None  # (Event builder, its modelOutput): _prepare_output
         # the primary's adaptive deadline (node/deadline.py): its recent latencies (ms) and the deadline in force
         self.deadline_rule = DeadlineRule(ceiling_ms=t.deadline_ms, floor_ms=min(t.deadline_floor_ms, t.deadline_ms),
                                           host_late_ms=t.host_late_ms, adaptive=t.adaptive_deadline,
@@ -826,6 +830,7 @@ class Node:
         result = self._infer(frame_id + self.seq_offset, inputs, clock, full, refusal)
         result.answer = with_frame_clock(result.answer, clock)
         self._publish_output(frame_id, cf, result, clock, drop_perc)
+        self._run_after_output()
         host = self.host_last_late_ns >= started and self.sup.serving is Source.PRIMARY
         self._publish_active(result.answer.source, result.answer.valid, result.answer.reason,
                              host_frame=frame_id if host and result.answer.source is not Source.PRIMARY else None)
@@ -920,8 +925,10 @@ class Node:
             self.miss_run = 0
             self.errors_at_good = self._transfer_errors()
             self.primary_timed = res.stages is not None
-            slow = self.stage_budget.observe(res.stages, now, res.exec_time_s) if res.stages is not None else []
-            self._apply_health(evidence_from_run(res.exec_time_s * 1e3) + [evidence_from_validity(report)] + slow, now)
+            if report.ok:  # OK and the stage budget's WARNs: nothing that could change this frame's answer
+                self._after_output(functools.partial(self._judge_run, res, report, now))
+            else:
+                self._judge_run(res, report, now)
             # without a fallback (fallback.required = false) nothing can agree: the primary's own checks vote
             vote = shadow_vote(report) if self.fallback is not None else report.ok
             if self.sup.state in (State.SHADOWING, State.AWAITING_SWITCH) and vote is not None:
@@ -934,6 +941,12 @@ class Node:
         answer = choose_answer(self.sup.serving, self.sup.reason, primary, fallback, outcome.why)
         return FrameResult(answer, outcome.missed, report, res.stages if res is not None and res.ok else None,
                            deadline_ms if sub.verdict is not Submit.SKIP and not refusal else 0.0)
+
+    def _judge_run(self, res: WorkerResult, report: ValidityReport, now: int) -> None:
+        """A primary result's evidence: its layers advanced (:func:`evidence_from_run`), its output checks, and
+        the stage budget's verdict on its stage times (WARN or OK, never ERROR: ``node/health.py`` ``StageBudget``)."""
+        slow = self.stage_budget.observe(res.stages, now, res.exec_time_s) if res.stages is not None else []
+        self._apply_health(evidence_from_run(res.exec_time_s * 1e3) + [evidence_from_validity(report)] + slow, now)
 
     def _note_agreement(self, report: ValidityReport) -> None:
         """Hot standby: a run of frames whose primary output disagrees with a valid fallback output is shown
@@ -991,14 +1004,14 @@ class Node:
     def _transfer_errors(self) -> int:
         """The worker's failed transfer attempts so far (its control block; 0 without a worker)."""
         w = self.worker
-        return w.progress().transfer_errors if w is not None and w.alive else 0
+        return w.transfer_errors() if w is not None and w.alive else 0
 
     def _host_late(self, now: int, dock_ms: float | None = None, elapsed_ms: float | None = None) -> str:
         """:func:`~chestnut.node.policy.host_late` at ``now``: the node's loop and the worker's timer over the
         last ``timing.host_window_ms`` and the CPU pressure (``node/hostload.py``); "" when on time."""
         w = self.worker
         if w is not None and w.alive:
-            self.host.worker_late(w.progress().late_peak_ns, now)
+            self.host.worker_late(w.late_peak_ns(), now)
         th = self.host_thresholds
         if th.deadline_ms != self.deadline.ms:  # a late result's dock time is held against the deadline in force
             th = HostThresholds(th.late_ms, th.cpu_pressure_pct, self.deadline.ms)
@@ -1010,11 +1023,13 @@ class Node:
             return ""
         return late
 
-    def _host_late_result(self, res: WorkerResult, now: int) -> str:
+    def _host_late_result(self, res: WorkerResult, now: int) -> HostJudge:
         """:meth:`_host_late` for a result arriving at ``now``, with the dock's own time for it (its stage
         times, when its runner times them) against the time since the worker could start it: its submission,
         or the previous result's receipt if that came later -- the worker runs one request at a time, so a
-        request queued behind a slow run waited for the dock, not for the host."""
+        request queued behind a slow run waited for the dock, not for the host. The figures are recorded now;
+        the verdict is a function, judged once when first asked: only a late result needs it at once (the
+        watchdog's), an on-time one after its frame's output is out (the adaptive deadline's hold)."""
         started = self.watchdog.started_ns(res.seq)
         if started is not None:
             started = max(started, self.result_at_ns)
@@ -1024,19 +1039,37 @@ class Node:
             self.dock_recent.append(dock_ms)
         if dock_ms is not None and started is not None:  # what the host cost it: the frames behind it wait as long
             self.host.result_outside(now, now - started - int(dock_ms * 1e6))
-        return self._host_late(now, dock_ms, (now - started) / 1e6 if started is not None else None)
+        elapsed_ms = (now - started) / 1e6 if started is not None else None
+        judged: list[str] = []
 
-    def _observe_latency(self, res: WorkerResult, elapsed_ns: int, host: str) -> None:
+        def judge() -> str:
+            if not judged:
+                judged.append(self._host_late(now, dock_ms, elapsed_ms))
+            return judged[0]
+        return judge
+
+    def _observe_latency(self, res: WorkerResult, elapsed_ns: int, host: HostJudge) -> None:
         """One primary result's latency (its frame's deadline base to its receipt, ``elapsed_ns``; late ones
         too) into the adaptive deadline's window, and the deadline for the next frame (``node/deadline.py``):
-        held while the host is late (``host``)."""
+        held while the host is late (``host``, :meth:`_host_late_result`)."""
         if res.error is not None or elapsed_ns < 0:
             return
         self.latencies.append(elapsed_ns / 1e6)
         self.deadline = adaptive_deadline(self.latencies, self.deadline_rule, previous=self.deadline,
-                                          host_late=bool(host))
+                                          host_late=bool(host()))
         if self.deadline_log.due(self.deadline.basis):  # what sets the deadline: at once when that changes
             log.info("primary %s", self.deadline.describe())
+
+    def _after_output(self, work: Callable[[], object]) -> None:
+        """``work`` that cannot change the frame's answer (the adaptive deadline's sample, health evidence with no
+        ERROR in it: only an ERROR fails a layer over, ``node/policy.py`` ``is_primary_fault``): done right after the
+        frame's ``modelOutput`` is sent, so the output does not wait for it (:meth:`_run_after_output`)."""
+        self.after_output.append(work)
+
+    def _run_after_output(self) -> None:
+        """The work :meth:`_after_output` put off, in the order it came; before anything else reads its results."""
+        while self.after_output:
+            self.after_output.popleft()()
 
     def _host_miss(self, reason: str, now: int) -> None:
         """A deadline miss while the host was late: counted as the host's (``chestnutHealth.host``), logged
@@ -1069,7 +1102,7 @@ class Node:
             host = self._host_late_result(res, now)
             verdict = self.watchdog.response(res.seq, now, host)
             self._watchdog_actions(list(verdict.actions))
-            self._observe_latency(res, verdict.elapsed_ns, host)
+            self._after_output(functools.partial(self._observe_latency, res, verdict.elapsed_ns, host))
             if res.error is not None:
                 self._on_primary_error(res)
             pairing = pair_response(res.seq, frame_id, res.error is not None, verdict.use_result)
@@ -1083,10 +1116,27 @@ class Node:
 
     # ---------------------------------------------------------------- publishing
 
+    def _output_builder(self) -> tuple[Any, Any]:
+        """A ``modelOutput`` Event builder and its member, made after the previous output was sent
+        (:meth:`_prepare_output`): a fresh builder's allocation and first touches cost more than the rest of the
+        message at 20 Hz, where every frame finds the CPU's caches cold."""
+        made, self.next_output = self.next_output, None
+        if made is None:
+            msg = new_message("modelOutput")
+            return msg, msg.modelOutput
+        made[0].logMonoTime = time.monotonic_ns()  # stamped when filled, as a new message would be
+        return made
+
+    def _prepare_output(self) -> None:
+        """The next frame's ``modelOutput`` builder (:meth:`_output_builder`), made while no frame waits."""
+        if self.next_output is None:
+            msg = new_message("modelOutput")
+            self.next_output = (msg, msg.modelOutput)
+
     def _publish_output(self, frame_id: int, cf: Any, r: FrameResult, clock: FrameClock, drop_perc: float) -> None:
         a = r.answer
-        msg = new_message("modelOutput", valid=a.valid)
-        mo = msg.modelOutput
+        msg, mo = self._output_builder()
+        msg.valid = a.valid
         mo.frameId = frame_id
         mo.source = a.source.value
         fallback_id = self.fallback.model_id if self.fallback is not None else ""
@@ -1224,6 +1274,7 @@ class Node:
             self.ring_session = None
 
     def _housekeeping(self) -> None:
+        self._run_after_output()
         now = time.monotonic_ns()
         self._check_camera()
         self._poll_worker_start(now)
@@ -1270,6 +1321,7 @@ class Node:
             self._perform_all(self.sup.tick(now))
         self._consumer(now)
         self._publish_housekeeping(time.monotonic_ns())
+        self._prepare_output()
 
     def _take_looks(self, now: int) -> None:
         """The node's finished looks at the dock (:class:`~chestnut.node.docklook.DockLooker`): the supervisor's

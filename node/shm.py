@@ -251,22 +251,31 @@ class ControlBlock:
         return a
 
     def snapshot(self) -> ControlSnapshot:
-        a = self._w.copy()
+        q = self._q
+        a = q.tolist()
         for _ in range(8):
-            b = self._w.copy()
-            if np.array_equal(a, b):
+            b = q.tolist()
+            if a == b:
                 break
             a = b
-        state = int(a[_Field.STATE])
+        state = a[_Field.STATE]
         return ControlSnapshot(
-            pid=int(a[_Field.PID]), heartbeat_ns=int(a[_Field.HEARTBEAT_NS]), beats=int(a[_Field.BEATS]),
+            pid=a[_Field.PID], heartbeat_ns=a[_Field.HEARTBEAT_NS], beats=a[_Field.BEATS],
             state=WorkerState(state) if state in WorkerState._value2member_map_ else WorkerState.FAILED,
-            busy_seq=int(a[_Field.BUSY_SEQ]), busy_since_ns=int(a[_Field.BUSY_SINCE_NS]),
-            runs_started=int(a[_Field.RUNS_STARTED]), runs_done=int(a[_Field.RUNS_DONE]),
-            runs_failed=int(a[_Field.RUNS_FAILED]), late_peak_ns=int(a[_Field.LATE_PEAK_NS]),
-            transfer_errors=int(a[_Field.TRANSFER_ERRORS]), progress=int(a[_Field.PROGRESS]),
-            progress_ns=int(a[_Field.PROGRESS_NS]), io_ns=int(a[_Field.IO_NS]), io_depth=int(a[_Field.IO_DEPTH]),
+            busy_seq=a[_Field.BUSY_SEQ], busy_since_ns=a[_Field.BUSY_SINCE_NS],
+            runs_started=a[_Field.RUNS_STARTED], runs_done=a[_Field.RUNS_DONE],
+            runs_failed=a[_Field.RUNS_FAILED], late_peak_ns=a[_Field.LATE_PEAK_NS],
+            transfer_errors=a[_Field.TRANSFER_ERRORS], progress=a[_Field.PROGRESS],
+            progress_ns=a[_Field.PROGRESS_NS], io_ns=a[_Field.IO_NS], io_depth=a[_Field.IO_DEPTH],
         )
+
+    def late_peak_ns(self) -> int:
+        """:meth:`set_late_peak`'s word alone (one aligned 8-byte load: never torn)."""
+        return int(self._q[_Field.LATE_PEAK_NS])
+
+    def transfer_errors(self) -> int:
+        """:meth:`set_transfer_errors`'s word alone (one aligned 8-byte load: never torn)."""
+        return int(self._q[_Field.TRANSFER_ERRORS])
 
 
 @dataclass(frozen=True)

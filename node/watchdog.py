@@ -51,6 +51,7 @@ OK with hysteresis; EXPIRED is left only by :meth:`Watchdog.worker_started`).
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -350,12 +351,13 @@ class Watchdog:
         p = self._pending.get(seq)
         return p.start_ns if p is not None else None
 
-    def response(self, seq: int, now_ns: int, host: str = "") -> Verdict:
+    def response(self, seq: int, now_ns: int, host: str | Callable[[], str] = "") -> Verdict:
         """The worker answered request ``seq`` at ``now_ns``.
 
         ``use_result`` is True only for an in-order response to a live request, from a worker no
         entity has expired, and (for frames) within ``[min, frame_deadline]``. ``host``: why the host
-        itself was late (empty: on time); a late result then is the host's miss (module docstring).
+        itself was late (empty: on time), or a function that says it, called only for a result outside
+        those bounds; a late result then is the host's miss (module docstring).
         """
         if not self._pending or next(iter(self._pending)) != seq:
             expected = next(iter(self._pending), None)
@@ -384,7 +386,7 @@ class Watchdog:
                      else f"minimum {_ms(self._deadline_min_ns)}")
             reason = f"frame {seq}: primary result after {_ms(elapsed)} ({bound})"
             queued = self._queued(seq, p, now_ns) if elapsed > p.deadline_ns else ""
-            actions = self._miss(seq, reason, now_ns, host, queued)
+            actions = self._miss(seq, reason, now_ns, host() if callable(host) else host, queued)
             return Verdict(False, elapsed, tuple(actions))
         return Verdict(True, elapsed, tuple(self._frame_outcome(False, now_ns)))
 

@@ -339,6 +339,16 @@ class WorkerHandle:
             return time.monotonic() - self.spawned_at_s
         return max(0.0, (time.monotonic_ns() - hb_ns) / 1e9)
 
+    def late_peak_ns(self) -> int:
+        """:attr:`WorkerProgress.late_peak_ns` alone, without a whole snapshot (read with every result); 0 before
+        start."""
+        return self._ctl.late_peak_ns() if self._ctl is not None else 0
+
+    def transfer_errors(self) -> int:
+        """:attr:`WorkerProgress.transfer_errors` alone, without a whole snapshot (read with every result); 0
+        before start."""
+        return self._ctl.transfer_errors() if self._ctl is not None else 0
+
     def progress(self) -> WorkerProgress:
         """The control block: heartbeat age, state, the run in progress and the run counters."""
         if self._ctl is None:
