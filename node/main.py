@@ -808,7 +808,7 @@ class Node:
                 except ValueError as e:  # another camera format: the fallback's CPU warp takes any frame
                     refusal = f"the primary cannot take this frame: {e}"
                     self._frame_format_refused(refusal)
-            full = None if full is None or self.worker is None else np.array(full)
+            full = None if full is None or self.worker is None else self._copy_full_frame(full)
             self.frame_reader.verify(cf)  # lapped by the camera while read: dropped, never torn
             if self.frame_reader.session != self.ring_session:  # the first frame of a camera's ring
                 self.ring_session = self.frame_reader.session
@@ -834,6 +834,19 @@ class Node:
         host = self.host_last_late_ns >= started and self.sup.serving is Source.PRIMARY
         self._publish_active(result.answer.source, result.answer.valid, result.answer.reason,
                              host_frame=frame_id if host and result.answer.source is not Source.PRIMARY else None)
+
+    def _copy_full_frame(self, full: np.ndarray) -> np.ndarray:
+        """``full``, a frame the primary takes whole (its program warps it), copied once out of the frame ring:
+        straight into the worker's next input slot when it is the primary's one input (``WorkerHandle.next_inputs``;
+        the submit then sends it without a second copy), else into a new array."""
+        w = self.worker
+        slot = w.next_inputs() if w is not None else None
+        if slot is not None and w is not None and len(w.inputs) == 1:
+            dst = slot.get(w.inputs[0].name)
+            if dst is not None and dst.shape == full.shape and dst.dtype == full.dtype:
+                np.copyto(dst, full)
+                return dst
+        return np.array(full)
 
     def _frame_format_refused(self, why: str) -> None:
         """A frame the primary's warp cannot take (``model.frame`` is another format): counted, logged once per

@@ -399,7 +399,8 @@ class WorkerHandle:
             raise WorkerError("busy", f"all {self.slots} slots are in flight (seqs {list(self._in_flight)})")
         slot = self._free_slots[0]
         for name, dst in self._slots.inputs[slot].items():
-            np.copyto(dst, inputs[name], casting="no")
+            if inputs[name] is not dst:  # filled in place (next_inputs): already where the worker reads it
+                np.copyto(dst, inputs[name], casting="no")
         self._slots.set_in_seq(slot, seq)
         self._slots.set_out_seq(slot, -1)
         submitted_at_s = time.monotonic()  # before sending: the woken worker may preempt this process
@@ -410,6 +411,15 @@ class WorkerHandle:
         self._in_flight[seq] = (slot, submitted_at_s)
         self._awaiting.append(seq)
         self._last_seq = seq
+
+    def next_inputs(self) -> Mapping[str, np.ndarray] | None:
+        """The input arrays of the slot the next :meth:`submit` fills (writable views of the shared segment the
+        worker reads, name -> array of the input spec's shape and dtype), or None while none is free or the worker
+        is not ready. A caller that writes an input into its array here and passes that very array to
+        :meth:`submit` saves submit's copy of it (a full camera frame: megabytes). Valid until that submit."""
+        if self._slots is None or not self.ready or not self._free_slots:
+            return None
+        return self._slots.inputs[self._free_slots[0]]
 
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
         """Raise :class:`ModelError` ``"bad_input"`` unless ``inputs`` matches :attr:`inputs` exactly."""

@@ -314,6 +314,26 @@ def test_results_pair_up_with_their_sequence_numbers_and_a_late_result_stays_its
     assert r is not None and r.seq == 12 and r.outputs["y"].tolist() == [4.0, 4.0, 4.0]
 
 
+def test_an_input_written_into_the_next_slot_is_sent_without_a_second_copy(worker, monkeypatch):
+    slot = worker.next_inputs()
+    assert slot is not None and set(slot) == {"x"}
+    assert slot["x"].shape == X_SPEC.shape and slot["x"].dtype == np.float32 and slot["x"].flags.writeable
+    slot["x"][...] = 2.0
+    copies: list[tuple[int, ...]] = []  # shapes only: a view kept here would keep the segment mapped
+    real_copyto = np.copyto
+    monkeypatch.setattr(np, "copyto", lambda dst, *a, **k: (copies.append(dst.shape), real_copyto(dst, *a, **k)))
+    worker.submit(1, {"x": slot["x"]})
+    del slot
+    assert copies == []  # the worker reads it where it was written
+    r = worker.poll_result(timeout_s=5)
+    assert r is not None and r.seq == 1 and r.outputs["y"].tolist() == [8.0, 8.0, 8.0]  # as frame(2.0) gives
+    worker.submit(2, frame(1.0))  # an array of the caller's own is copied in, as before
+    assert copies == [X_SPEC.shape]
+    worker.submit(3, frame(1.0))
+    assert worker.next_inputs() is None  # both slots in flight: nothing to write into
+    assert [worker.poll_result(timeout_s=5).seq, worker.poll_result(timeout_s=5).seq] == [2, 3]
+
+
 @pytest.mark.timeout(30)
 def test_a_runner_exception_comes_back_typed_with_its_message_and_the_worker_keeps_serving(worker):
     worker.submit(1, frame(0.0, RAISE_TYPED))
