@@ -44,7 +44,7 @@ from chestnut.msgs.argtypes import MAX_FRAME_RATE_HZ, checked_float, checked_int
 from chestnut.msgs.frames import fill_frame
 from chestnut.msgs.messaging import PubMaster
 from chestnut.msgs.services import get_service
-from chestnut.msgs.visionipc import INLINE_MAX_BYTES, FrameBufferError, FrameRing
+from chestnut.msgs.visionipc import INLINE_MAX_BYTES, FrameBufferError, FrameRing, RingFrame
 from chestnut.node.realtime import CAMERA_PRIORITY, add_priority_argument, apply_priority
 
 log = logging.getLogger("chestnut.camera")
@@ -134,13 +134,18 @@ def synthetic_frames(height: int, width: int, pixel_format: str = "bgr24") -> It
 def ring_frame(
     ring: FrameRing, frame_id: int, img: np.ndarray, sof_ns: int, source_name: str, encoding: str = "bgr888"
 ) -> object:
-    """Copy a frame (as :func:`iter_frames` gives it) into the ring's next slot and build its metadata-only
-    ``cameraFrame`` (``timestampEof``: ns, CLOCK_MONOTONIC, once the pixels are in the slot)."""
+    """Copy a frame (as :func:`iter_frames` gives it) into the ring's next slot, send its notice to the ring's
+    subscribers (``FrameRing.notify``: they have it one socket hop later), then build its metadata-only
+    ``cameraFrame`` for the bus (``timestampEof``: ns, CLOCK_MONOTONIC, once the pixels are in the slot)."""
     index, seq = ring.write(np.ascontiguousarray(img))
-    msg = fill_frame(frame_id, img[:0], sof_ns, time.monotonic_ns(), source_name, encoding)
-    cf = msg.cameraFrame  # type: ignore[attr-defined]
+    eof_ns = time.monotonic_ns()
     rows = int(img.shape[0])
-    cf.height, cf.width = (rows * 2 // 3 if encoding == "nv12" else rows), int(img.shape[1])
+    height, width = (rows * 2 // 3 if encoding == "nv12" else rows), int(img.shape[1])
+    ring.notify(RingFrame(frame_id=frame_id, sof_ns=sof_ns, eof_ns=eof_ns, width=width, height=height,
+                          encoding=encoding, session=ring.session, index=index, seq=seq, size=img.nbytes))
+    msg = fill_frame(frame_id, img[:0], sof_ns, eof_ns, source_name, encoding)
+    cf = msg.cameraFrame  # type: ignore[attr-defined]
+    cf.height, cf.width = height, width
     ring.fill(cf, index, seq, img.nbytes)
     return msg
 
@@ -322,8 +327,8 @@ def _publish(
                 break
             if ring is None:
                 msg = fill_frame(frame_id, img, sof, time.monotonic_ns(), Path(source).name, encoding)
-            else:  # built once: the notice to the ring's subscribers first, then the same bytes on the bus
-                msg = ring.notify_and_bytes(ring_frame(ring, frame_id, img, sof, Path(source).name, encoding))
+            else:  # the notice to the ring's subscribers first, then the metadata on the bus
+                msg = ring_frame(ring, frame_id, img, sof, Path(source).name, encoding)
             pm.send("cameraFrame", msg)
             sent += 1
             frame_id += 1

@@ -18,16 +18,18 @@ which frame), written for this stack's rules:
   own uid with the announced size and no group/other permission (:func:`buffer_problem`); every
   other descriptor is refused in one line (:class:`FrameBufferError`).
 - **A frame** goes out as a ``cameraFrame`` with empty ``data`` and ``buffer`` set (session, slot
-  index, sequence number, size; ``msgs/chestnut.capnp`` ``FrameBuffer``), built once: the same bytes
-  go on the bus (for the logger and every other consumer) and, first, as a *notice* straight to each
-  ring subscriber on its hand-over connection (:meth:`FrameRing.notify`). The hand-over socket is
-  ``SOCK_SEQPACKET``, so the hello and each notice are one record each. A subscriber that reads notices
-  (:meth:`FrameReader.notices`, given a poller) has its frames one socket hop after the camera wrote
-  them: the bus's ZeroMQ path crosses an I/O thread on each side (four wake-ups, not one), which at 20
-  Hz cost ~0.17 ms more per frame on this project's 2-core machine (``tests/bench/bench_frames.py``).
-  The subscriber takes each frame once, by whichever way it comes first (:meth:`FrameReader.first_sight`).
-  A subscriber that never reads notices (the logger) loses nothing: once its socket buffer is full the
-  camera's non-blocking sends to it fail and are only counted (``FrameRing.unread``).
+  index, sequence number, size; ``msgs/chestnut.capnp`` ``FrameBuffer``) on the bus, for the logger and
+  every other consumer. First, each ring subscriber gets a *notice* straight on its hand-over connection
+  (:meth:`FrameRing.notify`): the same metadata as one fixed :data:`NOTICE_BYTES`-byte record
+  (:class:`RingFrame`, the smallest message that names the frame; one ``struct`` unpack, no Cap'n
+  Proto to build or to walk). The hand-over socket is ``SOCK_SEQPACKET``, so the hello and each notice
+  are one record each. A subscriber that reads notices (:meth:`FrameReader.notices`, given a poller) has
+  its frames one socket hop after the camera wrote them: the bus's ZeroMQ path crosses an I/O thread on
+  each side (four wake-ups, not one), and its message must be built, sent, decoded and checked first
+  (``tests/bench/bench_frames.py`` measures both). The subscriber takes each frame once, by whichever
+  way it comes first (:meth:`FrameReader.first_sight`). A subscriber that never reads notices (the
+  logger) loses nothing: once its socket buffer is full the camera's non-blocking sends to it fail and
+  are only counted (``FrameRing.unread``).
 - **Seqlock**: writing frame ``seq`` into a slot sets its word to ``2*seq - 1`` (odd: being written),
   copies the pixels, then sets ``2*seq``. A reader checks the word is ``2*seq`` before it takes the
   view and again after it is done with it (:meth:`FrameSubscriber.verify`); any other value means the
@@ -62,13 +64,14 @@ from typing import Any
 import numpy as np
 
 from chestnut.msgs.frames import frame_shape, frame_to_array
-from chestnut.msgs.messaging import REASON_WRONG_SERVICE, MalformedMessageError, log_from_bytes
+from chestnut.msgs.messaging import REASON_FRAMING, REASON_UNKNOWN_MEMBER, MalformedMessageError
 from chestnut.msgs.paths import runtime_dir
+from chestnut.msgs.schema import log as schema
 from chestnut.msgs.services import FRAME_MAX_BYTES
 
 __all__ = [
     "HELLO_MAX_BYTES",
-    "NOTICE_MAX_BYTES",
+    "NOTICE_BYTES",
     "INLINE_MAX_BYTES",
     "RING_SLOTS",
     "SLOT_HEADER_BYTES",
@@ -78,6 +81,7 @@ __all__ = [
     "FrameReader",
     "FrameRing",
     "FrameSubscriber",
+    "RingFrame",
     "buffer_problem",
     "inline_event",
     "socket_path",
@@ -91,10 +95,7 @@ newest frame before its slot is reused; one frame late is the node's normal wors
 MAX_RING_SLOTS = 16  # a subscriber refuses a ring announcing more slots than this
 SLOT_HEADER_BYTES = 64  # seqlock word (uint64 at 0), frame bytes (uint64 at 8), the rest reserved; one cache line
 HELLO_MAX_BYTES = 4096  # the camera's JSON line; a subscriber reads no more
-NOTICE_MAX_BYTES = 4096
-"""Bound on one notice record (a metadata-only ``cameraFrame`` Event, ~200 bytes; the camera refuses to send
-a bigger one, a subscriber drops a bigger one as malformed)."""
-HELLO_VERSION = 2  # 2: SOCK_SEQPACKET, notices follow the hello
+HELLO_VERSION = 3  # 2: SOCK_SEQPACKET, notices follow the hello; 3: a notice is a RingFrame record
 SOCKET_NAME = "cameraFrame.vipc"  # the hand-over socket, in the private runtime directory
 INLINE_MAX_BYTES = 256 << 10
 """Frames up to this many bytes of pixels go inline by default (``chestnut camera --transport
@@ -156,6 +157,79 @@ def buffer_problem(st: os.stat_result, seals: int, uid: int, size: int) -> str |
 def _peer_uid(conn: socket.socket) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return int(struct.unpack("3i", creds)[1])
+
+
+# ---------------------------------------------------------------- the notice
+
+
+_NOTICE = struct.Struct("<QQQQIIIIIB3x")
+NOTICE_BYTES = _NOTICE.size
+"""Bytes of one notice record (56): little-endian ``session`` u64, ``seq`` u64, ``timestampSof`` u64,
+``timestampEof`` u64, ``frameId`` u32, ``index`` u32, ``size`` u32, ``width`` u32, ``height`` u32,
+``encoding`` u8 (the ``CameraFrame.PixelEncoding`` ordinal), 3 bytes of padding; the fields and widths of
+``msgs/chestnut.capnp`` ``CameraFrame`` and ``FrameBuffer``."""
+ENCODINGS: tuple[str, ...] = tuple(
+    name for name, _ in sorted(schema.CameraFrame.PixelEncoding.schema.enumerants.items(), key=lambda kv: kv[1])
+)
+"""``CameraFrame.PixelEncoding`` names by ordinal (``msgs/chestnut.capnp``)."""
+REASON_OTHER_RING = "other ring"  # a well-formed notice of a ring that is not the one mapped
+
+
+class RingFrame:
+    """A ring frame as its notice names it: what a ``cameraFrame`` reader of it gives, as plain Python values.
+
+    ``frameId``; ``timestampSof`` / ``timestampEof`` (ns, CLOCK_MONOTONIC); ``width`` / ``height`` (px);
+    ``encoding`` (a ``CameraFrame.PixelEncoding`` name, str); its ``FrameBuffer``: ``session``, ``index``,
+    ``seq``, ``size`` (bytes of pixels), which :attr:`buffer` gives as this object itself. ``shape`` is
+    ``msgs/frames.py`` ``frame_shape`` of it. Made by the camera (keyword arguments) and by
+    :meth:`unpack`, which checks what a record can get wrong; the node takes either a ``CameraFrame`` reader
+    or one of these (:class:`FrameReader` reads both).
+    """
+
+    __slots__ = ("frameId", "timestampSof", "timestampEof", "width", "height", "encoding", "session", "index",
+                 "seq", "size", "shape")
+
+    def __init__(self, *, frame_id: int, sof_ns: int, eof_ns: int, width: int, height: int, encoding: str,
+                 session: int, index: int, seq: int, size: int) -> None:
+        """Raises ``ValueError`` for an unknown ``encoding`` or a ``size`` that is not ``frame_shape``'s bytes."""
+        if encoding not in ENCODINGS:
+            raise ValueError(f"pixel encoding {encoding!r} is none of {list(ENCODINGS)}")
+        self.shape = frame_shape(height, width, encoding)
+        if size != self.shape[0] * self.shape[1] * self.shape[2]:
+            raise ValueError(f"frame {frame_id}: {size} bytes in the ring for {encoding} {width}x{height}")
+        self.frameId, self.timestampSof, self.timestampEof = frame_id, sof_ns, eof_ns
+        self.width, self.height, self.encoding = width, height, encoding
+        self.session, self.index, self.seq, self.size = session, index, seq, size
+
+    @property
+    def buffer(self) -> RingFrame:
+        """The ``FrameBuffer`` figures (``session``, ``index``, ``seq``, ``size``), as a reader's ``buffer`` gives."""
+        return self
+
+    def pack(self) -> bytes:
+        """The :data:`NOTICE_BYTES`-byte record. Raises ``struct.error`` for a field outside its width."""
+        return _NOTICE.pack(self.session, self.seq, self.timestampSof, self.timestampEof, self.frameId, self.index,
+                            self.size, self.width, self.height, ENCODINGS.index(self.encoding))
+
+    @classmethod
+    def unpack(cls, data: bytes) -> RingFrame:
+        """A record from the camera's connection. Raises :class:`MalformedMessageError` (reason ``framing``: not
+        :data:`NOTICE_BYTES` long, or a size that does not match its geometry; ``unknown member``: an encoding
+        ordinal the schema does not name)."""
+        if len(data) != NOTICE_BYTES:
+            raise MalformedMessageError(REASON_FRAMING, f"a notice of {len(data)} bytes, not {NOTICE_BYTES}")
+        session, seq, sof, eof, frame_id, index, size, width, height, enc = _NOTICE.unpack(data)
+        if enc >= len(ENCODINGS):
+            raise MalformedMessageError(REASON_UNKNOWN_MEMBER, f"a notice with pixel encoding {enc}")
+        try:
+            return cls(frame_id=frame_id, sof_ns=sof, eof_ns=eof, width=width, height=height, encoding=ENCODINGS[enc],
+                       session=session, index=index, seq=seq, size=size)
+        except ValueError as e:
+            raise MalformedMessageError(REASON_FRAMING, f"a notice naming {e}") from None
+
+    def __repr__(self) -> str:
+        return (f"RingFrame(frame {self.frameId}, {self.encoding} {self.width}x{self.height}, "
+                f"session {self.session:x}, slot {self.index}, seq {self.seq})")
 
 
 # ---------------------------------------------------------------- the camera's side
@@ -300,31 +374,24 @@ class FrameRing:
         self._words[index] = 2 * self.seq  # even: holds frame seq
         return index, self.seq
 
-    def notify(self, event: bytes) -> int:
-        """Send ``event`` (a ``cameraFrame`` Event's bytes, at most :data:`NOTICE_MAX_BYTES`) to every
-        subscriber holding the ring, without blocking; returns how many took it. A subscriber whose buffer
-        is full misses it (counted in ``unread``); one that closed its end is dropped.
-        Raises ``ValueError`` for a notice over the bound."""
-        if len(event) > NOTICE_MAX_BYTES:
-            raise ValueError(f"a notice of {len(event)} bytes: at most {NOTICE_MAX_BYTES}")
+    def notify(self, frame: RingFrame) -> int:
+        """Send ``frame``'s notice (:data:`NOTICE_BYTES`) to every subscriber holding the ring, without
+        blocking; returns how many took it. A subscriber whose buffer is full misses it (counted in
+        ``unread``); one that closed its end is dropped. Raises ``ValueError`` for a frame of another ring."""
+        if frame.session != self.session:
+            raise ValueError(f"a notice for session {frame.session:x} on the ring of session {self.session:x}")
+        record = frame.pack()
         sent = 0
         with self._lock:
             for conn in self._notified:
                 try:
-                    conn.send(event)
+                    conn.send(record)
                     sent += 1
                 except BlockingIOError:
                     self.unread += 1
                 except OSError:  # the subscriber went away
                     self._drop(conn)
         return sent
-
-    def notify_and_bytes(self, msg: Any) -> bytes:
-        """Serialise a ring frame's ``cameraFrame`` builder once, :meth:`notify` its subscribers with it and
-        return the bytes for the bus (``PubMaster.send`` takes them as they are)."""
-        data = msg.to_bytes()
-        self.notify(data)
-        return data
 
     def _drop(self, conn: socket.socket) -> None:
         """Forget and close a subscriber's connection (under ``_lock``); the notice list is rebuilt, so a
@@ -462,7 +529,7 @@ class FrameSubscriber:
     ring's connection is registered there for ``POLLIN`` while mapped, and the camera's notices are kept
     for :meth:`take_notices`; without one they are read and dropped. Counters: ``overwritten`` (frames the
     camera lapped before or while they were read), ``maps`` (rings mapped so far), ``bad_notices``
-    (records over :data:`NOTICE_MAX_BYTES`, dropped).
+    (records over :data:`NOTICE_BYTES`, dropped).
     """
 
     def __init__(self, prefix: str | None = None, uid: int | None = None, poller: Any = None) -> None:
@@ -496,7 +563,7 @@ class FrameSubscriber:
         ring = self.ring
         while ring is not None and not self._eof:
             try:
-                data, _anc, flags, _addr = ring.conn.recvmsg(NOTICE_MAX_BYTES, 0, socket.MSG_DONTWAIT)
+                data, _anc, flags, _addr = ring.conn.recvmsg(NOTICE_BYTES, 0, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return
             except OSError:
@@ -507,12 +574,12 @@ class FrameSubscriber:
                 self.bad_notices += 1
                 if self.bad_notices == 1:
                     _log.warning("frame ring: dropped a notice over %d bytes (further ones are only counted)",
-                                 NOTICE_MAX_BYTES)
+                                 NOTICE_BYTES)
             elif self.poller is not None:
                 self._pending.append(data)
 
     def take_notices(self) -> list[bytes]:
-        """The notices (``cameraFrame`` Event bytes, unchecked) queued since the last call, oldest first."""
+        """The notices (:class:`RingFrame` records, unchecked) queued since the last call, oldest first."""
         self._pump()
         out, self._pending = self._pending, []
         return out
@@ -616,7 +683,8 @@ class FrameSubscriber:
 
 
 class FrameReader:
-    """Reads a ``cameraFrame`` of either kind: inline (``data``) or in the camera's ring (``buffer``).
+    """Reads a ``cameraFrame`` of either kind: inline (``data``) or in the camera's ring (``buffer``), given as
+    a ``CameraFrame`` reader or as the :class:`RingFrame` of the camera's notice.
 
     ``view(cf)`` -> uint8 array of ``msgs/frames.py`` ``frame_shape`` ([H, W, 3]; [H, W, 1] for ``gray8``;
     [H * 3/2, W, 1] for ``nv12``); a ring frame is a read-only view
@@ -625,9 +693,9 @@ class FrameReader:
     :class:`FrameOverwrittenError` (a ``ValueError``). The ring is connected to on the first ring frame.
 
     With a ``poller`` (``zmq.Poller``) the camera's notices of the mapped ring wake it: :meth:`notices`
-    returns them as decoded events (bounded and validated as every bus message is, ``msgs/messaging.py``
-    ``log_from_bytes``), and :meth:`first_sight` takes each ring frame once whether its notice or its bus
-    message comes first. ``bad_notices`` counts notices dropped as malformed or oversize.
+    returns them as :class:`RingFrame` objects (each record checked: its length, its encoding, its size
+    against its geometry, its ring), and :meth:`first_sight` takes each ring frame once whether its notice
+    or its bus message comes first. ``bad_notices`` counts notices dropped as malformed or oversize.
     """
 
     def __init__(self, prefix: str | None = None, poller: Any = None) -> None:
@@ -639,33 +707,34 @@ class FrameReader:
     def bad_notices(self) -> int:
         return self.shm.bad_notices + sum(self.bad_notice_reasons.values())
 
-    def notices(self) -> list[Any]:
-        """The ``cameraFrame`` Events the camera announced on the mapped ring's connection since the last
-        call, oldest first (none without a poller or a mapped ring). A malformed one, or one that is not a
-        frame of the mapped ring, is counted in ``bad_notices`` (logged once per reason) and dropped."""
+    def notices(self) -> list[RingFrame]:
+        """The frames the camera announced on the mapped ring's connection since the last call, oldest first
+        (none without a poller or a mapped ring). A malformed notice, or one of another ring, is counted in
+        ``bad_notice_reasons`` (logged once per reason) and dropped."""
         out = []
         for data in self.shm.take_notices():
             try:
-                event = log_from_bytes(data)
-                if event.which() != "cameraFrame":
-                    raise MalformedMessageError(REASON_WRONG_SERVICE, f"a {event.which()!r} notice")
-                if not self.in_ring(event.cameraFrame) or event.cameraFrame.buffer.session != self.session:
-                    raise MalformedMessageError(REASON_WRONG_SERVICE, "a notice of a frame outside the mapped ring")
+                frame = RingFrame.unpack(data)
+                if frame.session != self.session:
+                    raise MalformedMessageError(REASON_OTHER_RING, f"a notice of camera session {frame.session:x}")
             except MalformedMessageError as e:
                 self.bad_notice_reasons[e.reason] += 1
                 if self.bad_notice_reasons[e.reason] == 1:
                     _log.warning("frame ring: dropped a notice: %s (further ones are only counted)", e)
                 continue
-            out.append(event)
+            out.append(frame)
         return out
 
     def first_sight(self, cf: Any) -> bool:
         """False for a ring frame already taken (its notice and its bus message carry the same frame:
         the same session and seq), True otherwise (inline frames always). Seq only grows within a session."""
-        if not cf._has("buffer"):
+        if isinstance(cf, RingFrame):
+            key = (cf.session, cf.seq)
+        elif cf._has("buffer"):
+            buf = cf.buffer
+            key = (int(buf.session), int(buf.seq))
+        else:
             return True
-        buf = cf.buffer
-        key = (int(buf.session), int(buf.seq))
         if key[0] == self._seen[0] and key[1] <= self._seen[1]:
             return False
         self._seen = key
@@ -673,9 +742,11 @@ class FrameReader:
 
     @staticmethod
     def in_ring(cf: Any) -> bool:
-        return bool(cf._has("buffer")) and len(cf.data) == 0
+        return isinstance(cf, RingFrame) or (bool(cf._has("buffer")) and len(cf.data) == 0)
 
     def view(self, cf: Any) -> np.ndarray:
+        if isinstance(cf, RingFrame):  # checked when its notice was read
+            return self.shm.view_slot(cf.session, cf.index, cf.seq, cf.size).reshape(cf.shape)
         if not self.in_ring(cf):
             return frame_to_array(cf)
         h, w, c = frame_shape(cf.height, cf.width, cf.encoding)
@@ -686,7 +757,9 @@ class FrameReader:
         return self.shm.view_slot(buf.session, buf.index, buf.seq, size).reshape(h, w, c)
 
     def verify(self, cf: Any) -> None:
-        if self.in_ring(cf):
+        if isinstance(cf, RingFrame):
+            self.shm.verify(cf)
+        elif self.in_ring(cf):
             self.shm.verify(cf.buffer)
 
     def camera_gone(self) -> bool:

@@ -761,8 +761,9 @@ class Node:
 
     # ---------------------------------------------------------------- one frame
 
-    def on_frame(self, event: Any) -> None:
-        cf = event.cameraFrame
+    def on_frame(self, cf: Any) -> None:
+        """One ``cameraFrame``: a ``CameraFrame`` reader from the bus or the :class:`~chestnut.msgs.visionipc.RingFrame`
+        of the camera's notice (the same fields)."""
         frame_id = int(cf.frameId)
         sof = int(cf.timestampSof)
         if (self.last_frame_id is not None and frame_id <= self.last_frame_id and sof > self.last_sof_ns
@@ -1394,10 +1395,10 @@ class Node:
                 asked_ns = time.monotonic_ns() + timeout_ms * 1_000_000
                 answered = False
                 if self.poller.poll(timeout_ms):
-                    for ev in self.frame_reader.notices() + drain_sock(self.frames):
-                        if not self.frame_reader.first_sight(ev.cameraFrame):
+                    for cf in self.frame_reader.notices() + [ev.cameraFrame for ev in drain_sock(self.frames)]:
+                        if not self.frame_reader.first_sight(cf):
                             continue
-                        self.on_frame(ev)
+                        self.on_frame(cf)
                         self._housekeeping()  # between two queued frames too: results, the watchdog, health
                         answered = True
                 else:

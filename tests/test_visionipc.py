@@ -20,12 +20,14 @@ from chestnut.msgs.frames import fill_frame, frame_to_array
 from chestnut.msgs.messaging import log_from_bytes, recv_one, sub_sock
 from chestnut.msgs.paths import runtime_dir
 from chestnut.msgs.visionipc import (
+    NOTICE_BYTES,
     SOCKET_NAME,
     FrameBufferError,
     FrameOverwrittenError,
     FrameReader,
     FrameRing,
     FrameSubscriber,
+    RingFrame,
     buffer_problem,
     inline_event,
     socket_path,
@@ -460,6 +462,33 @@ def _wait_for(what, timeout_s: float = 5.0):  # type: ignore[no-untyped-def]
     raise AssertionError("condition not met in time")
 
 
+def _notice(ring: FrameRing, pixels: np.ndarray, frame_id: int) -> tuple[RingFrame, bytes]:
+    """Write ``pixels`` into ``ring`` as the camera does: (its notice's RingFrame, its bus message's bytes)."""
+    index, seq = ring.write(pixels)
+    frame = RingFrame(frame_id=frame_id, sof_ns=1, eof_ns=2, width=pixels.shape[1], height=pixels.shape[0],
+                      encoding="bgr888", session=ring.session, index=index, seq=seq, size=pixels.nbytes)
+    msg = fill_frame(frame_id, pixels[:0], 1, 2, "test")
+    msg.cameraFrame.height, msg.cameraFrame.width = pixels.shape[:2]
+    ring.fill(msg.cameraFrame, index, seq, pixels.nbytes)
+    return frame, msg.to_bytes()
+
+
+def test_a_notice_is_56_bytes_that_say_what_the_bus_message_says():
+    frame = RingFrame(frame_id=7, sof_ns=10**18, eof_ns=10**18 + 5, width=1928, height=1208, encoding="nv12",
+                      session=2**63 - 1, index=3, seq=2**40, size=1928 * 1812)
+    record = frame.pack()
+    assert len(record) == NOTICE_BYTES == 56
+    back = RingFrame.unpack(record)
+    assert [getattr(back, f) for f in RingFrame.__slots__] == [getattr(frame, f) for f in RingFrame.__slots__]
+    assert back.buffer is back and back.shape == (1812, 1928, 1) and back.encoding == "nv12"
+    with pytest.raises(ValueError, match=r"pixel encoding 'yuyv' is none of \['bgr888', 'rgb888', 'gray8', 'nv12'\]"):
+        RingFrame(frame_id=1, sof_ns=1, eof_ns=1, width=2, height=2, encoding="yuyv", session=1, index=0, seq=1,
+                  size=6)
+    with pytest.raises(ValueError, match="frame 1: 5 bytes in the ring for bgr888 2x1"):
+        RingFrame(frame_id=1, sof_ns=1, eof_ns=1, width=2, height=1, encoding="bgr888", session=1, index=0, seq=1,
+                  size=5)
+
+
 def test_notices_reach_a_polling_reader_once_per_frame_with_the_bus_copy_skipped():
     import zmq
 
@@ -467,34 +496,39 @@ def test_notices_reach_a_polling_reader_once_per_frame_with_the_bus_copy_skipped
     poller = zmq.Poller()
     with FrameRing(pixels.nbytes) as ring:
         reader = FrameReader(poller=poller)
-        first = log_from_bytes(_ring_msg(ring, pixels, 0).to_bytes())  # the bus copy: maps the ring
+        first = log_from_bytes(_notice(ring, pixels, 0)[1])  # the bus copy: maps the ring
         assert reader.first_sight(first.cameraFrame) and reader.view(first.cameraFrame).shape == (4, 8, 3)
         _wait_for(lambda: ring.subscribers == 1 and ring._notified)
-        bus = [ring.notify_and_bytes(_ring_msg(ring, pixels, i)) for i in (1, 2)]
+        sent = [_notice(ring, pixels, i) for i in (1, 2)]
+        assert [ring.notify(frame) for frame, _ in sent] == [1, 1]
         assert dict(poller.poll(5000)) == {reader.shm.ring.conn.fileno(): zmq.POLLIN}  # the notice wakes the poll
-        got: list = []
+        got: list[RingFrame] = []
         _wait_for(lambda: got.extend(reader.notices()) or len(got) == 2)
-        assert [e.cameraFrame.frameId for e in got] == [1, 2]
-        assert [reader.first_sight(e.cameraFrame) for e in got] == [True, True]
-        assert [reader.first_sight(log_from_bytes(b).cameraFrame) for b in bus] == [False, False]  # already taken
-        assert reader.first_sight(log_from_bytes(_ring_msg(ring, pixels, 3).to_bytes()).cameraFrame)  # bus first
-        ring.notify(b"\x00" * 16)  # not an Event
-        ring.notify(new_active_bytes())  # an Event, not a frame
-        late: list = []
-        _wait_for(lambda: late.extend(reader.notices()) or reader.bad_notices == 2)
+        assert [(f.frameId, f.seq, f.index, f.timestampSof, f.timestampEof) for f in got] == [(1, 2, 1, 1, 2),
+                                                                                             (2, 3, 2, 1, 2)]
+        assert [reader.first_sight(f) for f in got] == [True, True]
+        assert [reader.first_sight(log_from_bytes(b).cameraFrame) for _, b in sent] == [False, False]  # taken
+        view = reader.view(got[1])
+        assert view.shape == (4, 8, 3) and not view.flags.writeable
+        reader.verify(got[1])
+        assert reader.first_sight(log_from_bytes(_notice(ring, pixels, 3)[1]).cameraFrame)  # bus first
+        conn = ring._notified[0]
+        good = sent[0][0].pack()
+        bad_encoding = good[:-4] + bytes([9]) + good[-3:]
+        other = RingFrame(frame_id=5, sof_ns=1, eof_ns=2, width=8, height=4, encoding="bgr888",
+                          session=ring.session ^ 2, index=0, seq=9, size=96)
+        for record in (b"\x00" * 16, bad_encoding, other.pack(), good + bytes(8)):
+            conn.send(record)
+        late: list[RingFrame] = []
+        _wait_for(lambda: late.extend(reader.notices()) or reader.bad_notices == 4)
         assert late == []
-        assert dict(reader.bad_notice_reasons) == {"framing": 1, "wrong service": 1}
-        with pytest.raises(ValueError, match="a notice of 4097 bytes: at most 4096"):
-            ring.notify(bytes(4097))
+        assert dict(reader.bad_notice_reasons) == {"framing": 1, "unknown member": 1, "other ring": 1}
+        assert reader.shm.bad_notices == 1  # the record over NOTICE_BYTES
+        with pytest.raises(ValueError, match=f"a notice for session {ring.session ^ 2:x} on the ring of session "):
+            ring.notify(other)
     assert _wait_for(reader.camera_gone) and reader.shm.ring is None
     assert poller.sockets == []  # the ring's connection left the poller with the mapping
     reader.close()
-
-
-def new_active_bytes() -> bytes:
-    from chestnut.msgs.messaging import new_message
-
-    return new_message("chestnutActive").to_bytes()
 
 
 def test_a_reader_that_reads_no_notices_still_sees_its_camera_go():
@@ -505,10 +539,10 @@ def test_a_reader_that_reads_no_notices_still_sees_its_camera_go():
         reader = FrameReader()
         reader.view(log_from_bytes(_ring_msg(ring, pixels, 0).to_bytes()).cameraFrame)
         _wait_for(lambda: ring._notified)
-        data = ring.notify_and_bytes(_ring_msg(ring, pixels, 1))
+        frame = _notice(ring, pixels, 1)[0]
         t0 = time.monotonic()
         while ring.unread == 0:
-            ring.notify(data)
+            ring.notify(frame)
             assert time.monotonic() - t0 < 30
         assert not reader.camera_gone() and reader.notices() == []
     assert _wait_for(reader.camera_gone)

@@ -9,11 +9,12 @@ then the interleaved UV plane) -- three transports run one after the other, each
 20 Hz (openpilot's model rate):
 
 - **shm**: ``msgs/visionipc.py``: the camera copies the pixels into its ring (``FrameRing.write``,
-  seqlock), builds a metadata-only ``cameraFrame`` once and sends it as a notice on each subscriber's
-  ring connection (``FrameRing.notify``), then the same bytes on the bus; the subscriber, polling both
-  as the node does, decodes whichever comes first (``FrameReader.notices`` / ``drain_sock``: bounded,
-  validated; ``first_sight`` skips the other) and takes a read-only view of the slot after the seqlock
-  check (``FrameReader.view``). The second seqlock check (``verify``) follows the stamp.
+  seqlock), sends the frame's 56-byte notice on each subscriber's ring connection (``FrameRing.notify``,
+  a ``RingFrame`` record), then a metadata-only ``cameraFrame`` on the bus; the subscriber, polling both
+  as the node does, takes whichever comes first (``FrameReader.notices``: one checked record, or
+  ``drain_sock``: bounded, validated; ``first_sight`` skips the other) and takes a read-only view of the
+  slot after the seqlock check (``FrameReader.view``). The second seqlock check (``verify``) follows the
+  stamp.
 - **inline**: today's path: ``fill_frame``-style message with the pixels in ``data`` -> ``PubMaster.send``
   -> ``drain_sock`` -> ``frame_to_array`` (the node's read).
 - **raw**: the floor of any shared-memory transport: one memcpy of the same bytes into shared memory
@@ -47,7 +48,7 @@ import zmq
 
 from chestnut.msgs.frames import frame_to_array
 from chestnut.msgs.messaging import PubMaster, drain_sock, new_message, sub_sock
-from chestnut.msgs.visionipc import FrameReader, FrameRing
+from chestnut.msgs.visionipc import FrameReader, FrameRing, RingFrame
 
 RATE_HZ = 20.0  # openpilot's model rate (common/realtime.py DT_MDL = 0.05 s)
 SIZES = (  # label, rows, columns, bytes per sample, encoding
@@ -116,8 +117,7 @@ def _child(cmds: Any, ready: Any, raw_map: mmap.mmap, wake_r: int, prefix: str) 
             while len(lat) < n:
                 if not poller.poll(5000):
                     break
-                for ev in reader.notices() + drain_sock(sock):
-                    cf = ev.cameraFrame
+                for cf in reader.notices() + [ev.cameraFrame for ev in drain_sock(sock)]:
                     if not reader.first_sight(cf):
                         continue
                     img = reader.view(cf) if path == "shm" else frame_to_array(cf)
@@ -132,7 +132,7 @@ def _child(cmds: Any, ready: Any, raw_map: mmap.mmap, wake_r: int, prefix: str) 
                         continue
                     if not lat:
                         cpu0 = _cpu_s()
-                    lat.append((now - ev.logMonoTime) / 1e6)
+                    lat.append((now - int(cf.timestampSof)) / 1e6)  # the camera's stamp
                     assert img.reshape(-1)[0] == fid & 0xFF
                     del img
             reader.close()
@@ -173,11 +173,12 @@ def run_case(
             os.write(wake_w, WAKE.pack(stamp, fid))
             return
         assert pm is not None
-        if ring is not None:
+        if ring is not None:  # as chestnut camera: the pixels, the notice, then the metadata on the bus
             index, seq = ring.write(src)
+            ring.notify(RingFrame(frame_id=fid, sof_ns=stamp, eof_ns=stamp, width=cols, height=rows, encoding=encoding,
+                                  session=ring.session, index=index, seq=seq, size=nbytes))
             msg = _frame_msg(fid, rows, cols, encoding, stamp, None)
             ring.fill(msg.cameraFrame, index, seq, nbytes)
-            msg = ring.notify_and_bytes(msg)  # as chestnut camera: the notice first, then the same bytes on the bus
         else:
             msg = _frame_msg(fid, rows, cols, encoding, stamp, src.tobytes())
         pm.send("cameraFrame", msg)
