@@ -1395,7 +1395,9 @@ class Node:
                 asked_ns = time.monotonic_ns() + timeout_ms * 1_000_000
                 answered = False
                 if self.poller.poll(timeout_ms):
-                    for cf in self.frame_reader.notices() + [ev.cameraFrame for ev in drain_sock(self.frames)]:
+                    # the bus first: a frame queued there may be older than the first notice (its own notice
+                    # went out before the ring was mapped); a notice of a frame taken already is skipped
+                    for cf in [ev.cameraFrame for ev in drain_sock(self.frames)] + self.frame_reader.notices():
                         if not self.frame_reader.first_sight(cf):
                             continue
                         self.on_frame(cf)

@@ -117,7 +117,7 @@ def _child(cmds: Any, ready: Any, raw_map: mmap.mmap, wake_r: int, prefix: str) 
             while len(lat) < n:
                 if not poller.poll(5000):
                     break
-                for cf in reader.notices() + [ev.cameraFrame for ev in drain_sock(sock)]:
+                for cf in [ev.cameraFrame for ev in drain_sock(sock)] + reader.notices():  # as the node
                     if not reader.first_sight(cf):
                         continue
                     img = reader.view(cf) if path == "shm" else frame_to_array(cf)
