@@ -707,6 +707,13 @@ class FrameReader:
     def bad_notices(self) -> int:
         return self.shm.bad_notices + sum(self.bad_notice_reasons.values())
 
+    @property
+    def notice_socket(self) -> socket.socket | None:
+        """The mapped ring's connection, registered in the poller (None while none is mapped): a poll that
+        reports only it was woken by notices (or the camera's end) alone."""
+        ring = self.shm.ring
+        return None if ring is None or self.shm.poller is None else ring.conn
+
     def notices(self) -> list[RingFrame]:
         """The frames the camera announced on the mapped ring's connection since the last call, oldest first
         (none without a poller or a mapped ring). A malformed notice, or one of another ring, is counted in

@@ -1394,10 +1394,13 @@ class Node:
                                                                             (nxt - time.monotonic_ns()) // 1_000_000))
                 asked_ns = time.monotonic_ns() + timeout_ms * 1_000_000
                 answered = False
-                if self.poller.poll(timeout_ms):
+                if ready := dict(self.poller.poll(timeout_ms)):
                     # the bus first: a frame queued there may be older than the first notice (its own notice
-                    # went out before the ring was mapped); a notice of a frame taken already is skipped
-                    for cf in [ev.cameraFrame for ev in drain_sock(self.frames)] + self.frame_reader.notices():
+                    # went out before the ring was mapped); a notice of a frame taken already is skipped. Woken by
+                    # a notice alone, the bus (and its connection monitor) has nothing: not asked
+                    notices = self.frame_reader.notice_socket
+                    bus = [] if notices is not None and ready.keys() == {notices} else drain_sock(self.frames)
+                    for cf in [ev.cameraFrame for ev in bus] + self.frame_reader.notices():
                         if not self.frame_reader.first_sight(cf):
                             continue
                         self.on_frame(cf)

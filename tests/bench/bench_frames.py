@@ -115,9 +115,12 @@ def _child(cmds: Any, ready: Any, raw_map: mmap.mmap, wake_r: int, prefix: str) 
             poller.register(sock, zmq.POLLIN)
             reader = FrameReader(prefix, poller=poller)  # the node's intake: notices on the ring's socket, and the bus
             while len(lat) < n:
-                if not poller.poll(5000):
+                woke = dict(poller.poll(5000))
+                if not woke:
                     break
-                for cf in [ev.cameraFrame for ev in drain_sock(sock)] + reader.notices():  # as the node
+                notices = reader.notice_socket  # as the node: the bus is not asked when a notice alone woke it
+                bus = [] if notices is not None and woke.keys() == {notices} else drain_sock(sock)
+                for cf in [ev.cameraFrame for ev in bus] + reader.notices():
                     if not reader.first_sight(cf):
                         continue
                     img = reader.view(cf) if path == "shm" else frame_to_array(cf)
