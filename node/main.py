@@ -1160,22 +1160,29 @@ class Node:
         for t, (name, arr) in zip(outs, (a.outputs or {}).items(), strict=True):
             c = np.ascontiguousarray(arr)
             t.name = name
-            shape = t.init("shape", c.ndim)
-            for i, d in enumerate(c.shape):
-                shape[i] = int(d)
+            t.shape = [int(d) for d in c.shape]
             t.dtype = _dtype_name(c.dtype)
             t.data = c.tobytes()
+        # a fresh builder holds every default (0, false, ""): only what differs is set, each set costs at 20 Hz
         mo.executionTime = float(a.exec_s)
         mo.frameAge = frame_age_s(clock, int(cf.timestampEof), int(msg.logMonoTime))
-        mo.frameDropPerc = float(drop_perc)
-        mo.deadlineMissed = r.deadline_missed
-        mo.deadline = float(r.deadline_ms) / 1e3
-        if r.report is not None:
-            mo.agreementChecked = r.report.agreement_checked
+        if drop_perc:
+            mo.frameDropPerc = float(drop_perc)
+        if r.deadline_missed:
+            mo.deadlineMissed = True
+        if r.deadline_ms:
+            mo.deadline = float(r.deadline_ms) / 1e3
+        if r.report is not None and r.report.agreement_checked:
+            mo.agreementChecked = True
             mo.primaryAgrees = r.report.primary_agrees
             mo.maxAbsDiff = float(r.report.max_abs_diff)
-        mo.reason = a.reason
-        mo.copyInTime, mo.computeTime, mo.copyOutTime = published_stages(r).as_list()
+        if a.reason:
+            mo.reason = a.reason
+        stages = published_stages(r)
+        if stages.copy_in or stages.copy_out:
+            mo.copyInTime, mo.computeTime, mo.copyOutTime = stages.as_list()
+        elif stages.compute:
+            mo.computeTime = stages.compute
         self.pm.send("modelOutput", msg)
         self.frames_out += 1
 
