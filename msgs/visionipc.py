@@ -707,12 +707,14 @@ class FrameReader:
     def bad_notices(self) -> int:
         return self.shm.bad_notices + sum(self.bad_notice_reasons.values())
 
-    @property
-    def notice_socket(self) -> socket.socket | None:
-        """The mapped ring's connection, registered in the poller (None while none is mapped): a poll that
-        reports only it was woken by notices (or the camera's end) alone."""
+    def only_notices(self, woke: Any) -> bool:
+        """Whether a poll's result ``woke`` (``zmq.Poller.poll``'s pairs as a dict) names the mapped ring's
+        connection and nothing else: woken by notices (or the camera's end) alone, so the other sockets polled
+        (the bus) have nothing to read. ``zmq.Poller`` names a plain socket by its descriptor."""
         ring = self.shm.ring
-        return None if ring is None or self.shm.poller is None else ring.conn
+        if ring is None or self.shm.poller is None or not woke:
+            return False
+        return all(k is ring.conn or k == ring.conn.fileno() for k in woke)
 
     def notices(self) -> list[RingFrame]:
         """The frames the camera announced on the mapped ring's connection since the last call, oldest first

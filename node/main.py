@@ -1405,8 +1405,7 @@ class Node:
                     # the bus first: a frame queued there may be older than the first notice (its own notice
                     # went out before the ring was mapped); a notice of a frame taken already is skipped. Woken by
                     # a notice alone, the bus (and its connection monitor) has nothing: not asked
-                    notices = self.frame_reader.notice_socket
-                    bus = [] if notices is not None and ready.keys() == {notices} else drain_sock(self.frames)
+                    bus = [] if self.frame_reader.only_notices(ready) else drain_sock(self.frames)
                     for cf in [ev.cameraFrame for ev in bus] + self.frame_reader.notices():
                         if not self.frame_reader.first_sight(cf):
                             continue

@@ -501,7 +501,10 @@ def test_notices_reach_a_polling_reader_once_per_frame_with_the_bus_copy_skipped
         _wait_for(lambda: ring.subscribers == 1 and ring._notified)
         sent = [_notice(ring, pixels, i) for i in (1, 2)]
         assert [ring.notify(frame) for frame, _ in sent] == [1, 1]
-        assert dict(poller.poll(5000)) == {reader.shm.ring.conn.fileno(): zmq.POLLIN}  # the notice wakes the poll
+        woke = dict(poller.poll(5000))
+        assert woke == {reader.shm.ring.conn.fileno(): zmq.POLLIN}  # the notice wakes the poll
+        assert reader.only_notices(woke) and not reader.only_notices({})
+        assert not reader.only_notices({**woke, reader.shm.ring.conn.fileno() + 1: zmq.POLLIN})  # the bus too
         got: list[RingFrame] = []
         _wait_for(lambda: got.extend(reader.notices()) or len(got) == 2)
         assert [(f.frameId, f.seq, f.index, f.timestampSof, f.timestampEof) for f in got] == [(1, 2, 1, 1, 2),

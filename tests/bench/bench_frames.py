@@ -118,8 +118,8 @@ def _child(cmds: Any, ready: Any, raw_map: mmap.mmap, wake_r: int, prefix: str) 
                 woke = dict(poller.poll(5000))
                 if not woke:
                     break
-                notices = reader.notice_socket  # as the node: the bus is not asked when a notice alone woke it
-                bus = [] if notices is not None and woke.keys() == {notices} else drain_sock(sock)
+                # as the node: the bus is not asked when a notice alone woke the poll
+                bus = [] if reader.only_notices(woke) else drain_sock(sock)
                 for cf in [ev.cameraFrame for ev in bus] + reader.notices():
                     if not reader.first_sight(cf):
                         continue
