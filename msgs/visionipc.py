@@ -376,8 +376,9 @@ class FrameRing:
 
     def notify(self, frame: RingFrame) -> int:
         """Send ``frame``'s notice (:data:`NOTICE_BYTES`) to every subscriber holding the ring, without
-        blocking; returns how many took it. A subscriber whose buffer is full misses it (counted in
-        ``unread``); one that closed its end is dropped. Raises ``ValueError`` for a frame of another ring."""
+        blocking, then yield the CPU once when any took it; returns how many took it. A subscriber whose buffer
+        is full misses it (counted in ``unread``); one that closed its end is dropped. Raises ``ValueError`` for
+        a frame of another ring."""
         if frame.session != self.session:
             raise ValueError(f"a notice for session {frame.session:x} on the ring of session {self.session:x}")
         record = frame.pack()
@@ -391,6 +392,8 @@ class FrameRing:
                     self.unread += 1
                 except OSError:  # the subscriber went away
                     self._drop(conn)
+        if sent:  # a woken subscriber may be queued on this CPU: let it run before the bus message is built
+            os.sched_yield()  # (docs/architecture.md, "Hand-overs on the per-frame path")
         return sent
 
     def _drop(self, conn: socket.socket) -> None:
@@ -562,15 +565,15 @@ class FrameSubscriber:
         poller) or dropped, the camera's end of the connection (EOF) is remembered."""
         ring = self.ring
         while ring is not None and not self._eof:
-            try:
-                data, _anc, flags, _addr = ring.conn.recvmsg(NOTICE_BYTES, 0, socket.MSG_DONTWAIT)
+            try:  # one byte more than a notice: a longer record shows as such (the rest of it is discarded)
+                data = ring.conn.recv(NOTICE_BYTES + 1, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return
             except OSError:
-                data, flags = b"", 0
+                data = b""
             if not data:
                 self._eof = True
-            elif flags & socket.MSG_TRUNC:
+            elif len(data) > NOTICE_BYTES:
                 self.bad_notices += 1
                 if self.bad_notices == 1:
                     _log.warning("frame ring: dropped a notice over %d bytes (further ones are only counted)",

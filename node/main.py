@@ -1184,6 +1184,7 @@ class Node:
         elif stages.compute:
             mo.computeTime = stages.compute
         self.pm.send("modelOutput", msg)
+        os.sched_yield()  # the bookkeeping after this waits (docs/architecture.md, "Hand-overs on the per-frame path")
         self.frames_out += 1
 
     def _publish_active(self, source: Source, valid: bool = True, output_reason: str = "",

@@ -405,6 +405,7 @@ class WorkerHandle:
         self._slots.set_out_seq(slot, -1)
         submitted_at_s = time.monotonic()  # before sending: the woken worker may preempt this process
         self._send(pack(Msg.RUN, seq, slot=slot))
+        os.sched_yield()  # the worker first (docs/architecture.md, "Hand-overs on the per-frame path")
         if self._eof:
             raise WorkerError("worker_exited", f"worker pid {self.pid} {describe_returncode(self.returncode)}")
         self._free_slots.popleft()
