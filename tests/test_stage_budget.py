@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import select
 import shutil
+import struct
 import sys
 import time
 from pathlib import Path
@@ -320,13 +321,14 @@ def test_stage_times_cross_the_wire_exactly_and_a_bad_payload_is_a_protocol_erro
     st = StageTimes(0.0312, 0.0041, 0.0007)
     assert stages_from_payload(result_payload(st)) == st
     assert result_payload(None) == b"" and stages_from_payload(b"") is None
+    assert len(result_payload(st)) == 24
     for bad in (
-        b'{"stages": [1, 2]}',
-        b'{"stages": [0.1, -0.2, 0.3]}',
-        b'{"stage": []}',
-        b"[1, 2, 3]",
-        b'{"stages": [0.1, true, 0.3]}',
-        b'{"stages": [0.1, NaN, 0.3]}',
+        struct.pack("<2d", 0.1, 0.2),  # too short
+        struct.pack("<3d", 0.1, 0.2, 0.3) + b"\0",  # too long
+        struct.pack("<3d", 0.1, -0.2, 0.3),  # a negative time
+        struct.pack("<3d", 0.1, float("nan"), 0.3),
+        struct.pack("<3d", 0.1, 0.2, float("inf")),
+        b'{"stages": [0.1, 0.2, 0.3]}',  # the JSON form of an older worker
     ):
         with pytest.raises(ValueError):
             stages_from_payload(bad)
