@@ -327,12 +327,20 @@ class ComputeChild:
                                           f"(code {code})"))
 
     def submit(self, msg: tuple[Any, ...]) -> tuple[int, Future[tuple[Any, ...]]]:
-        """Send ``msg`` (its op and arguments; the rid is added) to the child, starting one if none runs.
+        """Send ``msg`` (its op and arguments; the rid is added) to the child, starting one if none runs (also
+        when the child has exited but its reader has not yet seen the end: requests it left fail here).
         Returns the rid and a Future of the reply tuple; the Future raises ComputeDied if the child dies
         first. Raises ComputeDied if no child can be started."""
         fut: Future[tuple[Any, ...]] = Future()
+        orphans: dict[int, Future[tuple[Any, ...]]] = {}
         with self._lock:
             self._stopping = False
+            dead = self._proc is not None and self._proc.poll() is not None
+            if dead:  # reaped before its reader saw the EOF: its requests fail here, a new child takes this one
+                orphans, self._pending = self._pending, {}
+                if self._sock is not None:
+                    self._sock.close()
+                self._proc = self._sock = self._conn = None
             if self._conn is None:
                 self._start()
             rid = next(self._rids)
@@ -344,6 +352,8 @@ class ComputeChild:
             except OSError as e:  # the reader sees the EOF and fails the others
                 self._pending.pop(rid, None)
                 fut.set_exception(ComputeDied(f"the program engine's compute process went away: {e}"))
+        for orphan in orphans.values():
+            orphan.set_exception(ComputeDied("the program engine's compute process exited"))
         return rid, fut
 
     def cancel(self, rid: int) -> None:
