@@ -93,6 +93,21 @@ def test_fleet_make_writes_copies_under_new_route_ids(source, tmp_path, capsys):
     assert main(["fleet", "make", "--from", str(source), "--copies", "0", str(tmp_path / "x")]) == 2
 
 
+def test_fleet_make_refuses_an_unfit_out_directory_and_writes_nothing(source, tmp_path, caplog):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (tmp_path / "link").symlink_to(victim)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # writable by anyone: another user could plant a route's directory there
+    for out, why in ((tmp_path / "link", "symlink"), (shared, "writable")):
+        caplog.clear()
+        assert main(["fleet", "make", "--from", str(source), "--copies", "1", str(out)]) == 2
+        (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert line.startswith(f"chestnut fleet make: OUT {out}") and why in line, line
+    assert list(victim.iterdir()) == [] and list(shared.iterdir()) == []
+
+
 def test_local_fleet_equals_each_log_replayed_alone(fleet, alone, local):
     fr, fc = local
     assert fr.run.units == COPIES * SEGMENTS and fr.run.failed == [] and not fr.run.interrupted

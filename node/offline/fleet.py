@@ -595,7 +595,8 @@ def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
     segment directories written. Raises ``FileNotFoundError`` (no log under ``source``; a video or log
     file that is not a regular file, ``msgs/video.py`` ``NotRegularFileError``), ``FileExistsError`` (a
     route already in ``out``: nothing is overwritten), ``ValueError`` (``copies`` not in
-    1..:data:`MAX_COPIES`)."""
+    1..:data:`MAX_COPIES`), :class:`~chestnut.msgs.outdir.OutputDirError` (``out`` unfit: ``msgs/outdir.py``
+    ``private_dir``; nothing is written)."""
     if not 1 <= copies <= MAX_COPIES:
         raise ValueError(f"copies must be in 1..{MAX_COPIES}, got {copies}")
     groups = group_logs(source)
@@ -610,10 +611,10 @@ def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
                 dest = out / f"{base}-{k:05d}--{seg[1] if seg else n}"
                 plan += [(f, dest / f.name, True), *((v, dest / v.name, False) for v in videos)]
     dirs = sorted({d.parent for _, d, _ in plan})
-    taken = [d for d in dirs if d.exists()]
+    private_dir(out)  # made 0700, or refused: a symlink, not a directory, another user's, group/other-writable
+    taken = [d for d in dirs if os.path.lexists(d)]
     if taken:
         raise FileExistsError(f"{taken[0]} already exists: give an empty OUT directory")
-    out.mkdir(mode=0o700, parents=True, exist_ok=True)
     for d in dirs:
         d.mkdir(mode=0o700)
     for src, dest, follow in plan:

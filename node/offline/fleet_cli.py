@@ -125,8 +125,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from chestnut.msgs.outdir import OutputDirError
+
     try:
         dirs = make_fleet(args.source, args.copies, args.out)
+    except OutputDirError as e:
+        log.error("chestnut fleet make: OUT %s", e)
+        return 2
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         log.error("chestnut fleet make: %s", e)
         return 2
