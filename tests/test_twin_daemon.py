@@ -363,3 +363,18 @@ def test_a_planted_publisher_lock_refuses_the_start_in_one_line_and_leaves_no_so
     assert len(errors) == 1 and "twinState.pub.lock is a symlink: not ours, refused" in errors[0], r.stderr
     assert "Traceback" not in r.stderr
     assert not (d / "twin.sock").exists()
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--link-mbps", "-5"], "argument --link-mbps: -5: give a finite number > 0 Mbps"),
+    (["--link-mbps", "0"], "argument --link-mbps: 0: give a finite number > 0 Mbps"),
+    (["--latency-us", "nan"], "argument --latency-us: nan: give a finite number >= 0 us"),
+    (["--training-delay-ms", "inf"], "argument --training-delay-ms: inf: give a finite number >= 0 ms"),
+    (["--latency-us", "abc"], "argument --latency-us: 'abc' is not a number"),
+])
+def test_serve_refuses_a_timing_model_it_could_not_keep_in_one_line(args, line):
+    r = subprocess.run([sys.executable, "-m", "chestnut.launch.cli", "twin", "serve", *args], env=dict(os.environ),
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [f"chestnut twin serve: error: {line} (chestnut twin serve --help)"]
+    assert not socket_path().exists()
