@@ -37,6 +37,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -128,8 +129,28 @@ class Kit:
                 self.add(StepRecord(name, False, {}, why, ran=False))
 
     def run(self) -> int:
+        """Every step, then the reports; 0 accepted, 1 not. A Ctrl-C or SIGTERM stops the steps, and the reports
+        are still written, with the steps not reached marked not run: 130 / 143 (128 + the signal)."""
         out: Path = self.args.out
         private_dir(out)  # checked in run(); a new directory is born 0700
+        stopped_by: list[int] = []
+
+        def on_signal(signum: int, _frame: object) -> None:
+            stopped_by.append(signum)
+            raise KeyboardInterrupt
+
+        handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self._steps()
+        except KeyboardInterrupt:
+            if not stopped_by:
+                stopped_by.append(signal.SIGINT)
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        return self._conclude(out, stopped_by[0] if stopped_by else None)
+
+    def _steps(self) -> None:
         try:
             if self.twin:
                 from chestnut.backend.sim.client import TwinDaemon
@@ -150,10 +171,16 @@ class Kit:
 
                 shutil.rmtree(runtime_dir(self.prefix), ignore_errors=True)
             self.add_not_run()
+
+    def _conclude(self, out: Path, stopped_by: int | None) -> int:
         write_reports(out, self.report())
         failed = [s.name for s in self.steps if s.ran and not s.passed]
         not_run = [s.name for s in self.steps if not s.ran]
         self.say(f"report: {out / 'report.json'}, {out / 'report.html'}")
+        if stopped_by is not None:
+            self.say(f"NOT accepted: stopped by {signal.Signals(stopped_by).name} before "
+                     f"{', '.join(not_run) or 'the end'}")
+            return 128 + stopped_by
         if not failed and not not_run:
             self.say("accepted: every step passed")
         else:

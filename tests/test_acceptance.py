@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +120,34 @@ def test_a_fault_the_node_does_not_survive_fails_the_kit_naming_its_step(tmp_pat
     }
     assert report["steps"][-2]["verdict"] == "pass"  # the unplug itself was detected
     assert "NOT ACCEPTED: replug" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_a_kit_stopped_by_sigterm_still_writes_both_reports_naming_what_did_not_run(tmp_path: Path,
+                                                                                    tiny_onnx: Path) -> None:
+    fp = record_fingerprint(tiny_onnx, tmp_path / "tiny.fingerprint.json")
+    cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, fingerprint=fp, timing=FAST_RETRY)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chestnut.launch.cli", "acceptance", "--twin", "--out", str(out), "--config", str(cfg),
+         "--frames", "20", "--sizes", "65536", "--twin-engine", "tinygrad"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:  # each step's line comes as it ends
+            seen.append(line)
+            if line.startswith("[PASS] ladder"):
+                proc.send_signal(signal.SIGTERM)
+                break
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = "".join(seen) + rest
+    assert proc.returncode == 128 + signal.SIGTERM, text
+    assert "Traceback" not in text
+    report = json.loads((out / "report.json").read_text())
+    assert (out / "report.html").is_file()
+    assert report["passed"] is False and "frames" in report["not_run_steps"], report
+    assert text.strip().splitlines()[-1].startswith("NOT accepted: stopped by SIGTERM before "), text
