@@ -366,11 +366,11 @@ def test_a_planted_publisher_lock_refuses_the_start_in_one_line_and_leaves_no_so
 
 
 @pytest.mark.parametrize(("args", "line"), [
-    (["--link-mbps", "-5"], "argument --link-mbps: -5: give a finite number > 0 Mbps"),
-    (["--link-mbps", "0"], "argument --link-mbps: 0: give a finite number > 0 Mbps"),
-    (["--latency-us", "nan"], "argument --latency-us: nan: give a finite number >= 0 us"),
-    (["--training-delay-ms", "inf"], "argument --training-delay-ms: inf: give a finite number >= 0 ms"),
-    (["--latency-us", "abc"], "argument --latency-us: 'abc' is not a number"),
+    (["--link-mbps", "-5"], "argument --link-mbps: '-5': give a link rate in Mbps > 0"),
+    (["--link-mbps", "0"], "argument --link-mbps: '0': give a link rate in Mbps > 0"),
+    (["--latency-us", "nan"], "argument --latency-us: 'nan': give a latency in microseconds >= 0"),
+    (["--training-delay-ms", "inf"], "argument --training-delay-ms: 'inf': give a time in milliseconds >= 0"),
+    (["--latency-us", "abc"], "argument --latency-us: 'abc': give a latency in microseconds >= 0"),
 ])
 def test_serve_refuses_a_timing_model_it_could_not_keep_in_one_line(args, line):
     r = subprocess.run([sys.executable, "-m", "chestnut.launch.cli", "twin", "serve", *args], env=dict(os.environ),

@@ -22,12 +22,12 @@ import json
 import math
 import sys
 import zlib
-from collections.abc import Callable
 from typing import Any
 
 from chestnut.backend.sim.compute import DEFAULT_BRIDGE_PRIORITY, MAX_PRIORITY
 from chestnut.backend.sim.compute import DEFAULT_PRIORITY as DEFAULT_COMPUTE_PRIORITY
 from chestnut.backend.sim.faults import KINDS, TLP_STATUSES, Phase
+from chestnut.msgs.argtypes import checked_float
 
 
 def default_bus_address(prefix: str) -> tuple[int, int]:
@@ -37,18 +37,16 @@ def default_bus_address(prefix: str) -> tuple[int, int]:
     return 16 + h % 200, 2 + (h >> 8) % 100
 
 
-def finite_number(low: float, *, above: bool, unit: str) -> Callable[[str], float]:
-    """An argparse ``type``: a finite float ``> low`` (``above``) or ``>= low``, else one error line naming the
-    bound in ``unit`` (a NaN, an infinity or a negative link rate would silently break the timing model)."""
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not math.isfinite(v) or v < low or (above and v == low):
-            raise argparse.ArgumentTypeError(f"{text}: give a finite number {'>' if above else '>='} {low:g} {unit}")
-        return v
-    return parse
+def _link_mbps(text: str) -> float:
+    return checked_float(text, lambda v: 0 < v < math.inf, "give a link rate in Mbps > 0")
+
+
+def _latency_us(text: str) -> float:
+    return checked_float(text, lambda v: 0 <= v < math.inf, "give a latency in microseconds >= 0")
+
+
+def _training_delay_ms(text: str) -> float:
+    return checked_float(text, lambda v: 0 <= v < math.inf, "give a time in milliseconds >= 0")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,13 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="twin_command", metavar="SUBCOMMAND", required=True)
 
     s = sub.add_parser("serve", help="run the twin daemon in the foreground")
-    s.add_argument("--training-delay-ms", type=finite_number(0, above=False, unit="ms"), default=20.0,
+    s.add_argument("--training-delay-ms", type=_training_delay_ms, default=20.0,
                    help="PCIe link training time after 0xF3 on")
     s.add_argument("--bus", type=int, help="USB bus number (default: derived from the prefix)")
     s.add_argument("--address", type=int, help="first USB device address (default: derived from the prefix)")
-    s.add_argument("--link-mbps", type=finite_number(0, above=True, unit="Mbps"),
+    s.add_argument("--link-mbps", type=_link_mbps,
                    help="timing model: link bandwidth (e.g. 5000); off by default")
-    s.add_argument("--latency-us", type=finite_number(0, above=False, unit="us"), default=0.0,
+    s.add_argument("--latency-us", type=_latency_us, default=0.0,
                    help="timing model: per-transfer latency (e.g. 125)")
     s.add_argument("--engine", choices=("tinygrad", "onnxruntime"), default="tinygrad",
                    help="how the GPU engine executes programs (default tinygrad: bit-exact with the CPU reference)")
