@@ -39,17 +39,8 @@ class StageTimes:
                 raise ValueError(f"stage time {name}={v!r}: must be a finite number of seconds >= 0")
 
     def as_list(self) -> list[float]:
-        """``[copy_in, compute, copy_out]`` (the wire form, ``node/wire.py``)."""
+        """``[copy_in, compute, copy_out]`` (s)."""
         return [float(getattr(self, s)) for s in STAGES]
-
-    @classmethod
-    def from_list(cls, v: object) -> StageTimes:
-        """The inverse of :meth:`as_list`; raises ``ValueError`` for anything but three such numbers."""
-        if not isinstance(v, list | tuple) or len(v) != len(STAGES):
-            raise ValueError(f"stage times must be a list of {len(STAGES)} numbers, got {v!r:.80}")
-        if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in v):
-            raise ValueError(f"stage times must be numbers, got {v!r:.80}")
-        return cls(*(float(x) for x in v))
 
     @property
     def total(self) -> float:
