@@ -43,6 +43,18 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help)\n")
 
+    def parse_known_args(  # type: ignore[override]
+        self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """As argparse's, and the first (innermost) parser left with words it does not know is named in the
+        namespace with those words (``_refused_by``): a subcommand hands them up to ``chestnut``, whose own
+        ``parse_args`` would refuse them under its own name (``chestnut --help``); :func:`parse` refuses them
+        under the subcommand's (``chestnut record --help``)."""
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras and not hasattr(ns, "_refused_by"):  # an inner parser finishes before its caller
+            ns._refused_by = (self, list(extras))
+        return ns, extras
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
@@ -59,11 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, except that words no parser knew are refused by the (sub)command that was
+    given them, in its name and with its ``--help`` (``chestnut model prepare: error: unrecognized arguments:
+    --bogus (chestnut model prepare --help)``), exit 2."""
+    args, extras = parser.parse_known_args(argv)
+    owner, words = vars(args).pop("_refused_by", (parser, extras))
+    if extras:
+        owner.error(f"unrecognized arguments: {' '.join(words)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     saved, sys.argv = sys.argv, [sys.argv[0], *argv]
     try:
-        args = build_parser().parse_args(argv)
+        args = parse(build_parser(), argv)
     finally:
         sys.argv = saved
     logging.basicConfig(

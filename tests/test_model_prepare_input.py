@@ -55,6 +55,24 @@ def test_a_shape_that_is_not_four_positive_integers_is_one_line(tmp_path, shape)
     ]
 
 
+@pytest.mark.parametrize(
+    ("words", "prog"),
+    [
+        (["model", "prepare", "--bogus", "x"], "chestnut model prepare"),
+        (["model", "paths", "--bogus"], "chestnut model paths"),
+    ],
+)
+def test_an_unknown_flag_is_refused_under_the_subcommands_own_name(words, prog, capsys):
+    """``chestnut model prepare --bogus`` pointed at ``chestnut --help``, not at the subcommand's usage."""
+    from chestnut.launch.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(words)
+    assert info.value.code == 2
+    unknown = " ".join(words[2:])
+    assert capsys.readouterr().err == f"{prog}: error: unrecognized arguments: {unknown} ({prog} --help)\n"
+
+
 def test_parse_shape():
     from chestnut.launch.assets import parse_shape
 
