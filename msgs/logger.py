@@ -54,9 +54,11 @@ from typing import Any
 
 import zmq
 
+from chestnut.msgs.argtypes import checked_int, positive_seconds
 from chestnut.msgs.frames import frame_to_array
 from chestnut.msgs.logfile import FORMATS, MCAP_ENCODINGS, SEGMENT_SECONDS, FlushPolicy, RouteWriter
 from chestnut.msgs.messaging import REASON_WRONG_SERVICE, MalformedMessageError, SubSocket, log_from_bytes, sub_sock
+from chestnut.msgs.outdir import OutputDirError, private_dir
 from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError, get_service
 from chestnut.msgs.video import CRF_DEFAULT, FRAME_MODES, VIDEO_CODECS, VideoOptions
 from chestnut.msgs.visionipc import FrameBufferError, FrameOverwrittenError, FrameReader
@@ -212,11 +214,21 @@ def _with_pixels(event: Any, pixels: Any) -> bytes:
     return bytes(msg.to_bytes())
 
 
+def _flush_messages(text: str) -> int:
+    """``--flush-messages``: a count >= 1 (``FlushPolicy.every_messages``)."""
+    return checked_int(text, lambda n: n >= 1, "give a number of messages >= 1")
+
+
+def _rcvhwm(text: str) -> int:
+    """``--rcvhwm``: a queue bound >= 1, in messages."""
+    return checked_int(text, lambda n: n >= 1, "give a number of messages >= 1")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-dir", type=Path, default=Path("logs"), help="where routes are written (default ./logs)")
     parser.add_argument(
         "--segment-seconds",
-        type=float,
+        type=positive_seconds,
         default=SEGMENT_SECONDS,
         help=f"segment length in s (default {SEGMENT_SECONDS:g})",
     )
@@ -248,20 +260,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--flush-messages",
-        type=int,
+        type=_flush_messages,
         default=FlushPolicy.every_messages,
         help="flush after this many pending messages (default %(default)s)",
     )
     parser.add_argument(
         "--flush-seconds",
-        type=float,
+        type=positive_seconds,
         default=FlushPolicy.interval_s,
         help="flush at least this often, in s (default %(default)s)",
     )
     parser.add_argument("--fsync", action="store_true", help="fsync on every flush (survives power loss)")
     parser.add_argument(
         "--rcvhwm",
-        type=int,
+        type=_rcvhwm,
         default=RCVHWM_MESSAGES,
         help="ZeroMQ receive queue bound per service, messages (default %(default)s)",
     )
@@ -314,7 +326,8 @@ def mcap_encodings(choice: str, formats: Iterable[str]) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Record until SIGINT/SIGTERM; 0 after a clean stop, 2 for bad arguments, 1 on a write error."""
+    """Record until SIGINT/SIGTERM; 0 after a clean stop, 2 for bad arguments or a refused log directory (or
+    something planted in it), 1 on a write error."""
     stop_signal: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -326,16 +339,17 @@ def run(args: argparse.Namespace) -> int:
         policy = FlushPolicy(args.flush_messages, args.flush_seconds, args.fsync)
         for s in services:
             get_service(s)
-        if args.rcvhwm < 1:
-            raise ValueError(f"--rcvhwm must be >= 1, got {args.rcvhwm}")
-        if not args.segment_seconds > 0:
-            raise ValueError(f"--segment-seconds must be > 0, got {args.segment_seconds}")
         frames = getattr(args, "frames", "raw")
         video = None
         if frames == "video":
             video = VideoOptions(getattr(args, "video_codec", "ffv1"), getattr(args, "crf", CRF_DEFAULT))
     except (ValueError, UnknownServiceError) as e:
         _log.error("%s", e)
+        return 2
+    try:  # a refused --log-dir (planted symlink, another user's, writable by others) is a refused argument
+        private_dir(args.log_dir)
+    except OutputDirError as e:
+        _log.error("--log-dir %s", e)
         return 2
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     recorder = None
@@ -376,6 +390,9 @@ def run(args: argparse.Namespace) -> int:
                     sum(recorder.malformed.values()),
                 )
         drain_at_stop(recorder)
+    except OutputDirError as e:  # something planted in the log directory: refused, never followed
+        _log.error("cannot write the log: %s", e)
+        return 2
     except OSError as e:
         _log.error("cannot write the log: %s", e)
         return 1

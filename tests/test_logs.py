@@ -451,6 +451,51 @@ def test_a_recorder_behind_the_stack_at_its_stop_still_writes_what_its_sockets_h
     assert [f for f in outputs if f >= 1000] == [1000 + k for k in range(30)]  # every one, in order
 
 
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--flush-seconds", "-1"], "argument --flush-seconds: '-1': give a number of seconds > 0"),
+        (["--flush-seconds", "nan"], "argument --flush-seconds: 'nan': give a number of seconds > 0"),
+        (["--flush-messages", "0"], "argument --flush-messages: '0': give a number of messages >= 1"),
+        (["--rcvhwm", "x"], "argument --rcvhwm: 'x': give a number of messages >= 1"),
+        (["--segment-seconds", "inf"], "argument --segment-seconds: 'inf': give a number of seconds > 0"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_a_bad_record_argument_is_one_line_under_records_own_name(args, why, tmp_path, capsys):
+    """``--flush-seconds -1`` printed the FlushPolicy's repr; an unknown flag pointed at ``chestnut --help``
+    instead of the subcommand's."""
+    from chestnut.launch.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["record", "--log-dir", str(tmp_path / "logs"), *args])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == f"chestnut record: error: {why} (chestnut record --help)\n"
+    assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize("planted", ["shared", "symlink"])
+def test_a_log_dir_others_can_write_or_a_symlink_is_refused_exit_2_and_kept(planted, tmp_path, caplog):
+    """A 1777 ``--log-dir`` (a shared /tmp-like directory) exited 1, a runtime failure; it is a refused path."""
+    from chestnut.launch.cli import main
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    given = shared if planted == "shared" else tmp_path / "link"
+    if planted == "symlink":
+        given.symlink_to(shared)
+    why = {
+        "shared": "is writable by group/other (mode 1777); "
+        "give a directory of yours (or a new path: it is created 0700)",
+        "symlink": "is a symlink; give the real directory or a new path",
+    }[planted]
+    assert main(["record", "--log-dir", str(given)]) == 2
+    assert [r.getMessage() for r in caplog.records if r.name == "chestnut.record"] == [f"--log-dir {given} {why}"]
+    assert list(shared.iterdir()) == []
+    assert given.is_symlink() == (planted == "symlink")
+
+
 def _start_logger(tmp_path, *extra):
     log_dir = tmp_path / "logs"
     stderr = open(tmp_path / "record.stderr", "w")  # noqa: SIM115
