@@ -72,6 +72,7 @@ from chestnut.launch.summary import (
 )
 from chestnut.launch.supervise import (
     CRASH_LOOP_EXITS,
+    check_stack_sockets,
     last_error_line,
     node_exits,
     read_tail,
@@ -323,6 +324,7 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path, Path] | int:
         log.error("the default model is not prepared: run `chestnut model prepare` (part of launch/setup.sh)")
         return 2
     prefix = current_prefix()
+    check_stack_sockets(prefix)  # a path planted at twin.sock or supervisor.sock: one line, exit 2 (launch/cli.py)
     if (other := running_stack(prefix)) is not None:
         log.error(
             "a stack is already running on prefix %r (%s); stop it first, or choose another prefix with "

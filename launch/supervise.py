@@ -133,13 +133,29 @@ def program_state(conf: Path, name: str) -> str:
     return parts[1] if len(parts) > 1 else "UNKNOWN"
 
 
+STACK_SOCKETS = ("supervisor.sock", "twin.sock")  # supervisord's control socket, the twin's (backend/sim/wire.py)
+
+
+def check_stack_sockets(prefix: str) -> None:
+    """Refuse now what would stop supervisord or the twin from binding its socket in ``prefix``'s runtime
+    directory: anything there but nothing or a socket of ours (``msgs/paths.py`` ``check_socket_path``; the
+    twin would refuse it at each of supervisord's restarts). Raises
+    :class:`~chestnut.msgs.paths.SocketPathError` (one line; ``chestnut launch`` exits 2 on it) or what
+    :func:`~chestnut.msgs.paths.runtime_dir` raises."""
+    from chestnut.msgs.paths import check_socket_path, runtime_dir
+
+    for name in STACK_SOCKETS:
+        check_socket_path(runtime_dir(prefix) / name)
+
+
 def running_stack(prefix: str) -> str | None:
-    """What of a stack already answers on ``prefix`` (the twin's or supervisord's socket), else None."""
+    """What of a stack already answers on ``prefix`` (the twin's or supervisord's socket), else None. Call
+    :func:`check_stack_sockets` first: a connect follows a symlink."""
     import socket as _socket
 
     from chestnut.msgs.paths import runtime_dir
 
-    for name in ("supervisor.sock", "twin.sock"):
+    for name in STACK_SOCKETS:
         path = runtime_dir(prefix) / name
         if not path.exists():
             continue

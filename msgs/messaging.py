@@ -48,7 +48,14 @@ import capnp
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from chestnut.msgs.paths import PREFIX_ENV, RuntimeDirError, current_prefix, runtime_dir
+from chestnut.msgs.paths import (
+    PREFIX_ENV,
+    RuntimeDirError,
+    SocketPathError,
+    check_socket_path,
+    current_prefix,
+    runtime_dir,
+)
 from chestnut.msgs.schema import MAX_MESSAGE_BYTES, TRAVERSAL_LIMIT_WORDS, log
 from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError, get_service
 from chestnut.msgs.submaster import SubMasterChecks
@@ -66,6 +73,7 @@ __all__ = [
     "PubSocket",
     "PubLockError",
     "PublisherBusyError",
+    "SocketPathError",
     "SubMaster",
     "SubSocket",
     "UnknownServiceError",
@@ -586,32 +594,6 @@ def _check_lock_file(path: str, st: os.stat_result) -> None:
         raise PubLockError(path, f"is reachable by group/other (mode {stat.S_IMODE(st.st_mode):04o})")
 
 
-class SocketPathError(RuntimeDirError):
-    """Something other than a socket lies where a publisher binds its ``ipc://`` socket: ZeroMQ's bind would
-    unlink a planted file (libzmq's ``ipc_listener_t`` removes the path before it binds) or fail on a
-    directory. ``str()`` is one line: which path, what is there, how to fix. ``path`` is the socket path."""
-
-    def __init__(self, path: str, what: str) -> None:
-        PermissionError.__init__(
-            self, f"socket path {path} holds {what}, not a socket: refused, nothing replaced; remove it and start again"
-        )
-        self.path = Path(path)
-
-
-def _check_socket_path(path: str) -> None:
-    """Refuse (:class:`SocketPathError`) anything but a socket, or nothing, at ``path`` (a stale socket of a
-    dead publisher is replaced by the bind, as before)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISSOCK(st.st_mode):
-        return
-    what = ("a symlink" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
-            else "a regular file" if stat.S_ISREG(st.st_mode) else "a special file")
-    raise SocketPathError(path, what)
-
-
 def _lock_holder(fd: int) -> int | None:
     """The pid written in a publisher lock file (bounded read), or None when absent or garbled."""
     try:
@@ -667,7 +649,7 @@ def check_publishable(service: str, prefix: str | None = None) -> None:
     if addr.startswith("ipc://"):
         fd = take_pub_lock(service, prefix)
         try:
-            _check_socket_path(addr.removeprefix("ipc://"))
+            check_socket_path(addr.removeprefix("ipc://"))
         finally:
             os.close(fd)
 
@@ -732,7 +714,8 @@ def pub_sock(service: str, prefix: str | None = None, tcp_port: int | None = Non
 
     Raises :class:`UnknownServiceError`, :class:`PublisherBusyError` when another live publisher of
     ``service`` on ``prefix`` holds the lock (``ipc://`` only: a TCP port in use fails the bind itself),
-    :class:`SocketPathError` when a file, directory or symlink lies at the socket's path (never replaced).
+    :class:`SocketPathError` when a file, directory, symlink or another user's socket lies at the socket's path
+    (never replaced: :func:`~chestnut.msgs.paths.check_socket_path`).
     """
     addr = endpoint(service, prefix, tcp_port)
     lock_fd = take_pub_lock(service, prefix) if addr.startswith("ipc://") else -1
@@ -745,7 +728,7 @@ def pub_sock(service: str, prefix: str | None = None, tcp_port: int | None = Non
     sock.pub_lock_fd = lock_fd
     try:
         if lock_fd >= 0:  # the lock is ours: nobody else binds here now
-            _check_socket_path(addr.removeprefix("ipc://"))
+            check_socket_path(addr.removeprefix("ipc://"))
         sock.setsockopt(zmq.LINGER, 0)
         sock.bind(addr)
         if lock_fd >= 0:

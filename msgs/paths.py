@@ -46,6 +46,39 @@ class RuntimeDirError(PermissionError):
         self.path = Path(path)
 
 
+class SocketPathError(RuntimeDirError):
+    """Something other than a stale socket of ours lies where one of our programs binds a Unix socket
+    (a publisher's ``ipc://`` path, the twin's ``twin.sock``): a bind would first unlink it (libzmq's
+    ``ipc_listener_t`` removes the path before it binds; the twin replaces a stale socket) or fail on it.
+    ``str()`` is one line: which path, what is there, how to fix. ``path`` is the socket path. A
+    :class:`RuntimeDirError`, so every program refuses it as it refuses a subverted runtime directory (one
+    line, exit 2)."""
+
+    def __init__(self, path: str | os.PathLike[str], what: str) -> None:
+        PermissionError.__init__(
+            self, f"socket path {path} holds {what}: refused, nothing replaced; remove it and start again"
+        )
+        self.path = Path(path)
+
+
+def check_socket_path(path: str | os.PathLike[str]) -> None:
+    """Refuse (:class:`SocketPathError`) anything at ``path`` but nothing or a socket of ours (this effective
+    uid's), which a bind may replace: a regular file, a directory, a symlink (never followed), a FIFO or device,
+    or another user's socket is kept and refused. ``lstat`` only: nothing is opened, unlinked or followed.
+    The rule of every socket path in the runtime directory (README "What nobody else can subvert")."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISSOCK(st.st_mode):
+        if st.st_uid == os.geteuid():
+            return
+        raise SocketPathError(path, f"a socket of uid {st.st_uid}, not one of ours (uid {os.geteuid()})")
+    what = ("a symlink" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
+            else "a regular file" if stat.S_ISREG(st.st_mode) else "a special file")
+    raise SocketPathError(path, f"{what}, not a socket")
+
+
 class PrefixError(ValueError):
     """A malformed prefix (``$CHESTNUT_PREFIX`` or an explicit one). ``str()`` is one line: what, how to fix."""
 

@@ -171,3 +171,30 @@ def test_the_launch_refuses_a_planted_lock_or_socket_path_of_any_program_before_
                    f"chestnut launch: socket path {path} holds a symlink, not a socket: refused, nothing replaced; "
                    "remove it and start again\n")
     assert not runs.exists() and victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize(("name", "plant", "what"), [("twin.sock", "dir", "a directory"),
+                                                     ("twin.sock", "symlink", "a symlink"),
+                                                     ("supervisor.sock", "file", "a regular file")])
+def test_the_launch_refuses_a_path_planted_at_the_twins_or_supervisords_socket_before_anything_starts(
+        name, plant, what, tmp_path, capsys):
+    """A directory at twin.sock made the twin exit at every restart while the fallback served and launch said
+    'contracts: no violation', exit 0."""
+    from chestnut.launch.cli import main
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    path = runtime_dir() / name
+    if plant == "dir":
+        path.mkdir(0o700)
+    elif plant == "file":
+        path.write_text("important\n")
+    else:
+        path.symlink_to(victim)
+    runs = tmp_path / "runs"
+    assert main(["launch", "--seconds", "5", "--no-live", "--runs-dir", str(runs)]) == 2
+    assert capsys.readouterr().err == (f"chestnut launch: socket path {path} holds {what}, not a socket: refused, "
+                                       "nothing replaced; remove it and start again\n")
+    assert not runs.exists() and os.path.lexists(path) and victim.read_text() == "precious\n"
+    if plant == "file":
+        assert path.read_text() == "important\n"

@@ -378,3 +378,68 @@ def test_serve_refuses_a_timing_model_it_could_not_keep_in_one_line(args, line):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"chestnut twin serve: error: {line} (chestnut twin serve --help)"]
     assert not socket_path().exists()
+
+
+# ---------------------------------------------------------------------- what lies at the socket path
+@pytest.mark.parametrize(("plant", "what"), [("dir", "a directory"), ("file", "a regular file"),
+                                             ("symlink", "a symlink")])
+def test_a_path_planted_at_the_twin_socket_is_refused_in_one_line_exit_2_and_kept(plant, what, tmp_path):
+    """A directory made the twin exit 1 at every supervisord restart, a regular file was deleted by the bind, a
+    symlink gave 'Address already in use'; the publishers' rule now holds here (msgs/paths.py check_socket_path)."""
+    path = socket_path()
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    if plant == "dir":
+        path.mkdir(0o700)
+    elif plant == "file":
+        path.write_text("important\n")
+    else:
+        path.symlink_to(victim)
+    line = f"socket path {path} holds {what}, not a socket: refused, nothing replaced; remove it and start again"
+    r = cli("serve")
+    assert r.returncode == 2, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if " ERROR " in ln]
+    assert len(errors) == 1 and errors[0].endswith(f" ERROR chestnut.backend.sim.daemon: {line}"), r.stderr
+    assert "Traceback" not in r.stderr
+    status = cli("status")  # a client never connects through it either
+    assert (status.returncode, status.stderr) == (2, line + "\n")
+    assert os.path.lexists(path) and victim.read_text() == "precious\n"
+    if plant == "dir":
+        assert path.is_dir() and not path.is_symlink()
+    elif plant == "file":
+        assert path.read_text() == "important\n"
+    else:
+        assert os.readlink(path) == str(victim)
+
+
+def test_another_users_socket_at_the_twin_socket_path_is_refused_and_kept():
+    if os.geteuid() != 0:
+        pytest.skip("chown to another uid needs root")
+    path = socket_path()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(path))
+    os.chown(path, 65534, 65534)
+    r = cli("serve")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1].endswith(
+        f" ERROR chestnut.backend.sim.daemon: socket path {path} holds a socket of uid 65534, not one of ours (uid 0): "
+        "refused, nothing replaced; remove it and start again")
+    assert path.lstat().st_uid == 65534
+
+
+def test_the_twin_log_is_created_private():
+    import stat
+
+    from chestnut.msgs.paths import runtime_dir
+
+    log = runtime_dir() / W.LOG_NAME
+    assert not log.exists()
+    old = os.umask(0o022)  # what a login shell gives: the log was 0644
+    try:
+        daemon = TwinDaemon(args=["--training-delay-ms", "2"]).start()
+    finally:
+        os.umask(old)
+    try:
+        assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    finally:
+        assert daemon.stop() == 0

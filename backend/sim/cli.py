@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}\n  symptom:  {info.symptom}\n  recovery: {info.recovery}")
         return 0
 
-    from chestnut.backend.sim.client import TwinClient, TwinNotRunning
+    from chestnut.backend.sim.client import TwinClient, TwinNotRunning, TwinSocketRefused
 
     try:
         with TwinClient(prefix) as client:
@@ -205,9 +205,9 @@ def run(args: argparse.Namespace) -> int:
             elif cmd == "power-cycle":
                 client.power_cycle(args.off_s)
                 print(f"power-cycled (off {args.off_s} s)")
-    except TwinNotRunning as e:
+    except TwinNotRunning as e:  # no daemon: 1; a path planted at its socket (refused, kept): 2
         print(str(e), file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, TwinSocketRefused) else 1
     except ValueError as e:
         print(f"rejected: {e}", file=sys.stderr)
         return 2

@@ -53,7 +53,8 @@ from chestnut.backend.sim.libusb_codes import (
     UsbError,
 )
 from chestnut.backend.sim.twin import DeviceInfo, Twin
-from chestnut.msgs.paths import current_prefix, runtime_dir
+from chestnut.msgs.outdir import open_private
+from chestnut.msgs.paths import SocketPathError, check_socket_path, current_prefix, runtime_dir
 
 REPLY_TIMEOUT_S = 1.0
 """Longest wait (s) for the daemon's reply to a request without a USB timeout, and the margin added to a
@@ -65,6 +66,17 @@ class TwinNotRunning(ConnectionError):
     """No twin daemon answers at the socket (or it went away)."""
 
 
+class TwinSocketRefused(TwinNotRunning):
+    """Something other than a socket of ours lies at the twin's socket path (a directory, a regular file, a
+    symlink, another user's socket: ``msgs/paths.py`` ``check_socket_path``), so no daemon of ours can answer
+    there and nothing is connected through it. ``str()`` is the one line of
+    :class:`~chestnut.msgs.paths.SocketPathError`; ``path`` is the socket path. ``chestnut twin`` exits 2 on it."""
+
+    def __init__(self, path: Path, line: str) -> None:
+        super().__init__(line)
+        self.path = path
+
+
 def socket_path(prefix: str | None = None) -> Path:
     """``<runtime_dir(prefix)>/twin.sock``."""
     return runtime_dir(prefix) / W.SOCKET_NAME
@@ -73,7 +85,8 @@ def socket_path(prefix: str | None = None) -> Path:
 class TwinClient:
     """A connection to the twin. ``prefix`` picks the daemon (default ``$CHESTNUT_PREFIX``); ``twin`` instead
     binds the client to an in-process :class:`Twin` (same methods, no socket). Thread-safe: requests on
-    one connection are serialised. Raises :class:`TwinNotRunning` if no daemon answers."""
+    one connection are serialised. Raises :class:`TwinNotRunning` if no daemon answers, its
+    :class:`TwinSocketRefused` when the socket path holds something not a socket of ours (never connected to)."""
 
     daemon: TwinDaemon | None = None  # set by running_twin()
 
@@ -100,6 +113,10 @@ class TwinClient:
         self.path = socket_path(self.prefix) if twin is None else None
         if twin is None:
             assert self.path is not None
+            try:  # never connect through a planted symlink, nor to another user's socket
+                check_socket_path(self.path)
+            except SocketPathError as e:
+                raise TwinSocketRefused(self.path, str(e)) from None
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.settimeout(connect_timeout_s)
             try:
@@ -517,8 +534,10 @@ class TwinDaemon:
     """A ``chestnut twin serve`` child process for ``prefix`` (default ``$CHESTNUT_PREFIX``).
 
     ``args`` are extra ``serve`` options (e.g. ``["--training-delay-ms", "5"]``). Its log goes to
-    ``<runtime_dir>/twin.log``. :meth:`start` waits until the socket answers (raises RuntimeError if the
-    process dies or ``timeout_s`` passes); :meth:`stop` sends SIGTERM, waits, then kills.
+    ``<runtime_dir>/twin.log``, appended to, created 0600 (``msgs/outdir.py`` ``open_private``: a symlink or a
+    non-regular file there raises :class:`~chestnut.msgs.outdir.OutputDirError`). :meth:`start` waits until the
+    socket answers (raises RuntimeError if the process dies or ``timeout_s`` passes); :meth:`stop` sends SIGTERM,
+    waits, then kills.
     """
 
     def __init__(self, prefix: str | None = None, args: list[str] | tuple[str, ...] = (), timeout_s: float = 20.0):
@@ -531,7 +550,7 @@ class TwinDaemon:
 
     def start(self) -> TwinDaemon:
         env = {**os.environ, "CHESTNUT_PREFIX": self.prefix}
-        with open(self.log_path, "ab") as logf:
+        with open_private(self.log_path, "ab") as logf:  # 0600 when created, never through a symlink
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "chestnut.launch.cli", "twin", "serve", *self.args],
                 env=env,

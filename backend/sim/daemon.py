@@ -3,7 +3,10 @@
 It owns one :class:`~.twin.Twin` -- so the dock's state (a wedge, a hang, a new address, loaded
 programs) outlives any client, like hardware -- and serves clients over the Unix socket
 ``<runtime_dir()>/twin.sock`` with the framing of :mod:`.wire`: a thread per connection, preallocated
-receive buffers, bulk payloads raw after a small header.
+receive buffers, bulk payloads raw after a small header. At that path only nothing or a socket of ours
+may lie -- a stale one, its daemon gone, is replaced -- as at the publishers' (``msgs/paths.py``
+``check_socket_path``): a directory, regular file, symlink or another user's socket there is refused in one line,
+exit 2, and kept.
 
 A client that goes away is cleaned up: its open handles are closed (releasing interface claims); a
 bulk OUT whose payload did not arrive in full is discarded, never applied in part; a wait (NAK,
@@ -45,7 +48,7 @@ from chestnut.backend.sim.hostwait import FILE_NAME as HOSTWAIT_FILE
 from chestnut.backend.sim.hostwait import WaitPublisher
 from chestnut.backend.sim.libusb_codes import LIBUSB_ERROR_INVALID_PARAM, LIBUSB_ERROR_OTHER, UsbError
 from chestnut.backend.sim.twin import Twin, TwinConfig
-from chestnut.msgs.paths import runtime_dir
+from chestnut.msgs.paths import RuntimeDirError, check_socket_path, runtime_dir
 
 log = logging.getLogger(__name__)
 
@@ -230,9 +233,13 @@ class TwinServer:
         self._count = 0
 
     def bind(self) -> None:
-        """Bind the socket; raises :class:`TwinAlreadyServing` (naming its pid) if another daemon already
-        answers there."""
-        if self.path.exists():
+        """Bind the socket. Only nothing or a socket of ours may lie at the path (the publishers' rule,
+        :func:`~chestnut.msgs.paths.check_socket_path`): a stale one, its daemon gone, is replaced. Raises
+        :class:`~chestnut.msgs.paths.SocketPathError` for anything else there (a directory, a regular file, a
+        symlink, another user's socket: kept, never followed), :class:`TwinAlreadyServing` (naming its pid) if
+        another daemon already answers there, ``OSError`` from the bind itself."""
+        check_socket_path(self.path)
+        if os.path.lexists(self.path):  # a socket of ours: a live daemon's, or a stale one
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 probe.connect(str(self.path))
@@ -351,7 +358,10 @@ def publish_twin_state(twin: Twin, pm: Any, server: TwinServer) -> None:
 
 
 def serve(config: TwinConfig, prefix: str | None = None) -> int:
-    """Run the daemon in this process until SIGTERM/SIGINT. Returns the exit code."""
+    """Run the daemon in this process until SIGTERM/SIGINT. Returns the exit code: 0 after a stop, 2 for a start
+    refused in one logged line (another daemon serves the prefix, something not a socket of ours lies at
+    ``twin.sock``, a publisher lock or socket path of ``twinState`` / ``twinFault`` is not ours or is held), 1
+    when the socket cannot be bound otherwise."""
     path = runtime_dir(prefix) / W.SOCKET_NAME
     if config.link_mbps is not None or config.latency_us:
         _tight_timer_slack()
@@ -365,8 +375,8 @@ def serve(config: TwinConfig, prefix: str | None = None) -> int:
     server = TwinServer(twin, path)
     try:
         server.bind()
-    except TwinAlreadyServing as e:  # a second instance on the prefix: refused like any start, exit 2
-        log.error("%s", e)
+    except (TwinAlreadyServing, RuntimeDirError) as e:  # a second instance on the prefix, or a path planted where
+        log.error("%s", e)  # the socket goes (SocketPathError): refused like any start, exit 2
         twin.close()
         return 2
     except (RuntimeError, OSError) as e:
