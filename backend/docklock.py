@@ -12,9 +12,9 @@ backed-off error, not tinygrad's first-try ``RuntimeError``), but opens it more 
 - ``O_NOFOLLOW`` always: a planted symlink (say to a file of ours elsewhere) is refused, never
   opened, so nothing outside the lock file is ever touched;
 - ``O_CREAT | O_EXCL`` only when the file is missing, so an existing file is never re-created, and
-  the file we create is the one we open; its mode is 0666 filtered by the process umask (the
-  process umask is never changed, nothing is ever chmodded: the systemd unit's ``UMask=0077`` makes
-  it 0600);
+  the file we create is the one we open; it is created 0600 whatever the umask (nothing of ours is
+  reachable by another user; tinygrad in our processes opens it read-write as its owner), the process
+  umask is never changed and nothing is ever chmodded (a file tinygrad created first keeps its mode);
 - the result must be a regular file (``O_NONBLOCK`` keeps a planted FIFO or device from blocking
   the open);
 - ``O_RDWR`` as tinygrad, so a file tinygrad could not open either (another user's, mode 0644) is
@@ -24,7 +24,8 @@ Once we created the file in the sticky temp dir, no other user can swap it befor
 
 tinygrad's ``flock_acquire`` also calls ``os.umask(0)`` and leaves it there, so every file and directory the
 process creates afterwards would be world-writable (tinygrad's compile cache among them), against the unit's
-``UMask=0077``: :func:`keep_umask_around_tinygrads_lock` makes that call restore the umask the process had.
+``UMask=0077``: :func:`keep_umask_around_tinygrads_lock` makes that call restore the umask the process had, and
+creates a missing lock file first, 0600, so tinygrad opens it rather than making its own 0666 one.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import Any
 from chestnut.backend.errors import UsbLayerError
 
 LOCK_DEVPREF = "am"  # tinygrad 0.14 USBPCIDevice("AM", ...) -> lock "am_usb:<bus>-<addr>.lock"
-LOCK_CREATE_MODE = 0o666  # tinygrad 0.14 flock_acquire's mode; the umask filters it here
+LOCK_CREATE_MODE = 0o600  # ours: private (tinygrad 0.14 flock_acquire creates 0666 under umask 0)
 LOCK_BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0)  # s between attempts of DockLock.acquire, growing
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -167,7 +168,9 @@ class DockLock:
 def keep_umask_around_tinygrads_lock() -> None:
     """Wrap tinygrad 0.14's ``_System.flock_acquire`` (``runtime/support/system.py``, which sets ``os.umask(0)``
     to create its lock file 0666 and never sets it back) so that the process umask after the call is the one it
-    had before, whether the lock was taken or refused. Call before tinygrad opens the dock; idempotent."""
+    had before, whether the lock was taken or refused, and a missing lock file is created first by
+    :func:`open_dock_lock` (0600), so tinygrad opens ours and creates none. Call before tinygrad opens the dock;
+    idempotent. tinygrad itself is not changed."""
     from tinygrad.runtime.support import system
 
     cls = type(system.System)
@@ -176,6 +179,10 @@ def keep_umask_around_tinygrads_lock() -> None:
     def flock_acquire(self: Any, name: str) -> int:
         before = os.umask(0o077)
         os.umask(before)
+        try:  # a missing file is made here, 0600 (tinygrad would make it 0666); tinygrad then opens ours
+            os.close(open_dock_lock(Path(tempfile.gettempdir()) / name))  # helpers.temp's place
+        except UsbLayerError:
+            pass  # a file no one can use: tinygrad's own open below fails on it as it always did
         try:
             return int(real(self, name))
         finally:

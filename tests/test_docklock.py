@@ -43,15 +43,32 @@ def test_a_dangling_symlink_is_refused_and_nothing_is_created_at_its_target(tmp_
     assert not (tmp_path / "elsewhere").exists()
 
 
-def test_a_new_lock_file_gets_the_umask_and_is_never_chmodded(tmp_path):
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o000])
+def test_a_new_lock_file_is_created_private_whatever_the_umask(tmp_path, umask):
+    """Under a login shell's umask 022 it was 0644."""
     path = tmp_path / "am_usb:3-7.lock"
-    old = os.umask(0o077)
+    old = os.umask(umask)
     try:
         lock = DockLock(path).acquire(timeout_s=1.0)
     finally:
         os.umask(old)
     lock.release()
     assert stat.S_IMODE(path.lstat().st_mode) == 0o600
+
+
+def test_the_twins_usb3_face_creates_tinygrads_lock_file_private(tmp_path, monkeypatch):
+    """``backend/sim/usb3.py`` takes tinygrad's lock at tinygrad's own name, created 0600."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    old = os.umask(0o022)
+    try:
+        fd = usb3.acquire_dock_lock(3, 7)
+    finally:
+        os.umask(old)
+    try:
+        assert [p.name for p in tmp_path.iterdir()] == ["am_usb:3-7.lock"]
+        assert stat.S_IMODE((tmp_path / "am_usb:3-7.lock").lstat().st_mode) == 0o600
+    finally:
+        os.close(fd)
 
 
 def test_an_existing_lock_file_is_opened_in_place_not_recreated_or_chmodded(tmp_path):

@@ -172,6 +172,7 @@ except RuntimeError as e:
     out["second"] = str(e).split(".")[0]
 after = os.umask(0o077)
 out["umask"] = f"{after:04o}"
+out["mode"] = f"{os.stat(os.path.join(os.environ['LOCKDIR'], 'am_usb:9-9.lock')).st_mode & 0o7777:04o}"
 """
 
 
@@ -180,3 +181,4 @@ def test_the_umask_after_tinygrads_dock_lock_is_the_processs_own(tmp_path: Path,
     got = child(UMASK, tmp_path, {"LOCKDIR": str(tmp_path), **({"GUARD": "1"} if guard else {})})
     assert got["second"] == "Failed to acquire lock file am_usb:9-9"
     assert got["umask"] == ("0027" if guard else "0000")
+    assert got["mode"] == ("0600" if guard else "0666")  # the node's lock file is private; tinygrad's own is not
