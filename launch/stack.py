@@ -214,7 +214,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="both",
         help="log segment format(s): both (default, ~300 MB/min at 20 Hz), zst (openpilot rlog) or mcap",
     )
-    p.add_argument("--json", type=Path, help="also write the summary as JSON here")
+    p.add_argument("--json", type=Path, help="also write the summary as JSON here (0600; its folder must exist, be "
+                   "yours and writable by no one else, and not be a symlink)")
     p.add_argument(
         "--foxglove",
         type=foxglove_port,

@@ -8,7 +8,6 @@ One clock: every time in the summary is in seconds since the log's first message
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -345,9 +344,17 @@ def control_lines(s: dict[str, Any]) -> list[str]:
 
 def json_target_problem(path: Path) -> str | None:
     """Why the summary cannot be written to ``path`` (checked before the run, so a run is never lost to a
-    typo), or None: its folder must exist and ``path`` must not be a symlink or a folder."""
-    if not path.parent.is_dir():
+    typo), or None: its folder must exist (it is not created) and be one of ours that no one else can write to,
+    not a symlink (``msgs/outdir.py`` ``private_dir``: a world-writable folder such as ``/tmp`` would let another
+    user swap the file), and ``path`` must not be a symlink or a folder."""
+    from chestnut.msgs.outdir import OutputDirError, private_dir
+
+    if not os.path.lexists(path.parent):
         return f"{path}: folder {path.parent} does not exist; create it or give another path"
+    try:
+        private_dir(path.parent)  # it exists: only checked, never created or changed
+    except OutputDirError as e:
+        return f"{path}: folder {e.path} {e.problem}; give a folder of yours that no one else can write to"
     if path.is_symlink():
         return f"{path} is a symlink: remove it (rm {path}) or give another path"
     if path.exists() and not path.is_file():
@@ -357,23 +364,18 @@ def json_target_problem(path: Path) -> str | None:
 
 def write_summary_json(path: Path, summary: dict[str, Any]) -> str | None:
     """Write the run's summary to ``path`` as JSON, mode 0600 (it names the dock and the run dir), by a
-    temporary file beside it and a rename, so an existing file's mode is not kept and a symlink is never
-    followed. Returns the problem in one line, or None."""
+    temporary file beside it and a rename through the folder's descriptor (``msgs/outdir.py``
+    ``write_private``), so an existing file's mode is not kept and neither a symlink at ``path`` nor a folder
+    swapped for one since the check is followed. Returns the problem in one line
+    (:func:`json_target_problem`, or the write's), or None."""
+    from chestnut.msgs.outdir import OutputDirError, write_private
+
     if (problem := json_target_problem(path)) is not None:
         return problem
-    import tempfile
-
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # O_EXCL, 0600
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(summary, indent=1))
-        os.replace(tmp, path)  # a planted symlink at path is replaced, never followed; an old file's mode goes
-    except OSError as e:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        return f"{path}: cannot be written ({e.strerror})"
+        write_private(path, json.dumps(summary, indent=1))
+    except OutputDirError as e:
+        return str(e)
     return None
 
 

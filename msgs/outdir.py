@@ -33,11 +33,13 @@ FILE_MODE = 0o600
 
 
 class OutputDirError(PermissionError):
-    """An output directory or file the stack must not write. ``str()`` is one line; ``path`` is the culprit."""
+    """An output directory or file the stack must not write. ``str()`` is one line; ``path`` is the culprit,
+    ``problem`` what is wrong with it and ``fix`` the advice (the line's parts, for a caller with its own)."""
 
     def __init__(self, path: str | os.PathLike[str], problem: str, fix: str) -> None:
         super().__init__(f"{path} {problem}; {fix}")
         self.path = Path(path)
+        self.problem, self.fix = problem, fix
 
 
 class OutputExistsError(OutputDirError, FileExistsError):
