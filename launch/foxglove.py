@@ -206,6 +206,41 @@ def exposure_warning(host: str, port: int) -> str | None:
     )
 
 
+def bind_problem(host: str, port: int, port_option: str = "--port") -> tuple[int, str] | None:
+    """Why a server could not listen on ``host``:``port`` now, as (exit status, one line), or None when it can:
+    a TCP socket is bound there (``SO_REUSEADDR``, as the SDK's listener sets it, so a closed connection's
+    TIME_WAIT does not count) and closed at once. The line blames what is wrong: ``--host`` for a name that does
+    not resolve or an address no interface of this machine has (``EADDRNOTAVAIL``; status 2, a refused
+    argument), ``port_option`` for a port this user may not take (``EACCES``, a port under 1024: 2) or one another
+    socket already listens on (``EADDRINUSE``: 1, a condition of the moment). ``host`` may be bracketed
+    (``[::1]``)."""
+    import errno
+    import socket
+
+    bare = host.strip("[]")
+    host_fix = f"give an address of this machine, or leave --host out for {DEFAULT_HOST}"
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        return 2, f"--host {host}: cannot be resolved ({getattr(e, 'strerror', None) or e}); {host_fix}"
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(addr)
+        except OSError as e:
+            if e.errno == errno.EADDRNOTAVAIL:
+                return 2, f"--host {host}: no interface of this machine has that address ({e.strerror}); {host_fix}"
+            if e.errno == errno.EADDRINUSE:
+                return 1, (f"port {port} on {host} is already in use ({e.strerror}); choose another {port_option} "
+                           "(0: any free one)")
+            if e.errno == errno.EACCES:
+                return 2, (f"{port_option} {port}: this user may not listen on port {port} on {host} ({e.strerror}); "
+                           "choose one from 1024 up")
+            return 1, f"cannot listen on {host}:{port} ({e.strerror})"
+    return None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--host",
@@ -217,10 +252,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGINT/SIGTERM; 0 after a clean stop, 2 for a bad port, 1 if the port cannot be bound."""
+    """Serve until SIGINT/SIGTERM; 0 after a clean stop, 2 for a bad port or a ``--host`` that is not this
+    machine's (:func:`bind_problem`), 1 if the port cannot be bound (in use). Each refusal is one logged line,
+    before anything is subscribed."""
     if not 0 <= args.port <= 65535:
         _log.error("--port %d: give a TCP port in 0..65535", args.port)
         return 2
+    if (found := bind_problem(args.host, args.port)) is not None:
+        _log.error("%s", found[1])
+        return found[0]
     import foxglove
 
     stop: list[int] = []
@@ -241,9 +281,10 @@ def run(args: argparse.Namespace) -> int:
                 context=bridge.context,
                 message_backlog_size=BACKLOG_MESSAGES,
             )
-        except RuntimeError as e:
-            _log.error("cannot serve on %s:%d: %s; choose another --port", args.host, args.port, e)
-            return 1
+        except RuntimeError as e:  # taken since the probe: say what the probe says now
+            found = bind_problem(args.host, args.port)
+            _log.error("%s", found[1] if found is not None else f"cannot serve on {args.host}:{args.port}: {e}")
+            return found[0] if found is not None else 1
         if (warning := exposure_warning(args.host, server.port)) is not None:
             _log.warning("%s", warning)
         _log.info(

@@ -315,6 +315,12 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path, Path] | int:
         if (problem := start_problem(node_cfg)) is not None:  # the output contract (node/contract.py)
             log.error("--node-config: %s", problem)
             return 2
+    if args.foxglove is not None:  # a port in use would fail the server at every start, after the stack started
+        from chestnut.launch.foxglove import DEFAULT_HOST, bind_problem
+
+        if (found := bind_problem(DEFAULT_HOST, args.foxglove, "--foxglove PORT")) is not None:
+            log.error("--foxglove %d: %s", args.foxglove, found[1])
+            return 2
     if args.json and (problem := json_target_problem(args.json)) is not None:
         log.error("--json: %s", problem)
         return 2

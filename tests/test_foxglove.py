@@ -121,6 +121,37 @@ def test_a_bad_or_busy_port_is_one_line_and_no_traceback(port, code, says):
     assert r.returncode == code and says in r.stderr and "Traceback" not in r.stderr
 
 
+def _serve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "chestnut.launch.cli", "foxglove", *args, "--prefix",
+                           f"foxport{os.getpid()}"], capture_output=True, text=True, timeout=60)
+
+
+def test_a_host_that_is_not_this_machines_blames_host_in_one_line_exit_2():
+    """It said 'choose another --port' (the SDK's 'Cannot assign requested address' for any bind failure)."""
+    r = _serve("--host", "192.0.2.1", "--port", "8765")  # TEST-NET-1 (RFC 5737): no machine's address
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.endswith(" ERROR chestnut.foxglove: --host 192.0.2.1: no interface of this machine has that "
+                         "address (Cannot assign requested address); give an address of this machine, or leave "
+                         "--host out for 127.0.0.1")
+    r = _serve("--host", "no-such-host.invalid", "--port", "8765")  # RFC 2606: never resolves
+    assert r.returncode == 2 and r.stderr.splitlines()[-1].endswith(
+        " ERROR chestnut.foxglove: --host no-such-host.invalid: cannot be resolved (Name or service not "
+        "known); give an address of this machine, or leave --host out for 127.0.0.1"), r.stderr
+
+
+def test_a_busy_port_blames_the_port_in_one_line_exit_1():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = _serve("--port", str(port))
+    assert r.returncode == 1, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.endswith(f" ERROR chestnut.foxglove: port {port} on 127.0.0.1 is already in use (Address "
+                         "already in use); choose another --port (0: any free one)")
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
 def test_a_loopback_host_gets_no_warning(host):
     from chestnut.launch.foxglove import exposure_warning

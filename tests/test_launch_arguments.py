@@ -136,3 +136,20 @@ def test_the_foxglove_ports_the_server_takes_are_taken():
     from chestnut.launch.stack import foxglove_port
 
     assert [foxglove_port(t) for t in ("0", "1", "8765", "65535")] == [0, 1, 8765, 65535]
+
+
+def test_a_foxglove_port_in_use_stops_the_launch_before_anything_starts(tmp_path):
+    """The Foxglove server's bind failed at every supervisord start, in foxglove.log, and launch exited 0."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run([CHESTNUT, "launch", "--seconds", "3", "--no-live", "--runs-dir", str(tmp_path / "runs"),
+                            "--foxglove", str(port)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    (line,) = r.stderr.splitlines()
+    assert line.endswith(f" ERROR chestnut.launch: --foxglove {port}: port {port} on 127.0.0.1 is already in use "
+                         "(Address already in use); choose another --foxglove PORT (0: any free one)")
+    assert not (tmp_path / "runs").exists()
