@@ -29,7 +29,8 @@ printing (``launch/summary.py``); :func:`run` here is the sequence of steps: :fu
 :func:`start`, :func:`come_up`, :func:`start_foxglove`, :func:`drive`, the stop, :func:`finish_summary`
 and :func:`verdict`.
 
-Exit status (:func:`exit_code`): 0 when the run and its contracts are clean, 1 when not, 2 for arguments
+Exit status (:func:`exit_code`): 0 when the run and its contracts are clean, 1 when not (also when a program
+supervisord was asked to start never ran: :func:`not_started_lines`, one summary line each), 2 for arguments
 refused before anything starts, 130 for a Ctrl-C (143 for a SIGTERM) that cut a timed run (``--seconds N``) short. With
 ``--seconds 0`` Ctrl-C is the normal end of the run, so it exits 0 or 1 like a timed run that ran out.
 """
@@ -75,6 +76,7 @@ from chestnut.launch.supervise import (
     check_stack_sockets,
     last_error_line,
     node_exits,
+    programs_not_started,
     read_tail,
     running_stack,
     shut_down,
@@ -248,6 +250,8 @@ class Launch:
     failed_start: bool = False  # the stack never came up: the run failed whatever the log says
     t_stop_ns: int = 0  # CLOCK_MONOTONIC ns when the stop began
     faults_missed: bool = False  # a planned fault was never injected (the primary never served): the run failed
+    # the programs supervisord was asked to start (autostart ones at its start, then the camera, foxglove)
+    asked: list[str] = dataclasses.field(default_factory=lambda: ["twin", "record", "node", "control"])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -413,20 +417,22 @@ def come_up(launch: Launch) -> bool:
         tail = read_tail(run_dir / "node.log", 1500)
         log.error("the node did not come up; last lines of %s:\n%s", run_dir / "node.log", tail)
         launch.failed_start = True
-    elif (cam_rc := supervisorctl(conf, "start", "camera")) != 0:
-        log.error("supervisorctl start camera: exit %d; see %s", cam_rc, run_dir / "camera.log")
-        launch.failed_start = True
-    elif not wait_for(launch.view, "modelOutput", 60.0, conf):
-        if (exits := node_exits(read_tail(run_dir / "supervisord.log"))) >= CRASH_LOOP_EXITS:
-            log.error(
-                "the node exits at every start (%d exits before its first output; %s); its last error: %s",
-                exits,
-                run_dir / "supervisord.log",
-                last_error_line(read_tail(run_dir / "node.log")),
-            )
-        else:
-            log.error("no modelOutput within 60 s of starting the camera; see %s", run_dir)
-        launch.failed_start = True
+    else:
+        launch.asked.append("camera")
+        if (cam_rc := supervisorctl(conf, "start", "camera")) != 0:
+            log.error("supervisorctl start camera: exit %d; see %s", cam_rc, run_dir / "camera.log")
+            launch.failed_start = True
+        elif not wait_for(launch.view, "modelOutput", 60.0, conf):
+            if (exits := node_exits(read_tail(run_dir / "supervisord.log"))) >= CRASH_LOOP_EXITS:
+                log.error(
+                    "the node exits at every start (%d exits before its first output; %s); its last error: %s",
+                    exits,
+                    run_dir / "supervisord.log",
+                    last_error_line(read_tail(run_dir / "node.log")),
+                )
+            else:
+                log.error("no modelOutput within 60 s of starting the camera; see %s", run_dir)
+            launch.failed_start = True
     if not launch.failed_start:
         return True
     launch.flag.stop = True
@@ -441,6 +447,7 @@ def start_foxglove(launch: Launch) -> None:
     port = launch.args.foxglove
     if port is None or launch.flag.stop:
         return
+    launch.asked.append("foxglove")
     if supervisorctl(launch.conf, "start", "foxglove") == 0:
         if port == 0:  # the server chose a free port: it names it in its log
             log.info("Foxglove: on a free port, named in %s (layout launch/foxglove-layout.json)",
@@ -529,11 +536,25 @@ def finish_summary(launch: Launch) -> dict[str, Any]:
     from chestnut.launch.restarts import run_restarts
 
     summary["restarts"] = run_restarts(run_dir, summary.get("wall_start_ns") or 0)  # cause, frames lost
+    summary["programs_not_started"] = not_started_lines(run_dir, launch.asked)
     summary["contracts"], summary["report"] = check_contracts(
         run_dir, summary["fault_schedule"], summary.get("wall_start") or None, list_violations=not launch.failed_start
     )
     print_summary(summary, run_dir)
     return summary
+
+
+def not_started_lines(run_dir: Path, asked: list[str]) -> dict[str, str]:
+    """For each program of ``asked`` that did not run (``launch/supervise.py`` :func:`programs_not_started`,
+    from ``<run_dir>/supervisord.log``), one line for the summary: which program, why, its log's last error
+    line (when its log has one) and where its log is. Name -> line; empty when every program ran."""
+    out = {}
+    for name, why in programs_not_started(run_dir / "supervisord.log", asked).items():
+        program_log = run_dir / f"{name}.log"
+        tail = read_tail(program_log)
+        last = f"; its last error: {last_error_line(tail)}" if tail.strip() else ""
+        out[name] = f"program {name} did not run: {why}{last}; see {program_log}"
+    return out
 
 
 def verdict(launch: Launch, summary: dict[str, Any]) -> int:
@@ -547,6 +568,7 @@ def verdict(launch: Launch, summary: dict[str, Any]) -> int:
     # under supervision owes nothing for the frames sent while none ran, which missing_outputs still lists
     ok = summary["outputs"] > 0 and bool(summary["contracts"]) and not any(summary["contracts"].values())
     ok = ok and not launch.died and not launch.failed_start and not json_lost and not launch.faults_missed
+    ok = ok and not summary.get("programs_not_started")  # a program that never ran: the stack was not whole
     return exit_code(ok, args.seconds, launch.flag.signum)
 
 

@@ -318,6 +318,8 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
         con.print(f"[yellow]{restart_line(r)}[/yellow]")
     for d in s["log_damage"]:
         con.print(f"[red]log damage:[/red] {d}")
+    for line in s.get("programs_not_started", {}).values():  # one line each, never wrapped, no markup read in it
+        con.print(line, style="red", markup=False, highlight=False, soft_wrap=True)
     bad = {k: v for k, v in s.get("contracts", {}).items() if v}
     if s["frames_in"] == 0:
         con.print("[red]no frames were recorded: nothing to check[/red]")

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,46 @@ def node_exits(supervisord_log: str) -> int:
     """How often the node exited unexpectedly, from supervisord's log (its ``exited: node (exit status N; not
     expected)`` lines, supervisor's ``process.py`` wording)."""
     return sum(1 for line in supervisord_log.splitlines() if "exited: node (" in line and "not expected" in line)
+
+
+SUPERVISORD_LOG_MAX_BYTES = 64 << 20  # bound on one scan of supervisord.log (supervisord rotates it at 50 MB)
+
+
+def programs_not_started(supervisord_log: Path, programs: Iterable[str]) -> dict[str, str]:
+    """Which of ``programs`` (each asked to start in this run) never ran, from supervisord's own log: name ->
+    why, in one line. A program ran once supervisord logged ``success: NAME entered RUNNING state`` (it stayed
+    up for its ``startsecs``); one that supervisord gave up on (``gave up: NAME entered FATAL state``: it exited
+    within its ``startsecs`` at each of its start retries) did not run as asked even if it ran before. The
+    wording is supervisor 4's (``process.py`` ``transition``, ``finish``). The log is read line by line, at most
+    :data:`SUPERVISORD_LOG_MAX_BYTES`; a log that cannot be read says nothing (empty result)."""
+    wanted = list(programs)
+    ran: set[str] = set()
+    gave_up: set[str] = set()
+    exits: dict[str, list[str]] = {name: [] for name in wanted}
+    try:
+        with open(supervisord_log, "rb") as f:
+            for raw in f:
+                if f.tell() > SUPERVISORD_LOG_MAX_BYTES:
+                    break
+                line = raw.decode(errors="replace")
+                for name in wanted:
+                    if f"success: {name} entered RUNNING state" in line:
+                        ran.add(name)
+                    elif f"gave up: {name} entered FATAL state" in line:
+                        gave_up.add(name)
+                    elif f"exited: {name} (" in line and "not expected)" in line:
+                        exits[name].append(line.split(f"exited: {name} (", 1)[1].split(";", 1)[0])
+    except OSError:
+        return {}
+    out = {}
+    for name in wanted:
+        n = len(exits[name])
+        last = f", the last with {exits[name][-1]}" if n else ""
+        if name in gave_up:
+            out[name] = f"supervisord gave up on it (FATAL) after {n} exit(s) at start{last}"
+        elif name not in ran:
+            out[name] = f"it never stayed up past its start ({n} exit(s) at start{last})"
+    return out
 
 
 def last_error_line(node_log: str) -> str:

@@ -26,3 +26,83 @@ from chestnut.launch.stack import exit_code
 )
 def test_exit_code(ok, seconds, signum, want):
     assert exit_code(ok, seconds, signum) == want
+
+
+# a launch whose twin met a directory planted at twin.sock at every start: supervisord gave up on it, the
+# fallback served every frame, and launch exited 0 ("contracts: no violation"); its Foxglove server was still
+# failing to start when the run ended
+SUPERVISORD_LOG = """\
+2026-12-04 05:30:48,477 INFO spawned: 'twin' with pid 1100
+2026-12-04 05:30:48,478 INFO spawned: 'record' with pid 1101
+2026-12-04 05:30:48,479 INFO spawned: 'node' with pid 1102
+2026-12-04 05:30:48,482 INFO spawned: 'control' with pid 1103
+2026-12-04 05:30:48,900 WARN exited: twin (exit status 2; not expected)
+2026-12-04 05:30:49,586 INFO success: record entered RUNNING state, process has stayed up for > than 1 seconds (startsecs)
+2026-12-04 05:30:49,586 INFO success: control entered RUNNING state, process has stayed up for > than 1 seconds (startsecs)
+2026-12-04 05:30:49,901 INFO spawned: 'twin' with pid 1110
+2026-12-04 05:30:50,300 WARN exited: twin (exit status 2; not expected)
+2026-12-04 05:30:50,508 INFO success: node entered RUNNING state, process has stayed up for > than 2 seconds (startsecs)
+2026-12-04 05:30:52,301 INFO spawned: 'twin' with pid 1120
+2026-12-04 05:30:52,700 WARN exited: twin (exit status 2; not expected)
+2026-12-04 05:30:55,701 INFO spawned: 'twin' with pid 1130
+2026-12-04 05:30:56,100 WARN exited: twin (exit status 2; not expected)
+2026-12-04 05:30:56,101 INFO gave up: twin entered FATAL state, too many start retries too quickly
+2026-12-04 05:30:56,815 INFO spawned: 'camera' with pid 1129
+2026-12-04 05:30:58,057 INFO success: camera entered RUNNING state, process has stayed up for > than 1 seconds (startsecs)
+2026-12-04 05:30:58,100 INFO spawned: 'foxglove' with pid 1140
+2026-12-04 05:30:58,500 WARN exited: foxglove (exit status 1; not expected)
+2026-12-04 05:31:07,189 INFO waiting for control to stop
+2026-12-04 05:31:07,232 INFO stopped: control (exit status 0)
+"""
+TWIN_LOG = """\
+2026-12-04 05:30:56,050 ERROR chestnut.backend.sim.daemon: socket path /run/chestnut-0/p/twin.sock holds a \
+directory, not a socket: refused, nothing replaced; remove it and start again
+"""
+ASKED = ["twin", "record", "node", "control", "camera", "foxglove"]
+
+
+def test_programs_that_never_ran_are_read_from_supervisords_log(tmp_path):
+    from chestnut.launch.supervise import programs_not_started
+
+    (tmp_path / "supervisord.log").write_text(SUPERVISORD_LOG)
+    assert programs_not_started(tmp_path / "supervisord.log", ASKED) == {
+        "twin": "supervisord gave up on it (FATAL) after 4 exit(s) at start, the last with exit status 2",
+        "foxglove": "it never stayed up past its start (1 exit(s) at start, the last with exit status 1)",
+    }
+    assert programs_not_started(tmp_path / "supervisord.log", ["record", "node", "control", "camera"]) == {}
+    assert programs_not_started(tmp_path / "missing.log", ASKED) == {}
+
+
+def test_a_program_that_never_ran_is_one_summary_line_and_fails_the_run(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from drivelog import write_drive
+
+    from chestnut.launch.stack import not_started_lines, verdict
+    from chestnut.launch.summary import print_summary, summarize
+    from chestnut.msgs.messaging import new_message
+
+    (tmp_path / "supervisord.log").write_text(SUPERVISORD_LOG)
+    (tmp_path / "twin.log").write_text(TWIN_LOG)
+    lines = not_started_lines(tmp_path, ASKED)
+    twin_line = (
+        "program twin did not run: supervisord gave up on it (FATAL) after 4 exit(s) at start, the last with exit "
+        "status 2; its last error: ERROR chestnut.backend.sim.daemon: socket path /run/chestnut-0/p/twin.sock holds "
+        f"a directory, not a socket: refused, nothing replaced; remove it and start again; see {tmp_path}/twin.log"
+    )
+    assert lines == {
+        "twin": twin_line,
+        "foxglove": "program foxglove did not run: it never stayed up past its start (1 exit(s) at start, the last "
+                    f"with exit status 1); see {tmp_path}/foxglove.log",
+    }
+    m = new_message("modelOutput")
+    m.logMonoTime = 10**9
+    write_drive([(10**9, "modelOutput", m.to_bytes())], tmp_path / "logs")
+    summary = summarize(tmp_path / "logs", 0)
+    summary.update(programs_not_started=lines, contracts={"one_output_per_frame": 0})
+    print_summary(summary, tmp_path)
+    assert twin_line in capsys.readouterr().out.splitlines()  # one line, unwrapped
+    launch = SimpleNamespace(args=SimpleNamespace(json=None, seconds=5.0), died=False, failed_start=False,
+                             faults_missed=False, flag=SimpleNamespace(signum=None))
+    assert summary["outputs"] == 1 and verdict(launch, summary) == 1  # type: ignore[arg-type]
+    assert verdict(launch, {**summary, "programs_not_started": {}}) == 0  # type: ignore[arg-type]
