@@ -208,6 +208,33 @@ def frame_options(args: argparse.Namespace, node_toml: dict[str, Any]) -> FrameO
 MODEL_FILE_MAX_BYTES = 2 << 30  # protobuf's own bound on one message (an ONNX file without external data)
 
 
+def model_file_problem(path: Path, what: str = "model", fix: str = "") -> str | None:
+    """The one line that refuses the model file at ``path`` before anything starts, or None when the node
+    could read it: what ``backend/model.py`` ``read_model_file`` refuses (missing, a folder, too large, one
+    another user could change: its ``ModelError`` line), and a file that is not a well-formed ONNX model --
+    truncated or damaged -- which the node would only find at its start, exiting at every one of supervisord's
+    restarts: the ``onnx`` package's parse and ``onnx.checker.check_model`` (the ONNX spec's structural rules:
+    a graph, its opset imports, nodes whose inputs are defined) say what is wrong, in its first line.
+    ``what`` names the file ("model", "fallback model"); ``fix`` is the advice for a damaged one (default:
+    replace it)."""
+    from chestnut.backend.errors import ModelError
+    from chestnut.backend.model import read_model_file
+
+    try:
+        data = read_model_file(path, what)
+    except ModelError as e:
+        return e.detail or str(e)
+    import onnx
+
+    try:
+        onnx.checker.check_model(onnx.load_from_string(data))
+    except Exception as e:  # protobuf's DecodeError, onnx's ValidationError: the file is not a usable model
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        return (f"{what} file {path} is damaged: not a well-formed ONNX model ({reason}); "
+                f"{fix or 'replace it with an intact copy, or name another file'}")
+    return None
+
+
 def model_input_problem(path: Path, input_name: str, shape: tuple[int, ...]) -> str | None:
     """The one line that refuses ``[model] shape`` (N, C, H, W) for the model file at ``path`` when its input
     ``input_name`` has other fixed dimensions (the node would fail at every start), else None. A dynamic

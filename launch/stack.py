@@ -57,6 +57,7 @@ from chestnut.launch.frames import (
     FRAME_SIZES,
     FrameOptions,
     frame_options,
+    model_file_problem,
     model_input_problem,
     read_node_toml,
     write_frame_node_config,
@@ -94,6 +95,10 @@ FAULT_SETTLE_S = 5.0
 """Our choice: how long a run goes on after its last planned fault is cleared when ``--seconds`` would have
 ended it sooner (``--fault-from active`` on a slow start moves the plan later), so the log holds the node's
 answer to the clear -- a fresh worker's qualification takes a few seconds on the twin."""
+
+
+PREPARE_FIX = "run `chestnut model prepare` again (it checks the file's sha256 and rebuilds a damaged one)"
+"""The advice for a damaged model file only when it is the one ``chestnut model prepare`` wrote (the default)."""
 
 
 MAX_RATE_HZ = 100.0
@@ -278,7 +283,7 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path, Path] | int:
     """Everything before the stack starts: the arguments and the node configuration checked, the run
     directory made and supervisord's configuration written. Returns (prefix, run dir, configuration), or 2
     after one log line that names what is refused."""
-    from chestnut.backend.errors import ChestnutError, ConfigError, ModelError
+    from chestnut.backend.errors import ChestnutError, ConfigError
     from chestnut.launch.assets import default_model_path
     from chestnut.msgs.paths import current_prefix
 
@@ -304,13 +309,16 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path, Path] | int:
             log.error("--node-config: %s", e.detail or e)
             return 2
         model = node_cfg.model
-        from chestnut.backend.model import read_model_file
-
-        try:  # a model the node could never read fails every start: said here, once, before anything starts
-            read_model_file(model.path)
-        except ModelError as e:
-            log.error("--node-config: [model] path: %s", e.detail or e)
+        # a model the node could never read or load fails every start: said here, once, before anything starts
+        fix = PREPARE_FIX if model.path == default_model_path() else ""  # the prepared one: prepare it again
+        if (problem := model_file_problem(model.path, "model", fix)) is not None:
+            log.error("--node-config: [model] path: %s", problem)
             return 2
+        fallback = node_cfg.fallback.path
+        if fallback is not None and fallback != model.path:
+            if (problem := model_file_problem(fallback, "fallback model")) is not None:
+                log.error("--node-config: [fallback] path: %s", problem)
+                return 2
         if (problem := model_input_problem(model.path, model.input, model.shape)) is not None:
             log.error("--node-config: %s", problem)
             return 2
@@ -331,9 +339,13 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path, Path] | int:
     if shutil.which("supervisord", path=str(Path(sys.executable).parent)) is None:
         log.error("supervisord not found next to %s; run `bash launch/setup.sh`", sys.executable)
         return 2
-    if args.node_config is None and not default_model_path().is_file():
-        log.error("the default model is not prepared: run `chestnut model prepare` (part of launch/setup.sh)")
-        return 2
+    if args.node_config is None:
+        if not default_model_path().is_file():
+            log.error("the default model is not prepared: run `chestnut model prepare` (part of launch/setup.sh)")
+            return 2
+        if (problem := model_file_problem(default_model_path(), "the default model", PREPARE_FIX)) is not None:
+            log.error("%s", problem)
+            return 2
     prefix = current_prefix()
     check_stack_sockets(prefix)  # a path planted at twin.sock or supervisor.sock: one line, exit 2 (launch/cli.py)
     if (other := running_stack(prefix)) is not None:

@@ -127,3 +127,41 @@ def test_a_model_path_the_node_cannot_read_stops_the_launch_before_anything_star
     nope = tmp_path / "nope.onnx"
     assert lines[0].endswith(f" ERROR chestnut.launch: --node-config: [model] path: model file {nope} does not exist")
     assert not (tmp_path / "runs").exists()
+
+
+DAMAGED = "not a well-formed ONNX model (Error parsing message with type 'onnx.ModelProto': Wire format was corrupt)"
+
+
+@pytest.mark.parametrize("section", ["model", "fallback"])
+def test_a_damaged_model_file_in_the_node_config_stops_the_launch_before_anything_starts(section, tmp_path,
+                                                                                         tiny_onnx):
+    """A truncated [model] file started the stack; the node exited at every start with 'prepare it again with
+    chestnut model prepare', which does not rebuild a file of the user's, and the run showed health_not_silent."""
+    damaged = tmp_path / "damaged.onnx"
+    damaged.write_bytes(tiny_onnx.read_bytes()[:100])  # a truncated copy, as a full disk or a killed download leaves
+    cfg = tmp_path / "node.toml"
+    model, fallback = (damaged, None) if section == "model" else (tiny_onnx, damaged)
+    cfg.write_text(f'[model]\npath = "{model}"\nshape = [1, 3, 32, 64]\n'
+                   + (f'[fallback]\npath = "{fallback}"\n' if fallback else ""))
+    r = _launch(tmp_path, "--node-config", str(cfg))
+    assert r.returncode == 2, r.stderr[-2000:]
+    (line,) = r.stderr.splitlines()
+    what = "model" if section == "model" else "fallback model"
+    assert line.endswith(f" ERROR chestnut.launch: --node-config: [{section}] path: {what} file {damaged} is damaged: "
+                         f"{DAMAGED}; replace it with an intact copy, or name another file"), line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_model_file_is_checked_for_what_the_node_would_refuse(tmp_path, tiny_onnx):
+    from chestnut.launch.frames import model_file_problem
+
+    assert model_file_problem(tiny_onnx) is None
+    data = tiny_onnx.read_bytes()
+    cut = tmp_path / "cut.onnx"
+    for n in range(1, len(data)):  # a truncation anywhere is caught
+        cut.write_bytes(data[:n])
+        assert model_file_problem(cut) is not None, n
+    fix = "run `chestnut model prepare` again (it checks the file's sha256 and rebuilds a damaged one)"
+    assert model_file_problem(cut, "the default model", fix) == (
+        f"the default model file {cut} is damaged: {DAMAGED}; {fix}")
+    assert model_file_problem(tmp_path / "none.onnx") == f"model file {tmp_path / 'none.onnx'} does not exist"
