@@ -246,9 +246,10 @@ def test_shipped_bytes_give_the_result_of_the_path(fleet, tmp_path):
     assert run_unit(unit, seg.read_bytes()) == run_unit(unit)
 
 
-def _run_python(code: str) -> subprocess.CompletedProcess[str]:
+def _run_python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent,
+        env=env,
     )
 
 
@@ -290,6 +291,55 @@ def test_ray_address_where_nothing_listens_is_one_line(fleet):
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]
     assert "chestnut check: no Ray cluster answers at 127.0.0.1:1 (" in done.stderr
     assert done.stderr.strip().endswith("start one with ray start --head, or give the address it printed")
+
+
+def test_ray_address_auto_naming_a_cluster_that_is_gone_is_one_line(fleet):
+    """``--ray-address auto`` went to Ray unprobed: a stale ``RAY_ADDRESS`` (or ``ray start`` record) was
+    minutes of Ray's own retry lines."""
+    pytest.importorskip("ray", reason="the cluster extra: pip install 'chestnut[cluster]'")
+    from ray._private.services import canonicalize_bootstrap_address
+
+    code = (
+        "import sys\nfrom chestnut.launch.cli import main\n"
+        f"sys.exit(main(['check', {str(fleet)!r}, '--executor', 'ray', '--ray-address', 'auto']))\n"
+    )
+    done = _run_python(code, env={**os.environ, "RAY_ADDRESS": "127.0.0.1:1"})
+    assert done.returncode == 2
+    line = done.stderr.strip()
+    assert line.splitlines() == [line]
+    gone = canonicalize_bootstrap_address("127.0.0.1:1")  # Ray's own: localhost made the node's address
+    assert line.endswith(
+        f"chestnut check: --ray-address auto: no Ray cluster answers at {gone}, from RAY_ADDRESS "
+        "([Errno 111] Connection refused): start one with ray start --head, or give the address it printed"
+    )
+
+
+@pytest.mark.parametrize(
+    ("running", "why"),
+    [
+        ([], "--ray-address auto: no running Ray cluster found (RAY_ADDRESS is unset, no ray start recorded one, "
+             "none runs on this machine): start one with ray start --head, or give HOST:PORT"),
+        (["10.0.0.2:6379", "10.0.0.1:6379"], "--ray-address auto: 2 Ray clusters run on this machine "
+                                             "(10.0.0.1:6379, 10.0.0.2:6379); give the one to use as HOST:PORT"),
+    ],
+)
+def test_ray_address_auto_without_one_cluster_says_so_in_our_words(running, why, monkeypatch):
+    """Ray's own refusal ("Could not find any running Ray instance ... the `--address` flag") named a flag
+    ``chestnut`` does not have."""
+    pytest.importorskip("ray", reason="the cluster extra: pip install 'chestnut[cluster]'")
+    from ray._private import services
+
+    from chestnut.node.offline.ray_executor import ExecutorError, _probe
+
+    def none_found(addr):
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(services, "canonicalize_bootstrap_address_or_die", none_found)
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: set(running))
+    with pytest.raises(ExecutorError) as info:
+        _probe("auto")
+    assert str(info.value) == why
 
 
 # ---------------------------------------------------------------- on a two-node Ray cluster

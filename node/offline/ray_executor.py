@@ -58,22 +58,57 @@ PARENT_POLL_S = 1.0  # how often a worker checks that its raylet is still its pa
 PROBE_TIMEOUT_S = 5.0  # TCP connect to an explicit --ray-address before Ray's client is let loose on it
 
 
-def _probe(address: str) -> None:
-    """Refuse at once an explicit ``HOST:PORT`` (or ``ray://HOST:PORT``) where nothing listens: Ray's own
-    client keeps retrying the GCS for minutes. ``auto`` is Ray's to resolve (it fails fast without a
-    cluster on this machine)."""
+def _auto_address() -> tuple[str, str]:
+    """The cluster ``--ray-address auto`` names, as Ray resolves it (``RAY_ADDRESS``, else the address the
+    last ``ray start`` recorded, else the one GCS process running on this machine), and where it came from.
+    Raises :class:`ExecutorError` (one line, naming ``--ray-address``) when it names none or several: Ray's
+    own text speaks of its ``--address`` flag."""
+    from ray._private import services
+
+    env = os.environ.get("RAY_ADDRESS", "")
+    source = "RAY_ADDRESS" if env else "the last ray start's record"
+    if env.startswith("ray://"):
+        return env, source
+    try:  # Ray's own resolution, a localhost address made the node's, as ray.init would
+        return services.canonicalize_bootstrap_address_or_die("auto"), source
+    except ValueError:
+        raise ExecutorError(f"--ray-address auto: {source} {env!r} is not HOST:PORT or ray://HOST:PORT") from None
+    except ConnectionError:
+        running = sorted(services.find_gcs_addresses())
+    if running:
+        raise ExecutorError(
+            f"--ray-address auto: {len(running)} Ray clusters run on this machine ({', '.join(running)}); "
+            "give the one to use as HOST:PORT"
+        )
+    raise ExecutorError(
+        "--ray-address auto: no running Ray cluster found (RAY_ADDRESS is unset, no ray start recorded one, "
+        "none runs on this machine): start one with ray start --head, or give HOST:PORT"
+    )
+
+
+def _probe(address: str) -> str:
+    """The address to give ``ray.init`` for ``--ray-address address``, refused at once (one line) where
+    nothing listens: Ray's own client keeps retrying the GCS for minutes, in lines of its own. ``auto`` is
+    resolved first (:func:`_auto_address`), so a stale ``RAY_ADDRESS`` or ``ray start`` record is refused
+    the same way."""
+    source = ""
     if address == "auto":
-        return
+        address, source = _auto_address()
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not port.isdigit():
-        raise ExecutorError(f"--ray-address {address!r}: expected auto, HOST:PORT or ray://HOST:PORT")
-    try:
-        socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
-    except OSError as e:
         raise ExecutorError(
-            f"no Ray cluster answers at {address} ({e}): start one with ray start --head, "
-            "or give the address it printed"
+            f"--ray-address auto: {source} {address!r} is not HOST:PORT or ray://HOST:PORT" if source
+            else f"--ray-address {address!r}: expected auto, HOST:PORT or ray://HOST:PORT"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as e:
+        where = f"--ray-address auto: no Ray cluster answers at {address}, from {source}" if source else (
+            f"no Ray cluster answers at {address}")
+        raise ExecutorError(
+            f"{where} ({e}): start one with ray start --head, or give the address it printed"
         ) from None
+    return address
 
 
 def _exit_with_parent() -> None:
@@ -145,7 +180,7 @@ class RayExecutor:
         self._temp: str | None = None
         if not ray.is_initialized():
             if address is not None:
-                _probe(address)
+                address = _probe(address)
             try:
                 if address is None:
                     # Ray's session files (sockets, worker logs) in a directory of ours, mode 0700
