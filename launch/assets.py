@@ -249,10 +249,21 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
     return meta
 
 
+def _read_regular(path: Path) -> Any:
+    """``path`` opened for reading in binary, a regular file only: a symlink is never followed, a FIFO never
+    opened (``msgs/video.py`` ``open_regular``). Raises OSError (``NotRegularFileError`` among them)."""
+    import os
+
+    from chestnut.msgs.video import open_regular
+
+    return os.fdopen(open_regular(path), "rb")
+
+
 def file_sha256(path: Path) -> str:
-    """The sha256 of ``path``'s bytes (hex), read in 1 MiB blocks. Raises OSError."""
+    """The sha256 of ``path``'s bytes (hex), read in 1 MiB blocks; a regular file only (a symlink is not
+    followed). Raises OSError."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with _read_regular(path) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -265,14 +276,15 @@ def prepared_damage(out: Path, meta: dict[str, Any]) -> str | None:
     try:
         sha = file_sha256(out)
     except OSError as e:
-        return f"cannot read it: {e.strerror}"
+        return f"cannot read it: {e.strerror or e}"
     want = meta.get("sha256")
     if sha != want:
         return f"its sha256 is {sha[:16]}, the metadata recorded {str(want)[:16]}"
     try:
         import onnx
 
-        onnx.load_model_from_string(out.read_bytes())
+        with _read_regular(out) as f:
+            onnx.load_model_from_string(f.read())
     except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends: the file is not a model
         return f"it does not parse as ONNX ({type(e).__name__})"
     return None
@@ -320,23 +332,41 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
     return n, c, h, w
 
 
-def out_problem(out: Path) -> str | None:
-    """Why ``--out`` cannot take the prepared model (checked before anything is compiled or written), or None.
-    Its folder must exist (it is never created for a given ``--out``) and be one of ours that others cannot
-    write; ``out`` and the files written beside it (``.json`` metadata, ``.fingerprint.json``) must each be
-    absent or a regular file, not a symlink or a folder; and ``out`` must not end in ``.json`` (its metadata
-    would overwrite it)."""
+def out_problem(out: Path, given: bool = True) -> str | None:
+    """Why ``out`` cannot take the prepared model (checked before it is read as up to date, compiled or written),
+    or None. ``out`` and the files written beside it (``.json`` metadata, ``.fingerprint.json``) must each be
+    absent or a regular file of ours: a symlink, a folder, a FIFO or a file of another user there is refused,
+    never followed, and kept. ``given`` (``--out``): its folder must exist (it is never created for a given
+    ``--out``) and ``out`` must not end in ``.json`` (its metadata would overwrite it); the default path's
+    folder (``<cache>/models``) is created 0700 when missing. Its folder must be one of ours that others
+    cannot write."""
+    import os
+    import stat
+
     from chestnut.msgs.outdir import private_dir
 
-    if out.suffix == ".json":
+    if given and out.suffix == ".json":
         return f"--out {out}: the metadata goes to {out.with_suffix('.json')}; give a path ending in .onnx"
-    if not out.parent.is_dir():
+    if given and not out.parent.is_dir():
         return f"--out {out}: folder {out.parent} does not exist; create it or give another path"
-    names = (out.name, out.with_suffix(".json").name, out.with_suffix(".fingerprint.json").name)
+    paths = (out, out.with_suffix(".json"), out.with_suffix(".fingerprint.json"))
     try:
-        private_dir(out.parent, targets=names)
+        private_dir(out.parent, targets=[p.name for p in paths])
+        for p in paths:  # private_dir checked each is absent or a regular file, not a symlink
+            try:
+                owner = os.lstat(p).st_uid
+            except FileNotFoundError:
+                continue
+            if owner != os.getuid():
+                raise OutputDirError(p, f"is owned by uid {owner}, not by uid {os.getuid()}", "remove it")
+            if not stat.S_ISREG(os.lstat(p).st_mode):  # swapped in since private_dir looked
+                raise OutputDirError(p, "is not a regular file", "remove it")
     except OutputDirError as e:
         what = str(e).split("; ")[0]  # "<path> <problem>"
+        if not given and e.path == out.parent:
+            return f"folder {what}; give --out PATH in a folder of yours that others cannot write"
+        if not given:
+            return f"{what}; refused, never followed or replaced: remove it or give --out PATH"
         if e.path == out.parent:
             return f"--out {out}: folder {what}; give a folder of yours that others cannot write"
         return f"--out {what}; give another path" if e.path == out else f"--out {out}: {what}; give another path"
@@ -374,10 +404,10 @@ def run(args: argparse.Namespace) -> int:
     except ModelError as e:
         print(f"chestnut model prepare: {e}", file=sys.stderr)
         return 2
-    if args.out is not None and (problem := out_problem(args.out)) is not None:
+    out = args.out or (default_model_path() if args.onnx is None else cache_dir() / "models" / f"{src.stem}.onnx")
+    if (problem := out_problem(out, given=args.out is not None)) is not None:
         print(f"chestnut model prepare: {problem}", file=sys.stderr)
         return 2
-    out = args.out or (default_model_path() if args.onnx is None else cache_dir() / "models" / f"{src.stem}.onnx")
     meta_path = out.with_suffix(".json")
     if not args.force and out.is_file() and meta_path.is_file():
         damage = None
@@ -387,7 +417,7 @@ def run(args: argparse.Namespace) -> int:
             meta, damage = {}, f"its metadata {meta_path.name} does not read as JSON"
         if (
             isinstance(meta, dict)
-            and "max_abs_diff_vs_onnxruntime" in meta
+            and isinstance(meta.get("max_abs_diff_vs_onnxruntime"), (int, float))
             and meta.get("source") == str(src)
             and meta.get("input_shape") == list(shape)
             and out.with_suffix(".fingerprint.json").is_file()
@@ -395,7 +425,7 @@ def run(args: argparse.Namespace) -> int:
         ):
             print(
                 f"model ready: {out} (sha256 {meta['sha256'][:16]}, max |tinygrad-onnxruntime| "
-                f"{meta['max_abs_diff_vs_onnxruntime']})"
+                f"{meta['max_abs_diff_vs_onnxruntime']:.2e})"
             )
             return prepare_for_dock(out) if args.for_dock else 0
         if damage is not None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -48,7 +50,20 @@ def test_an_intact_prepared_model_is_ready_without_preparing(prepared, capsys):
     out, args, calls = prepared
     assert assets.run(args) == 0
     sha = hashlib.sha256(out.read_bytes()).hexdigest()
-    assert capsys.readouterr().out == f"model ready: {out} (sha256 {sha[:16]}, max |tinygrad-onnxruntime| 0.0)\n"
+    assert capsys.readouterr().out == f"model ready: {out} (sha256 {sha[:16]}, max |tinygrad-onnxruntime| 0.00e+00)\n"
+    assert calls == []
+
+
+def test_a_ready_models_difference_is_rounded_as_when_it_was_prepared(prepared, capsys):
+    """The up-to-date line printed the recorded float whole (``4.38690185546875e-05``); the line after
+    preparing rounds it (``4.39e-05``)."""
+    out, args, calls = prepared
+    meta_path = out.with_suffix(".json")
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "max_abs_diff_vs_onnxruntime": 4.38690185546875e-05}))
+    assert assets.run(args) == 0
+    sha = hashlib.sha256(out.read_bytes()).hexdigest()
+    assert capsys.readouterr().out == f"model ready: {out} (sha256 {sha[:16]}, max |tinygrad-onnxruntime| 4.39e-05)\n"
     assert calls == []
 
 
@@ -131,3 +146,67 @@ def test_an_out_whose_metadata_target_is_a_folder_or_that_is_the_metadata_is_ref
         f"chestnut model prepare: --out {args.out}: the metadata goes to {args.out}; give a path ending in .onnx\n"
     )
     assert calls == []
+
+
+@pytest.fixture
+def default_out(prepared, tmp_path, monkeypatch) -> tuple[Path, argparse.Namespace, list[Path]]:
+    """``prepared`` without ``--out``: the prepared model goes to ``<cache>/models/tiny.onnx``, whose
+    metadata and fingerprint are there, intact."""
+    out, args, calls = prepared
+    monkeypatch.setenv("CHESTNUT_CACHE", str(tmp_path / "cache"))
+    models = tmp_path / "cache" / "models"
+    models.mkdir(parents=True, mode=0o700)
+    for name in ("tiny.json", "tiny.fingerprint.json"):
+        shutil.copyfile(out.with_name(name), models / name)
+    args.out = None
+    return models / "tiny.onnx", args, calls
+
+
+def test_a_symlink_at_the_default_prepared_path_is_refused_not_followed_and_kept(default_out, capsys, tmp_path):
+    """A symlink there to an intact prepared model was followed: "model ready", and the node loaded it."""
+    target, args, calls = default_out
+    target.symlink_to(tmp_path / "m" / "tiny.onnx")
+    assert assets.run(args) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"chestnut model prepare: {target} is a symlink; refused, never followed or replaced: remove it or give "
+        "--out PATH\n"
+    )
+    assert captured.out == "" and calls == []
+    assert target.is_symlink() and os.readlink(target) == str(tmp_path / "m" / "tiny.onnx")
+
+
+def test_a_fifo_at_the_default_prepared_path_is_refused_and_kept(default_out, capsys):
+    target, args, calls = default_out
+    os.mkfifo(target)
+    assert assets.run(args) == 2
+    assert capsys.readouterr().err == (
+        f"chestnut model prepare: {target} is not a regular file; refused, never followed or replaced: remove it "
+        "or give --out PATH\n"
+    )
+    assert calls == [] and stat.S_ISFIFO(os.lstat(target).st_mode)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a file to another user takes root")
+@pytest.mark.parametrize("name", ["tiny.onnx", "tiny.json"])
+def test_a_file_of_another_user_at_the_default_prepared_path_is_refused_and_kept(name, default_out, capsys, tmp_path):
+    target, args, calls = default_out
+    shutil.copyfile(tmp_path / "m" / "tiny.onnx", target)
+    os.chown(target.with_name(name), 4242, -1)
+    assert assets.run(args) == 2
+    assert capsys.readouterr().err == (
+        f"chestnut model prepare: {target.with_name(name)} is owned by uid 4242, not by uid 0; refused, never "
+        "followed or replaced: remove it or give --out PATH\n"
+    )
+    assert calls == [] and os.lstat(target.with_name(name)).st_uid == 4242
+
+
+def test_a_symlink_at_a_given_out_is_refused_not_followed_and_kept(prepared, capsys, tmp_path):
+    out, args, calls = prepared
+    args.out = tmp_path / "m" / "link.onnx"
+    args.out.symlink_to(out)
+    shutil.copyfile(out.with_suffix(".json"), args.out.with_suffix(".json"))
+    shutil.copyfile(out.with_suffix(".fingerprint.json"), args.out.with_suffix(".fingerprint.json"))
+    assert assets.run(args) == 2
+    assert capsys.readouterr().err == f"chestnut model prepare: --out {args.out} is a symlink; give another path\n"
+    assert calls == [] and args.out.is_symlink()
