@@ -29,8 +29,8 @@ printing (``launch/summary.py``); :func:`run` here is the sequence of steps: :fu
 :func:`start`, :func:`come_up`, :func:`start_foxglove`, :func:`drive`, the stop, :func:`finish_summary`
 and :func:`verdict`.
 
-Exit status (:func:`exit_code`): 0 when the run and its contracts are clean, 1 when not (also when a program
-supervisord was asked to start never ran: :func:`not_started_lines`, one summary line each), 2 for arguments
+Exit status (:func:`exit_code`): 0 when the run and its contracts are clean, 1 when not (also for a program that
+never ran: ``launch/supervise.py`` ``not_started_lines``, a summary line each), 2 for arguments
 refused before anything starts, 130 for a Ctrl-C (143 for a SIGTERM) that cut a timed run (``--seconds N``) short. With
 ``--seconds 0`` Ctrl-C is the normal end of the run, so it exits 0 or 1 like a timed run that ran out.
 """
@@ -77,7 +77,7 @@ from chestnut.launch.supervise import (
     check_stack_sockets,
     last_error_line,
     node_exits,
-    programs_not_started,
+    not_started_lines,
     read_tail,
     running_stack,
     shut_down,
@@ -98,7 +98,6 @@ answer to the clear -- a fresh worker's qualification takes a few seconds on the
 
 
 PREPARE_FIX = "run `chestnut model prepare` again (it checks the file's sha256 and rebuilds a damaged one)"
-"""The advice for a damaged model file only when it is the one ``chestnut model prepare`` wrote (the default)."""
 
 
 MAX_RATE_HZ = 100.0
@@ -548,25 +547,12 @@ def finish_summary(launch: Launch) -> dict[str, Any]:
     from chestnut.launch.restarts import run_restarts
 
     summary["restarts"] = run_restarts(run_dir, summary.get("wall_start_ns") or 0)  # cause, frames lost
-    summary["programs_not_started"] = not_started_lines(run_dir, launch.asked)
+    summary["programs_not_started"] = not_started_lines(run_dir, launch.asked)  # each: why, its last error
     summary["contracts"], summary["report"] = check_contracts(
         run_dir, summary["fault_schedule"], summary.get("wall_start") or None, list_violations=not launch.failed_start
     )
     print_summary(summary, run_dir)
     return summary
-
-
-def not_started_lines(run_dir: Path, asked: list[str]) -> dict[str, str]:
-    """For each program of ``asked`` that did not run (``launch/supervise.py`` :func:`programs_not_started`,
-    from ``<run_dir>/supervisord.log``), one line for the summary: which program, why, its log's last error
-    line (when its log has one) and where its log is. Name -> line; empty when every program ran."""
-    out = {}
-    for name, why in programs_not_started(run_dir / "supervisord.log", asked).items():
-        program_log = run_dir / f"{name}.log"
-        tail = read_tail(program_log)
-        last = f"; its last error: {last_error_line(tail)}" if tail.strip() else ""
-        out[name] = f"program {name} did not run: {why}{last}; see {program_log}"
-    return out
 
 
 def verdict(launch: Launch, summary: dict[str, Any]) -> int:

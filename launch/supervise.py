@@ -152,6 +152,19 @@ def programs_not_started(supervisord_log: Path, programs: Iterable[str]) -> dict
     return out
 
 
+def not_started_lines(run_dir: Path, asked: list[str]) -> dict[str, str]:
+    """For each program of ``asked`` that did not run (:func:`programs_not_started`,
+    from ``<run_dir>/supervisord.log``), one line for the summary: which program, why, its log's last error
+    line (when its log has one) and where its log is. Name -> line; empty when every program ran."""
+    out = {}
+    for name, why in programs_not_started(run_dir / "supervisord.log", asked).items():
+        program_log = run_dir / f"{name}.log"
+        tail = read_tail(program_log)
+        last = f"; its last error: {last_error_line(tail)}" if tail.strip() else ""
+        out[name] = f"program {name} did not run: {why}{last}; see {program_log}"
+    return out
+
+
 def last_error_line(node_log: str) -> str:
     """The node log's last ERROR / CRITICAL line (else its last state change to ``stopping``, else its last
     line), without the timestamp: what made the node exit."""
