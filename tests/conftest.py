@@ -11,9 +11,10 @@ pytest_plugins = ["leakguard"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist each worker gets a temporary directory of its own (0700), so the dock lock files that
-    tinygrad 0.14 places there (``<tempdir>/am_usb:<bus>-<addr>.lock``, ``System.flock_acquire``) of twins in
-    two workers never meet: every twin enumerates at the same bus and address."""
+    """Each pytest-xdist worker, or a run without workers, gets a temporary directory of its own (0700), removed
+    when it ends: the dock lock files that tinygrad 0.14 places there (``<tempdir>/am_usb:<bus>-<addr>.lock``,
+    ``System.flock_acquire``) of twins in two workers never meet (every twin enumerates at the same bus and
+    address), and the tests' runtime directories (``<tempdir>/chestnut-<uid>/<prefix>``) go with it."""
     import os
     import tempfile
 
@@ -27,7 +28,9 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("RAY_worker_niceness", "0")
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None:
-        return
+        if getattr(config.option, "numprocesses", None):  # pytest-xdist's controller: each worker makes its own
+            return
+        worker = "main"  # a run without workers is one
     base = Path(tempfile.gettempdir())
     mine = base / f"chestnut-tests-{os.getuid()}-{os.getpid()}-{worker}"
     mine.mkdir(mode=0o700)
