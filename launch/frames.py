@@ -147,25 +147,20 @@ class FrameOptions:
 
 def read_node_toml(path: Path | None) -> dict[str, Any]:
     """The node TOML ``chestnut launch`` gives the node (``path``, else ``launch/node.toml`` when present) as a
-    table; raises :class:`~chestnut.backend.errors.ConfigError` (one line) for one that cannot be read."""
+    table; raises :class:`~chestnut.backend.errors.ConfigError` (one line) for one that cannot be read: read as
+    the node reads it (``node/config.py`` ``read_config_text``: a regular file of bounded size, UTF-8)."""
     import tomllib
 
     from chestnut.backend.errors import ConfigError
-    from chestnut.node.config import DEFAULT_CONFIG
+    from chestnut.node.config import DEFAULT_CONFIG, read_config_text
 
     src = path if path is not None else (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
     if src is None:
         return {}
     try:
-        with open(src, "rb") as f:
-            return tomllib.loads(f.read(NODE_TOML_MAX_BYTES).decode())
-    except OSError as e:
-        raise ConfigError("config", f"cannot read {src}: {e}") from e
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError("config", f"{src} is not valid TOML: {e}") from e
-
-
-NODE_TOML_MAX_BYTES = 1 << 20  # bound on reading a node TOML (ours is under 2 KiB)
+        return tomllib.loads(read_config_text(src))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("config", f"{src} is not valid TOML: {e}") from None
 
 
 def frame_options(args: argparse.Namespace, node_toml: dict[str, Any]) -> FrameOptions:

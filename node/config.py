@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import math
 import os
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,38 @@ MAX_INPUT_ELEMENTS = 1 << 24
 """Most elements a model input may have (N*C*H*W): 64 MiB of float32, four times the 16 MiB bound of a
 ``cameraFrame`` (``msgs/services.py``), so any input a frame can give fits and an absurd shape is refused
 when the configuration loads, not as an allocation failure at start."""
+MAX_MS = 60_000.0
+"""Upper bound of every per-frame time in milliseconds (``dock.wait_timeout_ms`` and the ``[timing]`` ``_ms``
+keys): a minute, twice tinygrad's own default fence wait (30000 ms, ``HCQDEV_WAIT_TIMEOUT_MS``) and 1200 frames
+of openpilot's 20 Hz camera: a frame answered, judged stale or a hang declared later than that is of use to no
+one, and a wait this long leaves the watchdog blind to a hung dock for as long."""
+MAX_DURATION_S = 30 * 24 * 3600.0
+"""Upper bound of every ``[timing]`` ``_s`` key (start budget, consumer timeout, back-offs, windows), s: 30
+days, past any run's length (``chestnut launch --seconds`` stops at a week, ``msgs/argtypes.py``), so a
+back-off this long already means "never again", and every time the node adds to its clock in nanoseconds
+stays far inside an int64 (292 years)."""
+MAX_RATE_HZ = 100.0
+"""Upper bound of the ``[timing]`` ``_hz`` keys (``health_hz``, ``node_state_hz``, ``probe_hz``), Hz: the rate
+of openpilot's fastest services (``carState``, ``controlsState``); the node's loop would spend itself
+publishing at a higher one."""
+MAX_COUNT = 1000
+"""Upper bound of the ``[timing]`` counts (``shadow_frames``, ``miss_run``, ``flap_max_failovers``): 50 s of
+frames at openpilot's 20 Hz; each is a handful by design (defaults 20, 3 and 3), and a count past this never
+completes in a run."""
+MAX_BACKOFF_FACTOR = 10.0
+"""Upper bound of ``timing.backoff_factor``: the second retry already waits ten times the first, and
+``factor ** 64`` (``node/supervisor.py`` raises it to at most the 64th power) stays a finite float."""
+MAX_AGREEMENT_TOL = 1.0
+"""Upper bound of ``timing.agreement_tol``: a relative tolerance of 1 already takes any two outputs of the same
+sign as agreeing, so a larger one checks nothing."""
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity, else ``os.cpu_count()``): the upper bound of
+    ``fallback.threads``, as ``realtime.cpus`` names CPUs of this host's set."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 @dataclass
@@ -336,6 +369,38 @@ def _check_finite(cfg: NodeConfig) -> None:
                 raise ConfigError("config", f"{found[0]} = {found[1]}; want a finite number")
 
 
+def _at_most() -> dict[str, tuple[float, str]]:
+    """Each bounded number's key -> (its upper bound, the bound in words)."""
+    ms = (MAX_MS, f"{MAX_MS:g} ms, a minute")
+    s_ = (MAX_DURATION_S, f"{MAX_DURATION_S:.0f} s, 30 days")
+    hz = (MAX_RATE_HZ, f"{MAX_RATE_HZ:g} Hz")
+    count = (float(MAX_COUNT), f"{MAX_COUNT}, 50 s of frames at 20 Hz")
+    bounds = {"dock.wait_timeout_ms": ms}
+    for f in dataclasses.fields(TimingConfig):
+        if f.name.endswith("_ms"):
+            bounds[f"timing.{f.name}"] = ms
+        elif f.name.endswith("_s"):
+            bounds[f"timing.{f.name}"] = s_
+        elif f.name.endswith("_hz"):
+            bounds[f"timing.{f.name}"] = hz
+    for key in ("shadow_frames", "miss_run", "flap_max_failovers"):
+        bounds[f"timing.{key}"] = count
+    bounds["timing.backoff_factor"] = (MAX_BACKOFF_FACTOR, f"{MAX_BACKOFF_FACTOR:g}")
+    bounds["timing.agreement_tol"] = (MAX_AGREEMENT_TOL, f"{MAX_AGREEMENT_TOL:g}: it takes any two outputs of "
+                                                         "one sign as agreeing")
+    return bounds
+
+
+def _check_at_most(cfg: NodeConfig) -> None:
+    """Every number of the configuration with an upper bound (:func:`_at_most`) within it. A NaN or infinite
+    value passes here and is refused by its own range or by :func:`_check_finite`."""
+    for key, (bound, words) in _at_most().items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if not (isinstance(value, float) and not math.isfinite(value)) and value > bound:
+            raise ConfigError("config", f"{key} = {value}; want at most {words}")
+
+
 def validate(cfg: NodeConfig) -> NodeConfig:
     """Check values; raises ConfigError naming the key. A ``timing.start_timeout_s`` of 0 is replaced by the
     derived budget (:func:`required_start_budget`)."""
@@ -358,10 +423,13 @@ def validate(cfg: NodeConfig) -> NodeConfig:
         raise ConfigError("config", "model.input = ''; want the name of the model's input (a non-empty string)")
     # onnxruntime's intra_op_num_threads (backend/model.py OrtModel): 0 is onnxruntime's own default (one thread
     # per physical core, SessionOptions' initial value), so it is kept; a negative count means nothing there
-    # (onnxruntime 1.32 takes -2 without a word) and is refused
-    if cfg.fallback.threads < 0:
-        raise ConfigError("config", f"fallback.threads = {cfg.fallback.threads}; want >= 0 (onnxruntime's intra-op "
-                                    "threads; 0: onnxruntime's default, one per physical core)")
+    # (onnxruntime 1.32 takes -2 without a word) and is refused; more threads than the CPUs this process may
+    # run on (cpu_count) only contend with each other and the node (100000 made 32000 threads and 16 GB)
+    ncpu = cpu_count()
+    if not 0 <= cfg.fallback.threads <= ncpu:
+        raise ConfigError("config", f"fallback.threads = {cfg.fallback.threads}; want 0..{ncpu} (onnxruntime's "
+                                    f"intra-op threads, at most the {ncpu} CPUs this process may run on; 0: "
+                                    "onnxruntime's default, one per physical core)")
     t = cfg.timing
     if t.frame_service not in FRAME_SERVICES:
         raise ConfigError("config", f"timing.frame_service = {t.frame_service!r}; want a service that carries "
@@ -369,6 +437,7 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     wait = cfg.dock.wait_timeout_ms
     if not 0 < wait < math.inf:
         raise ConfigError("config", f"dock.wait_timeout_ms = {wait}; want a finite number > 0")
+    _check_at_most(cfg)
     if not 0 < t.deadline_ms < wait:
         raise ConfigError("config", f"timing.deadline_ms = {t.deadline_ms}; want 0 < it < dock.wait_timeout_ms "
                                     f"({wait})")
@@ -425,17 +494,59 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     return cfg
 
 
+CONFIG_MAX_BYTES = 1 << 20
+"""The most bytes a node configuration file may have: the shipped ``launch/node.toml`` is under 3 KiB, so a
+file 300 times that is no configuration, and reading stops there instead of taking a huge file into memory."""
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return kind
+    return "a special file"
+
+
+def read_config_text(path: Path) -> str:
+    """The text of the node configuration file ``path`` (``chestnut run --config``, ``chestnut launch
+    --node-config``): a regular file (a FIFO is opened without waiting for a writer, ``O_NONBLOCK``, and refused
+    like a directory or a device), at most :data:`CONFIG_MAX_BYTES`, UTF-8 (TOML's encoding). Raises
+    :class:`ConfigError` with one line naming the file otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ConfigError("config", f"cannot read {path}: {e}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError("config", f"cannot read {path}: {_file_kind(mode)}, not a regular file")
+        chunks, left = [], CONFIG_MAX_BYTES + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 16))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as e:
+        raise ConfigError("config", f"cannot read {path}: {e}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > CONFIG_MAX_BYTES:
+        raise ConfigError("config", f"cannot read {path}: over the {CONFIG_MAX_BYTES} bytes a node configuration "
+                                    "may have")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError("config", f"{path} is not valid TOML: {e}") from None
+
+
 def load_config(path: Path | None) -> NodeConfig:
-    """Read ``path`` (TOML) over the defaults; ``None`` = the defaults alone."""
+    """Read ``path`` (TOML, :func:`read_config_text`) over the defaults; ``None`` = the defaults alone."""
     cfg = NodeConfig()
     if path is None:
         return validate(cfg)
     try:
-        data = tomllib.loads(Path(path).read_text())
-    except OSError as e:
-        raise ConfigError("config", f"cannot read {path}: {e}") from e
+        data = tomllib.loads(read_config_text(Path(path)))
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError("config", f"{path} is not valid TOML: {e}") from e
+        raise ConfigError("config", f"{path} is not valid TOML: {e}") from None
     sections = {f.name for f in dataclasses.fields(cfg)}
     for name, values in data.items():
         section = getattr(cfg, name) if name in sections else None
@@ -456,7 +567,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--standby", choices=("hot", "warm"), help="fallback standby mode")
     p.add_argument("--deadline-ms", type=float,
                    help="the primary's per-frame deadline at most (the adaptive deadline's ceiling), ms")
-    p.add_argument("--wait-timeout-ms", type=float, help="device wait timeout, ms (default 3000)")
+    p.add_argument("--wait-timeout-ms", type=float,
+                   help=f"device wait timeout, ms (default 3000, at most {MAX_MS:g})")
     p.add_argument("--shadow-frames", type=int, help="agreeing shadow frames before returning to the primary")
     p.add_argument("--rt-policy", choices=tuple(POLICIES), help="the node's scheduling policy (default fifo; "
                    "other: no realtime)")

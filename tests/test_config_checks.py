@@ -67,8 +67,6 @@ def _refusal(tmp_path, toml: str) -> str:
     ("[dock]\nwait_timeout_ms = 100\n", "timing.deadline_ms = 150.0; want 0 < it < dock.wait_timeout_ms (100)"),
     ("[timing]\ndeadline_ms = 3000\n", "timing.deadline_ms = 3000.0; want 0 < it < dock.wait_timeout_ms (3000)"),
     # accepted silently before
-    ("[fallback]\nthreads = -2\n", "fallback.threads = -2; want >= 0 (onnxruntime's intra-op threads; 0: "
-                                   "onnxruntime's default, one per physical core)"),
     ('[timing]\nframe_service = "nope"\n',
      "timing.frame_service = 'nope'; want a service that carries camera frames: cameraFrame"),
     ('[timing]\nframe_service = "modelOutput"\n',
@@ -136,3 +134,125 @@ def test_a_non_finite_value_set_in_code_is_refused():
     with pytest.raises(ConfigError) as e:
         validate(cfg)
     assert str(e.value) == "config: timing.agreement_tol = inf; want a finite number"
+
+
+@pytest.mark.parametrize(("toml", "message"), [
+    # accepted before: 1e20 ms, a wait no frame outlives, and counts and rates no run ever completes
+    ("[timing]\nhost_window_ms = 1e20\n", "timing.host_window_ms = 1e+20; want at most 60000 ms, a minute"),
+    ("[dock]\nwait_timeout_ms = 60001\n", "dock.wait_timeout_ms = 60001; want at most 60000 ms, a minute"),
+    ("[timing]\nmax_frame_age_ms = 1e9\n", "timing.max_frame_age_ms = 1000000000.0; want at most 60000 ms, a minute"),
+    ("[timing]\nhang_margin_ms = 60001\n", "timing.hang_margin_ms = 60001.0; want at most 60000 ms, a minute"),
+    ("[timing]\nframe_period_ms = 1e6\n", "timing.frame_period_ms = 1000000.0; want at most 60000 ms, a minute"),
+    ("[timing]\nhost_late_ms = 1e6\n", "timing.host_late_ms = 1000000.0; want at most 60000 ms, a minute"),
+    ("[timing]\nstable_after_s = 1e20\n", "timing.stable_after_s = 1e+20; want at most 2592000 s, 30 days"),
+    ("[timing]\nstart_timeout_s = 2592001\n", "timing.start_timeout_s = 2592001.0; want at most 2592000 s, 30 days"),
+    ("[timing]\nbackoff_max_s = 1e300\n", "timing.backoff_max_s = 1e+300; want at most 2592000 s, 30 days"),
+    ("[timing]\nhealth_hz = 1e6\n", "timing.health_hz = 1000000.0; want at most 100 Hz"),
+    ("[timing]\nprobe_hz = 101\n", "timing.probe_hz = 101.0; want at most 100 Hz"),
+    ("[timing]\nshadow_frames = 9223372036854775807\n",
+     "timing.shadow_frames = 9223372036854775807; want at most 1000, 50 s of frames at 20 Hz"),
+    ("[timing]\nmiss_run = 1001\n", "timing.miss_run = 1001; want at most 1000, 50 s of frames at 20 Hz"),
+    ("[timing]\nflap_max_failovers = 1001\n",
+     "timing.flap_max_failovers = 1001; want at most 1000, 50 s of frames at 20 Hz"),
+    # factor ** 64 overflowed a float (OverflowError) at the 65th retry
+    ("[timing]\nbackoff_factor = 1e10\n", "timing.backoff_factor = 10000000000.0; want at most 10"),
+    ("[timing]\nagreement_tol = 2\n",
+     "timing.agreement_tol = 2.0; want at most 1: it takes any two outputs of one sign as agreeing"),
+])
+def test_a_value_over_its_upper_bound_is_refused_naming_the_bound(tmp_path, toml, message):
+    assert _refusal(tmp_path, toml) == f"config: {message}"
+
+
+def test_every_upper_bound_is_accepted(tmp_path):
+    from chestnut.node.config import load_config
+
+    path = tmp_path / "node.toml"
+    path.write_text("[dock]\nwait_timeout_ms = 60000\n[timing]\nhost_window_ms = 60000\nmax_frame_age_ms = 60000\n"
+                    "stable_after_s = 2592000\nflap_window_s = 2592000\nhealth_hz = 100\nshadow_frames = 1000\n"
+                    "backoff_factor = 10\nbackoff_max_s = 2592000\nagreement_tol = 1\n")
+    t = load_config(path).timing
+    assert (t.host_window_ms, t.stable_after_s, t.health_hz, t.shadow_frames, t.backoff_factor) == (
+        60000.0, 2592000.0, 100.0, 1000, 10.0)
+
+
+def test_fallback_threads_are_at_most_the_cpus_this_process_may_run_on(tmp_path):
+    """``threads = 100000`` was taken: onnxruntime made 32000 threads and 16 GB, and the node ignored SIGINT."""
+    import os
+
+    from chestnut.node.config import cpu_count, load_config
+
+    ncpu = len(os.sched_getaffinity(0))
+    assert cpu_count() == ncpu
+    want = (f"want 0..{ncpu} (onnxruntime's intra-op threads, at most the {ncpu} CPUs this process may run on; 0: "
+            "onnxruntime's default, one per physical core)")
+    assert _refusal(tmp_path, "[fallback]\nthreads = 100000\n") == f"config: fallback.threads = 100000; {want}"
+    assert _refusal(tmp_path, f"[fallback]\nthreads = {ncpu + 1}\n") == f"config: fallback.threads = {ncpu + 1}; {want}"
+    assert _refusal(tmp_path, "[fallback]\nthreads = -2\n") == f"config: fallback.threads = -2; {want}"
+    path = tmp_path / "ok.toml"
+    path.write_text(f"[fallback]\nthreads = {ncpu}\n")
+    assert load_config(path).fallback.threads == ncpu
+
+
+def test_a_wait_timeout_flag_over_its_bound_is_refused_naming_its_key(tmp_path):
+    import argparse
+
+    from chestnut.node.config import add_arguments, from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    path = tmp_path / "node.toml"
+    path.write_text("")
+    with pytest.raises(ConfigError) as e:
+        from_args(p.parse_args(["--config", str(path), "--wait-timeout-ms", "1e30"]))
+    assert str(e.value) == "config: dock.wait_timeout_ms = 1e+30; want at most 60000 ms, a minute"
+
+
+def _read_refusal(path) -> str:
+    from chestnut.node.config import load_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    return str(e.value)
+
+
+def test_a_config_path_that_is_no_regular_file_is_refused_without_waiting(tmp_path):
+    """A FIFO is opened without waiting for a writer (it would wait forever), a directory is named as one."""
+    import os
+
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    assert _read_refusal(fifo) == f"config: cannot read {fifo}: a FIFO, not a regular file"
+    assert _read_refusal(tmp_path) == f"config: cannot read {tmp_path}: a directory, not a regular file"
+    missing = tmp_path / "missing.toml"
+    assert _read_refusal(missing) == f"config: cannot read {missing}: [Errno 2] No such file or directory: '{missing}'"
+
+
+def test_a_config_over_its_size_bound_is_refused_not_read_whole(tmp_path):
+    from chestnut.node.config import CONFIG_MAX_BYTES, load_config
+
+    path = tmp_path / "node.toml"
+    with open(path, "wb") as f:
+        f.truncate(1 << 30)  # sparse: a GiB on paper, nothing on disk
+    assert _read_refusal(path) == f"config: cannot read {path}: over the 1048576 bytes a node configuration may have"
+    path.write_text("# padding\n" * (CONFIG_MAX_BYTES // 10) + "#" * (CONFIG_MAX_BYTES % 10))  # exactly the bound
+    assert path.stat().st_size == CONFIG_MAX_BYTES and load_config(path).fallback.threads == 1
+
+
+def test_a_config_that_is_not_utf8_is_one_line_and_exit_2(tmp_path):
+    """``chestnut run`` printed a UnicodeDecodeError traceback and exited 1; ``chestnut launch --node-config``
+    already refused the same file in one line (``launch/frames.py`` ``read_node_toml``)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "node.toml"
+    path.write_bytes(b"\xff\xfe")
+    why = "'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"
+    assert _read_refusal(path) == f"config: {path} is not valid TOML: {why}"
+    chestnut = str(Path(sys.executable).with_name("chestnut"))
+    r = subprocess.run([chestnut, "run", "--dock", "none", "--config", str(path)], capture_output=True, text=True,
+                       timeout=120)
+    lines = r.stderr.splitlines()
+    assert (r.returncode, len(lines)) == (2, 1), r.stderr
+    assert lines[0].split(" ", 2)[2] == f"ERROR chestnut.node: unusable configuration: config: {path} is not valid " \
+                                        f"TOML: {why}"
