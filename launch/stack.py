@@ -41,7 +41,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
 import os
 import shutil
 import subprocess
@@ -85,7 +84,7 @@ from chestnut.launch.supervise import (
     supervisorctl,
     wait_for,
 )
-from chestnut.msgs.argtypes import checked_int
+from chestnut.msgs.argtypes import MAX_RUN_SECONDS, checked_int, run_seconds
 from chestnut.msgs.outdir import OutputDirError, write_private
 
 log = logging.getLogger("chestnut.launch")
@@ -116,8 +115,8 @@ def argument_problem(
     (:meth:`FrameOptions.problem`)."""
     if frames is not None and (problem := frames.problem()) is not None:
         return problem
-    if not (0 <= seconds < math.inf):  # also nan (every comparison false) and inf
-        return f"--seconds {seconds:g}: give 0 (until Ctrl-C) or a positive number of seconds"
+    if not (0 <= seconds <= MAX_RUN_SECONDS):  # also nan (every comparison false) and inf
+        return f"--seconds {seconds:g}: give 0 (until Ctrl-C) or a number of seconds up to {MAX_RUN_SECONDS:g} (a week)"
     if not 0 < rate <= MAX_RATE_HZ:
         return f"--rate {rate:g}: give a camera rate in (0, {MAX_RATE_HZ:g}] Hz (default 20, openpilot's model rate)"
     for f in faults:
@@ -139,12 +138,13 @@ def foxglove_port(text: str) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--seconds",
-        type=float,
+        type=run_seconds,
         default=60.0,
-        help="run this long after the first output (0 = until Ctrl-C, which then ends the run normally: exit 0 "
-        "when it and its contracts are clean, 1 when not; a Ctrl-C or SIGTERM that cuts a timed run short exits "
-        "130 or 143); a timed run goes on until its --fault plan is carried out (injected and cleared, then "
-        f"{FAULT_SETTLE_S:g} s more), and exits 1 when a planned fault never could be (no ChestnutActive)",
+        help=f"run this long after the first output, at most {MAX_RUN_SECONDS:g} s, a week (0 = until Ctrl-C, which "
+        "then ends the run normally: exit 0 when it and its contracts are clean, 1 when not; a Ctrl-C or SIGTERM "
+        "that cuts a timed run short exits 130 or 143); a timed run goes on until its --fault plan is carried out "
+        f"(injected and cleared, then {FAULT_SETTLE_S:g} s more), and exits 1 when a planned fault never could be "
+        "(no ChestnutActive)",
     )
     p.add_argument("--rate", type=float, default=20.0, help=f"camera rate, Hz (default 20, at most {MAX_RATE_HZ:g})")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run directories go (default ./runs)")

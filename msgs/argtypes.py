@@ -56,3 +56,16 @@ def frame_rate_hz(text: str) -> float:
     otherwise, NaN and inf included (0 Hz divided by zero, NaN has no period)."""
     return checked_float(text, lambda hz: 0 < hz <= MAX_FRAME_RATE_HZ,
                          f"give a rate in Hz, > 0 and <= {MAX_FRAME_RATE_HZ:g}")
+
+
+MAX_RUN_SECONDS = 7 * 24 * 3600.0
+"""Upper bound of a run's length on the command line (``chestnut launch --seconds``), s: a week, longer than
+any test or soak run we make; a run meant to last longer is an open-ended one (``--seconds 0``, until Ctrl-C),
+and a number such as 1e308 is a typo, not a plan."""
+
+
+def run_seconds(text: str) -> float:
+    """A run's length, s: 0 (until Ctrl-C) or a number in (0, :data:`MAX_RUN_SECONDS`]; raises
+    ``argparse.ArgumentTypeError`` (one line) otherwise, NaN and inf included."""
+    return checked_float(text, lambda s: 0 <= s <= MAX_RUN_SECONDS,
+                         f"give 0 (until Ctrl-C) or a number of seconds up to {MAX_RUN_SECONDS:g} (a week)")

@@ -32,7 +32,8 @@ def test_the_camera_rate_is_bounded():
     want = "--rate {}: give a camera rate in (0, 100] Hz (default 20, openpilot's model rate)"
     assert argument_problem(10.0, 1000.0, []) == want.format(1000)
     assert argument_problem(10.0, 0.0, []) == want.format(0)
-    assert argument_problem(-1.0, 20.0, []) == "--seconds -1: give 0 (until Ctrl-C) or a positive number of seconds"
+    assert argument_problem(-1.0, 20.0, []) == ("--seconds -1: give 0 (until Ctrl-C) or a number of seconds up to "
+                                                "604800 (a week)")
 
 
 def test_a_late_fault_stops_the_launch_before_anything_starts(tmp_path):
@@ -82,6 +83,28 @@ def test_a_bad_argument_is_one_line_naming_it_and_where_help_is(capsys):
     assert info.value.code == 2
     assert capsys.readouterr().err == ("chestnut launch: error: argument --fault: 'gpu_hang@soon': want "
                                        "KIND@START[+DURATION][,key=value] (chestnut launch --help)\n")
+
+
+@pytest.mark.parametrize("text", ["1e308", "604801", "inf", "nan", "-1", "soon"])
+def test_a_run_length_over_a_week_is_refused_before_anything_starts(text, capsys, tmp_path):
+    """``--seconds 1e308`` started a run."""
+    from chestnut.launch.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["launch", "--seconds", text, "--runs-dir", str(tmp_path / "runs")])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (f"chestnut launch: error: argument --seconds: {text!r}: give 0 (until Ctrl-C) "
+                                       "or a number of seconds up to 604800 (a week) (chestnut launch --help)\n")
+    assert not (tmp_path / "runs").exists()
+    assert argument_problem(1e308, 20.0, []) == ("--seconds 1e+308: give 0 (until Ctrl-C) or a number of seconds up "
+                                                 "to 604800 (a week)")
+
+
+def test_a_run_of_a_week_or_until_ctrl_c_is_taken():
+    from chestnut.msgs.argtypes import MAX_RUN_SECONDS, run_seconds
+
+    assert (run_seconds("604800"), run_seconds("0"), MAX_RUN_SECONDS) == (604800.0, 0.0, 7 * 24 * 3600)
+    assert argument_problem(604800.0, 20.0, []) is None
 
 
 @pytest.mark.parametrize("text", ["gpu_hang@nan", "gpu_hang@inf", "gpu_hang@5+inf", "gpu_hang@5+nan", "gpu_hang@-1"])
