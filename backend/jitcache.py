@@ -28,7 +28,8 @@ tinygrad's own disk cache (tinygrad 0.14 ``helpers.py``: ``CACHEDB``, default
 ``$XDG_CACHE_HOME/tinygrad/cache.db``, an sqlite file whose values ``diskcache_get`` unpickles as they are:
 compiled kernels, beam results) is kept to the same ownership rule: :func:`private_tinygrad_cache` points it
 at ``tinygrad/cache.db`` beside the project's cache, a directory created 0700 and checked like the cache
-directory above, its files checked like an entry's; where that is refused, tinygrad's disk cache is turned
+directory above, its files checked like an entry's and kept 0600 (``cache.db`` is created so before tinygrad
+opens it; sqlite gives its journal files the database's mode); where that is refused, tinygrad's disk cache is turned
 off (``CACHELEVEL=0``; the project's signed cache still holds the captured JITs). Every process that runs
 tinygrad code calls it before tinygrad's first compile (``backend/model.py`` ``ensure_cpu_device`` for the
 fallback and the CPU runner, the runners' environments for the worker).
@@ -80,12 +81,33 @@ def _tinygrad_cache_off(environ: MutableMapping[str, str], why: str) -> None:
         helpers.CACHELEVEL.value = 0
 
 
+def _chmod_private(dir_fd: int, name: str) -> None:
+    """Make ``name`` (in the directory ``dir_fd``, never through a symlink) mode 0600."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
+def _create_private(dir_fd: int, name: str) -> None:
+    """Create ``name`` (in the directory ``dir_fd``) empty and mode 0600 unless it exists: an empty file is an
+    empty sqlite database, so tinygrad opens this one instead of creating its own with the umask's mode."""
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    except FileExistsError:
+        return
+    os.close(fd)
+
+
 def private_tinygrad_cache(root: Path | None = None, environ: MutableMapping[str, str] | None = None) -> Path | None:
     """Point tinygrad 0.14's disk cache (``helpers.CACHEDB``, read by ``db_connection`` when it first opens the
     database; ``CACHEDB`` in the environment for processes tinygrad starts) at ``root/cache.db`` (default
     :func:`tinygrad_cache_dir`), after creating ``root`` 0700 and checking it: every ancestor this user's or
     root's and not writable by others unless sticky, ``root`` this user's and not writable by others, each of
-    :data:`TINYGRAD_CACHE_FILES` that exists a regular file (no symlink) of this user not writable by others.
+    :data:`TINYGRAD_CACHE_FILES` that exists a regular file (no symlink) of this user not writable by others,
+    made 0600 if others could read it. ``cache.db`` is created empty and 0600 before tinygrad opens it (sqlite
+    would create it with the umask's mode, 0644, and its journal files with the database's).
 
     Returns the database path, or None when something is refused or tinygrad already opened another database in
     this process: tinygrad's disk cache is then off (``CACHELEVEL=0``), with one line logged saying why.
@@ -108,6 +130,9 @@ def private_tinygrad_cache(root: Path | None = None, environ: MutableMapping[str
             if stat.S_ISLNK(st.st_mode):
                 raise CacheRefused(f"{root / name} is a symlink")
             _check_file(root / name, st, private=False)
+            if stat.S_IMODE(st.st_mode) & 0o077:  # ours, readable by others (made before it was created 0600)
+                _chmod_private(fd, name)
+        _create_private(fd, TINYGRAD_CACHE_FILES[0])  # sqlite gives its -wal, -shm, -journal the database's mode
     except (CacheRefused, OSError) as e:
         _tinygrad_cache_off(environ, str(e))
         return None

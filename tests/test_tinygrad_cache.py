@@ -156,6 +156,32 @@ def test_a_private_cache_another_user_could_write_turns_tinygrads_cache_off(tmp_
     assert not marker.exists()
 
 
+PUT = """
+os.umask(0o022)  # the usual umask: sqlite would create tinygrad's database 0644
+from chestnut.backend.model import ensure_cpu_device
+ensure_cpu_device()
+import tinygrad.helpers as h
+h.diskcache_put("chestnut_test", "key", 1)
+out["cachedb"] = h.CACHEDB
+out["got"] = h.diskcache_get("chestnut_test", "key")
+"""
+
+
+@pytest.mark.parametrize("old", [False, True], ids=["a new cache", "one made 0644 before"])
+def test_tinygrads_cache_files_are_ours_alone(tmp_path: Path, old: bool) -> None:
+    """tinygrad's database (and sqlite's files beside it) in the private cache are mode 0600, as everything else
+    the project writes: created so before tinygrad opens it, or made so when an older run left it 0644."""
+    private = tmp_path / "chestnut" / "tinygrad"
+    if old:
+        private.mkdir(parents=True, mode=0o700)
+        sqlite3.connect(private / "cache.db").close()
+        (private / "cache.db").chmod(0o644)
+    got = child(PUT, tmp_path)
+    assert (got["cachedb"], got["got"]) == (str(private / "cache.db"), 1)
+    modes = {p.name: f"{stat.S_IMODE(p.lstat().st_mode):04o}" for p in private.iterdir()}
+    assert modes.get("cache.db") == "0600" and set(modes.values()) == {"0600"}, modes
+
+
 UMASK = """
 import tempfile
 tempfile.tempdir = os.environ["LOCKDIR"]
