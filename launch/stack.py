@@ -68,6 +68,7 @@ from chestnut.launch.summary import (
     check_contracts,
     json_target_problem,
     print_summary,
+    stop_figures,
     summarize,
     write_summary_json,
 )
@@ -535,13 +536,12 @@ def drive(launch: Launch) -> None:
 
 def finish_summary(launch: Launch) -> dict[str, Any]:
     """The run's summary from its log (:func:`~chestnut.launch.summary.summarize`) with what launch itself
-    knows (the stop time, the fault schedule, also written to ``faults.json``, the processes, the contracts
-    and the report), printed."""
+    knows (the stop time and a signal that cut the run short, the fault schedule, also in ``faults.json``, the
+    processes, the contracts and the report), printed."""
     run_dir = launch.run_dir
     summary = summarize(run_dir / "logs", launch.t_launch_ns)
-    t_zero = summary["t_zero_ns"] or launch.t_launch_ns
-    summary["stop_s"] = (launch.t_stop_ns - t_zero) / NS
-    summary["fault_schedule"] = launch.faults.schedule_rows(t_zero)
+    summary.update(stop_figures(summary, launch.t_launch_ns, launch.t_stop_ns, launch.flag, launch.args.seconds))
+    summary["fault_schedule"] = launch.faults.schedule_rows(summary["t_zero_ns"] or launch.t_launch_ns)
     write_private(run_dir / "faults.json", json.dumps(summary["fault_schedule"], indent=1))
     summary["processes"] = launch.sampler.report()
     from chestnut.launch.restarts import run_restarts

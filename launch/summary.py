@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -256,6 +257,44 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+SIGNAL_NAMES = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}
+
+
+def stop_figures(s: dict[str, Any], t_launch_ns: int, t_stop_ns: int, flag: Any, seconds: float) -> dict[str, Any]:
+    """The summary's figures about the run's end: ``stop_s`` (when the stop began) and ``cut_short``, None unless
+    a stop signal (``flag``: :class:`~chestnut.launch.signals.StopFlag`) cut a timed run (``seconds`` > 0) short,
+    the runs that exit 130 or 143: then ``signal`` (its name), ``t_s`` (when it came), ``run_s`` (s of the
+    planned ``--seconds`` run, counted from the first output; None when no output came first), ``planned_s`` and
+    ``in_stop`` (it came only once the stop had begun: the run had ended; it still sets the exit status).
+    Times are s since the stack's first message, ``s`` is :func:`summarize`'s."""
+    t_zero = s.get("t_zero_ns") or t_launch_ns
+    signum = getattr(flag, "signum", None)
+    cut = None
+    if signum is not None and seconds > 0:
+        t_ns = getattr(flag, "t_ns", None) or t_stop_ns
+        first = s.get("first_output_s")
+        ran = None if first is None or t_ns < t_launch_ns + first * NS else (t_ns - t_launch_ns) / NS - first
+        cut = {"signal": signal.Signals(signum).name, "t_s": round((t_ns - t_zero) / NS, 3),
+               "run_s": None if ran is None else round(ran, 3), "planned_s": seconds, "in_stop": t_ns > t_stop_ns}
+    return {"stop_s": (t_stop_ns - t_zero) / NS, "cut_short": cut}
+
+
+def cut_short_line(c: dict[str, Any]) -> str:
+    """The summary's line for a run a stop signal cut short (:func:`stop_figures` ``cut_short``)."""
+    sig = signal.Signals[c["signal"]]
+    name = SIGNAL_NAMES.get(sig, sig.name)
+    if c.get("in_stop"):
+        return f"{name} at t={c['t_s']:.1f} s, while the stack stopped after the run had ended (exit {128 + sig})"
+    if c["run_s"] is None:
+        into = f"before the first output, so none of the planned {c['planned_s']:g} s ran"
+    elif c["run_s"] < c["planned_s"]:
+        into = f"{c['run_s']:.1f} s into the planned {c['planned_s']:g} s"
+    else:  # past --seconds: the run went on until its fault plan was carried out
+        into = f"{c['run_s']:.1f} s after the first output, past the planned {c['planned_s']:g} s, before its " \
+               "fault plan was carried out"
+    return f"run cut short by {name} at t={c['t_s']:.1f} s, {into} (exit {128 + sig})"
+
+
 def _deadline_text(s: dict[str, Any]) -> str:
     """The primary's deadline in force at the end of the run, then its range over it (docs/health.md "Adaptive
     deadline"); "primary never asked" when no output carried one."""
@@ -268,7 +307,7 @@ def _deadline_text(s: dict[str, Any]) -> str:
 def print_summary(s: dict[str, Any], run_dir: Path) -> None:
     """Print the summary ``s`` (:func:`summarize` plus what ``chestnut launch`` adds) of the run in ``run_dir``:
     the main table (:func:`summary_rows`), then the faults, state transitions, processes, control lines,
-    log damage and the contracts' verdict."""
+    log damage, a stop signal that cut the run short (:func:`cut_short_line`) and the contracts' verdict."""
     from rich.console import Console
     from rich.table import Table
 
@@ -320,6 +359,8 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
         con.print(f"[red]log damage:[/red] {d}")
     for line in s.get("programs_not_started", {}).values():  # one line each, never wrapped, no markup read in it
         con.print(line, style="red", markup=False, highlight=False, soft_wrap=True)
+    if s.get("cut_short"):  # a stop signal ended a timed run early: the figures are of part of it
+        con.print(cut_short_line(s["cut_short"]), style="yellow", markup=False, highlight=False, soft_wrap=True)
     bad = {k: v for k, v in s.get("contracts", {}).items() if v}
     if s["frames_in"] == 0:
         con.print("[red]no frames were recorded: nothing to check[/red]")

@@ -107,3 +107,85 @@ def test_a_program_that_never_ran_is_one_summary_line_and_fails_the_run(tmp_path
                              faults_missed=False, flag=SimpleNamespace(signum=None))
     assert summary["outputs"] == 1 and verdict(launch, summary) == 1  # type: ignore[arg-type]
     assert verdict(launch, {**summary, "programs_not_started": {}}) == 0  # type: ignore[arg-type]
+
+
+def _cut_summary(tmp_path, signum, t_signal_ns, seconds=60.0, output=True, t_stop_ns=12 * 10**9):
+    """A run's summary: its first message at 1 s, its first output at 3 s (launched at 0); its stop begun at
+    ``t_stop_ns``, ``signum`` came at ``t_signal_ns`` (CLOCK_MONOTONIC ns)."""
+    from types import SimpleNamespace
+
+    from drivelog import write_drive
+
+    from chestnut.launch.summary import stop_figures, summarize
+    from chestnut.msgs.messaging import new_message
+
+    def at(t_ns, service):
+        m = new_message(service)
+        m.logMonoTime = t_ns
+        return t_ns, service, m.to_bytes()
+
+    write_drive([at(10**9, "nodeState"), *([at(3 * 10**9, "modelOutput")] if output else [])], tmp_path / "logs")
+    summary = summarize(tmp_path / "logs", 0)
+    summary.update(stop_figures(summary, 0, t_stop_ns, SimpleNamespace(signum=signum, t_ns=t_signal_ns), seconds))
+    summary["contracts"] = {"one_output_per_frame": 0}
+    return summary
+
+
+@pytest.mark.parametrize(
+    ("signum", "t_signal_s", "seconds", "output", "want"),
+    [
+        (signal.SIGINT, 11.5, 60.0, True,
+         "run cut short by SIGINT (Ctrl-C) at t=10.5 s, 8.5 s into the planned 60 s (exit 130)"),
+        (signal.SIGTERM, 2.0, 60.0, False,
+         "run cut short by SIGTERM at t=1.0 s, before the first output, so none of the planned 60 s ran (exit 143)"),
+        (signal.SIGTERM, 11.0, 5.0, True,  # a run that went on past --seconds 5 to carry out its fault plan
+         "run cut short by SIGTERM at t=10.0 s, 8.0 s after the first output, past the planned 5 s, before its "
+         "fault plan was carried out (exit 143)"),
+        (signal.SIGINT, 12.5, 60.0, True,  # after the stop began at 12 s
+         "SIGINT (Ctrl-C) at t=11.5 s, while the stack stopped after the run had ended (exit 130)"),
+    ],
+)
+def test_a_run_cut_short_says_so_in_one_summary_line_and_in_the_json(tmp_path, capsys, signum, t_signal_s, seconds,
+                                                                       output, want):
+    import json
+
+    from chestnut.launch.summary import cut_short_line, print_summary, write_summary_json
+
+    summary = _cut_summary(tmp_path, signum, int(t_signal_s * 10**9), seconds, output)
+    assert cut_short_line(summary["cut_short"]) == want
+    print_summary(summary, tmp_path)
+    assert want in capsys.readouterr().out.splitlines()  # one line, unwrapped
+    assert write_summary_json(tmp_path / "s.json", summary) is None
+    got = json.loads((tmp_path / "s.json").read_text())["cut_short"]
+    assert got == summary["cut_short"] and got["signal"] == signal.Signals(signum).name
+    assert got["planned_s"] == seconds and summary["stop_s"] == pytest.approx(11.0, abs=0.01)
+
+
+@pytest.mark.parametrize(("signum", "seconds"), [(signal.SIGINT, 0.0), (None, 60.0)])
+def test_a_run_that_ended_normally_has_no_cut_short_line(tmp_path, capsys, signum, seconds):
+    from chestnut.launch.summary import print_summary
+
+    summary = _cut_summary(tmp_path, signum, 11_500_000_000 if signum else None, seconds)
+    assert summary["cut_short"] is None
+    print_summary(summary, tmp_path)
+    assert "cut short" not in capsys.readouterr().out
+
+
+def test_the_stop_flag_keeps_when_the_first_stop_signal_came():
+    import os
+    import time
+
+    from chestnut.launch.signals import StopFlag
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        flag = StopFlag()
+        before = time.monotonic_ns()
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs before kill returns (a signal to this thread)
+        first = flag.t_ns
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert flag.stop and flag.signum == signal.SIGTERM
+        assert first is not None and before <= first <= time.monotonic_ns() and flag.t_ns == first
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
