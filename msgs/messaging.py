@@ -21,9 +21,10 @@
   (a ZeroMQ socket monitor, ``ZMQ_EVENT_DISCONNECTED``) and connects again itself
   (:meth:`SubSocket.heal`, run by every receive function here), counting each such loss in
   :attr:`SubSocket.disconnects`. ZeroMQ's event is the same for both causes; the publisher's own files
-  tell them apart (:func:`loss_cause`): a publisher that went away is logged at INFO, a refused message
-  while the publisher still runs at WARNING, each cause once. Give :func:`sub_sock` the loop's ``poller`` so that a lost
-  connection wakes the loop even when no message arrives.
+  tell them apart while it runs (:func:`loss_cause`): a refused message while the publisher still runs is
+  logged at WARNING naming the service's bound; a publisher gone by then at INFO, naming the bound too (it may
+  have sent a message over it just before), each cause once (:func:`loss_line`). Give :func:`sub_sock` the
+  loop's ``poller`` so that a lost connection wakes the loop even when no message arrives.
 - :class:`PubMaster` and :class:`SubMaster` -- the aggregates. SubMaster's checks (alive / freq_ok /
   valid) are the pure :class:`~chestnut.msgs.submaster.SubMasterChecks`; this module adds sockets.
 """
@@ -468,31 +469,11 @@ class SubSocket(zmq.Socket):
         if not lost:
             return False
         self.disconnects += lost
-        cause, holder = loss_cause(self.addr)
+        cause, _holder = loss_cause(self.addr)
         if cause not in self.losses_logged:  # each cause once; the rest are only counted in ``disconnects``
             self.losses_logged = self.losses_logged | {cause}
-            if cause == LOSS_PUBLISHER_GONE:
-                _log.info(
-                    "%s: its publisher went away (stopped or restarted); connected again, waiting for the next one",
-                    self.service,
-                )
-            elif cause == LOSS_REFUSED:
-                _log.warning(
-                    "%s: lost the connection to its publisher (pid %s), which still runs: a message over the "
-                    "service's bound of %d bytes refused by ZeroMQ (or another protocol error); connected again "
-                    "(further ones are only counted)",
-                    self.service,
-                    holder,
-                    self.max_bytes,
-                )
-            else:
-                _log.warning(
-                    "%s: lost the connection to its publisher (a message over the service's bound of %d bytes, "
-                    "refused by ZeroMQ, or the publisher went away: over TCP the two cannot be told apart); "
-                    "connected again (further ones are only counted)",
-                    self.service,
-                    self.max_bytes,
-                )
+            level = logging.INFO if cause == LOSS_PUBLISHER_GONE else logging.WARNING
+            _log.log(level, "%s", loss_line(self.service, cause, self.max_bytes))
         with contextlib.suppress(zmq.ZMQError):
             self.disconnect(self.addr)
         self.connect(self.addr)
@@ -522,6 +503,32 @@ LOSS_REFUSED = "refused"
 LOSS_UNKNOWN = "unknown"
 
 
+def size_text(n: int) -> str:
+    """``n`` bytes as a person reads a bound: ``16 MiB``, ``64 KiB``, else ``1000 bytes``."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
+
+
+def loss_line(service: str, cause: str, max_bytes: int) -> str:
+    """The one line a subscriber of ``service`` logs for a lost connection of ``cause`` (:func:`loss_cause`).
+
+    ZeroMQ's event does not say why (see :func:`loss_cause`): a message over the service's bound (``max_bytes``,
+    ``ZMQ_MAXMSGSIZE``) while the publisher still runs is named as such; once the publisher is gone, or over TCP,
+    the line names both causes it may have been."""
+    bound = f"the service's {size_text(max_bytes)} bound"
+    if cause == LOSS_REFUSED:
+        return (f"{service}: a message over {bound} was refused (the connection is dropped by ZeroMQ's maxmsgsize); "
+                "connected again (further ones are only counted)")
+    if cause == LOSS_PUBLISHER_GONE:
+        return (f"{service}: its publisher went away (stopped or restarted), or sent a message over {bound} just "
+                "before (ZeroMQ's maxmsgsize drops the connection); connected again, waiting for the next one")
+    return (f"{service}: lost the connection to its publisher: it went away or sent a message over {bound} (ZeroMQ's "
+            "maxmsgsize drops the connection; over TCP the two cannot be told apart); connected again (further ones "
+            "are only counted)")
+
+
 def loss_cause(addr: str, proc_locks: str | None = None) -> tuple[str, int | None]:
     """Why a subscriber of ``addr`` lost its connection, as far as the publisher's own files tell.
 
@@ -532,7 +539,13 @@ def loss_cause(addr: str, proc_locks: str | None = None) -> tuple[str, int | Non
     the socket file before it closes the socket and releases the publisher lock after, and a killed
     publisher's lock goes with its process. So: the socket file gone, or no live process holding the
     lock, is :data:`LOSS_PUBLISHER_GONE`; a live holder with its socket file still there is
-    :data:`LOSS_REFUSED` (with the holder's pid). TCP: :data:`LOSS_UNKNOWN`. Returns ``(cause, pid)``."""
+    :data:`LOSS_REFUSED` (with the holder's pid). TCP: :data:`LOSS_UNKNOWN`. Returns ``(cause, pid)``.
+
+    The files are read when the loss is handled, not when it happened: a publisher that sent a message over the
+    bound and then stopped (or was killed) before that reads as gone, which :func:`loss_line` words as such. A
+    socket monitor that also reported ``ZMQ_EVENT_CONNECT_RETRIED`` (libzmq reconnects after a publisher went
+    away, not after a protocol error) would tell them apart, but it fires every ``RECONNECT_IVL_MS`` while a
+    publisher is away, and libzmq blocks its I/O thread once an unread monitor's queue is full."""
     if not addr.startswith("ipc://"):
         return LOSS_UNKNOWN, None
     path = addr.removeprefix("ipc://")

@@ -1,5 +1,6 @@
 """A subscriber's lost connection says what it was (``msgs/messaging.py`` ``loss_cause``): a publisher
-that went away (an orderly stop, a kill) is INFO, once; a message refused by ZeroMQ while the publisher
+that went away (an orderly stop, a kill) is INFO, once, naming the service's bound too (a publisher that sent
+a message over it and then went away leaves the same traces); a message refused by ZeroMQ while the publisher
 still runs is the WARNING naming the bound."""
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ from chestnut.msgs.messaging import (
     LOSS_UNKNOWN,
     drain_sock,
     loss_cause,
+    loss_line,
     new_message,
     pub_sock,
+    size_text,
     sub_sock,
 )
 
 pytestmark = [pytest.mark.timeout(60)]
-GONE = "nodeState: its publisher went away (stopped or restarted); connected again, waiting for the next one"
+GONE = ("nodeState: its publisher went away (stopped or restarted), or sent a message over the service's 64 KiB "
+        "bound just before (ZeroMQ's maxmsgsize drops the connection); connected again, waiting for the next one")
 
 
 def _hello(pub, sub) -> None:
@@ -125,3 +129,44 @@ def test_a_live_socket_file_without_a_live_lock_holder_is_a_publisher_gone(tmp_p
         assert loss_cause(f"ipc://{path}") == (LOSS_PUBLISHER_GONE, None)
     finally:
         s.close(linger=0)
+
+
+def test_a_message_over_the_bound_from_a_publisher_gone_since_names_the_bound(caplog):
+    """A 64 MiB message on cameraFrame (bound 16 MiB), its publisher closed before the subscriber looks: ZeroMQ's
+    event and the publisher's files are those of a publisher that went away, so the line names both."""
+    caplog.set_level(logging.INFO, "chestnut.msgs.messaging")
+    pub = pub_sock("cameraFrame")
+    sub = sub_sock("cameraFrame")
+    try:
+        while True:  # until the subscriber has joined: ZeroMQ drops messages before
+            pub.send(new_message("cameraFrame").to_bytes())
+            if sub.poll(20):
+                break
+        drain_sock(sub)
+        pub.send(bytes(64 << 20))
+        assert sub.conn_monitor.poll(20_000), "no lost connection reported"
+        pub.close()
+        _wait_for_loss(sub)
+    finally:
+        pub.close()
+        sub.close()
+    got = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "chestnut.msgs.messaging"]
+    assert got == [("INFO", "cameraFrame: its publisher went away (stopped or restarted), or sent a message over the "
+                            "service's 16 MiB bound just before (ZeroMQ's maxmsgsize drops the connection); connected "
+                            "again, waiting for the next one")]
+
+
+@pytest.mark.parametrize(("cause", "line"), [
+    (LOSS_REFUSED, "cameraFrame: a message over the service's 16 MiB bound was refused (the connection is dropped "
+                   "by ZeroMQ's maxmsgsize); connected again (further ones are only counted)"),
+    (LOSS_UNKNOWN, "cameraFrame: lost the connection to its publisher: it went away or sent a message over the "
+                   "service's 16 MiB bound (ZeroMQ's maxmsgsize drops the connection; over TCP the two cannot be "
+                   "told apart); connected again (further ones are only counted)"),
+])
+def test_each_cause_is_one_line_naming_the_bound(cause, line):
+    assert loss_line("cameraFrame", cause, 16 << 20) == line
+
+
+def test_a_bound_reads_in_the_unit_it_was_given_in():
+    assert [size_text(n) for n in (16 << 20, 1 << 20, 64 << 10, 1000, 0)] == [
+        "16 MiB", "1 MiB", "64 KiB", "1000 bytes", "0 bytes"]
