@@ -176,3 +176,21 @@ def test_a_foxglove_port_in_use_stops_the_launch_before_anything_starts(tmp_path
     assert line.endswith(f" ERROR chestnut.launch: --foxglove {port}: port {port} on 127.0.0.1 is already in use "
                          "(Address already in use); choose another --foxglove PORT (0: any free one)")
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_unknown_fault_kind_lists_exactly_the_kinds_launch_accepts(capsys):
+    """The list comes from the twin's fault table (backend/sim/faults.py KINDS), which also decides what
+    ``--fault`` accepts: all 21 kinds, wedged, nan_output, brownout and lock_held among them."""
+    from chestnut.backend.sim.faults import KINDS
+    from chestnut.launch.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["launch", "--fault", "bogus@1"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == ("chestnut launch: error: argument --fault: 'bogus@1': unknown fault kind 'bogus'; known: "
+                   f"{', '.join(KINDS)} (chestnut launch --help)\n")
+    listed = err.split("known: ", 1)[1].removesuffix(" (chestnut launch --help)\n").split(", ")
+    accepted = [kind for kind in listed if FaultPlan.parse(f"{kind}@1").kind == kind]
+    assert accepted == listed == list(KINDS) and len(listed) == 21
+    assert {"wedged", "nan_output", "brownout", "lock_held"} <= set(listed)
