@@ -8,6 +8,11 @@ no one may make us write through a planted symlink:
   with ``O_NOFOLLOW | O_DIRECTORY`` and checked with ``fstat`` on that descriptor, the same rules as the
   runtime directory (``msgs/paths.py``), except that an existing directory may be readable by others
   (its files are 0600 all the same).
+- :func:`check_folders_above` is the rule for every folder above an output directory (checked by
+  :func:`private_dir` before it creates anything): each must belong to us or root and not be writable by
+  group/other unless it has the sticky bit, like ``/tmp`` (1777) -- the rule of the runtime directory's
+  base and of the compile cache's ancestors (``msgs/paths.py`` ``base_problem``). In a folder others may
+  write without the sticky bit, another user could rename or replace what we create in it.
 - :func:`new_private_dir` creates a fresh directory (a run's own), never an existing one: a name taken by
   a directory of ours gets a ``-2``, ``-3`` ... suffix, a planted symlink or a foreign entry is refused.
 - :func:`write_private` writes a 0600 temp file beside the target (``O_CREAT | O_EXCL | O_NOFOLLOW``,
@@ -27,6 +32,8 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Literal
+
+from chestnut.msgs.paths import base_problem
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -78,14 +85,45 @@ def _open_dir(path: Path) -> int:
     return fd
 
 
+def check_folders_above(path: str | os.PathLike[str]) -> None:
+    """Refuse an output directory ``path`` (existing or about to be created) in a folder another user could
+    change: its real parent and every folder above that which exists must belong to this user or root and
+    must not be writable by group/other unless sticky (``/tmp``, 1777, is fine: no one else can rename or
+    remove what we make in it). ``path`` itself is not checked here (see :func:`private_dir`).
+
+    Raises :class:`OutputDirError` naming the first such folder, from ``/`` down; it never creates,
+    changes or follows anything at ``path``."""
+    p = Path(path)
+    try:
+        holder = p.absolute().parent.resolve()  # "a/.." resolves below its lexical parent: a superset is checked
+    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop
+        why = getattr(e, "strerror", None) or e
+        raise OutputDirError(p, f"cannot be resolved ({why})", "give another path") from None
+    uid = os.getuid()
+    for folder in (*reversed(holder.parents), holder):
+        try:
+            st = os.stat(folder)
+        except FileNotFoundError:
+            return  # neither this one nor any below it exists yet: private_dir creates them 0700
+        except OSError as e:
+            raise OutputDirError(folder, f"cannot be examined ({e.strerror})", "give another path") from None
+        problem = base_problem(st, uid)
+        if problem is not None:
+            raise OutputDirError(
+                folder, f"(above {p}) {problem}", "give a path whose folders only you (or root) can change"
+            )
+
+
 def private_dir(path: str | os.PathLike[str], targets: Iterable[str] = ()) -> Path:
     """Create ``path`` (0700, with any missing parents) or accept it if it is fit; returns it as a ``Path``.
 
     ``targets``: names of files about to be written there, each refused if it is a symlink or not a
     regular file (so a report fails before its first file, not halfway). Raises :class:`OutputDirError`
-    for a symlink, a non-directory, a directory of another user or one writable by group/other, or one
-    that cannot be created (the reason, e.g. "permission denied")."""
+    for a symlink, a non-directory, a directory of another user or one writable by group/other, one in a
+    folder another user could change (:func:`check_folders_above`, checked before anything is created), or
+    one that cannot be created (the reason, e.g. "permission denied")."""
     p = Path(path)
+    check_folders_above(p)
     try:
         missing = [d for d in (p, *p.parents) if not os.path.lexists(d)]
         for d in reversed(missing):  # os.makedirs gives only the last one the mode
@@ -223,6 +261,7 @@ __all__ = [
     "FILE_MODE",
     "OutputDirError",
     "OutputExistsError",
+    "check_folders_above",
     "dir_problem",
     "new_private_dir",
     "open_private",

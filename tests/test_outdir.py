@@ -258,3 +258,114 @@ def test_acceptance_refuses_a_symlinked_out_before_any_step(
         f"chestnut acceptance: --out {target} is a symlink; remove it (rm {target}) or give another directory\n"
     )
     assert victim.read_text() == "keep me" and sorted(os.listdir(out)) == ["node.log"]
+
+
+# ---------------------------------------------------------------- the folders above an output
+
+
+SHARED_FIX = "give a path whose folders only you (or root) can change"
+
+
+def _world_writable(tmp_path: Path, mode: int = 0o777) -> Path:
+    ww = tmp_path / "ww"
+    ww.mkdir()
+    ww.chmod(mode)  # no sticky bit: anyone may rename or replace what we create in it
+    return ww
+
+
+def _small_log(tmp_path: Path) -> Path:
+    from test_logs import every_member_events
+
+    from chestnut.msgs.logfile import RouteWriter
+    from chestnut.msgs.messaging import log_from_bytes
+
+    with RouteWriter(tmp_path / "logs", formats=("zst",)) as w:
+        for member, data, _ in every_member_events(10**12):
+            w.write(member, log_from_bytes(data).logMonoTime, data)
+    return tmp_path / "logs"
+
+
+@pytest.mark.parametrize("command", ["check", "replay", "fleet", "record", "export", "acceptance", "launch"])
+def test_every_command_refuses_a_new_output_in_a_world_writable_folder_and_creates_nothing(
+    tmp_path: Path,
+    command: str,
+    tiny_onnx: Path,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from chestnut.launch.cli import main
+
+    ww = _world_writable(tmp_path)
+    where = ww.resolve()
+    if command == "launch":  # its run directory (launch/stack.py): the same call, without starting a stack
+        from chestnut.launch.rundir import make_run_dir
+
+        with pytest.raises(OutputDirError) as e:
+            make_run_dir(ww / "runs")
+        assert str(e.value) == (
+            f"{where} (above {ww / 'runs'}) is writable by group/other without the sticky bit (mode 0777); "
+            f"{SHARED_FIX}"
+        )
+        assert list(ww.iterdir()) == []
+        return
+    logs = _small_log(tmp_path) if command in ("fleet", "export") else tmp_path / "no-such-log"
+    argv, out, prefix = {
+        "check": (["check", str(logs), "--report"], ww / "r", "chestnut check: --report "),
+        "replay": (["replay", str(logs), "--report"], ww / "r", "chestnut replay: --report "),
+        "fleet": (["fleet", "make", "--from", str(logs), "--copies", "2"], ww / "fl", "chestnut fleet make: OUT "),
+        "record": (["record", "--log-dir"], ww / "l", "--log-dir "),
+        "export": (["export", str(logs), "--mcap"], ww / "new" / "out.mcap", "--mcap "),
+        "acceptance": (["acceptance", "--twin", "--model", str(tiny_onnx), "--out"], ww / "acc",
+                       "chestnut acceptance: --out "),
+    }[command]
+    caplog.clear()
+    assert main([*argv, str(out)]) == 2
+    made = out.parent if command == "export" else out  # the folder that would be created in ww
+    line = f"{prefix}{where} (above {made}) is writable by group/other without the sticky bit (mode 0777); {SHARED_FIX}"
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    if command == "acceptance":  # the kit prints to the person running it
+        assert errors == [] and capsys.readouterr().err == line + "\n"
+    else:
+        assert errors == [line]
+    assert list(ww.iterdir()) == []
+
+
+def test_a_folder_above_that_others_may_write_is_refused_for_an_existing_output_too(tmp_path: Path) -> None:
+    ww = _world_writable(tmp_path, 0o775)  # group-writable is the same: another user could swap what is in it
+    (ww / "a").mkdir(mode=0o700)
+    for out in (ww / "a", ww / "a" / "b" / "c"):
+        with pytest.raises(OutputDirError) as e:
+            private_dir(out)
+        assert str(e.value) == (
+            f"{ww.resolve()} (above {out}) is writable by group/other without the sticky bit (mode 0775); {SHARED_FIX}"
+        )
+        with pytest.raises(OutputDirError):
+            write_private(out / "report.json", "{}")
+    assert os.listdir(ww) == ["a"] and os.listdir(ww / "a") == []
+
+
+def test_a_sticky_world_writable_folder_like_tmp_may_hold_a_new_output_but_is_no_output_itself(tmp_path: Path) -> None:
+    sticky = _world_writable(tmp_path, 0o1777)  # as /tmp: no one else can rename or remove what we make there
+    out = private_dir(sticky / "r" / "s")
+    assert out == sticky / "r" / "s" and _mode(sticky / "r") == _mode(out) == 0o700
+    write_private(sticky / "r" / "report.json", "{}")
+    with pytest.raises(OutputDirError) as e:  # a file straight in it: the folder itself is refused, as ever
+        write_private(sticky / "report.json", "{}")
+    assert str(e.value) == (
+        f"{sticky} is writable by group/other (mode 1777); "
+        "give a directory of yours (or a new path: it is created 0700)"
+    )
+    assert sorted(os.listdir(sticky)) == ["r"]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="handing a folder to another uid needs root")
+def test_a_folder_above_that_another_user_owns_is_refused(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 65534, 65534)  # its owner may rename what is in it, whatever its mode
+    with pytest.raises(OutputDirError) as e:
+        private_dir(theirs / "r")
+    assert str(e.value) == (
+        f"{theirs.resolve()} (above {theirs / 'r'}) belongs to uid 65534, not to uid 0 or root; {SHARED_FIX}"
+    )
+    assert os.listdir(theirs) == []
