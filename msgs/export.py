@@ -26,7 +26,7 @@ from typing import Any
 from chestnut.msgs.clock import logged_unix_offset_ns
 from chestnut.msgs.logfile import FlushPolicy, LogReader, McapSegmentWriter
 from chestnut.msgs.outdir import OutputDirError
-from chestnut.msgs.video import LoggedFrames, VideoFrameError
+from chestnut.msgs.video import LoggedFrames, NotRegularFileError, VideoFrameError
 
 _log = logging.getLogger("chestnut.export")
 
@@ -122,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except ValueError as e:  # the input: a file that is no log by its suffix (SegmentFileReader), as check says it
         _log.error("LOG %s; give log files or directories (rlog.zst / rlog.mcap)", e)
+        return 2
+    except NotRegularFileError as e:  # the input: a FIFO, a device, ... (its own fix)
+        _log.error("LOG %s", e)
         return 2
     except (FileNotFoundError, IsADirectoryError, PermissionError) as e:  # the input
         what = e if e.filename is None else f"{e.filename}: {(e.strerror or str(e)).lower()}"

@@ -1134,6 +1134,9 @@ class SegmentFileReader:
         return self._decode(rec.data, pos, topic=channel.topic)
 
 
+_LOG_FILE_FIX = "give a log file (rlog.zst / rlog.mcap) or a folder of them"  # a LOG that is not a regular file
+
+
 def find_log_files(paths: Iterable[Path | str] | Path | str, name: str = "rlog", fmt: str = "auto") -> list[Path]:
     """The log files named by ``paths``: files as given; directories searched recursively for
     ``<name>.zst`` / ``<name>.mcap``. A segment holding both formats contributes one file: ``fmt``
@@ -1165,12 +1168,12 @@ def find_log_files(paths: Iterable[Path | str] | Path | str, name: str = "rlog",
                 for f in p.rglob(f"{name}.{suffix}"):
                     f_mode = f.lstat().st_mode  # found in a walk: only a regular file, never what it links to
                     if not stat.S_ISREG(f_mode):
-                        raise NotRegularFileError(f, file_kind(f_mode))
+                        raise NotRegularFileError(f, file_kind(f_mode), _LOG_FILE_FIX)
                     by_dir.setdefault(f.parent, {})[suffix] = f
             for options in by_dir.values():
                 found.append(next(options[s] for s in prefs if s in options))
         else:
-            raise NotRegularFileError(p, file_kind(mode))
+            raise NotRegularFileError(p, file_kind(mode), _LOG_FILE_FIX)
     if not found:
         raise FileNotFoundError(f"no {name}.{'/'.join(prefs)} under {', '.join(map(str, paths))}")
 

@@ -114,11 +114,14 @@ _FORMATS: dict[tuple[str, bool], tuple[str, str]] = {
 
 class NotRegularFileError(FileNotFoundError):
     """A FIFO, socket, device, directory or symlink where a regular file belongs (so no such *file*: a
-    ``FileNotFoundError``, which every offline tool reports in one line); ``kind`` names what is there."""
+    ``FileNotFoundError``, which every offline tool reports in one line); ``kind`` names what is there.
 
-    def __init__(self, path: str | os.PathLike[str], kind: str) -> None:
-        super().__init__(f"{os.fspath(path)}: {kind}, not a regular file; refused (remove it)")
-        self.kind = kind
+    Every such path is one we read, never one we write, so ``fix`` says what to give instead: it is never
+    "remove it" (``/dev/zero`` named as a log is not the user's to remove)."""
+
+    def __init__(self, path: str | os.PathLike[str], kind: str, fix: str = "give a regular file") -> None:
+        super().__init__(f"{os.fspath(path)}: {kind}, not a regular file; {fix}")
+        self.kind, self.fix = kind, fix
 
 
 _FILE_KINDS = (
@@ -216,7 +219,7 @@ def segment_videos(segment_file: Path, strict: bool = True) -> list[Path]:
             break
         if not stat.S_ISREG(mode):
             if strict:
-                raise NotRegularFileError(video, file_kind(mode))
+                raise NotRegularFileError(video, file_kind(mode), "give a log whose video files are regular files")
             break
         videos.append(video)
     return videos

@@ -23,6 +23,7 @@ RING_REASON = (
     "bad frame: frame seq 10: slot 2 was overwritten (now frame 14, done); the reader fell more than 3 frames "
     "behind the camera"
 )
+LOG_FIX = "give a log file (rlog.zst / rlog.mcap) or a folder of them"  # an input that is not a regular file
 OVERWRITTEN = 10  # the node answered none: its ring slot was reused before it read it (the logger kept the pixels)
 UNREAD = 12  # the logger read the slot too late: logged without pixels (the node had served it)
 
@@ -217,15 +218,23 @@ def test_a_fifo_log_file_in_a_directory_is_refused_and_named(drive, tmp_path):
     os.mkfifo(fifo, 0o600)
     with pytest.raises(NotRegularFileError) as e:
         find_log_files(tmp_path / "logs")
-    assert str(e.value) == f"{fifo}: a FIFO, not a regular file; refused (remove it)"
+    assert str(e.value) == f"{fifo}: a FIFO, not a regular file; {LOG_FIX}"
     with pytest.raises(NotRegularFileError, match=r": a FIFO, not a regular file"):
         find_log_files(fifo)  # named by hand: the same words, not "no such file"
     out = tmp_path / "w.mcap"
     p = _run_cli(["export", str(tmp_path / "logs"), "--mcap", str(out)])
     assert p.returncode == 2 and not out.exists()
-    assert f"LOG {fifo}: a FIFO, not a regular file; refused (remove it)" in p.stderr
+    assert f"LOG {fifo}: a FIFO, not a regular file; {LOG_FIX}\n" in p.stderr
     p = _run_cli(["check", str(fifo)])
     assert p.returncode == 2 and "a FIFO, not a regular file" in p.stderr and "no such file" not in p.stderr
+
+
+@pytest.mark.parametrize("command", ["check", "replay"])
+def test_a_device_given_as_log_is_refused_with_what_to_give_not_remove(command, caplog):
+    assert main([command, "/dev/zero"]) == 2  # never opened: reading it would never end
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        f"/dev/zero: a character device, not a regular file; {LOG_FIX}"  # an input: what to give, never "remove it"
+    ]
 
 
 def test_a_symlinked_log_file_found_in_a_walk_is_not_followed(drive, tmp_path):
@@ -263,5 +272,7 @@ def test_fleet_make_refuses_a_symlinked_video_and_writes_nothing(drive, tmp_path
     (segs[1] / VIDEO_FILE).symlink_to(tmp_path / "elsewhere.mkv")
     with pytest.raises(NotRegularFileError) as e:
         make_fleet(tmp_path / "logs", 1, tmp_path / "fleet")
-    assert str(e.value) == f"{segs[1] / VIDEO_FILE}: a symlink, not a regular file; refused (remove it)"
+    assert str(e.value) == (
+        f"{segs[1] / VIDEO_FILE}: a symlink, not a regular file; give a log whose video files are regular files"
+    )
     assert not (tmp_path / "fleet").exists()
