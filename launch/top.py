@@ -13,7 +13,6 @@ labelled ``worker pid N`` (``no worker`` when ``nodeState.workerPid`` is 0).
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from collections import deque
 
@@ -24,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from chestnut.launch.signals import StopFlag
-from chestnut.msgs.argtypes import checked_float
+from chestnut.msgs.argtypes import checked_float, run_seconds
 from chestnut.msgs.messaging import SubMaster
 from chestnut.msgs.services import get_service
 
@@ -161,12 +160,6 @@ class StackView:
         self.sm.close()
 
 
-def seconds_arg(text: str) -> float:
-    """``--seconds``: how long to show the view, s: 0 (until Ctrl-C) or a positive finite number; raises
-    ``argparse.ArgumentTypeError`` (one line) for anything else, nan and inf included."""
-    return checked_float(text, lambda s: 0 <= s < math.inf, "give 0 (until Ctrl-C) or a positive number of seconds")
-
-
 def refresh_hz_arg(text: str) -> float:
     """``--refresh-hz``: redraws per second, Hz, a number in (0, :data:`MAX_REFRESH_HZ`]; raises
     ``argparse.ArgumentTypeError`` (one line) for anything else, nan and inf included."""
@@ -176,7 +169,7 @@ def refresh_hz_arg(text: str) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--seconds", type=seconds_arg, default=0.0, help="stop after this long, s (0 = until Ctrl-C, the default)"
+        "--seconds", type=run_seconds, default=0.0, help="stop after this long, s (0 = until Ctrl-C, the default)"
     )
     p.add_argument(
         "--refresh-hz",
