@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import planted
 import pytest
 
 from chestnut.msgs.messaging import PubLockError, SocketPathError, pub_sock, take_pub_lock
@@ -102,13 +103,7 @@ def test_a_file_planted_at_a_socket_path_is_refused_and_never_replaced(plant, wh
     """ZeroMQ's ipc bind unlinks whatever lies at the path: a planted file must be refused before it, and kept."""
     path = runtime_dir() / "cameraFrame"
     victim = tmp_path / "victim"
-    victim.write_text("precious\n")
-    if plant == "file":
-        path.write_text("important\n")
-    elif plant == "dir":
-        path.mkdir()
-    else:
-        path.symlink_to(victim)
+    planted.plant(path, plant, victim)
     with pytest.raises(SocketPathError) as e:
         pub_sock("cameraFrame")
     assert str(e.value) == (f"socket path {path} holds {what}, not a socket: refused, nothing replaced; remove it "
@@ -183,14 +178,8 @@ def test_the_launch_refuses_a_path_planted_at_the_twins_or_supervisords_socket_b
     from chestnut.launch.cli import main
 
     victim = tmp_path / "victim"
-    victim.write_text("precious\n")
     path = runtime_dir() / name
-    if plant == "dir":
-        path.mkdir(0o700)
-    elif plant == "file":
-        path.write_text("important\n")
-    else:
-        path.symlink_to(victim)
+    planted.plant(path, plant, victim)
     runs = tmp_path / "runs"
     assert main(["launch", "--seconds", "5", "--no-live", "--runs-dir", str(runs)]) == 2
     assert capsys.readouterr().err == (f"chestnut launch: socket path {path} holds {what}, not a socket: refused, "

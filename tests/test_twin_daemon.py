@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 
+import planted
 import pytest
 
 from chestnut.backend import protocol as P
@@ -388,13 +389,7 @@ def test_a_path_planted_at_the_twin_socket_is_refused_in_one_line_exit_2_and_kep
     symlink gave 'Address already in use'; the publishers' rule now holds here (msgs/paths.py check_socket_path)."""
     path = socket_path()
     victim = tmp_path / "victim"
-    victim.write_text("precious\n")
-    if plant == "dir":
-        path.mkdir(0o700)
-    elif plant == "file":
-        path.write_text("important\n")
-    else:
-        path.symlink_to(victim)
+    planted.plant(path, plant, victim)
     line = f"socket path {path} holds {what}, not a socket: refused, nothing replaced; remove it and start again"
     r = cli("serve")
     assert r.returncode == 2, r.stderr
