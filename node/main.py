@@ -173,6 +173,7 @@ LOOK_RETRY, LOOK_ABSENT, LOOK_LINK = "retry", "absent", "link"  # DockLooker pur
 LOOP_PERIOD_MS = 50           # longest the loop sleeps without a frame (20 Hz housekeeping)
 STOP_BUDGET_S = 5.0           # the process manager's stop budget
 WORKER_STOP_BUDGET_S = STOP_BUDGET_S - 1.0  # the worker's share; the rest is ours (publish, close sockets)
+STOP_EVENTS = frozenset({Event.STOP, Event.FALLBACK_FAILED})  # what a stopping node's supervisor still hears
 WATCHDOG_DEFAULT_PERIOD_S = 1.0  # WATCHDOG=1 period when systemd gives no WATCHDOG_USEC
 INIT_DATA_PERIOD_S = 10.0     # initData is re-sent this often (on-demand service; it is the log's header)
 DISAGREE_RUN = DEFAULT_DEBOUNCE[Layer.OUTPUT].fail_after  # disagreeing frames in a row the node logs (3)
@@ -531,8 +532,14 @@ class Node:
         self._drain_events()
 
     def _drain_events(self) -> None:
+        """The queued events, in order, through the supervisor. Once a stop is requested only the events that
+        end in STOPPING (:data:`STOP_EVENTS`) reach it: a look, a worker's readiness or failure that comes in
+        while stopping starts nothing (logged at DEBUG)."""
         while self.pending_events:
             event, reason, layer = self.pending_events.popleft()
+            if self.stop_requested and event not in STOP_EVENTS:
+                log.debug("stopping: %s not handled (%s)", event.value, reason)
+                continue
             for t in self.sup.handle(event, time.monotonic_ns(), reason, layer):
                 self._perform(t)
 
@@ -542,6 +549,8 @@ class Node:
         self._drain_events()
 
     def _perform(self, t: Transition) -> None:
+        if self.stop_requested and t.action in (Action.SPAWN_WORKER, Action.LOOK_FOR_DOCK):
+            return  # taken as the stop came (a signal between two steps): no new work, close() stops the node
         if t.action is Action.SPAWN_WORKER:
             self._start_worker()
         elif t.action is Action.BACK_OFF:
@@ -1339,8 +1348,8 @@ class Node:
         self._take_looks(now)
         due = self.watchdog.next_check_ns()
         self._watchdog_actions(self.watchdog.check(now, self._host_late(now) if due is not None and now >= due else ""))
-        if not self.draining:  # a retry waits until the drained worker is gone (it holds the dock)
-            self._perform_all(self.sup.tick(now))
+        if not self.draining and not self.stop_requested:  # a retry waits until the drained worker is gone (it
+            self._perform_all(self.sup.tick(now))  # holds the dock); a stopping node retries nothing
         self._consumer(now)
         self._publish_housekeeping(time.monotonic_ns())
         self._prepare_output()
@@ -1392,6 +1401,8 @@ class Node:
             except _StopDuringStart:
                 log.info("stopped while warming the fallback")
                 return EXIT_OK
+            if self.stop_requested:  # a signal after the fallback was warm, before the loop: not ready, stopping
+                return EXIT_OK
             self.subscribe_frames()
             self.answering = True
             self.notify.notify("READY=1")
@@ -1402,28 +1413,41 @@ class Node:
                                                                             (nxt - time.monotonic_ns()) // 1_000_000))
                 asked_ns = time.monotonic_ns() + timeout_ms * 1_000_000
                 answered = False
-                if ready := dict(self.poller.poll(timeout_ms)):
+                ready = dict(self.poller.poll(timeout_ms))
+                if self.stop_requested:  # a signal during the poll: nothing more of this turn, close() stops
+                    break
+                if ready:
                     # the bus first: a frame queued there may be older than the first notice (its own notice
                     # went out before the ring was mapped); a notice of a frame taken already is skipped. Woken by
                     # a notice alone, the bus (and its connection monitor) has nothing: not asked
                     bus = [] if self.frame_reader.only_notices(ready) else drain_sock(self.frames)
                     for cf in [ev.cameraFrame for ev in bus] + self.frame_reader.notices():
+                        if self.stop_requested:
+                            break
                         if not self.frame_reader.first_sight(cf):
                             continue
                         self.on_frame(cf)
-                        self._housekeeping()  # between two queued frames too: results, the watchdog, health
                         answered = True
+                        if not self.stop_requested:
+                            self._housekeeping()  # between two queued frames too: results, the watchdog, health
                 else:
                     self.host.loop_woke(asked_ns, time.monotonic_ns())
-                if not answered:  # a turn that answered a frame has just done it
+                if not answered and not self.stop_requested:  # a turn that answered a frame has just done it
                     self._housekeeping()
                 self.notify.watchdog()
         finally:
             self.close()
         return self.exit_code
 
-    def request_stop(self) -> None:
-        """From a signal handler: the loop stops at its next turn; during start-up, at once."""
+    def request_stop(self, signum: int) -> None:
+        """From the SIGINT/SIGTERM handler: the loop stops at its next turn, during start-up at once; from here on
+        the node starts no new work (a frame, a retry, a look, a worker), only :meth:`close`'s stop sequence.
+        Logged once at INFO; a signal while already stopping (a terminal or ``timeout`` signals the process and
+        its group, a stop asked twice) only at DEBUG."""
+        if self.stop_requested:
+            log.debug("signal %d: already stopping", signum)
+            return
+        log.info("signal %d: stopping", signum)
         self.stop_requested = True
         if self.starting:
             self.starting = False  # raise once: close() must run undisturbed
@@ -1495,8 +1519,7 @@ def run(args: argparse.Namespace) -> int:
     apply_realtime(cfg)
 
     def on_signal(signum: int, _frame: object) -> None:
-        log.info("signal %d: stopping", signum)
-        node.request_stop()
+        node.request_stop(signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
