@@ -14,7 +14,12 @@ Three parts (``--only``):
   (``dock.kind = "cpu"``) in warm standby (the fallback idle) and in hot standby (the fallback also
   runs every frame, before the node waits on the primary). The aim (issue 5): p99 <= 2 ms. Each row runs
   again under cProfile (``--profile-frames``) for the node's work by part; the last line is
-  ``node's own cost p50: fallback A ms, warm B ms, hot C ms`` (latency - exec - floor - preprocess).
+  ``node's own cost p50: fallback A ms, warm B ms, hot C ms`` (latency - exec - floor - preprocess; the
+  primary rows also less the worker-hop floor: RUN to the worker and RESULT back, the two process wake-ups
+  that the worker's isolation costs, measured in the same run as the pub/sub floor is: two processes at the
+  node's and the worker's realtime priorities passing the wire protocol's 24-byte RUN and 48-byte RESULT over
+  a ``SOCK_SEQPACKET`` socket pair at 20 Hz, ``node/wire.py``. The line above it gives the primary rows with
+  the hop counted as the node's).
 - ``faults``: time from a fault to the first frame answered by the fallback, per cause, against the
   twin (``chestnut twin serve``): measured from the injection and from the publish of the first
   frame sent after it (the injection falls anywhere in the 50 ms between frames), plus injection ->
@@ -175,6 +180,78 @@ def echo_ms(setup: Setup, frames: int) -> list[float]:
     return [(o.recv_ns - rec.sent[o.frame_id]) / 1e6 for o in rec.outputs[skip:skip + frames]]
 
 
+# ---------------------------------------------------------------- the worker-hop floor
+
+HOP_RESULT_BYTES = 48  # the wire header (24 B) and a result's stage times (3 float64, node/wire.py)
+
+
+def hop_echo_main(fd: int) -> int:
+    """The worker's side of the hop floor: answer every packet at once with a RESULT-sized one, at the
+    worker's priority (``node/realtime.py`` ``worker_priority``), until the socket closes."""
+    import socket
+
+    from chestnut.node.realtime import DEFAULT_PRIORITY, config_realtime_process, worker_priority
+
+    config_realtime_process("fifo", worker_priority(DEFAULT_PRIORITY), who="hop echo")
+    sock = socket.socket(fileno=fd)
+    reply = bytes(HOP_RESULT_BYTES)
+    while sock.recv(4096):
+        sock.send(reply)
+    return 0
+
+
+def hop_driver_main(frames: int) -> int:
+    """The node's side of the hop floor, at the node's priority: every 50 ms a RUN-sized packet to the echo
+    process and a ``poll`` for its answer, as ``WorkerHandle.submit`` / ``poll_result`` do; prints the round
+    trips (ms) as JSON on stdout."""
+    import json
+    import select
+    import socket
+    import subprocess
+
+    from chestnut.node.realtime import DEFAULT_PRIORITY, config_realtime_process
+    from chestnut.node.wire import HEADER_BYTES
+
+    ok, line = config_realtime_process("fifo", DEFAULT_PRIORITY, who="hop driver")
+    if not ok:
+        print(line, file=sys.stderr)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    proc = subprocess.Popen([sys.executable, __file__, "--hop-echo", str(theirs.fileno())], pass_fds=[theirs.fileno()])
+    theirs.close()
+    poller = select.poll()
+    poller.register(ours.fileno(), select.POLLIN)
+    run, out = bytes(HEADER_BYTES), []
+    try:
+        for i in range(frames + 20):  # the first 20: the echo process starting and warming
+            t0 = time.perf_counter_ns()
+            ours.send(run)
+            while not poller.poll(1000):
+                if proc.poll() is not None:
+                    raise SystemExit(f"hop echo exited ({proc.returncode})")
+            ours.recv(4096)
+            t1 = time.perf_counter_ns()
+            if i >= 20:
+                out.append((t1 - t0) / 1e6)
+            time.sleep(max(0.0, 0.05 - (time.perf_counter_ns() - t0) / 1e9))
+    finally:
+        ours.close()
+        proc.wait(10)
+    print(json.dumps(out))
+    return 0
+
+
+def hop_ms(frames: int) -> list[float]:
+    """The worker-hop floor (ms per round trip) over ``frames`` frames at 20 Hz, in child processes."""
+    import json
+    import subprocess
+
+    done = subprocess.run([sys.executable, __file__, "--hop-driver", str(frames)], capture_output=True, text=True,
+                          timeout=frames / 20 * 3 + 60, check=True)
+    if done.stderr.strip():
+        print(f"    ({done.stderr.strip()})")
+    return [float(x) for x in json.loads(done.stdout)]
+
+
 def node_overhead_ms(setup: Setup, dock: str, standby: str, frames: int,
                      profile: Path | None = None) -> tuple[list[float], list[float]]:
     """(latency - executionTime, executionTime) in ms, over ``frames`` frames served by the expected source;
@@ -239,6 +316,8 @@ def bench_overhead(setup: Setup) -> None:
     # as the figure sought over a few minutes, and one measurement at the start would charge that drift to the node
     floor_before = echo_ms(setup, n - n // 2)
     print(row("pub/sub floor before the node rows: echo process, publish -> out", floor_before))
+    hop_before = hop_ms(n - n // 2)
+    print(row("worker-hop floor before: RUN -> RESULT, 2 processes", hop_before))
     rows: list[tuple[str, str, list[float], list[float]]] = []
     for dock, standby, key, label in (("none", "warm", "fallback", "node, fallback only (dock none)"),
                                       ("cpu", "warm", "warm", "node, primary via worker (cpu, warm standby)"),
@@ -265,15 +344,25 @@ def bench_overhead(setup: Setup) -> None:
                 print(f"      {part:<42} {us:8.1f} us/frame  ({calls} calls)")
     floor_after = echo_ms(setup, n // 2)
     print(row("pub/sub floor after the node rows: echo process, publish -> out", floor_after))
+    hop_after = hop_ms(n // 2)
+    print(row("worker-hop floor after: RUN -> RESULT, 2 processes", hop_after))
     floor = floor_before + floor_after
     print(row("pub/sub floor, both pooled", floor))
+    hop = hop_before + hop_after
+    print(row("worker-hop floor, both pooled", hop))
     own: dict[str, float] = {}
+    with_hop: dict[str, float] = {}
     for key, label, over, _exe in rows:
-        own[key] = pct(over, 50) - pct(floor, 50) - pct(pre, 50)
-        print(f"  {label}: node overhead p50 {pct(over, 50):.3f} ms = pub/sub floor {pct(floor, 50):.3f} + "
+        with_hop[key] = pct(over, 50) - pct(floor, 50) - pct(pre, 50)
+        hop_p50 = 0.0 if key == "fallback" else pct(hop, 50)
+        own[key] = with_hop[key] - hop_p50
+        hop_part = "" if key == "fallback" else f" + worker hop {hop_p50:.3f}"
+        print(f"  {label}: node overhead p50 {pct(over, 50):.3f} ms = pub/sub floor {pct(floor, 50):.3f}{hop_part} + "
               f"preprocess {pct(pre, 50):.3f} + the node's own {own[key]:.3f} ms; "
               f"p99 {pct(over, 99):.3f} ms (floor p99 {pct(floor, 99):.3f} ms)")
     print(f"load average {os.getloadavg()[0]:.2f}")
+    print("with the worker hop counted as the node's: " + ", ".join(
+        f"{key} {with_hop[key]:.2f} ms" if key in with_hop else f"{key} n/a" for key in ("warm", "hot")))
     print("node's own cost p50: " + ", ".join(
         f"{key} {own[key]:.2f} ms" if key in own else f"{key} n/a" for key in ("fallback", "warm", "hot")))
 
@@ -455,9 +544,15 @@ def main() -> int:
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--preprocess", default="unit")
     p.add_argument("--echo", metavar="PREFIX", help=argparse.SUPPRESS)  # internal: the transport-floor process
+    p.add_argument("--hop-driver", type=int, metavar="FRAMES", help=argparse.SUPPRESS)  # internal: hop floor
+    p.add_argument("--hop-echo", type=int, metavar="FD", help=argparse.SUPPRESS)  # internal: hop floor
     args = p.parse_args()
     if args.echo:
         return echo_main(args.echo)
+    if args.hop_driver is not None:
+        return hop_driver_main(args.hop_driver)
+    if args.hop_echo is not None:
+        return hop_echo_main(args.hop_echo)
     parts = set(args.only.split(","))
     with tempfile.TemporaryDirectory(prefix="bench-node-") as d:
         setup = Setup(args, Path(d))
