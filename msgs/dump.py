@@ -7,7 +7,10 @@ and the member under its service name. ``--raw``: no decoding: ``<receive time s
 Ctrl-C (or a closed pipe) ends it with exit code 0. Malformed messages are counted and dropped as in
 every subscriber; after a ``-n`` run their counts per reason go to stderr. A service that no live
 process publishes yet (no holder of its publisher lock, ``msgs/messaging.py`` :func:`publisher_pid`) is
-named in one line on stderr at the start; dump then waits for it.
+named in one line on stderr at the start; dump then waits for it. A service whose socket path holds something
+that is not a socket of ours (a symlink, a regular file, a directory, another user's socket) is refused in one
+line, never connected through (``msgs/paths.py`` :func:`check_socket_path`, the publishers' rule): exit 2, as
+for an unknown service.
 """
 
 from __future__ import annotations
@@ -22,7 +25,15 @@ from typing import Any
 import zmq
 
 from chestnut.msgs.argtypes import checked_int
-from chestnut.msgs.messaging import TCP_BASE_PORT_ENV, SubSocket, drain_sock, drain_sock_raw, publisher_pid, sub_sock
+from chestnut.msgs.messaging import (
+    TCP_BASE_PORT_ENV,
+    SocketPathError,
+    SubSocket,
+    drain_sock,
+    drain_sock_raw,
+    publisher_pid,
+    sub_sock,
+)
 from chestnut.msgs.paths import PREFIX_ENV, current_prefix
 from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError
 
@@ -104,8 +115,9 @@ def dump(
     connected (``ipc://`` endpoints only: a TCP publisher holds no lock).
 
     Returns the malformed-message counts per service (reason -> count). Raises
-    :class:`UnknownServiceError` for an unregistered service; KeyboardInterrupt and BrokenPipeError
-    propagate to the caller after the sockets are closed.
+    :class:`UnknownServiceError` for an unregistered service, :class:`SocketPathError` for a socket path that
+    holds something not a socket of ours (at the start, or when a lost connection is made again);
+    KeyboardInterrupt and BrokenPipeError propagate to the caller after the sockets are closed.
     """
     poller = zmq.Poller()
     socks: list[SubSocket] = []
@@ -144,7 +156,7 @@ def dump(
 def run(args: argparse.Namespace) -> int:
     try:
         malformed = dump(args.services, sys.stdout, args.json, args.raw, args.count, args.prefix)
-    except UnknownServiceError as e:
+    except (UnknownServiceError, SocketPathError) as e:
         print(f"chestnut dump: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -25,6 +25,9 @@
   logged at WARNING naming the service's bound; a publisher gone by then at INFO, naming the bound too (it may
   have sent a message over it just before), each cause once (:func:`loss_line`). Give :func:`sub_sock` the
   loop's ``poller`` so that a lost connection wakes the loop even when no message arrives.
+- Subscribers refuse planted socket paths as publishers do: a :class:`SubSocket` never connects through a
+  symlink, nor to a regular file, a directory or another user's socket at its ``ipc://`` path
+  (:class:`SocketPathError`, :meth:`SubSocket.connect`); a path with nothing there yet is waited for.
 - :class:`PubMaster` and :class:`SubMaster` -- the aggregates. SubMaster's checks (alive / freq_ok /
   valid) are the pure :class:`~chestnut.msgs.submaster.SubMasterChecks`; this module adds sockets.
 """
@@ -455,6 +458,8 @@ class SubSocket(zmq.Socket):
         libzmq reconnects by itself after a publisher went away, but not after a protocol error such as
         a message over ``ZMQ_MAXMSGSIZE``: disconnecting and connecting the endpoint again covers both.
         Call it once the queue is drained: disconnecting drops what the old connection still holds.
+        Raises :class:`SocketPathError` when the path now holds something that is not a socket of ours
+        (:meth:`connect`): refused as at the start, the endpoint left disconnected.
         """
         if self.conn_monitor is None or not int(self.conn_monitor.get(zmq.EVENTS)) & zmq.POLLIN:
             return False
@@ -478,6 +483,17 @@ class SubSocket(zmq.Socket):
             self.disconnect(self.addr)
         self.connect(self.addr)
         return True
+
+    def connect(self, addr: str) -> Any:  # type: ignore[override]
+        """Connect to ``addr``; an ``ipc://`` path that holds anything but nothing or a socket of ours (a symlink,
+        never followed; a regular file, a directory, another user's socket) is refused first with
+        :class:`SocketPathError` and nothing is connected -- the publishers' rule (``msgs/paths.py``
+        :func:`~chestnut.msgs.paths.check_socket_path`). Nothing there yet: connected as ever, and libzmq joins the
+        publisher once it binds. Checked at each connect made here (:func:`sub_sock`, :meth:`heal`); libzmq's own
+        reconnects in between resolve the path without asking."""
+        if addr.startswith("ipc://"):
+            check_socket_path(addr.removeprefix("ipc://"))
+        return super().connect(addr)
 
     def close(self, linger: int | None = None) -> None:
         if self.conn_monitor is not None:
@@ -773,10 +789,27 @@ def sub_sock(
     (ZMQ_CONFLATE); ``timeout_ms`` bounds a blocking :func:`recv_one` (None = block forever);
     ``rcvhwm`` sets ZMQ_RCVHWM (messages); ``poller`` registers the socket and its connection
     monitor for ``POLLIN`` (drain the socket when the poll returns: that also heals it).
-    Raises :class:`UnknownServiceError`.
+    Raises :class:`UnknownServiceError`, and :class:`SocketPathError` when a file, directory, symlink or another
+    user's socket lies at the ``ipc://`` socket's path (never connected through: :meth:`SubSocket.connect`);
+    nothing at the path is no error (the publisher is waited for).
     """
     addr = endpoint(service, prefix, tcp_port)
     sock = context().socket(zmq.SUB, socket_class=SubSocket)
+    try:
+        _set_up_sub(sock, service, addr, conflate, timeout_ms, rcvhwm)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    if poller is not None:
+        poller.register(sock, zmq.POLLIN)
+        poller.register(sock.conn_monitor, zmq.POLLIN)
+        sock._poller = poller
+    return sock
+
+
+def _set_up_sub(sock: SubSocket, service: str, addr: str, conflate: bool, timeout_ms: int | None,
+                rcvhwm: int | None) -> None:
+    """:func:`sub_sock`'s options, connection monitor and connect for ``sock``."""
     sock.service = service
     sock.malformed = Counter()
     sock.max_bytes = get_service(service).max_bytes
@@ -797,11 +830,6 @@ def sub_sock(
     sock.setsockopt(zmq.SUBSCRIBE, b"")
     sock.conn_monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     sock.connect(addr)
-    if poller is not None:
-        poller.register(sock, zmq.POLLIN)
-        poller.register(sock.conn_monitor, zmq.POLLIN)
-        sock._poller = poller
-    return sock
 
 
 ZERO_COPY_MIN_BYTES = 65536
@@ -985,7 +1013,8 @@ class SubMaster(SubMasterChecks):
     All state (``updated``, ``recv_time_ns``, ``recv_frame``, ``alive``, ``freq_ok``, ``valid``,
     ``malformed``, ``sm[service]``, ``all_checks()`` ...) is that of
     :class:`~chestnut.msgs.submaster.SubMasterChecks`. ``mono_time_ns`` is the clock (ns).
-    Raises :class:`UnknownServiceError` for an unregistered service.
+    Raises :class:`UnknownServiceError` for an unregistered service and :class:`SocketPathError` for a socket
+    path that holds something not a socket of ours (:func:`sub_sock`); the sockets made so far are closed.
     """
 
     def __init__(

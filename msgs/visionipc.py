@@ -65,7 +65,7 @@ import numpy as np
 
 from chestnut.msgs.frames import frame_shape, frame_to_array
 from chestnut.msgs.messaging import REASON_FRAMING, REASON_UNKNOWN_MEMBER, MalformedMessageError
-from chestnut.msgs.paths import runtime_dir
+from chestnut.msgs.paths import SocketPathError, check_socket_path, runtime_dir
 from chestnut.msgs.schema import log as schema
 from chestnut.msgs.services import FRAME_MAX_BYTES
 
@@ -588,7 +588,15 @@ class FrameSubscriber:
         return out
 
     def _connect(self) -> _Mapping:
+        """Connect to the camera's hand-over socket and take its ring. Raises :class:`FrameBufferError` (one line)
+        when no camera of ours serves it, and before connecting when the path holds anything but a socket of ours
+        (a symlink, never followed; a regular file, a directory, another user's socket: ``msgs/paths.py``
+        ``check_socket_path``, the line it gives)."""
         path = socket_path(self.prefix)
+        try:
+            check_socket_path(path)
+        except SocketPathError as e:
+            raise FrameBufferError(str(e)) from None
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             conn.settimeout(CONNECT_TIMEOUT_S)
