@@ -431,6 +431,10 @@ def context() -> zmq.Context:
     return zmq.Context.instance()
 
 
+REFUSED_PATH_RECHECK_S = 1.0
+"""How often :meth:`SubSocket.heal` looks again at a socket path it refused (s): the 1 Hz of a node's state."""
+
+
 class SubSocket(zmq.Socket):
     """A SUB socket bound to one service; counts malformed messages per reason and heals lost connections.
 
@@ -450,6 +454,7 @@ class SubSocket(zmq.Socket):
     conn_monitor: zmq.Socket | None = None
     disconnects: int = 0
     losses_logged: frozenset[str] = frozenset()  # the causes of a lost connection logged so far (heal)
+    path_refused_ns: int | None = None  # heal: when the endpoint's path was last refused (left disconnected)
     _poller: zmq.Poller | None = None
 
     def heal(self) -> bool:
@@ -458,9 +463,15 @@ class SubSocket(zmq.Socket):
         libzmq reconnects by itself after a publisher went away, but not after a protocol error such as
         a message over ``ZMQ_MAXMSGSIZE``: disconnecting and connecting the endpoint again covers both.
         Call it once the queue is drained: disconnecting drops what the old connection still holds.
-        Raises :class:`SocketPathError` when the path now holds something that is not a socket of ours
-        (:meth:`connect`): refused as at the start, the endpoint left disconnected.
+        A path that now holds something that is not a socket of ours (:meth:`connect`) is refused as at the
+        start, but a running program keeps running on its other inputs: one WARNING line, the endpoint left
+        disconnected and the path checked again at most every :data:`REFUSED_PATH_RECHECK_S` on later calls
+        (connected once it is clean, one INFO line).
         """
+        if self.path_refused_ns is not None:
+            if time.monotonic_ns() - self.path_refused_ns < int(REFUSED_PATH_RECHECK_S * 1e9):
+                return False
+            return self._connect_checked()
         if self.conn_monitor is None or not int(self.conn_monitor.get(zmq.EVENTS)) & zmq.POLLIN:
             return False
         lost = 0
@@ -475,13 +486,32 @@ class SubSocket(zmq.Socket):
             return False
         self.disconnects += lost
         cause, _holder = loss_cause(self.addr)
+        with contextlib.suppress(zmq.ZMQError):
+            self.disconnect(self.addr)
+        if not self._connect_checked():
+            return False
         if cause not in self.losses_logged:  # each cause once; the rest are only counted in ``disconnects``
             self.losses_logged = self.losses_logged | {cause}
             level = logging.INFO if cause == LOSS_PUBLISHER_GONE else logging.WARNING
             _log.log(level, "%s", loss_line(self.service, cause, self.max_bytes))
-        with contextlib.suppress(zmq.ZMQError):
-            self.disconnect(self.addr)
-        self.connect(self.addr)
+        return True
+
+    def _connect_checked(self) -> bool:
+        """:meth:`connect` to ``addr`` again from :meth:`heal`; False (logged once per refusal) when the path is
+        refused."""
+        try:
+            self.connect(self.addr)
+        except SocketPathError as e:
+            if self.path_refused_ns is None:
+                _log.warning("%s: connection lost, and socket path %s now holds %s: refused, nothing replaced; not "
+                             "subscribed until it is removed (looked at every %g s)", self.service, e.path, e.what,
+                             REFUSED_PATH_RECHECK_S)
+            self.path_refused_ns = time.monotonic_ns()
+            return False
+        if self.path_refused_ns is not None:
+            _log.info("%s: socket path %s no longer refused; subscribed again", self.service,
+                      self.addr.removeprefix("ipc://"))
+            self.path_refused_ns = None
         return True
 
     def connect(self, addr: str) -> Any:  # type: ignore[override]

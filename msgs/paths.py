@@ -52,13 +52,14 @@ class SocketPathError(RuntimeDirError):
     ``ipc_listener_t`` removes the path before it binds; the twin replaces a stale socket) or fail on it.
     ``str()`` is one line: which path, what is there, how to fix. ``path`` is the socket path. A
     :class:`RuntimeDirError`, so every program refuses it as it refuses a subverted runtime directory (one
-    line, exit 2)."""
+    line, exit 2). ``what`` names what lies there (e.g. ``a symlink, not a socket``)."""
 
     def __init__(self, path: str | os.PathLike[str], what: str) -> None:
         PermissionError.__init__(
             self, f"socket path {path} holds {what}: refused, nothing replaced; remove it and start again"
         )
         self.path = Path(path)
+        self.what = what
 
 
 def check_socket_path(path: str | os.PathLike[str]) -> None:

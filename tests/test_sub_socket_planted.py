@@ -2,7 +2,8 @@
 ``SubSocket.connect``, the publishers' rule of ``msgs/paths.py`` ``check_socket_path``): a symlink (not followed,
 even to a live publisher of ours), a regular file, a directory or another user's socket at a service's ``ipc://``
 path is refused in one line, and kept. ``chestnut dump`` says that line and exits 2 as for an unknown service;
-``SubMaster`` raises it; a connection made again after a loss (``SubSocket.heal``) is refused the same way; the
+``SubMaster`` raises it; a connection made again after a loss (``SubSocket.heal``) is refused the same way, logged
+once, and made once the path is clean (a running program runs on meanwhile); the
 camera's frame socket is refused by a ring reader (``msgs/visionipc.py`` ``FrameSubscriber``). A service with
 nothing at its path yet is still waited for (``tests/test_one_publisher.py``)."""
 
@@ -128,7 +129,11 @@ def test_chestnut_dump_refuses_a_planted_socket_path_in_one_line_exit_2(plant, w
     assert kept(path, plant, victim)
 
 
-def test_a_connection_made_again_after_a_loss_refuses_a_path_planted_meanwhile(tmp_path):
+def test_a_connection_made_again_after_a_loss_refuses_a_path_planted_meanwhile_and_joins_once_it_is_clean(
+        tmp_path, caplog, monkeypatch):
+    import chestnut.msgs.messaging as messaging
+
+    monkeypatch.setattr(messaging, "REFUSED_PATH_RECHECK_S", 0.0)  # every drain looks again
     path, victim = runtime_dir() / "controlState", tmp_path / "victim"
     pub = pub_sock("controlState")
     sub = sub_sock("controlState")
@@ -140,14 +145,29 @@ def test_a_connection_made_again_after_a_loss_refuses_a_path_planted_meanwhile(t
         pub.close()  # the publisher goes: its socket file with it, the subscriber's connection is lost
         assert sub.conn_monitor is not None and sub.conn_monitor.poll(int(WAIT_S * 1000))
         planted.plant(path, "symlink", victim)
-        with pytest.raises(SocketPathError) as e:
-            drain_sock(sub)  # heals the lost connection: connects again
-        assert str(e.value) == refusal(path, "a symlink, not a socket")
+        caplog.set_level("INFO", logger="chestnut.msgs")
+        assert drain_sock(sub) == []  # heals the lost connection: refused, a running program runs on
+        assert drain_sock(sub) == []  # refused again, not logged again
         assert sub.disconnects == 1
+        assert sub.path_refused_ns is not None
+        refused = [r.getMessage() for r in caplog.records if "controlState" in r.getMessage()]
+        assert refused == [f"controlState: connection lost, and socket path {path} now holds a symlink, not a socket: "
+                           "refused, nothing replaced; not subscribed until it is removed (looked at every 0 s)"]
+        assert kept(path, "symlink", victim)
+        path.unlink()  # the plant removed: the next drain connects, and a publisher there is heard
+        caplog.clear()
+        assert drain_sock(sub) == []
+        assert sub.path_refused_ns is None
+        assert [r.getMessage() for r in caplog.records] == [
+            f"controlState: socket path {path} no longer refused; subscribed again"]
+        pub = pub_sock("controlState")
+        deadline = time.monotonic() + WAIT_S
+        while not sub.poll(20) and time.monotonic() < deadline:
+            pub.send(new_message("controlState").to_bytes())
+        assert len(drain_sock(sub)) >= 1
     finally:
         sub.close()
         pub.close()
-    assert kept(path, "symlink", victim)
 
 
 @pytest.mark.parametrize(("plant", "what"), PLANTS)
