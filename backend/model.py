@@ -119,13 +119,21 @@ def ensure_cpu_device() -> None:
         raise ConfigError("device", f"tinygrad was already imported in this process with DEV={dev!r}; need DEV=CPU")
 
 
+def model_label(name: str, path: Path | None = None, what: str = "model") -> str:
+    """How a refusal names a model: ``"<what> file <path>"`` for bytes read from a file (the file the user gave,
+    with ``--model`` or a configuration's path, not the name it runs under, which may be the configuration's
+    ``[model] name`` of another file), else ``name`` (bytes of no known file: a program image, a test's)."""
+    return name if path is None else f"{what} file {path}"
+
+
 def model_id(name: str, onnx_bytes: bytes) -> str:
     """The identity written into ``modelOutput.modelId``: ``"<name>@<first 16 hex of sha256>"``."""
     return f"{name}@{hashlib.sha256(onnx_bytes).hexdigest()[:16]}"
 
 
 def _graph_inputs(onnx_bytes: bytes, name: str, shapes: dict[str, tuple[int, ...]]) -> tuple[TensorSpec, ...]:
-    """Input specs read with the ``onnx`` package (initializers excluded); raises ModelError."""
+    """Input specs read with the ``onnx`` package (initializers excluded); raises ModelError naming the model
+    ``name`` (:func:`model_label`: the file it was read from, where there is one)."""
     import onnx
     from onnx import helper
 
@@ -141,8 +149,12 @@ def _graph_inputs(onnx_bytes: bytes, name: str, shapes: dict[str, tuple[int, ...
         dims = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in inp.type.tensor_type.shape.dim)
         shape = tuple(shapes[inp.name]) if inp.name in shapes else dims
         if not all(isinstance(d, int) and d > 0 for d in shape):
+            names = {i.name for i in graph.input}
+            elsewhere = sorted(k for k in shapes if k not in names)  # a shape given under a name it has no input of
+            given = ", ".join(map(repr, elsewhere))
+            hint = f" (the shape given is for {given}, not an input of it)" if elsewhere else ""
             raise ModelError(
-                "bad_input_shape", f"input {inp.name!r} of {name} has shape {list(dims)}; give a fixed shape"
+                "bad_input_shape", f"input {inp.name!r} of {name} has shape {list(dims)}; give a fixed shape{hint}"
             )
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)).name
         specs.append(TensorSpec(inp.name, tuple(int(d) for d in shape), dtype))
@@ -183,6 +195,16 @@ def outputs_digest(outputs: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
+def _source(source: str | Path | bytes, name: str | None, origin: Path | None,
+            what: str) -> tuple[bytes, str, Path | None]:
+    """(bytes, name, file) of a host model's ``source``: a path is read (:func:`read_model_file`, ``what`` naming
+    it) and named by its stem unless ``name`` is given; bytes come from ``origin`` (None: no known file)."""
+    if isinstance(source, bytes):
+        return source, name or (origin.stem if origin is not None else "model"), origin
+    path = Path(source)
+    return read_model_file(path, what), name or path.stem, path
+
+
 class _HostModel(abc.ABC):
     """What both host models share: input checks, zero inputs, warm-up and the signature. A subclass sets
     ``sha256`` and ``inputs`` and provides :attr:`outputs` and :meth:`run`."""
@@ -221,12 +243,12 @@ class _HostModel(abc.ABC):
 class OnnxModel(_HostModel):
     """An ONNX model on the host CPU (tinygrad, ``DEV=CPU``) with fixed input shapes, captured in a TinyJit.
 
-    ``source`` is a path or the model's bytes. ``input_shapes`` fixes symbolic dimensions
-    (name -> shape). With ``jit_cache`` (a :class:`~chestnut.backend.jitcache.JitCache`) the
-    captured JIT is loaded from / stored to the compile cache, and the model is ready (captured and
+    ``source`` is a path or the model's bytes (read from the file ``origin``, when they were). ``input_shapes``
+    fixes symbolic dimensions (name -> shape). With ``jit_cache`` (a :class:`~chestnut.backend.jitcache.JitCache`)
+    the captured JIT is loaded from / stored to the compile cache, and the model is ready (captured and
     verified) when the constructor returns; ``progress`` receives one line per build phase.
     Raises :class:`ModelError` for a missing file, an unreadable graph, a non-fixed input shape, or a
-    graph tinygrad cannot parse.
+    graph tinygrad cannot parse or run, each naming the file (:func:`model_label`, ``what`` its role).
     """
 
     def __init__(
@@ -236,18 +258,15 @@ class OnnxModel(_HostModel):
         input_shapes: dict[str, tuple[int, ...]] | None = None,
         jit_cache: JitCache | None = None,
         progress: Callable[[str], None] | None = None,
+        origin: Path | None = None,
+        what: str = "model",
     ) -> None:
         ensure_cpu_device()
-        if isinstance(source, bytes):
-            self.onnx_bytes = source
-            self.name = name or "model"
-        else:
-            path = Path(source)
-            self.onnx_bytes = read_model_file(path)
-            self.name = name or path.stem
+        self.onnx_bytes, self.name, self.path = _source(source, name, origin, what)
+        self.label = model_label(self.name, self.path, what)
         self.sha256 = hashlib.sha256(self.onnx_bytes).hexdigest()
         self.model_id = model_id(self.name, self.onnx_bytes)
-        self.inputs: tuple[TensorSpec, ...] = _graph_inputs(self.onnx_bytes, self.name, input_shapes or {})
+        self.inputs: tuple[TensorSpec, ...] = _graph_inputs(self.onnx_bytes, self.label, input_shapes or {})
         self._outputs: tuple[TensorSpec, ...] | None = None
         self._lock = threading.Lock()
         self.cache_hit = False
@@ -297,7 +316,7 @@ class OnnxModel(_HostModel):
         try:
             self._runner = OnnxRunner(Tensor(self.onnx_bytes, dtype=dtypes.uint8))
         except Exception as e:  # tinygrad raises plain exceptions for graphs it cannot parse
-            raise ModelError("bad_model", f"tinygrad could not parse {self.name}: {type(e).__name__}: {e}") from e
+            raise ModelError("bad_model", f"tinygrad could not parse {self.label}: {type(e).__name__}: {e}") from e
         self._jit = TinyJit(self._forward)
 
     def _verify_digest(self) -> str:
@@ -315,11 +334,19 @@ class OnnxModel(_HostModel):
         return self._outputs
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run once. ``inputs``: name -> array of the declared shape and dtype. Returns name -> a fresh array."""
+        """Run once. ``inputs``: name -> array of the declared shape and dtype. Returns name -> a fresh array.
+        The first run is where tinygrad meets each node of the graph (``OnnxRunner.__call__``: an operator it does
+        not implement is a ``NotImplementedError`` there): what it raises then is a ModelError naming the file."""
         self.check_inputs(inputs)
         with self._lock:
-            out = self._jit(**{k: self._Tensor(np.ascontiguousarray(v)) for k, v in inputs.items()})
-            result = {k: v.numpy().copy() for k, v in out.items()}
+            try:
+                out = self._jit(**{k: self._Tensor(np.ascontiguousarray(v)) for k, v in inputs.items()})
+                result = {k: v.numpy().copy() for k, v in out.items()}
+            except Exception as e:  # tinygrad's own: NotImplementedError, AssertionError, ValueError, ...
+                if self._outputs is not None:
+                    raise
+                raise ModelError("bad_model", f"tinygrad could not run {self.label}: {type(e).__name__}: "
+                                              f"{' '.join(str(e).split())}") from e
         if self._outputs is None:
             self._outputs = tuple(TensorSpec(k, tuple(v.shape), v.dtype.name) for k, v in result.items())
         return result
@@ -329,11 +356,12 @@ class OnnxModel(_HostModel):
 class OrtModel(_HostModel):
     """An ONNX model on the host CPU through onnxruntime's ``CPUExecutionProvider``, with fixed input shapes.
 
-    ``source`` is a path or the model's bytes; ``input_shapes`` fixes symbolic dimensions (name -> shape).
-    ``threads`` bounds onnxruntime's intra-op threads (default 1: a host-side model must not starve the
-    processes around it). The session is run once on zeros in the constructor, so ``outputs`` is known
-    when it returns. Raises :class:`ModelError` for a missing file, an unreadable graph, a non-fixed
-    input shape, or a graph onnxruntime cannot load.
+    ``source`` is a path or the model's bytes (read from the file ``origin``, when they were); ``input_shapes``
+    fixes symbolic dimensions (name -> shape). ``threads`` bounds onnxruntime's intra-op threads (default 1: a
+    host-side model must not starve the processes around it). The session is run once on zeros in the
+    constructor, so ``outputs`` is known when it returns. Raises :class:`ModelError` for a missing file, an
+    unreadable graph, a non-fixed input shape, or a graph onnxruntime cannot load, each naming the file
+    (:func:`model_label`, ``what`` its role).
     """
 
     def __init__(
@@ -342,17 +370,14 @@ class OrtModel(_HostModel):
         name: str | None = None,
         input_shapes: dict[str, tuple[int, ...]] | None = None,
         threads: int = 1,
+        origin: Path | None = None,
+        what: str = "model",
     ) -> None:
-        if isinstance(source, bytes):
-            self.onnx_bytes = source
-            self.name = name or "model"
-        else:
-            path = Path(source)
-            self.onnx_bytes = read_model_file(path)
-            self.name = name or path.stem
+        self.onnx_bytes, self.name, self.path = _source(source, name, origin, what)
+        self.label = model_label(self.name, self.path, what)
         self.sha256 = hashlib.sha256(self.onnx_bytes).hexdigest()
         self.model_id = model_id(self.name, self.onnx_bytes)
-        self.inputs: tuple[TensorSpec, ...] = _graph_inputs(self.onnx_bytes, self.name, input_shapes or {})
+        self.inputs: tuple[TensorSpec, ...] = _graph_inputs(self.onnx_bytes, self.label, input_shapes or {})
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
@@ -362,7 +387,7 @@ class OrtModel(_HostModel):
         try:
             self._sess = ort.InferenceSession(self.onnx_bytes, sess_options=opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph classes
-            raise ModelError("bad_model", f"onnxruntime could not load {self.name}: {e}") from e
+            raise ModelError("bad_model", f"onnxruntime could not load {self.label}: {e}") from e
         self._out_names = [o.name for o in self._sess.get_outputs()]
         first = self._run({s.name: np.zeros(s.shape, s.dtype) for s in self.inputs})
         self._outputs = tuple(TensorSpec(k, tuple(v.shape), v.dtype.name) for k, v in first.items())

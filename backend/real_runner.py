@@ -648,13 +648,13 @@ class RealRunner:
             failure = report.first_failure
             if failure is not None:
                 raise failure.error or GpuLayerError("not_qualified", failure.detail)
-        from chestnut.backend.model import _graph_inputs
+        from chestnut.backend.model import _graph_inputs, model_label
 
         path = Path(model.path)
         if not path.is_file():
             raise ModelError("missing_model", f"model file {path} does not exist")
         onnx_bytes = path.read_bytes()
-        self.model_inputs = _graph_inputs(onnx_bytes, model.name, dict(model.input_shapes))
+        self.model_inputs = _graph_inputs(onnx_bytes, model_label(model.name, path), dict(model.input_shapes))
         self._inputs = self.model_inputs if model.warp is None else (warped_input(model.warp, self.model_inputs),)
         self.model_compiled = None
         try:

@@ -55,7 +55,7 @@ from chestnut.backend.copy import CommandQueue, CopyProtocol, Packet, lo_hi
 from chestnut.backend.errors import ChestnutError, GpuLayerError, ModelError, PcieLayerError, UsbLayerError
 from chestnut.backend.interface import DockObservation, LadderReport, LadderStep, ModelSpec
 from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
-from chestnut.backend.model import TensorSpec
+from chestnut.backend.model import TensorSpec, model_label
 from chestnut.backend.progress import ProgressUSB3
 from chestnut.backend.real_runner import (
     COPY_STATS_KEY,
@@ -327,6 +327,7 @@ class TwinRunner:
             raise ModelError("missing_model", f"model file {path} does not exist")
         onnx_bytes = path.read_bytes()
         image = onnx_bytes if model.warp is None else warp_program(model.warp, onnx_bytes)
+        label = model_label(model.name, path)  # what a refusal names: the file, not the name it runs under
 
         def do() -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
             self._ensure_qualified()
@@ -337,7 +338,7 @@ class TwinRunner:
             sig_off = heap.alloc(SIGNATURE_MAX_BYTES)
             self._copy_in(image_off, image)
             sha = hashlib.sha256(onnx_bytes).hexdigest()
-            sig = self._load_program(model.name, PROGRAM_ID, image_off, len(image), sig_off)
+            sig = self._load_program(label, PROGRAM_ID, image_off, len(image), sig_off)
             if sig.get("sha256") != sha:
                 raise GpuLayerError("signature_mismatch", f"the GPU compiled {sig.get('sha256')!r}, the file is {sha}")
             want_warp = None if model.warp is None else model.warp.to_json()
@@ -354,7 +355,7 @@ class TwinRunner:
                 if want is not None and tuple(want) != s.shape:
                     raise ModelError(
                         "bad_input_shape",
-                        f"{model.name}: input {s.name!r} is {list(s.shape)} on the "
+                        f"{label}: input {s.name!r} is {list(s.shape)} on the "
                         f"dock, the model spec asks for {list(want)}",
                     )
             self._buffers = {s.name: (heap.alloc(s.nbytes), s.nbytes) for s in (*ins, *outs)}
@@ -362,7 +363,7 @@ class TwinRunner:
             self._model_buffers, self._model_table = {}, 0
             if model.warp is not None:  # program 2: the ONNX bytes inside the image, no second copy
                 onnx_off = image_off + len(image) - len(onnx_bytes)
-                sig2 = self._load_program(model.name, MODEL_PROGRAM_ID, onnx_off, len(onnx_bytes), sig_off)
+                sig2 = self._load_program(label, MODEL_PROGRAM_ID, onnx_off, len(onnx_bytes), sig_off)
                 if sig2.get("sha256") != sha or "warp" in sig2:
                     raise GpuLayerError("signature_mismatch", f"the GPU's model program is {sig2.get('sha256')!r}")
                 self._model_buffers = {s.name: (heap.alloc(s.nbytes), s.nbytes) for s in model_ins}

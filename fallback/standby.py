@@ -42,7 +42,8 @@ class FallbackModel:
     (onnxruntime) or :class:`~chestnut.backend.model.OnnxModel` (tinygrad ``DEV=CPU``, through ``jit_cache``).
     ``input_shapes`` fixes symbolic input dims. ``threads`` bounds onnxruntime's intra-op threads
     (default 1: the fallback must not starve the processes it stands in for). Raises ModelError for
-    a missing or unreadable model and for inputs of the wrong name, shape or dtype.
+    a missing or unreadable model (naming the file: ``backend/model.py`` ``model_label``) and for inputs of the
+    wrong name, shape or dtype.
     """
 
     def __init__(
@@ -55,20 +56,24 @@ class FallbackModel:
         jit_cache: JitCache | None = None,
     ) -> None:
         self.engine = Engine(engine)
+        origin: Path | None = None
         if isinstance(path, bytes):
             data, name = path, name or "model"
         else:
-            path = Path(path)
-            data = read_model_file(path, "fallback model")
-            name = name or path.stem
+            origin = Path(path)
+            data = read_model_file(origin, "fallback model")
+            name = name or origin.stem
         self._model: OnnxModel | OrtModel
         if self.engine is Engine.TINYGRAD:
-            self._model = OnnxModel(data, name=name, input_shapes=input_shapes, jit_cache=jit_cache)
+            self._model = OnnxModel(data, name=name, input_shapes=input_shapes, jit_cache=jit_cache, origin=origin,
+                                    what="fallback model")
         else:
-            self._model = OrtModel(data, name=name, input_shapes=input_shapes, threads=threads)
+            self._model = OrtModel(data, name=name, input_shapes=input_shapes, threads=threads, origin=origin,
+                                   what="fallback model")
         self.name = self._model.name
         self.model_id = self._model.model_id
         self.sha256 = self._model.sha256
+        self.nbytes = len(self._model.onnx_bytes)
         self.inputs: tuple[TensorSpec, ...] = self._model.inputs
         self.outputs: tuple[TensorSpec, ...] = self._model.outputs
 
@@ -81,6 +86,7 @@ class FallbackModel:
         fb = cls.__new__(cls)
         fb.engine, fb._model = Engine.ONNXRUNTIME, model
         fb.name, fb.model_id, fb.sha256 = name, model_id(name, model.onnx_bytes), model.sha256
+        fb.nbytes = len(model.onnx_bytes)
         fb.inputs, fb.outputs = model.inputs, model.outputs
         return fb
 

@@ -95,29 +95,30 @@ def graph_problem(model: Any) -> str | None:
     return None
 
 
-def repair_and_fix_shape(model: Any, input_shape: tuple[int, ...]) -> tuple[Any, int]:
+def repair_and_fix_shape(model: Any, input_shape: tuple[int, ...], source: str = "the model") -> tuple[Any, int]:
     """Fix the first graph input's dims to ``input_shape`` and give every ``Resize`` an explicit roi.
 
     Returns (model, number of Resize nodes repaired). Raises ModelError ``bad_model`` if the model has no graph
     input (e.g. an empty file, which parses as an empty ModelProto), ``bad_input_shape`` if the rank differs or a
     dim the model fixes (a ``dim_value``, e.g. the 3 colour channels) is given another value -- before anything
-    is compiled.
+    is compiled. ``source`` names the model in them (``chestnut model prepare``: the file given).
     """
     from onnx import numpy_helper
 
     if (problem := graph_problem(model)) is not None:
-        raise ModelError("bad_model", f"the model {problem}")
+        raise ModelError("bad_model", f"{source} {problem}")
     inp = model.graph.input[0]
     dims = inp.type.tensor_type.shape.dim
     if len(dims) != len(input_shape):
-        raise ModelError("bad_input_shape", f"input {inp.name!r} has rank {len(dims)}, shape given {list(input_shape)}")
+        raise ModelError("bad_input_shape", f"input {inp.name!r} of {source} has rank {len(dims)}, shape given "
+                                            f"{list(input_shape)}")
     fixed = [(i, d.dim_value, v) for i, (d, v) in enumerate(zip(dims, input_shape, strict=True))
              if not d.HasField("dim_param") and d.dim_value > 0 and d.dim_value != v]
     if fixed:
         i, have, want = fixed[0]
         model_dims = [d.dim_param or d.dim_value for d in dims]
-        raise ModelError("bad_input_shape", f"input {inp.name!r} {model_dims}: dim {i} is {have} in the model, "
-                                            f"shape given {list(input_shape)} asks {want}")
+        raise ModelError("bad_input_shape", f"input {inp.name!r} of {source} is {model_dims}: dim {i} is {have} in "
+                                            f"the model, shape given {list(input_shape)} asks {want}")
     for d, v in zip(dims, input_shape, strict=True):
         d.ClearField("dim_param")
         d.dim_value = int(v)
@@ -202,13 +203,14 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
         raise ModelError("bad_model", f"{src} does not parse as an ONNX model ({first})") from None
     if (problem := graph_problem(model)) is not None:
         raise ModelError("bad_model", f"{src} {problem}")
-    model, repaired = repair_and_fix_shape(model, input_shape)
+    model, repaired = repair_and_fix_shape(model, input_shape, str(src))
     logits = expose_logits(model)
     try:
         onnx.checker.check_model(model)
         model = onnx.shape_inference.infer_shapes(model)
     except Exception as e:  # onnx raises its own ValidationError and friends
-        raise ModelError("bad_model", f"ONNX checker rejected the prepared model: {e}") from e
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelError("bad_model", f"ONNX checker rejected {src} once prepared: {first}") from None
     data = model.SerializeToString()
     write_private(out, data)  # 0600 by temp + rename; a new models dir is 0700 (msgs/outdir.py)
 
@@ -232,13 +234,16 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
     from chestnut.backend.model import OnnxModel
 
     t0 = time.monotonic()  # building it fills the compile cache (or verifies a cached capture)
-    tg_model = OnnxModel(out, jit_cache=JitCache(), progress=lambda msg: print(f"  {msg}", flush=True))
+    try:
+        tg_model = OnnxModel(out, jit_cache=JitCache(), progress=lambda msg: print(f"  {msg}", flush=True))
+    except ModelError as e:  # it names the prepared file; the user gave src
+        raise ModelError(e.reason, f"{e.detail} (prepared from {src})") from None
     meta["max_abs_diff_vs_onnxruntime"] = agreement_check(tg_model, out, {meta["input_name"]: x})
     meta["first_call_s"] = time.monotonic() - t0
     if meta["max_abs_diff_vs_onnxruntime"] > AGREEMENT_TOL:
         raise ModelError(
             "bad_model",
-            f"tinygrad and onnxruntime disagree by {meta['max_abs_diff_vs_onnxruntime']:.3g} "
+            f"{src}: tinygrad and onnxruntime disagree by {meta['max_abs_diff_vs_onnxruntime']:.3g} "
             f"> {AGREEMENT_TOL} on the check frame",
         )
     fp = record_fingerprint(tg_model)

@@ -203,47 +203,65 @@ def frame_options(args: argparse.Namespace, node_toml: dict[str, Any]) -> FrameO
 MODEL_FILE_MAX_BYTES = 2 << 30  # protobuf's own bound on one message (an ONNX file without external data)
 
 
-def model_file_problem(path: Path, what: str = "model", fix: str = "") -> str | None:
-    """The one line that refuses the model file at ``path`` before anything starts, or None when the node
-    could read it: what ``backend/model.py`` ``read_model_file`` refuses (missing, a folder, too large, one
-    another user could change: its ``ModelError`` line), and a file that is not a well-formed ONNX model --
-    truncated or damaged -- which the node would only find at its start, exiting at every one of supervisord's
-    restarts: the ``onnx`` package's parse and ``onnx.checker.check_model`` (the ONNX spec's structural rules:
-    a graph, its opset imports, nodes whose inputs are defined) say what is wrong, in its first line.
-    ``what`` names the file ("model", "fallback model"); ``fix`` is the advice for a damaged one (default:
-    replace it)."""
+@dataclasses.dataclass(frozen=True)
+class ModelFileCheck:
+    """What :func:`check_model_file` found: ``problem``, the one line that refuses the file (None: the node could
+    read it), and ``model``, the parsed ``onnx.ModelProto`` when there is no problem (None otherwise), for the
+    checks that follow to read instead of parsing the file again (:func:`model_input_problem`)."""
+
+    problem: str | None
+    model: Any = None
+
+
+def check_model_file(path: Path, what: str = "model", fix: str = "") -> ModelFileCheck:
+    """The model file at ``path`` read and parsed once, before anything starts: what ``backend/model.py``
+    ``read_model_file`` refuses (missing, a folder, too large, one another user could change: its ``ModelError``
+    line), and a file that is not a well-formed ONNX model -- truncated or damaged -- which the node would only
+    find at its start, exiting at every one of supervisord's restarts: the ``onnx`` package's parse and
+    ``onnx.checker.check_model`` (the ONNX spec's structural rules: a graph, its opset imports, nodes whose inputs
+    are defined) say what is wrong, in its first line. ``what`` names the file ("model", "fallback model");
+    ``fix`` is the advice for a damaged one (default: replace it). Each refusal names ``path``, the file given."""
     from chestnut.backend.errors import ModelError
     from chestnut.backend.model import read_model_file
 
     try:
         data = read_model_file(path, what)
     except ModelError as e:
-        return e.detail or str(e)
+        return ModelFileCheck(e.detail or str(e))
     import onnx
 
     try:
-        onnx.checker.check_model(onnx.load_from_string(data))
+        model = onnx.load_from_string(data)
+        onnx.checker.check_model(model)
     except Exception as e:  # protobuf's DecodeError, onnx's ValidationError: the file is not a usable model
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        return (f"{what} file {path} is damaged: not a well-formed ONNX model ({reason}); "
-                f"{fix or 'replace it with an intact copy, or name another file'}")
-    return None
+        return ModelFileCheck(f"{what} file {path} is damaged: not a well-formed ONNX model ({reason}); "
+                              f"{fix or 'replace it with an intact copy, or name another file'}")
+    return ModelFileCheck(None, model)
 
 
-def model_input_problem(path: Path, input_name: str, shape: tuple[int, ...]) -> str | None:
+def model_file_problem(path: Path, what: str = "model", fix: str = "") -> str | None:
+    """The one line that refuses the model file at ``path`` before anything starts, or None when the node could
+    read it (:func:`check_model_file`)."""
+    return check_model_file(path, what, fix).problem
+
+
+def model_input_problem(path: Path, input_name: str, shape: tuple[int, ...], model: Any = None) -> str | None:
     """The one line that refuses ``[model] shape`` (N, C, H, W) for the model file at ``path`` when its input
     ``input_name`` has other fixed dimensions (the node would fail at every start), else None. A dynamic
-    dimension takes any size; a file that is missing or cannot be read is the node's to name. Read with the
-    ``onnx`` package (``backend/model.py`` reads the inputs the same way)."""
-    try:
-        if os.stat(path).st_size > MODEL_FILE_MAX_BYTES:
-            return None
-        import onnx
+    dimension takes any size; a file that is missing or cannot be read is the node's to name. ``model``: the
+    file's ``onnx.ModelProto`` already parsed (:func:`check_model_file`), else it is read here with the ``onnx``
+    package (``backend/model.py`` reads the inputs the same way)."""
+    if model is None:
+        try:
+            if os.stat(path).st_size > MODEL_FILE_MAX_BYTES:
+                return None
+            import onnx
 
-        graph = onnx.load(str(path), load_external_data=False).graph
-    except Exception:  # missing, unreadable, not ONNX: the node's own load says which
-        return None
-    for inp in graph.input:
+            model = onnx.load(str(path), load_external_data=False)
+        except Exception:  # missing, unreadable, not ONNX: the node's own load says which
+            return None
+    for inp in model.graph.input:
         if inp.name != input_name:
             continue
         dims = [d.dim_value if d.HasField("dim_value") else None for d in inp.type.tensor_type.shape.dim]

@@ -85,7 +85,11 @@ struct InitData {
   segmentSeconds @5 :Float32;        # s, nominal segment length
   identity @6 :List(KeyValue);       # host and dock: tinygrad, host_os, usb_id, usb_path (bus, port, address),
                                      # usb_speed_mbps, bridge_firmware, gpu_arch, gpu_firmware (backend/probe.py
-                                     # IDENTITY_KEYS); the dock's fields "unknown" until a worker qualified it
+                                     # IDENTITY_KEYS); the dock's fields "unknown" until a worker qualified it.
+                                     # The model files, once the node declared its contract (node/contract.py
+                                     # file_identity): model_file, model_sha256, model_bytes, model_check (what its
+                                     # known-answer check found: "unchecked: no fingerprint recorded" without one),
+                                     # and fallback_* alike for a fallback file of its own
 }
 
 struct CameraFrame {

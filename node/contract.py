@@ -34,6 +34,11 @@ from chestnut.backend.model import TensorSpec
 from chestnut.node.config import NodeConfig
 from chestnut.node.validity import OutputContract, contracts_from_specs
 
+UNCHECKED = "unchecked: no fingerprint recorded"
+"""What the known-answer check says of a model file with no fingerprint recorded for it (:func:`file_identity`):
+its bytes are run as they are, so a flipped weight that still parses goes unnoticed; its sha256 still says which
+file it was."""
+
 
 def describe_spec(s: TensorSpec) -> str:
     """``"prob float32[1, 1, 16, 32]"``."""
@@ -58,16 +63,17 @@ def spec_difference(what: str, have: tuple[TensorSpec, ...], want: tuple[TensorS
 
 @dataclass(frozen=True)
 class DeclaredContract:
-    """The node's contract: the primary file it was declared from (``source``, its ``model_sha256``), the
-    model's inputs and the per-output :class:`~chestnut.node.validity.OutputContract` (spec, value range,
-    agreement tolerance), and what the known-answer check found (``known_answer``: one phrase)."""
+    """The node's contract: the primary file it was declared from (``source``, its ``model_sha256`` and
+    ``model_bytes``), the model's inputs and the per-output :class:`~chestnut.node.validity.OutputContract` (spec,
+    value range, agreement tolerance), and what the known-answer check found (``known_answer``: one phrase)."""
 
     source: Path
     model_sha256: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[OutputContract, ...]
-    known_answer: str = "no fingerprint recorded"
+    known_answer: str = UNCHECKED
     model: Any = field(default=None, compare=False, repr=False)  # the loaded OrtModel (the fallback may reuse it)
+    model_bytes: int = field(default=0, compare=False)  # the size of the file's bytes it was declared from
 
     @property
     def output_specs(self) -> tuple[TensorSpec, ...]:
@@ -105,12 +111,12 @@ class DeclaredContract:
 def known_answer(model: Any, fingerprint: dict[str, Any] | None) -> tuple[bool, str]:
     """Run ``model`` (anything with ``inputs`` and ``run``: :class:`~chestnut.backend.model.OrtModel`) on the
     fingerprint's fixed input and compare (:func:`chestnut.backend.fingerprint.compare`). Returns (ok, one
-    phrase); (True, "no fingerprint recorded") without one. A fingerprint recorded for other inputs than the
+    phrase); (True, :data:`UNCHECKED`) without one. A fingerprint recorded for other inputs than the
     model's (another shape) fails."""
     from chestnut.backend.fingerprint import compare, fixed_inputs
 
     if fingerprint is None:
-        return True, "no fingerprint recorded"
+        return True, UNCHECKED
     try:
         rec_inputs = {k: (list(v["shape"]), str(v["dtype"])) for k, v in dict(fingerprint["inputs"]).items()}
         seed = int(fingerprint["seed"])
@@ -146,9 +152,11 @@ def declare_contract(cfg: NodeConfig, fingerprint: dict[str, Any] | None) -> Dec
     try:
         model = OrtModel(m.path, name=m.name, input_shapes={m.input: tuple(m.shape)}, threads=1)
     except Exception as e:  # ModelError, or onnxruntime's own (an input shape the graph does not take)
+        # a ModelError names the file itself (backend/model.py model_label); onnxruntime's own names no file
+        what = "the primary model" if isinstance(e, ModelError) else f"the primary model {m.path}"
         detail = e.detail if isinstance(e, ModelError) else f"{type(e).__name__}: {e}"
-        raise ContractError("no_contract", f"the primary model {m.path} declares the output contract and cannot "
-                                           f"be run at model.shape {list(m.shape)}: {' '.join(detail.split())}") from e
+        raise ContractError("no_contract", f"{what} declares the output contract and cannot be run at model.shape "
+                                           f"{list(m.shape)}: {' '.join(detail.split())}") from e
     outputs = tuple(model.outputs)
     names = [s.name for s in outputs]
     ranges = dict(m.ranges)
@@ -165,30 +173,58 @@ def declare_contract(cfg: NodeConfig, fingerprint: dict[str, Any] | None) -> Dec
         raise ContractError("known_answer", f"the model file {m.path} {phrase}: the file is damaged or not the one "
                                             "the fingerprint was recorded for; refused as primary and as fallback")
     return DeclaredContract(Path(m.path), model.sha256, tuple(model.inputs),
-                            contracts_from_specs(outputs, ranges, cfg.timing.agreement_tol), phrase, model)
+                            contracts_from_specs(outputs, ranges, cfg.timing.agreement_tol), phrase, model,
+                            len(model.onnx_bytes))
 
 
-def fallback_refusal(contract: DeclaredContract, fallback: Any, path: Path) -> str | None:
-    """The one line that refuses ``fallback`` (a loaded :class:`~chestnut.fallback.standby.FallbackModel`, read
-    from ``path``), or None when it may serve: its inputs and outputs must be the contract's
-    (:meth:`DeclaredContract.difference`), and a file other than the primary's that has a fingerprint recorded
-    beside it (``<path>.fingerprint.json``) must match it (:func:`known_answer`; the primary's own file passed
-    its check when the contract was declared)."""
+def file_identity(role: str, path: Path, sha256: str, nbytes: int, check: str) -> dict[str, str]:
+    """The identity of a model file the node runs, for ``initData`` / ``nodeState`` ``identity`` beside the host's
+    and the dock's (``msgs/chestnut.capnp``): ``<role>_file`` (the path as given), ``<role>_sha256`` (of the bytes
+    the node loaded), ``<role>_bytes`` and ``<role>_check`` (its known-answer phrase, or :data:`UNCHECKED`).
+    ``role``: ``model`` (the primary, ``[model] path``) or ``fallback`` (a ``[fallback] path`` of its own)."""
+    return {f"{role}_file": str(path), f"{role}_sha256": sha256, f"{role}_bytes": str(nbytes), f"{role}_check": check}
+
+
+def describe_file(role: str, path: Path, sha256: str, nbytes: int, check: str, fp_path: Path) -> str:
+    """The log line that identifies a model file at start: its path, size and sha256, and what its known-answer
+    check found; an unchecked file names where its fingerprint would be (``chestnut probe --record-fingerprint``
+    writes one)."""
+    what = "model" if role == "model" else "fallback model"
+    head = f"{what} file {path}: {nbytes} bytes, sha256 {sha256}"
+    if check == UNCHECKED:
+        return (f"{head}; {UNCHECKED} (none at {fp_path}): its weights are not checked, only identified by this "
+                "sha256")
+    return f"{head}; {check}"
+
+
+def check_fallback(contract: DeclaredContract, fallback: Any, path: Path) -> tuple[str | None, str]:
+    """(the one line that refuses ``fallback`` or None, what its known-answer check found) for ``fallback`` (a
+    loaded :class:`~chestnut.fallback.standby.FallbackModel`, read from ``path``): its inputs and outputs must be
+    the contract's (:meth:`DeclaredContract.difference`), and a file other than the primary's that has a
+    fingerprint recorded beside it (``<path>.fingerprint.json``) must match it (:func:`known_answer`; the
+    primary's own file passed its check when the contract was declared: its phrase is the contract's). A file
+    with no fingerprint beside it is :data:`UNCHECKED`."""
     diff = contract.difference(tuple(fallback.inputs), tuple(fallback.outputs))
     if diff is not None:
         return (f"fallback model {path} refused: {diff} (the contract is declared by the primary model "
-                f"{contract.source}: {contract.describe()})")
+                f"{contract.source}: {contract.describe()})"), ""
     if fallback.sha256 == contract.model_sha256:
-        return None
+        return None, contract.known_answer
     fp_path = Path(path).with_suffix(".fingerprint.json")
     if not fp_path.is_file():
-        return None
+        return None, UNCHECKED
     try:
         fp = dict(json.loads(fp_path.read_text()))
     except (OSError, ValueError, TypeError) as e:
-        return f"fallback model {path} refused: its fingerprint {fp_path} is unreadable: {e}"
+        return f"fallback model {path} refused: its fingerprint {fp_path} is unreadable: {e}", ""
     ok, phrase = known_answer(fallback, fp)
-    return None if ok else f"fallback model {path} refused: it {phrase}"
+    return (None, phrase) if ok else (f"fallback model {path} refused: it {phrase}", phrase)
+
+
+def fallback_refusal(contract: DeclaredContract, fallback: Any, path: Path) -> str | None:
+    """The one line that refuses ``fallback`` (read from ``path``), or None when it may serve
+    (:func:`check_fallback`)."""
+    return check_fallback(contract, fallback, path)[0]
 
 
 def read_fingerprint(path: Path) -> dict[str, Any] | None:

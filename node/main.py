@@ -60,6 +60,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -82,8 +83,10 @@ from chestnut.node.config import NodeConfig
 from chestnut.node.contract import (
     ContractError,
     DeclaredContract,
+    check_fallback,
     declare_contract,
-    fallback_refusal,
+    describe_file,
+    file_identity,
     read_fingerprint,
 )
 from chestnut.node.deadline import Deadline, DeadlineRule, adaptive_deadline
@@ -166,6 +169,8 @@ EXIT_CONFIG = 2               # the configuration is unusable (a bad key or valu
 EXIT_NO_FALLBACK = 3          # the node cannot serve at all: no usable fallback model
 MODEL_FIX = ("prepare it again with `chestnut model prepare` (it checks the file's sha256 and rebuilds a damaged "
              "one), or name another file in the config's [model] / [fallback]")
+OWN_MODEL_FIX = ("name another file (--model / --fallback-model, or the config's [model] / [fallback] path), or "
+                 "replace this one")
 NS = 1_000_000_000
 HostJudge = Callable[[], str]  # why the host was late around a result, "" when on time (Node._host_late_result)
 LOOK_RETRY, LOOK_ABSENT, LOOK_LINK = "retry", "absent", "link"  # DockLooker purposes: the supervisor's retry,
@@ -200,6 +205,18 @@ class LogEvery:
             return False
         self.next_s, self.reason = now + self.period_s, reason
         return True
+
+
+def model_fix(path: Path) -> str:
+    """The advice after the node refuses the model file ``path``: :data:`MODEL_FIX` for the prepared default model
+    (``chestnut model prepare`` checks its sha256 and rebuilds it), :data:`OWN_MODEL_FIX` for a file the user gave
+    (``--model``, a configuration's path), which that command does not rebuild (``launch/stack.py`` ``prepare``
+    advises the same)."""
+    try:
+        prepared = path.expanduser().resolve() == node_config.default_model_path().resolve()
+    except (OSError, RuntimeError):  # a symlink loop, an unreadable folder: not the prepared file
+        prepared = False
+    return MODEL_FIX if prepared else OWN_MODEL_FIX
 
 
 def _versions() -> dict[str, str]:
@@ -463,12 +480,24 @@ class Node:
             log.error("unusable configuration: %s", e)
             return EXIT_CONFIG
         except ContractError as e:
-            log.error("no output contract: %s; %s", e.detail, MODEL_FIX)
+            log.error("no output contract: %s; %s", e.detail, model_fix(self.cfg.model.path))
             return EXIT_NO_FALLBACK
         self.contracts = self.contract.outputs
         log.info("output contract %s from the primary model %s: %s (known answer: %s)", self.contract.fingerprint,
                  self.cfg.model.path, self.contract.describe(), self.contract.known_answer)
+        c = self.contract
+        self._identify_file("model", self.cfg.model.path, c.model_sha256, c.model_bytes, c.known_answer,
+                            self.cfg.fingerprint_path)
         return None
+
+    def _identify_file(self, role: str, path: Path, sha256: str, nbytes: int, check: str, fp_path: Path) -> None:
+        """A model file the node runs, once at start: its path, size, sha256 and known-answer check into the log
+        and into ``initData`` / ``nodeState`` ``identity`` (``node/contract.py`` ``file_identity``), so a run's log
+        names the exact bytes, a file with no recorded fingerprint too (unchecked)."""
+        log.info("%s", describe_file(role, path, sha256, nbytes, check, fp_path))
+        self.identity.update(file_identity(role, path, sha256, nbytes, check))
+        self.next_init_ns = 0
+        self.state_dirty = True
 
     def warm_fallback(self) -> bool:
         """Load the fallback, check it against the contract, and warm it (it answers frames from now on).
@@ -486,7 +515,7 @@ class Node:
                 fallback = FallbackModel(self.cfg.fallback_path, fb.engine, name=name,
                                          input_shapes={self.cfg.model.input: tuple(self.cfg.model.shape)},
                                          threads=fb.threads, jit_cache=JitCache() if fb.engine == "tinygrad" else None)
-            refusal = fallback_refusal(self.contract, fallback, self.cfg.fallback_path)
+            refusal, check = check_fallback(self.contract, fallback, self.cfg.fallback_path)
             if refusal is None:
                 self.fallback = fallback
                 last = self.fallback.warm()
@@ -496,12 +525,15 @@ class Node:
         except Exception as e:  # ModelError, or anything the engine raises: no fallback, no service
             self.starting = False
             log.error("no usable fallback model (%s, %s): %s: %s; %s", self.cfg.fallback_path, fb.engine,
-                      type(e).__name__, e, MODEL_FIX)
+                      type(e).__name__, e, model_fix(self.cfg.fallback_path))
             return self._without_fallback(str(e))
         if refusal is not None:
             log.error("%s", refusal)
             return self._without_fallback(refusal)
         assert self.fallback is not None
+        if self.fallback.sha256 != self.contract.model_sha256:  # a file of its own: identified as the primary's is
+            self._identify_file("fallback", self.cfg.fallback_path, self.fallback.sha256, self.fallback.nbytes, check,
+                                self.cfg.fallback_path.with_suffix(".fingerprint.json"))
         log.info("fallback %s (%s, %s standby) warm in %.2f s, %.1f ms per frame", self.fallback.model_id,
                  fb.engine, fb.standby, time.monotonic() - t0, last * 1e3)
         self._feed(Event.FALLBACK_READY, f"fallback {fb.engine} warm")

@@ -3,6 +3,7 @@ process: the twin daemon, the dock's process and the node are its own children).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import signal
@@ -98,8 +99,13 @@ def test_acceptance_on_the_twin_passes_and_writes_both_reports(tmp_path: Path, t
     assert ident["bridge_firmware"] == "1.00 (bcdDevice 0x0100)"
     assert ident["gpu_firmware"].startswith("gc_12_0_1_imu.bin@")
     assert report["versions"]["tinygrad"] == ident["tinygrad"]
-    assert report["node_identity"] == ident  # the node's nodeState names the same dock
-    assert report["init_identity"] == ident  # and so does initData, every log's header
+    # the node's nodeState names the same dock, and so does initData, every log's header; both also name the model
+    # file the node runs (node/contract.py file_identity)
+    sha = hashlib.sha256(tiny_onnx.read_bytes()).hexdigest()
+    for seen in (report["node_identity"], report["init_identity"]):
+        assert {k: v for k, v in seen.items() if k in IDENTITY_KEYS} == ident
+        assert set(seen) - set(IDENTITY_KEYS) == {"model_file", "model_sha256", "model_bytes", "model_check"}
+        assert (seen["model_sha256"], seen["model_bytes"]) == (sha, str(tiny_onnx.stat().st_size))
     page = (tmp_path / "out" / "report.html").read_text()
     assert "chestnut acceptance (twin): ACCEPTED" in page
     for name in STEPS:

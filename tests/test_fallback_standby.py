@@ -22,10 +22,14 @@ def test_missing_fallback_model(tmp_path):
 
 
 def test_not_an_onnx_file(tmp_path):
+    """The refusal names the file given, not the name the model runs under (``ppocr_det-fallback``)."""
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x00garbage" * 10)
-    with pytest.raises(ModelError, match="bad_model: bad is not a readable ONNX model"):
-        FallbackModel(bad)
+    for engine in Engine:
+        with pytest.raises(ModelError) as e:
+            FallbackModel(bad, engine, name="ppocr_det-fallback")
+        assert str(e.value) == (f"bad_model: fallback model file {bad} is not a readable ONNX model: Error parsing "
+                                "message with type 'onnx.ModelProto': Wire format was corrupt"), engine
 
 
 def test_wrong_dtype_rejected(tiny_onnx):

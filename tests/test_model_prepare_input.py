@@ -83,11 +83,14 @@ def test_parse_shape():
 
 def test_a_shape_against_a_dim_the_model_fixes_is_refused_before_compiling(tmp_path):
     """PP-OCRv4's input is [N, 3, H, W] with N, H, W free: 4 channels is refused at once, nothing written."""
+    from chestnut.launch.assets import ppocr_det_path
+
     r = prepare(tmp_path, "--shape", "1,4,128,256")
     assert r.returncode == 2
     assert r.stderr.splitlines()[-1] == (
-        "chestnut model prepare: bad_input_shape: input 'x' ['p2o.DynamicDimension.0', 3, 'p2o.DynamicDimension.1', "
-        "'p2o.DynamicDimension.2']: dim 1 is 3 in the model, shape given [1, 4, 128, 256] asks 4")
+        f"chestnut model prepare: bad_input_shape: input 'x' of {ppocr_det_path()} is ['p2o.DynamicDimension.0', 3, "
+        "'p2o.DynamicDimension.1', 'p2o.DynamicDimension.2']: dim 1 is 3 in the model, shape given [1, 4, 128, 256] "
+        "asks 4")
     assert not (tmp_path / "out" / "m.onnx").exists()
     assert not (tmp_path / "cache" / "chestnut" / "jit").exists()  # nothing compiled
 
@@ -148,3 +151,39 @@ def test_an_onnx_path_that_is_a_directory_says_so(tmp_path, monkeypatch, capsys)
         f"chestnut model prepare: --onnx {folder}: is a directory; give the path of an ONNX model "
         "(or leave --onnx out for the default PP-OCRv4 detector)"
     ])
+
+
+def test_an_input_of_another_rank_names_the_file_given(tmp_path, monkeypatch, capsys):
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8, 8])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [3, 8, 8])
+    rank3 = tmp_path / "rank3.onnx"
+    onnx.save(helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["z"])], "g", [x], [z])),
+              str(rank3))
+    rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(rank3))
+    assert (rc, err) == (2, [
+        f"chestnut model prepare: bad_input_shape: input 'x' of {rank3} has rank 3, shape given [1, 3, 128, 256]"
+    ])
+    assert not (tmp_path / "out" / "m.onnx").exists()
+
+
+def test_an_operator_tinygrad_cannot_run_is_one_line_naming_the_file_given(tmp_path, monkeypatch, capsys):
+    """``Det`` (onnxruntime has it, tinygrad 0.14's ONNX runner does not) came out of the first tinygrad run as a
+    NotImplementedError traceback."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 3])
+    det = tmp_path / "det.onnx"
+    graph = helper.make_graph([helper.make_node("Det", ["x"], ["z"])], "g", [x], [z])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(det))
+    rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(det), "--shape", "1,3,4,4")
+    out = tmp_path / "out" / "m.onnx"
+    assert (rc, err) == (2, [
+        f"chestnut model prepare: bad_model: tinygrad could not run model file {out}: NotImplementedError: "
+        f"op='Det' is not supported (prepared from {det})"
+    ])
+    assert not out.with_suffix(".json").exists()  # never taken as ready

@@ -137,9 +137,9 @@ def _sha16(path: Path) -> str:
 
 
 def _graph_input(path: Path) -> tuple[str, tuple[int, ...]]:
-    from chestnut.backend.model import _graph_inputs
+    from chestnut.backend.model import _graph_inputs, model_label
 
-    specs = _graph_inputs(path.read_bytes(), path.stem, {})
+    specs = _graph_inputs(path.read_bytes(), model_label(path.stem, path), {})
     if len(specs) != 1:
         raise ReplayError(f"{path} has {len(specs)} inputs; replay feeds one image input (give the node's config)")
     return specs[0].name, specs[0].shape
