@@ -79,12 +79,27 @@ class FaultPlan:
 RECOVERY_ACTIONS: dict[str, str] = {"disconnect": "plug", "brownout": "plug", "wedged": "power_cycle"}
 
 
+@dataclasses.dataclass(frozen=True)
+class ScheduleStep:
+    """One step the launch carried out: at ``t_ns`` (CLOCK_MONOTONIC), ``action`` ``inject`` or ``clear`` of a
+    fault of ``kind``, the twin's id of it (``fault_id``; None when the twin named none), ``detail`` (an inject:
+    its parameters as JSON; a clear: the recovery done after it, ``then plug``) and, for a clear, how many
+    faults the twin ``removed``: 0 when the fault was gone already -- a one-shot is spent as it fires, a
+    ``for_s`` fault expires -- which is no failure: its DURATION was the launch's, not the twin's."""
+
+    t_ns: int
+    action: str
+    kind: str
+    detail: str
+    fault_id: int | None = None
+    removed: int | None = None
+
+
 class FaultRunner:
     """Carries out ``plans`` on the twin of ``prefix`` as the run's time passes: :meth:`step` with the seconds
     since the node's first output injects the faults whose START has come and clears those whose DURATION
-    is over. :attr:`schedule` records what was done: (CLOCK_MONOTONIC ns, ``inject`` / ``clear``, kind,
-    detail). A fault the twin refuses, or one a restarted twin no longer has, is named in one log line and
-    the run goes on."""
+    is over. :attr:`schedule` records what was done (:class:`ScheduleStep`). A fault the twin refuses, or one a
+    restarted twin no longer has, is named in one log line and the run goes on."""
 
     def __init__(self, prefix: str, plans: list[FaultPlan], clock: StackClock) -> None:
         self.prefix = prefix
@@ -92,7 +107,7 @@ class FaultRunner:
         # when the whole plan is carried out, s after the plans' zero: the last START or START + DURATION
         self.plan_end_s = max((f.start_s + (f.duration_s or 0.0) for f in plans), default=0.0)
         self.injected: list[tuple[FaultPlan, int | None]] = []
-        self.schedule: list[tuple[int, str, str, str]] = []
+        self.schedule: list[ScheduleStep] = []
         self.clock = clock
 
     @property
@@ -121,10 +136,12 @@ class FaultRunner:
             try:
                 with TwinClient(self.prefix) as tc:
                     info = tc.fault(f.kind, **f.params)
-                self.injected.append((f, info.get("id") if isinstance(info, dict) else None))
+                fid = info.get("id") if isinstance(info, dict) else None
+                self.injected.append((f, fid))
                 now = time.monotonic_ns()
-                self.schedule.append((now, "inject", f.kind, json.dumps(f.params) if f.params else ""))
-                log.info("t=%.1f s: injected %s%s", self.clock.seconds(now), f.kind, f" {f.params}" if f.params else "")
+                self.schedule.append(ScheduleStep(now, "inject", f.kind, json.dumps(f.params) if f.params else "", fid))
+                log.info("t=%.1f s: injected %s%s", self.clock.seconds(now), _named(f.kind, fid),
+                         f" {f.params}" if f.params else "")
             except Exception as e:  # the twin refuses a bad fault: say so, keep running
                 log.error("could not inject %s: %s", f.kind, e)
         for f, fid in list(self.injected):
@@ -133,7 +150,7 @@ class FaultRunner:
                 self.injected.remove((f, fid))
                 try:
                     with TwinClient(self.prefix) as tc:
-                        tc.clear(fid)
+                        removed = int(tc.clear(fid))
                         if action == "plug" and not tc.status()["usb"]["present"]:
                             tc.plug()
                         elif action == "power_cycle":
@@ -142,18 +159,32 @@ class FaultRunner:
                     log.error("t=%.1f s: could not clear %s: %s", self.clock.seconds(time.monotonic_ns()), f.kind, e)
                     continue
                 now = time.monotonic_ns()
-                self.schedule.append((now, "clear", f.kind, f"then {action}" if action else ""))
+                self.schedule.append(ScheduleStep(now, "clear", f.kind, f"then {action}" if action else "", fid,
+                                                  removed))
                 log.info(
-                    "t=%.1f s: cleared %s%s", self.clock.seconds(now), f.kind, f" and did {action}" if action else ""
+                    "t=%.1f s: cleared %s%s%s", self.clock.seconds(now), _named(f.kind, fid),
+                    "" if removed else ": the twin had nothing left to remove (spent as it fired, or expired)",
+                    f" and did {action}" if action else "",
                 )
 
     def schedule_rows(self, t_zero_ns: int) -> list[dict[str, Any]]:
-        """:attr:`schedule` on the log's clock: ``{"t_s", "action", "fault", "detail"}``, ``t_s`` in s since
-        ``t_zero_ns`` (CLOCK_MONOTONIC ns of the log's first message)."""
-        return [
-            {"t_s": round((t_ns - t_zero_ns) / NS, 3), "action": action, "fault": fault, "detail": detail}
-            for t_ns, action, fault, detail in self.schedule
-        ]
+        """:attr:`schedule` on the log's clock, as the summary's ``fault_schedule`` and ``faults.json`` carry it:
+        ``{"t_s", "action", "fault", "detail", "id"}`` and, for a clear, ``"removed"`` (:class:`ScheduleStep`);
+        ``t_s`` in s since ``t_zero_ns`` (CLOCK_MONOTONIC ns of the log's first message), ``fault`` the kind,
+        ``id`` the twin's id of it (the ``#N`` of its ``twinFault`` events; null when the twin named none)."""
+        rows: list[dict[str, Any]] = []
+        for st in self.schedule:
+            row = {"t_s": round((st.t_ns - t_zero_ns) / NS, 3), "action": st.action, "fault": st.kind,
+                   "detail": st.detail, "id": st.fault_id}
+            if st.action == "clear":
+                row["removed"] = st.removed
+            rows.append(row)
+        return rows
+
+
+def _named(kind: str, fault_id: int | None) -> str:
+    """A fault as the twin's events name it, ``gpu_hang#1`` (the kind alone without an id)."""
+    return kind if fault_id is None else f"{kind}#{fault_id}"
 
 
 NS = 1_000_000_000

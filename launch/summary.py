@@ -29,7 +29,15 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
 
     One clock: every time (``t_s``, transitions, control, soft disables, fault events) is in seconds since
     the log's first message (``t_zero_ns``, its wall-clock time ``wall_start``), as ``chestnut check``
-    and the report count; only the two "launch ->" durations count from ``t_launch_ns``."""
+    and the report count; only the two "launch ->" durations count from ``t_launch_ns``.
+
+    ``fault_events``: each ``twinFault`` (``msgs/chestnut.capnp``) as ``{"t_s", "fault": "<kind>#<id>", "action"
+    (armed | fired | cleared | expired, the twin's word), "site", "params", "fired" (times fired so far),
+    "spent"}``; ``spent`` is true for an ``expired`` that is a fault used up by firing (a one-shot, the default
+    of most kinds: ``backend/sim/faults.py`` ``spent_on_expiry``), false for every other event, an ``expired``
+    at the end of a ``for_s`` among them. The launch adds ``fault_schedule`` (``launch/faultplan.py``
+    ``FaultRunner.schedule_rows``), and the fault table shows both (:func:`fault_rows`)."""
+    from chestnut.backend.sim.faults import spent_on_expiry
     from chestnut.msgs.logfile import LogReader
 
     try:
@@ -70,6 +78,8 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
                     "action": str(tf.action),
                     "site": tf.site,
                     "params": tf.params,
+                    "fired": int(tf.fired),
+                    "spent": str(tf.action) == "expired" and spent_on_expiry(tf.kind, tf.params, int(tf.fired)),
                 }
             )
         if service == "cameraFrame":
@@ -221,6 +231,72 @@ def _params_text(event: dict[str, Any]) -> str:
     return event["params"] if event["params"] not in ("", "{}") else "the kind's defaults"
 
 
+def _spent_text(kind: str) -> str:
+    """A spent fault's detail: a one-shot fires once; a latching kind's state stays until its recovery
+    (``backend/sim/faults.py`` ``KINDS``), however long the launch's DURATION."""
+    from chestnut.backend.sim.faults import KINDS
+
+    info = KINDS.get(kind)
+    left = f"; the state it latched stays until {info.recovery}" if info is not None and info.latching else ""
+    return f"a one-shot: fired once and fires no more{left}"
+
+
+def _expired_text(event: dict[str, Any]) -> str:
+    try:
+        for_s = json.loads(event["params"] or "{}").get("for_s")
+    except (ValueError, AttributeError):
+        for_s = None
+    return f"its --for {for_s:g} s ended" if isinstance(for_s, int | float) else ""
+
+
+def _clear_text(step: dict[str, Any], ends: dict[int, tuple[float, str]]) -> str:
+    """A launch clear's detail: what the twin removed (``removed``), and when a fault gone already went
+    (``ends``: fault id -> (t s, "spent" | "expired")), then the recovery done (``detail``)."""
+    then = step.get("detail", "")
+    removed = step.get("removed")
+    if removed is None:  # a summary from before the launch recorded it
+        return then
+    if removed:
+        what = "removed from the twin"
+    else:
+        end = ends.get(step["id"]) if step.get("id") is not None else None
+        gone = f" ({step['fault']}#{step['id']} {end[1]} at {end[0]:.1f} s)" if end is not None else ""
+        what = f"nothing left in the twin to remove{gone}"
+    return f"{what}; {then}" if then else what
+
+
+def fault_rows(s: dict[str, Any]) -> list[tuple[float, str, str, str]]:
+    """The summary's fault table, in time order: (t s, fault, event, detail) for each step of the launch's
+    schedule (``s["fault_schedule"]``: inject, clear) and each of the twin's fault events (``s["fault_events"]``).
+    A fault is named as the twin names it, ``<kind>#<id>``, on the launch's rows too. The twin's ``expired`` of a
+    one-shot that fired reads ``spent`` (it fires once: spent as it fires, while the launch clears it at the end
+    of its DURATION, when there is nothing left to remove); an ``expired`` at the end of ``for_s`` reads
+    ``expired``. At one instant the launch's rows come first, then the twin's in their order."""
+    events = s.get("fault_events", [])
+    ends: dict[int, tuple[float, str]] = {}
+    for e in events:
+        if e["action"] in ("expired", "cleared"):
+            fid = int(str(e["fault"]).rpartition("#")[2])
+            ends.setdefault(fid, (e["t_s"], "spent" if e.get("spent") else e["action"]))
+    rows: list[tuple[float, str, str, str]] = []
+    for f in s.get("fault_schedule", []):
+        name = f"{f['fault']}#{f['id']}" if f.get("id") is not None else f["fault"]
+        detail = _clear_text(f, ends) if f["action"] == "clear" else f.get("detail", "")
+        rows.append((f["t_s"], name, f"{f['action']} (launch)", detail))
+    for e in events:
+        kind = str(e["fault"]).rpartition("#")[0]
+        if e["action"] == "fired":
+            what, detail = "fired", f"hit {e['site']}" if e["site"] else ""
+        elif e["action"] == "expired" and e.get("spent"):
+            what, detail = "spent", _spent_text(kind)
+        elif e["action"] == "expired":
+            what, detail = "expired", _expired_text(e)
+        else:
+            what, detail = e["action"], _params_text(e)
+        rows.append((e["t_s"], e["fault"], f"{what} (twin)", detail))
+    return sorted(rows, key=lambda r: r[0])
+
+
 def _drop_text(s: dict[str, Any]) -> str:
     if s.get("frame_drop_perc") is None:
         return "no modelOutput"
@@ -322,13 +398,8 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
         ft = Table(title="faults (schedule and the twin's fault events)")
         for c in ("t (s)", "fault", "event", "detail"):
             ft.add_column(c)
-        rows = [(f["t_s"], "launch", f["fault"], f["action"], f.get("detail", "")) for f in s.get("fault_schedule", [])]
-        rows += [
-            (e["t_s"], "twin", e["fault"], e["action"], f"hit {e['site']}" if e["site"] else _params_text(e))
-            for e in s.get("fault_events", [])
-        ]
-        for when, who, fault, what, detail in sorted(rows, key=lambda r: r[0]):
-            ft.add_row(f"{when:.1f}", fault, f"{what} ({who})", detail)
+        for when, fault, what, detail in fault_rows(s):
+            ft.add_row(f"{when:.1f}", fault, what, detail)
         con.print(ft)
     if s["transitions"]:
         tr = Table(title="node state transitions")

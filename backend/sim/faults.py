@@ -325,6 +325,20 @@ _NUMBER_FIELDS: dict[str, tuple[bool, bool, str]] = {
 _SPEC_EXAMPLES = {"probability": 0.5, "for_s": 10, "after": 3, "delay_ms": 400, "off_s": 2, "nbytes": 4096, "seed": 1}
 
 
+def spent_on_expiry(kind: str, params: str, fired: int) -> bool:
+    """Whether an ``expired`` event of a fault of ``kind`` (``params``: its :class:`FaultEvent` ``params``, the JSON of
+    the parameters given) that has ``fired`` times is the fault used up by firing -- it fired and does not repeat,
+    so it was spent as it fired (:meth:`Fault.expired`) -- not one whose ``for_s`` ended. False for parameters that
+    do not read as a fault's."""
+    if fired < 1:
+        return False
+    try:
+        given = json.loads(params or "{}")
+        return not FaultSpec.from_json({**given, "kind": kind}).repeats
+    except (ValueError, TypeError):
+        return False
+
+
 @dataclass
 class Fault:
     """An injected fault and its counters. ``fired`` counts firings, ``opportunities`` the sites it saw."""

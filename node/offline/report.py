@@ -402,11 +402,15 @@ FAULT_ACTION_WORDS = {"armed": "injected", "fired": "fired", "cleared": "cleared
 
 
 def _fault_words(f: Any) -> str:
-    """An ``expired`` fault keeps the word of the ``twinFault`` action (``msgs/chestnut.capnp``), as the launch
-    summary's fault table shows it, with why: a one-shot that fired (no ``for_s``), or its duration ended."""
+    """The ``twinFault`` action (``msgs/chestnut.capnp``) in words, as the launch summary's fault table has them
+    (``launch/summary.py`` ``fault_rows``): an ``expired`` of a fault used up by firing is ``spent`` (a one-shot:
+    ``backend/sim/faults.py`` ``spent_on_expiry``), any other ``expired`` is one whose ``--for`` duration ended."""
+    from chestnut.backend.sim.faults import spent_on_expiry
+
     if f.action == "expired":
-        why = "a one-shot that fired" if f.fired and '"for_s"' not in f.params else "its --for duration ended"
-        return f"expired ({why})"
+        if spent_on_expiry(f.kind, f.params, int(f.fired)):
+            return "spent (a one-shot: fired once and fires no more)"
+        return "expired (its --for duration ended)"
     return FAULT_ACTION_WORDS.get(f.action, f.action)
 
 
