@@ -312,15 +312,13 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path, Path] | int:
         model = node_cfg.model
         # a model the node could never read or load fails every start: said here, once, before anything starts
         fix = PREPARE_FIX if model.path == default_model_path() else ""  # the prepared one: prepare it again
-        checked = check_model_file(model.path, "model", fix)  # read and parsed once, for both checks of it
-        if checked.problem is not None:
+        if (checked := check_model_file(model.path, "model", fix)).problem is not None:  # parsed once, for both
             log.error("--node-config: [model] path: %s", checked.problem)
             return 2
         fallback = node_cfg.fallback.path
-        if fallback is not None and fallback != model.path:
-            if (problem := model_file_problem(fallback, "fallback model")) is not None:
-                log.error("--node-config: [fallback] path: %s", problem)
-                return 2
+        if fallback not in (None, model.path) and (problem := model_file_problem(fallback, "fallback model")):
+            log.error("--node-config: [fallback] path: %s", problem)
+            return 2
         if (problem := model_input_problem(model.path, model.input, model.shape, checked.model)) is not None:
             log.error("--node-config: %s", problem)
             return 2

@@ -120,7 +120,7 @@ def test_a_one_shot_fault_spent_within_a_second_is_on_the_report_timeline_and_st
     assert [(what, why) for _, what, kind, why in story_rows(tl) if kind == "fault"] == [
         ("fault timeout#1 injected", "parameters: the kind's defaults"),
         ("fault timeout#1 fired", "hit bulk out #1"),
-        ("fault timeout#1 expired (a one-shot that fired)", ""),  # the summary's word: expired
+        ("fault timeout#1 spent (a one-shot: fired once and fires no more)", ""),  # the summary's word: spent
     ]
     page = write_report(tmp_path / "report", tl).read_text()
     assert "fault timeout#1 fired" in page and "hit bulk out #1" in page
