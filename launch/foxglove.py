@@ -30,7 +30,8 @@ when the server starts (``msgs/clock.py``), the clock the MCAP log's times are o
 Every received message is checked with :func:`~chestnut.msgs.messaging.log_from_bytes` (bounded
 traversal); malformed ones are counted per service and skipped. ZeroMQ keeps at most
 :data:`RCVHWM_MESSAGES` per service; the SDK keeps at most ``message_backlog_size`` per client and
-drops the oldest data message for a slow client. SIGINT / SIGTERM stop it within one poll (exit 0).
+drops the oldest data message for a slow client. A client's malformed messages are one WARNING per client
+host, then only counted (:class:`ClientMessageFilter`). SIGINT / SIGTERM stop it within one poll (exit 0).
 """
 
 from __future__ import annotations
@@ -58,6 +59,36 @@ from chestnut.msgs.messaging import MalformedMessageError, SubSocket, log_from_b
 from chestnut.msgs.services import SERVICE_LIST
 
 _log = logging.getLogger("chestnut.foxglove")
+
+CLIENT_LOGGER = "foxglove.websocket.connected_client"
+"""foxglove-sdk 0.30's logger for what a client sends (its Rust ``log`` records reach Python's ``logging`` under
+this name): ``Invalid message from <host>:<port>: <why>`` at ERROR for each malformed client message."""
+CLIENT_HOSTS_KEPT = 256  # distinct client hosts remembered by ClientMessageFilter; beyond them: only counted
+
+
+class ClientMessageFilter(logging.Filter):
+    """Bounds what clients can write to the log: a client's malformed message is the client's fault, not the
+    stack's (a WARNING, not foxglove-sdk's ERROR), logged once per client host and then only counted in
+    :attr:`dropped` (the stop line gives the count). Without it, any local WebSocket client writes one ERROR
+    line per message it sends, without limit. At most :data:`CLIENT_HOSTS_KEPT` hosts are remembered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hosts: set[str] = set()
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if not text.startswith("Invalid message from "):
+            return True
+        host = text.removeprefix("Invalid message from ").split(": ", 1)[0].rsplit(":", 1)[0]
+        if host in self.hosts or len(self.hosts) >= CLIENT_HOSTS_KEPT:
+            self.dropped += 1
+            return False
+        self.hosts.add(host)
+        record.msg, record.args = f"{text}; further invalid messages from {host} are only counted", None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765  # Foxglove's default WebSocket port (foxglove-sdk start_server)
@@ -269,6 +300,8 @@ def run(args: argparse.Namespace) -> int:
         stop.append(signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    clients = ClientMessageFilter()
+    logging.getLogger(CLIENT_LOGGER).addFilter(clients)
     bridge = None
     server = None
     try:
@@ -302,10 +335,12 @@ def run(args: argparse.Namespace) -> int:
         if bridge is not None:
             bridge.close()
             _log.info(
-                "stopped: forwarded %d messages; malformed skipped: %s",
+                "stopped: forwarded %d messages; malformed skipped: %s; invalid client messages not logged: %d",
                 sum(bridge.forwarded.values()),
                 dict(bridge.malformed) or "none",
+                clients.dropped,
             )
+        logging.getLogger(CLIENT_LOGGER).removeFilter(clients)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0

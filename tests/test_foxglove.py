@@ -193,3 +193,43 @@ def test_serving_on_every_interface_warns_with_the_bound_port():
     m = re.search(r"WARNING chestnut\.foxglove: --host 0\.0\.0\.0 is not loopback: .* on port (\d+); leave", warned)
     assert m is not None and int(m.group(1)) > 0, warned  # the port bound, not the 0 asked for
     assert proc.returncode == 0
+
+
+async def _send_garbage(port: int, count: int) -> list[str]:
+    """Send ``count`` malformed text messages on one connection; the server's status replies, one per message."""
+    replies = []
+    async with websockets.connect(f"ws://127.0.0.1:{port}", subprotocols=SUBPROTOCOLS) as ws:
+        for i in range(count):
+            await ws.send(f"garbage {i}")
+        while len(replies) < count:
+            frame = await asyncio.wait_for(ws.recv(), 10)
+            if isinstance(frame, str) and json.loads(frame)["op"] == "status":
+                replies.append(json.loads(frame)["message"])
+    return replies
+
+
+def test_a_clients_malformed_messages_are_one_warning_per_host_then_only_counted():
+    proc = subprocess.Popen([sys.executable, "-m", "chestnut.launch.cli", "foxglove", "--port", "0"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        port = None
+        while port is None:
+            line = proc.stderr.readline()
+            assert line, "the server ended before serving"
+            if m := re.search(r" serving \d+ topics at ws://127\.0\.0\.1:(\d+) ", line):
+                port = int(m.group(1))
+        assert len(asyncio.run(_send_garbage(port, 3))) == 3  # the server answered each: it has seen them all
+        assert len(asyncio.run(_send_garbage(port, 2))) == 2  # a second connection from the same host
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    invalid = [line for line in err.splitlines() if "Invalid message" in line]
+    assert len(invalid) == 1, invalid
+    assert re.search(r" WARNING foxglove\.websocket\.connected_client: Invalid message from 127\.0\.0\.1:\d+: expected "
+                     r"value at line 1 column 1; further invalid messages from 127\.0\.0\.1 are only counted$",
+                     invalid[0]), invalid[0]
+    assert err.rstrip().splitlines()[-1].endswith("; invalid client messages not logged: 4"), err
+    assert proc.returncode == 0
