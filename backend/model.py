@@ -302,12 +302,13 @@ class OnnxModel(_HostModel):
         say(f"{self.name}: capturing the JIT")
         self.run(self.zero_inputs())
         digest = self._verify_digest()
-        jit_cache.store(
+        stored = jit_cache.store(
             key,
             self._jit,
             {"outputs": [o.to_json() for o in self.outputs], "verify_digest": digest, "model_name": self.name},
         )
-        say(f"{self.name}: compiled and cached ({key.digest[:12]})")
+        say(f"{self.name}: compiled and cached ({key.digest[:12]})" if stored is not None else
+            f"{self.name}: compiled, not cached (the compile cache was refused: above)")
 
     def _build_runner(self) -> None:
         from tinygrad import Tensor, TinyJit, dtypes

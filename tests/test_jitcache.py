@@ -206,6 +206,16 @@ def test_a_refused_directory_gets_nothing_written(tmp_path):
     assert list(root.iterdir()) == []
 
 
+def test_a_model_compiled_under_a_refused_cache_says_it_is_not_cached(tiny_onnx, tmp_path):
+    root = tmp_path / "jit"
+    root.mkdir()
+    root.chmod(0o777)
+    lines: list[str] = []
+    OnnxModel(tiny_onnx, jit_cache=JitCache(root), progress=lines.append)
+    assert lines[-1] == "tiny: compiled, not cached (the compile cache was refused: above)"
+    assert list(root.iterdir()) == []
+
+
 def test_a_refused_entry_is_rebuilt_and_replaced_by_a_private_one(tiny_onnx, tmp_path, caplog):
     cache = JitCache(tmp_path)
     OnnxModel(tiny_onnx, jit_cache=cache)
