@@ -18,7 +18,11 @@ backed-off error, not tinygrad's first-try ``RuntimeError``), but opens it more 
 - the result must be a regular file (``O_NONBLOCK`` keeps a planted FIFO or device from blocking
   the open);
 - ``O_RDWR`` as tinygrad, so a file tinygrad could not open either (another user's, mode 0644) is
-  refused here with :class:`~chestnut.backend.errors.UsbLayerError` ``lock_unusable``.
+  refused here with :class:`~chestnut.backend.errors.UsbLayerError` ``lock_unusable``;
+- the open file must belong to us or to root and be writable by nobody else (:func:`lock_file_problem`): the
+  name ``am_usb:<bus>-<addr>.lock`` is fixed and the temp dir is shared, so another local user can create it
+  first (``touch``, ``chmod 666``) and then hold a ``flock`` on it whenever they like; such a file is refused
+  as ``lock_unusable`` naming its owner and mode, like a symlink, never used.
 
 Once we created the file in the sticky temp dir, no other user can swap it before tinygrad opens it.
 
@@ -50,7 +54,8 @@ _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 def dock_lock_path(bus: int, address: int) -> Path:
     """tinygrad 0.14's lock file for the dock at ``bus``/``address``: ``<tempdir>/am_usb:<bus>-<addr>.lock``
-    (``System.flock_acquire(f"{devpref.lower()}_{pcibus.lower()}.lock")``, placed by ``helpers.temp``)."""
+    (``runtime/support/system.py`` ``USBPCIDevice.__init__``: ``System.flock_acquire(f"{devpref.lower()}_
+    {pcibus.lower()}.lock")``, placed by ``helpers.temp``)."""
     return Path(tempfile.gettempdir()) / f"{LOCK_DEVPREF}_usb:{bus}-{address}.lock"
 
 
@@ -80,10 +85,31 @@ def open_dock_lock(path: str | os.PathLike[str]) -> int:
         if e.errno == errno.ELOOP:
             raise _unusable(path, "is a symlink (refused: it could point anywhere)", fix) from None
         raise _unusable(path, f"cannot be opened ({e.strerror})", fix) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise _unusable(path, "is not a regular file", fix)
+    problem = lock_file_problem(st, os.geteuid())
+    if problem is not None:
+        os.close(fd)
+        raise _unusable(path, problem, fix)
     return fd
+
+
+def lock_file_problem(st: os.stat_result, euid: int) -> str | None:
+    """Why a lock file with status ``st`` is not one ``euid`` may take (None when it may): it must belong to
+    ``euid`` or root and be writable by its owner only. Anyone who can open a file can ``flock`` it (flock(2)
+    needs no write access), so a file another user planted in the sticky temp dir, or one group/other may
+    rewrite, would let that user hold the dock's lock against us at will. One line naming owner and mode."""
+    mode = stat.S_IMODE(st.st_mode)
+    why = []
+    if st.st_uid not in (euid, 0):
+        why.append(f"not to this user (uid {euid}) or root")
+    if mode & 0o022:
+        why.append("writable by group/other")
+    if not why:
+        return None
+    return f"belongs to uid {st.st_uid} with mode {mode:04o} ({', '.join(why)}: refused, another user could hold it)"
 
 
 def try_flock(fd: int) -> bool:

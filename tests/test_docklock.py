@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from planted import plant
 
 from chestnut.backend import docklock, real_runner
 from chestnut.backend.docklock import DockLock, dock_lock_path, open_dock_lock
@@ -140,3 +141,42 @@ def test_a_lock_file_this_user_cannot_open_read_write_is_lock_unusable(tmp_path)
 
 def test_the_backoff_table_is_the_one_the_real_runner_uses():
     assert real_runner.LOCK_BACKOFF_S is docklock.LOCK_BACKOFF_S
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's file needs root")
+
+
+@needs_root
+@pytest.mark.parametrize("mode", [0o666, 0o600])
+def test_a_lock_file_planted_by_another_user_is_refused_naming_owner_and_mode(tmp_path, mode):
+    """``touch /tmp/am_usb:78-12.lock; chown nobody ...; chmod 666 ...`` was accepted, and nobody's flock on it
+    then failed every start ``lock_held``."""
+    path = tmp_path / "am_usb:78-12.lock"
+    plant(path, "file", tmp_path / "victim")
+    os.chown(path, 65534, 65534)
+    path.chmod(mode)
+    with pytest.raises(UsbLayerError) as info:
+        DockLock(path).acquire(timeout_s=1.0)
+    assert info.value.reason == "lock_unusable"
+    why = "not to this user (uid 0) or root" + (", writable by group/other" if mode & 0o022 else "")
+    assert info.value.detail == (
+        f"the dock's lock file {path} belongs to uid 65534 with mode {mode:04o} ({why}: refused, another user "
+        f"could hold it); remove it (sudo rm {path}) once no process uses the dock"
+    )
+    assert path.read_text() == "important\n" and stat.S_IMODE(path.stat().st_mode) == mode
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o620, 0o602])
+def test_a_lock_file_of_ours_that_others_may_write_is_refused_and_not_chmodded(tmp_path, mode):
+    path = tmp_path / "am_usb:78-12.lock"
+    path.write_text("")
+    path.chmod(mode)
+    with pytest.raises(UsbLayerError) as info:
+        open_dock_lock(path)
+    assert info.value.reason == "lock_unusable"
+    assert info.value.detail == (
+        f"the dock's lock file {path} belongs to uid {os.geteuid()} with mode {mode:04o} (writable by "
+        f"group/other: refused, another user could hold it); remove it (sudo rm {path}) once no process uses the dock"
+    )
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+
