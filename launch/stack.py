@@ -423,31 +423,32 @@ def start(args: argparse.Namespace, prefix: str, run_dir: Path, conf: Path) -> L
 
 def come_up(launch: Launch) -> bool:
     """Wait for the node's first ``nodeState``, start the camera, wait for the first ``modelOutput``. False
-    (and the stop flag set, the cause logged) when the stack did not come up."""
-    run_dir, conf = launch.run_dir, launch.conf
-    if not wait_for(launch.view, "nodeState", 120.0, conf):
-        tail = read_tail(run_dir / "node.log", 1500)
-        log.error("the node did not come up; last lines of %s:\n%s", run_dir / "node.log", tail)
+    (and the stop flag set, the cause logged) when the stack did not come up; False too when a stop signal
+    came meanwhile: it ends the wait at once and the camera is not started after it."""
+    run_dir, conf, flag = launch.run_dir, launch.conf, launch.flag
+    up = wait_for(launch.view, "nodeState", 120.0, conf, flag)
+    if flag.stop:
+        log.info("a stop signal came while the node came up: the camera is not started")
+        return False
+    if not up:
+        log.error("the node did not come up; last lines of %s:\n%s", run_dir / "node.log",
+                  read_tail(run_dir / "node.log", 1500))
         launch.failed_start = True
     else:
         launch.asked.append("camera")
         if (cam_rc := supervisorctl(conf, "start", "camera")) != 0:
             log.error("supervisorctl start camera: exit %d; see %s", cam_rc, run_dir / "camera.log")
             launch.failed_start = True
-        elif not wait_for(launch.view, "modelOutput", 60.0, conf):
+        elif not wait_for(launch.view, "modelOutput", 60.0, conf, flag) and not flag.stop:
             if (exits := node_exits(read_tail(run_dir / "supervisord.log"))) >= CRASH_LOOP_EXITS:
-                log.error(
-                    "the node exits at every start (%d exits before its first output; %s); its last error: %s",
-                    exits,
-                    run_dir / "supervisord.log",
-                    last_error_line(read_tail(run_dir / "node.log")),
-                )
+                log.error("the node exits at every start (%d exits before its first output; %s); its last error: %s",
+                          exits, run_dir / "supervisord.log", last_error_line(read_tail(run_dir / "node.log")))
             else:
                 log.error("no modelOutput within 60 s of starting the camera; see %s", run_dir)
             launch.failed_start = True
     if not launch.failed_start:
-        return True
-    launch.flag.stop = True
+        return not flag.stop
+    flag.stop = True
     if (code := launch.proc.poll()) is not None:
         launch.died = True
         log.error("supervisord exited (code %s) while the stack started; see %s", code, run_dir / "supervisord.log")
@@ -529,9 +530,8 @@ def drive(launch: Launch) -> None:
                   "the run ended first" if fault_t0 is not None else "the primary never served (no ChestnutActive)")
     if (code := proc.poll()) is not None and not flag.stop:
         launch.died = True
-        log.error(
-            "supervisord exited (code %s) before the end of the run; see %s", code, launch.run_dir / "supervisord.log"
-        )
+        log.error("supervisord exited (code %s) before the end of the run; see %s", code,
+                  launch.run_dir / "supervisord.log")
 
 
 def finish_summary(launch: Launch) -> dict[str, Any]:

@@ -72,12 +72,14 @@ def shut_down(proc: subprocess.Popen[bytes], conf: Path, view: Any, prefix: str,
         log.warning("killed %d process(es) of the stack left after supervisord: %s", len(killed), killed)
 
 
-def wait_for(view: Any, service: str, deadline_s: float, conf: Path | None = None) -> bool:
-    """Wait until ``service`` is seen; with ``conf``, give up early once supervisord has given up on the node
-    or the node exits at every start (:func:`node_exits`, from ``supervisord.log`` beside ``conf``)."""
+def wait_for(view: Any, service: str, deadline_s: float, conf: Path | None = None, flag: Any = None) -> bool:
+    """Wait up to ``deadline_s`` (s) until ``service`` is seen; with ``conf``, give up early once supervisord has
+    given up on the node or the node exits at every start (:func:`node_exits`, from ``supervisord.log`` beside
+    ``conf``); with ``flag`` (:class:`~chestnut.launch.signals.StopFlag`), give up as soon as it is set (within
+    one ``view.update``, 100 ms)."""
     t_end = time.monotonic() + deadline_s
     next_status = time.monotonic() + 2.0
-    while time.monotonic() < t_end:
+    while time.monotonic() < t_end and not (flag is not None and flag.stop):
         view.update(100)
         if view.sm.seen[service]:
             return True
