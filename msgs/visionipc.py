@@ -58,7 +58,7 @@ import socket
 import stat
 import struct
 import threading
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
 import numpy as np
@@ -93,6 +93,7 @@ RING_SLOTS = 4
 """Slots in a camera's ring (our choice): a reader may be up to 3 frames (150 ms at 20 Hz) behind the
 newest frame before its slot is reused; one frame late is the node's normal worst case."""
 MAX_RING_SLOTS = 16  # a subscriber refuses a ring announcing more slots than this
+UNPROVEN_KEYS = 4 * MAX_RING_SLOTS  # bus frames answered unproven that FrameReader.first_sight keeps
 SLOT_HEADER_BYTES = 64  # seqlock word (uint64 at 0), frame bytes (uint64 at 8), the rest reserved; one cache line
 HELLO_MAX_BYTES = 4096  # the camera's JSON line; a subscriber reads no more
 HELLO_VERSION = 3  # 2: SOCK_SEQPACKET, notices follow the hello; 3: a notice is a RingFrame record
@@ -711,7 +712,9 @@ class FrameReader:
 
     def __init__(self, prefix: str | None = None, poller: Any = None) -> None:
         self.shm = FrameSubscriber(prefix, poller=poller)
-        self._seen: tuple[int, int] = (0, 0)  # (session, seq) of the newest ring frame taken
+        self._seen: tuple[int, int] = (0, 0)  # (session, seq) of the newest ring frame shown to exist and taken
+        # (session, seq, index) of bus frames answered while their slot did not hold them (lapped, or never real)
+        self._unproven: deque[tuple[int, int, int]] = deque(maxlen=UNPROVEN_KEYS)
         self.bad_notice_reasons: Counter[str] = Counter()
 
     @property
@@ -747,18 +750,43 @@ class FrameReader:
 
     def first_sight(self, cf: Any) -> bool:
         """False for a ring frame already taken (its notice and its bus message carry the same frame:
-        the same session and seq), True otherwise (inline frames always). Seq only grows within a session."""
-        if isinstance(cf, RingFrame):
-            key = (cf.session, cf.seq)
+        the same session, seq and slot), True otherwise (inline frames always).
+
+        A seq is recorded as taken only once the frame is shown to exist: its slot in the mapped ring holds it
+        (the seqlock word is ``2*seq``, here or in :meth:`view`), or it came as the camera's own notice (its
+        connection is the camera's, ``SO_PEERCRED``-checked). A bus message is anyone's: one naming a seq its
+        slot never held (say ``2**64-1``) is answered once (as a bad frame) and recorded only as that one key,
+        so it cannot silence the session's later frames. Seq only grows within a session (the module's
+        "Seqlock"). The notice of a bus frame answered while its slot no longer held it (lapped) is skipped."""
+        notice = isinstance(cf, RingFrame)
+        if notice:
+            session, seq, index = cf.session, cf.seq, cf.index
         elif cf._has("buffer"):
             buf = cf.buffer
-            key = (int(buf.session), int(buf.seq))
+            session, seq, index = int(buf.session), int(buf.seq), int(buf.index)
         else:
             return True
-        if key[0] == self._seen[0] and key[1] <= self._seen[1]:
+        if session == self._seen[0] and seq <= self._seen[1]:
             return False
-        self._seen = key
+        if self._in_slot(session, index, seq):
+            self._taken(session, seq)
+            return True
+        if notice:
+            self._taken(session, seq)
+            return (session, seq, index) not in self._unproven
+        self._unproven.append((session, seq, index))
         return True
+
+    def _in_slot(self, session: int, index: int, seq: int) -> bool:
+        """Whether the mapped ring is ``session``'s and its slot ``index`` holds frame ``seq`` now (seqlock word
+        ``2*seq``: written, not being rewritten)."""
+        ring = self.shm.ring
+        return ring is not None and ring.session == session and 0 <= index < ring.slots and (
+            int(ring.words[index]) == 2 * seq)
+
+    def _taken(self, session: int, seq: int) -> None:
+        if session != self._seen[0] or seq > self._seen[1]:
+            self._seen = (session, seq)
 
     @staticmethod
     def in_ring(cf: Any) -> bool:
@@ -774,7 +802,9 @@ class FrameReader:
         size = buf.size
         if size != h * w * c:
             raise ValueError(f"cameraFrame {cf.frameId}: {size} bytes in the ring for {h}x{w}x{c}")
-        return self.shm.view_slot(buf.session, buf.index, buf.seq, size).reshape(h, w, c)
+        view = self.shm.view_slot(buf.session, buf.index, buf.seq, size).reshape(h, w, c)
+        self._taken(int(buf.session), int(buf.seq))  # its slot held it (view_slot checked the seqlock word)
+        return view
 
     def verify(self, cf: Any) -> None:
         if isinstance(cf, RingFrame):

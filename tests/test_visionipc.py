@@ -550,3 +550,74 @@ def test_a_reader_that_reads_no_notices_still_sees_its_camera_go():
         assert not reader.camera_gone() and reader.notices() == []
     assert _wait_for(reader.camera_gone)
     reader.close()
+
+
+def _forged(ring: FrameRing, frame_id: int, index: int, seq: int, nbytes: int) -> bytes:
+    """A bus ``cameraFrame`` naming ``ring``'s session with a slot and seq of the sender's choosing."""
+    msg = fill_frame(frame_id, np.zeros((0, 8, 3), np.uint8), 1, 2, "forger")
+    msg.cameraFrame.height, msg.cameraFrame.width = 4, 8
+    ring.fill(msg.cameraFrame, index, seq, nbytes)
+    return msg.to_bytes()
+
+
+def _answer(reader: FrameReader, cf: object) -> tuple[int, str] | None:
+    """What the node's loop does with one frame: None when first_sight skips it, else (frame id, what it read)."""
+    if not reader.first_sight(cf):
+        return None
+    try:
+        return int(cf.frameId), f"pixels {int(reader.read(cf)[0, 0, 0])}"  # type: ignore[attr-defined]
+    except FrameOverwrittenError:
+        return int(cf.frameId), "overwritten"  # type: ignore[attr-defined]
+
+
+def test_a_bus_message_naming_a_seq_its_slot_never_held_does_not_silence_the_session():
+    """A ``cameraFrame`` with ``buffer.seq = 2**64-1`` of the camera's session was recorded as taken: every later
+    frame of that session (seq 1..20) was skipped as seen, no output, no log line."""
+    with FrameRing(96) as ring:
+        reader = FrameReader()
+        answers = [_answer(reader, log_from_bytes(_forged(ring, 1, 1, 2**64 - 1, 96)).cameraFrame)]
+        sent = []
+        for i in range(2, 22):
+            _, bus = _notice(ring, np.full((4, 8, 3), i, np.uint8), i)
+            sent.append(bus)
+            answers.append(_answer(reader, log_from_bytes(bus).cameraFrame))
+            answers.append(_answer(reader, log_from_bytes(bus).cameraFrame))  # the same frame again: taken once
+        answers.append(_answer(reader, log_from_bytes(_forged(ring, 22, 1, 2**64 - 1, 96)).cameraFrame))
+        answers.append(_answer(reader, log_from_bytes(sent[-1]).cameraFrame))
+        assert ring.seq == 20
+    assert answers == [(1, "overwritten")] + [a for i in range(2, 22) for a in ((i, f"pixels {i}"), None)] + [
+        (22, "overwritten"), None]
+
+
+def test_a_notice_is_taken_after_a_forged_bus_copy_and_skipped_after_a_lapped_real_one():
+    import zmq
+
+    pixels = np.zeros((4, 8, 3), np.uint8)
+    with FrameRing(pixels.nbytes) as ring:
+        reader = FrameReader(poller=zmq.Poller())
+        answers = [_answer(reader, log_from_bytes(_notice(ring, pixels + 1, 1)[1]).cameraFrame)]  # maps the ring
+        _wait_for(lambda: ring.subscribers == 1 and ring._notified)
+        # a forger names the next frame (seq 2, slot 1) before the camera wrote it
+        answers.append(_answer(reader, log_from_bytes(_forged(ring, 2, 1, 2, pixels.nbytes)).cameraFrame))
+        frame, bus = _notice(ring, pixels + 2, 2)
+        assert ring.notify(frame) == 1
+        got: list[RingFrame] = []
+        _wait_for(lambda: got.extend(reader.notices()) or got)
+        answers += [_answer(reader, got[0]), _answer(reader, log_from_bytes(bus).cameraFrame)]
+        # frame 3's bus copy is read after the camera lapped its slot; its notice then is not a second answer
+        frame, bus = _notice(ring, pixels + 3, 3)
+        assert ring.notify(frame) == 1
+        for i in range(4, 4 + ring.slots):
+            _notice(ring, pixels + i, i)
+        answers.append(_answer(reader, log_from_bytes(bus).cameraFrame))
+        got.clear()
+        _wait_for(lambda: got.extend(reader.notices()) or got)
+        answers.append(_answer(reader, got[0]))
+        frame, bus = _notice(ring, pixels + 9, 9)
+        assert ring.notify(frame) == 1
+        got.clear()
+        _wait_for(lambda: got.extend(reader.notices()) or got)
+        answers += [_answer(reader, got[0]), _answer(reader, log_from_bytes(bus).cameraFrame)]
+        reader.close()
+    assert answers == [(1, "pixels 1"), (2, "overwritten"), (2, "pixels 2"), None, (3, "overwritten"), None,
+                       (9, "pixels 9"), None]
