@@ -17,6 +17,9 @@ deadline   a frame request's result within ``[min, deadline]``: the deadline    
 hang       no request unanswered longer than the wait timeout + margin          at once     KILL_WORKER
            (3000 + 250 ms) for frames, or the command timeout (60 s, modeld's               (gpu)
            start-up budget) for qualify/load commands
+served     no frame waits longer than the wait timeout + margin for a result    at once     FAIL_OVER
+           the node can use: every frame answered late (or not at all) since               (gpu)
+           the oldest frame after the last on-time one (docs/health.md)
 alive      worker heartbeats counted per window within [expected - min_margin,  debounced   KILL_WORKER
            expected + max_margin]                                                           (gpu)
 logical    requests and responses pair up in order: each request seq greater    at once     KILL_WORKER
@@ -33,6 +36,10 @@ reason as ``host`` to :meth:`Watchdog.response` and :meth:`Watchdog.check`) is t
 answered from the fallback all the same (entity ``"host"``), but the deadline entity neither counts
 it nor takes it as an on-time frame, so it never fails the gpu layer over. The hang and alive
 entities ignore ``host``: a worker silent for the wait timeout + margin is killed whatever the host does.
+So does the served rule (:meth:`Watchdog.check`): a primary that answers every frame, but none within its
+deadline, for the wait timeout + margin fails the gpu layer over whatever the host does, so no frame waits
+longer than that for a primary answer while the node would still call the primary active (the contract
+``worker_answers``, ``node/offline/contracts.py``).
 
 A miss of a frame that is only queued behind an earlier request still within ``frame_deadline_ms`` (the
 ceiling, 150 ms: :func:`queued_behind`) is answered from the fallback but not counted either: with the
@@ -263,6 +270,9 @@ class Watchdog:
         self._command_ns = int(c.command_timeout_ms * NS_PER_MS)
         self._window_ns = int(c.alive_window_ms * NS_PER_MS)
         self._pending: OrderedDict[int, _Pending] = OrderedDict()
+        self._unserved: tuple[int, int] | None = None  # (seq, request ns) of the oldest frame since an on-time one
+        self._unserved_host = 0  # of the misses since then, the host's
+        self._last_response_ns = 0
         self._last_seq: int | None = None
         self._outcomes: deque[bool] = deque(maxlen=c.miss_window_frames)  # True = missed
         self._miss_run = 0
@@ -291,12 +301,14 @@ class Watchdog:
         self._alive_failed_run = self._alive_passed_run = 0
         self._beats = 0
         self._alive_start_ns = now_ns if self.config.alive_enabled else None
+        self._unserved, self._unserved_host = None, 0
         return actions
 
     def worker_stopped(self, now_ns: int) -> list[WatchdogAction]:
         """The worker is gone (killed, died, stopped): every unanswered frame is answered from the fallback now."""
         actions = self._abandon(now_ns, "worker gone")
         self._alive_start_ns = None
+        self._unserved, self._unserved_host = None, 0
         return actions
 
     def _abandon(self, now_ns: int, why: str) -> list[WatchdogAction]:
@@ -327,8 +339,12 @@ class Watchdog:
                                               f"frame {seq}: request out of sequence", now_ns, seq))
             return actions
         self._last_seq = seq
+        if kind is RequestKind.FRAME and self._unserved is not None and self._idle_since(now_ns):
+            self._unserved, self._unserved_host = None, 0
         self._pending[seq] = _Pending(now_ns, kind, deadline_ns=deadline_ns)
         self._last_deadline_ns = deadline_ns if kind is RequestKind.FRAME else self._last_deadline_ns
+        if kind is RequestKind.FRAME and self._unserved is None:
+            self._unserved = (seq, now_ns)
         return []
 
     def _queued(self, seq: int, head: _Pending, now_ns: int, head_seq: int | None = None) -> str:
@@ -365,6 +381,7 @@ class Watchdog:
                    else f"response seq {seq} out of order (expected {expected})")
             return Verdict(False, -1, tuple(self._logical_fault(now_ns, why)))
         p = self._pending.pop(seq)
+        self._last_response_ns = now_ns
         if self._pending:  # the next request can start only now (the worker runs one at a time)
             nxt = next(iter(self._pending.values()))
             nxt.head_ns = max(nxt.head_ns, now_ns)
@@ -388,6 +405,8 @@ class Watchdog:
             queued = self._queued(seq, p, now_ns) if elapsed > p.deadline_ns else ""
             actions = self._miss(seq, reason, now_ns, host() if callable(host) else host, queued)
             return Verdict(False, elapsed, tuple(actions))
+        head = next(((s, q.start_ns) for s, q in self._pending.items() if q.kind is RequestKind.FRAME), None)
+        self._unserved, self._unserved_host = head, 0  # the wait starts with the oldest frame still in hand
         return Verdict(True, elapsed, tuple(self._frame_outcome(False, now_ns)))
 
     def heartbeat(self, now_ns: int, count: int = 1) -> list[WatchdogAction]:
@@ -424,8 +443,33 @@ class Watchdog:
                 what = "wait timeout + margin" if p.kind is RequestKind.FRAME else "command timeout"
                 actions.append(self._kill("hang", f"worker hung: request {seq} ({p.kind.value}) unanswered after "
                                           f"{_ms(elapsed)} ({what} {_ms(limit)})", now_ns, Layer.GPU, seq))
+        actions += self._unserved_check(now_ns)
         actions += self._close_alive_windows(now_ns)
         return actions
+
+    def _unserved_check(self, now_ns: int) -> list[WatchdogAction]:
+        """The served rule: the oldest frame requested since the last on-time result waited longer than the wait
+        timeout + margin (3000 + 250 ms, tinygrad ``HCQDEV_WAIT_TIMEOUT_MS`` as openpilot sets it): FAIL_OVER
+        on the gpu layer, the host's misses included (they excuse one late frame, not a primary that serves none)."""
+        if self._unserved is None or self.expired or not self._frame_pending():
+            return []
+        seq, start_ns = self._unserved
+        waited = now_ns - start_ns
+        if waited <= self._hang_ns:
+            return []
+        self.deadline.apply(Result.FAIL_LIMIT)
+        host = f", {self._unserved_host} of its misses while the host was late" if self._unserved_host else ""
+        return [WatchdogAction(ActionKind.FAIL_OVER, "deadline", f"no frame answered by the primary within its "
+                               f"deadline for {_ms(waited)} since frame {seq} (wait timeout + margin "
+                               f"{_ms(self._hang_ns)}){host}", now_ns, None, Layer.GPU)]
+
+    def _frame_pending(self) -> bool:
+        return any(p.kind is RequestKind.FRAME for p in self._pending.values())
+
+    def _idle_since(self, now_ns: int) -> bool:
+        """The worker had no frame in hand for longer than the frame deadline before ``now_ns`` (a camera
+        pause): the wait for an on-time result starts again with the next frame."""
+        return not self._frame_pending() and now_ns - self._last_response_ns > self._deadline_ns
 
     def next_check_ns(self) -> int | None:
         """The earliest time at which :meth:`check` can find something new (a poll timeout), or None."""
@@ -437,6 +481,8 @@ class Watchdog:
                 due.append(p.start_ns + (self._hang_ns if p.kind is RequestKind.FRAME else self._command_ns) + 1)
         if self._alive_start_ns is not None:
             due.append(self._alive_start_ns + self._window_ns)
+        if self._unserved is not None and not self.expired and self._frame_pending():
+            due.append(self._unserved[1] + self._hang_ns + 1)
         return min(due, default=None)
 
     # ---------------------------------------------------------------- status
@@ -474,6 +520,7 @@ class Watchdog:
         if host:
             self.misses += 1
             self.host_misses += 1
+            self._unserved_host += 1
             return [WatchdogAction(ActionKind.ANSWER_FROM_FALLBACK, "host", f"{reason}; {host}", now_ns, seq)]
         if queued:
             self.misses += 1

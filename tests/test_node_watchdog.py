@@ -435,3 +435,60 @@ def test_frame_drop_percentage_is_always_in_range(ids):
     f = FrameDropFilter()
     for fid in ids:
         assert 0.0 <= f.update(fid) < 100 * 10 / 11 + 1e-9  # at most 10 drops per frame: x <= 10
+
+
+# ---------------------------------------------------------------- served: no frame waits past the wait timeout
+
+
+HOST = "host late: the twin's GPU waited 150 ms for a CPU"
+
+
+def late_primary(wd, until_ns, late_ms=160, on_time=()):
+    """A 20 Hz camera whose primary answers every frame ``late_ms`` after its request (``on_time``: seqs
+    answered after 120 ms, in order and on time), the host late throughout; the node checks every 10 ms.
+    Returns the FAIL_OVERs."""
+    fail_overs, answers, t, seq = [], {}, 0, 0
+    while t <= until_ns and not fail_overs:
+        if t == seq * 50 * MS:
+            wd.request(seq, t, deadline_ms=150.0)
+            answers[seq] = t + (120 if seq in on_time else late_ms) * MS
+            seq += 1
+        for s in [s for s, due in answers.items() if due == t]:
+            fail_overs += [a for a in wd.response(s, t, HOST).actions if a.kind is ActionKind.FAIL_OVER]
+            del answers[s]
+        fail_overs += [a for a in wd.check(t, HOST) if a.kind is ActionKind.FAIL_OVER]
+        t += 10 * MS
+    return fail_overs
+
+
+def test_a_primary_answering_every_frame_late_fails_over_after_the_wait_timeout_whatever_the_host():
+    wd = Watchdog(NO_ALIVE)
+    assert late_primary(wd, 3260 * MS) == [WatchdogAction(
+        ActionKind.FAIL_OVER, "deadline",
+        "no frame answered by the primary within its deadline for 3260.0 ms since frame 0 (wait timeout + margin "
+        "3250.0 ms), 63 of its misses while the host was late", 3260 * MS, None, Layer.GPU)]
+    assert wd.statuses()["deadline"] is Status.EXPIRED and wd.statuses()["hang"] is Status.OK
+    assert (wd.kills, wd.host_misses) == (0, 63)
+    assert [a for a in wd.check(9000 * MS, HOST) if a.kind is ActionKind.FAIL_OVER] == []  # once
+
+
+def test_one_on_time_frame_restarts_the_wait_and_a_new_worker_starts_it_afresh():
+    wd = Watchdog(NO_ALIVE)
+    assert late_primary(wd, 4400 * MS, on_time={20}) == [WatchdogAction(  # frame 20 (1000 ms) on time
+        ActionKind.FAIL_OVER, "deadline",
+        "no frame answered by the primary within its deadline for 3260.0 ms since frame 21 (wait timeout + margin "
+        "3250.0 ms), 63 of its misses while the host was late", 4310 * MS, None, Layer.GPU)]
+    wd = Watchdog(NO_ALIVE)
+    wd.request(0, 0)
+    wd.worker_started(100 * MS)
+    assert wd.check(3400 * MS) == []  # the frame of the replaced worker was abandoned
+
+
+def test_a_camera_pause_after_a_late_frame_is_no_failover():
+    wd = Watchdog(NO_ALIVE)
+    wd.request(0, 0)
+    wd.check(151 * MS, HOST)
+    assert wd.response(0, 160 * MS).use_result is False
+    assert wd.next_check_ns() is None  # the worker has nothing in hand
+    wd.request(1, 5000 * MS)  # the camera paused 5 s: the wait starts with frame 1
+    assert wd.check(5100 * MS) == [] and wd.next_check_ns() == 5150 * MS + 1
