@@ -71,6 +71,7 @@ from chestnut.launch.summary import (
     print_summary,
     stop_figures,
     summarize,
+    write_run_file,
     write_summary_json,
 )
 from chestnut.launch.supervise import (
@@ -87,7 +88,7 @@ from chestnut.launch.supervise import (
     wait_for,
 )
 from chestnut.msgs.argtypes import MAX_RUN_SECONDS, checked_int, run_seconds
-from chestnut.msgs.outdir import OutputDirError, write_private
+from chestnut.msgs.outdir import OutputDirError
 
 log = logging.getLogger("chestnut.launch")
 
@@ -542,15 +543,14 @@ def finish_summary(launch: Launch) -> dict[str, Any]:
     summary = summarize(run_dir / "logs", launch.t_launch_ns)
     summary.update(stop_figures(summary, launch.t_launch_ns, launch.t_stop_ns, launch.flag, launch.args.seconds))
     summary["fault_schedule"] = launch.faults.schedule_rows(summary["t_zero_ns"] or launch.t_launch_ns)
-    write_private(run_dir / "faults.json", json.dumps(summary["fault_schedule"], indent=1))
+    summary["outputs_lost"] = write_run_file(run_dir / "faults.json", json.dumps(summary["fault_schedule"], indent=1))
     summary["processes"] = launch.sampler.report()
     from chestnut.launch.restarts import run_restarts
 
     summary["restarts"] = run_restarts(run_dir, summary.get("wall_start_ns") or 0)  # cause, frames lost
     summary["programs_not_started"] = not_started_lines(run_dir, launch.asked)  # each: why, its last error
-    summary["contracts"], summary["report"] = check_contracts(
-        run_dir, summary["fault_schedule"], summary.get("wall_start") or None, list_violations=not launch.failed_start
-    )
+    summary["contracts"], summary["report"] = check_contracts(run_dir, summary["fault_schedule"], summary.get(
+        "wall_start") or None, list_violations=not launch.failed_start, lost=summary["outputs_lost"])
     print_summary(summary, run_dir)
     return summary
 
@@ -566,7 +566,7 @@ def verdict(launch: Launch, summary: dict[str, Any]) -> int:
     # under supervision owes nothing for the frames sent while none ran, which missing_outputs still lists
     ok = summary["outputs"] > 0 and bool(summary["contracts"]) and not any(summary["contracts"].values())
     ok = ok and not launch.died and not launch.failed_start and not json_lost and not launch.faults_missed
-    ok = ok and not summary.get("programs_not_started")  # a program that never ran: the stack was not whole
+    ok = ok and not summary.get("programs_not_started") and not summary.get("outputs_lost")  # never ran, unwritten
     return exit_code(ok, args.seconds, launch.flag.signum)
 
 

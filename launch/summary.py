@@ -439,8 +439,10 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
         con.print(
             f"contracts: {len(s.get('contracts', {}))} checked, "
             + (f"[red]violated: {bad}[/red]" if bad else "[green]no violation[/green]")
-            + f"; report: {s.get('report', '-')}"
+            + f"; report: {s.get('report') or '-'}"
         )
+    for line in s.get("outputs_lost", []):  # a run file a write failed for (a full disk): the run is not clean
+        con.print(f"not written: {line}", style="red", markup=False, highlight=False, soft_wrap=True)
 
 
 def control_lines(s: dict[str, Any]) -> list[str]:
@@ -493,16 +495,33 @@ def write_summary_json(path: Path, summary: dict[str, Any]) -> str | None:
     return None
 
 
+def write_run_file(path: Path, text: str) -> list[str]:
+    """Write one of the run's own files (``faults.json``) by temp file and rename (``msgs/outdir.py``
+    ``write_private``). Returns the lines of what could not be written (the start of the summary's
+    ``outputs_lost``: the run is not clean): a write that fails (a full disk) is one ERROR line naming the
+    file, and what follows is still written."""
+    from chestnut.msgs.outdir import write_private
+
+    try:
+        write_private(path, text)
+    except OSError as e:  # OutputDirError (one line) for a write that fails
+        log.error("%s", e)
+        return [str(e)]
+    return []
+
+
 def check_contracts(
     run_dir: Path,
     fault_schedule: list[dict[str, Any]] | None = None,
     wall_start: str | None = None,
     list_violations: bool = True,
+    lost: list[str] | None = None,
 ) -> tuple[dict[str, int], str]:
     """``chestnut check`` over the run's log, with its report in ``<run dir>/report`` (with the fault
     schedule, times in s since the log's first message, and a link to the logs). ``list_violations``
     False (a stack that never came up, whose start was already named): the violations go to the report
-    only, not one line each."""
+    only, not one line each. A report that cannot be written (a full disk) is one ERROR line naming the file,
+    also added to ``lost`` (the summary's ``outputs_lost``); the counts are still returned, with no report ("")."""
     from chestnut.node.offline.contracts import check_log
     from chestnut.node.offline.report import write_report
 
@@ -513,15 +532,14 @@ def check_contracts(
         return {}, ""
     for v in res.violations[:20] if list_violations else []:
         log.error("contract %s violated at frame %s: %s", v.contract, v.frame_id, v.message)
-    page = write_report(
-        run_dir / "report",
-        res.timeline,
-        violations=res.violations,
-        title=f"chestnut {run_dir.name}",
-        fault_schedule=fault_schedule,
-        logs=run_dir / "logs",
-        wall_start=wall_start,
-    )
+    try:
+        page = write_report(run_dir / "report", res.timeline, violations=res.violations,
+                            title=f"chestnut {run_dir.name}", fault_schedule=fault_schedule, logs=run_dir / "logs",
+                            wall_start=wall_start)
+    except OSError as e:  # OutputDirError (one line) for a write that fails
+        log.error("report: %s", e)
+        (lost if lost is not None else []).append(f"report: {e}")
+        return res.counts(), ""
     return res.counts(), str(page)
 
 
