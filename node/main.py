@@ -279,8 +279,11 @@ def evidence_from_worker_error(err: ChestnutError) -> Evidence:
     return Evidence(Layer.GPU, Level.ERROR, reason, hard=True, tag=err.reason)
 
 
-class _StopDuringStart(Exception):
-    """SIGINT/SIGTERM while the fallback is still warming (it may compile for many seconds)."""
+class _StopDuringStart(BaseException):
+    """SIGINT/SIGTERM during start-up (reading the configuration, declaring the contract, warming the fallback,
+    which may compile for many seconds): a stop, not an error, so a :class:`BaseException` as Python's own
+    ``KeyboardInterrupt`` is (https://docs.python.org/3/library/exceptions.html#exception-hierarchy), which no
+    ``except Exception`` around a model load or run takes for that model's failure."""
 
 
 @dataclass
@@ -520,9 +523,7 @@ class Node:
                 self.fallback = fallback
                 last = self.fallback.warm()
             self.starting = False  # from here on a stop request waits for the loop (no child is mid-spawn)
-        except _StopDuringStart:
-            raise
-        except Exception as e:  # ModelError, or anything the engine raises: no fallback, no service
+        except Exception as e:  # ModelError, or anything the engine raises: no fallback, no service (a stop is not one)
             self.starting = False
             log.error("no usable fallback model (%s, %s): %s: %s; %s", self.cfg.fallback_path, fb.engine,
                       type(e).__name__, e, model_fix(self.cfg.fallback_path))
@@ -1431,7 +1432,7 @@ class Node:
                     self._publish_housekeeping(time.monotonic_ns())
                     return EXIT_NO_FALLBACK
             except _StopDuringStart:
-                log.info("stopped while warming the fallback")
+                log.info("stopped during start-up")
                 return EXIT_OK
             if self.stop_requested:  # a signal after the fallback was warm, before the loop: not ready, stopping
                 return EXIT_OK
@@ -1540,21 +1541,33 @@ def apply_realtime(cfg: NodeConfig) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``chestnut run``. Exit codes: :data:`EXIT_OK` after SIGINT/SIGTERM, :data:`EXIT_CONFIG`,
-    :data:`EXIT_NO_FALLBACK`."""
-    try:
-        cfg = node_config.from_args(args)
-        node = Node(cfg)
-    except ConfigError as e:
-        log.error("unusable configuration: %s", e)
-        return EXIT_CONFIG
-    apply_realtime(cfg)
+    """``chestnut run``. Exit codes: :data:`EXIT_OK` after SIGINT/SIGTERM (from here on, start-up included:
+    the handlers are installed before the configuration is read), :data:`EXIT_CONFIG`, :data:`EXIT_NO_FALLBACK`."""
+    nodes: list[Node] = []
 
     def on_signal(signum: int, _frame: object) -> None:
-        node.request_stop(signum)
+        if nodes:
+            nodes[0].request_stop(signum)
+            return
+        log.info("signal %d: stopping", signum)
+        raise _StopDuringStart()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    try:
+        try:
+            cfg = node_config.from_args(args)
+            node = Node(cfg)
+        except ConfigError as e:
+            log.error("unusable configuration: %s", e)
+            return EXIT_CONFIG
+        nodes.append(node)
+        apply_realtime(cfg)
+    except _StopDuringStart:
+        if nodes:
+            nodes[0].close()
+        log.info("stopped during start-up")
+        return EXIT_OK
     return node.run()
 
 
