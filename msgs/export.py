@@ -11,15 +11,17 @@ one whose video is missing or damaged is exported as metadata without an image, 
 file is named on one line like any damage (its first failing frame, and how many more failed). A
 damaged input is exported up to the damage, and each damage is named on one line. ``OUT`` must not
 exist (it is never overwritten); it is created 0600 (``msgs/outdir.py``, a missing directory 0700) and
-removed again when no message could be exported or the export stops on an error, so a failed export
-leaves nothing behind to block a rerun.
+removed again when no message could be exported or the export stops on an error (a full disk is one line
+naming ``OUT``, exit 2), so a failed export leaves nothing behind to block a rerun.
 Every bad path is one line: which path, what is wrong, how to fix it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +70,8 @@ def export_mcap(logs: list[Path], out: Path, with_capnp: bool = False) -> tuple[
                         frames.close()
                     frames = LoggedFrames(path.parent)
                 data = _decoded(event, frames, video_damage)
-            writer.write(service, log_mono_time, data)
-        writer.close()
+            _on_disk(out, writer.write, service, log_mono_time, data)
+        _on_disk(out, writer.close)
         if writer.messages == 0:
             damage = "; ".join(str(d) for d in reader.damage) or "the log holds no message"
             raise NothingToExportError(
@@ -81,12 +83,26 @@ def export_mcap(logs: list[Path], out: Path, with_capnp: bool = False) -> tuple[
         if frames is not None:
             frames.close()
         if not done:
-            writer.close()
+            with contextlib.suppress(OSError):  # the error that stopped the export is the one said
+                writer.close()
             out.unlink(missing_ok=True)  # created exclusively by this call: ours to remove
     lines = [
         f"{e}{f'; {n - 1} more frame(s) of it without their pixels' if n > 1 else ''}" for e, n in video_damage.values()
     ]
     return writer.messages, [str(d) for d in reader.damage] + lines
+
+
+def _on_disk(out: Path, call: Callable[..., None], *args: Any) -> None:
+    """``call(*args)``, a write to ``out``; a write the disk refuses (full: ENOSPC, an I/O error) is raised as
+    one line, :class:`~chestnut.msgs.outdir.OutputDirError` naming ``out`` (``msgs/outdir.py``
+    ``write_private``'s words), and ``out`` is removed by :func:`export_mcap`."""
+    try:
+        call(*args)
+    except OutputDirError:
+        raise
+    except OSError as e:
+        raise OutputDirError(out, f"cannot be written ({e.strerror or e})", "free space or give another directory") \
+            from None
 
 
 def _decoded(event: Any, frames: LoggedFrames, damage: dict[Path, list[Any]]) -> bytes:
