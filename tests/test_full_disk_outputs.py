@@ -68,3 +68,64 @@ def test_an_export_onto_a_full_disk_is_one_line_and_leaves_no_file(tmp_path, mon
     monkeypatch.setattr(logfile, "open_private", real_open)  # space again: the rerun is not refused
     rc, lines = _run(logs, out, caplog)
     assert (rc, lines) == (0, [f"wrote {written} messages to {out}"])
+
+
+class _OsOnAFullDisk:
+    """``os`` for ``node/offline/fleet.py`` with ``room`` bytes left on the disk, shared by every file opened
+    for writing."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+
+    def fdopen(self, fd: int, mode: str) -> Any:
+        import os
+
+        f = os.fdopen(fd, mode)
+        return _Disk(self, f) if "w" in mode else f
+
+    def __getattr__(self, name: str) -> Any:
+        import os
+
+        return getattr(os, name)
+
+
+class _Disk(_FullFile):
+    def __init__(self, disk: _OsOnAFullDisk, fh: Any) -> None:
+        super().__init__(fh, disk.room)
+        self.disk = disk
+
+    def write(self, data: bytes) -> int:
+        self.room = self.disk.room
+        try:
+            return super().write(data)
+        finally:
+            self.disk.room = self.room
+
+    def __enter__(self) -> "_Disk":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._fh.close()
+
+
+@pytest.mark.parametrize("out_there", [False, True])
+def test_fleet_make_onto_a_full_disk_is_one_line_and_removes_what_it_made(tmp_path, monkeypatch, caplog, out_there):
+    from chestnut.node.offline import fleet, fleet_cli
+
+    logs, _ = _log(tmp_path, 1000)  # 4 segments
+    size = sum(f.stat().st_size for f in logs.rglob("rlog.zst"))
+    out = tmp_path / "fleet"
+    if out_there:
+        out.mkdir(mode=0o700)
+    monkeypatch.setattr(fleet, "os", _OsOnAFullDisk(room=size + size // 2))  # full in the second of 3 copies
+    p = argparse.ArgumentParser()
+    fleet_cli.add_arguments(p)
+    args = p.parse_args(["make", "--from", str(logs), "--copies", "3", str(out)])
+    with caplog.at_level(logging.INFO):
+        rc = fleet_cli.run(args)
+    assert (rc, [r.getMessage() for r in caplog.records]) == (2, [
+        f"chestnut fleet make: OUT {out} cannot be written (No space left on device); free space or give another "
+        "directory"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fleet", "logs"] if out_there else ["logs"]
+    if out_there:
+        assert list(out.iterdir()) == []

@@ -21,6 +21,8 @@ reason up to the first ``:``, as ``node/supervisor.py`` writes it) and latency p
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import html
 import json
@@ -34,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from chestnut.msgs.logfile import find_log_files, parse_segment_dir
-from chestnut.msgs.outdir import private_dir, write_private
+from chestnut.msgs.outdir import OutputDirError, private_dir, write_private
 from chestnut.msgs.video import open_regular, segment_videos
 from chestnut.node.offline.contracts import CONTRACTS, CheckParams, CheckResult, check_timeline
 from chestnut.node.offline.executor import KIND_EXTRACT, KIND_REPLAY, Executor, Outcome, Unit, units_of
@@ -596,7 +598,8 @@ def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
     file that is not a regular file, ``msgs/video.py`` ``NotRegularFileError``), ``FileExistsError`` (a
     route already in ``out``: nothing is overwritten), ``ValueError`` (``copies`` not in
     1..:data:`MAX_COPIES`), :class:`~chestnut.msgs.outdir.OutputDirError` (``out`` unfit: ``msgs/outdir.py``
-    ``private_dir``; nothing is written)."""
+    ``private_dir``; nothing is written; or a full disk, ENOSPC / EDQUOT from write(2)). A copy that stops on any
+    error removes the folders and files it made."""
     if not 1 <= copies <= MAX_COPIES:
         raise ValueError(f"copies must be in 1..{MAX_COPIES}, got {copies}")
     groups = group_logs(source)
@@ -611,17 +614,30 @@ def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
                 dest = out / f"{base}-{k:05d}--{seg[1] if seg else n}"
                 plan += [(f, dest / f.name, True), *((v, dest / v.name, False) for v in videos)]
     dirs = sorted({d.parent for _, d, _ in plan})
+    out_made = not os.path.lexists(out)
     private_dir(out)  # made 0700, or refused: a symlink, not a directory, another user's, group/other-writable
     taken = [d for d in dirs if os.path.lexists(d)]
     if taken:
         raise FileExistsError(f"{taken[0]} already exists: give an empty OUT directory")
-    for d in dirs:
-        d.mkdir(mode=0o700)
-    for src, dest, follow in plan:
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as w, os.fdopen(open_regular(src, follow=follow), "rb") as r:
-            while chunk := r.read(1 << 20):
-                w.write(chunk)
+    made: list[Path] = [out] if out_made else []  # removed again, newest first, when the copy stops
+    try:
+        for d in dirs:
+            d.mkdir(mode=0o700)
+            made.append(d)
+        for src, dest, follow in plan:
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            made.append(dest)
+            with os.fdopen(fd, "wb") as w, os.fdopen(open_regular(src, follow=follow), "rb") as r:
+                while chunk := r.read(1 << 20):
+                    w.write(chunk)
+    except BaseException as e:
+        for p in reversed(made):
+            with contextlib.suppress(OSError):
+                p.rmdir() if p in dirs or p == out else p.unlink()
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # write(2): the disk is full
+            raise OutputDirError(out, f"cannot be written ({e.strerror})", "free space or give another directory") \
+                from None
+        raise
     return dirs
 
 
