@@ -13,6 +13,11 @@ no other user can change:
 - ``chestnut-<uid>/`` and ``<prefix>/`` are real directories (not symlinks), belong to us, and have
   no group/other permission bits at all (mode 0700).
 
+Every Unix socket path is at most :data:`SUN_PATH_MAX` (107) bytes (``sun_path`` is 108 bytes with its NUL:
+unix(7)), so ``<prefix>`` is at most :data:`PREFIX_MAX` (48) characters, which fits under ``/run/user/<uid>`` for
+any uid, and a runtime directory too long for the longest socket name the stack uses
+(:data:`LONGEST_SOCKET_NAME`) is refused before anything is created (:func:`check_socket_room`).
+
 A directory that breaks a rule is refused with :class:`RuntimeDirError`; nothing is ever chmodded
 (a directory we create is born 0700; one we did not create is not ours to repair). The directories
 are created and checked relative to an open descriptor of their parent (``mkdir(dir_fd=)``, then
@@ -28,9 +33,18 @@ import stat
 import tempfile
 from pathlib import Path
 
+from chestnut.msgs.services import SERVICE_LIST
+
 PREFIX_ENV = "CHESTNUT_PREFIX"
 DEFAULT_PREFIX = "default"
-_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+PREFIX_MAX = 48  # characters: what fits under /run/user/<uid> for any 32-bit uid (see runtime_dir)
+_PREFIX_RE = re.compile(rf"^[A-Za-z0-9_.-]{{1,{PREFIX_MAX}}}$")
+SUN_PATH_MAX = 107  # bytes of a Unix socket's path: sun_path is 108 bytes with its terminating NUL (unix(7))
+STACK_SOCKET_NAMES = ("cameraFrame.vipc", "twin.sock", "supervisor.sock")
+"""The Unix sockets in the runtime directory besides each service's ``ipc://`` one: the frame ring's hand-over
+(``msgs/visionipc.py`` ``SOCKET_NAME``), the twin's (``backend/sim/wire.py`` ``SOCKET_NAME``) and supervisord's
+control socket (``launch/supervise.py`` ``STACK_SOCKETS``)."""
+LONGEST_SOCKET_NAME = max((*SERVICE_LIST, *STACK_SOCKET_NAMES), key=len)
 BASE_ENVS = ("RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR")  # in order of preference; then the temp dir
 PRIVATE_MODE = 0o700
 
@@ -85,11 +99,11 @@ class PrefixError(ValueError):
 
 
 def check_prefix(prefix: str, source: str = "prefix") -> str:
-    """``prefix`` when it is 1-64 characters from ``[A-Za-z0-9_.-]`` and not ``.`` / ``..`` (it names a
+    """``prefix`` when it is 1-:data:`PREFIX_MAX` characters from ``[A-Za-z0-9_.-]`` and not ``.`` / ``..`` (it names a
     directory); else raises :class:`PrefixError` naming ``source`` (e.g. ``"CHESTNUT_PREFIX"``)."""
     if not _PREFIX_RE.match(prefix) or prefix in (".", ".."):
         raise PrefixError(
-            f"{source} {prefix!r} is not a valid prefix: use 1-64 characters from [A-Za-z0-9_.-], "
+            f"{source} {prefix!r} is not a valid prefix: use 1-{PREFIX_MAX} characters from [A-Za-z0-9_.-], "
             f"not '.' or '..' (e.g. {PREFIX_ENV}=bench1), or unset {PREFIX_ENV} for {DEFAULT_PREFIX!r}"
         )
     return prefix
@@ -166,15 +180,39 @@ def _open_private(parent_fd: int, parent: Path, name: str, uid: int, per_prefix:
     return fd
 
 
+def check_socket_room(path: Path) -> None:
+    """Refuse (:class:`RuntimeDirError`) a runtime directory ``path`` whose longest socket path,
+    ``<path>/<LONGEST_SOCKET_NAME>``, is over :data:`SUN_PATH_MAX` bytes: a bind or connect there fails (libzmq's
+    ``ipc_address_t::resolve`` with ``ENAMETOOLONG``, Python's ``AF_UNIX path too long``), so every program stops
+    here, before it creates a directory or starts anything. The fix names the longest prefix that fits.
+    :data:`PREFIX_MAX` (48) fits any base ``/run/user/<uid>``: ``/run/user/4294967295/chestnut-4294967295/`` is 41
+    bytes, the longest socket name 16 (``cameraFrame.vipc``)."""
+    longest = os.fsencode(path / LONGEST_SOCKET_NAME)
+    over = len(longest) - SUN_PATH_MAX
+    if over <= 0:
+        return
+    room = len(os.fsencode(path.name)) - over
+    fix = (f"use a {PREFIX_ENV} of at most {room} characters, or " if room >= 1 else "") + (
+        f"point {' / '.join(BASE_ENVS)} at a shorter directory")
+    raise RuntimeDirError(
+        path,
+        f"is too long for the stack's sockets: {os.fsdecode(longest)} is {len(longest)} bytes, over the "
+        f"{SUN_PATH_MAX} a Unix socket path holds (sun_path is 108 bytes with its NUL: unix(7))",
+        fix,
+    )
+
+
 def runtime_dir(prefix: str | None = None) -> Path:
     """Create (if needed), check and return the private runtime directory ``<base>/chestnut-<uid>/<prefix>``.
 
     Raises :class:`PrefixError` (a ``ValueError``) for a malformed prefix and :class:`RuntimeDirError`
-    (a ``PermissionError``) for a base or directory that breaks the rules of this module's docstring.
+    (a ``PermissionError``) for a base or directory that breaks the rules of this module's docstring, or one too
+    long for the stack's sockets (:func:`check_socket_room`, checked first: nothing is created then).
     """
     prefix = current_prefix() if prefix is None else check_prefix(prefix)
     uid = os.getuid()
     base = runtime_base()
+    check_socket_room(base / f"chestnut-{uid}" / prefix)
     try:
         base_fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:

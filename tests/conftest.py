@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -63,12 +64,27 @@ def private_prefix(monkeypatch, request):
 
     from leakguard import tag_for
 
-    from chestnut.msgs.paths import runtime_dir
+    from chestnut.msgs.paths import runtime_base
 
     prefix = tag_for(request.node.nodeid)
     monkeypatch.setenv("CHESTNUT_PREFIX", prefix)
     yield
-    shutil.rmtree(runtime_dir(prefix), ignore_errors=True)  # the test's sockets go with it
+    # the test's sockets go with it (found, not made: its base may be gone already)
+    shutil.rmtree(runtime_base() / f"chestnut-{os.getuid()}" / prefix, ignore_errors=True)
+
+
+@pytest.fixture
+def run_base(monkeypatch):
+    """A fresh, short ``$XDG_RUNTIME_DIR`` (0700, ours; ``$RUNTIME_DIRECTORY`` unset), removed afterwards: pytest's
+    ``tmp_path`` can be too long for the stack's socket paths (``msgs/paths.py`` ``check_socket_room``)."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="rb"))
+    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(d))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 # The test files that take longest (pytest --durations, summed per file), in that order. pytest-xdist's

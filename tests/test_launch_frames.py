@@ -115,8 +115,7 @@ def test_bad_combinations_are_one_line(opts, line):
     assert argument_problem(10.0, 20.0, [], opts) == line
 
 
-def test_the_rendered_stack_runs_the_camera_and_twin_with_the_options(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+def test_the_rendered_stack_runs_the_camera_and_twin_with_the_options(run_base, tmp_path, monkeypatch):
     opts = FrameOptions(frames="native", synthetic=True, pixel_format="nv12", transport="shm", dock_timing=True)
     conf = render_config(
         tmp_path,

@@ -139,10 +139,9 @@ MALFORMED = {
 # ---------------------------------------------------------------- endpoints, messages, decoding
 
 
-def test_endpoint_is_ipc_in_the_private_runtime_dir_and_tcp_on_loopback_only_when_asked(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+def test_endpoint_is_ipc_in_the_private_runtime_dir_and_tcp_on_loopback_only_when_asked(run_base, monkeypatch):
     monkeypatch.delenv(messaging.TCP_BASE_PORT_ENV, raising=False)
-    base = tmp_path / f"chestnut-{os.getuid()}"
+    base = run_base / f"chestnut-{os.getuid()}"
     assert endpoint(CAM, prefix="a") == f"ipc://{base}/a/{CAM}"
     assert endpoint(CAM) == f"ipc://{base}/{current_prefix()}/{CAM}"
     assert stat.S_IMODE((base / "a").stat().st_mode) == 0o700

@@ -115,7 +115,7 @@ def test_a_pub_master_that_meets_a_busy_service_releases_what_it_took(holder):
     pub_sock("modelOutput").close()  # the first socket's lock was released with the failure
 
 
-@pytest.mark.parametrize("prefix", ["a/b", "", "..", "a b", "x" * 65])
+@pytest.mark.parametrize("prefix", ["a/b", "", "..", "a b", "x" * 49])
 def test_a_malformed_prefix_is_one_line_and_exit_2(prefix):
     env = {**os.environ, "CHESTNUT_PREFIX": prefix}
     r = subprocess.run(
@@ -123,7 +123,7 @@ def test_a_malformed_prefix_is_one_line_and_exit_2(prefix):
     )
     assert r.returncode == 2
     assert r.stderr.splitlines() == [
-        f"chestnut dump: CHESTNUT_PREFIX {prefix!r} is not a valid prefix: use 1-64 characters from "
+        f"chestnut dump: CHESTNUT_PREFIX {prefix!r} is not a valid prefix: use 1-48 characters from "
         "[A-Za-z0-9_.-], not '.' or '..' (e.g. CHESTNUT_PREFIX=bench1), or unset CHESTNUT_PREFIX for 'default'"
     ]
 

@@ -19,10 +19,9 @@ def test_unknown_service_is_a_clear_error():
         get_service("modelV2")
 
 
-def test_runtime_dir_is_private_and_per_prefix(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+def test_runtime_dir_is_private_and_per_prefix(run_base):
     a, b = paths.runtime_dir("a"), paths.runtime_dir("b")
-    assert a != b and a.parent == b.parent == tmp_path / f"chestnut-{os.getuid()}"
+    assert a != b and a.parent == b.parent == run_base / f"chestnut-{os.getuid()}"
     assert stat.S_IMODE(a.stat().st_mode) == 0o700
     with pytest.raises(ValueError, match="prefix '../x'"):
         paths.runtime_dir("../x")

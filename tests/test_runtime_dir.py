@@ -17,16 +17,9 @@ CHESTNUT = str(Path(sys.executable).with_name("chestnut"))
 
 
 @pytest.fixture
-def base(tmp_path, monkeypatch):
-    """A fresh ``$XDG_RUNTIME_DIR`` (0700, ours); afterwards a clean one, so the suite's teardown works."""
-    d = tmp_path / "run"
-    d.mkdir(mode=0o700)
-    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(d))
-    yield d
-    clean = tmp_path / "clean"
-    clean.mkdir(mode=0o700, exist_ok=True)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(clean))
+def base(run_base):
+    """A fresh, short ``$XDG_RUNTIME_DIR`` (0700, ours), removed afterwards (``tests/conftest.py`` ``run_base``)."""
+    return run_base
 
 
 def test_a_new_runtime_dir_is_0700_even_under_a_permissive_umask(base):
@@ -118,11 +111,11 @@ def test_a_base_others_can_write_is_refused_unless_sticky(base):
 
 
 def test_systemd_runtime_directory_comes_first(base, tmp_path, monkeypatch):
-    svc = tmp_path / "svc"
+    svc = base / "svc"
     svc.mkdir(mode=0o700)
     monkeypatch.setenv("RUNTIME_DIRECTORY", f"{svc}:{tmp_path / 'second'}")
     assert runtime_dir("a") == svc / f"chestnut-{UID}" / "a"
-    monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path / "missing"))
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(base / "missing"))
     with pytest.raises(RuntimeDirError, match="missing cannot be opened"):
         runtime_dir("a")
     monkeypatch.delenv("RUNTIME_DIRECTORY")
@@ -156,3 +149,62 @@ def test_a_base_of_another_user_is_refused(base):
         "point RUNTIME_DIRECTORY / XDG_RUNTIME_DIR at a directory of yours"
     )
     assert list(base.iterdir()) == []
+
+
+def _base_for(root: Path, prefix: str, socket_path_bytes: int) -> Path:
+    """A base (0700, ours) under which ``<base>/chestnut-<uid>/<prefix>/cameraFrame.vipc`` is that many bytes."""
+    rest = len(f"/chestnut-{UID}/{prefix}/cameraFrame.vipc")
+    d = root / ("b" * (socket_path_bytes - rest - len(str(root)) - 1))
+    d.mkdir(mode=0o700)
+    return d
+
+
+def test_the_longest_socket_name_is_the_frame_rings_and_every_socket_is_counted():
+    from chestnut.backend.sim import wire
+    from chestnut.launch import supervise
+    from chestnut.msgs import visionipc
+
+    assert {visionipc.SOCKET_NAME, wire.SOCKET_NAME, *supervise.STACK_SOCKETS} <= set(paths.STACK_SOCKET_NAMES)
+    assert paths.LONGEST_SOCKET_NAME == "cameraFrame.vipc"
+    # the longest base /run/user/<uid> and its user dir leave room for a prefix of PREFIX_MAX characters
+    assert len(f"/run/user/{2**32 - 1}/chestnut-{2**32 - 1}/{'p' * 48}/cameraFrame.vipc") == 106 <= paths.SUN_PATH_MAX
+
+
+def test_a_runtime_dir_whose_sockets_fit_exactly_is_used(base, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(_base_for(base, "p", 107)))
+    d = runtime_dir("p")
+    assert len(str(d / "cameraFrame.vipc")) == 107 and d.is_dir()
+
+
+def test_a_runtime_dir_too_long_for_its_sockets_is_refused_before_anything_is_made(base, monkeypatch):
+    prefix = "q" * 20
+    long_base = _base_for(base, prefix, 108)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(long_base))
+    d = long_base / f"chestnut-{UID}" / prefix
+    with pytest.raises(RuntimeDirError) as info:
+        runtime_dir(prefix)
+    assert str(info.value) == (
+        f"runtime directory {d} is too long for the stack's sockets: {d}/cameraFrame.vipc is 108 bytes, over the "
+        "107 a Unix socket path holds (sun_path is 108 bytes with its NUL: unix(7)); use a CHESTNUT_PREFIX of at "
+        "most 19 characters, or point RUNTIME_DIRECTORY / XDG_RUNTIME_DIR at a shorter directory"
+    )
+    assert list(long_base.iterdir()) == []
+
+
+@pytest.mark.parametrize("program", [["dump", "cameraFrame", "--count", "1"], ["twin", "serve"], ["camera"]])
+def test_every_cli_program_refuses_a_runtime_dir_too_long_for_its_sockets_in_one_line(base, program):
+    """A legal prefix under a long ``$XDG_RUNTIME_DIR`` gave tracebacks (``ipc path ... is longer than 107
+    characters``), ``AF_UNIX path too long`` without the path, or (``dump``) a wait forever."""
+    long_base = _base_for(base, "p" * 48, 140)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(long_base), "CHESTNUT_PREFIX": "p" * 48}
+    env.pop("RUNTIME_DIRECTORY", None)
+    r = subprocess.run([CHESTNUT, *program], env=env, capture_output=True, text=True, timeout=60)
+    d = long_base / f"chestnut-{UID}" / ("p" * 48)
+    assert r.returncode == 2
+    assert [line for line in r.stderr.splitlines() if " INFO " not in line] == [
+        f"chestnut {program[0]}: runtime directory {d} is too long for the stack's sockets: {d}/cameraFrame.vipc is "
+        "140 bytes, over the 107 a Unix socket path holds (sun_path is 108 bytes with its NUL: unix(7)); use a "
+        "CHESTNUT_PREFIX of at most 15 characters, or point RUNTIME_DIRECTORY / XDG_RUNTIME_DIR at a shorter "
+        "directory"
+    ]
+    assert list(long_base.iterdir()) == []
