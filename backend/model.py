@@ -133,7 +133,9 @@ def model_id(name: str, onnx_bytes: bytes) -> str:
 
 def _graph_inputs(onnx_bytes: bytes, name: str, shapes: dict[str, tuple[int, ...]]) -> tuple[TensorSpec, ...]:
     """Input specs read with the ``onnx`` package (initializers excluded); raises ModelError naming the model
-    ``name`` (:func:`model_label`: the file it was read from, where there is one)."""
+    ``name`` (:func:`model_label`: the file it was read from, where there is one): ``unknown_input`` for a shape
+    given under a name the model has no input of (its inputs named: a shape it cannot apply is never dropped),
+    ``bad_input_shape`` for an input left without a fixed shape."""
     import onnx
     from onnx import helper
 
@@ -142,6 +144,10 @@ def _graph_inputs(onnx_bytes: bytes, name: str, shapes: dict[str, tuple[int, ...
     except Exception as e:  # protobuf raises DecodeError and friends
         raise ModelError("bad_model", f"{name} is not a readable ONNX model: {e}") from e
     inits = {i.name for i in graph.initializer}
+    names = [i.name for i in graph.input if i.name not in inits]
+    if unknown := sorted(k for k in shapes if k not in names):
+        raise ModelError("unknown_input", f"{name} has no input {', '.join(map(repr, unknown))} (its inputs: "
+                                          f"{', '.join(map(repr, names))})")
     specs = []
     for inp in graph.input:
         if inp.name in inits:
@@ -149,12 +155,8 @@ def _graph_inputs(onnx_bytes: bytes, name: str, shapes: dict[str, tuple[int, ...
         dims = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in inp.type.tensor_type.shape.dim)
         shape = tuple(shapes[inp.name]) if inp.name in shapes else dims
         if not all(isinstance(d, int) and d > 0 for d in shape):
-            names = {i.name for i in graph.input}
-            elsewhere = sorted(k for k in shapes if k not in names)  # a shape given under a name it has no input of
-            given = ", ".join(map(repr, elsewhere))
-            hint = f" (the shape given is for {given}, not an input of it)" if elsewhere else ""
             raise ModelError(
-                "bad_input_shape", f"input {inp.name!r} of {name} has shape {list(dims)}; give a fixed shape{hint}"
+                "bad_input_shape", f"input {inp.name!r} of {name} has shape {list(dims)}; give a fixed shape"
             )
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)).name
         specs.append(TensorSpec(inp.name, tuple(int(d) for d in shape), dtype))

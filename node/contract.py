@@ -143,7 +143,8 @@ def declare_contract(cfg: NodeConfig, fingerprint: dict[str, Any] | None) -> Dec
     and ``cfg.model.ranges`` / ``cfg.timing.agreement_tol``. ``fingerprint``: the primary's recorded warm-up
     fingerprint, or None.
 
-    Raises :class:`~chestnut.backend.errors.ConfigError` for a ``model.ranges`` key the primary does not
+    Raises :class:`~chestnut.backend.errors.ConfigError` for a ``model.input`` the primary has no input of (its
+    inputs named, ``backend/model.py`` ``unknown_input``) or a ``model.ranges`` key the primary does not
     output, and :class:`ContractError` for a primary file that cannot be read or run, or that fails its
     known-answer check (:func:`known_answer`)."""
     from chestnut.backend.model import OrtModel
@@ -151,12 +152,15 @@ def declare_contract(cfg: NodeConfig, fingerprint: dict[str, Any] | None) -> Dec
     m = cfg.model
     try:
         model = OrtModel(m.path, name=m.name, input_shapes={m.input: tuple(m.shape)}, threads=1)
-    except Exception as e:  # ModelError, or onnxruntime's own (an input shape the graph does not take)
-        # a ModelError names the file itself (backend/model.py model_label); onnxruntime's own names no file
-        what = "the primary model" if isinstance(e, ModelError) else f"the primary model {m.path}"
-        detail = e.detail if isinstance(e, ModelError) else f"{type(e).__name__}: {e}"
-        raise ContractError("no_contract", f"{what} declares the output contract and cannot be run at model.shape "
-                                           f"{list(m.shape)}: {' '.join(detail.split())}") from e
+    except ModelError as e:
+        if e.reason != "unknown_input":
+            raise ContractError("no_contract", f"the primary model declares the output contract and cannot be run at "
+                                               f"model.shape {list(m.shape)}: {' '.join(e.detail.split())}") from e
+        raise ConfigError("config", f"model.input = {m.input!r}: {e.detail}; name one of its inputs") from e
+    except Exception as e:  # onnxruntime's own (an input shape the graph does not take): it names no file
+        raise ContractError("no_contract", f"the primary model {m.path} declares the output contract and cannot be "
+                                           f"run at model.shape {list(m.shape)}: {type(e).__name__}: "
+                                           f"{' '.join(str(e).split())}") from e
     outputs = tuple(model.outputs)
     names = [s.name for s in outputs]
     ranges = dict(m.ranges)
@@ -239,7 +243,8 @@ def read_fingerprint(path: Path) -> dict[str, Any] | None:
 
 def start_problem(cfg: NodeConfig) -> str | None:
     """The one line that stops a node with configuration ``cfg`` from starting, found before anything starts
-    (``chestnut launch``), or None: a ``model.ranges`` key the primary does not output, a primary file that
+    (``chestnut launch``), or None: a ``model.input`` the primary has no input of, a ``model.ranges`` key the
+    primary does not output, a primary file that
     fails its known-answer check, or a fallback that is not of the contract while ``fallback.required``. A file
     that is missing or cannot be loaded is the node's own to name (None). The fallback is read with onnxruntime
     whatever its engine (the output specs do not depend on it; this process must not import tinygrad)."""
