@@ -425,6 +425,8 @@ class Node:
         self.stale_log = LogEvery()
         self.fallback_invalid = 0        # fallback outputs that failed their checks
         self.timestamp_log, self.fallback_log = LogEvery(), LogEvery()
+        self.submit_failures, self.submit_log = 0, LogEvery()  # frames the primary worker would not take
+        self.fallback_failures, self.fallback_fail_log = 0, LogEvery()  # fallback runs that raised
         self.out_of_order = 0
         self.order_log = LogEvery()
         self.frame_reader = FrameReader(self.prefix)  # inline frames, or the camera's shared-memory ring
@@ -922,14 +924,19 @@ class Node:
 
     def _run_fallback(self, inputs: dict[str, np.ndarray], input_fp: bytes) -> Candidate:
         """The fallback's answer, checked like any source's (present, shape, dtype, finite, range, stale).
-        It never takes the node down: a failed run is a candidate without outputs that says why."""
+        It never takes the node down: a failed run is a candidate without outputs that says why, counted and
+        logged at ERROR once a :data:`BAD_FRAME_LOG_PERIOD_S` (s) for the same cause (its class and ``reason``),
+        at once for another."""
         if self.fallback is None:
             return Candidate(None, None, 0.0, "no fallback (fallback.required = false)")
         t0 = time.perf_counter()
         try:
             out = self.fallback.run(inputs)
         except Exception as e:  # ModelError or the engine's own error classes
-            log.error("fallback run failed: %s: %s", type(e).__name__, e)
+            self.fallback_failures += 1
+            if self.fallback_fail_log.due(f"{type(e).__name__}: {getattr(e, 'reason', '')}"):
+                log.error("fallback run failed: %s: %s (%d such frames so far)", type(e).__name__, e,
+                          self.fallback_failures)
             return Candidate(None, None, time.perf_counter() - t0, f"fallback failed: {type(e).__name__}: {e}")
         exec_s = time.perf_counter() - t0
         report = check_outputs(out, self.contracts, input_fp=input_fp, stale=self.fallback_stale)
@@ -938,6 +945,15 @@ class Node:
             if self.fallback_log.due():
                 log.error("fallback output invalid: %s (%d so far)", report.reason, self.fallback_invalid)
         return Candidate(out, report, exec_s)
+
+    def _submit_failed(self, seq: int, e: ChestnutError) -> str:
+        """A frame the primary worker would not take: counted, logged at ERROR once a
+        :data:`BAD_FRAME_LOG_PERIOD_S` (s) for the same cause (its class and ``reason``), at once for another
+        cause, with the count so far; returns the frame's ``why``."""
+        self.submit_failures += 1
+        if self.submit_log.due(f"{type(e).__name__}: {e.reason}"):
+            log.error("submit of frame %d failed: %s (%d such frames so far)", seq, e, self.submit_failures)
+        return f"submit to the primary failed: {e}"
 
     def _infer(self, seq: int, inputs: dict[str, np.ndarray], clock: FrameClock,
                full: np.ndarray | None = None, refusal: str = "") -> FrameResult:
@@ -961,8 +977,7 @@ class Node:
                 self._watchdog_actions(self.watchdog.request(seq, clock.base_ns, RequestKind.FRAME, deadline_ms))
                 submitted = True
             except ChestnutError as e:
-                why = f"submit to the primary failed: {e}"
-                log.error("submit of frame %d failed: %s", seq, e)
+                why = self._submit_failed(seq, e)
         input_fp = fingerprint(inputs)
         fallback: Candidate | None = None
         if fallback_must_run(self.cfg.fallback.standby == "hot", self.sup.serving is Source.PRIMARY, submitted):
