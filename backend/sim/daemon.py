@@ -38,6 +38,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,23 @@ ACCEPT_POLL_S = 0.2
 PR_SET_TIMERSLACK = 29  # linux/prctl.h
 INITIAL_BUFFER = 1 << 20
 
+
+class StopOnSignal:
+    """SIGINT/SIGTERM handler of ``twin serve``: calls ``stop`` on the first signal, logged once at INFO; a signal
+    while already stopping (a terminal or ``timeout`` signals the process and its group) only at DEBUG, as
+    ``node/main.py`` ``Node.request_stop`` does."""
+
+    def __init__(self, stop: Callable[[], None]) -> None:
+        self.stop = stop
+        self.stopping = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.stopping:
+            log.debug("signal %d: already stopping", signum)
+            return
+        self.stopping = True
+        log.info("signal %d: stopping", signum)
+        self.stop()
 
 def _recv_exact(sock: socket.socket, mv: memoryview) -> bool:
     """Fill ``mv``; False if the peer closed before it was full."""
@@ -384,10 +402,7 @@ def serve(config: TwinConfig, prefix: str | None = None) -> int:
         twin.close()
         return 1
 
-    def on_signal(signum: int, frame: object) -> None:
-        log.info("signal %d: stopping", signum)
-        server.stop()
-
+    on_signal = StopOnSignal(server.stop)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     from chestnut.msgs.messaging import PubMaster
