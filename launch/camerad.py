@@ -41,9 +41,9 @@ import numpy as np
 
 from chestnut.launch.signals import StopFlag
 from chestnut.msgs.argtypes import MAX_FRAME_RATE_HZ, checked_float, checked_int, frame_rate_hz
-from chestnut.msgs.frames import fill_frame
+from chestnut.msgs.frames import fill_frame, frame_shape
 from chestnut.msgs.messaging import PubMaster
-from chestnut.msgs.services import get_service
+from chestnut.msgs.services import FRAME_MAX_BYTES, get_service
 from chestnut.msgs.visionipc import INLINE_MAX_BYTES, FrameBufferError, FrameRing, RingFrame
 from chestnut.node.realtime import CAMERA_PRIORITY, add_priority_argument, apply_priority
 
@@ -227,6 +227,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def frame_size_error(width: int, height: int, pixel_format: str, encoding: str) -> str | None:
+    """Why a ``width`` x ``height`` frame (px) in ``pixel_format`` cannot be published, or None: its bytes
+    (``msgs/frames.py`` ``frame_shape``) must fit the ``cameraFrame`` service's bound, which also bounds a ring
+    slot (``msgs/services.py`` ``FRAME_MAX_BYTES``, 16 MiB). Checked before any source is opened, so the size is
+    blamed and not the video."""
+    try:
+        rows, cols, channels = frame_shape(height, width, encoding)
+    except ValueError as e:  # an odd-sized nv12 frame
+        return str(e)
+    if (size := rows * cols * channels) > FRAME_MAX_BYTES:
+        return (f"--width {width} --height {height}: a {pixel_format} frame of {size} bytes, over the "
+                f"{FRAME_MAX_BYTES >> 20} MiB a cameraFrame carries (msgs/services.py FRAME_MAX_BYTES); "
+                "give a smaller size")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from chestnut.launch.assets import traffic_video_path
 
@@ -241,6 +257,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     pixel_format = getattr(args, "pixel_format", "bgr24")
     encoding = PIXEL_FORMATS[pixel_format]
+    if (synthetic or not getattr(args, "native", False)) and (why := frame_size_error(args.width, args.height,
+                                                                                      pixel_format, encoding)):
+        log.error("%s", why)
+        return 2
     if synthetic:
         source = f"synthetic-{args.width}x{args.height}-{pixel_format}"
     try:  # open the source before binding: a bad source is a one-line error, not a traceback

@@ -124,9 +124,15 @@ def _priority(text: str) -> int:
 def apply_priority(priority: int, who: str, log: logging.Logger) -> bool:
     """Ask for SCHED_FIFO at ``priority`` (0: none) for every thread of this process and those it starts
     later; one INFO line when granted, one WARNING line (no traceback) when refused. Returns whether it was
-    granted."""
+    granted. A priority not below the default node's worker (:func:`worker_priority` of :data:`DEFAULT_PRIORITY`)
+    is granted with one WARNING line first: that program would preempt the node's per-frame work (openpilot keeps
+    its camera and control below modeld the same way), which is right only where the node is set higher."""
     if priority == 0:
         return True
+    if priority >= (worker := worker_priority(DEFAULT_PRIORITY)):
+        log.warning("%s SCHED_FIFO priority %d is not below the node's worker's %d (a node at the default %d): it "
+                    "would preempt the node's per-frame work; keep it below the node's [realtime] priority minus 1",
+                    who, priority, worker, DEFAULT_PRIORITY)
     ok, line = config_realtime_process("fifo", priority, (), who, all_threads=True)
     log.log(logging.INFO if ok else logging.WARNING, "%s", line)
     return ok

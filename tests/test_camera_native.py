@@ -157,3 +157,23 @@ def test_frames_0_still_means_run_until_stopped():
     camerad.add_arguments(p)
     args = p.parse_args(["--synthetic", "--frames", "0", "--start-delay", "0"])
     assert (args.frames, args.start_delay, args.rate) == (0, 0.0, 20.0)
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--width", "100000", "--height", "100000"],
+         "--width 100000 --height 100000: a bgr24 frame of 30000000000 bytes, over the 16 MiB a cameraFrame carries "
+         "(msgs/services.py FRAME_MAX_BYTES); give a smaller size"),
+        (["--synthetic", "--width", "4096", "--height", "4096", "--pixel-format", "nv12"],
+         "--width 4096 --height 4096: a nv12 frame of 25165824 bytes, over the 16 MiB a cameraFrame carries "
+         "(msgs/services.py FRAME_MAX_BYTES); give a smaller size"),
+    ],
+)
+def test_a_frame_size_over_the_services_bound_is_blamed_on_the_size_not_the_video(args, why, caplog):
+    """``--width 100000 --height 100000`` was reported as the traffic video that cannot be decoded."""
+    from chestnut.launch.cli import main
+
+    caplog.set_level("ERROR")
+    assert main(["camera", *args]) == 2
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [why]

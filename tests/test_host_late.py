@@ -194,6 +194,27 @@ def test_the_camera_and_control_priorities_are_checked_at_the_command_line(capsy
     assert realtime.CAMERA_PRIORITY < realtime.CONTROL_PRIORITY < realtime.worker_priority(realtime.DEFAULT_PRIORITY)
 
 
+@pytest.mark.parametrize(("priority", "warned"), [(52, False), (53, True), (99, True)])
+def test_a_camera_priority_not_below_the_nodes_worker_is_warned_about_in_one_line(priority, warned, monkeypatch):
+    """``chestnut camera --rt-priority 60`` was taken silently, above the node's 54."""
+    monkeypatch.setattr(realtime, "config_realtime_process", lambda *a, **k: (True, "camera scheduling: granted"))
+    log = logging.getLogger("test.camera")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        assert realtime.apply_priority(priority, "camera", log) is True
+    finally:
+        log.removeHandler(handler)
+    lines = [(r.levelname, r.getMessage()) for r in records]
+    warning = ("WARNING", f"camera SCHED_FIFO priority {priority} is not below the node's worker's 53 (a node at "
+                          "the default 54): it would preempt the node's per-frame work; keep it below the node's "
+                          "[realtime] priority minus 1")
+    assert lines == ([warning] if warned else []) + [("INFO", "camera scheduling: granted")]
+
+
 def test_the_realtime_flags_override_the_file():
     p = argparse.ArgumentParser()
     node_config.add_arguments(p)

@@ -59,6 +59,14 @@ def test_a_late_fault_stops_the_launch_before_anything_starts(tmp_path):
         ("short@2,nbytes=1.5", "nbytes=1.5 is not a byte count; give e.g. nbytes=4096"),
         ("slow_gpu@2,delay_ms=nan", "delay_ms=nan is not a delay in milliseconds; give e.g. delay_ms=400"),
         ("slow_gpu@2,delay_ms=-1", "delay_ms and off_s must be >= 0"),
+        ("slow_gpu@2,delay_ms=1e12", "delay_ms (--delay-ms) = 1e+12: at most 60000 ms (20x the 3000 ms wait timeout: "
+                                     "any longer is a hang, gpu_hang)"),
+        ("brownout@2,off_s=1e9", "off_s (--off-s) = 1e+09: at most 3600 s (longer off is an unplug: chestnut twin "
+                                 "unplug)"),
+        ("gpu_hang@2,for_s=1e300", "for_s (--for) = 1e+300: at most 604800 s (a week: the longest chestnut launch run, "
+                                   "msgs/argtypes.py MAX_RUN_SECONDS)"),
+        ("bad_tlp@2,delay_ms=5", "delay_ms (--delay-ms) applies to slow_gpu, not bad_tlp"),
+        ("timeout@2,nbytes=4", "nbytes (--nbytes) applies to short and usb2, not timeout"),
     ],
 )
 def test_a_fault_parameter_of_the_wrong_kind_is_named(text, why):

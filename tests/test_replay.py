@@ -248,3 +248,19 @@ def test_launched_stack_log_with_a_fault_replays_and_checks_clean(tmp_path):
     assert r.ok, (r.mismatches[:5], r.model_mismatches, r.damage)
     assert set(r.replayed()) == {"primary", "fallback"}
     assert r.tensor_maxima()["prob"][0] == 0.0  # the twin's tinygrad engine: bit-exact
+
+
+@pytest.mark.parametrize("top", ["-5", "x", "2.5"])
+def test_a_top_count_below_0_or_not_a_whole_number_is_refused_in_one_line(top, tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["replay", str(tmp_path), "--top", top])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"chestnut replay: error: argument --top: {top!r}: give a number of rows >= 0 (0: none) "
+        "(chestnut replay --help)\n")
+
+
+def test_a_top_count_of_0_lists_no_rows():
+    from chestnut.node.offline.replay_cli import top_count
+
+    assert [top_count(t) for t in ("0", "3")] == [0, 3]

@@ -227,6 +227,22 @@ def target_matches(on: str, site: TransferSite) -> bool:
     return site.type == "control" and site.request == int(on, 0)
 
 
+PARAMETER_LIMITS = {
+    "for_s": (7 * 24 * 3600.0, "s (a week: the longest chestnut launch run, msgs/argtypes.py MAX_RUN_SECONDS)"),
+    "delay_ms": (60_000.0, "ms (20x the 3000 ms wait timeout: any longer is a hang, gpu_hang)"),
+    "off_s": (3600.0, "s (longer off is an unplug: chestnut twin unplug)"),
+    "nbytes": (1 << 30, "bytes (1 GiB, more than any transfer the node makes)"),
+}
+"""Upper bounds of the numeric fault parameters: a fault is a test of the node, and a value past these is a
+typo (``--for 1e300``, ``--delay-ms 1e12``) that would leave the twin in a state no run outlives."""
+PARAMETER_KINDS = {"delay_ms": ("slow_gpu",), "off_s": ("brownout",), "status": ("bad_tlp",),
+                   "nbytes": ("short", "usb2")}
+"""The kinds each kind-specific parameter applies to (the twin reads it only there: ``backend/sim/engine.py``,
+``sdma.py``, ``twin.py``); given, other than its default, to another kind it is refused, not ignored."""
+_FLAGS = {"for_s": "for_s (--for)", "delay_ms": "delay_ms (--delay-ms)", "off_s": "off_s (--off-s)",
+          "nbytes": "nbytes (--nbytes)", "status": "status (--status)"}  # a launch plan's name, twin fault's flag
+
+
 @dataclass(frozen=True)
 class FaultSpec:
     """One fault to inject. Raises ``ValueError`` from :meth:`validate` for an unknown kind or bad parameter."""
@@ -281,6 +297,12 @@ class FaultSpec:
             raise ValueError("delay_ms and off_s must be >= 0")
         if self.nbytes is not None and self.nbytes < 0:
             raise ValueError("nbytes must be >= 0")
+        for name, (limit, unit) in PARAMETER_LIMITS.items():
+            if (value := getattr(self, name)) is not None and value > limit:
+                raise ValueError(f"{_FLAGS[name]} = {value:g}: at most {limit:g} {unit}")
+        for name, kinds in PARAMETER_KINDS.items():
+            if getattr(self, name) != _SPEC_DEFAULTS[name] and self.kind not in kinds:
+                raise ValueError(f"{_FLAGS[name]} applies to {' and '.join(kinds)}, not {self.kind}")
         return self
 
     @property

@@ -76,8 +76,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"slack on the answer deadline for frames in flight at the log's end (default {SLACK_MS:g})",
     )
     p.add_argument("--no-jit-cache", action="store_true", help="compile the tinygrad model afresh in every process")
-    p.add_argument("--top", type=int, default=10, help="frames listed with the largest differences (default 10)")
+    p.add_argument("--top", type=top_count, default=10,
+                   help="frames (or, for a folder, logs) listed with the largest differences, >= 0 (default 10)")
     add_executor_arguments(p)
+
+
+def top_count(text: str) -> int:
+    """``--top``: how many rows to list, an int >= 0 (0: none); raises ``argparse.ArgumentTypeError`` (one line)
+    otherwise (``msgs/argtypes.py`` ``checked_int``)."""
+    from chestnut.msgs.argtypes import checked_int
+
+    return checked_int(text, lambda n: n >= 0, "give a number of rows >= 0 (0: none)")
 
 
 def print_result(result: ReplayResult, console: Any, top: int = 10) -> None:
