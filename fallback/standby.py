@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from chestnut.backend.jitcache import JitCache
-from chestnut.backend.model import OnnxModel, OrtModel, TensorSpec, check_inputs, read_model_file
+from chestnut.backend.model import OnnxModel, OrtModel, TensorSpec, check_inputs
 
 
 class Standby(StrEnum):
@@ -56,20 +56,12 @@ class FallbackModel:
         jit_cache: JitCache | None = None,
     ) -> None:
         self.engine = Engine(engine)
-        origin: Path | None = None
-        if isinstance(path, bytes):
-            data, name = path, name or "model"
-        else:
-            origin = Path(path)
-            data = read_model_file(origin, "fallback model")
-            name = name or origin.stem
-        self._model: OnnxModel | OrtModel
+        self._model: OnnxModel | OrtModel  # each reads a path as "fallback model" (backend/model.py read_model_file)
         if self.engine is Engine.TINYGRAD:
-            self._model = OnnxModel(data, name=name, input_shapes=input_shapes, jit_cache=jit_cache, origin=origin,
+            self._model = OnnxModel(path, name=name, input_shapes=input_shapes, jit_cache=jit_cache,
                                     what="fallback model")
         else:
-            self._model = OrtModel(data, name=name, input_shapes=input_shapes, threads=threads, origin=origin,
-                                   what="fallback model")
+            self._model = OrtModel(path, name=name, input_shapes=input_shapes, threads=threads, what="fallback model")
         self.name = self._model.name
         self.model_id = self._model.model_id
         self.sha256 = self._model.sha256
