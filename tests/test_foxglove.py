@@ -12,6 +12,8 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import foxglove
 import pytest
@@ -21,6 +23,7 @@ from chestnut.launch.foxglove import Bridge
 from chestnut.msgs.messaging import PubMaster, new_message
 
 SUBPROTOCOLS = ["foxglove.websocket.v1", "foxglove.sdk.v1"]
+T = TypeVar("T")
 
 
 def _node_state(state: str, reason: str):
@@ -169,6 +172,26 @@ def test_a_host_that_is_not_loopback_is_warned_about_in_one_line(host):
     )
 
 
+def _stderr_until(proc: subprocess.Popen, found: Callable[[str], T | None]) -> T:
+    """Read ``proc``'s stderr line by line until ``found`` returns something for a line; that."""
+    assert proc.stderr is not None
+    while True:
+        line = proc.stderr.readline()
+        assert line, "the server ended first"
+        if (got := found(line)) is not None:
+            return got
+
+
+def _warning_before_serving(line: str) -> str | None:
+    assert " serving " not in line, "served without a warning first"
+    return line if " WARNING " in line else None
+
+
+def _served_port(line: str) -> int | None:
+    m = re.search(r" serving \d+ topics at ws://127\.0\.0\.1:(\d+) ", line)
+    return int(m.group(1)) if m else None
+
+
 @pytest.mark.timeout(90)
 def test_serving_on_every_interface_warns_with_the_bound_port():
     proc = subprocess.Popen(
@@ -177,14 +200,7 @@ def test_serving_on_every_interface_warns_with_the_bound_port():
         text=True,
     )
     try:
-        assert proc.stderr is not None
-        warned = None
-        while warned is None:
-            line = proc.stderr.readline()
-            assert line, "the server ended without a warning"
-            assert " serving " not in line, "served without a warning first"
-            if " WARNING " in line:
-                warned = line
+        warned = _stderr_until(proc, _warning_before_serving)
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
     finally:
@@ -212,13 +228,7 @@ def test_a_clients_malformed_messages_are_one_warning_per_host_then_only_counted
     proc = subprocess.Popen([sys.executable, "-m", "chestnut.launch.cli", "foxglove", "--port", "0"],
                             stderr=subprocess.PIPE, text=True)
     try:
-        assert proc.stderr is not None
-        port = None
-        while port is None:
-            line = proc.stderr.readline()
-            assert line, "the server ended before serving"
-            if m := re.search(r" serving \d+ topics at ws://127\.0\.0\.1:(\d+) ", line):
-                port = int(m.group(1))
+        port = _stderr_until(proc, _served_port)
         assert len(asyncio.run(_send_garbage(port, 3))) == 3  # the server answered each: it has seen them all
         assert len(asyncio.run(_send_garbage(port, 2))) == 2  # a second connection from the same host
         proc.send_signal(signal.SIGTERM)
