@@ -23,6 +23,8 @@ Unpickling runs code, so nothing is unpickled that this user did not write:
 
 Anything refused is logged in one line (which file, why) and rebuilt; a loaded JIT must still
 reproduce, bit for bit, the output digest recorded when it was built (``backend/model.py``).
+``chestnut model prepare`` makes the same checks short of unpickling for the prepared model's entry
+(:meth:`JitCache.refusal`) and prepares a refused one again (``launch/assets.py``).
 
 tinygrad's own disk cache (tinygrad 0.14 ``helpers.py``: ``CACHEDB``, default
 ``$XDG_CACHE_HOME/tinygrad/cache.db``, an sqlite file whose values ``diskcache_get`` unpickles as they are:
@@ -207,6 +209,10 @@ class CacheRefused(Exception):
     """A cache file or directory that must not be trusted; ``str()`` says which and why."""
 
 
+class _OtherKey(CacheRefused):
+    """An entry whose HMAC checks, built for another key than the one it was looked up under."""
+
+
 def meta_mac(key: bytes, meta: dict[str, Any]) -> str:
     """HMAC-SHA256 (hex) of ``meta`` without its ``hmac`` field, as canonical JSON (sorted keys)."""
     body = {k: v for k, v in meta.items() if k != "hmac"}
@@ -228,7 +234,9 @@ def _check_file(path: Path, st: os.stat_result, private: bool) -> None:
 
 
 def _read_bounded(dir_fd: int, root: Path, name: str, limit: int, private: bool = False) -> bytes | None:
-    """The bytes of ``root/name`` (opened relative to ``dir_fd``) after the checks; None if it does not exist."""
+    """The bytes of ``root/name`` (opened relative to ``dir_fd``) after the checks; None if it does not exist.
+    Raises :class:`CacheRefused` (naming the file and why) for a file that fails a check or cannot be opened or read,
+    OSError if it cannot be stat'ed."""
     path = root / name
     try:
         fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
@@ -244,9 +252,12 @@ def _read_bounded(dir_fd: int, root: Path, name: str, limit: int, private: bool 
         if st.st_size > limit:
             raise CacheRefused(f"{path} holds {st.st_size} bytes, more than the limit of {limit}")
         chunks, left = [], st.st_size + 1  # one byte more: a file that grew since fstat is caught
-        while left > 0 and (chunk := os.read(fd, min(left, 1 << 24))):
-            chunks.append(chunk)
-            left -= len(chunk)
+        try:
+            while left > 0 and (chunk := os.read(fd, min(left, 1 << 24))):
+                chunks.append(chunk)
+                left -= len(chunk)
+        except OSError as e:  # EIO from a bad sector: refused like any other damage
+            raise CacheRefused(f"{path} cannot be read ({e.strerror or e})") from None
         data = b"".join(chunks)
         if len(data) != st.st_size:
             raise CacheRefused(f"{path} changed while it was read")
@@ -277,7 +288,9 @@ class JitCache:
     """A directory of ``<digest>.pkl`` + ``<digest>.json`` entries and their ``hmac.key`` (see the module docstring).
 
     :meth:`load` returns None for a missing, refused or stale entry (and logs why, one line);
-    :meth:`store` returns None when the directory itself is refused (nothing is written then).
+    :meth:`store` returns None when the directory itself is refused (nothing is written then);
+    :meth:`refusal` says why an entry would be refused without loading it (``chestnut model prepare``), and
+    :meth:`discard` removes one.
     """
 
     def __init__(self, root: Path | None = None) -> None:
@@ -321,9 +334,38 @@ class JitCache:
             raise CacheRefused(f"{self.root / KEY_NAME} holds {len(key)} bytes, not {KEY_BYTES}")
         return key
 
+    def _entry(self, dir_fd: int, key: CacheKey) -> tuple[bytes, dict[str, Any]] | None:
+        """The pickle's bytes and the metadata of the entry for ``key`` in the checked directory ``dir_fd``, once
+        trusted: the metadata carries this cache's HMAC and ``key``, the pickle hashes to the sha256 it records, every
+        file passes the ownership and mode checks. None when the entry has no metadata file. Nothing is unpickled.
+        Raises :class:`CacheRefused` naming the file and what is wrong (:class:`_OtherKey` for a genuine entry of
+        another key), OSError if a file cannot be stat'ed."""
+        pkl, meta_name = f"{key.digest}.pkl", f"{key.digest}.json"
+        raw = _read_bounded(dir_fd, self.root, meta_name, MAX_META_BYTES)
+        if raw is None:
+            return None
+        mac_key = self._key(dir_fd, create=False)
+        if mac_key is None:
+            raise CacheRefused(f"{self.root / KEY_NAME} is missing, so no entry can be verified")
+        try:
+            meta = json.loads(raw)
+        except ValueError:
+            raise CacheRefused(f"{self.root / meta_name} is not JSON") from None
+        if not isinstance(meta, dict) or not hmac.compare_digest(str(meta.get("hmac", "")), meta_mac(mac_key, meta)):
+            raise CacheRefused(f"{self.root / meta_name} does not carry this cache's HMAC (tampered or foreign)")
+        if meta.get("key") != key.fields():
+            raise _OtherKey(f"{self.root / meta_name} was built for another key")
+        blob = _read_bounded(dir_fd, self.root, pkl, MAX_PICKLE_BYTES)
+        if blob is None:
+            raise CacheRefused(f"{self.root / pkl} is missing (its metadata {meta_name} is there)")
+        if (sha := hashlib.sha256(blob).hexdigest()) != meta.get("pickle_sha256"):
+            raise CacheRefused(f"{self.root / pkl} does not match its metadata: its sha256 is {sha[:16]}, "
+                               f"{meta_name} recorded {str(meta.get('pickle_sha256'))[:16]}")
+        return blob, meta
+
     def load(self, key: CacheKey) -> tuple[Any, dict[str, Any]] | None:
         """Return (unpickled JIT, metadata) if a matching, trusted, intact entry exists; else None (and says why)."""
-        pkl, meta_name = f"{key.digest}.pkl", f"{key.digest}.json"
+        pkl = f"{key.digest}.pkl"
         try:
             dir_fd = self._open_root(create=False)
         except FileNotFoundError:
@@ -332,36 +374,69 @@ class JitCache:
             log.warning("compile cache refused: %s; rebuilding without it", e)
             return None
         try:
-            raw = _read_bounded(dir_fd, self.root, meta_name, MAX_META_BYTES)
-            if raw is None:
-                return None
-            mac_key = self._key(dir_fd, create=False)
-            if mac_key is None:
-                raise CacheRefused(f"{self.root / KEY_NAME} is missing, so no entry can be verified")
-            try:
-                meta = json.loads(raw)
-            except ValueError:
-                raise CacheRefused(f"{self.root / meta_name} is not JSON") from None
-            if not isinstance(meta, dict) or not hmac.compare_digest(
-                str(meta.get("hmac", "")), meta_mac(mac_key, meta)
-            ):
-                raise CacheRefused(f"{self.root / meta_name} does not carry this cache's HMAC (tampered or foreign)")
-            if meta.get("key") != key.fields():
-                log.warning("compile cache entry %s was built for another key; rebuilding", pkl)
-                return None
-            blob = _read_bounded(dir_fd, self.root, pkl, MAX_PICKLE_BYTES)
-            if blob is None or meta.get("pickle_sha256") != hashlib.sha256(blob).hexdigest():
-                raise CacheRefused(f"{self.root / pkl} is missing or does not match its metadata's sha256")
+            entry = self._entry(dir_fd, key)
+        except _OtherKey:
+            log.warning("compile cache entry %s was built for another key; rebuilding", pkl)
+            return None
         except CacheRefused as e:
             log.warning("compile cache entry %s refused: %s; rebuilding", pkl, e)
             return None
         finally:
             os.close(dir_fd)
+        if entry is None:
+            return None
+        blob, meta = entry
         try:
             return pickle.loads(blob), meta  # noqa: S301 - written by this user, MAC and modes checked above
         except Exception as e:  # a foreign tinygrad/pickle raises anything
             log.warning("compile cache entry %s failed to load (%s: %s); rebuilding", pkl, type(e).__name__, e)
             return None
+
+    def refusal(self, key: CacheKey) -> str | None:
+        """Why :meth:`load` would refuse the entry for ``key``, in one line naming the file and what is wrong, or
+        None when the entry is intact or there is none (no cache directory, no metadata file: the model is compiled
+        when it is loaded). The checks :meth:`load` makes before it unpickles -- ownership and modes, the metadata's
+        HMAC and key, the pickle's sha256 -- and nothing is unpickled, not even an authenticated pickle: it costs a
+        read and a hash of the pickle. What only a load can tell (a pickle that fails to load, a JIT that reproduces
+        another output, ``backend/model.py``) is not checked. Never raises."""
+        try:
+            dir_fd = self._open_root(create=False)
+        except FileNotFoundError:
+            return None
+        except CacheRefused as e:
+            return str(e)
+        except OSError as e:
+            return f"the cache directory {self.root} cannot be opened ({e.strerror or e})"
+        try:
+            self._entry(dir_fd, key)
+        except CacheRefused as e:
+            return str(e)
+        except OSError as e:
+            return f"a file of the entry {key.digest} in {self.root} cannot be examined ({e.strerror or e})"
+        finally:
+            os.close(dir_fd)
+        return None
+
+    def discard(self, key: CacheKey) -> None:
+        """Remove the entry for ``key`` from the checked cache directory: its metadata first (without it the entry
+        is absent), then its pickle; a symlink there is removed, never followed. Nothing is removed when the
+        directory is missing or refused. Never raises: a file that cannot be removed stays (and :meth:`load`
+        refuses it, naming it)."""
+        try:
+            dir_fd = self._open_root(create=False)
+        except (CacheRefused, OSError):
+            return
+        try:
+            for name in (f"{key.digest}.json", f"{key.digest}.pkl"):
+                try:
+                    os.unlink(name, dir_fd=dir_fd)
+                except FileNotFoundError:
+                    continue
+                except OSError as e:
+                    log.warning("compile cache entry %s could not be removed (%s)", self.root / name, e.strerror or e)
+                    return
+        finally:
+            os.close(dir_fd)
 
     def store(self, key: CacheKey, jit: Any, extra: dict[str, Any]) -> Path | None:
         """Write an entry atomically (0600 files in a 0700 directory); returns the pickle's path, None if refused."""

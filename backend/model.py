@@ -111,12 +111,33 @@ def ensure_cpu_device() -> None:
     already imported with ``DEV`` naming another device (its ``getenv`` is cached at import).
     """
     private_tinygrad_cache()
+    _cpu_device()
+
+
+def _cpu_device() -> None:
+    """``DEV=CPU`` before tinygrad's first import; raises :class:`ConfigError` if tinygrad was already imported
+    with ``DEV`` naming another device."""
     if "tinygrad" not in sys.modules:
         os.environ["DEV"] = "CPU"
         return
     dev = os.environ.get("DEV", "")
     if dev.split(":")[0] != "CPU":
         raise ConfigError("device", f"tinygrad was already imported in this process with DEV={dev!r}; need DEV=CPU")
+
+
+def host_cache_key(model_sha256: str, inputs: tuple[TensorSpec, ...]) -> CacheKey:
+    """The compile cache's key of a captured JIT, on the host CPU, of the model whose bytes hash to ``model_sha256``
+    with ``inputs``: the entry :class:`OnnxModel` loads and stores (device tinygrad's ``Device.DEFAULT``, the
+    installed tinygrad's version). Imports tinygrad with ``DEV=CPU`` as :func:`ensure_cpu_device` does, and compiles
+    nothing (tinygrad's disk cache is not opened). Raises :class:`ConfigError` if tinygrad was already imported in
+    this process for another device."""
+    from importlib.metadata import version
+
+    _cpu_device()
+    from tinygrad import Device
+
+    specs = tuple((s.name, s.shape, s.dtype) for s in inputs)
+    return CacheKey(model_sha256, specs, Device.DEFAULT, version("tinygrad"))
 
 
 def model_label(name: str, path: Path | None = None, what: str = "model") -> str:
@@ -272,11 +293,7 @@ class OnnxModel(_HostModel):
         self._outputs: tuple[TensorSpec, ...] | None = None
         self._lock = threading.Lock()
         self.cache_hit = False
-        from importlib.metadata import version
-
-        from tinygrad import Device, Tensor
-
-        tinygrad_version = version("tinygrad")
+        from tinygrad import Tensor
 
         self._Tensor = Tensor
         self._runner: Any = None
@@ -285,9 +302,7 @@ class OnnxModel(_HostModel):
         if jit_cache is None:
             self._build_runner()
             return
-        key = CacheKey(
-            self.sha256, tuple((s.name, s.shape, s.dtype) for s in self.inputs), Device.DEFAULT, tinygrad_version
-        )
+        key = host_cache_key(self.sha256, self.inputs)
         if (hit := jit_cache.load(key)) is not None:
             self._jit, meta = hit
             self._outputs = tuple(TensorSpec.from_json(o) for o in meta["outputs"])

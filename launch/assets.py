@@ -11,7 +11,10 @@
 ``chestnut model prepare`` turns any ONNX file into a *prepared* model the node can serve:
 symbolic input dimensions fixed to the configured shape, tinygrad 0.14's ``Resize``-roi problem
 repaired, checked (ONNX checker; agreement with onnxruntime within 1e-4 on a real frame), and a
-metadata file written beside it.
+metadata file written beside it; building it fills the compile cache (``backend/jitcache.py``). Run again
+without ``--force``, it says ``model ready`` without preparing when the prepared file is what its metadata
+recorded and the compile cache's entry of it is intact or absent (checked short of unpickling, nothing
+compiled); a damaged file or a refused entry is named in one line and the model prepared again.
 """
 
 from __future__ import annotations
@@ -295,6 +298,28 @@ def prepared_damage(out: Path, meta: dict[str, Any]) -> str | None:
     return None
 
 
+def compile_cache_refusal(out: Path) -> str | None:
+    """Why the compile cache would refuse the entry of the prepared model ``out`` -- the captured JIT
+    :func:`prepare_model` stored (tinygrad on the host CPU, :class:`~chestnut.backend.model.OnnxModel`), which the
+    node loads when it starts -- in one line naming the file and what is wrong
+    (:meth:`~chestnut.backend.jitcache.JitCache.refusal`), or None when the entry is intact or there is none.
+    Nothing is compiled or unpickled: ``out``'s inputs are read with ``onnx`` and the entry's pickle is hashed. A
+    refused entry is discarded (:meth:`~chestnut.backend.jitcache.JitCache.discard`), so preparing again stores a
+    fresh one without the load refusing it a second time. Raises OSError if ``out`` cannot be read, ModelError if
+    an input of it has no fixed shape (never so in a file :func:`prepare_model` wrote), ConfigError if tinygrad
+    was already imported in this process for another device than the host CPU."""
+    from chestnut.backend.jitcache import JitCache
+    from chestnut.backend.model import _graph_inputs, host_cache_key, model_label
+
+    with _read_regular(out) as f:
+        data = f.read()
+    key = host_cache_key(hashlib.sha256(data).hexdigest(), _graph_inputs(data, model_label(out.stem, out), {}))
+    cache = JitCache()
+    if (refusal := cache.refusal(key)) is not None:
+        cache.discard(key)
+    return refusal
+
+
 def agreement_check(model: Any, path: Path, inputs: dict[str, np.ndarray]) -> float:
     """Largest |tinygrad - onnxruntime| over every output of ``model`` (an OnnxModel of ``path``) on ``inputs``."""
     import onnxruntime as ort
@@ -428,11 +453,18 @@ def run(args: argparse.Namespace) -> int:
             and out.with_suffix(".fingerprint.json").is_file()
             and (damage := prepared_damage(out, meta)) is None
         ):
-            print(
-                f"model ready: {out} (sha256 {meta['sha256'][:16]}, max |tinygrad-onnxruntime| "
-                f"{meta['max_abs_diff_vs_onnxruntime']:.2e})"
-            )
-            return prepare_for_dock(out) if args.for_dock else 0
+            try:
+                refusal = compile_cache_refusal(out)
+            except (OSError, ModelError) as e:  # the file changed since it was checked
+                damage = str(e)
+            else:
+                if refusal is None:
+                    print(
+                        f"model ready: {out} (sha256 {meta['sha256'][:16]}, max |tinygrad-onnxruntime| "
+                        f"{meta['max_abs_diff_vs_onnxruntime']:.2e})"
+                    )
+                    return prepare_for_dock(out) if args.for_dock else 0
+                print(f"compile cache entry of {out} refused ({refusal}); preparing it again")
         if damage is not None:
             print(f"prepared model {out} is damaged ({damage}); preparing it again")
     frame = None

@@ -225,3 +225,97 @@ def test_a_refused_entry_is_rebuilt_and_replaced_by_a_private_one(tiny_onnx, tmp
     assert f"{pkl} is writable by group/other (mode 0666); rebuilding" in caplog.text
     assert stat.S_IMODE(pkl.stat().st_mode) == 0o600
     assert OnnxModel(tiny_onnx, jit_cache=cache).cache_hit is True
+
+
+# ---------------------------------------------------------------- refusal: load's checks, nothing unpickled
+
+
+def _flip_pickle(root: Path) -> str:
+    pkl = root / f"{KEY.digest}.pkl"
+    blob = bytearray(pkl.read_bytes())
+    blob[len(blob) // 2] ^= 0x01
+    pkl.write_bytes(bytes(blob))
+    good = json.loads((root / f"{KEY.digest}.json").read_text())["pickle_sha256"]
+    return (f"{pkl} does not match its metadata: its sha256 is {hashlib.sha256(blob).hexdigest()[:16]}, "
+            f"{KEY.digest}.json recorded {good[:16]}")
+
+
+def _retarget(root: Path) -> str:
+    meta_path = root / f"{KEY.digest}.json"
+    meta = json.loads(meta_path.read_text())
+    meta["key"]["device"] = "AMD:gfx1100"
+    _resign(root, meta_path, meta)  # genuine, signed by this cache, found under another key's name
+    return f"{meta_path} was built for another key"
+
+
+def _unsign(root: Path) -> str:
+    meta_path = root / f"{KEY.digest}.json"
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "pickle_sha256": "0" * 64}))
+    return f"{meta_path} does not carry this cache's HMAC (tampered or foreign)"
+
+
+def _remove(name: str, why: str):
+    def damage(root: Path) -> str:
+        (root / name.format(d=KEY.digest)).unlink()
+        return f"{root / name.format(d=KEY.digest)} {why}"
+
+    return damage
+
+
+def _chmod(name: str, mode: int, why: str):
+    def damage(root: Path) -> str:
+        path = root / name.format(d=KEY.digest) if name else root
+        path.chmod(mode)
+        return why.format(path=path)
+
+    return damage
+
+
+def _garble(root: Path) -> str:
+    (root / f"{KEY.digest}.json").write_text('{"key": ')
+    return f"{root / KEY.digest}.json is not JSON"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        _flip_pickle,
+        _unsign,
+        _retarget,
+        _garble,
+        _remove("{d}.pkl", f"is missing (its metadata {KEY.digest}.json is there)"),
+        _remove(KEY_NAME, "is missing, so no entry can be verified"),
+        _chmod("{d}.pkl", 0o666, "{path} is writable by group/other (mode 0666)"),
+        _chmod(KEY_NAME, 0o640, "{path} is readable or writable by group/other (mode 0640)"),
+        _chmod("", 0o777, "the cache directory {path} is writable by group/other (mode 0777)"),
+    ],
+    ids=["flipped-byte", "unsigned", "another-key", "not-json", "no-pickle", "no-key", "pkl-0666", "key-0640",
+         "dir-0777"],
+)
+def test_refusal_names_the_file_and_what_is_wrong_as_load_refuses_it(tmp_path, damage):
+    root, marker = tmp_path / "jit", tmp_path / "pwned"
+    JitCache(root).store(KEY, Plant(marker), {})
+    why = damage(root)
+    assert JitCache(root).refusal(KEY) == why
+    assert JitCache(root).load(KEY) is None and not marker.exists()
+
+
+def test_refusal_of_an_intact_entry_is_none_and_unpickles_nothing(tmp_path):
+    root, marker = tmp_path / "jit", tmp_path / "pwned"
+    assert JitCache(root).refusal(KEY) is None  # no cache directory
+    JitCache(root).store(KEY, "another entry", {})
+    other = CacheKey("1" * 64, KEY.inputs, KEY.device, KEY.tinygrad_version)
+    assert JitCache(root).refusal(other) is None  # no entry for this key
+    JitCache(root).store(other, Plant(marker), {})
+    assert JitCache(root).refusal(other) is None and not marker.exists()
+
+
+def test_discard_removes_the_entry_and_keeps_the_rest(tmp_path):
+    root = tmp_path / "jit"
+    other = CacheKey("1" * 64, KEY.inputs, KEY.device, KEY.tinygrad_version)
+    JitCache(root).store(KEY, "ours", {})
+    JitCache(root).store(other, "kept", {})
+    JitCache(root).discard(KEY)
+    assert sorted(p.name for p in root.iterdir()) == sorted([f"{other.digest}.pkl", f"{other.digest}.json", KEY_NAME])
+    JitCache(root).discard(KEY)  # gone already: nothing to do
+    assert JitCache(root).load(KEY) is None and JitCache(root).load(other)[0] == "kept"

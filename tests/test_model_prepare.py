@@ -1,5 +1,6 @@
 """``chestnut model prepare`` says "model ready" only for a prepared file that is what its metadata recorded
-(sha256, and it parses as ONNX); a damaged one is prepared again, said in one line."""
+(sha256, and it parses as ONNX) whose entry in the compile cache is intact or absent; a damaged file or a
+refused entry is prepared again, said in one line."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import argparse
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,8 +25,10 @@ SHAPE = (1, 3, 32, 64)
 
 @pytest.fixture
 def prepared(tmp_path: Path, tiny_onnx: Path, monkeypatch) -> tuple[Path, argparse.Namespace, list[Path]]:
-    """``tiny.onnx`` as if prepared into ``tmp_path/m/tiny.onnx`` (its metadata and fingerprint beside it);
-    ``prepare_model`` replaced by one that copies the source again and records each call."""
+    """``tiny.onnx`` as if prepared into ``tmp_path/m/tiny.onnx`` (its metadata and fingerprint beside it), with a
+    compile cache of its own (``$CHESTNUT_CACHE``, empty); ``prepare_model`` replaced by one that copies the source
+    again and records each call."""
+    monkeypatch.setenv("CHESTNUT_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "m" / "tiny.onnx"
     out.parent.mkdir()
     shutil.copyfile(tiny_onnx, out)
@@ -210,3 +216,145 @@ def test_a_symlink_at_a_given_out_is_refused_not_followed_and_kept(prepared, cap
     assert assets.run(args) == 2
     assert capsys.readouterr().err == f"chestnut model prepare: --out {args.out} is a symlink; give another path\n"
     assert calls == [] and args.out.is_symlink()
+
+
+# ---------------------------------------------------------------- the prepared model's entry in the compile cache
+
+
+@pytest.fixture(scope="module")
+def compiled_jit(tiny_onnx, tmp_path_factory) -> Path:
+    """A compile cache directory holding the captured JIT of ``tiny.onnx``, compiled once for the module."""
+    from chestnut.backend.jitcache import JitCache
+    from chestnut.backend.model import OnnxModel
+
+    root = tmp_path_factory.mktemp("compiled") / "jit"
+    assert OnnxModel(tiny_onnx, jit_cache=JitCache(root)).cache_hit is False
+    return root
+
+
+@pytest.fixture
+def cached(prepared, compiled_jit, tmp_path) -> tuple[Path, argparse.Namespace, list[Path], Path, Path]:
+    """``prepared`` with its entry in its compile cache (``$CHESTNUT_CACHE/jit``), intact: (prepared path, args,
+    prepare_model's calls, the entry's pickle, the entry's metadata)."""
+    out, args, calls = prepared
+    root = tmp_path / "cache" / "jit"
+    shutil.copytree(compiled_jit, root)  # 0700, its files 0600, as compiled
+    (pkl,) = root.glob("*.pkl")
+    return out, args, calls, pkl, pkl.with_suffix(".json")
+
+
+def test_an_intact_compile_cache_entry_is_ready_without_preparing(cached, capsys, compiled_jit):
+    out, args, calls, pkl, meta = cached
+    assert assets.run(args) == 0
+    sha = hashlib.sha256(out.read_bytes()).hexdigest()
+    assert capsys.readouterr() == (
+        f"model ready: {out} (sha256 {sha[:16]}, max |tinygrad-onnxruntime| 0.00e+00)\n", ""
+    )
+    assert calls == []
+    assert pkl.read_bytes() == (compiled_jit / pkl.name).read_bytes()
+    assert meta.read_bytes() == (compiled_jit / meta.name).read_bytes()
+
+
+def test_a_flipped_byte_in_the_cached_jit_is_named_and_prepared_again(cached, capsys, tiny_onnx):
+    """It said "model ready"; the node found the damage at its next start (the HMAC-checked load refused it)."""
+    out, args, calls, pkl, meta = cached
+    blob = bytearray(pkl.read_bytes())
+    blob[len(blob) // 2] ^= 0x01
+    pkl.write_bytes(bytes(blob))
+    bad = hashlib.sha256(blob).hexdigest()
+    good = json.loads(meta.read_text())["pickle_sha256"]
+    assert assets.run(args) == 0
+    sha = hashlib.sha256(out.read_bytes()).hexdigest()
+    assert capsys.readouterr() == (
+        f"compile cache entry of {out} refused ({pkl} does not match its metadata: its sha256 is {bad[:16]}, "
+        f"{meta.name} recorded {good[:16]}); preparing it again\n"
+        f"preparing {tiny_onnx} -> {out} (input [1, 3, 32, 64]); the first tinygrad run compiles, this takes a while\n"
+        f"model ready: {out} (sha256 {sha[:16]}, 0 Resize nodes repaired, max |tinygrad-onnxruntime| 0.00e+00, "
+        "first call 0.5 s)\n",
+        "",
+    )
+    assert calls == [out]
+    assert not meta.exists() and not pkl.exists()  # discarded: the rebuild stores a fresh entry, unrefused
+
+
+class Plant:
+    """A pickle that creates ``marker`` when it is loaded (what an attacker would plant)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_a_planted_pickle_is_named_as_tampered_and_never_unpickled(cached, capsys, tmp_path):
+    """A pickle replaced along with the sha256 its metadata records: the metadata's HMAC no longer checks."""
+    out, args, calls, pkl, meta = cached
+    marker = tmp_path / "pwned"
+    blob = pickle.dumps(Plant(marker))
+    pkl.write_bytes(blob)
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "pickle_sha256": hashlib.sha256(blob).hexdigest()}))
+    assert assets.run(args) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"compile cache entry of {out} refused ({meta} does not carry this cache's HMAC (tampered or foreign)); "
+        "preparing it again"
+    )
+    assert calls == [out] and not marker.exists()
+
+
+def test_the_check_unpickles_not_even_an_authenticated_entry(cached, capsys, tmp_path):
+    """An entry this cache signed is intact without being loaded: the check hashes the pickle, never runs it."""
+    from chestnut.backend.jitcache import JitCache
+    from chestnut.backend.model import _graph_inputs, host_cache_key
+
+    out, args, calls, pkl, meta = cached
+    marker = tmp_path / "pwned"
+    data = out.read_bytes()
+    key = host_cache_key(hashlib.sha256(data).hexdigest(), _graph_inputs(data, "tiny", {}))
+    assert JitCache(pkl.parent).store(key, Plant(marker), {}) == pkl  # the same entry, signed by this cache
+    assert assets.run(args) == 0
+    assert capsys.readouterr().out.startswith(f"model ready: {out} (sha256 ")
+    assert calls == [] and not marker.exists()
+
+
+CHESTNUT = str(Path(sys.executable).with_name("chestnut"))
+
+
+@pytest.mark.slow
+def test_model_prepare_rebuilds_a_damaged_cached_jit_that_the_next_run_finds_intact(tmp_path, tiny_onnx):
+    """The real command, compiling: prepared, a byte of its cached JIT flipped, prepared again with one line saying
+    why (the load does not refuse the entry a second time), then ready."""
+    env = {**os.environ, "CHESTNUT_CACHE": str(tmp_path / "cache")}
+    out = tmp_path / "out" / "m.onnx"
+    out.parent.mkdir(mode=0o700)
+    cmd = [CHESTNUT, "model", "prepare", "--onnx", str(tiny_onnx), "--shape", "1,3,32,64", "--out", str(out)]
+
+    def prepare() -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+    first = prepare()
+    assert first.returncode == 0, first.stderr
+    (pkl,) = (tmp_path / "cache" / "jit").glob("*.pkl")
+    blob = bytearray(pkl.read_bytes())
+    blob[len(blob) // 2] ^= 0x01
+    pkl.write_bytes(bytes(blob))
+    good = json.loads(pkl.with_suffix(".json").read_text())["pickle_sha256"]
+
+    second = prepare()
+    assert second.returncode == 0, second.stderr
+    lines = second.stdout.splitlines()
+    assert lines[0] == (
+        f"compile cache entry of {out} refused ({pkl} does not match its metadata: its sha256 is "
+        f"{hashlib.sha256(blob).hexdigest()[:16]}, {pkl.stem}.json recorded {good[:16]}); preparing it again"
+    )
+    assert lines[1].startswith(f"preparing {tiny_onnx} -> {out} ")
+    assert f"  m: compiled and cached ({pkl.stem[:12]})" in lines  # the same entry, rebuilt
+    assert "compile cache" not in second.stderr  # said once, on stdout
+    meta = json.loads(out.with_suffix(".json").read_text())
+
+    third = prepare()
+    assert (third.returncode, third.stdout) == (
+        0,
+        f"model ready: {out} (sha256 {meta['sha256'][:16]}, max |tinygrad-onnxruntime| "
+        f"{meta['max_abs_diff_vs_onnxruntime']:.2e})\n",
+    )
