@@ -39,10 +39,16 @@ def render_config(
     log_format: str = "both",
     foxglove_port: int = 8765,
     camera_args: list[str] | None = None,
+    streaming_copies: bool = True,
 ) -> Path:
     """Write ``supervisord.conf`` for this run; returns its path. ``camera_args``: ``chestnut camera``'s
-    arguments beyond ``--rate`` (:meth:`FrameOptions.camera_args`; none: the camera's defaults)."""
+    arguments beyond ``--rate`` (:meth:`FrameOptions.camera_args`; none: the camera's defaults). With
+    ``streaming_copies`` (a camera whose big frames go through the ring) the camera is started with the
+    ``GLIBC_TUNABLES`` of ``msgs/visionipc.py`` ``streaming_copy_tunables``; without (``--transport inline``,
+    whose big frames are copied and read back at once, which streaming stores make slower:
+    ``tests/bench/bench_frames.py``'s inline rows) with the environment's own value, checked the same way."""
     from chestnut.msgs.paths import runtime_dir
+    from chestnut.msgs.visionipc import streaming_copy_tunables
 
     py = sys.executable
     # supervisord's control socket lives in the stack's private runtime dir: a unix socket path must stay
@@ -60,6 +66,7 @@ def render_config(
         log_format=log_format,
         foxglove_port=int(foxglove_port),
         path=os.environ.get("PATH", ""),
+        camera_tunables=streaming_copy_tunables(os.environ.get("GLIBC_TUNABLES"), streaming=streaming_copies),
     )
     conf = run_dir / "supervisord.conf"
     write_private(conf, text)

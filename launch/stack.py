@@ -391,6 +391,7 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path, Path] | int:
         args.log_format,
         foxglove_port=args.foxglove if args.foxglove is not None else 8765,
         camera_args=frames.camera_args(),
+        streaming_copies=frames.transport != "inline",
     )
     return prefix, run_dir, conf
 

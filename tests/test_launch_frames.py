@@ -116,6 +116,7 @@ def test_bad_combinations_are_one_line(opts, line):
 
 
 def test_the_rendered_stack_runs_the_camera_and_twin_with_the_options(run_base, tmp_path, monkeypatch):
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     opts = FrameOptions(frames="native", synthetic=True, pixel_format="nv12", transport="shm", dock_timing=True)
     conf = render_config(
         tmp_path,
@@ -128,6 +129,10 @@ def test_the_rendered_stack_runs_the_camera_and_twin_with_the_options(run_base, 
     commands = [line for line in conf.splitlines() if line.startswith("command=")]
     camera = next(c for c in commands if " camera " in c)
     twin = next(c for c in commands if " twin serve " in c)
+    env = conf.split("[program:camera]", 1)[1].split("\n[", 1)[0]
+    assert 'GLIBC_TUNABLES="glibc.cpu.x86_non_temporal_threshold=0x100000"' in env  # big frames: streaming stores
+    inline = render_config(tmp_path, "frames-test", 20.0, [], [], streaming_copies=False).read_text()
+    assert 'GLIBC_TUNABLES=""' in inline.split("[program:camera]", 1)[1].split("\n[", 1)[0]
     assert camera.endswith(
         "camera --rate 20.0 --synthetic --height 1208 --width 1928 --pixel-format nv12 --transport shm"
     )

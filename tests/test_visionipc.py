@@ -31,6 +31,7 @@ from chestnut.msgs.visionipc import (
     buffer_problem,
     inline_event,
     socket_path,
+    streaming_copy_tunables,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -621,3 +622,27 @@ def test_a_notice_is_taken_after_a_forged_bus_copy_and_skipped_after_a_lapped_re
         reader.close()
     assert answers == [(1, "pixels 1"), (2, "overwritten"), (2, "pixels 2"), None, (3, "overwritten"), None,
                        (9, "pixels 9"), None]
+
+
+@pytest.mark.parametrize(
+    ("current", "expected"),
+    [
+        (None, "glibc.cpu.x86_non_temporal_threshold=0x100000"),
+        ("", "glibc.cpu.x86_non_temporal_threshold=0x100000"),
+        ("glibc.malloc.arena_max=2", "glibc.malloc.arena_max=2:glibc.cpu.x86_non_temporal_threshold=0x100000"),
+        # the user's own threshold wins
+        ("glibc.cpu.x86_non_temporal_threshold=0x4040:glibc.malloc.arena_max=2",
+         "glibc.cpu.x86_non_temporal_threshold=0x4040:glibc.malloc.arena_max=2"),
+        # not glibc's syntax (and unsafe in a supervisord configuration): dropped
+        ('x"=1', "glibc.cpu.x86_non_temporal_threshold=0x100000"),
+        ("a=%(ENV_HOME)s", "glibc.cpu.x86_non_temporal_threshold=0x100000"),
+    ],
+)
+def test_a_ring_writer_is_started_with_streaming_stores_for_big_frames(current, expected):
+    assert streaming_copy_tunables(current) == expected
+
+
+def test_without_streaming_the_environments_own_tunables_pass_checked():
+    assert streaming_copy_tunables(None, streaming=False) == ""
+    assert streaming_copy_tunables("glibc.malloc.arena_max=2", streaming=False) == "glibc.malloc.arena_max=2"
+    assert streaming_copy_tunables('a=1:b="', streaming=False) == ""

@@ -21,6 +21,10 @@ then the interleaved UV plane) -- three transports run one after the other, each
   (an anonymous ``MAP_SHARED`` mapping inherited by the child) and an 8-byte wake-up through a pipe;
   the child's view of the mapping is usable once the wake-up is read.
 
+The bench runs (re-executing itself once if need be) with the ``GLIBC_TUNABLES`` that ``chestnut launch``
+starts its camera with (``msgs/visionipc.py`` ``streaming_copy_tunables``: frames of 1 MiB and more are
+copied with streaming stores), every path alike; a value already set in the environment is kept.
+
 Latency (ms) = the subscriber's ``time.monotonic_ns()`` once the frame is usable minus the camera's
 stamp taken when it starts publishing the frame (before the copy into the ring / building the
 message / the memcpy); CLOCK_MONOTONIC is shared by the processes. CPU is ``getrusage`` (user +
@@ -48,7 +52,7 @@ import zmq
 
 from chestnut.msgs.frames import frame_to_array
 from chestnut.msgs.messaging import PubMaster, drain_sock, new_message, sub_sock
-from chestnut.msgs.visionipc import FrameReader, FrameRing, RingFrame
+from chestnut.msgs.visionipc import FrameReader, FrameRing, RingFrame, streaming_copy_tunables
 
 RATE_HZ = 20.0  # openpilot's model rate (common/realtime.py DT_MDL = 0.05 s)
 SIZES = (  # label, rows, columns, bytes per sample, encoding
@@ -231,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="s per transport and size at 20 Hz (default 5)")
     args = parser.parse_args(argv)
+    tunables = streaming_copy_tunables(os.environ.get("GLIBC_TUNABLES"))
+    if argv is None and os.environ.get("GLIBC_TUNABLES") != tunables:  # glibc reads it at start only
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], dict(os.environ, GLIBC_TUNABLES=tunables))
     n = max(2, int(args.seconds * RATE_HZ))
     prefix = f"bench-frames-{os.getpid()}"
     raw_map = mmap.mmap(-1, MAX_BYTES, mmap.MAP_SHARED)
@@ -242,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     child.start()
     print(
         f"camera frames across processes at {RATE_HZ:.0f} Hz, {n} frames each, {os.cpu_count()} CPUs, "
-        f"pyzmq {zmq.__version__}"
+        f"pyzmq {zmq.__version__}, GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')} (as chestnut launch starts "
+        "its camera)"
     )
     print(
         f"{'frame':<8} {'path':<7} {'p50 ms':>8} {'p99 ms':>8} {'CPU % camera':>13} {'CPU % sub':>10} "
