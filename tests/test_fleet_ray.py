@@ -90,10 +90,20 @@ def test_fleet_make_writes_copies_under_new_route_ids(source, tmp_path, capsys):
     before = sorted(p.name for p in out.iterdir())
     assert main(["fleet", "make", "--from", str(source), "--copies", "4", str(out)]) == 2
     assert sorted(p.name for p in out.iterdir()) == before
-    assert main(["fleet", "make", "--from", str(source), "--copies", "0", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err == (
+        f"chestnut fleet make: {out / before[0]} already exists: give an empty OUT directory\n"
+    )
+    # a count out of range: the parser's one line, before anything is read
+    with pytest.raises(SystemExit) as info:
+        main(["fleet", "make", "--from", str(source), "--copies", "0", str(tmp_path / "x")])
+    assert info.value.code == 2 and not (tmp_path / "x").exists()
+    assert capsys.readouterr().err == (
+        "chestnut fleet make: error: argument --copies: '0': give a number of copies in 1..100000 "
+        "(chestnut fleet make --help)\n"
+    )
 
 
-def test_fleet_make_refuses_an_unfit_out_directory_and_writes_nothing(source, tmp_path, caplog):
+def test_fleet_make_refuses_an_unfit_out_directory_and_writes_nothing(source, tmp_path, caplog, capsys):
     victim = tmp_path / "victim"
     victim.mkdir()
     (tmp_path / "link").symlink_to(victim)
@@ -103,8 +113,9 @@ def test_fleet_make_refuses_an_unfit_out_directory_and_writes_nothing(source, tm
     for out, why in ((tmp_path / "link", "symlink"), (shared, "writable")):
         caplog.clear()
         assert main(["fleet", "make", "--from", str(source), "--copies", "1", str(out)]) == 2
-        (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        (line,) = capsys.readouterr().err.splitlines()  # one line on stderr, the program named once
         assert line.startswith(f"chestnut fleet make: OUT {out}") and why in line, line
+        assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []  # not logged as well
     assert list(victim.iterdir()) == [] and list(shared.iterdir()) == []
 
 
@@ -276,8 +287,7 @@ def test_executor_ray_without_ray_says_how_to_install(fleet):
     )
     done = _run_python(code)
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [done.stderr.strip()]  # one line, no traceback
-    assert done.stderr.strip().endswith(f"chestnut replay: {RAY_INSTALL_HINT}")
+    assert done.stderr == f"chestnut replay: {RAY_INSTALL_HINT}\n"  # one line, the program named once
 
 
 def test_ray_address_where_nothing_listens_is_one_line(fleet):
@@ -288,9 +298,9 @@ def test_ray_address_where_nothing_listens_is_one_line(fleet):
     )
     done = _run_python(code)
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [done.stderr.strip()]
-    assert "chestnut check: no Ray cluster answers at 127.0.0.1:1 (" in done.stderr
-    assert done.stderr.strip().endswith("start one with ray start --head, or give the address it printed")
+    assert done.stderr.splitlines() == [done.stderr.rstrip("\n")]
+    assert done.stderr.startswith("chestnut check: no Ray cluster answers at 127.0.0.1:1 (")
+    assert done.stderr.endswith("start one with ray start --head, or give the address it printed\n")
 
 
 def test_ray_address_auto_naming_a_cluster_that_is_gone_is_one_line(fleet):
@@ -305,12 +315,10 @@ def test_ray_address_auto_naming_a_cluster_that_is_gone_is_one_line(fleet):
     )
     done = _run_python(code, env={**os.environ, "RAY_ADDRESS": "127.0.0.1:1"})
     assert done.returncode == 2
-    line = done.stderr.strip()
-    assert line.splitlines() == [line]
     gone = canonicalize_bootstrap_address("127.0.0.1:1")  # Ray's own: localhost made the node's address
-    assert line.endswith(
+    assert done.stderr == (
         f"chestnut check: --ray-address auto: no Ray cluster answers at {gone}, from RAY_ADDRESS "
-        "([Errno 111] Connection refused): start one with ray start --head, or give the address it printed"
+        "([Errno 111] Connection refused): start one with ray start --head, or give the address it printed\n"
     )
 
 
@@ -340,6 +348,24 @@ def test_ray_address_auto_without_one_cluster_says_so_in_our_words(running, why,
     with pytest.raises(ExecutorError) as info:
         _probe("auto")
     assert str(info.value) == why
+
+
+@pytest.mark.parametrize("workers", [0, -2])
+def test_ray_executor_refuses_a_worker_count_below_1_before_any_cluster(workers, monkeypatch):
+    """``RayExecutor(workers=0)`` read 0 as "one actor per CPU" and started a cluster; -2 was refused only after
+    ``ray.init`` had started one with -2 CPUs."""
+    pytest.importorskip("ray", reason="the cluster extra: pip install 'chestnut[cluster]'")
+    import ray
+
+    from chestnut.node.offline.ray_executor import RayExecutor
+
+    def no_cluster(*a, **k):
+        raise AssertionError("ray.init called")
+
+    monkeypatch.setattr(ray, "init", no_cluster)
+    with pytest.raises(ValueError) as info:
+        RayExecutor(workers=workers)
+    assert str(info.value) == f"workers must be >= 1, got {workers}"
 
 
 # ---------------------------------------------------------------- on a two-node Ray cluster

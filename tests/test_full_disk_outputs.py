@@ -109,7 +109,9 @@ class _Disk(_FullFile):
 
 
 @pytest.mark.parametrize("out_there", [False, True])
-def test_fleet_make_onto_a_full_disk_is_one_line_and_removes_what_it_made(tmp_path, monkeypatch, caplog, out_there):
+def test_fleet_make_onto_a_full_disk_is_one_line_and_removes_what_it_made(
+    tmp_path, monkeypatch, caplog, capsys, out_there
+):
     from chestnut.node.offline import fleet, fleet_cli
 
     logs, _ = _log(tmp_path, 1000)  # 4 segments
@@ -123,9 +125,9 @@ def test_fleet_make_onto_a_full_disk_is_one_line_and_removes_what_it_made(tmp_pa
     args = p.parse_args(["make", "--from", str(logs), "--copies", "3", str(out)])
     with caplog.at_level(logging.INFO):
         rc = fleet_cli.run(args)
-    assert (rc, [r.getMessage() for r in caplog.records]) == (2, [
+    assert (rc, capsys.readouterr().err, [r.getMessage() for r in caplog.records]) == (2, (
         f"chestnut fleet make: OUT {out} cannot be written (No space left on device); free space or give another "
-        "directory"])
+        "directory\n"), [])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fleet", "logs"] if out_there else ["logs"]
     if out_there:
         assert list(out.iterdir()) == []

@@ -33,7 +33,14 @@ from chestnut.node.offline.fleet import (
     totals,
     write_fleet_report,
 )
-from chestnut.node.offline.fleet_cli import EXIT_INTERRUPTED, add_executor_arguments, open_executor, progress
+from chestnut.node.offline.fleet_cli import (
+    EXIT_INTERRUPTED,
+    EXIT_REFUSED,
+    add_executor_arguments,
+    open_executor,
+    progress,
+    refuse,
+)
 from chestnut.node.offline.report import write_report
 from chestnut.node.offline.timeline import SLACK_MS
 
@@ -129,9 +136,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console(stderr=False)
-    executor = open_executor(args, "chestnut check", log)
+    executor = open_executor(args, "chestnut check")
     if executor is None:
-        return 2
+        return EXIT_REFUSED
     try:
         with progress(console, len(find_log_files(args.logs))) as step:
             fleet = check_fleet(
@@ -168,8 +175,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 index = write_report(args.report, tl, violations=result.violations, title="chestnut check")
             except OutputDirError as e:
-                log.error("chestnut check: --report %s", e)
-                return 2
+                return refuse("chestnut check", f"--report {e}")
             console.print(f"report: {index}")
     else:
         rows = check_rows(fleet)
@@ -185,8 +191,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 index = write_fleet_report(args.report, "chestnut check (fleet)", rows, total_row, segs, run_, per_log)
             except OutputDirError as e:
-                log.error("chestnut check: --report %s", e)
-                return 2
+                return refuse("chestnut check", f"--report {e}")
             console.print(f"report: {index}")
     n = sum(len(r.violations) for r in fleet.logs.values())
     anomalies = sum(len(r.anomalies) for r in fleet.logs.values())

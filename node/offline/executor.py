@@ -26,7 +26,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from chestnut.node.offline.replay import SegmentResult, SegmentTask
+from chestnut.node.offline.replay import SegmentResult, SegmentTask, check_workers
 from chestnut.node.offline.timeline import FileExtract
 from chestnut.node.offline.units import (
     EXECUTORS,
@@ -92,7 +92,8 @@ def _local_unit(unit: Unit) -> tuple[SegmentResult | FileExtract, str, float]:
 @dataclass
 class LocalExecutor:
     """This machine's processes: ``workers`` spawn-context processes (1: this process, no pool, unless
-    ``pool``)."""
+    ``pool``). Raises ``ValueError`` when ``workers`` is below 1
+    (:func:`~chestnut.node.offline.replay.check_workers`)."""
 
     workers: int = 1
     pool: bool | None = None  # None: a pool when workers > 1; True: a pool of one process too (benchmarks)
@@ -100,8 +101,7 @@ class LocalExecutor:
     _t0: float = field(default=0.0, repr=False)
 
     def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        check_workers(self.workers)
 
     def describe(self) -> str:
         return f"local, {self.workers} process(es)"
@@ -208,7 +208,10 @@ def make_executor(
     segment's bytes through the object store instead of the workers reading its path.
 
     Raises :class:`ExecutorError` when Ray is asked for and not installed (:data:`RAY_INSTALL_HINT`)
-    or cannot connect, ``ValueError`` for an unknown name or a flag the executor does not take."""
+    or cannot connect, ``ValueError`` for an unknown name, a flag the executor does not take or ``workers``
+    below 1 (:func:`~chestnut.node.offline.replay.check_workers`; None is the executor's default)."""
+    if workers is not None:
+        check_workers(workers)  # 0 would otherwise read as "the default"
     if name == "local":
         if ship_logs or ray_address:
             raise ValueError("--ship-logs and --ray-address are for --executor ray (local workers read the paths)")

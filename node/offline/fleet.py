@@ -589,6 +589,15 @@ def write_fleet_report(
 # ---------------------------------------------------------------- a synthetic fleet
 
 
+def check_copies(copies: int) -> int:
+    """``copies`` itself when :func:`make_fleet` can make that many copies of a log, 1..:data:`MAX_COPIES`
+    (also ``chestnut fleet make --copies``, ``node/offline/fleet_cli.py``); raises ``ValueError`` ``"copies
+    must be in 1..100000, got N"`` otherwise."""
+    if not 1 <= copies <= MAX_COPIES:
+        raise ValueError(f"copies must be in 1..{MAX_COPIES}, got {copies}")
+    return copies
+
+
 def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
     """Copy every log under ``source`` ``copies`` times into ``out`` as new routes
     ``<route>-<k:05d>`` (k from 1), segment directories ``<route>-<k>--<n>`` with the files byte for
@@ -600,8 +609,7 @@ def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
     1..:data:`MAX_COPIES`), :class:`~chestnut.msgs.outdir.OutputDirError` (``out`` unfit: ``msgs/outdir.py``
     ``private_dir``; nothing is written; or a full disk, ENOSPC / EDQUOT from write(2)). A copy that stops on any
     error removes the folders and files it made."""
-    if not 1 <= copies <= MAX_COPIES:
-        raise ValueError(f"copies must be in 1..{MAX_COPIES}, got {copies}")
+    check_copies(copies)
     groups = group_logs(source)
     out = Path(out)
     plan: list[tuple[Path, Path, bool]] = []  # (from, to, follow a symlink: a log file named by hand may be one)

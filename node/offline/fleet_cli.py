@@ -2,11 +2,18 @@
 
 ``fleet make`` writes a synthetic fleet (:func:`~chestnut.node.offline.fleet.make_fleet`): every log
 under ``--from`` copied ``N`` times under new route ids. Exit status 0, or 2 with one line when it
-cannot (no log, ``OUT`` already holds one of the routes, a bad count).
+cannot (no log, ``OUT`` already holds one of the routes or is unfit; a count outside 1..100000 is
+refused by the parser, :func:`copy_count`).
 
 The executor options (:func:`add_executor_arguments`): ``--executor local|ray``, ``--workers N``
-(local: processes, default 1; ray: actors, default one per CPU of the cluster), ``--ray-address
-ADDRESS|auto`` and ``--ship-logs`` (``docs/offline.md``).
+(local: processes, default 1; ray: actors, default one per CPU of the cluster; checked as it is parsed,
+:func:`worker_count`), ``--ray-address ADDRESS|auto`` and ``--ship-logs`` (``docs/offline.md``).
+
+A bad argument is one line on stderr that names the program once: the parser's for a number
+(``chestnut check: error: argument --workers: '0': give a number of workers >= 1 (chestnut check
+--help)``, ``launch/cli.py`` ``OneLineParser``), :func:`refuse`'s for what only running finds
+(``chestnut check: --ship-logs and --ray-address are for --executor ray (local workers read the
+paths)``, an unreachable Ray cluster, an unfit ``--report`` DIR or ``OUT``); exit status 2 either way.
 """
 
 from __future__ import annotations
@@ -14,16 +21,48 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from chestnut.node.offline.executor import EXECUTORS, Executor, Outcome, make_executor
-from chestnut.node.offline.fleet import MAX_COPIES, make_fleet
+from chestnut.node.offline.fleet import MAX_COPIES, check_copies, make_fleet
+from chestnut.node.offline.replay import check_workers
 
 log = logging.getLogger("chestnut.fleet")
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention for a run stopped by Ctrl-C
+EXIT_REFUSED = 2  # a bad argument, as argparse exits
+
+
+def refuse(command: str, why: object) -> int:
+    """Print ``command: why`` as one line on stderr and return :data:`EXIT_REFUSED`: an offline command's
+    refusal of an argument that only running can find bad, the program named once (as ``chestnut probe`` and
+    ``chestnut model prepare`` refuse; ``log.error`` would put its logger's ``ERROR chestnut.check:`` before
+    ``chestnut check:``)."""
+    print(f"{command}: {why}", file=sys.stderr)
+    return EXIT_REFUSED
+
+
+def _count(text: str, check: Callable[[int], int], want: str) -> int:
+    try:
+        return check(int(text))
+    except ValueError:  # no whole number, or one ``check`` refuses
+        raise argparse.ArgumentTypeError(f"{text!r}: {want}") from None
+
+
+def worker_count(text: str) -> int:
+    """``--workers``: a whole number that :func:`~chestnut.node.offline.replay.check_workers` takes (>= 1);
+    raises ``argparse.ArgumentTypeError`` ``"'text': give a number of workers >= 1"`` (one line) otherwise."""
+    return _count(text, check_workers, "give a number of workers >= 1")
+
+
+def copy_count(text: str) -> int:
+    """``fleet make --copies``: a whole number that :func:`~chestnut.node.offline.fleet.check_copies` takes
+    (1..:data:`~chestnut.node.offline.fleet.MAX_COPIES`); raises ``argparse.ArgumentTypeError`` (one line)
+    otherwise."""
+    return _count(text, check_copies, f"give a number of copies in 1..{MAX_COPIES}")
 
 
 def add_executor_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,9 +75,9 @@ def add_executor_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=worker_count,
         default=None,
-        help="local: processes (default 1); ray: actors (default: one per CPU of the cluster)",
+        help="local: processes (default 1); ray: actors (default: one per CPU of the cluster); >= 1",
     )
     p.add_argument(
         "--ray-address",
@@ -56,9 +95,9 @@ def add_executor_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def executor_from_args(args: argparse.Namespace) -> Executor:
-    """Raises :class:`~chestnut.node.offline.executor.ExecutorError` / ``ValueError`` (one line each)."""
-    if args.workers is not None and args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    """The executor of :func:`add_executor_arguments`' options. Raises
+    :class:`~chestnut.node.offline.executor.ExecutorError` / ``ValueError`` (one line each;
+    :func:`~chestnut.node.offline.executor.make_executor`)."""
     return make_executor(args.executor, workers=args.workers, ray_address=args.ray_address, ship_logs=args.ship_logs)
 
 
@@ -93,23 +132,24 @@ def progress(console: Any, total: int | None = None) -> Iterator[Callable[[Outco
         yield step
 
 
-def open_executor(args: argparse.Namespace, command: str, out: logging.Logger) -> Executor | None:
+def open_executor(args: argparse.Namespace, command: str) -> Executor | None:
     """The executor ``args`` ask for, after checking ``--report DIR`` before any work (a refused DIR costs
-    nothing): None after one error line on ``out`` naming ``command`` (the caller exits 2)."""
+    nothing): None after one line on stderr naming ``command`` once (:func:`refuse`; the caller exits
+    :data:`EXIT_REFUSED`), never an exception."""
     from chestnut.msgs.outdir import OutputDirError, private_dir
     from chestnut.node.offline.executor import ExecutorError
 
     try:
         executor = executor_from_args(args)
     except (ExecutorError, ValueError) as e:
-        out.error("%s: %s", command, e)
+        refuse(command, e)
         return None
     if getattr(args, "report", None) is not None:
         try:
             private_dir(args.report, ("index.html",))
         except OutputDirError as e:
             executor.close()
-            out.error("%s: --report %s", command, e)
+            refuse(command, f"--report {e}")
             return None
     return executor
 
@@ -120,7 +160,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     make.add_argument(
         "--from", dest="source", type=Path, required=True, metavar="LOG", help="log files or directories to copy"
     )
-    make.add_argument("--copies", type=int, required=True, metavar="N", help=f"copies of each log (1..{MAX_COPIES})")
+    make.add_argument(
+        "--copies", type=copy_count, required=True, metavar="N", help=f"copies of each log (1..{MAX_COPIES})"
+    )
     make.add_argument("out", type=Path, metavar="OUT", help="directory for the fleet (routes never overwritten)")
 
 
@@ -130,11 +172,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         dirs = make_fleet(args.source, args.copies, args.out)
     except OutputDirError as e:
-        log.error("chestnut fleet make: OUT %s", e)
-        return 2
+        return refuse("chestnut fleet make", f"OUT {e}")
     except (FileNotFoundError, FileExistsError, ValueError) as e:
-        log.error("chestnut fleet make: %s", e)
-        return 2
+        return refuse("chestnut fleet make", e)
     routes = {d.name.rpartition("--")[0] for d in dirs}
     print(f"{len(routes)} route(s), {len(dirs)} segment(s) in {args.out}")
     return 0

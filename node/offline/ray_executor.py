@@ -37,6 +37,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayError, RayTaskError
 
+from chestnut.node.offline.replay import check_workers
 from chestnut.node.offline.units import (
     MAX_ATTEMPTS,
     ExecutorError,
@@ -164,7 +165,10 @@ _Actor = ray.remote(num_cpus=1, max_restarts=MAX_RESTARTS, max_task_retries=MAX_
 
 class RayExecutor:
     """See the module docstring. ``address``: ``auto``, ``HOST:PORT``, ``ray://HOST:PORT``, or None for a
-    private cluster on this machine (stopped by :meth:`close`)."""
+    private cluster on this machine (stopped by :meth:`close`); ``workers``: actors, None for one per CPU of
+    the cluster. Raises :class:`~chestnut.node.offline.units.ExecutorError` when no cluster can be reached,
+    ``ValueError`` when ``workers`` is below 1 (:func:`~chestnut.node.offline.replay.check_workers`), before
+    any cluster is joined or started."""
 
     name = "ray"
 
@@ -175,6 +179,8 @@ class RayExecutor:
         ship_logs: bool = False,
         object_store_memory: int | None = None,
     ) -> None:
+        if workers is not None:
+            check_workers(workers)
         self.ship_logs = ship_logs
         self._owns = False
         self._temp: str | None = None
@@ -199,9 +205,7 @@ class RayExecutor:
             except (ConnectionError, RuntimeError, ValueError) as e:
                 raise ExecutorError(f"cannot reach a Ray cluster at {address or 'this machine'}: {e}") from None
         cpus = int(ray.cluster_resources().get("CPU", 0))
-        self.workers = int(workers) if workers else max(cpus, 1)
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        self.workers = int(workers) if workers is not None else max(cpus, 1)
         self.nodes = len([n for n in ray.nodes() if n.get("Alive")])
         self.pids: dict[int, str] = {}  # actor slot -> worker id it last reported
         self.start_s = 0.0  # from here to every actor answering (s)

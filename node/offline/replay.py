@@ -83,6 +83,17 @@ class ReplayError(RuntimeError):
     """Replay cannot start: no usable model, or a log without the configuration it needs."""
 
 
+def check_workers(workers: int) -> int:
+    """``workers`` itself when it is a count of workers the offline executors can run: processes of
+    :func:`replay` and :class:`~chestnut.node.offline.executor.LocalExecutor`, actors of
+    :class:`~chestnut.node.offline.ray_executor.RayExecutor`, at least 1. The one rule for all of them and for
+    ``--workers`` (``node/offline/fleet_cli.py`` ``worker_count``); raises ``ValueError`` ``"workers must be
+    >= 1, got N"`` otherwise."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    return workers
+
+
 # ---------------------------------------------------------------- the plan
 
 
@@ -883,10 +894,10 @@ def replay(
     ``primary_engine``).
     ``workers`` processes (spawn context) run the segments; ``pool`` (default: ``workers > 1``) False
     runs them in this process. ``progress`` shows a rich progress bar on stderr. Raises
-    ``FileNotFoundError`` when there is no log, :class:`ReplayError` when no model can be found.
+    ``FileNotFoundError`` when there is no log, :class:`ReplayError` when no model can be found,
+    ``ValueError`` when ``workers`` is below 1 (:func:`check_workers`).
     """
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+    check_workers(workers)
     files = find_log_files(paths)
     if plan is None:
         config, origin = find_node_config(files), "the log's node initData"

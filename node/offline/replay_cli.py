@@ -30,7 +30,14 @@ from chestnut.node.offline.fleet import (
     totals,
     write_fleet_report,
 )
-from chestnut.node.offline.fleet_cli import EXIT_INTERRUPTED, add_executor_arguments, open_executor, progress
+from chestnut.node.offline.fleet_cli import (
+    EXIT_INTERRUPTED,
+    EXIT_REFUSED,
+    add_executor_arguments,
+    open_executor,
+    progress,
+    refuse,
+)
 from chestnut.node.offline.replay import (
     DEFAULT_TOL,
     ENGINES,
@@ -146,9 +153,9 @@ def run(args: argparse.Namespace) -> int:
     from chestnut.backend.errors import ChestnutError
 
     console = Console()
-    executor = open_executor(args, "chestnut replay", log)
+    executor = open_executor(args, "chestnut replay")
     if executor is None:
-        return 2
+        return EXIT_REFUSED
     try:
         with progress(console, len(find_log_files(args.logs))) as step:
             fleet = replay_fleet(
@@ -178,8 +185,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 index = write_report(args.report, result.timeline(), replay=result, title="chestnut replay")
             except OutputDirError as e:
-                log.error("chestnut replay: --report %s", e)
-                return 2
+                return refuse("chestnut replay", f"--report {e}")
             console.print(f"report: {index}")
     else:
         rows = replay_rows(fleet)
@@ -197,8 +203,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 index = write_fleet_report(args.report, "chestnut replay (fleet)", rows, total_row, segs, run_, per_log)
             except OutputDirError as e:
-                log.error("chestnut replay: --report %s", e)
-                return 2
+                return refuse("chestnut replay", f"--report {e}")
             console.print(f"report: {index}")
     mism = sum(len(r.mismatches) for r in fleet.logs.values())
     model_mm = sum(len(r.model_mismatches) for r in fleet.logs.values())

@@ -1,0 +1,102 @@
+"""The offline commands' bad arguments (``chestnut check``, ``replay``, ``fleet make``): one line each that names
+the program once, exit status 2, and the one workers rule (``node/offline/replay.py`` ``check_workers``) that the
+executors, ``replay()`` and ``--workers`` share.
+
+``chestnut check --workers 0`` was ``<time> ERROR chestnut.check: chestnut check: --workers must be >= 1, got 0``:
+the logger's name and a hand-written prefix, the program named twice.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chestnut.launch.cli import main
+from chestnut.node.offline.executor import LocalExecutor, make_executor
+from chestnut.node.offline.fleet import MAX_COPIES, check_copies
+from chestnut.node.offline.fleet_cli import copy_count, worker_count
+from chestnut.node.offline.replay import check_workers, replay
+
+
+def _chestnut(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """The command in a child, with the logging ``chestnut`` sets up (a test process's own would hide a prefix)."""
+    code = "import sys; from chestnut.launch.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_workers_0_is_the_parsers_one_line_with_the_program_named_once(tmp_path: Path) -> None:
+    done = _chestnut(["check", str(tmp_path), "--workers", "0"])
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", (
+        "chestnut check: error: argument --workers: '0': give a number of workers >= 1 (chestnut check --help)\n"
+    ))
+
+
+@pytest.mark.parametrize("command", ["check", "replay"])
+@pytest.mark.parametrize("value", ["0", "-3", "x", "1.5"])
+def test_a_worker_count_below_1_or_not_a_whole_number_is_refused_as_it_is_parsed(
+    command: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([command, str(tmp_path), "--workers", value])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"chestnut {command}: error: argument --workers: {value!r}: give a number of workers >= 1 "
+        f"(chestnut {command} --help)\n"
+    )
+
+
+@pytest.mark.parametrize("value", ["0", "100001", "x"])
+def test_a_copy_count_out_of_range_is_refused_as_it_is_parsed(
+    value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["fleet", "make", "--from", str(tmp_path), "--copies", value, str(tmp_path / "out")])
+    assert info.value.code == 2 and not (tmp_path / "out").exists()
+    assert capsys.readouterr().err == (
+        f"chestnut fleet make: error: argument --copies: {value!r}: give a number of copies in 1..100000 "
+        "(chestnut fleet make --help)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "option"), [("check", ["--ship-logs"]), ("replay", ["--ray-address", "10.0.0.1:6379"])]
+)
+def test_a_ray_option_without_executor_ray_is_one_line_with_the_program_named_once(
+    command: str, option: list[str], tmp_path: Path
+) -> None:
+    done = _chestnut([command, str(tmp_path), *option])
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", (
+        f"chestnut {command}: --ship-logs and --ray-address are for --executor ray (local workers read the paths)\n"
+    ))
+
+
+def test_the_type_functions_take_what_the_rules_take() -> None:
+    assert (worker_count("1"), worker_count("16")) == (1, 16)
+    assert (copy_count("1"), copy_count(str(MAX_COPIES))) == (1, MAX_COPIES)
+
+
+@pytest.mark.parametrize("workers", [0, -1])
+def test_a_library_caller_passing_a_worker_count_below_1_gets_one_value_error(workers: int, tmp_path: Path) -> None:
+    """One rule, one message, wherever the count comes in; ``make_executor("local", workers=0)`` was a pool of 1
+    (0 read as "the default")."""
+    why = f"workers must be >= 1, got {workers}"
+    for call in (
+        lambda: check_workers(workers),
+        lambda: LocalExecutor(workers),
+        lambda: make_executor("local", workers=workers),
+        lambda: replay(tmp_path / "no-such-log", workers=workers),  # refused before the log is looked for
+    ):
+        with pytest.raises(ValueError) as info:
+            call()
+        assert str(info.value) == why
+    assert check_workers(1) == 1
+
+
+def test_check_copies_is_make_fleets_rule() -> None:
+    with pytest.raises(ValueError) as info:
+        check_copies(0)
+    assert str(info.value) == "copies must be in 1..100000, got 0"
+    assert check_copies(MAX_COPIES) == MAX_COPIES
