@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import abc
 import base64
+import contextlib
 import heapq
 import importlib.metadata
 import itertools
@@ -301,6 +302,21 @@ class _SegmentFileWriter(abc.ABC):
         self._last_flush_s = clock()
         self.messages = 0
         self.closed = False
+        self._made: tuple[int, int] | None = None  # (device, inode) of the file this writer created
+
+    def _created(self, fh: Any) -> None:
+        """Remember ``fh``, the file this writer has just created, by its device and inode (:meth:`discard`)."""
+        st = os.fstat(fh.fileno())
+        self._made = (st.st_dev, st.st_ino)
+
+    def discard(self) -> None:
+        """Close the file unfinished and remove it, for a file that could not start (a full disk): only the file
+        this writer created, never what has taken its path since (:func:`_remove_made`). Errors here are not
+        raised: the failure being handled is the one to report."""
+        self.closed = True
+        with contextlib.suppress(Exception):  # the file's own error (ENOSPC) again, as it is closed
+            self._abandon()
+        _remove_made(self.path, self._made)
 
     def write(self, service: str, log_mono_time_ns: int, data: bytes, pixels: Any = None) -> None:
         """Append one serialized ``Event`` of ``service`` (its ``logMonoTime`` in ns); may flush.
@@ -352,6 +368,28 @@ class _SegmentFileWriter(abc.ABC):
     def _fileno(self) -> int:
         """The OS file descriptor (for fsync)."""
 
+    @abc.abstractmethod
+    def _abandon(self) -> None:
+        """Close the file without ending the format's stream (:meth:`discard`)."""
+
+
+def _remove_made(path: Path, made: tuple[int, int] | None) -> None:
+    """Remove ``path`` if it is still what we made there, ``made`` its (device, inode): a file, or a folder when
+    empty (whatever another put in it stays, with the folder). A symlink or anything else now at ``path`` is left
+    alone, never followed; a failed removal is left too."""
+    if made is None:
+        return
+    try:
+        st = os.lstat(path)
+        if (st.st_dev, st.st_ino) != made:
+            return
+        if stat.S_ISDIR(st.st_mode):
+            os.rmdir(path)
+        elif stat.S_ISREG(st.st_mode):
+            os.unlink(path)
+    except OSError:
+        pass
+
 
 class RlogSegmentWriter(_SegmentFileWriter):
     """``.zst``: a zstd frame of concatenated ``Event`` bytes (openpilot's rlog layout).
@@ -370,7 +408,12 @@ class RlogSegmentWriter(_SegmentFileWriter):
     ) -> None:
         super().__init__(path, policy, clock)
         self._fh = open_private(self.path, "xb")  # 0600, never through a symlink; closed in _close
-        self._z = zstd.ZstdCompressor(level=level, write_checksum=True).stream_writer(self._fh, closefd=False)
+        try:
+            self._created(self._fh)
+            self._z = zstd.ZstdCompressor(level=level, write_checksum=True).stream_writer(self._fh, closefd=False)
+        except BaseException:
+            self.discard()
+            raise
 
     def _write(self, service: str, log_mono_time_ns: int, data: bytes, pixels: Any = None) -> None:
         self._z.write(data)
@@ -381,6 +424,9 @@ class RlogSegmentWriter(_SegmentFileWriter):
 
     def _fileno(self) -> int:
         return self._fh.fileno()
+
+    def _abandon(self) -> None:
+        self._fh.close()
 
     def _close(self) -> None:
         try:
@@ -429,6 +475,16 @@ class McapSegmentWriter(_SegmentFileWriter):
             raise ValueError(f"MCAP encodings {self.encodings}: give one or both of {', '.join(MCAP_ENCODINGS)}")
         super().__init__(path, policy, clock)
         self._fh = open_private(self.path, "xb")  # 0600, never through a symlink; closed in _close
+        self._video: FoxgloveVideoThread | None = None
+        try:
+            self._created(self._fh)
+            self._start(metadata, video, video_drop)
+        except BaseException:
+            self.discard()
+            raise
+
+    def _start(self, metadata: dict[str, str] | None, video: bool, video_drop: bool) -> None:
+        """The file's opening records: header, schema, metadata (a full disk can fail any of them)."""
         self._mcap = _McapWriter(self._fh, chunk_size=MCAP_CHUNK_BYTES, compression=CompressionType.ZSTD)
         self._mcap.start(profile="", library=f"{MCAP_LIBRARY} {package_versions()['chestnut']}")
         self._schema_id = 0
@@ -550,6 +606,14 @@ class McapSegmentWriter(_SegmentFileWriter):
     def _fileno(self) -> int:
         return self._fh.fileno()
 
+    def _abandon(self) -> None:
+        video, self._video = self._video, None
+        try:
+            if video is not None:
+                video.close()
+        finally:
+            self._fh.close()
+
     def _close(self) -> None:
         try:
             self._end_video()
@@ -665,9 +729,28 @@ class RouteWriter:
         return [w.path for w in self._files.values()]
 
     def _open_segment(self, n: int) -> None:
-        self.segment = n
-        seg_dir = self.segment_dir
+        """Open segment ``n``: its folder and files, each with its header written and flushed. A segment that
+        cannot start (a full disk) is removed again, folder and files, as far as this writer made them
+        (:meth:`_SegmentFileWriter.discard`, :func:`_remove_made`), and the error raised: a recorder that fails
+        at its start and is restarted leaves no empty route folders; the last segment that opened stays the
+        open one (a rollover is tried again on the next write or tick)."""
+        seg_dir = self.log_dir / f"{self.route}--{n}"
         seg_dir.mkdir(mode=DIR_MODE, exist_ok=False)
+        st = os.lstat(seg_dir)
+        made = (st.st_dev, st.st_ino)
+        started: list[_SegmentFileWriter] = []
+        try:
+            self._start_segment(seg_dir, n, started)
+        except BaseException:
+            self._files.clear()
+            for writer in started:
+                writer.discard()
+            _remove_made(seg_dir, made)
+            raise
+        self.segment = n
+
+    def _start_segment(self, seg_dir: Path, n: int, started: list[_SegmentFileWriter]) -> None:
+        """:meth:`_open_segment`'s files in ``seg_dir``, each added to ``started`` once created."""
         config = {
             **self.config,
             "route": self.route,
@@ -699,6 +782,7 @@ class RouteWriter:
                     )
                 else:
                     writer = _WRITERS[fmt](path, self.policy, self._clock)
+                started.append(writer)
                 writer.write("initData", header_time, header)
                 writer.flush()
                 self._files[(name, fmt)] = writer
