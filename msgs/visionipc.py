@@ -598,11 +598,13 @@ class FrameSubscriber:
                     self.poller.unregister(ring.conn)
             ring.close()
 
-    def _pump(self) -> None:
-        """Read every record queued on the mapped ring's connection (never blocks): notices are kept (with a
-        poller) or dropped, the camera's end of the connection (EOF) is remembered."""
+    def _pump(self, most: int | None = None) -> None:
+        """Read the records queued on the mapped ring's connection, every one or at most ``most`` (never blocks):
+        notices are kept (with a poller) or dropped, the camera's end of the connection (EOF) is remembered."""
         ring = self.ring
-        while ring is not None and not self._eof:
+        left = -1 if most is None else most
+        while ring is not None and not self._eof and left != 0:
+            left -= 1
             try:  # one byte more than a notice: a longer record shows as such (the rest of it is discarded)
                 data = ring.conn.recv(NOTICE_BYTES + 1, socket.MSG_DONTWAIT)
             except BlockingIOError:
@@ -620,8 +622,12 @@ class FrameSubscriber:
                 self._pending.append(data)
 
     def take_notices(self) -> list[bytes]:
-        """The notices (:class:`RingFrame` records, unchecked) queued since the last call, oldest first."""
-        self._pump()
+        """The notices (:class:`RingFrame` records, unchecked) read since the last call, oldest first: those a
+        :meth:`camera_gone` read meanwhile and at most one more. One per call because the connection stays
+        readable while more are queued, so the poller that woke the caller wakes it again at once; reading
+        on to the empty queue would end each call with ``EAGAIN``, whose ``BlockingIOError`` costs more than
+        the record's own read (9 us of a 98 KB frame's 0.1 ms, p50, 2-vCPU test VM)."""
+        self._pump(most=1)
         out, self._pending = self._pending, []
         return out
 
@@ -768,9 +774,11 @@ class FrameReader:
         return all(k is ring.conn or k == ring.conn.fileno() for k in woke)
 
     def notices(self) -> list[RingFrame]:
-        """The frames the camera announced on the mapped ring's connection since the last call, oldest first
-        (none without a poller or a mapped ring). A malformed notice, or one of another ring, is counted in
-        ``bad_notice_reasons`` (logged once per reason) and dropped."""
+        """The frames the camera announced on the mapped ring's connection, read since the last call, oldest
+        first: at most one more than a :meth:`camera_gone` read meanwhile (:meth:`FrameSubscriber.take_notices`;
+        the poller wakes the caller again at once while more are queued); none without a poller or a mapped ring.
+        A malformed notice, or one of another ring, is counted in ``bad_notice_reasons`` (logged once per
+        reason) and dropped."""
         out = []
         for data in self.shm.take_notices():
             try:

@@ -646,3 +646,30 @@ def test_without_streaming_the_environments_own_tunables_pass_checked():
     assert streaming_copy_tunables(None, streaming=False) == ""
     assert streaming_copy_tunables("glibc.malloc.arena_max=2", streaming=False) == "glibc.malloc.arena_max=2"
     assert streaming_copy_tunables('a=1:b="', streaming=False) == ""
+
+
+def test_a_polling_reader_takes_one_queued_notice_a_call_and_the_poll_wakes_it_for_the_next():
+    """Three notices queued: each call reads one (the EAGAIN a drain ends with is not paid), the poll stays ready
+    while any is left, and a camera that stops behind queued notices is still seen gone in one call."""
+    import zmq
+
+    pixels = np.zeros((4, 8, 3), np.uint8)
+    poller = zmq.Poller()
+    with FrameRing(pixels.nbytes) as ring:
+        reader = FrameReader(poller=poller)
+        reader.view(log_from_bytes(_ring_msg(ring, pixels, 0).to_bytes()).cameraFrame)  # maps the ring
+        _wait_for(lambda: ring.subscribers == 1 and ring._notified)
+        for i in (1, 2, 3):
+            assert ring.notify(_notice(ring, pixels, i)[0]) == 1
+        taken = []
+        for _ in range(3):
+            assert dict(poller.poll(5000)) == {reader.shm.ring.conn.fileno(): zmq.POLLIN}
+            got = reader.notices()
+            assert len(got) == 1
+            taken.append(got[0].frameId)
+        assert taken == [1, 2, 3]
+        assert dict(poller.poll(0)) == {} and reader.notices() == []
+        for i in (4, 5):
+            ring.notify(_notice(ring, pixels, i)[0])
+    assert reader.camera_gone() and reader.shm.ring is None  # EOF behind two notices: one call
+    reader.close()
