@@ -32,7 +32,8 @@ and :func:`verdict`.
 Exit status (:func:`exit_code`): 0 when the run and its contracts are clean, 1 when not (also for a program that
 never ran: ``launch/supervise.py`` ``not_started_lines``, a summary line each), 2 for arguments
 refused before anything starts, 130 for a Ctrl-C (143 for a SIGTERM) that cut a timed run (``--seconds N``) short. With
-``--seconds 0`` Ctrl-C is the normal end of the run, so it exits 0 or 1 like a timed run that ran out.
+``--seconds 0`` Ctrl-C is the normal end of the run, so it exits 0 or 1 like a timed run that ran out. A Ctrl-C
+before the stack started (while :func:`prepare` checks) exits 130 after one line, whatever ``--seconds``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -264,8 +266,14 @@ class Launch:
 def run(args: argparse.Namespace) -> int:
     """``chestnut launch``: refuse what cannot run (exit 2), start the stack, wait for it to come up, run it
     with its faults for ``--seconds``, stop it, and print the summary; returns the exit status
-    (:func:`exit_code`)."""
-    prepared = prepare(args)
+    (:func:`exit_code`). A Ctrl-C before the stack starts (the checks of :func:`prepare` can take seconds) is one
+    line and exit 130, the shell's status for it; from :func:`start` on, a stop signal stops the stack."""
+    try:
+        prepared = prepare(args)
+    except KeyboardInterrupt:
+        log.warning("stopped by SIGINT (Ctrl-C) before the stack started: nothing was started (exit %d)",
+                    128 + signal.SIGINT)
+        return 128 + signal.SIGINT
     if isinstance(prepared, int):
         return prepared
     launch = start(args, *prepared)
@@ -398,8 +406,12 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path, Path] | int:
 
 def start(args: argparse.Namespace, prefix: str, run_dir: Path, conf: Path) -> Launch:
     """Start supervisord on ``conf`` (its programs but the camera) and what watches the run: the live view,
-    the process sampler, the run's clock and the fault plans."""
+    the process sampler, the run's clock and the fault plans. The stop signals' handlers come first: a stop signal
+    from here on is the run's (:class:`~chestnut.launch.signals.StopFlag`), never a traceback with the stack
+    started."""
     from chestnut.launch.signals import StopFlag
+
+    flag = StopFlag()
     from chestnut.launch.top import StackView
 
     launch_id = f"{os.getpid()}-{run_dir.name}"
@@ -415,7 +427,7 @@ def start(args: argparse.Namespace, prefix: str, run_dir: Path, conf: Path) -> L
         launch_id=launch_id,
         proc=proc,
         t_launch_ns=t_launch,
-        flag=StopFlag(),
+        flag=flag,
         view=StackView(),
         sampler=ProcessSampler(proc.pid),
         clock=clock,

@@ -342,7 +342,8 @@ def stop_figures(s: dict[str, Any], t_launch_ns: int, t_stop_ns: int, flag: Any,
     the runs that exit 130 or 143: then ``signal`` (its name), ``t_s`` (when it came), ``run_s`` (s of the
     planned ``--seconds`` run, counted from the first output; None when no output came first), ``planned_s`` and
     ``in_stop`` (it came only once the stop had begun: the run had ended; it still sets the exit status).
-    Times are s since the stack's first message, ``s`` is :func:`summarize`'s."""
+    Times are s since the stack's first message (``t_s`` < 0: the signal came before it), ``s`` is
+    :func:`summarize`'s."""
     t_zero = s.get("t_zero_ns") or t_launch_ns
     signum = getattr(flag, "signum", None)
     cut = None
@@ -356,19 +357,22 @@ def stop_figures(s: dict[str, Any], t_launch_ns: int, t_stop_ns: int, flag: Any,
 
 
 def cut_short_line(c: dict[str, Any]) -> str:
-    """The summary's line for a run a stop signal cut short (:func:`stop_figures` ``cut_short``)."""
+    """The summary's line for a run a stop signal cut short (:func:`stop_figures` ``cut_short``). A signal before
+    the stack's first message, the zero of the run's times, is said so, not given a time below zero."""
     sig = signal.Signals[c["signal"]]
     name = SIGNAL_NAMES.get(sig, sig.name)
+    early = c["t_s"] < 0
+    when = "before the stack's first message" if early else f"at t={c['t_s'] + 0.0:.1f} s"  # + 0.0: never "-0.0"
     if c.get("in_stop"):
-        return f"{name} at t={c['t_s']:.1f} s, while the stack stopped after the run had ended (exit {128 + sig})"
+        return f"{name} {when}, while the stack stopped after the run had ended (exit {128 + sig})"
     if c["run_s"] is None:
-        into = f"before the first output, so none of the planned {c['planned_s']:g} s ran"
+        into = f"{'' if early else 'before the first output, '}so none of the planned {c['planned_s']:g} s ran"
     elif c["run_s"] < c["planned_s"]:
         into = f"{c['run_s']:.1f} s into the planned {c['planned_s']:g} s"
     else:  # past --seconds: the run went on until its fault plan was carried out
         into = f"{c['run_s']:.1f} s after the first output, past the planned {c['planned_s']:g} s, before its " \
                "fault plan was carried out"
-    return f"run cut short by {name} at t={c['t_s']:.1f} s, {into} (exit {128 + sig})"
+    return f"run cut short by {name} {when}, {into} (exit {128 + sig})"
 
 
 def _deadline_text(s: dict[str, Any]) -> str:

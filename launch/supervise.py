@@ -122,18 +122,29 @@ def programs_not_started(supervisord_log: Path, programs: Iterable[str]) -> dict
     why, in one line. A program ran once supervisord logged ``success: NAME entered RUNNING state`` (it stayed
     up for its ``startsecs``); one that supervisord gave up on (``gave up: NAME entered FATAL state``: it exited
     within its ``startsecs`` at each of its start retries) did not run as asked even if it ran before. The
-    wording is supervisor 4's (``process.py`` ``transition``, ``finish``). The log is read line by line, at most
-    :data:`SUPERVISORD_LOG_MAX_BYTES`; a log that cannot be read says nothing (empty result)."""
+    wording is supervisor 4's (``process.py`` ``transition``, ``finish``, ``record_spawnerr``; ``supervisord.py``
+    ``handle_signal``). The log is read line by line, at most :data:`SUPERVISORD_LOG_MAX_BYTES`; a log that cannot
+    be read says nothing (empty result).
+
+    A program the launch's stop ended while it started is not one that failed: it is left out when, without an
+    exit at start, it was stopped within its ``startsecs`` (``stopped: NAME``, what a stop of a starting program
+    logs) or never spawned before supervisord was told to exit (a stop in the launch's first second), unless
+    supervisord failed to spawn something (``spawnerr:``, which names no program)."""
     wanted = list(programs)
     ran: set[str] = set()
     gave_up: set[str] = set()
+    spawned: set[str] = set()
+    stopped_starting: set[str] = set()  # its last spawn ended by a stop, before it entered RUNNING
     exits: dict[str, list[str]] = {name: [] for name in wanted}
+    exit_request = spawn_error = False
     try:
         with open(supervisord_log, "rb") as f:
             for raw in f:
                 if f.tell() > SUPERVISORD_LOG_MAX_BYTES:
                     break
                 line = raw.decode(errors="replace")
+                exit_request = exit_request or " indicating exit request" in line
+                spawn_error = spawn_error or " spawnerr: " in line
                 for name in wanted:
                     if f"success: {name} entered RUNNING state" in line:
                         ran.add(name)
@@ -141,6 +152,11 @@ def programs_not_started(supervisord_log: Path, programs: Iterable[str]) -> dict
                         gave_up.add(name)
                     elif f"exited: {name} (" in line and "not expected)" in line:
                         exits[name].append(line.split(f"exited: {name} (", 1)[1].split(";", 1)[0])
+                    elif f"spawned: '{name}' with pid" in line:
+                        spawned.add(name)
+                        stopped_starting.discard(name)
+                    elif f"stopped: {name} (" in line and name not in ran:
+                        stopped_starting.add(name)
     except OSError:
         return {}
     out = {}
@@ -149,7 +165,11 @@ def programs_not_started(supervisord_log: Path, programs: Iterable[str]) -> dict
         last = f", the last with {exits[name][-1]}" if n else ""
         if name in gave_up:
             out[name] = f"supervisord gave up on it (FATAL) after {n} exit(s) at start{last}"
-        elif name not in ran:
+        elif name in ran or (n == 0 and name in stopped_starting):
+            continue
+        elif n == 0 and name not in spawned and exit_request and not spawn_error:
+            continue
+        else:
             out[name] = f"it never stayed up past its start ({n} exit(s) at start{last})"
     return out
 
