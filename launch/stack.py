@@ -501,7 +501,7 @@ def run_over(now: float, end: float, fault_t0: float | None, plan_end_s: float, 
 def drive(launch: Launch) -> None:
     """The run itself: for ``--seconds`` after the first output (0: until Ctrl-C), or until supervisord ends,
     update the live view, carry out the fault plans and sample the processes."""
-    from rich.live import Live
+    from chestnut.launch.top import end_live_line, live_display
 
     args, view, proc, flag = launch.args, launch.view, launch.proc, launch.flag
     t0 = time.monotonic()
@@ -511,7 +511,7 @@ def drive(launch: Launch) -> None:
     if fault_t0 is not None:
         launch.faults.log_plan(launch.clock.seconds(int(fault_t0 * NS)))
     next_sample = 0.0
-    with Live(view.render(), refresh_per_second=4, transient=False) if not args.no_live else _Null() as live:
+    with live_display(view, 4, on=not args.no_live) as live:
         next_draw = 0.0
         extended = False
         while not flag.stop and proc.poll() is None:
@@ -592,22 +592,3 @@ def exit_code(ok: bool, seconds: float, signum: int | None) -> int:
     if signum is not None and seconds > 0:
         return 128 + signum
     return 0 if ok else 1
-
-
-def end_live_line(live: Any) -> None:
-    """End the live view's last frame with a newline: off a terminal, rich's ``Live`` leaves its final frame
-    without one, and the next output would continue that line."""
-    console = getattr(live, "console", None)
-    if console is not None and not console.is_terminal:
-        console.line()
-
-
-class _Null:
-    def __enter__(self) -> _Null:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def update(self, *_a: object) -> None:
-        return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections import deque
+from typing import Any
 
 import numpy as np
 from rich.console import Group
@@ -180,20 +181,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix", help="the stack's runtime prefix (default: $CHESTNUT_PREFIX)")
 
 
+class _NoLive:
+    """What a view drawn nowhere (``chestnut launch --no-live``) is drawn with."""
+
+    def __enter__(self) -> _NoLive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, *_a: object) -> None:
+        return None
+
+
+def live_display(view: StackView, refresh_hz: float, on: bool = True) -> Any:
+    """A context manager drawing ``view``: rich's ``Live`` refreshed ``refresh_hz`` times a second, or with
+    ``on`` false a stand-in that draws nothing; either has ``update(renderable)``."""
+    return Live(view.render(), refresh_per_second=refresh_hz) if on else _NoLive()
+
+
+def end_live_line(live: Any) -> None:
+    """End the live view's last frame with a newline: off a terminal, rich's ``Live`` leaves its final frame
+    without one, and the next output would continue that line."""
+    console = getattr(live, "console", None)
+    if console is not None and not console.is_terminal:
+        console.line()
+
+
 def run(args: argparse.Namespace) -> int:
     flag = StopFlag()
     view = StackView(args.prefix)
     t_end = time.monotonic() + args.seconds if args.seconds > 0 else float("inf")
     try:
-        with Live(view.render(), refresh_per_second=args.refresh_hz, screen=False) as live:
+        with live_display(view, args.refresh_hz) as live:
             next_draw = 0.0
             while not flag.stop and time.monotonic() < t_end:
                 view.update(50)
                 if time.monotonic() >= next_draw:
                     live.update(view.render())
                     next_draw = time.monotonic() + 1 / args.refresh_hz
-        if not live.console.is_terminal:  # off a terminal rich leaves the last frame without a newline
-            live.console.line()
+        end_live_line(live)
     finally:
         view.close()
     return 0
