@@ -79,7 +79,7 @@ from chestnut.launch.summary import (
 from chestnut.launch.supervise import (
     CRASH_LOOP_EXITS,
     check_stack_sockets,
-    last_error_line,
+    last_words,
     node_exits,
     not_started_lines,
     read_tail,
@@ -455,8 +455,8 @@ def come_up(launch: Launch) -> bool:
             launch.failed_start = True
         elif not wait_for(launch.view, "modelOutput", 60.0, conf, flag) and not flag.stop:
             if (exits := node_exits(read_tail(run_dir / "supervisord.log"))) >= CRASH_LOOP_EXITS:
-                log.error("the node exits at every start (%d exits before its first output; %s); its last error: %s",
-                          exits, run_dir / "supervisord.log", last_error_line(read_tail(run_dir / "node.log")))
+                log.error("the node exits at every start (%d exits before its first output; %s); %s",
+                          exits, run_dir / "supervisord.log", last_words(read_tail(run_dir / "node.log")))
             else:
                 log.error("no modelOutput within 60 s of starting the camera; see %s", run_dir)
             launch.failed_start = True

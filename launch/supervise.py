@@ -177,25 +177,37 @@ def programs_not_started(supervisord_log: Path, programs: Iterable[str]) -> dict
 def not_started_lines(run_dir: Path, asked: list[str]) -> dict[str, str]:
     """For each program of ``asked`` that did not run (:func:`programs_not_started`,
     from ``<run_dir>/supervisord.log``), one line for the summary: which program, why, its log's last error
-    line (when its log has one) and where its log is. Name -> line; empty when every program ran."""
+    line or last line (:func:`last_words`, when its log has any) and where its log is. Name -> line; empty when
+    every program ran."""
     out = {}
     for name, why in programs_not_started(run_dir / "supervisord.log", asked).items():
         program_log = run_dir / f"{name}.log"
         tail = read_tail(program_log)
-        last = f"; its last error: {last_error_line(tail)}" if tail.strip() else ""
+        last = f"; {last_words(tail)}" if tail.strip() else ""
         out[name] = f"program {name} did not run: {why}{last}; see {program_log}"
     return out
+
+
+def last_words(program_log: str) -> str:
+    """``its last error: LINE`` with :func:`last_error_line` of ``program_log`` when that is an ERROR / CRITICAL
+    line, else ``its log ends: LINE`` (a state change or the last line, which say what it did last, not what
+    failed)."""
+    line = last_error_line(program_log)
+    return f"its last error: {line}" if line.startswith(("ERROR ", "CRITICAL ")) else f"its log ends: {line}"
 
 
 def last_error_line(node_log: str) -> str:
     """The node log's last ERROR / CRITICAL line (else its last state change to ``stopping``, else its last
     line), without the timestamp: what made the node exit."""
     lines = [ln.strip() for ln in node_log.splitlines() if ln.strip()]
+    if not lines:
+        return "(node.log is empty)"
+    last = lines[-1]
     for marks in ((" ERROR ", " CRITICAL "), (" -> stopping",)):
-        for ln in reversed(lines):
-            if any(m in ln for m in marks):
-                return ln.split(" ", 2)[2] if ln[:4].isdigit() and ln.count(" ") >= 2 else ln
-    return lines[-1] if lines else "(node.log is empty)"
+        if found := next((ln for ln in reversed(lines) if any(m in ln for m in marks)), None):
+            last = found
+            break
+    return last.split(" ", 2)[2] if last[:4].isdigit() and last.count(" ") >= 2 else last
 
 
 def program_state(conf: Path, name: str) -> str:

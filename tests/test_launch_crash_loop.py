@@ -39,6 +39,14 @@ def test_the_last_error_line_names_the_cause():
         "WARNING chestnut.node: starting -> stopping on fallback_failed: no usable fallback"
     )
     assert supervise.last_error_line("") == "(node.log is empty)"
+    assert supervise.last_words(NODE_LOG) == (
+        "its last error: ERROR chestnut.node: fallback run failed: bad input x index: 2 Got: 127 Expected: 128"
+    )
+    assert supervise.last_words(no_error) == (
+        "its log ends: WARNING chestnut.node: starting -> stopping on fallback_failed: no usable fallback"
+    )
+    record = "2026-12-04 11:43:01,002 INFO chestnut.record: stopped by signal 15\n"
+    assert supervise.last_words(record) == "its log ends: INFO chestnut.record: stopped by signal 15"
 
 
 def test_read_tail_is_bounded(tmp_path):
