@@ -356,12 +356,12 @@ def test_a_false_active_logged_after_the_next_camera_frame_still_answers_a_fallb
 @pytest.mark.parametrize(
     ("option", "value", "why"),
     [
-        ("--deadline-ms", "-5", "give a time in milliseconds > 0"),
-        ("--deadline-ms", "0", "give a time in milliseconds > 0"),
-        ("--deadline-ms", "nan", "give a time in milliseconds > 0"),
-        ("--wait-timeout-ms", "inf", "give a time in milliseconds > 0"),
-        ("--slack-ms", "-1", "give a slack in milliseconds >= 0"),
-        ("--slack-ms", "nan", "give a slack in milliseconds >= 0"),
+        ("--deadline-ms", "-5", "give a time in milliseconds, > 0 and <= 60000 (a minute)"),
+        ("--deadline-ms", "0", "give a time in milliseconds, > 0 and <= 60000 (a minute)"),
+        ("--deadline-ms", "nan", "give a time in milliseconds, > 0 and <= 60000 (a minute)"),
+        ("--wait-timeout-ms", "inf", "give a time in milliseconds, > 0 and <= 60000 (a minute)"),
+        ("--slack-ms", "-1", "give a slack in milliseconds, >= 0 and <= 60000 (a minute)"),
+        ("--slack-ms", "nan", "give a slack in milliseconds, >= 0 and <= 60000 (a minute)"),
     ],
 )
 def test_a_bound_that_is_not_a_finite_positive_time_is_refused_in_one_line(option, value, why, capsys, tmp_path):

@@ -1,6 +1,7 @@
 """The offline commands' bad arguments (``chestnut check``, ``replay``, ``fleet make``): one line each that names
 the program once, exit status 2, and the one workers rule (``node/offline/replay.py`` ``check_workers``) that the
-executors, ``replay()`` and ``--workers`` share.
+executors, ``replay()`` and ``--workers`` share; their numbers (``--tol``, ``--slack-ms``, ``--deadline-ms``,
+``--wait-timeout-ms``) refused as they are parsed when NaN, infinite or out of range.
 
 ``chestnut check --workers 0`` was ``<time> ERROR chestnut.check: chestnut check: --workers must be >= 1, got 0``:
 the logger's name and a hand-written prefix, the program named twice.
@@ -15,10 +16,13 @@ from pathlib import Path
 import pytest
 
 from chestnut.launch.cli import main
+from chestnut.node.offline.check_cli import bound_ms
+from chestnut.node.offline.contracts import CheckParams
 from chestnut.node.offline.executor import LocalExecutor, make_executor
 from chestnut.node.offline.fleet import MAX_COPIES, check_copies
-from chestnut.node.offline.fleet_cli import copy_count, worker_count
+from chestnut.node.offline.fleet_cli import copy_count, slack_ms, worker_count
 from chestnut.node.offline.replay import check_workers, replay
+from chestnut.node.offline.replay_cli import tolerance
 
 
 def _chestnut(args: list[str]) -> subprocess.CompletedProcess[str]:
@@ -100,3 +104,56 @@ def test_check_copies_is_make_fleets_rule() -> None:
         check_copies(0)
     assert str(info.value) == "copies must be in 1..100000, got 0"
     assert check_copies(MAX_COPIES) == MAX_COPIES
+
+
+TOL = "give a tolerance, > 0 and <= 1"
+SLACK = "give a slack in milliseconds, >= 0 and <= 60000 (a minute)"
+BOUND = "give a time in milliseconds, > 0 and <= 60000 (a minute)"
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "value", "want"),
+    [
+        ("replay", "--tol", "nan", TOL),
+        ("replay", "--tol", "inf", TOL),  # matched every frame: exit 0, "0 mismatch(es)"
+        ("replay", "--tol", "-1", TOL),
+        ("replay", "--tol", "0", TOL),
+        ("replay", "--tol", "1.5", TOL),
+        ("replay", "--tol", "x", TOL),
+        ("replay", "--slack-ms", "nan", SLACK),  # "ERROR chestnut.replay: cannot convert float NaN to integer"
+        ("replay", "--slack-ms", "inf", SLACK),
+        ("replay", "--slack-ms", "-50", SLACK),  # taken: a bound 50 ms short of the deadline
+        ("replay", "--slack-ms", "1e303", SLACK),  # OverflowError, a traceback
+        ("check", "--slack-ms", "1e303", SLACK),
+        ("check", "--slack-ms", "60000.5", SLACK),
+        ("check", "--deadline-ms", "1e303", BOUND),
+        ("check", "--deadline-ms", "60001", BOUND),
+        ("check", "--wait-timeout-ms", "1e303", BOUND),
+        ("check", "--wait-timeout-ms", "0", BOUND),
+    ],
+)
+def test_a_number_out_of_its_range_is_refused_as_it_is_parsed(
+    command: str, option: str, value: str, want: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([command, str(tmp_path), option, value])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"chestnut {command}: error: argument {option}: {value!r}: {want} (chestnut {command} --help)\n"
+    )
+
+
+def test_replay_tol_inf_is_one_line_and_nothing_else(tmp_path: Path) -> None:
+    done = _chestnut(["replay", str(tmp_path), "--tol", "inf"])
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", (
+        "chestnut replay: error: argument --tol: 'inf': give a tolerance, > 0 and <= 1 (chestnut replay --help)\n"
+    ))
+
+
+def test_the_number_types_take_their_whole_range() -> None:
+    assert (tolerance("1e-4"), tolerance("1")) == (1e-4, 1.0)
+    assert (slack_ms("0"), slack_ms("100"), slack_ms("60000")) == (0.0, 100.0, 60000.0)
+    assert (bound_ms("0.5"), bound_ms("60000")) == (0.5, 60000.0)
+    # the largest bounds still make whole nanoseconds (1e303 ms overflowed int())
+    p = CheckParams(deadline_ms=60000.0, slack_ms=60000.0, wait_timeout_ms=60000.0)
+    assert p.answer_bound_ns == 120_000_000_000 and p.hang_bound_ns > p.answer_bound_ns

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chestnut.msgs.argtypes import checked_float, positive_ms
+from chestnut.msgs.argtypes import checked_float
 from chestnut.msgs.logfile import find_log_files
 from chestnut.msgs.outdir import OutputDirError
+from chestnut.node.config import MAX_MS
 from chestnut.node.offline.contracts import CONTRACTS, CheckResult
 from chestnut.node.offline.executor import ExecutorError
 from chestnut.node.offline.fleet import (
@@ -40,6 +40,7 @@ from chestnut.node.offline.fleet_cli import (
     open_executor,
     progress,
     refuse,
+    slack_ms,
 )
 from chestnut.node.offline.report import write_report
 from chestnut.node.offline.timeline import SLACK_MS
@@ -47,10 +48,12 @@ from chestnut.node.offline.timeline import SLACK_MS
 log = logging.getLogger("chestnut.check")
 
 
-def slack_ms(text: str) -> float:
-    """``--slack-ms``: the slack on every bound in milliseconds, finite and >= 0; raises
-    ``argparse.ArgumentTypeError`` (one line) otherwise, nan and inf included."""
-    return checked_float(text, lambda ms: 0 <= ms < math.inf, "give a slack in milliseconds >= 0")
+def bound_ms(text: str) -> float:
+    """``--deadline-ms``, ``--wait-timeout-ms``: a time bound in milliseconds, > 0 and at most
+    :data:`~chestnut.node.config.MAX_MS` (a minute), the range the node's own configuration allows for both;
+    raises ``argparse.ArgumentTypeError`` (one line) otherwise, NaN and inf included."""
+    return checked_float(text, lambda ms: 0 < ms <= MAX_MS,
+                         f"give a time in milliseconds, > 0 and <= {MAX_MS:g} (a minute)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,11 +66,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"check only this contract (repeatable); known: {', '.join(CONTRACTS)}",
     )
     p.add_argument(
-        "--deadline-ms", type=positive_ms, help="per-frame deadline, ms > 0 (default: the log's config, else 150)"
+        "--deadline-ms",
+        type=bound_ms,
+        help=f"per-frame deadline, ms, > 0 and <= {MAX_MS:g} (default: the log's config, else 150)",
     )
-    p.add_argument("--slack-ms", type=slack_ms, help=f"publishing slack on every bound, ms >= 0 (default {SLACK_MS:g})")
     p.add_argument(
-        "--wait-timeout-ms", type=positive_ms, help="device wait timeout, ms > 0 (default: the log's config, else 3000)"
+        "--slack-ms",
+        type=slack_ms,
+        help=f"publishing slack on every bound, ms, >= 0 and <= {MAX_MS:g} (default {SLACK_MS:g})",
+    )
+    p.add_argument(
+        "--wait-timeout-ms",
+        type=bound_ms,
+        help=f"device wait timeout, ms, > 0 and <= {MAX_MS:g} (default: the log's config, else 3000)",
     )
     add_executor_arguments(p)
 

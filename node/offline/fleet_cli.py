@@ -7,7 +7,8 @@ refused by the parser, :func:`copy_count`).
 
 The executor options (:func:`add_executor_arguments`): ``--executor local|ray``, ``--workers N``
 (local: processes, default 1; ray: actors, default one per CPU of the cluster; checked as it is parsed,
-:func:`worker_count`), ``--ray-address ADDRESS|auto`` and ``--ship-logs`` (``docs/offline.md``).
+:func:`worker_count`), ``--ray-address ADDRESS|auto`` and ``--ship-logs`` (``docs/offline.md``); and the
+``--slack-ms`` both take (:func:`slack_ms`).
 
 A bad argument is one line on stderr that names the program once: the parser's for a number
 (``chestnut check: error: argument --workers: '0': give a number of workers >= 1 (chestnut check
@@ -26,6 +27,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from chestnut.msgs.argtypes import checked_float
+from chestnut.node.config import MAX_MS
 from chestnut.node.offline.executor import EXECUTORS, Executor, Outcome, make_executor
 from chestnut.node.offline.fleet import MAX_COPIES, check_copies, make_fleet
 from chestnut.node.offline.replay import check_workers
@@ -63,6 +66,15 @@ def copy_count(text: str) -> int:
     (1..:data:`~chestnut.node.offline.fleet.MAX_COPIES`); raises ``argparse.ArgumentTypeError`` (one line)
     otherwise."""
     return _count(text, check_copies, f"give a number of copies in 1..{MAX_COPIES}")
+
+
+def slack_ms(text: str) -> float:
+    """``--slack-ms`` of ``check`` and ``replay``: the slack on every time bound in milliseconds, 0 to
+    :data:`~chestnut.node.config.MAX_MS` (a minute, the node configuration's bound on every per-frame time: an
+    answer later than that is of use to no one, and every bound stays a whole number of nanoseconds); raises
+    ``argparse.ArgumentTypeError`` (one line) otherwise, NaN and inf included."""
+    return checked_float(text, lambda ms: 0 <= ms <= MAX_MS,
+                         f"give a slack in milliseconds, >= 0 and <= {MAX_MS:g} (a minute)")
 
 
 def add_executor_arguments(p: argparse.ArgumentParser) -> None:

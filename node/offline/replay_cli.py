@@ -17,8 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chestnut.msgs.argtypes import checked_float, checked_int
 from chestnut.msgs.logfile import find_log_files
 from chestnut.msgs.outdir import OutputDirError
+from chestnut.node.config import MAX_AGREEMENT_TOL, MAX_MS
 from chestnut.node.offline.executor import ExecutorError
 from chestnut.node.offline.fleet import (
     print_fleet,
@@ -37,6 +39,7 @@ from chestnut.node.offline.fleet_cli import (
     open_executor,
     progress,
     refuse,
+    slack_ms,
 )
 from chestnut.node.offline.replay import (
     DEFAULT_TOL,
@@ -74,13 +77,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "else tinygrad), tinygrad (the twin's tinygrad engine and the cpu dock run the same kernels) or "
         "onnxruntime (a twin run with --engine onnxruntime)",
     )
-    p.add_argument("--tol", type=float, default=DEFAULT_TOL, help=f"tolerance (default {DEFAULT_TOL:g})")
+    p.add_argument(
+        "--tol",
+        type=tolerance,
+        default=DEFAULT_TOL,
+        help=f"values a, b match when |a-b| <= max(tol, tol*max(|a|,|b|)); > 0 and <= {MAX_AGREEMENT_TOL:g} "
+        f"(default {DEFAULT_TOL:g})",
+    )
     p.add_argument("--report", type=Path, metavar="DIR", help="write plots and an HTML report to DIR")
     p.add_argument(
         "--slack-ms",
-        type=float,
+        type=slack_ms,
         default=SLACK_MS,
-        help=f"slack on the answer deadline for frames in flight at the log's end (default {SLACK_MS:g})",
+        help=f"slack on the answer deadline for frames in flight at the log's end, ms, >= 0 and <= {MAX_MS:g} "
+        f"(default {SLACK_MS:g})",
     )
     p.add_argument("--no-jit-cache", action="store_true", help="compile the tinygrad model afresh in every process")
     p.add_argument("--top", type=top_count, default=10,
@@ -91,9 +101,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def top_count(text: str) -> int:
     """``--top``: how many rows to list, an int >= 0 (0: none); raises ``argparse.ArgumentTypeError`` (one line)
     otherwise (``msgs/argtypes.py`` ``checked_int``)."""
-    from chestnut.msgs.argtypes import checked_int
-
     return checked_int(text, lambda n: n >= 0, "give a number of rows >= 0 (0: none)")
+
+
+def tolerance(text: str) -> float:
+    """``--tol``: the comparison's tolerance, ``|a-b| <= max(tol, tol*max(|a|,|b|))``
+    (:func:`~chestnut.node.validity.compare_tensors`, the node's agreement rule), > 0 (replay's own rule) and at
+    most :data:`~chestnut.node.config.MAX_AGREEMENT_TOL` (1: it already takes any two values of one sign as
+    equal, so a larger one checks nothing); raises ``argparse.ArgumentTypeError`` (one line) otherwise, NaN
+    and inf included."""
+    return checked_float(text, lambda tol: 0 < tol <= MAX_AGREEMENT_TOL,
+                         f"give a tolerance, > 0 and <= {MAX_AGREEMENT_TOL:g}")
 
 
 def print_result(result: ReplayResult, console: Any, top: int = 10) -> None:
