@@ -115,9 +115,9 @@ camera). Why: each frame lands in the ring's next slot, whose cache lines the ca
 read-for-ownership); streaming stores skip that read. glibc's own default threshold is 3/4 of the
 last-level cache it detects (``sysdeps/x86/dl-cacheinfo.h`` ``dl_init_cacheinfo``, since glibc commit
 d3c57027, 2.33), so on a host that reports a large L3 (the 2-vCPU test VM: 480 MiB) it never applies.
-Measured there, 3.5 MB into a 4-slot ring, p50: 0.38-0.49 ms with ordinary stores, 0.24-0.25 ms with
-streaming ones, the same as one memcpy into a single hot region (``docs/architecture.md`` "Streaming
-stores for big frames"). 1 MiB: a 98 KB or 256 KB frame stays in cache for the subscriber that reads it
+Measured there (``tests/bench/bench_frames.py``), a 3.5 MB frame's ring latency p50: 0.51-0.54 ms with
+ordinary stores, 0.35-0.37 ms with streaming ones (``docs/architecture.md`` "Streaming stores for big
+frames"). 1 MiB: a 98 KB or 256 KB frame stays in cache for the subscriber that reads it
 next; a copy that is read back at once (an inline frame's message) is slower with streaming stores, so
 a camera sending big frames inline is started without it."""
 STREAMING_COPY_TUNABLE = "glibc.cpu.x86_non_temporal_threshold"  # glibc manual, "Hardware Capability Tunables"

@@ -249,8 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     child.start()
     print(
         f"camera frames across processes at {RATE_HZ:.0f} Hz, {n} frames each, {os.cpu_count()} CPUs, "
-        f"pyzmq {zmq.__version__}, GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')} (as chestnut launch starts "
-        "its camera)"
+        f"pyzmq {zmq.__version__}, GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')}"
     )
     print(
         f"{'frame':<8} {'path':<7} {'p50 ms':>8} {'p99 ms':>8} {'CPU % camera':>13} {'CPU % sub':>10} "
