@@ -7,6 +7,7 @@ one CPU and 100 MB of object store each (Ray's ``ray.cluster_utils.Cluster``), t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -514,3 +515,50 @@ def test_cli_on_the_cluster_writes_the_fleet_report(cluster, fleet, tmp_path, ca
     page = (out / "index.html").read_text()
     assert "PASS: 0 replay mismatch(es), 0 contract violation(s), 0 damaged file(s), 0 failed segment(s)" in page
     assert page.count(f"{ROUTE}-0000") == COPIES
+
+
+@pytest.mark.parametrize("after", ["start", "first segment"])
+def test_a_terminals_ctrl_c_reaching_every_process_stops_the_run_without_a_traceback(source, tmp_path, after):
+    """A terminal sends Ctrl-C to the whole foreground process group: the pool's workers get it too, also while
+    they are still starting (importing, before their initializer ignores it), and the driver's wait may be
+    anywhere in concurrent.futures' code. Exit 130, one summary, no traceback from any process."""
+    fleet = tmp_path / "fleet"
+    make_fleet(source, 20, fleet)
+    cmd = [sys.executable, "-m", "chestnut.launch.cli", "-vv", "replay", str(fleet), "--workers", "2", "--no-jit-cache"]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a shell's job
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert proc.stderr is not None
+        if after == "first segment":
+            for line in proc.stderr:
+                if "segment 1/80 done" in line:
+                    break
+        else:  # the first pool worker exists: it is starting up, its initializer has not run
+            import psutil
+
+            def pool_workers() -> list:
+                found = []
+                for c in psutil.Process(proc.pid).children():
+                    with contextlib.suppress(psutil.Error):  # one that ended meanwhile
+                        if "spawn_main" in " ".join(c.cmdline()):
+                            found.append(c)
+                return found
+
+            t_end = time.monotonic() + 60
+            while not pool_workers() and time.monotonic() < t_end:
+                time.sleep(0.001)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+    assert re.search(r"interrupted: \d+ of 80 segment\(s\) finished", out), out[-2000:]

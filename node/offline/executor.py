@@ -26,7 +26,13 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from chestnut.node.offline.replay import SegmentResult, SegmentTask, check_workers
+from chestnut.node.offline.replay import (
+    INTERRUPT_POLL_S,
+    DeferredInterrupt,
+    SegmentResult,
+    SegmentTask,
+    check_workers,
+)
 from chestnut.node.offline.timeline import FileExtract
 from chestnut.node.offline.units import (
     EXECUTORS,
@@ -142,58 +148,60 @@ class LocalExecutor:
         ctx = mp.get_context("spawn")
         todo = list(reversed(units))
         attempts: dict[tuple[str, int], int] = {}
-        while todo:
-            ex = ProcessPoolExecutor(
-                max_workers=min(self.workers, len(todo)), mp_context=ctx, initializer=_init_pool_process
-            )
-            try:
-                running: dict[Future[Any], tuple[Unit, float]] = {}
-                while todo or running:
-                    self._refill(ex, todo, running, attempts)
-                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                    for fut in finished:
-                        u, queued = running.pop(fut)
-                        try:
-                            result, who, run_s = fut.result()
-                        except BrokenProcessPool:  # a worker died: every unit in flight goes again, up to a bound
-                            lost = [(u, queued), *running.values()]
-                            running.clear()
-                            for x, q in lost:
-                                if attempts[x.key] < MAX_ATTEMPTS:
-                                    todo.append(x)
-                                    continue
-                                out = Outcome(
-                                    x,
-                                    None,
-                                    error=f"worker process died {attempts[x.key]} times",
-                                    attempts=attempts[x.key],
-                                    queued_s=q,
-                                    done_s=self._now(),
-                                )
-                                done(out)
-                                yield out
-                            break
-                        out = Outcome(
-                            u,
-                            result,
-                            worker=who,
-                            attempts=attempts[u.key],
-                            queued_s=queued,
-                            done_s=self._now(),
-                            run_s=run_s,
-                        )
-                        self._refill(ex, todo, running, attempts)  # the freed process's next unit, before the callback
-                        done(out)
-                        yield out
-                    else:
-                        continue
-                    break  # a fresh pool for the rest
-            except KeyboardInterrupt:  # Ctrl-C: stop the units in flight now rather than at their end
-                for proc in list((getattr(ex, "_processes", None) or {}).values()):
-                    _terminate_tree(proc.pid)
-                raise
-            finally:
-                ex.shutdown(wait=True, cancel_futures=True)
+        with DeferredInterrupt() as sigint:  # Ctrl-C taken at the loop's wait, never inside the pool's own code
+            while todo:
+                ex = ProcessPoolExecutor(
+                    max_workers=min(self.workers, len(todo)), mp_context=ctx, initializer=_init_pool_process
+                )
+                try:
+                    running: dict[Future[Any], tuple[Unit, float]] = {}
+                    while todo or running:
+                        self._refill(ex, todo, running, attempts)
+                        finished, _ = wait(running, timeout=INTERRUPT_POLL_S, return_when=FIRST_COMPLETED)
+                        sigint.check()
+                        for fut in finished:
+                            u, queued = running.pop(fut)
+                            try:
+                                result, who, run_s = fut.result()
+                            except BrokenProcessPool:  # a worker died: every unit in flight goes again, up to a bound
+                                lost = [(u, queued), *running.values()]
+                                running.clear()
+                                for x, q in lost:
+                                    if attempts[x.key] < MAX_ATTEMPTS:
+                                        todo.append(x)
+                                        continue
+                                    out = Outcome(
+                                        x,
+                                        None,
+                                        error=f"worker process died {attempts[x.key]} times",
+                                        attempts=attempts[x.key],
+                                        queued_s=q,
+                                        done_s=self._now(),
+                                    )
+                                    done(out)
+                                    yield out
+                                break
+                            out = Outcome(
+                                u,
+                                result,
+                                worker=who,
+                                attempts=attempts[u.key],
+                                queued_s=queued,
+                                done_s=self._now(),
+                                run_s=run_s,
+                            )
+                            self._refill(ex, todo, running, attempts)  # the freed process's next unit first
+                            done(out)
+                            yield out
+                        else:
+                            continue
+                        break  # a fresh pool for the rest
+                except KeyboardInterrupt:  # Ctrl-C: stop the units in flight now rather than at their end
+                    for proc in list((getattr(ex, "_processes", None) or {}).values()):
+                        _terminate_tree(proc.pid)
+                    raise
+                finally:
+                    ex.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> None:
         pass

@@ -41,6 +41,8 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -923,21 +925,68 @@ def replay(
     return ReplayResult(plan, results, workers if use_pool else 1, time.perf_counter() - t0)
 
 
+INTERRUPT_POLL_S = 0.1  # a pool's driver looks for a held Ctrl-C this often while it waits for results
+
+
+class DeferredInterrupt:
+    """Ctrl-C (SIGINT) while a process pool runs, held until the driver's loop asks for it (:meth:`check`
+    raises ``KeyboardInterrupt``) instead of raised wherever the main thread is. Raised inside
+    ``concurrent.futures``' own code, an asynchronous ``KeyboardInterrupt`` can cut a spawned worker's start
+    short (the child then dies with a traceback on the shared stderr) or leave the executor unable to shut
+    down. A second Ctrl-C raises at once (the user insists). Takes effect only in the main thread and only
+    over Python's default SIGINT handler, whose ``KeyboardInterrupt`` it only moves in time; the handler is
+    restored on exit."""
+
+    def __init__(self) -> None:
+        self.hit = False
+        self._installed = False
+
+    def __enter__(self) -> DeferredInterrupt:
+        if threading.current_thread() is threading.main_thread() and (
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            signal.signal(signal.SIGINT, self._on_sigint)
+            self._installed = True
+        return self
+
+    def _on_sigint(self, _signum: int, _frame: object) -> None:
+        if self.hit:
+            raise KeyboardInterrupt
+        self.hit = True
+
+    def check(self) -> None:
+        """Raises ``KeyboardInterrupt`` when a Ctrl-C came since :meth:`__enter__`."""
+        if self.hit:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self._installed = False
+
+
 def _run_pool(tasks: list[SegmentTask], workers: int, bar: _Progress) -> Iterator[SegmentResult]:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
+    futures: set[Future[SegmentResult]] = set()
     try:
-        with ProcessPoolExecutor(
+        with DeferredInterrupt() as sigint, ProcessPoolExecutor(
             max_workers=min(workers, len(tasks)) or 1, mp_context=ctx, initializer=_init_pool_worker, initargs=(q,)
         ) as ex:
-            futures: set[Future[SegmentResult]] = {ex.submit(_pool_replay, t) for t in tasks}
-            while futures:
-                done, futures = wait(futures, timeout=0.2, return_when=FIRST_COMPLETED)
+            try:
+                futures = {ex.submit(_pool_replay, t) for t in tasks}
+                while futures:
+                    done, futures = wait(futures, timeout=INTERRUPT_POLL_S, return_when=FIRST_COMPLETED)
+                    sigint.check()
+                    _drain(q, bar)
+                    for fut in done:
+                        yield fut.result()
+                        bar.segment_done()
                 _drain(q, bar)
-                for fut in done:
-                    yield fut.result()
-                    bar.segment_done()
-            _drain(q, bar)
+            except KeyboardInterrupt:  # what has not started is not started; the pool's exit waits for the rest
+                for fut in futures:
+                    fut.cancel()
+                raise
     finally:
         q.close()
         q.join_thread()
