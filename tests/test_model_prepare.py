@@ -35,7 +35,10 @@ def prepared(tmp_path: Path, tiny_onnx: Path, monkeypatch) -> tuple[Path, argpar
     sha = hashlib.sha256(out.read_bytes()).hexdigest()
     meta = {"source": str(tiny_onnx), "sha256": sha, "input_shape": list(SHAPE), "max_abs_diff_vs_onnxruntime": 0.0}
     out.with_suffix(".json").write_text(json.dumps(meta))
-    out.with_suffix(".fingerprint.json").write_text("{}")
+    fingerprint = {"version": 1, "model_sha256": sha, "seed": 0,
+                   "inputs": {"x": {"shape": list(SHAPE), "dtype": "float32"}},
+                   "outputs": {"y": {"shape": [1, 1, 32, 64], "mean": 0.25, "std": 0.125}}, "rtol": 0.01, "atol": 0.001}
+    out.with_suffix(".fingerprint.json").write_text(json.dumps(fingerprint))
     calls: list[Path] = []
 
     def prepare_model(src: Path, dst: Path, shape: tuple[int, ...], frame: object) -> dict:
@@ -358,3 +361,23 @@ def test_model_prepare_rebuilds_a_damaged_cached_jit_that_the_next_run_finds_int
         f"model ready: {out} (sha256 {meta['sha256'][:16]}, max |tinygrad-onnxruntime| "
         f"{meta['max_abs_diff_vs_onnxruntime']:.2e})\n",
     )
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (lambda b: b[:200] + bytes([b[200] ^ 0xFF]) + b[201:], "does not read as JSON"),  # a flipped byte
+        (lambda b: b"[]", "is not the one recorded for this model"),
+        (lambda b: json.dumps({**json.loads(b), "model_sha256": "0" * 64}).encode(),
+         "is not the one recorded for this model"),
+    ],
+)
+def test_a_damaged_fingerprint_is_prepared_again(prepared, capsys, damage, why):
+    """It said "model ready", and the node then refused to start: ``fingerprint: ... is unreadable``."""
+    out, args, calls = prepared
+    fp = out.with_suffix(".fingerprint.json")
+    fp.write_bytes(damage(fp.read_bytes()))
+    assert assets.run(args) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"prepared model {out} is damaged (its fingerprint tiny.fingerprint.json {why}); preparing it again"
+    assert calls == [out]
