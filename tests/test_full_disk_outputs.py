@@ -131,3 +131,22 @@ def test_fleet_make_onto_a_full_disk_is_one_line_and_removes_what_it_made(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fleet", "logs"] if out_there else ["logs"]
     if out_there:
         assert list(out.iterdir()) == []
+
+
+def test_fleet_make_past_the_file_size_limit_is_one_line_and_removes_what_it_made(tmp_path):
+    """``ulimit -f``: write(2) fails with EFBIG (Python ignores SIGXFSZ). It was a traceback, exit 1."""
+    import resource
+    import subprocess
+    import sys
+
+    logs, _ = _log(tmp_path, 1000)
+    limit = max(f.stat().st_size for f in logs.rglob("rlog.zst")) // 2  # the first copy of the biggest file stops
+    out = tmp_path / "fleet"
+    proc = subprocess.run(
+        [sys.executable, "-m", "chestnut.launch.cli", "fleet", "make", "--from", str(logs), "--copies", "2", str(out)],
+        capture_output=True, text=True, timeout=120,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+    )
+    assert (proc.returncode, proc.stderr) == (2, (
+        f"chestnut fleet make: OUT {out} cannot be written (File too large); free space or give another directory\n"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]

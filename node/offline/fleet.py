@@ -607,8 +607,8 @@ def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
     file that is not a regular file, ``msgs/video.py`` ``NotRegularFileError``), ``FileExistsError`` (a
     route already in ``out``: nothing is overwritten), ``ValueError`` (``copies`` not in
     1..:data:`MAX_COPIES`), :class:`~chestnut.msgs.outdir.OutputDirError` (``out`` unfit: ``msgs/outdir.py``
-    ``private_dir``; nothing is written; or a full disk, ENOSPC / EDQUOT from write(2)). A copy that stops on any
-    error removes the folders and files it made."""
+    ``private_dir``; nothing is written; or a full disk, ENOSPC / EDQUOT / EFBIG from write(2)). A copy that
+    stops on any error removes the folders and files it made."""
     check_copies(copies)
     groups = group_logs(source)
     out = Path(out)
@@ -642,7 +642,8 @@ def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
         for p in reversed(made):
             with contextlib.suppress(OSError):
                 p.rmdir() if p in dirs or p == out else p.unlink()
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # write(2): the disk is full
+        # write(2): the disk or the user's quota is full, or a file reached the process's RLIMIT_FSIZE (`ulimit -f`)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise OutputDirError(out, f"cannot be written ({e.strerror})", "free space or give another directory") \
                 from None
         raise
