@@ -223,17 +223,25 @@ def test_interrupted_run_keeps_what_finished(fleet):
     assert [s.index for s in next(iter(r.logs.values())).segments] == [0, 1]
 
 
-def test_ctrl_c_on_the_command_stops_the_pool_and_prints_what_finished(source, tmp_path):
+def _replay_of_a_fleet(source: Path, tmp_path: Path, new_group: bool = False) -> subprocess.Popen[str]:
+    """``chestnut -vv replay`` of an 80-segment fleet of ``source`` (seconds of work after its first segment) on two
+    pool processes, started with SIGINT's default action; with ``new_group`` in a process group of its own, as a
+    shell's job."""
     fleet = tmp_path / "fleet"
-    make_fleet(source, 20, fleet)  # 80 segments: seconds of work after the first one
+    make_fleet(source, 20, fleet)
     cmd = [sys.executable, "-m", "chestnut.launch.cli", "-vv", "replay", str(fleet), "--workers", "2", "--no-jit-cache"]
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=new_group,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+
+
+def test_ctrl_c_on_the_command_stops_the_pool_and_prints_what_finished(source, tmp_path):
+    proc = _replay_of_a_fleet(source, tmp_path)
     try:
         assert proc.stderr is not None
         for line in proc.stderr:  # the first segment is done: the pool is running
@@ -522,17 +530,7 @@ def test_a_terminals_ctrl_c_reaching_every_process_stops_the_run_without_a_trace
     """A terminal sends Ctrl-C to the whole foreground process group: the pool's workers get it too, also while
     they are still starting (importing, before their initializer ignores it), and the driver's wait may be
     anywhere in concurrent.futures' code. Exit 130, one summary, no traceback from any process."""
-    fleet = tmp_path / "fleet"
-    make_fleet(source, 20, fleet)
-    cmd = [sys.executable, "-m", "chestnut.launch.cli", "-vv", "replay", str(fleet), "--workers", "2", "--no-jit-cache"]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # a process group of its own, as a shell's job
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    proc = _replay_of_a_fleet(source, tmp_path, new_group=True)
     try:
         assert proc.stderr is not None
         if after == "first segment":
