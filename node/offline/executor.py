@@ -77,9 +77,11 @@ def _terminate_tree(pid: int) -> None:
 
     try:
         parent = psutil.Process(pid)
+        parent.suspend()  # it starts no child after the list is taken (one cut off mid-start-up prints a traceback)
         for child in parent.children(recursive=True):
             child.terminate()
         parent.terminate()
+        parent.resume()
     except psutil.Error:  # already gone
         pass
 
