@@ -14,9 +14,12 @@ decides like openpilot's control daemon (``selfdrive/controls/controlsd.py``; th
   ``chestnutInactive`` (``active`` went false), ``modelSourceChanged`` (the serving model is not the
   one that was serving at engagement), ``hostLate`` (``active`` went false because the node answered a frame
   from the fallback after a deadline miss it blamed on its host, ``docs/health.md`` "The host": the dock did
-  not fail and the serving model did not change). ``hostLate`` alone starts the soft disable only once it has
-  lasted ``HOST_LATE_GRACE_S`` (as openpilot tolerates a few dropped model frames before ``modelLagging``);
-  the 3 s count from its first step all the same.
+  not fail and the serving model did not change), ``deadlineMissed`` (``active`` went false because the primary
+  missed single frames' deadlines and the fallback answered them, its reason ``deadline miss: ...``: the node has
+  not failed the primary over, ``node/policy.py`` ``mark_deadline_miss``; a run of misses that proves the dock
+  slow or hung fails it over, and that is ``chestnutInactive`` at once). ``hostLate`` and ``deadlineMissed``
+  alone start the soft disable only once they have lasted ``LATE_FRAME_GRACE_S`` (as openpilot tolerates a few
+  dropped model frames before ``modelLagging``); the 3 s count from their first step all the same.
 - ``allowSourceSwitch`` tells the node when it may swap the model source: only while not engaged.
 
 :class:`ControlLogic` is the pure decision (clock passed in); :func:`run` is the process loop.
@@ -33,15 +36,18 @@ from chestnut.msgs.argtypes import checked_float
 from chestnut.msgs.messaging import PubMaster, SubMaster, new_message
 from chestnut.msgs.services import SOFT_DISABLE_S
 from chestnut.msgs.submaster import SubMasterChecks
+from chestnut.node.policy import DEADLINE_MISS
 from chestnut.node.realtime import CONTROL_PRIORITY, add_priority_argument, apply_priority
 
 log = logging.getLogger("chestnut.control")
 
 FRAME_DROP_MAX_PERC = 1.0  # openpilot controlsd: model lagging above 1 % dropped frames
-HOST_LATE_GRACE_S = 0.5
-"""How long ``hostLate`` alone may last before it starts a soft disable (s, our choice): 10 frames at 20 Hz,
-well inside the 3 s soft-disable time (which counts from its first step): a host that is late for longer is
-overloaded, and the driver is told so."""
+LATE_FRAME_GRACE_S = 0.5
+"""How long ``hostLate`` and ``deadlineMissed`` alone may last before they start a soft disable (s, our choice):
+10 frames at 20 Hz, well inside the 3 s soft-disable time (which counts from their first step): a host late for
+longer is overloaded, and a primary that keeps missing is failed over by the node before that (3 misses in a row
+or 4 of 20 frames), so the driver is told either way."""
+LATE_FRAME_EVENTS = frozenset({"hostLate", "deadlineMissed"})
 ENGAGE_STABLE_S = 1.0  # auto-engage after all checks passed continuously this long
 SERVICES = ("modelOutput", "chestnutActive", "chestnutHealth")
 NS = 1_000_000_000
@@ -127,9 +133,11 @@ class ControlLogic:
         if x.frame_drop_perc > FRAME_DROP_MAX_PERC:
             events.append("modelLagging")
         host = not x.active and x.active_reason.startswith("host late")
+        missed = not x.active and x.active_reason.startswith(DEADLINE_MISS)
         if not x.active:
-            events.append("hostLate" if host else "chestnutInactive")
-        if self.engaged and self.engaged_source is not None and x.source != self.engaged_source and not host:
+            events.append("hostLate" if host else "deadlineMissed" if missed else "chestnutInactive")
+        if (self.engaged and self.engaged_source is not None and x.source != self.engaged_source
+                and not host and not missed):
             events.append("modelSourceChanged")
         return events
 
@@ -150,7 +158,8 @@ class ControlLogic:
                 if self.failing_since_ns is None:
                     self.failing_since_ns = now_ns
                 failing_s = (now_ns - self.failing_since_ns) / NS
-                if self.soft_disable_start_ns is None and (events != ["hostLate"] or failing_s >= HOST_LATE_GRACE_S):
+                graced = LATE_FRAME_EVENTS.issuperset(events) and failing_s < LATE_FRAME_GRACE_S
+                if self.soft_disable_start_ns is None and not graced:
                     self.soft_disable_start_ns = self.failing_since_ns  # the 3 s count from the first failing step
                     log.warning("soft disable: %s", ", ".join(events))
                 if failing_s >= SOFT_DISABLE_S:

@@ -134,6 +134,7 @@ from chestnut.node.policy import (
     host_late,
     is_primary_fault,
     late_result_reason,
+    mark_deadline_miss,
     miss_run_blame,
     no_result_reason,
     pair_response,
@@ -184,6 +185,7 @@ INIT_DATA_PERIOD_S = 10.0     # initData is re-sent this often (on-demand servic
 DISAGREE_RUN = DEFAULT_DEBOUNCE[Layer.OUTPUT].fail_after  # disagreeing frames in a row the node logs (3)
 BAD_FRAME_LOG_PERIOD_S = 1.0  # a repeated per-frame error is logged at most this often (then counted)
 DEADLINE_LOG_PERIOD_S = 10.0  # the adaptive deadline is logged when its basis changes, else at most this often
+MISS_WARNS_KEPT = 8           # deadline-miss WARN reasons kept (mark_deadline_miss): more than a run before a failover
 
 
 @functools.cache
@@ -394,6 +396,7 @@ class Node:
                                                                 if cfg.dock.kind == "twin" else None))
         self.host_thresholds = HostThresholds(t.host_late_ms, t.host_cpu_pressure_pct, t.deadline_ms)
         self.host_misses = 0             # deadline misses blamed on the host (not counted towards a failover)
+        self.miss_warns: deque[str] = deque(maxlen=MISS_WARNS_KEPT)  # the last deadline misses' gpu WARN reasons
         self.result_at_ns = 0            # receipt of the worker's last result (CLOCK_MONOTONIC ns)
         self.after_output: deque[Callable[[], object]] = deque()  # _after_output's work, until the output is out
         self.next_output: tuple[Any, Any] | None = None  # (Event builder, its modelOutput): _prepare_output
@@ -775,7 +778,7 @@ class Node:
         for a in actions:
             ev = evidence_from_watchdog(a)
             if ev is not None:
-                self.health.apply([ev], now)
+                self._apply_watchdog_evidence(ev, now)
             if a.kind is ActionKind.ANSWER_FROM_FALLBACK and a.seq is not None:
                 answer.add(a.seq)
                 if a.entity == "host":
@@ -787,6 +790,13 @@ class Node:
             elif a.kind is ActionKind.FAIL_OVER:
                 self._feed(Event.DEADLINE_MISS_RUN, a.reason, Layer.GPU)
         return answer
+
+    def _apply_watchdog_evidence(self, ev: Evidence, now: int) -> None:
+        """A deadline miss's or the watchdog's evidence to health; a miss's gpu WARN reason is kept for
+        ``chestnutActive`` (:func:`~chestnut.node.policy.mark_deadline_miss`)."""
+        self.health.apply([ev], now)
+        if ev.tag == "deadline_miss" and ev.level is Level.WARN:
+            self.miss_warns.append(ev.reason)
 
     def _apply_health(self, evidence: list[Evidence], now: int) -> None:
         """Apply evidence; while a worker should run, a layer at ERROR after bad evidence is a primary
@@ -877,8 +887,10 @@ class Node:
         self._publish_output(frame_id, cf, result, clock, drop_perc)
         self._run_after_output()
         host = self.host_last_late_ns >= started and self.sup.serving is Source.PRIMARY
+        by_fallback = result.answer.source is not Source.PRIMARY
         self._publish_active(result.answer.source, result.answer.valid, result.answer.reason,
-                             host_frame=frame_id if host and result.answer.source is not Source.PRIMARY else None)
+                             host_frame=frame_id if host and by_fallback else None,
+                             missed_frame=frame_id if result.deadline_missed and by_fallback else None)
 
     def _copy_full_frame(self, full: np.ndarray) -> np.ndarray:
         """``full``, a frame the primary takes whole (its program warps it), copied once out of the frame ring:
@@ -1057,7 +1069,8 @@ class Node:
             if evidence:  # the watchdog's own verdict on a requested frame was the host's already
                 self._host_miss(f"frame {frame_id}: {why}; {host}", now)
         elif evidence:
-            self.health.apply([Evidence(Layer.GPU, Level.WARN, f"frame {frame_id}: {why}", tag="deadline_miss")], now)
+            self._apply_watchdog_evidence(Evidence(Layer.GPU, Level.WARN, f"frame {frame_id}: {why}",
+                                                   tag="deadline_miss"), now)
         verdict = count_miss(self.miss_run, self.cfg.timing.miss_run, self.sup.runs_primary, deadline_ms, why, host,
                              self._queued_behind(frame_id, now))
         self.miss_run = verdict.run
@@ -1245,12 +1258,14 @@ class Node:
         self.frames_out += 1
 
     def _publish_active(self, source: Source, valid: bool = True, output_reason: str = "",
-                        host_frame: int | None = None) -> None:
+                        host_frame: int | None = None, missed_frame: int | None = None) -> None:
         """``chestnutActive`` after a frame answered by ``source`` (``valid``: its output was valid, else
         ``output_reason`` says why), or between frames (``valid`` True: health decides alone). ``host_frame``:
         the frame the fallback answered because the primary's miss was the host's (docs/health.md "The host"):
         ``active`` is false as for any frame the primary did not answer, and its reason starts with
-        ``host late`` so that a consumer can tell an overloaded host from a failing dock."""
+        ``host late`` so that a consumer can tell an overloaded host from a failing dock. ``missed_frame``: the
+        frame the fallback answered after the primary missed its deadline; while single misses are all that
+        clears ``active`` (no failover), the reason starts with ``deadline miss: `` (``mark_deadline_miss``)."""
         now = time.monotonic_ns()
         active, reason = chestnut_active(self.health, source)
         if host_frame is not None and not active:
@@ -1260,6 +1275,8 @@ class Node:
         active, reason = active_as_published(
             *active_for_output(active, reason, valid, output_reason), self.health_published_ok
         )
+        reason = mark_deadline_miss(active, reason, self.sup.serving is Source.PRIMARY, self.miss_warns,
+                                    missed_frame, self.active.reason)
         self.active.update(active, reason, source, now)
         msg = new_message("chestnutActive")
         fill_active(msg.chestnutActive, self.active)

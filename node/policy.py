@@ -30,7 +30,8 @@ who answers            :func:`choose_answer`: the primary when the supervisor sa
                        passed every check; else the fallback when its output passed every check; else no
                        valid output (``valid=False``) with the reason of each source
 ChestnutActive         :func:`active_for_output`: the health rule (every layer OK and the primary serves),
-                       and false for a frame whose output is not valid
+                       and false for a frame whose output is not valid; :func:`mark_deadline_miss` marks a
+                       reason that is only single deadline misses, not a failover
 =====================  ==================================================================================
 
 The output checks (:mod:`chestnut.node.validity`: present, shape, dtype, finite, range, stale) apply
@@ -39,7 +40,7 @@ to every source; agreement only to the primary, against a valid fallback output.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -480,6 +481,34 @@ def active_for_output(health_active: bool, health_reason: str, valid: bool, reas
 
 
 HEALTH_NOT_YET_PUBLISHED = "all layers OK again, not yet said by chestnutHealth (at most one health period)"
+
+DEADLINE_MISS = "deadline miss: "
+"""How a ``ChestnutActive`` reason starts while what clears ``active`` is single deadline misses the node has
+not failed the primary over for (:func:`mark_deadline_miss`)."""
+
+
+def mark_deadline_miss(active: bool, reason: str, serving_primary: bool, miss_warns: Collection[str],
+                       missed_frame: int | None, previous_reason: str) -> str:
+    """The ``ChestnutActive`` reason, prefixed :data:`DEADLINE_MISS` when ``active`` is false only because the
+    primary missed single frames' deadlines while the node still serves it (``serving_primary``: no failover):
+    the gpu layer's WARN is one of the deadline misses in ``miss_warns`` (the reasons of the last
+    ``deadline_miss`` WARNs the node applied, ``node/health.py`` ``evidence_from_watchdog``); or the fallback
+    answered ``missed_frame`` after its miss with every layer OK; or, right after such a reason
+    (``previous_reason``), every layer is OK again but no ``chestnutHealth`` has said so yet
+    (:data:`HEALTH_NOT_YET_PUBLISHED`). One miss is no proof that the dock failed: ``timing.miss_run`` (3)
+    consecutive misses, or more than 20 % of the last 20 frames, fail the gpu layer over, and the reason is then
+    the gpu ERROR's (docs/health.md "ChestnutActive"). A consumer can so tell a late frame, which the fallback
+    answered, from a failing dock; ``launch/controld.py`` names it ``deadlineMissed``. Any other reason is
+    returned as it is."""
+    if active or not serving_primary or reason.startswith(DEADLINE_MISS):
+        return reason
+    if reason.startswith("gpu WARN: ") and reason.removeprefix("gpu WARN: ") in miss_warns:
+        return DEADLINE_MISS + reason
+    if missed_frame is not None and reason == f"{Source.FALLBACK.value} serving, not the primary":
+        return f"{DEADLINE_MISS}the fallback answered frame {missed_frame}"
+    if reason == HEALTH_NOT_YET_PUBLISHED and previous_reason.startswith(DEADLINE_MISS):
+        return DEADLINE_MISS + reason
+    return reason
 
 
 def active_as_published(active: bool, reason: str, published_all_ok: bool) -> tuple[bool, str]:

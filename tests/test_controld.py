@@ -104,6 +104,56 @@ def test_a_host_late_frame_beside_another_failure_soft_disables_at_once():
     assert (st.soft_disabling, st.events) == (True, ["commIssue", "commIssue:chestnutHealth.freq_ok", "hostLate"])
 
 
+MISSED = ControlInputs(checks_ok=True, active=False, source="fallback", frame_drop_perc=0.0,
+                       active_reason="deadline miss: gpu WARN: frame 133: no primary result 41.8 ms after the request "
+                                     "(deadline 41.5 ms)")
+MISSED_AFTER = ControlInputs(checks_ok=True, active=False, source="primary", frame_drop_perc=0.0,
+                             active_reason=MISSED.active_reason)
+FAILED_OVER = ControlInputs(checks_ok=True, active=False, source="fallback", frame_drop_perc=0.0,
+                            active_reason="gpu ERROR: 3 consecutive frames without a primary result within the "
+                                          "deadline (41.5 ms)")
+
+
+def test_one_missed_frame_the_fallback_answered_is_named_and_soft_disables_nothing():
+    """A fault-free launch soft-disabled control for 0.13 s: one frame missed its 41.5 ms deadline by 0.3 ms,
+    the fallback answered it, and the gpu WARN held ``active`` false two frames more. That is
+    ``deadlineMissed``, not ``chestnutInactive`` / ``modelSourceChanged``, and no soft disable unless it lasts
+    0.5 s (the node fails a primary that keeps missing over long before); the 3 s count from its first step."""
+    c = ControlLogic()
+    run_until(c, 0, S, OK)
+    st = c.step(2 * S, MISSED)
+    assert (st.engaged, st.soft_disabling, st.events, st.can_engage) == (True, False, ["deadlineMissed"], False)
+    st = c.step(2 * S + S // 20, MISSED_AFTER)  # the primary answers again; the WARN still holds
+    assert (st.engaged, st.soft_disabling, st.events) == (True, False, ["deadlineMissed"])
+    st = c.step(2 * S + 3 * S // 20, OK)
+    assert (st.engaged, st.soft_disabling, st.events) == (True, False, [])
+    st = run_until(c, 3 * S, 3 * S + S // 2 - 1, MISSED)
+    assert (st.engaged, st.soft_disabling) == (True, False)
+    st = c.step(3 * S + S // 2, MISSED)  # 0.5 s of misses the node did not fail over: said to the driver
+    assert (st.engaged, st.soft_disabling, st.events) == (True, True, ["deadlineMissed"])
+    assert abs(st.soft_disable_remaining_s - 2.5) < 1e-9
+
+
+def test_a_failover_after_missed_frames_soft_disables_at_once_counting_from_the_first_miss():
+    c = ControlLogic()
+    run_until(c, 0, S, OK)
+    st = c.step(2 * S, MISSED)
+    assert st.soft_disabling is False
+    st = c.step(2 * S + S // 10, FAILED_OVER)  # the node's miss run failed the gpu over: the dock failed
+    assert (st.soft_disabling, st.events) == (True, ["chestnutInactive", "modelSourceChanged"])
+    assert abs(st.soft_disable_remaining_s - 2.9) < 1e-9
+    st = c.step(2 * S + S // 5, MISSED)  # the mix still counts: the soft disable, once started, runs on
+    assert (st.soft_disabling, st.events) == (True, ["deadlineMissed"])
+
+
+def test_a_missed_frame_and_a_late_host_together_are_still_graced():
+    c = ControlLogic()
+    run_until(c, 0, S, OK)
+    st = c.step(2 * S, MISSED)
+    st = c.step(2 * S + S // 20, HOST)
+    assert (st.soft_disabling, st.events) == (False, ["hostLate"])
+
+
 @pytest.mark.parametrize("rate", ["0", "-20", "nan", "inf", "1001", "fast"])
 def test_a_control_rate_that_cannot_be_kept_is_refused_in_one_line(rate, capsys):
     """``chestnut control --rate 0`` was a ZeroDivisionError traceback."""

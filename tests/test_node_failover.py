@@ -271,6 +271,35 @@ def test_whole_run_every_frame_one_output_and_active_only_with_primary(stack: St
     stack.bus.publishing = True
 
 
+def test_one_slow_frame_is_a_deadline_miss_the_fallback_answers_not_a_failover_nor_a_failing_dock(
+        stack: Stack) -> None:
+    """One unit of work 120 ms late (``slow_gpu`` once): the frame misses its deadline and the fallback answers
+    it, the frame queued behind it is not counted, and the primary answers the next. No failover, and every
+    ``chestnutActive`` false meanwhile says ``deadline miss: `` (``node/policy.py`` ``mark_deadline_miss``), or
+    ``host late: `` on a busy host, so a control daemon can tell it from a failing dock: a fault-free launch
+    once soft-disabled control for a frame 0.3 ms over its deadline."""
+    wait_serving_primary(stack, 30.0)
+    stack.bus.wait_for(  # the adaptive deadline, well under 120 ms (it starts at its 150 ms ceiling)
+        lambda r: r if _last_primary_run(r) and 0 < r.outputs[-1].deadline_s < 0.08 else None, 30.0,
+        "the adaptive deadline under 80 ms")
+    t0 = time.monotonic_ns()
+    stack.client.fault("slow_gpu", delay_ms=120.0, repeat=False)
+    missed = stack.bus.wait_for(lambda r: next((o for o in r.outputs if o.mono_ns >= t0 and o.deadline_missed),
+                                               None), 15.0, "the slow frame's deadline miss")
+    rec = stack.bus.wait_for(lambda r: r if _last_primary_run(r) and r.active[-1].mono_ns > missed.mono_ns else None,
+                             15.0, "the primary serving again")
+    assert missed.source == "fallback" and missed.valid, missed
+    assert [s.state for s in rec.states if s.mono_ns >= t0] in ([], ["active"] * len(
+        [s for s in rec.states if s.mono_ns >= t0])), stack.node.log_tail()
+    inactive = [a for a in rec.active if a.mono_ns >= t0 and not a.active]
+    assert inactive, "no chestnutActive false for the missed frame"
+    unmarked = [a.reason for a in inactive if not a.reason.startswith(("deadline miss: ", "host late: "))]
+    assert unmarked == [], stack.node.log_tail()
+    first = inactive[0].reason
+    assert first.startswith((f"deadline miss: gpu WARN: frame {missed.frame_id}: no primary result ",
+                             f"host late: the fallback answered frame {missed.frame_id} ")), first
+
+
 def test_sigterm_with_a_frozen_worker_exits_0_within_5_s_leaving_no_child(stack: Stack) -> None:
     rec = wait_serving_primary(stack, 30.0)
     pid = rec.states[-1].worker_pid

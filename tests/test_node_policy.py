@@ -35,6 +35,7 @@ from chestnut.node.policy import (
     frame_clock,
     is_primary_fault,
     late_result_reason,
+    mark_deadline_miss,
     no_result_reason,
     pair_response,
     primary_serves,
@@ -319,6 +320,36 @@ def test_chestnut_active_rises_only_once_a_published_health_says_every_layer_ok(
         False, "all layers OK again, not yet said by chestnutHealth (at most one health period)")
     assert active_as_published(False, "usb WARN: 480 Mbps", True) == (False, "usb WARN: 480 Mbps")
     assert active_as_published(False, "usb WARN: 480 Mbps", False) == (False, "usb WARN: 480 Mbps")
+
+
+MISS = "frame 133: no primary result 41.8 ms after the request (deadline 41.5 ms)"
+
+
+def test_inactivity_from_single_deadline_misses_is_marked_so_a_consumer_can_tell_it_from_a_failing_dock() -> None:
+    marked = f"deadline miss: gpu WARN: {MISS}"
+    assert mark_deadline_miss(False, f"gpu WARN: {MISS}", True, [MISS], 133, "all layers OK") == marked
+    # the frames after it, the primary's again, while the WARN holds; then every layer OK, not yet published
+    assert mark_deadline_miss(False, f"gpu WARN: {MISS}", True, [MISS], None, marked) == marked
+    waiting = "all layers OK again, not yet said by chestnutHealth (at most one health period)"
+    assert mark_deadline_miss(False, waiting, True, [MISS], None, marked) == f"deadline miss: {waiting}"
+    # the fallback answered the missed frame with every layer OK (its WARN not applied yet)
+    assert mark_deadline_miss(False, "fallback serving, not the primary", True, [], 133, "all layers OK") == (
+        "deadline miss: the fallback answered frame 133")
+
+
+def test_a_failover_another_layer_or_another_gpu_warn_is_not_a_deadline_miss() -> None:
+    assert mark_deadline_miss(True, "all layers OK", True, [MISS], None, "") == "all layers OK"
+    assert mark_deadline_miss(False, f"gpu WARN: {MISS}", False, [MISS], 133, "") == f"gpu WARN: {MISS}"
+    error = "gpu ERROR: 3 consecutive frames without a primary result within the deadline (41.5 ms)"
+    assert mark_deadline_miss(False, error, True, [MISS], 135, "deadline miss: x") == error
+    assert mark_deadline_miss(False, "gpu WARN: slow", True, [MISS], None, "") == "gpu WARN: slow"
+    assert mark_deadline_miss(False, "usb WARN: 480 Mbps", True, [MISS], 133, "") == "usb WARN: 480 Mbps"
+    waiting = "all layers OK again, not yet said by chestnutHealth (at most one health period)"
+    assert mark_deadline_miss(False, waiting, True, [MISS], None, "usb WARN: 480 Mbps") == waiting
+    assert mark_deadline_miss(False, "fallback serving, not the primary", True, [MISS], None, "") == (
+        "fallback serving, not the primary")
+    host = "host late: the fallback answered frame 7 (loop woke 38 ms late)"
+    assert mark_deadline_miss(False, host, True, [MISS], 7, "") == host
 
 
 def test_chestnut_active_needs_the_health_rule_and_a_valid_output() -> None:
