@@ -9,8 +9,10 @@ the logger's name and a hand-written prefix, the program named twice.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,11 +26,52 @@ from chestnut.node.offline.fleet_cli import copy_count, slack_ms, worker_count
 from chestnut.node.offline.replay import check_workers, replay
 from chestnut.node.offline.replay_cli import tolerance
 
+CHESTNUT = "import sys; from chestnut.launch.cli import main; sys.exit(main(sys.argv[1:]))"
+
 
 def _chestnut(args: list[str]) -> subprocess.CompletedProcess[str]:
     """The command in a child, with the logging ``chestnut`` sets up (a test process's own would hide a prefix)."""
-    code = "import sys; from chestnut.launch.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", CHESTNUT, *args], capture_output=True, text=True, timeout=120)
+
+
+def _chestnut_measured(args: list[str], out: Path, timeout_s: float = 120.0) -> tuple[int, str, str, int, float]:
+    """(exit status, stdout, stderr, peak RSS in KiB, wall s) of the command in a child: ``wait4`` gives that child's
+    own ``ru_maxrss``, whatever other children this process ran."""
+    out.mkdir()
+    t0 = time.monotonic()
+    with open(out / "stdout", "w") as so, open(out / "stderr", "w") as se:
+        proc = subprocess.Popen([sys.executable, "-c", CHESTNUT, *args], stdout=so, stderr=se, text=True)
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() - t0 > timeout_s:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"chestnut {' '.join(args)} ran past {timeout_s} s")
+        time.sleep(0.02)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return (proc.returncode, (out / "stdout").read_text(), (out / "stderr").read_text(), usage.ru_maxrss,
+            time.monotonic() - t0)
+
+
+def _error_line(stderr: str) -> str:
+    """The one line ``stderr`` holds, less its time stamp (``<date> <time> ERROR ...``)."""
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0].split(" ", 2)[2]
+
+
+@pytest.fixture(scope="module")
+def one_message_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A log of one ``nodeState`` and no node configuration: replay looks at ``--model`` and nothing else."""
+    from drivelog import _msg, write_drive
+
+    m = _msg("nodeState", 10_000 * 1_000_000_000)
+    m.nodeState.state = "active"
+    logs = tmp_path_factory.mktemp("one-message") / "logs"
+    write_drive([(m.logMonoTime, m.which(), m.to_bytes())], logs)
+    return logs
 
 
 def test_workers_0_is_the_parsers_one_line_with_the_program_named_once(tmp_path: Path) -> None:
@@ -157,3 +200,23 @@ def test_the_number_types_take_their_whole_range() -> None:
     # the largest bounds still make whole nanoseconds (1e303 ms overflowed int())
     p = CheckParams(deadline_ms=60000.0, slack_ms=60000.0, wait_timeout_ms=60000.0)
     assert p.answer_bound_ns == 120_000_000_000 and p.hang_bound_ns > p.answer_bound_ns
+
+
+def test_replay_refuses_a_model_over_the_loaders_bound_from_its_size_before_reading_it(
+    one_message_log: Path, tmp_path: Path
+) -> None:
+    """A 3 GiB ``--model`` (sparse: no block on disk) is refused from its ``stat`` against the loader's
+    ``MAX_MODEL_BYTES``: one line naming the file, its size and the bound, exit 2. It was read whole first, twice
+    (3.2 GB RSS, 19 s), then refused as ``bad_model: ... not a readable ONNX model``."""
+    big = tmp_path / "big.onnx"
+    with open(big, "wb") as f:
+        f.truncate(3 << 30)
+    assert big.stat().st_size == 3 << 30 and big.stat().st_blocks == 0
+    rc, out, err, rss_kib, wall_s = _chestnut_measured(
+        ["replay", str(one_message_log), "--model", str(big)], tmp_path / "run")
+    assert (rc, out, _error_line(err)) == (2, "", (
+        f"ERROR chestnut.replay: primary model {big} is 3221225472 bytes, over the 2147483648 bytes an ONNX model "
+        "can be: give --model PATH"
+    ))
+    assert rss_kib < 512 << 10, f"peak RSS {rss_kib} KiB: the file was read"
+    assert wall_s < 60

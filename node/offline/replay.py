@@ -145,14 +145,43 @@ class ReplayPlan:
         return int((self.deadline_ms + self.slack_ms) * NS_PER_MS)
 
 
-def _sha16(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+def read_model(path: Path, role: str, flag: str) -> bytes:
+    """The bytes of the ``role`` ("primary", "fallback") model file ``path``, given by ``flag`` (``--model``,
+    ``--fallback-model``; named in the fix), read once.
+
+    Its size is checked before anything is read: a file over
+    :data:`~chestnut.backend.model.MAX_MODEL_BYTES` (bytes; protobuf's 2 GiB limit for one serialized ONNX model,
+    the bound the node's model loader uses) is refused from its ``stat``, so a huge (or sparse) file costs no
+    memory. The read itself is :func:`~chestnut.backend.model.read_model_file`'s, the loader the replay's
+    workers use (a regular file, at most that many bytes, one no other user could change). Raises
+    :class:`ReplayError`, one line naming the file and ``flag``, for a file that is absent, unreadable or too
+    large, or that the loader refuses."""
+    from chestnut.backend.errors import ModelError
+    from chestnut.backend.model import MAX_MODEL_BYTES, read_model_file
+
+    if not path.is_file():
+        raise ReplayError(f"{role} model {path} not found on this machine: give {flag} PATH")
+    try:
+        size = os.stat(path).st_size
+    except OSError as e:
+        raise ReplayError(f"{role} model {path}: {e.strerror or e}: give {flag} PATH") from None
+    if size > MAX_MODEL_BYTES:
+        raise ReplayError(f"{role} model {path} is {size} bytes, over the {MAX_MODEL_BYTES} bytes an ONNX model "
+                          f"can be: give {flag} PATH")
+    try:
+        return read_model_file(path, f"{role} model")
+    except ModelError as e:  # a file swapped meanwhile, or one another user could change: the loader's own line
+        raise ReplayError(e.detail or str(e)) from None
 
 
-def _graph_input(path: Path) -> tuple[str, tuple[int, ...]]:
+def _sha16(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def _graph_input(path: Path, data: bytes) -> tuple[str, tuple[int, ...]]:
     from chestnut.backend.model import _graph_inputs, model_label
 
-    specs = _graph_inputs(path.read_bytes(), model_label(path.stem, path), {})
+    specs = _graph_inputs(data, model_label(path.stem, path), {})
     if len(specs) != 1:
         raise ReplayError(f"{path} has {len(specs)} inputs; replay feeds one image input (give the node's config)")
     return specs[0].name, specs[0].shape
@@ -179,8 +208,9 @@ def resolve_plan(
     ``onnxruntime`` (a twin run with ``--engine onnxruntime``, ``chestnut launch``'s default), or
     ``auto``: the engine the log's ``twinState`` names, else ``tinygrad``.
 
-    Raises :class:`ReplayError` when a needed model file is missing or the log names no model and
-    none is given, ``ValueError`` for a bad ``source`` or ``tol``.
+    Raises :class:`ReplayError` when a needed model file is missing, too large or unusable (:func:`read_model`,
+    checked before it is read) or the log names no model and none is given, ``ValueError`` for a bad ``source``
+    or ``tol``.
     """
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
@@ -203,15 +233,13 @@ def resolve_plan(
     name = str(mcfg.get("name") or primary_path.stem) if primary_path == configured else primary_path.stem
 
     def ref(path: Path, role: str, eng: str, threads: int) -> ModelRef:
-        if not path.is_file():
-            flag = "--model" if role == "primary" else "--fallback-model"
-            raise ReplayError(f"{role} model {path} not found on this machine: give {flag} PATH")
+        data = read_model(path, role, "--model" if role == "primary" else "--fallback-model")
         if mcfg.get("input") and mcfg.get("shape") and path == configured:
             input_name, shape = str(mcfg["input"]), tuple(int(s) for s in mcfg["shape"])
         else:
-            input_name, shape = _graph_input(path)
+            input_name, shape = _graph_input(path, data)
         nm = name if role == "primary" else f"{name}-fallback"  # the node's names (node/main.py)
-        return ModelRef(str(path), nm, eng, input_name, shape, _sha16(path), threads)
+        return ModelRef(str(path), nm, eng, input_name, shape, _sha16(data), threads)
 
     if primary_engine == "auto":  # how the logged primary ran: the twin's engine, else tinygrad's kernels
         logged = config_section(node_config, "twin").get("program_engine")
@@ -1055,6 +1083,7 @@ __all__ = [
     "compare_outputs",
     "find_node_config",
     "plan_tasks",
+    "read_model",
     "replay",
     "replay_segment",
     "resolve_plan",
