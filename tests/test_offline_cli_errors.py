@@ -220,3 +220,34 @@ def test_replay_refuses_a_model_over_the_loaders_bound_from_its_size_before_read
     ))
     assert rss_kib < 512 << 10, f"peak RSS {rss_kib} KiB: the file was read"
     assert wall_s < 60
+
+
+@pytest.mark.parametrize(
+    ("kind", "what"),
+    [
+        ("directory", "is a directory, not a model file: give {flag} PATH (the .onnx file)"),
+        ("/dev/zero", "is a character device, not a regular file: give {flag} PATH"),
+        ("fifo", "is a FIFO, not a regular file: give {flag} PATH"),  # never opened: that would wait for a writer
+    ],
+    ids=["directory", "dev-zero", "fifo"],
+)
+@pytest.mark.parametrize("flag", ["--model", "--fallback-model"])
+def test_replay_says_what_a_model_path_is_when_it_is_no_model_file(
+    kind: str, what: str, flag: str, one_message_log: Path, tiny_onnx: Path, tmp_path: Path
+) -> None:
+    """A directory or a device given as a model was "not found on this machine"; it is there, and the line says
+    what it is instead. One line, exit 2."""
+    if kind == "directory":
+        path = tmp_path / "models"
+        path.mkdir()
+    elif kind == "fifo":
+        path = tmp_path / "model.onnx"
+        os.mkfifo(path)
+    else:
+        path = Path(kind)
+    models = ["--model", str(path)] if flag == "--model" else ["--model", str(tiny_onnx), flag, str(path)]
+    done = _chestnut(["replay", str(one_message_log), *models])
+    role = "primary" if flag == "--model" else "fallback"
+    assert (done.returncode, done.stdout, _error_line(done.stderr)) == (2, "", (
+        f"ERROR chestnut.replay: {role} model {path} {what.format(flag=flag)}"
+    ))

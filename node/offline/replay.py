@@ -42,6 +42,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -53,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from chestnut.msgs.logfile import LogReader, find_log_files
-from chestnut.msgs.video import LoggedFrames, VideoFrameError
+from chestnut.msgs.video import LoggedFrames, VideoFrameError, file_kind
 from chestnut.node.offline.timeline import (
     NS_PER_MS,
     NS_PER_S,
@@ -155,19 +156,24 @@ def read_model(path: Path, role: str, flag: str) -> bytes:
     memory. The read itself is :func:`~chestnut.backend.model.read_model_file`'s, the loader the replay's
     workers use (a regular file, at most that many bytes, one no other user could change). Raises
     :class:`ReplayError`, one line naming the file and ``flag``, for a file that is absent, unreadable or too
-    large, or that the loader refuses."""
+    large, or that the loader refuses; a path that is there but is no model file says what it is (a directory, a
+    character device, a FIFO ...), and nothing that is not a regular file is opened."""
     from chestnut.backend.errors import ModelError
     from chestnut.backend.model import MAX_MODEL_BYTES, read_model_file
 
-    if not path.is_file():
-        raise ReplayError(f"{role} model {path} not found on this machine: give {flag} PATH")
     try:
-        size = os.stat(path).st_size
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ReplayError(f"{role} model {path} not found on this machine: give {flag} PATH") from None
     except OSError as e:
         raise ReplayError(f"{role} model {path}: {e.strerror or e}: give {flag} PATH") from None
-    if size > MAX_MODEL_BYTES:
-        raise ReplayError(f"{role} model {path} is {size} bytes, over the {MAX_MODEL_BYTES} bytes an ONNX model "
-                          f"can be: give {flag} PATH")
+    if stat.S_ISDIR(st.st_mode):
+        raise ReplayError(f"{role} model {path} is a directory, not a model file: give {flag} PATH (the .onnx file)")
+    if not stat.S_ISREG(st.st_mode):
+        raise ReplayError(f"{role} model {path} is {file_kind(st.st_mode)}, not a regular file: give {flag} PATH")
+    if st.st_size > MAX_MODEL_BYTES:
+        raise ReplayError(f"{role} model {path} is {st.st_size} bytes, over the {MAX_MODEL_BYTES} bytes an ONNX "
+                          f"model can be: give {flag} PATH")
     try:
         return read_model_file(path, f"{role} model")
     except ModelError as e:  # a file swapped meanwhile, or one another user could change: the loader's own line
