@@ -28,7 +28,9 @@ within tolerance.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +44,10 @@ DEFAULT_SEED = 20260401
 FIRST_VALUES = 8
 DEFAULT_RTOL = 1e-3
 DEFAULT_ATOL = 1e-4
+FINGERPRINT_MAX_BYTES = 1 << 20
+"""The most bytes a fingerprint file may hold (1 MiB; our bound, not a format's): one is a few KB (per output
+:func:`summarize`'s statistics and :data:`FIRST_VALUES` values), so a bigger file is not a fingerprint and is refused
+before a byte of it is read (:func:`read_fingerprint_file`)."""
 
 
 def fixed_inputs(specs: tuple[TensorSpec, ...] | list[TensorSpec], seed: int = DEFAULT_SEED) -> dict[str, np.ndarray]:
@@ -107,6 +113,58 @@ def record_fingerprint(model: Any, seed: int = DEFAULT_SEED, rtol: float = DEFAU
         model = OnnxModel(model.path, name=model.name, input_shapes=model.input_shapes or None)
     outputs = model.run(fixed_inputs(model.inputs, seed))
     return make_fingerprint(model.sha256, model.inputs, outputs, seed, rtol, atol)
+
+
+class FingerprintFileError(ValueError):
+    """A fingerprint file that cannot be used (:func:`read_fingerprint_file`). ``reason`` is a tag: ``missing``
+    (nothing at the path), ``unreadable``, ``not_regular``, ``too_big``, ``not_json`` or ``not_object``;
+    ``problem`` is one phrase that follows the file's name, e.g. ``"is 4294967296 bytes, over the 1048576 a
+    fingerprint may hold"``; ``str()`` is ``"<path> <problem>"``."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str, problem: str) -> None:
+        super().__init__(f"{os.fspath(path)} {problem}")
+        self.path, self.reason, self.problem = os.fspath(path), reason, problem
+
+
+def read_fingerprint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The fingerprint recorded in the file ``path`` (a JSON object, as :func:`make_fingerprint` makes it), read
+    with a bound: the one reader of the node (``node/contract.py`` ``read_fingerprint``, ``check_fallback``) and
+    of ``chestnut model prepare`` (``launch/assets.py`` ``prepared_damage``).
+
+    ``path`` must be a regular file of at most :data:`FINGERPRINT_MAX_BYTES` bytes: a symlink is never followed
+    and a FIFO or device never opened (``msgs/video.py`` ``open_regular``), and a bigger file is refused on its
+    ``fstat`` size before anything is read (a sparse 4 GiB file costs no read at all). Raises
+    :class:`FingerprintFileError`, one line; its ``reason`` and ``problem``: ``missing`` / ``unreadable``
+    ``"cannot be read (<strerror>)"``, ``not_regular`` ``"is a symlink, not a regular file"`` (a FIFO, a
+    directory, ...), ``too_big`` ``"is N bytes, over the 1048576 a fingerprint may hold"``, ``not_json`` ``"does
+    not read as JSON"``, ``not_object`` ``"is not a JSON object"``. What the object says is not checked here
+    (:func:`compare` checks it against a model's outputs)."""
+    from chestnut.msgs.video import NotRegularFileError, open_regular
+
+    try:
+        fd = open_regular(path)
+    except NotRegularFileError as e:
+        raise FingerprintFileError(path, "not_regular", f"is {e.kind}, not a regular file") from None
+    except OSError as e:
+        reason = "missing" if isinstance(e, FileNotFoundError) else "unreadable"
+        raise FingerprintFileError(path, reason, f"cannot be read ({e.strerror or e})") from None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            size = os.fstat(f.fileno()).st_size
+            data = b"" if size > FINGERPRINT_MAX_BYTES else f.read(FINGERPRINT_MAX_BYTES + 1)
+        except OSError as e:  # EIO
+            raise FingerprintFileError(path, "unreadable", f"cannot be read ({e.strerror or e})") from None
+    size = max(size, len(data))  # a file that grew after its fstat is judged on what was read
+    if size > FINGERPRINT_MAX_BYTES:
+        raise FingerprintFileError(path, "too_big",
+                                   f"is {size} bytes, over the {FINGERPRINT_MAX_BYTES} a fingerprint may hold")
+    try:
+        fp = json.loads(data)
+    except ValueError:  # a UnicodeDecodeError too
+        raise FingerprintFileError(path, "not_json", "does not read as JSON") from None
+    if not isinstance(fp, dict):
+        raise FingerprintFileError(path, "not_object", "is not a JSON object")
+    return fp
 
 
 @dataclass(frozen=True)

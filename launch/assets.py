@@ -277,15 +277,14 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-FINGERPRINT_MAX_BYTES = 1 << 20  # a fingerprint is a few KB (backend/fingerprint.py make_fingerprint): a bound
-
-
 def prepared_damage(out: Path, meta: dict[str, Any]) -> str | None:
     """Why the prepared model ``out`` is not what its metadata (``out.with_suffix('.json')``, written by
     :func:`prepare_model`) recorded, or None when it is: its sha256 must equal ``meta["sha256"]``, it must
     parse as ONNX (``onnx.load_model_from_string``), and the fingerprint beside it (``.fingerprint.json``, which
     the node refuses to start on when unreadable: ``node/contract.py`` ``read_fingerprint``) must be a JSON
-    object of at most :data:`FINGERPRINT_MAX_BYTES` recorded for that sha256. Never raises."""
+    object recorded for that sha256, read as the node reads it (``backend/fingerprint.py``
+    ``read_fingerprint_file``: a regular file, never a symlink, of at most ``FINGERPRINT_MAX_BYTES``, 1 MiB,
+    refused from its size before it is read). Never raises."""
     try:
         sha = file_sha256(out)
     except OSError as e:
@@ -300,19 +299,16 @@ def prepared_damage(out: Path, meta: dict[str, Any]) -> str | None:
             onnx.load_model_from_string(f.read())
     except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends: the file is not a model
         return f"it does not parse as ONNX ({type(e).__name__})"
+    from chestnut.backend.fingerprint import FingerprintFileError, read_fingerprint_file
+
     fp_path = out.with_suffix(".fingerprint.json")
     try:
-        with _read_regular(fp_path) as f:
-            data = f.read(FINGERPRINT_MAX_BYTES + 1)
-    except OSError as e:
-        return f"its fingerprint {fp_path.name} cannot be read ({e.strerror or e})"
-    if len(data) > FINGERPRINT_MAX_BYTES:
-        return f"its fingerprint {fp_path.name} is over {FINGERPRINT_MAX_BYTES} bytes"
-    try:
-        fp = json.loads(data)
-    except ValueError:  # also a UnicodeDecodeError
-        return f"its fingerprint {fp_path.name} does not read as JSON"
-    if not isinstance(fp, dict) or fp.get("model_sha256") != want:
+        fp = read_fingerprint_file(fp_path)
+    except FingerprintFileError as e:
+        if e.reason == "not_object":  # a JSON list, say: not the one recorded for this model
+            return f"its fingerprint {fp_path.name} is not the one recorded for this model"
+        return f"its fingerprint {fp_path.name} {e.problem}"
+    if fp.get("model_sha256") != want:
         return f"its fingerprint {fp_path.name} is not the one recorded for this model"
     return None
 

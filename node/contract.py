@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from chestnut.backend.errors import ConfigError, ModelError
+from chestnut.backend.fingerprint import FingerprintFileError, read_fingerprint_file
 from chestnut.backend.model import TensorSpec
 from chestnut.node.config import NodeConfig
 from chestnut.node.validity import OutputContract, contracts_from_specs
@@ -215,12 +216,12 @@ def check_fallback(contract: DeclaredContract, fallback: Any, path: Path) -> tup
     if fallback.sha256 == contract.model_sha256:
         return None, contract.known_answer
     fp_path = Path(path).with_suffix(".fingerprint.json")
-    if not fp_path.is_file():
-        return None, UNCHECKED
     try:
-        fp = dict(json.loads(fp_path.read_text()))
-    except (OSError, ValueError, TypeError) as e:
-        return f"fallback model {path} refused: its fingerprint {fp_path} is unreadable: {e}", ""
+        fp = read_fingerprint(fp_path)
+    except ConfigError as e:
+        return f"fallback model {path} refused: its fingerprint {e.detail}", ""
+    if fp is None:
+        return None, UNCHECKED
     ok, phrase = known_answer(fallback, fp)
     return (None, phrase) if ok else (f"fallback model {path} refused: it {phrase}", phrase)
 
@@ -232,13 +233,18 @@ def fallback_refusal(contract: DeclaredContract, fallback: Any, path: Path) -> s
 
 
 def read_fingerprint(path: Path) -> dict[str, Any] | None:
-    """The recorded fingerprint at ``path`` (None when there is none); raises ConfigError when unreadable."""
-    if not path.is_file():
-        return None
+    """The recorded fingerprint at ``path``, or None when nothing is there (the model is :data:`UNCHECKED`), read
+    by the one bounded reader (``backend/fingerprint.py`` ``read_fingerprint_file``: a regular file, never a
+    symlink, of at most ``FINGERPRINT_MAX_BYTES``, 1 MiB, refused from its size before it is read). Raises
+    ConfigError ``fingerprint`` for anything else at ``path``, one line: ``"<path> is unreadable: it is N bytes,
+    over the 1048576 a fingerprint may hold"``, ``"... it is a symlink, not a regular file"``, ``"... it does
+    not read as JSON"``."""
     try:
-        return dict(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError) as e:
-        raise ConfigError("fingerprint", f"{path} is unreadable: {e}") from e
+        return read_fingerprint_file(path)
+    except FingerprintFileError as e:
+        if e.reason == "missing":
+            return None
+        raise ConfigError("fingerprint", f"{path} is unreadable: it {e.problem}") from None
 
 
 def start_problem(cfg: NodeConfig) -> str | None:
