@@ -560,8 +560,16 @@ class Node:
     # ---------------------------------------------------------------- supervisor glue
 
     def _log_transition(self, t: Transition) -> None:
-        # a failover is a warning; every other state change (start-up, recovery, stop) is routine: INFO
-        level = logging.WARNING if t.to_state.value == "degraded" else logging.INFO
+        """One log line per supervisor transition: a failover (``-> degraded``) is a WARNING, every other state
+        change (start-up, recovery, stop) routine, INFO. With ``dock.kind = none`` the dock is off by the user's
+        choice, not failing: the supervisor's looks for it and their back-off (``dock_absent``, ``retry_due``, at
+        most ``timing.backoff_max_s`` apart, 30 s by default: ``node/config.py``) are DEBUG; the node says once,
+        at INFO as it is ready, that it serves from the fallback only (:meth:`run`). A dock configured but
+        absent still warns at each look."""
+        if self.cfg.dock.kind == "none" and t.event in (Event.DOCK_ABSENT, Event.RETRY_DUE):
+            level = logging.DEBUG
+        else:
+            level = logging.WARNING if t.to_state.value == "degraded" else logging.INFO
         log.log(level, "%s -> %s on %s: %s", t.from_state.value, t.to_state.value, t.event.value, t.reason)
         self.state_dirty = True
 
@@ -1471,7 +1479,12 @@ class Node:
             self.subscribe_frames()
             self.answering = True
             self.notify.notify("READY=1")
-            log.info("ready: answering %s from the fallback while the primary qualifies", self.cfg.timing.frame_service)
+            if self.cfg.dock.kind == "none":  # said once: the supervisor's retries are DEBUG (_log_transition)
+                log.info("ready: answering %s from the fallback only: the dock is disabled (dock.kind = none), no "
+                         "primary runs", self.cfg.timing.frame_service)
+            else:
+                log.info("ready: answering %s from the fallback while the primary qualifies",
+                         self.cfg.timing.frame_service)
             while not self.stop_requested:
                 nxt = self.watchdog.next_check_ns()
                 timeout_ms = LOOP_PERIOD_MS if nxt is None else max(0, min(LOOP_PERIOD_MS,
