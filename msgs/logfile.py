@@ -1221,7 +1221,8 @@ class SegmentFileReader:
 _LOG_FILE_FIX = "give a log file (rlog.zst / rlog.mcap) or a folder of them"  # a LOG that is not a regular file
 
 
-def find_log_files(paths: Iterable[Path | str] | Path | str, name: str = "rlog", fmt: str = "auto") -> list[Path]:
+def find_log_files(paths: Iterable[Path | str] | Path | str, name: str = "rlog", fmt: str = "auto", *,
+                   on_skip: Callable[[Path, str], None] | None = None) -> list[Path]:
     """The log files named by ``paths``: files as given; directories searched recursively for
     ``<name>.zst`` / ``<name>.mcap``. A segment holding both formats contributes one file: ``fmt``
     ``"auto"`` prefers ``.zst`` (openpilot's format), ``"zst"`` or ``"mcap"`` take only that one.
@@ -1230,6 +1231,10 @@ def find_log_files(paths: Iterable[Path | str] | Path | str, name: str = "rlog",
     path, or a log file found in a directory, that is a FIFO, socket, device or (found) symlink: such a
     file is never opened (a FIFO would block the reader for good), and ``ValueError`` for a bad ``name``
     or ``fmt``.
+
+    ``on_skip``: a log file found in a directory that is not a regular file (told from its ``lstat``, so never
+    opened) is left out and passed to ``on_skip(path, kind)`` (``kind``: :func:`~chestnut.msgs.video.file_kind`'s
+    words, "a FIFO") instead of raising; a path given by name is refused all the same.
     """
     if name not in LOG_NAMES:
         raise ValueError(f"log name must be one of {LOG_NAMES}, got {name!r}")
@@ -1252,7 +1257,10 @@ def find_log_files(paths: Iterable[Path | str] | Path | str, name: str = "rlog",
                 for f in p.rglob(f"{name}.{suffix}"):
                     f_mode = f.lstat().st_mode  # found in a walk: only a regular file, never what it links to
                     if not stat.S_ISREG(f_mode):
-                        raise NotRegularFileError(f, file_kind(f_mode), _LOG_FILE_FIX)
+                        if on_skip is None:
+                            raise NotRegularFileError(f, file_kind(f_mode), _LOG_FILE_FIX)
+                        on_skip(f, file_kind(f_mode))
+                        continue
                     by_dir.setdefault(f.parent, {})[suffix] = f
             for options in by_dir.values():
                 found.append(next(options[s] for s in prefs if s in options))

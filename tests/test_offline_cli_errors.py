@@ -251,3 +251,32 @@ def test_replay_says_what_a_model_path_is_when_it_is_no_model_file(
     assert (done.returncode, done.stdout, _error_line(done.stderr)) == (2, "", (
         f"ERROR chestnut.replay: {role} model {path} {what.format(flag=flag)}"
     ))
+
+
+@pytest.mark.timeout(120)  # a FIFO that is opened blocks for good: fail, never hang
+def test_check_skips_a_log_file_that_is_not_a_regular_file_and_checks_the_rest(
+    one_message_log: Path, tmp_path: Path
+) -> None:
+    """FIFOs in the tree ``chestnut check`` walks: each one named ``rlog.*`` is one WARNING line, once (the tree is
+    walked twice: the progress count, then the logs), never opened, and the two logs are checked as usual (exit 0);
+    a FIFO by another name is no log file and not mentioned. It was ``... rlog.zst: a FIFO, not a regular file; give
+    a log file ...``, exit 2, nothing checked."""
+    import shutil
+
+    seg = next(one_message_log.iterdir()).name
+    for log in ("a", "b"):
+        shutil.copytree(one_message_log, tmp_path / "tree" / log)
+    fifo_seg = tmp_path / "tree" / "b" / (seg.rsplit("--", 1)[0] + "--1")
+    fifo_seg.mkdir()
+    os.mkfifo(fifo_seg / "rlog.zst")  # a segment of its own
+    os.mkfifo(tmp_path / "tree" / "b" / seg / "rlog.mcap")  # beside the segment's regular rlog.zst
+    os.mkfifo(tmp_path / "tree" / "pipe")
+    done = _chestnut(["check", str(tmp_path / "tree")])
+    assert done.returncode == 0, done.stderr
+    assert [line.split(" ", 2)[2] for line in done.stderr.splitlines()] == [
+        f"WARNING chestnut.check: {fifo_seg / 'rlog.zst'}: a FIFO, not a regular file: skipped (never opened)",
+        f"WARNING chestnut.check: {tmp_path / 'tree' / 'b' / seg / 'rlog.mcap'}: a FIFO, not a regular file: "
+        "skipped (never opened)",
+    ]
+    assert "chestnut check: 2 log(s), worst first" in done.stdout and "2 of 2 segment(s)" in done.stdout
+    assert done.stdout.splitlines()[-1] == "0 violation(s)"

@@ -6,7 +6,8 @@ time (s since the log's first message) and frame id. Many logs: the fleet table,
 the worst segments; then the inputs' anomalies (repeated or skipped camera ids, absurd timestamps, a log
 that begins mid-episode), which are the inputs' faults, not the node's. Exit status: 0 when every contract
 held (whatever the anomalies), 1 when any was violated or a segment failed, 2 when the check cannot start
-(no log file, an unknown contract name, no Ray), 130 after Ctrl-C (what finished is printed).
+(no log file, an unknown contract name, no Ray), 130 after Ctrl-C (what finished is printed). A log file
+found in a folder that is not a regular file (a FIFO ...) is skipped, one WARNING line each (:func:`skip_once`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,21 @@ def bound_ms(text: str) -> float:
     raises ``argparse.ArgumentTypeError`` (one line) otherwise, NaN and inf included."""
     return checked_float(text, lambda ms: 0 < ms <= MAX_MS,
                          f"give a time in milliseconds, > 0 and <= {MAX_MS:g} (a minute)")
+
+
+def skip_once(logger: logging.Logger) -> Callable[[Path, str], None]:
+    """The ``on_skip`` of :func:`~chestnut.msgs.logfile.find_log_files` for ``chestnut check``: a log file found
+    in a walk that is not a regular file (a FIFO, socket, device or symlink: never opened, a FIFO would block
+    the check for good) is one WARNING line on ``logger``, at most once per path however often the tree is
+    walked, and is left out; the rest of the logs are checked as usual."""
+    seen: set[Path] = set()
+
+    def skip(path: Path, kind: str) -> None:
+        if path not in seen:
+            seen.add(path)
+            logger.warning("%s: %s, not a regular file: skipped (never opened)", path, kind)
+
+    return skip
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -150,13 +166,15 @@ def run(args: argparse.Namespace) -> int:
     executor = open_executor(args, "chestnut check")
     if executor is None:
         return EXIT_REFUSED
+    skipped = skip_once(log)
     try:
-        with progress(console, len(find_log_files(args.logs))) as step:
+        with progress(console, len(find_log_files(args.logs, on_skip=skipped))) as step:
             fleet = check_fleet(
                 args.logs,
                 executor,
                 only=args.contract,
                 on_outcome=step,
+                on_skip=skipped,
                 deadline_ms=args.deadline_ms,
                 slack_ms=args.slack_ms,
                 wait_timeout_ms=args.wait_timeout_ms,

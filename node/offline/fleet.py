@@ -67,11 +67,14 @@ def route_of(path: Path | str) -> str:
     return str(p.parent.parent / seg[0]) if seg else str(p)
 
 
-def group_logs(paths: Iterable[Path | str] | Path | str) -> list[tuple[str, list[Path]]]:
+def group_logs(paths: Iterable[Path | str] | Path | str, *,
+               on_skip: Callable[[Path, str], None] | None = None) -> list[tuple[str, list[Path]]]:
     """``[(log, its files in segment order)]`` for the log files under ``paths``, logs sorted by name.
-    Raises ``FileNotFoundError`` when there is none (:func:`~chestnut.msgs.logfile.find_log_files`)."""
+    Raises ``FileNotFoundError`` when there is none (:func:`~chestnut.msgs.logfile.find_log_files`, which
+    ``on_skip`` is passed to: with it, a log file found in a walk that is not a regular file is left out and
+    named to it, else refused)."""
     groups: dict[str, list[Path]] = {}
-    for f in find_log_files(paths):
+    for f in find_log_files(paths, on_skip=on_skip):
         groups.setdefault(route_of(f), []).append(f)
     return sorted(groups.items())
 
@@ -214,17 +217,20 @@ def check_fleet(
     *,
     only: Iterable[str] | None = None,
     on_outcome: Callable[[Outcome], None] | None = None,
+    on_skip: Callable[[Path, str], None] | None = None,
     **overrides: Any,
 ) -> FleetCheck:
     """Check every log under ``paths``: segments read on ``executor``, contracts per log here, with
     the bounds of each log's own configuration and ``overrides`` (``deadline_ms``, ``slack_ms``,
-    ``wait_timeout_ms``) on top, as :func:`~chestnut.node.offline.contracts.check_log`. Raises
+    ``wait_timeout_ms``) on top, as :func:`~chestnut.node.offline.contracts.check_log`. ``on_skip``
+    (:func:`group_logs`): a log file found in a walk that is not a regular file (a FIFO: never opened) is
+    named to it and left out, the rest checked; without it such a file is refused. Raises
     ``FileNotFoundError`` (no log) and ``KeyError`` (unknown contract) before any unit runs."""
     only = list(only) if only is not None else None
     unknown = [n for n in only or () if n not in CONTRACTS]
     if unknown:  # before any unit runs (check_timeline says the same, after them)
         raise KeyError(f"unknown contract {unknown[0]!r}; known: {', '.join(CONTRACTS)}")
-    groups = group_logs(paths)
+    groups = group_logs(paths, on_skip=on_skip)
     tasks = [
         (log_name, [SegmentTask(i, str(f), None, _NO_PLAN) for i, f in enumerate(files)]) for log_name, files in groups
     ]
