@@ -5,9 +5,10 @@ By default it loops the real city-traffic video of the PyPI wheel ``mvtb-data==1
 models use), at 20 Hz. Any video, image folder or single image works (``--source``). ``--native``
 keeps the source's own size (an image folder: the first image's size, the others resized to it);
 ``--pixel-format nv12`` publishes YUV 4:2:0 (FFmpeg's ``nv12``, what openpilot's cameras give) instead
-of BGR; ``--synthetic`` replaces the source by a moving test pattern of ``--width`` x ``--height``
-(``--synthetic --width 1928 --height 1208 --pixel-format nv12``: openpilot's 1928x1208 road camera
-frame, 3.5 MB).
+of BGR; ``--synthetic`` replaces the source by a moving test pattern of ``--width`` x ``--height``, and
+``--synthetic --native`` by one of :data:`SYNTHETIC_NATIVE_HW` unless ``--width`` / ``--height`` say otherwise
+(``--synthetic --native --pixel-format nv12``: openpilot's 1928x1208 road camera frame, 3.5 MB, as ``chestnut
+launch --frames native --synthetic`` runs it).
 
 Timing as a camera gives it: ``frameId`` counts from 0 and never repeats within a run;
 ``timestampSof`` (ns, CLOCK_MONOTONIC) is the frame's scheduled start on a drift-free 1/rate grid;
@@ -55,6 +56,14 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".tif", ".tiff", ".we
 
 
 PIXEL_FORMATS = {"bgr24": "bgr888", "nv12": "nv12"}  # FFmpeg pixel format -> CameraFrame.PixelEncoding
+DEFAULT_HW = (128, 256)
+"""The frames' (H, W) in px without ``--native``: the input size openpilot's models use, the node's default ``[model]
+shape`` H, W (``node/config.py``)."""
+SYNTHETIC_NATIVE_HW = (1208, 1928)
+"""(H, W) in px of the ``--synthetic --native`` test pattern: openpilot's road camera frame, 1928x1208 (openpilot
+``system/camerad``, its AR0231 / OX03C10 sensors), 3.5 MB a frame in nv12. The one constant of that size: ``chestnut
+launch --frames native --synthetic`` (``launch/frames.py`` ``FrameOptions.frame_hw``) gives it to the camera and to
+the node's ``[model] frame``."""
 
 
 def iter_frames(
@@ -196,9 +205,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", type=Path, help="video, image folder or image (default: mvtb-data traffic video)")
     p.add_argument("--rate", type=frame_rate_hz, default=20.0,
                    help=f"frames per second (> 0 and <= {MAX_FRAME_RATE_HZ:g}; default 20)")
-    p.add_argument("--height", type=int, default=128)
-    p.add_argument("--width", type=int, default=256)
-    p.add_argument("--native", action="store_true", help="keep the source's own size (ignores --height/--width)")
+    p.add_argument("--height", type=int, default=None,
+                   help=f"frame height, px (default {DEFAULT_HW[0]}; --synthetic --native: {SYNTHETIC_NATIVE_HW[0]})")
+    p.add_argument("--width", type=int, default=None,
+                   help=f"frame width, px (default {DEFAULT_HW[1]}; --synthetic --native: {SYNTHETIC_NATIVE_HW[1]})")
+    p.add_argument("--native", action="store_true",
+                   help="keep the source's own size (ignores --height/--width); with --synthetic, openpilot's road "
+                   f"camera frame, {SYNTHETIC_NATIVE_HW[1]}x{SYNTHETIC_NATIVE_HW[0]}, unless --width/--height "
+                   "are given")
     p.add_argument(
         "--pixel-format",
         choices=sorted(PIXEL_FORMATS),
@@ -206,7 +220,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="bgr24 (default) or nv12 (YUV 4:2:0, openpilot's camera format)",
     )
     p.add_argument(
-        "--synthetic", action="store_true", help="a moving test pattern of --width x --height instead of --source"
+        "--synthetic", action="store_true",
+        help="a moving test pattern of --width x --height (with --native: "
+        f"{SYNTHETIC_NATIVE_HW[1]}x{SYNTHETIC_NATIVE_HW[0]}) instead of --source",
     )
     p.add_argument("--frames", type=_frame_count, default=0,
                    help="stop after this many frames (>= 0; 0 = run until stopped, the default)")
@@ -225,6 +241,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="s >= 0 between binding the socket and the first frame (default 1): ZeroMQ drops what a PUB "
         "sends before a subscriber's connection is up, so subscribers get time to (re)connect",
     )
+
+
+def frame_hw(args: argparse.Namespace) -> tuple[int, int]:
+    """The (height, width) in px that ``args`` ask of a resized or synthetic source: ``--height`` / ``--width`` where
+    given, else :data:`SYNTHETIC_NATIVE_HW` for ``--synthetic --native`` (a test pattern has no size of its own) and
+    :data:`DEFAULT_HW` otherwise. A ``--native`` source that is not synthetic keeps its own size instead
+    (:func:`iter_frames`)."""
+    native = getattr(args, "synthetic", False) and getattr(args, "native", False)
+    default = SYNTHETIC_NATIVE_HW if native else DEFAULT_HW
+    height, width = getattr(args, "height", None), getattr(args, "width", None)
+    return (default[0] if height is None else height, default[1] if width is None else width)
 
 
 def frame_size_error(width: int, height: int, pixel_format: str, encoding: str) -> str | None:
@@ -248,30 +275,27 @@ def run(args: argparse.Namespace) -> int:
 
     synthetic = getattr(args, "synthetic", False)
     source: Path | str = args.source or ("" if synthetic else traffic_video_path())
-    if args.rate <= 0 or args.width <= 0 or args.height <= 0:
+    height, width = frame_hw(args)
+    if args.rate <= 0 or width <= 0 or height <= 0:
         log.error("--rate, --width and --height must be > 0")
-        return 2
-    if synthetic and getattr(args, "native", False):
-        log.error("--native keeps a source's own size; a --synthetic source has none: give its size with "
-                  "--width and --height (openpilot's road camera: --width 1928 --height 1208)")
         return 2
     pixel_format = getattr(args, "pixel_format", "bgr24")
     encoding = PIXEL_FORMATS[pixel_format]
-    if (synthetic or not getattr(args, "native", False)) and (why := frame_size_error(args.width, args.height,
+    if (synthetic or not getattr(args, "native", False)) and (why := frame_size_error(width, height,
                                                                                       pixel_format, encoding)):
         log.error("%s", why)
         return 2
     if synthetic:
-        source = f"synthetic-{args.width}x{args.height}-{pixel_format}"
+        source = f"synthetic-{width}x{height}-{pixel_format}"
     try:  # open the source before binding: a bad source is a one-line error, not a traceback
         if synthetic:
-            frames = synthetic_frames(args.height, args.width, pixel_format)
+            frames = synthetic_frames(height, width, pixel_format)
         else:
             native = getattr(args, "native", False)
             frames = iter_frames(
                 Path(source),
-                None if native else args.height,
-                None if native else args.width,
+                None if native else height,
+                None if native else width,
                 loop=not args.no_loop,
                 pixel_format=pixel_format,
             )

@@ -15,9 +15,6 @@ FRAME_SIZES = ("model", "native")
 """``--frames``: ``model`` -- the camera resizes to the model's input (``[model] shape`` H, W);
 ``native`` -- the source's own size (``launch/camerad.py`` ``--native``), warped to the model's input by the
 primary's program or the node (``--warp``; ``node/preprocess.py`` ``warp:``, ``primary_warp``)."""
-SYNTHETIC_NATIVE_HW = (1208, 1928)
-"""``--synthetic --frames native``: openpilot's road camera frame, 1928x1208 (H, W; ``launch/camerad.py``
-``--synthetic``), 3.5 MB a frame in nv12."""
 DOCK_LINK_MBPS = 5600.0
 """``--dock-timing`` link rate, Mbps: the asm2464 firmware's ~700 MB/s ``0xF2`` SRAM DMA
 (``docs/protocol.md``, the twin's timing model; ``tests/bench/bench_copy.py`` measures with it)."""
@@ -97,7 +94,9 @@ class FrameOptions:
         """The camera's frame (H, W) in px: the model's input, the synthetic frame's or the source's own."""
         if self.frames == "model":
             return self.model_hw
-        if self.synthetic:
+        if self.synthetic:  # the camera's own size for it: one constant (launch/camerad.py SYNTHETIC_NATIVE_HW)
+            from chestnut.launch.camerad import SYNTHETIC_NATIVE_HW
+
             return SYNTHETIC_NATIVE_HW
         if self.native_hw is None:
             raise ValueError("--frames native: the source's size is not known")
@@ -111,9 +110,11 @@ class FrameOptions:
 
     def camera_args(self) -> list[str]:
         """``chestnut camera``'s arguments beyond ``--rate``."""
-        if self.frames == "native":
-            size = ["--height", str(SYNTHETIC_NATIVE_HW[0]), "--width", str(SYNTHETIC_NATIVE_HW[1])]
-            args = ["--synthetic", *size] if self.synthetic else ["--native"]
+        if self.frames == "native" and self.synthetic:  # the size the node's [model] frame names, said explicitly
+            h, w = self.frame_hw
+            args = ["--synthetic", "--height", str(h), "--width", str(w)]
+        elif self.frames == "native":
+            args = ["--native"]
         else:
             size = ["--height", str(self.model_hw[0]), "--width", str(self.model_hw[1])]
             args = ["--synthetic", *size] if self.synthetic else size

@@ -109,16 +109,47 @@ def test_an_inline_native_frame_and_an_odd_nv12_size_is_one_line(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-def test_native_with_a_synthetic_source_is_one_line_and_exit_2(caplog):
-    """A synthetic source has no size of its own: ``--native`` with it was silently ignored (256x128 came out)."""
+def test_synthetic_native_is_openpilots_road_frame_the_size_launch_gives_it():
+    """A synthetic source has no size of its own: ``--synthetic --native`` was refused (exit 2, "give its size with
+    --width and --height"), though ``chestnut launch --frames native --synthetic`` and the README give it one,
+    1928x1208; before that, ``--native`` was silently ignored (256x128 came out)."""
     from chestnut.launch.cli import main
 
-    with caplog.at_level("ERROR"):
-        assert main(["camera", "--synthetic", "--native", "--pixel-format", "nv12", "--frames", "1"]) == 2
-    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
-        "--native keeps a source's own size; a --synthetic source has none: give its size with --width and "
-        "--height (openpilot's road camera: --width 1928 --height 1208)"
-    ]
+    assert main(["camera", "--synthetic", "--native", "--pixel-format", "nv12", "--frames", "1", "--start-delay", "0",
+                 "--rt-priority", "0"]) == 0  # it was 2; in this process, so no realtime policy
+    got = _receive(["--synthetic", "--native", "--pixel-format", "nv12", "--rate", "10"], 2)
+    for cf, _ in got:
+        assert (str(cf.encoding), cf.width, cf.height, cf.buffer.size) == ("nv12", 1928, 1208, 3_493_536)
+    planes = (img[:, :, 0] for _, img in got)
+    _follows(synthetic_frames(1208, 1928, "nv12"), [(cf, p) for (cf, _), p in zip(got, planes, strict=True)])
+    explicit = _receive(["--synthetic", "--native", "--width", "640", "--height", "480", "--rate", "10"], 1)
+    assert [(str(cf.encoding), cf.width, cf.height) for cf, _ in explicit] == [("bgr888", 640, 480)]
+    from chestnut.launch.camerad import SYNTHETIC_NATIVE_HW  # the one constant, launch's too
+    from chestnut.launch.frames import FrameOptions
+
+    assert SYNTHETIC_NATIVE_HW == FrameOptions(frames="native", synthetic=True).frame_hw == (1208, 1928)
+
+
+@pytest.mark.parametrize(
+    ("args", "hw"),
+    [
+        ([], (128, 256)),
+        (["--synthetic"], (128, 256)),
+        (["--synthetic", "--native"], (1208, 1928)),
+        (["--synthetic", "--native", "--width", "640"], (1208, 640)),
+        (["--synthetic", "--native", "--height", "480", "--width", "640"], (480, 640)),
+        (["--synthetic", "--height", "64", "--width", "96"], (64, 96)),
+        (["--height", "64", "--width", "96"], (64, 96)),
+    ],
+)
+def test_the_frame_size_the_arguments_ask_for(args, hw):
+    import argparse
+
+    from chestnut.launch import camerad
+
+    p = argparse.ArgumentParser()
+    camerad.add_arguments(p)
+    assert camerad.frame_hw(p.parse_args(args)) == hw
 
 
 @pytest.mark.parametrize(
