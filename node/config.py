@@ -401,6 +401,17 @@ def _check_at_most(cfg: NodeConfig) -> None:
             raise ConfigError("config", f"{key} = {value}; want at most {words}")
 
 
+def deadline_refusal(deadline_ms: float, wait_timeout_ms: float, deadline: str = "timing.deadline_ms",
+                     wait: str = "dock.wait_timeout_ms") -> str | None:
+    """The one rule for a per-frame deadline and the device wait timeout, both in milliseconds: ``0 < deadline_ms <
+    wait_timeout_ms`` (a frame's deadline ends before the wait after which the watchdog calls the dock hung).
+    ``None`` when the two keep it, else the refusal in one line, the two named ``deadline`` and ``wait`` (the
+    configuration's keys, as :func:`validate` refuses them; ``chestnut check`` passes its flags). Raises nothing."""
+    if 0 < deadline_ms < wait_timeout_ms:
+        return None
+    return f"{deadline} = {deadline_ms}; want 0 < it < {wait} ({wait_timeout_ms})"
+
+
 def validate(cfg: NodeConfig) -> NodeConfig:
     """Check values; raises ConfigError naming the key. A ``timing.start_timeout_s`` of 0 is replaced by the
     derived budget (:func:`required_start_budget`)."""
@@ -438,9 +449,9 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     if not 0 < wait < math.inf:
         raise ConfigError("config", f"dock.wait_timeout_ms = {wait}; want a finite number > 0")
     _check_at_most(cfg)
-    if not 0 < t.deadline_ms < wait:
-        raise ConfigError("config", f"timing.deadline_ms = {t.deadline_ms}; want 0 < it < dock.wait_timeout_ms "
-                                    f"({wait})")
+    refusal = deadline_refusal(t.deadline_ms, wait)
+    if refusal is not None:
+        raise ConfigError("config", refusal)
     if not 0 < t.deadline_floor_ms <= t.deadline_ms:
         raise ConfigError("config", f"timing.deadline_floor_ms = {t.deadline_floor_ms}; want 0 < it <= "
                                     f"timing.deadline_ms ({t.deadline_ms})")

@@ -280,3 +280,42 @@ def test_check_skips_a_log_file_that_is_not_a_regular_file_and_checks_the_rest(
     ]
     assert "chestnut check: 2 log(s), worst first" in done.stdout and "2 of 2 segment(s)" in done.stdout
     assert done.stdout.splitlines()[-1] == "0 violation(s)"
+
+
+@pytest.mark.parametrize(("deadline", "wait"), [("5000", "3000"), ("3000", "3000")])
+@pytest.mark.parametrize("deadline_first", [True, False], ids=["deadline-first", "wait-first"])
+def test_check_refuses_a_deadline_not_below_the_wait_timeout_as_it_is_parsed(
+    deadline: str, wait: str, deadline_first: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The node's own rule for the pair (``node/config.py`` ``deadline_refusal``, what its configuration refuses):
+    ``chestnut check --deadline-ms 5000 --wait-timeout-ms 3000`` was taken and the log checked with a deadline past
+    the hang bound. Refused by the parser, whichever flag comes first, before any log is looked for."""
+    pair = [["--deadline-ms", deadline], ["--wait-timeout-ms", wait]]
+    args = [*pair[0], *pair[1]] if deadline_first else [*pair[1], *pair[0]]
+    with pytest.raises(SystemExit) as info:
+        main(["check", str(tmp_path / "no-such-log"), *args])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"chestnut check: error: --deadline-ms = {float(deadline)}; want 0 < it < --wait-timeout-ms ({float(wait)}) "
+        "(chestnut check --help)\n"
+    )
+
+
+def test_the_deadline_rule_is_the_nodes_one() -> None:
+    from chestnut.backend.errors import ConfigError
+    from chestnut.launch.cli import OneLineParser
+    from chestnut.node.config import NodeConfig, deadline_refusal, validate
+    from chestnut.node.offline.check_cli import add_arguments
+
+    cfg = NodeConfig()
+    cfg.timing.deadline_ms, cfg.dock.wait_timeout_ms = 5000.0, 3000.0
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    assert info.value.detail == deadline_refusal(5000.0, 3000.0) == (
+        "timing.deadline_ms = 5000.0; want 0 < it < dock.wait_timeout_ms (3000.0)"
+    )
+    assert deadline_refusal(150.0, 3000.0) is None
+    parser = OneLineParser(prog="chestnut check")
+    add_arguments(parser)
+    args = parser.parse_args(["x", "--wait-timeout-ms", "3000", "--deadline-ms", "150"])  # a pair the node takes
+    assert (args.deadline_ms, args.wait_timeout_ms) == (150.0, 3000.0)

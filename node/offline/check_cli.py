@@ -21,7 +21,7 @@ from typing import Any
 from chestnut.msgs.argtypes import checked_float
 from chestnut.msgs.logfile import find_log_files
 from chestnut.msgs.outdir import OutputDirError
-from chestnut.node.config import MAX_MS
+from chestnut.node.config import MAX_MS, deadline_refusal
 from chestnut.node.offline.contracts import CONTRACTS, CheckResult
 from chestnut.node.offline.executor import ExecutorError
 from chestnut.node.offline.fleet import (
@@ -57,6 +57,24 @@ def bound_ms(text: str) -> float:
                          f"give a time in milliseconds, > 0 and <= {MAX_MS:g} (a minute)")
 
 
+class BoundAction(argparse.Action):
+    """``--deadline-ms``, ``--wait-timeout-ms`` (ms, each already in range: :func:`bound_ms`): the value stored,
+    then, once both are given, the node's own rule for the pair (``node/config.py`` :func:`deadline_refusal`:
+    ``0 < deadline < wait timeout``, what its configuration refuses) checked as they are parsed. A pair that breaks
+    it is the parser's one line, exit 2 (``chestnut check: error: --deadline-ms = 5000.0; want 0 < it <
+    --wait-timeout-ms (3000.0) (chestnut check --help)``), before any log is read. One flag alone is judged with
+    the log's own configured other bound, as before."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        deadline, wait = getattr(namespace, "deadline_ms", None), getattr(namespace, "wait_timeout_ms", None)
+        if deadline is not None and wait is not None:
+            refusal = deadline_refusal(deadline, wait, "--deadline-ms", "--wait-timeout-ms")
+            if refusal is not None:
+                parser.error(refusal)
+
+
 def skip_once(logger: logging.Logger) -> Callable[[Path, str], None]:
     """The ``on_skip`` of :func:`~chestnut.msgs.logfile.find_log_files` for ``chestnut check``: a log file found
     in a walk that is not a regular file (a FIFO, socket, device or symlink: never opened, a FIFO would block
@@ -84,7 +102,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--deadline-ms",
         type=bound_ms,
-        help=f"per-frame deadline, ms, > 0 and <= {MAX_MS:g} (default: the log's config, else 150)",
+        action=BoundAction,
+        help=f"per-frame deadline, ms, > 0 and <= {MAX_MS:g}, below --wait-timeout-ms when both are given "
+        "(default: the log's config, else 150)",
     )
     p.add_argument(
         "--slack-ms",
@@ -94,6 +114,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--wait-timeout-ms",
         type=bound_ms,
+        action=BoundAction,
         help=f"device wait timeout, ms, > 0 and <= {MAX_MS:g} (default: the log's config, else 3000)",
     )
     add_executor_arguments(p)
