@@ -43,6 +43,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from benchprefix import own_prefix
+
 from chestnut.backend import protocol as P
 from chestnut.backend.sim.client import TwinDaemon
 
@@ -116,7 +118,14 @@ def main() -> int:
     ap.add_argument("--protocol", choices=("tinygrad", "chestnut"), default="tinygrad")
     ap.add_argument("--frame-reps", type=int, default=41, help="repetitions of each transport for the last line")
     args = ap.parse_args()
-    os.environ.setdefault("CHESTNUT_PREFIX", f"bench-copy-{os.getpid()}")
+    # the twin's prefix: $CHESTNUT_PREFIX as given, else one of its own whose runtime directory goes at the end
+    with own_prefix(f"bench-copy-{os.getpid()}", env=True):
+        return measure(args)
+
+
+def measure(args: argparse.Namespace) -> int:
+    """The bench itself, with ``args`` from :func:`main`, against a twin served on ``$CHESTNUT_PREFIX``; prints the
+    table and the last lines."""
     os.environ.setdefault("DEV", "CPU")
     serve = ["--training-delay-ms", "1"]
     if args.link_mbps:

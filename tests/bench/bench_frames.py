@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 import zmq
+from benchprefix import own_prefix
 
 from chestnut.msgs.frames import frame_to_array
 from chestnut.msgs.messaging import PubMaster, drain_sock, new_message, sub_sock
@@ -239,7 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None and os.environ.get("GLIBC_TUNABLES") != tunables:  # glibc reads it at start only
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], dict(os.environ, GLIBC_TUNABLES=tunables))
     n = max(2, int(args.seconds * RATE_HZ))
-    prefix = f"bench-frames-{os.getpid()}"
+    with own_prefix(f"bench-frames-{os.getpid()}") as prefix:  # its runtime directory goes at the end (benchprefix.py)
+        return measure(n, prefix)
+
+
+def measure(n: int, prefix: str) -> int:
+    """Every frame size through every path, ``n`` frames each at :data:`RATE_HZ`, on ``prefix``; prints the table and
+    the ratios."""
     raw_map = mmap.mmap(-1, MAX_BYTES, mmap.MAP_SHARED)
     wake_r, wake_w = os.pipe()
     ctx = mp.get_context("fork")  # before any zmq context or thread exists in this process

@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchprefix import own_prefix
+
 from chestnut.launch.faultplan import FaultPlan
 
 HOGS = 2
@@ -74,9 +76,9 @@ def run_launch(seconds: float, runs: Path, fault: str | None) -> tuple[dict | No
            "--runs-dir", str(runs), "--json", str(summary_path)]
     if fault:
         cmd += ["--fault", fault]
-    prefix = f"load{os.getpid()}{'f' if fault else 'q'}"
-    proc = subprocess.run(cmd, env=dict(os.environ, CHESTNUT_PREFIX=prefix), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+    with own_prefix(f"load{os.getpid()}{'f' if fault else 'q'}") as prefix:  # its runtime directory goes after
+        proc = subprocess.run(cmd, env=dict(os.environ, CHESTNUT_PREFIX=prefix), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
     return summary, proc.returncode, proc.stderr[-3000:]
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+from benchprefix import own_prefix
 
 from chestnut.msgs.logfile import LogReader
 from chestnut.msgs.messaging import PubMaster, new_message
@@ -48,9 +49,13 @@ def main() -> int:
     ap.add_argument("--segment-seconds", type=float, default=60.0)
     ap.add_argument("--keep", type=Path, default=None, help="write the logs here and keep them")
     args = ap.parse_args()
-    checkpoints = sorted(args.minutes)
+    with own_prefix(f"bench-logger-{os.getpid()}") as prefix:  # its runtime directory goes at the end
+        os.environ["CHESTNUT_PREFIX"] = prefix  # the logger's and this process's publisher
+        return run(args, sorted(args.minutes))
 
-    os.environ["CHESTNUT_PREFIX"] = f"bench-logger-{os.getpid()}"
+
+def run(args: argparse.Namespace, checkpoints: list[float]) -> int:
+    """The bench itself, with ``args`` from :func:`main`, checkpoints in minutes ascending; prints the figures."""
     log_dir = args.keep or Path(tempfile.mkdtemp(prefix="bench-logger-"))
     cmd = [sys.executable, "-m", "chestnut.launch.cli", "record", "--log-dir", str(log_dir), "--format",
            args.format, "--segment-seconds", str(args.segment_seconds), "--services", "cameraFrame"]

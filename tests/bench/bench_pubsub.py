@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 import zmq
+from benchprefix import own_prefix
 
 from chestnut.msgs.messaging import PubMaster, new_message, recv_one_or_none, sub_sock
 from chestnut.msgs.paths import runtime_dir
@@ -101,9 +102,8 @@ def _subscriber(service: str, prefix: str, raw_addr: str, n: int, ready, conn) -
     raw.close()
 
 
-def run_case(kind: str, n: int, pace_s: float) -> dict[str, float]:
-    """Measure ``n`` alternating rounds of ``kind`` ("small" or "frame"); returns the figures (us)."""
-    prefix = f"bench-{os.getpid()}"
+def run_case(kind: str, n: int, pace_s: float, prefix: str) -> dict[str, float]:
+    """Measure ``n`` alternating rounds of ``kind`` ("small" or "frame") on ``prefix``; returns the figures (us)."""
     service = "chestnutActive" if kind == "small" else "cameraFrame"
     raw_addr = f"ipc://{runtime_dir(prefix)}/raw-{kind}"
     pixels = np.random.default_rng(0).integers(0, 256, FRAME_SHAPE, dtype=np.uint8).tobytes()
@@ -174,18 +174,20 @@ def main(argv: list[str] | None = None) -> int:
         f"{'ratio p50/p99':>14} {'build p50 us':>13}"
     )
     ratio: dict[str, float] = {}
-    for kind, n, pace_s, label in (
-        ("small", args.small, 0.001, "small (chestnutActive)"),
-        ("frame", args.frames, 0.004, "frame 128x256x3"),
-    ):
-        f = run_case(kind, n, pace_s)
-        ratio[kind] = f["ours_p50"] / f["raw_p50"]
-        print(
-            f"{label:<26} {f['bytes']:>7} {f['ours_p50']:>9.1f} /{f['ours_p99']:>8.1f} "
-            f"{f['raw_p50']:>10.1f} /{f['raw_p99']:>8.1f} "
-            f"{f['ours_p50'] / f['raw_p50']:>7.2f}x /{f['ours_p99'] / f['raw_p99']:>5.2f}x {f['build_p50']:>13.1f}",
-            flush=True,
-        )
+    with own_prefix(f"bench-{os.getpid()}") as prefix:  # its runtime directory goes at the end (benchprefix.py)
+        for kind, n, pace_s, label in (
+            ("small", args.small, 0.001, "small (chestnutActive)"),
+            ("frame", args.frames, 0.004, "frame 128x256x3"),
+        ):
+            f = run_case(kind, n, pace_s, prefix)
+            ratio[kind] = f["ours_p50"] / f["raw_p50"]
+            print(
+                f"{label:<26} {f['bytes']:>7} {f['ours_p50']:>9.1f} /{f['ours_p99']:>8.1f} "
+                f"{f['raw_p50']:>10.1f} /{f['raw_p99']:>8.1f} "
+                f"{f['ours_p50'] / f['raw_p50']:>7.2f}x /{f['ours_p99'] / f['raw_p99']:>5.2f}x "
+                f"{f['build_p50']:>13.1f}",
+                flush=True,
+            )
     print(f"load average {os.getloadavg()[0]:.2f}")
     print(f"chestnut/raw p50: small {ratio['small']:.2f}, frame {ratio['frame']:.2f}")
     return 0

@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchprefix import own_prefix
+
 from chestnut.backend.sim.faults import KINDS
 from chestnut.launch.faultplan import FaultPlan
 from chestnut.launch.supervise import stack_pids
@@ -115,11 +117,11 @@ def main() -> int:
     for f in faults:
         cmd += ["--fault", f]
     t0 = time.monotonic()
-    proc = subprocess.run(
-        cmd, env=dict(os.environ, CHESTNUT_PREFIX=prefix), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    wall_s = time.monotonic() - t0
-    left = stack_pids(prefix)
+    with own_prefix(prefix):  # its runtime directory goes once the stack is checked for what it left running
+        proc = subprocess.run(cmd, env=dict(os.environ, CHESTNUT_PREFIX=prefix), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+        wall_s = time.monotonic() - t0
+        left = stack_pids(prefix)
     if not summary_path.is_file():
         print(f"launch exited {proc.returncode} without a summary:\n{proc.stderr[-3000:]}")
         return 1

@@ -26,6 +26,8 @@ import tempfile
 import time
 from multiprocessing import Process
 
+from benchprefix import own_prefix
+
 from chestnut.backend import protocol as P
 from chestnut.backend.sim import wire as W
 from chestnut.backend.sim.client import TwinDaemon
@@ -145,7 +147,14 @@ def main() -> int:
     ap.add_argument("--link-mbps", type=float, help="daemon timing model: link bandwidth")
     ap.add_argument("--latency-us", type=float, default=0.0, help="daemon timing model: per-transfer latency")
     args = ap.parse_args()
-    os.environ.setdefault("CHESTNUT_PREFIX", f"bench-twin-{os.getpid()}")
+    # the daemon's prefix: $CHESTNUT_PREFIX as given, else one of its own whose runtime directory goes at the end
+    with own_prefix(f"bench-twin-{os.getpid()}", env=True):
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The bench itself, with ``args`` from :func:`main`, the daemon served on ``$CHESTNUT_PREFIX``; prints the
+    figures."""
     timing = args.link_mbps is not None or args.latency_us > 0
 
     base = baseline(args.n, args.bulk)

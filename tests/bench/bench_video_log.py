@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from benchprefix import own_prefix
 
 from chestnut.launch.assets import traffic_video_path
 from chestnut.launch.camerad import iter_frames, ring_frame, synthetic_frames
@@ -75,10 +76,10 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_one(case: str, mode: str, seconds: float, work: Path) -> dict[str, float]:
+def run_one(case: str, mode: str, seconds: float, work: Path, prefix: str) -> dict[str, float]:
     frames, encoding = case_frames(case)
     log_dir = work / f"{case}-{mode}"
-    env = {**os.environ, "CHESTNUT_PREFIX": f"bench-video-{os.getpid()}"}
+    env = {**os.environ, "CHESTNUT_PREFIX": prefix}
     os.environ["CHESTNUT_PREFIX"] = env["CHESTNUT_PREFIX"]
     err = open(work / f"{case}-{mode}.stderr", "w")  # noqa: SIM115
     proc = subprocess.Popen(
@@ -179,17 +180,18 @@ def main() -> int:
     )
     results = {}
     try:
-        for case in args.cases.split(","):
-            for mode in args.modes.split(","):
-                r = run_one(case, mode, args.seconds, work)
-                results[(case, mode)] = r
-                total = r["logs_mb_min"] + r["video_mb_min"]
-                print(
-                    f"{CASES[case]:32} {mode:5} {r['logged']:>4}/{r['sent']:<4} {r['logs_mb_min']:12.1f} "
-                    f"{r['video_mb_min']:13.1f} {total:8.1f} {r['cpu_pct']:6.1f} {r['busy_pct']:5.1f} {r['differ']:>7} "
-                    f"{r['max_diff']:>8} {r['unread']:>9}",
-                    flush=True,
-                )
+        with own_prefix(f"bench-video-{os.getpid()}") as prefix:  # its runtime directory goes at the end
+            for case in args.cases.split(","):
+                for mode in args.modes.split(","):
+                    r = run_one(case, mode, args.seconds, work, prefix)
+                    results[(case, mode)] = r
+                    total = r["logs_mb_min"] + r["video_mb_min"]
+                    print(
+                        f"{CASES[case]:32} {mode:5} {r['logged']:>4}/{r['sent']:<4} {r['logs_mb_min']:12.1f} "
+                        f"{r['video_mb_min']:13.1f} {total:8.1f} {r['cpu_pct']:6.1f} {r['busy_pct']:5.1f} "
+                        f"{r['differ']:>7} {r['max_diff']:>8} {r['unread']:>9}",
+                        flush=True,
+                    )
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
