@@ -282,6 +282,27 @@ def test_check_skips_a_log_file_that_is_not_a_regular_file_and_checks_the_rest(
     assert done.stdout.splitlines()[-1] == "0 violation(s)"
 
 
+def test_replay_skips_a_log_file_that_is_not_a_regular_file_and_replays_the_rest(
+    one_message_log: Path, tiny_onnx: Path, tmp_path: Path
+) -> None:
+    """``chestnut replay`` walks a tree as ``chestnut check`` does (one ``skip_once``): a FIFO ``rlog.zst`` segment
+    is one WARNING line, never opened, and the log's real segment is replayed (exit 0). It was ``... rlog.zst: a
+    FIFO, not a regular file; give a log file ...``, exit 2, nothing replayed."""
+    import shutil
+
+    seg = next(one_message_log.iterdir()).name
+    shutil.copytree(one_message_log, tmp_path / "logs")
+    fifo_seg = tmp_path / "logs" / (seg.rsplit("--", 1)[0] + "--1")
+    fifo_seg.mkdir()
+    os.mkfifo(fifo_seg / "rlog.zst")
+    done = _chestnut(["replay", str(tmp_path / "logs"), "--model", str(tiny_onnx)])
+    assert done.returncode == 0, done.stderr
+    assert [line.split(" ", 2)[2] for line in done.stderr.splitlines()] == [
+        f"WARNING chestnut.replay: {fifo_seg / 'rlog.zst'}: a FIFO, not a regular file: skipped (never opened)",
+    ]
+    assert "1 segment(s), 0 frames replayed" in " ".join(done.stdout.split())
+
+
 @pytest.mark.parametrize(("deadline", "wait"), [("5000", "3000"), ("3000", "3000")])
 @pytest.mark.parametrize("deadline_first", [True, False], ids=["deadline-first", "wait-first"])
 def test_check_refuses_a_deadline_not_below_the_wait_timeout_as_it_is_parsed(

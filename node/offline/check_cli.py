@@ -41,6 +41,7 @@ from chestnut.node.offline.fleet_cli import (
     open_executor,
     progress,
     refuse,
+    skip_once,
     slack_ms,
 )
 from chestnut.node.offline.report import write_report
@@ -73,21 +74,6 @@ class BoundAction(argparse.Action):
             refusal = deadline_refusal(deadline, wait, "--deadline-ms", "--wait-timeout-ms")
             if refusal is not None:
                 parser.error(refusal)
-
-
-def skip_once(logger: logging.Logger) -> Callable[[Path, str], None]:
-    """The ``on_skip`` of :func:`~chestnut.msgs.logfile.find_log_files` for ``chestnut check``: a log file found
-    in a walk that is not a regular file (a FIFO, socket, device or symlink: never opened, a FIFO would block
-    the check for good) is one WARNING line on ``logger``, at most once per path however often the tree is
-    walked, and is left out; the rest of the logs are checked as usual."""
-    seen: set[Path] = set()
-
-    def skip(path: Path, kind: str) -> None:
-        if path not in seen:
-            seen.add(path)
-            logger.warning("%s: %s, not a regular file: skipped (never opened)", path, kind)
-
-    return skip
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

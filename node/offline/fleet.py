@@ -152,14 +152,16 @@ def replay_fleet(
     executor: Executor,
     *,
     on_outcome: Callable[[Outcome], None] | None = None,
+    on_skip: Callable[[Path, str], None] | None = None,
     **plan_args: Any,
 ) -> FleetReplay:
     """Replay every log under ``paths`` on ``executor``; ``plan_args`` as for
-    :func:`~chestnut.node.offline.replay.resolve_plan` (``model``, ``source``, ``tol`` ...). Raises
-    ``FileNotFoundError`` (no log), :class:`~chestnut.node.offline.replay.ReplayError` (no model)."""
+    :func:`~chestnut.node.offline.replay.resolve_plan` (``model``, ``source``, ``tol`` ...); ``on_skip`` as for
+    :func:`group_logs` (a log file found in a walk that is not a regular file is left out, never opened).
+    Raises ``FileNotFoundError`` (no log), :class:`~chestnut.node.offline.replay.ReplayError` (no model)."""
     plans: dict[str, ReplayPlan] = {}
     logs: list[tuple[str, list[SegmentTask]]] = []
-    for log_name, files in group_logs(paths):
+    for log_name, files in group_logs(paths, on_skip=on_skip):
         config, origin = find_node_config(files), "the log's node initData"
         if not config:
             config, origin = default_node_config()

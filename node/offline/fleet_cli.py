@@ -77,6 +77,21 @@ def slack_ms(text: str) -> float:
                          f"give a slack in milliseconds, >= 0 and <= {MAX_MS:g} (a minute)")
 
 
+def skip_once(logger: logging.Logger) -> Callable[[Path, str], None]:
+    """The ``on_skip`` of :func:`~chestnut.msgs.logfile.find_log_files` for ``chestnut check`` and ``chestnut
+    replay``: a log file found in a walk that is not a regular file (a FIFO, socket, device or symlink: never
+    opened, a FIFO would block the command for good) is one WARNING line on ``logger``, at most once per path
+    however often the tree is walked, and is left out; the rest of the logs are read as usual."""
+    seen: set[Path] = set()
+
+    def skip(path: Path, kind: str) -> None:
+        if path not in seen:
+            seen.add(path)
+            logger.warning("%s: %s, not a regular file: skipped (never opened)", path, kind)
+
+    return skip
+
+
 def add_executor_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--executor",

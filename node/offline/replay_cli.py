@@ -39,6 +39,7 @@ from chestnut.node.offline.fleet_cli import (
     open_executor,
     progress,
     refuse,
+    skip_once,
     slack_ms,
 )
 from chestnut.node.offline.replay import (
@@ -174,12 +175,14 @@ def run(args: argparse.Namespace) -> int:
     executor = open_executor(args, "chestnut replay")
     if executor is None:
         return EXIT_REFUSED
+    skipped = skip_once(log)
     try:
-        with progress(console, len(find_log_files(args.logs))) as step:
+        with progress(console, len(find_log_files(args.logs, on_skip=skipped))) as step:
             fleet = replay_fleet(
                 args.logs,
                 executor,
                 on_outcome=step,
+                on_skip=skipped,
                 model=args.model,
                 fallback_model=args.fallback_model,
                 source=args.source,
