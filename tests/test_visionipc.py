@@ -673,3 +673,39 @@ def test_a_polling_reader_takes_one_queued_notice_a_call_and_the_poll_wakes_it_f
             ring.notify(_notice(ring, pixels, i)[0])
     assert reader.camera_gone() and reader.shm.ring is None  # EOF behind two notices: one call
     reader.close()
+
+
+def test_checked_geometries_are_remembered_up_to_a_bound_and_a_bad_one_is_refused_every_time():
+    """``RingFrame`` checks a geometry once, then looks it up (msgs/visionipc.py "Cold frames"); the cache holds at
+    most ``MAX_GEOMETRIES``, so notices naming ever new geometries cannot grow it, and a wrong size is refused
+    every time, remembered or not."""
+    from chestnut.msgs import visionipc
+
+    visionipc._GEOMETRIES.clear()
+    for w in range(2, 2 + 2 * (visionipc.MAX_GEOMETRIES + 10), 2):
+        frame = RingFrame(frame_id=1, sof_ns=1, eof_ns=1, width=w, height=2, encoding="nv12", session=1, index=0,
+                          seq=1, size=3 * w)
+        assert frame.shape == (3, w, 1)
+    assert len(visionipc._GEOMETRIES) == visionipc.MAX_GEOMETRIES
+    for _ in range(2):
+        with pytest.raises(ValueError, match="^frame 7: 11 bytes in the ring for nv12 2x2$"):
+            RingFrame(frame_id=7, sof_ns=1, eof_ns=1, width=2, height=2, encoding="nv12", session=1, index=0, seq=1,
+                      size=11)
+    with pytest.raises(ValueError, match="pixel encoding 'yuyv' is none of"):
+        RingFrame(frame_id=1, sof_ns=1, eof_ns=1, width=2, height=2, encoding="yuyv", session=1, index=0, seq=1,
+                  size=6)
+
+
+def test_the_cameras_end_read_by_notices_unmaps_the_ring_at_the_next_camera_gone():
+    import zmq
+
+    pixels = np.zeros((4, 8, 3), np.uint8)
+    poller = zmq.Poller()
+    reader = FrameReader(poller=poller)
+    with FrameRing(pixels.nbytes) as ring:
+        reader.view(log_from_bytes(_ring_msg(ring, pixels, 0).to_bytes()).cameraFrame)
+        _wait_for(lambda: ring._notified)
+    # the camera closed: the next notices() reads its end (no notice), camera_gone() then unmaps at once
+    assert _wait_for(lambda: reader.notices() == [] and reader.shm._eof)
+    assert reader.camera_gone() and reader.shm.ring is None and poller.sockets == []
+    reader.close()
