@@ -56,6 +56,15 @@ def supervisor_exits(supervisord_log: str) -> list[Exit]:
     return out
 
 
+def last_error(program_log: Path) -> str:
+    """``its last error: LINE`` of a program's log (``launch/supervise.py`` ``last_words``) when it has an ERROR
+    line, else ""; the log's last 64 KiB are read."""
+    from chestnut.launch.supervise import last_words, read_tail
+
+    words = last_words(read_tail(program_log, 65536))
+    return words if words.startswith("its last error: ") else ""
+
+
 def run_restarts(run_dir: Path, wall_start_ns: int) -> list[dict[str, Any]]:
     """The run's restarts as JSON-ready dicts (``t_s``, ``what``, ``cause``, ``frames_lost``, ``back_s``), in
     time order: each program supervisord restarted (``wall_start_ns``: the Unix ns of the log's first message,
@@ -88,13 +97,37 @@ def run_restarts(run_dir: Path, wall_start_ns: int) -> list[dict[str, Any]]:
             if near is not None:
                 seen.remove(near)
         back = round(tl.seconds(near.back_ns), 3) if tl is not None and near is not None and near.back_ns else None
-        out.append({"t_s": t_s, "what": e.program, "cause": e.cause,
+        cause = e.cause
+        if cause.startswith("exit status") and (words := last_error(run_dir / f"{e.program}.log")):
+            cause = f"{cause}; {words}"  # why it exited, as its own log says (a full disk, a bad argument)
+        out.append({"t_s": t_s, "what": e.program, "cause": cause,
                     "frames_lost": near.frames if near is not None else None, "back_s": back})
     if tl is not None:
         for r in worker_restarts(tl):
             out.append({"t_s": round(tl.seconds(r.t_ns), 3), "what": "worker", "cause": r.cause,
                         "frames_lost": r.frames, "back_s": round(tl.seconds(r.back_ns), 3) if r.back_ns else None})
     return sorted(out, key=lambda d: (d["t_s"] is None, d["t_s"] or 0.0, d["what"]))
+
+
+def restart_lines(restarts: list[dict[str, Any]]) -> list[str]:
+    """:func:`restart_line` of each restart, in order, except that a run of restarts of one program for one cause
+    whose cost is unknown (a crash loop: a recorder on a full disk restarted every few seconds) is one line,
+    ``restart 5.0 s: record (exit status 1; its last error: ...), log messages meanwhile lost; 6 more the same
+    way, the last at 21.7 s``."""
+    out: list[str] = []
+    i = 0
+    while i < len(restarts):
+        r, j = restarts[i], i + 1
+        while (j < len(restarts) and r.get("frames_lost") is None and restarts[j].get("frames_lost") is None
+               and (restarts[j]["what"], restarts[j]["cause"]) == (r["what"], r["cause"])):
+            j += 1
+        line = restart_line(r)
+        if j - i > 1:
+            last = restarts[j - 1].get("t_s")
+            line += f"; {j - i - 1} more the same way" + (f", the last at {last:.1f} s" if last is not None else "")
+        out.append(line)
+        i = j
+    return out
 
 
 def restart_line(r: dict[str, Any]) -> str:

@@ -558,9 +558,10 @@ def finish_summary(launch: Launch) -> dict[str, Any]:
     summary["fault_schedule"] = launch.faults.schedule_rows(summary["t_zero_ns"] or launch.t_launch_ns)
     summary["outputs_lost"] = write_run_file(run_dir / "faults.json", json.dumps(summary["fault_schedule"], indent=1))
     summary["processes"] = launch.sampler.report()
-    from chestnut.launch.restarts import run_restarts
+    from chestnut.launch.restarts import last_error, run_restarts
 
     summary["restarts"] = run_restarts(run_dir, summary.get("wall_start_ns") or 0)  # cause, frames lost
+    summary["recorder_words"] = last_error(run_dir / "record.log")  # why the log may end early (a full disk)
     summary["programs_not_started"] = not_started_lines(run_dir, launch.asked)  # each: why, its last error
     summary["contracts"], summary["report"] = check_contracts(run_dir, summary["fault_schedule"], summary.get(
         "wall_start") or None, list_violations=not launch.failed_start, lost=summary["outputs_lost"])

@@ -64,9 +64,11 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
     primary_stages: list[tuple[float, float, float]] = []  # s, per primary-served output that carries them
     drop_perc: list[float] = []  # modelOutput.frameDropPerc, %, in log order
     deadlines: list[float] = []  # modelOutput.deadline, ms, of frames the primary was asked (docs/health.md)
+    t_last = 0
     for t, service, ev in reader if reader is not None else ():
         if not t_zero:
             t_zero = t
+        t_last = max(t_last, t)
         if service == "initData" and not wall_start_ns:
             wall_start_ns = int(ev.initData.wallTimeNanos) - (t - t_zero)
         if service == "twinFault":
@@ -145,6 +147,7 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
     span_s = (max(cams.values()) - min(cams.values())) / NS if len(cams) > 1 else 0.0
     return {
         "t_zero_ns": t_zero,
+        "log_end_s": (t_last - t_zero) / NS if t_last else None,  # the log's last message
         "wall_start": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(wall_start_ns / NS)) if wall_start_ns else "",
         "wall_start_ns": wall_start_ns,  # Unix ns of the log's first message (0: no initData)
         "fault_events": fault_events,
@@ -426,10 +429,12 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
         con.print(line)
     for line in soft_disable_lines(s):
         con.print(line)
-    from chestnut.launch.restarts import restart_line
+    from chestnut.launch.restarts import restart_lines
 
-    for r in s.get("restarts", []):  # each program or worker restarted: when, why, the frames it cost
-        con.print(f"[yellow]{restart_line(r)}[/yellow]")
+    for line in restart_lines(s.get("restarts", [])):  # each program or worker restarted: when, why, what it cost
+        con.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
+    if line := log_coverage_line(s):  # the log ended long before the stack: the figures are of its part only
+        con.print(line, style="red", markup=False, highlight=False, soft_wrap=True)
     for d in s["log_damage"]:
         con.print(f"[red]log damage:[/red] {d}")
     for line in s.get("programs_not_started", {}).values():  # one line each, never wrapped, no markup read in it
@@ -447,6 +452,20 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
         )
     for line in s.get("outputs_lost", []):  # a run file a write failed for (a full disk): the run is not clean
         con.print(f"not written: {line}", style="red", markup=False, highlight=False, soft_wrap=True)
+
+
+LOG_GAP_S = 2.0  # s the log may end before the stop (our choice: the recorder flushes each second, stops last)
+
+
+def log_coverage_line(s: dict[str, Any]) -> str:
+    """``the log ends at t=2.4 s, 19.1 s before the stack stopped (t=21.5 s): ...`` when the log's last message
+    came more than :data:`LOG_GAP_S` before the stop (a full disk, a recorder down); "" otherwise."""
+    end, stop = s.get("log_end_s"), s.get("stop_s")
+    if end is None or stop is None or stop - end <= LOG_GAP_S:
+        return ""
+    why = f"; record: {s['recorder_words']}" if s.get("recorder_words") else ""
+    return (f"the log ends at t={end:.1f} s, {stop - end:.1f} s before the stack stopped (t={stop:.1f} s): the "
+            f"figures above are of the logged part only{why}")
 
 
 def control_lines(s: dict[str, Any]) -> list[str]:

@@ -52,9 +52,10 @@ class Restart:
 
 def frames_text(what: str, frames: int | None) -> str:
     """What a restart of ``what`` cost in frames: a node's restart leaves frames with no output at all
-    ("unanswered"); a worker's or the twin's, frames the primary did not serve -- answered by the fallback."""
+    ("unanswered"); a worker's or the twin's, frames the primary did not serve -- answered by the fallback. The
+    recorder's restart costs no frame, only the log what was sent while it was down."""
     if frames is None:
-        return "frames unknown"
+        return "messages sent meanwhile not logged" if what == "record" else "frames unknown"
     return f"{frames} frame(s) unanswered" if what == "node" else f"{frames} frame(s) answered by the fallback"
 
 
