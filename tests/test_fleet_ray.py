@@ -210,6 +210,43 @@ def test_local_worker_sigkilled_mid_run_has_its_segment_retried(fleet, local):
     assert killed[0] not in {o.worker for o in r.run.retried}
 
 
+def _submit_failing_once(monkeypatch, at_call: int, then_sigint: bool = False) -> list[int]:
+    """``ProcessPoolExecutor.submit`` raising ``OSError('handle is closed')`` at its ``at_call``-th call, as it did
+    when a Ctrl-C to the whole process group broke the pool while the driver handed out a unit (its call queue's
+    connection closed under the spawn); ``then_sigint``: that Ctrl-C reaches the driver first."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    calls = [0]
+    real = ProcessPoolExecutor.submit
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        if calls[0] == at_call:
+            if then_sigint:
+                os.kill(os.getpid(), signal.SIGINT)
+            raise OSError("handle is closed")
+        return real(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", submit)
+    return calls
+
+
+def test_a_pool_that_breaks_as_it_takes_a_unit_is_replaced_and_every_segment_still_runs(fleet, local, monkeypatch):
+    fr, _ = local
+    calls = _submit_failing_once(monkeypatch, at_call=3)
+    r = replay_fleet(fleet, LocalExecutor(2), jit_cache=False)
+    assert calls[0] > 3
+    assert r.run.failed == [] and len(r.run.outcomes) == r.run.units == COPIES * SEGMENTS
+    assert r.digest() == fr.digest()
+
+
+def test_a_ctrl_c_that_broke_the_pool_as_it_took_a_unit_stops_the_run(fleet, monkeypatch):
+    _submit_failing_once(monkeypatch, at_call=3, then_sigint=True)
+    r = replay_fleet(fleet, LocalExecutor(2), jit_cache=False)
+    assert r.run.interrupted and not r.ok
+    assert len(r.run.outcomes) < COPIES * SEGMENTS
+
+
 def test_interrupted_run_keeps_what_finished(fleet):
     seen = []
 

@@ -140,8 +140,25 @@ class LocalExecutor:
     ) -> None:
         while todo and len(running) < self.workers:  # handed out as workers free up
             nxt = todo.pop()
+            try:
+                fut = ex.submit(_local_unit, nxt)
+            except BaseException:  # a broken pool (its queues may be closed under the submit): the unit waits on
+                todo.append(nxt)
+                raise
             attempts[nxt.key] = attempts.get(nxt.key, 0) + 1
-            running[ex.submit(_local_unit, nxt)] = (nxt, self._now())
+            running[fut] = (nxt, self._now())
+
+    def _requeue(
+        self, lost: list[tuple[Unit, float]], todo: list[Unit], attempts: dict[tuple[str, int], int]
+    ) -> Iterator[Outcome]:
+        """The units a broken pool had in flight (``lost``: each with its queued time): each goes again, up to
+        :data:`MAX_ATTEMPTS`; the outcome of each that has had them all (its worker process died every time)."""
+        for x, q in lost:
+            if attempts[x.key] < MAX_ATTEMPTS:
+                todo.append(x)
+                continue
+            yield Outcome(x, None, error=f"worker process died {attempts[x.key]} times", attempts=attempts[x.key],
+                          queued_s=q, done_s=self._now())
 
     def _pool(self, units: list[Unit], done: Callable[[Outcome], None]) -> Iterator[Outcome]:
         import multiprocessing as mp
@@ -158,30 +175,21 @@ class LocalExecutor:
                 try:
                     running: dict[Future[Any], tuple[Unit, float]] = {}
                     while todo or running:
-                        self._refill(ex, todo, running, attempts)
-                        finished, _ = wait(running, timeout=INTERRUPT_POLL_S, return_when=FIRST_COMPLETED)
-                        sigint.check()
-                        for fut in finished:
+                        try:
+                            self._refill(ex, todo, running, attempts)
+                            finished, _ = wait(running, timeout=INTERRUPT_POLL_S, return_when=FIRST_COMPLETED)
+                        except (BrokenProcessPool, OSError, RuntimeError):  # the pool broke as it took a unit
+                            sigint.check()  # a Ctrl-C that reached its processes too: stop, not retry
+                            lost, broken = list(running.values()), True
+                        else:
+                            sigint.check()
+                            lost, broken = [], False
+                        for fut in [] if broken else finished:
                             u, queued = running.pop(fut)
                             try:
                                 result, who, run_s = fut.result()
                             except BrokenProcessPool:  # a worker died: every unit in flight goes again, up to a bound
-                                lost = [(u, queued), *running.values()]
-                                running.clear()
-                                for x, q in lost:
-                                    if attempts[x.key] < MAX_ATTEMPTS:
-                                        todo.append(x)
-                                        continue
-                                    out = Outcome(
-                                        x,
-                                        None,
-                                        error=f"worker process died {attempts[x.key]} times",
-                                        attempts=attempts[x.key],
-                                        queued_s=q,
-                                        done_s=self._now(),
-                                    )
-                                    done(out)
-                                    yield out
+                                lost, broken = [(u, queued), *running.values()], True
                                 break
                             out = Outcome(
                                 u,
@@ -192,11 +200,21 @@ class LocalExecutor:
                                 done_s=self._now(),
                                 run_s=run_s,
                             )
-                            self._refill(ex, todo, running, attempts)  # the freed process's next unit first
+                            try:
+                                self._refill(ex, todo, running, attempts)  # the freed process's next unit first
+                            except (BrokenProcessPool, OSError, RuntimeError):
+                                sigint.check()
+                                lost, broken = list(running.values()), True
                             done(out)
                             yield out
-                        else:
+                            if broken:
+                                break
+                        if not broken:
                             continue
+                        running.clear()
+                        for out in self._requeue(lost, todo, attempts):
+                            done(out)
+                            yield out
                         break  # a fresh pool for the rest
                 except KeyboardInterrupt:  # Ctrl-C: stop the units in flight now rather than at their end
                     for proc in list((getattr(ex, "_processes", None) or {}).values()):
