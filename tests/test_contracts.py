@@ -180,6 +180,26 @@ def test_control_engaging_while_inactive(drive, tmp_path):
     assert r.violations[0].message == "engaged while chestnutActive was false (fallback serving, not the primary)"
 
 
+def test_control_engaging_as_chestnut_active_falls_is_not_judged_on_a_message_still_on_its_way(drive, tmp_path):
+    """A fault-free launch on a busy host failed ``control_disengages``: the daemon engaged 2 ms after a
+    ``chestnutActive`` false (host late) was published, on the true one before it. A message published within the
+    slack (100 ms) before the engage may not have reached the daemon yet; one published earlier has."""
+    t160 = frame_time(160)  # control re-engages with frame 160's controlState (+7 ms), after 1 s of true
+    reason = "host late: the fallback answered frame 160 (loop woke 36 ms late)"
+
+    def falls(ev):
+        ev.chestnutActive.active, ev.chestnutActive.reason = False, reason
+
+    items = _edit(drive, lambda t, s, e: s == "chestnutActive" and t160 <= t < t160 + 6 * MS, falls, expect=1)
+    assert found(check_log(write(items, tmp_path))) == []
+    # false since frame 157 (+5 ms, 152 ms before the engage): the daemon had it, so the engage broke the rule
+    earlier = _edit(drive, lambda t, s, e: s == "chestnutActive" and frame_time(157) <= t < t160 + 6 * MS, falls,
+                    expect=4)
+    r = check_log(write(earlier, tmp_path / "earlier"))
+    assert found(r) == [("control_disengages", 160)]
+    assert r.violations[0].message == f"engaged while chestnutActive was false ({reason})"
+
+
 def test_health_silent_too_long(drive, tmp_path):
     items = remove(drive, lambda t, s, e: s == "chestnutHealth" and frame_time(84) <= t < frame_time(129))
     r = check_log(write(items, tmp_path))

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -465,7 +466,9 @@ def switch_has_reason(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
 @contract("control_disengages", "the control daemon is never engaged while checks failed beyond the soft disable")
 def control_disengages(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
     """At most one violation per engagement and fault: engaging while ``chestnutActive`` is false or
-    stale, or still engaged soft-disable + slack after ``chestnutActive`` went false, went stale (its
+    stale (every ``chestnutActive`` the daemon may have acted on: the newest one published ``slack_ms``
+    before the engaging ``controlState`` and all since -- one published 2 ms before it may still have been on its
+    way), or still engaged soft-disable + slack after ``chestnutActive`` went false, went stale (its
     newest true older than 10 periods: a dead node's last word) or ``canEngage`` went false. A window
     that touches unreadable log is not judged. The state before the log's first ``controlState`` is unknown
     (a log that begins mid-episode, e.g. a logger restarted while the daemon soft-disables): an engagement
@@ -473,7 +476,11 @@ def control_disengages(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
     log holds (:func:`input_anomalies` lists it as ``initial_state``)."""
     name = "control_disengages"
     limit_ns = int((p.soft_disable_s + p.slack_ms / 1000.0) * NS_PER_S)
+    slack_ns = int(p.slack_ms * NS_PER_MS)
     latest: ActiveRec | None = None
+    # the chestnutActive messages the daemon may have acted on at a controlState: the newest one published a slack
+    # before it and every one since (a false published 2 ms before an engage may still have been on its way)
+    recent: deque[ActiveRec] = deque()
     inactive_since: int | None = None  # when the consumer last saw chestnutActive turn false or go stale
     stale = False  # inactive_since is the staleness of the newest true, not a false
     checks_failed_since: int | None = None  # when canEngage last turned false
@@ -486,9 +493,12 @@ def control_disengages(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
             elif inactive_since is None:
                 inactive_since, stale = r.t_ns, False
             latest = r
+            recent.append(r)
             continue
         if not isinstance(r, ControlRec):
             continue
+        while len(recent) > 1 and recent[1].t_ns <= r.t_ns - slack_ns:
+            recent.popleft()
         if latest is not None and latest.active and not believed(latest, r.t_ns, p) and inactive_since is None:
             inactive_since, stale = latest.t_ns + p.active_alive_ns, True
         if r.can_engage:
@@ -497,7 +507,8 @@ def control_disengages(tl: Timeline, p: CheckParams) -> Iterator[Violation]:
             checks_failed_since = r.t_ns
         if not r.engaged or (inactive_since is None and checks_failed_since is None):
             reported = False
-        if r.engaged and engaged is False and latest is not None and not believed(latest, r.t_ns, p):
+        if (r.engaged and engaged is False and latest is not None
+                and not any(believed(a, r.t_ns, p) for a in recent)):
             reported = True
             why = latest.reason if not latest.active else "it went stale"
             yield _v(tl, name, r.t_ns, f"engaged while chestnutActive was false ({why})")
