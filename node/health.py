@@ -383,19 +383,21 @@ def chestnut_active(health: HealthMonitor | Iterable[LayerStatus], serving_sourc
     """``ChestnutActive``: true only when all four layers are OK (an advisory WARN counts as OK,
     :func:`layer_usable`) **and** the primary serves.
 
-    Returns ``(active, reason)``; the reason is the first (lowest) layer that is not usable with its level
-    and reason, else the serving source when it is not the primary, else ``"all layers OK"``, followed by
-    each advisory WARN (``"all layers OK; advisory: gpu WARN: slow but alive: ..."``). A missing layer
-    counts as not OK.
+    Returns ``(active, reason)``; the reason is the most severe layer that is not usable (ERROR over STALE over
+    WARN, :data:`SEVERITY`; the lowest layer of those) with its level and reason -- a pcie ERROR, not the usb
+    layer gone STALE while the worker it speaks through is down -- else the serving source when it is not the
+    primary, else ``"all layers OK"``, followed by each advisory WARN (``"all layers OK; advisory: gpu WARN:
+    slow but alive: ..."``). A missing layer counts as not OK.
     """
     statuses = health.statuses() if isinstance(health, HealthMonitor) else tuple(health)
     by_layer = {s.layer: s for s in statuses}
     for la in LAYERS:
-        s = by_layer.get(la)
-        if s is None:
+        if la not in by_layer:
             return False, f"{la.value}: no status"
-        if not layer_usable(s):
-            return False, f"{la.value} {s.level.name}: {s.reason}"
+    unusable = [by_layer[la] for la in LAYERS if not layer_usable(by_layer[la])]
+    if unusable:
+        s = max(unusable, key=lambda u: SEVERITY[u.level])  # the first of the most severe: the lowest layer
+        return False, f"{s.layer.value} {s.level.name}: {s.reason}"
     if serving_source is not Source.PRIMARY:
         return False, f"{serving_source.value} serving, not the primary"
     notes = [f"{la.value} WARN: {by_layer[la].reason}" for la in LAYERS if by_layer[la].advisory]

@@ -216,8 +216,22 @@ def test_chestnut_active_only_with_all_layers_ok_and_the_primary_serving():
     assert chestnut_active(mon, Source.PRIMARY) == (
         False, "output ERROR: prob: 1 non-finite value(s) (1 NaN, 0 inf), first at (0, 0, 0, 0)")
     mon.apply([ev(Layer.PCIE, WARN, "slow completions")], 2 * MS)
-    assert chestnut_active(mon, Source.PRIMARY) == (False, "pcie WARN: slow completions")  # the lowest layer first
+    # the most severe layer names the cause, not the lowest: the output ERROR stays the reason
+    assert chestnut_active(mon, Source.PRIMARY) == (
+        False, "output ERROR: prob: 1 non-finite value(s) (1 NaN, 0 inf), first at (0, 0, 0, 0)")
     assert mon.first_not_ok().layer is Layer.PCIE and mon.overall is ERROR
+
+
+def test_chestnut_active_names_the_most_severe_layer_then_the_lowest():
+    """A pcie ERROR stays the reason while the usb layer goes STALE behind the dead worker it speaks through."""
+    def active(**levels: Level) -> tuple[bool, str]:
+        return chestnut_active([LayerStatus(la, levels.get(la.value, OK), f"{la.value} why") for la in LAYERS],
+                               Source.PRIMARY)
+
+    assert active(usb=STALE, pcie=ERROR) == (False, "pcie ERROR: pcie why")
+    assert active(usb=WARN, output=STALE) == (False, "output STALE: output why")
+    assert active(usb=ERROR, gpu=ERROR) == (False, "usb ERROR: usb why")
+    assert active(pcie=WARN, gpu=WARN) == (False, "pcie WARN: pcie why")
 
 
 def test_chestnut_active_treats_a_missing_layer_as_not_ok():
