@@ -321,9 +321,12 @@ def required_start_budget(cfg: NodeConfig) -> tuple[float, bool]:
     (:func:`~chestnut.backend.real_runner.cached_on_dock`); a twin or an unreadable model counts cold."""
     warm = False
     if cfg.dock.kind == "real":
-        try:
-            warm = cached_on_dock(cfg.model.path.expanduser().read_bytes())
-        except OSError:
+        from chestnut.backend.errors import ModelError
+        from chestnut.backend.model import read_model_file
+
+        try:  # bounded, never a FIFO (backend/model.py read_model_file); the worker reports a bad file
+            warm = cached_on_dock(read_model_file(cfg.model.path.expanduser(), "primary model"))
+        except (OSError, ModelError):
             warm = False
     return start_budget_s(LadderConfig(wait_timeout_ms=int(cfg.dock.wait_timeout_ms)), warm), warm
 

@@ -452,12 +452,15 @@ class Node:
         return read_fingerprint(self.cfg.fingerprint_path)
 
     def _read_primary_model_id(self) -> str:
-        """``modelOutput.modelId`` of the primary; "" while the file cannot be read (the worker reports why)."""
-        from chestnut.backend.model import model_id
+        """``modelOutput.modelId`` of the primary; "" while the file cannot be read (the worker reports why). Read
+        as the worker reads it (``backend/model.py`` ``read_model_file``): a FIFO is never opened, a file over
+        ``MAX_MODEL_BYTES`` is refused from its size, unread (a 40 GB sparse file was a MemoryError traceback)."""
+        from chestnut.backend.errors import ModelError
+        from chestnut.backend.model import model_id, read_model_file
 
         try:
-            return model_id(self.cfg.model.name, self.cfg.model.path.read_bytes())
-        except OSError:
+            return model_id(self.cfg.model.name, read_model_file(self.cfg.model.path, "primary model"))
+        except (OSError, ModelError):
             return ""
 
     def open(self) -> None:
