@@ -336,6 +336,14 @@ def test_cli_injects_lists_and_clears_faults_and_moves_the_dock(twin):
     assert cli("unplug").stdout.strip() == "unplugged" and twin.enumerate() == []
     assert cli("devices").stdout == ""
     assert cli("plug").stdout.strip() == f"plugged in at {old.bus}-{old.address + 1}"
+    # plugging in a dock that is there says so, and names a disconnect still to come: plugging does not remove it
+    armed = cli("fault", "disconnect")
+    assert armed.returncode == 0 and armed.stdout.startswith("fault 2: disconnect")
+    assert cli("plug").stdout.splitlines() == [
+        f"already plugged in at {old.bus}-{old.address + 1}",
+        "note: disconnect fault 2 is armed and still to fire (fired 0 times); `chestnut twin clear 2` removes it",
+    ]
+    assert cli("clear", "2").returncode == 0
     # off long enough that a busy machine cannot delay this process past it; back on by itself after it
     assert cli("power-cycle", "--off-s", "3").returncode == 0
     assert twin.enumerate() == []

@@ -197,8 +197,14 @@ def run(args: argparse.Namespace) -> int:
                 for d in client.enumerate():
                     print(f"Bus {d.bus:03d} Device {d.address:03d}: ID {d.vid:04x}:{d.pid:04x} {d.speed_mbps} Mbps")
             elif cmd == "plug":
+                before = client.status()
                 plugged = client.plug()
-                print(f"plugged in at {plugged.bus}-{plugged.address}" if plugged else "plugged in")
+                at = f" at {plugged.bus}-{plugged.address}" if plugged else ""
+                print(f"already plugged in{at}" if before.get("usb", {}).get("present") else f"plugged in{at}")
+                for f in before.get("faults", []):  # a disconnect still to come is a fault, not the cable's state
+                    if f.get("kind") == "disconnect" and not f.get("expired"):
+                        print(f"note: disconnect fault {f.get('id')} is armed and still to fire (fired "
+                              f"{f.get('fired', 0)} times); `chestnut twin clear {f.get('id')}` removes it")
             elif cmd == "unplug":
                 client.unplug()
                 print("unplugged")
