@@ -20,6 +20,11 @@ decides like openpilot's control daemon (``selfdrive/controls/controlsd.py``; th
   slow or hung fails it over, and that is ``chestnutInactive`` at once). ``hostLate`` and ``deadlineMissed``
   alone start the soft disable only once they have lasted ``LATE_FRAME_GRACE_S`` (as openpilot tolerates a few
   dropped model frames before ``modelLagging``); the 3 s count from their first step all the same.
+- ``controlState.softDisableRemaining`` is the time left (s) before control is exited, counted from the first
+  failing step; control.log says the same quantity in the same words (``msgs/services.py`` ``soft_disable_left``):
+  ``soft disable: 2.50 s left of 3.0 s (counted from the first failing step, 0.50 s ago): hostLate`` when it
+  starts, ``soft disable: 0.00 s left of 3.0 s: control exited, 3.00 s after the first failing step`` when
+  control is exited, ``soft disable cleared: 1.20 s left of 3.0 s`` when every condition cleared first.
 - ``allowSourceSwitch`` tells the node when it may swap the model source: only while not engaged.
 
 :class:`ControlLogic` is the pure decision (clock passed in); :func:`run` is the process loop.
@@ -34,7 +39,7 @@ from dataclasses import dataclass, field
 from chestnut.launch.signals import StopFlag
 from chestnut.msgs.argtypes import checked_float
 from chestnut.msgs.messaging import PubMaster, SubMaster, new_message
-from chestnut.msgs.services import SOFT_DISABLE_S
+from chestnut.msgs.services import SOFT_DISABLE_S, soft_disable_left
 from chestnut.msgs.submaster import SubMasterChecks
 from chestnut.node.policy import DEADLINE_MISS
 from chestnut.node.realtime import CONTROL_PRIORITY, add_priority_argument, apply_priority
@@ -83,7 +88,8 @@ def failed_checks(sm: SubMasterChecks, services: tuple[str, ...] = SERVICES) -> 
 
 def describe_check(sm: SubMasterChecks, check: str, now_ns: int) -> str:
     """One failed check with its evidence, for the log: the age of the newest message (alive), the short and
-    long window rates (freq_ok), or the flag (valid)."""
+    long window rates and which bound they break (freq_ok: too slow over either window, too fast over both,
+    ``msgs/submaster.py``), or the flag (valid)."""
     service, _, what = check.partition(".")
     if what == "alive":
         if not sm.seen[service]:
@@ -94,8 +100,9 @@ def describe_check(sm: SubMasterChecks, check: str, now_ns: int) -> str:
         if (n := len(tr.recv_times_ns) - 1) < tr.short_intervals:
             return f"{check} ({max(n, 0)} of {tr.short_intervals} intervals received)"
         short, long_ = (f"{r:.2f}" if r is not None else "-" for r in tr.rates_hz())
+        why = "too slow: " if tr.too_slow() else "too fast: " if tr.too_fast() else ""
         return (
-            f"{check} ({short} Hz over {tr.short_intervals}, {long_} Hz over {tr.long_intervals} "
+            f"{check} ({why}{short} Hz over {tr.short_intervals}, {long_} Hz over {tr.long_intervals} "
             f"intervals; allowed {tr.min_hz:g}..{tr.max_hz:g} Hz)"
         )
     return f"{check} (valid=False)"
@@ -161,17 +168,22 @@ class ControlLogic:
                 graced = LATE_FRAME_EVENTS.issuperset(events) and failing_s < LATE_FRAME_GRACE_S
                 if self.soft_disable_start_ns is None and not graced:
                     self.soft_disable_start_ns = self.failing_since_ns  # the 3 s count from the first failing step
-                    log.warning("soft disable: %s", ", ".join(events))
+                    since = f" (counted from the first failing step, {failing_s:.2f} s ago)" if failing_s > 0 else ""
+                    log.warning("soft disable: %s%s: %s", soft_disable_left(max(0.0, SOFT_DISABLE_S - failing_s)),
+                                since, ", ".join(events))
                 if failing_s >= SOFT_DISABLE_S:
                     self.engaged, self.engaged_source, self.soft_disable_start_ns = False, None, None
                     self.failing_since_ns = None
                     out_events.append("disengaged")
-                    log.warning("control exited after %.1f s of soft disable", failing_s)
+                    log.warning("soft disable: %s: control exited, %.2f s after the first failing step",
+                                soft_disable_left(0.0), failing_s)
             else:
-                self.failing_since_ns = None
                 if self.soft_disable_start_ns is not None:
+                    left = max(0.0, SOFT_DISABLE_S - (now_ns - self.soft_disable_start_ns) / NS)
                     self.soft_disable_start_ns = None
                     out_events.append("softDisableCleared")
+                    log.info("soft disable cleared: %s", soft_disable_left(left))
+                self.failing_since_ns = None
         else:
             stable = self.ok_since_ns is not None and (now_ns - self.ok_since_ns) / NS >= ENGAGE_STABLE_S
             if can_engage and (self.engage_requested or (self.auto_engage and stable)):

@@ -26,7 +26,7 @@ from rich.text import Text
 from chestnut.launch.signals import StopFlag
 from chestnut.msgs.argtypes import checked_float, run_seconds
 from chestnut.msgs.messaging import SubMaster
-from chestnut.msgs.services import get_service
+from chestnut.msgs.services import get_service, soft_disable_left
 
 SERVICES = ["cameraFrame", "modelOutput", "chestnutActive", "chestnutHealth", "nodeState", "controlState"]
 MAX_REFRESH_HZ = 20.0  # --refresh-hz: the view polls the bus every 50 ms (StackView.update(50)) between redraws
@@ -120,7 +120,7 @@ class StackView:
                          f"reason: {ns.reason}")
         ctl_txt = "ENGAGED" if ctl.engaged else "disengaged"
         if ctl.softDisabling:
-            ctl_txt = f"SOFT DISABLE {ctl.softDisableRemaining:.1f} s"
+            ctl_txt = f"SOFT DISABLE {soft_disable_left(ctl.softDisableRemaining)}"
         if st["controlState"] is not None:
             head.add_row(Text("control", style=STALE_STYLE), Text(_stale_text(st["controlState"]),
                                                                   style="bold magenta"),

@@ -53,6 +53,13 @@ exits (s): openpilot's soft-disable time. The control daemon (``chestnut control
 ``chestnut check`` bounds ``controlState.engaged`` by it."""
 
 
+def soft_disable_left(remaining_s: float) -> str:
+    """``controlState.softDisableRemaining`` (s left before control is exited) in words, the one wording the
+    control daemon's log and the live view use: ``"2.50 s left of 3.0 s"``. The soft disable counts from the
+    first failing step, so it may start with less than :data:`SOFT_DISABLE_S` left (a graced late frame)."""
+    return f"{remaining_s:.2f} s left of {SOFT_DISABLE_S:.1f} s"
+
+
 class UnknownServiceError(KeyError):
     """Raised for a service name that is not in :data:`SERVICE_LIST`."""
 

@@ -5,13 +5,26 @@ The rules (openpilot cereal's ``SubMaster``, ``cereal/messaging/__init__.py``; t
 - **alive**: a service with frequency ``f > 0`` is alive while its newest message is younger than
   ``ALIVE_PERIODS / f`` seconds (10 periods: 0.5 s at 20 Hz), i.e. ``now - recv_time < 10 / f``.
   An on-demand service (``f == 0``) is always alive. A service never received (``f > 0``) is not.
-- **freq_ok**: the receive rate is within ``[FREQ_MIN_RATIO * f, FREQ_MAX_RATIO * f]`` (inclusive)
-  over BOTH a short window (the newest ``max(2, round(SHORT_WINDOW_S * f))`` receive intervals) and a
-  long window (the newest ``max(short, round(LONG_WINDOW_S * f))`` intervals, or as many as have been
-  received). Rate over a window of ``n`` intervals = ``n / (t_newest - t_n_before)``. It needs a full
-  short window first, and a service that is not alive is not freq_ok. So a slow-down fails within one
-  short window, and recovery takes a full long window without the slow intervals (hysteresis:
-  quick to fail, slow to trust again). On-demand services are always freq_ok.
+- **freq_ok**: the receive rate is judged over BOTH a short window (the newest
+  ``max(2, round(SHORT_WINDOW_S * f))`` receive intervals) and a long window (the newest
+  ``max(short, round(LONG_WINDOW_S * f))`` intervals, or as many as have been received). Rate over a
+  window of ``n`` intervals = ``n / (t_newest - t_n_before)``. It needs a full short window first, and a
+  service that is not alive is not freq_ok. On-demand services are always freq_ok. The bounds are
+  ``FREQ_MIN_RATIO * f`` and ``FREQ_MAX_RATIO * f`` (inclusive), and the two sides are judged differently:
+
+  - **too slow** when EITHER window's rate is below the lower bound (our choice, stricter than cereal): a
+    slow-down fails within one short window, and recovery takes a full long window without the slow
+    intervals (hysteresis: quick to fail, slow to trust again);
+  - **too fast** only when BOTH windows' rates are above the upper bound (cereal's rule for either side:
+    ``freq_ok = avg_freq_ok or recent_freq_ok``, "slow to fall"). A burst of the messages that queued
+    during a gap (a host stall, a stopped publisher's catch-up) is above the bound over a window that
+    starts after the gap, yet the window that still holds the gap sees the nominal rate, and the two never
+    agree while the gap is in the long window: a catch-up is not a too-fast publisher. (cereal's
+    conflated sockets never see such a burst at all: they keep only the newest message.) A publisher too
+    fast for good is above the bound over both: a steady 30 Hz for a 20 Hz service fails as soon as the
+    short window is full; a switch from 20 to 30 Hz once the long window is above 24 Hz (after 51
+    intervals at 30 Hz, 1.7 s), and it recovers once either window is back within the bound. A gap of 10
+    periods or more fails ``alive`` all the same.
 - **valid**: the ``valid`` flag of the newest message; a service never received is not valid.
 - ``all_alive / all_freq_ok / all_valid`` skip the services in ``ignore_alive / ignore_avg_freq /
   ignore_valid``; ``all_checks = all_alive and all_freq_ok and all_valid``.
@@ -33,7 +46,7 @@ from chestnut.msgs.services import get_service
 
 ALIVE_PERIODS = 10.0  # alive = a message within 10 / f s (cereal SubMaster)
 FREQ_MIN_RATIO = 0.8  # freq_ok lower bound, fraction of the nominal rate (cereal SubMaster)
-FREQ_MAX_RATIO = 1.2  # freq_ok upper bound
+FREQ_MAX_RATIO = 1.2  # freq_ok upper bound, fraction of the nominal rate (cereal SubMaster)
 SHORT_WINDOW_S = 1.0  # s of nominal intervals in the short rate window
 LONG_WINDOW_S = 5.0  # s of nominal intervals in the long rate window
 NS_PER_S = 1_000_000_000
@@ -73,11 +86,19 @@ class FrequencyTracker:
         """(short-window rate, long-window rate), Hz."""
         return self.rate_hz(self.short_intervals), self.rate_hz(self.long_intervals)
 
+    def too_slow(self) -> bool:
+        """Either window's rate below ``min_hz`` (quick to fail, slow to trust again)."""
+        return any(r is None or r < self.min_hz for r in self.rates_hz())
+
+    def too_fast(self) -> bool:
+        """Both windows' rates above ``max_hz``: a catch-up burst after a gap is above it over one only."""
+        return all(r is not None and r > self.max_hz for r in self.rates_hz())
+
     def ok(self) -> bool:
-        """Both window rates within ``[min_hz, max_hz]``, with a full short window received."""
+        """A full short window received, not :meth:`too_slow` and not :meth:`too_fast`."""
         if len(self.recv_times_ns) < self.short_intervals + 1:
             return False
-        return all(r is not None and self.min_hz <= r <= self.max_hz for r in self.rates_hz())
+        return not self.too_slow() and not self.too_fast()
 
 
 def default_member(service: str) -> Any:

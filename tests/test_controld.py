@@ -173,3 +173,37 @@ def test_control_rates_in_range_are_taken():
 
     assert MAX_RATE_HZ == 1000.0
     assert [control_rate(t) for t in ("0.5", "20", "1000")] == [0.5, 20.0, 1000.0]
+
+
+def test_what_is_published_and_what_is_logged_say_the_same_time_left(caplog):
+    """controlState said 2.50 s (left) while control.log said 'control exited after 3.0 s of soft disable': a
+    user could not reconcile them. Both now give the time left of the 3 s, counted from the first failing step."""
+    from chestnut.msgs.services import soft_disable_left
+
+    c = ControlLogic()
+    run_until(c, 0, S, OK)
+    caplog.set_level("INFO", logger="chestnut.control")
+    caplog.clear()
+    run_until(c, 2 * S, 2 * S + S // 2 - 1, HOST)  # graced: no soft disable yet
+    st = c.step(2 * S + S // 2, HOST)
+    assert (st.soft_disabling, st.soft_disable_remaining_s) == (True, 2.5)
+    assert soft_disable_left(st.soft_disable_remaining_s) == "2.50 s left of 3.0 s"
+    st = c.step(5 * S, HOST)
+    assert (st.engaged, st.soft_disable_remaining_s) == (False, 0.0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "soft disable: 2.50 s left of 3.0 s (counted from the first failing step, 0.50 s ago): hostLate",
+        "soft disable: 0.00 s left of 3.0 s: control exited, 3.00 s after the first failing step",
+    ]
+    caplog.clear()
+    run_until(c, 6 * S, 7 * S, OK)  # engaged again
+    lag = ControlInputs(checks_ok=True, active=True, source="primary", frame_drop_perc=1.5)
+    st = c.step(8 * S, lag)
+    assert st.soft_disable_remaining_s == 3.0
+    st = c.step(9 * S, lag)
+    assert st.soft_disable_remaining_s == 2.0
+    st = c.step(9 * S + S // 4, OK)
+    assert st.events == ["softDisableCleared"]
+    assert [r.getMessage() for r in caplog.records if "soft disable" in r.getMessage()] == [
+        "soft disable: 3.00 s left of 3.0 s: modelLagging",
+        "soft disable cleared: 1.75 s left of 3.0 s",
+    ]

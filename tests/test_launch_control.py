@@ -44,7 +44,7 @@ def test_a_late_health_message_is_named_as_its_freq_check():
     sm = healthy(6.31, health_gap_at_ms=6000, gap_ms=300)
     assert failed_checks(sm) == ("chestnutHealth.freq_ok",)
     assert describe_check(sm, "chestnutHealth.freq_ok", 6300 * MS) == (
-        "chestnutHealth.freq_ok (3.85 Hz over 5, 4.72 Hz over 25 intervals; allowed 4..6 Hz)"
+        "chestnutHealth.freq_ok (too slow: 3.85 Hz over 5, 4.72 Hz over 25 intervals; allowed 4..6 Hz)"
     )
 
 
@@ -255,3 +255,52 @@ def test_frames_no_node_ever_answered_are_all_missing(tmp_path):
     write_drive(items, tmp_path / "logs")
     s = summarize(tmp_path / "logs", base)
     assert dict(summary_rows(s))["frames in / outputs out"] == "3 / 0  (missing: 3)"
+
+
+def test_a_host_stall_and_its_catch_up_burst_neither_fail_a_check_nor_soft_disable():
+    """A fresh user's launch soft-disabled after a host stall: everything due in a 0.5 s stall came in one burst
+    at its end, the 20 Hz services' short window saw 36.4 Hz (above 24 Hz) and freq_ok failed. A catch-up is
+    not a too-fast publisher (``msgs/submaster.py``): engaged all along, no event, no soft disable."""
+    sm = SubMasterChecks(SERVICES)
+    c = ControlLogic()
+    stall_ms = (6000, 6500)  # nothing arrives after 6.0 s until 6.5 s; then every message due meanwhile
+    states, failed_seen, burst_hz = [], set(), 0.0
+    for t_ms in range(0, 13000, 10):  # a 10 ms update tick, 13 s: the stall leaves the long windows (5 s)
+        due = list(range(t_ms - 9, t_ms + 1)) if not stall_ms[0] < t_ms < stall_ms[1] else []
+        if t_ms == stall_ms[1]:
+            due = list(range(stall_ms[0] + 1, stall_ms[1] + 1))
+        batch = [ev("modelOutput") for d in due if d % 50 == 0] + [ev("chestnutActive") for d in due if d % 50 == 0]
+        batch += [ev("chestnutHealth") for d in due if d % 200 == 0]
+        sm.update_msgs(t_ms * MS, batch)
+        failed = failed_checks(sm)
+        x = ControlInputs(checks_ok=not failed, active=True, source="primary", frame_drop_perc=0.0,
+                          failed_checks=failed)
+        st = c.step(t_ms * MS, x)
+        if t_ms >= 2200:  # engaged 1 s after the checks first passed (the health short window: 1 s)
+            failed_seen.update(failed)
+            states.append((st.engaged, st.soft_disabling, tuple(st.events)))
+            burst_hz = max(burst_hz, sm.freq_tracker["modelOutput"].rates_hz()[0])
+    assert sm.recv_count == {"modelOutput": 260, "chestnutActive": 260, "chestnutHealth": 65}  # none lost
+    assert burst_hz == 20 * 10**9 / (550 * MS)  # the short window after the gap: 20 intervals over 0.55 s
+    assert failed_seen == set()
+    assert states == [(True, False, ())] * len(states)
+
+
+def steady(service: str, period_ms: float, seconds: float) -> SubMasterChecks:
+    sm = SubMasterChecks([service])
+    for k in range(int(seconds * 1000 / period_ms)):
+        sm.update_msgs(round(k * period_ms * MS), [ev(service)])
+    return sm
+
+
+def test_a_publisher_too_fast_or_too_slow_for_good_is_still_a_freq_check_named_with_its_side():
+    fast = steady("modelOutput", 1000 / 30, 6.0)
+    assert failed_checks(fast, ("modelOutput",)) == ("modelOutput.freq_ok",)
+    assert describe_check(fast, "modelOutput.freq_ok", 0) == (
+        "modelOutput.freq_ok (too fast: 30.00 Hz over 20, 30.00 Hz over 100 intervals; allowed 16..24 Hz)"
+    )
+    slow = steady("modelOutput", 1000 / 12, 9.0)
+    assert failed_checks(slow, ("modelOutput",)) == ("modelOutput.freq_ok",)
+    assert describe_check(slow, "modelOutput.freq_ok", 0) == (
+        "modelOutput.freq_ok (too slow: 12.00 Hz over 20, 12.00 Hz over 100 intervals; allowed 16..24 Hz)"
+    )

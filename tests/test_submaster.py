@@ -221,3 +221,62 @@ def test_alive_is_exactly_the_age_of_the_newest_receipt(gaps_ms, check_ms):
     sm.update_msgs(t + check_ms * MS, [])
     assert sm.alive[CAM] is (check_ms < 500)
     assert sm.freq_ok[CAM] is (check_ms < 500 and sm.freq_tracker[CAM].ok())
+
+
+def test_a_catch_up_burst_after_a_half_second_pause_stays_freq_ok():
+    """A host stall held a 20 Hz service back 0.5 s and the 10 queued messages came in one burst: the short
+    window that starts after the gap saw 36.4 Hz (above 1.2 x 20 Hz) while the long window still held the gap
+    (20 Hz), so freq_ok failed and the control daemon soft-disabled. Too fast needs both windows now."""
+    sm = SubMasterChecks([CAM])
+    t = periodic(0, 50 * MS, 101)  # 5 s at 20 Hz: both windows full
+    states = feed(sm, t)
+    for k in range(1, 50):  # the pause, seen by a 10 ms update loop: nothing arrives for 0.5 s
+        sm.update_msgs(t[-1] + k * 10 * MS, [])
+        states.append((sm.alive[CAM], sm.freq_ok[CAM], sm.valid[CAM]))
+    burst_at = t[-1] + 500 * MS
+    sm.update_msgs(burst_at, [event() for _ in range(10)])  # published at +50 .. +500 ms, drained together
+    states.append((sm.alive[CAM], sm.freq_ok[CAM], sm.valid[CAM]))
+    short_rates, long_rates = [], []
+    for now in periodic(burst_at + 50 * MS, 50 * MS, 120):  # 20 Hz again, for 6 s: the gap leaves both windows
+        states.append(feed(sm, [now])[0])
+        short_hz, long_hz = sm.freq_tracker[CAM].rates_hz()
+        short_rates.append(short_hz)
+        long_rates.append(long_hz)
+    assert states[20:] == [(True, True, True)] * (len(states) - 20)
+    # the burst is visible: 20 intervals over 0.55 s once the gap has left the short window (the 11th receipt
+    # after the burst), while the long window still spans the gap at 100 intervals / 5 s
+    assert max(short_rates) == short_rates[10] == 20 * 10**9 / (550 * MS)
+    assert long_rates[10] == 20.0
+    # once the gap left the long window the burst is 100 intervals over 4.55 s (22.0 Hz), the short window 20 Hz
+    assert max(long_rates) == 100 * 10**9 / (4550 * MS) and short_rates[-1] == 20.0
+
+
+def test_a_steady_30_hz_publisher_of_a_20_hz_service_is_too_fast():
+    sm = SubMasterChecks([CAM])
+    states = feed(sm, periodic(0, 33_333_334, 101))
+    assert states[-1] == (True, False, True)
+    assert [s[1] for s in states] == [False] * 101  # from the first full short window on
+    tr = sm.freq_tracker[CAM]
+    assert (tr.too_fast(), tr.too_slow()) == (True, False)
+
+
+def test_a_switch_from_20_to_30_hz_fails_once_the_long_window_is_above_24_hz_and_recovers_at_once():
+    sm = SubMasterChecks([CAM])
+    t = periodic(0, 50 * MS, 101)
+    feed(sm, t)
+    # m intervals at 30 Hz in the long window: 100 / ((100 - m) * 0.05 + m / 30) s > 24 Hz  <=>  m > 50
+    fast = periodic(t[-1] + 33_333_334, 33_333_334, 60)
+    freq_ok = [s[1] for s in feed(sm, fast)]
+    assert freq_ok == [True] * 50 + [False] * 10
+    # back to 20 Hz: with m 20 Hz intervals the short window is 20 / (m * 0.05 + (20 - m) / 30) s, within
+    # 24 Hz from m = 10 on (quick to recover: too fast needs both windows)
+    slow = periodic(fast[-1] + 50 * MS, 50 * MS, 12)
+    assert [s[1] for s in feed(sm, slow)] == [False] * 9 + [True] * 3
+
+
+def test_a_steady_12_hz_publisher_of_a_20_hz_service_is_too_slow():
+    sm = SubMasterChecks([CAM])
+    states = feed(sm, periodic(0, 83_333_333, 101))
+    assert states[-1] == (True, False, True) and not any(s[1] for s in states)
+    tr = sm.freq_tracker[CAM]
+    assert (tr.too_fast(), tr.too_slow()) == (False, True)
