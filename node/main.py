@@ -48,6 +48,7 @@ fallback the node exits with :data:`EXIT_NO_FALLBACK`, with an unusable configur
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import logging
@@ -126,11 +127,11 @@ from chestnut.node.policy import (
     choose_answer,
     count_miss,
     decide_submission,
-    dock_outpaced,
     drains_on_fail_over,
     fallback_must_run,
     frame_age_s,
     frame_clock,
+    host_excuse,
     host_late,
     is_primary_fault,
     late_result_reason,
@@ -185,6 +186,7 @@ INIT_DATA_PERIOD_S = 10.0     # initData is re-sent this often (on-demand servic
 DISAGREE_RUN = DEFAULT_DEBOUNCE[Layer.OUTPUT].fail_after  # disagreeing frames in a row the node logs (3)
 BAD_FRAME_LOG_PERIOD_S = 1.0  # a repeated per-frame error is logged at most this often (then counted)
 DEADLINE_LOG_PERIOD_S = 10.0  # the adaptive deadline is logged when its basis changes, else at most this often
+MISS_STAGES_KEPT = 20          # stage times of late results kept for a miss run's blame: 1 s at 20 Hz
 MISS_WARNS_KEPT = 8           # deadline-miss WARN reasons kept (mark_deadline_miss): more than a run before a failover
 
 
@@ -391,6 +393,10 @@ class Node:
         self.probe_seen_at_s = 0.0       # receipt time of the last probe result applied to health
         self.miss_run = 0                # consecutive frames the primary did not answer in time
         self.errors_at_good = 0          # the worker's failed transfer attempts at its last result in time
+        # the stage times (ms: copy-in, compute, copy-out) of the results since the primary's last one in time: whose
+        # a run of misses is on a link below SuperSpeed (node/policy.py miss_run_blame)
+        self.run_stages: deque[tuple[float, float, float]] = deque(maxlen=MISS_STAGES_KEPT)
+        self.link_look_ns = 0            # when a miss last asked the node's own look at the link speed
         # the host's own lateness (node/hostload.py): a deadline miss while it was late is the host's
         self.host = HostMeter(t.host_window_ms, twin_wait_path=(runtime_dir(prefix) / HOSTWAIT_FILE
                                                                 if cfg.dock.kind == "twin" else None))
@@ -703,6 +709,7 @@ class Node:
         if not self.primary_model_id:
             self.primary_model_id = self._read_primary_model_id()
         self.latencies.clear()  # a new worker's latency is its own: the ceiling until it has shown it
+        self.run_stages.clear()
         self.deadline = adaptive_deadline((), self.deadline_rule)
         self._watchdog_actions(self.watchdog.worker_started(now))
         self._feed(Event.QUALIFIED, "qualification ladder passed")
@@ -787,6 +794,9 @@ class Node:
         answer: set[int] = set()
         now = time.monotonic_ns()
         for a in actions:
+            if (a.kind is ActionKind.FAIL_OVER or a.entity == "hang") and a.layer is Layer.GPU:
+                layer, reason = self._miss_run_blame(a.reason)  # a slow or failing link's, not the gpu's
+                a = dataclasses.replace(a, layer=layer, reason=reason)
             ev = evidence_from_watchdog(a)
             if ev is not None:
                 self._apply_watchdog_evidence(ev, now)
@@ -799,7 +809,7 @@ class Node:
                 self._kill_worker(a.reason)
                 self._feed(Event.WORKER_DIED, a.reason, a.layer)
             elif a.kind is ActionKind.FAIL_OVER:
-                self._feed(Event.DEADLINE_MISS_RUN, a.reason, Layer.GPU)
+                self._feed(Event.DEADLINE_MISS_RUN, a.reason, a.layer or Layer.GPU)
         return answer
 
     def _apply_watchdog_evidence(self, ev: Evidence, now: int) -> None:
@@ -1018,6 +1028,7 @@ class Node:
             self._note_agreement(report)
             self.miss_run = 0
             self.errors_at_good = self._transfer_errors()
+            self.run_stages.clear()
             self.primary_timed = res.stages is not None
             if report.ok:  # OK and the stage budget's WARNs: nothing that could change this frame's answer
                 self._after_output(functools.partial(self._judge_run, res, report, now))
@@ -1084,11 +1095,29 @@ class Node:
                                                    tag="deadline_miss"), now)
         verdict = count_miss(self.miss_run, self.cfg.timing.miss_run, self.sup.runs_primary, deadline_ms, why, host,
                              self._queued_behind(frame_id, now))
+        if verdict.run > self.miss_run:
+            self._look_at_link(now)
         self.miss_run = verdict.run
         if verdict.fail_over:
-            layer, reason = miss_run_blame(verdict.reason, self._transfer_errors() - self.errors_at_good)
+            layer, reason = self._miss_run_blame(verdict.reason)
             self.health.apply([Evidence(layer, Level.ERROR, reason, hard=True, tag="deadline_miss_run")], now)
             self._feed(Event.DEADLINE_MISS_RUN, reason, layer)
+
+    def _miss_run_blame(self, reason: str) -> tuple[Layer, str]:
+        """:func:`~chestnut.node.policy.miss_run_blame` with the node's figures: the worker's failed transfer attempts
+        since the primary's last result in time, the link's speed and the stage times of the results since then."""
+        return miss_run_blame(reason, self._transfer_errors() - self.errors_at_good, self.link_speed_mbps,
+                              tuple(self.run_stages))
+
+    def _look_at_link(self, now: int) -> None:
+        """A counted miss while the primary serves: the node's own enumeration (no claim, no vendor request, off the
+        loop: ``node/docklook.py``) reads the link's speed again, at most once a probe period. A worker stuck on a
+        copy answers no probe, so without it a link that fell to USB 2 under the frames would still read as the
+        SuperSpeed of the last probe when the run of misses is blamed (:meth:`_miss_run_blame`)."""
+        if self.cfg.dock.kind in ("cpu", "none") or now - self.link_look_ns < NS / self.cfg.timing.probe_hz:
+            return
+        self.link_look_ns = now
+        self.looker.ask(LOOK_LINK)
 
     def _queued_behind(self, seq: int, now: int) -> str:
         """Why frame ``seq``'s miss only queued behind the worker's oldest unanswered request, still within the
@@ -1102,8 +1131,10 @@ class Node:
         return w.transfer_errors() if w is not None and w.alive else 0
 
     def _host_late(self, now: int, dock_ms: float | None = None, elapsed_ms: float | None = None) -> str:
-        """:func:`~chestnut.node.policy.host_late` at ``now``: the node's loop and the worker's timer over the
-        last ``timing.host_window_ms`` and the CPU pressure (``node/hostload.py``); "" when on time."""
+        """:func:`~chestnut.node.policy.host_excuse` at ``now``: the node's loop and the worker's timer over the
+        last ``timing.host_window_ms`` and the CPU pressure (``node/hostload.py``) against the dock's own pace;
+        "" when the host was on time, or late but the dock is slower than the camera while the node itself was not
+        starved."""
         w = self.worker
         if w is not None and w.alive:
             self.host.worker_late(w.late_peak_ns(), now)
@@ -1111,12 +1142,11 @@ class Node:
         if th.deadline_ms != self.deadline.ms:  # a late result's dock time is held against the deadline in force
             th = HostThresholds(th.late_ms, th.cpu_pressure_pct, self.deadline.ms)
         figures = self.host.figures(now, dock_ms, elapsed_ms)
-        late = host_late(figures, th)
-        if late and (slow := dock_outpaced(self.dock_recent, self.frame_periods, figures.twin_wait_ms)):
-            if self.outpaced_log.due():
-                log.warning("%s: deadline misses count against the dock although the %s", slow, late)
-            return ""
-        return late
+        excuse = host_excuse(figures, self.dock_recent, self.frame_periods, th)
+        if excuse.overruled and self.outpaced_log.due():
+            log.warning("%s: deadline misses count against the dock although the %s", excuse.overruled,
+                        host_late(figures, th))
+        return excuse.host
 
     def _host_late_result(self, res: WorkerResult, now: int) -> HostJudge:
         """:meth:`_host_late` for a result arriving at ``now``, with the dock's own time for it (its stage
@@ -1132,6 +1162,8 @@ class Node:
         dock_ms = sum(res.stages.as_list()) * 1e3 if res.stages is not None else None
         if dock_ms is not None and res.error is None:
             self.dock_recent.append(dock_ms)
+            assert res.stages is not None
+            self.run_stages.append((res.stages.copy_in * 1e3, res.stages.compute * 1e3, res.stages.copy_out * 1e3))
         if dock_ms is not None and started is not None:  # what the host cost it: the frames behind it wait as long
             self.host.result_outside(now, now - started - int(dock_ms * 1e6))
         elapsed_ms = (now - started) / 1e6 if started is not None else None
@@ -1438,10 +1470,10 @@ class Node:
         for gone in {id(x): x for x in (retry, absent) if x is not None and not x.present}.values():
             self._apply_health([Evidence(Layer.USB, Level.ERROR, gone.detail, hard=True, tag="absent")], now)
         link = self.looker.take(LOOK_LINK)
-        if link is not None and link.observation is not None and self.worker is not None \
-                and not self.worker_ready_seen:
+        if link is not None and link.observation is not None and self.worker is not None:
             self.link_speed_mbps = link.observation.speed_mbps
-            self._apply_health(evidence_from_observation(link.observation), now)
+            if not self.worker_ready_seen:
+                self._apply_health(evidence_from_observation(link.observation), now)
         if retry is not None:
             self._feed(Event.DOCK_FOUND if retry.present else Event.DOCK_ABSENT, retry.detail, Layer.USB)
 

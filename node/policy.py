@@ -19,7 +19,9 @@ primary's response     :func:`pair_response`: the frame's own result, its failur
 worker declared failed :func:`count_miss`: ``miss_run`` consecutive frames without a primary result in
                        time fail the gpu layer over (openpilot modeld gives the big model 150 ms a frame);
                        a miss while the host itself was late (:func:`host_late`) is the host's, not
-                       counted; a run while the link failed transfers is the usb layer's
+                       counted, unless the dock is slower than the camera while the node itself was not
+                       starved (:func:`host_excuse`); a run while the link failed transfers, or on a link
+                       below SuperSpeed with the copies over half the dock's time, is the usb layer's
                        (:func:`miss_run_blame`);
                        :func:`is_primary_fault`: an ERROR that leaves its layer at ERROR; a start that
                        fails (:func:`start_failure`) or takes too long (:func:`start_timed_out`); on a
@@ -47,6 +49,7 @@ from enum import StrEnum
 import numpy as np
 
 from chestnut.backend.errors import Layer
+from chestnut.node.health import SUPERSPEED_MBPS
 from chestnut.node.supervisor import Source
 from chestnut.node.validity import ValidityReport
 
@@ -265,38 +268,126 @@ OUTPACED_RATIO = 1.5
 """How much slower than the camera the dock's own time must be for :func:`dock_outpaced` (our choice, measured
 on this 2-core host): on the twin the whole dock is host work and the GPU thread's CPU wait is only part of what
 a busy host costs it (its bridge threads, the copies), so the full-size NV12 stack at dock-like timing, loading
-the host itself, read 1.18x the 50 ms frame with no fault; a GPU at 90 ms a frame reads 1.8x."""
+the host itself, read 1.18x the 50 ms frame with no fault (81 ms a frame less 22 ms, the period's share of its
+443 ms a second of waiting; 0.9x with that wait's share of the frame itself, as now); a GPU at 90 ms a frame
+reads 1.8x."""
 
 
 def dock_outpaced(dock_ms: Sequence[float], period_ms: Sequence[float], twin_wait_ms: float = 0.0,
                   min_samples: int = 5, ratio: float = OUTPACED_RATIO) -> str:
     """Why the dock itself cannot keep up with the camera, or "": the median of its own time per frame over its
-    last results (``dock_ms``: the stage times a runner reports, copy-in + compute + copy-out, ms), less the share
-    of the twin GPU's CPU wait that falls on one frame (``twin_wait_ms`` per second, :class:`HostFigures`, times
-    the period / 1000: on the twin the GPU is host work), is over the median frame period (``period_ms``: the
-    camera's start-of-frame spacing, ms) times ``ratio`` (:data:`OUTPACED_RATIO`). Then every frame queues
-    behind the one before it whatever the host does -- the backlog grows by the difference each frame -- so a
-    deadline miss is the dock's even while the host is late as well (:func:`host_late`): a late host does not
-    excuse a dock clearly slower than the camera. Needs ``min_samples`` of each; "" otherwise."""
+    last results (``dock_ms``: the stage times a runner reports, copy-in + compute + copy-out, ms), less the
+    twin GPU's wait for a CPU that falls on it, is over the median frame period (``period_ms``: the camera's
+    start-of-frame spacing, ms) times ``ratio`` (:data:`OUTPACED_RATIO`). The wait: ``twin_wait_ms`` of the last
+    second (:class:`HostFigures`; on the twin the GPU is host work) is that share of the frame's dock time, at
+    least -- a dock that queues every frame is busy all the time, so its GPU thread waited at least that share
+    of each frame (0 on a real dock). Then every frame queues behind the one before it whatever the host does --
+    the backlog grows by the difference each frame -- so a deadline miss is the dock's even while the host is
+    late as well (:func:`host_late`), unless the host starved the node itself (:func:`host_excuse`). Needs
+    ``min_samples`` of each; "" otherwise."""
     if len(dock_ms) < min_samples or len(period_ms) < min_samples:
         return ""
     period = float(np.median(period_ms))
-    own = float(np.median(dock_ms)) - twin_wait_ms * period / 1000.0
+    own = float(np.median(dock_ms)) * (1.0 - min(max(twin_wait_ms, 0.0), HOST_WINDOW_MS) / HOST_WINDOW_MS)
     if period <= 0 or own <= period * ratio:
         return ""
     return (f"the dock's own time per frame ({own:.0f} ms, median of its last {len(dock_ms)}) is over the frame "
             f"period ({period:.0f} ms): frames queue behind it whatever the host does")
 
 
-def miss_run_blame(reason: str, transfer_errors: int) -> tuple[Layer, str]:
-    """The layer a run of deadline misses fails over, and the reason: the gpu's, unless the link failed
-    ``transfer_errors`` > 0 transfer attempts since the primary's last result in time -- then the usb
-    layer's, with the count: the frames were late because the transport was retrying (each retry waits
-    out its timeout, ``backend/retry.py``), and a new worker or a replug, not a GPU reset, is the remedy. A
-    hung GPU's fence polls still complete, so they add no errors."""
+def host_starved(f: HostFigures, th: HostThresholds | None = None) -> str:
+    """Why the host starved the node itself around a miss, or "": the node's loop or the worker's timer -- both
+    realtime threads where the host grants it (``node/realtime.py``, SCHED_FIFO 54 and 53, above any CPU-bound
+    load) -- woke at least
+    ``late_ms`` (:data:`HOST_LATE_MS`, 20 ms, 0.4 of the frame period) later than asked within the window. Then
+    the host held off even the stack's highest-priority work, and the dock's stage times, which the worker
+    measures on the host (a copy is host work: libusb's submissions and completions; on the twin all of the
+    dock is), hold host time the node cannot tell from the dock's own, so :func:`dock_outpaced` cannot overrule
+    the host's excuse (:func:`host_excuse`). Only the node's own wake-ups decide, not the CPU pressure: PSI is
+    system-wide, and reads 60-100 % beside two CPU-bound processes that never delay a realtime thread, where a
+    90 ms GPU must still count against the dock."""
+    th = th or HostThresholds()
+    why = []
+    if f.loop_late_ms >= th.late_ms:
+        why.append(f"loop woke {f.loop_late_ms:.0f} ms late")
+    if f.worker_late_ms >= th.late_ms:
+        why.append(f"worker's timer woke {f.worker_late_ms:.0f} ms late")
+    return ", ".join(why)
+
+
+@dataclass(frozen=True)
+class HostExcuse:
+    """:func:`host_excuse`'s verdict: ``host``, the host-late reason that makes a miss the host's ("" when the
+    miss is the dock's); ``overruled``, the :func:`dock_outpaced` reason that took a late host's excuse away
+    ("" when none did)."""
+
+    host: str = ""
+    overruled: str = ""
+
+
+def host_excuse(f: HostFigures, dock_ms: Sequence[float], period_ms: Sequence[float],
+                th: HostThresholds | None = None) -> HostExcuse:
+    """Whether a deadline miss is the host's: :func:`host_late`'s reason, unless the dock is slower than the
+    camera on its own time (:func:`dock_outpaced`, over ``dock_ms`` and ``period_ms``) -- a late host does not
+    excuse that -- while the host did not starve the node itself (:func:`host_starved`: its loop or its worker's
+    timer woke at least ``late_ms`` late). Starved, the miss is the host's whatever the dock's measured pace: the
+    node publishes it as host late and counts no miss run against a dock layer. That never lets a hung GPU serve:
+    the watchdog's hang check and served rule (``node/watchdog.py``: a worker with frames in hand that answers
+    none within its deadline for the wait timeout + margin, 3000 + 250 ms) fail the gpu layer whatever the
+    host's figures say."""
+    th = th or HostThresholds()
+    late = host_late(f, th)
+    if not late or host_starved(f, th):
+        return HostExcuse(late)
+    slow = dock_outpaced(dock_ms, period_ms, f.twin_wait_ms)
+    return HostExcuse("", slow) if slow else HostExcuse(late)
+
+
+HIGHSPEED_MBPS = 480  # USB 2 High Speed (backend/protocol.py HIGHSPEED_MBPS); below it USB 1
+COPY_SHARE_BLAMES_LINK = 0.5
+"""The share of the dock's own time per frame above which its copies (copy-in + copy-out), on a link below
+SuperSpeed, make a run of misses the link's (:func:`miss_run_blame`): over half, so the copies, not the GPU's
+compute, are the larger part of what made the frames late (our choice). A link that falls from SuperSpeed to USB 2
+slows only the copies, about tenfold, so they pass half at once: the 128x256 model on the twin at dock-like timing
+(5600 Mbps) spends 7.3 of its 14.4 ms a frame copying (p50: copy-in 2.5, compute 7.1, copy-out 4.8 ms), and
+openpilot's ~22 ms frame copy (openpilot#38862) is already near half its 50 ms frame at SuperSpeed."""
+
+
+def miss_run_blame(reason: str, transfer_errors: int, link_mbps: int | None = None,
+                   stages_ms: Sequence[tuple[float, float, float]] = ()) -> tuple[Layer, str]:
+    """The layer a run of deadline misses fails over, and the reason.
+
+    - ``transfer_errors`` > 0 (the link failed that many transfer attempts since the primary's last result in
+      time): the usb layer's, with the count -- the frames were late because the transport was retrying (each
+      retry waits out its timeout, ``backend/retry.py``), and a new worker or a replug, not a GPU reset, is the
+      remedy. A hung GPU's fence polls still complete, so they add no errors.
+    - ``link_mbps`` (the dock's link speed at the last probe or enumeration, Mbps) below USB 3 SuperSpeed,
+      5000 Mbps (:data:`~chestnut.node.health.SUPERSPEED_MBPS`, ``backend/protocol.py``'s: the USB 3.2
+      specification's SuperSpeed, Gen 1, signalling rate, below which openpilot's hardware daemon calls the link
+      slow; docs/protocol.md): the usb layer's when the copies dominate -- ``stages_ms``, the
+      stage times (copy-in, compute, copy-out, ms) of the results that came since the primary's last result in
+      time, whose medians of copy-in + copy-out are over :data:`COPY_SHARE_BLAMES_LINK` of the dock's own time --
+      or when no result since then timed its stages (a request that never came back: on such a link large reads
+      time out and bulk writes truncate, the project's rule for a wait that outlasts its timeout there,
+      ``backend/classify.py`` ``blame_slow_link``). A slow link is remedied by a SuperSpeed port or cable, not a
+      GPU reset. Compute over half the time on the same link stays the gpu's: a slow GPU is slow on any link.
+    - otherwise the gpu layer's, ``reason`` unchanged."""
     if transfer_errors > 0:
         return Layer.USB, f"{reason}; the link failed {transfer_errors} transfer attempt(s) meanwhile"
-    return Layer.GPU, reason
+    if link_mbps is None or link_mbps >= SUPERSPEED_MBPS:
+        return Layer.GPU, reason
+    speed = f"{link_mbps} Mbps, USB {2 if link_mbps >= HIGHSPEED_MBPS else 1}"  # as backend/classify.py names it
+    if not stages_ms:
+        return Layer.USB, (f"{reason}; on a {speed} link, below SuperSpeed ({SUPERSPEED_MBPS} Mbps), with no "
+                           "result since the last one in time (copies ~10x slower, bulk writes may truncate)")
+    copy_in, compute, copy_out = (float(np.median([s[i] for s in stages_ms])) for i in range(3))
+    copies, own = copy_in + copy_out, copy_in + compute + copy_out
+    if own <= 0 or copies <= COPY_SHARE_BLAMES_LINK * own:
+        return Layer.GPU, reason
+    return Layer.USB, (f"{reason}; on a {speed} link, below SuperSpeed ({SUPERSPEED_MBPS} Mbps), the copies took "
+                       f"{copies:.1f} of the dock's {own:.1f} ms a frame (copy-in {copy_in:.1f}, compute "
+                       f"{compute:.1f}, copy-out {copy_out:.1f} ms; median of {len(stages_ms)} result(s) since the "
+                       "last one in time)")
 
 
 @dataclass(frozen=True)

@@ -231,11 +231,14 @@ def test_a_usb2_link_keeps_the_usb_layer_warn_without_flapping(stack: Stack) -> 
     assert rec.active and not any(a.active for a in rec.active), [a.reason for a in rec.active if a.active]
     assert all(a.reason.startswith("usb WARN: ") and "480 Mbps" in a.reason for a in rec.active), \
         sorted({a.reason for a in rec.active if not a.reason.startswith("usb WARN: ") or "480 Mbps" not in a.reason})
-    # The link never fails the primary over: the only failover allowed is the gpu layer's run of deadline
-    # misses, which on the twin under host load is partly the host's by construction (README: the twin's
-    # "GPU" computes on the host's CPU, and the test's camera shares it); no share of primary frames is
-    # asserted, as it measures the machine's load, not the node.
-    assert all(s.reason.startswith("deadline_miss_run (gpu): ") for s in failovers(rec)), \
+    # The link's WARN never fails the primary over: the only failover allowed is a run of deadline misses, which
+    # on the twin under host load is partly the host's by construction (README: the twin's "GPU" computes on the
+    # host's CPU, and the test's camera shares it) -- the usb layer's when the copies were most of the dock's time
+    # on this link (node/policy.py miss_run_blame), else the gpu's; no share of primary frames is asserted, as it
+    # measures the machine's load, not the node.
+    assert all(s.reason.startswith("deadline_miss_run (gpu): ") or (
+        s.reason.startswith("deadline_miss_run (usb): ") and "on a 480 Mbps, USB 2 link" in s.reason)
+        for s in failovers(rec)), \
         ([s.reason for s in failovers(rec)], log)
     assert unanswered_frames(rec)[1] == [], log
     t_clear = time.monotonic_ns()

@@ -11,12 +11,16 @@ import itertools
 import numpy as np
 import pytest
 
+from chestnut.backend.errors import Layer
 from chestnut.backend.model import TensorSpec
 from chestnut.node.policy import (
     UNAVAILABLE,
     Answer,
     Candidate,
     FrameClock,
+    HostExcuse,
+    HostFigures,
+    HostThresholds,
     Pairing,
     PrimaryView,
     StartFailure,
@@ -33,9 +37,12 @@ from chestnut.node.policy import (
     fallback_must_run,
     frame_age_s,
     frame_clock,
+    host_excuse,
+    host_starved,
     is_primary_fault,
     late_result_reason,
     mark_deadline_miss,
+    miss_run_blame,
     no_result_reason,
     pair_response,
     primary_serves,
@@ -47,6 +54,7 @@ from chestnut.node.policy import (
 )
 from chestnut.node.supervisor import Event, Source
 from chestnut.node.validity import StaleDetector, ValidityReport, check_outputs, contracts_from_specs
+from chestnut.node.watchdog import ActionKind, RequestKind, Watchdog, WatchdogConfig
 
 MS = 1_000_000
 NOW = 10_000 * MS          # the node's clock when the frame arrives
@@ -362,19 +370,99 @@ def test_chestnut_active_needs_the_health_rule_and_a_valid_output() -> None:
 
 
 def test_a_dock_slower_than_the_camera_is_not_excused_by_a_late_host():
-    """The median of the dock's own time per frame, less the twin GPU's CPU wait per frame, against 1.5 x the
-    median frame period: 90 ms a frame on a 50 ms camera queues every frame behind the last whatever the host
-    does."""
+    """The median of the dock's own time per frame, less the share of it the twin's GPU waited for a CPU, against
+    1.5 x the median frame period: 90 ms a frame on a 50 ms camera queues every frame behind the last whatever
+    the host does."""
     five = [50.0] * 5
     assert dock_outpaced([90.0, 95.0, 92.0, 91.0, 93.0], five) == (
         "the dock's own time per frame (92 ms, median of its last 5) is over the frame period (50 ms): frames queue "
         "behind it whatever the host does")
     assert dock_outpaced([30.0] * 5, five) == ""  # keeps up: a late host may be the cause
-    # on the twin, 400 ms a second of GPU waiting for a CPU is 20 ms of each 50 ms frame: 80 ms of its own
-    assert dock_outpaced([100.0] * 5, five, twin_wait_ms=400.0).startswith("the dock's own time per frame (80 ms")
-    assert dock_outpaced([90.0] * 5, five, twin_wait_ms=400.0) == ""  # 70 ms: not 1.5 x the period
-    # the full-size NV12 stack loading the host itself: 1.18 x the frame, no fault -- not the dock's
+    # on the twin, 400 ms of the last second waiting for a CPU is 40 % of each frame's dock time
+    assert dock_outpaced([150.0] * 5, five, twin_wait_ms=400.0).startswith("the dock's own time per frame (90 ms")
+    assert dock_outpaced([100.0] * 5, five, twin_wait_ms=400.0) == ""  # 60 ms of its own: not 1.5 x the period
+    # a 90 ms GPU beside two CPU hogs (its GPU waited 40 ms a second): 86 ms of its own, the dock's
+    assert dock_outpaced([90.0] * 5, five, twin_wait_ms=40.0).startswith("the dock's own time per frame (86 ms")
+    # the full-size NV12 stack loading the host itself: 81 ms a frame, 443 ms a second waiting, no fault
     assert dock_outpaced([81.0] * 5, five, twin_wait_ms=443.0) == ""
+    # beside a second full-size stack, its GPU waiting 448 ms a second: 120 ms a frame is 66 ms of its own, the
+    # host's (one period's share of the wait, 22 ms, left 98 ms, over 75: the gpu failed over on host load)
+    assert dock_outpaced([120.0] * 9, [50.0] * 20, twin_wait_ms=448.0) == ""
+    assert dock_outpaced([160.0] * 5, five, twin_wait_ms=2000.0) == ""  # a wait over the window: all of it
     assert dock_outpaced([90.0] * 4, five) == ""  # too few results to say
     assert dock_outpaced([90.0] * 5, [50.0] * 4) == ""  # too few frames to say
     assert dock_outpaced([75.0] * 5, five) == ""  # exactly 1.5 x the period
+
+
+def test_a_host_that_starved_the_node_itself_excuses_a_miss_whatever_the_docks_pace():
+    """host_excuse: a late host's excuse stands unless the dock is slower than the camera; a node whose own
+    realtime loop or worker timer woke 20 ms late or more was starved, and the miss is the host's even then."""
+    slow, periods = [160.0] * 9, [50.0] * 20  # 160 ms a frame on a 50 ms camera: outpaced, however late the host
+    outpaced = ("the dock's own time per frame (88 ms, median of its last 9) is over the frame period (50 ms): "
+                "frames queue behind it whatever the host does")
+    twin_only = HostFigures(loop_late_ms=4.0, worker_late_ms=6.0, cpu_pressure_pct=92.0, twin_wait_ms=448.0)
+    assert host_excuse(twin_only, slow, periods) == HostExcuse("", outpaced)
+    starved = HostFigures(loop_late_ms=31.0, worker_late_ms=6.0, cpu_pressure_pct=92.0, twin_wait_ms=448.0)
+    assert host_starved(starved) == "loop woke 31 ms late"
+    assert host_excuse(starved, slow, periods) == HostExcuse(
+        "host late: loop woke 31 ms late, the twin's GPU waited 448 ms for a CPU, cpu pressure 92 %")
+    timer = HostFigures(worker_late_ms=20.0)
+    assert host_starved(timer) == "worker's timer woke 20 ms late"
+    assert host_excuse(timer, slow, periods) == HostExcuse("host late: worker's timer woke 20 ms late")
+    # below the threshold the node was not starved; the CPU pressure alone never says it was (PSI is system-wide)
+    assert host_starved(HostFigures(loop_late_ms=19.9, worker_late_ms=19.9, cpu_pressure_pct=100.0)) == ""
+    assert host_excuse(HostFigures(dock_ms=14.0, elapsed_ms=180.0), slow, periods) == HostExcuse(
+        "", "the dock's own time per frame (160 ms, median of its last 9) is over the frame period (50 ms): frames "
+            "queue behind it whatever the host does")
+    # an on-time host excuses nothing, a dock that keeps up never overrules
+    assert host_excuse(HostFigures(cpu_pressure_pct=100.0), slow, periods) == HostExcuse()
+    assert host_excuse(twin_only, [40.0] * 9, periods) == HostExcuse(
+        "host late: the twin's GPU waited 448 ms for a CPU, cpu pressure 92 %")
+    assert host_excuse(timer, slow, periods, HostThresholds(late_ms=30.0)) == HostExcuse()  # the configured bound
+
+
+def test_a_hung_gpu_on_a_starved_host_still_fails_over_at_the_wait_timeout_plus_margin():
+    """Every miss of a hung GPU on a starved host is the host's (host_excuse), yet the watchdog's hang check
+    kills the worker on the gpu layer at the wait timeout + margin (3000 + 250 ms), the served rule with it."""
+    wd = Watchdog(WatchdogConfig())
+    excuse = host_excuse(HostFigures(loop_late_ms=31.0), [160.0] * 9, [50.0] * 20)
+    assert excuse.host == "host late: loop woke 31 ms late"
+    wd.worker_started(0)
+    actions, t = [], 0
+    for i in range(80):  # a frame every 50 ms (deadline 45 ms), none ever answered
+        now = i * 50 * MS
+        assert wd.request(i, now, RequestKind.FRAME, 45.0) == []
+        wd.heartbeat(now)  # its heartbeat thread still beats
+        t = now + 46 * MS
+        actions = [a for a in wd.check(t, excuse.host) if a.kind is not ActionKind.ANSWER_FROM_FALLBACK]
+        if actions:
+            break
+    assert t == 3_296 * MS  # the first check past 3250 ms after frame 0
+    assert [(a.kind, a.entity, a.layer, a.reason) for a in actions] == [
+        (ActionKind.KILL_WORKER, "hang", Layer.GPU,
+         "worker hung: request 0 (frame) unanswered after 3296.0 ms (wait timeout + margin 3250.0 ms)")]
+    assert wd.host_misses == 66 and wd.misses == 66  # every miss before it was the host's
+
+
+def test_a_miss_run_on_a_usb2_link_whose_copies_dominate_is_the_usb_layers():
+    """Below SuperSpeed (5000 Mbps) a run of misses is the link's when the copies are over half the dock's own
+    time per frame, or when no result came back since the last one in time; compute over half stays the gpu's."""
+    why = "3 consecutive frames without a primary result within the deadline (38.2 ms); last: primary busy"
+    usb2 = [(24.0, 7.0, 11.0), (26.0, 7.5, 12.0), (25.0, 7.1, 11.5)]  # copy-in, compute, copy-out (ms)
+    assert miss_run_blame(why, 0, 480, usb2) == (Layer.USB, why + (
+        "; on a 480 Mbps, USB 2 link, below SuperSpeed (5000 Mbps), the copies took 36.5 of the dock's 43.6 ms a "
+        "frame (copy-in 25.0, compute 7.1, copy-out 11.5 ms; median of 3 result(s) since the last one in time)"))
+    assert miss_run_blame(why, 0, 480, ()) == (Layer.USB, why + (
+        "; on a 480 Mbps, USB 2 link, below SuperSpeed (5000 Mbps), with no result since the last one in time "
+        "(copies ~10x slower, bulk writes may truncate)"))
+    assert miss_run_blame(why, 0, 12, ())[1].endswith("; on a 12 Mbps, USB 1 link, below SuperSpeed (5000 Mbps), "
+                                                      "with no result since the last one in time (copies ~10x "
+                                                      "slower, bulk writes may truncate)")
+    # a slow GPU on the same link: compute over half the dock's time
+    assert miss_run_blame(why, 0, 480, [(10.0, 90.0, 5.0)]) == (Layer.GPU, why)
+    assert miss_run_blame(why, 0, 480, [(10.0, 20.0, 10.0)]) == (Layer.GPU, why)  # exactly half: not over it
+    # SuperSpeed, or a speed not known: the gpu's, whatever the copies
+    assert miss_run_blame(why, 0, 5000, usb2) == (Layer.GPU, why)
+    assert miss_run_blame(why, 0, None, usb2) == (Layer.GPU, why)
+    # failed transfers come first: the transport was retrying
+    assert miss_run_blame(why, 4, 480, usb2) == (Layer.USB, why + "; the link failed 4 transfer attempt(s) meanwhile")
