@@ -26,6 +26,13 @@ backed-off error, not tinygrad's first-try ``RuntimeError``), but opens it more 
 
 Once we created the file in the sticky temp dir, no other user can swap it before tinygrad opens it.
 
+The file stays after its last holder is gone (``chestnut launch`` leaves ``am_usb:<bus>-<addr>.lock`` behind), on
+purpose: it is the standard ``flock`` idiom, and unlinking a lock file races. A process that opened the file just
+before the unlink goes on to lock the unlinked inode while the next one creates a fresh file at the name and locks
+that: two holders of "the" dock lock at once. Only a lock file whose every user re-checks, after its ``flock``,
+that the name still leads to the inode it locked may be unlinked, and tinygrad 0.14's ``flock_acquire`` does not.
+An empty 0600 file of ours in the temp dir costs nothing and is reused by the next open.
+
 tinygrad's ``flock_acquire`` also calls ``os.umask(0)`` and leaves it there, so every file and directory the
 process creates afterwards would be world-writable (tinygrad's compile cache among them), against the unit's
 ``UMask=0077``: :func:`keep_umask_around_tinygrads_lock` makes that call restore the umask the process had, and
@@ -84,6 +91,8 @@ def open_dock_lock(path: str | os.PathLike[str]) -> int:
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise _unusable(path, "is a symlink (refused: it could point anywhere)", fix) from None
+        if e.errno == errno.EISDIR:  # O_RDWR on a directory
+            raise _unusable(path, "is a directory, not a regular file", fix.replace("rm ", "rm -r ", 1)) from None
         raise _unusable(path, f"cannot be opened ({e.strerror})", fix) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):

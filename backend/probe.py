@@ -321,6 +321,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"fingerprint of {spec.name} (seed {fp['seed']}) written to {args.record_fingerprint}")
         return 0
 
+    recorded = None  # --fingerprint's, read before the dock is touched (backend/fingerprint.py's bounded reader)
+    if spec is not None and args.fingerprint is not None:
+        from chestnut.backend.fingerprint import FingerprintFileError, read_fingerprint_file
+
+        try:
+            recorded = read_fingerprint_file(args.fingerprint)
+        except FingerprintFileError as e:  # a FIFO is never opened, a huge file never read: one line
+            print(f"chestnut probe: --fingerprint {e}", file=sys.stderr)
+            return 2
+
     runner: Any
     if args.real:
         from chestnut.backend.real_runner import RealRunner
@@ -335,8 +345,8 @@ def run(args: argparse.Namespace) -> int:
     out = None if args.json else sys.stdout  # progress lines would break the JSON
     if spec is not None:
         try:
-            if args.fingerprint is not None:
-                fp = json.loads(args.fingerprint.read_text())
+            if recorded is not None:
+                fp = recorded
             else:
                 with Ticker(f"recording the fingerprint of {spec.name} on the host CPU (tinygrad compiles it)", out):
                     if args.real:

@@ -101,6 +101,11 @@ class Kit:
             self.cfg.model.path = args.model
         self.cfg.dock.kind = "twin" if self.twin else "real"
         node_config.validate(self.cfg)  # the node's own checks for this dock (its start-up budget among them)
+        from chestnut.node.contract import read_fingerprint
+
+        # the fingerprint recorded beside the model, read as the node reads it (bounded; a FIFO never opened): None
+        # when there is none (recorded afresh by the fingerprint step), ConfigError for a file that is not one
+        self.recorded_fp = read_fingerprint(self.cfg.fingerprint_path)
         self.steps: list[StepRecord] = []
         self.identity: dict[str, str] = {}
         self.node_identity: dict[str, str] = {}  # as the node's nodeState carries it
@@ -215,9 +220,10 @@ class Kit:
         }
 
     def fingerprint(self) -> dict[str, Any]:
-        path = self.cfg.fingerprint_path
-        if path.is_file():
-            return dict(json.loads(path.read_text()))
+        """The recorded fingerprint read when the kit was made (``recorded_fp``), else one recorded now on the host
+        CPU in a child process (``backend/probe.py`` ``_record_fingerprint_subprocess``)."""
+        if self.recorded_fp is not None:
+            return self.recorded_fp
         from chestnut.backend.interface import ModelSpec
         from chestnut.backend.probe import _record_fingerprint_subprocess
 

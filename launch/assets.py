@@ -184,21 +184,40 @@ def expose_logits(model: Any, prob_name: str = "text_prob", logits_name: str = "
     return None
 
 
+def source_problem(src: Path) -> str | None:
+    """Why ``src`` cannot be the ONNX file to prepare, from its ``stat`` alone (a symlink is followed: a link to
+    a model is a model), or None: ``"no such file"``, ``"is a directory"``, or ``"is a FIFO, not a regular file"``
+    (a socket, a device: ``msgs/video.py`` ``file_kind``), never opened -- opening a FIFO waits for a writer,
+    forever for a planted one (``open(2)``)."""
+    import os
+    import stat
+
+    from chestnut.msgs.video import file_kind
+
+    try:
+        mode = os.stat(src).st_mode
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    return None if stat.S_ISREG(mode) else f"is {file_kind(mode)}, not a regular file"
+
+
 def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_frame: np.ndarray | None) -> dict[str, Any]:
     """Prepare ``src`` into ``out`` (+ ``out.with_suffix('.json')`` metadata); returns the metadata.
 
     ``check_frame``: a uint8 [H,W,3] BGR real frame for the onnxruntime agreement check (PP-OCR
     normalisation), or None to check on a fixed random input. Raises ModelError on any failed check:
-    ``missing_model`` when ``src`` is no file (absent or a folder), ``bad_model`` when its bytes are not an ONNX
-    model with a graph input (garbage, an empty file) or a check fails, ``bad_input_shape`` (see
+    ``missing_model`` when ``src`` is no regular file (:func:`source_problem`), ``bad_model`` when its bytes are
+    not an ONNX model with a graph input (garbage, an empty file) or a check fails, ``bad_input_shape`` (see
     :func:`repair_and_fix_shape`); OutputDirError when ``out`` cannot be written.
     """
     import onnx
 
-    if src.is_dir():
-        raise ModelError("missing_model", f"model file {src} is a directory")
-    if not src.is_file():
-        raise ModelError("missing_model", f"model file {src} does not exist")
+    if (what := source_problem(src)) is not None:
+        raise ModelError("missing_model", f"model file {src}: {what}")
     try:
         model = onnx.load(str(src))
     except Exception as e:  # protobuf's DecodeError, onnx's own errors: the bytes are not a ModelProto
@@ -436,8 +455,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"chestnut model prepare: {e}", file=sys.stderr)
         return 2
-    if args.onnx is not None and not args.onnx.is_file():
-        what = "is a directory" if args.onnx.is_dir() else "no such file"
+    if args.onnx is not None and (what := source_problem(args.onnx)) is not None:
         print(
             f"chestnut model prepare: --onnx {args.onnx}: {what}; give the path of an ONNX model "
             "(or leave --onnx out for the default PP-OCRv4 detector)",

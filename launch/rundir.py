@@ -1,10 +1,14 @@
 """``chestnut launch``'s run directory: a fresh ``runs/<UTC time>/`` of its own for each launch, private to
 this user (:func:`make_run_dir`), and the supervisord configuration rendered into it from
-``launch/supervisord.conf`` (:func:`render_config`)."""
+``launch/supervisord.conf`` (:func:`render_config`); and, once the stack stopped, its prefix's runtime directory
+removed when nothing but the stack's own leftovers is in it (:func:`remove_runtime_dir`)."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -71,3 +75,76 @@ def render_config(
     conf = run_dir / "supervisord.conf"
     write_private(conf, text)
     return conf
+
+
+def _stack_entry(name: str) -> tuple[str, int] | None:
+    """What the stack leaves at ``name`` in a runtime directory, as (what, ``S_IFMT`` type), else None: a
+    service's publisher lock file (``msgs/messaging.py`` ``PUB_LOCK_SUFFIX``), a service's ``ipc://`` socket or
+    another socket of the stack (``msgs/paths.py`` ``STACK_SOCKET_NAMES``), the twin's host-wait figure
+    (``backend/sim/hostwait.py`` ``FILE_NAME``)."""
+    from chestnut.backend.sim.hostwait import FILE_NAME as HOSTWAIT_FILE
+    from chestnut.msgs.messaging import PUB_LOCK_SUFFIX
+    from chestnut.msgs.paths import STACK_SOCKET_NAMES
+    from chestnut.msgs.services import SERVICE_LIST
+
+    if name.endswith(PUB_LOCK_SUFFIX) and name[: -len(PUB_LOCK_SUFFIX)] in SERVICE_LIST:
+        return "lock", stat.S_IFREG
+    if name in SERVICE_LIST or name in STACK_SOCKET_NAMES:
+        return "socket", stat.S_IFSOCK
+    if name == HOSTWAIT_FILE:
+        return "file", stat.S_IFREG
+    return None
+
+
+def remove_runtime_dir(prefix: str) -> str | None:
+    """Remove ``prefix``'s runtime directory (``msgs/paths.py`` ``runtime_dir``: ``<base>/chestnut-<uid>/<prefix>``)
+    once its stack stopped, with the stack's leftovers in it; returns None when it is gone (or was never there),
+    else one line saying why it is kept. Raises nothing.
+
+    Kept, untouched, unless every entry is a leftover of the stack (:func:`_stack_entry`) of the right type
+    and ours, the directory itself is ours and 0700 (``private_problem``), and no process holds any of its
+    publisher locks: a foreign file (a log, anything planted) or a live publisher (a program that outlived the
+    stop) keeps it. The publisher locks are taken here (``flock(LOCK_EX | LOCK_NB)``, the publishers' own lock)
+    and held while the entries are unlinked and the directory removed, so no publisher can start in it
+    meanwhile; a file that comes in meanwhile makes the ``rmdir`` fail and keeps it. Nothing is followed
+    (``O_NOFOLLOW``, ``dir_fd``). ``chestnut-<uid>`` above it is shared by every prefix and stays."""
+    from chestnut.msgs.paths import private_problem, runtime_base
+
+    uid = os.getuid()
+    user_dir = runtime_base() / f"chestnut-{uid}"
+    path = user_dir / prefix
+    fds: list[int] = []
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fds.append(os.open(user_dir, flags))
+        fds.append(os.open(prefix, flags, dir_fd=fds[0]))
+        if (problem := private_problem(os.fstat(fds[0]), uid) or private_problem(os.fstat(fds[1]), uid)) is not None:
+            return f"runtime directory {path} kept: {problem}"
+        names = sorted(os.listdir(fds[1]))
+        for name in names:  # everything judged before anything is removed
+            st = os.lstat(name, dir_fd=fds[1])
+            entry = _stack_entry(name)
+            if entry is None or stat.S_IFMT(st.st_mode) != entry[1] or st.st_uid != uid:
+                return f"runtime directory {path} kept: {name} in it is not the stack's"
+        for name in names:
+            if _stack_entry(name) == ("lock", stat.S_IFREG):
+                fds.append(os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fds[1]))
+                if not stat.S_ISREG(os.fstat(fds[-1]).st_mode):
+                    return f"runtime directory {path} kept: {name} in it is not the stack's"
+                try:
+                    fcntl.flock(fds[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return f"runtime directory {path} kept: a live process holds {name}"
+        for name in names:
+            os.unlink(name, dir_fd=fds[1])
+        os.rmdir(prefix, dir_fd=fds[0])
+    except FileNotFoundError:
+        return None if not fds[1:] else f"runtime directory {path} kept: an entry went away meanwhile"
+    except OSError as e:
+        if e.errno == errno.ENOTEMPTY:
+            return f"runtime directory {path} kept: something came into it meanwhile"
+        return f"runtime directory {path} kept: {e.strerror or e}"
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+    return None

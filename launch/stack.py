@@ -30,10 +30,11 @@ printing (``launch/summary.py``); :func:`run` here is the sequence of steps: :fu
 and :func:`verdict`.
 
 Exit status (:func:`exit_code`): 0 when the run and its contracts are clean, 1 when not (also for a program that
-never ran: ``launch/supervise.py`` ``not_started_lines``, a summary line each), 2 for arguments
-refused before anything starts, 130 for a Ctrl-C (143 for a SIGTERM) that cut a timed run (``--seconds N``) short. With
-``--seconds 0`` Ctrl-C is the normal end of the run, so it exits 0 or 1 like a timed run that ran out. A Ctrl-C
-before the stack started (while :func:`prepare` checks) exits 130 after one line, whatever ``--seconds``.
+never ran: ``launch/supervise.py`` ``not_started_lines``, a summary line each; for a node that never took the dock:
+``dock_never_taken``), 2 for arguments and planted paths refused before anything starts, 130 for a Ctrl-C (143 for
+a SIGTERM) that cut a timed run (``--seconds N``) short. With ``--seconds 0`` Ctrl-C is the normal end of the run,
+so it exits 0 or 1 like a timed run that ran out. A Ctrl-C before the stack started (while :func:`prepare`
+checks) exits 130 after one line, whatever ``--seconds``.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ from chestnut.launch.summary import (
 from chestnut.launch.supervise import (
     CRASH_LOOP_EXITS,
     check_stack_sockets,
+    dock_never_taken,
     last_words,
     node_exits,
     not_started_lines,
@@ -356,7 +358,7 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path, Path] | int:
             log.error("%s", problem)
             return 2
     prefix = current_prefix()
-    check_stack_sockets(prefix)  # a path planted at twin.sock or supervisor.sock: one line, exit 2 (launch/cli.py)
+    check_stack_sockets(prefix, node_toml)  # a path planted at a socket or the dock's lock: 1 line, exit 2 (cli.py)
     if (other := running_stack(prefix)) is not None:
         log.error(
             "a stack is already running on prefix %r (%s); stop it first, or choose another prefix with "
@@ -578,8 +580,11 @@ def verdict(launch: Launch, summary: dict[str, Any]) -> int:
         json_lost = True
     # which frames were owed an output is the contract check's call (one_output_per_frame): a node restarted
     # under supervision owes nothing for the frames sent while none ran, which missing_outputs still lists
+    if (never := dock_never_taken(summary)) is not None:  # its lock file refused every start of the primary
+        log.error("%s", never)
     ok = summary["outputs"] > 0 and bool(summary["contracts"]) and not any(summary["contracts"].values())
     ok = ok and not launch.died and not launch.failed_start and not json_lost and not launch.faults_missed
+    ok = ok and never is None
     ok = ok and not summary.get("programs_not_started") and not summary.get("outputs_lost")  # never ran, unwritten
     return exit_code(ok, args.seconds, launch.flag.signum)
 

@@ -20,7 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from chestnut.launch.rundir import RUN_UMASK
+from chestnut.launch.rundir import RUN_UMASK, remove_runtime_dir
+from chestnut.msgs.paths import RuntimeDirError
 
 log = logging.getLogger("chestnut.launch")
 
@@ -56,7 +57,9 @@ def start_supervisord(conf: Path, prefix: str, launch_id: str) -> subprocess.Pop
 def shut_down(proc: subprocess.Popen[bytes], conf: Path, view: Any, prefix: str, launch_id: str) -> None:
     """End the launch: the programs in :data:`STOP_ORDER` (:func:`stop_stack`) while supervisord runs, the view's
     subscriptions closed, supervisord itself (SIGTERM, SIGKILL after :data:`SUPERVISORD_STOP_S`), then whatever
-    of the launch is left (:func:`kill_stack`), each note logged."""
+    of the launch is left (:func:`kill_stack`), each note logged; last the prefix's runtime directory is removed
+    when only the stack's leftovers are in it (``launch/rundir.py`` ``remove_runtime_dir``; why it is kept
+    otherwise is logged)."""
     if proc.poll() is None:
         for note in stop_stack(conf, view):
             log.warning("stop: %s", note)
@@ -70,6 +73,8 @@ def shut_down(proc: subprocess.Popen[bytes], conf: Path, view: Any, prefix: str,
         proc.wait()
     if killed := kill_stack(prefix, launch_id):
         log.warning("killed %d process(es) of the stack left after supervisord: %s", len(killed), killed)
+    if (kept := remove_runtime_dir(prefix)) is not None:
+        log.info("%s", kept)
 
 
 def wait_for(view: Any, service: str, deadline_s: float, conf: Path | None = None, flag: Any = None) -> bool:
@@ -224,16 +229,61 @@ def program_state(conf: Path, name: str) -> str:
 STACK_SOCKETS = ("supervisor.sock", "twin.sock")  # supervisord's control socket, the twin's (backend/sim/wire.py)
 
 
-def check_stack_sockets(prefix: str) -> None:
-    """Refuse now what would stop supervisord or the twin from binding its socket in ``prefix``'s runtime
-    directory: anything there but nothing or a socket of ours (``msgs/paths.py`` ``check_socket_path``; the
-    twin would refuse it at each of supervisord's restarts). Raises
-    :class:`~chestnut.msgs.paths.SocketPathError` (one line; ``chestnut launch`` exits 2 on it) or what
-    :func:`~chestnut.msgs.paths.runtime_dir` raises."""
-    from chestnut.msgs.paths import check_socket_path, runtime_dir
+class DockLockPathError(RuntimeDirError):
+    """The twin's dock lock file (``backend/docklock.py`` ``dock_lock_path`` at the twin's first bus and address)
+    is one the node could never take: a symlink, not a regular file, another user's or writable by group/other
+    (``open_dock_lock``'s ``lock_unusable``). A :class:`~chestnut.msgs.paths.RuntimeDirError`, so ``chestnut
+    launch`` refuses it as it refuses a path planted in the runtime directory: one line, exit 2
+    (``launch/cli.py``). ``str()`` is the node's own line, then what it means for the run; ``path`` is the lock
+    file."""
 
-    for name in STACK_SOCKETS:
+    def __init__(self, path: Path, detail: str) -> None:
+        PermissionError.__init__(self, f"{detail} (the node could never take the dock: nothing started)")
+        self.path = path
+
+
+def check_stack_sockets(prefix: str, node_toml: dict[str, Any] | None = None) -> None:
+    """Refuse now what would stop a program of the stack from binding its socket in ``prefix``'s runtime
+    directory: anything at a name of ``msgs/paths.py`` ``STACK_SOCKET_NAMES`` (supervisord's control socket, the
+    twin's and the camera's frame ring hand-over ``cameraFrame.vipc``) but nothing or a socket of ours
+    (``check_socket_path``: the twin would refuse it at each of supervisord's restarts, the camera at its start).
+    With a node whose dock is the twin (``node_toml``'s ``[dock] kind``, default ``twin``: ``node/config.py``),
+    also the twin's dock lock file when one is there (:class:`DockLockPathError`; a missing one is made by the
+    node). Raises :class:`~chestnut.msgs.paths.SocketPathError` / :class:`DockLockPathError` (one line each;
+    ``chestnut launch`` exits 2 on them) or what :func:`~chestnut.msgs.paths.runtime_dir` raises."""
+    from chestnut.backend.docklock import dock_lock_path, open_dock_lock
+    from chestnut.backend.errors import UsbLayerError
+    from chestnut.backend.sim.cli import default_bus_address
+    from chestnut.msgs.paths import STACK_SOCKET_NAMES, check_socket_path, runtime_dir
+
+    path = dock_lock_path(*default_bus_address(prefix))  # the twin launch serves has no --bus / --address
+    if (node_toml or {}).get("dock", {}).get("kind", "twin") == "twin" and os.path.lexists(path):
+        try:  # first: refused, it leaves no runtime directory behind
+            os.close(open_dock_lock(path))  # the node's own open and checks; it exists, so nothing is created
+        except UsbLayerError as e:
+            raise DockLockPathError(path, e.detail) from None
+    for name in STACK_SOCKET_NAMES:
         check_socket_path(runtime_dir(prefix) / name)
+
+
+LOCK_UNUSABLE = "lock_unusable"  # backend/docklock.py: the reason of a dock lock file the node cannot use
+
+
+def dock_never_taken(summary: dict[str, Any]) -> str | None:
+    """The one line that fails a run (exit 1, a failed start) whose node never took the dock: ``ChestnutActive``
+    was never true (``summary``'s ``first_active_s`` None) and a start of its primary was refused for an unusable
+    dock lock file (a ``nodeState`` transition's or a restart's cause with :data:`LOCK_UNUSABLE`, e.g. a
+    directory planted at the lock's path while the stack started); else None. The line ends with the node's
+    own words, which name the file and the fix, without its ``retry in N s``."""
+    if summary.get("first_active_s") is not None:
+        return None
+    causes = [str(t[2]) for t in summary.get("transitions") or [] if len(t) > 2]
+    causes += [str(r.get("cause", "")) for r in summary.get("restarts") or [] if isinstance(r, dict)]
+    refused = [c for c in causes if LOCK_UNUSABLE in c]
+    if not refused:
+        return None
+    words = refused[-1][refused[-1].index(LOCK_UNUSABLE):].split("; retry in ")[0]
+    return f"the node never took the dock (ChestnutActive was never true): {words}"
 
 
 def running_stack(prefix: str) -> str | None:

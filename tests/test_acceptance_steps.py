@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -130,4 +131,28 @@ def test_a_number_the_kit_cannot_judge_by_is_refused_in_one_line(tmp_path, capsy
     assert capsys.readouterr().err.splitlines() == [
         f"chestnut acceptance: error: argument {option}: {value!r}: {want} (chestnut acceptance --help)"
     ]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("plant", ["fifo", "huge"])
+def test_a_fingerprint_file_that_is_no_fingerprint_is_refused_in_one_line_before_any_step(plant, tmp_path, tiny_onnx,
+                                                                                         capsys):
+    """A FIFO was passed over (a fresh one recorded in its place), a huge file read whole (a MemoryError)."""
+    from nodeharness import write_node_config
+
+    from chestnut.launch.cli import main
+
+    fp = tmp_path / "tiny.fingerprint.json"
+    if plant == "fifo":
+        os.mkfifo(fp)
+    else:
+        with open(fp, "wb") as f:
+            f.truncate(1 << 32)  # sparse: 4 GiB that cost no disk
+    cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, fingerprint=fp)
+    out = tmp_path / "out"
+    assert main(["acceptance", "--twin", "--config", str(cfg), "--out", str(out)]) == 2
+    problem = "is a FIFO, not a regular file" if plant == "fifo" else "is 4294967296 bytes, over the 1048576 a " \
+                                                                       "fingerprint may hold"
+    assert capsys.readouterr().err.splitlines() == [
+        f"chestnut acceptance: fingerprint: {fp} is unreadable: it {problem}"]
     assert not out.exists()

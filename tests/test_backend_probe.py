@@ -111,3 +111,20 @@ def test_a_shape_without_a_model_or_malformed_is_refused_in_one_line(capsys):
             f"chestnut probe: error: argument --shape: {bad!r}: want NAME=D0,D1,... (an input's name, positive "
             "dimensions) (chestnut probe --help)\n"
         )
+
+
+@pytest.mark.parametrize("plant", ["fifo", "huge"])
+def test_a_fingerprint_that_is_a_fifo_or_huge_is_refused_in_one_line_before_the_dock(plant, tiny_onnx, tmp_path):
+    """A FIFO hung the probe in its open; a 4 GiB file was read whole (a MemoryError traceback)."""
+    fp = tmp_path / "tiny.fp.json"
+    if plant == "fifo":
+        os.mkfifo(fp)
+    else:
+        with open(fp, "wb") as f:
+            f.truncate(1 << 32)  # sparse: no disk, and refused from its size before a byte is read
+    env = {k: v for k, v in os.environ.items() if k not in ("DEV", "GMMU", "HCQDEV_WAIT_TIMEOUT_MS")}
+    r = subprocess.run([sys.executable, "-m", "chestnut.launch.cli", "probe", "--twin", "--model", str(tiny_onnx),
+                        "--fingerprint", str(fp)], env=env, capture_output=True, text=True, timeout=30)
+    problem = "is a FIFO, not a regular file" if plant == "fifo" else "is 4294967296 bytes, over the 1048576 a " \
+                                                                       "fingerprint may hold"
+    assert (r.returncode, r.stderr.splitlines(), r.stdout) == (2, [f"chestnut probe: --fingerprint {fp} {problem}"], "")

@@ -153,6 +153,24 @@ def test_an_onnx_path_that_is_a_directory_says_so(tmp_path, monkeypatch, capsys)
     ])
 
 
+def test_an_onnx_path_that_is_a_fifo_says_so_and_is_never_opened(tmp_path, monkeypatch, capsys):
+    """It said 'no such file'; opening it would wait for a writer, forever for a planted one."""
+    from chestnut.backend.errors import ModelError
+    from chestnut.launch.assets import prepare_model
+
+    fifo = tmp_path / "model.onnx"
+    os.mkfifo(fifo)
+    rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(fifo))
+    assert (rc, err) == (2, [
+        f"chestnut model prepare: --onnx {fifo}: is a FIFO, not a regular file; give the path of an ONNX model "
+        "(or leave --onnx out for the default PP-OCRv4 detector)"
+    ])
+    with pytest.raises(ModelError) as e:  # the library call, as the command's check: never opened
+        prepare_model(fifo, tmp_path / "out" / "m.onnx", (1, 3, 32, 64), None)
+    assert str(e.value) == f"missing_model: model file {fifo}: is a FIFO, not a regular file"
+    assert not (tmp_path / "out" / "m.onnx").exists()
+
+
 def test_an_input_of_another_rank_names_the_file_given(tmp_path, monkeypatch, capsys):
     import onnx
     from onnx import TensorProto, helper

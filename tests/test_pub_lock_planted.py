@@ -170,11 +170,14 @@ def test_the_launch_refuses_a_planted_lock_or_socket_path_of_any_program_before_
 
 @pytest.mark.parametrize(("name", "plant", "what"), [("twin.sock", "dir", "a directory"),
                                                      ("twin.sock", "symlink", "a symlink"),
-                                                     ("supervisor.sock", "file", "a regular file")])
+                                                     ("supervisor.sock", "file", "a regular file"),
+                                                     ("cameraFrame.vipc", "file", "a regular file"),
+                                                     ("cameraFrame.vipc", "dir", "a directory")])
 def test_the_launch_refuses_a_path_planted_at_the_twins_or_supervisords_socket_before_anything_starts(
         name, plant, what, tmp_path, capsys):
     """A directory at twin.sock made the twin exit at every restart while the fallback served and launch said
-    'contracts: no violation', exit 0."""
+    'contracts: no violation', exit 0; a file at the camera's frame ring hand-over (cameraFrame.vipc) stopped the
+    camera after the stack had started (a shm transport), exit 1."""
     from chestnut.launch.cli import main
 
     victim = tmp_path / "victim"
