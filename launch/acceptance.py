@@ -112,6 +112,10 @@ class Kit:
         self.init_identity: dict[str, str] = {}  # as its initData (every log's header) carries it
         self.env = {k: v for k, v in os.environ.items() if k not in ENV_DROP}
         self.env["CHESTNUT_PREFIX"] = self.prefix
+        from chestnut.msgs.paths import runtime_base
+
+        # a runtime directory there before the run (a --prefix the person gave) may hold their own files
+        self.runtime_existed = os.path.lexists(runtime_base() / f"chestnut-{os.getuid()}" / self.prefix)
         self.daemon: Any = None
         self.client: Any = None
 
@@ -172,10 +176,20 @@ class Kit:
                 self.client.close_connection()
             if self.daemon is not None:
                 self.daemon.stop()
-                from chestnut.msgs.paths import runtime_dir
-
-                shutil.rmtree(runtime_dir(self.prefix), ignore_errors=True)
+                self.remove_runtime()
             self.add_not_run()
+
+    def remove_runtime(self) -> None:
+        """The twin's runtime directory once it stopped: removed whole when this run made it, else
+        (``launch/rundir.py`` ``remove_runtime_dir``) only if everything in it is a stack's leftover -- a prefix
+        the person gave keeps their own files, and a line says why the directory stays."""
+        from chestnut.launch.rundir import remove_runtime_dir
+        from chestnut.msgs.paths import runtime_dir
+
+        if not self.runtime_existed:
+            shutil.rmtree(runtime_dir(self.prefix), ignore_errors=True)
+        elif (kept := remove_runtime_dir(self.prefix)) is not None:
+            self.say(kept)
 
     def _conclude(self, out: Path, stopped_by: int | None) -> int:
         write_reports(out, self.report())

@@ -156,3 +156,34 @@ def test_a_fingerprint_file_that_is_no_fingerprint_is_refused_in_one_line_before
     assert capsys.readouterr().err.splitlines() == [
         f"chestnut acceptance: fingerprint: {fp} is unreadable: it {problem}"]
     assert not out.exists()
+
+
+def _kit_with(tmp_path, tiny_onnx, monkeypatch, prefix: str) -> tuple[A.Kit, list[str]]:
+    monkeypatch.setattr(sim_client, "TwinDaemon", FakeDaemon)
+    lines: list[str] = []
+    k = A.Kit(kit_args(tmp_path / "out", "--model", str(tiny_onnx), "--prefix", prefix), say=lines.append)
+    monkeypatch.setattr(k, "fingerprint", lambda: {})
+    monkeypatch.setattr(k, "dock_steps", lambda fp: False)
+    return k, lines
+
+
+def test_a_runtime_directory_there_before_the_kit_keeps_what_is_not_the_stacks(tmp_path, tiny_onnx, monkeypatch):
+    """A --prefix the person gave may be their own stack's: the kit removed its whole runtime directory."""
+    from chestnut.msgs.paths import runtime_dir
+
+    theirs = runtime_dir("x3mine")
+    (theirs / "notes.txt").write_text("mine")
+    k, lines = _kit_with(tmp_path, tiny_onnx, monkeypatch, "x3mine")
+    k.run()
+    assert (theirs / "notes.txt").read_text() == "mine"
+    assert f"runtime directory {theirs} kept: notes.txt in it is not the stack's" in lines
+
+
+def test_a_runtime_directory_the_kit_made_is_removed(tmp_path, tiny_onnx, monkeypatch):
+    from chestnut.msgs.paths import runtime_dir
+
+    k, lines = _kit_with(tmp_path, tiny_onnx, monkeypatch, "x3fresh")
+    made = runtime_dir("x3fresh")  # as the twin daemon makes it once the kit has started
+    (made / "twin.log").write_text("log")
+    k.run()
+    assert not made.exists() and not any("kept" in line for line in lines)
