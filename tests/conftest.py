@@ -73,6 +73,21 @@ def private_prefix(monkeypatch, request):
     shutil.rmtree(runtime_base() / f"chestnut-{os.getuid()}" / prefix, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def own_signal_handlers():
+    """Each test starts with the process's SIGINT / SIGTERM handlers as they were, and leaves them so: a command
+    run in-process (``launch/signals.py`` ``StopFlag``, the node's ``main``) installs its own for the life of a
+    process, and one left behind swallowed a later test's Ctrl-C (the offline pool's deferral,
+    ``node/offline/replay.py`` ``DeferredInterrupt``, takes SIGINT only over Python's default handler)."""
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, handler in saved.items():
+        if signal.getsignal(s) is not handler and handler is not None:
+            signal.signal(s, handler)
+
+
 @pytest.fixture
 def run_base(monkeypatch):
     """A fresh, short ``$XDG_RUNTIME_DIR`` (0700, ours; ``$RUNTIME_DIRECTORY`` unset), removed afterwards: pytest's
