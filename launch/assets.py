@@ -188,21 +188,29 @@ def source_problem(src: Path) -> str | None:
     """Why ``src`` cannot be the ONNX file to prepare, from its ``stat`` alone (a symlink is followed: a link to
     a model is a model), or None: ``"no such file"``, ``"is a directory"``, or ``"is a FIFO, not a regular file"``
     (a socket, a device: ``msgs/video.py`` ``file_kind``), never opened -- opening a FIFO waits for a writer,
-    forever for a planted one (``open(2)``)."""
+    forever for a planted one (``open(2)``) -- or a size over ``backend/model.py`` ``MAX_MODEL_BYTES`` (2 GiB,
+    protobuf's limit for one serialized model), refused unread: a 5 GB file was read whole, 5 GB of memory,
+    before protobuf said so."""
     import os
     import stat
 
+    from chestnut.backend.model import MAX_MODEL_BYTES
     from chestnut.msgs.video import file_kind
 
     try:
-        mode = os.stat(src).st_mode
+        st = os.stat(src)
     except FileNotFoundError:
         return "no such file"
     except OSError as e:
         return f"cannot be read ({e.strerror or e})"
+    mode = st.st_mode
     if stat.S_ISDIR(mode):
         return "is a directory"
-    return None if stat.S_ISREG(mode) else f"is {file_kind(mode)}, not a regular file"
+    if not stat.S_ISREG(mode):
+        return f"is {file_kind(mode)}, not a regular file"
+    if st.st_size > MAX_MODEL_BYTES:
+        return f"is {st.st_size} bytes, over the {MAX_MODEL_BYTES} an ONNX model can be"
+    return None
 
 
 def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_frame: np.ndarray | None) -> dict[str, Any]:
@@ -303,7 +311,18 @@ def prepared_damage(out: Path, meta: dict[str, Any]) -> str | None:
     the node refuses to start on when unreadable: ``node/contract.py`` ``read_fingerprint``) must be a JSON
     object recorded for that sha256, read as the node reads it (``backend/fingerprint.py``
     ``read_fingerprint_file``: a regular file, never a symlink, of at most ``FINGERPRINT_MAX_BYTES``, 1 MiB,
-    refused from its size before it is read). Never raises."""
+    refused from its size before it is read), and the file may not be writable by group or other (the node
+    refuses such a model: ``backend/model.py`` ``read_model_file``; prepared again, it is written 0600). Never
+    raises."""
+    import os
+    import stat
+
+    try:
+        mode = stat.S_IMODE(os.stat(out).st_mode)
+    except OSError as e:
+        return f"cannot read it: {e.strerror or e}"
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"it is writable by group or other (mode {mode:04o}), which the node refuses"
     try:
         sha = file_sha256(out)
     except OSError as e:

@@ -381,3 +381,14 @@ def test_a_damaged_fingerprint_is_prepared_again(prepared, capsys, damage, why):
     first = capsys.readouterr().out.splitlines()[0]
     assert first == f"prepared model {out} is damaged (its fingerprint tiny.fingerprint.json {why}); preparing it again"
     assert calls == [out]
+
+
+def test_a_prepared_model_writable_by_others_is_prepared_again_0600(prepared, capsys):
+    """'model ready' was said of a 0666 prepared model, which the node then refused to load (untrusted_model)."""
+    out, args, calls = prepared
+    out.chmod(0o666)
+    assert assets.run(args) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == (f"prepared model {out} is damaged (it is writable by group or other (mode 0666), which the node "
+                     "refuses); preparing it again")
+    assert calls == [out]

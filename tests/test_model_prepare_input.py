@@ -205,3 +205,15 @@ def test_an_operator_tinygrad_cannot_run_is_one_line_naming_the_file_given(tmp_p
         f"op='Det' is not supported (prepared from {det})"
     ])
     assert not out.with_suffix(".json").exists()  # never taken as ready
+
+
+def test_an_onnx_file_over_the_2_gib_bound_is_refused_from_its_size_unread(tmp_path, monkeypatch, capsys):
+    """A 5 GB (sparse) --onnx was read whole, 5 GB of memory for 20 s, before protobuf refused it."""
+    big = tmp_path / "big.onnx"
+    with open(big, "wb") as f:
+        f.truncate(5 << 30)
+    rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(big))
+    assert (rc, err) == (2, [
+        f"chestnut model prepare: --onnx {big}: is 5368709120 bytes, over the 2147483648 an ONNX model can be; give "
+        "the path of an ONNX model (or leave --onnx out for the default PP-OCRv4 detector)"
+    ])
