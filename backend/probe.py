@@ -131,6 +131,14 @@ def runner_identity(runner: Any) -> dict[str, str]:
     return out
 
 
+def _wait_timeout_ms(text: str) -> int:
+    """``--wait-timeout-ms``: a whole number of milliseconds > 0 (a wait of 0 or less never waits for the GPU);
+    one line, exit 2 otherwise (``msgs/argtypes.py``)."""
+    from chestnut.msgs.argtypes import checked_int
+
+    return checked_int(text, lambda ms: ms > 0, "give a whole number of milliseconds > 0")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--twin", action="store_true", help="probe the twin daemon (default)")
@@ -146,7 +154,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="record the model's fingerprint on the host CPU into OUT and exit")
     parser.add_argument("--fill-firmware", type=Path, metavar="DIR",
                         help="fill tinygrad's GPU firmware cache from DIR (linux-firmware amdgpu files) and exit")
-    parser.add_argument("--wait-timeout-ms", type=int, default=P.WAIT_TIMEOUT_MS, help="device wait timeout")
+    parser.add_argument("--wait-timeout-ms", type=_wait_timeout_ms, default=P.WAIT_TIMEOUT_MS,
+                        help=f"device wait timeout, ms > 0 (default {P.WAIT_TIMEOUT_MS}: tinygrad's)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -294,8 +303,12 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if args.model is not None:
-        if not args.model.is_file():
-            print(f"chestnut probe: model {args.model} does not exist", file=sys.stderr)
+        if not args.model.is_file():  # told from its stat: a FIFO is never opened
+            from chestnut.msgs.video import file_kind
+
+            what = (f"is {file_kind(args.model.stat().st_mode)}, not a model file" if args.model.exists()
+                    else "does not exist")
+            print(f"chestnut probe: model {args.model} {what}", file=sys.stderr)
             return 2
         spec = ModelSpec(args.model, args.name or args.model.stem, dict(args.shape))  # shape_arg's (name, dims) pairs
 

@@ -74,17 +74,26 @@ def iter_frames(
     ``height``/``width`` None: the first frame's own size (rounded down to even for ``nv12``), kept for
     every later frame.
 
-    Raises FileNotFoundError for a missing source and ValueError for a folder without images or a
-    file FFmpeg cannot decode.
+    Raises FileNotFoundError for a missing source and ValueError for a folder without images, a source that is
+    no regular file (a FIFO, a device: told from its ``stat`` and never opened -- opening a FIFO waits for a
+    writer, forever for a planted one, ``open(2)``) or a file FFmpeg cannot decode. In a folder, only regular
+    files are images.
     """
+    import os
+
     import av
+
+    from chestnut.msgs.video import file_kind
 
     if not source.exists():
         raise FileNotFoundError(f"camera source {source} does not exist")
     if source.is_dir():
-        files = sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        files = sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
         if not files:
             raise ValueError(f"camera source {source} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    elif not source.is_file():
+        raise ValueError(f"camera source {source} is {file_kind(os.stat(source).st_mode)}, not a regular file "
+                         "(never opened): give a video, an image folder or an image")
     else:
         files = [source]
     while True:

@@ -128,3 +128,27 @@ def test_a_fingerprint_that_is_a_fifo_or_huge_is_refused_in_one_line_before_the_
     problem = "is a FIFO, not a regular file" if plant == "fifo" else "is 4294967296 bytes, over the 1048576 a " \
                                                                        "fingerprint may hold"
     assert (r.returncode, r.stderr.splitlines(), r.stdout) == (2, [f"chestnut probe: --fingerprint {fp} {problem}"], "")
+
+
+@pytest.mark.parametrize("value", ["-3", "0", "1.5", "soon"])
+def test_a_wait_timeout_that_is_no_positive_whole_ms_is_refused_in_one_line(capsys, value):
+    """``--wait-timeout-ms -3`` went on to climb the ladder; ``chestnut run`` refuses the same value."""
+    from chestnut.launch.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["probe", "--twin", "--wait-timeout-ms", value])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"chestnut probe: error: argument --wait-timeout-ms: {value!r}: give a whole number of milliseconds > 0 "
+        "(chestnut probe --help)\n"
+    )
+
+
+def test_a_model_that_is_a_fifo_says_so_unopened(capsys, tmp_path):
+    """It said 'does not exist' of a FIFO that exists."""
+    from chestnut.launch.cli import main
+
+    fifo = tmp_path / "m.onnx"
+    os.mkfifo(fifo)
+    assert main(["probe", "--twin", "--model", str(fifo)]) == 2
+    assert capsys.readouterr().err == f"chestnut probe: model {fifo} is a FIFO, not a model file\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -208,3 +209,18 @@ def test_a_frame_size_over_the_services_bound_is_blamed_on_the_size_not_the_vide
     caplog.set_level("ERROR")
     assert main(["camera", *args]) == 2
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [why]
+
+
+def test_a_source_that_is_a_fifo_is_refused_unopened_and_a_fifo_in_a_folder_is_no_image(tmp_path):
+    """``chestnut camera --source FIFO`` blocked in open() until a signal came."""
+    fifo = tmp_path / "cam.mp4"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError) as e:
+        next(iter_frames(fifo, None, None))
+    assert str(e.value) == (f"camera source {fifo} is a FIFO, not a regular file (never opened): give a video, an "
+                            "image folder or an image")
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    os.mkfifo(folder / "a.png")
+    with pytest.raises(ValueError, match="holds no images"):
+        next(iter_frames(folder, None, None))
