@@ -156,14 +156,18 @@ def _graph_inputs(onnx_bytes: bytes, name: str, shapes: dict[str, tuple[int, ...
     """Input specs read with the ``onnx`` package (initializers excluded); raises ModelError naming the model
     ``name`` (:func:`model_label`: the file it was read from, where there is one): ``unknown_input`` for a shape
     given under a name the model has no input of (its inputs named: a shape it cannot apply is never dropped),
-    ``bad_input_shape`` for an input left without a fixed shape."""
+    ``bad_input_shape`` for an input left without a fixed shape, ``bad_model`` for bytes that are no ONNX model
+    (an empty file included: protobuf reads it as a model without a graph)."""
     import onnx
     from onnx import helper
 
     try:
-        graph = onnx.load_from_string(onnx_bytes).graph
+        proto = onnx.load_from_string(onnx_bytes)
     except Exception as e:  # protobuf raises DecodeError and friends
         raise ModelError("bad_model", f"{name} is not a readable ONNX model: {e}") from e
+    if not proto.HasField("graph"):  # protobuf parses an empty file (or any bytes of no field) as an empty model
+        raise ModelError("bad_model", f"{name} is not an ONNX model: it has no graph ({len(onnx_bytes)} bytes)")
+    graph = proto.graph
     inits = {i.name for i in graph.initializer}
     names = [i.name for i in graph.input if i.name not in inits]
     if unknown := sorted(k for k in shapes if k not in names):

@@ -98,6 +98,15 @@ def test_a_host_model_refusal_names_the_file_not_the_name_it_runs_under(tmp_path
     assert str(e.value) == f"bad_model: program-0123 is not a readable ONNX model: {CORRUPT}"
 
 
+def test_an_empty_model_file_is_no_onnx_model_not_a_model_without_inputs(tmp_path: Path) -> None:
+    """Protobuf reads 0 bytes as a model without a graph: the node said 'has no input 'x' (its inputs: )'."""
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(ModelError) as e:
+        OrtModel(empty, name="ppocr_det", input_shapes={"x": (1, 3, 8, 8)})
+    assert str(e.value) == f"bad_model: model file {empty} is not an ONNX model: it has no graph (0 bytes)"
+
+
 def test_a_shape_given_under_a_name_the_model_has_no_input_of_is_refused_naming_its_inputs(tmp_path: Path) -> None:
     dyn = dynamic_model(tmp_path / "dyn.onnx", "y")
     with pytest.raises(ModelError) as e:
