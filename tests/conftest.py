@@ -1,4 +1,5 @@
 import os
+import signal as _signal
 import sys
 from pathlib import Path
 
@@ -73,19 +74,28 @@ def private_prefix(monkeypatch, request):
     shutil.rmtree(runtime_base() / f"chestnut-{os.getuid()}" / prefix, ignore_errors=True)
 
 
+
+
+_START_HANDLERS = {s: _signal.getsignal(s) for s in (_signal.SIGINT, _signal.SIGTERM)}
+"""The process's SIGINT / SIGTERM handlers as pytest started: Python's (``default_int_handler``, ``SIG_DFL``)."""
+
+
+def _reset_signal_handlers() -> None:
+    for s, handler in _START_HANDLERS.items():
+        if handler is not None and _signal.getsignal(s) is not handler:
+            _signal.signal(s, handler)
+
+
 @pytest.fixture(autouse=True)
 def own_signal_handlers():
-    """Each test starts with the process's SIGINT / SIGTERM handlers as they were, and leaves them so: a command
-    run in-process (``launch/signals.py`` ``StopFlag``, the node's ``main``) installs its own for the life of a
-    process, and one left behind swallowed a later test's Ctrl-C (the offline pool's deferral,
-    ``node/offline/replay.py`` ``DeferredInterrupt``, takes SIGINT only over Python's default handler)."""
-    import signal
-
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    """Each test starts and ends with the SIGINT / SIGTERM handlers pytest started with: a command run in-process
+    (``launch/signals.py`` ``StopFlag``, the node's ``main``) -- in a test or in a module fixture, whose set-up
+    comes before this -- installs its own for the life of a process, and one left behind swallowed a later
+    test's Ctrl-C (the offline pool's deferral, ``node/offline/replay.py`` ``DeferredInterrupt``, takes SIGINT
+    only over Python's default handler)."""
+    _reset_signal_handlers()
     yield
-    for s, handler in saved.items():
-        if signal.getsignal(s) is not handler and handler is not None:
-            signal.signal(s, handler)
+    _reset_signal_handlers()
 
 
 @pytest.fixture
