@@ -246,6 +246,9 @@ def test_a_pool_that_breaks_as_it_takes_a_unit_is_replaced_and_every_segment_sti
 
 
 def test_a_ctrl_c_that_broke_the_pool_as_it_took_a_unit_stops_the_run(fleet, monkeypatch):
+    # as in a terminal: a pytest started from a script's background job inherits SIGINT ignored, and the run's
+    # deferral takes over only Python's default handler (conftest restores the one inherited afterwards)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     _submit_failing_once(monkeypatch, at_call=3, then_sigint=True)
     r = replay_fleet(fleet, LocalExecutor(2), jit_cache=False)
     assert r.run.interrupted and not r.ok
