@@ -246,11 +246,8 @@ def host_late(f: HostFigures, th: HostThresholds | None = None) -> str:
     ``cpu_pressure_pct``, is named as context in a late host's reason, e.g.
     ``host late: loop woke 38 ms late, cpu pressure 64 %``."""
     th = th or HostThresholds()
-    why = []
-    if f.loop_late_ms >= th.late_ms:
-        why.append(f"loop woke {f.loop_late_ms:.0f} ms late")
-    if f.worker_late_ms >= th.late_ms:
-        why.append(f"worker's timer woke {f.worker_late_ms:.0f} ms late")
+    starved = host_starved(f, th)
+    why = [starved] if starved else []
     if f.dock_ms is not None and f.elapsed_ms is not None and f.dock_ms <= th.deadline_ms < f.elapsed_ms:
         why.append(f"the dock took {f.dock_ms:.0f} ms of the {f.elapsed_ms:.0f} ms")
     if f.twin_wait_ms >= th.late_ms:
