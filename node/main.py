@@ -160,7 +160,7 @@ from chestnut.node.supervisor import (
     Transition,
     fill_node_state,
 )
-from chestnut.node.validity import Check, StaleDetector, ValidityReport, check_outputs, fingerprint
+from chestnut.node.validity import Check, StaleDetector, ValidityReport, check_outputs
 from chestnut.node.watchdog import ActionKind, RequestKind, Watchdog, WatchdogAction, WatchdogConfig
 from chestnut.node.worker_handle import WorkerHandle, WorkerResult, describe_returncode
 
@@ -955,7 +955,7 @@ class Node:
             log.error("%s; its output is published as not valid (%d such frames so far)", clock.age_problem,
                       self.bad_timestamps)
 
-    def _run_fallback(self, inputs: dict[str, np.ndarray], input_fp: bytes) -> Candidate:
+    def _run_fallback(self, inputs: dict[str, np.ndarray]) -> Candidate:
         """The fallback's answer, checked like any source's (present, shape, dtype, finite, range, stale).
         It never takes the node down: a failed run is a candidate without outputs that says why, counted and
         logged at ERROR once a :data:`BAD_FRAME_LOG_PERIOD_S` (s) for the same cause (its class and ``reason``),
@@ -972,7 +972,7 @@ class Node:
                           self.fallback_failures)
             return Candidate(None, None, time.perf_counter() - t0, f"fallback failed: {type(e).__name__}: {e}")
         exec_s = time.perf_counter() - t0
-        report = check_outputs(out, self.contracts, input_fp=input_fp, stale=self.fallback_stale)
+        report = check_outputs(out, self.contracts, inputs=inputs, stale=self.fallback_stale)
         if not report.ok:
             self.fallback_invalid += 1
             if self.fallback_log.due():
@@ -1011,10 +1011,9 @@ class Node:
                 submitted = True
             except ChestnutError as e:
                 why = self._submit_failed(seq, e)
-        input_fp = fingerprint(inputs)
         fallback: Candidate | None = None
         if fallback_must_run(self.cfg.fallback.standby == "hot", self.sup.serving is Source.PRIMARY, submitted):
-            fallback = self._run_fallback(inputs, input_fp)
+            fallback = self._run_fallback(inputs)
         outcome = PrimaryOutcome(None, False, why)
         if submitted and w is not None:
             outcome = self._await_primary(w, seq, clock.base_ns + int(deadline_ms * 1e6), deadline_ms)
@@ -1023,7 +1022,7 @@ class Node:
         report: ValidityReport | None = None
         if res is not None and res.ok:
             now = time.monotonic_ns()
-            report = check_outputs(res.outputs, self.contracts, input_fp=input_fp, stale=self.stale,
+            report = check_outputs(res.outputs, self.contracts, inputs=inputs, stale=self.stale,
                                    reference=agreement_reference(fallback))
             self._note_agreement(report)
             self.miss_run = 0
@@ -1042,7 +1041,7 @@ class Node:
         elif outcome.missed:
             self._primary_missed(seq, outcome.why, evidence=False, deadline_ms=deadline_ms)
         if fallback is None and not primary_serves(self.sup.serving, primary):
-            fallback = self._run_fallback(inputs, input_fp)
+            fallback = self._run_fallback(inputs)
         answer = choose_answer(self.sup.serving, self.sup.reason, primary, fallback, outcome.why)
         return FrameResult(answer, outcome.missed, report, res.stages if res is not None and res.ok else None,
                            deadline_ms if sub.verdict is not Submit.SKIP and not refusal else 0.0)

@@ -313,8 +313,8 @@ def test_no_valid_output_from_any_source_is_published_as_not_valid_with_each_rea
 
 def test_a_stale_fallback_output_is_not_valid() -> None:
     stale = StaleDetector()
-    first = check_outputs(GOOD, CONTRACTS, input_fp=b"a" * 16, stale=stale)
-    again = check_outputs(GOOD, CONTRACTS, input_fp=b"b" * 16, stale=stale)
+    first = check_outputs(GOOD, CONTRACTS, inputs={"x": np.zeros(4, np.float32)}, stale=stale)
+    again = check_outputs(GOOD, CONTRACTS, inputs={"x": np.ones(4, np.float32)}, stale=stale)
     assert first.ok and not again.ok
     got = choose_answer(Source.FALLBACK, SUP, None, Candidate(GOOD, again, 0.007), UNAVAILABLE)
     assert got == Answer(Source.FALLBACK, None, 0.007, False, "fallback output invalid: output identical to the "

@@ -45,12 +45,12 @@ def test_a_fallback_failing_every_frame_for_one_cause_is_one_error_line(
     inputs = {"x": np.zeros((1, 3, 32, 64), np.float32)}
     bad = ModelError("bad_input", "inputs ['y'] != model inputs ['x']")
     node.fallback = RaisingFallback(bad)  # type: ignore[assignment]
-    whys = [node._run_fallback(inputs, b"").error for _ in range(40)]
+    whys = [node._run_fallback(inputs).error for _ in range(40)]
     assert set(whys) == {"fallback failed: ModelError: bad_input: inputs ['y'] != model inputs ['x']"}
     assert node.fallback_failures == 40
     node.fallback = RaisingFallback(ModelError("bad_output", "no output 'prob'"))  # type: ignore[assignment]
-    node._run_fallback(inputs, b"")
-    node._run_fallback(inputs, b"")
+    node._run_fallback(inputs)
+    node._run_fallback(inputs)
     assert node_errors(caplog) == [
         "fallback run failed: ModelError: bad_input: inputs ['y'] != model inputs ['x'] (1 such frames so far)",
         "fallback run failed: ModelError: bad_output: no output 'prob' (41 such frames so far)",
