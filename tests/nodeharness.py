@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -208,10 +209,14 @@ class Bus(threading.Thread):
     :meth:`snapshot`; settings (``engaged``, ``allow_switch``, ``control``, ``publishing``) may be set
     from the test thread at any time. Frames are uint8 noise of ``height`` x ``width`` (every frame
     differs, so the node's stale check can see a frozen output); ``frame_fn(frame_id)`` overrides: it
-    returns an image, or a whole ``cameraFrame`` Event builder (e.g. a malformed one)."""
+    returns an image, or a whole ``cameraFrame`` Event builder (e.g. a malformed one). ``between``: another
+    running bus at the same rate; this one's frames go out half a period after each of its frames (a bench
+    measuring two processes side by side without their frames meeting). ``grid_s``: the CLOCK_MONOTONIC time
+    (s) of the first frame; every later one is a whole number of periods after it, unless a tick runs late."""
 
     def __init__(self, prefix: str, height: int = 32, width: int = 64, rate_hz: float = 20.0,
-                 frame_fn: Callable[[int], Any] | None = None, seed: int = 0, record_tensors: bool = False) -> None:
+                 frame_fn: Callable[[int], Any] | None = None, seed: int = 0, record_tensors: bool = False,
+                 between: Bus | None = None) -> None:
         super().__init__(name="node-bus", daemon=True)
         self.prefix, self.height, self.width = prefix, height, width
         self.period_s = 1.0 / rate_hz
@@ -223,6 +228,10 @@ class Bus(threading.Thread):
         self.control = False
         self.publishing = True
         self.next_frame_id = 0
+        self.grid_s = time.monotonic()
+        if between is not None:
+            ahead = (self.grid_s - between.grid_s) / self.period_s
+            self.grid_s = between.grid_s + (math.floor(ahead) + 1.5) * self.period_s
         self._lock = threading.Lock()
         self._rec = Records()
         self._stop_evt = threading.Event()
@@ -267,13 +276,14 @@ class Bus(threading.Thread):
         poller = zmq.Poller()
         socks = {s: sub_sock(s, poller, prefix=self.prefix) for s in NODE_SERVICES}
         self._started.set()
-        next_s = time.monotonic()
+        next_s = self.grid_s
         try:
             while not self._stop_evt.is_set():
                 now = time.monotonic()
                 if now >= next_s:
                     self._tick(pm)
-                    next_s = max(next_s + self.period_s, now)
+                    # on the grid: a late tick is not made up for, the next frame is the next grid point's
+                    next_s += self.period_s * (math.floor((now - next_s) / self.period_s) + 1)
                 poller.poll(max(0, int((next_s - time.monotonic()) * 1000)))
                 recv_ns = time.monotonic_ns()  # receipt: before decoding (the recorder's own cost)
                 for service, sock in socks.items():

@@ -5,8 +5,9 @@ Three parts (``--only``):
 - ``overhead``: what the node adds per frame. Baselines, measured in this run: the model called
   directly in this process (the frame preprocessed, onnxruntime on one thread, as the fallback
   runs), and the pub/sub floor: an echo process answering each ``cameraFrame`` with a
-  ``modelOutput`` through the same messaging API (no model, no supervision), half of its frames
-  before the node rows and half after, pooled (the floor drifts over minutes on a shared machine). Node rows:
+  ``modelOutput`` through the same messaging API (no model, no supervision), running side by side with each
+  node row, its frames half a period apart from the node's (the floor drifts over minutes on a shared machine,
+  by as much as the figure sought: measured apart, the drift was charged to the node). Node rows:
   ``cameraFrame`` publish -> ``modelOutput`` receipt in this process, minus the ``executionTime``
   the node reports for that frame, so the figure is everything around the model: pub/sub both ways,
   decode, preprocessing, the worker round trip (primary rows), the output checks, the publish.
@@ -92,8 +93,9 @@ class Setup:
         return f"bench-node-{what}-{os.getpid()}"
 
 
-def start(setup: Setup, cfg: Path, prefix: str, profile: Path | None = None) -> tuple[NodeProcess, Bus]:
-    bus = Bus(prefix, height=setup.args.height, width=setup.args.width)
+def start(setup: Setup, cfg: Path, prefix: str, profile: Path | None = None,
+          between: Bus | None = None) -> tuple[NodeProcess, Bus]:
+    bus = Bus(prefix, height=setup.args.height, width=setup.args.width, between=between)
     bus.start()
     python_args = ("-m", "cProfile", "-o", str(profile)) if profile is not None else ()
     node = NodeProcess(cfg, prefix, setup.tmp / f"{prefix}.log", python_args=python_args).start()
@@ -161,23 +163,30 @@ def echo_main(prefix: str) -> int:
     return 0
 
 
-def echo_ms(setup: Setup, frames: int) -> list[float]:
-    import subprocess
+class Echo:
+    """The pub/sub floor, measured side by side with the node rows: the echo process (:func:`echo_main`) and its
+    bus run for the whole overhead part, and each node row's bus sends its frames half a period after the echo's
+    (``Bus(between=...)``), so both see the same machine at the same minutes and their frames never meet."""
 
-    prefix = setup.prefix("echo")
-    bus = Bus(prefix, height=setup.args.height, width=setup.args.width)
-    bus.start()
-    proc = subprocess.Popen([sys.executable, __file__, "--echo", prefix])
-    try:
-        bus.wait_for(lambda r: len(r.outputs) >= 20, 60.0, "echo")
-        skip = len(bus.snapshot().outputs)
-        rec = bus.wait_for(lambda r: r if len(r.outputs) >= skip + frames else None, frames / 20 * 3 + 30, "echo")
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        bus.close()
-        shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
-    return [(o.recv_ns - rec.sent[o.frame_id]) / 1e6 for o in rec.outputs[skip:skip + frames]]
+    def __init__(self, setup: Setup) -> None:
+        import subprocess
+
+        self.prefix = setup.prefix("echo")
+        self.bus = Bus(self.prefix, height=setup.args.height, width=setup.args.width)
+        self.bus.start()
+        self.proc = subprocess.Popen([sys.executable, __file__, "--echo", self.prefix])
+        self.bus.wait_for(lambda r: len(r.outputs) >= 20, 60.0, "echo")
+
+    def since(self, t0_ns: int, t1_ns: int) -> list[float]:
+        """publish -> out (ms) of the echo's frames sent between ``t0_ns`` and ``t1_ns`` (CLOCK_MONOTONIC)."""
+        rec = self.bus.snapshot()
+        return [(o.recv_ns - rec.sent[o.frame_id]) / 1e6 for o in rec.outputs if t0_ns <= rec.sent[o.frame_id] <= t1_ns]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.bus.close()
+        shutil.rmtree(runtime_dir(self.prefix), ignore_errors=True)
 
 
 # ---------------------------------------------------------------- the worker-hop floor
@@ -252,18 +261,22 @@ def hop_ms(frames: int) -> list[float]:
     return [float(x) for x in json.loads(done.stdout)]
 
 
-def node_overhead_ms(setup: Setup, dock: str, standby: str, frames: int,
-                     profile: Path | None = None) -> tuple[list[float], list[float]]:
-    """(latency - executionTime, executionTime) in ms, over ``frames`` frames served by the expected source;
-    ``profile``: run the node under cProfile, its statistics written there when it stops."""
+def node_overhead_ms(setup: Setup, dock: str, standby: str, frames: int, profile: Path | None = None,
+                     echo: Echo | None = None) -> tuple[list[float], list[float], list[float]]:
+    """(latency - executionTime, executionTime, the echo's pub/sub floor in the same minutes) in ms, over
+    ``frames`` frames served by the expected source; ``profile``: run the node under cProfile, its statistics
+    written there when it stops."""
     want = "fallback" if dock == "none" else "primary"
-    node, bus = start(setup, setup.config(dock, standby), setup.prefix(f"{dock}-{standby}"), profile)
+    node, bus = start(setup, setup.config(dock, standby), setup.prefix(f"{dock}-{standby}"), profile,
+                      echo.bus if echo is not None else None)
     try:
         bus.wait_for(lambda r: len(r.outputs) >= 20 and all(o.source == want for o in r.outputs[-10:]), 90.0,
                      f"{want} serving")
         skip = len(bus.snapshot().outputs)
+        t0 = time.monotonic_ns()
         rec = bus.wait_for(lambda r: r if len(r.outputs) >= skip + frames else None, frames / 20 * 3 + 30,
                            f"{frames} frames")
+        floor = echo.since(t0, time.monotonic_ns()) if echo is not None else []
     finally:
         stop(node, bus)
     outs = [o for o in rec.outputs[skip:skip + frames] if o.source == want]
@@ -271,7 +284,7 @@ def node_overhead_ms(setup: Setup, dock: str, standby: str, frames: int,
         print(f"    ({frames - len(outs)} of {frames} frames were answered by another source and are left out)")
     lat = [(o.recv_ns - rec.sent[o.frame_id]) / 1e6 for o in outs]
     exe = [o.exec_s * 1e3 for o in outs]
-    return [a - b for a, b in zip(lat, exe, strict=True)], exe
+    return [a - b for a, b in zip(lat, exe, strict=True)], exe, floor
 
 
 # The node's per-frame work by part: (label, file of the function, function). Cumulative time under cProfile,
@@ -312,54 +325,54 @@ def bench_overhead(setup: Setup) -> None:
     pre, base = direct_ms(setup, min(n, 400))
     print(row("direct call: preprocess", pre))
     print(row("direct call: onnxruntime run", base))
-    # the floor is measured before and after the node rows and pooled: on a shared machine it moves by as much
-    # as the figure sought over a few minutes, and one measurement at the start would charge that drift to the node
-    floor_before = echo_ms(setup, n - n // 2)
-    print(row("pub/sub floor before the node rows: echo process, publish -> out", floor_before))
+    # the hop floor is measured before and after the node rows and pooled; the pub/sub floor side by side with
+    # each node row (Echo): on a shared machine either moves by as much as the figure sought over a few minutes
     hop_before = hop_ms(n - n // 2)
     print(row("worker-hop floor before: RUN -> RESULT, 2 processes", hop_before))
-    rows: list[tuple[str, str, list[float], list[float]]] = []
-    for dock, standby, key, label in (("none", "warm", "fallback", "node, fallback only (dock none)"),
-                                      ("cpu", "warm", "warm", "node, primary via worker (cpu, warm standby)"),
-                                      ("cpu", "hot", "hot", "node, primary via worker (cpu, hot standby)")):
-        try:
-            over, exe = node_overhead_ms(setup, dock, standby, n)
-        except AssertionError as e:  # a primary slower than the frame period never serves
-            print(f"  {label}: no {n} frames served ({e})")
-            continue
-        rows.append((key, label, over, exe))
-        print(row(f"{label}: exec", exe))
-        print(row(f"{label}: latency - exec", over))
-        if setup.args.profile_frames > 0:
-            prof = setup.tmp / f"{key}.prof"
+    rows: list[tuple[str, str, list[float], list[float], list[float]]] = []
+    echo = Echo(setup)
+    try:
+        for dock, standby, key, label in (("none", "warm", "fallback", "node, fallback only (dock none)"),
+                                          ("cpu", "warm", "warm", "node, primary via worker (cpu, warm standby)"),
+                                          ("cpu", "hot", "hot", "node, primary via worker (cpu, hot standby)")):
             try:
-                node_overhead_ms(setup, dock, standby, setup.args.profile_frames, profile=prof)
-                parts = by_part(prof)
-            except (AssertionError, OSError, EOFError, ValueError) as e:
-                print(f"    by part: no profile ({e})")
+                over, exe, floor = node_overhead_ms(setup, dock, standby, n, echo=echo)
+            except AssertionError as e:  # a primary slower than the frame period never serves
+                print(f"  {label}: no {n} frames served ({e})")
                 continue
-            print(f"    by part, under cProfile ({setup.args.profile_frames} frames; the profiler inflates "
-                  "each figure, the shares hold):")
-            for part, us, calls in parts:
-                print(f"      {part:<42} {us:8.1f} us/frame  ({calls} calls)")
-    floor_after = echo_ms(setup, n // 2)
-    print(row("pub/sub floor after the node rows: echo process, publish -> out", floor_after))
+            rows.append((key, label, over, exe, floor))
+            print(row(f"{label}: exec", exe))
+            print(row(f"{label}: latency - exec", over))
+            print(row("  pub/sub floor beside it: echo process, publish -> out", floor))
+            if setup.args.profile_frames > 0:
+                prof = setup.tmp / f"{key}.prof"
+                try:
+                    node_overhead_ms(setup, dock, standby, setup.args.profile_frames, profile=prof)
+                    parts = by_part(prof)
+                except (AssertionError, OSError, EOFError, ValueError) as e:
+                    print(f"    by part: no profile ({e})")
+                    continue
+                print(f"    by part, under cProfile ({setup.args.profile_frames} frames; the profiler inflates "
+                      "each figure, the shares hold):")
+                for part, us, calls in parts:
+                    print(f"      {part:<42} {us:8.1f} us/frame  ({calls} calls)")
+    finally:
+        echo.close()
     hop_after = hop_ms(n // 2)
     print(row("worker-hop floor after: RUN -> RESULT, 2 processes", hop_after))
-    floor = floor_before + floor_after
-    print(row("pub/sub floor, both pooled", floor))
     hop = hop_before + hop_after
     print(row("worker-hop floor, both pooled", hop))
     own: dict[str, float] = {}
     with_hop: dict[str, float] = {}
-    for key, label, over, _exe in rows:
-        with_hop[key] = pct(over, 50) - pct(floor, 50) - pct(pre, 50)
+    for key, label, over, _exe, floor in rows:
+        floor_p50 = pct(floor, 50) if floor else float("nan")
+        with_hop[key] = pct(over, 50) - floor_p50 - pct(pre, 50)
         hop_p50 = 0.0 if key == "fallback" else pct(hop, 50)
         own[key] = with_hop[key] - hop_p50
         hop_part = "" if key == "fallback" else f" + worker hop {hop_p50:.3f}"
-        print(f"  {label}: node overhead p50 {pct(over, 50):.3f} ms = pub/sub floor {pct(floor, 50):.3f}{hop_part} + "
+        print(f"  {label}: node overhead p50 {pct(over, 50):.3f} ms = pub/sub floor {floor_p50:.3f}{hop_part} + "
               f"preprocess {pct(pre, 50):.3f} + the node's own {own[key]:.3f} ms; "
-              f"p99 {pct(over, 99):.3f} ms (floor p99 {pct(floor, 99):.3f} ms)")
+              f"p99 {pct(over, 99):.3f} ms (floor p99 {pct(floor, 99) if floor else float('nan'):.3f} ms)")
     print(f"load average {os.getloadavg()[0]:.2f}")
     print("with the worker hop counted as the node's: " + ", ".join(
         f"{key} {with_hop[key]:.2f} ms" if key in with_hop else f"{key} n/a" for key in ("warm", "hot")))
