@@ -141,6 +141,7 @@ from chestnut.node.policy import (
     pair_response,
     primary_serves,
     shadow_vote,
+    slow_copy_excuse,
     start_failure,
     start_timed_out,
     timed_out_start_failure,
@@ -414,6 +415,9 @@ class Node:
         self.deadline: Deadline = adaptive_deadline((), self.deadline_rule)
         self.deadline_log = LogEvery(DEADLINE_LOG_PERIOD_S)
         self.host_last_late_ns = 0
+        self.host_late_at_ns: int | None = None  # the last time _host_late found the host late
+        self.host_late_reason = ""
+        self.slow_copy_since_ns: int | None = None  # the copy path's usb WARN holds since (ns); None: copies OK
         # the dock's own time per frame (stage times, ms) and the camera's frame period (ms): a dock slower than
         # the camera is not excused by a late host (node/policy.py dock_outpaced)
         self.dock_recent: deque[float] = deque(maxlen=9)
@@ -1142,6 +1146,8 @@ class Node:
             th = HostThresholds(th.late_ms, th.cpu_pressure_pct, self.deadline.ms)
         figures = self.host.figures(now, dock_ms, elapsed_ms)
         excuse = host_excuse(figures, self.dock_recent, self.frame_periods, th)
+        if excuse.host:
+            self.host_late_at_ns, self.host_late_reason = now, excuse.host
         if excuse.overruled and self.outpaced_log.due():
             log.warning("%s: deadline misses count against the dock although the %s", excuse.overruled,
                         host_late(figures, th))
@@ -1440,7 +1446,8 @@ class Node:
                         and probe.at_s > self.probe_seen_at_s):
                     self.probe_seen_at_s = probe.at_s
                     self.link_speed_mbps = probe.observation.speed_mbps
-                    self._apply_health(evidence_from_observation(probe.observation), now)
+                    self._apply_health(self._excuse_slow_copies(evidence_from_observation(probe.observation), now),
+                                       now)
                 w.request_probe()
                 self.next_probe_ns = now + int(NS / self.cfg.timing.probe_hz)
             elif self._is_current(w) and not self.worker_ready_seen and now >= self.next_probe_ns:
@@ -1475,6 +1482,23 @@ class Node:
                 self._apply_health(evidence_from_observation(link.observation), now)
         if retry is not None:
             self._feed(Event.DOCK_FOUND if retry.present else Event.DOCK_ABSENT, retry.detail, Layer.USB)
+
+    def _excuse_slow_copies(self, evidence: list[Evidence], now: int) -> list[Evidence]:
+        """A probe's copy-path usb WARN (slow copies or a slow fence) made advisory, with why, while
+        :func:`~chestnut.node.policy.slow_copy_excuse` excuses it: a late host, or copies slow for too short a
+        time to call the link marginal. It then shows in ``chestnutHealth`` but does not clear ``ChestnutActive``."""
+        out = []
+        for ev in evidence:
+            if ev.source == "copy_path" and ev.level is Level.WARN:
+                self.slow_copy_since_ns = self.slow_copy_since_ns if self.slow_copy_since_ns is not None else now
+                ago = (now - self.host_late_at_ns) / NS if self.host_late_at_ns is not None else None
+                why = slow_copy_excuse((now - self.slow_copy_since_ns) / NS, ago, self.host_late_reason)
+                if why:
+                    ev = dataclasses.replace(ev, advisory=True, reason=f"{ev.reason}; advisory: {why}")
+            elif ev.source == "copy_path":
+                self.slow_copy_since_ns = None
+            out.append(ev)
+        return out
 
     def _is_current(self, w: WorkerHandle) -> bool:
         """``w`` is still the node's worker (a fault handled on the way may have replaced it)."""

@@ -340,6 +340,30 @@ def host_excuse(f: HostFigures, dock_ms: Sequence[float], period_ms: Sequence[fl
     return HostExcuse("", slow) if slow else HostExcuse(late)
 
 
+SLOW_COPY_SETTLE_S = 2.0
+"""How long the copy path must stay slow (``slow_copy`` / ``slow_fence``, ``node/health.py``
+``evidence_from_copy_timing``) before its usb WARN clears ``ChestnutActive`` (s): two of the node's 1 Hz probes
+(our choice). Until then the WARN is advisory: a host starved for a moment slows the copies it drives before its
+own lateness shows in the node's figures (the twin's GPU wait is known only when the wait ends), and one probe's
+medians are no marginal link. A link that fails outright raises errors and misses, which fail over at once."""
+SLOW_COPY_HOST_LOOKBACK_S = 3.0
+"""A copy-path usb WARN stays advisory while the host was late within this many seconds (s): the copies a probe
+rates are the last 16 of a size class (``backend/real_runner.py`` ``COPY_WINDOW``, 0.8 s at 20 Hz), and a probe's
+evidence holds 2.5 s (``PROBE_FRESH_MS``), so copies slowed by a late host have left the medians by then."""
+
+
+def slow_copy_excuse(slow_for_s: float, host_late_ago_s: float | None, host_reason: str) -> str:
+    """Why a copy-path usb WARN (slow copies or a slow fence) is only advisory now, or "" when it speaks against
+    the link: the host was late ``host_late_ago_s`` s ago (None: not since the node started; ``host_reason``,
+    :func:`host_late`'s words) within :data:`SLOW_COPY_HOST_LOOKBACK_S`, or the copies have been slow only
+    ``slow_for_s`` s, under :data:`SLOW_COPY_SETTLE_S`."""
+    if host_late_ago_s is not None and host_late_ago_s <= SLOW_COPY_HOST_LOOKBACK_S:
+        return f"{host_reason} {host_late_ago_s:.1f} s ago: slow copies are the host's, not the link's"
+    if slow_for_s < SLOW_COPY_SETTLE_S:
+        return f"slow for {slow_for_s:.1f} s of the {SLOW_COPY_SETTLE_S:g} s that make a marginal link"
+    return ""
+
+
 HIGHSPEED_MBPS = 480  # USB 2 High Speed (backend/protocol.py HIGHSPEED_MBPS); below it USB 1
 COPY_SHARE_BLAMES_LINK = 0.5
 """The share of the dock's own time per frame above which its copies (copy-in + copy-out), on a link below
