@@ -792,6 +792,11 @@ class FrameSubscriber:
         if word != 2 * seq:
             self.overwritten += 1
             state = "being written" if word & 1 else "done"
+            if (word + 1) // 2 < seq:
+                raise FrameOverwrittenError(
+                    f"frame seq {seq}: slot {index} holds the older frame {(word + 1) // 2} ({state}): frame {seq} "
+                    "was never written there (a message or notice ahead of the camera's writes)"
+                )
             raise FrameOverwrittenError(
                 f"frame seq {seq}: slot {index} was overwritten (now frame {(word + 1) // 2}, {state}); the reader "
                 f"fell more than {ring.slots - 1} frames behind the camera"
@@ -889,6 +894,8 @@ class FrameReader:
             self._taken(session, seq)
             return True
         if notice:
+            if self._ahead_of_ring(session, seq):  # never written: answered once as a bad frame, taken as nothing
+                return True
             self._taken(session, seq)
             return (session, seq, index) not in self._unproven
         self._unproven.append((session, seq, index))
@@ -900,6 +907,16 @@ class FrameReader:
         ring = self.shm.ring
         return ring is not None and ring.session == session and 0 <= index < ring.slots and (
             ring.word(index) == 2 * seq)
+
+    def _ahead_of_ring(self, session: int, seq: int) -> bool:
+        """Whether ``seq`` is newer than every frame the mapped ring of ``session`` holds or is writing: a notice
+        no camera write ever matched (a camera's bug; its own connection is the only one that sends notices).
+        Recorded as taken it would have silenced every later frame of the session, which all have lower seqs. A
+        real notice is sent after its write, so its seq is in a slot unless newer frames lapped it."""
+        ring = self.shm.ring
+        if ring is None or ring.session != session:
+            return False
+        return seq > max((ring.word(i) + 1) // 2 for i in range(ring.slots))
 
     def _taken(self, session: int, seq: int) -> None:
         if session != self._seen[0] or seq > self._seen[1]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -622,6 +623,36 @@ def test_a_notice_is_taken_after_a_forged_bus_copy_and_skipped_after_a_lapped_re
         reader.close()
     assert answers == [(1, "pixels 1"), (2, "overwritten"), (2, "pixels 2"), None, (3, "overwritten"), None,
                        (9, "pixels 9"), None]
+
+
+def test_a_camera_notice_ahead_of_its_own_ring_is_answered_once_and_silences_nothing():
+    """A notice (the camera's own connection) naming seq 10**9 was recorded as taken: every later frame of the
+    session (all lower seqs) was skipped as seen, no output and no line after the first."""
+    import zmq
+
+    pixels = np.zeros((4, 8, 3), np.uint8)
+    with FrameRing(pixels.nbytes) as ring:
+        reader = FrameReader(poller=zmq.Poller())
+        answers = [_answer(reader, log_from_bytes(_notice(ring, pixels + 1, 1)[1]).cameraFrame)]  # maps the ring
+        _wait_for(lambda: ring.subscribers == 1 and ring._notified)
+        ahead = RingFrame(frame_id=2, sof_ns=1, eof_ns=2, width=8, height=4, encoding="bgr888", session=ring.session,
+                          index=0, seq=10**9, size=pixels.nbytes)
+        assert ring.notify(ahead) == 1
+        got: list[RingFrame] = []
+        _wait_for(lambda: got.extend(reader.notices()) or got)
+        answers.append(_answer(reader, got[0]))
+        with pytest.raises(FrameOverwrittenError, match=re.escape(
+                "frame seq 1000000000: slot 0 holds the older frame 1 (done): frame 1000000000 was never written "
+                "there (a message or notice ahead of the camera's writes)")):
+            reader.read(got[0])
+        for i in (3, 4):
+            frame, bus = _notice(ring, pixels + i, i)
+            assert ring.notify(frame) == 1
+            got.clear()
+            _wait_for(lambda: got.extend(reader.notices()) or got)
+            answers += [_answer(reader, got[0]), _answer(reader, log_from_bytes(bus).cameraFrame)]
+        reader.close()
+    assert answers == [(1, "pixels 1"), (2, "overwritten"), (3, "pixels 3"), None, (4, "pixels 4"), None]
 
 
 @pytest.mark.parametrize(
