@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from chestnut.launch.signals import StopFlag
@@ -203,6 +204,24 @@ class ControlLogic:
         )
 
 
+def checks_line(failed: tuple[str, ...], last_failed: tuple[str, ...], passed_once: bool,
+                describe: Callable[[str], str]) -> tuple[int, str] | None:
+    """The log line (level, text) for this step's failing checks (``failed``, after ``last_failed``), or None when
+    nothing changed: every change of the failing set with its evidence (``describe``), and the first pass. Until
+    every check has passed once (``passed_once``) the stack is still starting -- its services not yet heard is no
+    failure -- so those lines are INFO (``waiting for the stack, ...``); after it, a failing check is a WARNING."""
+    if failed and failed != last_failed:
+        what = "; ".join(describe(c) for c in failed)
+        if passed_once:
+            return logging.WARNING, f"checks failed: {what}"
+        return logging.INFO, f"waiting for the stack, checks not passing yet: {what}"
+    if not failed and not passed_once:
+        return logging.INFO, "checks pass"
+    if last_failed and not failed:
+        return logging.INFO, "checks pass again"
+    return None
+
+
 def fill_control_state(st: ControlState) -> object:
     msg = new_message("controlState")
     cs = msg.controlState
@@ -239,14 +258,14 @@ def run(args: argparse.Namespace) -> int:
     with SubMaster(list(SERVICES)) as sm, PubMaster(["controlState"]) as pm:
         was_engaged = False
         last_failed: tuple[str, ...] = ()
+        passed_once = False  # until every check has passed once, the stack is starting: nothing has failed yet
         while not flag.stop:
             sm.update(period_ms)
             now = sm.mono_time_ns()
             failed = failed_checks(sm)
-            if failed and failed != last_failed:  # every change of the failing set, with its evidence
-                log.warning("checks failed: %s", "; ".join(describe_check(sm, c, now) for c in failed))
-            elif last_failed and not failed:
-                log.info("checks pass again")
+            if line := checks_line(failed, last_failed, passed_once, lambda c, at=now: describe_check(sm, c, at)):
+                log.log(*line)
+            passed_once = passed_once or not failed
             last_failed = failed
             x = ControlInputs(
                 checks_ok=not failed,

@@ -1,5 +1,7 @@
 """The reference control daemon's decisions, with a fake clock (ns); its --rate refused up front."""
 
+import logging
+
 import pytest
 
 from chestnut.launch.controld import ControlInputs, ControlLogic
@@ -207,3 +209,21 @@ def test_what_is_published_and_what_is_logged_say_the_same_time_left(caplog):
         "soft disable: 3.00 s left of 3.0 s: modelLagging",
         "soft disable cleared: 1.75 s left of 3.0 s",
     ]
+
+
+def test_a_starting_stack_is_waited_for_at_info_and_a_failure_after_the_first_pass_is_a_warning():
+    """Every start logged five or six WARNING ``checks failed: modelOutput.alive (never received) ...`` lines before
+    the node's first output: services not heard yet while the stack starts are no failure."""
+    from chestnut.launch.controld import checks_line
+
+    def describe(c: str) -> str:
+        return f"{c} (never received)"
+
+    assert checks_line(("modelOutput.alive",), (), False, describe) == (
+        logging.INFO, "waiting for the stack, checks not passing yet: modelOutput.alive (never received)")
+    assert checks_line(("modelOutput.alive",), ("modelOutput.alive",), False, describe) is None  # no change
+    assert checks_line((), ("modelOutput.alive",), False, describe) == (logging.INFO, "checks pass")
+    assert checks_line((), (), True, describe) is None
+    assert checks_line(("chestnutActive.freq_ok",), (), True, describe) == (
+        logging.WARNING, "checks failed: chestnutActive.freq_ok (never received)")
+    assert checks_line((), ("chestnutActive.freq_ok",), True, describe) == (logging.INFO, "checks pass again")
