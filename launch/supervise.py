@@ -59,22 +59,29 @@ def shut_down(proc: subprocess.Popen[bytes], conf: Path, view: Any, prefix: str,
     subscriptions closed, supervisord itself (SIGTERM, SIGKILL after :data:`SUPERVISORD_STOP_S`), then whatever
     of the launch is left (:func:`kill_stack`), each note logged; last the prefix's runtime directory is removed
     when only the stack's leftovers are in it (``launch/rundir.py`` ``remove_runtime_dir``; why it is kept
-    otherwise is logged)."""
-    if proc.poll() is None:
-        for note in stop_stack(conf, view):
-            log.warning("stop: %s", note)
-    view.close()
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+    otherwise is logged). The view's subscribers log no INFO line for the publishers that go away meanwhile: the
+    stop is what takes them away (a message over a service's bound is a WARNING and still shows)."""
+    messaging = logging.getLogger("chestnut.msgs.messaging")
+    level = messaging.level
+    messaging.setLevel(logging.WARNING)
     try:
-        proc.wait(timeout=SUPERVISORD_STOP_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    if killed := kill_stack(prefix, launch_id):
-        log.warning("killed %d process(es) of the stack left after supervisord: %s", len(killed), killed)
-    if (kept := remove_runtime_dir(prefix)) is not None:
-        log.info("%s", kept)
+        if proc.poll() is None:
+            for note in stop_stack(conf, view):
+                log.warning("stop: %s", note)
+        view.close()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=SUPERVISORD_STOP_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if killed := kill_stack(prefix, launch_id):
+            log.warning("killed %d process(es) of the stack left after supervisord: %s", len(killed), killed)
+        if (kept := remove_runtime_dir(prefix)) is not None:
+            log.info("%s", kept)
+    finally:
+        messaging.setLevel(level)
 
 
 def wait_for(view: Any, service: str, deadline_s: float, conf: Path | None = None, flag: Any = None) -> bool:

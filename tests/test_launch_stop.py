@@ -123,3 +123,28 @@ def test_wait_last_answer_gives_up_after_its_timeout():
 
 def test_wait_last_answer_without_frames_returns_at_once():
     assert wait_last_answer(ScriptedView([]), timeout_s=5.0) is True
+
+
+def test_the_stop_logs_no_line_for_the_publishers_it_takes_away(caplog, tmp_path):
+    """Every stop printed ``INFO chestnut.msgs.messaging: controlState: its publisher went away (stopped or
+    restarted), or sent a message over the service's 64 KiB bound ...`` for each of the view's services: the stop
+    itself takes them away. A message over a bound (a WARNING) still shows, and the level is the caller's after."""
+    import logging
+
+    from chestnut.launch.supervise import shut_down
+
+    messaging = logging.getLogger("chestnut.msgs.messaging")
+
+    class View:
+        def close(self) -> None:  # where the view's subscribers see their publishers go
+            messaging.info("controlState: its publisher went away (stopped or restarted)")
+            messaging.warning("cameraFrame: a message over the service's 16 MiB bound was refused")
+
+    caplog.set_level(logging.INFO)
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    before = messaging.level
+    shut_down(proc, tmp_path / "supervisord.conf", View(), f"stop-quiet-{os.getpid()}", f"{os.getpid()}-quiet")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == messaging.name] == [
+        ("WARNING", "cameraFrame: a message over the service's 16 MiB bound was refused")]
+    assert messaging.level == before
