@@ -415,6 +415,7 @@ class Node:
         self.deadline: Deadline = adaptive_deadline((), self.deadline_rule)
         self.deadline_log = LogEvery(DEADLINE_LOG_PERIOD_S)
         self.host_last_late_ns = 0
+        self.dock_off_logged = False  # dock.kind = none: the first move into degraded was logged (_log_transition)
         self.host_late_at_ns: int | None = None  # the last time _host_late found the host late
         self.host_late_reason = ""
         self.slow_copy_since_ns: int | None = None  # the copy path's usb WARN holds since (ns); None: copies OK
@@ -577,10 +578,12 @@ class Node:
         change (start-up, recovery, stop) routine, INFO. With ``dock.kind = none`` the dock is off by the user's
         choice, not failing: the supervisor's looks for it and their back-off (``dock_absent``, ``retry_due``, at
         most ``timing.backoff_max_s`` apart, 30 s by default: ``node/config.py``) are DEBUG; the node says once,
-        at INFO as it is ready, that it serves from the fallback only (:meth:`run`). A dock configured but
-        absent still warns at each look."""
+        at INFO as it is ready, that it serves from the fallback only (:meth:`run`), and its first move into degraded
+        is INFO. A dock configured but absent still warns at each look."""
         if self.cfg.dock.kind == "none" and t.event in (Event.DOCK_ABSENT, Event.RETRY_DUE):
-            level = logging.DEBUG
+            # the first move into degraded once at INFO, so the log shows every state the node was in
+            level = logging.DEBUG if self.dock_off_logged or t.to_state is not State.DEGRADED else logging.INFO
+            self.dock_off_logged = self.dock_off_logged or level == logging.INFO
         else:
             level = logging.WARNING if t.to_state.value == "degraded" else logging.INFO
         log.log(level, "%s -> %s on %s: %s", t.from_state.value, t.to_state.value, t.event.value, t.reason)
