@@ -360,8 +360,7 @@ def stop_figures(s: dict[str, Any], t_launch_ns: int, t_stop_ns: int, flag: Any,
 
 
 def cut_short_line(c: dict[str, Any]) -> str:
-    """The summary's line for a run a stop signal cut short (:func:`stop_figures` ``cut_short``). A signal before
-    the stack's first message, the zero of the run's times, is said so, not given a time below zero."""
+    """The line for a run a stop signal cut short (:func:`stop_figures`): before the first message (t = 0), said so."""
     sig = signal.Signals[c["signal"]]
     name = SIGNAL_NAMES.get(sig, sig.name)
     early = c["t_s"] < 0
@@ -369,7 +368,8 @@ def cut_short_line(c: dict[str, Any]) -> str:
     if c.get("in_stop"):
         return f"{name} {when}, while the stack stopped after the run had ended (exit {128 + sig})"
     if c["run_s"] is None:
-        into = f"{'' if early else 'before the first output, '}so none of the planned {c['planned_s']:g} s ran"
+        into = f"{'' if early else 'before the first output, '}so none of the planned {c['planned_s']:g} s ran" + (
+            " (all the log holds came while the stack stopped)" if early else "")
     elif c["run_s"] < c["planned_s"]:
         into = f"{c['run_s']:.1f} s into the planned {c['planned_s']:g} s"
     else:  # past --seconds: the run went on until its fault plan was carried out

@@ -87,8 +87,8 @@ def _cut(t_signal_ns: int, t_stop_ns: int, first_message_ns: int | None, seconds
     ("t_signal_ns", "t_stop_ns", "first_ns", "t_s", "want"),
     [
         (500_000_000, 520_000_000, 1_100_000_000, -0.6,  # the logger's first message came after the Ctrl-C
-         "run cut short by SIGINT (Ctrl-C) before the stack's first message, so none of the planned 10 s ran "
-         "(exit 130)"),
+         "run cut short by SIGINT (Ctrl-C) before the stack's first message, so none of the planned 10 s ran (all "
+         "the log holds came while the stack stopped) (exit 130)"),
         (1_099_900_000, 1_200_000_000, 1_100_000_000, -0.0,  # 0.1 ms before it: rounds to zero, said as t=0.0
          "run cut short by SIGINT (Ctrl-C) at t=0.0 s, before the first output, so none of the planned 10 s ran "
          "(exit 130)"),
@@ -184,7 +184,7 @@ def test_a_ctrl_c_in_the_launchs_first_second_blames_no_program(tmp_path):
     assert (cut["signal"], cut["run_s"], cut["planned_s"], cut["in_stop"]) == ("SIGINT", None, 10.0, False)
     if cut["t_s"] < 0:  # the logger's first message, the zero of the run's times, came after the Ctrl-C
         want = "run cut short by SIGINT (Ctrl-C) before the stack's first message, so none of the planned 10 s ran " \
-               "(exit 130)"
+               "(all the log holds came while the stack stopped) (exit 130)"
     else:  # the logger wrote nothing (the launch time is the zero) or wrote it first (a slow reader here)
         want = f"run cut short by SIGINT (Ctrl-C) at t={cut['t_s']:.1f} s, before the first output, so none of the " \
                "planned 10 s ran (exit 130)"
