@@ -33,6 +33,7 @@ decides like openpilot's control daemon (``selfdrive/controls/controlsd.py``; th
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -263,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
             sm.update(period_ms)
             now = sm.mono_time_ns()
             failed = failed_checks(sm)
-            if line := checks_line(failed, last_failed, passed_once, lambda c, at=now: describe_check(sm, c, at)):
+            if line := checks_line(failed, last_failed, passed_once, functools.partial(describe_check, sm, now_ns=now)):
                 log.log(*line)
             passed_once = passed_once or not failed
             last_failed = failed
