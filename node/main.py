@@ -1018,6 +1018,8 @@ class Node:
                 submitted = True
             except ChestnutError as e:
                 why = self._submit_failed(seq, e)
+        if submitted:  # the stale check's input half while the primary computes (its output half after the result)
+            self.stale.see_input(inputs)
         fallback: Candidate | None = None
         if fallback_must_run(self.cfg.fallback.standby == "hot", self.sup.serving is Source.PRIMARY, submitted):
             fallback = self._run_fallback(inputs)
@@ -1029,7 +1031,7 @@ class Node:
         report: ValidityReport | None = None
         if res is not None and res.ok:
             now = time.monotonic_ns()
-            report = check_outputs(res.outputs, self.contracts, inputs=inputs, stale=self.stale,
+            report = check_outputs(res.outputs, self.contracts, stale=self.stale,
                                    reference=agreement_reference(fallback))
             self._note_agreement(report)
             self.miss_run = 0

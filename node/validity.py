@@ -223,14 +223,18 @@ class _Held:
 class StaleDetector:
     """Flags an output identical to the previous one while the input changed (one detector per model).
 
-    ``check(inputs, outputs)`` compares both, byte for byte, with the previous call's (copies held in
-    buffers reused from frame to frame: for a 24 KB input and a 2 KB output, two compares and two copies
-    cost less than hashing both, and they are exact: no digest to collide). The first
-    call, and any call whose input equals the previous input, pass. ``run`` counts consecutive stale frames.
+    Inputs and outputs are compared byte for byte with the last *checked* frame's (copies held in buffers
+    reused from frame to frame: for a 24 KB input and a 2 KB output, two compares and two copies cost less than
+    hashing both, and they are exact: no digest to collide). In two steps, so that the input's half runs while
+    the model computes: :meth:`see_input` (before the outputs exist: right after the primary's request is sent)
+    and :meth:`check_output`; :meth:`check` does both. A frame whose output never comes (a miss) leaves the
+    previous checked frame the one compared with. The first frame, and any frame whose input equals the previous
+    one's, pass. ``run`` counts consecutive stale frames.
     """
 
     def __init__(self) -> None:
-        self._prev_input = _Held()
+        self._prev_input = _Held()   # the last checked frame's
+        self._next_input = _Held()   # the frame seen by see_input, held until its output is checked
         self._prev_output = _Held()
         self.reset()
 
@@ -238,15 +242,26 @@ class StaleDetector:
         """Forget the previous frame (call when a new worker or model starts)."""
         self._prev_input.arrays = None
         self._prev_output.arrays = None
+        self._seen: bool | None = None  # the seen input differs from the previous checked one; None: none seen
         self.run = 0
 
-    def check(self, inputs: Tensors, outputs: Tensors) -> CheckResult:
-        """``inputs`` / ``outputs``: this frame's model inputs and outputs (name -> array, any shape and dtype)."""
-        first = self._prev_input.arrays is None
-        input_changed = not first and not self._prev_input.same(inputs)
-        stale = input_changed and self._prev_output.same(outputs)
-        if first or input_changed:
-            self._prev_input.hold(inputs)
+    def see_input(self, inputs: Tensors) -> None:
+        """This frame's model inputs (name -> array, any shape and dtype), before its outputs are checked."""
+        changed = self._prev_input.arrays is not None and not self._prev_input.same(inputs)
+        if changed or self._prev_input.arrays is None:
+            self._next_input.hold(inputs)
+        self._seen = changed
+
+    def check_output(self, outputs: Tensors) -> CheckResult:
+        """This frame's outputs against the previous checked frame's, its input given by the last
+        :meth:`see_input`; without one since the last check (a :meth:`reset` in between) a first frame's: it
+        passes."""
+        seen, self._seen = self._seen, None
+        stale = bool(seen) and self._prev_output.same(outputs)
+        if seen is None:  # no input for this output: the next frame is judged as a first one
+            self._prev_input.arrays = None
+        elif seen or self._prev_input.arrays is None:  # the seen input becomes the previous one (swap: no copy)
+            self._prev_input, self._next_input = self._next_input, self._prev_input
         self._prev_output.hold(outputs)
         if not stale:
             self.run = 0
@@ -254,6 +269,11 @@ class StaleDetector:
         self.run += 1
         return CheckResult(Check.STALE, "", False,
                            f"output identical to the previous frame's while the input changed ({self.run} in a row)")
+
+    def check(self, inputs: Tensors, outputs: Tensors) -> CheckResult:
+        """:meth:`see_input` then :meth:`check_output`, for a frame whose inputs and outputs are both in hand."""
+        self.see_input(inputs)
+        return self.check_output(outputs)
 
 
 @dataclass(frozen=True)
@@ -364,7 +384,8 @@ def check_outputs(outputs: Mapping[str, np.ndarray], contracts: Iterable[OutputC
                   reference: Mapping[str, np.ndarray] | None = None) -> ValidityReport:
     """Run every check on one frame's output (see the module table for order and severity).
 
-    ``stale`` with ``inputs`` (the frame's model inputs) enables the stale check;
+    ``stale`` enables the stale check, against ``inputs`` (the frame's model inputs) or, without them, the input
+    the detector saw last (:meth:`StaleDetector.see_input`);
     ``reference`` (the fallback's outputs for the same frame) enables the agreement check for every
     declared output present in both. Never raises for bad output data: every problem is a result.
     """
@@ -383,8 +404,8 @@ def check_outputs(outputs: Mapping[str, np.ndarray], contracts: Iterable[OutputC
         else:
             results.append(check_finite(c.name, arr))
             results.append(check_range(c.name, arr, c.value_range))
-    if stale is not None and inputs is not None:
-        results.append(stale.check(inputs, outputs))
+    if stale is not None:
+        results.append(stale.check(inputs, outputs) if inputs is not None else stale.check_output(outputs))
     if reference is not None:
         for c in contracts:
             if c.name in outputs and c.name in reference:

@@ -256,3 +256,30 @@ def test_check_outputs_flags_a_stale_primary():
     assert check_outputs({"prob": OK_PROB}, contracts, inputs=_frame(1), stale=stale).ok
     rep = check_outputs({"prob": OK_PROB.copy()}, contracts, inputs=_frame(2), stale=stale)
     assert rep.first_failure.check is Check.STALE and not rep.first_failure.hard
+
+
+def test_stale_in_two_steps_compares_with_the_last_checked_frame():
+    """The node sees the primary's input while the model computes (``see_input``) and checks the output when it
+    comes (``check_output``): a frame whose output never came is not the one compared with."""
+    d = StaleDetector()
+    d.see_input(_frame(1))
+    assert d.check_output({"prob": OK_PROB}).ok
+    d.see_input(_frame(2))  # missed: its output never came
+    d.see_input(_frame(1))  # the same input as the last checked frame: the same output is expected
+    assert d.check_output({"prob": OK_PROB.copy()}).ok and d.run == 0
+    d.see_input(_frame(3))
+    r = d.check_output({"prob": OK_PROB.copy()})
+    assert (r.ok, r.reason) == (False, "output identical to the previous frame's while the input changed (1 in a row)")
+
+
+def test_stale_output_without_a_seen_input_passes_and_the_next_frame_is_a_first_one():
+    """A reset between a frame's see_input and its output (a failover on the way) leaves no input for it."""
+    d = StaleDetector()
+    d.check(_frame(1), {"prob": OK_PROB})
+    d.see_input(_frame(2))
+    d.reset()
+    assert d.check_output({"prob": OK_PROB.copy()}).ok
+    d.see_input(_frame(3))  # judged as a first frame: nothing to compare its input with
+    assert d.check_output({"prob": OK_PROB.copy()}).ok
+    d.see_input(_frame(4))
+    assert not d.check_output({"prob": OK_PROB.copy()}).ok  # from here on as ever
