@@ -269,13 +269,13 @@ def _clear_text(step: dict[str, Any], ends: dict[int, tuple[float, str]]) -> str
 
 
 def fault_rows(s: dict[str, Any]) -> list[tuple[float, str, str, str]]:
-    """The summary's fault table, in time order: (t s, fault, event, detail) for each step of the launch's
-    schedule (``s["fault_schedule"]``: inject, clear) and each of the twin's fault events (``s["fault_events"]``).
-    A fault is named as the twin names it, ``<kind>#<id>``, on the launch's rows too. The twin's ``expired`` of a
-    one-shot that fired reads ``spent`` (it fires once: spent as it fires, while the launch clears it at the end
-    of its DURATION, when there is nothing left to remove); an ``expired`` at the end of ``for_s`` reads
-    ``expired``. At one instant the launch's rows come first, then the twin's in their order."""
-    events = s.get("fault_events", [])
+    """The summary's fault table, in time order: (t s, fault, event, detail) for each step of the launch's schedule
+    (``s["fault_schedule"]``) and each twin fault event (``s["fault_events"]``; a repeating fault's fires: one row),
+    named ``<kind>#<id>`` as the twin names it. A one-shot's ``expired`` reads ``spent`` (spent as it fires, the
+    launch's clear finds nothing left), one at the end of ``for_s`` ``expired``; the launch's rows first at a tie."""
+    from chestnut.launch.faultplan import collapse_fired
+
+    events = collapse_fired(s.get("fault_events", []))
     ends: dict[int, tuple[float, str]] = {}
     for e in events:
         if e["action"] in ("expired", "cleared"):

@@ -197,3 +197,18 @@ def test_a_fault_that_lasts_until_cleared_is_removed_and_a_for_fault_expires(
 ])
 def test_an_expiry_is_spent_only_for_a_fault_that_fired_and_does_not_repeat(kind, params, fired, spent):
     assert spent_on_expiry(kind, params, fired) is spent
+
+
+def test_a_repeating_faults_fires_are_one_row_with_their_count_and_the_last_time():
+    """A repeating ``slow_gpu`` fires on every packet it hits: a 30 s fault was 3002 rows of ``fired (twin) hit
+    packet #N`` in the printed summary, burying the node-state and control tables. The ``--json`` summary keeps
+    every event."""
+    events = [{"t_s": 5.0, "fault": "slow_gpu#1", "action": "armed", "site": "", "params": {}}]
+    events += [{"t_s": 5.0 + i / 20, "fault": "slow_gpu#1", "action": "fired", "site": f"packet #{i + 1}"}
+               for i in range(600)]
+    events += [{"t_s": 6.0, "fault": "nan_output#2", "action": "fired", "site": ""}]
+    rows = fault_rows({"fault_events": events, "fault_schedule": []})
+    fired = [r for r in rows if r[2] == "fired (twin)"]
+    assert fired == [(5.0, "slow_gpu#1", "fired (twin)", "hit packet #1; fired 600 times, the last at t=35.0 s"),
+                     (6.0, "nan_output#2", "fired (twin)", "")]
+    assert len(events) == 602 and events[1]["site"] == "packet #1"  # the summary's own events are not changed
