@@ -273,7 +273,7 @@ def fault_rows(s: dict[str, Any]) -> list[tuple[float, str, str, str]]:
     (``s["fault_schedule"]``) and each twin fault event (``s["fault_events"]``; a repeating fault's fires: one row),
     named ``<kind>#<id>`` as the twin names it. A one-shot's ``expired`` reads ``spent`` (spent as it fires, the
     launch's clear finds nothing left), one at the end of ``for_s`` ``expired``; the launch's rows first at a tie."""
-    from chestnut.launch.faultplan import collapse_fired
+    from chestnut.backend.sim.faults import collapse_fired
 
     events = collapse_fired(s.get("fault_events", []))
     ends: dict[int, tuple[float, str]] = {}

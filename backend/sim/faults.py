@@ -476,3 +476,26 @@ class FaultTable:
 
     def history(self, now_s: float) -> list[dict[str, Any]]:
         return [f.to_json(now_s) for f in self._history]
+
+
+def collapse_fired(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The twin's fault events (``twinFault``, as ``chestnut launch``'s summary keeps them,
+    ``launch/summary.py``) with a repeating fault's fires after its first folded into that first one, whose ``site``
+    then reads ``packet #1; fired N times, the last at t=T s``. A repeating fault fires on every packet it hits (a
+    30 s ``slow_gpu``: 3000 fires), which as one row each buried the summary's other tables. The events given are
+    not changed."""
+    out: list[dict[str, Any]] = []
+    first: dict[str, tuple[dict[str, Any], list[float]]] = {}  # fault -> (its first fire, [count, last t])
+    for e in events:
+        if e["action"] != "fired":
+            out.append(e)
+        elif (seen := first.get(e["fault"])) is None:
+            first[e["fault"]] = (row := dict(e), [1, e["t_s"]])
+            out.append(row)
+        else:
+            seen[1][0] += 1
+            seen[1][1] = e["t_s"]
+    for row, (count, last) in first.values():
+        if count > 1:
+            row["site"] = f"{row['site'] or 'a packet'}; fired {count:g} times, the last at t={last:.1f} s"
+    return out
