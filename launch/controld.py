@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -205,15 +206,28 @@ class ControlLogic:
         )
 
 
+STARTUP_GRACE_S = 30.0
+"""How long the control daemon waits for a starting stack before its failing checks are WARNINGs (s, our
+choice): the node answers from its warm fallback a few seconds after it starts (the main job: first output
+3.6 s after the launch), so 30 s without every check passing is a stack that did not come up."""
+
+
 def checks_line(failed: tuple[str, ...], last_failed: tuple[str, ...], passed_once: bool,
-                describe: Callable[[str], str]) -> tuple[int, str] | None:
+                describe: Callable[[str], str], waited_s: float = 0.0,
+                last_waited_s: float = 0.0) -> tuple[int, str] | None:
     """The log line (level, text) for this step's failing checks (``failed``, after ``last_failed``), or None when
     nothing changed: every change of the failing set with its evidence (``describe``), and the first pass. Until
-    every check has passed once (``passed_once``) the stack is still starting -- its services not yet heard is no
-    failure -- so those lines are INFO (``waiting for the stack, ...``); after it, a failing check is a WARNING."""
+    every check has passed once (``passed_once``) the stack is starting -- its services not yet heard is no
+    failure -- so those lines are INFO (``waiting for the stack, ...``) for :data:`STARTUP_GRACE_S` after the
+    daemon started (``waited_s``; ``last_waited_s``: at the previous step); then one WARNING that the stack has
+    not come up, and every failing check after it, or after the first pass, is a WARNING."""
+    starting = not passed_once and waited_s < STARTUP_GRACE_S
+    if failed and not passed_once and last_waited_s < STARTUP_GRACE_S <= waited_s:
+        what = "; ".join(describe(c) for c in failed)
+        return logging.WARNING, f"checks failed: the stack has not come up in {STARTUP_GRACE_S:g} s: {what}"
     if failed and failed != last_failed:
         what = "; ".join(describe(c) for c in failed)
-        if passed_once:
+        if not starting:
             return logging.WARNING, f"checks failed: {what}"
         return logging.INFO, f"waiting for the stack, checks not passing yet: {what}"
     if not failed and not passed_once:
@@ -260,13 +274,16 @@ def run(args: argparse.Namespace) -> int:
         was_engaged = False
         last_failed: tuple[str, ...] = ()
         passed_once = False  # until every check has passed once, the stack is starting: nothing has failed yet
+        started_ns, last_waited_s = time.monotonic_ns(), 0.0
         while not flag.stop:
             sm.update(period_ms)
             now = sm.mono_time_ns()
             failed = failed_checks(sm)
-            if line := checks_line(failed, last_failed, passed_once, functools.partial(describe_check, sm, now_ns=now)):
+            waited_s = (time.monotonic_ns() - started_ns) / 1e9
+            if line := checks_line(failed, last_failed, passed_once, functools.partial(describe_check, sm, now_ns=now),
+                                   waited_s, last_waited_s):
                 log.log(*line)
-            passed_once = passed_once or not failed
+            passed_once, last_waited_s = passed_once or not failed, waited_s
             last_failed = failed
             x = ControlInputs(
                 checks_ok=not failed,

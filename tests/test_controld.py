@@ -227,3 +227,10 @@ def test_a_starting_stack_is_waited_for_at_info_and_a_failure_after_the_first_pa
     assert checks_line(("chestnutActive.freq_ok",), (), True, describe) == (
         logging.WARNING, "checks failed: chestnutActive.freq_ok (never received)")
     assert checks_line((), ("chestnutActive.freq_ok",), True, describe) == (logging.INFO, "checks pass again")
+    # a stack that never comes up: one WARNING as the grace ends, every change after it a WARNING
+    assert checks_line(("modelOutput.alive",), ("modelOutput.alive",), False, describe, 30.0, 29.95) == (
+        logging.WARNING, "checks failed: the stack has not come up in 30 s: modelOutput.alive (never received)")
+    assert checks_line(("modelOutput.alive",), ("modelOutput.alive",), False, describe, 30.05, 30.0) is None
+    assert checks_line(("chestnutActive.alive",), ("modelOutput.alive",), False, describe, 31.0, 30.95) == (
+        logging.WARNING, "checks failed: chestnutActive.alive (never received)")
+    assert checks_line(("modelOutput.alive",), (), False, describe, 29.9, 29.85)[0] == logging.INFO
