@@ -569,6 +569,11 @@ class _Mapping:
             pass
 
 
+def _frame_of(word: int) -> int:
+    """The frame a slot's seqlock word names: the one it holds (``2*seq``) or is being written (``2*seq - 1``)."""
+    return (word + 1) // 2
+
+
 def _read_hello(conn: socket.socket, uid: int, path: str) -> tuple[dict[str, int], int]:
     msg, fds, _flags, _addr = socket.recv_fds(conn, HELLO_MAX_BYTES, 2)
     try:
@@ -792,13 +797,14 @@ class FrameSubscriber:
         if word != 2 * seq:
             self.overwritten += 1
             state = "being written" if word & 1 else "done"
-            if (word + 1) // 2 < seq:
+            held = _frame_of(word)
+            if held < seq:
                 raise FrameOverwrittenError(
-                    f"frame seq {seq}: slot {index} holds the older frame {(word + 1) // 2} ({state}): frame {seq} "
+                    f"frame seq {seq}: slot {index} holds the older frame {held} ({state}): frame {seq} "
                     "was never written there (a message or notice ahead of the camera's writes)"
                 )
             raise FrameOverwrittenError(
-                f"frame seq {seq}: slot {index} was overwritten (now frame {(word + 1) // 2}, {state}); the reader "
+                f"frame seq {seq}: slot {index} was overwritten (now frame {held}, {state}); the reader "
                 f"fell more than {ring.slots - 1} frames behind the camera"
             )
 
@@ -916,7 +922,7 @@ class FrameReader:
         ring = self.shm.ring
         if ring is None or ring.session != session:
             return False
-        return seq > max((ring.word(i) + 1) // 2 for i in range(ring.slots))
+        return seq > max(_frame_of(ring.word(i)) for i in range(ring.slots))
 
     def _taken(self, session: int, seq: int) -> None:
         if session != self._seen[0] or seq > self._seen[1]:
