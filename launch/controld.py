@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -221,13 +220,12 @@ def checks_line(failed: tuple[str, ...], last_failed: tuple[str, ...], passed_on
     failure -- so those lines are INFO (``waiting for the stack, ...``) for :data:`STARTUP_GRACE_S` after the
     daemon started (``waited_s``; ``last_waited_s``: at the previous step); then one WARNING that the stack has
     not come up, and every failing check after it, or after the first pass, is a WARNING."""
-    starting = not passed_once and waited_s < STARTUP_GRACE_S
-    if failed and not passed_once and last_waited_s < STARTUP_GRACE_S <= waited_s:
+    grace_ends = not passed_once and last_waited_s < STARTUP_GRACE_S <= waited_s
+    if failed and (failed != last_failed or grace_ends):
         what = "; ".join(describe(c) for c in failed)
-        return logging.WARNING, f"checks failed: the stack has not come up in {STARTUP_GRACE_S:g} s: {what}"
-    if failed and failed != last_failed:
-        what = "; ".join(describe(c) for c in failed)
-        if not starting:
+        if grace_ends:
+            return logging.WARNING, f"checks failed: the stack has not come up in {STARTUP_GRACE_S:g} s: {what}"
+        if passed_once or waited_s >= STARTUP_GRACE_S:
             return logging.WARNING, f"checks failed: {what}"
         return logging.INFO, f"waiting for the stack, checks not passing yet: {what}"
     if not failed and not passed_once:
@@ -274,12 +272,12 @@ def run(args: argparse.Namespace) -> int:
         was_engaged = False
         last_failed: tuple[str, ...] = ()
         passed_once = False  # until every check has passed once, the stack is starting: nothing has failed yet
-        started_ns, last_waited_s = time.monotonic_ns(), 0.0
+        started_ns, last_waited_s = sm.mono_time_ns(), 0.0
         while not flag.stop:
             sm.update(period_ms)
             now = sm.mono_time_ns()
             failed = failed_checks(sm)
-            waited_s = (time.monotonic_ns() - started_ns) / 1e9
+            waited_s = (now - started_ns) / 1e9
             if line := checks_line(failed, last_failed, passed_once, functools.partial(describe_check, sm, now_ns=now),
                                    waited_s, last_waited_s):
                 log.log(*line)
