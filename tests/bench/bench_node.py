@@ -175,7 +175,11 @@ class Echo:
         self.bus = Bus(self.prefix, height=setup.args.height, width=setup.args.width)
         self.bus.start()
         self.proc = subprocess.Popen([sys.executable, __file__, "--echo", self.prefix])
-        self.bus.wait_for(lambda r: len(r.outputs) >= 20, 60.0, "echo")
+        try:
+            self.bus.wait_for(lambda r: len(r.outputs) >= 20, 60.0, "echo")
+        except BaseException:  # an echo that never answered is not left running
+            self.close()
+            raise
 
     def since(self, t0_ns: int, t1_ns: int) -> list[float]:
         """publish -> out (ms) of the echo's frames sent between ``t0_ns`` and ``t1_ns`` (CLOCK_MONOTONIC)."""
