@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from chestnut.backend.sim.client import running_twin
-from chestnut.backend.sim.hostwait import FILE_NAME, WaitPeak, decode, encode, read_peak_ms, thread_waits
+from chestnut.backend.sim.hostwait import FILE_NAME, ThreadTimes, WaitPeak, decode, encode, read_peak_ms, thread_times
 from chestnut.msgs.paths import runtime_dir
 from chestnut.node.hostload import HostMeter
 from chestnut.node.policy import HostFigures, host_late
@@ -18,17 +18,46 @@ from chestnut.node.policy import HostFigures, host_late
 MS = 1_000_000
 
 
+def _waits(waits: dict[tuple[int, int], int]) -> dict[tuple[int, int], ThreadTimes]:
+    """Threads asleep at the sample (not runnable), with only their ended waits."""
+    return {key: ThreadTimes(0, ns, 0, False) for key, ns in waits.items()}
+
+
 def test_the_peak_is_the_worst_single_threads_wait_within_the_window():
     peak = WaitPeak(window_ns=1000 * MS)
-    assert peak.sample(0, {(1, 1): 5 * MS, (1, 2): 0}) == 0
-    assert peak.sample(400 * MS, {(1, 1): 12 * MS, (1, 2): 3 * MS}) == 7 * MS
+    assert peak.sample(0, _waits({(1, 1): 5 * MS, (1, 2): 0})) == 0
+    assert peak.sample(400 * MS, _waits({(1, 1): 12 * MS, (1, 2): 3 * MS})) == 7 * MS
     # a thread first seen inside the window counts from its first sample, a gone one is no longer judged
-    assert peak.sample(800 * MS, {(1, 1): 13 * MS, (1, 3): 40 * MS}) == 8 * MS
-    assert peak.sample(900 * MS, {(1, 1): 13 * MS, (1, 3): 65 * MS}) == 25 * MS
+    assert peak.sample(800 * MS, _waits({(1, 1): 13 * MS, (1, 3): 40 * MS})) == 8 * MS
+    assert peak.sample(900 * MS, _waits({(1, 1): 13 * MS, (1, 3): 65 * MS})) == 25 * MS
     # the sample at 0 has left the window at 1500 ms (the one at 400 ms is the base for the last second)
-    assert peak.sample(1500 * MS, {(1, 1): 14 * MS, (1, 3): 65 * MS}) == 25 * MS
-    assert peak.sample(1900 * MS, {(1, 1): 14 * MS, (1, 3): 65 * MS}) == 1 * MS  # since 900 ms: 13 -> 14
-    assert peak.sample(2900 * MS, {(1, 1): 14 * MS, (1, 3): 65 * MS}) == 0
+    assert peak.sample(1500 * MS, _waits({(1, 1): 14 * MS, (1, 3): 65 * MS})) == 25 * MS
+    assert peak.sample(1900 * MS, _waits({(1, 1): 14 * MS, (1, 3): 65 * MS})) == 1 * MS  # since 900 ms: 13 -> 14
+    assert peak.sample(2900 * MS, _waits({(1, 1): 14 * MS, (1, 3): 65 * MS})) == 0
+
+
+def test_a_wait_still_going_on_counts_from_the_first_sample_that_saw_the_thread_runnable_and_idle():
+    """The kernel adds a wait to schedstat only when it ends: a runnable thread whose CPU time and slices stand
+    still has waited at least since the first sample that saw it so."""
+    peak, key = WaitPeak(window_ns=1000 * MS), (1, 1)
+    assert peak.sample(0, {key: ThreadTimes(7 * MS, 2 * MS, 10, True)}) == 0  # runnable: may be running now
+    assert peak.sample(50 * MS, {key: ThreadTimes(7 * MS, 2 * MS, 10, True)}) == 50 * MS
+    assert peak.sample(120 * MS, {key: ThreadTimes(7 * MS, 2 * MS, 10, True)}) == 120 * MS
+    # it got a CPU (one more slice): the wait ended, and the kernel's own count now holds it
+    assert peak.sample(170 * MS, {key: ThreadTimes(9 * MS, 152 * MS, 11, True)}) == 150 * MS
+    # runnable again with new counters: a new stretch starts at this sample, the ended wait still leads
+    assert peak.sample(220 * MS, {key: ThreadTimes(9 * MS, 152 * MS, 11, True)}) == 150 * MS
+
+
+def test_a_thread_that_ran_or_slept_between_samples_is_not_waiting():
+    peak, key = WaitPeak(window_ns=1000 * MS), (1, 1)
+    peak.sample(0, {key: ThreadTimes(7 * MS, 0, 10, True)})
+    assert peak.sample(50 * MS, {key: ThreadTimes(8 * MS, 0, 10, True)}) == 0  # more CPU time: it ran
+    assert peak.sample(100 * MS, {key: ThreadTimes(8 * MS, 0, 11, True)}) == 0  # another slice: it ran
+    assert peak.sample(150 * MS, {key: ThreadTimes(8 * MS, 0, 11, False)}) == 0  # asleep
+    assert peak.sample(200 * MS, {key: ThreadTimes(8 * MS, 0, 11, True)}) == 0  # woken: counts from here
+    assert peak.sample(250 * MS, {key: ThreadTimes(8 * MS, 0, 11, True)}) == 50 * MS
+    assert peak.sample(300 * MS, {}) == 0  # gone
 
 
 def test_a_record_round_trips_and_a_torn_or_short_one_is_no_figure():
@@ -61,14 +90,62 @@ def test_a_thread_that_waits_for_a_cpu_is_measured():
     try:
         peak, got, deadline = WaitPeak(), 0, time.monotonic() + 30
         while got < 20 * MS and time.monotonic() < deadline:
-            got = peak.sample(time.monotonic_ns(), thread_waits([child.pid]))
+            got = peak.sample(time.monotonic_ns(), thread_times([child.pid]))
             time.sleep(0.05)
         assert got >= 20 * MS
-        assert {pid for pid, _ in thread_waits([child.pid])} == {child.pid}
+        assert {pid for pid, _ in thread_times([child.pid])} == {child.pid}
     finally:
         child.kill()
         child.wait()
-    assert thread_waits([child.pid]) == {}  # gone: left out, no error
+    assert thread_times([child.pid]) == {}  # gone: left out, no error
+
+
+_STARVE = """\
+import os, sys, threading, time
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+def spin():
+    while True: pass
+threading.Thread(target=spin, name="starved", daemon=True).start()
+time.sleep(0.05)
+try:
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+except PermissionError:
+    print("no-rt", flush=True)
+    sys.exit(0)
+print(threading.get_native_id(), flush=True)
+end = time.monotonic() + 3.0
+while time.monotonic() < end: pass
+"""
+
+
+def test_a_thread_starved_right_now_is_counted_before_its_wait_ends():
+    """A realtime spinner holds the one CPU a normal busy thread of its process may use: that thread stays
+    runnable without a CPU (the kernel's RT throttling aside) and its schedstat wait does not grow until it runs
+    again -- the figure must show the wait while it lasts, which is when a node judges its deadline misses."""
+    child = subprocess.Popen([sys.executable, "-c", _STARVE], stdout=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline().strip()
+        if line == "no-rt":
+            import pytest
+
+            pytest.skip("SCHED_FIFO not permitted here: no thread can be starved on demand")
+        spinner = int(line)
+        peak, got, deadline = WaitPeak(), 0, time.monotonic() + 2.5
+        first: dict[tuple[int, int], int] = {}
+        while time.monotonic() < deadline:
+            times = {k: t for k, t in thread_times([child.pid]).items() if k[1] != spinner}
+            for key, t in times.items():
+                first.setdefault(key, t.wait_ns)
+            got = peak.sample(time.monotonic_ns(), times)
+            if got >= 200 * MS:
+                break
+            time.sleep(0.05)
+        assert got >= 200 * MS
+        # the kernel's own count of ended waits has not caught up: the figure is the ongoing wait's
+        assert max(times[k].wait_ns - first[k] for k in times) < 200 * MS
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_a_twin_wait_of_20_ms_makes_a_miss_the_hosts_and_less_does_not():

@@ -6,10 +6,12 @@ realtime work on the host (a second stack, another twin) holds every core, the t
 although nothing on the dock failed -- and a node that judged that delay the dock's would fail over on host
 load. So the twin measures it: Linux keeps, per thread, the time it spent runnable on a run queue without a
 CPU (``/proc/<pid>/task/<tid>/schedstat``, second field, ns; ``Documentation/scheduler/sched-stats.rst``).
-The daemon samples that for its compute child's threads -- the twin's GPU -- every :data:`SAMPLE_PERIOD_S`
-and publishes the **worst single thread's wait over the last second** in a small file in the prefix's
-runtime directory, which the node reads beside its own wake-up lateness (``node/hostload.py``,
-``node/policy.py`` ``host_late``). On a real dock the file does not exist and the figure is 0.
+The kernel adds a wait to that figure only when it ends, so a thread that is runnable but has had no CPU since
+the last sample is counted as waiting still (:class:`WaitPeak`). The daemon samples its compute child's threads
+-- the twin's GPU -- every :data:`SAMPLE_PERIOD_S` and publishes the **worst single thread's wait over the last
+second, one still going on included**, in a small file in the prefix's runtime directory, which the node
+reads beside its own wake-up lateness (``node/hostload.py``, ``node/policy.py`` ``host_late``).
+On a real dock the file does not exist and the figure is 0.
 
 Only the GPU's threads count, not the bridge's (the daemon's own, which answer USB): a GPU that is hung or
 whose fence never moves computes nothing and waits for no CPU, so its misses stay the dock's beside any
@@ -29,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 FILE_NAME = "twin-hostwait"
 MAGIC = 0x43484E5457414954  # "CHNTWAIT"
@@ -41,39 +44,68 @@ WINDOW_NS = 1_000_000_000
 FRESH_NS = 500_000_000
 """A figure older than this (ns) is no figure: the daemon has stopped (or has not sampled yet)."""
 MAX_SCHEDSTAT_BYTES = 128  # "<on-cpu ns> <run-queue wait ns> <slices>\n": three u64 in decimal fit in 64
+MAX_STAT_HEAD_BYTES = 64  # "<tid> (<comm>) <state> ": a tid of at most 7 digits, comm at most 15 bytes (TASK_COMM_LEN)
 
 
-def thread_waits(pids: Iterable[int], proc: Path = Path("/proc")) -> dict[tuple[int, int], int]:
-    """Each thread's total run-queue wait so far, ns, for every thread of ``pids``: ``{(pid, tid): ns}``.
-    Threads and processes that are gone (or a kernel without schedstat) are left out; never raises."""
-    waits: dict[tuple[int, int], int] = {}
+class ThreadTimes(NamedTuple):
+    """One thread's scheduler counters (``/proc/<pid>/task/<tid>/schedstat``: ns on a CPU, ns waiting on a run
+    queue, times given a CPU; ``Documentation/scheduler/sched-stats.rst``) and whether it was runnable (state
+    ``R`` in ``/proc/<pid>/task/<tid>/stat``, ``proc(5)``) when read. ``wait_ns`` grows only when a wait ends
+    (the kernel adds it as the thread gets a CPU), so a wait still going on shows in none of the counters: only
+    a runnable thread whose ``run_ns`` and ``slices`` stand still says so (:class:`WaitPeak`)."""
+
+    run_ns: int
+    wait_ns: int
+    slices: int
+    runnable: bool
+
+
+def thread_times(pids: Iterable[int], proc: Path = Path("/proc")) -> dict[tuple[int, int], ThreadTimes]:
+    """:class:`ThreadTimes` of every thread of ``pids``: ``{(pid, tid): times}``. Threads and processes that are
+    gone (or a kernel without schedstat) are left out; never raises. Each file is read bounded
+    (:data:`MAX_SCHEDSTAT_BYTES`, :data:`MAX_STAT_HEAD_BYTES`)."""
+    out: dict[tuple[int, int], ThreadTimes] = {}
     for pid in pids:
         try:
             tids = os.listdir(proc / str(pid) / "task")
         except OSError:
             continue
         for tid in tids:
+            task = proc / str(pid) / "task" / tid
             try:
-                with open(proc / str(pid) / "task" / tid / "schedstat", "rb") as f:
-                    fields = f.read(MAX_SCHEDSTAT_BYTES).split()
-                waits[(pid, int(tid))] = int(fields[1])
-            except (OSError, ValueError, IndexError):
+                with open(task / "schedstat", "rb") as f:
+                    run_ns, wait_ns, slices = (int(v) for v in f.read(MAX_SCHEDSTAT_BYTES).split()[:3])
+                with open(task / "stat", "rb") as f:
+                    head = f.read(MAX_STAT_HEAD_BYTES)
+                # "<tid> (<comm>) <state> ...": comm (at most 15 bytes) may hold ")" itself, the fields after it never
+                close = head.rindex(b")")
+                out[(pid, int(tid))] = ThreadTimes(run_ns, wait_ns, slices, head[close + 2:close + 3] == b"R")
+            except (OSError, ValueError):
                 continue
-    return waits
+    return out
 
 
 class WaitPeak:
-    """The worst single thread's run-queue wait over the last ``window_ns`` (ns), from cumulative samples.
+    """The worst single thread's wait for a CPU over the last ``window_ns`` (ns), from samples of
+    :func:`thread_times`.
 
-    ``sample(now_ns, waits)`` takes :func:`thread_waits`'s totals at ``now_ns`` and returns the peak: for each
-    thread, its total now less its total at the oldest sample within the window (a thread first seen inside
-    the window counts from its first sample)."""
+    ``sample(now_ns, times)`` returns the larger of:
+
+    - the waits that ended within the window: for each thread, its ``wait_ns`` now less its ``wait_ns`` at the
+      oldest sample within the window (a thread first seen inside the window counts from its first sample);
+    - the wait still going on: a thread runnable at this sample and at an earlier one, its ``run_ns`` and
+      ``slices`` unchanged since, has had no CPU in between although it wanted one, so it has waited at least
+      since that earlier sample (a lower bound: it may have been waiting before). The kernel counts such a wait
+      only once it ends, which for a thread starved for the length of a deadline miss run is after the judgement.
+    """
 
     def __init__(self, window_ns: int = WINDOW_NS) -> None:
         self.window_ns = window_ns
         self._history: deque[tuple[int, dict[tuple[int, int], int]]] = deque()
+        self._runnable: dict[tuple[int, int], tuple[int, int, int]] = {}  # thread -> (since ns, run_ns, slices)
 
-    def sample(self, now_ns: int, waits: dict[tuple[int, int], int]) -> int:
+    def sample(self, now_ns: int, times: dict[tuple[int, int], ThreadTimes]) -> int:
+        waits = {key: t.wait_ns for key, t in times.items()}
         self._history.append((now_ns, waits))
         while len(self._history) > 1 and self._history[1][0] <= now_ns - self.window_ns:
             self._history.popleft()
@@ -81,7 +113,19 @@ class WaitPeak:
         for _, old in self._history:
             for key, ns in old.items():
                 first.setdefault(key, ns)
-        return max((ns - first[key] for key, ns in waits.items()), default=0)
+        peak = max((ns - first[key] for key, ns in waits.items()), default=0)
+        runnable: dict[tuple[int, int], tuple[int, int, int]] = {}
+        for key, t in times.items():
+            if not t.runnable:
+                continue
+            since = self._runnable.get(key)
+            if since is not None and since[1:] == (t.run_ns, t.slices):
+                runnable[key] = since
+                peak = max(peak, now_ns - since[0])
+            else:
+                runnable[key] = (now_ns, t.run_ns, t.slices)
+        self._runnable = runnable
+        return peak
 
 
 def encode(peak_ns: int, updated_ns: int) -> bytes:
@@ -121,7 +165,7 @@ class WaitPublisher:
         peak = WaitPeak()
         while not self._stop.wait(SAMPLE_PERIOD_S):
             now = time.monotonic_ns()
-            value = peak.sample(now, thread_waits(self.pids()))
+            value = peak.sample(now, thread_times(self.pids()))
             if self._fd is not None:
                 try:
                     os.pwrite(self._fd, encode(value, now), 0)
