@@ -561,15 +561,16 @@ def loss_line(service: str, cause: str, max_bytes: int) -> str:
     """The one line a subscriber of ``service`` logs for a lost connection of ``cause`` (:func:`loss_cause`).
 
     ZeroMQ's event does not say why (see :func:`loss_cause`): a message over the service's bound (``max_bytes``,
-    ``ZMQ_MAXMSGSIZE``) while the publisher still runs is named as such; once the publisher is gone, or over TCP,
-    the line names both causes it may have been."""
+    ``ZMQ_MAXMSGSIZE``) while the publisher still runs is named as such; a publisher gone (a stack's stop, a restart)
+    is said first and calmly, with the bound after it (a message over it just before the stop leaves the same
+    traces); over TCP the line names both causes it may have been."""
     bound = f"the service's {size_text(max_bytes)} bound"
     if cause == LOSS_REFUSED:
         return (f"{service}: a message over {bound} was refused (the connection is dropped by ZeroMQ's maxmsgsize); "
                 "connected again (further ones are only counted)")
     if cause == LOSS_PUBLISHER_GONE:
-        return (f"{service}: its publisher went away (stopped or restarted), or sent a message over {bound} just "
-                "before (ZeroMQ's maxmsgsize drops the connection); connected again, waiting for the next one")
+        return (f"{service}: its publisher stopped or restarted; waiting for its next message (one over {bound} sent "
+                "just before the stop would have been dropped with the connection: ZeroMQ's maxmsgsize)")
     return (f"{service}: lost the connection to its publisher: it went away or sent a message over {bound} (ZeroMQ's "
             "maxmsgsize drops the connection; over TCP the two cannot be told apart); connected again (further ones "
             "are only counted)")

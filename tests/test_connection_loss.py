@@ -30,8 +30,8 @@ from chestnut.msgs.messaging import (
 )
 
 pytestmark = [pytest.mark.timeout(60)]
-GONE = ("nodeState: its publisher went away (stopped or restarted), or sent a message over the service's 64 KiB "
-        "bound just before (ZeroMQ's maxmsgsize drops the connection); connected again, waiting for the next one")
+GONE = ("nodeState: its publisher stopped or restarted; waiting for its next message (one over the service's 64 KiB "
+        "bound sent just before the stop would have been dropped with the connection: ZeroMQ's maxmsgsize)")
 
 
 def _hello(pub, sub) -> None:
@@ -151,9 +151,9 @@ def test_a_message_over_the_bound_from_a_publisher_gone_since_names_the_bound(ca
         pub.close()
         sub.close()
     got = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "chestnut.msgs.messaging"]
-    assert got == [("INFO", "cameraFrame: its publisher went away (stopped or restarted), or sent a message over the "
-                            "service's 16 MiB bound just before (ZeroMQ's maxmsgsize drops the connection); connected "
-                            "again, waiting for the next one")]
+    assert got == [("INFO", "cameraFrame: its publisher stopped or restarted; waiting for its next message (one over "
+                            "the service's 16 MiB bound sent just before the stop would have been dropped with the "
+                            "connection: ZeroMQ's maxmsgsize)")]
 
 
 @pytest.mark.parametrize(("cause", "line"), [
