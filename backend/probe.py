@@ -10,7 +10,8 @@ Each rung prints as it is decided: PASS / WARN / FAIL / SKIP, its duration and w
 first failure and what to do about it. A step still running after 2 s (recording the model's fingerprint,
 a rung such as the model's compile) says so every 5 s with its time so far (:class:`Ticker`). Exit
 status: 0 qualified (WARNs allowed), 1 a rung failed,
-2 the probe could not run (bad arguments, unreadable files).
+or, against the twin, no twin daemon answers (one line first, how to start it; no ladder), 2 the probe could not run
+(bad arguments, unreadable files, something not a socket of ours at the twin's socket path).
 """
 
 from __future__ import annotations
@@ -256,6 +257,27 @@ def print_summary(report: LadderReport, out: TextIO = sys.stdout, twin: bool = F
         print("(the twin: is its daemon running for this prefix? start it with `chestnut twin serve`)", file=out)
 
 
+def twin_daemon_missing(prefix: str | None) -> tuple[int, str] | None:
+    """``(exit status, line)`` when no twin daemon of ``prefix`` (default ``$CHESTNUT_PREFIX``) answers, else None:
+    the ladder would only say that no dock is enumerated, with a dock's cable-and-power advice. Nothing answers: 1, as
+    for a dock that is not there, and the line says how to start the daemon; a twin socket path that holds something
+    not a socket of ours (``backend/sim/client.py`` :class:`TwinSocketRefused`): 2, its line, as ``chestnut twin``."""
+    from chestnut.backend.sim.client import TwinClient, TwinNotRunning, TwinSocketRefused
+    from chestnut.msgs.paths import DEFAULT_PREFIX, current_prefix
+
+    prefix = current_prefix() if prefix is None else prefix
+    try:
+        with TwinClient(prefix):
+            pass
+    except TwinSocketRefused as e:
+        return 2, str(e)
+    except TwinNotRunning:
+        serve = "chestnut twin serve" if prefix == DEFAULT_PREFIX else f"chestnut twin --prefix {prefix} serve"
+        return 1, (f"the twin daemon is not running on prefix {prefix!r}: start it with `{serve}` (or run a whole "
+                   "stack with `chestnut launch`), then probe again")
+    return None
+
+
 def _record_fingerprint_subprocess(spec: ModelSpec) -> dict[str, Any]:
     """Record the fingerprint in a DEV=CPU child: the dock's process must not import tinygrad for the CPU."""
     with tempfile.TemporaryDirectory() as d:
@@ -351,6 +373,10 @@ def run(args: argparse.Namespace) -> int:
         runner = RealRunner(wait_timeout_ms=args.wait_timeout_ms,
                             progress=None if args.json else (lambda line: print(f"       {line}", flush=True)))
     else:
+        if (refused := twin_daemon_missing(args.prefix)) is not None:
+            code, line = refused
+            print(f"chestnut probe: {line}", file=sys.stderr)
+            return code
         from chestnut.backend.twin_runner import TwinRunner
 
         runner = TwinRunner(args.prefix, wait_timeout_ms=args.wait_timeout_ms)

@@ -49,10 +49,13 @@ def test_probe_names_the_first_failure_and_what_to_do(tmp_path):
     assert steps[3]["reason"] == "ltssm_stuck"
 
 
-def test_probe_without_a_twin_says_no_dock_and_how_to_start_one():
-    out = probe("--twin", "--prefix", f"t{os.getpid()}-nobody")
-    assert out.returncode == 1
-    assert "no Chestnut dock found" in out.stdout and "chestnut twin serve" in out.stdout
+def test_probe_without_a_twin_says_so_first_and_how_to_start_one():
+    prefix = f"t{os.getpid()}-nobody"
+    out = probe("--twin", "--prefix", prefix)
+    assert (out.returncode, out.stdout) == (1, "")
+    assert out.stderr == (f"chestnut probe: the twin daemon is not running on prefix {prefix!r}: start it with "
+                          f"`chestnut twin --prefix {prefix} serve` (or run a whole stack with `chestnut launch`), "
+                          "then probe again\n")
 
 
 def test_a_step_longer_than_two_seconds_says_so_every_five_seconds():

@@ -1,0 +1,38 @@
+"""``chestnut probe --twin`` with no twin daemon running says so first, with how to start it
+(``backend/probe.py`` ``twin_daemon_missing``): it led with the ladder's ``[FAIL] usb_ids ... no Chestnut dock found``
+and a dock's cable-and-power advice, and the daemon hint came last."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from chestnut.launch.cli import main
+from chestnut.msgs.paths import runtime_dir
+
+pytestmark = [pytest.mark.timeout(60)]
+
+
+def test_no_twin_daemon_is_one_line_saying_how_to_start_it_and_no_ladder(capsys):
+    prefix = os.environ["CHESTNUT_PREFIX"]
+    assert main(["probe", "--twin"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (f"chestnut probe: the twin daemon is not running on prefix {prefix!r}: start it with `chestnut twin "
+                   f"--prefix {prefix} serve` (or run a whole stack with `chestnut launch`), then probe again\n")
+
+
+def test_the_default_prefix_needs_no_prefix_in_the_hint_and_json_gets_the_same_line(capsys, run_base):
+    assert main(["probe", "--twin", "--prefix", "default", "--json"]) == 1
+    assert capsys.readouterr() == ("", "chestnut probe: the twin daemon is not running on prefix 'default': start it "
+                                       "with `chestnut twin serve` (or run a whole stack with `chestnut launch`), then "
+                                       "probe again\n")
+
+
+def test_something_planted_at_the_twin_socket_is_refused_as_chestnut_twin_does(capsys):
+    sock = runtime_dir() / "twin.sock"
+    sock.mkdir()
+    assert main(["probe", "--twin"]) == 2
+    assert capsys.readouterr() == ("", f"chestnut probe: socket path {sock} holds a directory, not a socket: refused, "
+                                       "nothing replaced; remove it and start again\n")
