@@ -497,8 +497,10 @@ class Watchdog:
 
     @property
     def expired(self) -> bool:
-        """Some entity expired: the worker must be replaced before its results are used again."""
-        return any(s is Status.EXPIRED for s in self.statuses().values())
+        """Some entity expired: the worker must be replaced before its results are used again (read with every
+        result: the four statuses are compared as they are, without building :meth:`statuses`)."""
+        return (self.deadline.status is Status.EXPIRED or self.hang.status is Status.EXPIRED
+                or self.alive.status is Status.EXPIRED or self.logical.status is Status.EXPIRED)
 
     # ---------------------------------------------------------------- internals
 
