@@ -36,6 +36,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+VISITORS = ("dump", "top", "probe", "foxglove")
+"""Commands that only visit a stack's runtime directory (read its locks, connect to its sockets) and own nothing in
+it; so does every ``twin`` command but ``serve`` and ``libusb``. What they create of it goes again when they end
+(``msgs/paths.py`` :func:`~chestnut.msgs.paths.made_dirs_removed`): a ``chestnut dump`` of a prefix nobody runs
+left an empty ``<prefix>/``."""
+
+
+def visits_only(args: argparse.Namespace) -> bool:
+    """``args`` are those of a command in :data:`VISITORS` or a twin client."""
+    if args.command == "twin":
+        return getattr(args, "twin_command", None) not in ("serve", "libusb")
+    return args.command in VISITORS
+
+
 class OneLineParser(argparse.ArgumentParser):
     """An argument error is one line and a pointer to ``--help`` (exit 2, as argparse), not the whole usage
     block: ``chestnut launch: error: argument --fault: 'x': want KIND@START[+DURATION][,key=value] (chestnut
@@ -117,10 +131,11 @@ def _main(argv: list[str] | None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     from chestnut.msgs.messaging import PublisherBusyError
-    from chestnut.msgs.paths import PrefixError, RuntimeDirError
+    from chestnut.msgs.paths import PrefixError, RuntimeDirError, made_dirs_removed
 
     try:
-        return int(importlib.import_module(args._module).run(args) or 0)
+        with made_dirs_removed() if visits_only(args) else contextlib.nullcontext():
+            return int(importlib.import_module(args._module).run(args) or 0)
     except (RuntimeDirError, PrefixError, PublisherBusyError) as e:
         # a subverted runtime directory, a malformed CHESTNUT_PREFIX, a service another live process
         # already publishes: one line, no traceback, the program cannot go on

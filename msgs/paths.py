@@ -27,10 +27,12 @@ symlink between the check and the use cannot redirect us.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from chestnut.msgs.services import SERVICE_LIST
@@ -158,6 +160,9 @@ def _open_private(parent_fd: int, parent: Path, name: str, uid: int, per_prefix:
         pass
     except OSError as e:
         raise RuntimeDirError(path, f"cannot be created ({e.strerror})", f"check the permissions of {parent}") from None
+    else:
+        for made in _MADE_IN_BLOCKS:
+            made.append(path)
     try:
         fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
     except OSError as e:
@@ -178,6 +183,29 @@ def _open_private(parent_fd: int, parent: Path, name: str, uid: int, per_prefix:
             f"it is not ours to repair: remove it (rm -r {path}) and start again{other}",
         )
     return fd
+
+
+_MADE_IN_BLOCKS: list[list[Path]] = []
+"""One list per :func:`made_dirs_removed` block running now: the directories :func:`runtime_dir` created in it."""
+
+
+@contextlib.contextmanager
+def made_dirs_removed() -> Iterator[None]:
+    """For a command that only visits a stack (``chestnut dump``, ``top``, ``probe``, a twin client: it reads locks,
+    connects to sockets and owns nothing there): the runtime directories :func:`runtime_dir` creates inside the
+    block are removed at its end, the prefix's before ``chestnut-<uid>``, each only while empty (``rmdir``: a
+    directory another program has put something in since, a publisher's lock file or socket, stays). A directory
+    that was there before is never touched. They are created all the same while the block runs: the checks of this
+    module's docstring stand while it connects, and no other user can make them first."""
+    made: list[Path] = []
+    _MADE_IN_BLOCKS.append(made)
+    try:
+        yield
+    finally:
+        del _MADE_IN_BLOCKS[next(i for i, m in enumerate(_MADE_IN_BLOCKS) if m is made)]
+        for path in reversed(made):
+            with contextlib.suppress(OSError):  # not empty, or gone already: not ours to remove now
+                os.rmdir(path)
 
 
 def check_socket_room(path: Path) -> None:
