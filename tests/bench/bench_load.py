@@ -34,6 +34,7 @@ from pathlib import Path
 from benchprefix import own_prefix
 
 from chestnut.launch.faultplan import FaultPlan
+from chestnut.launch.supervise import last_error_line
 
 HOGS = 2
 HOG_CODE = "while True: pass"
@@ -83,6 +84,15 @@ def run_launch(seconds: float, runs: Path, fault: str | None) -> tuple[dict | No
     return summary, proc.returncode, proc.stderr[-3000:]
 
 
+def no_summary_line(what: str, code: int, seconds: float, load: str, err: str) -> str:
+    """The one line for a launch that left no summary: its exit, how long it ran, the load, and its own last error
+    line from its stderr (``launch/supervise.py`` ``last_error_line``: the last ERROR / CRITICAL line without its
+    timestamp, else the last line, an argument refusal say). It said ``launch exit 2`` and dumped the stderr's tail
+    below, the cause three lines further down."""
+    said = last_error_line(err) if err.strip() else "(nothing on its stderr)"
+    return f"{what}: launch exit {code} after {seconds:.0f} s, no summary; load average {load}; {said}"
+
+
 def load_avg() -> str:
     try:
         return " / ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -110,10 +120,11 @@ def main() -> int:
             t0 = time.monotonic()
             summary, code, err = run_launch(seconds, runs, fault)
             what = f"fault {fault}" if fault else "no fault"
-            print(f"{what}: launch exit {code} after {time.monotonic() - t0:.0f} s; load average {load_avg()}",
-                  flush=True)
             if summary is None:
-                print(f"  no summary:\n{err}")
+                print(no_summary_line(what, code, time.monotonic() - t0, load_avg(), err), flush=True)
+            else:
+                print(f"{what}: launch exit {code} after {time.monotonic() - t0:.0f} s; load average {load_avg()}",
+                      flush=True)
             results[fault or ""] = summary
     finally:
         stop_hogs(hogs)
