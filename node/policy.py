@@ -201,11 +201,12 @@ class HostFigures:
     heartbeat timer, likewise; ``cpu_pressure_pct``: PSI ``some avg10``, None where ``/proc/pressure/cpu``
     is absent (Linux < 4.20, or PSI off); ``dock_ms``: the dock's own time for the frame (its copy-in,
     compute and copy-out, from a late result's stage times), None when no result came; ``elapsed_ms``: the
-    request to that result; ``twin_wait_ms``: on the twin only, its GPU's (compute process's) worst thread's
-    wait for a host CPU within the window (``backend/sim/hostwait.py``: the twin's GPU is host threads, a real
-    dock's is not; 0 on a real dock); ``outside_ms``: the most a result lost outside the dock within the window
-    (from when the worker could start its request to its receipt, less its dock stages): the frames queued
-    behind a result the host delayed were delayed by the host too."""
+    request to that result; ``twin_wait_ms``: on the twin only, its worst wait for a host CPU within the
+    window: its GPU's (compute process's) threads, one still waiting included, and its sampler's own lateness
+    (``backend/sim/hostwait.py``: the twin's GPU is host threads, a real dock's is not; 0 on a real dock);
+    ``outside_ms``: the most a result lost outside the dock within the window (from when the worker could start
+    its request to its receipt, less its dock stages): the frames queued behind a result the host delayed were
+    delayed by the host too."""
 
     loop_late_ms: float = 0.0
     worker_late_ms: float = 0.0
@@ -236,8 +237,8 @@ def host_late(f: HostFigures, th: HostThresholds | None = None) -> str:
     """Why the host itself was late around a deadline miss, or "" when it was on time (the miss is then the
     dock's). Late when either holds: the node's loop or the worker's timer woke at least ``late_ms`` later
     than asked; a result came past the deadline although the dock's own stages fit inside it (the time was
-    lost outside the dock: in scheduling the node and the worker); on the twin, its GPU waited at least
-    ``late_ms`` for a host CPU (the twin's GPU is host work, so that wait is the host's, not the dock's); a
+    lost outside the dock: in scheduling the node and the worker); on the twin, its GPU or its own sampler waited at
+    least ``late_ms`` for a host CPU (the twin is host work, so that wait is the host's, not the dock's); a
     result within the window lost at least ``late_ms`` outside the dock (the frames queued behind it waited on
     the host as well). Only
     the stack's own figures decide: a miss with no result, on an on-time node, worker and twin, is the dock's
@@ -251,7 +252,7 @@ def host_late(f: HostFigures, th: HostThresholds | None = None) -> str:
     if f.dock_ms is not None and f.elapsed_ms is not None and f.dock_ms <= th.deadline_ms < f.elapsed_ms:
         why.append(f"the dock took {f.dock_ms:.0f} ms of the {f.elapsed_ms:.0f} ms")
     if f.twin_wait_ms >= th.late_ms:
-        why.append(f"the twin's GPU waited {f.twin_wait_ms:.0f} ms for a CPU")
+        why.append(f"the twin waited {f.twin_wait_ms:.0f} ms for a CPU")
     if f.outside_ms >= th.late_ms and not (f.dock_ms is not None and f.elapsed_ms is not None):
         why.append(f"a result lost {f.outside_ms:.0f} ms outside the dock")
     if not why:

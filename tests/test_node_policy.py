@@ -405,7 +405,7 @@ def test_a_host_that_starved_the_node_itself_excuses_a_miss_whatever_the_docks_p
     starved = HostFigures(loop_late_ms=31.0, worker_late_ms=6.0, cpu_pressure_pct=92.0, twin_wait_ms=448.0)
     assert host_starved(starved) == "loop woke 31 ms late"
     assert host_excuse(starved, slow, periods) == HostExcuse(
-        "host late: loop woke 31 ms late, the twin's GPU waited 448 ms for a CPU, cpu pressure 92 %")
+        "host late: loop woke 31 ms late, the twin waited 448 ms for a CPU, cpu pressure 92 %")
     timer = HostFigures(worker_late_ms=20.0)
     assert host_starved(timer) == "worker's timer woke 20 ms late"
     assert host_excuse(timer, slow, periods) == HostExcuse("host late: worker's timer woke 20 ms late")
@@ -417,7 +417,7 @@ def test_a_host_that_starved_the_node_itself_excuses_a_miss_whatever_the_docks_p
     # an on-time host excuses nothing, a dock that keeps up never overrules
     assert host_excuse(HostFigures(cpu_pressure_pct=100.0), slow, periods) == HostExcuse()
     assert host_excuse(twin_only, [40.0] * 9, periods) == HostExcuse(
-        "host late: the twin's GPU waited 448 ms for a CPU, cpu pressure 92 %")
+        "host late: the twin waited 448 ms for a CPU, cpu pressure 92 %")
     assert host_excuse(timer, slow, periods, HostThresholds(late_ms=30.0)) == HostExcuse()  # the configured bound
 
 

@@ -440,7 +440,7 @@ def test_frame_drop_percentage_is_always_in_range(ids):
 # ---------------------------------------------------------------- served: no frame waits past the wait timeout
 
 
-HOST = "host late: the twin's GPU waited 150 ms for a CPU"
+HOST = "host late: the twin waited 150 ms for a CPU"
 
 
 def late_primary(wd, until_ns, late_ms=160, on_time=()):

@@ -85,9 +85,9 @@ def test_slow_copies_while_the_host_was_late_are_the_hosts(tmp_path: Path, tiny_
     node = Node(load_config(write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none")))
     t0 = 100 * S
     _copy_evidence(node, SLOW, t0)
-    node.host_late_at_ns, node.host_late_reason = t0 + S, "host late: the twin's GPU waited 63 ms for a CPU"
+    node.host_late_at_ns, node.host_late_reason = t0 + S, "host late: the twin waited 63 ms for a CPU"
     ev = _copy_evidence(node, SLOW, t0 + 3 * S)  # slow for 3 s, the host late 2 s ago
-    assert ev.advisory and ev.reason == (WARN_REASON + "; advisory: host late: the twin's GPU waited 63 ms for a CPU "
+    assert ev.advisory and ev.reason == (WARN_REASON + "; advisory: host late: the twin waited 63 ms for a CPU "
                                          "2.0 s ago: slow copies are the host's, not the link's")
     assert _active(ev, t0 + 3 * S)
     later = _copy_evidence(node, SLOW, t0 + S + int(3.5 * S))  # the host on time for 3.5 s, the copies still slow

@@ -49,6 +49,26 @@ def test_a_wait_still_going_on_counts_from_the_first_sample_that_saw_the_thread_
     assert peak.sample(220 * MS, {key: ThreadTimes(9 * MS, 152 * MS, 11, True)}) == 150 * MS
 
 
+def test_the_samplers_own_lateness_is_the_twins_wait_within_the_window():
+    peak = WaitPeak(window_ns=1000 * MS)
+    assert peak.sample(0, {}, late_ns=1 * MS) == 1 * MS
+    assert peak.sample(400 * MS, {}, late_ns=300 * MS) == 300 * MS
+    assert peak.sample(450 * MS, _waits({(1, 1): 40 * MS})) == 300 * MS
+    assert peak.sample(1399 * MS, {}) == 300 * MS
+    assert peak.sample(1400 * MS, {}) == 0  # a window after it
+
+
+def test_the_record_says_the_sampler_is_late_while_it_is(tmp_path: Path):
+    """Held off by the host, the sampler rewrites nothing: the record's age less the 50 ms sample period is how
+    long the twin has waited so far, and the reader counts it when it is more than the record's peak."""
+    path = tmp_path / FILE_NAME
+    path.write_bytes(encode(31 * MS, 10**12))
+    assert read_peak_ms(path, 10**12 + 50 * MS) == 31.0
+    assert read_peak_ms(path, 10**12 + 81 * MS) == 31.0
+    assert read_peak_ms(path, 10**12 + 82 * MS) == 32.0
+    assert read_peak_ms(path, 10**12 + 350 * MS) == 300.0
+
+
 def test_a_thread_that_ran_or_slept_between_samples_is_not_waiting():
     peak, key = WaitPeak(window_ns=1000 * MS), (1, 1)
     peak.sample(0, {key: ThreadTimes(7 * MS, 0, 10, True)})
@@ -72,8 +92,9 @@ def test_the_file_is_read_only_when_fresh_regular_and_ours(tmp_path: Path):
     path = tmp_path / FILE_NAME
     assert read_peak_ms(path, 10**12) == 0.0  # absent: a real dock
     path.write_bytes(encode(31 * MS, 10**12))
-    assert read_peak_ms(path, 10**12 + 100 * MS) == 31.0
-    assert read_peak_ms(path, 10**12 + 600 * MS) == 0.0  # the daemon stopped sampling: stale
+    assert read_peak_ms(path, 10**12 + 30 * MS) == 31.0
+    assert read_peak_ms(path, 10**12 + 1000 * MS) == 950.0  # the sampler (every 50 ms) held off for 950 ms
+    assert read_peak_ms(path, 10**12 + 1001 * MS) == 0.0  # a second without a sample: the daemon is gone
     link = tmp_path / "link"
     link.symlink_to(path)
     assert read_peak_ms(link, 10**12) == 0.0  # never through a link
@@ -149,7 +170,7 @@ def test_a_thread_starved_right_now_is_counted_before_its_wait_ends():
 
 
 def test_a_twin_wait_of_20_ms_makes_a_miss_the_hosts_and_less_does_not():
-    assert host_late(HostFigures(twin_wait_ms=31.0)) == "host late: the twin's GPU waited 31 ms for a CPU"
+    assert host_late(HostFigures(twin_wait_ms=31.0)) == "host late: the twin waited 31 ms for a CPU"
     assert host_late(HostFigures(twin_wait_ms=19.9)) == ""
     assert HostFigures(loop_late_ms=3.0, worker_late_ms=5.0, twin_wait_ms=31.0).peak_late_ms == 31.0
 

@@ -11,6 +11,13 @@ the last sample is counted as waiting still (:class:`WaitPeak`). The daemon samp
 -- the twin's GPU -- every :data:`SAMPLE_PERIOD_S` and publishes the **worst single thread's wait over the last
 second, one still going on included**, in a small file in the prefix's runtime directory, which the node
 reads beside its own wake-up lateness (``node/hostload.py``, ``node/policy.py`` ``host_late``).
+
+The sampler is a twin thread too, at the bridge's priority (above the GPU's): how much later than asked it wakes
+is the twin's own wait for the host, and counts in the figure; while the host holds it off altogether the file
+is not rewritten, and its age says so -- :func:`read_peak_ms` counts a record older than one sample period as
+the sampler being late by the difference. A realtime load above the twin's priorities on every core (two stacks
+and their fallbacks on a 2-core host) stops the twin's bridge, its GPU and its sampler together for hundreds of
+milliseconds: the figure must say so while it lasts, when a node judges the misses it causes.
 On a real dock the file does not exist and the figure is 0.
 
 Only the GPU's threads count, not the bridge's (the daemon's own, which answer USB): a GPU that is hung or
@@ -41,8 +48,10 @@ SAMPLE_PERIOD_S = 0.05
 WINDOW_NS = 1_000_000_000
 """The figure is the worst thread's wait over this last stretch (ns): the node's host window
 (``node/policy.py`` ``HOST_WINDOW_MS``)."""
-FRESH_NS = 500_000_000
-"""A figure older than this (ns) is no figure: the daemon has stopped (or has not sampled yet)."""
+FRESH_NS = 1_000_000_000
+"""A record older than this (ns) is no figure: the daemon has stopped (a stopped daemon removes the file; one
+that was killed leaves it). Up to this age the record's lateness counts (:func:`read_peak_ms`): one window,
+``node/policy.py`` ``HOST_WINDOW_MS``, the longest a late host explains a miss anyway."""
 MAX_SCHEDSTAT_BYTES = 128  # "<on-cpu ns> <run-queue wait ns> <slices>\n": three u64 in decimal fit in 64
 MAX_STAT_HEAD_BYTES = 64  # "<tid> (<comm>) <state> ": a tid of at most 7 digits, comm at most 15 bytes (TASK_COMM_LEN)
 
@@ -103,8 +112,15 @@ class WaitPeak:
         self.window_ns = window_ns
         self._history: deque[tuple[int, dict[tuple[int, int], int]]] = deque()
         self._runnable: dict[tuple[int, int], tuple[int, int, int]] = {}  # thread -> (since ns, run_ns, slices)
+        self._late: deque[tuple[int, int]] = deque()  # (sampled at, the sampler's own lateness) ns
 
-    def sample(self, now_ns: int, times: dict[tuple[int, int], ThreadTimes]) -> int:
+    def sample(self, now_ns: int, times: dict[tuple[int, int], ThreadTimes], late_ns: int = 0) -> int:
+        """The peak (ns) at ``now_ns``; ``late_ns``: how much later than asked the sampler itself woke for this
+        sample (a twin thread's wait for the host as well, counted within the window like the threads')."""
+        if late_ns > 0:
+            self._late.append((now_ns, late_ns))
+        while self._late and self._late[0][0] <= now_ns - self.window_ns:
+            self._late.popleft()
         waits = {key: t.wait_ns for key, t in times.items()}
         self._history.append((now_ns, waits))
         while len(self._history) > 1 and self._history[1][0] <= now_ns - self.window_ns:
@@ -114,6 +130,7 @@ class WaitPeak:
             for key, ns in old.items():
                 first.setdefault(key, ns)
         peak = max((ns - first[key] for key, ns in waits.items()), default=0)
+        peak = max(peak, max((late for _, late in self._late), default=0))
         runnable: dict[tuple[int, int], tuple[int, int, int]] = {}
         for key, t in times.items():
             if not t.runnable:
@@ -163,9 +180,14 @@ class WaitPublisher:
 
     def _run(self) -> None:
         peak = WaitPeak()
-        while not self._stop.wait(SAMPLE_PERIOD_S):
+        period_ns = int(SAMPLE_PERIOD_S * 1e9)
+        asked = time.monotonic_ns() + period_ns
+        while not self._stop.wait(max(0, asked - time.monotonic_ns()) / 1e9):
             now = time.monotonic_ns()
-            value = peak.sample(now, thread_times(self.pids()))
+            value = peak.sample(now, thread_times(self.pids()), now - asked)
+            asked += period_ns
+            if asked <= now:  # woke over a period late: the next sample one period from now, not at once
+                asked = now + period_ns
             if self._fd is not None:
                 try:
                     os.pwrite(self._fd, encode(value, now), 0)
@@ -186,9 +208,11 @@ class WaitPublisher:
 
 
 def read_peak_ms(path: Path, now_ns: int, fresh_ns: int = FRESH_NS) -> float:
-    """The twin's worst thread wait over its last second (ms) from the file at ``path``, read at ``now_ns``
-    (CLOCK_MONOTONIC); 0.0 when the file is absent, not this user's regular file, torn, or older than
-    ``fresh_ns``. Never raises: a missing figure only means the host is judged on the node's own."""
+    """The twin's worst wait for a host CPU over its last second (ms) from the file at ``path``, read at ``now_ns``
+    (CLOCK_MONOTONIC): the record's peak, or, when the record is older than one :data:`SAMPLE_PERIOD_S`, its age
+    less that period if more -- the sampler, a twin thread, has been held off that long and is still waiting.
+    0.0 when the file is absent, not this user's regular file, torn, or older than ``fresh_ns``. Never raises: a
+    missing figure only means the host is judged on the node's own."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
@@ -204,4 +228,4 @@ def read_peak_ms(path: Path, now_ns: int, fresh_ns: int = FRESH_NS) -> float:
         os.close(fd)
     if got is None or not 0 <= now_ns - got[1] <= fresh_ns:
         return 0.0
-    return got[0] / 1e6
+    return max(got[0], now_ns - got[1] - int(SAMPLE_PERIOD_S * 1e9)) / 1e6
