@@ -57,6 +57,13 @@ or 4 of 20 frames), so the driver is told either way."""
 LATE_FRAME_EVENTS = frozenset({"hostLate", "deadlineMissed"})
 ENGAGE_STABLE_S = 1.0  # auto-engage after all checks passed continuously this long
 SERVICES = ("modelOutput", "chestnutActive", "chestnutHealth")
+STEP_ON = "chestnutActive"
+"""The service whose message wakes the daemon's step (its SubMaster's ``poll``; else each step waits its period): the
+node sends a frame's ``modelOutput``, then yields its CPU, then the frame's ``chestnutActive`` (``node/main.py``), and
+a ``chestnutActive`` alone when ``active`` drops between frames. Woken by any message, a step judged the checks
+between a frame's two: ``chestnutActive.freq_ok`` a message behind ``modelOutput``'s, a WARNING ``checks failed:
+chestnutActive.freq_ok ...`` and ``checks pass again`` in the same millisecond as a stall's gap left the windows,
+and ``controlState`` at ~40 Hz for its 20. A frame's messages are judged together now; a real drop still fails."""
 NS = 1_000_000_000
 MAX_RATE_HZ = 1000.0  # --rate: the loop's period is whole milliseconds, at least 1
 
@@ -235,6 +242,11 @@ def checks_line(failed: tuple[str, ...], last_failed: tuple[str, ...], passed_on
     return None
 
 
+def control_submaster(prefix: str | None = None) -> SubMaster:
+    """The daemon's SubMaster: :data:`SERVICES`, its steps woken by :data:`STEP_ON`."""
+    return SubMaster(list(SERVICES), poll=STEP_ON, prefix=prefix)
+
+
 def fill_control_state(st: ControlState) -> object:
     msg = new_message("controlState")
     cs = msg.controlState
@@ -268,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
     flag = StopFlag()
     logic = ControlLogic(auto_engage=not args.no_auto_engage)
     period_ms = max(1, int(1000 / args.rate))
-    with SubMaster(list(SERVICES)) as sm, PubMaster(["controlState"]) as pm:
+    with control_submaster() as sm, PubMaster(["controlState"]) as pm:
         was_engaged = False
         last_failed: tuple[str, ...] = ()
         passed_once = False  # until every check has passed once, the stack is starting: nothing has failed yet

@@ -5,6 +5,7 @@ import logging
 import pytest
 
 from chestnut.launch.controld import ControlInputs, ControlLogic
+from chestnut.msgs.messaging import new_message
 
 S = 1_000_000_000
 OK = ControlInputs(checks_ok=True, active=True, source="primary", frame_drop_perc=0.0)
@@ -234,3 +235,41 @@ def test_a_starting_stack_is_waited_for_at_info_and_a_failure_after_the_first_pa
     assert checks_line(("chestnutActive.alive",), ("modelOutput.alive",), False, describe, 31.0, 30.95) == (
         logging.WARNING, "checks failed: chestnutActive.alive (never received)")
     assert checks_line(("modelOutput.alive",), (), False, describe, 29.9, 29.85)[0] == logging.INFO
+
+
+def _frame(pm, frame_id: int, parts: tuple[str, ...] = ("modelOutput", "chestnutActive")) -> None:
+    """The node's messages of frame ``frame_id``, in the node's order: its ``modelOutput``, then its
+    ``chestnutActive`` (``node/main.py``), each naming the frame."""
+    for service in parts:
+        msg = new_message(service)
+        if service == "modelOutput":
+            msg.modelOutput.frameId = frame_id
+        else:
+            msg.chestnutActive.reason = f"frame {frame_id}"
+        pm.send(service, msg)
+
+
+def test_a_step_judges_a_frames_messages_together_woken_by_its_chestnut_active():
+    """Woken by any message, the daemon judged the checks between a frame's modelOutput and its chestnutActive: a
+    stall's gap left modelOutput's window a message before chestnutActive's, and control.log said ``checks failed:
+    chestnutActive.freq_ok ...`` and ``checks pass again`` in the same millisecond (and controlState went out at
+    ~40 Hz). Real sockets; every wait is on a message."""
+    from chestnut.launch.controld import SERVICES, STEP_ON, control_submaster
+    from chestnut.msgs.messaging import PubMaster
+
+    assert STEP_ON == "chestnutActive"
+    with control_submaster() as sm, PubMaster(list(SERVICES)) as pm:
+        frame = 0
+        while sm["modelOutput"].frameId != frame or sm["chestnutActive"].reason != f"frame {frame}":
+            frame += 1  # until both subscriptions have joined and every earlier frame is in (ZeroMQ keeps the order)
+            assert frame < 2000, "the subscriptions never joined"
+            _frame(pm, frame)
+            sm.update(20)
+        frame += 1
+        _frame(pm, frame, ("modelOutput",))
+        assert sm.sock["modelOutput"].poll(5000)  # the frame's modelOutput is in ...
+        assert sm.poller.poll(0) == []  # ... and wakes no step on its own
+        _frame(pm, frame, ("chestnutActive",))
+        sm.update(5000)
+        assert (sm.updated["modelOutput"], sm.updated["chestnutActive"]) == (True, True)
+        assert (sm["modelOutput"].frameId, sm["chestnutActive"].reason) == (frame, f"frame {frame}")
