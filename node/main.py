@@ -141,6 +141,7 @@ from chestnut.node.policy import (
     pair_response,
     primary_serves,
     shadow_vote,
+    run_risk_excuse,
     slow_copy_excuse,
     start_failure,
     start_timed_out,
@@ -419,6 +420,7 @@ class Node:
         self.host_late_at_ns: int | None = None  # the last time _host_late found the host late
         self.host_late_reason = ""
         self.slow_copy_since_ns: int | None = None  # the copy path's usb WARN holds since (ns); None: copies OK
+        self.run_risk_since_ns: int | None = None  # the stage budget's deadline at risk since (ns); None: not
         # the dock's own time per frame (stage times, ms) and the camera's frame period (ms): a dock slower than
         # the camera is not excused by a late host (node/policy.py dock_outpaced)
         self.dock_recent: deque[float] = deque(maxlen=9)
@@ -1058,7 +1060,8 @@ class Node:
     def _judge_run(self, res: WorkerResult, report: ValidityReport, now: int) -> None:
         """A primary result's evidence: its layers advanced (:func:`evidence_from_run`), its output checks, and
         the stage budget's verdict on its stage times (WARN or OK, never ERROR: ``node/health.py`` ``StageBudget``)."""
-        slow = self.stage_budget.observe(res.stages, now, res.exec_time_s) if res.stages is not None else []
+        slow = self._excuse_run_risk(self.stage_budget.observe(res.stages, now, res.exec_time_s), now) \
+            if res.stages is not None else []
         self._apply_health(evidence_from_run(res.exec_time_s * 1e3) + [evidence_from_validity(report)] + slow, now)
 
     def _note_agreement(self, report: ValidityReport) -> None:
@@ -1504,6 +1507,24 @@ class Node:
                 self.slow_copy_since_ns = None
             out.append(ev)
         return out
+
+    def _excuse_run_risk(self, evidence: list[Evidence], now: int) -> list[Evidence]:
+        """The stage budget's "deadline at risk" WARNs made advisory, with why, while
+        :func:`~chestnut.node.policy.run_risk_excuse` excuses them (the host was late within 3 s, and the runs have
+        been at risk for under 10 s): shown in ``chestnutHealth``, ``ChestnutActive`` not cleared on the dock's
+        account. An empty list (the budget not judging yet) leaves the streak as it was."""
+        if not evidence:
+            return evidence
+        if not any(ev.tag == "deadline_at_risk" for ev in evidence):
+            self.run_risk_since_ns = None
+            return evidence
+        self.run_risk_since_ns = self.run_risk_since_ns if self.run_risk_since_ns is not None else now
+        ago = (now - self.host_late_at_ns) / NS if self.host_late_at_ns is not None else None
+        why = run_risk_excuse((now - self.run_risk_since_ns) / NS, ago, self.host_late_reason)
+        if not why:
+            return evidence
+        return [dataclasses.replace(ev, advisory=True, reason=f"{ev.reason}; advisory: {why}")
+                if ev.tag == "deadline_at_risk" else ev for ev in evidence]
 
     def _is_current(self, w: WorkerHandle) -> bool:
         """``w`` is still the node's worker (a fault handled on the way may have replaced it)."""

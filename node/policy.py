@@ -367,10 +367,32 @@ def slow_copy_excuse(slow_for_s: float, host_late_ago_s: float | None, host_reas
     :data:`SLOW_COPY_EXCUSE_MAX_S`."""
     if slow_for_s >= SLOW_COPY_EXCUSE_MAX_S:
         return ""
-    if host_late_ago_s is not None and host_late_ago_s <= SLOW_COPY_HOST_LOOKBACK_S:
-        return f"{host_reason} {host_late_ago_s:.1f} s ago: slow copies are the host's, not the link's"
+    if late := _host_was_late(host_late_ago_s, host_reason):
+        return f"{late}: slow copies are the host's, not the link's"
     if slow_for_s < SLOW_COPY_SETTLE_S:
         return f"slow for {slow_for_s:.1f} s of the {SLOW_COPY_SETTLE_S:g} s that make a marginal link"
+    return ""
+
+
+def run_risk_excuse(at_risk_for_s: float, host_late_ago_s: float | None, host_reason: str) -> str:
+    """Why the stage budget's "deadline at risk" WARN (``node/health.py`` ``StageBudget``: the primary's median run
+    over the frame period, or its second slowest over the deadline less a period) is only advisory now, or "" when
+    it speaks against the dock: the host was late within :data:`SLOW_COPY_HOST_LOOKBACK_S` (:func:`slow_copy_excuse`'s
+    rule and words), and the runs have been at risk for less than :data:`SLOW_COPY_EXCUSE_MAX_S`. The run times are
+    measured on the host (the worker's copies and fence polls; on the twin the GPU itself is host threads), so a
+    host that held off the twin's GPU for hundreds of ms put the runs at risk with nothing wrong on the dock -- two
+    stacks at realtime priorities on 2 cores read "gpu WARN: deadline at risk" for 1-2 s after such a stall. The
+    frames the host does make late are still answered by the fallback and clear ``ChestnutActive`` as host late;
+    a dock that stays slow speaks after 10 s, and its deadline misses fail it over as ever."""
+    if at_risk_for_s >= SLOW_COPY_EXCUSE_MAX_S:
+        return ""
+    late = _host_was_late(host_late_ago_s, host_reason)
+    return f"{late}: the slow runs are the host's, not the dock's" if late else ""
+
+
+def _host_was_late(host_late_ago_s: float | None, host_reason: str) -> str:
+    if host_late_ago_s is not None and host_late_ago_s <= SLOW_COPY_HOST_LOOKBACK_S:
+        return f"{host_reason} {host_late_ago_s:.1f} s ago"
     return ""
 
 

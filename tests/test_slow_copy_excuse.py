@@ -15,13 +15,22 @@ from nodeharness import write_node_config
 from chestnut.backend.errors import Layer
 from chestnut.backend.interface import DockObservation
 from chestnut.backend.real_runner import COPY_STATS_KEY
+from chestnut.backend.stages import StageTimes
 from chestnut.node.config import load_config
-from chestnut.node.health import Evidence, HealthMonitor, Level, chestnut_active, evidence_from_observation
+from chestnut.node.health import (
+    Evidence,
+    HealthMonitor,
+    Level,
+    StageBudget,
+    chestnut_active,
+    evidence_from_observation,
+)
 from chestnut.node.main import Node
 from chestnut.node.policy import (
     SLOW_COPY_EXCUSE_MAX_S,
     SLOW_COPY_HOST_LOOKBACK_S,
     SLOW_COPY_SETTLE_S,
+    run_risk_excuse,
     slow_copy_excuse,
 )
 from chestnut.node.supervisor import Source
@@ -106,3 +115,44 @@ def test_the_node_records_when_it_last_found_the_host_late(tmp_path: Path, tiny_
     why = node._host_late(now)
     assert why.startswith("host late: loop woke 40 ms late")
     assert (node.host_late_at_ns, node.host_late_reason) == (now, why)
+
+
+def test_a_run_at_risk_while_the_host_was_late_is_the_hosts_for_at_most_10_s() -> None:
+    assert run_risk_excuse(0.0, None, "host late: x") == ""  # an on-time host: the dock's at once
+    assert run_risk_excuse(0.0, 3.1, "host late: x") == ""
+    assert run_risk_excuse(9.9, 3.0, "host late: the twin waited 482 ms for a CPU") == (
+        "host late: the twin waited 482 ms for a CPU 3.0 s ago: the slow runs are the host's, not the dock's")
+    assert run_risk_excuse(10.0, 0.0, "host late: x") == ""
+
+
+def _risk_evidence(node: Node, budget: StageBudget, now: int, run_s: float) -> list[Evidence]:
+    """The node's excused stage-budget evidence after five frames at 20 Hz ending at ``now`` (each run ``run_s``)."""
+    for i in range(4, -1, -1):
+        out = node._excuse_run_risk(budget.observe(StageTimes(0.002, 0.028, 0.002), now - i * S // 20, run_s),
+                                    now - i * S // 20)
+    return out
+
+
+def test_the_node_excuses_a_run_at_risk_only_while_the_host_was_late(tmp_path: Path, tiny_onnx: Path) -> None:
+    """The stage budget's "deadline at risk" (median run over the 50 ms frame) on a host that held off the twin:
+    advisory, ChestnutActive stays up; the same on an on-time host, or 10 s into the risk, drops it."""
+    node = Node(load_config(write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none")))
+    budget, t0 = StageBudget(), 100 * S
+    assert [node._excuse_run_risk(budget.observe(StageTimes(0.002, 0.028, 0.002), t0, 0.052), t0)
+            for _ in range(4)] == [[]] * 4  # the budget is not judging yet
+    assert node.run_risk_since_ns is None
+    node.host_late_at_ns, node.host_late_reason = t0, "host late: the twin waited 482 ms for a CPU"
+    usb, gpu = _risk_evidence(node, budget, t0 + S // 5, 0.052)
+    assert (gpu.level, gpu.tag, gpu.advisory) == (Level.WARN, "deadline_at_risk", True)
+    assert gpu.reason.endswith("; advisory: host late: the twin waited 482 ms for a CPU 0.2 s ago: the slow runs "
+                               "are the host's, not the dock's")
+    assert (usb.level, usb.advisory) == (Level.OK, False)
+    assert _active(gpu, t0 + S // 5)
+    late = _risk_evidence(node, budget, t0 + int(3.5 * S), 0.052)[1]  # the host on time for 3.5 s since
+    assert (late.tag, late.advisory) == ("deadline_at_risk", False) and "advisory" not in late.reason
+    assert not _active(late, t0 + int(3.5 * S))
+    node.host_late_at_ns = t0 + 10 * S
+    ten = _risk_evidence(node, budget, t0 + 10 * S + S // 5, 0.052)[1]  # at risk for 10 s: the dock's all the same
+    assert (ten.tag, ten.advisory) == ("deadline_at_risk", False)
+    ok = _risk_evidence(node, budget, t0 + 11 * S, 0.010)  # the runs are fast again: the streak ends
+    assert all(ev.tag != "deadline_at_risk" for ev in ok) and node.run_risk_since_ns is None
