@@ -288,7 +288,9 @@ def _record_fingerprint_subprocess(spec: ModelSpec) -> dict[str, Any]:
             cmd += ["--shape", f"{k}={','.join(map(str, v))}"]
         env = {k: v for k, v in os.environ.items() if k not in ("DEV", "GMMU", "HCQDEV_WAIT_TIMEOUT_MS")}
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
-        return json.loads(out.read_text())
+        from chestnut.backend.fingerprint import read_fingerprint_file
+
+        return read_fingerprint_file(out)  # the bounded reader of every fingerprint file
 
 
 def prepare_on_dock(model: Path, fingerprint: Path) -> int:
@@ -395,6 +397,7 @@ def run(args: argparse.Namespace) -> int:
 
                         fp = record_fingerprint(spec)
         except (OSError, ValueError, subprocess.CalledProcessError, ChestnutError) as e:
+            runner.close()  # the dock's claim (a real one's USB interface) goes back before the exit
             print(f"chestnut probe: no fingerprint for {spec.name}: {e}", file=sys.stderr)
             return 2
         spec = ModelSpec(spec.path, spec.name, spec.input_shapes, fp)

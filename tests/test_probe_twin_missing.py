@@ -36,3 +36,35 @@ def test_something_planted_at_the_twin_socket_is_refused_as_chestnut_twin_does(c
     assert main(["probe", "--twin"]) == 2
     assert capsys.readouterr() == ("", f"chestnut probe: socket path {sock} holds a directory, not a socket: refused, "
                                        "nothing replaced; remove it and start again\n")
+
+
+def test_a_fingerprint_that_cannot_be_recorded_closes_the_runner_before_the_exit(capsys, monkeypatch, tmp_path):
+    """The runner (a real dock's claimed USB interface, the twin's connection) goes back on every exit of the probe:
+    it stayed open when the fingerprint could not be recorded."""
+    import chestnut.backend.fingerprint as fingerprint
+    import chestnut.backend.probe as probe
+    import chestnut.backend.twin_runner as twin_runner
+    from chestnut.backend.errors import ChestnutError
+
+    closed = []
+
+    class Runner:
+        prefix = "p"
+
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def close(self) -> None:
+            closed.append(True)
+
+    def no_fingerprint(spec):
+        raise ChestnutError("bad_model", "not an ONNX model")
+
+    monkeypatch.setattr(probe, "twin_daemon_missing", lambda prefix: None)
+    monkeypatch.setattr(twin_runner, "TwinRunner", Runner)
+    monkeypatch.setattr(fingerprint, "record_fingerprint", no_fingerprint)
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"not onnx")
+    assert main(["probe", "--twin", "--model", str(model)]) == 2
+    assert capsys.readouterr().err == "chestnut probe: no fingerprint for m: bad_model: not an ONNX model\n"
+    assert closed == [True]
