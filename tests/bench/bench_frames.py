@@ -1,12 +1,14 @@
 """Camera frames across processes at 20 Hz: the shared-memory ring vs inline frames vs a raw baseline.
 
-Run: ``.venv/bin/python tests/bench/bench_frames.py [--seconds S]``
+Run: ``.venv/bin/python tests/bench/bench_frames.py [--seconds S] [--rounds R]``
 
 Two processes: this one is the camera, a forked child the subscriber. For each frame size -- 98 KB
 (128x256 BGR, today's default), 1.2 MB (704x576 BGR, the traffic video's native size) and 3.5 MB
 (1928x1208 NV12, openpilot's road camera; carried as 1812 rows of 1928 one-byte samples, the Y plane
 then the interleaved UV plane) -- three transports run one after the other, each for ``--seconds`` at
-20 Hz (openpilot's model rate):
+20 Hz (openpilot's model rate) in all, split into ``--rounds`` turns (shm, inline, raw, shm, inline, raw, ...) so
+that a transport and its baseline meet the machine's pace alike: a busy minute no longer falls on one of them
+only. Each transport's figures pool its frames of every round:
 
 - **shm**: ``msgs/visionipc.py``: the camera copies the pixels into its ring (``FrameRing.write``,
   seqlock), sends the frame's 56-byte notice on each subscriber's ring connection (``FrameRing.notify``,
@@ -164,7 +166,8 @@ def run_case(
     wake_w: int,
     prefix: str,
 ) -> dict[str, float]:
-    """Publish ``n`` frames of ``size`` at 20 Hz on ``path``; returns p50/p99 latency (ms) and CPU (% of a core)."""
+    """Publish ``n`` frames of ``size`` at 20 Hz on ``path``; returns the latencies (ms, ``lat``), the frames
+    overwritten before they were read and the CPU seconds of camera and subscriber (:func:`figures` sums rounds)."""
     _label, rows, cols, bps, encoding = size
     nbytes = rows * cols * bps
     rng = np.random.default_rng(0)
@@ -224,34 +227,45 @@ def run_case(
             ring.close()
     if len(lat) + (overwritten if path == "raw" else 0) < n:
         raise RuntimeError(f"{path}: {len(lat)} of {n} frames arrived")
+    return {"lat": lat, "overwritten": overwritten, "cpu_pub_s": cpu_pub, "cpu_sub_s": cpu_sub,
+            "window_s": (n - 1) / RATE_HZ}
+
+
+def figures(rounds: list[dict[str, Any]], path: str) -> dict[str, float]:
+    """One transport's rounds pooled: p50/p99 latency (ms) over every frame, CPU as % of a core over the rounds'
+    measured windows, frames overwritten."""
+    lat = [x for r in rounds for x in r["lat"]]
     if not lat:
         raise RuntimeError(f"{path}: every frame was overwritten before it was read (a busy host)")
-    window = (n - 1) / RATE_HZ
+    window = sum(r["window_s"] for r in rounds)
     p50, p99 = np.percentile(lat, [50, 99])
     return {
         "p50": float(p50),
         "p99": float(p99),
-        "cpu_pub": 100 * cpu_pub / window,
-        "cpu_sub": 100 * cpu_sub / window,
-        "overwritten": overwritten,
+        "cpu_pub": 100 * sum(r["cpu_pub_s"] for r in rounds) / window,
+        "cpu_sub": 100 * sum(r["cpu_sub_s"] for r in rounds) / window,
+        "overwritten": sum(r["overwritten"] for r in rounds),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="s per transport and size at 20 Hz (default 5)")
+    parser.add_argument("--rounds", type=int, default=5, help="turns the seconds are split into (default 5)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: want 1 or more")
     tunables = streaming_copy_tunables(os.environ.get("GLIBC_TUNABLES"))
     if argv is None and os.environ.get("GLIBC_TUNABLES") != tunables:  # glibc reads it at start only
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], dict(os.environ, GLIBC_TUNABLES=tunables))
-    n = max(2, int(args.seconds * RATE_HZ))
+    n = max(2, int(args.seconds * RATE_HZ / args.rounds))
     with own_prefix(f"bench-frames-{os.getpid()}") as prefix:  # its runtime directory goes at the end (benchprefix.py)
-        return measure(n, prefix)
+        return measure(n, prefix, args.rounds)
 
 
-def measure(n: int, prefix: str) -> int:
-    """Every frame size through every path, ``n`` frames each at :data:`RATE_HZ`, on ``prefix``; prints the table and
-    the ratios."""
+def measure(n: int, prefix: str, rounds: int = 1) -> int:
+    """Every frame size through every path, ``rounds`` turns of ``n`` frames each at :data:`RATE_HZ`, on ``prefix``;
+    prints the table and the ratios."""
     raw_map = mmap.mmap(-1, MAX_BYTES, mmap.MAP_SHARED)
     wake_r, wake_w = os.pipe()
     ctx = mp.get_context("fork")  # before any zmq context or thread exists in this process
@@ -260,8 +274,8 @@ def measure(n: int, prefix: str) -> int:
     child = ctx.Process(target=_child, args=(child_cmds, ready, raw_map, wake_r, prefix), daemon=True)
     child.start()
     print(
-        f"camera frames across processes at {RATE_HZ:.0f} Hz, {n} frames each, {os.cpu_count()} CPUs, "
-        f"pyzmq {zmq.__version__}, GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')}"
+        f"camera frames across processes at {RATE_HZ:.0f} Hz, {rounds} rounds of {n} frames each, "
+        f"{os.cpu_count()} CPUs, pyzmq {zmq.__version__}, GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')}"
     )
     print(
         f"{'frame':<8} {'path':<7} {'p50 ms':>8} {'p99 ms':>8} {'CPU % camera':>13} {'CPU % sub':>10} "
@@ -270,8 +284,12 @@ def measure(n: int, prefix: str) -> int:
     p50: dict[tuple[str, str], float] = {}
     try:
         for size in SIZES:
+            done: dict[str, list[dict[str, Any]]] = {path: [] for path in PATHS}
+            for _ in range(rounds):
+                for path in PATHS:
+                    done[path].append(run_case(path, size, n, cmds, ready, raw_map, wake_w, prefix))
             for path in PATHS:
-                f = run_case(path, size, n, cmds, ready, raw_map, wake_w, prefix)
+                f = figures(done[path], path)
                 p50[(size[0], path)] = f["p50"]
                 note = f"  ({f['overwritten']} overwritten)" if f["overwritten"] else ""
                 print(
