@@ -140,8 +140,8 @@ from chestnut.node.policy import (
     no_result_reason,
     pair_response,
     primary_serves,
-    shadow_vote,
     run_risk_excuse,
+    shadow_vote,
     slow_copy_excuse,
     start_failure,
     start_timed_out,
@@ -1004,8 +1004,9 @@ class Node:
         ``refusal``: why the primary's program cannot take this frame at all (another camera format): it is
         not sent, and the fallback answers it."""
         w = self.worker
-        view = PrimaryView(self.sup.runs_primary, w is not None and w.ready and w.alive, self.draining,
-                           w is not None and w.can_submit, w.in_flight[0] if w is not None and w.in_flight else None)
+        ready = w is not None and w.ready and w.alive  # one look at the process (a waitpid) for both flags
+        view = PrimaryView(self.sup.runs_primary, ready, self.draining, ready and w is not None and w.slot_free,
+                           w.oldest_in_flight if w is not None else None)
         deadline_ms = self.deadline.ms  # in force for this frame, whatever the results on the way change
         sub = decide_submission(view, clock.base_ns, time.monotonic_ns(), deadline_ms)
         why, submitted = sub.why, False
@@ -1016,7 +1017,8 @@ class Node:
         elif sub.verdict is Submit.SUBMIT and w is not None:
             try:
                 w.submit(seq, primary_inputs(w.inputs, inputs, full))
-                self._watchdog_actions(self.watchdog.request(seq, clock.base_ns, RequestKind.FRAME, deadline_ms))
+                if actions := self.watchdog.request(seq, clock.base_ns, RequestKind.FRAME, deadline_ms):
+                    self._watchdog_actions(actions)
                 submitted = True
             except ChestnutError as e:
                 why = self._submit_failed(seq, e)
@@ -1044,10 +1046,11 @@ class Node:
                 self._after_output(functools.partial(self._judge_run, res, report, now))
             else:
                 self._judge_run(res, report, now)
-            # without a fallback (fallback.required = false) nothing can agree: the primary's own checks vote
-            vote = shadow_vote(report) if self.fallback is not None else report.ok
-            if self.sup.state in (State.SHADOWING, State.AWAITING_SWITCH) and vote is not None:
-                self._perform_all(self.sup.shadow(vote, now, report.reason))
+            if self.sup.state in (State.SHADOWING, State.AWAITING_SWITCH):
+                # without a fallback (fallback.required = false) nothing can agree: the primary's own checks vote
+                vote = shadow_vote(report) if self.fallback is not None else report.ok
+                if vote is not None:
+                    self._perform_all(self.sup.shadow(vote, now, report.reason))
             primary = Candidate(res.outputs, report, res.exec_time_s)
         elif outcome.missed:
             self._primary_missed(seq, outcome.why, evidence=False, deadline_ms=deadline_ms)
@@ -1241,7 +1244,8 @@ class Node:
                 return PrimaryOutcome(None, True, no_result_reason(deadline_ms))
             host = self._host_late_result(res, now)
             verdict = self.watchdog.response(res.seq, now, host)
-            self._watchdog_actions(list(verdict.actions))
+            if verdict.actions:
+                self._watchdog_actions(list(verdict.actions))
             self._after_output(functools.partial(self._observe_latency, res, verdict.elapsed_ns, host))
             if res.error is not None:
                 self._on_primary_error(res)
@@ -1277,16 +1281,17 @@ class Node:
         a = r.answer
         msg, mo = self._output_builder()
         msg.valid = a.valid
+        source = a.source
         mo.frameId = frame_id
-        mo.source = a.source.value
-        fallback_id = self.fallback.model_id if self.fallback is not None else ""
-        mo.modelId = (fallback_id if a.source is Source.FALLBACK
-                      else self.primary_model_id if a.source is Source.PRIMARY else "")
-        outs = mo.init("outputs", len(a.outputs or {}))
-        for t, (name, arr) in zip(outs, (a.outputs or {}).items(), strict=True):
+        mo.source = source.value
+        mo.modelId = (self.primary_model_id if source is Source.PRIMARY else self.fallback.model_id
+                      if source is Source.FALLBACK and self.fallback is not None else "")
+        outputs = a.outputs or {}
+        outs = mo.init("outputs", len(outputs))
+        for t, (name, arr) in zip(outs, outputs.items(), strict=True):
             c = np.ascontiguousarray(arr)
             t.name = name
-            t.shape = [int(d) for d in c.shape]
+            t.shape = list(c.shape)  # a numpy shape holds Python ints
             t.dtype = _dtype_name(c.dtype)
             t.data = c.tobytes()
         # a fresh builder holds every default (0, false, ""): only what differs is set, each set costs at 20 Hz
@@ -1298,10 +1303,11 @@ class Node:
             mo.deadlineMissed = True
         if r.deadline_ms:
             mo.deadline = float(r.deadline_ms) / 1e3
-        if r.report is not None and r.report.agreement_checked:
+        report = r.report
+        if report is not None and report.agreement_checked:
             mo.agreementChecked = True
-            mo.primaryAgrees = r.report.primary_agrees
-            mo.maxAbsDiff = float(r.report.max_abs_diff)
+            mo.primaryAgrees = report.primary_agrees
+            mo.maxAbsDiff = float(report.max_abs_diff)
         if a.reason:
             mo.reason = a.reason
         stages = published_stages(r)

@@ -130,12 +130,14 @@ class Submission:
 
 
 UNAVAILABLE = "primary unavailable"
+_SKIP_UNAVAILABLE = Submission(Submit.SKIP, UNAVAILABLE)  # immutable: the two common verdicts are made once
+_SUBMIT = Submission(Submit.SUBMIT)
 
 
 def decide_submission(view: PrimaryView, base_ns: int, now_ns: int, deadline_ms: float) -> Submission:
     """Whether frame (deadline counting from ``base_ns``) goes to the primary at ``now_ns``; see the table."""
     if not (view.runs_primary and view.worker_ready and not view.draining):
-        return Submission(Submit.SKIP, UNAVAILABLE)
+        return _SKIP_UNAVAILABLE
     waited_ms = (now_ns - base_ns) / NS_PER_MS
     if waited_ms >= deadline_ms:
         return Submission(Submit.MISS, f"frame waited {waited_ms:.0f} ms before the node could take it (deadline "
@@ -144,7 +146,7 @@ def decide_submission(view: PrimaryView, base_ns: int, now_ns: int, deadline_ms:
         busy = ("primary busy: every slot still holds an unanswered request (oldest frame "
                 f"{view.oldest_in_flight})" if view.oldest_in_flight is not None else "primary busy")
         return Submission(Submit.MISS, busy)
-    return Submission(Submit.SUBMIT)
+    return _SUBMIT
 
 
 def fallback_must_run(hot_standby: bool, primary_serves: bool, submitted: bool) -> bool:

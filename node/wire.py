@@ -57,6 +57,10 @@ class Msg(IntEnum):
     PROBE_RESULT = 20  # payload: {"observation"} or {"error"}
 
 
+_MSG_OF = {int(m): m for m in Msg}  # a kind's member in one lookup (Msg(kind) runs the enum's Python __call__);
+                                    # an unknown kind still raises Msg's own ValueError
+
+
 def pack(kind: Msg, seq: int = 0, *, slot: int = 0, status: int = STATUS_OK, value: int = 0,
          payload: bytes = b"") -> bytes:
     """One wire message: the 24-byte header followed by ``payload``.
@@ -73,7 +77,8 @@ def unpack(packet: bytes) -> tuple[Msg, int, int, int, int, bytes]:
     kind, status, slot, length, seq, value = _HEADER.unpack_from(packet)
     if length != len(packet) - HEADER_BYTES:
         raise ValueError(f"header says {length} payload bytes, packet carries {len(packet) - HEADER_BYTES}")
-    return Msg(kind), status, slot, seq, value, packet[HEADER_BYTES:]
+    msg = _MSG_OF.get(kind)
+    return msg if msg is not None else Msg(kind), status, slot, seq, value, packet[HEADER_BYTES:]
 
 
 # ---------------------------------------------------------------- errors

@@ -368,8 +368,19 @@ class WorkerHandle:
         return tuple(self._in_flight)
 
     @property
+    def oldest_in_flight(self) -> int | None:
+        """The first of :attr:`in_flight` (the oldest unanswered request), or None (without building the tuple)."""
+        return next(iter(self._in_flight), None)
+
+    @property
+    def slot_free(self) -> bool:
+        """A slot is free for the next :meth:`submit` (:attr:`can_submit` without the looks at readiness and the
+        process, for a caller that has just made them)."""
+        return bool(self._free_slots)
+
+    @property
     def can_submit(self) -> bool:
-        return self.ready and bool(self._free_slots) and self.alive
+        return self.ready and self.slot_free and self.alive
 
     # ---------------------------------------------------------------- requests
     def submit(self, seq: int, inputs: Mapping[str, np.ndarray]) -> None:
