@@ -17,15 +17,19 @@ is the twin's own wait for the host, and counts in the figure; while the host ho
 is not rewritten, and its age says so -- :func:`read_peak_ms` counts a record older than one sample period as
 the sampler being late by the difference. A realtime load above the twin's priorities on every core (two stacks
 and their fallbacks on a 2-core host) stops the twin's bridge, its GPU and its sampler together for hundreds of
-milliseconds: the figure must say so while it lasts, when a node judges the misses it causes.
+milliseconds: the figure must say so while it lasts, when a node judges the misses it causes. Both count only
+while the GPU is *active* -- one of its threads runnable, or one that ran since the sample before: a GPU with
+nothing to do waits for no CPU, and a hung one (its engine stopped: ``engine.py``, ``sdma.py``) computes nothing,
+so a host late beside it must not excuse its misses.
 On a real dock the file does not exist and the figure is 0.
 
 Only the GPU's threads count, not the bridge's (the daemon's own, which answer USB): a GPU that is hung or
 whose fence never moves computes nothing and waits for no CPU, so its misses stay the dock's beside any
 load, while the bridge keeps answering the node's fence polls -- and a busy host would delay those too.
 
-The file (:data:`FILE_NAME`, mode 0600, 24 bytes): three little-endian u64, ``peak_ns``, ``updated_ns``
-(CLOCK_MONOTONIC ns of the sample) and ``peak_ns ^ updated_ns ^ MAGIC`` -- a torn read (the writer's
+The file (:data:`FILE_NAME`, mode 0600, 32 bytes): four little-endian u64, ``peak_ns``, ``updated_ns``
+(CLOCK_MONOTONIC ns of the sample), ``active`` (1: the GPU was active at the sample) and
+``peak_ns ^ updated_ns ^ active ^ MAGIC`` -- a torn read (the writer's
 ``pwrite`` and a reader's ``pread`` are not atomic together) fails that check and reads as no figure.
 """
 
@@ -42,7 +46,7 @@ from typing import NamedTuple
 
 FILE_NAME = "twin-hostwait"
 MAGIC = 0x43484E5457414954  # "CHNTWAIT"
-_LAYOUT = struct.Struct("<QQQ")
+_LAYOUT = struct.Struct("<QQQQ")
 SAMPLE_PERIOD_S = 0.05
 """How often the daemon samples its threads' waits (s): one frame period at 20 Hz."""
 WINDOW_NS = 1_000_000_000
@@ -113,11 +117,17 @@ class WaitPeak:
         self._history: deque[tuple[int, dict[tuple[int, int], int]]] = deque()
         self._runnable: dict[tuple[int, int], tuple[int, int, int]] = {}  # thread -> (since ns, run_ns, slices)
         self._late: deque[tuple[int, int]] = deque()  # (sampled at, the sampler's own lateness) ns
+        self._ran: dict[tuple[int, int], tuple[int, int]] = {}  # thread -> (run_ns, slices) at the last sample
+        self.active = False  # at the last sample: a thread runnable, or one that ran since the sample before
 
     def sample(self, now_ns: int, times: dict[tuple[int, int], ThreadTimes], late_ns: int = 0) -> int:
         """The peak (ns) at ``now_ns``; ``late_ns``: how much later than asked the sampler itself woke for this
-        sample (a twin thread's wait for the host as well, counted within the window like the threads')."""
-        if late_ns > 0:
+        sample (a twin thread's wait for the host as well, counted within the window like the threads' while the
+        threads are :attr:`active`)."""
+        ran = {key: (t.run_ns, t.slices) for key, t in times.items()}
+        self.active = any(t.runnable or self._ran.get(key, ran[key]) != ran[key] for key, t in times.items())
+        self._ran = ran
+        if late_ns > 0 and self.active:
             self._late.append((now_ns, late_ns))
         while self._late and self._late[0][0] <= now_ns - self.window_ns:
             self._late.popleft()
@@ -145,16 +155,18 @@ class WaitPeak:
         return peak
 
 
-def encode(peak_ns: int, updated_ns: int) -> bytes:
-    return _LAYOUT.pack(peak_ns, updated_ns, peak_ns ^ updated_ns ^ MAGIC)
+def encode(peak_ns: int, updated_ns: int, active: bool = True) -> bytes:
+    return _LAYOUT.pack(peak_ns, updated_ns, int(active), peak_ns ^ updated_ns ^ int(active) ^ MAGIC)
 
 
-def decode(data: bytes) -> tuple[int, int] | None:
-    """``(peak_ns, updated_ns)``, or None for a short or torn record."""
+def decode(data: bytes) -> tuple[int, int, bool] | None:
+    """``(peak_ns, updated_ns, active)``, or None for a short or torn record."""
     if len(data) != _LAYOUT.size:
         return None
-    peak, updated, check = _LAYOUT.unpack(data)
-    return (peak, updated) if check == peak ^ updated ^ MAGIC else None
+    peak, updated, active, check = _LAYOUT.unpack(data)
+    if check != peak ^ updated ^ active ^ MAGIC or active > 1:
+        return None
+    return peak, updated, bool(active)
 
 
 class WaitPublisher:
@@ -175,7 +187,7 @@ class WaitPublisher:
         except FileNotFoundError:
             pass
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        os.pwrite(self._fd, encode(0, time.monotonic_ns()), 0)
+        os.pwrite(self._fd, encode(0, time.monotonic_ns(), active=False), 0)  # nothing sampled yet
         self._thread.start()
 
     def _run(self) -> None:
@@ -185,12 +197,13 @@ class WaitPublisher:
         while not self._stop.wait(max(0, asked - time.monotonic_ns()) / 1e9):
             now = time.monotonic_ns()
             value = peak.sample(now, thread_times(self.pids()), now - asked)
+            active = peak.active
             asked += period_ns
             if asked <= now:  # woke over a period late: the next sample one period from now, not at once
                 asked = now + period_ns
             if self._fd is not None:
                 try:
-                    os.pwrite(self._fd, encode(value, now), 0)
+                    os.pwrite(self._fd, encode(value, now, active), 0)
                 except OSError:
                     return
 
@@ -209,8 +222,9 @@ class WaitPublisher:
 
 def read_peak_ms(path: Path, now_ns: int, fresh_ns: int = FRESH_NS) -> float:
     """The twin's worst wait for a host CPU over its last second (ms) from the file at ``path``, read at ``now_ns``
-    (CLOCK_MONOTONIC): the record's peak, or, when the record is older than one :data:`SAMPLE_PERIOD_S`, its age
-    less that period if more -- the sampler, a twin thread, has been held off that long and is still waiting.
+    (CLOCK_MONOTONIC): the record's peak, or, when the record is older than one :data:`SAMPLE_PERIOD_S` and the GPU
+    was active at its sample, its age less that period if more -- the sampler, a twin thread, has been held off that
+    long and is still waiting.
     0.0 when the file is absent, not this user's regular file, torn, or older than ``fresh_ns``. Never raises: a
     missing figure only means the host is judged on the node's own."""
     try:
@@ -228,4 +242,6 @@ def read_peak_ms(path: Path, now_ns: int, fresh_ns: int = FRESH_NS) -> float:
         os.close(fd)
     if got is None or not 0 <= now_ns - got[1] <= fresh_ns:
         return 0.0
-    return max(got[0], now_ns - got[1] - int(SAMPLE_PERIOD_S * 1e9)) / 1e6
+    peak, updated, active = got
+    held_off = now_ns - updated - int(SAMPLE_PERIOD_S * 1e9) if active else 0
+    return max(peak, held_off) / 1e6
