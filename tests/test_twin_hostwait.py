@@ -124,6 +124,8 @@ def test_a_thread_that_waits_for_a_cpu_is_measured():
             time.sleep(0.05)
         assert got >= 20 * MS
         assert {pid for pid, _ in thread_times([child.pid])} == {child.pid}
+        assert len(thread_times([child.pid])) == 2
+        assert set(thread_times([child.pid], main_only=True)) == {(child.pid, child.pid)}  # the twin's GPU thread
     finally:
         child.kill()
         child.wait()

@@ -7,7 +7,7 @@ although nothing on the dock failed -- and a node that judged that delay the doc
 load. So the twin measures it: Linux keeps, per thread, the time it spent runnable on a run queue without a
 CPU (``/proc/<pid>/task/<tid>/schedstat``, second field, ns; ``Documentation/scheduler/sched-stats.rst``).
 The kernel adds a wait to that figure only when it ends, so a thread that is runnable but has had no CPU since
-the last sample is counted as waiting still (:class:`WaitPeak`). The daemon samples its compute child's threads
+the last sample is counted as waiting still (:class:`WaitPeak`). The daemon samples its compute child's main thread
 -- the twin's GPU -- every :data:`SAMPLE_PERIOD_S` and publishes the **worst single thread's wait over the last
 second, one still going on included**, in a small file in the prefix's runtime directory, which the node
 reads beside its own wake-up lateness (``node/hostload.py``, ``node/policy.py`` ``host_late``).
@@ -73,14 +73,15 @@ class ThreadTimes(NamedTuple):
     runnable: bool
 
 
-def thread_times(pids: Iterable[int], proc: Path = Path("/proc")) -> dict[tuple[int, int], ThreadTimes]:
-    """:class:`ThreadTimes` of every thread of ``pids``: ``{(pid, tid): times}``. Threads and processes that are
-    gone (or a kernel without schedstat) are left out; never raises. Each file is read bounded
-    (:data:`MAX_SCHEDSTAT_BYTES`, :data:`MAX_STAT_HEAD_BYTES`)."""
+def thread_times(pids: Iterable[int], proc: Path = Path("/proc"),
+                 main_only: bool = False) -> dict[tuple[int, int], ThreadTimes]:
+    """:class:`ThreadTimes` of every thread of ``pids`` (``main_only``: of each one's main thread, tid = pid):
+    ``{(pid, tid): times}``. Threads and processes that are gone (or a kernel without schedstat) are left out;
+    never raises. Each file is read bounded (:data:`MAX_SCHEDSTAT_BYTES`, :data:`MAX_STAT_HEAD_BYTES`)."""
     out: dict[tuple[int, int], ThreadTimes] = {}
     for pid in pids:
         try:
-            tids = os.listdir(proc / str(pid) / "task")
+            tids = [str(pid)] if main_only else os.listdir(proc / str(pid) / "task")
         except OSError:
             continue
         for tid in tids:
@@ -196,7 +197,10 @@ class WaitPublisher:
         asked = time.monotonic_ns() + period_ns
         while not self._stop.wait(max(0, asked - time.monotonic_ns()) / 1e9):
             now = time.monotonic_ns()
-            value = peak.sample(now, thread_times(self.pids()), now - asked)
+            # the GPU is the compute child's main thread, which runs every load and RUN (compute.py's loop); its
+            # reader and parent-watch threads are housekeeping, whose waits (the watch wakes every 0.5 s whatever the
+            # GPU does) would excuse a hung GPU's misses on a busy host
+            value = peak.sample(now, thread_times(self.pids(), main_only=True), now - asked)
             active = peak.active
             asked += period_ns
             if asked <= now:  # woke over a period late: the next sample one period from now, not at once
