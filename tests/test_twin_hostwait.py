@@ -45,8 +45,8 @@ def test_a_wait_still_going_on_counts_from_the_first_sample_that_saw_the_thread_
     assert peak.sample(120 * MS, {key: ThreadTimes(7 * MS, 2 * MS, 10, True)}) == 120 * MS
     # it got a CPU (one more slice): the wait ended, and the kernel's own count now holds it
     assert peak.sample(170 * MS, {key: ThreadTimes(9 * MS, 152 * MS, 11, True)}) == 150 * MS
-    # runnable again with new counters: a new stretch starts at this sample, the ended wait still leads
-    assert peak.sample(220 * MS, {key: ThreadTimes(9 * MS, 152 * MS, 11, True)}) == 150 * MS
+    # runnable at the last sample with new counters, and still idle: a new wait since then, on top of the ended one
+    assert peak.sample(220 * MS, {key: ThreadTimes(9 * MS, 152 * MS, 11, True)}) == 200 * MS
 
 
 def test_the_samplers_own_lateness_is_the_twins_wait_within_the_window_while_the_gpu_is_active():

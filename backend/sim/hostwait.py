@@ -101,16 +101,19 @@ def thread_times(pids: Iterable[int], proc: Path = Path("/proc"),
 
 class WaitPeak:
     """The worst single thread's wait for a CPU over the last ``window_ns`` (ns), from samples of
-    :func:`thread_times`.
+    :func:`thread_times`, or the sampler's own lateness if more.
 
-    ``sample(now_ns, times)`` returns the larger of:
+    ``sample(now_ns, times, late_ns)`` returns the largest of, for each thread, the sum of
 
-    - the waits that ended within the window: for each thread, its ``wait_ns`` now less its ``wait_ns`` at the
-      oldest sample within the window (a thread first seen inside the window counts from its first sample);
+    - the waits that ended within the window: its ``wait_ns`` now less its ``wait_ns`` at the oldest sample within
+      the window (a thread first seen inside the window counts from its first sample), and
     - the wait still going on: a thread runnable at this sample and at an earlier one, its ``run_ns`` and
       ``slices`` unchanged since, has had no CPU in between although it wanted one, so it has waited at least
       since that earlier sample (a lower bound: it may have been waiting before). The kernel counts such a wait
-      only once it ends, which for a thread starved for the length of a deadline miss run is after the judgement.
+      only once it ends, which for a thread starved for the length of a deadline miss run is after the judgement;
+
+    and of the sampler's lateness (``late_ns``) at each sample within the window taken while the threads were
+    :attr:`active`.
     """
 
     def __init__(self, window_ns: int = WINDOW_NS) -> None:
@@ -140,18 +143,18 @@ class WaitPeak:
         for _, old in self._history:
             for key, ns in old.items():
                 first.setdefault(key, ns)
-        peak = max((ns - first[key] for key, ns in waits.items()), default=0)
-        peak = max(peak, max((late for _, late in self._late), default=0))
+        peak = max((late for _, late in self._late), default=0)
         runnable: dict[tuple[int, int], tuple[int, int, int]] = {}
         for key, t in times.items():
-            if not t.runnable:
-                continue
-            since = self._runnable.get(key)
-            if since is not None and since[1:] == (t.run_ns, t.slices):
+            going_on = 0
+            if t.runnable:
+                since = self._runnable.get(key)
+                if since is not None and since[1:] == (t.run_ns, t.slices):
+                    going_on = now_ns - since[0]
+                else:
+                    since = (now_ns, t.run_ns, t.slices)
                 runnable[key] = since
-                peak = max(peak, now_ns - since[0])
-            else:
-                runnable[key] = (now_ns, t.run_ns, t.slices)
+            peak = max(peak, t.wait_ns - first[key] + going_on)
         self._runnable = runnable
         return peak
 
