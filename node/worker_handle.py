@@ -86,6 +86,7 @@ STOP_KILL_S = 0.5       # ... then SIGKILL and 0.5 s, inside the 5 s stop budget
 STOP_TICK_S = 0.05      # a stop that waits calls its ``while_waiting`` this often (the node's 20 Hz loop period)
 STOP_BUDGET_S = 5.0     # the process manager's stop budget (openpilot's manager gives modeld 5 s)
 DEFAULT_SLOTS = 2
+_SEQ_TYPES = (int, np.integer)  # a request's seq: any integer but a bool (a tuple: isinstance's fast form)
 
 
 @dataclass
@@ -217,6 +218,8 @@ class WorkerHandle:
         self.heartbeat_period_s = heartbeat_period_s
         self.realtime = realtime  # (policy, priority, cpus) the worker asks for at start (node/realtime.py)
         self.inputs: tuple[TensorSpec, ...] = ()
+        self._inputs_memo: tuple[tuple[TensorSpec, ...], frozenset[str],
+                                 tuple[tuple[TensorSpec, np.dtype], ...]] | None = None  # _input_checks
         self.outputs: tuple[TensorSpec, ...] = ()
         self.ladder: LadderReport | None = None
         self.identity: dict[str, str] = {}  # the worker's dock identity (backend/probe.py IDENTITY_KEYS)
@@ -398,7 +401,7 @@ class WorkerHandle:
             raise WorkerError("worker_exited", f"worker pid {self.pid} {describe_returncode(self.returncode)}")
         if self._slots is None or not self._ready:
             raise WorkerError("not_ready", "submit() before poll_ready() returned True")
-        if isinstance(seq, bool) or not isinstance(seq, int | np.integer):
+        if isinstance(seq, bool) or not isinstance(seq, _SEQ_TYPES):
             raise WorkerError("bad_seq", f"seq must be an int, got {type(seq).__name__}")
         seq = int(seq)
         if self._last_seq is not None and seq <= self._last_seq:
@@ -433,17 +436,26 @@ class WorkerHandle:
             return None
         return self._slots.inputs[self._free_slots[0]]
 
+    def _input_checks(self) -> tuple[frozenset[str], tuple[tuple[TensorSpec, np.dtype], ...]]:
+        """:attr:`inputs`' names and (spec, numpy dtype) pairs, made once per :attr:`inputs` (every submit reads
+        them)."""
+        memo = self._inputs_memo
+        if memo is None or memo[0] is not self.inputs:
+            memo = self._inputs_memo = (self.inputs, frozenset(s.name for s in self.inputs),
+                                        tuple((s, np.dtype(s.dtype)) for s in self.inputs))
+        return memo[1], memo[2]
+
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
         """Raise :class:`ModelError` ``"bad_input"`` unless ``inputs`` matches :attr:`inputs` exactly."""
-        names = [s.name for s in self.inputs]
-        if not isinstance(inputs, Mapping) or set(inputs) != set(names):
+        names, specs = self._input_checks()
+        if not isinstance(inputs, Mapping) or inputs.keys() != names:
             got = sorted(inputs) if isinstance(inputs, Mapping) else type(inputs).__name__
-            raise ModelError("bad_input", f"inputs {got} != model inputs {names}")
-        for s in self.inputs:
+            raise ModelError("bad_input", f"inputs {got} != model inputs {[s.name for s in self.inputs]}")
+        for s, dtype in specs:
             a = inputs[s.name]
             if not isinstance(a, np.ndarray):
                 raise ModelError("bad_input", f"input {s.name!r}: got {type(a).__name__}, want a numpy array")
-            if a.shape != s.shape or a.dtype != np.dtype(s.dtype):
+            if a.shape != s.shape or a.dtype != dtype:
                 raise ModelError("bad_input", f"input {s.name!r}: got {a.dtype}{list(a.shape)}, "
                                               f"want {s.dtype}{list(s.shape)}")
 
