@@ -420,3 +420,25 @@ def test_phase_transition_table_is_complete_and_matches_the_rules():
     assert all(PHASE_TRANSITIONS[(p, PhaseEvent.RUN_OK)] is Phase.SERVING for p in Phase)
     assert PHASE_TRANSITIONS[(Phase.RECOVERING, PhaseEvent.LOAD)] is Phase.RECOVERING
     assert PHASE_TRANSITIONS[(Phase.SERVING, PhaseEvent.LOAD)] is Phase.LOADING
+
+
+def test_has_work_is_work_the_engines_can_do_not_a_hung_or_stalled_queue():
+    """What ``hostwait.py`` asks the twin at each sample: a host that holds such work off is late; a hung GPU (or a
+    queue a fault stalled) waits for nothing, so a late host beside it must not excuse its misses."""
+    t = Twin(TwinConfig(training_delay_s=0.0))
+    t.close()  # the engines' threads stopped: the fields below are the test's alone
+    e, d = t.engine, t.sdma
+    assert not t.has_work()
+    e.wptr = e.rptr + 16
+    assert t.has_work()
+    e.hung = True
+    assert not t.has_work()
+    e.wptr, e.hung, e.current = e.rptr, False, "RUN seq 7"
+    assert t.has_work()
+    e.current = None
+    d.wptr = d.rptr + 32
+    assert t.has_work()
+    d.stalled = "fence_stall"
+    assert not t.has_work()
+    d.stalled, d.hung = None, True
+    assert not t.has_work()

@@ -60,6 +60,8 @@ def test_the_samplers_own_lateness_is_the_twins_wait_within_the_window_while_the
     assert peak.sample(1399 * MS, asleep) == 300 * MS
     assert peak.sample(1400 * MS, asleep) == 0  # a window after it
     assert peak.sample(1450 * MS, {}, late_ns=90 * MS) == 0 and not peak.active  # no GPU threads at all
+    # the GPU thread idle but the engines holding work (the host held off the bridge that feeds it): counted
+    assert peak.sample(1500 * MS, asleep, late_ns=240 * MS, has_work=True) == 240 * MS and peak.active
 
 
 def test_the_record_says_the_sampler_is_late_while_it_is(tmp_path: Path):

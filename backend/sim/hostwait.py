@@ -18,9 +18,9 @@ is not rewritten, and its age says so -- :func:`read_peak_ms` counts a record ol
 the sampler being late by the difference. A realtime load above the twin's priorities on every core (two stacks
 and their fallbacks on a 2-core host) stops the twin's bridge, its GPU and its sampler together for hundreds of
 milliseconds: the figure must say so while it lasts, when a node judges the misses it causes. Both count only
-while the GPU is *active* -- one of its threads runnable, or one that ran since the sample before: a GPU with
-nothing to do waits for no CPU, and a hung one (its engine stopped: ``engine.py``, ``sdma.py``) computes nothing,
-so a host late beside it must not excuse its misses.
+while the twin is *active* -- its GPU thread runnable or run since the sample before, or its engines holding work
+they can do (``twin.py`` ``Twin.has_work``): a twin with nothing to do waits for no CPU, and a hung GPU (its engine
+stopped: ``engine.py``, ``sdma.py``) computes nothing, so a host late beside it must not excuse its misses.
 On a real dock the file does not exist and the figure is 0.
 
 Only the GPU's threads count, not the bridge's (the daemon's own, which answer USB): a GPU that is hung or
@@ -28,7 +28,7 @@ whose fence never moves computes nothing and waits for no CPU, so its misses sta
 load, while the bridge keeps answering the node's fence polls -- and a busy host would delay those too.
 
 The file (:data:`FILE_NAME`, mode 0600, 32 bytes): four little-endian u64, ``peak_ns``, ``updated_ns``
-(CLOCK_MONOTONIC ns of the sample), ``active`` (1: the GPU was active at the sample) and
+(CLOCK_MONOTONIC ns of the sample), ``active`` (1: the twin was active at the sample) and
 ``peak_ns ^ updated_ns ^ active ^ MAGIC`` -- a torn read (the writer's
 ``pwrite`` and a reader's ``pread`` are not atomic together) fails that check and reads as no figure.
 """
@@ -122,14 +122,16 @@ class WaitPeak:
         self._runnable: dict[tuple[int, int], tuple[int, int, int]] = {}  # thread -> (since ns, run_ns, slices)
         self._late: deque[tuple[int, int]] = deque()  # (sampled at, the sampler's own lateness) ns
         self._ran: dict[tuple[int, int], tuple[int, int]] = {}  # thread -> (run_ns, slices) at the last sample
-        self.active = False  # at the last sample: a thread runnable, or one that ran since the sample before
+        self.active = False  # at the last sample: work in the engines, a thread runnable or one run since the last
 
-    def sample(self, now_ns: int, times: dict[tuple[int, int], ThreadTimes], late_ns: int = 0) -> int:
+    def sample(self, now_ns: int, times: dict[tuple[int, int], ThreadTimes], late_ns: int = 0,
+               has_work: bool = False) -> int:
         """The peak (ns) at ``now_ns``; ``late_ns``: how much later than asked the sampler itself woke for this
         sample (a twin thread's wait for the host as well, counted within the window like the threads' while the
-        threads are :attr:`active`)."""
+        twin is :attr:`active`); ``has_work``: the twin's engines hold work they can do (``Twin.has_work``)."""
         ran = {key: (t.run_ns, t.slices) for key, t in times.items()}
-        self.active = any(t.runnable or self._ran.get(key, ran[key]) != ran[key] for key, t in times.items())
+        self.active = has_work or any(t.runnable or self._ran.get(key, ran[key]) != ran[key]
+                                      for key, t in times.items())
         self._ran = ran
         if late_ns > 0 and self.active:
             self._late.append((now_ns, late_ns))
@@ -179,8 +181,9 @@ class WaitPublisher:
     (``O_EXCL``, 0600, never following a link: a planted file or link at the path is replaced, not written
     through) and removed at stop."""
 
-    def __init__(self, path: Path, pids: Callable[[], Iterable[int]]) -> None:
-        self.path, self.pids = path, pids
+    def __init__(self, path: Path, pids: Callable[[], Iterable[int]],
+                 has_work: Callable[[], bool] = lambda: False) -> None:
+        self.path, self.pids, self.has_work = path, pids, has_work
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="twin-hostwait", daemon=True)
         self._fd: int | None = None
@@ -203,7 +206,7 @@ class WaitPublisher:
             # the GPU is the compute child's main thread, which runs every load and RUN (compute.py's loop); its
             # reader and parent-watch threads are housekeeping, whose waits (the watch wakes every 0.5 s whatever the
             # GPU does) would excuse a hung GPU's misses on a busy host
-            value = peak.sample(now, thread_times(self.pids(), main_only=True), now - asked)
+            value = peak.sample(now, thread_times(self.pids(), main_only=True), now - asked, self.has_work())
             active = peak.active
             asked += period_ns
             if asked <= now:  # woke over a period late: the next sample one period from now, not at once
@@ -229,7 +232,7 @@ class WaitPublisher:
 
 def read_peak_ms(path: Path, now_ns: int, fresh_ns: int = FRESH_NS) -> float:
     """The twin's worst wait for a host CPU over its last second (ms) from the file at ``path``, read at ``now_ns``
-    (CLOCK_MONOTONIC): the record's peak, or, when the record is older than one :data:`SAMPLE_PERIOD_S` and the GPU
+    (CLOCK_MONOTONIC): the record's peak, or, when the record is older than one :data:`SAMPLE_PERIOD_S` and the twin
     was active at its sample, its age less that period if more -- the sampler, a twin thread, has been held off that
     long and is still waiting.
     0.0 when the file is absent, not this user's regular file, torn, or older than ``fresh_ns``. Never raises: a

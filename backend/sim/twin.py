@@ -230,6 +230,14 @@ class Twin:
         self._housekeeper.start()
 
     # ------------------------------------------------------------------ life
+    def has_work(self) -> bool:
+        """Whether the GPU's engines hold work they are able to do: packets the host rang for and not yet done, or
+        one executing, on a queue that is neither hung (``gpu_hang``) nor stalled by a fault. Read without the lock
+        (a sample for ``hostwait.py``: a host that holds such work off is late; a hung GPU waits for nothing)."""
+        e, d = self.engine, self.sdma
+        return ((not e.hung and (e.rptr != e.wptr or e.current is not None))
+                or (not d.hung and d.stalled is None and d.rptr != d.wptr))
+
     def close(self) -> None:
         """Stop the engine and housekeeping threads and release the lock file. Idempotent."""
         with self.lock:
