@@ -422,23 +422,24 @@ def test_phase_transition_table_is_complete_and_matches_the_rules():
     assert PHASE_TRANSITIONS[(Phase.SERVING, PhaseEvent.LOAD)] is Phase.LOADING
 
 
-def test_has_work_is_work_the_engines_can_do_not_a_hung_or_stalled_queue():
-    """What ``hostwait.py`` asks the twin at each sample: a host that holds such work off is late; a hung GPU (or a
-    queue a fault stalled) waits for nothing, so a late host beside it must not excuse its misses."""
+def test_can_work_is_false_while_a_fault_state_stops_the_dock():
+    """What ``hostwait.py`` asks the twin at each sample: a host that holds off a twin able to work is late; a hung
+    GPU, a wedged bridge or a failed link waits for nothing, so a late host beside it must not excuse its misses."""
     t = Twin(TwinConfig(training_delay_s=0.0))
     t.close()  # the engines' threads stopped: the fields below are the test's alone
-    e, d = t.engine, t.sdma
-    assert not t.has_work()
-    e.wptr = e.rptr + 16
-    assert t.has_work()
-    e.hung = True
-    assert not t.has_work()
-    e.wptr, e.hung, e.current = e.rptr, False, "RUN seq 7"
-    assert t.has_work()
-    e.current = None
-    d.wptr = d.rptr + 32
-    assert t.has_work()
-    d.stalled = "fence_stall"
-    assert not t.has_work()
-    d.stalled, d.hung = None, True
-    assert not t.has_work()
+    assert not t.can_work()  # PCIe off until the host powers it (the ladder's pcie rung)
+    t.pcie_power, t._link = True, "l0"
+    assert t.can_work()
+    for attr, value in (("present", False), ("wedged", True), ("pcie_power", False), ("_link", "down"),
+                        ("_link", "stuck")):
+        before = getattr(t, attr)
+        setattr(t, attr, value)
+        assert not t.can_work(), (attr, value)
+        setattr(t, attr, before)
+    for engine, attr, value in ((t.engine, "hung", True), (t.sdma, "hung", True), (t.sdma, "stalled", "bad packet"),
+                                (t.sdma, "fence_stalled", True)):
+        before = getattr(engine, attr)
+        setattr(engine, attr, value)
+        assert not t.can_work(), (attr, value)
+        setattr(engine, attr, before)
+    assert t.can_work()

@@ -419,7 +419,7 @@ def serve(config: TwinConfig, prefix: str | None = None) -> int:
                                  daemon=True)
     publisher.start()
     # how long the twin's GPU (the compute child) waited for a host CPU: the node tells host load from a dock fault
-    waits = WaitPublisher(path.parent / HOSTWAIT_FILE, running_pids, twin.has_work)
+    waits = WaitPublisher(path.parent / HOSTWAIT_FILE, running_pids, twin.can_work)
     waits.start()
     d = twin.enumerate()[0]
     log.info("twin serving at %s: %04x:%04x at %d-%d, %d Mbps, pid %d", path, d.vid, d.pid, d.bus, d.address,

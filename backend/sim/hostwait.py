@@ -18,9 +18,9 @@ is not rewritten, and its age says so -- :func:`read_peak_ms` counts a record ol
 the sampler being late by the difference. A realtime load above the twin's priorities on every core (two stacks
 and their fallbacks on a 2-core host) stops the twin's bridge, its GPU and its sampler together for hundreds of
 milliseconds: the figure must say so while it lasts, when a node judges the misses it causes. Both count only
-while the twin is *active* -- its GPU thread runnable or run since the sample before, or its engines holding work
-they can do (``twin.py`` ``Twin.has_work``): a twin with nothing to do waits for no CPU, and a hung GPU (its engine
-stopped: ``engine.py``, ``sdma.py``) computes nothing, so a host late beside it must not excuse its misses.
+while the twin is *able to work* (``twin.py`` ``Twin.can_work``: no fault state latched): a hung GPU (its engine
+stopped: ``engine.py``, ``sdma.py``), a wedged bridge or a failed link waits for no CPU, so a host late beside it
+must not excuse its misses.
 On a real dock the file does not exist and the figure is 0.
 
 Only the GPU's threads count, not the bridge's (the daemon's own, which answer USB): a GPU that is hung or
@@ -28,8 +28,8 @@ whose fence never moves computes nothing and waits for no CPU, so its misses sta
 load, while the bridge keeps answering the node's fence polls -- and a busy host would delay those too.
 
 The file (:data:`FILE_NAME`, mode 0600, 32 bytes): four little-endian u64, ``peak_ns``, ``updated_ns``
-(CLOCK_MONOTONIC ns of the sample), ``active`` (1: the twin was active at the sample) and
-``peak_ns ^ updated_ns ^ active ^ MAGIC`` -- a torn read (the writer's
+(CLOCK_MONOTONIC ns of the sample), ``able`` (1: the twin was able to work at the sample) and
+``peak_ns ^ updated_ns ^ able ^ MAGIC`` -- a torn read (the writer's
 ``pwrite`` and a reader's ``pread`` are not atomic together) fails that check and reads as no figure.
 """
 
@@ -112,8 +112,7 @@ class WaitPeak:
       since that earlier sample (a lower bound: it may have been waiting before). The kernel counts such a wait
       only once it ends, which for a thread starved for the length of a deadline miss run is after the judgement;
 
-    and of the sampler's lateness (``late_ns``) at each sample within the window taken while the threads were
-    :attr:`active`.
+    and of the sampler's lateness (``late_ns``) at each sample within the window.
     """
 
     def __init__(self, window_ns: int = WINDOW_NS) -> None:
@@ -121,19 +120,12 @@ class WaitPeak:
         self._history: deque[tuple[int, dict[tuple[int, int], int]]] = deque()
         self._runnable: dict[tuple[int, int], tuple[int, int, int]] = {}  # thread -> (since ns, run_ns, slices)
         self._late: deque[tuple[int, int]] = deque()  # (sampled at, the sampler's own lateness) ns
-        self._ran: dict[tuple[int, int], tuple[int, int]] = {}  # thread -> (run_ns, slices) at the last sample
-        self.active = False  # at the last sample: work in the engines, a thread runnable or one run since the last
 
-    def sample(self, now_ns: int, times: dict[tuple[int, int], ThreadTimes], late_ns: int = 0,
-               has_work: bool = False) -> int:
+    def sample(self, now_ns: int, times: dict[tuple[int, int], ThreadTimes], late_ns: int = 0) -> int:
         """The peak (ns) at ``now_ns``; ``late_ns``: how much later than asked the sampler itself woke for this
-        sample (a twin thread's wait for the host as well, counted within the window like the threads' while the
-        twin is :attr:`active`); ``has_work``: the twin's engines hold work they can do (``Twin.has_work``)."""
-        ran = {key: (t.run_ns, t.slices) for key, t in times.items()}
-        self.active = has_work or any(t.runnable or self._ran.get(key, ran[key]) != ran[key]
-                                      for key, t in times.items())
-        self._ran = ran
-        if late_ns > 0 and self.active:
+        sample (a twin thread's wait for the host as well, counted within the window like the threads'; the caller
+        passes 0 while the twin is not able to work)."""
+        if late_ns > 0:
             self._late.append((now_ns, late_ns))
         while self._late and self._late[0][0] <= now_ns - self.window_ns:
             self._late.popleft()
@@ -161,18 +153,18 @@ class WaitPeak:
         return peak
 
 
-def encode(peak_ns: int, updated_ns: int, active: bool = True) -> bytes:
-    return _LAYOUT.pack(peak_ns, updated_ns, int(active), peak_ns ^ updated_ns ^ int(active) ^ MAGIC)
+def encode(peak_ns: int, updated_ns: int, able: bool = True) -> bytes:
+    return _LAYOUT.pack(peak_ns, updated_ns, int(able), peak_ns ^ updated_ns ^ int(able) ^ MAGIC)
 
 
 def decode(data: bytes) -> tuple[int, int, bool] | None:
-    """``(peak_ns, updated_ns, active)``, or None for a short or torn record."""
+    """``(peak_ns, updated_ns, able)``, or None for a short or torn record."""
     if len(data) != _LAYOUT.size:
         return None
-    peak, updated, active, check = _LAYOUT.unpack(data)
-    if check != peak ^ updated ^ active ^ MAGIC or active > 1:
+    peak, updated, able, check = _LAYOUT.unpack(data)
+    if check != peak ^ updated ^ able ^ MAGIC or able > 1:
         return None
-    return peak, updated, bool(active)
+    return peak, updated, bool(able)
 
 
 class WaitPublisher:
@@ -182,8 +174,8 @@ class WaitPublisher:
     through) and removed at stop."""
 
     def __init__(self, path: Path, pids: Callable[[], Iterable[int]],
-                 has_work: Callable[[], bool] = lambda: False) -> None:
-        self.path, self.pids, self.has_work = path, pids, has_work
+                 can_work: Callable[[], bool] = lambda: True) -> None:
+        self.path, self.pids, self.can_work = path, pids, can_work
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="twin-hostwait", daemon=True)
         self._fd: int | None = None
@@ -194,7 +186,7 @@ class WaitPublisher:
         except FileNotFoundError:
             pass
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        os.pwrite(self._fd, encode(0, time.monotonic_ns(), active=False), 0)  # nothing sampled yet
+        os.pwrite(self._fd, encode(0, time.monotonic_ns(), able=False), 0)  # nothing sampled yet
         self._thread.start()
 
     def _run(self) -> None:
@@ -206,14 +198,14 @@ class WaitPublisher:
             # the GPU is the compute child's main thread, which runs every load and RUN (compute.py's loop); its
             # reader and parent-watch threads are housekeeping, whose waits (the watch wakes every 0.5 s whatever the
             # GPU does) would excuse a hung GPU's misses on a busy host
-            value = peak.sample(now, thread_times(self.pids(), main_only=True), now - asked, self.has_work())
-            active = peak.active
+            able = self.can_work()
+            value = peak.sample(now, thread_times(self.pids(), main_only=True), now - asked if able else 0)
             asked += period_ns
             if asked <= now:  # woke over a period late: the next sample one period from now, not at once
                 asked = now + period_ns
             if self._fd is not None:
                 try:
-                    os.pwrite(self._fd, encode(value, now, active), 0)
+                    os.pwrite(self._fd, encode(value, now, able), 0)
                 except OSError:
                     return
 
@@ -233,8 +225,8 @@ class WaitPublisher:
 def read_peak_ms(path: Path, now_ns: int, fresh_ns: int = FRESH_NS) -> float:
     """The twin's worst wait for a host CPU over its last second (ms) from the file at ``path``, read at ``now_ns``
     (CLOCK_MONOTONIC): the record's peak, or, when the record is older than one :data:`SAMPLE_PERIOD_S` and the twin
-    was active at its sample, its age less that period if more -- the sampler, a twin thread, has been held off that
-    long and is still waiting.
+    was able to work at its sample, its age less that period if more -- the sampler, a twin thread, has been held
+    off that long and is still waiting.
     0.0 when the file is absent, not this user's regular file, torn, or older than ``fresh_ns``. Never raises: a
     missing figure only means the host is judged on the node's own."""
     try:
@@ -252,6 +244,6 @@ def read_peak_ms(path: Path, now_ns: int, fresh_ns: int = FRESH_NS) -> float:
         os.close(fd)
     if got is None or not 0 <= now_ns - got[1] <= fresh_ns:
         return 0.0
-    peak, updated, active = got
-    held_off = now_ns - updated - int(SAMPLE_PERIOD_S * 1e9) if active else 0
+    peak, updated, able = got
+    held_off = now_ns - updated - int(SAMPLE_PERIOD_S * 1e9) if able else 0
     return max(peak, held_off) / 1e6

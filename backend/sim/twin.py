@@ -230,13 +230,14 @@ class Twin:
         self._housekeeper.start()
 
     # ------------------------------------------------------------------ life
-    def has_work(self) -> bool:
-        """Whether the GPU's engines hold work they are able to do: packets the host rang for and not yet done, or
-        one executing, on a queue that is neither hung (``gpu_hang``) nor stalled by a fault. Read without the lock
-        (a sample for ``hostwait.py``: a host that holds such work off is late; a hung GPU waits for nothing)."""
+    def can_work(self) -> bool:
+        """Whether no fault state stops the dock from working: present, the bridge not wedged, PCIe powered with its
+        link not failed, and neither engine hung (``gpu_hang``), stalled by an error or dropping its fences
+        (``fence_stall``). Read without the lock (a sample for ``hostwait.py``: a host that holds off a twin able to
+        work is late; a hung GPU or a dead link waits for nothing, so a late host must not excuse their misses)."""
         e, d = self.engine, self.sdma
-        return ((not e.hung and (e.rptr != e.wptr or e.current is not None))
-                or (not d.hung and d.stalled is None and d.rptr != d.wptr))
+        return (self.present and not self.wedged and self.pcie_power and self._link == "l0" and not e.hung
+                and not d.hung and d.stalled is None and not d.fence_stalled)
 
     def close(self) -> None:
         """Stop the engine and housekeeping threads and release the lock file. Idempotent."""
