@@ -62,7 +62,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -79,7 +78,6 @@ from chestnut.fallback.standby import FallbackModel
 from chestnut.msgs.frames import CAMERA_RESTART_MIN_STEP
 from chestnut.msgs.messaging import PubMaster, SubMaster, drain_sock, new_message, sub_sock
 from chestnut.msgs.paths import runtime_dir
-from chestnut.msgs.schema import log as schema
 from chestnut.msgs.visionipc import FrameBufferError, FrameReader
 from chestnut.node import config as node_config
 from chestnut.node.config import NodeConfig
@@ -192,12 +190,6 @@ BAD_FRAME_LOG_PERIOD_S = 1.0  # a repeated per-frame error is logged at most thi
 DEADLINE_LOG_PERIOD_S = 10.0  # the adaptive deadline is logged when its basis changes, else at most this often
 MISS_STAGES_KEPT = 20          # stage times of late results kept for a miss run's blame: 1 s at 20 Hz
 MISS_WARNS_KEPT = 8           # deadline-miss WARN reasons kept (mark_deadline_miss): more than a run before a failover
-
-
-EVENT_VALID = schema.Event.schema.fields["valid"]
-OUT = SimpleNamespace(**schema.ModelOutput.schema.fields)
-TENSOR = SimpleNamespace(**schema.Tensor.schema.fields)
-"""The schema fields ``modelOutput`` is filled by (:meth:`Node._publish_output`), looked up once."""
 
 
 @functools.cache
@@ -1289,48 +1281,41 @@ class Node:
     def _publish_output(self, frame_id: int, cf: Any, r: FrameResult, clock: FrameClock, drop_perc: float) -> None:
         a = r.answer
         msg, mo = self._output_builder()
-        # each field is set by its schema field (OUT, TENSOR: looked up once), not by name: pycapnp's attribute
-        # set looks the name up in the schema on every set, half of a set's cost, each set costing at 20 Hz
-        set_, f = mo._set_by_field, OUT
-        msg._set_by_field(EVENT_VALID, a.valid)
+        msg.valid = a.valid
         source = a.source
-        set_(f.frameId, frame_id)
-        set_(f.source, source.value)
-        set_(f.modelId, self.primary_model_id if source is Source.PRIMARY else self.fallback.model_id
-             if source is Source.FALLBACK and self.fallback is not None else "")
+        mo.frameId = frame_id
+        mo.source = source.value
+        mo.modelId = (self.primary_model_id if source is Source.PRIMARY else self.fallback.model_id
+                      if source is Source.FALLBACK and self.fallback is not None else "")
         outputs = a.outputs or {}
-        outs = mo._init_by_field(f.outputs, len(outputs))
+        outs = mo.init("outputs", len(outputs))
         for t, (name, arr) in zip(outs, outputs.items(), strict=True):
             c = np.ascontiguousarray(arr)
-            set_t = t._set_by_field
-            set_t(TENSOR.name, name)
-            set_t(TENSOR.shape, list(c.shape))  # a numpy shape holds Python ints
-            set_t(TENSOR.dtype, _dtype_name(c.dtype))
-            set_t(TENSOR.data, c.tobytes())
-        # a fresh builder holds every default (0, false, ""): only what differs is set
-        set_(f.executionTime, float(a.exec_s))
-        set_(f.frameAge, frame_age_s(clock, int(cf.timestampEof), int(msg.logMonoTime)))
+            t.name = name
+            t.shape = list(c.shape)  # a numpy shape holds Python ints
+            t.dtype = _dtype_name(c.dtype)
+            t.data = c.tobytes()
+        # a fresh builder holds every default (0, false, ""): only what differs is set, each set costs at 20 Hz
+        mo.executionTime = float(a.exec_s)
+        mo.frameAge = frame_age_s(clock, int(cf.timestampEof), int(msg.logMonoTime))
         if drop_perc:
-            set_(f.frameDropPerc, float(drop_perc))
+            mo.frameDropPerc = float(drop_perc)
         if r.deadline_missed:
-            set_(f.deadlineMissed, True)
+            mo.deadlineMissed = True
         if r.deadline_ms:
-            set_(f.deadline, float(r.deadline_ms) / 1e3)
+            mo.deadline = float(r.deadline_ms) / 1e3
         report = r.report
         if report is not None and report.agreement_checked:
-            set_(f.agreementChecked, True)
-            set_(f.primaryAgrees, report.primary_agrees)
-            set_(f.maxAbsDiff, float(report.max_abs_diff))
+            mo.agreementChecked = True
+            mo.primaryAgrees = report.primary_agrees
+            mo.maxAbsDiff = float(report.max_abs_diff)
         if a.reason:
-            set_(f.reason, a.reason)
+            mo.reason = a.reason
         stages = published_stages(r)
         if stages.copy_in or stages.copy_out:
-            copy_in, compute, copy_out = stages.as_list()
-            set_(f.copyInTime, copy_in)
-            set_(f.computeTime, compute)
-            set_(f.copyOutTime, copy_out)
+            mo.copyInTime, mo.computeTime, mo.copyOutTime = stages.as_list()
         elif stages.compute:
-            set_(f.computeTime, stages.compute)
+            mo.computeTime = stages.compute
         self.pm.send("modelOutput", msg)
         os.sched_yield()  # the bookkeeping after this waits (docs/architecture.md, "Hand-overs on the per-frame path")
         self.frames_out += 1
