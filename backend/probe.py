@@ -262,20 +262,13 @@ def twin_daemon_missing(prefix: str | None) -> tuple[int, str] | None:
     the ladder would only say that no dock is enumerated, with a dock's cable-and-power advice. Nothing answers: 1, as
     for a dock that is not there, and the line says how to start the daemon; a twin socket path that holds something
     not a socket of ours (``backend/sim/client.py`` :class:`TwinSocketRefused`): 2, its line, as ``chestnut twin``."""
-    from chestnut.backend.sim.client import TwinClient, TwinNotRunning, TwinSocketRefused
-    from chestnut.msgs.paths import DEFAULT_PREFIX, current_prefix
+    from chestnut.backend.sim.client import daemon_missing
 
-    prefix = current_prefix() if prefix is None else prefix
-    try:
-        with TwinClient(prefix):
-            pass
-    except TwinSocketRefused as e:
-        return 2, str(e)
-    except TwinNotRunning:
-        serve = "chestnut twin serve" if prefix == DEFAULT_PREFIX else f"chestnut twin --prefix {prefix} serve"
-        return 1, (f"the twin daemon is not running on prefix {prefix!r}: start it with `{serve}` (or run a whole "
-                   "stack with `chestnut launch`), then probe again")
-    return None
+    missing = daemon_missing(prefix)
+    if missing is None:
+        return None
+    code, line = missing
+    return code, (f"{line}, then probe again" if code == 1 else line)
 
 
 def _record_fingerprint_subprocess(spec: ModelSpec) -> dict[str, Any]:

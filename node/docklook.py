@@ -47,9 +47,14 @@ def look(kind: str, prefix: str | None = None) -> tuple[bool, str, DockObservati
             obs = DockObservation(True, (dev.idVendor, dev.idProduct), (dev.bus, dev.address),
                                   UsbDock.speed_mbps(dev))
             return True, f"{dev.idVendor:04x}:{dev.idProduct:04x} at bus {dev.bus} address {dev.address}", obs
-        return False, "no Chestnut dock enumerated", None
     except Exception as e:  # noqa: BLE001 - pyusb/libusb/twin-socket errors: the dock cannot be seen
         return False, f"no Chestnut dock found ({type(e).__name__}: {e})", None
+    if kind == "twin":  # a twin nobody runs enumerates nothing: say so, not a dock's cable and power
+        from chestnut.backend.sim.client import daemon_missing
+
+        if (missing := daemon_missing(prefix)) is not None:
+            return False, f"no Chestnut dock enumerated: {missing[1]}", None
+    return False, "no Chestnut dock enumerated", None
 
 
 def look_for_dock(kind: str, prefix: str | None = None) -> tuple[bool, str]:

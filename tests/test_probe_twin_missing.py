@@ -68,3 +68,14 @@ def test_a_fingerprint_that_cannot_be_recorded_closes_the_runner_before_the_exit
     assert main(["probe", "--twin", "--model", str(model)]) == 2
     assert capsys.readouterr().err == "chestnut probe: no fingerprint for m: bad_model: not an ONNX model\n"
     assert closed == [True]
+
+
+def test_the_nodes_look_at_a_twin_nobody_runs_names_the_missing_daemon():
+    """``chestnut run`` (dock.kind = twin) with no twin daemon looped on 'no Chestnut dock enumerated', a dock's
+    cable and power, where probe names the daemon and how to start it."""
+    from chestnut.node.docklook import look
+
+    prefix = os.environ["CHESTNUT_PREFIX"]
+    assert look("twin", prefix) == (False, f"no Chestnut dock enumerated: the twin daemon is not running on prefix "
+                                           f"{prefix!r}: start it with `chestnut twin --prefix {prefix} serve` (or run "
+                                           "a whole stack with `chestnut launch`)", None)

@@ -82,6 +82,26 @@ def socket_path(prefix: str | None = None) -> Path:
     return runtime_dir(prefix) / W.SOCKET_NAME
 
 
+def daemon_missing(prefix: str | None = None) -> tuple[int, str] | None:
+    """``(1, line)`` when no twin daemon of ``prefix`` (default ``$CHESTNUT_PREFIX``) answers, the line saying how to
+    start one; ``(2, line)`` when its socket path holds something not a socket of ours (:class:`TwinSocketRefused`,
+    refused as ``chestnut twin`` refuses it); None when one answers. For the tools and the node, whose enumeration
+    of a twin that is not running only finds no dock, which reads as a dock's cable and power."""
+    from chestnut.msgs.paths import DEFAULT_PREFIX
+
+    prefix = current_prefix() if prefix is None else prefix
+    try:
+        with TwinClient(prefix):
+            pass
+    except TwinSocketRefused as e:
+        return 2, str(e)
+    except TwinNotRunning:
+        serve = "chestnut twin serve" if prefix == DEFAULT_PREFIX else f"chestnut twin --prefix {prefix} serve"
+        return 1, (f"the twin daemon is not running on prefix {prefix!r}: start it with `{serve}` (or run a whole "
+                   "stack with `chestnut launch`)")
+    return None
+
+
 class TwinClient:
     """A connection to the twin. ``prefix`` picks the daemon (default ``$CHESTNUT_PREFIX``); ``twin`` instead
     binds the client to an in-process :class:`Twin` (same methods, no socket). Thread-safe: requests on
