@@ -23,7 +23,7 @@ decides like openpilot's control daemon (``selfdrive/controls/controlsd.py``; th
 - ``controlState.softDisableRemaining`` is the time left (s) before control is exited, counted from the first
   failing step; control.log says the same quantity in the same words (``msgs/services.py`` ``soft_disable_left``):
   ``soft disable: 2.50 s left of 3.0 s (counted from the first failing step, 0.50 s ago): hostLate`` when it
-  starts, ``soft disable: 0.00 s left of 3.0 s: control exited, 3.00 s after the first failing step`` when
+  starts, ``soft disable: 0.00 s left of 3.0 s: disengaged, 3.00 s after the first failing step`` when
   control is exited, ``soft disable cleared: 1.20 s left of 3.0 s`` when every condition cleared first.
 - ``allowSourceSwitch`` tells the node when it may swap the model source: only while not engaged.
 
@@ -184,7 +184,7 @@ class ControlLogic:
                     self.engaged, self.engaged_source, self.soft_disable_start_ns = False, None, None
                     self.failing_since_ns = None
                     out_events.append("disengaged")
-                    log.warning("soft disable: %s: control exited, %.2f s after the first failing step",
+                    log.warning("soft disable: %s: disengaged, %.2f s after the first failing step",
                                 soft_disable_left(0.0), failing_s)
             else:
                 if self.soft_disable_start_ns is not None:

@@ -195,7 +195,7 @@ def test_what_is_published_and_what_is_logged_say_the_same_time_left(caplog):
     assert (st.engaged, st.soft_disable_remaining_s) == (False, 0.0)
     assert [r.getMessage() for r in caplog.records] == [
         "soft disable: 2.50 s left of 3.0 s (counted from the first failing step, 0.50 s ago): hostLate",
-        "soft disable: 0.00 s left of 3.0 s: control exited, 3.00 s after the first failing step",
+        "soft disable: 0.00 s left of 3.0 s: disengaged, 3.00 s after the first failing step",
     ]
     caplog.clear()
     run_until(c, 6 * S, 7 * S, OK)  # engaged again
