@@ -32,11 +32,10 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
     and the report count; only the two "launch ->" durations count from ``t_launch_ns``.
 
     ``fault_events``: each ``twinFault`` (``msgs/chestnut.capnp``) as ``{"t_s", "fault": "<kind>#<id>", "action"
-    (armed | fired | cleared | expired, the twin's word), "site", "params", "fired" (times fired so far),
-    "spent"}``; ``spent`` is true for an ``expired`` that is a fault used up by firing (a one-shot, the default
-    of most kinds: ``backend/sim/faults.py`` ``spent_on_expiry``), false for every other event, an ``expired``
-    at the end of a ``for_s`` among them. The launch adds ``fault_schedule`` (``launch/faultplan.py``
-    ``FaultRunner.schedule_rows``), and the fault table shows both (:func:`fault_rows`)."""
+    (armed | fired | spent | cleared | expired, as the fault table says), "site", "params", "fired" (times fired
+    so far), "spent"}``: a fault used up by firing (a one-shot, most kinds' default: ``spent_on_expiry``) ends
+    ``spent`` (``spent`` true, false for every other event), a ``for_s`` that ended unfired ``expired``. The
+    launch adds ``fault_schedule`` (``launch/faultplan.py`` ``FaultRunner.schedule_rows``): :func:`fault_rows`."""
     from chestnut.backend.sim.faults import spent_on_expiry
     from chestnut.msgs.logfile import LogReader
 
@@ -73,15 +72,16 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
             wall_start_ns = int(ev.initData.wallTimeNanos) - (t - t_zero)
         if service == "twinFault":
             tf = ev.twinFault
+            spent = str(tf.action) == "expired" and spent_on_expiry(tf.kind, tf.params, int(tf.fired))
             fault_events.append(
                 {
                     "t_s": round((t - t_zero) / NS, 3),
                     "fault": f"{tf.kind}#{tf.id}",
-                    "action": str(tf.action),
+                    "action": "spent" if spent else str(tf.action),
                     "site": tf.site,
                     "params": tf.params,
                     "fired": int(tf.fired),
-                    "spent": str(tf.action) == "expired" and spent_on_expiry(tf.kind, tf.params, int(tf.fired)),
+                    "spent": spent,
                 }
             )
         if service == "cameraFrame":
@@ -271,16 +271,16 @@ def _clear_text(step: dict[str, Any], ends: dict[int, tuple[float, str]]) -> str
 def fault_rows(s: dict[str, Any]) -> list[tuple[float, str, str, str]]:
     """The summary's fault table, in time order: (t s, fault, event, detail) for each step of the launch's schedule
     (``s["fault_schedule"]``) and each twin fault event (``s["fault_events"]``; a repeating fault's fires: one row),
-    named ``<kind>#<id>`` as the twin names it. A one-shot's ``expired`` reads ``spent`` (spent as it fires, the
-    launch's clear finds nothing left), one at the end of ``for_s`` ``expired``; the launch's rows first at a tie."""
+    named ``<kind>#<id>`` as the twin names it. A one-shot's end reads ``spent`` (spent as it fires, the launch's
+    clear finds nothing left), one at the end of ``for_s`` ``expired``; the launch's rows first at a tie."""
     from chestnut.backend.sim.faults import collapse_fired
 
     events = collapse_fired(s.get("fault_events", []))
     ends: dict[int, tuple[float, str]] = {}
     for e in events:
-        if e["action"] in ("expired", "cleared"):
+        if e["action"] in ("spent", "expired", "cleared"):
             fid = int(str(e["fault"]).rpartition("#")[2])
-            ends.setdefault(fid, (e["t_s"], "spent" if e.get("spent") else e["action"]))
+            ends.setdefault(fid, (e["t_s"], e["action"]))
     rows: list[tuple[float, str, str, str]] = []
     for f in s.get("fault_schedule", []):
         name = f"{f['fault']}#{f['id']}" if f.get("id") is not None else f["fault"]
@@ -290,7 +290,7 @@ def fault_rows(s: dict[str, Any]) -> list[tuple[float, str, str, str]]:
         kind = str(e["fault"]).rpartition("#")[0]
         if e["action"] == "fired":
             what, detail = "fired", f"hit {e['site']}" if e["site"] else ""
-        elif e["action"] == "expired" and e.get("spent"):
+        elif e["action"] == "spent":
             what, detail = "spent", _spent_text(kind)
         elif e["action"] == "expired":
             what, detail = "expired", _expired_text(e)

@@ -117,8 +117,9 @@ def test_a_one_shot_hang_reads_spent_as_it_fires_and_its_clear_finds_nothing_lef
         {"t_s": 17.534, "action": "inject", "fault": "gpu_hang", "detail": "", "id": 1},
         {"t_s": 27.533, "action": "clear", "fault": "gpu_hang", "detail": "", "id": 1, "removed": 0},
     ]
+    # the --json summary says what the table says: the one-shot's end is "spent", never "expired"
     assert [(e["action"], e["fired"], e["spent"]) for e in s["fault_events"]] == [
-        ("armed", 0, False), ("fired", 1, False), ("expired", 1, True)]
+        ("armed", 0, False), ("fired", 1, False), ("spent", 1, True)]
     assert fault_rows(s) == [
         (17.534, "gpu_hang#1", "inject (launch)", ""),
         (17.538, "gpu_hang#1", "armed (twin)", "the kind's defaults"),
@@ -158,6 +159,11 @@ def test_a_fault_that_lasts_until_cleared_is_removed_and_a_for_fault_expires(
         node_state(t0 + 20 * S),
     ], tmp_path / "logs")
     s = summarize(tmp_path / "logs", 0)
+    # the --json summary's words are the table's: "expired" only for the --for that ended unfired
+    assert [(e["fault"], e["action"], e["fired"], e["spent"]) for e in s["fault_events"]] == [
+        ("slow_gpu#1", "armed", 0, False), ("slow_gpu#1", "fired", 1, False), ("timeout#2", "armed", 0, False),
+        ("timeout#2", "expired", 0, False), ("slow_gpu#1", "cleared", 4, False), ("wedged#3", "armed", 0, False),
+        ("wedged#3", "fired", 1, False), ("wedged#3", "spent", 1, True)]
     runner = carried_out(monkeypatch, ["slow_gpu@5+4", "timeout@6+4,for_s=2,on=bulk_in", "wedged@9+1"],
                          {1: 1, 2: 0, 3: 0},
                          [(5.0, t0 + 5 * S), (6.0, t0 + 6 * S), (9.0, t0 + 9 * S), (10.0, t0 + 10 * S)], t0)
