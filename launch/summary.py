@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import time
 from collections import Counter
@@ -486,10 +485,10 @@ def json_target_problem(path: Path) -> str | None:
     typo), or None: its folder must exist (it is not created) and be one of ours that no one else can write to,
     not a symlink (``msgs/outdir.py`` ``private_dir``: a world-writable folder such as ``/tmp`` would let another
     user swap the file), and ``path`` must not be a symlink or a folder."""
-    from chestnut.msgs.outdir import OutputDirError, private_dir
+    from chestnut.msgs.outdir import OutputDirError, missing_folder, private_dir
 
-    if not os.path.lexists(path.parent):
-        return f"{path}: folder {path.parent} does not exist; create it or give another path"
+    if (missing := missing_folder(path)) is not None:
+        return missing
     try:
         private_dir(path.parent)  # it exists: only checked, never created or changed
     except OutputDirError as e:

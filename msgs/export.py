@@ -10,7 +10,7 @@ inline (``data`` filled, ``video`` kept to say where they came from), so the exp
 one whose video is missing or damaged is exported as metadata without an image, and each such video
 file is named on one line like any damage (its first failing frame, and how many more failed). A
 damaged input is exported up to the damage, and each damage is named on one line. ``OUT`` must not
-exist (it is never overwritten); it is created 0600 (``msgs/outdir.py``, a missing directory 0700) and
+exist (it is never overwritten) and its folder must (it is never created); it is created 0600 (``msgs/outdir.py``) and
 removed again when no message could be exported or the export stops on an error (a full disk is one line
 naming ``OUT``, exit 2), so a failed export leaves nothing behind to block a rerun.
 Every bad path is one line: which path, what is wrong, how to fix it.
@@ -27,7 +27,7 @@ from typing import Any
 
 from chestnut.msgs.clock import logged_unix_offset_ns
 from chestnut.msgs.logfile import FlushPolicy, LogReader, McapSegmentWriter
-from chestnut.msgs.outdir import OutputDirError
+from chestnut.msgs.outdir import OutputDirError, missing_folder
 from chestnut.msgs.video import LoggedFrames, NotRegularFileError, VideoFrameError
 
 _log = logging.getLogger("chestnut.export")
@@ -128,6 +128,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """0 after a complete export, 1 if the input was damaged (exported up to the damage), 2 for a bad
     path or an input with no readable message (nothing is left behind)."""
+    if (missing := missing_folder(args.mcap)) is not None:  # never made: an output's folder must exist
+        _log.error("--mcap %s", missing)
+        return 2
     try:
         n, damage = export_mcap(args.logs, args.mcap, args.with_capnp)
     except OutputDirError as e:  # the output path: already one line

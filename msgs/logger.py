@@ -58,7 +58,7 @@ from chestnut.msgs.argtypes import checked_int, positive_seconds
 from chestnut.msgs.frames import frame_to_array
 from chestnut.msgs.logfile import FORMATS, MCAP_ENCODINGS, SEGMENT_SECONDS, FlushPolicy, RouteWriter
 from chestnut.msgs.messaging import REASON_WRONG_SERVICE, MalformedMessageError, SubSocket, log_from_bytes, sub_sock
-from chestnut.msgs.outdir import OutputDirError, private_dir
+from chestnut.msgs.outdir import OutputDirError, missing_folder, private_dir
 from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError, get_service
 from chestnut.msgs.video import CRF_DEFAULT, FRAME_MODES, VIDEO_CODECS, VideoOptions
 from chestnut.msgs.visionipc import FrameBufferError, FrameOverwrittenError, FrameReader
@@ -345,6 +345,9 @@ def run(args: argparse.Namespace) -> int:
             video = VideoOptions(getattr(args, "video_codec", "ffv1"), getattr(args, "crf", CRF_DEFAULT))
     except (ValueError, UnknownServiceError) as e:
         _log.error("%s", e)
+        return 2
+    if (missing := missing_folder(args.log_dir)) is not None:  # the folder is made, never the ones above it
+        _log.error("--log-dir %s", missing)
         return 2
     try:  # a refused --log-dir (planted symlink, another user's, writable by others) is a refused argument
         private_dir(args.log_dir)

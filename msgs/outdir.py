@@ -114,6 +114,18 @@ def check_folders_above(path: str | os.PathLike[str]) -> None:
             )
 
 
+def missing_folder(path: str | os.PathLike[str]) -> str | None:
+    """The one line refusing an output ``path`` (a file, or a directory made for it) given on a command line whose
+    folder does not exist: ``"<path>: folder <folder> does not exist; create it or give another path"``; None
+    when it exists (whatever it is: :func:`private_dir` judges it). Every command checks its outputs with it
+    before it makes anything, so a typo never makes a tree of folders (``/nonexist/`` at the root, as root);
+    only :func:`private_dir`'s own callers inside a folder they made create folders below it."""
+    folder = Path(path).parent
+    if os.path.lexists(folder):
+        return None
+    return f"{path}: folder {folder} does not exist; create it or give another path"
+
+
 def private_dir(path: str | os.PathLike[str], targets: Iterable[str] = ()) -> Path:
     """Create ``path`` (0700, with any missing parents) or accept it if it is fit; returns it as a ``Path``.
 

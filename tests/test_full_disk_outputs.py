@@ -61,6 +61,7 @@ def test_an_export_onto_a_full_disk_is_one_line_and_leaves_no_file(tmp_path, mon
     real_open = logfile.open_private
     monkeypatch.setattr(logfile, "open_private", lambda path, mode="ab": _FullFile(real_open(path, mode), room))
     out = tmp_path / "out" / "x.mcap"
+    out.parent.mkdir(0o700)  # an export's folder is never made (msgs/outdir.py missing_folder)
     rc, lines = _run(logs, out, caplog)
     assert (rc, lines) == (2, [f"--mcap {out} cannot be written (No space left on device); free space or give "
                                "another directory"])

@@ -174,8 +174,12 @@ def test_export_path_errors_are_one_precise_line(tmp_path: Path, caplog: pytest.
     (seg,) = (tmp_path / "logs").iterdir()
     assert _mode(seg) == 0o700 and {_mode(f) for f in seg.iterdir()} == {0o600}
     out = tmp_path / "new" / "view.mcap"
+    assert _export(tmp_path, [tmp_path / "logs"], out, caplog) == (
+        2, [f"--mcap {out}: folder {out.parent} does not exist; create it or give another path"])
+    assert not out.parent.exists()  # an output's folder is never made (model prepare --out, launch --json alike)
+    out.parent.mkdir(0o700)
     rc, _ = _export(tmp_path, [tmp_path / "logs"], out, caplog)
-    assert rc == 0 and _mode(out) == 0o600 and _mode(out.parent) == 0o700
+    assert rc == 0 and _mode(out) == 0o600
     assert _export(tmp_path, [tmp_path / "logs"], out, caplog) == (
         2,
         [f"--mcap {out} already exists; remove it (rm {out}) or give another path"],
@@ -317,14 +321,16 @@ def test_every_command_refuses_a_new_output_in_a_world_writable_folder_and_creat
         "replay": (["replay", str(logs), "--report"], ww / "r", "chestnut replay: --report "),
         "fleet": (["fleet", "make", "--from", str(logs), "--copies", "2"], ww / "fl", "chestnut fleet make: OUT "),
         "record": (["record", "--log-dir"], ww / "l", "--log-dir "),
-        "export": (["export", str(logs), "--mcap"], ww / "new" / "out.mcap", "--mcap "),
+        "export": (["export", str(logs), "--mcap"], ww / "out.mcap", "--mcap "),  # its folder is never made
         "acceptance": (["acceptance", "--twin", "--model", str(tiny_onnx), "--out"], ww / "acc",
                        "chestnut acceptance: --out "),
     }[command]
     caplog.clear()
     assert main([*argv, str(out)]) == 2
-    made = out.parent if command == "export" else out  # the folder that would be created in ww
-    line = f"{prefix}{where} (above {made}) is writable by group/other without the sticky bit (mode 0777); {SHARED_FIX}"
+    line = f"{prefix}{where} (above {out}) is writable by group/other without the sticky bit (mode 0777); {SHARED_FIX}"
+    if command == "export":  # a file in ww itself: ww is the folder it is written in
+        line = (f"{prefix}{ww} is writable by group/other (mode 0777); give a directory of yours (or a new path: it "
+                "is created 0700)")
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     if command in ("acceptance", "check", "replay", "fleet"):  # a refusal of the command line: one line on stderr
         assert errors == [] and capsys.readouterr().err == line + "\n"

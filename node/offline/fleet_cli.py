@@ -163,7 +163,7 @@ def open_executor(args: argparse.Namespace, command: str) -> Executor | None:
     """The executor ``args`` ask for, after checking ``--report DIR`` before any work (a refused DIR costs
     nothing): None after one line on stderr naming ``command`` once (:func:`refuse`; the caller exits
     :data:`EXIT_REFUSED`), never an exception."""
-    from chestnut.msgs.outdir import OutputDirError, private_dir
+    from chestnut.msgs.outdir import OutputDirError, missing_folder, private_dir
     from chestnut.node.offline.executor import ExecutorError
 
     try:
@@ -172,11 +172,15 @@ def open_executor(args: argparse.Namespace, command: str) -> Executor | None:
         refuse(command, e)
         return None
     if getattr(args, "report", None) is not None:
+        problem = missing_folder(args.report)  # DIR is made, never the folders above it
         try:
-            private_dir(args.report, ("index.html",))
+            if problem is None:
+                private_dir(args.report, ("index.html",))
         except OutputDirError as e:
+            problem = str(e)
+        if problem is not None:
             executor.close()
-            refuse(command, f"--report {e}")
+            refuse(command, f"--report {problem}")
             return None
     return executor
 
@@ -194,8 +198,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from chestnut.msgs.outdir import OutputDirError
+    from chestnut.msgs.outdir import OutputDirError, missing_folder
 
+    if (missing := missing_folder(args.out)) is not None:  # OUT is made, never the folders above it
+        return refuse("chestnut fleet make", f"OUT {missing}")
     try:
         dirs = make_fleet(args.source, args.copies, args.out)
     except OutputDirError as e:
