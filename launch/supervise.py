@@ -226,7 +226,8 @@ def program_state(conf: Path, name: str) -> str:
     """supervisord's state of one program (RUNNING, STARTING, BACKOFF, FATAL, EXITED ...), or "UNKNOWN"."""
     exe = str(Path(sys.executable).parent / "supervisorctl")
     try:
-        out = subprocess.run([exe, "-c", str(conf), "status", name], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run([exe, "-c", str(conf), "status", name], capture_output=True, text=True, timeout=10,
+                             start_new_session=True).stdout  # a Ctrl-C is the launch's (:func:`supervisorctl`)
     except (OSError, subprocess.SubprocessError):
         return "UNKNOWN"
     parts = out.split()
@@ -326,11 +327,15 @@ def _die_with_parent() -> None:
 
 
 def supervisorctl(conf: Path, *args: str, timeout_s: float = 30.0) -> int:
-    """Run ``supervisorctl -c conf ARGS``; returns its exit code (-1 when it could not run or timed out)."""
+    """Run ``supervisorctl -c conf ARGS``; returns its exit code (-1 when it could not run or timed out). It runs in
+    a session of its own, as supervisord does: a terminal's Ctrl-C (SIGINT to the whole foreground process group)
+    is the launch's stop signal, for its :class:`~chestnut.launch.signals.StopFlag`; it does not kill a start or a
+    stop under way halfway (``exit -2``, a false failure of the program asked, the stop order cut)."""
     exe = str(Path(sys.executable).parent / "supervisorctl")
     try:
         return subprocess.run(
-            [exe, "-c", str(conf), *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=timeout_s
+            [exe, "-c", str(conf), *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=timeout_s,
+            start_new_session=True,
         ).returncode
     except (OSError, subprocess.SubprocessError):
         return -1
