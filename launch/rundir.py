@@ -1,7 +1,8 @@
 """``chestnut launch``'s run directory: a fresh ``runs/<UTC time>/`` of its own for each launch, private to
 this user (:func:`make_run_dir`), and the supervisord configuration rendered into it from
 ``launch/supervisord.conf`` (:func:`render_config`); and, once the stack stopped, its prefix's runtime directory
-removed when nothing but the stack's own leftovers is in it (:func:`remove_runtime_dir`)."""
+removed when nothing but the stack's own leftovers is in it (:func:`remove_runtime_dir`), and left as it was
+found by a launch refused before anything started (:func:`refusal_undone`)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ import os
 import stat
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from chestnut.msgs.outdir import new_private_dir, private_dir, write_private
 
 TEMPLATE = Path(__file__).with_name("supervisord.conf")
+T = TypeVar("T")
 RUN_UMASK = 0o077  # supervisord and every program: logs (camera frames), reports and the pidfile are 0600
 
 
@@ -148,3 +152,72 @@ def remove_runtime_dir(prefix: str) -> str | None:
         for fd in reversed(fds):
             os.close(fd)
     return None
+
+
+def refusal_undone(checks: Callable[[], T]) -> T:
+    """Run ``checks`` (``chestnut launch``'s checks before anything starts, which take and release the publisher
+    locks in the prefix's runtime directory: ``msgs/messaging.py`` ``check_publishable``) and return what it
+    returns. When it refuses -- returns an ``int`` (the exit status) or raises -- the runtime directory is left as
+    it was found: the lock files it made are removed (one another process holds stays) and the directory too when
+    it made it and nothing else is in it; a directory that was there before stays. Nothing is followed. A malformed
+    ``CHESTNUT_PREFIX`` names no directory: ``checks`` refuses it."""
+    from chestnut.msgs.messaging import PUB_LOCK_SUFFIX
+    from chestnut.msgs.paths import current_prefix, runtime_base
+
+    try:
+        prefix = current_prefix()
+    except ValueError:
+        return checks()
+    path = runtime_base() / f"chestnut-{os.getuid()}" / prefix
+    before = set(_lock_names(path))
+    existed = os.path.lexists(path)
+    try:
+        out = checks()
+    except BaseException:
+        _remove_new_locks(path, before, existed, PUB_LOCK_SUFFIX)
+        raise
+    if isinstance(out, int):
+        _remove_new_locks(path, before, existed, PUB_LOCK_SUFFIX)
+    return out
+
+
+def _lock_names(path: Path) -> list[str]:
+    """The publisher lock files' names in ``path`` (none when it cannot be read)."""
+    from chestnut.msgs.messaging import PUB_LOCK_SUFFIX
+
+    try:
+        return [n for n in os.listdir(path) if n.endswith(PUB_LOCK_SUFFIX)] if not path.is_symlink() else []
+    except OSError:
+        return []
+
+
+def _remove_new_locks(path: Path, before: set[str], existed: bool, suffix: str) -> None:
+    """Unlink the lock files in ``path`` not in ``before`` (each held with ``flock(LOCK_EX | LOCK_NB)`` while it
+    is unlinked, so one a publisher took meanwhile stays), then ``rmdir`` ``path`` unless it ``existed``."""
+    try:
+        dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for name in sorted(set(os.listdir(dfd)) - before):
+            if not name.endswith(suffix):
+                continue
+            try:
+                fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+            except OSError:
+                continue
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode) and os.fstat(fd).st_uid == os.getuid():
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    os.unlink(name, dir_fd=dfd)
+            except OSError:  # held by a live publisher (BlockingIOError), or gone
+                pass
+            finally:
+                os.close(fd)
+    finally:
+        os.close(dfd)
+    if not existed:
+        try:
+            os.rmdir(path)
+        except OSError:  # something else is in it: it stays
+            pass

@@ -65,7 +65,7 @@ from chestnut.launch.frames import (
     read_node_toml,
     write_frame_node_config,
 )
-from chestnut.launch.rundir import make_run_dir, render_config
+from chestnut.launch.rundir import make_run_dir, refusal_undone, render_config
 from chestnut.launch.sampler import SAMPLE_SETTLE_S, ProcessSampler
 from chestnut.launch.summary import (
     StackClock,
@@ -271,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
     (:func:`exit_code`). A Ctrl-C before the stack starts (the checks of :func:`prepare` can take seconds) is one
     line and exit 130, the shell's status for it; from :func:`start` on, a stop signal stops the stack."""
     try:
-        prepared = prepare(args)
+        prepared = refusal_undone(lambda: prepare(args))  # refused: the runtime directory as it was found
     except KeyboardInterrupt:
         log.warning("stopped by SIGINT (Ctrl-C) before the stack started: nothing was started (exit %d)",
                     128 + signal.SIGINT)
