@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from chestnut.backend.errors import ModelError
-from chestnut.msgs.outdir import OutputDirError, write_private
+from chestnut.msgs.outdir import OutputDirError, missing_folder, private_dir, write_private_files
 from chestnut.node.config import cache_dir, default_model_path
 
 log = logging.getLogger("chestnut.assets")
@@ -220,7 +220,9 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
     normalisation), or None to check on a fixed random input. Raises ModelError on any failed check:
     ``missing_model`` when ``src`` is no regular file (:func:`source_problem`), ``bad_model`` when its bytes are
     not an ONNX model with a graph input (garbage, an empty file) or a check fails, ``bad_input_shape`` (see
-    :func:`repair_and_fix_shape`); OutputDirError when ``out`` cannot be written.
+    :func:`repair_and_fix_shape`); OutputDirError when ``out`` cannot be written. Nothing is written beside ``out``
+    until every check passed: then the model, its metadata and its fingerprint go to temporary names and are renamed
+    into place together (``msgs/outdir.py`` ``write_private_files``), so a failure or a Ctrl-C leaves ``out`` as it was.
     """
     import onnx
 
@@ -241,8 +243,7 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
     except Exception as e:  # onnx raises its own ValidationError and friends
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelError("bad_model", f"ONNX checker rejected {src} once prepared: {first}") from None
-    data = model.SerializeToString()
-    write_private(out, data)  # 0600 by temp + rename; a new models dir is 0700 (msgs/outdir.py)
+    data = model.SerializeToString()  # nothing is written to out's folder until every check passed (below)
 
     x = (
         bgr_to_input(check_frame)
@@ -263,12 +264,14 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
     from chestnut.backend.jitcache import JitCache
     from chestnut.backend.model import OnnxModel
 
+    private_dir(out.parent)  # made 0700 (the default <cache>/models) before the compile cache's folders, or refused
     t0 = time.monotonic()  # building it fills the compile cache (or verifies a cached capture)
-    try:
-        tg_model = OnnxModel(out, jit_cache=JitCache(), progress=lambda msg: print(f"  {msg}", flush=True))
+    try:  # from the bytes, named as out will be (its model id), so the file waits until it is complete
+        tg_model = OnnxModel(data, name=out.stem, origin=out, jit_cache=JitCache(),
+                             progress=lambda msg: print(f"  {msg}", flush=True))
     except ModelError as e:  # it names the prepared file; the user gave src
         raise ModelError(e.reason, f"{e.detail} (prepared from {src})") from None
-    meta["max_abs_diff_vs_onnxruntime"] = agreement_check(tg_model, out, {meta["input_name"]: x})
+    meta["max_abs_diff_vs_onnxruntime"] = agreement_check(tg_model, data, {meta["input_name"]: x})
     meta["first_call_s"] = time.monotonic() - t0
     if meta["max_abs_diff_vs_onnxruntime"] > AGREEMENT_TOL:
         raise ModelError(
@@ -278,9 +281,11 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
         )
     fp = record_fingerprint(tg_model)
     fp_path = out.with_suffix(".fingerprint.json")
-    write_private(fp_path, json.dumps(fp, indent=1))
     meta["fingerprint"] = str(fp_path)
-    write_private(out.with_suffix(".json"), json.dumps(meta, indent=2))
+    # each under a temporary name first (0600), renamed into place once all three are written, the model last; an
+    # interruption (Ctrl-C) or a failure removes the temporaries: never a model without its fingerprint
+    write_private_files([(fp_path, json.dumps(fp, indent=1)), (out.with_suffix(".json"), json.dumps(meta, indent=2)),
+                         (out, data)])
     return meta
 
 
@@ -373,12 +378,14 @@ def compile_cache_refusal(out: Path) -> str | None:
     return refusal
 
 
-def agreement_check(model: Any, path: Path, inputs: dict[str, np.ndarray]) -> float:
-    """Largest |tinygrad - onnxruntime| over every output of ``model`` (an OnnxModel of ``path``) on ``inputs``."""
+def agreement_check(model: Any, source: Path | bytes, inputs: dict[str, np.ndarray]) -> float:
+    """Largest |tinygrad - onnxruntime| over every output of ``model`` (an OnnxModel of ``source``, a file or the
+    model's bytes) on ``inputs``."""
     import onnxruntime as ort
 
     ours = model.run(inputs)
-    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
+    src = source if isinstance(source, bytes) else str(source)
+    ref = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, inputs)
     return max(float(np.max(np.abs(o - r))) for o, r in zip(ours.values(), ref, strict=True))
 
 
@@ -426,12 +433,10 @@ def out_problem(out: Path, given: bool = True) -> str | None:
     import os
     import stat
 
-    from chestnut.msgs.outdir import private_dir
-
     if given and out.suffix == ".json":
         return f"--out {out}: the metadata goes to {out.with_suffix('.json')}; give a path ending in .onnx"
-    if given and not out.parent.is_dir():
-        return f"--out {out}: folder {out.parent} does not exist; create it or give another path"
+    if given and (missing := missing_folder(out)) is not None:
+        return f"--out {missing}"
     paths = (out, out.with_suffix(".json"), out.with_suffix(".fingerprint.json"))
     try:
         private_dir(out.parent, targets=[p.name for p in paths])

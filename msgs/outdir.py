@@ -18,6 +18,7 @@ no one may make us write through a planted symlink:
 - :func:`write_private` writes a 0600 temp file beside the target (``O_CREAT | O_EXCL | O_NOFOLLOW``,
   relative to the directory's descriptor) and renames it over the target, so a reader never sees half a
   file; a target that is a symlink (or not a regular file) is refused, never followed or replaced.
+  :func:`write_private_files` does so for files that belong together, renamed only once all are written.
 - :func:`open_private` opens a 0600 file for appending or exclusive creation the same way (a log that
   a child process writes to).
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Literal
 
@@ -215,34 +216,55 @@ def write_private(path: str | os.PathLike[str], data: bytes | str) -> Path:
 
     The parent directory must pass :func:`private_dir` (it is created if missing). Raises
     :class:`OutputDirError` (see the module doc; also for a write that fails, e.g. a full disk)."""
-    p = Path(path)
-    parent = private_dir(p.parent)
-    raw = data.encode() if isinstance(data, str) else data
+    return write_private_files([(path, data)])[0]
+
+
+def write_private_files(files: Sequence[tuple[str | os.PathLike[str], bytes | str]]) -> list[Path]:
+    """Write files of one folder as one: each ``(path, data)`` first to a 0600 temporary beside it
+    (``.<name>.<pid>.tmp``, ``O_EXCL | O_NOFOLLOW`` through the folder's descriptor), and only when every one is
+    complete renamed into place, in the order given (the file whose presence says "complete" goes last). A
+    failure or an interruption (Ctrl-C) before then removes every temporary not yet renamed, so each path holds
+    what it held or its complete new file, never part of one. Returns the paths. Raises :class:`OutputDirError`
+    (:func:`write_private`'s lines) and ``ValueError`` for paths in more than one folder."""
+    items = [(Path(p), d.encode() if isinstance(d, str) else d) for p, d in files]
+    if len({p.parent for p, _ in items}) != 1:
+        raise ValueError(f"write_private_files: {len(items)} files, not all in one folder")
+    parent = private_dir(items[0][0].parent)
     dfd = _open_dir(parent)
-    tmp = f".{p.name}.{os.getpid()}.tmp"
+    pending: list[str] = []  # temporaries made and not yet renamed into place
     try:
-        _check_target(dfd, p)
-        try:
-            fd = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=dfd
-            )
-        except OSError as e:
-            raise OutputDirError(
-                parent / tmp, f"cannot be created ({e.strerror})", "remove it or give another directory"
-            ) from None
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(raw)
-            os.replace(tmp, p.name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except OSError as e:
+        for p, _ in items:
+            _check_target(dfd, p)
+        for p, raw in items:
+            tmp = f".{p.name}.{os.getpid()}.tmp"
+            try:
+                fd = os.open(
+                    tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=dfd
+                )
+            except OSError as e:
+                raise OutputDirError(
+                    parent / tmp, f"cannot be created ({e.strerror})", "remove it or give another directory"
+                ) from None
+            pending.append(tmp)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(raw)
+            except OSError as e:
+                raise OutputDirError(p, f"cannot be written ({e.strerror})", "free space or give another directory") \
+                    from None
+        for p, _ in items:
+            try:
+                os.replace(pending[0], p.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except OSError as e:
+                raise OutputDirError(p, f"cannot be written ({e.strerror})", "free space or give another directory") \
+                    from None
+            pending.pop(0)
+    finally:
+        for tmp in pending:  # an error or an interruption (KeyboardInterrupt) before every file was in place
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dfd)
-            raise OutputDirError(
-                p, f"cannot be written ({e.strerror})", "free space or give another directory"
-            ) from None
-    finally:
         os.close(dfd)
-    return p
+    return [p for p, _ in items]
 
 
 def open_private(path: str | os.PathLike[str], mode: Literal["ab", "xb"] = "ab") -> IO[bytes]:
