@@ -571,10 +571,7 @@ class StackClock:
     launch time stands in."""
 
     def __init__(self, log_dir: Path, t_launch_ns: int) -> None:
-        self.log_dir = log_dir
-        self.t_zero_ns = t_launch_ns
-        self.wall_ns = time.time_ns()
-        self.found = False
+        self.log_dir, self.t_zero_ns, self.wall_ns, self.found = log_dir, t_launch_ns, time.time_ns(), False
 
     def _find(self) -> None:
         if self.found:
@@ -595,5 +592,7 @@ class StackClock:
         return (t_ns - self.t_zero_ns) / NS
 
     def wall_start(self) -> str:
+        """The first message's wall-clock time; ``none yet (launched <time>)`` while the log holds none."""
         self._find()
-        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.wall_ns / NS))
+        wall = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.wall_ns / NS))
+        return wall if self.found else f"none yet (launched {wall})"
