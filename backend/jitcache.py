@@ -297,9 +297,11 @@ class JitCache:
         self.root = root or default_cache_dir()
 
     def _open_root(self, create: bool) -> int:
-        """An fd of the checked cache directory (created 0700 when ``create``); raises CacheRefused or OSError."""
+        """An fd of the checked cache directory (created 0700 when ``create``, with any missing folder above it:
+        ``mkdir``'s ``parents`` would make those at the default 0755); raises CacheRefused or OSError."""
         if create:
-            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            for folder in reversed([p for p in (self.root, *self.root.parents) if not p.exists()]):
+                folder.mkdir(mode=0o700, exist_ok=True)
         real = Path(os.path.realpath(self.root))
         for parent in reversed(real.parents):
             problem = base_problem(os.stat(parent), os.geteuid())

@@ -319,3 +319,15 @@ def test_discard_removes_the_entry_and_keeps_the_rest(tmp_path):
     assert sorted(p.name for p in root.iterdir()) == sorted([f"{other.digest}.pkl", f"{other.digest}.json", KEY_NAME])
     JitCache(root).discard(KEY)  # gone already: nothing to do
     assert JitCache(root).load(KEY) is None and JitCache(root).load(other)[0] == "kept"
+
+
+def test_the_folders_made_for_a_new_cache_are_private(tmp_path):
+    """``CHESTNUT_CACHE`` naming a path whose folders do not exist yet: each one made is 0700, not the default 0755."""
+    root = tmp_path / "a" / "b" / "cache"
+    old = os.umask(0o022)
+    try:
+        fd = JitCache(root)._open_root(create=True)
+    finally:
+        os.umask(old)
+    os.close(fd)
+    assert [stat.S_IMODE((tmp_path / p).stat().st_mode) for p in ("a", "a/b", "a/b/cache")] == [0o700] * 3
