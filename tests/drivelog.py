@@ -510,3 +510,12 @@ def build_frames_log(model_path: Path, n: int, height: int, width: int, block: i
         act.chestnutActive.active, act.chestnutActive.source = serving == "primary", serving
         put(act)
     return items
+
+
+def write_one_message_log(log_dir: Path) -> Path:
+    """A log of one ``nodeState`` (state ``active``) and no node configuration, written under ``log_dir``; returns
+    it. For commands that only need a log to open (replay looks at ``--model`` and nothing else)."""
+    m = _msg("nodeState", 10_000 * 1_000_000_000)
+    m.nodeState.state = "active"
+    write_drive([(m.logMonoTime, m.which(), m.to_bytes())], log_dir)
+    return log_dir

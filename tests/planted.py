@@ -4,6 +4,7 @@ refused and kept: a regular file (content ``important``), a directory, or a syml
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 
@@ -19,3 +20,13 @@ def plant(path: Path, kind: str, victim: Path) -> None:
         path.symlink_to(victim)
     else:
         raise ValueError(f"plant: unknown kind {kind!r}")
+
+
+def plant_run_names(runs: Path, victim: Path) -> None:
+    """Make ``runs`` (0700) and a symlink to ``victim`` (a 0700 directory, made too) at every run-directory name
+    ``chestnut launch`` can pick from 2 s ago to ten minutes on (a loaded machine is slow)."""
+    runs.mkdir(mode=0o700)
+    victim.mkdir(mode=0o700)
+    now = time.time()
+    for i in range(-2, 600):
+        (runs / time.strftime("%Y-%m-%d--%H-%M-%S", time.gmtime(now + i))).symlink_to(victim)

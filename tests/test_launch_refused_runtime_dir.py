@@ -6,10 +6,10 @@ run's name) removed none of the 9 lock files, nor the directory they made."""
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from planted import plant_run_names
 
 from chestnut.launch.rundir import refusal_undone
 from chestnut.msgs.messaging import check_publishable
@@ -38,11 +38,7 @@ def test_a_symlinked_runs_dir_refused_leaves_no_runtime_dir(tmp_path, run_base):
 
 def test_a_symlink_at_the_runs_name_refused_keeps_a_runtime_dir_that_was_there_as_it_was(tmp_path, run_base):
     runs, victim = tmp_path / "runs", tmp_path / "victim"
-    runs.mkdir(mode=0o700)
-    victim.mkdir(mode=0o700)
-    now = time.time()
-    for i in range(-2, 600):  # every name launch can pick in the next ten minutes (a loaded machine is slow)
-        (runs / time.strftime("%Y-%m-%d--%H-%M-%S", time.gmtime(now + i))).symlink_to(victim)
+    plant_run_names(runs, victim)
     old = run_base / f"chestnut-{os.getuid()}" / "keptrt"
     old.parent.mkdir(mode=0o700)
     old.mkdir(mode=0o700)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from planted import plant_run_names
 
 from chestnut.launch.rundir import make_run_dir
 from chestnut.msgs.outdir import OutputDirError, new_private_dir
@@ -82,11 +83,7 @@ def test_names_run_out_in_one_line(tmp_path):
 
 def test_launch_refuses_a_planted_run_dir_in_one_line(tmp_path):
     runs, victim = tmp_path / "runs", tmp_path / "victim"
-    runs.mkdir(mode=0o700)
-    victim.mkdir(mode=0o700)
-    now = time.time()
-    for i in range(-2, 600):  # every name launch can pick in the next ten minutes (a loaded machine is slow)
-        (runs / time.strftime("%Y-%m-%d--%H-%M-%S", time.gmtime(now + i))).symlink_to(victim)
+    plant_run_names(runs, victim)
     r = subprocess.run(
         [CHESTNUT, "launch", "--seconds", "3", "--no-live", "--runs-dir", str(runs)],
         capture_output=True,

@@ -65,13 +65,9 @@ def _error_line(stderr: str) -> str:
 @pytest.fixture(scope="module")
 def one_message_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A log of one ``nodeState`` and no node configuration: replay looks at ``--model`` and nothing else."""
-    from drivelog import _msg, write_drive
+    from drivelog import write_one_message_log
 
-    m = _msg("nodeState", 10_000 * 1_000_000_000)
-    m.nodeState.state = "active"
-    logs = tmp_path_factory.mktemp("one-message") / "logs"
-    write_drive([(m.logMonoTime, m.which(), m.to_bytes())], logs)
-    return logs
+    return write_one_message_log(tmp_path_factory.mktemp("one-message") / "logs")
 
 
 def test_workers_0_is_the_parsers_one_line_with_the_program_named_once(tmp_path: Path) -> None:

@@ -20,13 +20,9 @@ CHESTNUT = "import sys; from chestnut.launch.cli import main; sys.exit(main(sys.
 
 @pytest.fixture(scope="module")
 def one_message_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from drivelog import _msg, write_drive
+    from drivelog import write_one_message_log
 
-    m = _msg("nodeState", 10_000 * 1_000_000_000)
-    m.nodeState.state = "active"
-    logs = tmp_path_factory.mktemp("one-message") / "logs"
-    write_drive([(m.logMonoTime, m.which(), m.to_bytes())], logs)
-    return logs
+    return write_one_message_log(tmp_path_factory.mktemp("one-message") / "logs")
 
 
 @pytest.mark.parametrize(("args", "target", "prefix"), [
