@@ -1506,14 +1506,18 @@ class Node:
         for ev in evidence:
             if ev.source == "copy_path" and ev.level is Level.WARN:
                 self.slow_copy_since_ns = self.slow_copy_since_ns if self.slow_copy_since_ns is not None else now
-                ago = (now - self.host_late_at_ns) / NS if self.host_late_at_ns is not None else None
-                why = slow_copy_excuse((now - self.slow_copy_since_ns) / NS, ago, self.host_late_reason)
+                why = slow_copy_excuse((now - self.slow_copy_since_ns) / NS, self._host_late_ago_s(now),
+                                       self.host_late_reason)
                 if why:
                     ev = dataclasses.replace(ev, advisory=True, reason=f"{ev.reason}; advisory: {why}")
             elif ev.source == "copy_path":
                 self.slow_copy_since_ns = None
             out.append(ev)
         return out
+
+    def _host_late_ago_s(self, now: int) -> float | None:
+        """How long ago (s) the node last found the host late (:meth:`_host_late`); None: not since it started."""
+        return (now - self.host_late_at_ns) / NS if self.host_late_at_ns is not None else None
 
     def _excuse_run_risk(self, evidence: list[Evidence], now: int) -> list[Evidence]:
         """The stage budget's "deadline at risk" WARNs made advisory, with why, while
@@ -1526,8 +1530,7 @@ class Node:
             self.run_risk_since_ns = None
             return evidence
         self.run_risk_since_ns = self.run_risk_since_ns if self.run_risk_since_ns is not None else now
-        ago = (now - self.host_late_at_ns) / NS if self.host_late_at_ns is not None else None
-        why = run_risk_excuse((now - self.run_risk_since_ns) / NS, ago, self.host_late_reason)
+        why = run_risk_excuse((now - self.run_risk_since_ns) / NS, self._host_late_ago_s(now), self.host_late_reason)
         if not why:
             return evidence
         return [dataclasses.replace(ev, advisory=True, reason=f"{ev.reason}; advisory: {why}")
