@@ -45,7 +45,7 @@ from chestnut.msgs.argtypes import MAX_FRAME_RATE_HZ, checked_float, checked_int
 from chestnut.msgs.frames import fill_frame, frame_shape
 from chestnut.msgs.messaging import PubMaster
 from chestnut.msgs.services import FRAME_MAX_BYTES, get_service
-from chestnut.msgs.visionipc import INLINE_MAX_BYTES, FrameBufferError, FrameRing, RingFrame
+from chestnut.msgs.visionipc import INLINE_MAX_BYTES, FrameBufferError, FrameRing
 from chestnut.node.realtime import CAMERA_PRIORITY, add_priority_argument, apply_priority
 
 log = logging.getLogger("chestnut.camera")
@@ -153,14 +153,13 @@ def ring_frame(
     ring: FrameRing, frame_id: int, img: np.ndarray, sof_ns: int, source_name: str, encoding: str = "bgr888"
 ) -> object:
     """Copy a frame (as :func:`iter_frames` gives it) into the ring's next slot, send its notice to the ring's
-    subscribers (``FrameRing.notify``: they have it one socket hop later), then build its metadata-only
+    subscribers (``FrameRing.announce``: they have it one socket hop later), then build its metadata-only
     ``cameraFrame`` for the bus (``timestampEof``: ns, CLOCK_MONOTONIC, once the pixels are in the slot)."""
     index, seq = ring.write(np.ascontiguousarray(img))
     eof_ns = time.monotonic_ns()
     rows = int(img.shape[0])
     height, width = (rows * 2 // 3 if encoding == "nv12" else rows), int(img.shape[1])
-    ring.notify(RingFrame(frame_id=frame_id, sof_ns=sof_ns, eof_ns=eof_ns, width=width, height=height,
-                          encoding=encoding, session=ring.session, index=index, seq=seq, size=img.nbytes))
+    ring.announce(frame_id, sof_ns, eof_ns, width, height, encoding, index, seq, img.nbytes)
     msg = fill_frame(frame_id, img[:0], sof_ns, eof_ns, source_name, encoding)
     cf = msg.cameraFrame  # type: ignore[attr-defined]
     cf.height, cf.width = height, width

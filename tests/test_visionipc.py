@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from chestnut.msgs.frames import fill_frame, frame_to_array
-from chestnut.msgs.messaging import log_from_bytes, recv_one, sub_sock
+from chestnut.msgs.messaging import MalformedMessageError, log_from_bytes, recv_one, sub_sock
 from chestnut.msgs.paths import runtime_dir
 from chestnut.msgs.visionipc import (
     NOTICE_BYTES,
@@ -489,6 +489,38 @@ def test_a_notice_is_56_bytes_that_say_what_the_bus_message_says():
     with pytest.raises(ValueError, match="frame 1: 5 bytes in the ring for bgr888 2x1"):
         RingFrame(frame_id=1, sof_ns=1, eof_ns=1, width=2, height=1, encoding="bgr888", session=1, index=0, seq=1,
                   size=5)
+
+
+def test_announce_sends_the_record_notify_sends_and_checks_the_geometry_first():
+    import zmq
+
+    pixels = np.zeros((4, 8, 3), np.uint8)
+    poller = zmq.Poller()
+    with FrameRing(pixels.nbytes) as ring:
+        reader = FrameReader(poller=poller)
+        first = log_from_bytes(_notice(ring, pixels, 0)[1])  # the bus copy: its view maps the ring
+        assert reader.view(first.cameraFrame).shape == (4, 8, 3)
+        _wait_for(lambda: ring.subscribers == 1 and ring._notified)
+        frame = _notice(ring, pixels, 1)[0]
+        assert ring.announce(1, 1, 2, 8, 4, "bgr888", frame.index, frame.seq, 96) == 1
+        assert ring.notify(frame) == 1
+        records: list[bytes] = []
+        _wait_for(lambda: records.extend(reader.shm.take_notices()) or len(records) == 2)
+        assert records[0] == records[1] == frame.pack()
+        with pytest.raises(ValueError, match="frame 2: 95 bytes in the ring for bgr888 8x4"):
+            ring.announce(2, 1, 2, 8, 4, "bgr888", 0, 1, 95)
+        with pytest.raises(ValueError, match=r"pixel encoding 'yuyv' is none of"):
+            ring.announce(2, 1, 2, 8, 4, "yuyv", 0, 1, 96)
+        assert ring.unread == 0 and not reader.shm.take_notices()  # nothing was sent for either
+        wrong_size = bytearray(frame.pack())
+        wrong_size[40:44] = (95).to_bytes(4, "little")  # size: 95 bytes for an 8x4 bgr888 frame
+        with pytest.raises(MalformedMessageError, match="a notice naming frame 1: 95 bytes in the ring for bgr888 8x4"):
+            RingFrame.unpack(bytes(wrong_size))
+        conn = ring._notified[0]
+        conn.shutdown(socket.SHUT_RDWR)  # the subscriber's end is gone: the camera's next send fails, it is dropped
+        assert ring.announce(1, 1, 2, 8, 4, "bgr888", frame.index, frame.seq, 96) == 0
+        assert ring._notified == [] and ring.subscribers == 0
+    reader.close()
 
 
 def test_notices_reach_a_polling_reader_once_per_frame_with_the_bus_copy_skipped():

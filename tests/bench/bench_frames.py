@@ -11,7 +11,7 @@ that a transport and its baseline meet the machine's pace alike: a busy minute n
 only. Each transport's figures pool its frames of every round:
 
 - **shm**: ``msgs/visionipc.py``: the camera copies the pixels into its ring (``FrameRing.write``,
-  seqlock), sends the frame's 56-byte notice on each subscriber's ring connection (``FrameRing.notify``,
+  seqlock), sends the frame's 56-byte notice on each subscriber's ring connection (``FrameRing.announce``,
   a ``RingFrame`` record), then a metadata-only ``cameraFrame`` on the bus; the subscriber, polling both
   as the node does, takes whichever comes first (``FrameReader.notices``: one checked record, or
   ``drain_sock``: bounded, validated; ``first_sight`` skips the other) and takes a read-only view of the
@@ -56,7 +56,7 @@ from benchprefix import own_prefix
 
 from chestnut.msgs.frames import frame_to_array
 from chestnut.msgs.messaging import PubMaster, drain_sock, new_message, sub_sock
-from chestnut.msgs.visionipc import FrameReader, FrameRing, RingFrame, streaming_copy_tunables
+from chestnut.msgs.visionipc import FrameReader, FrameRing, streaming_copy_tunables
 
 RATE_HZ = 20.0  # openpilot's model rate (common/realtime.py DT_MDL = 0.05 s)
 SIZES = (  # label, rows, columns, bytes per sample, encoding
@@ -189,8 +189,7 @@ def run_case(
         assert pm is not None
         if ring is not None:  # as chestnut camera: the pixels, the notice, then the metadata on the bus
             index, seq = ring.write(src)
-            ring.notify(RingFrame(frame_id=fid, sof_ns=stamp, eof_ns=stamp, width=cols, height=rows, encoding=encoding,
-                                  session=ring.session, index=index, seq=seq, size=nbytes))
+            ring.announce(fid, stamp, stamp, cols, rows, encoding, index, seq, nbytes)
             msg = _frame_msg(fid, rows, cols, encoding, stamp, None)
             ring.fill(msg.cameraFrame, index, seq, nbytes)
         else:
