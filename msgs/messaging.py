@@ -402,6 +402,7 @@ def _flat_reader_class() -> Any:
 
 
 _FLAT_READER = _flat_reader_class()
+_SERIALISED = (bytes, bytearray, memoryview)  # what PubMaster.send takes as bytes (a tuple: no union built a call)
 _EVENT_SCHEMA = log.Event.schema
 
 
@@ -1017,7 +1018,7 @@ class PubMaster:
         if sock is None:
             get_service(service)
             raise ValueError(f"PubMaster has no socket for {service!r}; it publishes {sorted(self.sock)}")
-        if not isinstance(msg, bytes | bytearray | memoryview):
+        if not isinstance(msg, _SERIALISED):
             member = msg._which_str()
             if member != service:
                 raise ValueError(f"an Event carrying {member!r} sent on {service!r}")
