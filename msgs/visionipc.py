@@ -898,7 +898,7 @@ class FrameReader:
         the poller wakes the caller again at once while more are queued); none without a poller or a mapped ring.
         A malformed notice, or one of another ring, is counted in ``bad_notice_reasons`` (logged once per
         reason) and dropped."""
-        out = []
+        out: list[RingFrame] = []
         records = self.shm.take_notices()
         if not records:
             return out
