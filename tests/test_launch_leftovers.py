@@ -76,12 +76,25 @@ def _lock_path() -> Path:
     return dock_lock_path(*default_bus_address(current_prefix()))  # the tests' own temp dir (conftest.py)
 
 
+@pytest.fixture
+def no_lock_file() -> None:
+    """The test's lock path starts empty: tinygrad never removes a lock file, and an earlier test of this worker
+    whose prefix hashes to the same bus and address (``default_bus_address``, 1 in 20,000) may have left one,
+    unheld (``leakguard.py`` fails a test that leaves one held)."""
+    path = _lock_path()
+    if path.is_dir() and not path.is_symlink():
+        path.rmdir()
+    elif os.path.lexists(path):
+        path.unlink()
+
+
 @pytest.mark.parametrize(("plant", "line"), [
     ("dir", "is a directory, not a regular file; remove it (sudo rm -r {p}) once no process uses the dock"),
     ("file", "belongs to uid {uid} with mode 0666 (writable by group/other: refused, another user could hold it); "
              "remove it (sudo rm {p}) once no process uses the dock"),
 ])
-def test_launch_refuses_an_unusable_dock_lock_file_before_anything_starts(plant, line, tmp_path, capsys):
+def test_launch_refuses_an_unusable_dock_lock_file_before_anything_starts(plant, line, tmp_path, capsys,
+                                                                           no_lock_file):
     """It started, the node's every start of the primary was refused the lock, ChestnutActive was never true, and
     launch said 'contracts: no violation', exit 0."""
     from chestnut.launch.cli import main
@@ -104,7 +117,7 @@ def test_launch_refuses_an_unusable_dock_lock_file_before_anything_starts(plant,
         path.rmdir() if plant == "dir" else path.unlink()
 
 
-def test_a_missing_dock_lock_file_is_not_made_by_the_check():
+def test_a_missing_dock_lock_file_is_not_made_by_the_check(no_lock_file):
     from chestnut.launch.supervise import check_stack_sockets
 
     check_stack_sockets(current_prefix(), {})

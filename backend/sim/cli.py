@@ -31,8 +31,9 @@ from chestnut.msgs.argtypes import checked_float
 
 
 def default_bus_address(prefix: str) -> tuple[int, int]:
-    """A bus number and first address derived from the prefix, so parallel twins never share tinygrad's
-    lock file name (``am_usb:<bus>-<addr>.lock``)."""
+    """A bus number (16..215) and first address (2..101) derived from the prefix (CRC-32), so twins of different
+    prefixes seldom share tinygrad's lock file name (``am_usb:<bus>-<addr>.lock``): two prefixes meet in 1 of
+    20,000 pairs, and ``chestnut twin serve --bus N --address N`` then sets one apart."""
     h = zlib.crc32(prefix.encode())
     return 16 + h % 200, 2 + (h >> 8) % 100
 
