@@ -43,7 +43,7 @@ from chestnut.msgs.argtypes import checked_float
 from chestnut.msgs.messaging import PubMaster, SubMaster, new_message
 from chestnut.msgs.services import SOFT_DISABLE_S, soft_disable_left
 from chestnut.msgs.submaster import SubMasterChecks
-from chestnut.node.policy import DEADLINE_MISS
+from chestnut.node.policy import DEADLINE_MISS, HOST_LATE
 from chestnut.node.realtime import CONTROL_PRIORITY, add_priority_argument, apply_priority
 
 log = logging.getLogger("chestnut.control")
@@ -148,7 +148,7 @@ class ControlLogic:
             events.extend(f"commIssue:{c}" for c in x.failed_checks)
         if x.frame_drop_perc > FRAME_DROP_MAX_PERC:
             events.append("modelLagging")
-        host = not x.active and x.active_reason.startswith("host late")
+        host = not x.active and x.active_reason.startswith(HOST_LATE)
         missed = not x.active and x.active_reason.startswith(DEADLINE_MISS)
         if not x.active:
             events.append("hostLate" if host else "deadlineMissed" if missed else "chestnutInactive")

@@ -113,6 +113,7 @@ from chestnut.node.health import (
 )
 from chestnut.node.hostload import HostMeter
 from chestnut.node.policy import (
+    HOST_LATE,
     Answer,
     Candidate,
     FrameClock,
@@ -1220,7 +1221,7 @@ class Node:
         at most every :data:`BAD_FRAME_LOG_PERIOD_S`; no evidence against a dock layer."""
         self.host_misses += 1
         self.host_last_late_ns = now
-        self.host.last_figures_reason = reason.rpartition("host late: ")[2] or reason
+        self.host.last_figures_reason = reason.rpartition(HOST_LATE)[2] or reason
         if self.host_log.due():
             log.warning("deadline miss while the host was late, not counted against the dock: %s (%d so far)",
                         reason, self.host_misses)
@@ -1332,7 +1333,7 @@ class Node:
         now = time.monotonic_ns()
         active, reason = chestnut_active(self.health, source)
         if host_frame is not None and not active:
-            reason = f"host late: the fallback answered frame {host_frame} ({self.host.last_figures_reason})"
+            reason = f"{HOST_LATE}the fallback answered frame {host_frame} ({self.host.last_figures_reason})"
         if active and self.primary_timed and (unjudged := self.stage_budget.pending()):
             active, reason = False, unjudged  # the budget has not judged the primary's stages yet
         active, reason = active_as_published(

@@ -261,7 +261,7 @@ def host_late(f: HostFigures, th: HostThresholds | None = None) -> str:
         return ""
     if f.cpu_pressure_pct is not None and f.cpu_pressure_pct >= th.cpu_pressure_pct:
         why.append(f"cpu pressure {f.cpu_pressure_pct:.0f} %")
-    return "host late: " + ", ".join(why)
+    return HOST_LATE + ", ".join(why)
 
 
 OUTPACED_RATIO = 1.5
@@ -632,6 +632,10 @@ DEADLINE_MISS = "deadline miss: "
 """How a ``ChestnutActive`` reason starts while what clears ``active`` is single deadline misses the node has
 not failed the primary over for (:func:`mark_deadline_miss`)."""
 
+HOST_LATE = "host late: "
+"""How a host-lateness reason starts (:func:`host_late`), and so a ``ChestnutActive`` reason while the fallback
+answers frames the primary missed because the host, not the dock, was late (docs/health.md "The host")."""
+
 
 def mark_deadline_miss(active: bool, reason: str, serving_primary: bool, miss_warns: Collection[str],
                        missed_frame: int | None, previous_reason: str) -> str:
@@ -641,7 +645,10 @@ def mark_deadline_miss(active: bool, reason: str, serving_primary: bool, miss_wa
     ``deadline_miss`` WARNs the node applied, ``node/health.py`` ``evidence_from_watchdog``); or the fallback
     answered ``missed_frame`` after its miss with every layer OK; or, right after such a reason
     (``previous_reason``), every layer is OK again but no ``chestnutHealth`` has said so yet
-    (:data:`HEALTH_NOT_YET_PUBLISHED`). One miss is no proof that the dock failed: ``timing.miss_run`` (3)
+    (:data:`HEALTH_NOT_YET_PUBLISHED`). That wait right after a :data:`HOST_LATE` reason keeps its prefix the same
+    way: the episode it ends was the host's, and a consumer that read it as a new, unexplained inactivity
+    (``chestnutInactive``) would soft-disable at once where the host-late episode's grace applies. One miss
+    is no proof that the dock failed: ``timing.miss_run`` (3)
     consecutive misses, or more than 20 % of the last 20 frames, fail the gpu layer over, and the reason is then
     the gpu ERROR's (docs/health.md "ChestnutActive"). A consumer can so tell a late frame, which the fallback
     answered, from a failing dock; ``launch/controld.py`` names it ``deadlineMissed``. Any other reason is
@@ -652,8 +659,10 @@ def mark_deadline_miss(active: bool, reason: str, serving_primary: bool, miss_wa
         return DEADLINE_MISS + reason
     if missed_frame is not None and reason == f"{Source.FALLBACK.value} serving, not the primary":
         return f"{DEADLINE_MISS}the fallback answered frame {missed_frame}"
-    if reason == HEALTH_NOT_YET_PUBLISHED and previous_reason.startswith(DEADLINE_MISS):
-        return DEADLINE_MISS + reason
+    if reason == HEALTH_NOT_YET_PUBLISHED:
+        for prefix in (DEADLINE_MISS, HOST_LATE):
+            if previous_reason.startswith(prefix):
+                return prefix + reason
     return reason
 
 

@@ -360,6 +360,16 @@ def test_a_failover_another_layer_or_another_gpu_warn_is_not_a_deadline_miss() -
     assert mark_deadline_miss(False, host, True, [MISS], 7, "") == host
 
 
+def test_the_wait_for_chestnut_health_after_a_host_late_frame_stays_the_hosts() -> None:
+    """A launch beside CPU hogs: a host-late frame, then the primary's next frame with every layer OK but not
+    yet published; the control daemon read the bare wait as ``chestnutInactive`` and soft-disabled at once."""
+    host = "host late: the fallback answered frame 1240 (the twin waited 44 ms for a CPU, cpu pressure 66 %)"
+    waiting = "all layers OK again, not yet said by chestnutHealth (at most one health period)"
+    assert mark_deadline_miss(False, waiting, True, [], None, host) == f"host late: {waiting}"
+    assert mark_deadline_miss(False, waiting, True, [], None, f"host late: {waiting}") == f"host late: {waiting}"
+    assert mark_deadline_miss(False, waiting, False, [], None, host) == waiting  # the fallback serves: no longer
+
+
 def test_chestnut_active_needs_the_health_rule_and_a_valid_output() -> None:
     assert active_for_output(True, "all layers OK", True, "") == (True, "all layers OK")
     assert active_for_output(True, "all layers OK", False, "cameraFrame 3: timestampEof is 0") == (
