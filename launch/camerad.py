@@ -43,7 +43,7 @@ import numpy as np
 from chestnut.launch.signals import StopFlag
 from chestnut.msgs.argtypes import MAX_FRAME_RATE_HZ, checked_float, checked_int, frame_rate_hz
 from chestnut.msgs.frames import fill_frame, frame_shape
-from chestnut.msgs.messaging import PubMaster
+from chestnut.msgs.messaging import PubMaster, context
 from chestnut.msgs.services import FRAME_MAX_BYTES, get_service
 from chestnut.msgs.visionipc import INLINE_MAX_BYTES, FrameBufferError, FrameRing
 from chestnut.node.realtime import CAMERA_PRIORITY, add_priority_argument, apply_priority
@@ -108,7 +108,9 @@ def iter_frames(
                             height = frame.height & ~1 if even else frame.height
                             width = frame.width & ~1 if even else frame.width
                         yield frame.to_ndarray(format=pixel_format, width=width, height=height)
-            except (av.error.FFmpegError, IndexError) as e:  # PyAV raises IndexError for a file without video
+            except IndexError as e:  # PyAV's decode(video=0) of a container without a video stream
+                raise ValueError(f"{f} cannot be decoded as video or image: it holds no video stream") from e
+            except av.error.FFmpegError as e:
                 raise ValueError(f"{f} cannot be decoded as video or image: {e or type(e).__name__}") from e
         if n == 0:
             raise ValueError(f"camera source {source} has no video frames")
@@ -386,5 +388,9 @@ def _publish(
             frame_id += 1
         for sock in pm.sock.values():  # deliver the last frame to every subscriber before the socket goes
             sock.close(linger=STOP_LINGER_MS)
+        # a linger holds only while the context is terminated: pyzmq never terminates it at exit (its Context
+        # __del__ skips term() once the interpreter exits), and the frames still queued for a subscriber behind
+        # the stream -- the logger, full-size frames inline -- were dropped with the process
+        context().destroy(linger=STOP_LINGER_MS)
     log.info("camera: sent %d frames, skipped %d ticks", sent, skipped)
     return 0

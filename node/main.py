@@ -356,6 +356,7 @@ class Node:
         self.cfg = cfg
         self.prefix = prefix
         self.stop_requested = False
+        self.stop_reason = "stop requested"  # the stop's reason in nodeState: a signal's, or why start-up failed
         self.starting = True
         self.exit_code = EXIT_OK
         now = time.monotonic_ns()
@@ -502,10 +503,12 @@ class Node:
         try:
             self.contract = declare_contract(self.cfg, self.spec_in.fingerprint)
         except ConfigError as e:
-            log.error("unusable configuration: %s", e)
+            self.stop_reason = f"unusable configuration: {e}"
+            log.error("%s", self.stop_reason)
             return EXIT_CONFIG
         except ContractError as e:
-            log.error("no output contract: %s; %s", e.detail, model_fix(self.cfg.model.path))
+            self.stop_reason = f"no output contract: {e.detail}"
+            log.error("%s; %s", self.stop_reason, model_fix(self.cfg.model.path))
             return EXIT_NO_FALLBACK
         self.contracts = self.contract.outputs
         log.info("output contract %s from the primary model %s: %s (known answer: %s)", self.contract.fingerprint,
@@ -568,6 +571,7 @@ class Node:
         self.fallback = None
         if self.cfg.fallback.required:
             self._feed(Event.FALLBACK_FAILED, why)
+            self.stop_reason = f"no usable fallback: {why}"
             return False
         log.warning("running without a fallback (fallback.required = false): a frame the primary does not answer "
                     "is published not valid")
@@ -626,6 +630,7 @@ class Node:
             self.stop_requested = True
             if t.action is Action.ABORT:
                 self.exit_code = EXIT_NO_FALLBACK
+                self.stop_reason = t.reason
         elif t.action is Action.START_SHADOW:
             self.stale.reset()
             self.miss_run = 0
@@ -1569,6 +1574,9 @@ class Node:
             except _StopDuringStart:
                 log.info("stopped during start-up")
                 return EXIT_OK
+            except Exception as e:  # refused while opening (a publisher busy, a runtime directory): said by the caller
+                self.stop_reason = str(e).partition("\n")[0] or type(e).__name__
+                raise
             if self.stop_requested:  # a signal after the fallback was warm, before the loop: not ready, stopping
                 return EXIT_OK
             self.subscribe_frames()
@@ -1641,7 +1649,7 @@ class Node:
         ``chestnutActive``, ``chestnutHealth`` and ``nodeState`` stopping, the node's last word."""
         self.starting = False
         self.notify.notify("STOPPING=1")
-        self._feed(Event.STOP, "stop requested")
+        self._feed(Event.STOP, self.stop_reason)
         self.looker.close()
         if not hasattr(self, "sm"):  # stopped (or failed) before the sockets were all open
             for sock in ("pm", "frames"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -63,3 +64,30 @@ def test_auto_sends_that_frame_through_the_ring():
     finally:
         cam.kill()
         sock.close(linger=0)
+
+
+def test_frames_queued_for_a_slow_subscriber_reach_it_after_the_camera_stops():
+    """``chestnut launch --transport inline --frames native``: the logger, behind the 7 MB frames, missed the
+    last ones the node answered (a contract violation with no fault), since the camera's linger held only while
+    its ZeroMQ context was terminated, and pyzmq does not terminate it at exit. A subscriber that takes a frame
+    every 100 ms (ZeroMQ holds one for it) gets all six after the camera has sent them and exited."""
+    sock = sub_sock("cameraFrame", timeout_ms=20000, rcvhwm=1)
+    cam = subprocess.Popen(
+        [CHESTNUT, "camera", "--synthetic", "--native", "--transport", "inline", "--frames", "6", "--start-delay", "1",
+         "--rt-priority", "0"],
+        cwd=ROOT,
+    )
+    ids = []
+    try:
+        for _ in range(6):
+            ev = recv_one(sock)
+            assert ev is not None, f"frames {ids}, then none within 20 s"
+            assert len(ev.cameraFrame.data) == 1208 * 1928 * 3
+            ids.append(ev.cameraFrame.frameId)
+            time.sleep(0.1)  # the slow subscriber's pace
+        assert cam.wait(timeout=30) == 0
+    finally:
+        cam.kill()
+        cam.wait()
+        sock.close(linger=0)
+    assert len(ids) == 6 and ids == sorted(set(ids)), ids

@@ -224,3 +224,19 @@ def test_a_source_that_is_a_fifo_is_refused_unopened_and_a_fifo_in_a_folder_is_n
     os.mkfifo(folder / "a.png")
     with pytest.raises(ValueError, match="holds no images"):
         next(iter_frames(folder, None, None))
+
+
+def test_a_source_without_a_video_stream_is_named_so(tmp_path):
+    """An audio-only file (a WAV here) opens, but has no video stream: PyAV's ``decode(video=0)`` raised
+    IndexError, and the line ended in "tuple index out of range"."""
+    import wave
+
+    wav = tmp_path / "sound.wav"
+    with wave.open(str(wav), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes(bytes(1600))
+    with pytest.raises(ValueError) as e:
+        next(iter_frames(wav, None, None))
+    assert str(e.value) == f"{wav} cannot be decoded as video or image: it holds no video stream"

@@ -146,6 +146,12 @@ def test_chestnut_run_with_a_garbage_model_names_the_file_given(tmp_path: Path) 
         "ERROR chestnut.node: no output contract: the primary model declares the output contract and cannot be run "
         f"at model.shape [1, 3, 128, 256]: model file {bad} is not a readable ONNX model: {CORRUPT}; {OWN_FIX}"
     ]
+    # the stop names its cause, not "stop requested" (nodeState's reason says the same)
+    stops = [ln.split(" ", 4)[4] for ln in proc.stderr.splitlines() if "-> stopping on stop" in ln]
+    assert stops == [
+        "starting -> stopping on stop: stop: no output contract: the primary model declares the output contract and "
+        f"cannot be run at model.shape [1, 3, 128, 256]: model file {bad} is not a readable ONNX model: {CORRUPT}"
+    ]
     assert "Traceback" not in proc.stderr
 
 
