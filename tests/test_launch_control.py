@@ -255,6 +255,32 @@ def test_frames_no_node_ever_answered_are_all_missing(tmp_path):
     write_drive(items, tmp_path / "logs")
     s = summarize(tmp_path / "logs", base)
     assert dict(summary_rows(s))["frames in / outputs out"] == "3 / 0  (missing: 3)"
+    assert s["outputs_without_frame"] == 0
+
+
+def test_outputs_whose_frame_the_log_lacks_are_counted_apart(tmp_path):
+    """A logger that lost the camera's last frames: '47 / 63 (missing: 0)' read as if nothing was wrong."""
+    from drivelog import write_drive
+
+    from chestnut.launch.summary import summarize, summary_rows
+
+    base = 10_000 * 10**9
+    items = []
+    for k in range(4):
+        t = base + k * 50 * MS
+        if k < 2:
+            m = new_message("cameraFrame")
+            m.cameraFrame.frameId = k
+            m.logMonoTime = t
+            items.append((t, "cameraFrame", m.to_bytes()))
+        o = new_message("modelOutput")
+        o.modelOutput.frameId = k
+        o.logMonoTime = t + 20 * MS
+        items.append((o.logMonoTime, "modelOutput", o.to_bytes()))
+    write_drive(items, tmp_path / "logs")
+    s = summarize(tmp_path / "logs", base)
+    assert (s["frames_in"], s["outputs"], s["missing_outputs"], s["outputs_without_frame"]) == (2, 4, [], 2)
+    assert dict(summary_rows(s))["frames in / outputs out"] == "2 / 4  (missing: 0; 2 for frames not in the log)"
 
 
 def test_a_host_stall_and_its_catch_up_burst_neither_fail_a_check_nor_soft_disable():
