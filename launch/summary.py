@@ -153,8 +153,7 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
         "frames_in": len(cams),
         "outputs": len(outs),
         "missing_outputs": [f"{s}:{i}" if s else i for s, i in missing],
-        # outputs whose frame the log lacks (a logger that lost the camera's last frames): not the node's miss
-        "outputs_without_frame": sum(1 for f in outs if f not in cams),
+        "outputs_without_frame": sum(1 for f in outs if f not in cams),  # the log lost their frames: no miss
         "by_source": dict(by_source),
         "frame_rate_hz": (len(cams) - 1) / span_s if span_s else 0.0,
         # the node's measure (node/framedrop.py, openpilot modeld's filtered one): at the end, and its largest
@@ -322,11 +321,10 @@ def soft_disable_lines(s: dict[str, Any]) -> list[str]:
 
 def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     """The summary's main table as (label, value) rows, in print order; a new figure is one more row here."""
-    fo, fa = s["first_output_s"], s["first_active_s"]
+    fo, fa, n = s["first_output_s"], s["first_active_s"], s.get("outputs_without_frame")
+    gaps = f"{len(s['missing_outputs'])}" + (f"; {n} for frames not in the log" if n else "")
     return [
-        ("frames in / outputs out", f"{s['frames_in']} / {s['outputs']}  (missing: {len(s['missing_outputs'])}"
-                                    + (f"; {n} for frames not in the log" if (n := s.get("outputs_without_frame"))
-                                       else "") + ")"),
+        ("frames in / outputs out", f"{s['frames_in']} / {s['outputs']}  (missing: {gaps})"),
         ("outputs by source", ", ".join(f"{k} {v}" for k, v in sorted(s["by_source"].items()))),
         ("camera rate", f"{s['frame_rate_hz']:.1f} Hz"),
         ("frame drop at the end / max", _drop_text(s)),
