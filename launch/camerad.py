@@ -386,11 +386,10 @@ def _publish(
             pm.send("cameraFrame", msg)
             sent += 1
             frame_id += 1
-        for sock in pm.sock.values():  # deliver the last frame to every subscriber before the socket goes
-            sock.close(linger=STOP_LINGER_MS)
-        # a linger holds only while the context is terminated: pyzmq never terminates it at exit (its Context
-        # __del__ skips term() once the interpreter exits), and the frames still queued for a subscriber behind
-        # the stream -- the logger, full-size frames inline -- were dropped with the process
+        # deliver the last frames to every subscriber before the sockets go: destroy() closes them with the
+        # linger and terminates the context, which waits it out; a close alone does not, since pyzmq never
+        # terminates the context at exit (its Context __del__ skips it once the interpreter exits), and the
+        # frames still queued for a subscriber behind the stream -- the logger, full-size frames inline -- died
         context().destroy(linger=STOP_LINGER_MS)
     log.info("camera: sent %d frames, skipped %d ticks", sent, skipped)
     return 0

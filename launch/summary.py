@@ -321,7 +321,7 @@ def soft_disable_lines(s: dict[str, Any]) -> list[str]:
 
 def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     """The summary's main table as (label, value) rows, in print order; a new figure is one more row here."""
-    fo, fa, n = s["first_output_s"], s["first_active_s"], s.get("outputs_without_frame")
+    fo, fa, n = s["first_output_s"], s["first_active_s"], s["outputs_without_frame"]
     gaps = f"{len(s['missing_outputs'])}" + (f"; {n} for frames not in the log" if n else "")
     return [
         ("frames in / outputs out", f"{s['frames_in']} / {s['outputs']}  (missing: {gaps})"),
