@@ -183,19 +183,23 @@ def new_message(service: str | None = None, valid: bool = True, size: int | None
 _CHECKED_KINDS = frozenset({"text", "data", "struct", "list", "anyPointer", "interface", "enum"})
 
 
-class _StructPlan:
-    """What to check in a struct: its checked non-union fields and, per union member, the member's check.
+_Check = Callable[[Any, bool], None]
+"""One field's check: ``check(struct_reader, by_view)`` reads the field (resolving its pointer, or its enum)."""
 
-    Each check is ``(field, kind, sub)``: ``field`` the schema's field object (read with pycapnp's
-    ``_get_by_field``, a third of the cost of ``getattr`` by name), ``sub`` a ``_StructPlan`` (struct),
-    ``(element kind, element sub)`` (list), the enumerant count (enum) or None.
+
+class _StructPlan:
+    """What to check in a struct: one check per checked non-union field and, per union member, the member's.
+
+    Each check is a closure made once per schema field (:func:`_field_check`): it reads its field with
+    pycapnp's ``_get_by_field`` (a third of the cost of ``getattr`` by name) and does its kind's check, with
+    no dispatch on the kind per message -- a decode costs the capnp calls and little else.
     """
 
-    __slots__ = ("fields", "union", "display_name")
+    __slots__ = ("checks", "union", "display_name")
 
     def __init__(self) -> None:
-        self.fields: list[tuple[Any, str, Any]] = []
-        self.union: dict[str, list[tuple[Any, str, Any]]] | None = None
+        self.checks: list[_Check] = []
+        self.union: dict[str, list[_Check]] | None = None
         self.display_name = ""
 
 
@@ -210,27 +214,75 @@ def _struct_plan(schema: Any) -> _StructPlan:
         plan = _plans[node_id] = _StructPlan()
         plan.display_name = schema.node.displayName
         fields = schema.fields
-        plan.fields = [c for name in schema.non_union_fields for c in _field_checks(fields[name])]
+        plan.checks = [c for name in schema.non_union_fields for c in _field_checks(fields[name])]
         if schema.union_fields:
             plan.union = {name: _field_checks(fields[name]) for name in schema.union_fields}
     return plan
 
 
-def _field_checks(field: Any) -> list[tuple[Any, str, Any]]:
+def _field_checks(field: Any) -> list[_Check]:
+    """The check of ``field`` (a ``_StructSchema`` field), or none for a scalar that cannot be malformed."""
     if field.proto.which() == "group":
-        return [(field, "struct", _struct_plan(field.schema))]
+        return [_field_check(field, _value_check("struct", _struct_plan(field.schema)))]
     kind = field.proto.slot.type.which()
     if kind not in _CHECKED_KINDS:
         return []
-    if kind == "struct":
-        return [(field, kind, _struct_plan(field.schema))]
-    if kind == "list":
-        return [(field, kind, _list_checks(field.schema, field.proto.slot.type.list.elementType))]
-    if kind == "enum":
-        return [(field, kind, len(field.schema.enumerants))]
     if kind == "data":
-        return [(field, kind, field.proto.name)]
-    return [(field, kind, None)]
+        return [_data_check(field, field.proto.name)]
+    if kind == "struct":
+        sub: Any = _struct_plan(field.schema)
+    elif kind == "list":
+        sub = _list_checks(field.schema, field.proto.slot.type.list.elementType)
+    elif kind == "enum":
+        sub = len(field.schema.enumerants)
+    else:  # text, anyPointer, interface: resolving the pointer is the check
+        def read(reader: Any, by_view: bool) -> None:
+            reader._get_by_field(field)
+        return [read]
+    return [_field_check(field, _value_check(kind, sub))]
+
+
+def _field_check(field: Any, check_value: _Check) -> _Check:
+    def check(reader: Any, by_view: bool) -> None:
+        check_value(reader._get_by_field(field), by_view)
+    return check
+
+
+def _data_check(field: Any, name: str) -> _Check:
+    def check(reader: Any, by_view: bool) -> None:
+        if by_view:
+            _check_data(reader, name)
+        else:
+            reader._get_by_field(field)  # a copy of at most the (small) message: cheaper than the view's upkeep
+    return check
+
+
+def _value_check(kind: str, sub: Any) -> _Check:
+    """The check of one value (a field's or a list element's) of ``kind``: "struct" (``sub`` its plan), "enum"
+    (``sub`` its enumerant count), "list" (``sub`` its ``(element kind, element sub)``) or "leaf"."""
+    if kind == "struct":
+        def check_struct(value: Any, by_view: bool) -> None:
+            _walk_struct(value, sub, by_view)
+        return check_struct
+    if kind == "enum":
+        def check_enum(value: Any, by_view: bool) -> None:
+            if value.raw >= sub:
+                raise _UnknownEnumerant(f"enum value {value.raw} (this schema names {sub})")
+        return check_enum
+    if kind == "list":
+        elem_kind, elem_sub = sub
+        if elem_kind == "leaf":
+            def check_leaves(value: Any, by_view: bool) -> None:
+                for _ in value:  # text/data elements are pointers; scalar elements cost one pass
+                    pass
+            return check_leaves
+        check_elem = _value_check(elem_kind, elem_sub)
+
+        def check_list(value: Any, by_view: bool) -> None:
+            for item in value:
+                check_elem(item, by_view)
+        return check_list
+    raise AssertionError(f"no value check for kind {kind!r}")
 
 
 def _list_checks(list_schema: Any, elem_type: Any) -> tuple[str, Any]:
@@ -262,26 +314,17 @@ def _walk_struct(reader: Any, plan: _StructPlan, by_view: bool) -> str | None:
     Raises ``KjException`` on a bad pointer, :class:`_UnknownEnumerant` on a union discriminant or
     enum value the schema does not name.
     """
-    for field, kind, sub in plan.fields:
-        _walk_field(reader, field, kind, sub, by_view)
+    for check in plan.checks:
+        check(reader, by_view)
     if plan.union is not None:
         try:
             member = reader._which_str()  # which() less its Python wrapper: a fifth of the cost
         except capnp.KjException:
             raise _UnknownEnumerant(f"{plan.display_name}: union discriminant not in this schema") from None
-        for field, kind, sub in plan.union[member]:
-            _walk_field(reader, field, kind, sub, by_view)
+        for check in plan.union[member]:
+            check(reader, by_view)
         return member
     return None
-
-
-def _walk_field(reader: Any, field: Any, kind: str, sub: Any, by_view: bool) -> None:
-    if kind != "data":
-        _walk_value(reader._get_by_field(field), kind, sub, by_view)
-    elif by_view:
-        _check_data(reader, sub)
-    else:
-        reader._get_by_field(field)  # a copy of at most the (small) message: cheaper than the view's upkeep
 
 
 def _data_view_leak() -> int | None:
@@ -331,22 +374,6 @@ def _check_data_by_view(reader: Any, name: str) -> None:
 
 def _check_data_by_copy(reader: Any, name: str) -> None:
     getattr(reader, name)  # a copy
-
-
-def _walk_value(value: Any, kind: str, sub: Any, by_view: bool) -> None:
-    if kind == "struct":
-        _walk_struct(value, sub, by_view)
-    elif kind == "enum":
-        if value.raw >= sub:
-            raise _UnknownEnumerant(f"enum value {value.raw} (this schema names {sub})")
-    elif kind == "list":
-        elem_kind, elem_sub = sub
-        if elem_kind == "leaf":
-            for _ in value:  # text/data elements are pointers; scalar elements cost one pass
-                pass
-        else:
-            for item in value:
-                _walk_value(item, elem_kind, elem_sub, by_view)
 
 
 def log_from_bytes(data: bytes | bytearray | memoryview) -> Any:
