@@ -154,6 +154,9 @@ def declare_contract(cfg: NodeConfig, fingerprint: dict[str, Any] | None) -> Dec
     try:
         model = OrtModel(m.path, name=m.name, input_shapes={m.input: tuple(m.shape)}, threads=1)
     except ModelError as e:
+        if e.reason in ("missing_model", "untrusted_model"):  # the file itself: the line says only that
+            raise ContractError("no_contract", f"the primary model declares the output contract, and its "
+                                               f"{' '.join(e.detail.split())}") from e
         if e.reason != "unknown_input":
             raise ContractError("no_contract", f"the primary model declares the output contract and cannot be run at "
                                                f"model.shape {list(m.shape)}: {' '.join(e.detail.split())}") from e

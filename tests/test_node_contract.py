@@ -210,3 +210,14 @@ def test_the_shipped_configs_ranges_are_defaults_and_a_written_one_is_enforced(t
     assert [(c.name, c.value_range) for c in declare_contract(shipped, None).outputs] == [("prob", None)]
     written = load_config(write_node_config(tmp_path / "node.toml", primary, dock="none"))
     assert written.model.ranges_given and "ranges_given" not in written.to_json()["model"]
+
+
+def test_a_missing_primary_file_is_named_as_missing_not_as_unrunnable(tmp_path: Path) -> None:
+    from chestnut.node.config import DEFAULT_CONFIG
+
+    cfg = load_config(DEFAULT_CONFIG)
+    cfg.model.path = tmp_path / "absent.onnx"
+    with pytest.raises(ContractError) as info:
+        declare_contract(cfg, None)
+    assert info.value.detail == (f"the primary model declares the output contract, and its model file "
+                                 f"{tmp_path / 'absent.onnx'} does not exist")
