@@ -203,6 +203,7 @@ def test_signal_stops_within_5_s_with_the_worker_reaped(tmp_path: Path, tiny_onn
 
 @pytest.mark.parametrize(("toml", "message"), [
     ("[to_json]\nx = 1\n", "unknown section [to_json]"),
+    ("timing = 3\n", "is a section (a table of keys), not the value 3"),
     ("[timing]\nbackoff_initial_s = 5\nbackoff_max_s = 1\n", "timing.backoff_initial_s = 5.0, backoff_max_s = 1.0"),
     ("[timing]\nmiss_run = 0\n", "timing.miss_run = 0; want > 0"),
     ("[timing]\ndeadline_ms = 3000\n", "timing.deadline_ms = 3000.0; want 0 < it < dock.wait_timeout_ms (3000)"),
