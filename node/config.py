@@ -564,12 +564,12 @@ def load_config(path: Path | None) -> NodeConfig:
     sections = {f.name for f in dataclasses.fields(cfg)}
     for name, values in data.items():
         section = getattr(cfg, name) if name in sections else None
-        if section is not None and not isinstance(values, dict):
-            raise ConfigError("config", f"[{name}] in {path} is a section (a table of keys), not the value "
-                                        f"{values!r}")
         if section is None:
             raise ConfigError("config", f"unknown section [{name}] in {path}; known: "
                                         f"{', '.join(f.name for f in dataclasses.fields(cfg))}")
+        if not isinstance(values, dict):
+            raise ConfigError("config", f"[{name}] in {path} is a section (a table of keys), not the value "
+                                        f"{values!r}")
         _apply(section, values, name)
     if Path(path).resolve() == DEFAULT_CONFIG:  # the shipped file's ranges are the defaults' (the PP-OCRv4 detector's)
         cfg.model.ranges_given = False
