@@ -51,7 +51,7 @@ def _package_dir(module: str, wheel: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         raise ModelError("missing_asset", f"the PyPI package {wheel} is not installed; run `bash launch/setup.sh`")
-    return Path(spec.origin).parent
+    return Path(spec.origin).resolve().parent  # one name for a file whatever link (a linked .venv) led to it
 
 
 def ppocr_det_path() -> Path:
