@@ -11,8 +11,9 @@ no one may make us write through a planted symlink:
 - :func:`check_folders_above` is the rule for every folder above an output directory (checked by
   :func:`private_dir` before it creates anything): each must belong to us or root and not be writable by
   group/other unless it has the sticky bit, like ``/tmp`` (1777) -- the rule of the runtime directory's
-  base and of the compile cache's ancestors (``msgs/paths.py`` ``base_problem``). In a folder others may
-  write without the sticky bit, another user could rename or replace what we create in it.
+  base and the folders above it (``msgs/paths.py`` ``changeable_folder``, which walks them) and of the
+  compile cache's ancestors. In a folder others may write without the sticky bit, another user could rename
+  or replace what we create in it.
 - :func:`new_private_dir` creates a fresh directory (a run's own), never an existing one: a name taken by
   a directory of ours gets a ``-2``, ``-3`` ... suffix, a planted symlink or a foreign entry is refused.
 - :func:`write_private` writes a 0600 temp file beside the target (``O_CREAT | O_EXCL | O_NOFOLLOW``,
@@ -34,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Literal
 
-from chestnut.msgs.paths import base_problem
+from chestnut.msgs.paths import changeable_folder
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -100,19 +101,15 @@ def check_folders_above(path: str | os.PathLike[str]) -> None:
     except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop
         why = getattr(e, "strerror", None) or e
         raise OutputDirError(p, f"cannot be resolved ({why})", "give another path") from None
-    uid = os.getuid()
-    for folder in (*reversed(holder.parents), holder):
-        try:
-            st = os.stat(folder)
-        except FileNotFoundError:
-            return  # neither this one nor any below it exists yet: private_dir creates them 0700
-        except OSError as e:
-            raise OutputDirError(folder, f"cannot be examined ({e.strerror})", "give another path") from None
-        problem = base_problem(st, uid)
-        if problem is not None:
-            raise OutputDirError(
-                folder, f"(above {p}) {problem}", "give a path whose folders only you (or root) can change"
-            )
+    try:  # a folder that does not exist ends the walk: private_dir creates it and those below it 0700
+        found = changeable_folder(holder, os.getuid())
+    except OSError as e:
+        raise OutputDirError(e.filename, f"cannot be examined ({e.strerror})", "give another path") from None
+    if found is not None:
+        folder, problem = found
+        raise OutputDirError(
+            folder, f"(above {p}) {problem}", "give a path whose folders only you (or root) can change"
+        )
 
 
 def missing_folder(path: str | os.PathLike[str]) -> str | None:

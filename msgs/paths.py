@@ -8,8 +8,8 @@ else ``$XDG_RUNTIME_DIR``, else the system temp dir; ``<prefix>`` is ``$CHESTNUT
 ZeroMQ binds and connects ``ipc://`` sockets by path, so every directory on that path must be one
 no other user can change:
 
-- ``<base>`` belongs to us or to root, and group/other cannot write to it unless it is sticky
-  (``/tmp``: others may not rename or remove what we own in it);
+- ``<base>`` and every folder above it belong to us or to root, and group/other cannot write to them
+  unless they are sticky (``/tmp``: others may not rename or remove what we own in it);
 - ``chestnut-<uid>/`` and ``<prefix>/`` are real directories (not symlinks), belong to us, and have
   no group/other permission bits at all (mode 0700).
 
@@ -136,6 +136,23 @@ def base_problem(st: os.stat_result, uid: int) -> str | None:
     return None
 
 
+def changeable_folder(holder: Path, uid: int) -> tuple[Path, str] | None:
+    """The first of the folders from ``/`` down to ``holder`` (a real path: symlinks resolved) that another user
+    than ``uid`` could change, with why (:func:`base_problem`); None when none could. The walk ends at the first
+    folder that does not exist (those below it are yet to be made, by us). The rule of ``<base>`` and the folders
+    above it (this module's docstring) and of the folders above an output directory (``msgs/outdir.py``
+    ``check_folders_above``). Raises ``OSError`` (``filename``: the folder) for a folder that cannot be stat'ed."""
+    for folder in (*reversed(holder.parents), holder):
+        try:
+            st = os.stat(folder)
+        except FileNotFoundError:
+            return None
+        problem = base_problem(st, uid)
+        if problem is not None:
+            return folder, problem
+    return None
+
+
 def private_problem(st: os.stat_result, uid: int) -> str | None:
     """Why a directory with status ``st`` cannot be a private runtime directory of ``uid`` (None when it can)."""
     if not stat.S_ISDIR(st.st_mode):
@@ -234,7 +251,8 @@ def runtime_dir(prefix: str | None = None) -> Path:
     """Create (if needed), check and return the private runtime directory ``<base>/chestnut-<uid>/<prefix>``.
 
     Raises :class:`PrefixError` (a ``ValueError``) for a malformed prefix and :class:`RuntimeDirError`
-    (a ``PermissionError``) for a base or directory that breaks the rules of this module's docstring, or one too
+    (a ``PermissionError``) for a base, a folder above it (:func:`changeable_folder`, naming the base and that
+    folder) or a directory that breaks the rules of this module's docstring, or one too
     long for the stack's sockets (:func:`check_socket_room`, checked first: nothing is created then).
     """
     prefix = current_prefix() if prefix is None else check_prefix(prefix)
@@ -251,6 +269,16 @@ def runtime_dir(prefix: str | None = None) -> Path:
         ) from None
     fds = [base_fd]
     try:
+        try:
+            above = changeable_folder(Path(os.path.realpath(base)).parent, uid)
+        except OSError as e:
+            above = (Path(e.filename), f"cannot be examined ({e.strerror})")
+        if above is not None:
+            raise RuntimeDirError(
+                base,
+                f"is under {above[0]}, which {above[1]}",
+                f"point {' / '.join(BASE_ENVS)} at a directory whose folders only you (or root) can change",
+            )
         problem = base_problem(os.fstat(base_fd), uid)
         if problem is not None:
             raise RuntimeDirError(base, problem, f"point {' / '.join(BASE_ENVS)} at a directory of yours")

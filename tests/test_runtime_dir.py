@@ -110,6 +110,67 @@ def test_a_base_others_can_write_is_refused_unless_sticky(base):
     assert runtime_dir("a") == base / f"chestnut-{UID}" / "a"
 
 
+def test_a_base_under_a_folder_others_can_write_is_refused_unless_sticky(base, monkeypatch):
+    """``XDG_RUNTIME_DIR=<a chmod 777 folder>/sub`` was accepted: only the base itself was checked, and another
+    user could rename ``sub`` away and put a directory of theirs in its place."""
+    shared = base / "ww"
+    shared.mkdir(mode=0o700)
+    sub = shared / "sub"
+    sub.mkdir(mode=0o700)
+    shared.chmod(0o777)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(sub))
+    with pytest.raises(RuntimeDirError) as info:
+        runtime_dir("a")
+    assert str(info.value) == (
+        f"runtime directory {sub} is under {shared}, which is writable by group/other without the sticky bit "
+        "(mode 0777); point RUNTIME_DIRECTORY / XDG_RUNTIME_DIR at a directory whose folders only you (or root) "
+        "can change"
+    )
+    assert info.value.path == sub and list(sub.iterdir()) == []
+    shared.chmod(0o1777)  # /tmp's rule: others cannot rename or remove what we own in it
+    assert runtime_dir("a") == sub / f"chestnut-{UID}" / "a"
+
+
+def test_a_base_reached_through_a_symlink_is_judged_by_the_folders_above_its_target(base, monkeypatch):
+    shared = base / "ww"
+    shared.mkdir(mode=0o700)
+    (shared / "sub").mkdir(mode=0o700)
+    shared.chmod(0o777)
+    link = base / "link"
+    link.symlink_to(shared / "sub")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(link))
+    with pytest.raises(RuntimeDirError) as info:
+        runtime_dir("a")
+    assert str(info.value) == (
+        f"runtime directory {link} is under {shared}, which is writable by group/other without the sticky bit "
+        "(mode 0777); point RUNTIME_DIRECTORY / XDG_RUNTIME_DIR at a directory whose folders only you (or root) "
+        "can change"
+    )
+
+
+@pytest.mark.skipif(UID != 0, reason="making a directory of another user needs root")
+def test_a_base_under_a_folder_of_another_user_is_refused(base, monkeypatch):
+    theirs = base / "theirs"
+    theirs.mkdir(mode=0o755)
+    sub = theirs / "sub"
+    sub.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)  # its owner may rename what is in it, whatever its mode
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(sub))
+    with pytest.raises(RuntimeDirError) as info:
+        runtime_dir("a")
+    assert str(info.value) == (
+        f"runtime directory {sub} is under {theirs}, which belongs to uid 65534, not to uid {UID} or root; "
+        "point RUNTIME_DIRECTORY / XDG_RUNTIME_DIR at a directory whose folders only you (or root) can change"
+    )
+    assert list(sub.iterdir()) == []
+
+
+def test_the_usual_bases_and_the_folders_above_them_pass():
+    """``/tmp`` (1777 under a root-owned ``/``) and ``/run/user/<uid>``'s folders (root's, 0755) keep the rule."""
+    assert paths.changeable_folder(Path("/tmp"), UID) is None
+    assert paths.changeable_folder(Path("/run/user"), UID) is None  # a missing one ends the walk: None too
+
+
 def test_systemd_runtime_directory_comes_first(base, tmp_path, monkeypatch):
     svc = base / "svc"
     svc.mkdir(mode=0o700)
