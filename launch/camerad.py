@@ -19,6 +19,10 @@ the skipped ids are never reused, so downstream frame-drop accounting sees real 
 frame waiting for its tick is not sent, and the socket lingers (:data:`STOP_LINGER_MS`) so the last
 frame sent reaches every subscriber: the node and the logger see the same last frame.
 
+A source is sized from its header before any frame is decoded: a video or an image whose frame is over
+:data:`SOURCE_MAX_PIXELS` is refused in one line naming it, its size and the bound (:func:`source_pixels_error`), and
+FFmpeg's own guard (``max_pixels``) stops the decoder near that bound wherever no header tells the size.
+
 Transport (``--transport``): a frame up to ``msgs/visionipc.py`` ``INLINE_MAX_BYTES`` travels inline
 (pixels in ``data``); a bigger one, or every one with ``shm``, is copied into the camera's
 shared-memory ring and only its metadata (``buffer``: session, slot, sequence number) is published
@@ -64,6 +68,17 @@ SYNTHETIC_NATIVE_HW = (1208, 1928)
 ``system/camerad``, its AR0231 / OX03C10 sensors), 3.5 MB a frame in nv12. The one constant of that size: ``chestnut
 launch --frames native --synthetic`` (``launch/frames.py`` ``FrameOptions.frame_hw``) gives it to the camera and to
 the node's ``[model] frame``."""
+SOURCE_MAX_PIXELS = 4 * SYNTHETIC_NATIVE_HW[0] * SYNTHETIC_NATIVE_HW[1]
+"""The most pixels (width x height, 9316096) a source's frame may have: 4x :data:`SYNTHETIC_NATIVE_HW`, the largest
+frame the camera publishes at its own size (openpilot's road camera), so a 4K UHD video (3840x2160, 8294400 px) still
+comes in to be resized; a bgr24 frame at the bound decodes to 28 MB. A bigger one (a 12000x12000 PNG: 432 MB decoded)
+is refused from its header (:func:`source_pixels_error`), and FFmpeg's decoder is held to twice it
+(:data:`_DECODE_GUARD`)."""
+_DECODE_GUARD = {"max_pixels": str(2 * SOURCE_MAX_PIXELS)}
+"""FFmpeg's decompression-bomb guard for the probe in ``av.open`` and the decoder: the codec option ``max_pixels``
+(FFmpeg ``libavcodec/options_table.h``), checked by ``av_image_check_size2`` before a picture is allocated. Twice
+:data:`SOURCE_MAX_PIXELS`, since decoders check the picture they allocate, its width aligned up (``ff_get_buffer``:
+a 4658x2000 PNG, 9316000 px, is checked as 4672x2000); the exact bound is the header's (:func:`source_pixels_error`)."""
 
 
 def iter_frames(
@@ -76,8 +91,9 @@ def iter_frames(
 
     Raises FileNotFoundError for a missing source and ValueError for a folder without images, a source that is
     no regular file (a FIFO, a device: told from its ``stat`` and never opened -- opening a FIFO waits for a
-    writer, forever for a planted one, ``open(2)``) or a file FFmpeg cannot decode. In a folder, only regular
-    files are images.
+    writer, forever for a planted one, ``open(2)``), a file whose frames are over :data:`SOURCE_MAX_PIXELS`
+    (:func:`source_pixels_error`, before its first frame is decoded) or a file FFmpeg cannot decode. In a folder,
+    only regular files are images, each checked as it comes.
     """
     import os
 
@@ -99,8 +115,14 @@ def iter_frames(
     while True:
         n = 0
         for f in files:
+            if why := source_pixels_error(f):  # an image: from its header, before FFmpeg's probe decodes it
+                raise ValueError(why)
             try:
-                with av.open(str(f)) as container:
+                with av.open(str(f), options=_DECODE_GUARD) as container:
+                    codec = container.streams.video[0].codec_context
+                    if why := source_pixels_error(f, codec.width, codec.height):  # a video: its container's header
+                        raise ValueError(why)
+                    codec.options = dict(_DECODE_GUARD)  # the decoder's own context, opened at the first packet
                     for frame in container.decode(video=0):
                         n += 1
                         if height is None or width is None:
@@ -116,6 +138,39 @@ def iter_frames(
             raise ValueError(f"camera source {source} has no video frames")
         if not loop:
             return
+
+
+def source_pixels_error(f: Path, width: int = 0, height: int = 0) -> str | None:
+    """Why ``f`` is refused as a camera source for its frame size, in one line, or None.
+
+    ``width`` x ``height`` (px): its frame size as FFmpeg's probe of its container header found it, checked against
+    :data:`SOURCE_MAX_PIXELS`; 0 x 0 (before it is opened): its image header read by PIL (``Image.open`` reads the
+    header only; PIL's own decompression-bomb guard, ``Image.MAX_IMAGE_PIXELS``, stays as it is, and an image that
+    guard refuses is named so). A file that is no image PIL knows is None here, left to its container's header.
+    """
+    if width * height == 0:
+        import warnings
+
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # over our bound: refused below
+                with Image.open(f) as im:
+                    width, height = im.size
+        except Image.DecompressionBombError as e:  # "Image size (N pixels) exceeds limit of M pixels, ..."
+            return _pixels_line(f, f"an image over PIL's decompression-bomb limit ({str(e).split(', could')[0]})")
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError):  # no image, or a header PIL cannot read
+            return None
+    if width * height <= SOURCE_MAX_PIXELS:
+        return None
+    return _pixels_line(f, f"a frame of {width}x{height} ({width * height} px)")
+
+
+def _pixels_line(f: Path, what: str) -> str:
+    return (f"camera source {f}: {what}; a camera source's frame has at most {SOURCE_MAX_PIXELS} px (4x "
+            f"openpilot's {SYNTHETIC_NATIVE_HW[1]}x{SYNTHETIC_NATIVE_HW[0]} road-camera frame, launch/camerad.py "
+            "SOURCE_MAX_PIXELS); refused from its header, never decoded")
 
 
 def source_size(source: Path, pixel_format: str = "bgr24") -> tuple[int, int]:

@@ -240,3 +240,95 @@ def test_a_source_without_a_video_stream_is_named_so(tmp_path):
     with pytest.raises(ValueError) as e:
         next(iter_frames(wav, None, None))
     assert str(e.value) == f"{wav} cannot be decoded as video or image: it holds no video stream"
+
+
+def _png(path: Path, width: int, height: int, rows: int) -> Path:
+    """A 1-bit grayscale PNG declaring ``width`` x ``height`` whose IDAT holds ``rows`` zero rows, compressed: a
+    12000x12000 one is 18 kB on disk (FFmpeg decoded it to a 432 MB bgr24 frame at ``--native``)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    z = zlib.compressobj(9)
+    row = bytes(1 + (width + 7) // 8)
+    idat = b"".join(z.compress(row) for _ in range(rows)) + z.flush()
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
+                     + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+    return path
+
+
+_BOUND = ("a camera source's frame has at most 9316096 px (4x openpilot's 1928x1208 road-camera frame, "
+          "launch/camerad.py SOURCE_MAX_PIXELS); refused from its header, never decoded")
+
+
+def test_an_image_over_the_source_bound_is_refused_from_its_header(tmp_path, caplog):
+    """``chestnut camera --source big.png`` (12000x12000) was decoded whole before any size check: 992 MB RSS."""
+    from chestnut.launch import camerad
+    from chestnut.launch.cli import main
+
+    assert camerad.SOURCE_MAX_PIXELS == 4 * 1928 * 1208 == 9_316_096
+    big = _png(tmp_path / "big.png", 12000, 12000, 12000)  # whole and valid: it decoded (resized) before
+    with pytest.raises(ValueError) as e:
+        next(iter_frames(big, 128, 256))
+    assert str(e.value) == f"camera source {big}: a frame of 12000x12000 (144000000 px); {_BOUND}"
+    # a header and 1 row of 20000: decoding would fail on the data; PIL's own bomb guard refuses it first
+    bomb = _png(tmp_path / "bomb.png", 20000, 20000, 1)
+    with pytest.raises(ValueError) as e:
+        next(iter_frames(bomb, None, None))
+    assert str(e.value) == (f"camera source {bomb}: an image over PIL's decompression-bomb limit (Image size "
+                            f"(400000000 pixels) exceeds limit of 178956970 pixels); {_BOUND}")
+    caplog.set_level("ERROR")
+    assert main(["camera", "--source", str(big), "--native", "--frames", "1", "--start-delay", "0",
+                 "--rt-priority", "0"]) == 2
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        f"camera source {big}: a frame of 12000x12000 (144000000 px); {_BOUND}"
+    ]
+
+
+def test_at_the_bound_an_image_is_served_and_a_folder_refuses_the_big_one_as_it_comes(tmp_path):
+    """9316096 px is allowed (a 4658x2000 image: its one frame, resized); in a folder the images under the bound
+    are served and the one over it is refused when its turn comes."""
+    edge = _png(tmp_path / "edge.png", 4658, 2000, 2000)
+    assert 4658 * 2000 == 9_316_000 <= 9_316_096
+    assert [f.shape for f in iter_frames(edge, 64, 96, loop=False)] == [(64, 96, 3)]
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    _png(folder / "a.png", 64, 32, 32)
+    big = _png(folder / "b.png", 3200, 3000, 1)  # 9600000 px
+    frames = iter_frames(folder, None, None)
+    assert next(frames).shape == (32, 64, 3)
+    with pytest.raises(ValueError) as e:
+        next(frames)
+    assert str(e.value) == f"camera source {big}: a frame of 3200x3000 (9600000 px); {_BOUND}"
+
+
+def test_a_video_over_the_bound_is_refused_from_its_container_header(monkeypatch):
+    """A video's frame size comes from its container (the traffic video: h264 in mp4, 704x576); with the bound one
+    pixel under it, the video is refused before a frame is decoded."""
+    from chestnut.launch import camerad
+
+    monkeypatch.setattr(camerad, "SOURCE_MAX_PIXELS", 704 * 576 - 1)
+    video = traffic_video_path()
+    with pytest.raises(ValueError) as e:
+        next(iter_frames(video, 128, 256))
+    assert str(e.value) == (
+        f"camera source {video}: a frame of 704x576 (405504 px); a camera source's frame has at most 405503 px (4x "
+        "openpilot's 1928x1208 road-camera frame, launch/camerad.py SOURCE_MAX_PIXELS); refused from its header, "
+        "never decoded"
+    )
+
+
+def test_ffmpegs_decoder_is_held_to_the_guard(monkeypatch):
+    """Where no header tells the size, FFmpeg's ``max_pixels`` stops the decoder: with the guard at 1000 px the
+    traffic video's decoder (704x576) refuses to open, named in the one line of a file FFmpeg cannot decode."""
+    from chestnut.launch import camerad
+
+    assert camerad._DECODE_GUARD == {"max_pixels": "18632192"}
+    monkeypatch.setattr(camerad, "_DECODE_GUARD", {"max_pixels": "1000"})
+    video = traffic_video_path()
+    with pytest.raises(ValueError) as e:
+        next(iter_frames(video, 128, 256))
+    assert str(e.value) == (f"{video} cannot be decoded as video or image: Invalid argument: "
+                            r"""'avcodec_open2("h264", {\'max_pixels\': \'1000\'})' returned 22""")
