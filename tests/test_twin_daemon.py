@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import planted
@@ -246,6 +247,91 @@ def test_malformed_frames_close_only_that_connection(twin):
     twin.ping()
     h = opened(twin)
     assert twin.ctrl_transfer(h, IN, P.REQ_XDATA_READ, P.XDATA_LTSSM, 0, 1) == b"\x00"
+
+
+@pytest.fixture
+def server():
+    """The daemon's server in this process, its connections visible, on the test's socket; stopped at the end."""
+    from chestnut.backend.sim.daemon import TwinServer
+    from chestnut.backend.sim.twin import Twin, TwinConfig
+
+    twin = Twin(TwinConfig(training_delay_s=0.002))
+    srv = TwinServer(twin, socket_path())
+    srv.bind()
+    accept = threading.Thread(target=srv.serve_forever, name="twin-accept")
+    accept.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        accept.join(10)
+        twin.close()
+    eventually(lambda: not srv.connections)  # every client thread ended with its client
+
+
+def connected(path, first: bytes = b"") -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(str(path))
+    s.sendall(first)
+    return s
+
+
+def daemon_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "chestnut.backend.sim.daemon"]
+
+
+def test_a_declared_payload_is_read_as_it_arrives_and_the_daemon_serves_on(server, caplog):
+    """40 connections that each sent a header declaring a big payload and nothing more made the daemon allocate each
+    payload at once (2.5 GB RSS): its buffer now grows with the bytes received, 64 KiB to start, fourfold."""
+    from chestnut.backend.sim.daemon import INITIAL_BUFFER
+
+    caplog.set_level("INFO", logger="chestnut.backend.sim.daemon")
+    assert INITIAL_BUFFER == 65536
+    over = raw_exchange(server.path, W.REQ.pack(0xFFFFFFFF, W.OP_BULK_OUT, 0, 2, 0, 0, 0, 1, 0, 0))
+    detail = b"bad frame: op 7, payload 4294967295, length 0"
+    assert over == W.RSP.pack(len(detail), W.ST_BAD_FRAME, 0) + detail  # over wire.MAX_PAYLOAD: refused, closed
+    assert daemon_lines(caplog) == ["client 1: bad frame (op 7, payload 4294967295); closing"]
+    declared = W.REQ.pack(W.MAX_PAYLOAD, W.OP_BULK_OUT, 0, 2, 0, 0, 0, 1, 0, 0)
+    socks = []
+    try:
+        for _ in range(40):
+            socks.append(connected(server.path, declared + bytes(INITIAL_BUFFER + 1)))
+        eventually(lambda: sorted(len(c.buf) for c in server.connections) == [4 * INITIAL_BUFFER] * 40)
+        with TwinClient() as other:  # served beside them, a payload 4x the first buffer intact
+            h = opened(other)
+            other.claim_interface(h, 0)
+            sram_arm_write(other, h, 1 << 18)
+            data = bytes(range(256)) * 1024
+            assert other.bulk_write(h, P.EP_BULK_OUT, data) == 1 << 18
+            assert sram_read(other, h, 1 << 18) == data
+    finally:
+        for s in socks:
+            s.close()
+    eventually(lambda: not server.connections)
+    assert sorted(daemon_lines(caplog)[1:]) == sorted(
+        f"client {n} went away mid-request (op 7); request discarded" for n in range(2, 42))
+
+
+def test_at_most_64_clients_are_served_and_the_next_waits_for_a_place(server, caplog):
+    from chestnut.backend.sim.daemon import MAX_CONNECTIONS
+
+    caplog.set_level("INFO", logger="chestnut.backend.sim.daemon")
+    assert MAX_CONNECTIONS == 64
+    socks = [connected(server.path) for _ in range(64)]
+    try:
+        eventually(lambda: len(server.connections) == 64)
+        full = "64 clients connected, the most served at once: a new client waits until one closes"
+        assert daemon_lines(caplog) == [full]
+        with TwinClient(reply_timeout_s=0.3) as waiting:  # in the socket's backlog: connected, not served
+            with pytest.raises(TwinNotRunning, match=r"did not answer within 0.3 s"):
+                waiting.ping()
+            socks.pop().close()
+            waiting.ping()  # accepted once a place is free
+            assert len(server.connections) == 64
+            assert daemon_lines(caplog) == [full, full]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def test_bad_admin_requests_and_foreign_handles_are_rejected(twin):

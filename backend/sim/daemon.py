@@ -2,8 +2,11 @@
 
 It owns one :class:`~.twin.Twin` -- so the dock's state (a wedge, a hang, a new address, loaded
 programs) outlives any client, like hardware -- and serves clients over the Unix socket
-``<runtime_dir()>/twin.sock`` with the framing of :mod:`.wire`: a thread per connection, preallocated
-receive buffers, bulk payloads raw after a small header. At that path only nothing or a socket of ours
+``<runtime_dir()>/twin.sock`` with the framing of :mod:`.wire`: a thread per connection, at most
+:data:`MAX_CONNECTIONS` at once, bulk payloads raw after a small header into a receive buffer kept for the
+connection's next request. A payload is read as it arrives: the buffer grows, fourfold, only when the bytes received
+have filled it, so a header that declares a length (up to ``wire.MAX_PAYLOAD``) costs nothing until its bytes come
+(:meth:`_Connection.recv_payload`). At that path only nothing or a socket of ours
 may lie -- a stale one, its daemon gone, is replaced -- as at the publishers' (``msgs/paths.py``
 ``check_socket_path``): a directory, regular file, symlink or another user's socket there is refused in one line,
 exit 2, and kept.
@@ -55,7 +58,12 @@ log = logging.getLogger(__name__)
 
 ACCEPT_POLL_S = 0.2
 PR_SET_TIMERSLACK = 29  # linux/prctl.h
-INITIAL_BUFFER = 1 << 20
+INITIAL_BUFFER = 64 << 10
+"""Bytes of a connection's receive buffer before a payload needs more: a control transfer, an admin request."""
+MAX_CONNECTIONS = 64
+"""Clients served at once: a host's stack holds a few (node, worker, control daemon, ``chestnut twin`` commands, the
+libusb face's clients). At the bound the daemon accepts no more (one WARNING line) until one closes: a new client
+waits in the socket's backlog, as deep (:meth:`TwinServer.bind`), its requests bounded by its own timeouts."""
 
 
 class StopOnSignal:
@@ -145,10 +153,8 @@ class _Connection:
                     self._reply(W.ST_BAD_FRAME, 0, f"bad frame: op {op}, payload {plen}, length {length}".encode())
                     log.warning("client %d: bad frame (op %d, payload %d); closing", self.number, op, plen)
                     return
-                if plen > len(self.buf):
-                    self.buf = bytearray(plen)
-                payload = memoryview(self.buf)[:plen]
-                if not _recv_exact(self.sock, payload):
+                payload = self.recv_payload(plen)
+                if payload is None:
                     log.info("client %d went away mid-request (op %d); request discarded", self.number, op)
                     return
                 status, rvalue, out = self._execute(op, flags, b0, b1, value, index, handle, length, timeout_ms,
@@ -160,6 +166,25 @@ class _Connection:
             for h in self.handles:
                 self.twin.close_handle(h)
             self.sock.close()
+
+    def recv_payload(self, plen: int) -> memoryview | None:
+        """The request's ``plen`` payload bytes (``plen`` <= ``wire.MAX_PAYLOAD``), a view of :attr:`buf`; None if
+        the client closed first. Read as they arrive: when the bytes received fill the buffer it grows to four times
+        its size (at most ``plen``), so the buffer is never larger than :data:`INITIAL_BUFFER` or four times what was
+        received, whichever is more, whatever a header declares; it is kept for the connection's next request.
+        Fourfold rather than twofold: a first big payload on a connection costs fewer zero-filled buffers and
+        copies (64 KiB to 64 MiB in 5 steps, not 10)."""
+        got = 0
+        while True:
+            end = min(plen, len(self.buf))
+            if not _recv_exact(self.sock, memoryview(self.buf)[got:end]):
+                return None
+            got = end
+            if got == plen:
+                return memoryview(self.buf)[:plen]
+            grown = bytearray(min(plen, 4 * len(self.buf)))  # a new one: a view of the old may still be held
+            grown[:got] = memoryview(self.buf)[:got]
+            self.buf = grown
 
     def _reply(self, status: int, value: int, out: bytes | memoryview) -> None:
         hdr = W.RSP.pack(len(out), status, value & 0xFFFFFFFF)
@@ -249,6 +274,9 @@ class TwinServer:
         self._stop = threading.Event()
         self._listener: socket.socket | None = None
         self._count = 0
+        self.connections: set[_Connection] = set()
+        """The connections being served (at most :data:`MAX_CONNECTIONS`)."""
+        self._freed = threading.Condition()  # guards connections; notified when one ends
 
     def bind(self) -> None:
         """Bind the socket. Only nothing or a socket of ours may lie at the path (the publishers' rule,
@@ -269,7 +297,7 @@ class TwinServer:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.bind(str(self.path))
         os.chmod(self.path, 0o600)
-        s.listen(64)
+        s.listen(MAX_CONNECTIONS)
         s.settimeout(ACCEPT_POLL_S)
         self._listener = s
 
@@ -285,6 +313,10 @@ class TwinServer:
         assert self._listener is not None, "bind() first"
         try:
             while not self._stop.is_set():
+                with self._freed:
+                    if len(self.connections) >= MAX_CONNECTIONS:
+                        self._freed.wait(ACCEPT_POLL_S)
+                        continue
                 try:
                     conn, _ = self._listener.accept()
                 except TimeoutError:
@@ -297,10 +329,25 @@ class TwinServer:
                 conn.settimeout(None)
                 self._count += 1
                 c = _Connection(self.twin, conn, self._count)
-                threading.Thread(target=c.serve, name=f"twin-client-{self._count}", daemon=True).start()
+                with self._freed:
+                    self.connections.add(c)
+                    if len(self.connections) == MAX_CONNECTIONS:
+                        log.warning("%d clients connected, the most served at once: a new client waits until one "
+                                    "closes", MAX_CONNECTIONS)
+                threading.Thread(target=self._serve, args=(c,), name=f"twin-client-{self._count}",
+                                 daemon=True).start()
         finally:
             self._listener.close()
             self.path.unlink(missing_ok=True)
+
+    def _serve(self, c: _Connection) -> None:
+        """Serve ``c`` until it ends, then free its place among :attr:`connections`."""
+        try:
+            c.serve()
+        finally:
+            with self._freed:
+                self.connections.discard(c)
+                self._freed.notify()
 
 
 def _tight_timer_slack() -> None:
