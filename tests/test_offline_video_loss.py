@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import zstandard as zstd
 from drivelog import MS, _clock_at, build_drive
 
 from chestnut.launch.cli import main
@@ -180,6 +181,54 @@ def test_a_damaged_video_is_a_damaged_file_and_its_frames_not_replayable(drive, 
         assert len(lost) == 60 and r.damage[0].reason == (
             "frame 0: missing: the log names a video file that is not in the segment directory"
         )
+
+
+def _malformed(data: bytes) -> bytes:
+    """``data`` (a one-segment Event) with its root pointer far past its segment: a framing error, which the reader
+    reports as damage at that place and reads on after (``msgs/logfile.py`` ``SegmentFileReader``)."""
+    import struct
+
+    assert data[:4] == b"\x00\x00\x00\x00"
+    return data[:8] + struct.pack("<Q", (1000 << 2) | (2 << 32) | (1 << 48)) + data[16:]
+
+
+def test_damaged_files_are_counted_as_files_and_a_file_damaged_twice_shows_its_records(drive, tmp_path, capsys):
+    """A log file damaged at two places and a missing video: 2 damaged files holding 3 damage records, which
+    ``chestnut replay`` printed as "3 damaged file(s)"."""
+    from chestnut.node.offline.executor import LocalExecutor
+    from chestnut.node.offline.fleet import TABLE_HEADERS, replay_fleet, replay_rows, row_cells
+    from chestnut.node.offline.replay import VIDEO_DAMAGE_OFFSET, replay
+
+    segs = write_ring_route(tmp_path / "logs", drive, doctor=False)
+    items = [(t, s, ev.as_builder()) for t, s, ev in LogReader(segs[0])]
+    outputs = [i for i, (_, s, _) in enumerate(items) if s == "modelOutput"]
+    (segs[0] / "rlog.zst").unlink()
+    with open(segs[0] / "rlog.zst", "wb") as fh, zstd.ZstdCompressor().stream_writer(fh) as z:
+        for i, (_, _, b) in enumerate(items):
+            z.write(_malformed(b.to_bytes()) if i in outputs[3:5] else b.to_bytes())
+    video = segs[2] / VIDEO_FILE
+    video.unlink()
+    r = replay(tmp_path / "logs", jit_cache=False)
+    rlog = str(segs[0] / "rlog.zst")
+    assert [(d.path, d.offset == VIDEO_DAMAGE_OFFSET) for d in r.damage] == [
+        (rlog, False), (rlog, False), (str(video), True)]
+    assert main(["replay", str(tmp_path / "logs"), "--no-jit-cache", "--report", str(tmp_path / "report")]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    kinds = [f.kind for f in r.not_replayed]
+    assert (kinds.count("not_replayable"), kinds.count("transport_loss")) == (60, 0)
+    assert out.endswith(
+        "0 mismatch(es), 0 model id mismatch(es), 2 damaged file(s) (3 damage records); 60 not replayable, "
+        "0 transport loss"
+    )
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "FAIL: 0 replay mismatch(es), 0 model id mismatch(es), 2 damaged file(s) (3 damage records)</p>" in page
+    ex = LocalExecutor(1)
+    try:
+        (row,) = replay_rows(replay_fleet(tmp_path / "logs", ex, jit_cache=False))
+    finally:
+        ex.close()
+    assert (row.damage, row.damaged_files, row_cells(row)[5]) == (3, 2, "2 (3 records)")
+    assert TABLE_HEADERS[5] == "damaged"
 
 
 # ---------------------------------------------------------------- non-regular files (never opened)

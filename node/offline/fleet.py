@@ -50,7 +50,14 @@ from chestnut.node.offline.replay import (
     plan_tasks,
     resolve_plan,
 )
-from chestnut.node.offline.timeline import FileExtract, Timeline, default_node_config
+from chestnut.node.offline.timeline import (
+    DamageRec,
+    FileExtract,
+    Timeline,
+    damage_count,
+    damaged_files,
+    default_node_config,
+)
 
 MAX_COPIES = 100_000  # chestnut fleet make --copies bound (route ids carry 5 digits at most)
 REPORT_LOGS = 5  # logs given their own full report (plots) under --report, worst first
@@ -290,6 +297,7 @@ class LogRow:
     exec_ms: tuple[float, float] | None  # p50, p99
     age_ms: tuple[float, float] | None
     model_mismatches: int = 0
+    damaged_files: int = 0  # the distinct files of the ``damage`` records
 
     @property
     def problems(self) -> int:
@@ -308,20 +316,23 @@ def log_row(
     mismatches: int = 0,
     violations: int = 0,
     model_mismatches: int = 0,
-    damage: int | None = None,
+    damage: Sequence[DamageRec] | None = None,
 ) -> LogRow:
-    """``damage``: damaged files, when more than the timeline's (replay's damaged videos); else its own."""
+    """``damage``: the log's damage records, when more than the timeline's (replay's: with its damaged videos);
+    else the timeline's own."""
+    damage = tl.damage if damage is None else damage
     return LogRow(
         short_name(log),
         segments,
         len(tl.frames),
         mismatches,
         violations,
-        len(tl.damage) if damage is None else damage,
+        len(damage),
         failovers(tl),
         _p([o.execution_time_s * 1e3 for o in tl.outputs]),
         _p([o.frame_age_s * 1e3 for o in tl.outputs]),
         model_mismatches,
+        damaged_files(damage),
     )
 
 
@@ -334,7 +345,7 @@ def replay_rows(fleet: FleetReplay) -> list[LogRow]:
             len(r.segments),
             mismatches=len(r.mismatches),
             model_mismatches=len(r.model_mismatches),
-            damage=len(r.damage),  # the log files' damage and the damaged videos
+            damage=r.damage,  # the log files' damage and the damaged videos
         )
         for k, r in fleet.logs.items()
     ]
@@ -364,6 +375,7 @@ def totals(rows: Sequence[LogRow], tls: Sequence[Timeline]) -> LogRow:
         _p([o.execution_time_s * 1e3 for o in outs]),
         _p([o.frame_age_s * 1e3 for o in outs]),
         sum(r.model_mismatches for r in rows),
+        sum(r.damaged_files for r in rows),
     )
 
 
@@ -454,7 +466,7 @@ def row_cells(r: LogRow) -> tuple[str, ...]:
         str(r.frames),
         mm,
         str(r.violations),
-        str(r.damage),
+        str(r.damaged_files) + (f" ({r.damage} records)" if r.damage > r.damaged_files else ""),
         _causes(r.failovers),
         _ms(r.exec_ms),
         _ms(r.age_ms),
@@ -550,7 +562,8 @@ def write_fleet_report(
     bad = total.problems > 0 or bool(run.failed) or run.interrupted
     verdict = (
         f"<p class='verdict {'fail' if bad else 'ok'}'>{'FAIL' if bad else 'PASS'}: {total.mismatches} "
-        f"replay mismatch(es), {total.violations} contract violation(s), {total.damage} damaged file(s), "
+        f"replay mismatch(es), {total.violations} contract violation(s), "
+        f"{damage_count(total.damaged_files, total.damage)}, "
         f"{len(run.failed)} failed segment(s){', interrupted' if run.interrupted else ''}</p>"
     )
     parts = [

@@ -55,7 +55,7 @@ from chestnut.node.offline.replay import (
     damage_line,
 )
 from chestnut.node.offline.report import write_report
-from chestnut.node.offline.timeline import SLACK_MS
+from chestnut.node.offline.timeline import SLACK_MS, damage_count, damaged_files
 
 log = logging.getLogger("chestnut.replay")
 
@@ -228,12 +228,12 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"report: {index}")
     mism = sum(len(r.mismatches) for r in fleet.logs.values())
     model_mm = sum(len(r.model_mismatches) for r in fleet.logs.values())
-    damaged = sum(len(r.damage) for r in fleet.logs.values())
-    bad = mism + model_mm + damaged + len(run_.failed)
+    damage = [d for r in fleet.logs.values() for d in r.damage]
+    bad = mism + model_mm + len(damage) + len(run_.failed)
     kinds = [f.kind for r in fleet.logs.values() for f in r.not_replayed]
     console.print(
         f"[{'red' if bad else 'green'}]{mism} mismatch(es), {model_mm} model id mismatch(es), "
-        f"{damaged} damaged file(s)"
+        f"{damage_count(damaged_files(damage), len(damage))}"
         + (f", {len(run_.failed)} failed segment(s)" if run_.failed else "")
         + f"; {kinds.count(KIND_NOT_REPLAYABLE)} not replayable, {kinds.count(KIND_TRANSPORT_LOSS)} transport loss"
         + "[/]"

@@ -48,7 +48,14 @@ import numpy as np
 
 from chestnut.msgs.outdir import private_dir, write_private
 from chestnut.node.offline.contracts import CONTRACTS
-from chestnut.node.offline.timeline import LAYER_NAMES, OutputRec, Timeline, Violation
+from chestnut.node.offline.timeline import (
+    LAYER_NAMES,
+    OutputRec,
+    Timeline,
+    Violation,
+    damage_count,
+    damaged_files,
+)
 
 if TYPE_CHECKING:
     from chestnut.node.offline.replay import ReplayResult
@@ -776,12 +783,13 @@ def write_report(out_dir: Path | str, timeline: Timeline, *, violations: Sequenc
         agreement_html = f"<h2>agreement</h2><p>{html.escape(agreement)}</p>"
     plot_latency(tl, out / "latency.png")
     bad = bool(vs) or (replay is not None and not replay.ok)
+    damage = tl.damage if replay is None else replay.damage  # a replay's: the log files' and its damaged videos
     verdict = ("<p class='verdict fail'>FAIL: " if bad else "<p class='verdict ok'>PASS: ") + html.escape(
         ", ".join(p for p in (
             f"{len(vs)} contract violation(s)" if violations is not None else "",
             f"{len(replay.mismatches)} replay mismatch(es), {len(replay.model_mismatches)} model id mismatch(es)"
             if replay is not None else "",
-            f"{len(tl.damage)} damaged file(s)") if p)) + "</p>"
+            damage_count(damaged_files(damage), len(damage))) if p)) + "</p>"
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>", verdict,
              _clock_line(wall_start or tl.wall_start(), logs, out), "<h2>summary</h2>",

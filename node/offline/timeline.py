@@ -246,6 +246,18 @@ class DamageRec:
     frame_id: int | None
 
 
+def damaged_files(damage: Iterable[DamageRec]) -> int:
+    """How many distinct files ``damage`` names: a log file is reported at each place it is damaged
+    (``msgs/logfile.py`` ``SegmentFileReader``), a damaged video once (``node/offline/replay.py``)."""
+    return len({d.path for d in damage})
+
+
+def damage_count(files: int, records: int) -> str:
+    """The offline tools' verdict words for ``files`` damaged files holding ``records`` damage records:
+    ``"N damaged file(s)"``, and ``"N damaged file(s) (M damage records)"`` where a file holds more than one."""
+    return f"{files} damaged file(s)" + (f" ({records} damage records)" if records > files else "")
+
+
 @dataclass(frozen=True)
 class UnstampedRec:
     """A message logged with ``logMonoTime`` 0, placed at ``t_ns`` (the time of the message before it in
