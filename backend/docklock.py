@@ -56,6 +56,8 @@ from chestnut.backend.errors import UsbLayerError
 LOCK_DEVPREF = "am"  # tinygrad 0.14 USBPCIDevice("AM", ...) -> lock "am_usb:<bus>-<addr>.lock"
 LOCK_CREATE_MODE = 0o600  # ours: private (tinygrad 0.14 flock_acquire creates 0666 under umask 0)
 LOCK_BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0)  # s between attempts of DockLock.acquire, growing
+CMDLINE_MAX_BYTES = 4096  # bound on the read of a holder's /proc/<pid>/cmdline (more than a shown command needs)
+HOLDER_COMMAND_MAX_CHARS = 200  # a holder's command as shown in one line, longer ones cut with "..."
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -145,6 +147,36 @@ def lock_holders(path: Path, proc_locks: Path = Path("/proc/locks")) -> list[int
         if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == dev and parts[4].isdigit():
             pids.append(int(parts[4]))
     return pids
+
+
+def holder_command(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The command line of process ``pid`` as one line: ``/proc/<pid>/cmdline`` (proc(5): the arguments, each
+    ended by a NUL) read up to :data:`CMDLINE_MAX_BYTES`, the arguments joined by spaces, every character that
+    is not printable (a newline in an argument) shown as ``?``, cut to :data:`HOLDER_COMMAND_MAX_CHARS` with
+    ``...``. None when it cannot be read or is empty (a process gone meanwhile, a kernel thread)."""
+    try:
+        with open(proc / str(pid) / "cmdline", "rb") as f:
+            raw = f.read(CMDLINE_MAX_BYTES)
+    except OSError:
+        return None
+    text = " ".join(raw.rstrip(b"\0").decode(errors="replace").split("\0"))
+    text = "".join(c if c.isprintable() else "?" for c in text).strip()
+    if not text:
+        return None
+    if len(text) > HOLDER_COMMAND_MAX_CHARS:
+        text = text[: HOLDER_COMMAND_MAX_CHARS - 3] + "..."
+    return text
+
+
+def describe_holders(path: Path, proc_locks: Path = Path("/proc/locks")) -> str:
+    """Who holds the ``flock`` on ``path``, for one line: ``"pid 1234 (<its command>)"`` per holder
+    (:func:`lock_holders`, :func:`holder_command`; ``"pid 1234"`` alone when its command cannot be read), joined
+    by ``", "``; ``"another process"`` when ``/proc/locks`` names none."""
+    parts = []
+    for pid in lock_holders(path, proc_locks):
+        cmd = holder_command(pid)
+        parts.append(f"pid {pid} ({cmd})" if cmd is not None else f"pid {pid}")
+    return ", ".join(parts) or "another process"
 
 
 class DockLock:

@@ -24,7 +24,10 @@ reason (the typed error's ``reason: detail``) and advice (what a person should d
 
 The USB steps use pyusb (``usb.core.find`` with an optional ``backend=``, so the twin's pyusb face
 works too) and never claim the interface: another process may own the dock, and the bridge's vendor
-requests are device-recipient control transfers that need no claim.
+requests are device-recipient control transfers that need no claim. A qualifier built with ``lock=True``
+(``chestnut probe``) takes the dock's lock (``backend/docklock.py``) in ``usb_ids``, as soon as the dock's
+bus and address are known and before any rung sends the bridge a vendor request: a dock another process
+holds (a serving node) fails ``usb_ids`` with ``lock_held``, naming the holder, and is never reset.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from chestnut.backend import progress
 from chestnut.backend import protocol as P
 from chestnut.backend.bridge import PCI_BAR_MEM_TYPE_64, PCI_BASE_ADDRESS_0, Bridge, LinkTraining
 from chestnut.backend.classify import advice_for, blame_slow_link, classify, link_speed_text
+from chestnut.backend.docklock import DockLock, describe_holders, dock_lock_path
 from chestnut.backend.errors import (
     ChestnutError,
     GpuLayerError,
@@ -330,15 +334,23 @@ class DockQualifier:
     space through the bridge; the real runner opens tinygrad's device, which does that itself);
     None uses :meth:`gpu_arch_via_bridge`. ``reset_gpu``: if the link is already up, switch PCIe
     power off first (0xF3 0) so the GPU starts from reset, as a fresh driver initialisation does;
-    the link then has to train again within the bounded wait. After :meth:`run`, ``dev``,
+    the link then has to train again within the bounded wait. ``lock``: ``usb_ids`` takes the dock's lock
+    (:class:`~chestnut.backend.docklock.DockLock`, one try, no wait) right after it found the dock's bus and
+    address; one another process holds fails the rung as UsbLayerError ``lock_held``, ``"the dock usb:<bus>-
+    <address> is in use by pid <pid> (<command>): it holds the dock's lock file <path>"``
+    (:func:`~chestnut.backend.docklock.describe_holders`), before any vendor request. The lock taken stays
+    in ``dock_lock`` until :meth:`release_lock` or :meth:`release`. After :meth:`run`, ``dev``,
     ``bridge``, ``training``, ``bars`` and ``gpu`` hold what was found.
     """
 
     def __init__(self, dock: UsbDock, config: LadderConfig | None = None,
                  gpu_step: Callable[[DockQualifier], Outcome] | None = None, reset_gpu: bool = False,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 lock: bool = False) -> None:
         self.dock = dock
         self.reset_gpu = reset_gpu
+        self.lock = lock
+        self.dock_lock: DockLock | None = None
         self.config = config or LadderConfig(ctrl_timeout_ms=dock.ctrl_timeout_ms)
         self._gpu_step = gpu_step
         self.clock, self.sleep = clock, sleep
@@ -370,20 +382,44 @@ class DockQualifier:
         return run_steps(self.steps(), report, self.clock, on_step)
 
     def release(self) -> None:
-        """Close pyusb's handle on the dock (never claimed); the qualifier's findings stay readable."""
+        """Close pyusb's handle on the dock (never claimed) and give back the dock's lock if it took it; the
+        qualifier's findings stay readable."""
         if self.dev is not None:
             release_device(self.dev)
         self._bridge = None
+        self.release_lock()
+
+    def release_lock(self) -> None:
+        """Give back the dock's lock taken by ``usb_ids`` (``lock=True``), if held."""
+        if self.dock_lock is not None:
+            self.dock_lock.release()
+            self.dock_lock = None
+
+    def take_lock(self) -> str:
+        """The dock's lock for ``dev`` (kept if already held for its bus and address); its path. Raises
+        UsbLayerError ``lock_held`` naming the holder, or ``lock_unusable`` (:func:`~chestnut.backend.docklock.
+        open_dock_lock`)."""
+        path = dock_lock_path(self.dev.bus, self.dev.address)
+        if self.dock_lock is not None and self.dock_lock.path == path:
+            return str(path)
+        self.release_lock()
+        lock = DockLock(path)
+        if not lock.try_acquire():
+            raise UsbLayerError("lock_held", f"the dock usb:{self.dev.bus}-{self.dev.address} is in use by "
+                                             f"{describe_holders(path)}: it holds the dock's lock file {path}")
+        self.dock_lock = lock
+        return str(path)
 
     def usb_ids(self) -> Outcome:
         self.dev = self.dock.find()
         self._bridge = None
+        locked = f", lock {self.take_lock()} taken" if self.lock else ""
         product = self.dock.product(self.dev)
         where = f"0x{self.dev.idVendor:04X}:0x{self.dev.idProduct:04X} at bus {self.dev.bus} address {self.dev.address}"
         if not product.startswith(P.PRODUCT_PREFIXES):
             raise UsbLayerError("bad_product", f"{where}: product string {product!r} does not start with "
                                                f"{' or '.join(map(repr, P.PRODUCT_PREFIXES))}")
-        return Outcome(StepResult.PASS, f"{where}, product {product!r}")
+        return Outcome(StepResult.PASS, f"{where}, product {product!r}{locked}")
 
     def link_speed(self) -> Outcome:
         mbps = self.dock.speed_mbps(self.dev)

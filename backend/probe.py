@@ -8,10 +8,20 @@
 
 Each rung prints as it is decided: PASS / WARN / FAIL / SKIP, its duration and what was seen; then the
 first failure and what to do about it. A step still running after 2 s (recording the model's fingerprint,
-a rung such as the model's compile) says so every 5 s with its time so far (:class:`Ticker`). Exit
-status: 0 qualified (WARNs allowed), 1 a rung failed,
+a rung such as the model's compile) says so every 5 s with its time so far (:class:`Ticker`).
+
+The probe takes the dock's lock (``backend/docklock.py``, the file tinygrad and a serving node hold) in the
+``usb_ids`` rung, as soon as the dock's bus and address are known and before any rung sends the bridge a vendor
+request or resets the GPU, and holds it to its exit (a node starting meanwhile backs off). A dock another process
+holds is refused: ``usb_ids`` fails with ``lock_held`` (its line, or its entry with ``--json``; the later rungs are
+not run) and one line on stderr names the holder, e.g. ``chestnut probe: the dock usb:3-2 is in use by pid 1234
+(python -m chestnut.node.worker ...): it holds the dock's lock file /tmp/am_usb:3-2.lock; stop it first, then probe
+again``.
+
+Exit status: 0 qualified (WARNs allowed), 1 a rung failed,
 or, against the twin, no twin daemon answers (one line first, how to start it; no ladder), 2 the probe could not run
-(bad arguments, unreadable files, something not a socket of ours at the twin's socket path).
+(bad arguments, unreadable files, something not a socket of ours at the twin's socket path, a dock in use by another
+process).
 """
 
 from __future__ import annotations
@@ -286,6 +296,15 @@ def _record_fingerprint_subprocess(spec: ModelSpec) -> dict[str, Any]:
         return read_fingerprint_file(out)  # the bounded reader of every fingerprint file
 
 
+def dock_in_use(report: LadderReport) -> str | None:
+    """The holder's words when ``usb_ids`` found the dock's lock held by another process (its ``lock_held``:
+    ``backend/ladder.py`` ``DockQualifier.take_lock``), else None."""
+    fail = report.first_failure
+    if fail is None or fail.name != "usb_ids" or fail.reason != "lock_held" or fail.error is None:
+        return None
+    return fail.error.detail
+
+
 def prepare_on_dock(model: Path, fingerprint: Path) -> int:
     """``chestnut probe --real --model MODEL --fingerprint FP`` in a fresh process (tinygrad must be imported
     there with the dock's environment): the full ladder, whose ``model_loaded`` rung compiles the model on
@@ -365,7 +384,7 @@ def run(args: argparse.Namespace) -> int:
     if args.real:
         from chestnut.backend.real_runner import RealRunner
 
-        runner = RealRunner(wait_timeout_ms=args.wait_timeout_ms,
+        runner = RealRunner(wait_timeout_ms=args.wait_timeout_ms, lock_first=True,
                             progress=None if args.json else (lambda line: print(f"       {line}", flush=True)))
     else:
         if (refused := twin_daemon_missing(args.prefix)) is not None:
@@ -374,7 +393,7 @@ def run(args: argparse.Namespace) -> int:
             return code
         from chestnut.backend.twin_runner import TwinRunner
 
-        runner = TwinRunner(args.prefix, wait_timeout_ms=args.wait_timeout_ms)
+        runner = TwinRunner(args.prefix, wait_timeout_ms=args.wait_timeout_ms, lock_first=True)
 
     out = None if args.json else sys.stdout  # progress lines would break the JSON
     if spec is not None:
@@ -416,7 +435,10 @@ def run(args: argparse.Namespace) -> int:
         runner.close()
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
-    else:
+    if (busy := dock_in_use(report)) is not None:
+        print(f"chestnut probe: {busy}; stop it first, then probe again", file=sys.stderr)
+        return 2
+    if not args.json:
         print("identity: " + "; ".join(f"{k} {v}" for k, v in identity.items()))
         print_summary(report, twin=not args.real)
     return 0 if report.passed else 1

@@ -559,7 +559,10 @@ class RealRunner:
     :func:`prepare_environment`). ``usb_backend`` is passed to pyusb for the ladder's USB steps.
     ``jit_cache``: the compile cache (True = :class:`~chestnut.backend.jitcache.JitCache` at its default
     directory, None/False = compile every time); ``progress`` receives the load's phase lines (default:
-    this module's log, INFO).
+    this module's log, INFO). ``lock_first``: the ladder's ``usb_ids`` takes the dock's lock (one try;
+    :class:`~chestnut.backend.ladder.DockQualifier` ``lock``) and holds it until ``gpu_arch`` hands it to
+    tinygrad, which takes it again in this process (``chestnut probe``: a dock another process holds is refused
+    before the LTSSM rung's power-on).
     """
 
     kind = "real"
@@ -573,6 +576,7 @@ class RealRunner:
         usb_backend: Any = None,
         jit_cache: JitCache | None | bool = True,
         progress: Callable[[str], None] | None = None,
+        lock_first: bool = False,
     ) -> None:
         prepare_environment(wait_timeout_ms)
         self.jit_cache = JitCache() if jit_cache is True else (jit_cache or None)
@@ -582,6 +586,7 @@ class RealRunner:
         self.stages = StageClock()  # the last run's copy-in / compute / copy-out (s), for the stage budget
         self.config = config or LadderConfig(wait_timeout_ms=wait_timeout_ms)
         self.lock_timeout_s = lock_timeout_s
+        self.lock_first = lock_first
         self.dock = UsbDock(usb_backend, self.config.ctrl_timeout_ms)
         self.device: Any = None
         self._jit: Any = None
@@ -595,12 +600,14 @@ class RealRunner:
     # ------------------------------------------------------------------ qualification
     def qualify(self, on_step: Callable[[LadderStep], None] | None = None) -> LadderReport:
         """The dock rungs: USB steps and the LTSSM through pyusb (no claim), then ``gpu_arch`` by opening
-        tinygrad's device (firmware cache check, lock with back-off, BARs and GPU init inside tinygrad)."""
-        self._qualifier = DockQualifier(self.dock, self.config, gpu_step=self._gpu_step)
+        tinygrad's device (firmware cache check, lock with back-off, BARs and GPU init inside tinygrad); with
+        ``lock_first``, ``usb_ids`` takes the dock's lock first."""
+        self._qualifier = DockQualifier(self.dock, self.config, gpu_step=self._gpu_step, lock=self.lock_first)
         return self._qualifier.run(on_step=on_step)
 
     def _gpu_step(self, q: DockQualifier) -> Outcome:
         check_firmware_cache()
+        q.release_lock()  # lock_first's: tinygrad opens the file again, and flock(2) would refuse it our lock
         DockLock(dock_lock_path(q.dev.bus, q.dev.address)).wait_free(self.lock_timeout_s)
         self.device = self._open_device(dock_lock_path(q.dev.bus, q.dev.address))
         check_tinygrads_bars(self.device)

@@ -103,7 +103,10 @@ class TwinRunner:
     ``wait_timeout_ms`` bounds every wait of the copy protocol and the queue (default 3000);
     ``load_timeout_ms`` bounds ``OP_LOAD`` (compiling); ``ctrl_timeout_ms`` bounds each control
     transfer of the data path, TLP requests included (tinygrad: 1000 ms, 5000 ms for 0xF0; here
-    one bound, below the wait timeout); ``config`` holds the ladder's bounds.
+    one bound, below the wait timeout); ``config`` holds the ladder's bounds. ``lock_first``: the ladder's
+    ``usb_ids`` takes the dock's lock (one try; :class:`~chestnut.backend.ladder.DockQualifier` ``lock``) and
+    the runner holds it from then on, the data path included (``chestnut probe``: a dock another process
+    holds is never reset); otherwise the lock is taken when the data path opens, with back-off.
     """
 
     kind = "twin"
@@ -119,6 +122,7 @@ class TwinRunner:
         reset_gpu: bool = True,
         config: LadderConfig | None = None,
         copy_protocol: str = "tinygrad",
+        lock_first: bool = False,
     ) -> None:
         from chestnut.backend.sim.client import TwinClient, TwinNotRunning
         from chestnut.backend.sim.pyusb_backend import twin_backend
@@ -132,6 +136,7 @@ class TwinRunner:
         self.ctrl_timeout_ms = ctrl_timeout_ms
         self.lock_timeout_s = lock_timeout_s
         self.reset_gpu = reset_gpu
+        self.lock_first = lock_first
         self.config = config or LadderConfig(wait_timeout_ms=wait_timeout_ms)
         self._TwinClient, self._TwinNotRunning = TwinClient, TwinNotRunning
         self.dock = UsbDock(
@@ -172,9 +177,14 @@ class TwinRunner:
 
     # ------------------------------------------------------------------ qualification
     def qualify(self, on_step: Callable[[LadderStep], None] | None = None) -> LadderReport:
-        """The dock rungs (IDs, speed, stability, LTSSM with GPU reset, BARs + architecture)."""
-        self.qualifier = DockQualifier(self.dock, self.config, reset_gpu=self.reset_gpu)
+        """The dock rungs (IDs, speed, stability, LTSSM with GPU reset, BARs + architecture); with
+        ``lock_first``, ``usb_ids`` takes the dock's lock first."""
+        self.qualifier = DockQualifier(self.dock, self.config, reset_gpu=self.reset_gpu, lock=self.lock_first)
+        if self.lock_first:  # one held already is kept: a second open of the file would not get it
+            self.qualifier.dock_lock = self._lock
         report = self.qualifier.run(on_step=on_step)
+        if self.lock_first:
+            self._lock = self.qualifier.dock_lock
         if report.passed:
             q = self.qualifier
             self._where = (q.dev.bus, q.dev.address)
@@ -202,7 +212,8 @@ class TwinRunner:
 
         assert self._where is not None
         bus, address = self._where
-        self._lock = DockLock(dock_lock_path(bus, address)).acquire(self.lock_timeout_s)
+        if self._lock is None or self._lock.fd is None:  # lock_first: usb_ids took it already
+            self._lock = DockLock(dock_lock_path(bus, address)).acquire(self.lock_timeout_s)
         listed = [d for vid, pid in P.USB_IDS for d, _ in TwinUSB3.list_devices(vid, pid, prefix=self.prefix)]
         dev = next((d for d in listed if (d.bus, d.address) == (bus, address)), None)
         if dev is None:

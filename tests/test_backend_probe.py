@@ -155,3 +155,80 @@ def test_a_model_that_is_a_fifo_says_so_unopened(capsys, tmp_path):
     os.mkfifo(fifo)
     assert main(["probe", "--twin", "--model", str(fifo)]) == 2
     assert capsys.readouterr().err == f"chestnut probe: model {fifo} is a FIFO, not a model file\n"
+
+
+# ------------------------------------------------------------------ the dock's lock (backend/docklock.py)
+HOLD = ("import sys;from chestnut.backend.docklock import *;DockLock(dock_lock_path({bus},{address})).acquire(5);"
+        "print('held',flush=True);sys.stdin.read()")
+
+
+def twin_resets(twin) -> int:
+    """The twin's GPU resets so far: its log's ``PCIe power off: GPU reset`` lines (``backend/sim/twin.py``)."""
+    return twin.daemon.log_path.read_text().count("PCIe power off: GPU reset")
+
+
+def test_with_the_lock_free_the_probe_takes_it_at_usb_ids_runs_every_rung_and_gives_it_back():
+    from chestnut.backend.docklock import dock_lock_path, lock_holders
+
+    with running_twin() as twin:
+        st = twin.status()
+        out = probe("--twin")
+        js = probe("--twin", "--json")
+        resets = twin_resets(twin)
+    path = dock_lock_path(st["usb"]["bus"], st["usb"]["address"])
+    assert (out.returncode, out.stderr) == (0, "")
+    lines = out.stdout.splitlines()
+    assert [line.split()[:2] for line in lines if line.startswith("[")] == [
+        ["[PASS]", "usb_ids"], ["[PASS]", "link_speed"], ["[PASS]", "link_stability"], ["[PASS]", "ltssm"],
+        ["[PASS]", "gpu_arch"]]
+    assert lines[1].endswith(f"0xADD1:0x0001 at bus {st['usb']['bus']} address {st['usb']['address']}, product "
+                             f"'custom ASM2464PD Chestnut', lock {path} taken")
+    assert lines[-1] == "qualified"
+    assert (js.returncode, js.stderr) == (0, "")
+    assert [s["result"] for s in json.loads(js.stdout)] == ["pass"] * 5
+    assert resets == 1  # the second probe found the link up and reset the GPU, as it should on a free dock
+    assert lock_holders(path) == []  # given back at exit
+
+
+def test_a_dock_whose_lock_another_process_holds_is_refused_at_usb_ids_and_never_reset():
+    """A probe beside a serving node ran every rung, the GPU reset among them, and failed the node over."""
+    from chestnut.backend.docklock import dock_lock_path
+
+    with running_twin() as twin:
+        assert probe("--twin").returncode == 0  # the link is up and the BARs assigned, as under a serving node
+        st = twin.status()
+        bus, address = st["usb"]["bus"], st["usb"]["address"]
+        path = dock_lock_path(bus, address)
+        code = HOLD.format(bus=bus, address=address)
+        holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            resets = twin_resets(twin)
+            out = probe("--twin")
+            js = probe("--twin", "--json")
+            after = twin.status()
+            resets_after = twin_resets(twin)
+        finally:
+            assert holder.stdin is not None
+            holder.stdin.close()
+            holder.wait(timeout=10)
+    words = (f"the dock usb:{bus}-{address} is in use by pid {holder.pid} ({sys.executable} -c {code}): it holds "
+             f"the dock's lock file {path}")
+    refusal = f"chestnut probe: {words}; stop it first, then probe again\n"
+    advice = "another process owns the dock; stop it (see `lsof` on the lock file) or wait for it to exit"
+    assert (out.returncode, out.stderr) == (2, refusal)
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3 and lines[0] == f"qualification ladder against the twin (prefix {twin.daemon.prefix})"
+    assert lines[1].startswith("[FAIL] usb_ids         usb ")
+    assert lines[1].endswith(f" ms  UsbLayerError lock_held: {words}")
+    assert lines[2] == f"{'':<44}-> {advice}"
+    assert (js.returncode, js.stderr) == (2, refusal)
+    steps = json.loads(js.stdout)
+    assert [(s["name"], s["result"], s["reason"]) for s in steps] == [
+        ("usb_ids", "fail", "lock_held"), ("link_speed", "skipped", ""), ("link_stability", "skipped", ""),
+        ("ltssm", "skipped", ""), ("gpu_arch", "skipped", "")]
+    assert (steps[0]["detail"], steps[0]["advice"]) == (f"UsbLayerError lock_held: {words}", advice)
+    assert resets_after == resets == 0  # the first probe powered the link on; nothing reset it since
+    assert (after["bridge"], after["pcie"]) == (st["bridge"], st["pcie"])
+    assert (after["bridge"]["pcie_power"], after["bridge"]["ltssm"]) == (True, 0x78)

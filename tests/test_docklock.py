@@ -180,3 +180,28 @@ def test_a_lock_file_of_ours_that_others_may_write_is_refused_and_not_chmodded(t
     )
     assert stat.S_IMODE(path.stat().st_mode) == mode
 
+
+
+def test_a_holder_is_named_by_pid_and_command_in_one_bounded_line(tmp_path):
+    import subprocess
+    import sys
+
+    from chestnut.backend.docklock import HOLDER_COMMAND_MAX_CHARS, describe_holders, holder_command
+
+    path = tmp_path / "am_usb:3-7.lock"
+    code = "import fcntl,os,sys;fcntl.flock(os.open(sys.argv[1],os.O_RDWR|os.O_CREAT),2);print(1,flush=True);input()"
+    holder = subprocess.Popen([sys.executable, "-c", code, str(path), "a\nb", "x" * 300], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "1\n"
+        shown = f"{sys.executable} -c {code} {path} a?b {'x' * 300}"[: HOLDER_COMMAND_MAX_CHARS - 3] + "..."
+        assert HOLDER_COMMAND_MAX_CHARS == 200 and len(shown) == 200
+        assert holder_command(holder.pid) == shown
+        assert describe_holders(path) == f"pid {holder.pid} ({shown})"
+    finally:
+        holder.communicate("\n", timeout=10)
+    assert describe_holders(path) == "another process"  # gone: /proc/locks names nobody
+    (tmp_path / "proc" / "7").mkdir(parents=True)
+    (tmp_path / "proc" / "7" / "cmdline").write_bytes(b"")  # a kernel thread's
+    assert holder_command(7, proc=tmp_path / "proc") is None
+    assert holder_command(8, proc=tmp_path / "proc") is None  # no such process
