@@ -19,6 +19,7 @@ import abc
 import hashlib
 import logging
 import os
+import stat
 import sys
 import threading
 from collections.abc import Callable
@@ -58,21 +59,39 @@ MAX_MODEL_BYTES = 2 << 30
 """The largest model file read (bytes): protobuf's own limit for one serialized ONNX model (2 GiB)."""
 
 
+def untrusted_file(path: Path, st: os.stat_result, what: str) -> str | None:
+    """Why the file ``path`` must not be trusted, as one line with the fix; None when it may. ``st`` is the file's
+    own status (``os.fstat`` of the descriptor it is read from); its folder (``path``'s real parent) is stat'ed
+    here, so ``OSError`` may be raised. ``what`` names the file in the line (``"model"``: "model file ...").
+
+    A file read from outside that decides what the node computes (a model, the node's configuration) is
+    refused -- like the runner code the worker loads (``node/runner_loader.py`` ``trust_refusal``) -- when
+    another user could change it: the file or its folder owned by another user than this one or root, or
+    writable by group or other (a folder with the sticky bit, like ``/tmp``, protects its files from other
+    users)."""
+    uid = os.getuid()
+    folder = path.resolve().parent
+    for kind, where, s_ in (("file", path, st), ("folder", folder, os.stat(folder))):
+        if s_.st_uid not in (uid, 0):
+            return (f"{what} {kind} {where} is owned by uid {s_.st_uid}, not by uid {uid} or root: another user "
+                    f"could change what the node computes (copy it to a folder you own)")
+        sticky_dir = kind == "folder" and s_.st_mode & stat.S_ISVTX
+        if s_.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky_dir:
+            return (f"{what} {kind} {where} is writable by group or other (mode {stat.S_IMODE(s_.st_mode):04o}): "
+                    f"another user could change what the node computes (chmod go-w {where})")
+    return None
+
+
 def read_model_file(path: Path, what: str = "model") -> bytes:
     """The bytes of the ONNX file ``path`` (``what`` names it in errors: "model", "fallback model"), read
     from one descriptor of a regular file (a FIFO or device is never opened: ``msgs/video.py``
     ``open_regular``), at most :data:`MAX_MODEL_BYTES`.
 
-    A model decides what the node publishes, so it is refused -- like the runner code the worker loads
-    (``node/runner_loader.py`` ``trust_refusal``) -- when another user could change it: the file or its folder
-    owned by another user than this one or root, or writable by group or other (a folder with the sticky bit,
-    like ``/tmp``, protects its files from other users). Raises :class:`ModelError` ``missing_model`` (absent,
-    a folder, unreadable, too large) or ``untrusted_model``, one line each with the fix."""
-    import stat
-
+    A model decides what the node publishes, so it is refused when another user could change it
+    (:func:`untrusted_file`). Raises :class:`ModelError` ``missing_model`` (absent, a folder, unreadable, too
+    large) or ``untrusted_model``, one line each with the fix."""
     from chestnut.msgs.video import NotRegularFileError, open_regular
 
-    uid = os.getuid()
     try:
         fd = open_regular(path, follow=True)
     except NotRegularFileError as e:
@@ -85,18 +104,9 @@ def read_model_file(path: Path, what: str = "model") -> bytes:
         raise ModelError("missing_model", f"{what} file {path}: {e.strerror or e}") from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
-        folder = path.resolve().parent
-        fst = os.stat(folder)
-        for kind, where, s_ in (("file", path, st), ("folder", folder, fst)):
-            if s_.st_uid not in (uid, 0):
-                raise ModelError("untrusted_model", f"{what} {kind} {where} is owned by uid {s_.st_uid}, not by uid "
-                                 f"{uid} or root: another user could change what the node computes (copy it to "
-                                 f"a folder you own)")
-            sticky_dir = kind == "folder" and s_.st_mode & stat.S_ISVTX
-            if s_.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky_dir:
-                raise ModelError("untrusted_model", f"{what} {kind} {where} is writable by group or other (mode "
-                                 f"{stat.S_IMODE(s_.st_mode):04o}): another user could change what the node "
-                                 f"computes (chmod go-w {where})")
+        refusal = untrusted_file(path, st, what)
+        if refusal is not None:
+            raise ModelError("untrusted_model", refusal)
         if st.st_size > MAX_MODEL_BYTES:
             raise ModelError("missing_model", f"{what} file {path} is {st.st_size} bytes, over the "
                              f"{MAX_MODEL_BYTES} an ONNX model can be")

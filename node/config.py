@@ -26,6 +26,7 @@ from typing import Any
 
 from chestnut.backend.errors import ConfigError
 from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
+from chestnut.backend.model import untrusted_file
 from chestnut.backend.protocol import WAIT_TIMEOUT_MS
 from chestnut.backend.real_runner import WARM_LOAD_BOUND_S, cached_on_dock
 from chestnut.node.deadline import DEADLINE_ANSWER_MS, DEADLINE_FLOOR_MS, DEADLINE_PERIOD_MS
@@ -524,16 +525,22 @@ def _file_kind(mode: int) -> str:
 def read_config_text(path: Path) -> str:
     """The text of the node configuration file ``path`` (``chestnut run --config``, ``chestnut launch
     --node-config``): a regular file (a FIFO is opened without waiting for a writer, ``O_NONBLOCK``, and refused
-    like a directory or a device), at most :data:`CONFIG_MAX_BYTES`, UTF-8 (TOML's encoding). Raises
-    :class:`ConfigError` with one line naming the file otherwise."""
+    like a directory or a device), at most :data:`CONFIG_MAX_BYTES`, UTF-8 (TOML's encoding). It decides which
+    model runs, so it is refused, as a model file is, when another user could change it: the file or its folder
+    owned by another user than this one or root, or writable by group or other (``backend/model.py``
+    ``untrusted_file``; a folder with the sticky bit is fine). Raises :class:`ConfigError` with one line naming
+    the file otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise ConfigError("config", f"cannot read {path}: {e}") from None
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise ConfigError("config", f"cannot read {path}: {_file_kind(mode)}, not a regular file")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError("config", f"cannot read {path}: {_file_kind(st.st_mode)}, not a regular file")
+        refusal = untrusted_file(path, st, "node configuration")
+        if refusal is not None:
+            raise ConfigError("config", refusal)
         chunks, left = [], CONFIG_MAX_BYTES + 1
         while left > 0 and (chunk := os.read(fd, min(left, 1 << 16))):
             chunks.append(chunk)

@@ -3,6 +3,8 @@ naming the key, rather than failing frame by frame or as an allocation at start.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from chestnut.node.config import MAX_INPUT_ELEMENTS, ConfigError, NodeConfig, validate
@@ -256,3 +258,71 @@ def test_a_config_that_is_not_utf8_is_one_line_and_exit_2(tmp_path):
     assert (r.returncode, len(lines)) == (2, 1), r.stderr
     assert lines[0].split(" ", 2)[2] == f"ERROR chestnut.node: unusable configuration: config: {path} is not valid " \
                                         f"TOML: {why}"
+
+
+def test_a_config_others_can_change_is_refused_as_a_model_file_is(tmp_path):
+    """A 0666 ``--config`` file, or one in a folder anyone may write, was read: it names the model the node runs,
+    so another user could choose it (``backend/model.py`` ``untrusted_file``, the model file's rule)."""
+    from chestnut.node.config import load_config
+
+    folder = tmp_path.resolve() / "cfg"
+    folder.mkdir(mode=0o755)
+    path = folder / "node.toml"
+    path.write_text("[fallback]\nthreads = 1\n")
+    path.chmod(0o666)
+    assert _read_refusal(path) == (
+        f"config: node configuration file {path} is writable by group or other (mode 0666): another user could "
+        f"change what the node computes (chmod go-w {path})"
+    )
+    path.chmod(0o644)  # a git checkout's launch/node.toml
+    assert load_config(path).fallback.threads == 1
+    folder.chmod(0o777)
+    assert _read_refusal(path) == (
+        f"config: node configuration folder {folder} is writable by group or other (mode 0777): another user "
+        f"could change what the node computes (chmod go-w {folder})"
+    )
+    folder.chmod(0o1777)  # sticky, like /tmp: others cannot replace our file in it
+    assert load_config(path).fallback.threads == 1
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="a file of another user needs root to make")
+def test_a_config_of_another_user_is_refused_and_one_of_root_is_not(tmp_path, monkeypatch):
+    from chestnut.node.config import load_config
+
+    folder = tmp_path.resolve() / "cfg"
+    folder.mkdir(mode=0o755)
+    path = folder / "node.toml"
+    path.write_text("[fallback]\nthreads = 1\n")
+    os.chown(path, 65534, 65534)
+    assert _read_refusal(path) == (
+        f"config: node configuration file {path} is owned by uid 65534, not by uid 0 or root: another user could "
+        "change what the node computes (copy it to a folder you own)"
+    )
+    os.chown(path, 0, 0)
+    os.chown(folder, 65534, 65534)
+    assert _read_refusal(path) == (
+        f"config: node configuration folder {folder} is owned by uid 65534, not by uid 0 or root: another user "
+        "could change what the node computes (copy it to a folder you own)"
+    )
+    os.chown(folder, 0, 0)
+    monkeypatch.setattr(os, "getuid", lambda: 4242)  # a service user reading root's 0644 /etc/chestnut/node.toml
+    assert load_config(path).fallback.threads == 1
+
+
+def test_chestnut_run_refuses_a_config_others_can_change_in_one_line_and_exit_2(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path.resolve() / "node.toml"
+    path.write_text("")
+    path.chmod(0o646)
+    chestnut = str(Path(sys.executable).with_name("chestnut"))
+    r = subprocess.run([chestnut, "run", "--dock", "none", "--config", str(path)], capture_output=True, text=True,
+                       timeout=120)
+    lines = r.stderr.splitlines()
+    assert (r.returncode, len(lines)) == (2, 1), r.stderr
+    assert lines[0].split(" ", 2)[2] == (
+        f"ERROR chestnut.node: unusable configuration: config: node configuration file {path} is writable by group "
+        f"or other (mode 0646): another user could change what the node computes (chmod go-w {path})"
+    )
