@@ -34,7 +34,11 @@ directory above, its files checked like an entry's and kept 0600 (``cache.db`` i
 opens it; sqlite gives its journal files the database's mode); where that is refused, tinygrad's disk cache is turned
 off (``CACHELEVEL=0``; the project's signed cache still holds the captured JITs). Every process that runs
 tinygrad code calls it before tinygrad's first compile (``backend/model.py`` ``ensure_cpu_device`` for the
-fallback and the CPU runner, the runners' environments for the worker).
+fallback and the CPU runner, the runners' environments for the worker). A database sqlite calls damaged
+(``SQLITE_NOTADB``, ``SQLITE_CORRUPT``: garbage bytes, a torn write) is a cache's damage, not the model's: it is
+moved aside with sqlite's files beside it (``cache.db.corrupt-<UTC time>``, kept for a look) and tinygrad compiles
+into a fresh one, said in one line -- when this call finds it, or when tinygrad meets it while it compiles
+(:func:`damaged_tinygrad_cache`, ``backend/model.py`` ``OnnxModel``).
 """
 
 from __future__ import annotations
@@ -48,9 +52,11 @@ import os
 import pickle
 import platform
 import shutil
+import sqlite3
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from functools import cache
@@ -102,6 +108,103 @@ def _create_private(dir_fd: int, name: str) -> None:
     os.close(fd)
 
 
+SQLITE_DAMAGE = (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
+"""sqlite's primary result codes of a damaged database (https://sqlite.org/rescode.html: "file is not a database",
+"database disk image is malformed"); a busy, locked or read-only database is none."""
+
+
+def sqlite_damage(e: BaseException | None) -> str | None:
+    """sqlite's own words when ``e``, or an exception it was raised from, is sqlite's report of a damaged database
+    (:data:`SQLITE_DAMAGE`; ``sqlite_errorcode`` is the extended code, its low byte the primary one); else None."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, sqlite3.DatabaseError) and (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF in SQLITE_DAMAGE:
+            return str(e)
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _db_damage(db: Path) -> str | None:
+    """sqlite's words if the database ``db`` is damaged (:func:`sqlite_damage`), read-only: its schema, the first
+    thing tinygrad's ``diskcache_get`` reads through; None when it reads (or fails for another reason, which
+    tinygrad meets and reports itself)."""
+    try:
+        con = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True)
+        try:
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        return sqlite_damage(e)
+    return None
+
+
+def _checked_files(dir_fd: int, root: Path) -> list[tuple[str, os.stat_result]]:
+    """(name, ``lstat``) of each of :data:`TINYGRAD_CACHE_FILES` in the directory ``dir_fd`` (``root``) that exists,
+    once every one is a regular file of this user that others cannot write; raises :class:`CacheRefused` naming the
+    first that is not (a symlink included), OSError if one cannot be stat'ed."""
+    found = []
+    for name in TINYGRAD_CACHE_FILES:
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            raise CacheRefused(f"{root / name} is a symlink")
+        _check_file(root / name, st, private=False)
+        found.append((name, st))
+    return found
+
+
+def _set_aside(root: Path, why: str) -> str:
+    """Move tinygrad's damaged database in ``root`` (checked as :func:`private_tinygrad_cache` checks it) and
+    sqlite's files beside it to ``<name>.corrupt-<UTC time>`` in the same directory (nothing is removed; only
+    files of this user are renamed) and create a fresh empty ``cache.db`` 0600. ``why``: sqlite's words. Returns the
+    line that says so; raises :class:`CacheRefused` or OSError (then nothing was renamed, or not every file)."""
+    stamp = time.strftime("%Y-%m-%d--%H-%M-%S", time.gmtime())  # the run directories' format (launch/rundir.py)
+    real = Path(os.path.realpath(root))
+    fd = JitCache(root)._open_root(create=False)
+    try:
+        for name, _ in _checked_files(fd, root):
+            os.rename(name, f"{name}.corrupt-{stamp}", src_dir_fd=fd, dst_dir_fd=fd)
+        _create_private(fd, TINYGRAD_CACHE_FILES[0])
+    finally:
+        os.close(fd)
+    db = real / TINYGRAD_CACHE_FILES[0]
+    return f"tinygrad's disk cache {db} is damaged ({why}); moved it aside to {db}.corrupt-{stamp} and compiling afresh"
+
+
+def damaged_tinygrad_cache(e: BaseException) -> str | None:
+    """When ``e`` (or an exception it was raised from) is sqlite's report that tinygrad's disk cache is damaged
+    (:func:`sqlite_damage`), what tinygrad met while it compiled: the one line saying so, after tinygrad's
+    connection to the database is closed (``helpers._db_connection``, opened again by the next ``db_connection``)
+    and the database moved aside (:func:`_set_aside`), so the next compile in this process starts a fresh one.
+    A database that is not this user's private one (:func:`tinygrad_cache_dir`), or one that cannot be moved, is
+    left where it is and tinygrad's disk cache turned off (``CACHELEVEL=0``) instead. None for any other error
+    (nothing is done then)."""
+    why = sqlite_damage(e)
+    helpers = sys.modules.get("tinygrad.helpers")
+    if why is None or helpers is None:
+        return None
+    conn = getattr(helpers, "_db_connection")  # noqa: B009 - a module attribute mypy cannot see
+    setattr(helpers, "_db_connection", None)  # noqa: B010
+    getattr(helpers, "_db_tables").clear()  # noqa: B009 - the tables tinygrad created in that database
+    if conn is not None:
+        conn.close()
+    root = tinygrad_cache_dir()
+    db = os.path.realpath(getattr(helpers, "CACHEDB"))  # noqa: B009
+    try:
+        if db != str(Path(os.path.realpath(root)) / TINYGRAD_CACHE_FILES[0]):
+            raise CacheRefused(f"it is not the private one in {root}")
+        return _set_aside(root, why)
+    except (CacheRefused, OSError) as refused:
+        os.environ["CACHELEVEL"] = "0"
+        getattr(helpers, "CACHELEVEL").value = 0  # noqa: B009
+        return (f"tinygrad's disk cache {db} is damaged ({why}) and stays where it is ({refused}); compiling "
+                f"without it (CACHELEVEL=0)")
+
+
 def private_tinygrad_cache(root: Path | None = None, environ: MutableMapping[str, str] | None = None) -> Path | None:
     """Point tinygrad 0.14's disk cache (``helpers.CACHEDB``, read by ``db_connection`` when it first opens the
     database; ``CACHEDB`` in the environment for processes tinygrad starts) at ``root/cache.db`` (default
@@ -109,7 +212,9 @@ def private_tinygrad_cache(root: Path | None = None, environ: MutableMapping[str
     root's and not writable by others unless sticky, ``root`` this user's and not writable by others, each of
     :data:`TINYGRAD_CACHE_FILES` that exists a regular file (no symlink) of this user not writable by others,
     made 0600 if others could read it. ``cache.db`` is created empty and 0600 before tinygrad opens it (sqlite
-    would create it with the umask's mode, 0644, and its journal files with the database's).
+    would create it with the umask's mode, 0644, and its journal files with the database's). Until tinygrad opens
+    it in this process, a database sqlite calls damaged (:func:`sqlite_damage`) is moved aside and a fresh one
+    made (:func:`_set_aside`), said in one WARNING line.
 
     Returns the database path, or None when something is refused or tinygrad already opened another database in
     this process: tinygrad's disk cache is then off (``CACHELEVEL=0``), with one line logged saying why.
@@ -124,14 +229,7 @@ def private_tinygrad_cache(root: Path | None = None, environ: MutableMapping[str
         _tinygrad_cache_off(environ, str(e).replace("the cache directory", "tinygrad's cache directory"))
         return None
     try:
-        for name in TINYGRAD_CACHE_FILES:
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if stat.S_ISLNK(st.st_mode):
-                raise CacheRefused(f"{root / name} is a symlink")
-            _check_file(root / name, st, private=False)
+        for name, st in _checked_files(fd, root):
             if stat.S_IMODE(st.st_mode) & 0o077:  # ours, readable by others (made before it was created 0600)
                 _chmod_private(fd, name)
         _create_private(fd, TINYGRAD_CACHE_FILES[0])  # sqlite gives its -wal, -shm, -journal the database's mode
@@ -140,8 +238,14 @@ def private_tinygrad_cache(root: Path | None = None, environ: MutableMapping[str
         return None
     finally:
         os.close(fd)
-    environ["CACHEDB"] = str(db)
     helpers = sys.modules.get("tinygrad.helpers")
+    if (helpers is None or getattr(helpers, "_db_connection") is None) and (why := _db_damage(db)):  # noqa: B009
+        try:
+            log.warning("%s", _set_aside(root, why))
+        except (CacheRefused, OSError) as e:
+            _tinygrad_cache_off(environ, f"{db} is damaged ({why}) and cannot be moved aside: {e}")
+            return None
+    environ["CACHEDB"] = str(db)
     if helpers is not None:
         opened = getattr(helpers, "CACHEDB")  # noqa: B009 - a module attribute mypy cannot see
         if getattr(helpers, "_db_connection") is not None and os.path.realpath(opened) != str(db):  # noqa: B009

@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from chestnut.backend.errors import ConfigError, ModelError
-from chestnut.backend.jitcache import CacheKey, JitCache, private_tinygrad_cache
+from chestnut.backend.jitcache import CacheKey, JitCache, damaged_tinygrad_cache, private_tinygrad_cache
+from chestnut.msgs.paths import base_problem, lookup_folders
 
 log = logging.getLogger("chestnut.model")
 
@@ -61,14 +62,16 @@ MAX_MODEL_BYTES = 2 << 30
 
 def untrusted_file(path: Path, st: os.stat_result, what: str) -> str | None:
     """Why the file ``path`` must not be trusted, as one line with the fix; None when it may. ``st`` is the file's
-    own status (``os.fstat`` of the descriptor it is read from); its folder (``path``'s real parent) is stat'ed
-    here, so ``OSError`` may be raised. ``what`` names the file in the line (``"model"``: "model file ...").
+    own status (``os.fstat`` of the descriptor it is read from); its folders are stat'ed here, so ``OSError`` may
+    be raised. ``what`` names the file in the line (``"model"``: "model file ...").
 
     A file read from outside that decides what the node computes (a model, the node's configuration) is
     refused -- like the runner code the worker loads (``node/runner_loader.py`` ``trust_refusal``) -- when
     another user could change it: the file or its folder owned by another user than this one or root, or
     writable by group or other (a folder with the sticky bit, like ``/tmp``, protects its files from other
-    users)."""
+    users). The same rule (``msgs/paths.py`` ``base_problem``) holds for every folder the file is reached through
+    (``lookup_folders``: those along ``path`` as given -- a symlink's own folder and the folders above it -- and
+    along each symlink's target): whoever can write one could swap the symlink or a folder below it."""
     uid = os.getuid()
     folder = path.resolve().parent
     for kind, where, s_ in (("file", path, st), ("folder", folder, os.stat(folder))):
@@ -79,6 +82,12 @@ def untrusted_file(path: Path, st: os.stat_result, what: str) -> str | None:
         if s_.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky_dir:
             return (f"{what} {kind} {where} is writable by group or other (mode {stat.S_IMODE(s_.st_mode):04o}): "
                     f"another user could change what the node computes (chmod go-w {where})")
+    for where in lookup_folders(path):
+        fst = os.stat(where)
+        if (problem := base_problem(fst, uid)) is not None:
+            chmod = f"chmod go-w {where}, or " if fst.st_uid in (uid, 0) else ""
+            return (f"{what} file {path} is reached through {where}, which {problem}: another user could change "
+                    f"what the node computes ({chmod}give a path that does not pass through it)")
     return None
 
 
@@ -104,7 +113,10 @@ def read_model_file(path: Path, what: str = "model") -> bytes:
         raise ModelError("missing_model", f"{what} file {path}: {e.strerror or e}") from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
-        refusal = untrusted_file(path, st, what)
+        try:
+            refusal = untrusted_file(path, st, what)
+        except OSError as e:  # a folder on the way changed since the open
+            raise ModelError("missing_model", f"{what} file {path}: {e.strerror or e}") from None
         if refusal is not None:
             raise ModelError("untrusted_model", refusal)
         if st.st_size > MAX_MODEL_BYTES:
@@ -286,6 +298,9 @@ class OnnxModel(_HostModel):
     verified) when the constructor returns; ``progress`` receives one line per build phase.
     Raises :class:`ModelError` for a missing file, an unreadable graph, a non-fixed input shape, or a
     graph tinygrad cannot parse or run, each naming the file (:func:`model_label`, ``what`` its role).
+    tinygrad's disk cache found damaged while the graph is parsed or compiled is no fault of the model: it is moved
+    aside (``backend/jitcache.py`` ``damaged_tinygrad_cache``, one WARNING line) and the model built again once, from
+    the parse; met by a later first :meth:`run`, it is :class:`ModelError` ``cache_damaged`` with that line.
     """
 
     def __init__(
@@ -314,7 +329,7 @@ class OnnxModel(_HostModel):
         self._jit: Any = None
         say = progress or (lambda _msg: None)
         if jit_cache is None:
-            self._build_runner()
+            self._afresh_if_cache_damaged(self._build_runner)
             return
         key = host_cache_key(self.sha256, self.inputs)
         if (hit := jit_cache.load(key)) is not None:
@@ -326,12 +341,7 @@ class OnnxModel(_HostModel):
                 return
             log.warning("compile cache entry %s reproduced a different output; rebuilding", key.digest[:12])
             self._outputs = None
-        say(f"{self.name}: parsing the ONNX graph")
-        self._build_runner()
-        say(f"{self.name}: first run (compiles every kernel; tens of seconds for a real model)")
-        self.run(self.zero_inputs())
-        say(f"{self.name}: capturing the JIT")
-        self.run(self.zero_inputs())
+        self._afresh_if_cache_damaged(lambda: self._compile(say))
         digest = self._verify_digest()
         stored = jit_cache.store(
             key,
@@ -341,6 +351,27 @@ class OnnxModel(_HostModel):
         say(f"{self.name}: compiled and cached ({key.digest[:12]})" if stored is not None else
             f"{self.name}: compiled, not cached (the compile cache was refused: above)")
 
+    def _compile(self, say: Callable[[str], None]) -> None:
+        """Parse the graph, run it once (every kernel compiles) and once more (the JIT captures)."""
+        self._outputs = None
+        say(f"{self.name}: parsing the ONNX graph")
+        self._build_runner()
+        say(f"{self.name}: first run (compiles every kernel; tens of seconds for a real model)")
+        self.run(self.zero_inputs())
+        say(f"{self.name}: capturing the JIT")
+        self.run(self.zero_inputs())
+
+    @staticmethod
+    def _afresh_if_cache_damaged(build: Callable[[], None]) -> None:
+        """``build()``, and once more after a ``cache_damaged`` ModelError (tinygrad's disk cache is fresh then)."""
+        try:
+            build()
+        except ModelError as e:
+            if e.reason != "cache_damaged":
+                raise
+            log.warning("%s", e.detail)
+            build()
+
     def _build_runner(self) -> None:
         from tinygrad import Tensor, TinyJit, dtypes
         from tinygrad.nn.onnx import OnnxRunner
@@ -348,6 +379,8 @@ class OnnxModel(_HostModel):
         try:
             self._runner = OnnxRunner(Tensor(self.onnx_bytes, dtype=dtypes.uint8))
         except Exception as e:  # tinygrad raises plain exceptions for graphs it cannot parse
+            if (damaged := damaged_tinygrad_cache(e)) is not None:
+                raise ModelError("cache_damaged", damaged) from e
             raise ModelError("bad_model", f"tinygrad could not parse {self.label}: {type(e).__name__}: {e}") from e
         self._jit = TinyJit(self._forward)
 
@@ -368,7 +401,8 @@ class OnnxModel(_HostModel):
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once. ``inputs``: name -> array of the declared shape and dtype. Returns name -> a fresh array.
         The first run is where tinygrad meets each node of the graph (``OnnxRunner.__call__``: an operator it does
-        not implement is a ``NotImplementedError`` there): what it raises then is a ModelError naming the file."""
+        not implement is a ``NotImplementedError`` there): what it raises then is a ModelError naming the file, or
+        ``cache_damaged`` when it was tinygrad's disk cache that failed (then moved aside: the next build is fresh)."""
         self.check_inputs(inputs)
         with self._lock:
             try:
@@ -377,6 +411,8 @@ class OnnxModel(_HostModel):
             except Exception as e:  # tinygrad's own: NotImplementedError, AssertionError, ValueError, ...
                 if self._outputs is not None:
                     raise
+                if (damaged := damaged_tinygrad_cache(e)) is not None:
+                    raise ModelError("cache_damaged", damaged) from e
                 raise ModelError("bad_model", f"tinygrad could not run {self.label}: {type(e).__name__}: "
                                               f"{' '.join(str(e).split())}") from e
         if self._outputs is None:

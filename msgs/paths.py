@@ -28,6 +28,7 @@ symlink between the check and the use cannot redirect us.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import stat
@@ -151,6 +152,39 @@ def changeable_folder(holder: Path, uid: int) -> tuple[Path, str] | None:
         if problem is not None:
             return folder, problem
     return None
+
+
+MAXSYMLINKS = 40
+"""Symlinks one lookup follows before it fails with ``ELOOP`` (Linux ``include/linux/namei.h``, path_resolution(7))."""
+
+
+def lookup_folders(path: str | os.PathLike[str]) -> list[Path]:
+    """Every folder in which a name of ``path`` is looked up when it is opened, as real paths (no symlink in them),
+    in the order met, each once: the folders along ``path`` as given (a relative one from the working directory),
+    and, for each symlink met, the folders along its target, followed as the kernel follows them
+    (path_resolution(7)), up to the folder of the file it ends at. A folder in which only ``..`` is looked up is
+    not one (that name cannot be replaced). Whoever can change one of these folders can change what ``path``
+    opens. Raises OSError for a name that cannot be looked up (``ELOOP`` past :data:`MAXSYMLINKS` symlinks)."""
+    given = Path(path)
+    todo = list((given if given.is_absolute() else Path(os.getcwd()) / given).parts[1:])
+    here, folders, links = Path("/"), [], 0
+    while todo:
+        name = todo.pop(0)
+        if name == "..":
+            here = here.parent  # ``here`` is a real path: its parent is the folder ``..`` names
+            continue
+        if here not in folders:
+            folders.append(here)
+        if stat.S_ISLNK(os.lstat(here / name).st_mode):
+            links += 1
+            if links > MAXSYMLINKS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
+            target = Path(os.readlink(here / name))
+            here = Path("/") if target.is_absolute() else here
+            todo[:0] = target.parts[1:] if target.is_absolute() else target.parts
+            continue
+        here = here / name
+    return folders
 
 
 def private_problem(st: os.stat_result, uid: int) -> str | None:

@@ -65,3 +65,63 @@ def test_a_model_another_user_could_change_is_refused_in_one_line(tmp_path, tiny
     with pytest.raises(ModelError, match=r"^missing_model: model file .*models is a folder: give the .onnx file"):
         read_model_file(folder)
     assert os.getuid() == model.stat().st_uid
+
+
+@pytest.mark.parametrize("where", ["the symlink's folder", "a folder above it", "the folder of a linked folder"])
+def test_a_model_reached_through_a_folder_others_may_write_is_refused_in_one_line(tmp_path, tiny_onnx, where):
+    """A model reached through a symlink in a 0777 folder (not sticky) was accepted: only the target's folder was
+    checked, and whoever may write that folder could swap the symlink. Every folder the file is reached through
+    (``msgs/paths.py`` ``lookup_folders``) is held to the rule of its own folder; the same path through private
+    folders is accepted."""
+    import shutil
+
+    from chestnut.backend.errors import ModelError
+    from chestnut.backend.model import read_model_file
+
+    base = tmp_path.resolve()
+    real = base / "real"
+    real.mkdir(mode=0o700)
+    shutil.copy(tiny_onnx, real / "tiny.onnx")
+    shared = base / "shared"
+    holder = shared if where == "the symlink's folder" else shared / "inner"
+    holder.mkdir(parents=True)
+    shared.chmod(0o777)
+    holder.chmod(0o777 if holder == shared else 0o700)
+    if where == "the folder of a linked folder":  # shared/inner -> real: the file itself is no symlink
+        holder.rmdir()
+        holder.symlink_to(real)
+    else:
+        (holder / "tiny.onnx").symlink_to(real / "tiny.onnx")
+    link = holder / "tiny.onnx"
+    with pytest.raises(ModelError) as e:
+        read_model_file(link)
+    assert str(e.value) == (
+        f"untrusted_model: model file {link} is reached through {shared}, which is writable by group/other without "
+        f"the sticky bit (mode 0777): another user could change what the node computes (chmod go-w {shared}, or "
+        "give a path that does not pass through it)")
+    shared.chmod(0o700)
+    assert read_model_file(link) == tiny_onnx.read_bytes()  # a symlink in a private folder
+    shared.chmod(0o1777)  # sticky, like /tmp: others cannot replace our symlink in it
+    assert read_model_file(link) == tiny_onnx.read_bytes()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user takes root")
+def test_a_model_reached_through_another_users_folder_is_refused_in_one_line(tmp_path, tiny_onnx):
+    import shutil
+
+    from chestnut.backend.errors import ModelError
+    from chestnut.backend.model import read_model_file
+
+    base = tmp_path.resolve()
+    (base / "real").mkdir(mode=0o700)
+    shutil.copy(tiny_onnx, base / "real" / "tiny.onnx")
+    theirs = base / "theirs"
+    theirs.mkdir(mode=0o755)
+    link = theirs / "tiny.onnx"
+    link.symlink_to(base / "real" / "tiny.onnx")
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(ModelError) as e:
+        read_model_file(link, "fallback model")
+    assert str(e.value) == (
+        f"untrusted_model: fallback model file {link} is reached through {theirs}, which belongs to uid 65534, not to "
+        "uid 0 or root: another user could change what the node computes (give a path that does not pass through it)")

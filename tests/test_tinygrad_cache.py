@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import sqlite3
 import stat
 import subprocess
@@ -99,6 +100,7 @@ def test_a_payload_planted_in_tinygrads_cache_runs_with_bare_tinygrad_but_not_wh
 
 LOOKUP = """
 import pickle
+import re
 {start}
 from tinygrad.helpers import CACHELEVEL, diskcache_get
 import tinygrad.helpers as h
@@ -208,3 +210,90 @@ def test_the_umask_after_tinygrads_dock_lock_is_the_processs_own(tmp_path: Path,
     assert got["second"] == "Failed to acquire lock file am_usb:9-9"
     assert got["umask"] == ("0027" if guard else "0000")
     assert got["mode"] == ("0600" if guard else "0666")  # the node's lock file is private; tinygrad's own is not
+
+
+KEEP_LOG = """
+import logging
+class Keep(logging.Handler):
+    def emit(self, record):
+        out.setdefault("log", []).append(f"{record.levelname} {record.name}: {record.getMessage()}")
+logging.getLogger("chestnut").addHandler(Keep())
+"""
+
+DAMAGED_AT_START = KEEP_LOG + """
+from pathlib import Path
+from chestnut.backend.jitcache import JitCache, default_cache_dir
+from chestnut.backend.model import OnnxModel, _graph_inputs, host_cache_key
+data = Path(os.environ["TEST_ONNX_PATH"]).read_bytes()
+key = host_cache_key(__import__("hashlib").sha256(data).hexdigest(), _graph_inputs(data, "tiny", {}))
+root = default_cache_dir()
+JitCache(root).store(key, "a JIT", {})
+(root / f"{key.digest}.json").write_bytes(b"not JSON")  # an entry the compile cache refuses: rebuilt by this load
+out["digest"] = key.digest
+out["cache_hit"] = OnnxModel(data, name="tiny", jit_cache=JitCache(root)).cache_hit
+out["refusal"] = JitCache(root).refusal(key)
+"""
+
+GARBAGE = bytes(range(256)) * 16  # 4 KiB of no sqlite database (its header is "SQLite format 3\\0")
+
+
+def _set_aside_line(private: Path) -> tuple[str, Path]:
+    """The line of a database moved aside in ``private``, built from the one name it was moved to."""
+    (aside,) = private.glob("cache.db.corrupt-*")
+    assert re.fullmatch(r"cache\.db\.corrupt-\d{4}-\d\d-\d\d--\d\d-\d\d-\d\d", aside.name), aside.name
+    db = private / "cache.db"
+    return (f"WARNING chestnut.jitcache: tinygrad's disk cache {db} is damaged (file is not a database); moved it "
+            f"aside to {aside} and compiling afresh"), aside
+
+
+def test_a_damaged_tinygrad_cache_is_moved_aside_and_the_model_compiles_afresh(tmp_path: Path, tiny_onnx: Path) -> None:
+    """tinygrad's database overwritten with garbage was ``bad_model: tinygrad could not parse model file ...:
+    DatabaseError: file is not a database`` at every load (the node retried load_failed forever), and a refused
+    entry of the compile cache was never rebuilt. The cache's damage is said in one line naming the file, the
+    garbage kept beside it, and the model compiles (once) into a fresh database and a rebuilt entry."""
+    private = tmp_path / "chestnut" / "tinygrad"
+    private.mkdir(parents=True, mode=0o700)
+    (private / "cache.db").write_bytes(GARBAGE)
+    (private / "cache.db").chmod(0o600)
+    got = child(DAMAGED_AT_START, tmp_path, {"TEST_ONNX_PATH": str(tiny_onnx)})
+    line, aside = _set_aside_line(private)
+    entry = tmp_path / "chestnut" / "jit" / f"{got['digest']}.json"
+    assert got["log"] == [
+        line,
+        f"WARNING chestnut.jitcache: compile cache entry {got['digest']}.pkl refused: {entry} is not JSON; rebuilding",
+    ]
+    assert (got["cache_hit"], got["refusal"]) == (False, None)  # compiled, and its entry rebuilt intact
+    assert aside.read_bytes() == GARBAGE
+    with sqlite3.connect(private / "cache.db") as con:  # the fresh database holds what this compile put there
+        assert con.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0] > 0
+    modes = {p.name: f"{stat.S_IMODE(p.lstat().st_mode):04o}" for p in private.iterdir()}
+    assert set(modes.values()) == {"0600"}, modes
+
+
+DAMAGED_LATER = KEEP_LOG + """
+from pathlib import Path
+from chestnut.backend.model import OnnxModel, ensure_cpu_device
+ensure_cpu_device()
+import tinygrad.helpers as h
+h.db_connection()  # tinygrad opened it intact; the damage comes after (another process, a torn write)
+with open(h.CACHEDB, "r+b") as f:
+    f.write(bytes(range(256)) * 16)
+model = OnnxModel(Path(os.environ["TEST_ONNX_PATH"]))  # parsed (no compile cache: nothing compiled yet)
+out["inputs"] = [s.to_json() for s in model.inputs]
+h.diskcache_put("chestnut_test", "key", 1)
+out["got"] = h.diskcache_get("chestnut_test", "key")
+"""
+
+
+def test_a_tinygrad_cache_damaged_after_tinygrad_opened_it_is_moved_aside_and_the_graph_parsed_again(
+        tmp_path: Path, tiny_onnx: Path) -> None:
+    """The same damage met by tinygrad itself, past the check at start: one line (logged where the model is
+    built), the database moved aside, tinygrad's connection to it closed, and the graph parsed again in the same
+    process into the fresh database."""
+    got = child(DAMAGED_LATER, tmp_path, {"TEST_ONNX_PATH": str(tiny_onnx)})
+    private = tmp_path / "chestnut" / "tinygrad"
+    line, aside = _set_aside_line(private)
+    assert got["log"] == [line.replace("chestnut.jitcache", "chestnut.model")]
+    assert got["inputs"] == [{"name": "x", "shape": [1, 3, 32, 64], "dtype": "float32"}]
+    assert got["got"] == 1
+    assert aside.read_bytes() == GARBAGE
