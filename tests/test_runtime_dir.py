@@ -110,42 +110,45 @@ def test_a_base_others_can_write_is_refused_unless_sticky(base):
     assert runtime_dir("a") == base / f"chestnut-{UID}" / "a"
 
 
-def test_a_base_under_a_folder_others_can_write_is_refused_unless_sticky(base, monkeypatch):
-    """``XDG_RUNTIME_DIR=<a chmod 777 folder>/sub`` was accepted: only the base itself was checked, and another
-    user could rename ``sub`` away and put a directory of theirs in its place."""
+def _sub_of_a_0777_folder(base: Path) -> tuple[Path, Path]:
+    """``base/ww`` (mode 0777, no sticky bit) and the private ``base/ww/sub`` in it."""
     shared = base / "ww"
     shared.mkdir(mode=0o700)
     sub = shared / "sub"
     sub.mkdir(mode=0o700)
     shared.chmod(0o777)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(sub))
-    with pytest.raises(RuntimeDirError) as info:
-        runtime_dir("a")
-    assert str(info.value) == (
-        f"runtime directory {sub} is under {shared}, which is writable by group/other without the sticky bit "
+    return shared, sub
+
+
+def _under_0777_line(given: Path, shared: Path) -> str:
+    return (
+        f"runtime directory {given} is under {shared}, which is writable by group/other without the sticky bit "
         "(mode 0777); point RUNTIME_DIRECTORY / XDG_RUNTIME_DIR at a directory whose folders only you (or root) "
         "can change"
     )
+
+
+def test_a_base_under_a_folder_others_can_write_is_refused_unless_sticky(base, monkeypatch):
+    """``XDG_RUNTIME_DIR=<a chmod 777 folder>/sub`` was accepted: only the base itself was checked, and another
+    user could rename ``sub`` away and put a directory of theirs in its place."""
+    shared, sub = _sub_of_a_0777_folder(base)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(sub))
+    with pytest.raises(RuntimeDirError) as info:
+        runtime_dir("a")
+    assert str(info.value) == _under_0777_line(sub, shared)
     assert info.value.path == sub and list(sub.iterdir()) == []
     shared.chmod(0o1777)  # /tmp's rule: others cannot rename or remove what we own in it
     assert runtime_dir("a") == sub / f"chestnut-{UID}" / "a"
 
 
 def test_a_base_reached_through_a_symlink_is_judged_by_the_folders_above_its_target(base, monkeypatch):
-    shared = base / "ww"
-    shared.mkdir(mode=0o700)
-    (shared / "sub").mkdir(mode=0o700)
-    shared.chmod(0o777)
+    shared, sub = _sub_of_a_0777_folder(base)
     link = base / "link"
-    link.symlink_to(shared / "sub")
+    link.symlink_to(sub)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(link))
     with pytest.raises(RuntimeDirError) as info:
         runtime_dir("a")
-    assert str(info.value) == (
-        f"runtime directory {link} is under {shared}, which is writable by group/other without the sticky bit "
-        "(mode 0777); point RUNTIME_DIRECTORY / XDG_RUNTIME_DIR at a directory whose folders only you (or root) "
-        "can change"
-    )
+    assert str(info.value) == _under_0777_line(link, shared)
 
 
 @pytest.mark.skipif(UID != 0, reason="making a directory of another user needs root")
