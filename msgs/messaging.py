@@ -66,6 +66,7 @@ from chestnut.msgs.submaster import SubMasterChecks
 
 __all__ = [
     "READER_TRAVERSAL_LIMIT_WORDS",
+    "REREADS",
     "REASON_FRAMING",
     "REASON_OVERSIZE",
     "REASON_POINTER",
@@ -82,6 +83,7 @@ __all__ = [
     "SubSocket",
     "UnknownServiceError",
     "check_publishable",
+    "check_reader_max_bytes",
     "context",
     "drain_sock",
     "drain_sock_raw",
@@ -115,7 +117,12 @@ already traversed in full once under ``TRAVERSAL_LIMIT_WORDS``, so this bounds o
 read of a ``Data``/``Text``/list field counts its size again, and a reader over budget raises
 ``capnp.KjException`` on the next read. 16 whole-message re-reads of the largest accepted message
 (~86 reads of a 1920x1080x3 frame's ``data``, ~5400 of a 128x256x3 one); copy big fields once rather
-than re-reading them."""
+than re-reading them. A message whose check can count at most :data:`REREADS` whole-message reads' worth
+of words less than ``TRAVERSAL_LIMIT_WORDS`` (:func:`check_reader_max_bytes`) is returned on its check's reader
+instead, whose budget left is at least :data:`REREADS` whole-message re-reads."""
+
+REREADS = 16
+"""Whole-message re-reads that every reader :func:`log_from_bytes` returns allows at least."""
 
 
 class MalformedMessageError(ValueError):
@@ -381,10 +388,11 @@ def log_from_bytes(data: bytes | bytearray | memoryview) -> Any:
 
     Every pointer and enum of the message is resolved once here, under the bounded traversal limit
     ``schema.TRAVERSAL_LIMIT_WORDS`` (64-bit words), so a returned reader never raises later on a
-    malformed field. The returned reader is a fresh one with the (bounded) budget
-    :data:`READER_TRAVERSAL_LIMIT_WORDS` for re-reads. Zero-copy: it keeps ``data`` alive (``bytes`` or a
-    received ``zmq.Frame`` as given, anything else copied once into ``bytes``), and the check reads
-    ``Data`` fields without copying them.
+    malformed field. The returned reader allows at least :data:`REREADS` whole-message re-reads: a fresh
+    one with the (bounded) budget :data:`READER_TRAVERSAL_LIMIT_WORDS`, or, for a message of a member without
+    lists no longer than :func:`check_reader_max_bytes` of its pointers, the check's own. Zero-copy: it
+    keeps ``data`` alive (``bytes`` or a received ``zmq.Frame`` as given, anything else copied once into
+    ``bytes``), and the check reads ``Data`` fields without copying them.
 
     Raises :class:`MalformedMessageError` with ``reason``: ``oversize`` (more than
     ``schema.MAX_MESSAGE_BYTES`` bytes), ``framing`` (length not a multiple of 8, bad segment table,
@@ -414,7 +422,65 @@ def _decode_event(data: bytes | bytearray | memoryview | zmq.Frame) -> tuple[Any
         raise MalformedMessageError(REASON_UNKNOWN_MEMBER, str(e)) from None
     except (capnp.KjException, ValueError) as e:
         raise MalformedMessageError(REASON_POINTER, _first_line(e)) from None
-    return _reader(buf, READER_TRAVERSAL_LIMIT_WORDS), member or ""  # Event always has a union
+    if member is None:  # Event always has a union
+        member = ""
+    if len(buf) <= _CHECK_READER_MAX_BYTES.get(member, -1):
+        return check, member
+    return _reader(buf, READER_TRAVERSAL_LIMIT_WORDS), member
+
+
+def _pointer_bound(schema: Any, member: str | None = None, open_structs: frozenset[int] = frozenset()) -> int | None:
+    """The most pointers a check of one struct of ``schema`` (a ``_StructSchema``) follows, the struct's own
+    included: 1 + its non-union pointer fields' bounds + its union member's (``member``; None: the largest).
+    ``None`` when the schema does not bound it: a list field (its element count is the message's) or a struct
+    that contains itself."""
+    node_id = schema.node.id
+    if node_id in open_structs:
+        return None
+    inner = open_structs | {node_id}
+    fields = schema.fields
+
+    def field_bound(name: str) -> int | None:
+        field = fields[name]
+        if field.proto.which() == "group":  # inline in its parent: no pointer of its own
+            sub = _pointer_bound(field.schema, None, inner)
+            return None if sub is None else sub - 1
+        kind = field.proto.slot.type.which()
+        if kind == "list":
+            return None
+        if kind == "struct":
+            return _pointer_bound(field.schema, None, inner)
+        return 1 if kind in ("text", "data", "anyPointer", "interface") else 0
+
+    bounds = [field_bound(name) for name in schema.non_union_fields]
+    union = [field_bound(member)] if member is not None else [field_bound(name) for name in schema.union_fields]
+    if None in bounds or None in union:
+        return None
+    return 1 + sum(b for b in bounds if b is not None) + max((b for b in union if b is not None), default=0)
+
+
+_MEMBER_POINTERS = {member: _pointer_bound(log.Event.schema, member) for member in log.Event.schema.union_fields}
+"""Per ``Event`` union member: the most pointers its check follows (None: unbounded by the schema)."""
+
+# What one pointer the check follows can count against the traversal limit, beyond the message's own words
+# (capnp ``WireHelpers``: a far pointer's landing pad; a struct, list or blob is counted by its words, all inside
+# the message's segments; zero-sized list elements, counted a word each, come only with lists, never bounded)
+_POINTER_EXTRA_WORDS = 2
+
+
+def check_reader_max_bytes(pointers: int | None) -> int:
+    """The longest message (bytes) whose check, following at most ``pointers`` pointers, leaves its reader
+    (budget ``TRAVERSAL_LIMIT_WORDS``) :data:`REREADS` whole-message re-reads: ``pointers`` times the most
+    words one can count (the message's words + :data:`_POINTER_EXTRA_WORDS`), ``REREADS + 1`` times, fit the
+    limit. -1 for ``None`` (unbounded: a list field)."""
+    if pointers is None:
+        return -1
+    return (TRAVERSAL_LIMIT_WORDS // (pointers * (REREADS + 1)) - _POINTER_EXTRA_WORDS) * 8 + 7
+
+
+_CHECK_READER_MAX_BYTES = {member: check_reader_max_bytes(n) for member, n in _MEMBER_POINTERS.items()}
+"""Per ``Event`` union member: up to this many bytes :func:`log_from_bytes` returns the check's own reader,
+and makes no second one (a sixth of a small message's decode)."""
 
 
 def _flat_reader_class() -> Any:

@@ -265,6 +265,64 @@ def test_the_amplified_message_is_small_but_exceeds_the_traversal_limit():
         log_from_bytes(data)
 
 
+def test_only_members_without_lists_have_a_pointer_bound_and_a_check_reader_size():
+    assert messaging._MEMBER_POINTERS == {
+        "initData": None, "cameraFrame": 8, "modelOutput": None, "chestnutActive": 3, "chestnutHealth": None,
+        "nodeState": None, "controlState": None, "twinState": None, "twinFault": 5,
+    }
+    # (4 Mi words // (pointers * 17) - 2 extra words) * 8 + 7
+    assert messaging.check_reader_max_bytes(8) == 246711
+    assert messaging.check_reader_max_bytes(3) == 657919
+    assert messaging.check_reader_max_bytes(None) == -1
+
+
+def _frame_of(nbytes: int) -> bytes:
+    """A cameraFrame message of exactly ``nbytes`` bytes (a multiple of 8)."""
+    msg = new_message(CAM)
+    msg.cameraFrame.data = b""
+    empty = len(msg.to_bytes())
+    for less in range(0, 64, 8):  # a big Data goes to a segment of its own: a longer segment table, a far pointer
+        msg = new_message(CAM)
+        msg.cameraFrame.data = bytes(nbytes - empty - less)
+        data = msg.to_bytes()
+        if len(data) == nbytes:
+            return data
+    raise AssertionError(f"no cameraFrame of {nbytes} bytes")
+
+
+@pytest.mark.parametrize(
+    "nbytes, rereads",
+    [
+        (246704, messaging.REREADS),  # the longest cameraFrame read on its check's reader
+        (246712, messaging.REREADS),  # a word longer: a second reader
+        (3_493_600, 40),  # a full 1928x1208 NV12 frame: 40 reads of its data fit the second reader only
+    ],
+)
+def test_a_decoded_frame_allows_the_promised_rereads_on_either_reader(nbytes, rereads):
+    data = _frame_of(nbytes)
+    event = log_from_bytes(data)
+    pixels = len(event.cameraFrame.data)
+    assert nbytes - 160 <= pixels < nbytes - 40
+    for _ in range(rereads):
+        assert event.cameraFrame.data == data[-pixels:]
+        event.to_dict()
+
+
+def test_a_small_message_is_read_on_one_reader_and_a_list_member_on_two(monkeypatch):
+    made = []
+    real = messaging._reader
+    monkeypatch.setattr(messaging, "_reader", lambda buf, limit: made.append(limit) or real(buf, limit))
+    active = new_message("chestnutActive")
+    active.chestnutActive.reason = "all layers OK"
+    assert log_from_bytes(active.to_bytes()).chestnutActive.reason == "all layers OK"
+    assert made == [TRAVERSAL_LIMIT_WORDS]
+    made.clear()
+    control = new_message("controlState")
+    control.controlState.events = ["modelLagging"]
+    assert list(log_from_bytes(control.to_bytes()).controlState.events) == ["modelLagging"]
+    assert made == [TRAVERSAL_LIMIT_WORDS, messaging.READER_TRAVERSAL_LIMIT_WORDS]
+
+
 SAMPLES = [good_frame(3), amplified_message(copies=4, text_bytes=100), MALFORMED["unknown enum value"][0]]
 
 
