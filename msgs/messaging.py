@@ -229,24 +229,32 @@ def _struct_plan(schema: Any) -> _StructPlan:
 
 def _field_checks(field: Any) -> list[_Check]:
     """The check of ``field`` (a ``_StructSchema`` field), or none for a scalar that cannot be malformed."""
-    if field.proto.which() == "group":
-        return [_field_check(field, _value_check("struct", _struct_plan(field.schema)))]
-    kind = field.proto.slot.type.which()
+    kind = "struct" if field.proto.which() == "group" else field.proto.slot.type.which()
     if kind not in _CHECKED_KINDS:
         return []
     if kind == "data":
         return [_data_check(field, field.proto.name)]
-    if kind == "struct":
-        sub: Any = _struct_plan(field.schema)
-    elif kind == "list":
-        sub = _list_checks(field.schema, field.proto.slot.type.list.elementType)
-    elif kind == "enum":
-        sub = len(field.schema.enumerants)
-    else:  # text, anyPointer, interface: resolving the pointer is the check
-        def read(reader: Any, by_view: bool) -> None:
-            reader._get_by_field(field)
-        return [read]
-    return [_field_check(field, _value_check(kind, sub))]
+    if kind == "struct":  # the field's read and its struct's walk in one call (as the enum's below)
+        plan = _struct_plan(field.schema)
+
+        def check_struct(reader: Any, by_view: bool) -> None:
+            _walk_struct(reader._get_by_field(field), plan, by_view)
+        return [check_struct]
+    if kind == "enum":
+        count = len(field.schema.enumerants)
+
+        def check_enum(reader: Any, by_view: bool) -> None:
+            raw = reader._get_by_field(field).raw
+            if raw >= count:
+                raise _UnknownEnumerant(f"enum value {raw} (this schema names {count})")
+        return [check_enum]
+    if kind == "list":
+        return [_field_check(field, _value_check(kind, _list_checks(field.schema,
+                                                                     field.proto.slot.type.list.elementType)))]
+
+    def read(reader: Any, by_view: bool) -> None:  # text, anyPointer, interface: resolving the pointer is the check
+        reader._get_by_field(field)
+    return [read]
 
 
 def _field_check(field: Any, check_value: _Check) -> _Check:
