@@ -49,5 +49,9 @@ ST_BAD_ARGUMENT = 1
 ST_BAD_FRAME = 2
 
 MAX_PAYLOAD = (64 << 20) + 4096
+"""Longest payload (bytes) of one request or reply on the twin's socket, checked before it is read: the longest
+transfer the twin carries, 64 MiB (``twin.py`` ``MAX_STREAM_BYTES``, the 0xF0 stream; ``backend/protocol.py``
+``SDMA_MAX_COPY_BYTES``, one SDMA copy; ``libusb_face.py`` ``MAX_URB_BYTES``), plus one 4 KiB page for the fields
+that travel with it. A chestnut bound on the twin's own socket, not a USB limit."""
 SOCKET_NAME = "twin.sock"
 LOG_NAME = "twin.log"
