@@ -6,8 +6,10 @@ devpref ``"AM"`` and pcibus ``usb:<bus>-<addr>``) takes a non-blocking exclusive
 USB, and never releases it: only process exit does. It opens an existing file ``O_RDWR`` without
 ``O_CREAT`` and creates a missing one 0666 under ``umask(0)``.
 
-The node takes the same lock at the same path before tinygrad does (so a busy dock is a clear,
-backed-off error, not tinygrad's first-try ``RuntimeError``), but opens it more carefully:
+The node takes the same lock at the same path before tinygrad does -- its worker in the qualification ladder's
+first rung, ``usb_ids``, before any rung sends the dock a vendor request (``backend/ladder.py`` ``DockQualifier``
+``lock``), so a dock another process holds is refused, never reset, and a busy dock is a clear error, not
+tinygrad's first-try ``RuntimeError`` -- but opens it more carefully:
 
 - ``O_NOFOLLOW`` always: a planted symlink (say to a file of ours elsewhere) is refused, never
   opened, so nothing outside the lock file is ever touched;
@@ -37,6 +39,12 @@ tinygrad's ``flock_acquire`` also calls ``os.umask(0)`` and leaves it there, so 
 process creates afterwards would be world-writable (tinygrad's compile cache among them), against the unit's
 ``UMask=0077``: :func:`keep_umask_around_tinygrads_lock` makes that call restore the umask the process had, and
 creates a missing lock file first, 0600, so tinygrad opens it rather than making its own 0666 one.
+
+A lock this process already holds through a :class:`DockLock` is handed to tinygrad, not given up first: the
+same wrapper answers tinygrad's ``flock_acquire`` for that file with a ``dup`` of the held descriptor (one open
+file description, so one ``flock``, which tinygrad then keeps for the process's life, as it keeps its own). A
+``flock`` belongs to the open file description, not to the process: tinygrad opening the file again would be
+refused our own lock, and releasing it first would leave a moment in which another process could take the dock.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ LOCK_BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0)  # s between attempts of DockLo
 CMDLINE_MAX_BYTES = 4096  # bound on the read of a holder's /proc/<pid>/cmdline (more than a shown command needs)
 HOLDER_COMMAND_MAX_CHARS = 200  # a holder's command as shown in one line, longer ones cut with "..."
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_HELD: dict[str, DockLock] = {}  # this process's held DockLocks by path: tinygrad's own flock_acquire gets a dup
 
 
 def dock_lock_path(bus: int, address: int) -> Path:
@@ -185,7 +194,9 @@ class DockLock:
     :meth:`acquire` retries for ``timeout_s`` (sleeps :data:`LOCK_BACKOFF_S`, growing), then raises
     UsbLayerError ``lock_held`` naming the lock file and the holding PIDs; a file that cannot be used
     at all raises ``lock_unusable`` at once (:func:`open_dock_lock`). The lock is held until
-    :meth:`release` or process exit (tinygrad itself never releases it).
+    :meth:`release` or process exit (tinygrad itself never releases it). While it is held, tinygrad's own
+    ``flock_acquire`` for the same file in this process shares it (:func:`keep_umask_around_tinygrads_lock`):
+    once tinygrad has it, :meth:`release` closes only this object's descriptor and the lock stays with tinygrad.
     """
 
     def __init__(
@@ -203,6 +214,7 @@ class DockLock:
             os.close(fd)
             return False
         self.fd = fd
+        _HELD[str(self.path)] = self
         return True
 
     def acquire(self, timeout_s: float) -> DockLock:
@@ -223,6 +235,8 @@ class DockLock:
 
     def release(self) -> None:
         if self.fd is not None:
+            if _HELD.get(str(self.path)) is self:
+                del _HELD[str(self.path)]
             os.close(self.fd)
             self.fd = None
 
@@ -232,18 +246,30 @@ class DockLock:
         self.release()
 
 
+def held_dock_lock(path: str | os.PathLike[str]) -> DockLock | None:
+    """The :class:`DockLock` this process holds on the lock file ``path``, or None."""
+    lock = _HELD.get(str(Path(path)))
+    return lock if lock is not None and lock.fd is not None else None
+
+
 def keep_umask_around_tinygrads_lock() -> None:
     """Wrap tinygrad 0.14's ``_System.flock_acquire`` (``runtime/support/system.py``, which sets ``os.umask(0)``
     to create its lock file 0666 and never sets it back) so that the process umask after the call is the one it
     had before, whether the lock was taken or refused, and a missing lock file is created first by
-    :func:`open_dock_lock` (0600), so tinygrad opens ours and creates none. Call before tinygrad opens the dock;
-    idempotent. tinygrad itself is not changed."""
+    :func:`open_dock_lock` (0600), so tinygrad opens ours and creates none. A lock file this process already holds
+    through a :class:`DockLock` (:func:`held_dock_lock`) is not opened again: tinygrad gets a ``dup`` of the held
+    descriptor (the same ``flock``, kept by tinygrad from then on; nothing is released in between). Call before
+    tinygrad opens the dock; idempotent. tinygrad itself is not changed."""
     from tinygrad.runtime.support import system
 
     cls = type(system.System)
     real = getattr(cls.flock_acquire, "_chestnut_real", cls.flock_acquire)
 
     def flock_acquire(self: Any, name: str) -> int:
+        held = held_dock_lock(Path(tempfile.gettempdir()) / name)  # helpers.temp's place
+        if held is not None and held.fd is not None:  # ours already: shared, never released in between
+            self.lock_fd = os.dup(held.fd)  # as tinygrad's own call sets it
+            return int(self.lock_fd)
         before = os.umask(0o077)
         os.umask(before)
         try:  # a missing file is made here, 0600 (tinygrad would make it 0666); tinygrad then opens ours

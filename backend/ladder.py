@@ -25,9 +25,10 @@ reason (the typed error's ``reason: detail``) and advice (what a person should d
 The USB steps use pyusb (``usb.core.find`` with an optional ``backend=``, so the twin's pyusb face
 works too) and never claim the interface: another process may own the dock, and the bridge's vendor
 requests are device-recipient control transfers that need no claim. A qualifier built with ``lock=True``
-(``chestnut probe``) takes the dock's lock (``backend/docklock.py``) in ``usb_ids``, as soon as the dock's
-bus and address are known and before any rung sends the bridge a vendor request: a dock another process
-holds (a serving node) fails ``usb_ids`` with ``lock_held``, naming the holder, and is never reset.
+(the runners' ``lock_first``: the node's worker, ``chestnut probe``, ``chestnut acceptance``) takes the dock's
+lock (``backend/docklock.py``) in ``usb_ids``, as soon as the dock's bus and address are known and before any
+rung sends the bridge a vendor request: a dock another process holds (a serving node, a probe) fails
+``usb_ids`` with ``lock_held``, naming the holder, and is never reset (no 0xF3 power-off or power-on).
 """
 
 from __future__ import annotations
@@ -400,7 +401,7 @@ class DockQualifier:
         UsbLayerError ``lock_held`` naming the holder, or ``lock_unusable`` (:func:`~chestnut.backend.docklock.
         open_dock_lock`)."""
         path = dock_lock_path(self.dev.bus, self.dev.address)
-        if self.dock_lock is not None and self.dock_lock.path == path:
+        if self.dock_lock is not None and self.dock_lock.fd is not None and self.dock_lock.path == path:
             return str(path)
         self.release_lock()
         lock = DockLock(path)

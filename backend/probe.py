@@ -12,7 +12,8 @@ a rung such as the model's compile) says so every 5 s with its time so far (:cla
 
 The probe takes the dock's lock (``backend/docklock.py``, the file tinygrad and a serving node hold) in the
 ``usb_ids`` rung, as soon as the dock's bus and address are known and before any rung sends the bridge a vendor
-request or resets the GPU, and holds it to its exit (a node starting meanwhile backs off). A dock another process
+request or resets the GPU, and holds it to its exit (a node starting meanwhile is refused at its own ``usb_ids``,
+``load_failed (usb): lock_held``, and backs off without touching the dock). A dock another process
 holds is refused: ``usb_ids`` fails with ``lock_held`` (its line, or its entry with ``--json``; the later rungs are
 not run) and one line on stderr names the holder, e.g. ``chestnut probe: the dock usb:3-2 is in use by pid 1234
 (python -m chestnut.node.worker ...): it holds the dock's lock file /tmp/am_usb:3-2.lock; stop it first, then probe

@@ -15,7 +15,9 @@ What it adds around tinygrad (``docs/protocol.md``; tinygrad 0.14 ``runtime/ops_
 - **The device lock.** tinygrad takes a non-blocking ``flock`` on ``<tmpdir>/am_usb:<bus>-<addr>.lock``
   and never releases it. :class:`~chestnut.backend.docklock.DockLock` opens it safely (no symlink, no
   chmod), waits for it with back-off and then names the lock file and the process holding it,
-  instead of failing on the first try.
+  instead of failing on the first try. With ``lock_first`` (the node's worker, ``chestnut probe``,
+  ``chestnut acceptance``) the ladder's ``usb_ids`` takes it before any rung touches the dock, and tinygrad
+  is handed that same lock when it opens the device (``backend/docklock.py``): it is never let go in between.
 - **Clear errors.** Every tinygrad failure is classified (:mod:`chestnut.backend.classify`); no dock is
   "no Chestnut dock found", never an ``ExceptionGroup``; a link that is not at LTSSM 0x78 is a PCIe
   error. The ladder's dock steps run through pyusb before tinygrad opens the device, and the LTSSM
@@ -560,9 +562,12 @@ class RealRunner:
     ``jit_cache``: the compile cache (True = :class:`~chestnut.backend.jitcache.JitCache` at its default
     directory, None/False = compile every time); ``progress`` receives the load's phase lines (default:
     this module's log, INFO). ``lock_first``: the ladder's ``usb_ids`` takes the dock's lock (one try;
-    :class:`~chestnut.backend.ladder.DockQualifier` ``lock``) and holds it until ``gpu_arch`` hands it to
-    tinygrad, which takes it again in this process (``chestnut probe``: a dock another process holds is refused
-    before the LTSSM rung's power-on).
+    :class:`~chestnut.backend.ladder.DockQualifier` ``lock``) and the runner holds it from then on: ``gpu_arch``
+    hands it to tinygrad without letting go (tinygrad's own ``flock_acquire`` gets a ``dup`` of the held
+    descriptor, :func:`~chestnut.backend.docklock.keep_umask_around_tinygrads_lock`), and a re-qualification in
+    this process keeps it (the node's worker, ``chestnut probe``, ``chestnut acceptance``: a dock another process
+    holds is refused before the LTSSM rung's power-on). Otherwise ``gpu_arch`` waits for the lock to be free
+    (with back-off) and tinygrad takes it.
     """
 
     kind = "real"
@@ -588,6 +593,7 @@ class RealRunner:
         self.lock_timeout_s = lock_timeout_s
         self.lock_first = lock_first
         self.dock = UsbDock(usb_backend, self.config.ctrl_timeout_ms)
+        self._lock: DockLock | None = None  # lock_first: the one usb_ids took, kept across re-qualifications
         self.device: Any = None
         self._jit: Any = None
         self._inputs: tuple[TensorSpec, ...] = ()
@@ -601,15 +607,23 @@ class RealRunner:
     def qualify(self, on_step: Callable[[LadderStep], None] | None = None) -> LadderReport:
         """The dock rungs: USB steps and the LTSSM through pyusb (no claim), then ``gpu_arch`` by opening
         tinygrad's device (firmware cache check, lock with back-off, BARs and GPU init inside tinygrad); with
-        ``lock_first``, ``usb_ids`` takes the dock's lock first."""
+        ``lock_first``, ``usb_ids`` takes the dock's lock first (one held already is kept) and tinygrad is
+        handed it."""
         self._qualifier = DockQualifier(self.dock, self.config, gpu_step=self._gpu_step, lock=self.lock_first)
-        return self._qualifier.run(on_step=on_step)
+        if self.lock_first:  # one held already is kept: a second open of the file would not get it
+            self._qualifier.dock_lock = self._lock
+        report = self._qualifier.run(on_step=on_step)
+        if self.lock_first:
+            self._lock = self._qualifier.dock_lock
+        return report
 
     def _gpu_step(self, q: DockQualifier) -> Outcome:
         check_firmware_cache()
-        q.release_lock()  # lock_first's: tinygrad opens the file again, and flock(2) would refuse it our lock
-        DockLock(dock_lock_path(q.dev.bus, q.dev.address)).wait_free(self.lock_timeout_s)
-        self.device = self._open_device(dock_lock_path(q.dev.bus, q.dev.address))
+        path = dock_lock_path(q.dev.bus, q.dev.address)
+        if q.dock_lock is None or q.dock_lock.fd is None:  # not lock_first: wait until nobody holds it
+            DockLock(path).wait_free(self.lock_timeout_s)
+        # lock_first: usb_ids's lock stays held; tinygrad's flock_acquire is handed a dup of it (backend/docklock.py)
+        self.device = self._open_device(path)
         check_tinygrads_bars(self.device)
         arch = str(getattr(self.device, "arch", ""))
         if arch not in P.SUPPORTED_ARCHS:
@@ -716,10 +730,14 @@ class RealRunner:
         return obs
 
     def close(self) -> None:
-        """Drop the model and pyusb's handle; tinygrad keeps its lock and claim until the process exits."""
+        """Drop the model, pyusb's handle and the dock's lock ``usb_ids`` took (``lock_first``); tinygrad keeps its
+        lock (handed over by ``gpu_arch``, or its own) and claim until the process exits."""
         self._jit = None
         if self._qualifier is not None:
             self._qualifier.release()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def _check_alive(self) -> None:
         if self._failed is not None:

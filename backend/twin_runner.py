@@ -6,8 +6,9 @@
   twin's backend; control transfers only, no interface claimed) and :class:`~chestnut.backend.bridge.Bridge`:
   IDs and product string, link speed, link stability (the twin's link-error counter plus failed probe
   reads), LTSSM (GPU reset, power-on, bounded training wait), BARs and the GPU's vendor/architecture.
-- the data path: tinygrad's lock file for the dock (:class:`~chestnut.backend.real_runner.DockLock`,
-  with back-off), then the twin's **tinygrad-style USB3 face** (which claims the interface) from this
+- the data path: tinygrad's lock file for the dock (:class:`~chestnut.backend.real_runner.DockLock`: with
+  ``lock_first`` the one ``usb_ids`` took, else taken here with back-off), then the twin's **tinygrad-style
+  USB3 face** (which claims the interface) from this
   process's cached device list -- like tinygrad, a process does not see a re-enumerated dock -- with
   the command queue (:mod:`chestnut.backend.copy`, for the programs) and the copy path attached.
 - the copy path (``copy_protocol``): ``"tinygrad"`` (default) is **tinygrad 0.14's own**
@@ -105,8 +106,10 @@ class TwinRunner:
     transfer of the data path, TLP requests included (tinygrad: 1000 ms, 5000 ms for 0xF0; here
     one bound, below the wait timeout); ``config`` holds the ladder's bounds. ``lock_first``: the ladder's
     ``usb_ids`` takes the dock's lock (one try; :class:`~chestnut.backend.ladder.DockQualifier` ``lock``) and
-    the runner holds it from then on, the data path included (``chestnut probe``: a dock another process
-    holds is never reset); otherwise the lock is taken when the data path opens, with back-off.
+    the runner holds it from then on, the data path and any re-qualification in this process included (the
+    node's worker, ``chestnut probe``, ``chestnut acceptance``: a dock another process holds is refused at
+    ``usb_ids`` and never reset); otherwise the lock is taken when the data path opens, with back-off, after
+    the LTSSM rung's GPU reset.
     """
 
     kind = "twin"

@@ -17,21 +17,23 @@ CHILD_TIMEOUT_S = 600.0  # the ladder's own bounds sum to about 230 s on a cold 
 
 
 def dock_main(params: dict[str, Any]) -> dict[str, Any]:
-    """In a fresh process that owns the dock: the ladder, the copies, the fingerprint and the identity."""
+    """In a fresh process that owns the dock: the ladder, the copies, the fingerprint and the identity. The runner
+    takes the dock's lock in ``usb_ids`` and holds it to the end (``lock_first``): a dock another process holds (a
+    serving node, a probe) fails the ladder there, ``lock_held``, and is never reset."""
     from chestnut.backend.fingerprint import compare, fixed_inputs, summarize
     from chestnut.backend.interface import ModelSpec
     from chestnut.backend.ladder import LadderConfig, model_steps, run_steps
     from chestnut.backend.probe import runner_identity
 
-    runner: Any
+    runner: Any  # lock_first: the dock's lock at usb_ids, before any rung touches the dock (backend/ladder.py)
     if params["twin"]:
         from chestnut.backend.twin_runner import TwinRunner
 
-        runner = TwinRunner(params["prefix"], wait_timeout_ms=params["wait_timeout_ms"])
+        runner = TwinRunner(params["prefix"], wait_timeout_ms=params["wait_timeout_ms"], lock_first=True)
     else:
         from chestnut.backend.real_runner import RealRunner
 
-        runner = RealRunner(wait_timeout_ms=params["wait_timeout_ms"])
+        runner = RealRunner(wait_timeout_ms=params["wait_timeout_ms"], lock_first=True)
     fp = params["fingerprint"]
     spec = ModelSpec(Path(params["model"]), params["name"], {k: tuple(v) for k, v in params["shapes"].items()}, fp)
     out: dict[str, Any] = {"copies": [], "fingerprint": None}

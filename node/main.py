@@ -151,7 +151,7 @@ from chestnut.node.policy import (
 )
 from chestnut.node.preprocess import preprocess, primary_warp
 from chestnut.node.realtime import worker_priority
-from chestnut.node.runner_loader import RunnerSpec
+from chestnut.node.runner_loader import dock_runner_spec
 from chestnut.node.shm import WorkerState
 from chestnut.node.supervisor import (
     Action,
@@ -644,12 +644,10 @@ class Node:
             return
         from chestnut.backend.ladder import LadderConfig
 
-        options: dict[str, Any] = dict(self.cfg.dock.options)
-        if self.cfg.dock.kind in ("twin", "real"):
-            options.setdefault("wait_timeout_ms", int(self.cfg.dock.wait_timeout_ms))
-        if self.cfg.dock.kind == "twin" and self.prefix is not None:
-            options.setdefault("prefix", self.prefix)
-        spec = RunnerSpec(self.cfg.dock.kind, options)
+        # twin and real: lock_first, the dock's lock at usb_ids before any rung touches the dock (a dock another
+        # process holds is refused there, never reset)
+        spec = dock_runner_spec(self.cfg.dock.kind, self.cfg.dock.options, int(self.cfg.dock.wait_timeout_ms),
+                                self.prefix)
         ladder = LadderConfig(wait_timeout_ms=int(self.cfg.dock.wait_timeout_ms),
                               require_fingerprint=self.spec_in.fingerprint is not None)
         rt = self.cfg.realtime
@@ -702,7 +700,8 @@ class Node:
             elif (ev := evidence_from_error(e)) is not None:
                 self.health.apply([ev], now)
             failed = w.ladder.first_failure if w.ladder is not None else None
-            kind = start_failure(failed.name if failed is not None else None, isinstance(e, ModelError))
+            # the dock's lock refused at usb_ids is a failed load (the dock is there), not a missing dock
+            kind = start_failure(failed.name if failed is not None else None, isinstance(e, ModelError), e.reason)
             self._feed_start_failure(kind, str(e), e.layer)
             return
         if not ready:
@@ -782,7 +781,9 @@ class Node:
 
     def _feed_start_failure(self, kind: StartFailure, reason: str, layer: Layer | None) -> None:
         """A failed start to the supervisor; a failed load after QUALIFIED (the worker climbs the dock rungs
-        and loads in one go: the dock qualified)."""
+        and loads in one go: the dock qualified). The dock's lock refused at ``usb_ids`` is a failed load too
+        (``node/policy.py`` ``start_failure``): its transitions are those it had when the lock came with the
+        data path, in the model's load, QUALIFIED's words included."""
         if kind is StartFailure.LOAD_FAILED:
             self._feed(Event.QUALIFIED, "qualification ladder passed up to the model load")
         self._feed(Event(kind.value), reason, layer)

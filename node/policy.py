@@ -495,13 +495,24 @@ class StartFailure(StrEnum):
 
 
 MODEL_STEPS = ("model_loaded", "warmup")  # the ladder's model rungs (backend/ladder.py model_steps)
+LOCK_REASONS = ("lock_held", "lock_unusable")
+"""The dock's lock refused (``backend/docklock.py``): another process holds it, or its file cannot be used. The
+worker takes it in ``usb_ids`` (the runners' ``lock_first``), where it once came with the data path in the model's
+load: a failed load either way, never a missing dock."""
 
 
-def start_failure(failed_step: str | None, model_error: bool) -> StartFailure:
+def start_failure(failed_step: str | None, model_error: bool, reason: str | None = None) -> StartFailure:
     """Which failure a worker start is, from the ladder's first failed step (None when the start failed
-    before any step reported) and whether the error is a :class:`~chestnut.backend.errors.ModelError`.
-    A LOAD_FAILED means the dock steps passed: the caller reports QUALIFIED first (the worker climbs the
-    dock rungs and loads in one go)."""
+    before any step reported), whether the error is a :class:`~chestnut.backend.errors.ModelError` and the
+    error's reason. A LOAD_FAILED means the dock steps passed, or the dock's lock was refused (below): the caller
+    reports QUALIFIED first (the worker climbs the dock rungs and loads in one go).
+
+    The dock's lock refused (:data:`LOCK_REASONS`, at ``usb_ids`` where the worker takes it) is LOAD_FAILED,
+    wherever it came: the dock is there, another process has it (or its lock file is unusable), and the node
+    backs off and says ``load_failed (usb): lock_held: ...`` as when the lock came with the data path. Any other
+    ``usb_ids`` failure is DOCK_ABSENT."""
+    if reason in LOCK_REASONS:
+        return StartFailure.LOAD_FAILED
     if failed_step == "usb_ids":
         return StartFailure.DOCK_ABSENT
     if failed_step in MODEL_STEPS or model_error:

@@ -63,6 +63,25 @@ class RunnerSpec:
         return cls(str(d["kind"]), dict(d.get("options", {})), dict(d.get("env", {})))
 
 
+LOCK_FIRST_KINDS = ("twin", "real")  # the runners that take the dock's lock (backend/docklock.py)
+
+
+def dock_runner_spec(kind: str, options: Mapping[str, Any], wait_timeout_ms: int, prefix: str | None) -> RunnerSpec:
+    """The :class:`RunnerSpec` the node's worker builds for ``[dock]`` ``kind`` and ``options``. The twin and the
+    real runner get the dock's wait timeout and (the twin) the node's prefix unless ``options`` name them, and
+    always ``lock_first=True``: the ladder's ``usb_ids`` takes the dock's lock before any rung touches the dock and
+    the runner holds it through the data path (``backend/ladder.py`` ``DockQualifier``), so a node starting while
+    another process (``chestnut probe``, a second node) holds the dock fails ``lock_held`` at ``usb_ids`` and
+    never resets that dock's GPU. ``options`` cannot turn that off."""
+    opts: dict[str, Any] = dict(options)
+    if kind in LOCK_FIRST_KINDS:
+        opts.setdefault("wait_timeout_ms", int(wait_timeout_ms))
+        opts["lock_first"] = True
+    if kind == "twin" and prefix is not None:
+        opts.setdefault("prefix", prefix)
+    return RunnerSpec(kind, opts)
+
+
 def unknown_kind(kind: str) -> str:
     """The one line for a runner kind that names nothing."""
     return f"runner kind {kind!r}: use one of {RUNNER_KINDS}, 'module:Class' or '/path/file.py:Class'"

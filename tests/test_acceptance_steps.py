@@ -187,3 +187,47 @@ def test_a_runtime_directory_the_kit_made_is_removed(tmp_path, tiny_onnx, monkey
     (made / "twin.log").write_text("log")
     k.run()
     assert not made.exists() and not any("kept" in line for line in lines)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_kits_dock_process_never_resets_a_dock_another_process_holds(tmp_path, tiny_onnx):
+    """``chestnut acceptance``'s dock process takes the dock's lock at ``usb_ids`` (``lock_first``): beside a process
+    holding it (a serving node, a probe) its ladder fails there, ``lock_held`` naming the holder, nothing is copied,
+    and the dock is neither powered on nor reset (it once ran every rung, the GPU reset among them, and only then
+    met the lock)."""
+    import subprocess
+    import sys
+
+    from chestnut.backend.docklock import dock_lock_path
+    from chestnut.launch.acceptance_dock import run_dock_process
+
+    prefix = os.environ["CHESTNUT_PREFIX"]
+    with sim_client.running_twin(prefix) as twin:
+        st = twin.status()
+        bus, address = st["usb"]["bus"], st["usb"]["address"]
+        path = dock_lock_path(bus, address)
+        code = (f"import sys;from chestnut.backend.docklock import *;DockLock(dock_lock_path({bus},{address}))"
+                ".acquire(5);print('held',flush=True);sys.stdin.read()")
+        holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            params = {"twin": True, "prefix": prefix, "wait_timeout_ms": 3000, "model": str(tiny_onnx), "name": "tiny",
+                      "shapes": {"x": [1, 3, 32, 64]}, "fingerprint": {"seed": 0, "outputs": {}}, "sizes": [65536]}
+            env = {k: v for k, v in os.environ.items() if k not in ("DEV", "GMMU", "HCQDEV_WAIT_TIMEOUT_MS")}
+            res = run_dock_process(params, env)
+            after = twin.status()
+            log = twin.daemon.log_path.read_text()
+        finally:
+            assert holder.stdin is not None
+            holder.stdin.close()
+            holder.wait(timeout=10)
+    words = (f"UsbLayerError lock_held: the dock usb:{bus}-{address} is in use by pid {holder.pid} "
+             f"({sys.executable} -c {code}): it holds the dock's lock file {path}")
+    assert [(r["name"], r["result"]) for r in res["ladder"]] == [
+        ("usb_ids", "fail"), ("link_speed", "skipped"), ("link_stability", "skipped"), ("ltssm", "skipped"),
+        ("gpu_arch", "skipped")]
+    assert (res["ladder"][0]["reason"], res["ladder"][0]["detail"]) == ("lock_held", words)
+    assert (res["copies"], res["fingerprint"]) == ([], None)
+    assert (after["bridge"], after["pcie"]) == (st["bridge"], st["pcie"]) and log.count("PCIe power") == 0

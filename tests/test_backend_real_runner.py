@@ -232,6 +232,66 @@ def test_lock_held_on_the_twin_stops_gpu_arch_naming_the_lock(tmp_path):
     assert f"pid {twin.daemon.pid}" in gpu["detail"]
 
 
+LOCK_FIRST = """
+    import json, os, sys
+    import chestnut.backend.real_runner as rr
+    from chestnut.backend.docklock import dock_lock_path, lock_holders
+    from chestnut.backend.ladder import LadderConfig
+    from chestnut.backend.sim.pyusb_backend import twin_backend
+    {setup}
+    r = rr.RealRunner(config=LadderConfig(stability_window_s=0.1), lock_timeout_s=0.5,
+                      usb_backend=twin_backend(cached=False), lock_first=True)
+    out = {{"steps": r.qualify().to_json(), "tinygrad": "tinygrad" in sys.modules}}
+    if r._qualifier.dev is not None:
+        path = dock_lock_path(r._qualifier.dev.bus, r._qualifier.dev.address)
+        out["held"] = lock_holders(path) == [os.getpid()]
+        out["again"] = r.qualify().to_json()  # a re-qualification in this process: the lock is kept, not retaken
+        out["held_again"] = lock_holders(path) == [os.getpid()]
+        r.close()
+        out["after_close"] = lock_holders(path)
+    print(json.dumps(out))
+"""
+
+
+def test_with_lock_first_a_dock_another_process_holds_fails_usb_ids_and_nothing_else_runs(tmp_path):
+    """The node's worker (``lock_first``): the twin daemon holding the dock's lock, as another process would, fails
+    ``usb_ids``; no later rung touches the dock (the LTSSM's power-on), and tinygrad is never imported."""
+    with running_twin() as twin:
+        twin.fault("lock_held")
+        st = twin.status()
+        got = child(LOCK_FIRST.format(setup=""), env={"XDG_CACHE_HOME": str(tmp_path)})
+        after = twin.status()
+    path = dock_lock_path(st["usb"]["bus"], st["usb"]["address"])
+    assert [(s["name"], s["result"], s["reason"]) for s in got["steps"]] == [
+        ("usb_ids", "fail", "lock_held"), ("link_speed", "skipped", ""), ("link_stability", "skipped", ""),
+        ("ltssm", "skipped", ""), ("gpu_arch", "skipped", "")]
+    detail = got["steps"][0]["detail"]
+    assert detail.startswith(f"UsbLayerError lock_held: the dock usb:{st['usb']['bus']}-{st['usb']['address']} is in "
+                             f"use by pid {twin.daemon.pid} (")
+    assert detail.endswith(f"): it holds the dock's lock file {path}")
+    assert got["tinygrad"] is False and got["held"] is False
+    assert [(s["name"], s["result"], s["reason"]) for s in got["again"]][0] == ("usb_ids", "fail", "lock_held")
+    assert got["after_close"] == [twin.daemon.pid]  # still the twin's: nothing of ours was held, nothing taken
+    assert (after["bridge"], after["pcie"]) == (st["bridge"], st["pcie"])  # not powered on, not reset
+
+
+def test_with_lock_first_the_lock_usb_ids_took_is_held_through_the_ladder_and_kept_on_requalifying(tmp_path):
+    """``usb_ids`` takes the lock, ``gpu_arch`` keeps it (it no longer lets go for tinygrad to take it again:
+    ``backend/docklock.py`` hands it over), a second ``qualify()`` in the process keeps the same lock, and
+    ``close()`` gives back what tinygrad never got (here tinygrad finds no dock: the twin has no libusb face)."""
+    with running_twin() as twin:
+        st = twin.status()
+        got = child(LOCK_FIRST.format(setup=textwrap.indent(textwrap.dedent(FAKE_FIRMWARE), "    ").strip()),
+                    env={"XDG_CACHE_HOME": str(tmp_path)})
+    path = dock_lock_path(st["usb"]["bus"], st["usb"]["address"])
+    for steps in (got["steps"], got["again"]):
+        assert [(s["name"], s["result"], s["reason"]) for s in steps] == [
+            ("usb_ids", "pass", ""), ("link_speed", "pass", ""), ("link_stability", "pass", ""), ("ltssm", "pass", ""),
+            ("gpu_arch", "fail", "no_dock")]
+        assert steps[0]["detail"].endswith(f", lock {path} taken")
+    assert (got["held"], got["held_again"], got["after_close"]) == (True, True, [])
+
+
 def test_tinygrad_without_libusb_is_a_config_error(tmp_path):
     # LIBUSB_PATH names a file that is no library: tinygrad 0.14 `runtime/support/c.py` `DLL.findlib` takes an
     # existing LIBUSB_PATH first and only otherwise searches the system, so a missing path would find a system

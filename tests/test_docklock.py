@@ -205,3 +205,54 @@ def test_a_holder_is_named_by_pid_and_command_in_one_bounded_line(tmp_path):
     (tmp_path / "proc" / "7" / "cmdline").write_bytes(b"")  # a kernel thread's
     assert holder_command(7, proc=tmp_path / "proc") is None
     assert holder_command(8, proc=tmp_path / "proc") is None  # no such process
+
+
+HAND_OVER = """
+import json, os, sys, tempfile
+tempfile.tempdir = sys.argv[1]
+from tinygrad.runtime.support.system import System
+from chestnut.backend.docklock import (DockLock, dock_lock_path, held_dock_lock, keep_umask_around_tinygrads_lock,
+                                       lock_holders, open_dock_lock, try_flock)
+
+def another_open_file_takes_it():  # flock(2): another open file description, of this or any process
+    fd = open_dock_lock(path)
+    try:
+        return try_flock(fd)
+    finally:
+        os.close(fd)
+
+out = {}
+path = dock_lock_path(9, 9)
+lock = DockLock(path).acquire(1.0)
+out["registered"] = held_dock_lock(path) is lock
+keep_umask_around_tinygrads_lock()
+before = os.umask(0o027)
+fd = System.flock_acquire("am_usb:9-9.lock")  # what tinygrad's USBPCIDevice calls before it opens USB
+out["umask"] = f"{os.umask(before):04o}"
+out["dup"] = fd != lock.fd and os.fstat(fd).st_ino == os.fstat(lock.fd).st_ino and System.lock_fd == fd
+out["free_with_both"] = another_open_file_takes_it()
+lock.release()
+out["registered_after_release"] = held_dock_lock(path) is not None
+out["free_with_tinygrads"] = another_open_file_takes_it()
+out["holders"] = lock_holders(path) == [os.getpid()]
+os.close(fd)
+out["free_at_last"] = another_open_file_takes_it()
+print(json.dumps(out))
+"""
+
+
+def test_a_lock_this_process_holds_is_handed_to_tinygrad_never_let_go(tmp_path):
+    """The real runner with ``lock_first`` holds the lock ``usb_ids`` took while tinygrad opens the dock: tinygrad's
+    ``flock_acquire`` gets a dup of it (the same flock, which tinygrad keeps), where it once had to be released for
+    tinygrad to take it again -- a moment in which another process could take the dock."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DEV", "GMMU", "HCQDEV_WAIT_TIMEOUT_MS")}
+    p = subprocess.run([sys.executable, "-c", HAND_OVER, str(tmp_path)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {
+        "registered": True, "umask": "0027", "dup": True, "free_with_both": False, "registered_after_release": False,
+        "free_with_tinygrads": False, "holders": True, "free_at_last": True}

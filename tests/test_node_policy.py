@@ -220,6 +220,19 @@ def test_a_failed_start_is_the_failure_of_its_first_failed_step(step: str | None
     assert start_failure(step, model_error) is want
 
 
+@pytest.mark.parametrize(("step", "reason", "want"), [
+    ("usb_ids", "lock_held", StartFailure.LOAD_FAILED),      # the dock is there; another process has it
+    ("usb_ids", "lock_unusable", StartFailure.LOAD_FAILED),  # the dock is there; its lock file is unusable
+    ("model_loaded", "lock_held", StartFailure.LOAD_FAILED),  # the data path's, as before lock_first
+    ("usb_ids", "no_dock", StartFailure.DOCK_ABSENT),
+    ("usb_ids", "bad_product", StartFailure.DOCK_ABSENT),
+    ("ltssm", "ltssm_stuck", StartFailure.QUALIFY_FAILED),
+])
+def test_the_docks_lock_refused_is_a_failed_load_never_a_missing_dock(step: str, reason: str,
+                                                                       want: StartFailure) -> None:
+    assert start_failure(step, False, reason) is want
+
+
 def test_start_failures_are_supervisor_events() -> None:
     assert [Event(k.value) for k in StartFailure] == [Event.DOCK_ABSENT, Event.QUALIFY_FAILED, Event.LOAD_FAILED]
 
