@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from chestnut.backend.errors import UsbLayerError
+from chestnut.msgs.paths import PROC_LOCKS, flock_holders
 
 LOCK_DEVPREF = "am"  # tinygrad 0.14 USBPCIDevice("AM", ...) -> lock "am_usb:<bus>-<addr>.lock"
 LOCK_CREATE_MODE = 0o600  # ours: private (tinygrad 0.14 flock_acquire creates 0666 under umask 0)
@@ -141,21 +142,10 @@ def try_flock(fd: int) -> bool:
     return True
 
 
-def lock_holders(path: Path, proc_locks: Path = Path("/proc/locks")) -> list[int]:
-    """PIDs holding a ``flock`` on ``path`` according to ``/proc/locks`` (empty if unknown)."""
-    try:
-        st = os.lstat(path)
-        lines = proc_locks.read_text().splitlines()
-    except OSError:
-        return []
-    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    pids = []
-    for line in lines:
-        parts = line.split()
-        # "1: FLOCK  ADVISORY  WRITE 12345 08:01:1234 0 EOF"
-        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == dev and parts[4].isdigit():
-            pids.append(int(parts[4]))
-    return pids
+def lock_holders(path: Path, proc_locks: Path = Path(PROC_LOCKS)) -> list[int]:
+    """PIDs holding a ``flock`` on ``path`` according to ``/proc/locks`` (a bounded read: ``msgs/paths.py``
+    ``flock_holders``); empty if unknown."""
+    return flock_holders(path, proc_locks)
 
 
 def holder_command(pid: int, proc: Path = Path("/proc")) -> str | None:

@@ -54,10 +54,12 @@ from zmq.utils.monitor import parse_monitor_message
 
 from chestnut.msgs.paths import (
     PREFIX_ENV,
+    PROC_LOCKS,
     RuntimeDirError,
     SocketPathError,
     check_socket_path,
     current_prefix,
+    flock_holders,
     runtime_dir,
 )
 from chestnut.msgs.schema import MAX_MESSAGE_BYTES, TRAVERSAL_LIMIT_WORDS, log
@@ -816,10 +818,6 @@ def check_publishable(service: str, prefix: str | None = None) -> None:
             os.close(fd)
 
 
-PROC_LOCKS = "/proc/locks"
-PROC_LOCKS_MAX_BYTES = 1 << 20  # bound on one read of /proc/locks (one line per lock held on the system)
-
-
 def publisher_pid(service: str, prefix: str | None = None, proc_locks: str = PROC_LOCKS) -> int | None:
     """The pid of the live process publishing ``service`` on ``prefix`` (``ipc://`` only), else None.
 
@@ -831,19 +829,9 @@ def publisher_pid(service: str, prefix: str | None = None, proc_locks: str = PRO
 
 
 def _flock_holder(path: str, proc_locks: str) -> int | None:
-    """The pid of the live process holding a ``flock`` on ``path`` (``/proc/locks``, bounded read), else None."""
-    try:
-        st = os.lstat(path)
-        with open(proc_locks, "rb") as f:
-            table = f.read(PROC_LOCKS_MAX_BYTES).decode("ascii", "replace")
-    except OSError:
-        return None
-    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    for line in table.splitlines():
-        parts = line.split()  # "1: FLOCK  ADVISORY  WRITE 12345 fe:00:1234 0 EOF"
-        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == inode and parts[4].isdigit():
-            return int(parts[4])
-    return None
+    """The pid of the live process holding a ``flock`` on ``path`` (``msgs/paths.py`` ``flock_holders``), else None."""
+    holders = flock_holders(path, proc_locks)
+    return holders[0] if holders else None
 
 
 class PubSocket(zmq.Socket):

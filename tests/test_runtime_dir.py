@@ -272,3 +272,25 @@ def test_every_cli_program_refuses_a_runtime_dir_too_long_for_its_sockets_in_one
         "directory"
     ]
     assert list(long_base.iterdir()) == []
+
+
+def test_flock_holders_names_the_holder_of_that_inode_only_and_reads_proc_locks_bounded(tmp_path):
+    import fcntl
+
+    held, other = tmp_path / "held.lock", tmp_path / "other.lock"
+    held.touch()
+    other.touch()
+    with open(held, "rb") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        assert paths.flock_holders(held) == [os.getpid()]
+        assert paths.flock_holders(other) == []
+    assert paths.flock_holders(held) == []
+    assert paths.flock_holders(tmp_path / "missing.lock") == []
+    # a /proc/locks of more than the bound: a holder listed past it is not read
+    st = os.lstat(other)
+    line = f"1: FLOCK  ADVISORY  WRITE 4321 {os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} 0 EOF\n"
+    table = tmp_path / "locks"
+    table.write_text(line)
+    assert paths.flock_holders(other, table) == [4321]
+    table.write_text("x" * paths.PROC_LOCKS_MAX_BYTES + "\n" + line)
+    assert paths.flock_holders(other, table) == []
