@@ -105,8 +105,9 @@ def check_prefix(prefix: str, source: str = "prefix") -> str:
     """``prefix`` when it is 1-:data:`PREFIX_MAX` characters from ``[A-Za-z0-9_.-]`` and not ``.`` / ``..`` (it names a
     directory); else raises :class:`PrefixError` naming ``source`` (e.g. ``"CHESTNUT_PREFIX"``)."""
     if not _PREFIX_RE.match(prefix) or prefix in (".", ".."):
+        shown = repr(prefix) if len(prefix) <= PREFIX_MAX else f"{prefix[:PREFIX_MAX]!r}... ({len(prefix)} characters)"
         raise PrefixError(
-            f"{source} {prefix!r} is not a valid prefix: use 1-{PREFIX_MAX} characters from [A-Za-z0-9_.-], "
+            f"{source} {shown} is not a valid prefix: use 1-{PREFIX_MAX} characters from [A-Za-z0-9_.-], "
             f"not '.' or '..' (e.g. {PREFIX_ENV}=bench1), or unset {PREFIX_ENV} for {DEFAULT_PREFIX!r}"
         )
     return prefix

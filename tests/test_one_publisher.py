@@ -115,15 +115,20 @@ def test_a_pub_master_that_meets_a_busy_service_releases_what_it_took(holder):
     pub_sock("modelOutput").close()  # the first socket's lock was released with the failure
 
 
-@pytest.mark.parametrize("prefix", ["a/b", "", "..", "a b", "x" * 49])
-def test_a_malformed_prefix_is_one_line_and_exit_2(prefix):
+@pytest.mark.parametrize(
+    "prefix, shown",
+    [("a/b", "'a/b'"), ("", "''"), ("..", "'..'"), ("a b", "'a b'"),
+     ("x" * 48 + "/", "'" + "x" * 48 + "'... (49 characters)"),
+     ("y" * 5000, "'" + "y" * 48 + "'... (5000 characters)")],  # a long one is cut, never echoed whole
+)
+def test_a_malformed_prefix_is_one_line_and_exit_2(prefix, shown):
     env = {**os.environ, "CHESTNUT_PREFIX": prefix}
     r = subprocess.run(
         [CHESTNUT, "dump", "cameraFrame", "--count", "1"], env=env, capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 2
     assert r.stderr.splitlines() == [
-        f"chestnut dump: CHESTNUT_PREFIX {prefix!r} is not a valid prefix: use 1-48 characters from "
+        f"chestnut dump: CHESTNUT_PREFIX {shown} is not a valid prefix: use 1-48 characters from "
         "[A-Za-z0-9_.-], not '.' or '..' (e.g. CHESTNUT_PREFIX=bench1), or unset CHESTNUT_PREFIX for 'default'"
     ]
 

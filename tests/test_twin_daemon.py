@@ -417,7 +417,9 @@ def test_cli_injects_lists_and_clears_faults_and_moves_the_dock(twin):
                                                                 "status` lists them)")
     assert cli("fault", "meteor").returncode == 2
     bad = cli("fault", "timeout", "--probability", "2")
-    assert bad.returncode == 2 and "probability 2.0 is not in [0, 1]" in bad.stderr
+    assert (bad.returncode, bad.stderr) == (2, "chestnut twin fault: rejected: probability 2.0 is not in [0, 1]\n")
+    off = cli("power-cycle", "--off-s", "-1")  # each refusal names its command
+    assert (off.returncode, off.stderr) == (2, "chestnut twin power-cycle: rejected: off_s -1.0 is not in [0, 3600]\n")
     old = twin.enumerate()[0]
     assert cli("unplug").stdout.strip() == "unplugged" and twin.enumerate() == []
     assert cli("devices").stdout == ""

@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     except TwinNotRunning as e:  # no daemon: 1; a path planted at its socket (refused, kept): 2
         print(str(e), file=sys.stderr)
         return 2 if isinstance(e, TwinSocketRefused) else 1
-    except ValueError as e:
-        print(f"rejected: {e}", file=sys.stderr)
+    except ValueError as e:  # the twin's own check of the request, one line naming the field
+        print(f"chestnut twin {cmd}: rejected: {e}", file=sys.stderr)
         return 2
     return 0
