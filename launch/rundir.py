@@ -100,6 +100,11 @@ def _stack_entry(name: str) -> tuple[str, int] | None:
     return None
 
 
+def _not_the_stacks(path: Path, name: str) -> str:
+    return (f"runtime directory {path} kept: {name} in it is not the stack's (another program's file on this prefix, "
+            "say a `chestnut twin serve` of its own, or planted); remove it once nothing uses it")
+
+
 def remove_runtime_dir(prefix: str) -> str | None:
     """Remove ``prefix``'s runtime directory (``msgs/paths.py`` ``runtime_dir``: ``<base>/chestnut-<uid>/<prefix>``)
     once its stack stopped, with the stack's leftovers in it; returns None when it is gone (or was never there),
@@ -129,12 +134,12 @@ def remove_runtime_dir(prefix: str) -> str | None:
             st = os.lstat(name, dir_fd=fds[1])
             entry = _stack_entry(name)
             if entry is None or stat.S_IFMT(st.st_mode) != entry[1] or st.st_uid != uid:
-                return f"runtime directory {path} kept: {name} in it is not the stack's"
+                return _not_the_stacks(path, name)
         for name in names:
             if _stack_entry(name) == ("lock", stat.S_IFREG):
                 fds.append(os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fds[1]))
                 if not stat.S_ISREG(os.fstat(fds[-1]).st_mode):
-                    return f"runtime directory {path} kept: {name} in it is not the stack's"
+                    return _not_the_stacks(path, name)
                 try:
                     fcntl.flock(fds[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:

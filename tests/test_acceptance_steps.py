@@ -176,7 +176,8 @@ def test_a_runtime_directory_there_before_the_kit_keeps_what_is_not_the_stacks(t
     k, lines = _kit_with(tmp_path, tiny_onnx, monkeypatch, "x3mine")
     k.run()
     assert (theirs / "notes.txt").read_text() == "mine"
-    assert f"runtime directory {theirs} kept: notes.txt in it is not the stack's" in lines
+    assert (f"runtime directory {theirs} kept: notes.txt in it is not the stack's (another program's file on this "
+            "prefix, say a `chestnut twin serve` of its own, or planted); remove it once nothing uses it") in lines
 
 
 def test_a_runtime_directory_the_kit_made_is_removed(tmp_path, tiny_onnx, monkeypatch):

@@ -54,7 +54,9 @@ def test_a_foreign_entry_keeps_the_runtime_directory_untouched(name, kind):
     else:
         (d / name).write_text("important\n")
     before = sorted(os.listdir(d))
-    assert remove_runtime_dir(current_prefix()) == f"runtime directory {d} kept: {name} in it is not the stack's"
+    assert remove_runtime_dir(current_prefix()) == (
+        f"runtime directory {d} kept: {name} in it is not the stack's (another program's file on this prefix, "
+        "say a `chestnut twin serve` of its own, or planted); remove it once nothing uses it")
     assert sorted(os.listdir(d)) == before
 
 
