@@ -422,7 +422,9 @@ def test_cli_injects_lists_and_clears_faults_and_moves_the_dock(twin):
     assert (off.returncode, off.stderr) == (2, "chestnut twin power-cycle: rejected: off_s -1.0 is not in [0, 3600]\n")
     old = twin.enumerate()[0]
     assert cli("unplug").stdout.strip() == "unplugged" and twin.enumerate() == []
-    assert cli("devices").stdout == ""
+    none = cli("devices")
+    assert (none.returncode, none.stdout, none.stderr) == (
+        0, "", "chestnut twin devices: no device enumerates (the dock is unplugged: `chestnut twin plug`)\n")
     assert cli("plug").stdout.strip() == f"plugged in at {old.bus}-{old.address + 1}"
     # plugging in a dock that is there says so, and names a disconnect still to come: plugging does not remove it
     armed = cli("fault", "disconnect")

@@ -194,9 +194,13 @@ def run(args: argparse.Namespace) -> int:
                     print(json.dumps(st, indent=2))
                 else:
                     _print_status(st)
-            elif cmd == "devices":
-                for d in client.enumerate():
+            elif cmd == "devices":  # lsusb's line per device on stdout; none (unplugged) is said on stderr
+                devices = client.enumerate()
+                for d in devices:
                     print(f"Bus {d.bus:03d} Device {d.address:03d}: ID {d.vid:04x}:{d.pid:04x} {d.speed_mbps} Mbps")
+                if not devices:
+                    print("chestnut twin devices: no device enumerates (the dock is unplugged: `chestnut twin plug`)",
+                          file=sys.stderr)
             elif cmd == "plug":
                 before = client.status()
                 plugged = client.plug()
