@@ -28,7 +28,7 @@ def positive_ms(text: str) -> float:
 
 
 def positive_seconds(text: str) -> float:
-    """A duration in seconds, finite and > 0 (``chestnut demo --seconds``, ``chestnut acceptance
+    """A duration in seconds, finite and > 0 (``chestnut acceptance
     --recover-bound-s``); raises ``argparse.ArgumentTypeError`` (one line) otherwise, nan and inf included."""
     return checked_float(text, lambda s: 0 < s < math.inf, "give a number of seconds > 0")
 

@@ -5,7 +5,9 @@ a moving gradient) at ``--rate-hz`` (default 20 Hz, the service's nominal rate) 
 this process subscribes with a :class:`~chestnut.msgs.messaging.SubMaster` and prints alive /
 freq_ok / valid and the measured rates once a second, then one summary line. Exit code 0 when the
 publisher finished cleanly and ``all_checks()`` held at the end of the run, 1 otherwise (e.g.
-``--rate-hz 10`` shows freq_ok failing), 130 on Ctrl-C.
+``--rate-hz 10`` shows freq_ok failing), 130 on Ctrl-C, 2 for a refused argument (one line): a ``--seconds``
+under :data:`MIN_DEMO_SECONDS` -- too short for freq_ok to be judged, so the verdict would fail by
+construction -- or over ``msgs/argtypes.py`` ``MAX_RUN_SECONDS`` (a week, ``chestnut launch --seconds``'s bound).
 """
 
 from __future__ import annotations
@@ -18,15 +20,31 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from chestnut.msgs.argtypes import MAX_FRAME_RATE_HZ, frame_rate_hz, positive_seconds
+from chestnut.msgs.argtypes import MAX_FRAME_RATE_HZ, MAX_RUN_SECONDS, checked_float, frame_rate_hz
 from chestnut.msgs.messaging import PubMaster, SubMaster, check_publishable, new_message
 from chestnut.msgs.paths import current_prefix
+from chestnut.msgs.submaster import SHORT_WINDOW_S
 
 SERVICE = "cameraFrame"
 WIDTH_PX, HEIGHT_PX = 64, 32
 STATUS_PERIOD_S = 1.0
 JOIN_TIMEOUT_S = 2.0
 CONNECT_DELAY_S = 0.3  # s the publisher waits after binding, so the subscriber's first frames are not lost
+MIN_DEMO_SECONDS = 2 * SHORT_WINDOW_S
+"""Shortest ``--seconds``, s: freq_ok holds only once a full short window (``msgs/submaster.py``
+``SHORT_WINDOW_S``, 1 s of the service's nominal intervals: 21 frames at 20 Hz) has been received, so a run of
+1 s ends before it can hold and the verdict says FAILED whatever the rate; twice the window leaves the checks a
+second of frames to be judged on (a 2 s run at 20 Hz ends with them held)."""
+
+
+def demo_seconds(text: str) -> float:
+    """``--seconds``: a duration in [:data:`MIN_DEMO_SECONDS`, ``MAX_RUN_SECONDS``] s; raises
+    ``argparse.ArgumentTypeError`` (one line) otherwise, NaN and inf included -- a huge one (1e300) overflowed the
+    publisher's nanosecond clock in the spawned process."""
+    return checked_float(text, lambda s: MIN_DEMO_SECONDS <= s <= MAX_RUN_SECONDS,
+                         f"give a number of seconds from {MIN_DEMO_SECONDS:g} (freq_ok needs a full "
+                         f"{SHORT_WINDOW_S:g} s window of frames before it can hold) up to {MAX_RUN_SECONDS:g} "
+                         "(a week)")
 
 
 def synthetic_frame(frame_id: int, width: int = WIDTH_PX, height: int = HEIGHT_PX) -> bytes:
@@ -78,7 +96,8 @@ def publish_camera_frames(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seconds", type=positive_seconds, default=5.0, help="how long to run (s > 0, default 5)")
+    parser.add_argument("--seconds", type=demo_seconds, default=5.0,
+                        help=f"how long to run (s, {MIN_DEMO_SECONDS:g} to {MAX_RUN_SECONDS:g}; default 5)")
     parser.add_argument("--rate-hz", type=frame_rate_hz, default=20.0,
                         help=f"publish rate (Hz, > 0 and <= {MAX_FRAME_RATE_HZ:g}; default 20 = nominal)")
     parser.add_argument("--prefix", default=None, help="runtime prefix (default: $CHESTNUT_PREFIX)")

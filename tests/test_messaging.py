@@ -699,13 +699,29 @@ def test_demo_shows_the_checks_and_exits_0_with_a_summary():
     ), lines[-1]
 
 
+DEMO_SECONDS_WANT = ("give a number of seconds from 2 (freq_ok needs a full 1 s window of frames before it can "
+                     "hold) up to 604800 (a week)")
+
+
+def test_demo_seconds_takes_its_bounds_themselves():
+    from chestnut.msgs.demo import demo_seconds
+
+    assert [demo_seconds(t) for t in ("2", "604800")] == [2.0, 604800.0]
+
+
 @pytest.mark.parametrize(
     ("args", "line"),
     [
         (["--rate-hz", "0"], "argument --rate-hz: '0': give a rate in Hz, > 0 and <= 1000"),
         (["--rate-hz", "nan"], "argument --rate-hz: 'nan': give a rate in Hz, > 0 and <= 1000"),
         (["--rate-hz", "1001"], "argument --rate-hz: '1001': give a rate in Hz, > 0 and <= 1000"),
-        (["--seconds", "-1"], "argument --seconds: '-1': give a number of seconds > 0"),
+        (["--seconds", "-1"], f"argument --seconds: '-1': {DEMO_SECONDS_WANT}"),
+        # overflowed the publisher's nanosecond clock in the spawned process: a traceback, then "0 of 0 frames"
+        (["--seconds", "1e300"], f"argument --seconds: '1e300': {DEMO_SECONDS_WANT}"),
+        (["--seconds", "604801"], f"argument --seconds: '604801': {DEMO_SECONDS_WANT}"),
+        # too short for freq_ok to hold (a full 1 s window first): it always ended "FAILED at the last frame", exit 1
+        (["--seconds", "1"], f"argument --seconds: '1': {DEMO_SECONDS_WANT}"),
+        (["--seconds", "1.99"], f"argument --seconds: '1.99': {DEMO_SECONDS_WANT}"),
     ],
 )
 def test_demo_refuses_a_rate_or_duration_it_cannot_run_in_one_line(capsys, args, line):
