@@ -41,6 +41,7 @@ from typing import Any, TextIO
 from chestnut.backend import protocol as P
 from chestnut.backend.errors import ChestnutError
 from chestnut.backend.interface import LadderReport, LadderStep, ModelSpec, StepResult
+from chestnut.msgs.argtypes import MAX_WAIT_TIMEOUT_MS, checked_int
 
 MARKS = {StepResult.PASS: "PASS", StepResult.WARN: "WARN", StepResult.FAIL: "FAIL", StepResult.SKIPPED: "SKIP"}
 OS_RELEASE_MAX_BYTES = 64 << 10  # /etc/os-release is a few hundred bytes (os-release(5))
@@ -144,11 +145,12 @@ def runner_identity(runner: Any) -> dict[str, str]:
 
 
 def _wait_timeout_ms(text: str) -> int:
-    """``--wait-timeout-ms``: a whole number of milliseconds > 0 (a wait of 0 or less never waits for the GPU);
-    one line, exit 2 otherwise (``msgs/argtypes.py``)."""
-    from chestnut.msgs.argtypes import checked_int
-
-    return checked_int(text, lambda ms: ms > 0, "give a whole number of milliseconds > 0")
+    """``--wait-timeout-ms``: a whole number of milliseconds > 0 (a wait of 0 or less never waits for the GPU) and
+    at most ``msgs/argtypes.py`` ``MAX_WAIT_TIMEOUT_MS`` (a minute, the node's own bound: a wait this long already
+    leaves a hung dock unseen for a minute); one line, exit 2 otherwise."""
+    return checked_int(text, lambda ms: 0 < ms <= MAX_WAIT_TIMEOUT_MS,
+                       f"give a whole number of milliseconds, > 0 and <= {MAX_WAIT_TIMEOUT_MS} (a minute, the "
+                       "node's own bound)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -167,7 +169,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fill-firmware", type=Path, metavar="DIR",
                         help="fill tinygrad's GPU firmware cache from DIR (linux-firmware amdgpu files) and exit")
     parser.add_argument("--wait-timeout-ms", type=_wait_timeout_ms, default=P.WAIT_TIMEOUT_MS,
-                        help=f"device wait timeout, ms > 0 (default {P.WAIT_TIMEOUT_MS}: tinygrad's)")
+                        help=f"device wait timeout, ms > 0 and <= {MAX_WAIT_TIMEOUT_MS} "
+                             f"(default {P.WAIT_TIMEOUT_MS}: tinygrad's)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 

@@ -27,6 +27,13 @@ def positive_ms(text: str) -> float:
     return checked_float(text, lambda ms: 0 < ms < math.inf, "give a time in milliseconds > 0")
 
 
+MAX_WAIT_TIMEOUT_MS = 60_000
+"""Upper bound of a device wait timeout on the command line (``chestnut probe --wait-timeout-ms``), ms: a minute,
+the bound ``chestnut run --wait-timeout-ms`` and ``chestnut check --wait-timeout-ms`` already take
+(``node/config.py`` ``MAX_MS``: twice tinygrad's own 30000 ms default fence wait); held here, in the lowest
+layer, so ``backend/`` can reuse it (``tests/test_backend_probe.py`` asserts the two agree)."""
+
+
 def positive_seconds(text: str) -> float:
     """A duration in seconds, finite and > 0 (``chestnut acceptance
     --recover-bound-s``); raises ``argparse.ArgumentTypeError`` (one line) otherwise, nan and inf included."""

@@ -133,18 +133,28 @@ def test_a_fingerprint_that_is_a_fifo_or_huge_is_refused_in_one_line_before_the_
     assert (r.returncode, r.stderr.splitlines(), r.stdout) == (2, [f"chestnut probe: --fingerprint {fp} {problem}"], "")
 
 
-@pytest.mark.parametrize("value", ["-3", "0", "1.5", "soon"])
+@pytest.mark.parametrize("value", ["-3", "0", "1.5", "soon", "60001", "99999999999999999999"])
 def test_a_wait_timeout_that_is_no_positive_whole_ms_is_refused_in_one_line(capsys, value):
-    """``--wait-timeout-ms -3`` went on to climb the ladder; ``chestnut run`` refuses the same value."""
+    """``--wait-timeout-ms -3`` went on to climb the ladder; ``chestnut run`` refuses the same value.
+    ``--wait-timeout-ms 99999999999999999999`` was taken: no bound, where ``chestnut run`` and ``chestnut check``
+    stop at a minute."""
     from chestnut.launch.cli import main
 
     with pytest.raises(SystemExit) as info:
         main(["probe", "--twin", "--wait-timeout-ms", value])
     assert info.value.code == 2
     assert capsys.readouterr().err == (
-        f"chestnut probe: error: argument --wait-timeout-ms: {value!r}: give a whole number of milliseconds > 0 "
-        "(chestnut probe --help)\n"
+        f"chestnut probe: error: argument --wait-timeout-ms: {value!r}: give a whole number of milliseconds, > 0 "
+        "and <= 60000 (a minute, the node's own bound) (chestnut probe --help)\n"
     )
+
+
+def test_the_wait_timeout_bound_is_the_nodes_own():
+    from chestnut.backend.probe import _wait_timeout_ms
+    from chestnut.msgs.argtypes import MAX_WAIT_TIMEOUT_MS
+    from chestnut.node.config import MAX_MS
+
+    assert (MAX_WAIT_TIMEOUT_MS, _wait_timeout_ms("60000"), _wait_timeout_ms("1")) == (MAX_MS, 60000, 1)
 
 
 def test_a_model_that_is_a_fifo_says_so_unopened(capsys, tmp_path):
