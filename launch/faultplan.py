@@ -9,9 +9,10 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
 import time
 from typing import TYPE_CHECKING, Any
+
+from chestnut.msgs.argtypes import MAX_RUN_SECONDS
 
 if TYPE_CHECKING:
     from chestnut.launch.summary import StackClock
@@ -57,10 +58,13 @@ class FaultPlan:
             plan = cls(kind.strip(), float(start), float(dur) if dur else None, params)
         except ValueError as e:
             raise argparse.ArgumentTypeError(f"{text!r}: want KIND@START[+DURATION][,key=value]") from e
-        if not (math.isfinite(plan.start_s) and plan.start_s >= 0) or (
-                plan.duration_s is not None and not (math.isfinite(plan.duration_s) and plan.duration_s > 0)):
+        # each at most a week (MAX_RUN_SECONDS, the longest --seconds): a run goes on until its plan is carried
+        # out, so `gpu_hang@5+1e12` was a run that never ended ("cleared at 1000000000007.7 s")
+        if not (0 <= plan.start_s <= MAX_RUN_SECONDS) or (  # also nan (every comparison false) and inf
+                plan.duration_s is not None and not (0 < plan.duration_s <= MAX_RUN_SECONDS)):
             raise argparse.ArgumentTypeError(f"{text!r}: START must be a number >= 0 and DURATION a number > 0 "
-                                             f"(seconds; not nan or inf)")
+                                             f"(seconds; not nan or inf), each at most {MAX_RUN_SECONDS:g} (a week, "
+                                             "the longest --seconds)")
         unknown = sorted(set(params) - set(FaultSpec.__dataclass_fields__) - {"kind"})
         if unknown:
             raise argparse.ArgumentTypeError(

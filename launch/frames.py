@@ -20,6 +20,11 @@ DOCK_LINK_MBPS = 5600.0
 (``docs/protocol.md``, the twin's timing model; ``tests/bench/bench_copy.py`` measures with it)."""
 DOCK_LATENCY_US = 125.0
 """``--dock-timing`` per-transfer latency, us: one USB 3 bus interval (``docs/protocol.md``)."""
+MAX_DOCK_LATENCY_US = 100_000.0
+"""Upper bound of ``--latency-us``, us: 100 ms, a thirtieth of the 3000 ms device wait timeout
+(``backend/protocol.py`` ``WAIT_TIMEOUT_MS``) and 800 USB 3 bus intervals: a frame takes many transfers, so a
+slower one is no dock's timing but a hang (``--fault gpu_hang``, ``slow_gpu``), and at 1e12 us the primary never
+served while the node blamed a permission issue."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +68,9 @@ class FrameOptions:
             return f"{given} sets the twin's dock-like timing model: add --dock-timing (or leave {given} out)"
         if self.link_mbps is not None and not self.link_mbps > 0:
             return f"--link-mbps {self.link_mbps:g}: give a link rate > 0 Mbps (default {DOCK_LINK_MBPS:g})"
-        if self.latency_us is not None and not self.latency_us >= 0:
-            return f"--latency-us {self.latency_us:g}: give a latency >= 0 us (default {DOCK_LATENCY_US:g})"
+        if self.latency_us is not None and not 0 <= self.latency_us <= MAX_DOCK_LATENCY_US:  # nan, inf too
+            return (f"--latency-us {self.latency_us:g}: give a latency >= 0 and <= {MAX_DOCK_LATENCY_US:g} us (a "
+                    f"thirtieth of the 3000 ms wait timeout; default {DOCK_LATENCY_US:g})")
         if self.dock_timing and self.dock_kind != "twin":
             return (
                 f"--dock-timing is the twin's timing model, and the node configuration's dock.kind is "

@@ -57,6 +57,7 @@ from chestnut.launch.frames import (
     DOCK_LATENCY_US,
     DOCK_LINK_MBPS,
     FRAME_SIZES,
+    MAX_DOCK_LATENCY_US,
     FrameOptions,
     check_model_file,
     frame_options,
@@ -218,7 +219,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--link-mbps", type=float, help=f"with --dock-timing: link rate, Mbps (default {DOCK_LINK_MBPS:g})")
     p.add_argument(
-        "--latency-us", type=float, help=f"with --dock-timing: per-transfer latency, us (default {DOCK_LATENCY_US:g})"
+        "--latency-us",
+        type=float,
+        help=f"with --dock-timing: per-transfer latency, us (default {DOCK_LATENCY_US:g}, at most "
+        f"{MAX_DOCK_LATENCY_US:g})",
     )
     p.add_argument("--no-live", action="store_true", help="no live status view")
     p.add_argument(

@@ -122,6 +122,27 @@ def test_a_fault_time_that_is_not_a_finite_number_is_refused(text):
         FaultPlan.parse(text)
 
 
+@pytest.mark.parametrize("text", ["gpu_hang@5+1e12", "gpu_hang@1e12", "gpu_hang@5+604801", "gpu_hang@604801"])
+def test_a_fault_time_over_a_week_is_refused_in_one_line(text, capsys, tmp_path):
+    """``--seconds 20 --fault gpu_hang@5+1e12`` was taken: the run went on until its plan was carried out,
+    "cleared at 1000000000007.7 s", so it never ended."""
+    from chestnut.launch.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["launch", "--seconds", "20", "--fault", text, "--runs-dir", str(tmp_path / "runs")])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"chestnut launch: error: argument --fault: {text!r}: START must be a number >= 0 and DURATION a number > 0 "
+        "(seconds; not nan or inf), each at most 604800 (a week, the longest --seconds) (chestnut launch --help)\n"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_fault_of_a_week_is_taken():
+    plan = FaultPlan.parse("gpu_hang@604800+604800")
+    assert (plan.start_s, plan.duration_s) == (604800.0, 604800.0)
+
+
 def test_a_timed_run_is_not_cut_short_of_its_fault_plan():
     """``--seconds 16 --fault fence_stall@2+3 --fault-from active`` on a host where the primary serves only
     15.7 s after the first output: the run goes on until the stall is cleared at 20.7 s and 5 s more."""

@@ -80,6 +80,14 @@ def test_native_video_keeps_its_size_and_model_frames_take_the_models_input_size
     ]
 
 
+LATENCY_WANT = "give a latency >= 0 and <= 100000 us (a thirtieth of the 3000 ms wait timeout; default 125)"
+
+
+def test_a_latency_up_to_its_bound_is_taken():
+    assert FrameOptions(dock_timing=True, latency_us=100_000).problem() is None
+    assert FrameOptions(dock_timing=True, latency_us=0).problem() is None
+
+
 @pytest.mark.parametrize(
     ("opts", "line"),
     [
@@ -92,7 +100,12 @@ def test_native_video_keeps_its_size_and_model_frames_take_the_models_input_size
             "--latency-us sets the twin's dock-like timing model: add --dock-timing (or leave --latency-us out)",
         ),
         (FrameOptions(dock_timing=True, link_mbps=0), "--link-mbps 0: give a link rate > 0 Mbps (default 5600)"),
-        (FrameOptions(dock_timing=True, latency_us=-1), "--latency-us -1: give a latency >= 0 us (default 125)"),
+        (FrameOptions(dock_timing=True, latency_us=-1), f"--latency-us -1: {LATENCY_WANT}"),
+        # taken: the primary never served, the node blamed "no_product_string ... permission issue", exit 0
+        (FrameOptions(dock_timing=True, latency_us=1e12), f"--latency-us 1e+12: {LATENCY_WANT}"),
+        (FrameOptions(dock_timing=True, latency_us=100_001), f"--latency-us 100001: {LATENCY_WANT}"),
+        (FrameOptions(dock_timing=True, latency_us=float("inf")), f"--latency-us inf: {LATENCY_WANT}"),
+        (FrameOptions(dock_timing=True, latency_us=float("nan")), f"--latency-us nan: {LATENCY_WANT}"),
         (
             FrameOptions(dock_timing=True, dock_kind="cpu"),
             "--dock-timing is the twin's timing model, and the node configuration's dock.kind is 'cpu': leave "
