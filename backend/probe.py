@@ -184,13 +184,38 @@ def shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
     return name.strip(), tuple(int(d) for d in parts)
 
 
+def model_path_problem(path: Path) -> str | None:
+    """Why ``--model`` ``path`` is no model file, told from its stat alone (a FIFO is never opened), or None:
+    ``"does not exist"``, ``"is a FIFO, not a model file"`` (a folder, a device: ``msgs/video.py``
+    ``file_kind``), or ``"cannot be read (<the OS's reason>)"`` -- a name over the file system's 255 bytes was a
+    traceback (``OSError`` ``ENAMETOOLONG``), as ``--fingerprint`` says of such a path."""
+    import errno
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "does not exist"
+        return f"cannot be read ({e.strerror or e})"
+    if stat.S_ISREG(st.st_mode):
+        return None
+    from chestnut.msgs.video import file_kind
+
+    return f"is {file_kind(st.st_mode)}, not a model file"
+
+
 def fingerprint_target_problem(path: Path) -> str | None:
     """Why ``--record-fingerprint`` cannot write to ``path`` (checked before the model is loaded or
-    compiled), or None: its folder must exist and ``path`` must not be a folder or another non-regular file."""
-    if not path.parent.is_dir():
-        return f"--record-fingerprint {path}: folder {path.parent} does not exist; create it or give another path"
-    if path.exists() and not path.is_file():
-        return f"--record-fingerprint {path} exists and is not a regular file; give another path"
+    compiled), or None: its folder must exist and ``path`` must not be a folder or another non-regular file; a
+    path the OS refuses to look up (a name over 255 bytes: ``ENAMETOOLONG``) is named with its reason."""
+    try:
+        if not path.parent.is_dir():
+            return f"--record-fingerprint {path}: folder {path.parent} does not exist; create it or give another path"
+        if path.exists() and not path.is_file():
+            return f"--record-fingerprint {path} exists and is not a regular file; give another path"
+    except OSError as e:
+        return f"--record-fingerprint {path} cannot be written ({e.strerror or e}); give another path"
     return None
 
 
@@ -343,11 +368,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if args.model is not None:
-        if not args.model.is_file():  # told from its stat: a FIFO is never opened
-            from chestnut.msgs.video import file_kind
-
-            what = (f"is {file_kind(args.model.stat().st_mode)}, not a model file" if args.model.exists()
-                    else "does not exist")
+        if (what := model_path_problem(args.model)) is not None:
             print(f"chestnut probe: model {args.model} {what}", file=sys.stderr)
             return 2
         spec = ModelSpec(args.model, args.name or args.model.stem, dict(args.shape))  # shape_arg's (name, dims) pairs

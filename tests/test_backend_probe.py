@@ -167,6 +167,32 @@ def test_a_model_that_is_a_fifo_says_so_unopened(capsys, tmp_path):
     assert capsys.readouterr().err == f"chestnut probe: model {fifo} is a FIFO, not a model file\n"
 
 
+def test_a_model_path_the_os_refuses_is_one_line(capsys, tmp_path):
+    """A 300-character file name was a traceback (``OSError: [Errno 36] File name too long``), and one under a
+    file (ENOTDIR) or a missing one still does not exist."""
+    from chestnut.launch.cli import main
+
+    long_name = tmp_path / ("m" * 295 + ".onnx")
+    assert main(["probe", "--twin", "--model", str(long_name)]) == 2
+    assert capsys.readouterr().err == f"chestnut probe: model {long_name} cannot be read (File name too long)\n"
+    (tmp_path / "file").write_bytes(b"")
+    for gone in (tmp_path / "file" / "m.onnx", tmp_path / "none.onnx"):
+        assert main(["probe", "--twin", "--model", str(gone)]) == 2
+        assert capsys.readouterr().err == f"chestnut probe: model {gone} does not exist\n"
+
+
+def test_a_record_fingerprint_path_the_os_refuses_is_one_line(capsys, tmp_path):
+    """``--record-fingerprint <a 300-character name>`` was a traceback (``path.exists()``: ENAMETOOLONG)."""
+    from chestnut.launch.cli import main
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"")
+    target = tmp_path / ("f" * 295 + ".json")
+    assert main(["probe", "--twin", "--model", str(model), "--record-fingerprint", str(target)]) == 2
+    assert capsys.readouterr().err == (f"chestnut probe: --record-fingerprint {target} cannot be written (File name "
+                                       "too long); give another path\n")
+
+
 # ------------------------------------------------------------------ the dock's lock (backend/docklock.py)
 HOLD = ("import sys;from chestnut.backend.docklock import *;DockLock(dock_lock_path({bus},{address})).acquire(5);"
         "print('held',flush=True);sys.stdin.read()")
