@@ -18,6 +18,12 @@ Unpickling runs code, so nothing is unpickled that this user did not write:
   ``hmac.key``: 32 random bytes, created 0600 beside the entries. Whoever can write an entry but
   cannot read the key cannot forge one. The pickle's sha256 is compared only after the MAC matched,
   and ``pickle.loads`` runs only after both.
+- **A bad key is the key's problem** (:class:`KeyProblem`), never an entry's: no entry is discarded or trusted
+  for it, and every process that meets it says one line naming the key, what is wrong and the fix, and compiles
+  without the cache. A damaged key of ours (a regular file of this user, 0600, of the wrong size) is replaced
+  by a new one when a model is next cached (its entries then fail the HMAC and are compiled again); a key of
+  another mode or owner, a symlink or not a regular file is neither used nor replaced: another user may have read
+  or written it, so the user decides (``chmod 600``, or remove it).
 - **Created private, written atomically**: the directory 0700, files 0600 (``O_CREAT | O_EXCL``,
   then ``fsync`` and ``rename``; the metadata last, so a half-written entry never verifies).
 
@@ -43,6 +49,7 @@ into a fresh one, said in one line -- when this call finds it, or when tinygrad 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import hmac
@@ -317,6 +324,37 @@ class _OtherKey(CacheRefused):
     """An entry whose HMAC checks, built for another key than the one it was looked up under."""
 
 
+CACHE_OFF = "the compile cache is off (models are compiled, not cached; its entries are kept)"
+
+
+class KeyProblem(CacheRefused):
+    """``hmac.key`` itself cannot be used: the key's problem, never an entry's (no entry is discarded or trusted
+    for it). ``str()`` is the one line naming the key file, what is wrong and the fix. ``damaged``: a regular file
+    of this user that others cannot read or write, of the wrong size -- ours, damaged (a truncation, ``: >``), so
+    :meth:`JitCache.store` replaces it by a new key (the entries signed with the old one then fail their HMAC and
+    are compiled again); any other problem (mode, owner, symlink, not a regular file, unreadable) is left for the
+    user to fix: another user may have read or written that key, so it is neither used nor replaced."""
+
+    def __init__(self, path: Path, what: str, fix: str, damaged: bool = False, ino: int | None = None) -> None:
+        super().__init__(f"compile cache key {path} {what}; {fix}")
+        self.damaged, self.ino = damaged, ino
+
+
+def _remove_fix(path: Path) -> str:
+    return f"{CACHE_OFF} until you remove {path}: a new key is made, and every compiled entry is compiled again"
+
+
+_said: set[str] = set()
+
+
+def say_once(line: str, say: Any = None) -> None:
+    """``line`` said once in this process (``say``, default a WARNING of this module's logger): a bad key is
+    named by every process that meets it, once, not by every load and store of one process."""
+    if line not in _said:
+        _said.add(line)
+        (say or (lambda text: log.warning("%s", text)))(line)
+
+
 def meta_mac(key: bytes, meta: dict[str, Any]) -> str:
     """HMAC-SHA256 (hex) of ``meta`` without its ``hmac`` field, as canonical JSON (sorted keys)."""
     body = {k: v for k, v in meta.items() if k != "hmac"}
@@ -370,8 +408,45 @@ def _read_bounded(dir_fd: int, root: Path, name: str, limit: int, private: bool 
         os.close(fd)
 
 
-def _write_atomic(dir_fd: int, name: str, data: bytes) -> None:
-    """Write ``name`` under ``dir_fd``: a fresh 0600 temp file, fsync, rename over ``name``, fsync the dir."""
+def _read_key(dir_fd: int, root: Path) -> bytes | None:
+    """The bytes of ``root/hmac.key`` (opened relative to ``dir_fd``, never through a symlink), None if it does
+    not exist; raises :class:`KeyProblem` for a key that is not a regular file of this user that group/other
+    cannot read or write, that cannot be opened or read, or that does not hold :data:`KEY_BYTES` bytes."""
+    path = root / KEY_NAME
+    try:
+        fd = os.open(KEY_NAME, _READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise KeyProblem(path, "is a symlink", _remove_fix(path)) from None
+        raise KeyProblem(path, f"cannot be opened ({e.strerror})", _remove_fix(path)) from None
+    try:
+        st = os.fstat(fd)
+        try:
+            _check_file(path, st, private=True)
+        except CacheRefused as e:
+            what = str(e)[len(str(path)) + 1:]
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():  # ours: the mode only
+                raise KeyProblem(path, what, f"{CACHE_OFF} until you run chmod 600 {path}, or remove it if another "
+                                             "user may have read or written it (a new key is made, and every compiled "
+                                             "entry is compiled again)") from None
+            raise KeyProblem(path, what, _remove_fix(path)) from None
+        try:
+            data = os.read(fd, KEY_BYTES + 1) if st.st_size == KEY_BYTES else b""
+        except OSError as e:
+            raise KeyProblem(path, f"cannot be read ({e.strerror or e})", _remove_fix(path)) from None
+        if st.st_size != KEY_BYTES or len(data) != KEY_BYTES:
+            raise KeyProblem(path, f"holds {st.st_size} bytes, not {KEY_BYTES} (damaged)",
+                             "a new key replaces it when a model is next cached, and every compiled entry is "
+                             "compiled again", damaged=True, ino=st.st_ino)
+        return data
+    finally:
+        os.close(fd)
+
+
+def _write_temp(dir_fd: int, name: str, data: bytes) -> str:
+    """A fresh 0600 temp file under ``dir_fd`` holding ``data``, fsync'ed; its name."""
     tmp = f".{name}.tmp{os.getpid()}.{os.urandom(4).hex()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     try:
@@ -384,7 +459,12 @@ def _write_atomic(dir_fd: int, name: str, data: bytes) -> None:
         os.unlink(tmp, dir_fd=dir_fd)
         raise
     os.close(fd)
-    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    return tmp
+
+
+def _write_atomic(dir_fd: int, name: str, data: bytes) -> None:
+    """Write ``name`` under ``dir_fd``: a fresh 0600 temp file, fsync, rename over ``name``, fsync the dir."""
+    os.replace(_write_temp(dir_fd, name, data), name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     os.fsync(dir_fd)
 
 
@@ -422,23 +502,52 @@ class JitCache:
         return fd
 
     def _key(self, dir_fd: int, create: bool) -> bytes | None:
-        key = _read_bounded(dir_fd, self.root, KEY_NAME, KEY_BYTES, private=True)
-        if key is None and create:
+        """The cache's HMAC key (:func:`_read_key`), None when there is none and not ``create``. With ``create``, a
+        missing key is made (32 random bytes, 0600, linked into place whole: never seen empty) and a damaged key
+        of ours (:class:`KeyProblem` ``damaged``) replaced by a new one, said once (:func:`say_once`). Raises
+        :class:`KeyProblem` for any other problem of the key, OSError if it cannot be written."""
+        try:
+            key = _read_key(dir_fd, self.root)
+        except KeyProblem as e:
+            if not (create and e.damaged):
+                raise
+            say_once(str(e))
+            tmp = _write_temp(dir_fd, KEY_NAME, os.urandom(KEY_BYTES))
             try:
-                fd = os.open(
-                    KEY_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd
-                )
-            except FileExistsError:  # another process created it just now
-                return self._key(dir_fd, create=False)
-            try:
-                os.write(fd, os.urandom(KEY_BYTES))
-                os.fsync(fd)
+                if os.stat(KEY_NAME, dir_fd=dir_fd, follow_symlinks=False).st_ino == e.ino:  # not replaced since
+                    os.replace(tmp, KEY_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                    os.fsync(dir_fd)
             finally:
-                os.close(fd)
-            key = _read_bounded(dir_fd, self.root, KEY_NAME, KEY_BYTES, private=True)
-        if key is not None and len(key) != KEY_BYTES:
-            raise CacheRefused(f"{self.root / KEY_NAME} holds {len(key)} bytes, not {KEY_BYTES}")
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=dir_fd)
+            return _read_key(dir_fd, self.root)
+        if key is None and create:
+            tmp = _write_temp(dir_fd, KEY_NAME, os.urandom(KEY_BYTES))
+            try:
+                os.link(tmp, KEY_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # fails if another process made it
+                os.fsync(dir_fd)
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(tmp, dir_fd=dir_fd)
+            key = _read_key(dir_fd, self.root)
         return key
+
+    def key_problem(self) -> KeyProblem | None:
+        """What is wrong with this cache's key (:class:`KeyProblem`), or None: a usable key, no key yet (made when
+        a model is first cached), or no cache directory. Nothing is created or replaced; never raises (a refused
+        directory is :meth:`refusal`'s to name)."""
+        try:
+            dir_fd = self._open_root(create=False)
+        except (CacheRefused, OSError):
+            return None
+        try:
+            _read_key(dir_fd, self.root)
+        except KeyProblem as e:
+            return e
+        finally:
+            os.close(dir_fd)
+        return None
 
     def _entry(self, dir_fd: int, key: CacheKey) -> tuple[bytes, dict[str, Any]] | None:
         """The pickle's bytes and the metadata of the entry for ``key`` in the checked directory ``dir_fd``, once
@@ -447,10 +556,10 @@ class JitCache:
         Raises :class:`CacheRefused` naming the file and what is wrong (:class:`_OtherKey` for a genuine entry of
         another key), OSError if a file cannot be stat'ed."""
         pkl, meta_name = f"{key.digest}.pkl", f"{key.digest}.json"
+        mac_key = self._key(dir_fd, create=False)  # a bad key is named even where this key has no entry
         raw = _read_bounded(dir_fd, self.root, meta_name, MAX_META_BYTES)
         if raw is None:
             return None
-        mac_key = self._key(dir_fd, create=False)
         if mac_key is None:
             raise CacheRefused(f"{self.root / KEY_NAME} is missing, so no entry can be verified")
         try:
@@ -483,6 +592,9 @@ class JitCache:
             entry = self._entry(dir_fd, key)
         except _OtherKey:
             log.warning("compile cache entry %s was built for another key; rebuilding", pkl)
+            return None
+        except KeyProblem as e:  # the key's problem: the entry is kept, never trusted
+            say_once(str(e))
             return None
         except CacheRefused as e:
             log.warning("compile cache entry %s refused: %s; rebuilding", pkl, e)
@@ -559,6 +671,9 @@ class JitCache:
             meta["hmac"] = meta_mac(mac_key, meta)
             _write_atomic(dir_fd, f"{key.digest}.pkl", blob)
             _write_atomic(dir_fd, f"{key.digest}.json", json.dumps(meta, indent=1).encode())
+        except KeyProblem as e:
+            say_once(str(e))
+            return None
         except CacheRefused as e:
             log.warning("compile cache refused: %s; the compiled model is not cached", e)
             return None

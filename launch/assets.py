@@ -14,7 +14,10 @@ repaired, checked (ONNX checker; agreement with onnxruntime within 1e-4 on a rea
 metadata file written beside it; building it fills the compile cache (``backend/jitcache.py``). Run again
 without ``--force``, it says ``model ready`` without preparing when the prepared file is what its metadata
 recorded and the compile cache's entry of it is intact or absent (checked short of unpickling, nothing
-compiled); a damaged file or a refused entry is named in one line and the model prepared again.
+compiled); a damaged file or a refused entry is named in one line and the model prepared again. A bad key of
+the compile cache (``backend/jitcache.py`` ``KeyProblem``) is named in one line with its fix and no entry is
+discarded for it: a damaged key of ours is replaced as the model is prepared again; any other leaves the model
+ready but ``not cached``, said on the ``model ready`` line.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ import hashlib
 import importlib.util
 import json
 import logging
+import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +38,7 @@ import numpy as np
 
 from chestnut.backend.errors import ModelError
 from chestnut.msgs.outdir import OutputDirError, missing_folder, private_dir, write_private_files
-from chestnut.node.config import cache_dir, default_model_path
+from chestnut.node.config import MAX_INPUT_ELEMENTS, cache_dir, default_model_path
 
 log = logging.getLogger("chestnut.assets")
 
@@ -213,11 +218,27 @@ def source_problem(src: Path) -> str | None:
     return None
 
 
-def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_frame: np.ndarray | None) -> dict[str, Any]:
+def sample_frame(height: int, width: int) -> np.ndarray | None:
+    """The real road image (:func:`road_image_path`) as a uint8 [height, width, 3] BGR check frame, or None when it
+    cannot be had -- the wheel missing, or a size FFmpeg's scaler refuses (``av.error.ArgumentError``) --, said in
+    one warning line: the agreement check then runs on a fixed random input. Called only once the shape passed the
+    model's own dims (:func:`prepare_model`)."""
+    try:
+        return read_image_bgr(road_image_path(), height, width)
+    except Exception as e:  # ModelError (no wheel), PyAV's errors, OSError: the check frame is optional
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        log.warning("no real frame for the agreement check (%s); using a fixed random input", reason)
+        return None
+
+
+def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...],
+                  check_frame: np.ndarray | Callable[[], np.ndarray | None] | None) -> dict[str, Any]:
     """Prepare ``src`` into ``out`` (+ ``out.with_suffix('.json')`` metadata); returns the metadata.
 
     ``check_frame``: a uint8 [H,W,3] BGR real frame for the onnxruntime agreement check (PP-OCR
-    normalisation), or None to check on a fixed random input. Raises ModelError on any failed check:
+    normalisation), a function that gives one (or None), called only once ``input_shape`` passed the model's own
+    dims and the element bound -- a shape the model refuses was resized to first, a traceback in FFmpeg's scaler
+    for ``1,3,128,99999999`` -- or None to check on a fixed random input. Raises ModelError on any failed check:
     ``missing_model`` when ``src`` is no regular file (:func:`source_problem`), ``bad_model`` when its bytes are
     not an ONNX model with a graph input (garbage, an empty file) or a check fails, ``bad_input_shape`` (see
     :func:`repair_and_fix_shape`); OutputDirError when ``out`` cannot be written. Nothing is written beside ``out``
@@ -236,6 +257,12 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...], check_fram
     if (problem := graph_problem(model)) is not None:
         raise ModelError("bad_model", f"{src} {problem}")
     model, repaired = repair_and_fix_shape(model, input_shape, str(src))
+    if math.prod(input_shape) > MAX_INPUT_ELEMENTS:  # the node refuses it when its configuration loads
+        raise ModelError("bad_input_shape", f"shape given {list(input_shape)} is {math.prod(input_shape)} elements, "
+                                            f"over the {MAX_INPUT_ELEMENTS} a model input may have (64 MiB of "
+                                            "float32, node/config.py MAX_INPUT_ELEMENTS); give a smaller --shape")
+    if callable(check_frame):
+        check_frame = check_frame()
     logits = expose_logits(model)
     try:
         onnx.checker.check_model(model)
@@ -373,9 +400,22 @@ def compile_cache_refusal(out: Path) -> str | None:
         data = f.read()
     key = host_cache_key(hashlib.sha256(data).hexdigest(), _graph_inputs(data, model_label(out.stem, out), {}))
     cache = JitCache()
-    if (refusal := cache.refusal(key)) is not None:
+    if (refusal := cache.refusal(key)) is not None and cache.key_problem() is None:  # the key's: the entry is kept
         cache.discard(key)
     return refusal
+
+
+def compile_cache_key_problem(say: Any = print) -> Any:
+    """The compile cache key's problem (:class:`~chestnut.backend.jitcache.KeyProblem`, its one line said once in
+    this process with ``say``), or None when the key is usable or not made yet."""
+    from chestnut.backend.jitcache import JitCache, say_once
+
+    if (problem := JitCache().key_problem()) is not None:
+        say_once(str(problem), say)
+    return problem
+
+
+NOT_CACHED = "; not cached (the compile cache's key is refused: above)"
 
 
 def agreement_check(model: Any, source: Path | bytes, inputs: dict[str, np.ndarray]) -> float:
@@ -510,34 +550,33 @@ def run(args: argparse.Namespace) -> int:
             and out.with_suffix(".fingerprint.json").is_file()
             and (damage := prepared_damage(out, meta)) is None
         ):
+            ready = (f"model ready: {out} (sha256 {meta['sha256'][:16]}, max |tinygrad-onnxruntime| "
+                     f"{meta['max_abs_diff_vs_onnxruntime']:.2e})")
+            key_problem = compile_cache_key_problem()
+            if key_problem is not None and not key_problem.damaged:  # compiling again would not cache it either
+                print(ready + NOT_CACHED)
+                return prepare_for_dock(out) if args.for_dock else 0
             try:
-                refusal = compile_cache_refusal(out)
+                refusal = None if key_problem is not None else compile_cache_refusal(out)
             except (OSError, ModelError) as e:  # the file changed since it was checked
                 damage = str(e)
             else:
-                if refusal is None:
-                    print(
-                        f"model ready: {out} (sha256 {meta['sha256'][:16]}, max |tinygrad-onnxruntime| "
-                        f"{meta['max_abs_diff_vs_onnxruntime']:.2e})"
-                    )
+                if refusal is None and key_problem is None:
+                    print(ready)
                     return prepare_for_dock(out) if args.for_dock else 0
-                print(f"compile cache entry of {out} refused ({refusal}); preparing it again")
+                if refusal is not None:
+                    print(f"compile cache entry of {out} refused ({refusal}); preparing it again")
         if damage is not None:
             print(f"prepared model {out} is damaged ({damage}); preparing it again")
-    frame = None
-    try:
-        frame = read_image_bgr(road_image_path(), shape[2], shape[3])
-    except ModelError as e:
-        log.warning("no real frame for the agreement check (%s); using a fixed random input", e)
     print(f"preparing {src} -> {out} (input {list(shape)}); the first tinygrad run compiles, this takes a while")
-    try:
-        meta = prepare_model(src, out, shape, frame)
+    try:  # the check frame is read once the shape passed the model's dims (prepare_model)
+        meta = prepare_model(src, out, shape, lambda: sample_frame(shape[2], shape[3]))
     except (ModelError, OutputDirError) as e:  # not an ONNX model, a failed check, an unfit target: one line
         print(f"chestnut model prepare: {e}", file=sys.stderr)
         return 2
     print(
         f"model ready: {out} (sha256 {meta['sha256'][:16]}, {meta['resize_roi_repaired']} Resize nodes repaired, "
         f"max |tinygrad-onnxruntime| {meta['max_abs_diff_vs_onnxruntime']:.2e}, "
-        f"first call {meta['first_call_s']:.1f} s)"
+        f"first call {meta['first_call_s']:.1f} s)" + (NOT_CACHED if compile_cache_key_problem() is not None else "")
     )
     return prepare_for_dock(out) if args.for_dock else 0

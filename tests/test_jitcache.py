@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from chestnut.backend import jitcache
 from chestnut.backend.jitcache import KEY_NAME, MAX_META_BYTES, CacheKey, JitCache, meta_mac
 from chestnut.backend.model import OnnxModel, TensorSpec
 
@@ -144,7 +145,8 @@ def test_a_planted_entry_without_a_key_file_never_runs(tmp_path):
         ("pkl", 0o666, "is writable by group/other (mode 0666)"),
         ("pkl", 0o620, "is writable by group/other (mode 0620)"),
         ("json", 0o602, "is writable by group/other (mode 0602)"),
-        ("key", 0o640, "is readable or writable by group/other (mode 0640)"),
+        ("key", 0o640, "compile cache key {root}/hmac.key is readable or writable by group/other (mode 0640); "
+                       "the compile cache is off"),
         ("dir", 0o777, "cache directory {root} is writable by group/other (mode 0777)"),
         ("dir", 0o770, "cache directory {root} is writable by group/other (mode 0770)"),
         ("parent", 0o777, "is writable by group/other without the sticky bit (mode 0777)"),
@@ -165,7 +167,7 @@ def test_an_entry_group_or_other_could_have_written_never_runs(tmp_path, caplog,
     target.chmod(mode)
     assert JitCache(root).load(KEY) is None
     assert not marker.exists()
-    assert why.format(root=root) in caplog.text and "rebuilding" in caplog.text
+    assert why.format(root=root) in caplog.text and ("rebuilding" in caplog.text or what == "key")
 
 
 @pytest.mark.parametrize("what", ["pkl", "json", "key"])
@@ -178,7 +180,7 @@ def test_a_symlinked_cache_file_never_runs(tmp_path, caplog, what):
     (root / name).symlink_to(away / name)
     assert JitCache(root).load(KEY) is None
     assert not marker.exists()
-    assert f"{root / name} is a symlink; rebuilding" in caplog.text
+    assert f"{root / name} is a symlink; {'the compile cache is off' if what == 'key' else 'rebuilding'}" in caplog.text
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a file of another user needs root")
@@ -286,7 +288,10 @@ def _garble(root: Path) -> str:
         _remove("{d}.pkl", f"is missing (its metadata {KEY.digest}.json is there)"),
         _remove(KEY_NAME, "is missing, so no entry can be verified"),
         _chmod("{d}.pkl", 0o666, "{path} is writable by group/other (mode 0666)"),
-        _chmod(KEY_NAME, 0o640, "{path} is readable or writable by group/other (mode 0640)"),
+        _chmod(KEY_NAME, 0o640, "compile cache key {path} is readable or writable by group/other (mode 0640); the "
+               "compile cache is off (models are compiled, not cached; its entries are kept) until you run chmod 600 "
+               "{path}, or remove it if another user may have read or written it (a new key is made, and every "
+               "compiled entry is compiled again)"),
         _chmod("", 0o777, "the cache directory {path} is writable by group/other (mode 0777)"),
     ],
     ids=["flipped-byte", "unsigned", "another-key", "not-json", "no-pickle", "no-key", "pkl-0666", "key-0640",
@@ -331,3 +336,111 @@ def test_the_folders_made_for_a_new_cache_are_private(tmp_path):
         os.umask(old)
     os.close(fd)
     assert [stat.S_IMODE((tmp_path / p).stat().st_mode) for p in ("a", "a/b", "a/b/cache")] == [0o700] * 3
+
+
+# ---------------------------------------------------------------- a bad key is the key's problem, not an entry's
+
+
+@pytest.fixture
+def fresh_process(monkeypatch):
+    """What this process said of a bad key forgotten (as in the next process); returns a function that forgets again."""
+    monkeypatch.setattr(jitcache, "_said", set(), raising=False)
+    return lambda: monkeypatch.setattr(jitcache, "_said", set(), raising=False)
+
+
+OFF = "the compile cache is off (models are compiled, not cached; its entries are kept) until you"
+REMOVE = "remove {key}: a new key is made, and every compiled entry is compiled again"
+
+
+def _key_mode(root: Path) -> str:
+    (root / KEY_NAME).chmod(0o644)
+    key = root / KEY_NAME
+    return (f"compile cache key {key} is readable or writable by group/other (mode 0644); {OFF} run chmod 600 {key}, "
+            "or remove it if another user may have read or written it (a new key is made, and every compiled entry "
+            "is compiled again)")
+
+
+def _key_symlink(root: Path) -> str:
+    key = root / KEY_NAME
+    key.rename(root.parent / "away.key")
+    key.symlink_to(root.parent / "away.key")
+    return f"compile cache key {key} is a symlink; {OFF} {REMOVE.format(key=key)}"
+
+
+def _key_folder(root: Path) -> str:
+    key = root / KEY_NAME
+    key.unlink()
+    key.mkdir(mode=0o700)
+    return f"compile cache key {key} is not a regular file; {OFF} {REMOVE.format(key=key)}"
+
+
+def _key_owner(root: Path) -> str:
+    key = root / KEY_NAME
+    os.chown(key, 65534, 65534)
+    return f"compile cache key {key} belongs to uid 65534, not to uid 0; {OFF} {REMOVE.format(key=key)}"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        _key_mode,
+        _key_symlink,
+        _key_folder,
+        pytest.param(_key_owner, marks=pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")),
+    ],
+    ids=["mode-0644", "symlink", "folder", "owner"],
+)
+def test_a_bad_key_is_named_with_its_fix_its_entries_kept_untrusted_and_it_is_never_used_or_replaced(
+    tmp_path, caplog, fresh_process, damage
+):
+    """It was "compile cache entry ... refused (...hmac.key is readable ...)": the valid entry was deleted, the
+    store refused, and the next run said nothing."""
+    root, marker = tmp_path / "jit", tmp_path / "pwned"
+    JitCache(root).store(KEY, Plant(marker), {})
+    entry = {p.name: p.read_bytes() for p in root.glob(f"{KEY.digest}.*")}
+    line = damage(root)
+    assert JitCache(root).refusal(KEY) == line
+    assert str(JitCache(root).key_problem()) == line and JitCache(root).key_problem().damaged is False
+    assert JitCache(root).load(KEY) is None
+    assert JitCache(root).store(KEY, "new", {}) is None  # not used, not replaced
+    assert JitCache(root).load(KEY) is None
+    assert [r.getMessage() for r in caplog.records] == [line]  # once in this process
+    fresh_process()
+    assert JitCache(root).load(KEY) is None
+    assert [r.getMessage() for r in caplog.records] == [line, line]  # and again by the next
+    assert {p.name: p.read_bytes() for p in root.glob(f"{KEY.digest}.*")} == entry and not marker.exists()
+
+
+@pytest.mark.parametrize("size", [0, 31, 33, 4096])
+def test_a_damaged_key_of_ours_is_replaced_when_a_model_is_next_cached(tmp_path, caplog, fresh_process, size):
+    root, marker = tmp_path / "jit", tmp_path / "pwned"
+    other = CacheKey("1" * 64, KEY.inputs, KEY.device, KEY.tinygrad_version)
+    JitCache(root).store(other, Plant(marker), {})
+    kept = {p.name: p.read_bytes() for p in root.glob(f"{other.digest}.*")}
+    key = root / KEY_NAME
+    key.write_bytes(b"k" * size)
+    line = (f"compile cache key {key} holds {size} bytes, not 32 (damaged); a new key replaces it when a model is "
+            "next cached, and every compiled entry is compiled again")
+    assert JitCache(root).refusal(other) == line and JitCache(root).key_problem().damaged is True
+    assert JitCache(root).load(other) is None
+    assert {p.name: p.read_bytes() for p in root.glob(f"{other.digest}.*")} == kept  # not removed for the key
+    assert JitCache(root).store(KEY, "ours", {}) == root / f"{KEY.digest}.pkl"
+    assert [r.getMessage() for r in caplog.records] == [line]  # the load and the store: one line
+    assert len(key.read_bytes()) == 32 and stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert JitCache(root).key_problem() is None and JitCache(root).load(KEY)[0] == "ours"
+    assert JitCache(root).refusal(other) == (  # signed with the old key: never trusted, compiled again
+        f"{root / other.digest}.json does not carry this cache's HMAC (tampered or foreign)")
+    assert JitCache(root).load(other) is None and not marker.exists()
+    assert sorted(p.name for p in root.iterdir()) == sorted([*kept, f"{KEY.digest}.pkl", f"{KEY.digest}.json",
+                                                            KEY_NAME])  # no temporary file left
+
+
+def test_a_new_key_is_made_whole_and_a_second_maker_keeps_the_first(tmp_path):
+    root = tmp_path / "jit"
+    fd = JitCache(root)._open_root(create=True)
+    try:
+        first = JitCache(root)._key(fd, create=True)
+        assert JitCache(root)._key(fd, create=True) == first == (root / KEY_NAME).read_bytes()
+    finally:
+        os.close(fd)
+    assert len(first) == 32 and [p.name for p in root.iterdir()] == [KEY_NAME]

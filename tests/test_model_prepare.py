@@ -320,6 +320,99 @@ def test_the_check_unpickles_not_even_an_authenticated_entry(cached, capsys, tmp
     assert calls == [] and not marker.exists()
 
 
+def test_a_key_others_could_read_is_named_with_its_fix_on_every_prepare_and_the_entry_kept(
+    cached, capsys, caplog, compiled_jit, monkeypatch
+):
+    """It was "compile cache entry ... refused (.../hmac.key is readable ...); preparing it again": the valid entry
+    deleted, the compile not cached, "model ready" said as if it were, and the next prepare silent."""
+    from chestnut.backend import jitcache
+
+    out, args, calls, pkl, meta = cached
+    key = pkl.parent / "hmac.key"
+    key.chmod(0o644)
+    sha = hashlib.sha256(out.read_bytes()).hexdigest()
+    expected = (
+        f"compile cache key {key} is readable or writable by group/other (mode 0644); the compile cache is off "
+        f"(models are compiled, not cached; its entries are kept) until you run chmod 600 {key}, or remove it if "
+        "another user may have read or written it (a new key is made, and every compiled entry is compiled again)\n"
+        f"model ready: {out} (sha256 {sha[:16]}, max |tinygrad-onnxruntime| 0.00e+00); not cached (the compile "
+        "cache's key is refused: above)\n",
+        "",
+    )
+    for _ in range(2):  # each prepare is a process of its own: the second says it again
+        monkeypatch.setattr(jitcache, "_said", set())
+        assert assets.run(args) == 0
+        assert capsys.readouterr() == expected
+    assert calls == [] and caplog.records == []
+    assert pkl.read_bytes() == (compiled_jit / pkl.name).read_bytes()
+    assert meta.read_bytes() == (compiled_jit / meta.name).read_bytes()
+    assert stat.S_IMODE(key.stat().st_mode) == 0o644  # neither fixed nor replaced behind the user's back
+
+
+def test_a_prepare_that_compiles_under_a_refused_key_says_not_cached(prepared, capsys, caplog, monkeypatch, tmp_path):
+    from chestnut.backend import jitcache
+
+    out, args, calls = prepared
+    monkeypatch.setattr(jitcache, "_said", set())
+    key = tmp_path / "cache" / "jit" / "hmac.key"
+    key.parent.mkdir(parents=True, mode=0o700)
+    key.write_bytes(b"k" * 32)
+    key.chmod(0o640)
+    args.force = True
+    assert assets.run(args) == 0
+    sha = hashlib.sha256(out.read_bytes()).hexdigest()
+    assert capsys.readouterr().out.splitlines() == [  # the compile (not run here) logs the key's line first
+        f"preparing {args.onnx} -> {out} (input [1, 3, 32, 64]); the first tinygrad run compiles, this takes a while",
+        f"compile cache key {key} is readable or writable by group/other (mode 0640); the compile cache is off "
+        f"(models are compiled, not cached; its entries are kept) until you run chmod 600 {key}, or remove it if "
+        "another user may have read or written it (a new key is made, and every compiled entry is compiled again)",
+        f"model ready: {out} (sha256 {sha[:16]}, 0 Resize nodes repaired, max |tinygrad-onnxruntime| 0.00e+00, "
+        "first call 0.5 s); not cached (the compile cache's key is refused: above)",
+    ]
+    assert calls == [out]
+
+
+def test_an_emptied_key_is_replaced_as_the_model_is_prepared_again_and_the_next_prepare_is_ready(
+    cached, capsys, caplog, monkeypatch, tiny_onnx
+):
+    """``: > hmac.key``: the key is ours and damaged, so the project replaces it; the entry is recompiled under the
+    new key (never trusted under the old one) and the next prepare finds it intact."""
+    from chestnut.backend import jitcache
+    from chestnut.backend.model import OnnxModel
+
+    out, args, calls, pkl, meta = cached
+    monkeypatch.setattr(jitcache, "_said", set())
+    key = pkl.parent / "hmac.key"
+    key.write_bytes(b"")
+    first = {"source": str(tiny_onnx), "sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
+             "input_shape": list(SHAPE), "max_abs_diff_vs_onnxruntime": 0.0, "resize_roi_repaired": 0,
+             "first_call_s": 0.5}
+
+    def prepare_model(src: Path, dst: Path, shape: tuple[int, ...], frame: object) -> dict:
+        calls.append(dst)
+        model = OnnxModel(dst.read_bytes(), name=dst.stem, origin=dst, jit_cache=jitcache.JitCache())
+        assert model.cache_hit is False
+        return first
+
+    monkeypatch.setattr(assets, "prepare_model", prepare_model)
+    assert assets.run(args) == 0
+    sha = first["sha256"]
+    assert capsys.readouterr() == (
+        f"compile cache key {key} holds 0 bytes, not 32 (damaged); a new key replaces it when a model is next cached, "
+        "and every compiled entry is compiled again\n"
+        f"preparing {tiny_onnx} -> {out} (input [1, 3, 32, 64]); the first tinygrad run compiles, this takes a while\n"
+        f"model ready: {out} (sha256 {sha[:16]}, 0 Resize nodes repaired, max |tinygrad-onnxruntime| 0.00e+00, "
+        "first call 0.5 s)\n",
+        "",
+    )
+    assert calls == [out] and [r for r in caplog.records if "hmac.key" in r.getMessage()] == []  # said once
+    assert len(key.read_bytes()) == 32 and stat.S_IMODE(key.stat().st_mode) == 0o600
+    monkeypatch.setattr(jitcache, "_said", set())
+    assert assets.run(args) == 0
+    assert capsys.readouterr() == (f"model ready: {out} (sha256 {sha[:16]}, max |tinygrad-onnxruntime| 0.00e+00)\n", "")
+    assert calls == [out]
+
+
 CHESTNUT = str(Path(sys.executable).with_name("chestnut"))
 
 
