@@ -217,3 +217,58 @@ def test_an_onnx_file_over_the_2_gib_bound_is_refused_from_its_size_unread(tmp_p
         f"chestnut model prepare: --onnx {big}: is 5368709120 bytes, over the 2147483648 an ONNX model can be; give "
         "the path of an ONNX model (or leave --onnx out for the default PP-OCRv4 detector)"
     ])
+
+
+def test_a_shape_the_model_refuses_is_refused_before_the_check_frame_is_read(tmp_path, monkeypatch, capsys):
+    """``--shape 1,3,32,99999999`` against a model whose input is [1, 3, 32, 64] was a traceback: the sample image
+    was resized to it first (``read_image_bgr``: PyAV's ``ArgumentError``), while ``1,3,32,70000`` got the
+    bad_input_shape line. Both now get that line, exit 2, and the image is never read."""
+    from tinymodel import make_tiny_onnx
+
+    from chestnut.launch import assets
+
+    reads: list[tuple[int, int]] = []
+    real_read = assets.read_image_bgr
+    monkeypatch.setattr(assets, "read_image_bgr", lambda p, h, w: reads.append((h, w)) or real_read(p, h, w))
+    tiny = make_tiny_onnx(tmp_path / "tiny.onnx")
+    for width in ("99999999", "70000"):
+        rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(tiny), "--shape", f"1,3,32,{width}")
+        assert (rc, err) == (2, [
+            f"chestnut model prepare: bad_input_shape: input 'x' of {tiny} is [1, 3, 32, 64]: dim 3 is 64 in the "
+            f"model, shape given [1, 3, 32, {width}] asks {width}"
+        ])
+    assert reads == []
+    assert not (tmp_path / "out" / "m.onnx").exists()
+
+
+def test_a_shape_over_the_nodes_element_bound_is_refused_before_the_check_frame_is_read(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """PP-OCRv4's H and W are free, so ``1,3,128,99999999`` passed the model's dims and went on to a traceback in
+    the sample read; it is over the elements the node takes (``node/config.py`` MAX_INPUT_ELEMENTS): one line."""
+    from chestnut.launch import assets
+
+    monkeypatch.setattr(assets, "read_image_bgr", lambda *a: pytest.fail("the sample image was read"))
+    rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--shape", "1,3,128,99999999")
+    assert (rc, err) == (2, [
+        "chestnut model prepare: bad_input_shape: shape given [1, 3, 128, 99999999] is 38399999616 elements, over "
+        "the 16777216 a model input may have (64 MiB of float32, node/config.py MAX_INPUT_ELEMENTS); give a "
+        "smaller --shape"
+    ])
+
+
+def test_a_sample_read_that_fails_is_one_warning_line_and_a_random_input(monkeypatch, caplog):
+    """Only a missing wheel (ModelError) was caught; any other failure of the read (PyAV's errors) was a
+    traceback."""
+    import logging
+
+    from chestnut.launch import assets
+
+    def broken(*a: object) -> None:
+        raise ValueError("[Errno 22] Invalid argument\nsecond line")
+
+    monkeypatch.setattr(assets, "read_image_bgr", broken)
+    with caplog.at_level(logging.WARNING, logger="chestnut.assets"):
+        assert assets.sample_frame(128, 256) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "no real frame for the agreement check ([Errno 22] Invalid argument); using a fixed random input"
+    ]
