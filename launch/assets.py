@@ -14,7 +14,10 @@ repaired, checked (ONNX checker; agreement with onnxruntime within 1e-4 on a rea
 metadata file written beside it; building it fills the compile cache (``backend/jitcache.py``). Run again
 without ``--force``, it says ``model ready`` without preparing when the prepared file is what its metadata
 recorded and the compile cache's entry of it is intact or absent (checked short of unpickling, nothing
-compiled); a damaged file or a refused entry is named in one line and the model prepared again.
+compiled); a damaged file or a refused entry is named in one line and the model prepared again. A bad key of
+the compile cache (``backend/jitcache.py`` ``KeyProblem``) is named in one line with its fix and no entry is
+discarded for it: a damaged key of ours is replaced as the model is prepared again; any other leaves the model
+ready but ``not cached``, said on the ``model ready`` line.
 """
 
 from __future__ import annotations
@@ -397,9 +400,22 @@ def compile_cache_refusal(out: Path) -> str | None:
         data = f.read()
     key = host_cache_key(hashlib.sha256(data).hexdigest(), _graph_inputs(data, model_label(out.stem, out), {}))
     cache = JitCache()
-    if (refusal := cache.refusal(key)) is not None:
+    if (refusal := cache.refusal(key)) is not None and cache.key_problem() is None:  # the key's: the entry is kept
         cache.discard(key)
     return refusal
+
+
+def compile_cache_key_problem(say: Any = print) -> Any:
+    """The compile cache key's problem (:class:`~chestnut.backend.jitcache.KeyProblem`, its one line said once in
+    this process with ``say``), or None when the key is usable or not made yet."""
+    from chestnut.backend.jitcache import JitCache, say_once
+
+    if (problem := JitCache().key_problem()) is not None:
+        say_once(str(problem), say)
+    return problem
+
+
+NOT_CACHED = "; not cached (the compile cache's key is refused: above)"
 
 
 def agreement_check(model: Any, source: Path | bytes, inputs: dict[str, np.ndarray]) -> float:
@@ -534,18 +550,22 @@ def run(args: argparse.Namespace) -> int:
             and out.with_suffix(".fingerprint.json").is_file()
             and (damage := prepared_damage(out, meta)) is None
         ):
+            ready = (f"model ready: {out} (sha256 {meta['sha256'][:16]}, max |tinygrad-onnxruntime| "
+                     f"{meta['max_abs_diff_vs_onnxruntime']:.2e})")
+            key_problem = compile_cache_key_problem()
+            if key_problem is not None and not key_problem.damaged:  # compiling again would not cache it either
+                print(ready + NOT_CACHED)
+                return prepare_for_dock(out) if args.for_dock else 0
             try:
-                refusal = compile_cache_refusal(out)
+                refusal = None if key_problem is not None else compile_cache_refusal(out)
             except (OSError, ModelError) as e:  # the file changed since it was checked
                 damage = str(e)
             else:
-                if refusal is None:
-                    print(
-                        f"model ready: {out} (sha256 {meta['sha256'][:16]}, max |tinygrad-onnxruntime| "
-                        f"{meta['max_abs_diff_vs_onnxruntime']:.2e})"
-                    )
+                if refusal is None and key_problem is None:
+                    print(ready)
                     return prepare_for_dock(out) if args.for_dock else 0
-                print(f"compile cache entry of {out} refused ({refusal}); preparing it again")
+                if refusal is not None:
+                    print(f"compile cache entry of {out} refused ({refusal}); preparing it again")
         if damage is not None:
             print(f"prepared model {out} is damaged ({damage}); preparing it again")
     print(f"preparing {src} -> {out} (input {list(shape)}); the first tinygrad run compiles, this takes a while")
@@ -557,6 +577,6 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"model ready: {out} (sha256 {meta['sha256'][:16]}, {meta['resize_roi_repaired']} Resize nodes repaired, "
         f"max |tinygrad-onnxruntime| {meta['max_abs_diff_vs_onnxruntime']:.2e}, "
-        f"first call {meta['first_call_s']:.1f} s)"
+        f"first call {meta['first_call_s']:.1f} s)" + (NOT_CACHED if compile_cache_key_problem() is not None else "")
     )
     return prepare_for_dock(out) if args.for_dock else 0
