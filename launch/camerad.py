@@ -89,7 +89,8 @@ def iter_frames(
     ``height``/``width`` None: the first frame's own size (rounded down to even for ``nv12``), kept for
     every later frame.
 
-    Raises FileNotFoundError for a missing source and ValueError for a folder without images, a source that is
+    Raises FileNotFoundError for a missing source or one the OS cannot look up (one line with its reason: too
+    long, a symlink loop, a path through a regular file) and ValueError for a folder without images, a source that is
     no regular file (a FIFO, a device: told from its ``stat`` and never opened -- opening a FIFO waits for a
     writer, forever for a planted one, ``open(2)``), a file whose frames are over :data:`SOURCE_MAX_PIXELS`
     (:func:`source_pixels_error`, before its first frame is decoded) or a file FFmpeg cannot decode. In a folder,
@@ -99,10 +100,16 @@ def iter_frames(
 
     import av
 
+    from chestnut.msgs.outdir import os_reason
     from chestnut.msgs.video import file_kind
 
-    if not source.exists():
-        raise FileNotFoundError(f"camera source {source} does not exist")
+    try:
+        os.stat(source)  # follows a symlink: the source is the caller's choice
+    except FileNotFoundError:
+        raise FileNotFoundError(f"camera source {source} does not exist") from None
+    except OSError as e:  # ENAMETOOLONG, ELOOP (a symlink loop), ENOTDIR (through a regular file), EACCES
+        raise FileNotFoundError(f"camera source {source}: {os_reason(e)}; give a video, an image folder or an "
+                                "image") from None
     if source.is_dir():
         files = sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
         if not files:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from chestnut.msgs.clock import logged_unix_offset_ns
-from chestnut.msgs.logfile import FlushPolicy, LogReader, McapSegmentWriter
+from chestnut.msgs.logfile import FlushPolicy, LogPathError, LogReader, McapSegmentWriter
 from chestnut.msgs.outdir import OutputDirError, missing_folder
 from chestnut.msgs.video import LoggedFrames, NotRegularFileError, VideoFrameError
 
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:  # the input: a file that is no log by its suffix (SegmentFileReader), as check says it
         _log.error("LOG %s; give log files or directories (rlog.zst / rlog.mcap)", e)
         return 2
-    except NotRegularFileError as e:  # the input: a FIFO, a device, ... (its own fix)
+    except (NotRegularFileError, LogPathError) as e:  # the input: a FIFO, a device, a path too long ... (its own fix)
         _log.error("LOG %s", e)
         return 2
     except (FileNotFoundError, IsADirectoryError, PermissionError) as e:  # the input

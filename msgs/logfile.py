@@ -86,7 +86,7 @@ from chestnut.msgs.jsonschema import (
     foxglove_messages,
 )
 from chestnut.msgs.messaging import REASON_UNKNOWN_MEMBER, MalformedMessageError, log_from_bytes, new_message
-from chestnut.msgs.outdir import DIR_MODE, open_private, private_dir
+from chestnut.msgs.outdir import DIR_MODE, open_private, os_reason, private_dir
 from chestnut.msgs.schema import MAX_MESSAGE_BYTES, SCHEMA_PATH, SCHEMA_SHA256, log
 from chestnut.msgs.services import SERVICE_LIST
 from chestnut.msgs.video import (
@@ -110,6 +110,7 @@ __all__ = [
     "SEGMENT_SECONDS",
     "FlushPolicy",
     "LogDamage",
+    "LogPathError",
     "LogReader",
     "McapSegmentWriter",
     "RlogSegmentWriter",
@@ -118,6 +119,7 @@ __all__ = [
     "code_generator_request",
     "find_log_files",
     "framed_message_size",
+    "holds_only_json",
     "init_data_event",
     "new_route_name",
     "package_versions",
@@ -1221,6 +1223,17 @@ class SegmentFileReader:
 _LOG_FILE_FIX = "give a log file (rlog.zst / rlog.mcap) or a folder of them"  # a LOG that is not a regular file
 
 
+class LogPathError(FileNotFoundError):
+    """A LOG path the OS cannot look up: too long (``ENAMETOOLONG``), a symlink loop (``ELOOP``), a path through
+    a regular file (``ENOTDIR``), a folder we may not search (``EACCES``). No log there, so a
+    ``FileNotFoundError``, which every offline command reports as one line and exit 2; ``str()`` is that line:
+    the path, the OS's reason (``msgs/outdir.py`` :func:`~chestnut.msgs.outdir.os_reason`) and what to give."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        super().__init__(f"{os.fspath(path)}: {reason}; {_LOG_FILE_FIX}")
+        self.reason = reason
+
+
 def find_log_files(paths: Iterable[Path | str] | Path | str, name: str = "rlog", fmt: str = "auto", *,
                    on_skip: Callable[[Path, str], None] | None = None) -> list[Path]:
     """The log files named by ``paths``: files as given; directories searched recursively for
@@ -1229,8 +1242,9 @@ def find_log_files(paths: Iterable[Path | str] | Path | str, name: str = "rlog",
     Sorted by (route, segment, path). Raises ``FileNotFoundError`` for a missing path or when
     nothing is found, ``msgs/video.py`` :class:`NotRegularFileError` (a ``FileNotFoundError``) for a
     path, or a log file found in a directory, that is a FIFO, socket, device or (found) symlink: such a
-    file is never opened (a FIFO would block the reader for good), and ``ValueError`` for a bad ``name``
-    or ``fmt``.
+    file is never opened (a FIFO would block the reader for good), :class:`LogPathError` (a
+    ``FileNotFoundError``) for a path the OS cannot look up (too long, a symlink loop, through a regular file),
+    and ``ValueError`` for a bad ``name`` or ``fmt``.
 
     ``on_skip``: a log file found in a directory that is not a regular file (told from its ``lstat``, so never
     opened) is left out and passed to ``on_skip(path, kind)`` (``kind``: :func:`~chestnut.msgs.video.file_kind`'s
@@ -1249,6 +1263,8 @@ def find_log_files(paths: Iterable[Path | str] | Path | str, name: str = "rlog",
             mode = p.stat().st_mode  # a path given by name may be a symlink: the caller's choice
         except FileNotFoundError:
             raise FileNotFoundError(f"{p}: no such file or directory") from None
+        except OSError as e:  # ENAMETOOLONG, ELOOP (a symlink loop), ENOTDIR (through a regular file), EACCES
+            raise LogPathError(p, os_reason(e)) from None
         if stat.S_ISREG(mode):
             found.append(p)
         elif stat.S_ISDIR(mode):
@@ -1274,6 +1290,26 @@ def find_log_files(paths: Iterable[Path | str] | Path | str, name: str = "rlog",
         return (seg[0], seg[1], str(f)) if seg else ("", -1, str(f))
 
     return sorted(dict.fromkeys(found), key=key)
+
+
+def holds_only_json(path: Path | str) -> bool:
+    """True for an ``.mcap`` log file with messages on JSON channels only: the Foxglove view ``chestnut record``
+    writes beside an rlog by default (``--mcap-encoding auto``), from which nothing can be replayed or checked
+    (readers here skip JSON channels). Reads up to the file's first Cap'n Proto message (a ``capnproto`` or
+    ``both`` file: its first chunk); a file of JSON only is read whole and its one WARNING said
+    (:class:`SegmentFileReader`, "... holds only JSON channels ...: read the rlog.zst beside it"). False for an
+    ``.zst``, an empty or unreadable file (its damage is reported where it is read)."""
+    p = Path(path)
+    if p.suffix != ".mcap":
+        return False
+    reader = SegmentFileReader(p)
+    items = iter(reader)
+    try:
+        if next(items, None) is not None:
+            return False
+    finally:
+        items.close()
+    return reader.json_messages > 0
 
 
 def _reorder(items: Iterable[LogItem], window_ns: int) -> Generator[LogItem, None, None]:

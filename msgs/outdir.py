@@ -197,15 +197,47 @@ def new_private_dir(parent: str | os.PathLike[str], name: str, max_tries: int = 
     raise OutputDirError(p / name, f"and {max_tries - 1} suffixed names are all taken", "remove old ones")
 
 
-def _check_target(dfd: int, path: Path) -> None:
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+)
+"""What a non-regular ``st_mode`` is, in words: ``msgs/video.py`` ``file_kind``'s, which this module cannot import
+(``msgs/video.py`` imports it: no import cycles, ``tests/importgraph.py``)."""
+
+
+def os_reason(e: OSError) -> str:
+    """The OS's words for ``e``, lower case, as a one-line refusal quotes them: "file name too long"
+    (``ENAMETOOLONG``), "not a directory" (``ENOTDIR``: a path through a regular file), "too many levels of
+    symbolic links" (``ELOOP``) -- ``strerror(3)``; ``str(e)`` when it carries none."""
+    return (e.strerror or str(e)).lower()
+
+
+def _check_target(dfd: int, path: Path, named: bool = False) -> None:
+    """Refuse ``path`` (a file about to be written in the directory ``dfd``) unless it is missing or a regular
+    file. ``named``: the path is one the user gave as the file to write (``export --mcap OUT``), so the advice is
+    another file path (for a directory: a file path inside it); else the name is ours, in a directory the user
+    gave, and the advice is another directory. Never "remove it" for what is not a symlink: a directory or a
+    device there is the user's (or the system's), never ours to have deleted."""
     try:
         st = os.lstat(path.name, dir_fd=dfd)
     except FileNotFoundError:
         return
+    except OSError as e:  # ENAMETOOLONG: a name over NAME_MAX (255 bytes on Linux)
+        raise OutputDirError(path, f"cannot be examined ({os_reason(e)})", "give another path") from None
     if stat.S_ISLNK(st.st_mode):
         raise OutputDirError(path, "is a symlink", f"remove it (rm {path}) or give another directory")
-    if not stat.S_ISREG(st.st_mode):
-        raise OutputDirError(path, "is not a regular file", "remove it or give another directory")
+    if stat.S_ISREG(st.st_mode):
+        return
+    kind = next((words for test, words in _KINDS if test(st.st_mode)), "not a file")
+    if not named:
+        raise OutputDirError(path, f"is {kind}, not a regular file", "give another directory")
+    if stat.S_ISDIR(st.st_mode):
+        raise OutputDirError(path, "is a directory, not a file",
+                             f"give a file path inside it ({path}/NAME) or another file path")
+    raise OutputDirError(path, f"is {kind}, not a regular file", "give another file path")
 
 
 def write_private(path: str | os.PathLike[str], data: bytes | str) -> Path:
@@ -268,12 +300,24 @@ def open_private(path: str | os.PathLike[str], mode: Literal["ab", "xb"] = "ab")
     """Open ``path`` for appending (``"ab"``) or exclusive creation (``"xb"``), mode 0600 when created.
 
     Raises :class:`OutputDirError` for an unfit directory or a symlinked or non-regular target, and
-    :class:`OutputExistsError` (also a ``FileExistsError``) when ``"xb"`` finds the file there."""
+    :class:`OutputExistsError` (also a ``FileExistsError``) when ``"xb"`` finds the file there. Every line is about
+    the file ``path``, a path the caller was given as the file to write (``export --mcap OUT``): an unfit folder
+    of its own is named as the file's folder ("``/tmp/x.mcap`` is in folder ``/tmp``, which is writable by
+    group/other (mode 1777); give a file path in a folder of yours"), a directory at ``path`` asks for a file path
+    inside it, a device or FIFO for another file path."""
     p = Path(path)
-    parent = private_dir(p.parent)
+    try:
+        parent = private_dir(p.parent)
+    except OutputDirError as e:
+        if e.path != p.parent:  # a folder above it: that line names the folder already
+            raise
+        # the file's own folder is what is unfit: said of the file the caller named, with a file's advice
+        fix = "give a file path in the real folder" if e.problem == "is a symlink" else \
+            "give a file path in a folder of yours"
+        raise OutputDirError(p, f"is in folder {p.parent}, which {e.problem}", fix) from None
     dfd = _open_dir(parent)
     try:
-        _check_target(dfd, p)
+        _check_target(dfd, p, named=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         flags |= os.O_APPEND if mode == "ab" else os.O_EXCL
         try:
@@ -281,7 +325,7 @@ def open_private(path: str | os.PathLike[str], mode: Literal["ab", "xb"] = "ab")
         except FileExistsError:
             raise OutputExistsError(p, "already exists", f"remove it (rm {p}) or give another path") from None
         except OSError as e:
-            raise OutputDirError(p, f"cannot be opened ({e.strerror})", "give another directory") from None
+            raise OutputDirError(p, f"cannot be opened ({e.strerror})", "give another path") from None
     finally:
         os.close(dfd)
     return os.fdopen(fd, mode)
@@ -296,6 +340,7 @@ __all__ = [
     "dir_problem",
     "new_private_dir",
     "open_private",
+    "os_reason",
     "private_dir",
     "write_private",
 ]

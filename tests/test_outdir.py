@@ -328,9 +328,9 @@ def test_every_command_refuses_a_new_output_in_a_world_writable_folder_and_creat
     caplog.clear()
     assert main([*argv, str(out)]) == 2
     line = f"{prefix}{where} (above {out}) is writable by group/other without the sticky bit (mode 0777); {SHARED_FIX}"
-    if command == "export":  # a file in ww itself: ww is the folder it is written in
-        line = (f"{prefix}{ww} is writable by group/other (mode 0777); give a directory of yours (or a new path: it "
-                "is created 0700)")
+    if command == "export":  # a file in ww itself: ww is the folder it is written in, named as the file's folder
+        line = (f"{prefix}{out} is in folder {ww}, which is writable by group/other (mode 0777); give a file path in "
+                "a folder of yours")
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     if command in ("acceptance", "check", "replay", "fleet"):  # a refusal of the command line: one line on stderr
         assert errors == [] and capsys.readouterr().err == line + "\n"
