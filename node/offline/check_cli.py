@@ -6,7 +6,9 @@ time (s since the log's first message) and frame id. Many logs: the fleet table,
 the worst segments; then the inputs' anomalies (repeated or skipped camera ids, absurd timestamps, a log
 that begins mid-episode), which are the inputs' faults, not the node's. Exit status: 0 when every contract
 held (whatever the anomalies), 1 when any was violated or a segment failed, 2 when the check cannot start
-(no log file, an unknown contract name, no Ray), 130 after Ctrl-C (what finished is printed). A log file
+(no log file, a path the OS cannot look up, only ``.mcap`` files of JSON channels (``chestnut record``'s Foxglove
+view: one line naming it and the rlog.zst to give), an unknown contract name, no Ray), 130 after Ctrl-C (what
+finished is printed), 141 when the reader of its output went away (``| head``: quietly, ``launch/cli.py``). A log file
 found in a folder that is not a regular file (a FIFO ...) is skipped, one WARNING line each (:func:`skip_once`).
 """
 
@@ -19,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from chestnut.msgs.argtypes import checked_float
-from chestnut.msgs.logfile import find_log_files
 from chestnut.msgs.outdir import OutputDirError
 from chestnut.node.config import MAX_MS, deadline_refusal
 from chestnut.node.offline.contracts import CONTRACTS, CheckResult
@@ -40,9 +41,11 @@ from chestnut.node.offline.fleet_cli import (
     add_executor_arguments,
     open_executor,
     progress,
+    readable_logs,
     refuse,
     skip_once,
     slack_ms,
+    stdout_console,
 )
 from chestnut.node.offline.report import write_report
 from chestnut.node.offline.timeline import SLACK_MS
@@ -167,17 +170,18 @@ def print_anomalies(result: CheckResult, console: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    console = Console(stderr=False)
+    console = stdout_console()  # a closed pipe: exit 141, quietly (launch/cli.py main)
     executor = open_executor(args, "chestnut check")
     if executor is None:
         return EXIT_REFUSED
     skipped = skip_once(log)
     try:
-        with progress(console, len(find_log_files(args.logs, on_skip=skipped))) as step:
+        files = readable_logs(args.logs, skipped, "chestnut check", "check")  # JSON-only MCAP left out
+        if files is None:
+            return EXIT_REFUSED
+        with progress(console, len(files)) as step:
             fleet = check_fleet(
-                args.logs,
+                files,
                 executor,
                 only=args.contract,
                 on_outcome=step,

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,6 +48,22 @@ def refuse(command: str, why: object) -> int:
     ``chestnut check:``)."""
     print(f"{command}: {why}", file=sys.stderr)
     return EXIT_REFUSED
+
+
+def stdout_console() -> Any:
+    """The rich ``Console`` on stdout of ``chestnut check`` and ``chestnut replay``. A reader that went away
+    (``chestnut check LOG | head -2``) ends the command as it ends every ``chestnut`` command: the
+    ``BrokenPipeError`` goes up to ``launch/cli.py`` ``main``, which ends it quietly with ``EXIT_BROKEN_PIPE``
+    (141, 128 + SIGPIPE, README). rich's own ``Console.on_broken_pipe`` exits 1 instead (``SystemExit(1)``),
+    ``check``'s "a contract was violated" and ``replay``'s "a mismatch", with nothing said."""
+    from rich.console import Console
+
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True  # nothing more is drawn on the way out
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    return PipeConsole()
 
 
 def _count(text: str, check: Callable[[int], int], want: str) -> int:
@@ -75,6 +93,26 @@ def slack_ms(text: str) -> float:
     ``argparse.ArgumentTypeError`` (one line) otherwise, NaN and inf included."""
     return checked_float(text, lambda ms: 0 <= ms <= MAX_MS,
                          f"give a slack in milliseconds, >= 0 and <= {MAX_MS:g} (a minute)")
+
+
+def readable_logs(logs: list[Path], on_skip: Callable[[Path, str], None], command: str, verb: str) -> list[Path] | None:
+    """The log files under ``logs`` (:func:`~chestnut.msgs.logfile.find_log_files`) that ``chestnut check`` /
+    ``replay`` can read: every ``.mcap`` of JSON channels only (``chestnut record``'s default view beside its
+    rlog, :func:`~chestnut.msgs.logfile.holds_only_json`) is left out, its one WARNING said as it is found. None
+    when no file is left, after one line (:func:`refuse`; the caller exits :data:`EXIT_REFUSED`, the status of a
+    check or replay that cannot start): ``chestnut check: nothing to check in D/rlog.mcap (JSON channels only):
+    give the rlog.zst written beside it (or a log recorded with --mcap-encoding both)``. It was "0 frames ...
+    0 mismatch(es)", exit 0, and the WARNING twice. Raises what ``find_log_files`` raises."""
+    from chestnut.msgs.logfile import find_log_files, holds_only_json
+
+    files = find_log_files(logs, on_skip=on_skip)
+    json_only = [f for f in files if holds_only_json(f)]
+    if len(json_only) < len(files):
+        return [f for f in files if f not in json_only]
+    named = str(json_only[0]) + (f" and {len(json_only) - 1} more" if len(json_only) > 1 else "")
+    refuse(command, f"nothing to {verb} in {named} (JSON channels only): give the rlog.zst written beside it "
+           "(or a log recorded with --mcap-encoding both)")
+    return None
 
 
 def skip_once(logger: logging.Logger) -> Callable[[Path, str], None]:

@@ -5,8 +5,10 @@ One log: the models' identities, the frames per outcome, the largest difference 
 frames that differ most. Many logs: the fleet table, worst log first, and the worst segments. Exit
 status: 0 when every frame matched (a ``transport_loss`` or ``not_replayable`` frame is counted, not a
 mismatch), 1 on a mismatch, a model id mismatch, a damaged file or a segment
-that failed, 2 when replay cannot start (no log, no usable model, no Ray), 130 after Ctrl-C (what
-finished is printed).
+that failed, 2 when replay cannot start (no log, a path the OS cannot look up, only ``.mcap`` files of JSON
+channels (``chestnut record``'s Foxglove view: one line naming it and the rlog.zst to give), no usable model, no
+Ray), 130 after Ctrl-C (what finished is printed), 141 when the reader of its output went away (``| head``:
+quietly, ``launch/cli.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from chestnut.msgs.argtypes import checked_float, checked_int
-from chestnut.msgs.logfile import find_log_files
 from chestnut.msgs.outdir import OutputDirError
 from chestnut.node.config import MAX_AGREEMENT_TOL, MAX_MS
 from chestnut.node.offline.executor import ExecutorError
@@ -38,9 +39,11 @@ from chestnut.node.offline.fleet_cli import (
     add_executor_arguments,
     open_executor,
     progress,
+    readable_logs,
     refuse,
     skip_once,
     slack_ms,
+    stdout_console,
 )
 from chestnut.node.offline.replay import (
     DEFAULT_TOL,
@@ -167,19 +170,20 @@ def print_result(result: ReplayResult, console: Any, top: int = 10) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from chestnut.backend.errors import ChestnutError
 
-    console = Console()
+    console = stdout_console()  # a closed pipe: exit 141, quietly (launch/cli.py main)
     executor = open_executor(args, "chestnut replay")
     if executor is None:
         return EXIT_REFUSED
     skipped = skip_once(log)
     try:
-        with progress(console, len(find_log_files(args.logs, on_skip=skipped))) as step:
+        files = readable_logs(args.logs, skipped, "chestnut replay", "replay")  # JSON-only MCAP left out
+        if files is None:
+            return EXIT_REFUSED
+        with progress(console, len(files)) as step:
             fleet = replay_fleet(
-                args.logs,
+                files,
                 executor,
                 on_outcome=step,
                 on_skip=skipped,
