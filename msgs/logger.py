@@ -59,6 +59,7 @@ from chestnut.msgs.frames import frame_to_array
 from chestnut.msgs.logfile import FORMATS, MCAP_ENCODINGS, SEGMENT_SECONDS, FlushPolicy, RouteWriter
 from chestnut.msgs.messaging import REASON_WRONG_SERVICE, MalformedMessageError, SubSocket, log_from_bytes, sub_sock
 from chestnut.msgs.outdir import OutputDirError, missing_folder, private_dir
+from chestnut.msgs.paths import check_prefix, current_prefix
 from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError, get_service
 from chestnut.msgs.video import CRF_DEFAULT, FRAME_MODES, VIDEO_CODECS, VideoOptions
 from chestnut.msgs.visionipc import FrameBufferError, FrameOverwrittenError, FrameReader
@@ -326,13 +327,20 @@ def mcap_encodings(choice: str, formats: Iterable[str]) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Record until SIGINT/SIGTERM; 0 after a clean stop, 2 for bad arguments or a refused log directory (or
-    something planted in it), 1 on a write error."""
+    """Record until SIGINT/SIGTERM; 0 after a clean stop, 2 for bad arguments (a malformed ``--prefix`` or
+    ``$CHESTNUT_PREFIX`` included, refused before anything is created) or a refused log directory (or something
+    planted in it), 1 on a write error."""
     stop_signal: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop_signal.append(signum)
 
+    # the prefix first, before anything is made (a refused one left a route of empty segment files behind): a
+    # PrefixError is the one line launch/cli.py prints for it, "chestnut record: prefix '../x' is not ...", exit 2
+    if args.prefix is not None:
+        check_prefix(args.prefix)
+    else:
+        current_prefix()
     services = args.services or logged_services()
     formats = FORMATS if args.format == "both" else (args.format,)
     try:
