@@ -130,7 +130,7 @@ def test_an_export_file_name_too_long_is_one_line_exit_2(zst_log, tmp_path, capl
 @pytest.mark.parametrize("command", ["check", "replay"])
 def test_a_folder_of_json_only_mcap_is_one_warning_and_one_line_exit_2(command, json_only, caplog, capsys) -> None:
     assert main([command, str(json_only.parent.parent)]) == 2
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+    assert _errors(caplog, "chestnut.logs") == [
         f"{json_only} holds only JSON channels (a Foxglove view, msgs/jsonschema.py): read the rlog.zst beside it, "
         "or write MCAP with --mcap-encoding both"
     ]
@@ -142,7 +142,7 @@ def test_a_folder_of_json_only_mcap_is_one_warning_and_one_line_exit_2(command, 
 def test_a_json_only_mcap_beside_a_readable_log_is_left_out_with_its_warning_once(json_only, zst_log, caplog,
                                                                                    capsys) -> None:
     assert main(["check", str(json_only), str(zst_log)]) == 0
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+    assert _errors(caplog, "chestnut.logs") == [
         f"{json_only} holds only JSON channels (a Foxglove view, msgs/jsonschema.py): read the rlog.zst beside it, "
         "or write MCAP with --mcap-encoding both"
     ]
