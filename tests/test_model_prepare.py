@@ -123,7 +123,8 @@ def test_an_out_that_is_a_folder_is_refused_in_one_line_before_preparing(prepare
     args.out = folder
     assert assets.run(args) == 2
     captured = capsys.readouterr()
-    assert captured.err == f"chestnut model prepare: --out {folder} is not a regular file; give another path\n"
+    assert captured.err == (
+        f"chestnut model prepare: --out {folder} is a directory, not a regular file; give another path\n")
     assert captured.out == "" and calls == []
 
 
@@ -146,8 +147,8 @@ def test_an_out_whose_metadata_target_is_a_folder_or_that_is_the_metadata_is_ref
     args.out = tmp_path / "m2" / "x.onnx"
     assert assets.run(args) == 2
     assert capsys.readouterr().err == (
-        f"chestnut model prepare: --out {args.out}: {tmp_path / 'm2' / 'x.json'} is not a regular file; "
-        "give another path\n"
+        f"chestnut model prepare: --out {args.out}: {tmp_path / 'm2' / 'x.json'} is a directory, not a "
+        "regular file; give another path\n"
     )
     args.out = tmp_path / "m2" / "y.json"
     assert assets.run(args) == 2
@@ -190,8 +191,8 @@ def test_a_fifo_at_the_default_prepared_path_is_refused_and_kept(default_out, ca
     os.mkfifo(target)
     assert assets.run(args) == 2
     assert capsys.readouterr().err == (
-        f"chestnut model prepare: {target} is not a regular file; refused, never followed or replaced: remove it "
-        "or give --out PATH\n"
+        f"chestnut model prepare: {target} is a FIFO, not a regular file; refused, never followed or replaced: "
+        "remove it or give --out PATH\n"
     )
     assert calls == [] and stat.S_ISFIFO(os.lstat(target).st_mode)
 
