@@ -212,18 +212,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "or --pixel-format nv12",
     )
     p.add_argument(
-        "--dock-timing",
-        action="store_true",
+        "--dock-timing", action="store_true",
         help=f"the twin's dock-like timing model: each USB transfer takes --latency-us plus its bytes at "
         f"--link-mbps (defaults {DOCK_LINK_MBPS:g} Mbps, {DOCK_LATENCY_US:g} us: docs/protocol.md)",
     )
     p.add_argument("--link-mbps", type=float, help=f"with --dock-timing: link rate, Mbps (default {DOCK_LINK_MBPS:g})")
-    p.add_argument(
-        "--latency-us",
-        type=float,
-        help=f"with --dock-timing: per-transfer latency, us (default {DOCK_LATENCY_US:g}, at most "
-        f"{MAX_DOCK_LATENCY_US:g})",
-    )
+    p.add_argument("--latency-us", type=float, help=f"with --dock-timing: per-transfer latency, us (default "
+                   f"{DOCK_LATENCY_US:g}, at most {MAX_DOCK_LATENCY_US:g})")
     p.add_argument("--no-live", action="store_true", help="no live status view")
     p.add_argument(
         "--log-format",

@@ -140,7 +140,7 @@ def test_the_demo_refuses_a_planted_lock_in_one_line_exit_2_before_its_publisher
     else:
         lock.symlink_to(victim)
     problem = "is not a regular file" if plant == "dir" else "is a symlink"
-    assert main(["demo", "--seconds", "1"]) == 2
+    assert main(["demo", "--seconds", "2"]) == 2
     captured = capsys.readouterr()
     assert captured.err == f"chestnut demo: publisher lock file {lock} {problem}{_fix(lock)}\n"
     assert captured.out == ""  # no status line: nothing was started
