@@ -286,8 +286,9 @@ def run(args: argparse.Namespace) -> int:
         launch.t_stop_ns = time.monotonic_ns()
         log.info("stopping the stack")
         shut_down(launch.proc, launch.conf, launch.view, launch.prefix, launch.launch_id)
-    summary = finish_summary(launch)
-    return verdict(launch, summary)
+    code = verdict(launch, summary := finish_summary(launch))  # --json first: a reader gone (`| head`) exits 141
+    print_summary(summary, launch.run_dir)
+    return code
 
 
 def prepare(args: argparse.Namespace) -> tuple[str, Path, Path] | int:
@@ -552,7 +553,7 @@ def drive(launch: Launch) -> None:
 def finish_summary(launch: Launch) -> dict[str, Any]:
     """The run's summary from its log (:func:`~chestnut.launch.summary.summarize`) with what launch itself
     knows (the stop time and a signal that cut the run short, the fault schedule, also in ``faults.json``, the
-    processes, the contracts and the report), printed."""
+    processes, the contracts and the report); :func:`run` prints it."""
     run_dir = launch.run_dir
     summary = summarize(run_dir / "logs", launch.t_launch_ns)
     summary.update(stop_figures(summary, launch.t_launch_ns, launch.t_stop_ns, launch.flag, launch.args.seconds))
@@ -566,12 +567,11 @@ def finish_summary(launch: Launch) -> dict[str, Any]:
     summary["programs_not_started"] = not_started_lines(run_dir, launch.asked)  # each: why, its last error
     summary["contracts"], summary["report"] = check_contracts(run_dir, summary["fault_schedule"], summary.get(
         "wall_start") or None, list_violations=not launch.failed_start, lost=summary["outputs_lost"])
-    print_summary(summary, run_dir)
     return summary
 
 
 def verdict(launch: Launch, summary: dict[str, Any]) -> int:
-    """The exit status (:func:`exit_code`) once the summary is printed; writes ``--json``."""
+    """The exit status (:func:`exit_code`) of the run ``summary`` tells; writes ``--json``."""
     args = launch.args
     json_lost = False  # the summary asked for could not be written: the run's caller cannot read its verdict
     if args.json and (problem := write_summary_json(args.json, summary)) is not None:

@@ -392,10 +392,10 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
     """Print the summary ``s`` (:func:`summarize` plus what ``chestnut launch`` adds) of the run in ``run_dir``:
     the main table (:func:`summary_rows`), then the faults, state transitions, processes, control lines,
     log damage, a stop signal that cut the run short (:func:`cut_short_line`) and the contracts' verdict."""
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    from chestnut.node.offline.fleet_cli import stdout_console
+    con = stdout_console()  # a reader gone (`| head`): exit 141, as every chestnut command, not rich's silent 1
     t = Table(title=f"chestnut launch: {run_dir}", show_header=False)
     for label, value in summary_rows(s):
         t.add_row(label, value)

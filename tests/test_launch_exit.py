@@ -189,3 +189,27 @@ def test_the_stop_flag_keeps_when_the_first_stop_signal_came():
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+def test_the_summary_to_a_reader_that_went_away_raises_broken_pipe_for_exit_141(tmp_path, monkeypatch):
+    """rich's own Console ended the process with SystemExit(1), nothing said; launch/cli.py main turns a
+    BrokenPipeError into 141, as for every chestnut command (`chestnut launch ... | head -1`)."""
+    import os
+    import sys
+
+    from chestnut.launch.summary import print_summary
+
+    summary = _cut_summary(tmp_path, None, None, 60.0)
+    r, w = os.pipe()
+    os.close(r)
+    out = os.fdopen(w, "w")
+    monkeypatch.setattr(sys, "stdout", out)
+    try:
+        with pytest.raises(BrokenPipeError):
+            print_summary(summary, tmp_path)
+    finally:
+        monkeypatch.undo()
+        try:
+            out.close()
+        except BrokenPipeError:
+            pass
