@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+from benchprefix import own_prefix
+
 from chestnut.backend.sim.client import running_twin
 
 CHILD = """
@@ -77,7 +79,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.n < 1 or not all(s.isdigit() and 0 < int(s) <= 64 for s in args.mib.split(",")):
         sys.exit("--n must be >= 1 and --mib sizes in 1..64")
-    with running_twin():
+    # its own prefix (its runtime directory removed at the end): the default one's would keep the twin's log
+    with own_prefix(f"bench-libusb-{os.getpid()}", env=True), running_twin():
         for face in ("socket", "libusb"):
             out = run_face(face, args.n, args.mib)
             if isinstance(out, str):
