@@ -375,19 +375,27 @@ def _check_file(path: Path, st: os.stat_result, private: bool) -> None:
         raise CacheRefused(f"{path} is {who} by group/other (mode {_mode(st)})")
 
 
-def _read_bounded(dir_fd: int, root: Path, name: str, limit: int, private: bool = False) -> bytes | None:
-    """The bytes of ``root/name`` (opened relative to ``dir_fd``) after the checks; None if it does not exist.
-    Raises :class:`CacheRefused` (naming the file and why) for a file that fails a check or cannot be opened or read,
-    OSError if it cannot be stat'ed."""
-    path = root / name
+def _open_cache_file(dir_fd: int, path: Path, name: str) -> int | None:
+    """``name`` (``path``) opened for reading relative to ``dir_fd``, never through a symlink; None if it does not
+    exist. Raises :class:`CacheRefused` naming ``path``: a symlink, or the OS's reason it cannot be opened."""
     try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+        return os.open(name, _READ_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise CacheRefused(f"{path} is a symlink") from None
         raise CacheRefused(f"{path} cannot be opened ({e.strerror})") from None
+
+
+def _read_bounded(dir_fd: int, root: Path, name: str, limit: int, private: bool = False) -> bytes | None:
+    """The bytes of ``root/name`` (opened relative to ``dir_fd``) after the checks; None if it does not exist.
+    Raises :class:`CacheRefused` (naming the file and why) for a file that fails a check or cannot be opened or read,
+    OSError if it cannot be stat'ed."""
+    path = root / name
+    fd = _open_cache_file(dir_fd, path, name)
+    if fd is None:
+        return None
     try:
         st = os.fstat(fd)
         _check_file(path, st, private)
@@ -414,13 +422,11 @@ def _read_key(dir_fd: int, root: Path) -> bytes | None:
     cannot read or write, that cannot be opened or read, or that does not hold :data:`KEY_BYTES` bytes."""
     path = root / KEY_NAME
     try:
-        fd = os.open(KEY_NAME, _READ_FLAGS, dir_fd=dir_fd)
-    except FileNotFoundError:
+        fd = _open_cache_file(dir_fd, path, KEY_NAME)
+    except CacheRefused as e:
+        raise KeyProblem(path, str(e)[len(str(path)) + 1:], _remove_fix(path)) from None
+    if fd is None:
         return None
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise KeyProblem(path, "is a symlink", _remove_fix(path)) from None
-        raise KeyProblem(path, f"cannot be opened ({e.strerror})", _remove_fix(path)) from None
     try:
         st = os.fstat(fd)
         try:
