@@ -197,8 +197,9 @@ def test_the_kits_dock_process_never_resets_a_dock_another_process_holds(tmp_pat
     holding it (a serving node, a probe) its ladder fails there, ``lock_held`` naming the holder, nothing is copied,
     and the dock is neither powered on nor reset (it once ran every rung, the GPU reset among them, and only then
     met the lock)."""
-    import subprocess
     import sys
+
+    from twinfixtures import hold_dock_lock, let_go
 
     from chestnut.backend.docklock import dock_lock_path
     from chestnut.launch.acceptance_dock import run_dock_process
@@ -208,12 +209,8 @@ def test_the_kits_dock_process_never_resets_a_dock_another_process_holds(tmp_pat
         st = twin.status()
         bus, address = st["usb"]["bus"], st["usb"]["address"]
         path = dock_lock_path(bus, address)
-        code = (f"import sys;from chestnut.backend.docklock import *;DockLock(dock_lock_path({bus},{address}))"
-                ".acquire(5);print('held',flush=True);sys.stdin.read()")
-        holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True)
+        holder, code = hold_dock_lock(bus, address)
         try:
-            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
             params = {"twin": True, "prefix": prefix, "wait_timeout_ms": 3000, "model": str(tiny_onnx), "name": "tiny",
                       "shapes": {"x": [1, 3, 32, 64]}, "fingerprint": {"seed": 0, "outputs": {}}, "sizes": [65536]}
             env = {k: v for k, v in os.environ.items() if k not in ("DEV", "GMMU", "HCQDEV_WAIT_TIMEOUT_MS")}
@@ -221,9 +218,7 @@ def test_the_kits_dock_process_never_resets_a_dock_another_process_holds(tmp_pat
             after = twin.status()
             log = twin.daemon.log_path.read_text()
         finally:
-            assert holder.stdin is not None
-            holder.stdin.close()
-            holder.wait(timeout=10)
+            let_go(holder)
     words = (f"UsbLayerError lock_held: the dock usb:{bus}-{address} is in use by pid {holder.pid} "
              f"({sys.executable} -c {code}): it holds the dock's lock file {path}")
     assert [(r["name"], r["result"]) for r in res["ladder"]] == [

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from twinfixtures import hold_dock_lock, let_go
 
 from chestnut.backend.sim.client import running_twin
 
@@ -194,10 +195,6 @@ def test_a_record_fingerprint_path_the_os_refuses_is_one_line(capsys, tmp_path):
 
 
 # ------------------------------------------------------------------ the dock's lock (backend/docklock.py)
-HOLD = ("import sys;from chestnut.backend.docklock import *;DockLock(dock_lock_path({bus},{address})).acquire(5);"
-        "print('held',flush=True);sys.stdin.read()")
-
-
 def twin_resets(twin) -> int:
     """The twin's GPU resets so far: its log's ``PCIe power off: GPU reset`` lines (``backend/sim/twin.py``)."""
     return twin.daemon.log_path.read_text().count("PCIe power off: GPU reset")
@@ -235,20 +232,15 @@ def test_a_dock_whose_lock_another_process_holds_is_refused_at_usb_ids_and_never
         st = twin.status()
         bus, address = st["usb"]["bus"], st["usb"]["address"]
         path = dock_lock_path(bus, address)
-        code = HOLD.format(bus=bus, address=address)
-        holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True)
+        holder, code = hold_dock_lock(bus, address)
         try:
-            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
             resets = twin_resets(twin)
             out = probe("--twin")
             js = probe("--twin", "--json")
             after = twin.status()
             resets_after = twin_resets(twin)
         finally:
-            assert holder.stdin is not None
-            holder.stdin.close()
-            holder.wait(timeout=10)
+            let_go(holder)
     words = (f"the dock usb:{bus}-{address} is in use by pid {holder.pid} ({sys.executable} -c {code}): it holds "
              f"the dock's lock file {path}")
     refusal = f"chestnut probe: {words}; stop it first, then probe again\n"

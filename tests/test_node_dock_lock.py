@@ -22,14 +22,13 @@ from pathlib import Path
 import psutil
 import pytest
 from nodeharness import Bus, NodeProcess, record_fingerprint, write_node_config
+from twinfixtures import hold_dock_lock, let_go
 
 from chestnut.backend.docklock import dock_lock_path, lock_holders
 from chestnut.backend.sim.client import running_twin
 from chestnut.msgs.paths import runtime_dir
 from chestnut.node.runner_loader import RunnerSpec, dock_runner_spec, resolve_runner
 
-HOLD = ("import sys;from chestnut.backend.docklock import *;DockLock(dock_lock_path({bus},{address})).acquire(5);"
-        "print('held',flush=True);sys.stdin.read()")
 NODE_TIMING = {"shadow_frames": 5, "backoff_initial_s": 0.2, "backoff_max_s": 0.5, "start_timeout_s": 20.0}
 TRANSITION = re.compile(r" chestnut\.node: (\w+ -> \w+ on \w+: .*)$")
 
@@ -111,10 +110,7 @@ def test_a_node_starting_beside_a_held_dock_lock_never_resets_the_dock_and_takes
         bus_no, address = st["usb"]["bus"], st["usb"]["address"]
         path = dock_lock_path(bus_no, address)
         if holder_kind == "process":
-            code = HOLD.format(bus=bus_no, address=address)
-            holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      text=True)
-            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            holder, code = hold_dock_lock(bus_no, address)
             words = (f"lock_held: the dock usb:{bus_no}-{address} is in use by pid {holder.pid} ({sys.executable} -c "
                      f"{code}): it holds the dock's lock file {path}")
         else:
@@ -136,9 +132,7 @@ def test_a_node_starting_beside_a_held_dock_lock_never_resets_the_dock_and_takes
             # the holder goes: the next start takes the dock, resets its GPU (a free dock's first rung after
             # usb_ids that touches it) and serves
             if holder is not None:
-                assert holder.stdin is not None
-                holder.stdin.close()
-                holder.wait(timeout=10)
+                let_go(holder)
             else:
                 path.rmdir()
             try:
