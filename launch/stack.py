@@ -57,7 +57,6 @@ from chestnut.launch.frames import (
     DOCK_LATENCY_US,
     DOCK_LINK_MBPS,
     FRAME_SIZES,
-    MAX_DOCK_LATENCY_US,
     FrameOptions,
     check_model_file,
     frame_options,
@@ -92,7 +91,7 @@ from chestnut.launch.supervise import (
     supervisorctl,
     wait_for,
 )
-from chestnut.msgs.argtypes import MAX_RUN_SECONDS, checked_int, run_seconds
+from chestnut.msgs.argtypes import MAX_DOCK_LATENCY_US, MAX_RUN_SECONDS, checked_int, dock_latency_us, run_seconds
 from chestnut.msgs.outdir import OutputDirError
 
 log = logging.getLogger("chestnut.launch")
@@ -217,7 +216,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"--link-mbps (defaults {DOCK_LINK_MBPS:g} Mbps, {DOCK_LATENCY_US:g} us: docs/protocol.md)",
     )
     p.add_argument("--link-mbps", type=float, help=f"with --dock-timing: link rate, Mbps (default {DOCK_LINK_MBPS:g})")
-    p.add_argument("--latency-us", type=float, help=f"with --dock-timing: per-transfer latency, us (default "
+    p.add_argument("--latency-us", type=dock_latency_us, help=f"with --dock-timing: per-transfer latency, us (default "
                    f"{DOCK_LATENCY_US:g}, at most {MAX_DOCK_LATENCY_US:g})")
     p.add_argument("--no-live", action="store_true", help="no live status view")
     p.add_argument(

@@ -76,3 +76,20 @@ def run_seconds(text: str) -> float:
     ``argparse.ArgumentTypeError`` (one line) otherwise, NaN and inf included."""
     return checked_float(text, lambda s: 0 <= s <= MAX_RUN_SECONDS,
                          f"give 0 (until Ctrl-C) or a number of seconds up to {MAX_RUN_SECONDS:g} (a week)")
+
+
+MAX_DOCK_LATENCY_US = 100_000.0
+"""Upper bound of the twin's per-transfer latency on the command line (``chestnut launch --latency-us``,
+``chestnut twin serve --latency-us``), us: 100 ms, a thirtieth of the 3000 ms device wait timeout
+(``backend/protocol.py`` ``WAIT_TIMEOUT_MS``) and 800 USB 3 bus intervals: a frame takes many transfers, so a
+slower one is no dock's timing but a hang (``--fault gpu_hang``, ``slow_gpu``), and at 1e12 us the primary never
+served while the node blamed a permission issue."""
+
+
+def dock_latency_us(text: str) -> float:
+    """The twin's per-transfer latency, us, in [0, :data:`MAX_DOCK_LATENCY_US`] (``--latency-us`` of ``chestnut
+    launch`` and ``chestnut twin serve``); raises ``argparse.ArgumentTypeError`` (one line) otherwise, NaN and inf
+    included."""
+    return checked_float(text, lambda us: 0 <= us <= MAX_DOCK_LATENCY_US,
+                         f"give a latency in microseconds >= 0 and <= {MAX_DOCK_LATENCY_US:g} (a thirtieth of the "
+                         "3000 ms device wait timeout)")

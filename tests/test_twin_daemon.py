@@ -464,12 +464,17 @@ def test_a_planted_publisher_lock_refuses_the_start_in_one_line_and_leaves_no_so
     assert not (d / "twin.sock").exists()
 
 
+LATENCY_WANT = "give a latency in microseconds >= 0 and <= 100000 (a thirtieth of the 3000 ms device wait timeout)"
+
+
 @pytest.mark.parametrize(("args", "line"), [
     (["--link-mbps", "-5"], "argument --link-mbps: '-5': give a link rate in Mbps > 0"),
     (["--link-mbps", "0"], "argument --link-mbps: '0': give a link rate in Mbps > 0"),
-    (["--latency-us", "nan"], "argument --latency-us: 'nan': give a latency in microseconds >= 0"),
+    (["--latency-us", "nan"], f"argument --latency-us: 'nan': {LATENCY_WANT}"),
     (["--training-delay-ms", "inf"], "argument --training-delay-ms: 'inf': give a time in milliseconds >= 0"),
-    (["--latency-us", "abc"], "argument --latency-us: 'abc': give a latency in microseconds >= 0"),
+    (["--latency-us", "abc"], f"argument --latency-us: 'abc': {LATENCY_WANT}"),
+    (["--latency-us", "1e12"], f"argument --latency-us: '1e12': {LATENCY_WANT}"),  # was taken: chestnut launch's bound
+    (["--latency-us", "-1"], f"argument --latency-us: '-1': {LATENCY_WANT}"),
 ])
 def test_serve_refuses_a_timing_model_it_could_not_keep_in_one_line(args, line):
     r = subprocess.run([sys.executable, "-m", "chestnut.launch.cli", "twin", "serve", *args], env=dict(os.environ),

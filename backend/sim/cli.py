@@ -27,7 +27,7 @@ from typing import Any
 from chestnut.backend.sim.compute import DEFAULT_BRIDGE_PRIORITY, MAX_PRIORITY
 from chestnut.backend.sim.compute import DEFAULT_PRIORITY as DEFAULT_COMPUTE_PRIORITY
 from chestnut.backend.sim.faults import KINDS, TLP_STATUSES, Phase
-from chestnut.msgs.argtypes import checked_float
+from chestnut.msgs.argtypes import MAX_DOCK_LATENCY_US, checked_float, dock_latency_us
 
 
 def default_bus_address(prefix: str) -> tuple[int, int]:
@@ -40,10 +40,6 @@ def default_bus_address(prefix: str) -> tuple[int, int]:
 
 def _link_mbps(text: str) -> float:
     return checked_float(text, lambda v: 0 < v < math.inf, "give a link rate in Mbps > 0")
-
-
-def _latency_us(text: str) -> float:
-    return checked_float(text, lambda v: 0 <= v < math.inf, "give a latency in microseconds >= 0")
 
 
 def _training_delay_ms(text: str) -> float:
@@ -61,8 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--address", type=int, help="first USB device address (default: derived from the prefix)")
     s.add_argument("--link-mbps", type=_link_mbps,
                    help="timing model: link bandwidth (e.g. 5000); off by default")
-    s.add_argument("--latency-us", type=_latency_us, default=0.0,
-                   help="timing model: per-transfer latency (e.g. 125)")
+    s.add_argument("--latency-us", type=dock_latency_us, default=0.0,
+                   help=f"timing model: per-transfer latency, us (e.g. 125; at most {MAX_DOCK_LATENCY_US:g})")
     s.add_argument("--engine", choices=("tinygrad", "onnxruntime"), default="tinygrad",
                    help="how the GPU engine executes programs (default tinygrad: bit-exact with the CPU reference)")
     s.add_argument("--priority", type=int, default=DEFAULT_BRIDGE_PRIORITY, metavar="N",
