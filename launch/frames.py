@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from chestnut.msgs.argtypes import MAX_DOCK_LATENCY_US, MAX_LINK_MBPS, MIN_LINK_MBPS, dock_latency_us, link_mbps
+
 FRAME_SIZES = ("model", "native")
 """``--frames``: ``model`` -- the camera resizes to the model's input (``[model] shape`` H, W);
 ``native`` -- the source's own size (``launch/camerad.py`` ``--native``), warped to the model's input by the
@@ -20,6 +22,21 @@ DOCK_LINK_MBPS = 5600.0
 (``docs/protocol.md``, the twin's timing model; ``tests/bench/bench_copy.py`` measures with it)."""
 DOCK_LATENCY_US = 125.0
 """``--dock-timing`` per-transfer latency, us: one USB 3 bus interval (``docs/protocol.md``)."""
+
+
+def add_dock_timing_arguments(p: argparse.ArgumentParser) -> None:
+    """``chestnut launch``'s ``--dock-timing``, ``--link-mbps`` and ``--latency-us``; the two numbers take the
+    types ``chestnut twin serve`` takes (``msgs/argtypes.py`` ``link_mbps``, ``dock_latency_us``: one line, exit
+    2, for a number out of their bounds)."""
+    p.add_argument(
+        "--dock-timing", action="store_true",
+        help=f"the twin's dock-like timing model: each USB transfer takes --latency-us plus its bytes at "
+        f"--link-mbps (defaults {DOCK_LINK_MBPS:g} Mbps, {DOCK_LATENCY_US:g} us: docs/protocol.md)",
+    )
+    p.add_argument("--link-mbps", type=link_mbps, help=f"with --dock-timing: link rate, Mbps (default "
+                   f"{DOCK_LINK_MBPS:g}, {MIN_LINK_MBPS:g} to {MAX_LINK_MBPS:g})")
+    p.add_argument("--latency-us", type=dock_latency_us, help=f"with --dock-timing: per-transfer latency, us (default "
+                   f"{DOCK_LATENCY_US:g}, at most {MAX_DOCK_LATENCY_US:g})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +79,6 @@ class FrameOptions:
         if not self.dock_timing and (self.link_mbps is not None or self.latency_us is not None):
             given = "--link-mbps" if self.link_mbps is not None else "--latency-us"
             return f"{given} sets the twin's dock-like timing model: add --dock-timing (or leave {given} out)"
-        if self.link_mbps is not None and not self.link_mbps > 0:
-            return f"--link-mbps {self.link_mbps:g}: give a link rate > 0 Mbps (default {DOCK_LINK_MBPS:g})"
         if self.dock_timing and self.dock_kind != "twin":
             return (
                 f"--dock-timing is the twin's timing model, and the node configuration's dock.kind is "

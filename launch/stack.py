@@ -54,10 +54,9 @@ from typing import Any
 
 from chestnut.launch.faultplan import FaultPlan, FaultRunner
 from chestnut.launch.frames import (
-    DOCK_LATENCY_US,
-    DOCK_LINK_MBPS,
     FRAME_SIZES,
     FrameOptions,
+    add_dock_timing_arguments,
     check_model_file,
     frame_options,
     model_file_problem,
@@ -91,7 +90,7 @@ from chestnut.launch.supervise import (
     supervisorctl,
     wait_for,
 )
-from chestnut.msgs.argtypes import MAX_DOCK_LATENCY_US, MAX_RUN_SECONDS, checked_int, dock_latency_us, run_seconds
+from chestnut.msgs.argtypes import MAX_RUN_SECONDS, checked_int, run_seconds
 from chestnut.msgs.outdir import OutputDirError
 
 log = logging.getLogger("chestnut.launch")
@@ -210,14 +209,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "the primary takes the model's input); the fallback always warps on the CPU; only with --frames native "
         "or --pixel-format nv12",
     )
-    p.add_argument(
-        "--dock-timing", action="store_true",
-        help=f"the twin's dock-like timing model: each USB transfer takes --latency-us plus its bytes at "
-        f"--link-mbps (defaults {DOCK_LINK_MBPS:g} Mbps, {DOCK_LATENCY_US:g} us: docs/protocol.md)",
-    )
-    p.add_argument("--link-mbps", type=float, help=f"with --dock-timing: link rate, Mbps (default {DOCK_LINK_MBPS:g})")
-    p.add_argument("--latency-us", type=dock_latency_us, help=f"with --dock-timing: per-transfer latency, us (default "
-                   f"{DOCK_LATENCY_US:g}, at most {MAX_DOCK_LATENCY_US:g})")
+    add_dock_timing_arguments(p)
     p.add_argument("--no-live", action="store_true", help="no live status view")
     p.add_argument(
         "--log-format",

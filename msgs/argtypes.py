@@ -84,6 +84,17 @@ MAX_DOCK_LATENCY_US = 100_000.0
 (``backend/protocol.py`` ``WAIT_TIMEOUT_MS``) and 800 USB 3 bus intervals: a frame takes many transfers, so a
 slower one is no dock's timing but a hang (``--fault gpu_hang``, ``slow_gpu``), and at 1e12 us the primary never
 served while the node blamed a permission issue."""
+MIN_LINK_MBPS = 12.0
+"""Lower bound of the twin's link rate on the command line (``--link-mbps`` of ``chestnut launch`` and ``chestnut
+twin serve``), Mbps: USB 1.1 Full Speed, the slowest link a device with bulk endpoints can have (USB 2.0
+specification, 5.8.3: a low-speed device has no bulk endpoints; the dock's data moves on bulk OUT ``0x02`` and
+bulk IN ``0x81``, ``docs/protocol.md``), and the slowest the project names (``backend/classify.py``
+``link_speed_text``, "12 Mbps, USB 1"). A rate near 0 is no link but a hang: one 256 KiB chunk would take
+days."""
+MAX_LINK_MBPS = 40_000.0
+"""Upper bound of the twin's link rate on the command line, Mbps: USB4's 40 Gbps (USB4 specification 1.0, Gen 3
+x2), the ASM2464PD bridge's own host link, so no dock's link is faster; the dock-like default is 5600
+(``launch/frames.py`` ``DOCK_LINK_MBPS``, the firmware's ``0xF2`` SRAM DMA)."""
 
 
 def dock_latency_us(text: str) -> float:
@@ -93,3 +104,12 @@ def dock_latency_us(text: str) -> float:
     return checked_float(text, lambda us: 0 <= us <= MAX_DOCK_LATENCY_US,
                          f"give a latency in microseconds >= 0 and <= {MAX_DOCK_LATENCY_US:g} (a thirtieth of the "
                          "3000 ms device wait timeout)")
+
+
+def link_mbps(text: str) -> float:
+    """The twin's link rate, Mbps, in [:data:`MIN_LINK_MBPS`, :data:`MAX_LINK_MBPS`] (``--link-mbps`` of
+    ``chestnut launch`` and ``chestnut twin serve``); raises ``argparse.ArgumentTypeError`` (one line) otherwise,
+    NaN and inf included."""
+    return checked_float(text, lambda mbps: MIN_LINK_MBPS <= mbps <= MAX_LINK_MBPS,
+                         f"give a link rate in Mbps >= {MIN_LINK_MBPS:g} (USB 1.1 Full Speed) and <= "
+                         f"{MAX_LINK_MBPS:g} (USB4)")

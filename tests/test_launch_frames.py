@@ -109,6 +109,35 @@ def test_a_latency_out_of_bounds_is_one_line_exit_2_for_launch_and_twin_serve_al
     assert not (tmp_path / "runs").exists()
 
 
+LINK_WANT = "give a link rate in Mbps >= 12 (USB 1.1 Full Speed) and <= 40000 (USB4)"
+
+
+@pytest.mark.parametrize("text", ["12", "480", "5600", "40000"])
+def test_a_link_rate_within_its_bounds_is_taken(text):
+    from chestnut.msgs.argtypes import MAX_LINK_MBPS, MIN_LINK_MBPS, link_mbps
+
+    assert (MIN_LINK_MBPS, MAX_LINK_MBPS) == (12.0, 40_000.0)
+    assert link_mbps(text) == float(text)
+    assert FrameOptions(dock_timing=True, link_mbps=link_mbps(text)).problem() is None
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "11.9", "1e-300", "40001", "1e12", "inf", "nan", "fast"])
+def test_a_link_rate_out_of_bounds_is_one_line_exit_2_for_launch_and_twin_serve_alike(text, capsys, tmp_path):
+    """``chestnut launch --link-mbps 1e-300`` was taken (any rate > 0: one 256 KiB chunk in ~1e292 s), and so was
+    any finite rate; the slowest link a device with bulk endpoints has is USB 1.1's 12 Mbps."""
+    from chestnut.launch.cli import main
+
+    runs = ["--runs-dir", str(tmp_path / "runs")]
+    for name, argv in (("launch", ["launch", "--dock-timing", "--link-mbps", text, *runs]),
+                       ("twin serve", ["twin", "serve", "--link-mbps", text])):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        assert capsys.readouterr().err == (f"chestnut {name}: error: argument --link-mbps: {text!r}: {LINK_WANT} "
+                                           f"(chestnut {name} --help)\n")
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize(
     ("opts", "line"),
     [
@@ -120,7 +149,6 @@ def test_a_latency_out_of_bounds_is_one_line_exit_2_for_launch_and_twin_serve_al
             FrameOptions(latency_us=10),
             "--latency-us sets the twin's dock-like timing model: add --dock-timing (or leave --latency-us out)",
         ),
-        (FrameOptions(dock_timing=True, link_mbps=0), "--link-mbps 0: give a link rate > 0 Mbps (default 5600)"),
         (
             FrameOptions(dock_timing=True, dock_kind="cpu"),
             "--dock-timing is the twin's timing model, and the node configuration's dock.kind is 'cpu': leave "

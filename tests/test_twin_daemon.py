@@ -465,11 +465,16 @@ def test_a_planted_publisher_lock_refuses_the_start_in_one_line_and_leaves_no_so
 
 
 LATENCY_WANT = "give a latency in microseconds >= 0 and <= 100000 (a thirtieth of the 3000 ms device wait timeout)"
+LINK_WANT = "give a link rate in Mbps >= 12 (USB 1.1 Full Speed) and <= 40000 (USB4)"
 
 
 @pytest.mark.parametrize(("args", "line"), [
-    (["--link-mbps", "-5"], "argument --link-mbps: '-5': give a link rate in Mbps > 0"),
-    (["--link-mbps", "0"], "argument --link-mbps: '0': give a link rate in Mbps > 0"),
+    (["--link-mbps", "-5"], f"argument --link-mbps: '-5': {LINK_WANT}"),
+    (["--link-mbps", "0"], f"argument --link-mbps: '0': {LINK_WANT}"),
+    (["--link-mbps", "11.9"], f"argument --link-mbps: '11.9': {LINK_WANT}"),  # was taken: below USB 1.1's 12 Mbps
+    (["--link-mbps", "1e-300"], f"argument --link-mbps: '1e-300': {LINK_WANT}"),  # was taken: a chunk in ~1e292 s
+    (["--link-mbps", "40001"], f"argument --link-mbps: '40001': {LINK_WANT}"),
+    (["--link-mbps", "inf"], f"argument --link-mbps: 'inf': {LINK_WANT}"),
     (["--latency-us", "nan"], f"argument --latency-us: 'nan': {LATENCY_WANT}"),
     (["--training-delay-ms", "inf"], "argument --training-delay-ms: 'inf': give a time in milliseconds >= 0"),
     (["--latency-us", "abc"], f"argument --latency-us: 'abc': {LATENCY_WANT}"),

@@ -27,7 +27,14 @@ from typing import Any
 from chestnut.backend.sim.compute import DEFAULT_BRIDGE_PRIORITY, MAX_PRIORITY
 from chestnut.backend.sim.compute import DEFAULT_PRIORITY as DEFAULT_COMPUTE_PRIORITY
 from chestnut.backend.sim.faults import KINDS, TLP_STATUSES, Phase
-from chestnut.msgs.argtypes import MAX_DOCK_LATENCY_US, checked_float, dock_latency_us
+from chestnut.msgs.argtypes import (
+    MAX_DOCK_LATENCY_US,
+    MAX_LINK_MBPS,
+    MIN_LINK_MBPS,
+    checked_float,
+    dock_latency_us,
+    link_mbps,
+)
 
 
 def default_bus_address(prefix: str) -> tuple[int, int]:
@@ -36,10 +43,6 @@ def default_bus_address(prefix: str) -> tuple[int, int]:
     20,000 pairs, and ``chestnut twin serve --bus N --address N`` then sets one apart."""
     h = zlib.crc32(prefix.encode())
     return 16 + h % 200, 2 + (h >> 8) % 100
-
-
-def _link_mbps(text: str) -> float:
-    return checked_float(text, lambda v: 0 < v < math.inf, "give a link rate in Mbps > 0")
 
 
 def _training_delay_ms(text: str) -> float:
@@ -55,8 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="PCIe link training time after 0xF3 on")
     s.add_argument("--bus", type=int, help="USB bus number (default: derived from the prefix)")
     s.add_argument("--address", type=int, help="first USB device address (default: derived from the prefix)")
-    s.add_argument("--link-mbps", type=_link_mbps,
-                   help="timing model: link bandwidth (e.g. 5000); off by default")
+    s.add_argument("--link-mbps", type=link_mbps,
+                   help=f"timing model: link bandwidth, Mbps (e.g. 5000; {MIN_LINK_MBPS:g} to "
+                        f"{MAX_LINK_MBPS:g}); off by default")
     s.add_argument("--latency-us", type=dock_latency_us, default=0.0,
                    help=f"timing model: per-transfer latency, us (e.g. 125; at most {MAX_DOCK_LATENCY_US:g})")
     s.add_argument("--engine", choices=("tinygrad", "onnxruntime"), default="tinygrad",
