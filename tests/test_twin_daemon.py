@@ -334,6 +334,43 @@ def test_at_most_64_clients_are_served_and_the_next_waits_for_a_place(server, ca
             s.close()
 
 
+def test_a_request_left_incomplete_closes_its_connection_and_an_idle_one_stays_open(server, caplog, monkeypatch):
+    """A client that stopped in the middle of a request's header kept its thread and its place among the 64
+    forever; now a request has PARTIAL_MESSAGE_S from its first byte to its last, and a connection idle between
+    requests (what every client does between transfers) stays open."""
+    from chestnut.backend.sim import daemon
+
+    caplog.set_level("INFO", logger="chestnut.backend.sim.daemon")
+    assert daemon.PARTIAL_MESSAGE_S == 10.0
+    monkeypatch.setattr(daemon, "PARTIAL_MESSAGE_S", 0.3)
+    ping = W.REQ.pack(0, W.OP_PING, 0, 0, 0, 0, 0, 0, 0, 0)
+    idle = connected(server.path)  # client 1: connected, nothing sent
+    t0 = time.monotonic()
+    in_header = connected(server.path, ping[:3])  # client 2: 3 of the header's 24 bytes
+    in_payload = connected(server.path, W.REQ.pack(100, W.OP_BULK_OUT, 0, 2, 0, 0, 0, 1, 0, 0) + bytes(10))  # 3
+    try:
+        for s in (in_header, in_payload):
+            s.settimeout(5)
+            assert s.recv(64) == b""  # closed by the daemon, no reply
+            assert time.monotonic() - t0 >= 0.3
+        eventually(lambda: len(server.connections) == 1)  # their places are free
+        time.sleep(0.4)  # idle longer than the bound, between requests: still served
+        idle.sendall(ping)
+        idle.settimeout(5)
+        assert idle.recv(64) == W.RSP.pack(0, W.ST_OK, 0)
+        with TwinClient() as client:  # a client's pauses between requests are not requests left incomplete
+            client.ping()
+            time.sleep(0.4)
+            client.ping()
+    finally:
+        for s in (idle, in_header, in_payload):
+            s.close()
+    eventually(lambda: not server.connections)
+    line = ("client {}: a request still incomplete 0.3 s after its first byte; closing (request discarded, its "
+            "place freed)")
+    assert sorted(daemon_lines(caplog)) == [line.format(2), line.format(3)]
+
+
 def test_bad_admin_requests_and_foreign_handles_are_rejected(twin):
     with pytest.raises(ValueError, match="unknown fault kind"):
         twin.fault("meteor_strike")

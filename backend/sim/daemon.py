@@ -12,7 +12,9 @@ may lie -- a stale one, its daemon gone, is replaced -- as at the publishers' (`
 exit 2, and kept.
 
 A client that goes away is cleaned up: its open handles are closed (releasing interface claims); a
-bulk OUT whose payload did not arrive in full is discarded, never applied in part; a wait (NAK,
+bulk OUT whose payload did not arrive in full is discarded, never applied in part; a request begun and not
+finished within :data:`PARTIAL_MESSAGE_S` closes its connection, so a stalled client cannot keep its place among
+:data:`MAX_CONNECTIONS` (idle between requests, a connection stays open); a wait (NAK,
 timing model) of a client that closed its socket is abandoned. Nothing a client sends can stop the
 daemon: a malformed frame closes that connection, a malformed USB request gets a STALL, a bug inside a
 request is logged and answered with ``LIBUSB_ERROR_OTHER``. SIGTERM/SIGINT stop it within a second.
@@ -34,6 +36,7 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
+import math
 import os
 import select
 import signal
@@ -64,6 +67,18 @@ MAX_CONNECTIONS = 64
 """Clients served at once: a host's stack holds a few (node, worker, control daemon, ``chestnut twin`` commands, the
 libusb face's clients). At the bound the daemon accepts no more (one WARNING line) until one closes: a new client
 waits in the socket's backlog, as deep (:meth:`TwinServer.bind`), its requests bounded by its own timeouts."""
+PARTIAL_MESSAGE_S = 10.0
+"""Longest time, s, from a request's first byte to its last (its header and payload, :mod:`.wire`); a request
+still incomplete then closes its connection, freeing its place among :data:`MAX_CONNECTIONS`, in one WARNING line.
+Between requests a connection may stay idle without bound: clients hold theirs open between transfers. The only
+client, ``client.py`` ``TwinClient._request``, writes a request whole (one ``sendmsg``) and closes its connection
+itself when the send outlasts its own bound (``REPLY_TIMEOUT_S`` plus the transfer's timeout), so its bytes follow
+as fast as the daemon reads them: the longest request, ``wire.MAX_PAYLOAD`` (64 MiB), takes ~0.45 s at the socket
+face's bulk OUT rate (146-152 MB/s, README "Measured", ``tests/bench/bench_libusb_face.py``). 10 s is 20x that,
+and the longest single bound tinygrad 0.14 itself puts on the dock (the 10 s copy-in drain, ``backend/protocol.py``
+``DRAIN_TIMEOUT_S``; the PCIe power control transfer's 10 s, ``docs/protocol.md`` "Time limits"): a request not
+complete by then comes from a stopped process or one that is not a client of ours. What tinygrad's code sends to
+the dock is not this: it reaches the daemon through that client, whole requests, whatever their USB timeouts."""
 
 
 class StopOnSignal:
@@ -83,11 +98,28 @@ class StopOnSignal:
         log.info("signal %d: stopping", signum)
         self.stop()
 
-def _recv_exact(sock: socket.socket, mv: memoryview) -> bool:
-    """Fill ``mv``; False if the peer closed before it was full."""
+class PartialMessageTimeout(Exception):
+    """A request whose bytes did not all come within :data:`PARTIAL_MESSAGE_S` of its first one."""
+
+
+def _recv_by(sock: socket.socket, mv: memoryview, deadline: float) -> bool:
+    """Fill ``mv`` from the blocking ``sock`` by ``deadline`` (``time.monotonic``); False if the peer closed before
+    it was full; raises :class:`PartialMessageTimeout` when the deadline passes first. Bytes already queued are
+    taken without a wait (``MSG_DONTWAIT``); only an empty queue polls, for what is left of the bound."""
     got = 0
+    poller: select.poll | None = None
     while got < len(mv):
-        k = sock.recv_into(mv[got:])
+        try:
+            k = sock.recv_into(mv[got:], 0, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PartialMessageTimeout from None
+            if poller is None:
+                poller = select.poll()
+                poller.register(sock, select.POLLIN)
+            poller.poll(math.ceil(left * 1000))  # readable, closed or timed out: the recv above tells which
+            continue
         if k == 0:
             return False
         got += k
@@ -147,19 +179,28 @@ class _Connection:
     def serve(self) -> None:
         hmv = memoryview(self.hdr)
         try:
-            while _recv_exact(self.sock, hmv):
+            while True:
+                k = self.sock.recv_into(hmv)  # between requests: no bound, clients keep connections open
+                if k == 0:
+                    return
+                deadline = time.monotonic() + PARTIAL_MESSAGE_S  # the request's first byte came: the rest within
+                if not _recv_by(self.sock, hmv[k:], deadline):
+                    return
                 plen, op, flags, b0, b1, value, index, handle, length, timeout_ms = W.REQ.unpack(self.hdr)
                 if plen > W.MAX_PAYLOAD or op not in W.OPS or length > W.MAX_PAYLOAD:
                     self._reply(W.ST_BAD_FRAME, 0, f"bad frame: op {op}, payload {plen}, length {length}".encode())
                     log.warning("client %d: bad frame (op %d, payload %d); closing", self.number, op, plen)
                     return
-                payload = self.recv_payload(plen)
+                payload = self.recv_payload(plen, deadline)
                 if payload is None:
                     log.info("client %d went away mid-request (op %d); request discarded", self.number, op)
                     return
                 status, rvalue, out = self._execute(op, flags, b0, b1, value, index, handle, length, timeout_ms,
                                                     payload)
                 self._reply(status, rvalue, out)
+        except PartialMessageTimeout:
+            log.warning("client %d: a request still incomplete %g s after its first byte; closing (request "
+                        "discarded, its place freed)", self.number, PARTIAL_MESSAGE_S)
         except OSError as e:
             log.info("client %d: %s", self.number, e)
         finally:
@@ -167,9 +208,10 @@ class _Connection:
                 self.twin.close_handle(h)
             self.sock.close()
 
-    def recv_payload(self, plen: int) -> memoryview | None:
+    def recv_payload(self, plen: int, deadline: float) -> memoryview | None:
         """The request's ``plen`` payload bytes (``plen`` <= ``wire.MAX_PAYLOAD``), a view of :attr:`buf`; None if
-        the client closed first. Read as they arrive: when the bytes received fill the buffer it grows to four times
+        the client closed first; :class:`PartialMessageTimeout` if they are not all in by ``deadline``
+        (``time.monotonic``). Read as they arrive: when the bytes received fill the buffer it grows to four times
         its size (at most ``plen``), so the buffer is never larger than :data:`INITIAL_BUFFER` or four times what was
         received, whichever is more, whatever a header declares; it is kept for the connection's next request.
         Fourfold rather than twofold: a first big payload on a connection costs fewer zero-filled buffers and
@@ -177,7 +219,7 @@ class _Connection:
         got = 0
         while True:
             end = min(plen, len(self.buf))
-            if not _recv_exact(self.sock, memoryview(self.buf)[got:end]):
+            if not _recv_by(self.sock, memoryview(self.buf)[got:end], deadline):
                 return None
             got = end
             if got == plen:
