@@ -82,6 +82,7 @@ def test_a_malformed_name_is_refused_before_anything(run_base):
     [
         ["bench_pubsub.py", "--small", "5", "--frames", "5"],  # bench-<pid>, with two sockets of its own
         ["bench_twin.py", "--n", "50", "--bulk", "2"],  # bench-twin-<pid>, a twin daemon's
+        ["bench_warp.py", "--frames", "2", "--frame", "nv12:512x256"],  # bench-warp-<pid>: it served the default prefix
     ],
 )
 def test_a_bench_leaves_no_runtime_directory(run_base, bench):
@@ -89,4 +90,4 @@ def test_a_bench_leaves_no_runtime_directory(run_base, bench):
     r = subprocess.run([sys.executable, str(BENCH / bench[0]), *bench[1:]], env=env, capture_output=True, text=True,
                        timeout=100)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert left(run_base) == []  # it was [f"bench-{pid}"] / [f"bench-twin-{pid}"]
+    assert left(run_base) == []  # it was [f"bench-{pid}"] / [f"bench-twin-{pid}"] / ["default"]

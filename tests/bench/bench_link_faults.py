@@ -19,6 +19,7 @@ Run: ``.venv/bin/python tests/bench/bench_link_faults.py [--seconds 60] [--proba
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -28,11 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchprefix import own_prefix  # noqa: E402
 from nodeharness import Bus, NodeProcess, Records, record_fingerprint, write_node_config  # noqa: E402
 from tinymodel import make_tiny_onnx  # noqa: E402
 
 from chestnut.backend.sim.client import TwinDaemon  # noqa: E402
-from chestnut.msgs.paths import runtime_dir  # noqa: E402
 
 
 def serving(rec: Records) -> bool:
@@ -41,12 +42,16 @@ def serving(rec: Records) -> bool:
 
 
 def one_run(cfg: Path, tmp: Path, prefix: str, probability: float, seed: int, seconds: float) -> str:
-    twin = TwinDaemon(prefix).start()
-    client = twin.client()
-    bus = Bus(prefix)
-    bus.start()
-    node = NodeProcess(cfg, prefix, tmp / f"node-{probability}-{seed}.log").start()
-    try:
+    with contextlib.ExitStack() as stack:  # on any way out: the node killed, the bus closed, the twin stopped
+        twin = TwinDaemon(prefix).start()
+        stack.callback(twin.stop)
+        client = twin.client()
+        stack.callback(client.close_connection)
+        bus = Bus(prefix)
+        bus.start()
+        stack.callback(bus.close)
+        node = NodeProcess(cfg, prefix, tmp / f"node-{probability}-{seed}.log").start()
+        stack.callback(node.kill)
         bus.wait_for(lambda r: serving(r), 90.0, "the primary serving")
         t0 = time.monotonic_ns()
         client.fault("timeout", repeat=True, probability=probability, seed=seed)
@@ -54,12 +59,6 @@ def one_run(cfg: Path, tmp: Path, prefix: str, probability: float, seed: int, se
         fired = sum(f["fired"] for f in client.status()["faults"] if f["kind"] == "timeout")
         client.clear()
         rec = bus.snapshot()
-    finally:
-        bus.close()
-        node.kill()
-        client.close_connection()
-        twin.stop()
-        shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
     outs = [o for o in rec.outputs if o.mono_ns >= t0]
     primary = sum(o.source == "primary" for o in outs)
     states = [s for s in rec.states if s.mono_ns >= t0]
@@ -88,7 +87,10 @@ def main() -> int:
         cfg = write_node_config(tmp / "node.toml", model, fingerprint=fp)
         for prob in (float(x) for x in args.probabilities.split(",")):
             for seed in (int(x) for x in args.seeds.split(",")):
-                print(one_run(cfg, tmp, f"bench{os.getpid()}-link", prob, seed, args.seconds), flush=True)
+                # each run on a prefix of its own, whose runtime directory goes once its programs have stopped
+                with own_prefix(f"bench{os.getpid()}-link") as prefix:
+                    line = one_run(cfg, tmp, prefix, prob, seed, args.seconds)
+                print(line, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

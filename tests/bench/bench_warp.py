@@ -19,6 +19,7 @@ line is
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -29,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchprefix import own_prefix  # noqa: E402
 from tinymodel import make_tiny_onnx  # noqa: E402
 
 from chestnut.backend.interface import ModelSpec  # noqa: E402
@@ -61,7 +63,9 @@ def main() -> None:
         serve += ["--link-mbps", str(args.link_mbps), "--latency-us", str(args.latency_us)]
     model = f"link {args.link_mbps:g} Mbps, latency {args.latency_us:g} us" if args.link_mbps else "off"
     print(f"twin timing model: {model}; program engine {args.engine}; frame {spec.frame}")
-    with tempfile.TemporaryDirectory() as tmp, TwinDaemon(args=serve) as daemon:
+    # the twin's prefix: $CHESTNUT_PREFIX as given, else one of its own whose runtime directory goes at the end
+    with own_prefix(f"bench-warp-{os.getpid()}", env=True), tempfile.TemporaryDirectory() as tmp, \
+            TwinDaemon(args=serve) as daemon:
         onnx = make_tiny_onnx(Path(tmp) / "tiny.onnx", 128, 256)
         frames = synthetic_frames(spec.src_h, spec.src_w, "nv12" if spec.encoding == "nv12" else "bgr888")
         cfg = LadderConfig(stability_window_s=0.05)
