@@ -58,7 +58,7 @@ import socket
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -76,7 +76,7 @@ from chestnut.backend.sim.hostwait import FILE_NAME as HOSTWAIT_FILE
 from chestnut.backend.stages import StageTimes
 from chestnut.fallback.standby import FallbackModel
 from chestnut.msgs.frames import CAMERA_RESTART_MIN_STEP
-from chestnut.msgs.messaging import PubMaster, SubMaster, drain_sock, new_message, sub_sock
+from chestnut.msgs.messaging import PubMaster, SubMaster, iter_events, new_message, sub_sock
 from chestnut.msgs.paths import runtime_dir
 from chestnut.msgs.visionipc import FrameBufferError, FrameReader
 from chestnut.node import config as node_config
@@ -1599,11 +1599,7 @@ class Node:
                 if self.stop_requested:  # a signal during the poll: nothing more of this turn, close() stops
                     break
                 if ready:
-                    # the bus first: a frame queued there may be older than the first notice (its own notice
-                    # went out before the ring was mapped); a notice of a frame taken already is skipped. Woken by
-                    # a notice alone, the bus (and its connection monitor) has nothing: not asked
-                    bus = [] if self.frame_reader.only_notices(ready) else drain_sock(self.frames)
-                    for cf in [ev.cameraFrame for ev in bus] + self.frame_reader.notices():
+                    for cf in self._frames_woken(ready):
                         if self.stop_requested:
                             break
                         if not self.frame_reader.first_sight(cf):
@@ -1620,6 +1616,18 @@ class Node:
         finally:
             self.close()
         return self.exit_code
+
+    def _frames_woken(self, ready: dict[Any, int]) -> Iterator[Any]:
+        """The frames of one wake-up (``ready``: the poll's result), oldest first: the bus's ``cameraFrame``
+        readers, then the ring's notices. The bus first: a frame queued there may be older than the first notice
+        (its own notice went out before the ring was mapped); a notice of a frame taken already is skipped by
+        the caller. Woken by a notice alone, the bus (and its connection monitor) has nothing: not asked. Each
+        bus frame is received when the caller asks for it (:func:`~chestnut.msgs.messaging.iter_events`), so
+        the empty queue's receive and the socket's heal come after the frame before it was answered."""
+        if not self.frame_reader.only_notices(ready):
+            for ev in iter_events(self.frames):
+                yield ev.cameraFrame
+        yield from self.frame_reader.notices()
 
     def request_stop(self, signum: int) -> None:
         """From the SIGINT/SIGTERM handler: the loop stops at its next turn, during start-up at once; from here on

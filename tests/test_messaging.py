@@ -27,6 +27,7 @@ from chestnut.msgs.messaging import (
     SubMaster,
     drain_sock,
     endpoint,
+    iter_events,
     log_from_bytes,
     new_message,
     pub_sock,
@@ -370,6 +371,34 @@ def test_conflate_keeps_only_the_newest_message_and_timeout_bounds_recv_one():
         t0 = time.monotonic()
         assert recv_one(sub) is None
         assert 0.15 <= time.monotonic() - t0 < 2.0
+    finally:
+        pub.close()
+        sub.close()
+
+
+@pytest.mark.timeout(30)
+def test_iter_events_receives_each_event_when_asked_and_heals_once_the_queue_is_empty(monkeypatch):
+    pub, sub = _connected_pair()
+    heals: list[int] = []
+    monkeypatch.setattr(sub, "heal", lambda: heals.append(1) or False)
+
+    def ids_until(n: int, got: list[int]) -> list[int]:  # the rest as it arrives (ZeroMQ keeps the order)
+        while len(got) < n and sub.poll(5000):
+            got += [e.cameraFrame.frameId for e in iter_events(sub)]
+        return got
+
+    try:
+        for i in (1, 2, 3):
+            pub.send(good_frame(i))
+        assert sub.poll(5000)
+        events = iter_events(sub)
+        assert next(events).cameraFrame.frameId == 1 and heals == []  # nothing more received, no heal yet
+        got = [1] + [e.cameraFrame.frameId for e in events]
+        assert heals == [1]  # the queue found empty: healed once
+        assert ids_until(3, got) == [1, 2, 3]
+        pub.send(b"\x00" * 24)  # malformed: counted and dropped, never yielded
+        pub.send(good_frame(4))
+        assert ids_until(1, []) == [4] and sum(sub.malformed.values()) == 1
     finally:
         pub.close()
         sub.close()
