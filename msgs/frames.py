@@ -53,8 +53,14 @@ def fill_frame(
 
 
 def frame_to_array(cf: object) -> np.ndarray:
-    """A ``cameraFrame`` reader -> uint8 array of :func:`frame_shape` (a copy): [H, W, 3], or [H, W, 1]
-    for ``gray8``, [H * 3/2, W, 1] for ``nv12``.
+    """A ``cameraFrame`` reader -> uint8 array of :func:`frame_shape` (a writable copy): [H, W, 3], or [H, W, 1]
+    for ``gray8``, [H * 3/2, W, 1] for ``nv12``. Raises what :func:`frame_view` raises."""
+    return frame_view(cf).copy()
+
+
+def frame_view(cf: object) -> np.ndarray:
+    """:func:`frame_to_array` without its copy: a read-only uint8 array over the ``bytes`` that reading ``data``
+    gives (pycapnp copies a ``Data`` field out of the message once per read; nothing else holds those bytes).
     Raises ValueError when ``data`` does not hold exactly H * W * C bytes, and for a frame whose pixels
     stayed in the camera's shared-memory ring (``buffer`` set, ``data`` empty: ``msgs/visionipc.py``)."""
     h, w, channels = frame_shape(int(cf.height), int(cf.width), str(cf.encoding))  # type: ignore[attr-defined]
@@ -66,4 +72,4 @@ def frame_to_array(cf: object) -> np.ndarray:
         )
     if len(data) != h * w * channels:
         raise ValueError(f"cameraFrame {cf.frameId}: {len(data)} bytes for {h}x{w}x{channels} (HxWxC)")  # type: ignore[attr-defined]
-    return np.frombuffer(data, np.uint8).reshape(h, w, channels).copy()
+    return np.frombuffer(data, np.uint8).reshape(h, w, channels)

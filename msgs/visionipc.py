@@ -80,7 +80,7 @@ from typing import Any
 
 import numpy as np
 
-from chestnut.msgs.frames import frame_shape, frame_to_array
+from chestnut.msgs.frames import frame_shape, frame_view
 from chestnut.msgs.messaging import REASON_FRAMING, REASON_UNKNOWN_MEMBER, MalformedMessageError
 from chestnut.msgs.paths import SocketPathError, check_socket_path, runtime_dir
 from chestnut.msgs.schema import log as schema
@@ -861,8 +861,8 @@ class FrameReader:
     a ``CameraFrame`` reader or as the :class:`RingFrame` of the camera's notice.
 
     ``view(cf)`` -> uint8 array of ``msgs/frames.py`` ``frame_shape`` ([H, W, 3]; [H, W, 1] for ``gray8``;
-    [H * 3/2, W, 1] for ``nv12``); a ring frame is a read-only view
-    into shared memory, an inline one a copy (``msgs/frames.py`` ``frame_to_array``). Call
+    [H * 3/2, W, 1] for ``nv12``), read-only: a ring frame's view into shared memory, an inline one's over the
+    bytes of its ``data`` (``msgs/frames.py`` ``frame_view``; no copy of the pixels past pycapnp's own). Call
     ``verify(cf)`` once done with the view: a ring frame that was overwritten meanwhile raises
     :class:`FrameOverwrittenError` (a ``ValueError``). The ring is connected to on the first ring frame.
 
@@ -985,7 +985,7 @@ class FrameReader:
         if isinstance(cf, RingFrame):  # checked when its notice was read
             return self.shm.view_slot(cf.session, cf.index, cf.seq, cf.size, cf.shape)
         if not self.in_ring(cf):
-            return frame_to_array(cf)
+            return frame_view(cf)
         h, w, c = frame_shape(cf.height, cf.width, cf.encoding)
         buf = cf.buffer
         size = buf.size
@@ -1015,8 +1015,7 @@ class FrameReader:
 
     def read(self, cf: Any) -> np.ndarray:
         """A verified copy of the frame's pixels, uint8 [H, W, C]."""
-        img = self.view(cf)
-        out = img.copy() if self.in_ring(cf) else img
+        out = self.view(cf).copy()
         self.verify(cf)
         return out
 

@@ -321,7 +321,11 @@ def test_reader_takes_both_kinds_and_the_logger_inlines_ring_frames():
     inline = log_from_bytes(fill_frame(3, img, 1, 2, "test").to_bytes())
     reader = FrameReader()
     assert not reader.in_ring(inline.cameraFrame)
-    assert (reader.read(inline.cameraFrame) == img).all()
+    seen = reader.view(inline.cameraFrame)  # over the bytes pycapnp read out: no copy of ours, read-only
+    assert seen.shape == (6, 8, 3) and not seen.flags.writeable and not seen.flags.owndata and (seen == img).all()
+    copied = reader.read(inline.cameraFrame)
+    assert copied.flags.writeable and copied.flags.owndata and (copied == img).all()
+    assert frame_to_array(inline.cameraFrame).flags.writeable
     assert inline_event(inline, reader) == inline.as_builder().to_bytes()
     with FrameRing(img.nbytes) as ring:
         ev = _frame(ring, img, 4)
