@@ -136,10 +136,11 @@ def direct_ms(setup: Setup, frames: int) -> tuple[list[float], list[float]]:
 
 def echo_main(prefix: str) -> int:
     """The transport floor: answer every ``cameraFrame`` at once with a ``modelOutput`` of the same frame id
-    (the same messaging API, decode and encode as the node; no model, no supervision)."""
+    (the same messaging API, decode and encode as the node, and its order: each frame answered before the next
+    receive, ``iter_events``; no model, no supervision)."""
     import zmq
 
-    from chestnut.msgs.messaging import PubMaster, drain_sock, new_message, sub_sock
+    from chestnut.msgs.messaging import PubMaster, iter_events, new_message, sub_sock
 
     stop = False
 
@@ -154,7 +155,7 @@ def echo_main(prefix: str) -> int:
     with PubMaster(["modelOutput"], prefix=prefix) as pm:
         while not stop:
             if poller.poll(50):
-                for ev in drain_sock(frames):
+                for ev in iter_events(frames):
                     msg = new_message("modelOutput")
                     msg.modelOutput.frameId = ev.cameraFrame.frameId
                     msg.modelOutput.source = "fallback"
