@@ -726,6 +726,7 @@ def test_demo_shows_the_checks_and_exits_0_with_a_summary():
         r"malformed 0",
         lines[-1],
     ), lines[-1]
+    assert "publisher stopped or restarted" not in done.stderr, done.stderr  # its own publisher's planned end
 
 
 DEMO_SECONDS_WANT = ("give a number of seconds from 2 (freq_ok needs a full 1 s window of frames before it can "
