@@ -127,3 +127,15 @@ def test_a_node_that_stamps_its_own_output_absurdly_is_still_a_violation(drive, 
     r = check_log(logs)
     assert [(v.contract, v.frame_id) for v in r.violations] == [("log_intact", 90)]
     assert r.violations[0].t_ns == frame_time_of(drive, 90)  # where the logger wrote it: after frame 90
+
+
+def test_into_a_pipe_a_line_of_the_report_is_one_line_however_long(drive, tmp_path, capsys):
+    """Not a terminal (capsys, like ``| grep``): rich's 80-column fold is off, so the one summary line stays one."""
+    logs = tmp_path / "logs"
+    write_drive(drive, logs)
+    capsys.readouterr()
+    assert main(["check", str(logs)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    summary = [line for line in lines if line.startswith("4 file(s), 9.0 s, 180 frames, 180 outputs; ")]
+    assert len(summary) == 1 and len(summary[0]) > 80, lines[:4]
+    assert summary[0].endswith("wait timeout 3000 + 250 ms (configuration: the log's node initData)"), summary

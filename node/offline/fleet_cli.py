@@ -55,7 +55,9 @@ def stdout_console() -> Any:
     (``chestnut check LOG | head -2``) ends the command as it ends every ``chestnut`` command: the
     ``BrokenPipeError`` goes up to ``launch/cli.py`` ``main``, which ends it quietly with ``EXIT_BROKEN_PIPE``
     (141, 128 + SIGPIPE, README). rich's own ``Console.on_broken_pipe`` exits 1 instead (``SystemExit(1)``),
-    ``check``'s "a contract was violated" and ``replay``'s "a mismatch", with nothing said."""
+    ``check``'s "a contract was violated" and ``replay``'s "a mismatch", with nothing said. Into a pipe or a file
+    a line of text is not folded at rich's default 80 columns (``soft_wrap``: one line stays one line for
+    ``grep``); a terminal's lines fold at its width, as before."""
     from rich.console import Console
 
     class PipeConsole(Console):
@@ -63,7 +65,7 @@ def stdout_console() -> Any:
             self.quiet = True  # nothing more is drawn on the way out
             raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
-    return PipeConsole()
+    return PipeConsole(soft_wrap=not sys.stdout.isatty())
 
 
 def _count(text: str, check: Callable[[int], int], want: str) -> int:
