@@ -226,6 +226,16 @@ def model_fix(path: Path) -> str:
     return MODEL_FIX if prepared else OWN_MODEL_FIX
 
 
+def _same_file(fallback: Path | None, primary: Path) -> bool:
+    """Whether the fallback's model file (``fallback.path``; None: the primary's) is the primary's ``primary``."""
+    if fallback is None:
+        return True
+    try:
+        return fallback.expanduser().resolve() == primary.expanduser().resolve()
+    except (OSError, RuntimeError):  # a symlink loop, an unreadable folder: compared as given
+        return fallback == primary
+
+
 def _versions() -> dict[str, str]:
     out = {}
     for pkg in ("chestnut", "tinygrad", "pycapnp", "pyzmq", "onnxruntime", "numpy"):
@@ -497,9 +507,11 @@ class Node:
     def declare_contract(self) -> int | None:
         """The node's output contract from the primary model file and the configuration
         (:func:`chestnut.node.contract.declare_contract`); None when declared, else one line and the exit code:
-        :data:`EXIT_CONFIG` for a ``model.ranges`` key the primary does not output, :data:`EXIT_NO_FALLBACK`
-        for a primary file that is missing, unreadable or fails its known-answer check (refused as primary and
-        as fallback: the node cannot serve)."""
+        :data:`EXIT_CONFIG` for a ``model.ranges`` key the primary does not output, and for a primary file that is
+        missing, unreadable or fails its known-answer check while ``fallback.path`` names another file (the
+        configuration names a model the node cannot use); :data:`EXIT_NO_FALLBACK` for such a primary file that is
+        the fallback's too (``fallback.path`` unset or the same file: refused as primary and as fallback, the node
+        cannot serve)."""
         try:
             self.contract = declare_contract(self.cfg, self.spec_in.fingerprint)
         except ConfigError as e:
@@ -509,7 +521,7 @@ class Node:
         except ContractError as e:
             self.stop_reason = f"no output contract: {e.detail}"
             log.error("%s; %s", self.stop_reason, model_fix(self.cfg.model.path))
-            return EXIT_NO_FALLBACK
+            return EXIT_NO_FALLBACK if _same_file(self.cfg.fallback.path, self.cfg.model.path) else EXIT_CONFIG
         self.contracts = self.contract.outputs
         log.info("output contract %s from the primary model %s: %s (known answer: %s)", self.contract.fingerprint,
                  self.cfg.model.path, self.contract.describe(), self.contract.known_answer)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from nodeharness import NodeProcess, write_node_config
 
-from chestnut.node.main import EXIT_NO_FALLBACK
+from chestnut.node.main import EXIT_CONFIG, EXIT_NO_FALLBACK
 
 
 def test_a_damaged_model_exits_naming_the_file_and_the_fix(tmp_path: Path, tiny_onnx: Path) -> None:
@@ -32,6 +32,28 @@ def test_a_damaged_model_exits_naming_the_file_and_the_fix(tmp_path: Path, tiny_
         "name another file (--model / --fallback-model, or the config's [model] / [fallback] path), or replace "
         "this one"
     ), line
+    assert "Traceback" not in log
+
+
+@pytest.mark.parametrize("primary", ["missing", "damaged"])
+def test_an_unusable_primary_beside_a_usable_fallback_file_is_a_configuration_error(tmp_path: Path, tiny_onnx: Path,
+                                                                                    primary: str) -> None:
+    """Exit 3 says "no usable fallback"; with a fallback of its own file that is not so: the configuration names
+    a primary the node cannot use, exit ``EXIT_CONFIG`` (2), one ERROR line naming the file."""
+    model = tmp_path / f"{primary}.onnx"
+    if primary == "damaged":
+        model.write_bytes(tiny_onnx.read_bytes()[:100])
+    cfg = write_node_config(tmp_path / "node.toml", model, dock="none", fallback_model=tiny_onnx)
+    node = NodeProcess(cfg, os.environ["CHESTNUT_PREFIX"], tmp_path / "node.log").start()
+    try:
+        assert node.proc is not None
+        rc = node.proc.wait(30)
+    finally:
+        node.kill()
+    log = node.log_tail()
+    assert rc == EXIT_CONFIG == 2, log
+    errors = [x for x in log.splitlines() if " ERROR " in x]
+    assert len(errors) == 1 and "no output contract: " in errors[0] and str(model) in errors[0], errors
     assert "Traceback" not in log
 
 
