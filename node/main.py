@@ -148,6 +148,7 @@ from chestnut.node.policy import (
     start_timed_out,
     timed_out_start_failure,
     with_frame_clock,
+    with_input_validity,
 )
 from chestnut.node.preprocess import preprocess, primary_warp
 from chestnut.node.realtime import worker_priority
@@ -864,9 +865,12 @@ class Node:
 
     # ---------------------------------------------------------------- one frame
 
-    def on_frame(self, cf: Any) -> None:
+    def on_frame(self, cf: Any, valid: bool = True) -> None:
         """One ``cameraFrame``: a ``CameraFrame`` reader from the bus or the :class:`~chestnut.msgs.visionipc.RingFrame`
-        of the camera's notice (the same fields)."""
+        of the camera's notice (the same fields). ``valid``: its message's ``Event.valid``; a frame its camera
+        marked not valid is answered as any other, and the answer published not valid (cereal's convention: a
+        message made from an input that is not valid is not valid either; ``node/policy.py``
+        ``with_input_validity``)."""
         frame_id = int(cf.frameId)
         sof = int(cf.timestampSof)
         if (self.last_frame_id is not None and frame_id <= self.last_frame_id and sof > self.last_sof_ns
@@ -933,7 +937,7 @@ class Node:
         # the worker's request seq: the frame id, plus an offset that keeps it increasing across camera restarts
         started = time.monotonic_ns()
         result = self._infer(frame_id + self.seq_offset, inputs, clock, full, refusal)
-        result.answer = with_frame_clock(result.answer, clock)
+        result.answer = with_input_validity(with_frame_clock(result.answer, clock), valid)
         self._publish_output(frame_id, cf, result, clock, drop_perc)
         self._run_after_output()
         host = self.host_last_late_ns >= started and self.sup.serving is Source.PRIMARY
@@ -1611,12 +1615,12 @@ class Node:
                 if self.stop_requested:  # a signal during the poll: nothing more of this turn, close() stops
                     break
                 if ready:
-                    for cf in self._frames_woken(ready):
+                    for cf, valid in self._frames_woken(ready):
                         if self.stop_requested:
                             break
                         if not self.frame_reader.first_sight(cf):
                             continue
-                        self.on_frame(cf)
+                        self.on_frame(cf, valid)
                         answered = True
                         if not self.stop_requested:
                             self._housekeeping()  # between two queued frames too: results, the watchdog, health
@@ -1629,17 +1633,19 @@ class Node:
             self.close()
         return self.exit_code
 
-    def _frames_woken(self, ready: dict[Any, int]) -> Iterator[Any]:
+    def _frames_woken(self, ready: dict[Any, int]) -> Iterator[tuple[Any, bool]]:
         """The frames of one wake-up (``ready``: the poll's result), oldest first: the bus's ``cameraFrame``
         readers, then the ring's notices. The bus first: a frame queued there may be older than the first notice
         (its own notice went out before the ring was mapped); a notice of a frame taken already is skipped by
         the caller. Woken by a notice alone, the bus (and its connection monitor) has nothing: not asked. Each
         bus frame is received when the caller asks for it (:func:`~chestnut.msgs.messaging.iter_events`), so
-        the empty queue's receive and the socket's heal come after the frame before it was answered."""
+        the empty queue's receive and the socket's heal come after the frame before it was answered. Each comes
+        with its message's ``valid`` (the Event's flag; a notice's frame: True)."""
         if not self.frame_reader.only_notices(ready):
             for ev in iter_events(self.frames):
-                yield ev.cameraFrame
-        yield from self.frame_reader.notices()
+                yield ev.cameraFrame, ev.valid
+        for notice in self.frame_reader.notices():  # the camera's own record on its own connection: no flag
+            yield notice, True
 
     def request_stop(self, signum: int) -> None:
         """From the SIGINT/SIGTERM handler: the loop stops at its next turn, during start-up at once; from here on

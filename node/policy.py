@@ -626,6 +626,22 @@ def with_frame_clock(answer: Answer, clock: FrameClock) -> Answer:
     return Answer(answer.source, answer.outputs, answer.exec_s, False, reason)
 
 
+INPUT_NOT_VALID = "input not valid: the camera published this frame with Event.valid false"
+"""The reason an answer is published not valid when its frame's message was not: cereal's convention that a
+message made from others is valid only when its inputs are (openpilot ``selfdrive/controls/lib/
+longitudinal_planner.py`` ``LongitudinalPlanner.publish``: ``plan_send.valid = sm.all_checks(...)``, whose
+``valid`` check is each input message's ``Event.valid``)."""
+
+
+def with_input_validity(answer: Answer, valid: bool) -> Answer:
+    """The answer of a frame whose message was not valid (``Event.valid`` false) is not valid; its reason comes
+    first (:data:`INPUT_NOT_VALID`)."""
+    if valid:
+        return answer
+    reason = f"{INPUT_NOT_VALID}; {answer.reason}" if answer.reason else INPUT_NOT_VALID
+    return Answer(answer.source, answer.outputs, answer.exec_s, False, reason)
+
+
 def active_for_output(health_active: bool, health_reason: str, valid: bool, reason: str) -> tuple[bool, str]:
     """``ChestnutActive`` after one frame: the health rule's verdict (every layer OK and the primary serves,
     :func:`chestnut.node.health.chestnut_active`), and false with the output's reason when the published

@@ -57,3 +57,43 @@ def test_a_4096x4096_frame_is_refused_by_zeromq_and_the_node_keeps_serving(tmp_p
     assert ("cameraFrame: a message over the service's 16 MiB bound was refused (the connection is dropped by "
             "ZeroMQ's maxmsgsize); connected again (further ones are only counted)") in log
     assert "oversize" not in log  # refused by ZeroMQ, not received and then dropped
+
+
+def test_a_frame_its_camera_marked_not_valid_is_answered_not_valid(tmp_path: Path, tiny_onnx: Path) -> None:
+    """cereal's convention (node/policy.py INPUT_NOT_VALID): a message made from an input that is not valid is
+    not valid either; the frames around it stay valid."""
+    from chestnut.node.policy import INPUT_NOT_VALID
+
+    marked: dict[str, int] = {}
+
+    def frames(fid: int):  # type: ignore[no-untyped-def]
+        img = np.random.default_rng(fid).integers(0, 256, (H, W, 3), dtype=np.uint8)
+        if fid != marked.get("id"):
+            return img
+        now = time.monotonic_ns()
+        msg = fill_frame(fid, img, now, now, "marked")
+        msg.valid = False  # type: ignore[attr-defined]
+        return msg
+
+    prefix = os.environ["CHESTNUT_PREFIX"]
+    cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none")
+    bus = Bus(prefix, frame_fn=frames)
+    bus.start()
+    node = NodeProcess(cfg, prefix, tmp_path / "node.log").start()
+    try:
+        bus.wait_for(lambda r: r.outputs, 60.0, f"the first output\n{node.log_tail()}")
+        marked["id"] = bus.next_frame_id + 2
+        rec = bus.wait_for(lambda r: r if any(o.frame_id > marked["id"] for o in r.outputs) else None, 30.0,
+                           f"outputs after the marked frame\n{node.log_tail()}")
+    finally:
+        bus.close()
+        node.kill()
+        shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
+    answered = {o.frame_id: o for o in rec.outputs}
+    got = answered[marked["id"]]
+    assert (got.source, got.valid) == ("fallback", False)
+    # the input's reason first, then why the fallback serves (the back-off's delay grows: not asserted)
+    want = f"{INPUT_NOT_VALID}; dock_absent (usb): dock disabled (dock.kind = none); retry in "
+    assert got.reason.startswith(want), got
+    assert INPUT_NOT_VALID == "input not valid: the camera published this frame with Event.valid false"
+    assert answered[marked["id"] - 1].valid and answered[marked["id"] + 1].valid
