@@ -419,7 +419,7 @@ def _publish(
             encoding,
             "inline" if ring is None else f"shared-memory ring of {ring.slots}",
         )
-        time.sleep(max(0.0, args.start_delay))
+        flag.sleep(args.start_delay)  # a stop signal ends it at once: then no frame goes out
         t0 = time.monotonic_ns()
         frame_id = 0
         while not flag.stop and (args.frames == 0 or sent < args.frames):
@@ -438,7 +438,7 @@ def _publish(
                 break
             now = time.monotonic_ns()
             if now < sof:
-                time.sleep((sof - now) / 1e9)
+                flag.sleep((sof - now) / 1e9)
             if flag.stop:  # stopped while waiting for the tick: the last frame sent stays the last one
                 break
             if ring is None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -332,3 +334,29 @@ def test_ffmpegs_decoder_is_held_to_the_guard(monkeypatch):
         next(iter_frames(video, 128, 256))
     assert str(e.value) == (f"{video} cannot be decoded as video or image: Invalid argument: "
                             r"""'avcodec_open2("h264", {\'max_pixels\': \'1000\'})' returned 22""")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_during_the_start_delay_stops_the_camera_at_once(signum):
+    """``--start-delay 8`` ignored SIGTERM and Ctrl-C until the 8 s were over (a signal handler that returns lets
+    ``time.sleep`` sleep on): now a stop during the delay ends the camera at once, exit 0 and the same last line
+    as a stop at any other time, no frame sent."""
+    cam = subprocess.Popen([CHESTNUT, "camera", "--synthetic", "--start-delay", "60"], cwd=ROOT,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        assert cam.stderr is not None
+        lines = [cam.stderr.readline()]  # the camera's handlers are set before it logs what it publishes
+        while " INFO chestnut.camera: camera: synthetic-" not in lines[-1]:
+            assert lines[-1], f"the camera ended before it published: {lines}"
+            lines.append(cam.stderr.readline())
+        t0 = time.monotonic()
+        cam.send_signal(signum)
+        rc = cam.wait(20)
+        stopped_s = time.monotonic() - t0
+        rest = cam.stderr.read().splitlines()
+    finally:
+        cam.kill()
+        cam.wait()
+    assert rc == 0
+    assert stopped_s < 5.0  # the delay's 60 s would otherwise run out first; the linger is 1 s at most
+    assert [line.split(" ", 2)[2] for line in rest] == ["INFO chestnut.camera: camera: sent 0 frames, skipped 0 ticks"]
