@@ -2,7 +2,7 @@
 
 One process, one single-threaded main loop that reads top to bottom. Per camera frame:
 
-0. a frame read more than ``timing.max_frame_age_ms`` after its ``timestampEof`` (the node is behind) is
+0. a frame read more than ``timing.max_frame_age_ms`` after its ``timestampEof`` (the node or its camera is behind) is
    answered at once without a model: ``valid=False``, source none, "stale frame" (docs/health.md);
 1. preprocess the frame (``node.preprocess``); a frame that cannot be used is answered with an
    invalid ``modelOutput`` that says why, so every frame still gets exactly one output;
@@ -317,14 +317,20 @@ class FrameResult:
     deadline_ms: float = 0.0  # the primary's deadline in force for this frame (node/deadline.py); 0: not judged
 
 
-def stale_frame_reason(eof_ns: int, now_ns: int, max_age_ms: float) -> str:
+def stale_frame_reason(eof_ns: int, now_ns: int, max_age_ms: float, sent_ns: int = 0) -> str:
     """Why a frame read at ``now_ns`` with ``timestampEof`` = ``eof_ns`` (both CLOCK_MONOTONIC ns) is too old
     to run a model on: read more than ``max_age_ms`` (``timing.max_frame_age_ms``) after its EOF. "" when it
-    is not, and when its age is unknown (``eof_ns`` 0 or in the future: :func:`frame_clock` says so)."""
+    is not, and when its age is unknown (``eof_ns`` 0 or in the future: :func:`frame_clock` says so).
+    ``sent_ns``: its message's ``logMonoTime`` (0: unknown, a ring notice). A frame its camera published over
+    the bound after its EOF is named the camera's (its stamp is old when it is sent: a late camera, or a wrong
+    stamp); one published in time and read late, or of unknown publish time, the node's (it is behind)."""
     if eof_ns <= 0 or eof_ns > now_ns or now_ns - eof_ns <= max_age_ms * 1e6:
         return ""
-    return (f"stale frame: read {(now_ns - eof_ns) / 1e6:.0f} ms after its EOF (bound {max_age_ms:.0f} ms); "
-            "the node is behind")
+    read = f"stale frame: read {(now_ns - eof_ns) / 1e6:.0f} ms after its EOF (bound {max_age_ms:.0f} ms); "
+    if eof_ns < sent_ns <= now_ns and sent_ns - eof_ns > max_age_ms * 1e6:
+        return read + (f"its camera published it {(sent_ns - eof_ns) / 1e6:.0f} ms after that EOF: the camera is "
+                       "late or its stamp wrong, not the node")
+    return read + "the node is behind"
 
 
 STALE_FRAME_SOURCE = "intake"  # the output layer's condition for stale frames (node/health.py Evidence.source)
@@ -865,12 +871,13 @@ class Node:
 
     # ---------------------------------------------------------------- one frame
 
-    def on_frame(self, cf: Any, valid: bool = True) -> None:
+    def on_frame(self, cf: Any, valid: bool = True, sent_ns: int = 0) -> None:
         """One ``cameraFrame``: a ``CameraFrame`` reader from the bus or the :class:`~chestnut.msgs.visionipc.RingFrame`
         of the camera's notice (the same fields). ``valid``: its message's ``Event.valid``; a frame its camera
         marked not valid is answered as any other, and the answer published not valid (cereal's convention: a
         message made from an input that is not valid is not valid either; ``node/policy.py``
-        ``with_input_validity``)."""
+        ``with_input_validity``). ``sent_ns``: its message's ``logMonoTime`` (0: unknown), which tells a stale
+        frame the camera sent late from one the node read late (:func:`stale_frame_reason`)."""
         frame_id = int(cf.frameId)
         sof = int(cf.timestampSof)
         if (self.last_frame_id is not None and frame_id <= self.last_frame_id and sof > self.last_sof_ns
@@ -901,7 +908,7 @@ class Node:
         drop_perc = self.framedrop.update(frame_id)
         now = time.monotonic_ns()
         eof = int(cf.timestampEof)
-        if stale := stale_frame_reason(eof, now, self.cfg.timing.max_frame_age_ms):
+        if stale := stale_frame_reason(eof, now, self.cfg.timing.max_frame_age_ms, int(sent_ns)):
             self._stale_frame(frame_id, cf, stale, drop_perc, now)
             return
         try:
@@ -1615,12 +1622,12 @@ class Node:
                 if self.stop_requested:  # a signal during the poll: nothing more of this turn, close() stops
                     break
                 if ready:
-                    for cf, valid in self._frames_woken(ready):
+                    for cf, valid, sent_ns in self._frames_woken(ready):
                         if self.stop_requested:
                             break
                         if not self.frame_reader.first_sight(cf):
                             continue
-                        self.on_frame(cf, valid)
+                        self.on_frame(cf, valid, sent_ns)
                         answered = True
                         if not self.stop_requested:
                             self._housekeeping()  # between two queued frames too: results, the watchdog, health
@@ -1633,19 +1640,19 @@ class Node:
             self.close()
         return self.exit_code
 
-    def _frames_woken(self, ready: dict[Any, int]) -> Iterator[tuple[Any, bool]]:
+    def _frames_woken(self, ready: dict[Any, int]) -> Iterator[tuple[Any, bool, int]]:
         """The frames of one wake-up (``ready``: the poll's result), oldest first: the bus's ``cameraFrame``
         readers, then the ring's notices. The bus first: a frame queued there may be older than the first notice
         (its own notice went out before the ring was mapped); a notice of a frame taken already is skipped by
         the caller. Woken by a notice alone, the bus (and its connection monitor) has nothing: not asked. Each
         bus frame is received when the caller asks for it (:func:`~chestnut.msgs.messaging.iter_events`), so
         the empty queue's receive and the socket's heal come after the frame before it was answered. Each comes
-        with its message's ``valid`` (the Event's flag; a notice's frame: True)."""
+        with its message's ``valid`` and ``logMonoTime`` (a notice's frame: True and 0, unknown)."""
         if not self.frame_reader.only_notices(ready):
             for ev in iter_events(self.frames):
-                yield ev.cameraFrame, ev.valid
+                yield ev.cameraFrame, ev.valid, ev.logMonoTime
         for notice in self.frame_reader.notices():  # the camera's own record on its own connection: no flag
-            yield notice, True
+            yield notice, True, 0
 
     def request_stop(self, signum: int) -> None:
         """From the SIGINT/SIGTERM handler: the loop stops at its next turn, during start-up at once; from here on

@@ -36,6 +36,18 @@ def test_the_reason_names_the_age_and_the_bound():
     assert stale_frame_reason(now - 1001 * MS, now, 1000.0).startswith("stale frame: read 1001 ms")
     assert stale_frame_reason(0, now, 1000.0) == ""  # age unknown: frame_clock says so, not this
     assert stale_frame_reason(now + 5 * MS, now, 1000.0) == ""
+    # its message's logMonoTime tells who was late: published in time and read late, the node
+    assert stale_frame_reason(now - 2500 * MS, now, 1000.0, sent_ns=now - 2490 * MS) == (
+        "stale frame: read 2500 ms after its EOF (bound 1000 ms); the node is behind"
+    )
+    # published over the bound after its EOF, the camera (a late camera, or a wrong stamp)
+    assert stale_frame_reason(now - 2500 * MS, now, 1000.0, sent_ns=now - 3 * MS) == (
+        "stale frame: read 2500 ms after its EOF (bound 1000 ms); its camera published it 2497 ms after that EOF: "
+        "the camera is late or its stamp wrong, not the node"
+    )
+    # a logMonoTime in the future or before the EOF is no evidence: the node's, as with none
+    for sent in (now + 5 * MS, now - 3000 * MS):
+        assert stale_frame_reason(now - 2500 * MS, now, 1000.0, sent_ns=sent).endswith("; the node is behind")
 
 
 def test_the_bound_must_be_at_least_the_deadline():
@@ -116,7 +128,9 @@ def test_stale_frames_are_answered_without_a_model_and_the_output_layer_warns(tm
     for o in rec.outputs:
         by_id.setdefault(o.frame_id, []).append(o)
     assert all(len(v) == 1 for v in by_id.values()), "one output per frame"
-    want = re.compile(r"stale frame: read 30\d\d ms after its EOF \(bound 1000 ms\); the node is behind")
+    # sent now with an EOF 3 s old: the camera's lateness, not the node's
+    want = re.compile(r"stale frame: read 30\d\d ms after its EOF \(bound 1000 ms\); its camera published it "
+                      r"30\d\d ms after that EOF: the camera is late or its stamp wrong, not the node")
     for fid in range(first, first + 4):
         (o,) = by_id[fid]
         assert (o.source, o.valid, o.deadline_missed, o.exec_s) == ("none", False, False, 0.0), o
@@ -128,6 +142,6 @@ def test_stale_frames_are_answered_without_a_model_and_the_output_layer_warns(tm
     drops = [a for a in rec.active if not a.active and a.reason.startswith("output WARN: stale frame")]
     assert drops and want.fullmatch(drops[0].reason.removeprefix("output WARN: ")), rec.active[-8:]
     lines = [ln for ln in log.splitlines() if "answered without a model" in ln]
-    assert len(lines) >= 1 and lines[0].endswith("the node is behind; answered without a model (1 such frames so far)")
+    assert len(lines) >= 1 and lines[0].endswith("not the node; answered without a model (1 such frames so far)")
     assert re.search(rf"cameraFrame {first}: stale frame: read 30\d\d ms", lines[0]), lines[0]
     assert len(lines) <= 2  # 4 frames in 0.2 s: logged at most once a second
