@@ -897,7 +897,7 @@ class Node:
             # a repeated or reordered frame: answering it would break the increasing frame ids consumers rely on
             self.out_of_order += 1
             if self.order_log.due():
-                log.error("cameraFrame %d after %d: frame ids must increase; dropped (%d so far)", frame_id,
+                log.warning("cameraFrame %d after %d: frame ids must increase; dropped (%d so far)", frame_id,
                           self.last_frame_id, self.out_of_order)
             return
         if self.last_frame_id is not None and sof > self.last_sof_ns:
@@ -933,7 +933,7 @@ class Node:
         except (ValueError, KeyError, FrameBufferError) as e:
             self.bad_frames += 1
             if self.bad_frame_log.due(type(e).__name__):  # at once for a new kind, then at most once a second
-                log.error("cameraFrame %d unusable: %s (%d such frames so far)", frame_id, e, self.bad_frames)
+                log.warning("cameraFrame %d unusable: %s (%d such frames so far)", frame_id, e, self.bad_frames)
             clock = frame_clock(frame_id, eof, time.monotonic_ns(), self.cfg.dock.wait_timeout_ms)
             bad = Answer(Source.NONE, None, 0.0, False, f"bad frame: {e}")
             self._publish_output(frame_id, cf, FrameResult(bad), clock, drop_perc)
@@ -971,7 +971,7 @@ class Node:
         distinct reason and then at most every :data:`BAD_FRAME_LOG_PERIOD_S`; the fallback answers it."""
         self.format_refused += 1
         if self.format_log.due(why):
-            log.error("%s; the fallback answers such frames (%d so far)", why, self.format_refused)
+            log.warning("%s; the fallback answers such frames (%d so far)", why, self.format_refused)
 
     def _stale_frame(self, frame_id: int, cf: Any, why: str, drop_perc: float, now: int) -> None:
         """A frame read over ``timing.max_frame_age_ms`` after its EOF: answered at once, without reading its
@@ -992,7 +992,7 @@ class Node:
         """A frame whose age is unknown: counted, logged at most every :data:`BAD_FRAME_LOG_PERIOD_S`."""
         self.bad_timestamps += 1
         if self.timestamp_log.due():
-            log.error("%s; its output is published as not valid (%d such frames so far)", clock.age_problem,
+            log.warning("%s; its output is published as not valid (%d such frames so far)", clock.age_problem,
                       self.bad_timestamps)
 
     def _run_fallback(self, inputs: dict[str, np.ndarray]) -> Candidate:
