@@ -526,10 +526,13 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+MAX_FRAMES = 72_000  # --frames: an hour of the kit's FRAME_HZ (20 Hz); 1e17 frames ran until killed
+
+
 def _frames(text: str) -> int:
-    """``--frames``: how many camera frames go through the node, an integer > 0; raises
+    """``--frames``: how many camera frames go through the node, an integer in [1, :data:`MAX_FRAMES`]; raises
     ``argparse.ArgumentTypeError`` (one line) otherwise."""
-    return checked_int(text, lambda n: n > 0, "give a number of frames > 0")
+    return checked_int(text, lambda n: 0 < n <= MAX_FRAMES, f"give a number of frames > 0 and <= {MAX_FRAMES}")
 
 
 def _min_copy_mbps(text: str) -> float:
@@ -551,7 +554,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="onnxruntime",
         help="how the twin's GPU executes programs (default onnxruntime, as chestnut launch: 20 Hz on 2 cores)",
     )
-    p.add_argument("--frames", type=_frames, default=100, help="frames through the node (> 0, default 100)")
+    p.add_argument("--frames", type=_frames, default=100,
+                   help=f"frames through the node (1 to {MAX_FRAMES}, default 100)")
     p.add_argument("--sizes", type=_sizes, default=list(DEFAULT_SIZES), help="bytes per copy, comma-separated")
     p.add_argument("--min-copy-mbps", type=_min_copy_mbps, default=1.0,
                    help="slowest acceptable copy, MB/s (> 0, default 1)")

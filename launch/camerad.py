@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from chestnut.launch.signals import StopFlag
-from chestnut.msgs.argtypes import MAX_FRAME_RATE_HZ, checked_float, checked_int, frame_rate_hz
+from chestnut.msgs.argtypes import MAX_FRAME_RATE_HZ, MIN_FRAME_RATE_HZ, checked_float, checked_int, frame_rate_hz
 from chestnut.msgs.frames import fill_frame, frame_shape
 from chestnut.msgs.messaging import PubMaster, context
 from chestnut.msgs.services import FRAME_MAX_BYTES, get_service
@@ -267,16 +266,24 @@ def _frame_count(text: str) -> int:
     return checked_int(text, lambda n: n >= 0, "give a number of frames >= 0 (0: run until stopped)")
 
 
+MAX_START_DELAY_S = 60.0
+"""Upper bound of ``--start-delay``, s: a minute, 60 times the default 1 s, which already leaves subscribers on this
+host's IPC sockets ample time to connect (they take milliseconds); a longer wait is a typo, and 1e300 s overflowed
+``time.sleep``'s timestamp in a traceback."""
+
+
 def _start_delay_s(text: str) -> float:
-    """``--start-delay``: seconds, finite and >= 0; raises ``argparse.ArgumentTypeError`` (one line) otherwise."""
-    return checked_float(text, lambda s: 0 <= s < math.inf, "give a number of seconds >= 0")
+    """``--start-delay``: seconds in [0, :data:`MAX_START_DELAY_S`]; raises ``argparse.ArgumentTypeError`` (one line)
+    otherwise, nan and inf included."""
+    return checked_float(text, lambda s: 0 <= s <= MAX_START_DELAY_S,
+                         f"give a number of seconds >= 0 and <= {MAX_START_DELAY_S:g}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_priority_argument(p, CAMERA_PRIORITY, "camera")
     p.add_argument("--source", type=Path, help="video, image folder or image (default: mvtb-data traffic video)")
     p.add_argument("--rate", type=frame_rate_hz, default=20.0,
-                   help=f"frames per second (> 0 and <= {MAX_FRAME_RATE_HZ:g}; default 20)")
+                   help=f"frames per second ({MIN_FRAME_RATE_HZ:g} to {MAX_FRAME_RATE_HZ:g}; default 20)")
     p.add_argument("--height", type=int, default=None,
                    help=f"frame height, px (default {DEFAULT_HW[0]}; --synthetic --native: {SYNTHETIC_NATIVE_HW[0]})")
     p.add_argument("--width", type=int, default=None,
@@ -310,7 +317,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--start-delay",
         type=_start_delay_s,
         default=1.0,
-        help="s >= 0 between binding the socket and the first frame (default 1): ZeroMQ drops what a PUB "
+        help=f"s, 0 to {MAX_START_DELAY_S:g}, between binding the socket and the first frame (default 1; a stop "
+        "signal ends it at once): ZeroMQ drops what a PUB "
         "sends before a subscriber's connection is up, so subscribers get time to (re)connect",
     )
 

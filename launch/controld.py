@@ -66,6 +66,9 @@ chestnutActive.freq_ok ...`` and ``checks pass again`` in the same millisecond a
 and ``controlState`` at ~40 Hz for its 20. A frame's messages are judged together now; a real drop still fails."""
 NS = 1_000_000_000
 MAX_RATE_HZ = 1000.0  # --rate: the loop's period is whole milliseconds, at least 1
+MIN_RATE_HZ = 1.0
+"""``--rate`` lower bound, Hz: a step a second, so a step's verdict is at most a second old and a stop signal, checked
+between steps, ends the daemon within a second; at 1e-300 Hz the step's wait overflowed ``zmq_poll``'s timeout."""
 
 
 @dataclass(frozen=True)
@@ -260,17 +263,19 @@ def fill_control_state(st: ControlState) -> object:
 
 
 def control_rate(text: str) -> float:
-    """``--rate``: the controlState rate, Hz, a number in (0, :data:`MAX_RATE_HZ`] (the loop waits whole
-    milliseconds, so a faster rate could not be kept); raises ``argparse.ArgumentTypeError`` (one line) for
+    """``--rate``: the controlState rate, Hz, a number in [:data:`MIN_RATE_HZ`, :data:`MAX_RATE_HZ`] (the loop waits
+    whole milliseconds, so a faster rate could not be kept); raises ``argparse.ArgumentTypeError`` (one line) for
     anything else, nan and inf included."""
-    return checked_float(text, lambda rate: 0 < rate <= MAX_RATE_HZ,
-                         f"give a controlState rate in (0, {MAX_RATE_HZ:g}] Hz (default 20, the service's rate)")
+    return checked_float(text, lambda rate: MIN_RATE_HZ <= rate <= MAX_RATE_HZ,
+                         f"give a controlState rate in [{MIN_RATE_HZ:g}, {MAX_RATE_HZ:g}] Hz (default 20, the "
+                         "service's rate)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-auto-engage", action="store_true", help="never engage by itself")
     p.add_argument(
-        "--rate", type=control_rate, default=20.0, help=f"controlState rate, Hz (default 20, at most {MAX_RATE_HZ:g})"
+        "--rate", type=control_rate, default=20.0,
+        help=f"controlState rate, Hz (default 20, {MIN_RATE_HZ:g} to {MAX_RATE_HZ:g})",
     )
     add_priority_argument(p, CONTROL_PRIORITY, "control daemon")
 

@@ -90,7 +90,7 @@ from chestnut.launch.supervise import (
     supervisorctl,
     wait_for,
 )
-from chestnut.msgs.argtypes import MAX_RUN_SECONDS, checked_int, run_seconds
+from chestnut.msgs.argtypes import MAX_RUN_SECONDS, MIN_FRAME_RATE_HZ, checked_float, checked_int, run_seconds
 from chestnut.msgs.outdir import OutputDirError
 
 log = logging.getLogger("chestnut.launch")
@@ -109,7 +109,14 @@ MAX_RATE_HZ = 100.0
 """``--rate`` upper bound, Hz: five times openpilot's 20 Hz model rate (``msgs/services.py``), a 10 ms
 frame period. The stack's figures (deadlines, freq_ok, missing outputs) are about the node, not about
 a camera that cannot keep its own grid: far above it the camera only skips ticks (``launch/camerad.py``
-``ticks_to_skip``) and every contract fails by construction."""
+``ticks_to_skip``) and every contract fails by construction. The lower bound is the camera's own
+(``msgs/argtypes.py`` ``MIN_FRAME_RATE_HZ``, 1 Hz)."""
+RATE_WANT = f"give a camera rate in [{MIN_FRAME_RATE_HZ:g}, {MAX_RATE_HZ:g}] Hz (default 20, openpilot's model rate)"
+
+
+def launch_rate_hz(text: str) -> float:
+    """``--rate``: Hz in [``MIN_FRAME_RATE_HZ``, :data:`MAX_RATE_HZ`]; raises ``argparse.ArgumentTypeError``."""
+    return checked_float(text, lambda hz: MIN_FRAME_RATE_HZ <= hz <= MAX_RATE_HZ, RATE_WANT)
 
 
 def argument_problem(
@@ -123,8 +130,8 @@ def argument_problem(
         return problem
     if not (0 <= seconds <= MAX_RUN_SECONDS):  # also nan (every comparison false) and inf
         return f"--seconds {seconds:g}: give 0 (until Ctrl-C) or a number of seconds up to {MAX_RUN_SECONDS:g} (a week)"
-    if not 0 < rate <= MAX_RATE_HZ:
-        return f"--rate {rate:g}: give a camera rate in (0, {MAX_RATE_HZ:g}] Hz (default 20, openpilot's model rate)"
+    if not MIN_FRAME_RATE_HZ <= rate <= MAX_RATE_HZ:
+        return f"--rate {rate:g}: {RATE_WANT}"
     for f in faults:
         if seconds > 0 and f.start_s >= seconds:
             return (
@@ -152,7 +159,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"(injected and cleared, then {FAULT_SETTLE_S:g} s more), and exits 1 when a planned fault never could be "
         "(no ChestnutActive)",
     )
-    p.add_argument("--rate", type=float, default=20.0, help=f"camera rate, Hz (default 20, at most {MAX_RATE_HZ:g})")
+    p.add_argument("--rate", type=launch_rate_hz, default=20.0,
+                   help=f"camera rate, Hz (default 20, {MIN_FRAME_RATE_HZ:g} to {MAX_RATE_HZ:g})")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run directories go (default ./runs)")
     p.add_argument(
         "--fault",

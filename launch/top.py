@@ -30,6 +30,9 @@ from chestnut.msgs.services import get_service, soft_disable_left
 
 SERVICES = ["cameraFrame", "modelOutput", "chestnutActive", "chestnutHealth", "nodeState", "controlState"]
 MAX_REFRESH_HZ = 20.0  # --refresh-hz: the view polls the bus every 50 ms (StackView.update(50)) between redraws
+MIN_REFRESH_HZ = 0.2
+"""``--refresh-hz`` lower bound, Hz: a redraw at least every 5 s, SubMaster's long rate window (``msgs/submaster.py``
+``LONG_WINDOW_S``), so no window of the rates shown passes undrawn; at 1e-300 Hz the view never redrew."""
 LEVEL_STYLE = {"ok": "green", "warn": "yellow", "error": "bold red", "stale": "magenta"}
 NS = 1e9
 STALE_PERIODS = 3.0  # a service silent for this many of its periods is shown stale ...
@@ -162,10 +165,10 @@ class StackView:
 
 
 def refresh_hz_arg(text: str) -> float:
-    """``--refresh-hz``: redraws per second, Hz, a number in (0, :data:`MAX_REFRESH_HZ`]; raises
+    """``--refresh-hz``: redraws per second, Hz, a number in [:data:`MIN_REFRESH_HZ`, :data:`MAX_REFRESH_HZ`]; raises
     ``argparse.ArgumentTypeError`` (one line) for anything else, nan and inf included."""
-    return checked_float(text, lambda hz: 0 < hz <= MAX_REFRESH_HZ,
-                         f"give a refresh rate in (0, {MAX_REFRESH_HZ:g}] Hz (default 4)")
+    return checked_float(text, lambda hz: MIN_REFRESH_HZ <= hz <= MAX_REFRESH_HZ,
+                         f"give a refresh rate in [{MIN_REFRESH_HZ:g}, {MAX_REFRESH_HZ:g}] Hz (default 4)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -176,7 +179,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--refresh-hz",
         type=refresh_hz_arg,
         default=4.0,
-        help=f"redraws per second, Hz (default 4, at most {MAX_REFRESH_HZ:g})",
+        help=f"redraws per second, Hz (default 4, {MIN_REFRESH_HZ:g} to {MAX_REFRESH_HZ:g})",
     )
     p.add_argument("--prefix", help="the stack's runtime prefix (default: $CHESTNUT_PREFIX)")
 

@@ -52,6 +52,12 @@ def checked_int(text: str, ok: Callable[[int], bool], want: str) -> int:
     return value
 
 
+MIN_FRAME_RATE_HZ = 1.0
+"""Lower bound of a publisher's frame rate on the command line (``chestnut camera --rate``, ``chestnut demo
+--rate-hz``, ``chestnut launch --rate``), Hz: a frame a second, so SubMaster's short rate window
+(``msgs/submaster.py`` ``SHORT_WINDOW_S``, 1 s) sees one and the shortest demo (``msgs/demo.py``
+``MIN_DEMO_SECONDS``, 2 s) publishes two; at 1e-300 Hz a frame's period overflowed the camera's clock and a demo
+published none ("received 0 of 0 frames")."""
 MAX_FRAME_RATE_HZ = 1000.0
 """Upper bound of a publisher's frame rate on the command line (``chestnut camera --rate``, ``chestnut demo
 --rate-hz``), Hz: a frame's period must be a whole, non-zero number of nanoseconds on the tick grid, and a
@@ -59,10 +65,11 @@ rate over 1 kHz is no camera's (openpilot's road camera: 20 Hz)."""
 
 
 def frame_rate_hz(text: str) -> float:
-    """A frame rate, Hz, in (0, :data:`MAX_FRAME_RATE_HZ`]; raises ``argparse.ArgumentTypeError`` (one line)
-    otherwise, NaN and inf included (0 Hz divided by zero, NaN has no period)."""
-    return checked_float(text, lambda hz: 0 < hz <= MAX_FRAME_RATE_HZ,
-                         f"give a rate in Hz, > 0 and <= {MAX_FRAME_RATE_HZ:g}")
+    """A frame rate, Hz, in [:data:`MIN_FRAME_RATE_HZ`, :data:`MAX_FRAME_RATE_HZ`]; raises
+    ``argparse.ArgumentTypeError`` (one line) otherwise, NaN and inf included (0 Hz divided by zero, NaN has no
+    period)."""
+    return checked_float(text, lambda hz: MIN_FRAME_RATE_HZ <= hz <= MAX_FRAME_RATE_HZ,
+                         f"give a rate in Hz, >= {MIN_FRAME_RATE_HZ:g} and <= {MAX_FRAME_RATE_HZ:g}")
 
 
 MAX_RUN_SECONDS = 7 * 24 * 3600.0

@@ -20,7 +20,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from chestnut.msgs.argtypes import MAX_FRAME_RATE_HZ, MAX_RUN_SECONDS, checked_float, frame_rate_hz
+from chestnut.msgs.argtypes import (
+    MAX_FRAME_RATE_HZ,
+    MAX_RUN_SECONDS,
+    MIN_FRAME_RATE_HZ,
+    checked_float,
+    frame_rate_hz,
+)
 from chestnut.msgs.messaging import LOSS_PUBLISHER_GONE, PubMaster, SubMaster, check_publishable, new_message
 from chestnut.msgs.paths import current_prefix
 from chestnut.msgs.submaster import SHORT_WINDOW_S
@@ -99,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=demo_seconds, default=5.0,
                         help=f"how long to run (s, {MIN_DEMO_SECONDS:g} to {MAX_RUN_SECONDS:g}; default 5)")
     parser.add_argument("--rate-hz", type=frame_rate_hz, default=20.0,
-                        help=f"publish rate (Hz, > 0 and <= {MAX_FRAME_RATE_HZ:g}; default 20 = nominal)")
+                        help=f"publish rate (Hz, {MIN_FRAME_RATE_HZ:g} to {MAX_FRAME_RATE_HZ:g}; default 20 = nominal)")
     parser.add_argument("--prefix", default=None, help="runtime prefix (default: $CHESTNUT_PREFIX)")
 
 

@@ -54,7 +54,7 @@ from typing import Any
 
 import zmq
 
-from chestnut.msgs.argtypes import checked_int, positive_seconds
+from chestnut.msgs.argtypes import checked_float, checked_int, positive_seconds
 from chestnut.msgs.frames import frame_to_array
 from chestnut.msgs.logfile import FORMATS, MCAP_ENCODINGS, SEGMENT_SECONDS, FlushPolicy, RouteWriter
 from chestnut.msgs.messaging import REASON_WRONG_SERVICE, MalformedMessageError, SubSocket, log_from_bytes, sub_sock
@@ -220,18 +220,37 @@ def _flush_messages(text: str) -> int:
     return checked_int(text, lambda n: n >= 1, "give a number of messages >= 1")
 
 
+MAX_RCVHWM = 10_000
+"""Upper bound of ``--rcvhwm``, messages: 100 times the default (:data:`RCVHWM_MESSAGES`), up to 983 MB of
+128x256 frames queued per service; a bigger queue is no buffer but a way to exhaust memory, and 99999999999999
+overflowed ZMQ_RCVHWM's C int in a traceback."""
+MIN_SEGMENT_SECONDS = 1.0
+"""Lower bound of ``--segment-seconds``, s: a segment a second at most, each a directory of its own files; at 1e-300
+the logger opened a new, empty segment each poll (:data:`POLL_MS`), ~10 directories a second."""
+MAX_SEGMENT_SECONDS = 3600.0
+"""Upper bound of ``--segment-seconds``, s: an hour, 60 times openpilot's 60 s segment (``msgs/logfile.py``
+``SEGMENT_SECONDS``); a segment is what ``chestnut check`` and ``replay`` read whole and what one crash can cut."""
+
+
 def _rcvhwm(text: str) -> int:
-    """``--rcvhwm``: a queue bound >= 1, in messages."""
-    return checked_int(text, lambda n: n >= 1, "give a number of messages >= 1")
+    """``--rcvhwm``: a queue bound in [1, :data:`MAX_RCVHWM`], in messages."""
+    return checked_int(text, lambda n: 1 <= n <= MAX_RCVHWM, f"give a number of messages >= 1 and <= {MAX_RCVHWM}")
+
+
+def _segment_seconds(text: str) -> float:
+    """``--segment-seconds``: s in [:data:`MIN_SEGMENT_SECONDS`, :data:`MAX_SEGMENT_SECONDS`]; raises
+    ``argparse.ArgumentTypeError`` (one line) otherwise, nan and inf included."""
+    return checked_float(text, lambda s: MIN_SEGMENT_SECONDS <= s <= MAX_SEGMENT_SECONDS,
+                         f"give a number of seconds >= {MIN_SEGMENT_SECONDS:g} and <= {MAX_SEGMENT_SECONDS:g}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-dir", type=Path, default=Path("logs"), help="where routes are written (default ./logs)")
     parser.add_argument(
         "--segment-seconds",
-        type=positive_seconds,
+        type=_segment_seconds,
         default=SEGMENT_SECONDS,
-        help=f"segment length in s (default {SEGMENT_SECONDS:g})",
+        help=f"segment length in s ({MIN_SEGMENT_SECONDS:g} to {MAX_SEGMENT_SECONDS:g}; default {SEGMENT_SECONDS:g})",
     )
     parser.add_argument(
         "--format",
@@ -276,7 +295,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rcvhwm",
         type=_rcvhwm,
         default=RCVHWM_MESSAGES,
-        help="ZeroMQ receive queue bound per service, messages (default %(default)s)",
+        help=f"ZeroMQ receive queue bound per service, messages (1 to {MAX_RCVHWM}; default %(default)s)",
     )
     parser.add_argument(
         "--frames",

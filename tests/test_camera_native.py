@@ -161,12 +161,16 @@ def test_the_frame_size_the_arguments_ask_for(args, hw):
         ("--frames", "-3", "give a number of frames >= 0 (0: run until stopped)"),
         ("--frames", "nan", "give a number of frames >= 0 (0: run until stopped)"),
         ("--frames", "1.5", "give a number of frames >= 0 (0: run until stopped)"),
-        ("--start-delay", "-5", "give a number of seconds >= 0"),
-        ("--start-delay", "nan", "give a number of seconds >= 0"),
-        ("--start-delay", "inf", "give a number of seconds >= 0"),
-        ("--rate", "nan", "give a rate in Hz, > 0 and <= 1000"),
-        ("--rate", "-20", "give a rate in Hz, > 0 and <= 1000"),
-        ("--rate", "1e12", "give a rate in Hz, > 0 and <= 1000"),
+        ("--start-delay", "-5", "give a number of seconds >= 0 and <= 60"),
+        ("--start-delay", "nan", "give a number of seconds >= 0 and <= 60"),
+        ("--start-delay", "inf", "give a number of seconds >= 0 and <= 60"),
+        ("--start-delay", "1e300", "give a number of seconds >= 0 and <= 60"),
+        ("--start-delay", "60.5", "give a number of seconds >= 0 and <= 60"),
+        ("--rate", "nan", "give a rate in Hz, >= 1 and <= 1000"),
+        ("--rate", "-20", "give a rate in Hz, >= 1 and <= 1000"),
+        ("--rate", "1e12", "give a rate in Hz, >= 1 and <= 1000"),
+        ("--rate", "1e-300", "give a rate in Hz, >= 1 and <= 1000"),
+        ("--rate", "0.5", "give a rate in Hz, >= 1 and <= 1000"),
     ],
 )
 def test_a_frame_count_delay_or_rate_it_cannot_run_is_one_line_and_exit_2(capsys, option, value, want):
@@ -191,6 +195,8 @@ def test_frames_0_still_means_run_until_stopped():
     camerad.add_arguments(p)
     args = p.parse_args(["--synthetic", "--frames", "0", "--start-delay", "0"])
     assert (args.frames, args.start_delay, args.rate) == (0, 0.0, 20.0)
+    args = p.parse_args(["--synthetic", "--start-delay", "60", "--rate", "1"])
+    assert (args.start_delay, args.rate) == (60.0, 1.0)
 
 
 @pytest.mark.parametrize(

@@ -157,25 +157,26 @@ def test_a_missed_frame_and_a_late_host_together_are_still_graced():
     assert (st.soft_disabling, st.events) == (False, ["hostLate"])
 
 
-@pytest.mark.parametrize("rate", ["0", "-20", "nan", "inf", "1001", "fast"])
+@pytest.mark.parametrize("rate", ["0", "-20", "nan", "inf", "1001", "fast", "1e-300", "0.99"])
 def test_a_control_rate_that_cannot_be_kept_is_refused_in_one_line(rate, capsys):
-    """``chestnut control --rate 0`` was a ZeroDivisionError traceback."""
+    """``chestnut control --rate 0`` was a ZeroDivisionError traceback, ``--rate 1e-300`` an OverflowError in
+    zmq_poll."""
     from chestnut.launch.cli import main
 
     with pytest.raises(SystemExit) as info:
         main(["control", "--rate", rate])
     assert info.value.code == 2
     assert capsys.readouterr().err == (
-        f"chestnut control: error: argument --rate: {rate!r}: give a controlState rate in (0, 1000] Hz "
+        f"chestnut control: error: argument --rate: {rate!r}: give a controlState rate in [1, 1000] Hz "
         "(default 20, the service's rate) (chestnut control --help)\n"
     )
 
 
 def test_control_rates_in_range_are_taken():
-    from chestnut.launch.controld import MAX_RATE_HZ, control_rate
+    from chestnut.launch.controld import MAX_RATE_HZ, MIN_RATE_HZ, control_rate
 
-    assert MAX_RATE_HZ == 1000.0
-    assert [control_rate(t) for t in ("0.5", "20", "1000")] == [0.5, 20.0, 1000.0]
+    assert (MIN_RATE_HZ, MAX_RATE_HZ) == (1.0, 1000.0)
+    assert [control_rate(t) for t in ("1", "20", "1000")] == [1.0, 20.0, 1000.0]
 
 
 def test_what_is_published_and_what_is_logged_say_the_same_time_left(caplog):

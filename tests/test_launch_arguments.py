@@ -29,11 +29,29 @@ def test_a_fault_at_or_after_the_end_of_the_run_is_refused():
 def test_the_camera_rate_is_bounded():
     assert MAX_RATE_HZ == 100.0
     assert argument_problem(10.0, 100.0, []) is None
-    want = "--rate {}: give a camera rate in (0, 100] Hz (default 20, openpilot's model rate)"
+    assert argument_problem(10.0, 1.0, []) is None
+    want = "--rate {}: give a camera rate in [1, 100] Hz (default 20, openpilot's model rate)"
     assert argument_problem(10.0, 1000.0, []) == want.format(1000)
     assert argument_problem(10.0, 0.0, []) == want.format(0)
+    assert argument_problem(10.0, 1e-300, []) == want.format("1e-300")
     assert argument_problem(-1.0, 20.0, []) == ("--seconds -1: give 0 (until Ctrl-C) or a number of seconds up to "
                                                 "604800 (a week)")
+
+
+@pytest.mark.parametrize("rate", ["1e-300", "0.5", "0", "101", "nan", "inf"])
+def test_a_launch_rate_out_of_the_cameras_bounds_is_refused_by_argparse(rate, tmp_path, capsys):
+    """``chestnut launch --rate 1e-300`` passed launch's own check, (0, 100] Hz, and the camera then crashed
+    (its frame period overflowed): launch takes the camera's lower bound (1 Hz) as argparse reads it."""
+    from chestnut.launch.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["launch", "--rate", rate, "--runs-dir", str(tmp_path / "runs")])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"chestnut launch: error: argument --rate: {rate!r}: give a camera rate in [1, 100] Hz (default 20, "
+        "openpilot's model rate) (chestnut launch --help)\n"
+    )
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_late_fault_stops_the_launch_before_anything_starts(tmp_path):

@@ -457,8 +457,16 @@ def test_a_recorder_behind_the_stack_at_its_stop_still_writes_what_its_sockets_h
         (["--flush-seconds", "-1"], "argument --flush-seconds: '-1': give a number of seconds > 0"),
         (["--flush-seconds", "nan"], "argument --flush-seconds: 'nan': give a number of seconds > 0"),
         (["--flush-messages", "0"], "argument --flush-messages: '0': give a number of messages >= 1"),
-        (["--rcvhwm", "x"], "argument --rcvhwm: 'x': give a number of messages >= 1"),
-        (["--segment-seconds", "inf"], "argument --segment-seconds: 'inf': give a number of seconds > 0"),
+        (["--rcvhwm", "x"], "argument --rcvhwm: 'x': give a number of messages >= 1 and <= 10000"),
+        # an OverflowError traceback (ZMQ_RCVHWM is a C int)
+        (["--rcvhwm", "99999999999999"],
+         "argument --rcvhwm: '99999999999999': give a number of messages >= 1 and <= 10000"),
+        (["--segment-seconds", "inf"], "argument --segment-seconds: 'inf': give a number of seconds >= 1 and <= 3600"),
+        # ~10 empty segment directories a second
+        (["--segment-seconds", "1e-300"],
+         "argument --segment-seconds: '1e-300': give a number of seconds >= 1 and <= 3600"),
+        (["--segment-seconds", "3601"],
+         "argument --segment-seconds: '3601': give a number of seconds >= 1 and <= 3600"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],
 )
@@ -618,3 +626,15 @@ def test_a_zstd_bomb_is_read_in_bounded_memory(tmp_path):
     n, damage, *reason, grew_mb = out.stdout.split()
     assert (n, damage, " ".join(reason)) == ("0", "101", "abandoned after 100 damage reports")
     assert int(grew_mb) < 256, out.stdout  # 2 GiB decompressed would be 2048
+
+
+def test_record_takes_the_bounds_of_its_queue_and_segments_themselves():
+    import argparse
+
+    from chestnut.msgs.logger import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    low = p.parse_args(["--rcvhwm", "1", "--segment-seconds", "1"])
+    high = p.parse_args(["--rcvhwm", "10000", "--segment-seconds", "3600"])
+    assert (low.rcvhwm, low.segment_seconds, high.rcvhwm, high.segment_seconds) == (1, 1.0, 10000, 3600.0)

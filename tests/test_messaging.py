@@ -742,9 +742,12 @@ def test_demo_seconds_takes_its_bounds_themselves():
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["--rate-hz", "0"], "argument --rate-hz: '0': give a rate in Hz, > 0 and <= 1000"),
-        (["--rate-hz", "nan"], "argument --rate-hz: 'nan': give a rate in Hz, > 0 and <= 1000"),
-        (["--rate-hz", "1001"], "argument --rate-hz: '1001': give a rate in Hz, > 0 and <= 1000"),
+        (["--rate-hz", "0"], "argument --rate-hz: '0': give a rate in Hz, >= 1 and <= 1000"),
+        (["--rate-hz", "nan"], "argument --rate-hz: 'nan': give a rate in Hz, >= 1 and <= 1000"),
+        (["--rate-hz", "1001"], "argument --rate-hz: '1001': give a rate in Hz, >= 1 and <= 1000"),
+        # ran, published nothing within its --seconds and said "received 0 of 0 frames ... FAILED"
+        (["--rate-hz", "1e-300"], "argument --rate-hz: '1e-300': give a rate in Hz, >= 1 and <= 1000"),
+        (["--rate-hz", "0.99"], "argument --rate-hz: '0.99': give a rate in Hz, >= 1 and <= 1000"),
         (["--seconds", "-1"], f"argument --seconds: '-1': {DEMO_SECONDS_WANT}"),
         # overflowed the publisher's nanosecond clock in the spawned process: a traceback, then "0 of 0 frames"
         (["--seconds", "1e300"], f"argument --seconds: '1e300': {DEMO_SECONDS_WANT}"),

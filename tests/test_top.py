@@ -66,9 +66,13 @@ SECONDS_WANTED = "give 0 (until Ctrl-C) or a number of seconds up to 604800 (a w
 @pytest.mark.parametrize(
     ("args", "why"),
     [
-        (["--refresh-hz", "0"], "argument --refresh-hz: '0': give a refresh rate in (0, 20] Hz (default 4)"),
-        (["--refresh-hz", "nan"], "argument --refresh-hz: 'nan': give a refresh rate in (0, 20] Hz (default 4)"),
-        (["--refresh-hz", "21"], "argument --refresh-hz: '21': give a refresh rate in (0, 20] Hz (default 4)"),
+        (["--refresh-hz", "0"], "argument --refresh-hz: '0': give a refresh rate in [0.2, 20] Hz (default 4)"),
+        (["--refresh-hz", "nan"], "argument --refresh-hz: 'nan': give a refresh rate in [0.2, 20] Hz (default 4)"),
+        (["--refresh-hz", "21"], "argument --refresh-hz: '21': give a refresh rate in [0.2, 20] Hz (default 4)"),
+        # never redrew
+        (["--refresh-hz", "1e-300"],
+         "argument --refresh-hz: '1e-300': give a refresh rate in [0.2, 20] Hz (default 4)"),
+        (["--refresh-hz", "0.19"], "argument --refresh-hz: '0.19': give a refresh rate in [0.2, 20] Hz (default 4)"),
         (["--seconds", "-1"], "argument --seconds: '-1': " + SECONDS_WANTED),
         (["--seconds", "inf"], "argument --seconds: 'inf': " + SECONDS_WANTED),
         (["--seconds", "604801"], "argument --seconds: '604801': " + SECONDS_WANTED),
@@ -85,9 +89,9 @@ def test_a_refresh_rate_or_duration_top_cannot_keep_is_refused_in_one_line(args,
 
 
 def test_top_takes_0_seconds_as_until_ctrl_c_and_refresh_rates_up_to_20_hz():
-    from chestnut.launch.top import MAX_REFRESH_HZ, refresh_hz_arg
+    from chestnut.launch.top import MAX_REFRESH_HZ, MIN_REFRESH_HZ, refresh_hz_arg
     from chestnut.msgs.argtypes import run_seconds
 
     assert [run_seconds(t) for t in ("0", "2.5", "604800")] == [0.0, 2.5, 604800.0]
-    assert MAX_REFRESH_HZ == 20.0
-    assert [refresh_hz_arg(t) for t in ("0.5", "4", "20")] == [0.5, 4.0, 20.0]
+    assert (MIN_REFRESH_HZ, MAX_REFRESH_HZ) == (0.2, 20.0)
+    assert [refresh_hz_arg(t) for t in ("0.2", "0.5", "4", "20")] == [0.2, 0.5, 4.0, 20.0]
