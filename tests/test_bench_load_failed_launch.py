@@ -35,3 +35,24 @@ def test_an_argument_refusal_and_a_silent_launch_are_one_line_too():
         "error: argument --seconds: 'x': give a number (chestnut launch --help)")
     assert bench_load.no_summary_line("no fault", 1, 61.0, "unknown", "\n") == (
         "no fault: launch exit 1 after 61 s, no summary; load average unknown; (nothing on its stderr)")
+
+
+def test_a_runs_dir_that_does_not_exist_yet_is_created_private(tmp_path):
+    """``--runs-dir DIR`` failed the first launch when DIR did not exist yet ("--json: .../summary-quiet.json:
+    folder DIR does not exist"): the bench creates it, 0700 with its missing parents, as the launch does."""
+    import stat
+
+    runs = tmp_path / "new" / "runs"
+    assert bench_load.runs_folder(runs) == runs
+    assert [stat.S_IMODE(p.stat().st_mode) for p in (runs, runs.parent)] == [0o700, 0o700]
+    assert bench_load.runs_folder(runs) == runs  # an existing one of its own is taken as it is
+
+
+def test_a_runs_dir_the_launch_would_refuse_is_refused_in_one_line(tmp_path):
+    from chestnut.msgs.outdir import OutputDirError
+
+    planted = tmp_path / "file"
+    planted.write_text("")
+    with pytest.raises(OutputDirError) as info:
+        bench_load.runs_folder(planted)
+    assert str(info.value) == f"{planted} is not a directory; give another directory"

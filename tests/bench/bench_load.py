@@ -35,6 +35,7 @@ from benchprefix import own_prefix
 
 from chestnut.launch.faultplan import FaultPlan
 from chestnut.launch.supervise import last_error_line
+from chestnut.msgs.outdir import OutputDirError, private_dir
 
 HOGS = 2
 HOG_CODE = "while True: pass"
@@ -93,6 +94,14 @@ def no_summary_line(what: str, code: int, seconds: float, load: str, err: str) -
     return f"{what}: launch exit {code} after {seconds:.0f} s, no summary; load average {load}; {said}"
 
 
+def runs_folder(runs_dir: Path | None) -> Path:
+    """The folder the launches' run directories and ``--json`` summaries go to: ``runs_dir`` created 0700 with any
+    missing parents as the launch creates its ``--runs-dir`` (``msgs/outdir.py`` ``private_dir``), or a fresh temp
+    dir for None. A missing ``--runs-dir`` failed the first launch ("--json: ...: folder DIR does not exist").
+    Raises :class:`~chestnut.msgs.outdir.OutputDirError` (one line) for a folder the launch would refuse."""
+    return Path(tempfile.mkdtemp(prefix="chestnut-load-")) if runs_dir is None else private_dir(runs_dir)
+
+
 def load_avg() -> str:
     try:
         return " / ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -108,7 +117,11 @@ def main() -> int:
     args = ap.parse_args()
     if args.fault:
         FaultPlan.parse(args.fault)  # refused here, not minutes into the run
-    runs = args.runs_dir or Path(tempfile.mkdtemp(prefix="chestnut-load-"))
+    try:
+        runs = runs_folder(args.runs_dir)
+    except OutputDirError as e:
+        print(f"bench_load: --runs-dir: {e}", file=sys.stderr)
+        return 2
     seconds = args.minutes * 60
     results: dict[str, dict | None] = {}
     hogs: list[subprocess.Popen[bytes]] = []
