@@ -228,7 +228,8 @@ def _check_target(dfd: int, path: Path, named: bool = False) -> None:
     except OSError as e:  # ENAMETOOLONG: a name over NAME_MAX (255 bytes on Linux)
         raise OutputDirError(path, f"cannot be examined ({os_reason(e)})", "give another path") from None
     if stat.S_ISLNK(st.st_mode):
-        raise OutputDirError(path, "is a symlink", f"remove it (rm {path}) or give another directory")
+        raise OutputDirError(path, "is a symlink",
+                             f"remove it (rm {path}) or give another {'path' if named else 'directory'}")
     if stat.S_ISREG(st.st_mode):
         return
     kind = next((words for test, words in _KINDS if test(st.st_mode)), "not a file")

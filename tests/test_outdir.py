@@ -378,3 +378,19 @@ def test_a_folder_above_that_another_user_owns_is_refused(tmp_path: Path) -> Non
         f"{theirs.resolve()} (above {theirs / 'r'}) belongs to uid 65534, not to uid 0 or root; {SHARED_FIX}"
     )
     assert os.listdir(theirs) == []
+
+
+def test_export_to_a_symlink_asks_for_another_path(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``chestnut export LOG --mcap <symlink>`` said "or give another directory": OUT is a file path."""
+    from chestnut.launch.cli import main
+
+    logs = _small_log(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    link = tmp_path / "out.mcap"
+    link.symlink_to(victim)
+    caplog.clear()
+    assert main(["export", str(logs), "--mcap", str(link)]) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [f"--mcap {link} is a symlink; remove it (rm {link}) or give another path"]
+    assert victim.read_text() == "keep"
