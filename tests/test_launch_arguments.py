@@ -76,7 +76,9 @@ def test_a_late_fault_stops_the_launch_before_anything_starts(tmp_path):
         ("slow_gpu@2,delay_ms=abc", "delay_ms='abc' is not a delay in milliseconds; give e.g. delay_ms=400"),
         ("short@2,nbytes=1.5", "nbytes=1.5 is not a byte count; give e.g. nbytes=4096"),
         ("slow_gpu@2,delay_ms=nan", "delay_ms=nan is not a delay in milliseconds; give e.g. delay_ms=400"),
-        ("slow_gpu@2,delay_ms=-1", "delay_ms and off_s must be >= 0"),
+        ("slow_gpu@2,delay_ms=-1", "delay_ms (--delay-ms) = -1: give a value >= 0"),
+        # "delay_ms and off_s must be >= 0" named an option not given (twin fault brownout --off-s -1 alike)
+        ("brownout@2,off_s=-1", "off_s (--off-s) = -1: give a value >= 0"),
         ("slow_gpu@2,delay_ms=1e12", "delay_ms (--delay-ms) = 1e+12: at most 60000 ms (20x the 3000 ms wait timeout: "
                                      "any longer is a hang, gpu_hang)"),
         ("brownout@2,off_s=1e9", "off_s (--off-s) = 1e+09: at most 3600 s (longer off is an unplug: chestnut twin "

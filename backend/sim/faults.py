@@ -293,8 +293,9 @@ class FaultSpec:
                     raise ValueError(f"--on {self.on}: a request number is one byte")
         if self.status not in TLP_STATUSES:
             raise ValueError(f"status {self.status!r}; use ur or ca")
-        if self.delay_ms < 0 or self.off_s < 0:
-            raise ValueError("delay_ms and off_s must be >= 0")
+        for name in ("delay_ms", "off_s"):
+            if (value := getattr(self, name)) < 0:
+                raise ValueError(f"{_FLAGS[name]} = {value:g}: give a value >= 0")
         if self.nbytes is not None and self.nbytes < 0:
             raise ValueError("nbytes must be >= 0")
         for name, (limit, unit) in PARAMETER_LIMITS.items():
