@@ -1,13 +1,23 @@
-"""``chestnut``'s entry (``launch/cli.py`` ``main``): a Ctrl-C before a command installed its own handling and a
-reader that went away end the program as a Unix tool does -- one line or none, the shell's status -- never a
-traceback."""
+"""``chestnut``'s entry (the console script, ``launch/entry.py`` ``main``, and ``launch/cli.py`` ``main``): a Ctrl-C
+before a command installed its own handling and a reader that went away end the program as a Unix tool does -- one
+line or none, the shell's status -- never a traceback."""
 
 from __future__ import annotations
 
+import os
+import select
+import signal
 import subprocess
 import sys
+import tomllib
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
 
 from chestnut.launch import cli
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_a_ctrl_c_while_the_command_imports_is_one_line_and_130(monkeypatch, capsys):
@@ -28,3 +38,78 @@ def test_output_to_a_reader_that_went_away_ends_quietly_with_141():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, err
     assert err == ""
+
+
+def test_the_console_script_is_launch_entry_main():
+    """pyproject.toml names it and the environment's installed ``chestnut`` is that one (launch/setup.sh installs
+    again when pyproject.toml is newer than its stamp)."""
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert declared == {"chestnut": "chestnut.launch.entry:main"}
+    assert [ep.value for ep in entry_points(group="console_scripts", name="chestnut")] == ["chestnut.launch.entry:main"]
+
+
+def test_importing_the_entry_loads_nothing_but_it():
+    """The console script imports its entry's module before anything of it runs (``from MODULE import main``): a
+    Ctrl-C during that import is Python's traceback, so the module imports nothing the interpreter has not loaded."""
+    code = ("import sys; before = set(sys.modules); import chestnut.launch.entry; "
+            "print(' '.join(sorted(set(sys.modules) - before)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.split() == ["chestnut", "chestnut.launch", "chestnut.launch.entry"]
+
+
+# Started by Python before the console script runs (the ``site`` module imports ``sitecustomize`` from sys.path,
+# here from PYTHONPATH: https://docs.python.org/3/library/site.html#module-sitecustomize). An audit hook
+# (https://docs.python.org/3/library/sys.html#sys.addaudithook; the "import" event is raised before a module not yet
+# loaded is looked for; an ``import`` statement raises it, ``importlib.import_module`` does not) tells the test,
+# through an inherited pipe, that the import of the module it names begins, then waits there: the test's SIGINT
+# interrupts the wait, and Python's handler raises KeyboardInterrupt out of that import, as a Ctrl-C then would.
+SITECUSTOMIZE = """
+import os, sys, time
+
+_target = os.environ.pop("CHESTNUT_TEST_SIGINT_AT")
+_fd = int(os.environ.pop("CHESTNUT_TEST_READY_FD"))
+
+
+def _hook(event, args):
+    global _fd
+    if event == "import" and args[0] == _target and _fd >= 0:
+        fd, _fd = _fd, -1
+        os.write(fd, b"!")
+        os.close(fd)
+        time.sleep(120)
+
+
+sys.addaudithook(_hook)
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("target", ["chestnut.launch.cli", "logging", "zmq"])
+def test_a_ctrl_c_while_the_console_script_imports_is_one_line_and_130(tmp_path: Path, target: str):
+    """``chestnut run`` with a real SIGINT from this process while the installed console script imports
+    ``target``: the CLI module itself (the entry's first step), the heaviest of the CLI's own imports, one of the
+    run command's module's (``node/main.py``; the CLI's ``main`` covered those already). Before the entry's ``try``
+    covered the CLI's import, the first two were a KeyboardInterrupt traceback and a death by SIGINT. The child
+    says when it is there: no delay is guessed."""
+    script = Path(sys.executable).parent / "chestnut"
+    assert script.is_file(), f"{script}: the console script is not installed (bash launch/setup.sh)"
+    (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    ready_r, ready_w = os.pipe()
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "CHESTNUT_TEST_SIGINT_AT": target,
+           "CHESTNUT_TEST_READY_FD": str(ready_w), "CHESTNUT_PREFIX": f"entry{os.getpid()}"}
+    try:
+        proc = subprocess.Popen([str(script), "run", "--config", str(tmp_path / "never-read.toml")], env=env,
+                                pass_fds=(ready_w,), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    finally:
+        os.close(ready_w)
+    try:
+        with os.fdopen(ready_r, "rb") as ready:
+            assert select.select([ready], [], [], 240)[0], f"the import of {target} did not begin within 240 s"
+            assert ready.read(1) == b"!", f"the child ended before it imported {target}"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert (proc.returncode, err.decode(), out) == (130, "chestnut: interrupted (Ctrl-C)\n", b"")
