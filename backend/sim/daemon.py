@@ -73,8 +73,8 @@ still incomplete then closes its connection, freeing its place among :data:`MAX_
 Between requests a connection may stay idle without bound: clients hold theirs open between transfers. The only
 client, ``client.py`` ``TwinClient._request``, writes a request whole (one ``sendmsg``) and closes its connection
 itself when the send outlasts its own bound (``REPLY_TIMEOUT_S`` plus the transfer's timeout), so its bytes follow
-as fast as the daemon reads them: the longest request, ``wire.MAX_PAYLOAD`` (64 MiB), takes ~0.45 s at the socket
-face's bulk OUT rate (146-152 MB/s, README "Measured", ``tests/bench/bench_libusb_face.py``). 10 s is 20x that,
+as fast as the daemon reads them: the longest request, ``wire.MAX_PAYLOAD`` (64 MiB), takes ~0.5 s at the socket
+face's bulk OUT rate (about 140-150 MB/s, README "Measured", ``tests/bench/bench_libusb_face.py``). 10 s is 20x that,
 and the longest single bound tinygrad 0.14 itself puts on the dock (the 10 s copy-in drain, ``backend/protocol.py``
 ``DRAIN_TIMEOUT_S``; the PCIe power control transfer's 10 s, ``docs/protocol.md`` "Time limits"): a request not
 complete by then comes from a stopped process or one that is not a client of ours. What tinygrad's code sends to
