@@ -47,6 +47,7 @@ fallback the node exits with :data:`EXIT_NO_FALLBACK`, with an unusable configur
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import dataclasses
 import functools
@@ -56,12 +57,14 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -301,7 +304,34 @@ class _StopDuringStart(BaseException):
     """SIGINT/SIGTERM during start-up (reading the configuration, declaring the contract, warming the fallback,
     which may compile for many seconds): a stop, not an error, so a :class:`BaseException` as Python's own
     ``KeyboardInterrupt`` is (https://docs.python.org/3/library/exceptions.html#exception-hierarchy), which no
-    ``except Exception`` around a model load or run takes for that model's failure."""
+    ``except Exception`` around a model load or run takes for that model's failure. Never raised inside an
+    import (:func:`_stop_deferred`)."""
+
+
+STOP_RETRY_S = 0.02  # a stop deferred out of an import is tried again this often (:func:`_stop_deferred`)
+
+
+def _stop_deferred(signum: int, frame: FrameType | None, pending: Callable[[], bool]) -> bool:
+    """True when the signal handler's ``frame`` (the one the signal interrupted) runs inside an import: the stop is
+    then not raised there; the signal is delivered again in :data:`STOP_RETRY_S` while ``pending()``
+    (``_thread.interrupt_main``: the handler runs again in the main thread, https://docs.python.org/3/library/
+    _thread.html#thread.interrupt_main), until no import runs. An import may run Python under native code that
+    cannot take an exception raised there: an extension module's init (onnxruntime's pybind11 module imports
+    numpy and Python modules of its own from C++) turns it into "ImportError: initialization failed", which the
+    contract's load took for a model that cannot be run (exit 3), or C++ ends the process (SIGABRT)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib."):
+
+            def again() -> None:
+                if pending():
+                    _thread.interrupt_main(signum)
+
+            retry = threading.Timer(STOP_RETRY_S, again)
+            retry.daemon = True
+            retry.start()
+            return True
+        frame = frame.f_back
+    return False
 
 
 @dataclass
@@ -375,6 +405,7 @@ class Node:
         self.stop_requested = False
         self.stop_reason = "stop requested"  # the stop's reason in nodeState: a signal's, or why start-up failed
         self.starting = True
+        self.stop_pending = False  # a stop during start-up deferred out of an import (:func:`_stop_deferred`)
         self.exit_code = EXIT_OK
         now = time.monotonic_ns()
         # model.frame with a warp:<name> preprocess: the primary's program warps the full frame (docs/warp.md)
@@ -1601,7 +1632,8 @@ class Node:
             except Exception as e:  # refused while opening (a publisher busy, a runtime directory): said by the caller
                 self.stop_reason = str(e).partition("\n")[0] or type(e).__name__
                 raise
-            if self.stop_requested:  # a signal after the fallback was warm, before the loop: not ready, stopping
+            if self.stop_requested:  # a signal after the fallback was warm (or one deferred out of an import until
+                log.info("stopped during start-up")  # then), before the loop: never ready, stopping
                 return EXIT_OK
             self.subscribe_frames()
             self.answering = True
@@ -1654,17 +1686,23 @@ class Node:
         for notice in self.frame_reader.notices():  # the camera's own record on its own connection: no flag
             yield notice, True, 0
 
-    def request_stop(self, signum: int) -> None:
-        """From the SIGINT/SIGTERM handler: the loop stops at its next turn, during start-up at once; from here on
-        the node starts no new work (a frame, a retry, a look, a worker), only :meth:`close`'s stop sequence.
-        Logged once at INFO; a signal while already stopping (a terminal or ``timeout`` signals the process and
-        its group, a stop asked twice) only at DEBUG."""
-        if self.stop_requested:
+    def request_stop(self, signum: int, frame: FrameType | None = None) -> None:
+        """From the SIGINT/SIGTERM handler (``frame``: the one it interrupted): the loop stops at its next turn,
+        during start-up at once, or as soon as no import runs (:func:`_stop_deferred`); from here on the node
+        starts no new work (a frame, a retry, a look, a worker), only :meth:`close`'s stop sequence. Logged once
+        at INFO; a signal while already stopping (a terminal or ``timeout`` signals the process and its group, a
+        stop asked twice) only at DEBUG."""
+        if self.stop_requested and not self.stop_pending:
             log.debug("signal %d: already stopping", signum)
             return
-        log.info("signal %d: stopping", signum)
-        self.stop_requested = True
+        if not self.stop_requested:
+            log.info("signal %d: stopping", signum)
+            self.stop_requested = True
+        self.stop_pending = False
         if self.starting:
+            if _stop_deferred(signum, frame, lambda: self.stop_pending):
+                self.stop_pending = True
+                return
             self.starting = False  # raise once: close() must run undisturbed
             raise _StopDuringStart()
 
@@ -1726,12 +1764,18 @@ def run(args: argparse.Namespace) -> int:
     """``chestnut run``. Exit codes: :data:`EXIT_OK` after SIGINT/SIGTERM (from here on, start-up included:
     the handlers are installed before the configuration is read), :data:`EXIT_CONFIG`, :data:`EXIT_NO_FALLBACK`."""
     nodes: list[Node] = []
+    deferred: list[int] = []  # a stop before the node existed, deferred out of an import (:func:`_stop_deferred`)
 
-    def on_signal(signum: int, _frame: object) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         if nodes:
-            nodes[0].request_stop(signum)
+            nodes[0].request_stop(signum, frame)
             return
-        log.info("signal %d: stopping", signum)
+        if not deferred:
+            log.info("signal %d: stopping", signum)
+        deferred[:] = [signum]
+        if _stop_deferred(signum, frame, lambda: bool(deferred) and not nodes):
+            return
+        deferred.clear()
         raise _StopDuringStart()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -1744,6 +1788,9 @@ def run(args: argparse.Namespace) -> int:
             log.error("unusable configuration: %s", e)
             return EXIT_CONFIG
         nodes.append(node)
+        if deferred:  # asked while an import ran, before the node existed: the stop is raised here, outside it
+            node.stop_requested = True
+            raise _StopDuringStart()
         apply_realtime(cfg)
     except _StopDuringStart:
         if nodes:

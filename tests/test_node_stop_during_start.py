@@ -4,12 +4,16 @@ prepare the model again. The node runs in this process; the signal is raised whe
 
 - while the contract's model file is loaded (``node/contract.py`` ``declare_contract``, whose ``except Exception``
   must not take the stop for a model that cannot be run);
-- while the configuration is read, before the node exists (the handlers are in place from ``run``'s start).
+- while the configuration is read, before the node exists (the handlers are in place from ``run``'s start);
+- inside an import (an extension module's init turned the stop into "ImportError: initialization failed", read as
+  a model that cannot be run, exit 3, in ~2 % of stops that reached the handler): the stop waits for the import to
+  end (``node/main.py`` ``_stop_deferred``).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import signal
 from collections.abc import Iterator
@@ -83,4 +87,31 @@ def test_a_signal_while_the_configuration_is_read_is_a_stop(
     monkeypatch.setattr(node_config, "from_args", signalled_read)
     assert node_main.run(args_for(cfg)) == node_main.EXIT_OK == 0
     assert node_lines(caplog) == [("INFO", "signal 15: stopping"), ("INFO", "stopped during start-up")]
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+@pytest.mark.parametrize("where", ["contract", "config"])
+def test_a_signal_inside_an_import_is_a_stop_once_the_import_has_ended(
+        tmp_path: Path, tiny_onnx: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+        where: str) -> None:
+    caplog.set_level(logging.INFO, logger="chestnut.node")
+    cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none")
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / f"signalling_{where}.py").write_text(  # the handler runs inside this module's import
+        "import signal\nsignal.raise_signal(signal.SIGTERM)\nfor _ in range(50000):\n    pass\nDONE = True\n")
+    monkeypatch.syspath_prepend(str(mods))
+    done: list[bool] = []
+    target, name = (backend_model, "OrtModel") if where == "contract" else (node_config, "from_args")
+    real = getattr(target, name)
+
+    def importing(*a: Any, **kw: Any) -> Any:
+        done.append(importlib.import_module(f"signalling_{where}").DONE)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(target, name, importing)
+    assert node_main.run(args_for(cfg)) == node_main.EXIT_OK == 0
+    assert done == [True]  # the import ran to its end, the stop came after it
+    lines = node_lines(caplog)
+    assert ("INFO", "stopped during start-up") in lines and lines.count(("INFO", "signal 15: stopping")) == 1, lines
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
