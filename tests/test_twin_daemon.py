@@ -434,6 +434,7 @@ def test_sigterm_stops_the_daemon_and_a_second_daemon_refuses_the_socket():
     # refused like any start (exit 2), naming the running one's pid
     assert second.returncode == 2, second.stderr
     assert f"a twin daemon (pid {daemon.process.pid}) is already serving at {socket_path()}" in second.stderr
+    assert len(second.stderr.splitlines()) == 1, second.stderr  # the refusal alone (no scheduling line before it)
     t0 = time.monotonic()
     assert daemon.stop() == 0
     assert time.monotonic() - t0 < 5.0  # the process manager's stop budget

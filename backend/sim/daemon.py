@@ -474,22 +474,22 @@ def serve(config: TwinConfig, prefix: str | None = None) -> int:
         _tight_timer_slack()
     # before any thread starts: the connection, engine and publisher threads inherit the policy
     refused = set_realtime(check_priority(config.bridge_priority, "bridge priority"))
-    if refused:
-        log.info("bridge: %s", refused)
-    elif config.bridge_priority:
-        log.info("bridge: threads at SCHED_RR priority %d", config.bridge_priority)
     twin = Twin(config)
     server = TwinServer(twin, path)
     try:
         server.bind()
     except (TwinAlreadyServing, RuntimeDirError) as e:  # a second instance on the prefix, or a path planted where
-        log.error("%s", e)  # the socket goes (SocketPathError): refused like any start, exit 2
+        log.error("%s", e)  # the socket goes (SocketPathError): refused like any start, exit 2, in that one line
         twin.close()
         return 2
     except (RuntimeError, OSError) as e:
         log.error("%s", e)
         twin.close()
         return 1
+    if refused:  # said once the start is not refused: a refusal stays one line
+        log.info("bridge: %s", refused)
+    elif config.bridge_priority:
+        log.info("bridge: threads at SCHED_RR priority %d", config.bridge_priority)
 
     on_signal = StopOnSignal(server.stop)
     signal.signal(signal.SIGTERM, on_signal)
