@@ -101,13 +101,18 @@ class PrefixError(ValueError):
     """A malformed prefix (``$CHESTNUT_PREFIX`` or an explicit one). ``str()`` is one line: what, how to fix."""
 
 
+def shown_cut(text: str, limit: int = PREFIX_MAX) -> str:
+    """``text`` as a refusal line shows it: its ``repr`` when at most ``limit`` characters, else its first ``limit``
+    characters and its length (``'abc...'... (5000 characters)``): an argument is never echoed whole."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
 def check_prefix(prefix: str, source: str = "prefix") -> str:
     """``prefix`` when it is 1-:data:`PREFIX_MAX` characters from ``[A-Za-z0-9_.-]`` and not ``.`` / ``..`` (it names a
     directory); else raises :class:`PrefixError` naming ``source`` (e.g. ``"CHESTNUT_PREFIX"``)."""
     if not _PREFIX_RE.match(prefix) or prefix in (".", ".."):
-        shown = repr(prefix) if len(prefix) <= PREFIX_MAX else f"{prefix[:PREFIX_MAX]!r}... ({len(prefix)} characters)"
         raise PrefixError(
-            f"{source} {shown} is not a valid prefix: use 1-{PREFIX_MAX} characters from [A-Za-z0-9_.-], "
+            f"{source} {shown_cut(prefix)} is not a valid prefix: use 1-{PREFIX_MAX} characters from [A-Za-z0-9_.-], "
             f"not '.' or '..' (e.g. {PREFIX_ENV}=bench1), or unset {PREFIX_ENV} for {DEFAULT_PREFIX!r}"
         )
     return prefix

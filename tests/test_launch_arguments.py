@@ -103,6 +103,15 @@ def test_fault_parameters_keep_their_types():
         FaultSpec("timeout", after="x").validate()  # type: ignore[arg-type]
 
 
+def test_a_long_transfer_target_is_shown_cut_never_whole():
+    with pytest.raises(ValueError) as info:
+        FaultSpec("timeout", on="x" * 5000).validate()
+    assert str(info.value) == ("--on '" + "x" * 48 + "'... (5000 characters); use one of any, control, control_in, "
+                               "control_out, bulk, bulk_in, bulk_out, async or a request number like 0xE4")
+    with pytest.raises(ValueError, match=r"^--on '0x100': a request number is one byte$"):
+        FaultSpec("timeout", on="0x100").validate()
+
+
 def test_a_bad_argument_is_one_line_naming_it_and_where_help_is(capsys):
     from chestnut.launch.cli import main
 

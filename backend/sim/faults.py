@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+from chestnut.msgs.paths import shown_cut
+
 
 class Phase(StrEnum):
     """What the host is doing with the dock, as the twin infers it."""
@@ -287,10 +289,10 @@ class FaultSpec:
                 try:
                     req = int(self.on, 0)
                 except ValueError:
-                    raise ValueError(f"--on {self.on!r}; use one of {', '.join(TRANSFER_TARGETS)} or a request "
-                                     "number like 0xE4") from None
+                    raise ValueError(f"--on {shown_cut(self.on)}; use one of {', '.join(TRANSFER_TARGETS)} or a "
+                                     "request number like 0xE4") from None
                 if not 0 <= req <= 0xFF:
-                    raise ValueError(f"--on {self.on}: a request number is one byte")
+                    raise ValueError(f"--on {shown_cut(self.on)}: a request number is one byte")
         if self.status not in TLP_STATUSES:
             raise ValueError(f"status {self.status!r}; use ur or ca")
         for name in ("delay_ms", "off_s"):
