@@ -324,7 +324,7 @@ def _stop_deferred(signum: int, frame: FrameType | None, pending: Callable[[], b
 
             def again() -> None:
                 if pending():
-                    _thread.interrupt_main(signum)
+                    _thread.interrupt_main(signal.Signals(signum))
 
             retry = threading.Timer(STOP_RETRY_S, again)
             retry.daemon = True
