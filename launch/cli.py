@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import importlib
 import logging
+import signal
 import sys
 from typing import NoReturn
 
@@ -99,6 +100,23 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's status for a program a Ctrl-C ended
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, the shell's status for a program whose reader went away (`| head`)
+EXIT_TERMINATED = 143  # 128 + SIGTERM, the shell's status for a program a SIGTERM ended
+
+_TERMINATED: list[int] = []  # a SIGTERM came (as_ctrl_c): the run's status is EXIT_TERMINATED
+
+
+def as_ctrl_c(signum: int, frame: object) -> None:
+    """SIGTERM for a command that installs no handler of its own (``demo``, ``check``, ``replay``, ``fleet``,
+    ``export``, ...): handled as its Ctrl-C is -- its own SIGINT handling runs (a process pool's deferred
+    interrupt, or Python's ``KeyboardInterrupt``), so the children it started (a demo's publisher, a pool's
+    workers) are stopped with it, not left running with their locks; the status is then
+    :data:`EXIT_TERMINATED`. SIGTERM's default action killed the command alone and orphaned them."""
+    _TERMINATED.append(signum)
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:  # SIGINT ignored (a background job of a non-interactive shell): a SIGTERM still stops the command
+        raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,8 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     output to a reader that went away (``chestnut twin kinds | head -1``) ends the command quietly,
     :data:`EXIT_BROKEN_PIPE`, as for any Unix tool."""
     try:
-        return _main(argv)
+        rc = _main(argv)
+        return EXIT_TERMINATED if _TERMINATED and rc == EXIT_INTERRUPTED else rc
     except KeyboardInterrupt:
+        if _TERMINATED:  # a SIGTERM, handled as a Ctrl-C (as_ctrl_c): the ordinary stop, no line
+            return EXIT_TERMINATED
         print("chestnut: interrupted (Ctrl-C)", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
@@ -132,6 +153,8 @@ def _main(argv: list[str] | None) -> int:
     )
     from chestnut.msgs.messaging import PublisherBusyError
     from chestnut.msgs.paths import PrefixError, RuntimeDirError, made_dirs_removed
+
+    signal.signal(signal.SIGTERM, as_ctrl_c)  # a command with a handler of its own replaces this one
 
     try:
         with made_dirs_removed() if visits_only(args) else contextlib.nullcontext():

@@ -729,6 +729,30 @@ def test_demo_shows_the_checks_and_exits_0_with_a_summary():
     assert "publisher stopped or restarted" not in done.stderr, done.stderr  # its own publisher's planned end
 
 
+@pytest.mark.timeout(60)
+def test_a_sigterm_stops_the_demo_and_its_publisher_as_a_ctrl_c_does():
+    """SIGTERM's default action killed the demo alone: its publishing child went on for --seconds holding the
+    prefix's cameraFrame lock. Handled as its Ctrl-C (launch/cli.py as_ctrl_c): the summary, status 143, no child."""
+    import psutil
+
+    proc = subprocess.Popen([*CLI, "demo", "--seconds", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # the first status line: the publisher runs
+        assert first.startswith("t= 1.0s cameraFrame"), first
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children
+        proc.send_signal(signal.SIGTERM)
+        out, _err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143
+    assert out.splitlines()[-1].startswith("demo: received "), out
+    _gone, alive = psutil.wait_procs(children, timeout=10)
+    assert alive == [], alive
+
+
 DEMO_SECONDS_WANT = ("give a number of seconds from 2 (freq_ok needs a full 1 s window of frames before it can "
                      "hold) up to 604800 (a week)")
 
