@@ -336,3 +336,24 @@ def test_the_deadline_rule_is_the_nodes_one() -> None:
     add_arguments(parser)
     args = parser.parse_args(["x", "--wait-timeout-ms", "3000", "--deadline-ms", "150"])  # a pair the node takes
     assert (args.deadline_ms, args.wait_timeout_ms) == (150.0, 3000.0)
+
+
+@pytest.mark.parametrize("where", ["same", "inside"])
+def test_fleet_make_into_its_own_source_folder_is_refused_in_one_line(one_message_log: Path, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str],
+                                                                       where: str) -> None:
+    """The copies would join the log they copy: a later replay of it counts them (it did: 3 routes from 1)."""
+    import shutil
+
+    from chestnut.launch.cli import main
+
+    src = tmp_path / "logs"
+    shutil.copytree(one_message_log, src)
+    before = sorted(p.name for p in src.iterdir())
+    out = src if where == "same" else src / "fleet"
+    assert main(["fleet", "make", "--from", str(src), "--copies", "2", str(out)]) == 2
+    what = "the same folder as" if where == "same" else "inside"
+    assert capsys.readouterr().err == (
+        f"chestnut fleet make: OUT {out} is {what} --from {src}: the copies would join the log they copy (a later "
+        "replay of it would count them); give a folder outside it\n")
+    assert sorted(p.name for p in src.iterdir()) == before  # nothing made

@@ -237,11 +237,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     make.add_argument("out", type=Path, metavar="OUT", help="directory for the fleet (routes never overwritten)")
 
 
+def _inside_source(out: Path, source: Path) -> str | None:
+    """``"the same folder as"`` when ``out`` is ``source`` (a folder), ``"inside"`` when it lies under it, compared as
+    resolved paths (symlinks followed); None otherwise (``source`` a file or missing included)."""
+    try:
+        out_r, src_r = out.resolve(), source.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: the copy's own checks say so
+        return None
+    if not src_r.is_dir():
+        return None
+    if out_r == src_r:
+        return "the same folder as"
+    return "inside" if src_r in out_r.parents else None
+
+
 def run(args: argparse.Namespace) -> int:
     from chestnut.msgs.outdir import OutputDirError, missing_folder
 
     if (missing := missing_folder(args.out)) is not None:  # OUT is made, never the folders above it
         return refuse("chestnut fleet make", f"OUT {missing}")
+    if (inside := _inside_source(args.out, args.source)) is not None:
+        return refuse("chestnut fleet make", f"OUT {args.out} is {inside} --from {args.source}: the copies would "
+                      "join the log they copy (a later replay of it would count them); give a folder outside it")
     try:
         dirs = make_fleet(args.source, args.copies, args.out)
     except OutputDirError as e:
