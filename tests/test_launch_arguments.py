@@ -73,9 +73,13 @@ def test_a_late_fault_stops_the_launch_before_anything_starts(tmp_path):
 @pytest.mark.parametrize(
     ("text", "why"),
     [
-        ("slow_gpu@2,delay_ms=abc", "delay_ms='abc' is not a delay in milliseconds; give e.g. delay_ms=400"),
-        ("short@2,nbytes=1.5", "nbytes=1.5 is not a byte count; give e.g. nbytes=4096"),
-        ("slow_gpu@2,delay_ms=nan", "delay_ms=nan is not a delay in milliseconds; give e.g. delay_ms=400"),
+        ("slow_gpu@2,delay_ms=abc", "delay_ms (--delay-ms) = 'abc' is not a delay in milliseconds; give e.g. "
+                                    "delay_ms=400"),
+        ("short@2,nbytes=1.5", "nbytes (--nbytes) = 1.5 is not a byte count; give e.g. nbytes=4096"),
+        ("slow_gpu@2,delay_ms=nan", "delay_ms (--delay-ms) = nan is not a delay in milliseconds; give e.g. "
+                                    "delay_ms=400"),
+        ("brownout@2,off_s=inf", "off_s (--off-s) = inf is not a duration in seconds; give e.g. off_s=2"),
+        ("short@2,nbytes=-1", "nbytes (--nbytes) = -1: give a byte count >= 0"),
         ("slow_gpu@2,delay_ms=-1", "delay_ms (--delay-ms) = -1: give a value >= 0"),
         # "delay_ms and off_s must be >= 0" named an option not given (twin fault brownout --off-s -1 alike)
         ("brownout@2,off_s=-1", "off_s (--off-s) = -1: give a value >= 0"),
@@ -99,7 +103,7 @@ def test_fault_parameters_keep_their_types():
     plan = FaultPlan.parse("timeout@1,on=1,probability=0.5")
     assert plan.params == {"on": "1", "probability": 0.5}
     assert FaultSpec(plan.kind, **plan.params).validate().on == "1"
-    with pytest.raises(ValueError, match=r"^after='x' is not a count; give e.g. after=3$"):
+    with pytest.raises(ValueError, match=r"^after \(--after\) = 'x' is not a count; give e.g. after=3$"):
         FaultSpec("timeout", after="x").validate()  # type: ignore[arg-type]
 
 

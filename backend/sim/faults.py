@@ -242,7 +242,8 @@ PARAMETER_KINDS = {"delay_ms": ("slow_gpu",), "off_s": ("brownout",), "status": 
 """The kinds each kind-specific parameter applies to (the twin reads it only there: ``backend/sim/engine.py``,
 ``sdma.py``, ``twin.py``); given, other than its default, to another kind it is refused, not ignored."""
 _FLAGS = {"for_s": "for_s (--for)", "delay_ms": "delay_ms (--delay-ms)", "off_s": "off_s (--off-s)",
-          "nbytes": "nbytes (--nbytes)", "status": "status (--status)"}  # a launch plan's name, twin fault's flag
+          "nbytes": "nbytes (--nbytes)", "status": "status (--status)", "after": "after (--after)",
+          "probability": "probability (--probability)"}  # a launch plan's name, twin fault's flag
 
 
 @dataclass(frozen=True)
@@ -273,7 +274,8 @@ class FaultSpec:
                 continue
             is_number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
             if not is_number or (integral and not float(value).is_integer()):
-                raise ValueError(f"{name}={value!r} is not {what}; give e.g. {name}={_SPEC_EXAMPLES[name]}")
+                raise ValueError(f"{_FLAGS.get(name, name)} = {value!r} is not {what}; give e.g. "
+                                 f"{name}={_SPEC_EXAMPLES[name]}")
         if not 0.0 <= self.probability <= 1.0:
             raise ValueError(f"probability {self.probability} is not in [0, 1]")
         if self.for_s is not None and not self.for_s > 0:
@@ -299,7 +301,7 @@ class FaultSpec:
             if (value := getattr(self, name)) < 0:
                 raise ValueError(f"{_FLAGS[name]} = {value:g}: give a value >= 0")
         if self.nbytes is not None and self.nbytes < 0:
-            raise ValueError("nbytes must be >= 0")
+            raise ValueError(f"{_FLAGS['nbytes']} = {self.nbytes:g}: give a byte count >= 0")
         for name, (limit, unit) in PARAMETER_LIMITS.items():
             if (value := getattr(self, name)) is not None and value > limit:
                 raise ValueError(f"{_FLAGS[name]} = {value:g}: at most {limit:g} {unit}")
