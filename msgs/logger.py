@@ -59,7 +59,7 @@ from chestnut.msgs.frames import frame_to_array
 from chestnut.msgs.logfile import FORMATS, MCAP_ENCODINGS, SEGMENT_SECONDS, FlushPolicy, RouteWriter
 from chestnut.msgs.messaging import REASON_WRONG_SERVICE, MalformedMessageError, SubSocket, log_from_bytes, sub_sock
 from chestnut.msgs.outdir import OutputDirError, missing_folder, private_dir
-from chestnut.msgs.paths import check_prefix, current_prefix
+from chestnut.msgs.paths import check_prefix, current_prefix, runtime_dir
 from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError, get_service
 from chestnut.msgs.video import CRF_DEFAULT, FRAME_MODES, VIDEO_CODECS, VideoOptions
 from chestnut.msgs.visionipc import FrameBufferError, FrameOverwrittenError, FrameReader
@@ -381,6 +381,8 @@ def run(args: argparse.Namespace) -> int:
     except OutputDirError as e:
         _log.error("--log-dir %s", e)
         return 2
+    runtime_dir(args.prefix)  # a runtime directory someone planted: refused before a log file is made (its
+    # RuntimeDirError is the CLI's one line, exit 2, as for every program: launch/cli.py)
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     recorder = None
     try:

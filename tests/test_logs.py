@@ -638,3 +638,23 @@ def test_record_takes_the_bounds_of_its_queue_and_segments_themselves():
     low = p.parse_args(["--rcvhwm", "1", "--segment-seconds", "1"])
     high = p.parse_args(["--rcvhwm", "10000", "--segment-seconds", "3600"])
     assert (low.rcvhwm, low.segment_seconds, high.rcvhwm, high.segment_seconds) == (1, 1.0, 10000, 3600.0)
+
+
+def test_record_refuses_a_planted_runtime_directory_before_any_log_file(tmp_path, capsys, monkeypatch):
+    """It wrote a segment first, then said "cannot write the log" (the log was fine) and exited 1."""
+    from chestnut.launch.cli import main
+    from chestnut.msgs.paths import runtime_base
+
+    prefix = f"planted-{os.getpid()}"
+    planted = runtime_base() / f"chestnut-{os.getuid()}" / prefix
+    planted.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    planted.write_text("")
+    monkeypatch.setenv("CHESTNUT_PREFIX", prefix)
+    try:
+        assert main(["record", "--log-dir", str(tmp_path / "logs")]) == 2
+        assert capsys.readouterr().err == (
+            f"chestnut record: runtime directory {planted} is not a directory; remove it (rm -r {planted}) and start "
+            "again, or choose another CHESTNUT_PREFIX\n")
+        assert planted.is_file() and list((tmp_path / "logs").iterdir()) == []  # kept; no segment made
+    finally:
+        planted.unlink()
