@@ -13,7 +13,8 @@ import importlib
 import logging
 import signal
 import sys
-from typing import NoReturn
+from types import FrameType
+from typing import Any, NoReturn
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -105,7 +106,7 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM, the shell's status for a program a SIGTE
 _TERMINATED: list[int] = []  # a SIGTERM came (as_ctrl_c): the run's status is EXIT_TERMINATED
 
 
-def as_ctrl_c(signum: int, frame: object) -> None:
+def as_ctrl_c(signum: int, frame: FrameType | None) -> None:
     """SIGTERM for a command that installs no handler of its own (``demo``, ``check``, ``replay``, ``fleet``,
     ``export``, ...): handled as its Ctrl-C is -- its own SIGINT handling runs (a process pool's deferred
     interrupt, or Python's ``KeyboardInterrupt``), so the children it started (a demo's publisher, a pool's
@@ -124,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     own handling (while it imports: its first ~0.3 s) is one line and :data:`EXIT_INTERRUPTED`, not a traceback;
     output to a reader that went away (``chestnut twin kinds | head -1``) ends the command quietly,
     :data:`EXIT_BROKEN_PIPE`, as for any Unix tool."""
+    watch = _StdoutWatch(sys.stdout)
+    sys.stdout = watch
     try:
         rc = _main(argv)
         return EXIT_TERMINATED if _TERMINATED and rc == EXIT_INTERRUPTED else rc
@@ -133,11 +136,52 @@ def main(argv: list[str] | None = None) -> int:
         print("chestnut: interrupted (Ctrl-C)", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
-        import os
-
-        with contextlib.suppress(OSError):  # Python would report the pipe again when it flushes stdout at exit
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _stdout_to_devnull()
         return EXIT_BROKEN_PIPE
+    except OSError as e:
+        if e is not watch.failed:  # another file's error: the command's own to say
+            raise
+        _stdout_to_devnull()
+        print(f"chestnut: cannot write to standard output: {e.strerror}", file=sys.stderr)
+        return 1
+    finally:
+        if sys.stdout is watch:
+            sys.stdout = watch.stream
+
+
+class _StdoutWatch:
+    """Standard output, passed through, remembering the error a write or flush of it raised (``> /dev/full``, a
+    full disk): :func:`main` says that one in one line, exit 1, instead of a traceback; an error of any other file
+    is not this one."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.failed: OSError | None = None
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self.stream.write(text))
+        except OSError as e:
+            self.failed = e
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as e:
+            self.failed = e
+            raise
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, buffer, ...: the stream's own
+        return getattr(self.stream, name)
+
+
+def _stdout_to_devnull() -> None:
+    """Point standard output at /dev/null: Python would report the failed stream again when it flushes it at exit."""
+    import os
+
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _main(argv: list[str] | None) -> int:

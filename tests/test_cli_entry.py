@@ -113,3 +113,13 @@ def test_a_ctrl_c_while_the_console_script_imports_is_one_line_and_130(tmp_path:
             proc.kill()
             proc.communicate()
     assert (proc.returncode, err.decode(), out) == (130, "chestnut: interrupted (Ctrl-C)\n", b"")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("command", [["model", "paths"], ["twin", "kinds"]])
+def test_a_standard_output_that_takes_no_more_is_one_line_and_exit_1(command: list[str]) -> None:
+    """``> /dev/full`` (a full disk alike) was a 16-line OSError traceback; an error of another file is not this."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "chestnut.launch.cli", *command], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (1, "chestnut: cannot write to standard output: No space left on device\n")
