@@ -242,9 +242,9 @@ def _inside_source(out: Path, source: Path) -> str | None:
     resolved paths (symlinks followed); None otherwise (``source`` a file or missing included)."""
     try:
         out_r, src_r = out.resolve(), source.resolve()
-    except (OSError, RuntimeError):  # a symlink loop: the copy's own checks say so
-        return None
-    if not src_r.is_dir():
+        if not src_r.is_dir():
+            return None
+    except (OSError, RuntimeError):  # a symlink loop, a name too long: the copy's own checks say so
         return None
     if out_r == src_r:
         return "the same folder as"
