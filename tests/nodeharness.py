@@ -89,6 +89,19 @@ def tiny_8x16_twin_config(tmp_path: Path) -> Path:
                              timing={"deadline_ms": 1000.0, "start_timeout_s": 60.0})
 
 
+def exit_of(cfg: Path, log_path: Path, timeout_s: float = 60.0) -> tuple[int, str]:
+    """Run ``chestnut run --config cfg`` on ``$CHESTNUT_PREFIX`` until it exits by itself (a refused start):
+    (its exit code, the tail of its log at ``log_path``); killed afterwards whatever happened. Raises
+    ``subprocess.TimeoutExpired`` when it is still running after ``timeout_s``."""
+    node = NodeProcess(cfg, os.environ["CHESTNUT_PREFIX"], log_path).start()
+    try:
+        assert node.proc is not None
+        rc = node.proc.wait(timeout_s)
+    finally:
+        node.kill()
+    return rc, node.log_tail()
+
+
 class NodeProcess:
     """``chestnut run --config CONFIG`` as a child process of this one, logging to ``log_path``."""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from nodeharness import Bus, NodeProcess, record_fingerprint, write_node_config
+from nodeharness import Bus, NodeProcess, exit_of, record_fingerprint, write_node_config
 
 from chestnut.backend.errors import ConfigError
 from chestnut.fallback.standby import FallbackModel
@@ -43,16 +43,6 @@ def make_model(path: Path, out_name: str = "prob", stride: int = 2, bias: float 
     model.ir_version = 8
     onnx.save(model, str(path))
     return path
-
-
-def exit_of(cfg: Path, tmp_path: Path) -> tuple[int, str]:
-    node = NodeProcess(cfg, os.environ["CHESTNUT_PREFIX"], tmp_path / "node.log").start()
-    try:
-        assert node.proc is not None
-        rc = node.proc.wait(60)
-    finally:
-        node.kill()
-    return rc, node.log_tail()
 
 
 def test_the_contract_is_the_primary_files_whatever_the_fallback(tmp_path: Path) -> None:
@@ -88,7 +78,7 @@ def test_the_node_refuses_to_start_with_a_mismatched_fallback(tmp_path: Path, ki
     fallback = (make_model(tmp_path / "small.onnx", stride=4) if kind == "shape"
                 else make_model(tmp_path / "named.onnx", out_name="score"))
     rc, log = exit_of(write_node_config(tmp_path / "node.toml", primary, dock="none", fallback_model=fallback),
-                      tmp_path)
+                      tmp_path / "node.log")
     assert rc == EXIT_NO_FALLBACK == 3, log
     refused = [x for x in log.splitlines() if " ERROR " in x and "refused" in x]
     assert len(refused) == 1, log
@@ -130,7 +120,7 @@ def test_a_range_for_an_output_the_primary_does_not_have_is_refused(tmp_path: Pa
         declare_contract(load_config(cfg), None)
     assert e.value.detail == (f"model.ranges.text_prob: the primary model {primary} has no output 'text_prob' "
                               "(its outputs: prob)")
-    rc, log = exit_of(cfg, tmp_path)
+    rc, log = exit_of(cfg, tmp_path / "node.log")
     assert rc == EXIT_CONFIG == 2, log
     assert "unusable configuration: config: model.ranges.text_prob: the primary model" in log
 
@@ -145,7 +135,7 @@ def test_a_model_that_fails_its_known_answer_is_refused_for_both_roles(tmp_path:
     assert e.value.detail.startswith(f"the model file {damaged} does not match its recorded fingerprint on the host "
                                      "CPU: prob: ")
     assert e.value.detail.endswith("refused as primary and as fallback")
-    rc, log = exit_of(cfg, tmp_path)
+    rc, log = exit_of(cfg, tmp_path / "node.log")
     assert rc == EXIT_NO_FALLBACK, log
     assert "no output contract: the model file" in log and "fallback model" not in log
     # a separate fallback file that fails the fingerprint recorded beside it is refused too

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from nodeharness import NodeProcess, write_node_config
+from nodeharness import exit_of, write_node_config
 
 from chestnut.node.main import EXIT_CONFIG, EXIT_NO_FALLBACK
 
@@ -17,13 +17,7 @@ def test_a_damaged_model_exits_naming_the_file_and_the_fix(tmp_path: Path, tiny_
     damaged = tmp_path / "damaged.onnx"
     damaged.write_bytes(tiny_onnx.read_bytes()[:100])  # a truncated copy, as a full disk or a killed download leaves
     cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none", fallback_model=damaged)
-    node = NodeProcess(cfg, os.environ["CHESTNUT_PREFIX"], tmp_path / "node.log").start()
-    try:
-        assert node.proc is not None
-        rc = node.proc.wait(30)
-    finally:
-        node.kill()
-    log = node.log_tail()
+    rc, log = exit_of(cfg, tmp_path / "node.log", 30)
     assert rc == EXIT_NO_FALLBACK == 3, log
     line = next(x for x in log.splitlines() if "no usable fallback model" in x)
     assert line.endswith(
@@ -44,13 +38,7 @@ def test_an_unusable_primary_beside_a_usable_fallback_file_is_a_configuration_er
     if primary == "damaged":
         model.write_bytes(tiny_onnx.read_bytes()[:100])
     cfg = write_node_config(tmp_path / "node.toml", model, dock="none", fallback_model=tiny_onnx)
-    node = NodeProcess(cfg, os.environ["CHESTNUT_PREFIX"], tmp_path / "node.log").start()
-    try:
-        assert node.proc is not None
-        rc = node.proc.wait(30)
-    finally:
-        node.kill()
-    log = node.log_tail()
+    rc, log = exit_of(cfg, tmp_path / "node.log", 30)
     assert rc == EXIT_CONFIG == 2, log
     errors = [x for x in log.splitlines() if " ERROR " in x]
     assert len(errors) == 1 and "no output contract: " in errors[0] and str(model) in errors[0], errors

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import psutil
 import pytest
-from nodeharness import Bus, NodeProcess, record_fingerprint, unanswered_frames, write_node_config
+from nodeharness import Bus, NodeProcess, exit_of, record_fingerprint, unanswered_frames, write_node_config
 
 from chestnut.launch.camerad import fill_frame
 from chestnut.msgs.paths import runtime_dir
@@ -126,13 +126,7 @@ def test_a_malformed_frame_gets_one_invalid_output_and_serving_goes_on(tmp_path:
 def test_missing_fallback_model_exits_with_EXIT_NO_FALLBACK(tmp_path: Path, tiny_onnx: Path) -> None:
     missing = tmp_path / "nowhere.onnx"
     cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none", fallback_model=missing)
-    node = NodeProcess(cfg, os.environ["CHESTNUT_PREFIX"], tmp_path / "node.log").start()
-    try:
-        assert node.proc is not None
-        rc = node.proc.wait(30)
-    finally:
-        node.kill()
-    log = node.log_tail()
+    rc, log = exit_of(cfg, tmp_path / "node.log", 30)
     assert rc == EXIT_NO_FALLBACK == 3, log
     assert (f"no usable fallback model ({missing}, onnxruntime): ModelError: missing_model: fallback model file "
             f"{missing} does not exist") in log
@@ -140,14 +134,9 @@ def test_missing_fallback_model_exits_with_EXIT_NO_FALLBACK(tmp_path: Path, tiny
 
 def test_unusable_config_exits_with_EXIT_CONFIG(tmp_path: Path, tiny_onnx: Path) -> None:
     cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none", timing={"deadline_msec": 100})
-    node = NodeProcess(cfg, os.environ["CHESTNUT_PREFIX"], tmp_path / "node.log").start()
-    try:
-        assert node.proc is not None
-        rc = node.proc.wait(30)
-    finally:
-        node.kill()
+    rc, log = exit_of(cfg, tmp_path / "node.log", 30)
     assert rc == EXIT_CONFIG == 2
-    assert "unknown key timing.deadline_msec" in node.log_tail()
+    assert "unknown key timing.deadline_msec" in log
 
 
 def received(sock: socket.socket) -> tuple[float, str]:
