@@ -12,14 +12,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -366,3 +368,23 @@ def unanswered_frames(rec: Records, last_id: int | None = None) -> tuple[list[in
     missing = [f for f in sorted(rec.sent) if first <= f <= last and f not in counts]
     doubled = sorted(f for f, n in counts.items() if n != 1)
     return missing, doubled
+
+
+@contextlib.contextmanager
+def running_node(cfg: Path, log_path: Path,
+                 frame_fn: Callable[[int], Any] | None = None) -> Iterator[tuple[NodeProcess, Bus]]:
+    """A :class:`Bus` (camera frames from ``frame_fn``, see :class:`Bus`) and ``chestnut run --config cfg`` on
+    ``$CHESTNUT_PREFIX``, logging to ``log_path``; on the way out the bus is closed, the node killed and the prefix's
+    runtime directory removed."""
+    from chestnut.msgs.paths import runtime_dir
+
+    prefix = os.environ["CHESTNUT_PREFIX"]
+    bus = Bus(prefix, frame_fn=frame_fn)
+    bus.start()
+    node = NodeProcess(cfg, prefix, log_path).start()
+    try:
+        yield node, bus
+    finally:
+        bus.close()
+        node.kill()
+        shutil.rmtree(runtime_dir(prefix), ignore_errors=True)

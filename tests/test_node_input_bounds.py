@@ -3,17 +3,14 @@ ZeroMQ before the node buffers it, and the node goes on serving the frames after
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from nodeharness import Bus, NodeProcess, write_node_config
+from nodeharness import running_node, write_node_config
 
 from chestnut.msgs.frames import fill_frame
-from chestnut.msgs.paths import runtime_dir
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -29,12 +26,8 @@ def test_a_4096x4096_frame_is_refused_by_zeromq_and_the_node_keeps_serving(tmp_p
             return fill_frame(fid, np.zeros((4096, 4096, 3), np.uint8), now, now, "big")  # 50 MB
         return np.random.default_rng(fid).integers(0, 256, (H, W, 3), dtype=np.uint8)
 
-    prefix = os.environ["CHESTNUT_PREFIX"]
     cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none")
-    bus = Bus(prefix, frame_fn=frames)
-    bus.start()
-    node = NodeProcess(cfg, prefix, tmp_path / "node.log").start()
-    try:
+    with running_node(cfg, tmp_path / "node.log", frames) as (node, bus):
         bus.wait_for(lambda r: r.outputs, 60.0, f"the first output\n{node.log_tail()}")
         big["id"] = bus.next_frame_id + 2
         last = big["id"] + 20
@@ -44,10 +37,6 @@ def test_a_4096x4096_frame_is_refused_by_zeromq_and_the_node_keeps_serving(tmp_p
             f"outputs after the big frame\n{node.log_tail()}",
         )
         log = node.log_tail(20000)
-    finally:
-        bus.close()
-        node.kill()
-        shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
     answered = {o.frame_id: o for o in rec.outputs}
     assert big["id"] not in answered  # never received, so never answered
     after = [answered[f] for f in range(big["id"] + 1, last + 1) if f in answered]
@@ -75,20 +64,12 @@ def test_a_frame_its_camera_marked_not_valid_is_answered_not_valid(tmp_path: Pat
         msg.valid = False  # type: ignore[attr-defined]
         return msg
 
-    prefix = os.environ["CHESTNUT_PREFIX"]
     cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none")
-    bus = Bus(prefix, frame_fn=frames)
-    bus.start()
-    node = NodeProcess(cfg, prefix, tmp_path / "node.log").start()
-    try:
+    with running_node(cfg, tmp_path / "node.log", frames) as (node, bus):
         bus.wait_for(lambda r: r.outputs, 60.0, f"the first output\n{node.log_tail()}")
         marked["id"] = bus.next_frame_id + 2
         rec = bus.wait_for(lambda r: r if any(o.frame_id > marked["id"] for o in r.outputs) else None, 30.0,
                            f"outputs after the marked frame\n{node.log_tail()}")
-    finally:
-        bus.close()
-        node.kill()
-        shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
     answered = {o.frame_id: o for o in rec.outputs}
     got = answered[marked["id"]]
     assert (got.source, got.valid) == ("fallback", False)

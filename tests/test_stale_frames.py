@@ -4,22 +4,16 @@ second, the output layer WARN while it happens, one output per frame (``node/mai
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import shutil
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from nodeharness import Bus, NodeProcess, write_node_config
+from nodeharness import running_node, write_node_config
 
 from chestnut.backend.errors import ConfigError
 from chestnut.launch.camerad import fill_frame
-from chestnut.msgs.paths import runtime_dir
 from chestnut.node.config import NodeConfig, validate
 from chestnut.node.main import stale_frame_reason
 
@@ -67,20 +61,6 @@ def _frame(fid: int) -> np.ndarray:
     return np.random.default_rng(fid).integers(0, 256, (32, 64, 3), dtype=np.uint8)
 
 
-@contextlib.contextmanager
-def _running(tmp_path: Path, cfg: Path, frame_fn: Any) -> Iterator[tuple[NodeProcess, Bus]]:
-    prefix = os.environ["CHESTNUT_PREFIX"]
-    bus = Bus(prefix, frame_fn=frame_fn)
-    bus.start()
-    node = NodeProcess(cfg, prefix, tmp_path / "node.log").start()
-    try:
-        yield node, bus
-    finally:
-        bus.close()
-        node.kill()
-        shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
-
-
 def test_stale_frames_are_answered_without_a_model_and_the_output_layer_warns(tmp_path, tiny_onnx):
     aged: set[int] = set()  # frame ids sent with an EOF 3 s in the past
 
@@ -91,7 +71,7 @@ def test_stale_frames_are_answered_without_a_model_and_the_output_layer_warns(tm
         return _frame(fid)
 
     cfg = write_node_config(tmp_path / "node.toml", tiny_onnx, dock="cpu")
-    with _running(tmp_path, cfg, frames) as (node, bus):
+    with running_node(cfg, tmp_path / "node.log", frames) as (node, bus):
         bus.wait_for(
             lambda r: (
                 r
