@@ -92,21 +92,28 @@ def test_a_latency_up_to_its_bound_is_taken(text):
     assert FrameOptions(dock_timing=True, latency_us=dock_latency_us(text)).problem() is None
 
 
+def assert_refused_by_launch_and_twin_serve(option: str, text: str, want: str, capsys: pytest.CaptureFixture[str],
+                                            tmp_path: Path) -> None:
+    """``chestnut launch --dock-timing OPTION TEXT`` and ``chestnut twin serve OPTION TEXT`` each refuse it in
+    argparse's one line naming ``want``, exit 2, and the launch makes no run directory."""
+    from chestnut.launch.cli import main
+
+    runs = ["--runs-dir", str(tmp_path / "runs")]
+    for name, argv in (("launch", ["launch", "--dock-timing", option, text, *runs]),
+                       ("twin serve", ["twin", "serve", option, text])):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        assert capsys.readouterr().err == (f"chestnut {name}: error: argument {option}: {text!r}: {want} "
+                                           f"(chestnut {name} --help)\n")
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("text", ["-1", "1e12", "100001", "inf", "nan", "soon"])
 def test_a_latency_out_of_bounds_is_one_line_exit_2_for_launch_and_twin_serve_alike(text, capsys, tmp_path):
     """``--latency-us 1e12`` was taken: the primary never served, the node blamed "no_product_string ... permission
     issue", exit 0. ``chestnut twin serve`` took any finite latency; both take one type (``msgs/argtypes.py``)."""
-    from chestnut.launch.cli import main
-
-    runs = ["--runs-dir", str(tmp_path / "runs")]
-    for name, argv in (("launch", ["launch", "--dock-timing", "--latency-us", text, *runs]),
-                       ("twin serve", ["twin", "serve", "--latency-us", text])):
-        with pytest.raises(SystemExit) as info:
-            main(argv)
-        assert info.value.code == 2
-        assert capsys.readouterr().err == (f"chestnut {name}: error: argument --latency-us: {text!r}: {LATENCY_WANT} "
-                                           f"(chestnut {name} --help)\n")
-    assert not (tmp_path / "runs").exists()
+    assert_refused_by_launch_and_twin_serve("--latency-us", text, LATENCY_WANT, capsys, tmp_path)
 
 
 LINK_WANT = "give a link rate in Mbps >= 12 (USB 1.1 Full Speed) and <= 40000 (USB4)"
@@ -125,17 +132,7 @@ def test_a_link_rate_within_its_bounds_is_taken(text):
 def test_a_link_rate_out_of_bounds_is_one_line_exit_2_for_launch_and_twin_serve_alike(text, capsys, tmp_path):
     """``chestnut launch --link-mbps 1e-300`` was taken (any rate > 0: one 256 KiB chunk in ~1e292 s), and so was
     any finite rate; the slowest link a device with bulk endpoints has is USB 1.1's 12 Mbps."""
-    from chestnut.launch.cli import main
-
-    runs = ["--runs-dir", str(tmp_path / "runs")]
-    for name, argv in (("launch", ["launch", "--dock-timing", "--link-mbps", text, *runs]),
-                       ("twin serve", ["twin", "serve", "--link-mbps", text])):
-        with pytest.raises(SystemExit) as info:
-            main(argv)
-        assert info.value.code == 2
-        assert capsys.readouterr().err == (f"chestnut {name}: error: argument --link-mbps: {text!r}: {LINK_WANT} "
-                                           f"(chestnut {name} --help)\n")
-    assert not (tmp_path / "runs").exists()
+    assert_refused_by_launch_and_twin_serve("--link-mbps", text, LINK_WANT, capsys, tmp_path)
 
 
 @pytest.mark.parametrize(
