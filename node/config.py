@@ -203,6 +203,15 @@ class NodeConfig:
         return self.fallback.path or self.model.path
 
     @property
+    def fallback_is_primary(self) -> bool:
+        """Whether the fallback's model file is the primary's: ``fallback.path`` unset, or naming the same file
+        (symlinks followed; compared as given where a path cannot be resolved: a symlink loop)."""
+        try:
+            return self.fallback_path.expanduser().resolve() == self.model.path.expanduser().resolve()
+        except (OSError, RuntimeError):
+            return self.fallback_path == self.model.path
+
+    @property
     def fingerprint_path(self) -> Path:
         return self.model.fingerprint or self.model.path.with_suffix(".fingerprint.json")
 

@@ -230,16 +230,6 @@ def model_fix(path: Path) -> str:
     return MODEL_FIX if prepared else OWN_MODEL_FIX
 
 
-def _same_file(fallback: Path | None, primary: Path) -> bool:
-    """Whether the fallback's model file (``fallback.path``; None: the primary's) is the primary's ``primary``."""
-    if fallback is None:
-        return True
-    try:
-        return fallback.expanduser().resolve() == primary.expanduser().resolve()
-    except (OSError, RuntimeError):  # a symlink loop, an unreadable folder: compared as given
-        return fallback == primary
-
-
 def _versions() -> dict[str, str]:
     out = {}
     for pkg in ("chestnut", "tinygrad", "pycapnp", "pyzmq", "onnxruntime", "numpy"):
@@ -559,7 +549,7 @@ class Node:
         except ContractError as e:
             self.stop_reason = f"no output contract: {e.detail}"
             log.error("%s; %s", self.stop_reason, model_fix(self.cfg.model.path))
-            return EXIT_NO_FALLBACK if _same_file(self.cfg.fallback.path, self.cfg.model.path) else EXIT_CONFIG
+            return EXIT_NO_FALLBACK if self.cfg.fallback_is_primary else EXIT_CONFIG
         self.contracts = self.contract.outputs
         log.info("output contract %s from the primary model %s: %s (known answer: %s)", self.contract.fingerprint,
                  self.cfg.model.path, self.contract.describe(), self.contract.known_answer)
@@ -587,7 +577,7 @@ class Node:
             t0 = time.monotonic()
             name = f"{self.cfg.model.name}-fallback"
             if (fb.engine == "onnxruntime" and fb.threads == 1 and self.contract.model is not None
-                    and self.cfg.fallback_path.resolve() == self.cfg.model.path.resolve()):
+                    and self.cfg.fallback_is_primary):
                 fallback = FallbackModel.of(self.contract.model, name)  # the contract's session: one load, not two
             else:
                 fallback = FallbackModel(self.cfg.fallback_path, fb.engine, name=name,
