@@ -415,8 +415,10 @@ def _publish(
     encoding: str,
 ) -> int:
     sent = skipped = 0
-    apply_priority(getattr(args, "rt_priority", 0), "camera", log)  # every check passed: now it publishes
     with PubMaster(["cameraFrame"]) as pm:
+        # every check passed and its socket is open (a runtime directory it must not use was refused by then, the
+        # refusal alone): now it publishes, at its priority -- every thread, zmq's I/O thread included
+        apply_priority(getattr(args, "rt_priority", 0), "camera", log)
         rows, cols = pending[0].shape[:2]
         log.info(
             "camera: %s at %.1f Hz, %dx%d %s, %s",

@@ -281,11 +281,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    apply_priority(getattr(args, "rt_priority", 0), "control", log)
     flag = StopFlag()
     logic = ControlLogic(auto_engage=not args.no_auto_engage)
     period_ms = max(1, int(1000 / args.rate))
     with control_submaster() as sm, PubMaster(["controlState"]) as pm:
+        # its sockets are open (a runtime directory it must not use was refused by then, the refusal alone): now
+        # its realtime priority, for every thread, zmq's I/O thread included
+        apply_priority(getattr(args, "rt_priority", 0), "control", log)
         was_engaged = False
         last_failed: tuple[str, ...] = ()
         passed_once = False  # until every check has passed once, the stack is starting: nothing has failed yet

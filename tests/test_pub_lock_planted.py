@@ -90,10 +90,7 @@ def test_the_camera_refuses_a_planted_lock_in_one_line_exit_2(tmp_path):
         timeout=60,
     )
     assert r.returncode == 2
-    assert "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines()[-1] == (
-        f"chestnut camera: publisher lock file {lock} is a symlink{_fix(lock)}"
-    )
+    assert r.stderr.splitlines() == [f"chestnut camera: publisher lock file {lock} is a symlink{_fix(lock)}"]
     assert victim.read_text() == "precious\n"
 
 
@@ -120,11 +117,23 @@ def test_the_camera_refuses_a_file_planted_at_its_socket_path_in_one_line_exit_2
     path.write_text("important\n")
     r = subprocess.run([CHESTNUT, "camera", "--frames", "3", "--start-delay", "0", "--synthetic"],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert r.stderr.strip().splitlines()[-1] == (
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [  # the refusal alone: no scheduling line before it
         f"chestnut camera: socket path {path} holds a regular file, not a socket: refused, nothing replaced; remove "
-        "it and start again")
+        "it and start again"]
     assert path.read_text() == "important\n"
+
+
+def test_the_control_daemon_refuses_a_planted_lock_in_its_one_line_exit_2(tmp_path):
+    """It said its SCHED_FIFO scheduling first (an INFO line, or a WARNING where refused)."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    lock = runtime_dir() / "controlState.pub.lock"
+    lock.symlink_to(victim)
+    r = subprocess.run([CHESTNUT, "control"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [f"chestnut control: publisher lock file {lock} is a symlink{_fix(lock)}"]
+    assert victim.read_text() == "precious\n"
 
 
 @pytest.mark.parametrize("plant", ["dir", "symlink"])

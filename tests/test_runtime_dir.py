@@ -203,6 +203,24 @@ def test_every_cli_program_refuses_a_subverted_dir_in_one_line_and_exit_2(base, 
     assert list(target.iterdir()) == []
 
 
+@pytest.mark.parametrize("program", [["camera", "--synthetic", "--frames", "1", "--start-delay", "0"], ["control"]])
+def test_a_program_at_a_realtime_priority_refuses_a_planted_runtime_dir_in_its_one_line(base, program):
+    """The camera and the control daemon said their realtime scheduling (an INFO or, refused, a WARNING line) before
+    the refusal: they ask for it only once their sockets are open."""
+    (base / f"chestnut-{UID}").mkdir(mode=0o700)
+    d = base / f"chestnut-{UID}" / "p"
+    d.write_text("important\n")
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(base), "CHESTNUT_PREFIX": "p"}
+    env.pop("RUNTIME_DIRECTORY", None)
+    r = subprocess.run([CHESTNUT, *program], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        f"chestnut {program[0]}: runtime directory {d} is not a directory; remove it (rm -r {d}) and start again, or "
+        "choose another CHESTNUT_PREFIX"
+    ]
+    assert d.read_text() == "important\n"
+
+
 @pytest.mark.skipif(UID != 0, reason="making a directory of another user needs root")
 def test_a_base_of_another_user_is_refused(base):
     os.chown(base, 65534, 65534)
