@@ -136,6 +136,22 @@ def test_the_control_daemon_refuses_a_planted_lock_in_its_one_line_exit_2(tmp_pa
     assert victim.read_text() == "precious\n"
 
 
+@pytest.mark.parametrize(("name", "plant", "what"), [("twinState", "dir", "a directory"),
+                                                     ("twinFault.pub.lock", "symlink", None)])
+def test_twin_serve_refuses_a_path_planted_at_its_publishers_in_its_one_line_exit_2(name, plant, what, tmp_path):
+    """The twin's bridge said its scheduling (``bridge: threads at SCHED_RR priority 20``) before the refusal of
+    its publishers' sockets and locks: it says it once they are taken."""
+    victim = tmp_path / "victim"
+    path = runtime_dir() / name
+    planted.plant(path, plant, victim)
+    r = subprocess.run([CHESTNUT, "twin", "serve"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    why = (f"publisher lock file {path} is a symlink{_fix(path)}" if what is None else
+           f"socket path {path} holds {what}, not a socket: refused, nothing replaced; remove it and start again")
+    assert [line.split(" ", 2)[2] for line in r.stderr.splitlines()] == [f"ERROR chestnut.backend.sim.daemon: {why}"]
+    assert os.path.lexists(path) and victim.read_text() == "precious\n"
+
+
 @pytest.mark.parametrize("plant", ["dir", "symlink"])
 def test_the_demo_refuses_a_planted_lock_in_one_line_exit_2_before_its_publisher_starts(plant, tmp_path, capsys):
     """The demo's publishing child met it: a PubLockError traceback, exit 1."""

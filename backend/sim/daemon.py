@@ -486,11 +486,6 @@ def serve(config: TwinConfig, prefix: str | None = None) -> int:
         log.error("%s", e)
         twin.close()
         return 1
-    if refused:  # said once the start is not refused: a refusal stays one line
-        log.info("bridge: %s", refused)
-    elif config.bridge_priority:
-        log.info("bridge: threads at SCHED_RR priority %d", config.bridge_priority)
-
     on_signal = StopOnSignal(server.stop)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -504,6 +499,12 @@ def serve(config: TwinConfig, prefix: str | None = None) -> int:
         server.serve_forever()  # stopped already: it only closes the socket and removes its file
         twin.close()
         return 2
+    # said once the start can no longer be refused (the socket bound, the publishers' locks and sockets taken): a
+    # refusal stays one line
+    if refused:
+        log.info("bridge: %s", refused)
+    elif config.bridge_priority:
+        log.info("bridge: threads at SCHED_RR priority %d", config.bridge_priority)
     publisher = threading.Thread(target=publish_twin_state, args=(twin, pm, server), name="twinState",
                                  daemon=True)
     publisher.start()
