@@ -232,13 +232,17 @@ def sample_frame(height: int, width: int) -> np.ndarray | None:
 
 
 def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...],
-                  check_frame: np.ndarray | Callable[[], np.ndarray | None] | None) -> dict[str, Any]:
+                  check_frame: np.ndarray | Callable[[], np.ndarray | None] | None,
+                  started: Callable[[], object] | None = None) -> dict[str, Any]:
     """Prepare ``src`` into ``out`` (+ ``out.with_suffix('.json')`` metadata); returns the metadata.
 
     ``check_frame``: a uint8 [H,W,3] BGR real frame for the onnxruntime agreement check (PP-OCR
     normalisation), a function that gives one (or None), called only once ``input_shape`` passed the model's own
     dims and the element bound -- a shape the model refuses was resized to first, a traceback in FFmpeg's scaler
-    for ``1,3,128,99999999`` -- or None to check on a fixed random input. Raises ModelError on any failed check:
+    for ``1,3,128,99999999`` -- or None to check on a fixed random input. ``started``, when given, is called once
+    ``src`` has passed every check of its own (a regular file, an ONNX model with a graph input, the shape, the ONNX
+    checker), before the check frame is read and the model compiled: ``chestnut model prepare`` says ``preparing
+    ...`` there, so an empty or damaged file is refused in its one line alone. Raises ModelError on any failed check:
     ``missing_model`` when ``src`` is no regular file (:func:`source_problem`), ``bad_model`` when its bytes are
     not an ONNX model with a graph input (garbage, an empty file) or a check fails, ``bad_input_shape`` (see
     :func:`repair_and_fix_shape`); OutputDirError when ``out`` cannot be written. Nothing is written beside ``out``
@@ -261,8 +265,6 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...],
         raise ModelError("bad_input_shape", f"shape given {list(input_shape)} is {math.prod(input_shape)} elements, "
                                             f"over the {MAX_INPUT_ELEMENTS} a model input may have (64 MiB of "
                                             "float32, node/config.py MAX_INPUT_ELEMENTS); give a smaller --shape")
-    if callable(check_frame):
-        check_frame = check_frame()
     logits = expose_logits(model)
     try:
         onnx.checker.check_model(model)
@@ -271,6 +273,10 @@ def prepare_model(src: Path, out: Path, input_shape: tuple[int, ...],
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelError("bad_model", f"ONNX checker rejected {src} once prepared: {first}") from None
     data = model.SerializeToString()  # nothing is written to out's folder until every check passed (below)
+    if started is not None:
+        started()
+    if callable(check_frame):
+        check_frame = check_frame()
 
     x = (
         bgr_to_input(check_frame)
@@ -568,9 +574,11 @@ def run(args: argparse.Namespace) -> int:
                     print(f"compile cache entry of {out} refused ({refusal}); preparing it again")
         if damage is not None:
             print(f"prepared model {out} is damaged ({damage}); preparing it again")
-    print(f"preparing {src} -> {out} (input {list(shape)}); the first tinygrad run compiles, this takes a while")
-    try:  # the check frame is read once the shape passed the model's dims (prepare_model)
-        meta = prepare_model(src, out, shape, lambda: sample_frame(shape[2], shape[3]))
+    try:  # the check frame is read once the shape passed the model's dims (prepare_model); "preparing" is said once
+        # the file passed its own checks, so an empty or damaged one is refused in its one line alone
+        meta = prepare_model(src, out, shape, lambda: sample_frame(shape[2], shape[3]), started=lambda: print(
+            f"preparing {src} -> {out} (input {list(shape)}); the first tinygrad run compiles, this takes a while",
+            flush=True))
     except (ModelError, OutputDirError) as e:  # not an ONNX model, a failed check, an unfit target: one line
         print(f"chestnut model prepare: {e}", file=sys.stderr)
         return 2

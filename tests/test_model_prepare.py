@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,7 +42,8 @@ def prepared(tmp_path: Path, tiny_onnx: Path, monkeypatch) -> tuple[Path, argpar
     out.with_suffix(".fingerprint.json").write_text(json.dumps(fingerprint))
     calls: list[Path] = []
 
-    def prepare_model(src: Path, dst: Path, shape: tuple[int, ...], frame: object) -> dict:
+    def prepare_model(src: Path, dst: Path, shape: tuple[int, ...], frame: object, started: Any = None) -> dict:
+        started()  # the source passed its checks
         calls.append(dst)
         shutil.copyfile(src, dst)
         return {**meta, "resize_roi_repaired": 0, "first_call_s": 0.5}
@@ -389,7 +391,8 @@ def test_an_emptied_key_is_replaced_as_the_model_is_prepared_again_and_the_next_
              "input_shape": list(SHAPE), "max_abs_diff_vs_onnxruntime": 0.0, "resize_roi_repaired": 0,
              "first_call_s": 0.5}
 
-    def prepare_model(src: Path, dst: Path, shape: tuple[int, ...], frame: object) -> dict:
+    def prepare_model(src: Path, dst: Path, shape: tuple[int, ...], frame: object, started: Any = None) -> dict:
+        started()
         calls.append(dst)
         model = OnnxModel(dst.read_bytes(), name=dst.stem, origin=dst, jit_cache=jitcache.JitCache())
         assert model.cache_hit is False

@@ -28,10 +28,9 @@ def test_an_onnx_file_that_is_garbage_is_one_line(tmp_path):
     garbage.write_bytes(b"\xff\xfe not a protobuf \x00" * 64)
     r = prepare(tmp_path, "--onnx", str(garbage))
     assert r.returncode == 2
-    assert r.stderr.splitlines()[-1].startswith(
-        f"chestnut model prepare: bad_model: {garbage} does not parse as an ONNX model ("
-    )
-    assert "Traceback" not in r.stderr
+    assert (r.stdout, r.stderr) == ("", (  # the refusal alone: "preparing ..." came first
+        f"chestnut model prepare: bad_model: {garbage} does not parse as an ONNX model (Error parsing message with "
+        "type 'onnx.ModelProto': Wire format was corrupt)\n"))
     assert not (tmp_path / "out" / "m.onnx").exists()
 
 
@@ -95,22 +94,25 @@ def test_a_shape_against_a_dim_the_model_fixes_is_refused_before_compiling(tmp_p
     assert not (tmp_path / "cache" / "chestnut" / "jit").exists()  # nothing compiled
 
 
-def prepare_in_process(tmp_path: Path, monkeypatch, capsys, *args: str) -> tuple[int, list[str]]:
-    """``chestnut model prepare --out tmp/out/m.onnx ARGS`` in this process: (exit code, stderr lines)."""
+def prepare_in_process(tmp_path: Path, monkeypatch, capsys, *args: str) -> tuple[int, list[str], list[str]]:
+    """``chestnut model prepare --out tmp/out/m.onnx ARGS`` in this process: (exit code, stdout lines, stderr
+    lines)."""
     from chestnut.launch.cli import main
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     (tmp_path / "out").mkdir(mode=0o700, exist_ok=True)
     rc = main(["model", "prepare", "--out", str(tmp_path / "out" / "m.onnx"), *args])
-    return rc, capsys.readouterr().err.splitlines()
+    said = capsys.readouterr()
+    return rc, said.out.splitlines(), said.err.splitlines()
 
 
 def test_an_empty_onnx_file_is_one_line_as_garbage_is(tmp_path, monkeypatch, capsys):
-    """An empty file parses as an empty ModelProto (no graph): bad_model in one line, not an IndexError."""
+    """An empty file parses as an empty ModelProto (no graph): bad_model in one line, not an IndexError, and
+    alone: ``preparing ...`` was said on standard output first."""
     empty = tmp_path / "empty.onnx"
     empty.write_bytes(b"")
-    rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(empty))
-    assert (rc, err) == (2, [
+    rc, said, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(empty))
+    assert (rc, said, err) == (2, [], [
         f"chestnut model prepare: bad_model: {empty} is not an ONNX model with a graph "
         "(an empty file parses as an empty ModelProto)"
     ])
@@ -125,8 +127,8 @@ def test_an_onnx_model_without_graph_inputs_is_one_line(tmp_path, monkeypatch, c
     const = helper.make_node("Constant", [], ["y"], value=helper.make_tensor("c", TensorProto.FLOAT, [1], [1.0]))
     no_inputs = tmp_path / "no_inputs.onnx"
     onnx.save(helper.make_model(helper.make_graph([const], "g", [], [out])), str(no_inputs))
-    rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(no_inputs))
-    assert (rc, err) == (2, [
+    rc, said, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(no_inputs))
+    assert (rc, said, err) == (2, [], [
         f"chestnut model prepare: bad_model: {no_inputs} has no graph inputs; the node feeds a model one input "
         "[N,C,H,W]"
     ])
@@ -146,8 +148,8 @@ def test_repair_and_fix_shape_refuses_an_empty_model_as_a_model_error():
 def test_an_onnx_path_that_is_a_directory_says_so(tmp_path, monkeypatch, capsys):
     folder = tmp_path / "models"
     folder.mkdir()
-    rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(folder))
-    assert (rc, err) == (2, [
+    rc, said, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(folder))
+    assert (rc, said, err) == (2, [], [
         f"chestnut model prepare: --onnx {folder}: is a directory; give the path of an ONNX model "
         "(or leave --onnx out for the default PP-OCRv4 detector)"
     ])
@@ -160,8 +162,8 @@ def test_an_onnx_path_that_is_a_fifo_says_so_and_is_never_opened(tmp_path, monke
 
     fifo = tmp_path / "model.onnx"
     os.mkfifo(fifo)
-    rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(fifo))
-    assert (rc, err) == (2, [
+    rc, said, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(fifo))
+    assert (rc, said, err) == (2, [], [
         f"chestnut model prepare: --onnx {fifo}: is a FIFO, not a regular file; give the path of an ONNX model "
         "(or leave --onnx out for the default PP-OCRv4 detector)"
     ])
@@ -180,8 +182,8 @@ def test_an_input_of_another_rank_names_the_file_given(tmp_path, monkeypatch, ca
     rank3 = tmp_path / "rank3.onnx"
     onnx.save(helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["z"])], "g", [x], [z])),
               str(rank3))
-    rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(rank3))
-    assert (rc, err) == (2, [
+    rc, said, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(rank3))
+    assert (rc, said, err) == (2, [], [
         f"chestnut model prepare: bad_input_shape: input 'x' of {rank3} has rank 3, shape given [1, 3, 128, 256]"
     ])
     assert not (tmp_path / "out" / "m.onnx").exists()
@@ -198,7 +200,7 @@ def test_an_operator_tinygrad_cannot_run_is_one_line_naming_the_file_given(tmp_p
     det = tmp_path / "det.onnx"
     graph = helper.make_graph([helper.make_node("Det", ["x"], ["z"])], "g", [x], [z])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(det))
-    rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(det), "--shape", "1,3,4,4")
+    rc, _, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(det), "--shape", "1,3,4,4")
     out = tmp_path / "out" / "m.onnx"
     assert (rc, err) == (2, [
         f"chestnut model prepare: bad_model: tinygrad could not run model file {out}: NotImplementedError: "
@@ -212,8 +214,8 @@ def test_an_onnx_file_over_the_2_gib_bound_is_refused_from_its_size_unread(tmp_p
     big = tmp_path / "big.onnx"
     with open(big, "wb") as f:
         f.truncate(5 << 30)
-    rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(big))
-    assert (rc, err) == (2, [
+    rc, said, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(big))
+    assert (rc, said, err) == (2, [], [
         f"chestnut model prepare: --onnx {big}: is 5368709120 bytes, over the 2147483648 an ONNX model can be; give "
         "the path of an ONNX model (or leave --onnx out for the default PP-OCRv4 detector)"
     ])
@@ -232,8 +234,9 @@ def test_a_shape_the_model_refuses_is_refused_before_the_check_frame_is_read(tmp
     monkeypatch.setattr(assets, "read_image_bgr", lambda p, h, w: reads.append((h, w)) or real_read(p, h, w))
     tiny = make_tiny_onnx(tmp_path / "tiny.onnx")
     for width in ("99999999", "70000"):
-        rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(tiny), "--shape", f"1,3,32,{width}")
-        assert (rc, err) == (2, [
+        rc, said, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--onnx", str(tiny), "--shape",
+                                           f"1,3,32,{width}")
+        assert (rc, said, err) == (2, [], [
             f"chestnut model prepare: bad_input_shape: input 'x' of {tiny} is [1, 3, 32, 64]: dim 3 is 64 in the "
             f"model, shape given [1, 3, 32, {width}] asks {width}"
         ])
@@ -248,8 +251,8 @@ def test_a_shape_over_the_nodes_element_bound_is_refused_before_the_check_frame_
     from chestnut.launch import assets
 
     monkeypatch.setattr(assets, "read_image_bgr", lambda *a: pytest.fail("the sample image was read"))
-    rc, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--shape", "1,3,128,99999999")
-    assert (rc, err) == (2, [
+    rc, said, err = prepare_in_process(tmp_path, monkeypatch, capsys, "--shape", "1,3,128,99999999")
+    assert (rc, said, err) == (2, [], [
         "chestnut model prepare: bad_input_shape: shape given [1, 3, 128, 99999999] is 38399999616 elements, over "
         "the 16777216 a model input may have (64 MiB of float32, node/config.py MAX_INPUT_ELEMENTS); give a "
         "smaller --shape"
