@@ -422,6 +422,33 @@ def test_ray_executor_refuses_a_worker_count_below_1_before_any_cluster(workers,
     assert str(info.value) == f"workers must be >= 1, got {workers}"
 
 
+def test_ray_executor_bounds_a_private_clusters_actors_by_this_machine_not_a_clusters_at_an_address(monkeypatch):
+    """A private cluster's actors all run here (``ray.init(num_cpus=workers)``): over ``replay.py`` ``max_workers``
+    is refused before ``ray.init``; a cluster at an address is bounded by its own CPUs, so the count goes through."""
+    pytest.importorskip("ray", reason="the cluster extra: pip install 'chestnut[cluster]'")
+    import ray
+
+    from chestnut.node.config import cpu_count
+    from chestnut.node.offline import ray_executor
+    from chestnut.node.offline.replay import max_workers
+    from chestnut.node.offline.units import ExecutorError
+
+    def no_cluster(*a, **k):
+        raise ConnectionError("no cluster in this test")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # whatever a test before left running
+    monkeypatch.setattr(ray, "init", no_cluster)
+    monkeypatch.setattr(ray_executor, "_probe", lambda address: address)
+    n = max_workers() + 1
+    with pytest.raises(ValueError) as info:
+        ray_executor.RayExecutor(workers=n)
+    assert str(info.value) == (f"workers must be at most {n - 1} on this machine (4 per CPU it may run on, "
+                               f"{cpu_count()} CPUs: more only take turns for them, each with its own memory), got {n}")
+    with pytest.raises(ExecutorError) as reached:
+        ray_executor.RayExecutor(address="10.0.0.1:6379", workers=n)
+    assert str(reached.value) == "cannot reach a Ray cluster at 10.0.0.1:6379: no cluster in this test"
+
+
 # ---------------------------------------------------------------- on a two-node Ray cluster
 
 

@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 
 from chestnut.launch.cli import main
+from chestnut.node.config import cpu_count
 from chestnut.node.offline.check_cli import bound_ms
 from chestnut.node.offline.contracts import CheckParams
 from chestnut.node.offline.executor import LocalExecutor, make_executor
 from chestnut.node.offline.fleet import MAX_COPIES, check_copies
 from chestnut.node.offline.fleet_cli import copy_count, slack_ms, worker_count
-from chestnut.node.offline.replay import check_workers, replay
+from chestnut.node.offline.replay import check_workers, max_workers, replay
 from chestnut.node.offline.replay_cli import tolerance
 
 CHESTNUT = "import sys; from chestnut.launch.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -136,6 +137,37 @@ def test_a_library_caller_passing_a_worker_count_below_1_gets_one_value_error(wo
             call()
         assert str(info.value) == why
     assert check_workers(1) == 1
+
+
+def _over_the_bound(workers: int) -> str:
+    ncpu = cpu_count()
+    return (f"workers must be at most {4 * ncpu} on this machine (4 per CPU it may run on, {ncpu} CPUs: more only "
+            f"take turns for them, each with its own memory), got {workers}")
+
+
+@pytest.mark.parametrize("command", ["check", "replay"])
+def test_more_workers_than_this_machine_bounds_are_one_line_before_anything_runs(command: str, tmp_path: Path) -> None:
+    """``--workers 100000`` was taken: a fleet of that many segments got that many processes."""
+    for workers in (max_workers() + 1, 100000):
+        done = _chestnut([command, str(tmp_path), "--workers", str(workers)])
+        assert (done.returncode, done.stdout, done.stderr) == (2, "",
+                                                               f"chestnut {command}: {_over_the_bound(workers)}\n")
+
+
+def test_the_worker_bound_is_4_per_cpu_and_only_for_workers_on_this_machine(tmp_path: Path) -> None:
+    most = max_workers()
+    assert most == 4 * cpu_count()
+    assert check_workers(most) == most and check_workers(most + 1, here=False) == most + 1  # a cluster's own CPUs
+    assert worker_count(str(most + 1)) == most + 1  # the executor decides (a cluster at --ray-address: its CPUs)
+    for call in (
+        lambda: check_workers(most + 1),
+        lambda: LocalExecutor(most + 1),
+        lambda: make_executor("local", workers=most + 1),
+        lambda: replay(tmp_path / "no-such-log", workers=most + 1),  # refused before the log is looked for
+    ):
+        with pytest.raises(ValueError) as info:
+            call()
+        assert str(info.value) == _over_the_bound(most + 1)
 
 
 def test_check_copies_is_make_fleets_rule() -> None:

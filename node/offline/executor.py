@@ -237,9 +237,10 @@ def make_executor(
 
     Raises :class:`ExecutorError` when Ray is asked for and not installed (:data:`RAY_INSTALL_HINT`)
     or cannot connect, ``ValueError`` for an unknown name, a flag the executor does not take or ``workers``
-    below 1 (:func:`~chestnut.node.offline.replay.check_workers`; None is the executor's default)."""
-    if workers is not None:
-        check_workers(workers)  # 0 would otherwise read as "the default"
+    below 1 or, where they run on this machine (local, a private Ray cluster), over its bound
+    (:func:`~chestnut.node.offline.replay.check_workers`; None is the executor's default)."""
+    if workers is not None:  # 0 would otherwise read as "the default"
+        check_workers(workers, here=name != "ray" or ray_address is None)
     if name == "local":
         if ship_logs or ray_address:
             raise ValueError("--ship-logs and --ray-address are for --executor ray (local workers read the paths)")

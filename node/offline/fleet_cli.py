@@ -6,8 +6,10 @@ cannot (no log, ``OUT`` already holds one of the routes or is unfit; a count out
 refused by the parser, :func:`copy_count`).
 
 The executor options (:func:`add_executor_arguments`): ``--executor local|ray``, ``--workers N``
-(local: processes, default 1; ray: actors, default one per CPU of the cluster; checked as it is parsed,
-:func:`worker_count`), ``--ray-address ADDRESS|auto`` and ``--ship-logs`` (``docs/offline.md``); and the
+(local: processes, default 1; ray: actors, default one per CPU of the cluster; >= 1 checked as it is parsed,
+:func:`worker_count`, and, where the workers run on this machine, at most ``node/offline/replay.py``
+``WORKERS_PER_CPU`` per CPU as the executor is made), ``--ray-address ADDRESS|auto`` and ``--ship-logs``
+(``docs/offline.md``); and the
 ``--slack-ms`` both take (:func:`slack_ms`).
 
 A bad argument is one line on stderr that names the program once: the parser's for a number
@@ -33,7 +35,7 @@ from chestnut.msgs.argtypes import checked_float
 from chestnut.node.config import MAX_MS
 from chestnut.node.offline.executor import EXECUTORS, Executor, Outcome, make_executor
 from chestnut.node.offline.fleet import MAX_COPIES, check_copies, make_fleet
-from chestnut.node.offline.replay import check_workers
+from chestnut.node.offline.replay import WORKERS_PER_CPU, check_workers, max_workers
 
 log = logging.getLogger("chestnut.fleet")
 
@@ -77,8 +79,11 @@ def _count(text: str, check: Callable[[int], int], want: str) -> int:
 
 def worker_count(text: str) -> int:
     """``--workers``: a whole number that :func:`~chestnut.node.offline.replay.check_workers` takes (>= 1);
-    raises ``argparse.ArgumentTypeError`` ``"'text': give a number of workers >= 1"`` (one line) otherwise."""
-    return _count(text, check_workers, "give a number of workers >= 1")
+    raises ``argparse.ArgumentTypeError`` ``"'text': give a number of workers >= 1"`` (one line) otherwise. Its
+    upper bound, for workers that run on this machine (``WORKERS_PER_CPU`` per CPU: ``--executor local`` and a
+    private Ray cluster, not a cluster at ``--ray-address``), depends on the executor, so it is checked as the
+    executor is made (:func:`open_executor`: one line, exit 2)."""
+    return _count(text, lambda n: check_workers(n, here=False), "give a number of workers >= 1")
 
 
 def copy_count(text: str) -> int:
@@ -144,7 +149,9 @@ def add_executor_arguments(p: argparse.ArgumentParser) -> None:
         "--workers",
         type=worker_count,
         default=None,
-        help="local: processes (default 1); ray: actors (default: one per CPU of the cluster); >= 1",
+        help="local: processes (default 1); ray: actors (default: one per CPU of the cluster); >= 1, and at most "
+        f"{WORKERS_PER_CPU} per CPU ({max_workers()} here) where they run on this machine (local, or ray without "
+        "--ray-address): past one per CPU they only take turns, each holding its own memory",
     )
     p.add_argument(
         "--ray-address",

@@ -167,8 +167,8 @@ class RayExecutor:
     """See the module docstring. ``address``: ``auto``, ``HOST:PORT``, ``ray://HOST:PORT``, or None for a
     private cluster on this machine (stopped by :meth:`close`); ``workers``: actors, None for one per CPU of
     the cluster. Raises :class:`~chestnut.node.offline.units.ExecutorError` when no cluster can be reached,
-    ``ValueError`` when ``workers`` is below 1 (:func:`~chestnut.node.offline.replay.check_workers`), before
-    any cluster is joined or started."""
+    ``ValueError`` when ``workers`` is below 1, or over this machine's bound for a private cluster
+    (:func:`~chestnut.node.offline.replay.check_workers`), before any cluster is joined or started."""
 
     name = "ray"
 
@@ -179,8 +179,8 @@ class RayExecutor:
         ship_logs: bool = False,
         object_store_memory: int | None = None,
     ) -> None:
-        if workers is not None:
-            check_workers(workers)
+        if workers is not None:  # a private cluster's actors all run on this machine
+            check_workers(workers, here=address is None)
         self.ship_logs = ship_logs
         self._owns = False
         self._temp: str | None = None

@@ -86,14 +86,40 @@ class ReplayError(RuntimeError):
     """Replay cannot start: no usable model, or a log without the configuration it needs."""
 
 
-def check_workers(workers: int) -> int:
+WORKERS_PER_CPU = 4
+"""Bound of the offline workers that run on this machine (processes of :func:`replay` and
+:class:`~chestnut.node.offline.executor.LocalExecutor`, actors of a private Ray cluster): this many per CPU this
+process may run on (``node/config.py`` ``cpu_count``), :func:`max_workers`. Each is a process of its own (spawn: a
+fresh interpreter, about 100 MiB once it has imported onnxruntime and tinygrad, more with the log's models loaded and
+compiled) whose work is CPU-bound inference: past one per CPU they only take turns for the CPUs while each holds its
+memory; four leave room for workers waiting on reading and decoding their segment's log and video. ``--workers
+100000`` had no bound: a fleet of that many segments got that many processes. A cluster reached with
+``--ray-address`` is bounded by its own CPUs instead (an actor for which none is free never starts: refused after
+``ray_executor.py`` ``START_TIMEOUT_S``), and ``--executor ray`` without ``--workers`` takes one actor per CPU of
+the cluster."""
+
+
+def max_workers() -> int:
+    """The most offline workers that run on this machine: :data:`WORKERS_PER_CPU` per CPU this process may run on."""
+    from chestnut.node.config import cpu_count
+
+    return WORKERS_PER_CPU * cpu_count()
+
+
+def check_workers(workers: int, here: bool = True) -> int:
     """``workers`` itself when it is a count of workers the offline executors can run: processes of
     :func:`replay` and :class:`~chestnut.node.offline.executor.LocalExecutor`, actors of
-    :class:`~chestnut.node.offline.ray_executor.RayExecutor`, at least 1. The one rule for all of them and for
-    ``--workers`` (``node/offline/fleet_cli.py`` ``worker_count``); raises ``ValueError`` ``"workers must be
-    >= 1, got N"`` otherwise."""
+    :class:`~chestnut.node.offline.ray_executor.RayExecutor`, at least 1, and at most :func:`max_workers` when
+    they run on this machine (``here``: every one but the actors of a Ray cluster reached at an address). The one
+    rule for all of them and for ``--workers`` (``node/offline/fleet_cli.py`` ``worker_count``); raises
+    ``ValueError`` ``"workers must be >= 1, got N"`` or ``"workers must be at most M on this machine (4 per CPU it
+    may run on, C CPUs: more only take turns for them, each with its own memory), got N"`` otherwise."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    if here and workers > (most := max_workers()):
+        raise ValueError(f"workers must be at most {most} on this machine ({WORKERS_PER_CPU} per CPU it may run on, "
+                         f"{most // WORKERS_PER_CPU} CPUs: more only take turns for them, each with its own memory), "
+                         f"got {workers}")
     return workers
 
 
