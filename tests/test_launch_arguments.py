@@ -89,6 +89,14 @@ def test_a_late_fault_stops_the_launch_before_anything_starts(tmp_path):
                                  "unplug)"),
         ("gpu_hang@2,for_s=1e300", "for_s (--for) = 1e+300: at most 604800 s (a week: the longest chestnut launch run, "
                                    "msgs/argtypes.py MAX_RUN_SECONDS)"),
+        # a fault that could never fire (its opportunities past what twinFault.opportunities, a UInt32, carries)
+        ("gpu_hang@2,after=1e23", "after (--after) = 1e+23: at most 4294967294 opportunities (it fires at opportunity "
+                                  "after + 1, and twinFault.opportunities is a UInt32: msgs/chestnut.capnp)"),
+        ("gpu_hang@2,after=4294967295", "after (--after) = 4294967295: at most 4294967294 opportunities (it fires at "
+                                        "opportunity after + 1, and twinFault.opportunities is a UInt32: "
+                                        "msgs/chestnut.capnp)"),
+        ("short@2,nbytes=1073741825", "nbytes (--nbytes) = 1073741825: at most 1073741824 bytes (1 GiB, more than "
+                                      "any transfer the node makes)"),
         ("bad_tlp@2,delay_ms=5", "delay_ms (--delay-ms) applies to slow_gpu, not bad_tlp"),
         ("timeout@2,nbytes=4", "nbytes (--nbytes) applies to short and usb2, not timeout"),
     ],
@@ -97,6 +105,14 @@ def test_a_fault_parameter_of_the_wrong_kind_is_named(text, why):
     with pytest.raises(argparse.ArgumentTypeError) as info:
         FaultPlan.parse(text)
     assert str(info.value) == f"{text!r}: {why}"
+
+
+def test_the_largest_after_is_taken_and_its_firing_opportunity_fits_twinfault():
+    from chestnut.backend.sim.faults import MAX_AFTER
+    from chestnut.msgs.messaging import new_message
+
+    assert FaultSpec("gpu_hang", after=4294967294).validate().after == MAX_AFTER == 2**32 - 2
+    new_message("twinFault").twinFault.opportunities = MAX_AFTER + 1  # the opportunity it fires at is published
 
 
 def test_fault_parameters_keep_their_types():

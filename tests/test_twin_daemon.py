@@ -456,6 +456,10 @@ def test_cli_injects_lists_and_clears_faults_and_moves_the_dock(twin):
     assert cli("fault", "meteor").returncode == 2
     bad = cli("fault", "timeout", "--probability", "2")
     assert (bad.returncode, bad.stderr) == (2, "chestnut twin fault: rejected: probability 2.0 is not in [0, 1]\n")
+    never = cli("fault", "gpu_hang", "--after", str(10**23))  # taken: a fault that could never fire
+    assert (never.returncode, never.stdout, never.stderr) == (2, "", (
+        "chestnut twin fault: rejected: after (--after) = 1e+23: at most 4294967294 opportunities "
+        "(it fires at opportunity after + 1, and twinFault.opportunities is a UInt32: msgs/chestnut.capnp)\n"))
     off = cli("power-cycle", "--off-s", "-1")  # each refusal names its command
     assert (off.returncode, off.stderr) == (2, "chestnut twin power-cycle: rejected: off_s -1.0 is not in [0, 3600]\n")
     old = twin.enumerate()[0]

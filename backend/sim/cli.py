@@ -26,7 +26,7 @@ from typing import Any
 
 from chestnut.backend.sim.compute import DEFAULT_BRIDGE_PRIORITY, MAX_PRIORITY
 from chestnut.backend.sim.compute import DEFAULT_PRIORITY as DEFAULT_COMPUTE_PRIORITY
-from chestnut.backend.sim.faults import KINDS, TLP_STATUSES, Phase
+from chestnut.backend.sim.faults import KINDS, MAX_AFTER, TLP_STATUSES, Phase
 from chestnut.msgs.argtypes import (
     MAX_DOCK_LATENCY_US,
     MAX_LINK_MBPS,
@@ -80,7 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--probability", type=float, default=1.0, help="fire with this probability per opportunity")
     f.add_argument("--for", dest="for_s", type=float, metavar="SECONDS", help="exist only this long")
     f.add_argument("--phase", choices=[p.value for p in Phase], help="only while the twin is in this phase")
-    f.add_argument("--after", type=int, default=0, metavar="N", help="let the first N opportunities through")
+    f.add_argument("--after", type=int, default=0, metavar="N",
+                   help=f"let the first N opportunities through (at most {MAX_AFTER}: twinFault.opportunities is a "
+                        "UInt32)")
     f.add_argument("--on", help="transfer faults: any, control, control_in, control_out, bulk, bulk_in, bulk_out, "
                                 "async, or a vendor request number such as 0xE4")
     f.add_argument("--status", choices=TLP_STATUSES, default="ca", help="bad_tlp: completion status")

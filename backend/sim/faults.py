@@ -15,7 +15,7 @@ Activation (one :class:`FaultSpec` each, combinable):
 - ``probability`` (``--probability P``): each opportunity fires with probability P (seeded RNG);
 - ``for_s`` (``--for SECONDS``): the fault exists for that long after injection, then expires;
 - ``phase`` (``--phase loading|serving|recovering|idle``): opportunities count only in that phase;
-- ``after`` (``--after N``): the first N opportunities are let through;
+- ``after`` (``--after N``): the first N opportunities are let through (N at most :data:`MAX_AFTER`);
 - ``on`` (``--on``; transfer kinds only): which transfers are opportunities: ``any``, ``control``,
   ``control_in``, ``control_out``, ``bulk``, ``bulk_in``, ``bulk_out``, ``async``, or a vendor request
   number such as ``0xE4``.
@@ -229,14 +229,29 @@ def target_matches(on: str, site: TransferSite) -> bool:
     return site.type == "control" and site.request == int(on, 0)
 
 
-PARAMETER_LIMITS = {
+MAX_AFTER = 2**32 - 2
+"""Upper bound of ``after`` (``--after N``), opportunities: the fault fires at opportunity ``after + 1``, and a fault's
+opportunities are published as ``twinFault.opportunities``, a UInt32 (``msgs/chestnut.capnp``), which cannot carry
+a count past 4294967295 (pycapnp refuses it: "Value out-of-range"). A larger ``after`` (``after=1e23``) is a typo:
+the fault could never fire in a run the log can describe."""
+PARAMETER_LIMITS: dict[str, tuple[float | int, str]] = {
     "for_s": (7 * 24 * 3600.0, "s (a week: the longest chestnut launch run, msgs/argtypes.py MAX_RUN_SECONDS)"),
     "delay_ms": (60_000.0, "ms (20x the 3000 ms wait timeout: any longer is a hang, gpu_hang)"),
     "off_s": (3600.0, "s (longer off is an unplug: chestnut twin unplug)"),
     "nbytes": (1 << 30, "bytes (1 GiB, more than any transfer the node makes)"),
+    "after": (MAX_AFTER, "opportunities (it fires at opportunity after + 1, and twinFault.opportunities is a UInt32: "
+                         "msgs/chestnut.capnp)"),
 }
 """Upper bounds of the numeric fault parameters: a fault is a test of the node, and a value past these is a
-typo (``--for 1e300``, ``--delay-ms 1e12``) that would leave the twin in a state no run outlives."""
+typo (``--for 1e300``, ``--delay-ms 1e12``, ``--after 1e23``) that would leave the twin in a state no run outlives,
+or a fault that never fires."""
+
+
+def _shown(x: float, whole: bool) -> str:
+    """A parameter or its bound in a refusal: a count (``whole``: ``after``, ``nbytes``; a launch plan gives it as a
+    float) as a whole number up to 16 digits (``:g`` rounded 4294967295 to 4.29497e+09, which reads as within a
+    bound of 4294967294), else and any other as ``:g`` (``1e+23``)."""
+    return str(int(x)) if whole and abs(x) < 1e16 else f"{x:g}"
 PARAMETER_KINDS = {"delay_ms": ("slow_gpu",), "off_s": ("brownout",), "status": ("bad_tlp",),
                    "nbytes": ("short", "usb2")}
 """The kinds each kind-specific parameter applies to (the twin reads it only there: ``backend/sim/engine.py``,
@@ -304,7 +319,8 @@ class FaultSpec:
             raise ValueError(f"{_FLAGS['nbytes']} = {self.nbytes:g}: give a byte count >= 0")
         for name, (limit, unit) in PARAMETER_LIMITS.items():
             if (value := getattr(self, name)) is not None and value > limit:
-                raise ValueError(f"{_FLAGS[name]} = {value:g}: at most {limit:g} {unit}")
+                whole = _NUMBER_FIELDS[name][0]  # a count: said whole, as given
+                raise ValueError(f"{_FLAGS[name]} = {_shown(value, whole)}: at most {_shown(limit, whole)} {unit}")
         for name, kinds in PARAMETER_KINDS.items():
             if getattr(self, name) != _SPEC_DEFAULTS[name] and self.kind not in kinds:
                 raise ValueError(f"{_FLAGS[name]} applies to {' and '.join(kinds)}, not {self.kind}")
