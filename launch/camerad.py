@@ -92,8 +92,9 @@ def iter_frames(
     long, a symlink loop, a path through a regular file) and ValueError for a folder without images, a source that is
     no regular file (a FIFO, a device: told from its ``stat`` and never opened -- opening a FIFO waits for a
     writer, forever for a planted one, ``open(2)``), a file whose frames are over :data:`SOURCE_MAX_PIXELS`
-    (:func:`source_pixels_error`, before its first frame is decoded) or a file FFmpeg cannot decode. In a folder,
-    only regular files are images, each checked as it comes.
+    (:func:`source_pixels_error`, before its first frame is decoded) or a file FFmpeg cannot decode (named with
+    FFmpeg's reason, :func:`unreadable_source`). In a folder, only regular files are images, each checked as it
+    comes.
     """
     import os
 
@@ -123,6 +124,7 @@ def iter_frames(
         for f in files:
             if why := source_pixels_error(f):  # an image: from its header, before FFmpeg's probe decodes it
                 raise ValueError(why)
+            before = n  # frames decoded before this file's
             try:
                 with av.open(str(f), options=_DECODE_GUARD) as container:
                     codec = container.streams.video[0].codec_context
@@ -139,11 +141,30 @@ def iter_frames(
             except IndexError as e:  # PyAV's decode(video=0) of a container without a video stream
                 raise ValueError(f"{f} cannot be decoded as video or image: it holds no video stream") from e
             except av.error.FFmpegError as e:
-                raise ValueError(f"{f} cannot be decoded as video or image: {e or type(e).__name__}") from e
+                raise ValueError(unreadable_source(source, f, n - before, e)) from e
         if n == 0:
             raise ValueError(f"camera source {source} has no video frames")
         if not loop:
             return
+
+
+def unreadable_source(source: Path, f: Path, decoded: int, e: Exception) -> str:
+    """The one line for a camera ``source`` whose file ``f`` (``source`` itself, or an image of the folder
+    ``source``) FFmpeg refused after ``decoded`` of its frames: what is refused and FFmpeg's short reason at the end
+    (PyAV's ``strerror``, e.g. ``Invalid data found when processing input``, and the call of FFmpeg's that failed
+    where PyAV names one instead of the file: ``avcodec_open2(...)``, ``avcodec_send_packet()``). It was PyAV's own
+    text, ``[Errno 1094995529] Invalid data found when processing input: '<file>'``, after the file's name."""
+    strerror, filename = getattr(e, "strerror", None), getattr(e, "filename", None)
+    if not strerror:
+        why = f"FFmpeg: {str(e) or type(e).__name__}"
+    elif filename and filename != str(f):
+        why = f"FFmpeg's {filename}: {strerror}"
+    else:
+        why = f"FFmpeg: {strerror}"
+    what = f"camera source {source}: image {f.name}" if f != source else f"camera source {f}"
+    if decoded:
+        return f"{what}: frame {decoded + 1} cannot be decoded ({why})"
+    return f"{what} is not a readable {'image' if f != source else 'video or image'} ({why})"
 
 
 def source_pixels_error(f: Path, width: int = 0, height: int = 0) -> str | None:

@@ -234,6 +234,41 @@ def test_a_source_that_is_a_fifo_is_refused_unopened_and_a_fifo_in_a_folder_is_n
         next(iter_frames(folder, None, None))
 
 
+def test_a_source_ffmpeg_cannot_read_is_one_line_naming_it_and_ffmpegs_reason(tmp_path):
+    """100 random bytes as ``--source`` ended in PyAV's own text: ``... cannot be decoded as video or image: [Errno
+    1094995529] Invalid data found when processing input: '<file>'``; an image of a folder alike."""
+    garbage = tmp_path / "garbage.mp4"
+    garbage.write_bytes(np.random.default_rng(0).bytes(100))
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(garbage.read_bytes())
+    (tmp_path / "empty").mkdir()
+    for source, why in (
+        (garbage, f"camera source {garbage} is not a readable video or image (FFmpeg: Invalid data found when "
+                  "processing input)"),
+        (folder, f"camera source {folder}: image a.png is not a readable image (FFmpeg's avcodec_send_packet(): "
+                 "Invalid data found when processing input)"),
+        (tmp_path / "empty", f"camera source {tmp_path / 'empty'} holds no images (.bmp, .jpeg, .jpg, .png, .ppm, "
+                             ".tif, .tiff, .webp)"),
+    ):
+        r = subprocess.run([CHESTNUT, "camera", "--source", str(source), "--frames", "1", "--start-delay", "0"],
+                           capture_output=True, text=True, timeout=60)
+        assert (r.returncode, r.stdout) == (2, "")
+        assert [line.split(" ", 2)[2] for line in r.stderr.splitlines()] == [f"ERROR chestnut.camera: {why}"]
+
+
+def test_a_frame_ffmpeg_cannot_decode_after_others_is_named_by_its_number():
+    import av
+
+    from chestnut.launch.camerad import unreadable_source
+
+    video = Path("/data/drive.mp4")
+    e = av.error.InvalidDataError(1094995529, "Invalid data found when processing input", "avcodec_send_packet()")
+    assert unreadable_source(video, video, 41, e) == (
+        "camera source /data/drive.mp4: frame 42 cannot be decoded (FFmpeg's avcodec_send_packet(): Invalid data "
+        "found when processing input)")
+
+
 def test_a_source_without_a_video_stream_is_named_so(tmp_path):
     """An audio-only file (a WAV here) opens, but has no video stream: PyAV's ``decode(video=0)`` raised
     IndexError, and the line ended in "tuple index out of range"."""
@@ -330,7 +365,7 @@ def test_a_video_over_the_bound_is_refused_from_its_container_header(monkeypatch
 
 def test_ffmpegs_decoder_is_held_to_the_guard(monkeypatch):
     """Where no header tells the size, FFmpeg's ``max_pixels`` stops the decoder: with the guard at 1000 px the
-    traffic video's decoder (704x576) refuses to open, named in the one line of a file FFmpeg cannot decode."""
+    traffic video's decoder (704x576) refuses to open, named in the one line of a file FFmpeg cannot read."""
     from chestnut.launch import camerad
 
     assert camerad._DECODE_GUARD == {"max_pixels": "18632192"}
@@ -338,8 +373,8 @@ def test_ffmpegs_decoder_is_held_to_the_guard(monkeypatch):
     video = traffic_video_path()
     with pytest.raises(ValueError) as e:
         next(iter_frames(video, 128, 256))
-    assert str(e.value) == (f"{video} cannot be decoded as video or image: Invalid argument: "
-                            r"""'avcodec_open2("h264", {\'max_pixels\': \'1000\'})' returned 22""")
+    assert str(e.value) == (f"camera source {video} is not a readable video or image (FFmpeg's "
+                            """avcodec_open2("h264", {'max_pixels': '1000'}): Invalid argument)""")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
