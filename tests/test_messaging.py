@@ -117,6 +117,20 @@ def out_of_bounds_message() -> bytes:
     return struct.pack("<II", 0, short) + data[8 : 8 + 8 * short]
 
 
+def bad_nested_text_message() -> bytes:
+    """A cameraFrame whose set ``video`` struct holds a Text pointer (``file``) aimed past the segment's end: a
+    struct the check walks only because its pointer is set (an unset one has nothing to check)."""
+    msg = new_message(CAM)
+    msg.cameraFrame.video.file = "f" * 13
+    data = bytearray(msg.to_bytes())
+    assert struct.unpack_from("<II", data, 0)[0] == 0, "expected a single segment"
+    seg = memoryview(data)[8:]
+    w = _word_index_of_list_pointer(bytes(seg), 2, 14)
+    (p,) = struct.unpack_from("<Q", seg, 8 * w)
+    struct.pack_into("<Q", seg, 8 * w, (p & ~(0x3FFFFFFF << 2)) | (0x100000 << 2))
+    return bytes(data)
+
+
 def good_frame(frame_id: int, valid: bool = True) -> bytes:
     msg = new_message(CAM, valid=valid)
     msg.cameraFrame.frameId = frame_id
@@ -134,6 +148,7 @@ MALFORMED = {
     "unknown enum value": (unknown_enum_message(), "unknown member"),
     "out-of-bounds pointer": (out_of_bounds_message(), "pointer"),
     "traversal amplification": (amplified_message(), "pointer"),
+    "out-of-bounds pointer in a set nested struct": (bad_nested_text_message(), "pointer"),
 }
 
 
@@ -526,7 +541,7 @@ def test_malformed_messages_from_another_process_are_counted_logged_once_per_rea
         sm.close()
     assert frames[-1] == 3 and set(frames) <= {0, 1, 2, 3}  # no malformed message got through
     assert dict(sm.malformed[CAM]) == {
-        "framing": 8, "unknown member": 4, "pointer": 4, "wrong service": 2
+        "framing": 8, "unknown member": 4, "pointer": 6, "wrong service": 2
     }
     warnings = [r.getMessage() for r in caplog.records if "dropped a malformed message" in r.getMessage()]
     assert len(warnings) == 4
