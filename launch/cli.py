@@ -111,13 +111,23 @@ def as_ctrl_c(signum: int, frame: FrameType | None) -> None:
     ``export``, ...): handled as its Ctrl-C is -- its own SIGINT handling runs (a process pool's deferred
     interrupt, or Python's ``KeyboardInterrupt``), so the children it started (a demo's publisher, a pool's
     workers) are stopped with it, not left running with their locks; the status is then
-    :data:`EXIT_TERMINATED`. SIGTERM's default action killed the command alone and orphaned them."""
+    :data:`EXIT_TERMINATED`. SIGTERM's default action killed the command alone and orphaned them.
+
+    The handler is given the signal that came (``signum``, not SIGINT), and the ``KeyboardInterrupt`` raised for it
+    carries the signal's name (``KeyboardInterrupt("SIGTERM")``; a Ctrl-C's has none), so what a command says of
+    its stop is true: ``chestnut replay``'s "INTERRUPTED (SIGTERM)" (``node/offline/replay.py`` ``stop_name``) said
+    "(Ctrl-C)" for a SIGTERM."""
     _TERMINATED.append(signum)
     handler = signal.getsignal(signal.SIGINT)
-    if callable(handler):
-        handler(signal.SIGINT, frame)
-    else:  # SIGINT ignored (a background job of a non-interactive shell): a SIGTERM still stops the command
-        raise KeyboardInterrupt
+    try:
+        if callable(handler):
+            handler(signum, frame)
+        else:  # SIGINT ignored (a background job of a non-interactive shell): a SIGTERM still stops the command
+            raise KeyboardInterrupt
+    except KeyboardInterrupt as e:
+        if not e.args:  # Python's default_int_handler raises it bare
+            e.args = (signal.Signals(signum).name,)
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:

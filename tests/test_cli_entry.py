@@ -29,6 +29,41 @@ def test_a_ctrl_c_while_the_command_imports_is_one_line_and_130(monkeypatch, cap
     assert capsys.readouterr().err == "chestnut: interrupted (Ctrl-C)\n"
 
 
+def test_a_sigterm_handled_as_a_ctrl_c_is_named_as_the_sigterm_it_was(monkeypatch):
+    """``chestnut replay`` stopped by SIGTERM said "INTERRUPTED (Ctrl-C)": the ``KeyboardInterrupt`` that
+    ``as_ctrl_c`` raises, at once or held by a process pool's deferral, now names the signal; a Ctrl-C's stays bare."""
+    from chestnut.node.offline.fleet import _execute, run_line
+    from chestnut.node.offline.replay import DeferredInterrupt, stop_name
+
+    monkeypatch.setattr(cli, "_TERMINATED", [])  # this process's own exit status stays as it was
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    with pytest.raises(KeyboardInterrupt) as at_once:
+        cli.as_ctrl_c(signal.SIGTERM, None)
+    assert (at_once.value.args, stop_name(at_once.value)) == (("SIGTERM",), "SIGTERM")
+    for signum, named in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")):
+        with DeferredInterrupt() as held:
+            if signum == signal.SIGTERM:
+                cli.as_ctrl_c(signum, None)  # held until the loop asks: returns
+            else:
+                signal.getsignal(signal.SIGINT)(signum, None)  # a Ctrl-C
+            with pytest.raises(KeyboardInterrupt) as later:
+                held.check()
+        assert stop_name(later.value) == named
+    assert cli._TERMINATED == [signal.SIGTERM, signal.SIGTERM]
+    assert stop_name(KeyboardInterrupt()) == "Ctrl-C"
+
+    class Stopped:  # an executor a SIGTERM stops before any unit finished
+        name, workers = "local", 1
+
+        def run(self, units, done):  # type: ignore[no-untyped-def]
+            raise KeyboardInterrupt("SIGTERM")
+            yield
+
+    run = _execute(Stopped(), [], None)  # type: ignore[arg-type]
+    assert (run.interrupted, run.stopped_by) == (True, "SIGTERM")
+    assert run_line(run).endswith("; INTERRUPTED (SIGTERM): only the segments that finished are counted")
+
+
 def test_output_to_a_reader_that_went_away_ends_quietly_with_141():
     """``chestnut twin kinds | head -1`` was a BrokenPipeError traceback and exit 1."""
     proc = subprocess.Popen([sys.executable, "-m", "chestnut.launch.cli", "twin", "kinds"], stdout=subprocess.PIPE,

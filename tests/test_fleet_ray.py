@@ -285,24 +285,29 @@ def _replay_of_a_fleet(source: Path, tmp_path: Path, new_group: bool = False) ->
     )
 
 
-def test_ctrl_c_on_the_command_stops_the_pool_and_prints_what_finished(source, tmp_path):
+@pytest.mark.parametrize(("signum", "status", "named"),
+                         [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_ctrl_c_on_the_command_stops_the_pool_and_prints_what_finished(source, tmp_path, signum, status, named):
+    """A SIGTERM is handled as a Ctrl-C (``launch/cli.py`` ``as_ctrl_c``) and named as itself: the run's line said
+    "INTERRUPTED (Ctrl-C)" for it."""
     proc = _replay_of_a_fleet(source, tmp_path)
     try:
         assert proc.stderr is not None
         for line in proc.stderr:  # the first segment is done: the pool is running
             if "segment 1/80 done" in line:
                 break
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130, err[-2000:]
+    assert proc.returncode == status, err[-2000:]
     assert "Traceback" not in err
     done = re.search(r"interrupted: (\d+) of 80 segment\(s\) finished", out)
     assert done is not None and 1 <= int(done[1]) < 80
     assert f"local, 2 process(es): {done[1]} of 80 segment(s)" in out
+    assert f"; INTERRUPTED ({named}): only the segments that finished are counted" in out
 
 
 def test_shipped_bytes_give_the_result_of_the_path(fleet, tmp_path):

@@ -49,6 +49,7 @@ from chestnut.node.offline.replay import (
     find_node_config,
     plan_tasks,
     resolve_plan,
+    stop_name,
 )
 from chestnut.node.offline.timeline import (
     DamageRec,
@@ -104,6 +105,7 @@ class FleetRun:
     outcomes: list[Outcome] = field(default_factory=list)
     wall_s: float = 0.0
     interrupted: bool = False
+    stopped_by: str = "Ctrl-C"  # what interrupted it: Ctrl-C, or the signal handled as one (SIGTERM): stop_name
 
     @property
     def failed(self) -> list[Outcome]:
@@ -131,8 +133,8 @@ def _execute(executor: Executor, units: list[Unit], on_outcome: Callable[[Outcom
     try:
         for _out in executor.run(units, record):
             pass
-    except KeyboardInterrupt:  # Ctrl-C: the executor cancelled what was in flight; keep what finished
-        run.interrupted = True
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the executor cancelled what was in flight; keep what finished
+        run.interrupted, run.stopped_by = True, stop_name(e)
     run.wall_s = time.perf_counter() - t0
     return run
 
@@ -497,7 +499,7 @@ def run_line(run: FleetRun) -> str:
     if run.failed:
         parts.append(f"{len(run.failed)} segment(s) failed")
     if run.interrupted:
-        parts.append("INTERRUPTED (Ctrl-C): only the segments that finished are counted")
+        parts.append(f"INTERRUPTED ({run.stopped_by}): only the segments that finished are counted")
     return "; ".join(parts)
 
 

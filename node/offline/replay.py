@@ -988,6 +988,18 @@ def replay(
 INTERRUPT_POLL_S = 0.1  # a pool's driver looks for a held Ctrl-C this often while it waits for results
 
 
+def stop_name(e: KeyboardInterrupt) -> str:
+    """What a ``KeyboardInterrupt`` stands for, as a run's interrupted line says it: the signal its argument names
+    (``launch/cli.py`` ``as_ctrl_c`` raises ``KeyboardInterrupt("SIGTERM")`` for a SIGTERM, and
+    :class:`DeferredInterrupt` holds it as it came), else ``Ctrl-C`` (Python raises it bare for SIGINT)."""
+    return e.args[0] if e.args and isinstance(e.args[0], str) and e.args[0].startswith("SIG") else "Ctrl-C"
+
+
+def _interrupt(signum: int) -> KeyboardInterrupt:
+    """The ``KeyboardInterrupt`` for ``signum``: bare for SIGINT (Python's own), else naming it (:func:`stop_name`)."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else KeyboardInterrupt(signal.Signals(signum).name)
+
+
 class DeferredInterrupt:
     """Ctrl-C (SIGINT) while a process pool runs, held until the driver's loop asks for it (:meth:`check`
     raises ``KeyboardInterrupt``) instead of raised wherever the main thread is. Raised inside
@@ -995,10 +1007,12 @@ class DeferredInterrupt:
     short (the child then dies with a traceback on the shared stderr) or leave the executor unable to shut
     down. A second Ctrl-C raises at once (the user insists). Takes effect only in the main thread and only
     over Python's default SIGINT handler, whose ``KeyboardInterrupt`` it only moves in time; the handler is
-    restored on exit."""
+    restored on exit. A SIGTERM handed to it as a Ctrl-C (``launch/cli.py`` ``as_ctrl_c``, with its own number)
+    is held the same way, and its ``KeyboardInterrupt`` names it (:func:`stop_name`)."""
 
     def __init__(self) -> None:
         self.hit = False
+        self.signum: int = signal.SIGINT  # the first stop signal held
         self._installed = False
 
     def __enter__(self) -> DeferredInterrupt:
@@ -1009,15 +1023,15 @@ class DeferredInterrupt:
             self._installed = True
         return self
 
-    def _on_sigint(self, _signum: int, _frame: object) -> None:
+    def _on_sigint(self, signum: int, _frame: object) -> None:
         if self.hit:
-            raise KeyboardInterrupt
-        self.hit = True
+            raise _interrupt(signum)
+        self.hit, self.signum = True, signum
 
     def check(self) -> None:
-        """Raises ``KeyboardInterrupt`` when a Ctrl-C came since :meth:`__enter__`."""
+        """Raises ``KeyboardInterrupt`` when a Ctrl-C (or a SIGTERM handled as one) came since :meth:`__enter__`."""
         if self.hit:
-            raise KeyboardInterrupt
+            raise _interrupt(self.signum)
 
     def __exit__(self, *exc: object) -> None:
         if self._installed:
