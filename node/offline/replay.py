@@ -100,10 +100,10 @@ the cluster."""
 
 
 def max_workers() -> int:
-    """The most offline workers that run on this machine: :data:`WORKERS_PER_CPU` per CPU this process may run on."""
-    from chestnut.node.config import cpu_count
-
-    return WORKERS_PER_CPU * cpu_count()
+    """The most offline workers that run on this machine: :data:`WORKERS_PER_CPU` per CPU this process may run on
+    (its affinity, else ``os.cpu_count()``: counted as ``node/config.py`` ``cpu_count`` counts them)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return WORKERS_PER_CPU * cpus
 
 
 def check_workers(workers: int, here: bool = True) -> int:
