@@ -1781,6 +1781,7 @@ def run(args: argparse.Namespace) -> int:
         if deferred:  # asked while an import ran, before the node existed: the stop is raised here, outside it
             node.stop_requested = True
             raise _StopDuringStart()
+        runtime_dir(node.prefix)  # a runtime directory that must not be used: its one line, before scheduling's
         apply_realtime(cfg)
     except _StopDuringStart:
         if nodes:

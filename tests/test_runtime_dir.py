@@ -203,10 +203,12 @@ def test_every_cli_program_refuses_a_subverted_dir_in_one_line_and_exit_2(base, 
     assert list(target.iterdir()) == []
 
 
-@pytest.mark.parametrize("program", [["camera", "--synthetic", "--frames", "1", "--start-delay", "0"], ["control"]])
+@pytest.mark.parametrize("program", [["camera", "--synthetic", "--frames", "1", "--start-delay", "0"], ["control"],
+                                     ["run", "--dock", "none"], ["run", "--dock", "cpu"]])
 def test_a_program_at_a_realtime_priority_refuses_a_planted_runtime_dir_in_its_one_line(base, program):
-    """The camera and the control daemon said their realtime scheduling (an INFO or, refused, a WARNING line) before
-    the refusal: they ask for it only once their sockets are open."""
+    """The camera, the control daemon and the node said their realtime scheduling (an INFO or, refused, a WARNING
+    line) before the refusal (the node a stopping line too): the camera and the control daemon ask for it only once
+    their sockets are open, the node once its runtime directory passed its checks."""
     (base / f"chestnut-{UID}").mkdir(mode=0o700)
     d = base / f"chestnut-{UID}" / "p"
     d.write_text("important\n")
