@@ -252,8 +252,8 @@ struct TwinFault {
   action @2 :Action;
   params @3 :Text;                   # the parameters given beyond the kind, as JSON (e.g. {"on": "bulk"}; {} for none)
   site @4 :Text;                     # fired: the transfer, TLP or packet it hit, e.g. "bulk out" or "packet #12"
-  fired @5 :UInt32;                  # times fired so far
-  opportunities @6 :UInt32;          # sites seen so far
+  fired @5 :UInt32;                  # times fired so far (saturates at 2^32-1)
+  opportunities @6 :UInt32;          # sites seen so far (saturates at 2^32-1)
   monoTime @7 :UInt64;               # ns, CLOCK_MONOTONIC, when the event happened in the twin
 
   enum Action {

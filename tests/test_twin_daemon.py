@@ -588,3 +588,33 @@ def test_the_twin_log_is_created_private():
         assert stat.S_IMODE(log.stat().st_mode) == 0o600
     finally:
         assert daemon.stop() == 0
+
+
+def test_a_fault_count_past_uint32_is_published_at_its_top_not_a_crash_of_the_publisher():
+    """twinFault.fired / opportunities are UInt32 (msgs/chestnut.capnp): a fault that has seen more sites than that in
+    a very long run is published with the count saturated at 2**32 - 1, where pycapnp would raise out of range."""
+    from chestnut.backend.sim.daemon import _send_fault_events
+    from chestnut.backend.sim.faults import FaultEvent
+    from chestnut.msgs.messaging import log_from_bytes
+
+    class Faults:
+        def drain_events(self):
+            return [FaultEvent(7, "stall", "fired", 12.5, "{}", "bulk out", fired=2**33, opportunities=2**40),
+                    FaultEvent(8, "stall", "fired", 13.0, "{}", "bulk in", fired=3, opportunities=2**32 - 1)]
+
+    class Twin:
+        lock = threading.Lock()
+        faults = Faults()
+
+    class Pm:
+        sent: list[bytes] = []
+
+        def send(self, service, msg):
+            assert service == "twinFault"
+            self.sent.append(msg.to_bytes())
+
+    pm = Pm()
+    assert _send_fault_events(pm, Twin()) == 2
+    got = [log_from_bytes(b).twinFault for b in pm.sent]
+    assert [(f.id, f.fired, f.opportunities, f.monoTime) for f in got] == [
+        (7, 2**32 - 1, 2**32 - 1, 12_500_000_000), (8, 3, 2**32 - 1, 13_000_000_000)]

@@ -440,8 +440,8 @@ def _send_fault_events(pm: Any, twin: Twin) -> int:
         tf.action = ev.action
         tf.params = ev.params
         tf.site = ev.site
-        tf.fired = ev.fired
-        tf.opportunities = ev.opportunities
+        tf.fired = min(ev.fired, 2**32 - 1)
+        tf.opportunities = min(ev.opportunities, 2**32 - 1)  # a UInt32: a count past it is shown at the top
         tf.monoTime = max(0, int(ev.t_s * 1e9))  # the twin's clock is time.monotonic (Twin's default)
         pm.send("twinFault", msg)
     return len(events)
