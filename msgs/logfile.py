@@ -983,10 +983,14 @@ class SegmentFileReader:
     also passed to ``on_damage`` as found), ``complete`` (the zstd frame was ended / the MCAP footer
     was read), ``unknown_members`` (messages of a union member this schema does not know, skipped:
     a newer writer's). Raises ``ValueError`` for a file whose suffix is neither ``.zst`` nor ``.mcap``.
+    ``warn_json_only``: an ``.mcap`` of JSON channels only is one WARNING once read (:func:`warn_json_only`);
+    False leaves saying it to the caller.
     """
 
-    def __init__(self, path: Path | str, on_damage: Callable[[LogDamage], None] | None = None) -> None:
+    def __init__(self, path: Path | str, on_damage: Callable[[LogDamage], None] | None = None,
+                 warn_json_only: bool = True) -> None:
         self.path = Path(path)
+        self.warn_json_only = warn_json_only
         if self.path.suffix not in (".zst", ".mcap"):
             raise ValueError(f"{self.path}: not a log file (expected a .zst or .mcap suffix)")
         self.on_damage = on_damage
@@ -1028,12 +1032,8 @@ class SegmentFileReader:
                 for item in self._iter_mcap():
                     self.items += 1
                     yield item
-                if self.json_messages and not self.items:
-                    _log.warning(
-                        "%s holds only JSON channels (a Foxglove view, msgs/jsonschema.py): read the "
-                        "rlog.zst beside it, or write MCAP with --mcap-encoding both",
-                        self.path,
-                    )
+                if self.json_messages and not self.items and self.warn_json_only:
+                    warn_json_only(self.path)
         except OSError as e:
             self._report(0, f"cannot read: {e}")
 
@@ -1292,17 +1292,23 @@ def find_log_files(paths: Iterable[Path | str] | Path | str, name: str = "rlog",
     return sorted(dict.fromkeys(found), key=key)
 
 
-def holds_only_json(path: Path | str) -> bool:
+def warn_json_only(path: Path) -> None:
+    """The one WARNING for an ``.mcap`` of JSON channels only (:func:`holds_only_json`), on ``chestnut.logs``."""
+    _log.warning("%s holds only JSON channels (a Foxglove view, msgs/jsonschema.py): read the rlog.zst beside it, "
+                 "or write MCAP with --mcap-encoding both", path)
+
+
+def holds_only_json(path: Path | str, warn: bool = True) -> bool:
     """True for an ``.mcap`` log file with messages on JSON channels only: the Foxglove view ``chestnut record``
     writes beside an rlog by default (``--mcap-encoding auto``), from which nothing can be replayed or checked
     (readers here skip JSON channels). Reads up to the file's first Cap'n Proto message (a ``capnproto`` or
-    ``both`` file: its first chunk); a file of JSON only is read whole and its one WARNING said
-    (:class:`SegmentFileReader`, "... holds only JSON channels ...: read the rlog.zst beside it"). False for an
+    ``both`` file: its first chunk); a file of JSON only is read whole and, with ``warn``, its one WARNING said
+    (:func:`warn_json_only`, "... holds only JSON channels ...: read the rlog.zst beside it"). False for an
     ``.zst``, an empty or unreadable file (its damage is reported where it is read)."""
     p = Path(path)
     if p.suffix != ".mcap":
         return False
-    reader = SegmentFileReader(p)
+    reader = SegmentFileReader(p, warn_json_only=warn)
     items = iter(reader)
     try:
         if next(items, None) is not None:

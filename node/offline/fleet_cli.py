@@ -105,16 +105,18 @@ def slack_ms(text: str) -> float:
 def readable_logs(logs: list[Path], on_skip: Callable[[Path, str], None], command: str, verb: str) -> list[Path] | None:
     """The log files under ``logs`` (:func:`~chestnut.msgs.logfile.find_log_files`) that ``chestnut check`` /
     ``replay`` can read: every ``.mcap`` of JSON channels only (``chestnut record``'s default view beside its
-    rlog, :func:`~chestnut.msgs.logfile.holds_only_json`) is left out, its one WARNING said as it is found. None
-    when no file is left, after one line (:func:`refuse`; the caller exits :data:`EXIT_REFUSED`, the status of a
-    check or replay that cannot start): ``chestnut check: nothing to check in D/rlog.mcap (JSON channels only):
-    give the rlog.zst written beside it (or a log recorded with --mcap-encoding both)``. It was "0 frames ...
-    0 mismatch(es)", exit 0, and the WARNING twice. Raises what ``find_log_files`` raises."""
-    from chestnut.msgs.logfile import find_log_files, holds_only_json
+    rlog, :func:`~chestnut.msgs.logfile.holds_only_json`) is left out, with its one WARNING when other files are
+    read. None when no file is left, after one line alone (:func:`refuse`; the caller exits :data:`EXIT_REFUSED`,
+    the status of a check or replay that cannot start): ``chestnut check: nothing to check in D/rlog.mcap (JSON
+    channels only): give the rlog.zst written beside it (or a log recorded with --mcap-encoding both)``. It was
+    "0 frames ... 0 mismatch(es)", exit 0, and the WARNING twice. Raises what ``find_log_files`` raises."""
+    from chestnut.msgs.logfile import find_log_files, holds_only_json, warn_json_only
 
     files = find_log_files(logs, on_skip=on_skip)
-    json_only = [f for f in files if holds_only_json(f)]
+    json_only = [f for f in files if holds_only_json(f, warn=False)]
     if len(json_only) < len(files):
+        for f in json_only:
+            warn_json_only(f)
         return [f for f in files if f not in json_only]
     named = str(json_only[0]) + (f" and {len(json_only) - 1} more" if len(json_only) > 1 else "")
     refuse(command, f"nothing to {verb} in {named} (JSON channels only): give the rlog.zst written beside it "
