@@ -618,3 +618,45 @@ def test_a_fault_count_past_uint32_is_published_at_its_top_not_a_crash_of_the_pu
     got = [log_from_bytes(b).twinFault for b in pm.sent]
     assert [(f.id, f.fired, f.opportunities, f.monoTime) for f in got] == [
         (7, 2**32 - 1, 2**32 - 1, 12_500_000_000), (8, 3, 2**32 - 1, 13_000_000_000)]
+
+
+def test_a_daemon_whose_backlog_is_full_is_called_full_not_absent_and_a_freed_place_is_taken():
+    """A listener that takes no client (as the daemon at MAX_CONNECTIONS) with its backlog full: connect fails with
+    EAGAIN. The client tries again within its connect timeout and says the daemon is full, not that none runs; once
+    a place frees, the next client connects."""
+    from chestnut.backend.sim.client import TwinBusy, daemon_missing
+
+    path = socket_path()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    os.chmod(path, 0o600)
+    listener.listen(0)
+    waiting = []
+    try:
+        while True:  # fill the backlog (Linux keeps backlog + 1)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                s.connect(str(path))
+            except BlockingIOError:
+                s.close()
+                break
+            waiting.append(s)
+        assert 1 <= len(waiting) <= 2
+        t0 = time.monotonic()
+        with pytest.raises(TwinBusy) as info:
+            TwinClient(connect_timeout_s=0.3)
+        assert 0.25 <= time.monotonic() - t0 < 5.0
+        assert str(info.value) == (
+            f"the twin daemon at {path} is full: it serves its most clients at once and as many more wait to be "
+            "taken; none left in 0.3 s (try again once one closes)")
+        assert daemon_missing() == (1, str(info.value).replace("0.3 s", "2 s"))  # its default connect timeout
+        conn, _ = listener.accept()  # a place frees: the next client is taken
+        conn.close()
+        with TwinClient(connect_timeout_s=2.0) as client:
+            assert not client.local
+    finally:
+        for s in waiting:
+            s.close()
+        listener.close()
+        path.unlink(missing_ok=True)

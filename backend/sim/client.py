@@ -66,6 +66,16 @@ class TwinNotRunning(ConnectionError):
     """No twin daemon answers at the socket (or it went away)."""
 
 
+class TwinBusy(TwinNotRunning):
+    """A twin daemon listens at the socket but takes no new client within the connect timeout: it serves its most
+    clients at once (``backend/sim/daemon.py`` ``MAX_CONNECTIONS``) and its backlog of waiting ones is full too
+    (a Unix socket's ``connect`` then fails with ``EAGAIN``, unix(7)). ``str()`` says so in one line."""
+
+
+CONNECT_RETRY_S = 0.05
+"""While a daemon's backlog is full, a client tries to connect again this often (s) until its connect timeout."""
+
+
 class TwinSocketRefused(TwinNotRunning):
     """Something other than a socket of ours lies at the twin's socket path (a directory, a regular file, a
     symlink, another user's socket: ``msgs/paths.py`` ``check_socket_path``), so no daemon of ours can answer
@@ -82,19 +92,44 @@ def socket_path(prefix: str | None = None) -> Path:
     return runtime_dir(prefix) / W.SOCKET_NAME
 
 
+def _connect(path: Path, timeout_s: float) -> socket.socket:
+    """A stream connection to the daemon at ``path``, waiting at most ``timeout_s`` (s) in all. A full backlog
+    (``EAGAIN``) is tried again every :data:`CONNECT_RETRY_S` until then, and is :class:`TwinBusy` after it; any
+    other failure (no socket, nobody listening) is :class:`TwinNotRunning` at once."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(max(0.001, deadline - time.monotonic()))
+        try:
+            s.connect(str(path))
+            return s
+        except BlockingIOError:  # EAGAIN: the daemon listens, its backlog is full
+            s.close()
+            if time.monotonic() + CONNECT_RETRY_S > deadline:
+                raise TwinBusy(f"the twin daemon at {path} is full: it serves its most clients at once and as many "
+                               f"more wait to be taken; none left in {timeout_s:g} s (try again once one closes)"
+                               ) from None
+            time.sleep(CONNECT_RETRY_S)
+        except OSError as e:
+            s.close()
+            raise TwinNotRunning(
+                f"no twin daemon at {path} ({e.strerror or e}); start one with `chestnut twin serve`") from None
+
+
 def daemon_missing(prefix: str | None = None) -> tuple[int, str] | None:
     """``(1, line)`` when no twin daemon of ``prefix`` (default ``$CHESTNUT_PREFIX``) answers, the line saying how to
-    start one; ``(2, line)`` when its socket path holds something not a socket of ours (:class:`TwinSocketRefused`,
-    refused as ``chestnut twin`` refuses it); None when one answers. For the tools and the node, whose enumeration
-    of a twin that is not running only finds no dock, which reads as a dock's cable and power."""
+    start one, or one that listens takes no new client (:class:`TwinBusy`, its line); ``(2, line)`` when its socket
+    path holds something not a socket of ours (:class:`TwinSocketRefused`, refused as ``chestnut twin`` refuses it);
+    None when one answers. For the tools and the node, whose enumeration of a twin that is not running only finds no
+    dock, which reads as a dock's cable and power."""
     from chestnut.msgs.paths import DEFAULT_PREFIX
 
     prefix = current_prefix() if prefix is None else prefix
     try:
         with TwinClient(prefix):
             pass
-    except TwinSocketRefused as e:
-        return 2, str(e)
+    except (TwinSocketRefused, TwinBusy) as e:
+        return (2 if isinstance(e, TwinSocketRefused) else 1), str(e)
     except TwinNotRunning:
         serve = "chestnut twin serve" if prefix == DEFAULT_PREFIX else f"chestnut twin --prefix {prefix} serve"
         return 1, (f"the twin daemon is not running on prefix {prefix!r}: start it with `{serve}` (or run a whole "
@@ -137,16 +172,7 @@ class TwinClient:
                 check_socket_path(self.path)
             except SocketPathError as e:
                 raise TwinSocketRefused(self.path, str(e)) from None
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(connect_timeout_s)
-            try:
-                s.connect(str(self.path))
-            except OSError as e:
-                s.close()
-                raise TwinNotRunning(
-                    f"no twin daemon at {self.path} ({e.strerror or e}); start one with `chestnut twin serve`"
-                ) from None
-            self._sock = s
+            self._sock = _connect(self.path, connect_timeout_s)
 
     @classmethod
     def in_process(cls, twin: Twin) -> TwinClient:
