@@ -213,7 +213,14 @@ class NodeConfig:
 
     @property
     def fingerprint_path(self) -> Path:
-        return self.model.fingerprint or self.model.path.with_suffix(".fingerprint.json")
+        """``model.fingerprint``, else the file beside the model's: its suffix replaced by ``.fingerprint.json``
+        (``det.onnx`` -> ``det.fingerprint.json``). A model path with no file name (``/``, ``.``: a folder, which
+        the node refuses as its model file in one line, exit 3, as any folder) gets ``.fingerprint.json`` appended:
+        ``Path.with_suffix`` raises for it, and ``chestnut run --model /`` was a ``ValueError`` traceback."""
+        if self.model.fingerprint:
+            return self.model.fingerprint
+        path = self.model.path
+        return path.with_suffix(".fingerprint.json") if path.name else Path(f"{path}.fingerprint.json")
 
 
 def _toml_kind(current: Any, key: str) -> type | None:

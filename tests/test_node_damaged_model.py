@@ -29,6 +29,33 @@ def test_a_damaged_model_exits_naming_the_file_and_the_fix(tmp_path: Path, tiny_
     assert "Traceback" not in log
 
 
+def test_a_model_path_with_no_file_name_has_a_fingerprint_path() -> None:
+    """``model.path`` ``/`` or ``.`` (a folder): ``Path.with_suffix`` raised ``ValueError`` ("has an empty name"),
+    a traceback of ``chestnut run --model /``."""
+    from chestnut.node.config import NodeConfig
+
+    cfg = NodeConfig()
+    got = []
+    for path in ("/", ".", "models/det.onnx"):
+        cfg.model.path = Path(path)
+        got.append(str(cfg.fingerprint_path))
+    assert got == ["/.fingerprint.json", "..fingerprint.json", "models/det.fingerprint.json"]
+
+
+def test_a_model_path_with_no_file_name_is_a_folder_not_a_traceback(tmp_path: Path) -> None:
+    """``chestnut run`` with ``model.path = "/"`` exits as for any folder: one ERROR line, exit 3 (the primary's
+    file is the fallback's too)."""
+    cfg = write_node_config(tmp_path / "node.toml", Path("/"), dock="none")
+    rc, log = exit_of(cfg, tmp_path / "node.log", 30)
+    assert rc == EXIT_NO_FALLBACK == 3, log
+    errors = [x.split(" ERROR chestnut.node: ", 1)[-1] for x in log.splitlines() if " ERROR " in x]
+    assert errors == [
+        "no output contract: the primary model declares the output contract, and its model file / is a folder: give "
+        "the .onnx file in it; name another file (--model / --fallback-model, or the config's [model] / [fallback] "
+        "path), or replace this one"], log
+    assert "Traceback" not in log
+
+
 @pytest.mark.parametrize("primary", ["missing", "damaged"])
 def test_an_unusable_primary_beside_a_usable_fallback_file_is_a_configuration_error(tmp_path: Path, tiny_onnx: Path,
                                                                                     primary: str) -> None:
