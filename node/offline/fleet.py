@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from chestnut.msgs.logfile import find_log_files, parse_segment_dir
+from chestnut.msgs.logfile import LOG_NAMES, find_log_files, parse_segment_dir
 from chestnut.msgs.outdir import OutputDirError, private_dir, write_private
 from chestnut.msgs.video import open_regular, segment_videos
 from chestnut.node.offline.contracts import CONTRACTS, CheckParams, CheckResult, check_timeline
@@ -62,6 +62,7 @@ from chestnut.node.offline.timeline import (
 
 MAX_COPIES = 100_000  # chestnut fleet make --copies bound (route ids carry 5 digits at most)
 REPORT_LOGS = 5  # logs given their own full report (plots) under --report, worst first
+COPY_NAME = LOG_NAMES[0]  # "rlog": the log name find_log_files looks for in a folder (check, replay: its default)
 
 
 # ---------------------------------------------------------------- logs of a fleet
@@ -624,8 +625,12 @@ def check_copies(copies: int) -> int:
 def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
     """Copy every log under ``source`` ``copies`` times into ``out`` as new routes
     ``<route>-<k:05d>`` (k from 1), segment directories ``<route>-<k>--<n>`` with the files byte for
-    byte, each segment file with the video files beside it (:func:`~chestnut.msgs.video.segment_videos`: a video-logged
-    segment replays from its copy) (new directories 0700, files 0600, no symlink followed). Returns the
+    byte, each log file named as ``chestnut check`` and ``replay`` find it in a folder: ``rlog.zst`` / ``rlog.mcap``
+    (:data:`COPY_NAME` and the file's own format suffix, whatever its name was). A log file outside a segment
+    directory (``odd/copy_rlog.zst``) is a route of its own named after the file without its format suffix
+    (``copy_rlog-00001--0/rlog.zst``). Each segment file goes with the video files beside it
+    (:func:`~chestnut.msgs.video.segment_videos`: a video-logged segment replays from its copy) (new directories
+    0700, files 0600, no symlink followed). Returns the
     segment directories written. Raises ``FileNotFoundError`` (no log under ``source``; a video or log
     file that is not a regular file, ``msgs/video.py`` ``NotRegularFileError``), ``FileExistsError`` (a
     route already in ``out``: nothing is overwritten), ``ValueError`` (``copies`` not in
@@ -638,12 +643,14 @@ def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
     plan: list[tuple[Path, Path, bool]] = []  # (from, to, follow a symlink: a log file named by hand may be one)
     for log_name, files in groups:
         base = Path(log_name).name
+        if parse_segment_dir(files[0].parent.name) is None:  # a file of its own: its name less the format suffix
+            base = Path(base).stem
         with_videos = [(f, segment_videos(f)) for f in files]
         for k in range(1, copies + 1):
             for n, (f, videos) in enumerate(with_videos):
                 seg = parse_segment_dir(f.parent.name)
                 dest = out / f"{base}-{k:05d}--{seg[1] if seg else n}"
-                plan += [(f, dest / f.name, True), *((v, dest / v.name, False) for v in videos)]
+                plan += [(f, dest / f"{COPY_NAME}{f.suffix}", True), *((v, dest / v.name, False) for v in videos)]
     dirs = sorted({d.parent for _, d, _ in plan})
     out_made = not os.path.lexists(out)
     private_dir(out)  # made 0700, or refused: a symlink, not a directory, another user's, group/other-writable

@@ -1,9 +1,10 @@
 """``chestnut fleet make --from LOG --copies N OUT``, and the executor options of ``replay`` and ``check``.
 
 ``fleet make`` writes a synthetic fleet (:func:`~chestnut.node.offline.fleet.make_fleet`): every log
-under ``--from`` copied ``N`` times under new route ids. Exit status 0, or 2 with one line when it
-cannot (no log, ``OUT`` already holds one of the routes or is unfit; a count outside 1..100000 is
-refused by the parser, :func:`copy_count`).
+under ``--from`` copied ``N`` times under new route ids, each log file named ``rlog.zst`` / ``rlog.mcap`` as
+``check`` and ``replay`` find it (``odd/copy_rlog.zst`` becomes ``copy_rlog-00001--0/rlog.zst``). Exit status 0,
+or 2 with one line when it cannot (no log, ``OUT`` already holds one of the routes or is unfit; a count outside
+1..100000 is refused by the parser, :func:`copy_count`).
 
 The executor options (:func:`add_executor_arguments`): ``--executor local|ray``, ``--workers N``
 (local: processes, default 1; ray: actors, default one per CPU of the cluster; >= 1 checked as it is parsed,
@@ -34,7 +35,7 @@ from typing import Any
 from chestnut.msgs.argtypes import checked_float
 from chestnut.node.config import MAX_MS
 from chestnut.node.offline.executor import EXECUTORS, Executor, Outcome, make_executor
-from chestnut.node.offline.fleet import MAX_COPIES, check_copies, make_fleet
+from chestnut.node.offline.fleet import COPY_NAME, MAX_COPIES, check_copies, make_fleet
 from chestnut.node.offline.replay import WORKERS_PER_CPU, check_workers, max_workers
 
 log = logging.getLogger("chestnut.fleet")
@@ -236,9 +237,17 @@ def open_executor(args: argparse.Namespace, command: str) -> Executor | None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="fleet_command", metavar="ACTION", required=True)
-    make = sub.add_parser("make", help="copy a log N times under new route ids (a synthetic fleet)")
+    make = sub.add_parser(
+        "make",
+        help="copy a log N times under new route ids (a synthetic fleet)",
+        description="Copy every log under --from N times into OUT as new routes <route>-00001, <route>-00002 ..., "
+        "byte for byte with the video files beside each segment's log file (nothing overwritten). Each copy is named "
+        f"as check and replay find it in a folder: <route>-<k>--<segment>/{COPY_NAME}.zst (or .mcap, after the "
+        "file's format); a log file outside a segment folder (odd/copy_rlog.zst) becomes a route named after the "
+        f"file without its format suffix (copy_rlog-00001--0/{COPY_NAME}.zst).",
+    )
     make.add_argument(
-        "--from", dest="source", type=Path, required=True, metavar="LOG", help="log files or directories to copy"
+        "--from", dest="source", type=Path, required=True, metavar="LOG", help="a log file or a folder of logs to copy"
     )
     make.add_argument(
         "--copies", type=copy_count, required=True, metavar="N", help=f"copies of each log (1..{MAX_COPIES})"
