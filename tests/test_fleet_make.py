@@ -4,11 +4,14 @@ refused in one line, exit 2, before anything is written (``node/offline/fleet.py
 
 1. a log file of another name (``odd/copy_rlog.zst``) was copied under that name, where check and replay never look
    ("no rlog.zst/mcap under OUT", exit 2): the copies are ``rlog.zst`` / ``rlog.mcap``, the route named after the
-   file without its format suffix.
+   file without its format suffix;
+2. a source that is no log (a 0-byte file, 5000 random bytes) was copied ("2 route(s), 2 segment(s)", exit 0): it is
+   read up to its first message with the reader check reads with, and refused, one line naming it and why.
 """
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,23 @@ def _log(log_dir: Path, fmt: str = "zst") -> Path:
     m.nodeState.state = "active"
     (seg,) = write_drive([(m.logMonoTime, m.which(), m.to_bytes())], log_dir, formats=(fmt,))
     return seg / f"rlog.{fmt}"
+
+
+def _json_only(log_dir: Path) -> Path:
+    """The ``rlog.mcap`` of JSON channels only that ``chestnut record`` writes beside an rlog by default."""
+    from drivelog import MS, _clock_at, _msg
+
+    from chestnut.msgs.logfile import RouteWriter
+
+    m = _msg("nodeState", 10_000 * 1_000_000_000)
+    m.nodeState.state = "active"
+    now = [m.logMonoTime - MS]
+    with _clock_at(now), RouteWriter(log_dir, formats=("mcap",), mcap_encodings=("json",),
+                                     clock=lambda: now[0] / 1e9, route="2026-01-01--00-00-00") as w:
+        now[0] = m.logMonoTime
+        w.write("nodeState", m.logMonoTime, m.to_bytes())
+    (f,) = log_dir.glob("*/rlog.mcap")
+    return f
 
 
 def _tree(root: Path) -> list[str]:
@@ -57,3 +77,74 @@ def test_a_segments_log_file_of_another_name_keeps_its_route_and_segment(tmp_pat
     assert main(["fleet", "make", "--from", str(src), "--copies", "1", str(out)]) == 0
     assert capsys.readouterr().out == f"1 route(s), 1 segment(s) in {out}\n"
     assert _tree(out) == ["2026-01-01--00-00-00-00001--0", "2026-01-01--00-00-00-00001--0/rlog.zst"]
+
+
+# ---------------------------------------------------------------- 2. a source that is no log is refused
+
+
+READABLE_FIX = "give a log that chestnut check reads (rlog.zst / rlog.mcap) or a folder of them"
+RANDOM = random.Random(0).randbytes(5000)
+
+
+@pytest.mark.parametrize(("name", "data", "why"), [
+    ("empty.zst", b"", "not a readable log (byte 0: empty file)"),
+    ("random.zst", RANDOM, "not a readable log (byte 0: zstd: zstd decompressor error: Unknown frame descriptor)"),
+    ("empty.mcap", b"", "not a readable log (byte 0: empty file)"),
+    ("random.mcap", RANDOM, "not a readable log (byte 0: not an MCAP file (bad magic))"),
+    ("random.bin", RANDOM, "not a log file (expected a .zst or .mcap suffix)"),
+], ids=["empty-zst", "random-zst", "empty-mcap", "random-mcap", "random-bin"])
+@pytest.mark.parametrize("out_there", [False, True], ids=["new-out", "empty-out"])
+def test_a_file_that_is_no_log_is_refused_in_one_line_and_nothing_is_written(name, data, why, out_there, tmp_path,
+                                                                              capsys) -> None:
+    src = tmp_path / name
+    src.write_bytes(data)
+    out = tmp_path / "fleet"
+    if out_there:
+        out.mkdir(mode=0o700)
+    assert main(["fleet", "make", "--from", str(src), "--copies", "2", str(out)]) == 2
+    assert capsys.readouterr() == ("", f"chestnut fleet make: {src}: {why}; {READABLE_FIX}\n")
+    assert (_tree(out) if out_there else out.exists()) == ([] if out_there else False)
+
+
+def test_a_json_only_mcap_is_refused_with_the_rlog_to_give(tmp_path, capsys) -> None:
+    src = _json_only(tmp_path / "view")
+    out = tmp_path / "fleet"
+    assert main(["fleet", "make", "--from", str(src), "--copies", "1", str(out)]) == 2
+    assert capsys.readouterr() == ("", (
+        f"chestnut fleet make: {src}: not a readable log (JSON channels only); give the rlog.zst written beside it "
+        "(or a log recorded with --mcap-encoding both)\n"))
+    assert not out.exists()
+
+
+def test_a_folder_with_no_readable_log_is_refused_naming_its_first_file(tmp_path, capsys) -> None:
+    for n, data in enumerate((b"", RANDOM)):
+        (tmp_path / "logs" / f"r--{n}").mkdir(parents=True)
+        (tmp_path / "logs" / f"r--{n}" / "rlog.zst").write_bytes(data)
+    out = tmp_path / "fleet"
+    assert main(["fleet", "make", "--from", str(tmp_path / "logs"), "--copies", "2", str(out)]) == 2
+    assert capsys.readouterr() == ("", (
+        f"chestnut fleet make: {tmp_path / 'logs'}: no readable log in it ({tmp_path / 'logs' / 'r--0' / 'rlog.zst'}: "
+        f"byte 0: empty file; 1 more log file(s) without a message); {READABLE_FIX}\n"))
+    assert not out.exists()
+
+
+def test_a_damaged_segment_beside_a_readable_log_is_copied_as_it_is(tmp_path, capsys) -> None:
+    """A folder that gives a message is copied whole, a damaged file too (the 0-byte rlog a node killed at a segment's
+    start leaves): check reports of the copy what it reports of the source."""
+    src = _log(tmp_path / "logs").parent.parent
+    (src / "2026-01-01--00-00-00--1").mkdir()
+    (src / "2026-01-01--00-00-00--1" / "rlog.zst").write_bytes(b"")
+    out = tmp_path / "fleet"
+    assert main(["fleet", "make", "--from", str(src), "--copies", "1", str(out)]) == 0
+    assert capsys.readouterr().out == f"1 route(s), 2 segment(s) in {out}\n"
+    assert _tree(out) == ["2026-01-01--00-00-00-00001--0", "2026-01-01--00-00-00-00001--0/rlog.zst",
+                          "2026-01-01--00-00-00-00001--1", "2026-01-01--00-00-00-00001--1/rlog.zst"]
+    assert (out / "2026-01-01--00-00-00-00001--1" / "rlog.zst").read_bytes() == b""
+    from chestnut.node.offline.contracts import check_log
+
+    def said(log: Path) -> list[tuple[str, int, str, int]]:
+        r = check_log(log)
+        return [(Path(d.path).parent.name.replace("-00001", ""), d.offset, d.reason, len(r.violations))
+                for d in r.timeline.damage]
+
+    assert said(out) == said(src) == [("2026-01-01--00-00-00--1", 0, "empty file", 1)]

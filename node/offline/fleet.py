@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from chestnut.msgs.logfile import LOG_NAMES, find_log_files, parse_segment_dir
+from chestnut.msgs.logfile import LOG_NAMES, SegmentFileReader, find_log_files, parse_segment_dir
 from chestnut.msgs.outdir import OutputDirError, private_dir, write_private
 from chestnut.msgs.video import open_regular, segment_videos
 from chestnut.node.offline.contracts import CONTRACTS, CheckParams, CheckResult, check_timeline
@@ -622,6 +622,58 @@ def check_copies(copies: int) -> int:
     return copies
 
 
+READABLE_FIX = "give a log that chestnut check reads (rlog.zst / rlog.mcap) or a folder of them"
+JSON_ONLY_FIX = "give the rlog.zst written beside it (or a log recorded with --mcap-encoding both)"
+
+
+class NotALogError(ValueError):
+    """``fleet make --from`` gives no message to copy (:func:`make_fleet`); ``str()`` is one line: the path, why
+    and what to give."""
+
+
+def unreadable(path: Path | str) -> tuple[str, str] | None:
+    """None when the log file at ``path`` gives a message to the reader ``chestnut check`` reads it with
+    (``msgs/logfile.py`` ``SegmentFileReader``, read up to its first message, as ``holds_only_json`` reads; damage
+    before or after that message is the log's, which check reports as it reads the copy). Else ``(why, what to
+    give)``: the reader's first damage (``"byte 0: empty file"``, ``"byte 0: zstd: ..."``, ``"byte 0: not an MCAP
+    file (bad magic)"``), ``"JSON channels only"`` (a Foxglove view), ``"only messages of a newer schema"`` or
+    ``"the log holds no message"``. Raises ``ValueError`` for a file whose suffix is neither ``.zst`` nor ``.mcap``
+    (``"PATH: not a log file (expected a .zst or .mcap suffix)"``, as check says it)."""
+    reader = SegmentFileReader(path, warn_json_only=False)
+    items = iter(reader)
+    try:
+        if next(items, None) is not None:
+            return None
+    finally:
+        items.close()
+    if reader.json_messages:
+        return "JSON channels only", JSON_ONLY_FIX
+    if reader.damage:
+        return f"byte {reader.damage[0].offset}: {reader.damage[0].reason}", READABLE_FIX
+    if reader.unknown_members:
+        return "only messages of a newer schema", READABLE_FIX
+    return "the log holds no message", READABLE_FIX
+
+
+def _refuse_unreadable(source: Path, files: Sequence[Path]) -> None:
+    """Raise :class:`NotALogError` unless one of ``files`` (the log files under ``source``) gives a message
+    (:func:`unreadable`; read in order, up to the first that does)."""
+    refused: list[tuple[Path, str, str]] = []
+    for f in files:
+        try:
+            found = unreadable(f)
+        except ValueError as e:  # a file named by --from that is neither .zst nor .mcap
+            raise NotALogError(f"{e}; {READABLE_FIX}") from None
+        if found is None:
+            return
+        refused.append((f, *found))
+    f, why, fix = refused[0]
+    if list(files) == [source]:  # --from names the file itself
+        raise NotALogError(f"{f}: not a readable log ({why}); {fix}")
+    more = f"; {len(refused) - 1} more log file(s) without a message" if len(refused) > 1 else ""
+    raise NotALogError(f"{source}: no readable log in it ({f}: {why}{more}); {fix}")
+
+
 def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
     """Copy every log under ``source`` ``copies`` times into ``out`` as new routes
     ``<route>-<k:05d>`` (k from 1), segment directories ``<route>-<k>--<n>`` with the files byte for
@@ -630,15 +682,24 @@ def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
     directory (``odd/copy_rlog.zst``) is a route of its own named after the file without its format suffix
     (``copy_rlog-00001--0/rlog.zst``). Each segment file goes with the video files beside it
     (:func:`~chestnut.msgs.video.segment_videos`: a video-logged segment replays from its copy) (new directories
-    0700, files 0600, no symlink followed). Returns the
-    segment directories written. Raises ``FileNotFoundError`` (no log under ``source``; a video or log
+    0700, files 0600, no symlink followed). Returns the segment directories written.
+
+    Before anything is written, ``source`` is read up to its first message (:func:`unreadable`: the reader
+    ``chestnut check`` reads with): a log file that gives none (empty, not zstd or MCAP, damaged from its first
+    byte, JSON channels only), or a folder none of whose log files gives one, raises :class:`NotALogError` (a
+    ``ValueError``, one line naming the file and why). Past that, every log file is copied byte for byte, damaged
+    ones too: ``chestnut check`` of a copy reports what it reports of the source.
+
+    Raises ``FileNotFoundError`` (no log under ``source``; a video or log
     file that is not a regular file, ``msgs/video.py`` ``NotRegularFileError``), ``FileExistsError`` (a
     route already in ``out``: nothing is overwritten), ``ValueError`` (``copies`` not in
-    1..:data:`MAX_COPIES`), :class:`~chestnut.msgs.outdir.OutputDirError` (``out`` unfit: ``msgs/outdir.py``
+    1..:data:`MAX_COPIES`; :class:`NotALogError`, also for a log file named by ``source`` that is neither
+    ``.zst`` nor ``.mcap``), :class:`~chestnut.msgs.outdir.OutputDirError` (``out`` unfit: ``msgs/outdir.py``
     ``private_dir``; nothing is written; or a full disk, ENOSPC / EDQUOT / EFBIG from write(2)). A copy that
     stops on any error removes the folders and files it made."""
     check_copies(copies)
     groups = group_logs(source)
+    _refuse_unreadable(Path(source), [f for _, files in groups for f in files])
     out = Path(out)
     plan: list[tuple[Path, Path, bool]] = []  # (from, to, follow a symlink: a log file named by hand may be one)
     for log_name, files in groups:
@@ -685,6 +746,7 @@ __all__ = [
     "FleetReplay",
     "FleetRun",
     "LogRow",
+    "NotALogError",
     "SegmentRow",
     "check_fleet",
     "check_rows",

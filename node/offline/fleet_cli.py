@@ -3,8 +3,9 @@
 ``fleet make`` writes a synthetic fleet (:func:`~chestnut.node.offline.fleet.make_fleet`): every log
 under ``--from`` copied ``N`` times under new route ids, each log file named ``rlog.zst`` / ``rlog.mcap`` as
 ``check`` and ``replay`` find it (``odd/copy_rlog.zst`` becomes ``copy_rlog-00001--0/rlog.zst``). Exit status 0,
-or 2 with one line when it cannot (no log, ``OUT`` already holds one of the routes or is unfit; a count outside
-1..100000 is refused by the parser, :func:`copy_count`).
+or 2 with one line when it cannot (no log, or none that gives a message to read: ``--from`` is read up to its first
+message before anything is written, :class:`~chestnut.node.offline.fleet.NotALogError`; ``OUT`` already holds one of
+the routes or is unfit; a count outside 1..100000 is refused by the parser, :func:`copy_count`).
 
 The executor options (:func:`add_executor_arguments`): ``--executor local|ray``, ``--workers N``
 (local: processes, default 1; ray: actors, default one per CPU of the cluster; >= 1 checked as it is parsed,
@@ -244,7 +245,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "byte for byte with the video files beside each segment's log file (nothing overwritten). Each copy is named "
         f"as check and replay find it in a folder: <route>-<k>--<segment>/{COPY_NAME}.zst (or .mcap, after the "
         "file's format); a log file outside a segment folder (odd/copy_rlog.zst) becomes a route named after the "
-        f"file without its format suffix (copy_rlog-00001--0/{COPY_NAME}.zst).",
+        f"file without its format suffix (copy_rlog-00001--0/{COPY_NAME}.zst). --from is read up to its first "
+        "message before anything is written: a log file that gives none (empty, not zstd or MCAP, damaged from its "
+        "first byte, JSON channels only), or a folder none of whose log files gives one, is refused (exit 2); past "
+        "that, damaged log files are copied as they are, and check reports of the copies what it reports of them.",
     )
     make.add_argument(
         "--from", dest="source", type=Path, required=True, metavar="LOG", help="a log file or a folder of logs to copy"
