@@ -6,11 +6,14 @@ refused in one line, exit 2, before anything is written (``node/offline/fleet.py
    ("no rlog.zst/mcap under OUT", exit 2): the copies are ``rlog.zst`` / ``rlog.mcap``, the route named after the
    file without its format suffix;
 2. a source that is no log (a 0-byte file, 5000 random bytes) was copied ("2 route(s), 2 segment(s)", exit 0): it is
-   read up to its first message with the reader check reads with, and refused, one line naming it and why.
+   read up to its first message with the reader check reads with, and refused, one line naming it and why;
+3. a FIFO ``rlog.zst`` in the ``--from`` folder refused the whole folder, where check and replay skip it with one
+   WARNING: fleet make skips it the same way (never opened) and copies the rest.
 """
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -148,3 +151,41 @@ def test_a_damaged_segment_beside_a_readable_log_is_copied_as_it_is(tmp_path, ca
                 for d in r.timeline.damage]
 
     assert said(out) == said(src) == [("2026-01-01--00-00-00--1", 0, "empty file", 1)]
+
+
+# ---------------------------------------------------------------- 3. a FIFO in the folder is skipped, as check skips it
+
+
+@pytest.mark.timeout(120)  # a FIFO that is opened blocks for good: fail, never hang
+def test_a_log_file_in_the_folder_that_is_no_regular_file_is_skipped_with_one_warning(tmp_path, caplog,
+                                                                                      capsys) -> None:
+    seg = _log(tmp_path / "lg").parent
+    os.mkfifo(seg / "rlog.mcap")  # beside the segment's regular rlog.zst
+    (tmp_path / "lg" / "2026-01-01--00-00-00--1").mkdir()
+    os.mkfifo(tmp_path / "lg" / "2026-01-01--00-00-00--1" / "rlog.zst")  # a segment of its own
+    out = tmp_path / "fleet"
+    assert main(["fleet", "make", "--from", str(tmp_path / "lg"), "--copies", "2", str(out)]) == 0
+    assert capsys.readouterr() == (f"2 route(s), 2 segment(s) in {out}\n", "")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "chestnut.fleet"] == [
+        ("WARNING", f"{tmp_path / 'lg' / '2026-01-01--00-00-00--1' / 'rlog.zst'}: a FIFO, not a regular file: "
+                    "skipped (never opened)"),
+        ("WARNING", f"{seg / 'rlog.mcap'}: a FIFO, not a regular file: skipped (never opened)"),
+    ]
+    assert _tree(out) == ["2026-01-01--00-00-00-00001--0", "2026-01-01--00-00-00-00001--0/rlog.zst",
+                          "2026-01-01--00-00-00-00002--0", "2026-01-01--00-00-00-00002--0/rlog.zst"]
+    caplog.clear()
+    assert main(["check", str(tmp_path / "lg")]) == 0  # what check does with the same folder
+    assert [(r.levelname, r.getMessage().split(": ", 1)[1]) for r in caplog.records if r.name == "chestnut.check"] == [
+        ("WARNING", "a FIFO, not a regular file: skipped (never opened)")] * 2
+
+
+@pytest.mark.timeout(120)
+def test_a_fifo_named_by_from_is_refused_in_one_line(tmp_path, capsys) -> None:
+    fifo = tmp_path / "rlog.zst"
+    os.mkfifo(fifo)
+    out = tmp_path / "fleet"
+    assert main(["fleet", "make", "--from", str(fifo), "--copies", "2", str(out)]) == 2
+    assert capsys.readouterr() == ("", (
+        f"chestnut fleet make: {fifo}: a FIFO, not a regular file; give a log file (rlog.zst / rlog.mcap) or a folder "
+        "of them\n"))
+    assert not out.exists()

@@ -674,7 +674,8 @@ def _refuse_unreadable(source: Path, files: Sequence[Path]) -> None:
     raise NotALogError(f"{source}: no readable log in it ({f}: {why}{more}); {fix}")
 
 
-def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
+def make_fleet(source: Path | str, copies: int, out: Path | str, *,
+               on_skip: Callable[[Path, str], None] | None = None) -> list[Path]:
     """Copy every log under ``source`` ``copies`` times into ``out`` as new routes
     ``<route>-<k:05d>`` (k from 1), segment directories ``<route>-<k>--<n>`` with the files byte for
     byte, each log file named as ``chestnut check`` and ``replay`` find it in a folder: ``rlog.zst`` / ``rlog.mcap``
@@ -690,6 +691,11 @@ def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
     ``ValueError``, one line naming the file and why). Past that, every log file is copied byte for byte, damaged
     ones too: ``chestnut check`` of a copy reports what it reports of the source.
 
+    ``on_skip`` (:func:`group_logs`, as ``check_fleet`` and ``replay_fleet`` take it): a log file found in a folder
+    that is not a regular file (a FIFO, socket, device or symlink: never opened, a FIFO would block the copy for good)
+    is left out and named to it, the rest copied; without it such a file is refused. A path ``source`` names itself,
+    and a video file, are refused either way (``NotRegularFileError``).
+
     Raises ``FileNotFoundError`` (no log under ``source``; a video or log
     file that is not a regular file, ``msgs/video.py`` ``NotRegularFileError``), ``FileExistsError`` (a
     route already in ``out``: nothing is overwritten), ``ValueError`` (``copies`` not in
@@ -698,7 +704,7 @@ def make_fleet(source: Path | str, copies: int, out: Path | str) -> list[Path]:
     ``private_dir``; nothing is written; or a full disk, ENOSPC / EDQUOT / EFBIG from write(2)). A copy that
     stops on any error removes the folders and files it made."""
     check_copies(copies)
-    groups = group_logs(source)
+    groups = group_logs(source, on_skip=on_skip)
     _refuse_unreadable(Path(source), [f for _, files in groups for f in files])
     out = Path(out)
     plan: list[tuple[Path, Path, bool]] = []  # (from, to, follow a symlink: a log file named by hand may be one)

@@ -5,7 +5,9 @@ under ``--from`` copied ``N`` times under new route ids, each log file named ``r
 ``check`` and ``replay`` find it (``odd/copy_rlog.zst`` becomes ``copy_rlog-00001--0/rlog.zst``). Exit status 0,
 or 2 with one line when it cannot (no log, or none that gives a message to read: ``--from`` is read up to its first
 message before anything is written, :class:`~chestnut.node.offline.fleet.NotALogError`; ``OUT`` already holds one of
-the routes or is unfit; a count outside 1..100000 is refused by the parser, :func:`copy_count`).
+the routes or is unfit; a count outside 1..100000 is refused by the parser, :func:`copy_count`). A log file found
+in the ``--from`` folder that is not a regular file (a FIFO ...) is skipped with one WARNING, as ``check`` and
+``replay`` skip it (:func:`skip_once`), and the rest copied.
 
 The executor options (:func:`add_executor_arguments`): ``--executor local|ray``, ``--workers N``
 (local: processes, default 1; ray: actors, default one per CPU of the cluster; >= 1 checked as it is parsed,
@@ -236,19 +238,26 @@ def open_executor(args: argparse.Namespace, command: str) -> Executor | None:
     return executor
 
 
+MAKE_DESCRIPTION = (
+    "Copy every log under --from N times into OUT as new routes <route>-00001 ... (nothing overwritten), byte for "
+    "byte, with the video files beside each segment's log file. Each copy is named as check and replay find it in a "
+    f"folder, <route>-<k>--<segment>/{COPY_NAME}.zst (or {COPY_NAME}.mcap, after the file's format); a log file "
+    "outside a segment folder is a route named after the file without its format suffix: odd/copy_rlog.zst makes "
+    f"copy_rlog-00001--0/{COPY_NAME}.zst. Before anything is written, --from is read up to its first message: a log "
+    "file that gives none (empty, not zstd or MCAP, damaged from its first byte, JSON channels only), or a folder "
+    "none of whose log files gives one, is refused; damaged files past that are copied as they are (check reports of "
+    "the copies what it reports of them). A log file in the --from folder that is not a regular file (a FIFO, "
+    "socket, device, symlink) is skipped with one WARNING, never opened, as check and replay skip it; --from naming "
+    "one, or such a video file, is refused."
+)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="fleet_command", metavar="ACTION", required=True)
     make = sub.add_parser(
         "make",
         help="copy a log N times under new route ids (a synthetic fleet)",
-        description="Copy every log under --from N times into OUT as new routes <route>-00001, <route>-00002 ..., "
-        "byte for byte with the video files beside each segment's log file (nothing overwritten). Each copy is named "
-        f"as check and replay find it in a folder: <route>-<k>--<segment>/{COPY_NAME}.zst (or .mcap, after the "
-        "file's format); a log file outside a segment folder (odd/copy_rlog.zst) becomes a route named after the "
-        f"file without its format suffix (copy_rlog-00001--0/{COPY_NAME}.zst). --from is read up to its first "
-        "message before anything is written: a log file that gives none (empty, not zstd or MCAP, damaged from its "
-        "first byte, JSON channels only), or a folder none of whose log files gives one, is refused (exit 2); past "
-        "that, damaged log files are copied as they are, and check reports of the copies what it reports of them.",
+        description=MAKE_DESCRIPTION,
     )
     make.add_argument(
         "--from", dest="source", type=Path, required=True, metavar="LOG", help="a log file or a folder of logs to copy"
@@ -282,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
         return refuse("chestnut fleet make", f"OUT {args.out} is {inside} --from {args.source}: the copies would "
                       "join the log they copy (a later replay of it would count them); give a folder outside it")
     try:
-        dirs = make_fleet(args.source, args.copies, args.out)
+        dirs = make_fleet(args.source, args.copies, args.out, on_skip=skip_once(log))
     except OutputDirError as e:
         return refuse("chestnut fleet make", f"OUT {e}")
     except (FileNotFoundError, FileExistsError, ValueError) as e:
