@@ -8,7 +8,9 @@ refused in one line, exit 2, before anything is written (``node/offline/fleet.py
 2. a source that is no log (a 0-byte file, 5000 random bytes) was copied ("2 route(s), 2 segment(s)", exit 0): it is
    read up to its first message with the reader check reads with, and refused, one line naming it and why;
 3. a FIFO ``rlog.zst`` in the ``--from`` folder refused the whole folder, where check and replay skip it with one
-   WARNING: fleet make skips it the same way (never opened) and copies the rest.
+   WARNING: fleet make skips it the same way (never opened) and copies the rest;
+4. an empty ``--from ''`` or ``OUT ''`` was the current folder (``Path('')`` is ``Path('.')``): the copies were written
+   into it; now the parser's one line naming the argument, exit 2.
 """
 
 from __future__ import annotations
@@ -189,3 +191,21 @@ def test_a_fifo_named_by_from_is_refused_in_one_line(tmp_path, capsys) -> None:
         f"chestnut fleet make: {fifo}: a FIFO, not a regular file; give a log file (rlog.zst / rlog.mcap) or a folder "
         "of them\n"))
     assert not out.exists()
+
+
+# ---------------------------------------------------------------- 4. an empty path is refused, never taken for "."
+
+
+@pytest.mark.parametrize(("which", "line"), [
+    ("--from", "argument --from: an empty path is not a path; give a log file or a folder of them"),
+    ("OUT", "argument OUT: an empty path is not a path; give the folder for the fleet"),
+], ids=["from", "out"])
+def test_an_empty_from_or_out_is_the_parsers_one_line_naming_it(which, line, tmp_path, monkeypatch, capsys) -> None:
+    _log(tmp_path / "logs")
+    monkeypatch.chdir(tmp_path)  # "" was this folder: the log to copy, or where the copies went
+    source, out = ("", "fleet") if which == "--from" else ("logs", "")
+    with pytest.raises(SystemExit) as info:
+        main(["fleet", "make", "--from", source, "--copies", "2", out])
+    assert info.value.code == 2
+    assert capsys.readouterr() == ("", f"chestnut fleet make: error: {line} (chestnut fleet make --help)\n")
+    assert sorted(os.listdir(tmp_path)) == ["logs"]

@@ -5,7 +5,8 @@ under ``--from`` copied ``N`` times under new route ids, each log file named ``r
 ``check`` and ``replay`` find it (``odd/copy_rlog.zst`` becomes ``copy_rlog-00001--0/rlog.zst``). Exit status 0,
 or 2 with one line when it cannot (no log, or none that gives a message to read: ``--from`` is read up to its first
 message before anything is written, :class:`~chestnut.node.offline.fleet.NotALogError`; ``OUT`` already holds one of
-the routes or is unfit; a count outside 1..100000 is refused by the parser, :func:`copy_count`). A log file found
+the routes or is unfit; a count outside 1..100000, and an empty ``--from`` or ``OUT`` (``''`` is no path, not
+``.``), are refused by the parser, :func:`copy_count`, :func:`_given_path`). A log file found
 in the ``--from`` folder that is not a regular file (a FIFO ...) is skipped with one WARNING, as ``check`` and
 ``replay`` skip it (:func:`skip_once`), and the rest copied.
 
@@ -95,6 +96,21 @@ def copy_count(text: str) -> int:
     (1..:data:`~chestnut.node.offline.fleet.MAX_COPIES`); raises ``argparse.ArgumentTypeError`` (one line)
     otherwise."""
     return _count(text, check_copies, f"give a number of copies in 1..{MAX_COPIES}")
+
+
+def _given_path(give: str) -> Callable[[str], Path]:
+    """The ``type=`` of a path of ``fleet make`` (``--from``, ``OUT``): ``Path(text)``, or for ``''`` an
+    ``argparse.ArgumentTypeError``, the parser's one line naming the argument (``chestnut fleet make: error: argument
+    --from: an empty path is not a path; give a log file or a folder of them (chestnut fleet make --help)``), exit 2.
+    ``Path('')`` is ``Path('.')``: an empty value (an unset shell variable) copied the current folder, or wrote the
+    fleet into it."""
+
+    def path(text: str) -> Path:
+        if text == "":
+            raise argparse.ArgumentTypeError(f"an empty path is not a path; {give}")
+        return Path(text)
+
+    return path
 
 
 def slack_ms(text: str) -> float:
@@ -259,13 +275,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="copy a log N times under new route ids (a synthetic fleet)",
         description=MAKE_DESCRIPTION,
     )
-    make.add_argument(
-        "--from", dest="source", type=Path, required=True, metavar="LOG", help="a log file or a folder of logs to copy"
-    )
+    make.add_argument("--from", dest="source", type=_given_path("give a log file or a folder of them"), required=True,
+                      metavar="LOG", help="a log file or a folder of logs to copy")
     make.add_argument(
         "--copies", type=copy_count, required=True, metavar="N", help=f"copies of each log (1..{MAX_COPIES})"
     )
-    make.add_argument("out", type=Path, metavar="OUT", help="directory for the fleet (routes never overwritten)")
+    make.add_argument("out", type=_given_path("give the folder for the fleet"), metavar="OUT",
+                      help="directory for the fleet (routes never overwritten)")
 
 
 def _inside_source(out: Path, source: Path) -> str | None:
