@@ -10,7 +10,10 @@ refused in one line, exit 2, before anything is written (``node/offline/fleet.py
 3. a FIFO ``rlog.zst`` in the ``--from`` folder refused the whole folder, where check and replay skip it with one
    WARNING: fleet make skips it the same way (never opened) and copies the rest;
 4. an empty ``--from ''`` or ``OUT ''`` was the current folder (``Path('')`` is ``Path('.')``): the copies were written
-   into it; now the parser's one line naming the argument, exit 2.
+   into it; now the parser's one line naming the argument, exit 2;
+5. two logs under ``--from`` whose copies share their route ids (the same route in two folders, two loose
+   ``rlog.zst``) stopped halfway with ``[Errno 17] File exists: ...``: now one line naming both, before anything is
+   written.
 """
 
 from __future__ import annotations
@@ -209,3 +212,23 @@ def test_an_empty_from_or_out_is_the_parsers_one_line_naming_it(which, line, tmp
     assert info.value.code == 2
     assert capsys.readouterr() == ("", f"chestnut fleet make: error: {line} (chestnut fleet make --help)\n")
     assert sorted(os.listdir(tmp_path)) == ["logs"]
+
+
+# ---------------------------------------------------------------- 5. two logs that would make the same routes
+
+
+@pytest.mark.parametrize("loose", [False, True], ids=["same-route", "loose-rlogs"])
+def test_two_logs_whose_copies_would_share_route_ids_are_refused_naming_both(loose, tmp_path, capsys) -> None:
+    for where in ("a", "b"):
+        f = _log(tmp_path / "logs" / where)
+        if loose:
+            f.rename(tmp_path / "logs" / where / "rlog.zst")
+            f.parent.rmdir()
+    a, b = ((tmp_path / "logs" / w / ("rlog.zst" if loose else "2026-01-01--00-00-00")) for w in ("a", "b"))
+    route = "rlog-00001" if loose else "2026-01-01--00-00-00-00001"
+    out = tmp_path / "fleet"
+    assert main(["fleet", "make", "--from", str(tmp_path / "logs"), "--copies", "2", str(out)]) == 2
+    assert capsys.readouterr() == ("", (
+        f"chestnut fleet make: {a} and {b} would both be copied as route {route} ...: copy them one at a time, into "
+        "different OUT folders\n"))
+    assert not out.exists()

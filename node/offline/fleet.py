@@ -700,18 +700,23 @@ def make_fleet(source: Path | str, copies: int, out: Path | str, *,
     file that is not a regular file, ``msgs/video.py`` ``NotRegularFileError``), ``FileExistsError`` (a
     route already in ``out``: nothing is overwritten), ``ValueError`` (``copies`` not in
     1..:data:`MAX_COPIES`; :class:`NotALogError`, also for a log file named by ``source`` that is neither
-    ``.zst`` nor ``.mcap``), :class:`~chestnut.msgs.outdir.OutputDirError` (``out`` unfit: ``msgs/outdir.py``
-    ``private_dir``; nothing is written; or a full disk, ENOSPC / EDQUOT / EFBIG from write(2)). A copy that
-    stops on any error removes the folders and files it made."""
+    ``.zst`` nor ``.mcap``; two logs under ``source`` whose copies would share their route ids: the same route id in
+    two folders, or two ``rlog.zst`` outside segment folders), :class:`~chestnut.msgs.outdir.OutputDirError`
+    (``out`` unfit: ``msgs/outdir.py`` ``private_dir``; nothing is written; or a full disk, ENOSPC / EDQUOT / EFBIG
+    from write(2)). A copy that stops on any error removes the folders and files it made."""
     check_copies(copies)
     groups = group_logs(source, on_skip=on_skip)
     _refuse_unreadable(Path(source), [f for _, files in groups for f in files])
     out = Path(out)
     plan: list[tuple[Path, Path, bool]] = []  # (from, to, follow a symlink: a log file named by hand may be one)
+    bases: dict[str, str] = {}  # route id of the copies -> the log they copy
     for log_name, files in groups:
         base = Path(log_name).name
         if parse_segment_dir(files[0].parent.name) is None:  # a file of its own: its name less the format suffix
             base = Path(base).stem
+        if (other := bases.setdefault(base, log_name)) != log_name:
+            raise ValueError(f"{other} and {log_name} would both be copied as route {base}-00001 ...: copy them "
+                             "one at a time, into different OUT folders")
         with_videos = [(f, segment_videos(f)) for f in files]
         for k in range(1, copies + 1):
             for n, (f, videos) in enumerate(with_videos):
