@@ -13,7 +13,8 @@ refused in one line, exit 2, before anything is written (``node/offline/fleet.py
    into it; now the parser's one line naming the argument, exit 2;
 5. two logs under ``--from`` whose copies share their route ids (the same route in two folders, two loose
    ``rlog.zst``) stopped halfway with ``[Errno 17] File exists: ...``: now one line naming both, before anything is
-   written.
+   written;
+6. a log file the copy cannot read (``EACCES``, ``EIO``) was a traceback: one line naming it, what was made removed.
 """
 
 from __future__ import annotations
@@ -231,4 +232,30 @@ def test_two_logs_whose_copies_would_share_route_ids_are_refused_naming_both(loo
     assert capsys.readouterr() == ("", (
         f"chestnut fleet make: {a} and {b} would both be copied as route {route} ...: copy them one at a time, into "
         "different OUT folders\n"))
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------- 6. a file the copy cannot read
+
+
+def test_a_log_file_the_copy_cannot_read_is_one_line_and_nothing_is_left(tmp_path, monkeypatch, capsys) -> None:
+    import errno
+
+    from chestnut.node.offline import fleet
+
+    seg = _log(tmp_path / "logs").parent
+    (seg.parent / "2026-01-01--00-00-00--1").mkdir()
+    locked = seg.parent / "2026-01-01--00-00-00--1" / "rlog.zst"
+    locked.write_bytes((seg / "rlog.zst").read_bytes())
+    opened = fleet.open_regular
+
+    def open_regular(path, follow=False):  # as for another user's file 0600, which root would read all the same
+        if Path(path) == locked:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return opened(path, follow=follow)
+
+    monkeypatch.setattr(fleet, "open_regular", open_regular)
+    out = tmp_path / "fleet"
+    assert main(["fleet", "make", "--from", str(tmp_path / "logs"), "--copies", "2", str(out)]) == 2
+    assert capsys.readouterr() == ("", f"chestnut fleet make: {locked}: permission denied; nothing written\n")
     assert not out.exists()

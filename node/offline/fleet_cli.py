@@ -299,7 +299,7 @@ def _inside_source(out: Path, source: Path) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from chestnut.msgs.outdir import OutputDirError, missing_folder
+    from chestnut.msgs.outdir import OutputDirError, missing_folder, os_reason
 
     if (missing := missing_folder(args.out)) is not None:  # OUT is made, never the folders above it
         return refuse("chestnut fleet make", f"OUT {missing}")
@@ -312,6 +312,8 @@ def run(args: argparse.Namespace) -> int:
         return refuse("chestnut fleet make", f"OUT {e}")
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         return refuse("chestnut fleet make", e)
+    except OSError as e:  # a log or video file that cannot be read (EACCES, EIO): make_fleet removed what it made
+        return refuse("chestnut fleet make", f"{e.filename or args.source}: {os_reason(e)}; nothing written")
     routes = {d.name.rpartition("--")[0] for d in dirs}
     print(f"{len(routes)} route(s), {len(dirs)} segment(s) in {args.out}")
     return 0
