@@ -41,7 +41,7 @@ from typing import Any, TextIO
 from chestnut.backend import protocol as P
 from chestnut.backend.errors import ChestnutError
 from chestnut.backend.interface import LadderReport, LadderStep, ModelSpec, StepResult
-from chestnut.msgs.argtypes import MAX_WAIT_TIMEOUT_MS, checked_int
+from chestnut.msgs.argtypes import MAX_WAIT_TIMEOUT_MS, checked_int, path_arg
 
 MARKS = {StepResult.PASS: "PASS", StepResult.WARN: "WARN", StepResult.FAIL: "FAIL", StepResult.SKIPPED: "SKIP"}
 OS_RELEASE_MAX_BYTES = 64 << 10  # /etc/os-release is a few hundred bytes (os-release(5))
@@ -158,15 +158,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--twin", action="store_true", help="probe the twin daemon (default)")
     target.add_argument("--real", action="store_true", help="probe a real dock through tinygrad (DEV=USB+AMD:LLVM)")
     parser.add_argument("--prefix", help="twin runtime prefix (default: $CHESTNUT_PREFIX)")
-    parser.add_argument("--model", type=Path, help="ONNX model: also run 'model loaded' and 'warm-up'")
+    parser.add_argument("--model", type=path_arg, help="ONNX model: also run 'model loaded' and 'warm-up'")
     parser.add_argument("--name", help="model display name (default: the file stem)")
     parser.add_argument("--shape", type=shape_arg, action="append", default=[], metavar="NAME=D0,D1,...",
                         help="with --model: fix that model's input NAME to these positive dimensions (repeatable)")
-    parser.add_argument("--fingerprint", type=Path, help="recorded fingerprint JSON of the model (default: record "
+    parser.add_argument("--fingerprint", type=path_arg, help="recorded fingerprint JSON of the model (default: record "
                                                          "one now on the host CPU)")
-    parser.add_argument("--record-fingerprint", type=Path, metavar="OUT",
+    parser.add_argument("--record-fingerprint", type=path_arg, metavar="OUT",
                         help="record the model's fingerprint on the host CPU into OUT and exit")
-    parser.add_argument("--fill-firmware", type=Path, metavar="DIR",
+    parser.add_argument("--fill-firmware", type=path_arg, metavar="DIR",
                         help="fill tinygrad's GPU firmware cache from DIR (linux-firmware amdgpu files) and exit")
     parser.add_argument("--wait-timeout-ms", type=_wait_timeout_ms, default=P.WAIT_TIMEOUT_MS,
                         help=f"device wait timeout, ms > 0 and <= {MAX_WAIT_TIMEOUT_MS} "

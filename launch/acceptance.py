@@ -49,7 +49,7 @@ from typing import Any
 from chestnut.backend import protocol as P
 from chestnut.launch.acceptance_bus import FRAME_HZ, FrameBus, inactive_since, percentile_ms, serving_primary
 from chestnut.launch.acceptance_dock import run_dock_process
-from chestnut.msgs.argtypes import checked_float, checked_int, positive_ms, positive_seconds
+from chestnut.msgs.argtypes import checked_float, checked_int, path_arg, positive_ms, positive_seconds
 from chestnut.msgs.outdir import OutputDirError, open_private, private_dir, write_private
 
 DEFAULT_SIZES = (64 << 10, 1 << 20, 4 << 20)  # bytes per copy
@@ -544,9 +544,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--twin", action="store_true", help="the twin, unattended, with injected faults")
     target.add_argument("--real", action="store_true", help="a real dock; you are asked to unplug and replug it")
-    p.add_argument("--out", type=Path, required=True, help="directory for report.json, report.html, node.log")
-    p.add_argument("--config", type=Path, help="the node's TOML (default: launch/node.toml)")
-    p.add_argument("--model", type=Path, help="primary model (default: the config's)")
+    p.add_argument("--out", type=path_arg, required=True, help="directory for report.json, report.html, node.log")
+    p.add_argument("--config", type=path_arg, help="the node's TOML (default: launch/node.toml)")
+    p.add_argument("--model", type=path_arg, help="primary model (default: the config's)")
     p.add_argument("--prefix", help="twin runtime prefix (default: a fresh one)")
     p.add_argument(
         "--twin-engine",

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from chestnut.backend.errors import ModelError
+from chestnut.msgs.argtypes import path_arg
 from chestnut.msgs.outdir import OutputDirError, missing_folder, private_dir, write_private_files
 from chestnut.node.config import MAX_INPUT_ELEMENTS, cache_dir, default_model_path
 
@@ -446,9 +447,10 @@ def prepare_for_dock(model: Path) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True)
     prep = sub.add_parser("prepare", help="fix shapes, repair, check and record a model for the node")
-    prep.add_argument("--onnx", type=Path, help="source ONNX file (default: PP-OCRv4 det from rapidocr-onnxruntime)")
+    prep.add_argument("--onnx", type=path_arg,
+                      help="source ONNX file (default: PP-OCRv4 det from rapidocr-onnxruntime)")
     prep.add_argument("--shape", default=",".join(map(str, DEFAULT_SHAPE)), help="input shape N,C,H,W")
-    prep.add_argument("--out", type=Path, help=f"prepared model path (default: {default_model_path()})")
+    prep.add_argument("--out", type=path_arg, help=f"prepared model path (default: {default_model_path()})")
     prep.add_argument("--force", action="store_true", help="prepare again even if up to date")
     prep.add_argument(
         "--for-dock",

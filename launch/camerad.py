@@ -44,7 +44,14 @@ from pathlib import Path
 import numpy as np
 
 from chestnut.launch.signals import StopFlag
-from chestnut.msgs.argtypes import MAX_FRAME_RATE_HZ, MIN_FRAME_RATE_HZ, checked_float, checked_int, frame_rate_hz
+from chestnut.msgs.argtypes import (
+    MAX_FRAME_RATE_HZ,
+    MIN_FRAME_RATE_HZ,
+    checked_float,
+    checked_int,
+    frame_rate_hz,
+    path_arg,
+)
 from chestnut.msgs.frames import fill_frame, frame_shape
 from chestnut.msgs.messaging import PubMaster, context
 from chestnut.msgs.services import FRAME_MAX_BYTES, get_service
@@ -302,7 +309,7 @@ def _start_delay_s(text: str) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_priority_argument(p, CAMERA_PRIORITY, "camera")
-    p.add_argument("--source", type=Path, help="video, image folder or image (default: mvtb-data traffic video)")
+    p.add_argument("--source", type=path_arg, help="video, image folder or image (default: mvtb-data traffic video)")
     p.add_argument("--rate", type=frame_rate_hz, default=20.0,
                    help=f"frames per second ({MIN_FRAME_RATE_HZ:g} to {MAX_FRAME_RATE_HZ:g}; default 20)")
     p.add_argument("--height", type=int, default=None,

@@ -90,7 +90,7 @@ from chestnut.launch.supervise import (
     supervisorctl,
     wait_for,
 )
-from chestnut.msgs.argtypes import MAX_RUN_SECONDS, MIN_FRAME_RATE_HZ, checked_float, checked_int, run_seconds
+from chestnut.msgs.argtypes import MAX_RUN_SECONDS, MIN_FRAME_RATE_HZ, checked_float, checked_int, path_arg, run_seconds
 from chestnut.msgs.outdir import OutputDirError
 
 log = logging.getLogger("chestnut.launch")
@@ -161,7 +161,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--rate", type=launch_rate_hz, default=20.0,
                    help=f"camera rate, Hz (default 20, {MIN_FRAME_RATE_HZ:g} to {MAX_RATE_HZ:g})")
-    p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where run directories go (default ./runs)")
+    p.add_argument("--runs-dir", type=path_arg, default=Path("runs"), help="where run directories go (default ./runs)")
     p.add_argument(
         "--fault",
         type=FaultPlan.parse,
@@ -184,7 +184,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="onnxruntime",
         help="how the twin's GPU executes programs (default onnxruntime: real time on 2 cores)",
     )
-    p.add_argument("--node-config", type=Path, help="node TOML (default: launch/node.toml)")
+    p.add_argument("--node-config", type=path_arg, help="node TOML (default: launch/node.toml)")
     p.add_argument(
         "--frames",
         choices=FRAME_SIZES,
@@ -225,7 +225,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="both",
         help="log segment format(s): both (default, ~300 MB/min at 20 Hz), zst (openpilot rlog) or mcap",
     )
-    p.add_argument("--json", type=Path, help="also write the summary as JSON here (0600; its folder must exist, be "
+    p.add_argument("--json", type=path_arg, help="also write the summary as JSON here (0600; its folder must exist, be "
                    "yours and writable by no one else, and not be a symlink)")
     p.add_argument(
         "--foxglove",

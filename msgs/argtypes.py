@@ -1,11 +1,29 @@
-"""Command-line numbers checked as argparse reads them: one shared parser for the ``type=`` functions of every
-``chestnut`` subcommand, so a bad number is one line naming what is wanted (``OneLineParser``, exit 2)."""
+"""Command-line numbers and paths checked as argparse reads them: one shared parser for the ``type=`` functions of
+every ``chestnut`` subcommand, so a bad number or an empty path is one line naming what is wanted
+(``OneLineParser``, exit 2)."""
 
 from __future__ import annotations
 
 import argparse
 import math
 from collections.abc import Callable
+from pathlib import Path
+
+EMPTY_PATH_WANT = "an empty path is not a path; give a file or folder"
+"""Why :func:`path_arg` refuses ``''``."""
+
+
+def path_arg(text: str) -> Path:
+    """A path on the command line (the ``type=`` of every path option and positional of ``chestnut``'s commands:
+    ``check LOG``, ``acceptance --out``, ``camera --source``, ``export --mcap``, ...), as ``Path(text)``; raises
+    ``argparse.ArgumentTypeError`` (one line, :data:`EMPTY_PATH_WANT`) for ``''``. ``Path('')`` is ``Path('.')``,
+    the current directory, so an empty value (an unset shell variable: ``--out "$DIR"``) named it without a word:
+    ``chestnut check ''`` checked the whole current directory, ``acceptance --out ''`` wrote its reports into it,
+    ``camera --source ''`` said "camera source . holds no images"; what a given path may be is the command's to
+    check, as before."""
+    if text == "":
+        raise argparse.ArgumentTypeError(EMPTY_PATH_WANT)
+    return Path(text)
 
 
 def checked_float(text: str, ok: Callable[[float], bool], want: str) -> float:

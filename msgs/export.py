@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chestnut.msgs.argtypes import path_arg
 from chestnut.msgs.clock import logged_unix_offset_ns
 from chestnut.msgs.logfile import FlushPolicy, LogPathError, LogReader, McapSegmentWriter
 from chestnut.msgs.outdir import OutputDirError, missing_folder
@@ -120,8 +121,8 @@ def _decoded(event: Any, frames: LoggedFrames, damage: dict[Path, list[Any]]) ->
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="log files or directories")
-    parser.add_argument("--mcap", type=Path, required=True, metavar="OUT", help="the .mcap file to write (new)")
+    parser.add_argument("logs", nargs="+", type=path_arg, metavar="LOG", help="log files or directories")
+    parser.add_argument("--mcap", type=path_arg, required=True, metavar="OUT", help="the .mcap file to write (new)")
     parser.add_argument("--with-capnp", action="store_true", help="keep the Cap'n Proto channels too")
 
 

@@ -54,7 +54,7 @@ from typing import Any
 
 import zmq
 
-from chestnut.msgs.argtypes import checked_float, checked_int, positive_seconds
+from chestnut.msgs.argtypes import checked_float, checked_int, path_arg, positive_seconds
 from chestnut.msgs.frames import frame_to_array
 from chestnut.msgs.logfile import FORMATS, MCAP_ENCODINGS, SEGMENT_SECONDS, FlushPolicy, RouteWriter
 from chestnut.msgs.messaging import REASON_WRONG_SERVICE, MalformedMessageError, SubSocket, log_from_bytes, sub_sock
@@ -245,7 +245,8 @@ def _segment_seconds(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--log-dir", type=Path, default=Path("logs"), help="where routes are written (default ./logs)")
+    parser.add_argument("--log-dir", type=path_arg, default=Path("logs"),
+                        help="where routes are written (default ./logs)")
     parser.add_argument(
         "--segment-seconds",
         type=_segment_seconds,

@@ -29,6 +29,7 @@ from chestnut.backend.ladder import DockQualifier, LadderConfig, UsbDock
 from chestnut.backend.model import untrusted_file
 from chestnut.backend.protocol import WAIT_TIMEOUT_MS
 from chestnut.backend.real_runner import WARM_LOAD_BOUND_S, cached_on_dock
+from chestnut.msgs.argtypes import path_arg
 from chestnut.node.deadline import DEADLINE_ANSWER_MS, DEADLINE_FLOOR_MS, DEADLINE_PERIOD_MS
 from chestnut.node.policy import HOST_CPU_PRESSURE_PCT, HOST_LATE_MS, HOST_WINDOW_MS
 from chestnut.node.preprocess import PREPROCESSORS, WARP_PREFIX, primary_warp
@@ -599,10 +600,20 @@ def load_config(path: Path | None) -> NodeConfig:
     return validate(cfg)
 
 
+def rt_cpus_arg(text: str) -> str:
+    """``--rt-cpus``: the text, when it names at least one CPU; raises ``argparse.ArgumentTypeError`` (one line)
+    for one that names none (``--rt-cpus=``, ``--rt-cpus ,``), which was taken as the default, any CPU, without a
+    word: a pinning asked for and not done. Its numbers are checked by :func:`from_args` (``realtime.cpus``)."""
+    if not any(c.strip() for c in text.split(",")):
+        raise argparse.ArgumentTypeError(f"{text!r}: give CPU numbers such as 1 or 0,1 (leave --rt-cpus out for any "
+                                         "CPU)")
+    return text
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, help=f"TOML file (default: {DEFAULT_CONFIG} when present)")
-    p.add_argument("--model", type=Path, help="primary model (ONNX)")
-    p.add_argument("--fallback-model", type=Path, help="fallback model (ONNX; default: the primary's file)")
+    p.add_argument("--config", type=path_arg, help=f"TOML file (default: {DEFAULT_CONFIG} when present)")
+    p.add_argument("--model", type=path_arg, help="primary model (ONNX)")
+    p.add_argument("--fallback-model", type=path_arg, help="fallback model (ONNX; default: the primary's file)")
     p.add_argument("--dock", choices=DOCK_KINDS, help="where the primary runs")
     p.add_argument("--standby", choices=("hot", "warm"), help="fallback standby mode")
     p.add_argument("--deadline-ms", type=float,
@@ -614,7 +625,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "other: no realtime)")
     p.add_argument("--rt-priority", type=int, help="the node's realtime priority, 1..99 (default 54, openpilot "
                    "modeld's; the worker runs one below); 0: no realtime policy, as --rt-policy other")
-    p.add_argument("--rt-cpus", help="CPUs to pin the node and its worker to, e.g. 1 or 0,1 (default: any)")
+    p.add_argument("--rt-cpus", type=rt_cpus_arg,
+                   help="CPUs to pin the node and its worker to, e.g. 1 or 0,1 (leave it out for any)")
 
 
 def from_args(args: argparse.Namespace) -> NodeConfig:

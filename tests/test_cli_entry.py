@@ -4,6 +4,7 @@ line or none, the shell's status -- never a traceback."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import select
 import signal
@@ -158,3 +159,71 @@ def test_a_standard_output_that_takes_no_more_is_one_line_and_exit_1(command: li
         done = subprocess.run([sys.executable, "-m", "chestnut.launch.cli", *command], stdout=full,
                               stderr=subprocess.PIPE, text=True, timeout=60)
     assert (done.returncode, done.stderr) == (1, "chestnut: cannot write to standard output: No space left on device\n")
+
+
+# every path option and positional of every command but ``fleet make`` (its own check): (argv, the option named)
+EMPTY_PATHS = [
+    (["check", ""], "LOG"),
+    (["check", "x.zst", "--report", ""], "--report"),
+    (["replay", ""], "LOG"),
+    (["replay", "x.zst", "--model", ""], "--model"),
+    (["replay", "x.zst", "--fallback-model", ""], "--fallback-model"),
+    (["replay", "x.zst", "--report", ""], "--report"),
+    (["export", "", "--mcap", "x.mcap"], "LOG"),
+    (["export", "x.zst", "--mcap", ""], "--mcap"),
+    (["record", "--log-dir", ""], "--log-dir"),
+    (["probe", "--twin", "--model", ""], "--model"),
+    (["probe", "--twin", "--fingerprint", ""], "--fingerprint"),
+    (["probe", "--twin", "--record-fingerprint", ""], "--record-fingerprint"),
+    (["probe", "--fill-firmware", ""], "--fill-firmware"),
+    (["model", "prepare", "--onnx", ""], "--onnx"),
+    (["model", "prepare", "--out", ""], "--out"),
+    (["camera", "--source", ""], "--source"),
+    (["launch", "--runs-dir", ""], "--runs-dir"),
+    (["launch", "--node-config", ""], "--node-config"),
+    (["launch", "--json", ""], "--json"),
+    (["acceptance", "--twin", "--out", ""], "--out"),
+    (["acceptance", "--twin", "--out", "x", "--config", ""], "--config"),
+    (["acceptance", "--twin", "--out", "x", "--model", ""], "--model"),
+    (["run", "--config", ""], "--config"),
+    (["run", "--model", ""], "--model"),
+    (["run", "--fallback-model", ""], "--fallback-model"),
+]
+
+
+def _words(value: object) -> str | None:
+    """A test id: the command line, an empty word as ''."""
+    return " ".join(a or "''" for a in value) if isinstance(value, list) else None
+
+
+@pytest.mark.parametrize(("argv", "option"), EMPTY_PATHS, ids=_words)
+def test_an_empty_path_is_refused_in_one_line_naming_the_option(argv: list[str], option: str, capsys) -> None:
+    """``Path('')`` is the current directory: ``chestnut check ''`` checked all of it, ``acceptance --out ''`` wrote
+    its reports into it, ``run --model ''`` was a ValueError traceback (``msgs/argtypes.py`` ``path_arg``)."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    command = " ".join(argv[:2] if argv[0] == "model" else argv[:1])
+    assert (info.value.code, capsys.readouterr()) == (2, ("", (
+        f"chestnut {command}: error: argument {option}: an empty path is not a path; give a file or folder "
+        f"(chestnut {command} --help)\n")))
+
+
+def _path_typed(parser: argparse.ArgumentParser) -> list[str]:
+    """The options and positionals of ``parser`` and its subcommands' parsers read as a bare ``Path``."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                found += _path_typed(sub)
+        elif action.type is Path:
+            found.append(f"{parser.prog} {'/'.join(action.option_strings) or action.metavar or action.dest}")
+    return found
+
+
+@pytest.mark.parametrize("command", sorted(set(cli.COMMANDS) - {"fleet"}))
+def test_no_command_reads_a_path_without_refusing_an_empty_one(command: str, monkeypatch) -> None:
+    """Every path of every command (``fleet make`` has its own check) is ``path_arg``'s, so a path option added
+    later refuses ``''`` too: the list of those that do not is empty."""
+    monkeypatch.setattr(sys, "argv", ["chestnut", command])
+    parser = cli.build_parser()
+    assert _path_typed(parser) == []

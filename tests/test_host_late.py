@@ -226,6 +226,19 @@ def test_the_realtime_flags_override_the_file():
     assert cfg.realtime.policy == "other"
 
 
+@pytest.mark.parametrize("text", ["", ",", " , "])
+def test_an_rt_cpus_that_names_no_cpu_is_refused_in_one_line(text, capsys):
+    """``chestnut run --rt-cpus=`` was taken as the default (any CPU) without a word: a pinning asked for and not
+    done. Leaving the flag out is how to say any CPU."""
+    from chestnut.launch.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--dock", "none", f"--rt-cpus={text}"])
+    assert (info.value.code, capsys.readouterr()) == (2, ("", (
+        f"chestnut run: error: argument --rt-cpus: {text!r}: give CPU numbers such as 1 or 0,1 (leave --rt-cpus out "
+        "for any CPU) (chestnut run --help)\n")))
+
+
 def _refuse(*_args):
     raise PermissionError(1, "Operation not permitted")
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chestnut.msgs.argtypes import checked_float
+from chestnut.msgs.argtypes import checked_float, path_arg
 from chestnut.msgs.outdir import OutputDirError
 from chestnut.node.config import MAX_MS, deadline_refusal
 from chestnut.node.offline.contracts import CONTRACTS, CheckResult
@@ -80,8 +80,9 @@ class BoundAction(argparse.Action):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="log files or directories (rlog.zst / rlog.mcap)")
-    p.add_argument("--report", type=Path, metavar="DIR", help="write plots and an HTML report to DIR")
+    p.add_argument("logs", nargs="+", type=path_arg, metavar="LOG",
+                   help="log files or directories (rlog.zst / rlog.mcap)")
+    p.add_argument("--report", type=path_arg, metavar="DIR", help="write plots and an HTML report to DIR")
     p.add_argument(
         "--contract",
         action="append",

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chestnut.msgs.argtypes import checked_float, checked_int
+from chestnut.msgs.argtypes import checked_float, checked_int, path_arg
 from chestnut.msgs.outdir import OutputDirError
 from chestnut.node.config import MAX_AGREEMENT_TOL, MAX_MS
 from chestnut.node.offline.executor import ExecutorError
@@ -64,9 +64,10 @@ log = logging.getLogger("chestnut.replay")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="log files or directories (rlog.zst / rlog.mcap)")
-    p.add_argument("--model", type=Path, help="primary model (default: the path in the log's config)")
-    p.add_argument("--fallback-model", type=Path, help="fallback model (default: the log's config)")
+    p.add_argument("logs", nargs="+", type=path_arg, metavar="LOG",
+                   help="log files or directories (rlog.zst / rlog.mcap)")
+    p.add_argument("--model", type=path_arg, help="primary model (default: the path in the log's config)")
+    p.add_argument("--fallback-model", type=path_arg, help="fallback model (default: the log's config)")
     p.add_argument(
         "--source",
         choices=SOURCES,
@@ -88,7 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"values a, b match when |a-b| <= max(tol, tol*max(|a|,|b|)); > 0 and <= {MAX_AGREEMENT_TOL:g} "
         f"(default {DEFAULT_TOL:g})",
     )
-    p.add_argument("--report", type=Path, metavar="DIR", help="write plots and an HTML report to DIR")
+    p.add_argument("--report", type=path_arg, metavar="DIR", help="write plots and an HTML report to DIR")
     p.add_argument(
         "--slack-ms",
         type=slack_ms,
