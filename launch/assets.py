@@ -481,6 +481,8 @@ def out_problem(out: Path, given: bool = True) -> str | None:
     import os
     import stat
 
+    if given and not out.name:  # / or . (no file name: Path.with_suffix raises for it), a folder as .. is
+        return f"--out {out} is a directory, not a regular file; give another path"
     if given and out.suffix == ".json":
         return f"--out {out}: the metadata goes to {out.with_suffix('.json')}; give a path ending in .onnx"
     if given and (missing := missing_folder(out)) is not None:

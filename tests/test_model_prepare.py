@@ -130,6 +130,18 @@ def test_an_out_that_is_a_folder_is_refused_in_one_line_before_preparing(prepare
     assert captured.out == "" and calls == []
 
 
+@pytest.mark.parametrize("out", ["/", "."])
+def test_an_out_with_no_file_name_is_refused_as_a_folder(prepared, capsys, out):
+    """``--out /`` and ``--out .`` were a ValueError traceback ("has an empty name", ``Path.with_suffix``)."""
+    _, args, calls = prepared
+    args.out = Path(out)
+    assert assets.run(args) == 2
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == (
+        "", f"chestnut model prepare: --out {out} is a directory, not a regular file; give another path\n")
+    assert calls == []
+
+
 def test_an_out_whose_folder_does_not_exist_is_refused_and_the_folder_not_made(prepared, capsys, tmp_path):
     """It silently made the missing folder (and its parents)."""
     _, args, calls = prepared
