@@ -142,6 +142,32 @@ def test_a_ctrl_c_while_the_launch_checks_is_one_line_and_exit_130(tmp_path, mon
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_sigterm_while_the_launch_checks_is_named_and_exit_143(tmp_path, monkeypatch, caplog, sigint_default):
+    """A SIGTERM then is handled as a Ctrl-C (``launch/cli.py`` ``as_ctrl_c``) and its ``KeyboardInterrupt`` names
+    it: the line said "stopped by SIGINT (Ctrl-C) ... (exit 130)" while the process exited 143."""
+    from chestnut.launch import cli
+
+    def sigterm(path: Path | None) -> dict[str, Any]:
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("the SIGTERM did not stop the checks")
+
+    def start(*_a: object) -> None:
+        raise AssertionError("the stack was started after a SIGTERM")
+
+    monkeypatch.setattr(cli, "_TERMINATED", [])
+    signal.signal(signal.SIGTERM, cli.as_ctrl_c)  # as chestnut's main installs it; restored by sigint_default
+    monkeypatch.setattr(stack, "read_node_toml", sigterm)
+    monkeypatch.setattr(stack, "start", start)
+    caplog.set_level(logging.INFO)
+    try:
+        rc = stack.run(_args(tmp_path))
+    except KeyboardInterrupt:
+        pytest.fail("KeyboardInterrupt escaped chestnut launch (a traceback)")
+    assert (rc, [(r.levelname, r.getMessage()) for r in caplog.records]) == (143, [
+        ("WARNING", "stopped by SIGTERM before the stack started: nothing was started (exit 143)")])
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_ctrl_c_while_supervisord_starts_is_the_runs_stop(tmp_path, monkeypatch, sigint_default):
     from chestnut.launch import top
 
