@@ -76,6 +76,16 @@ def test_output_to_a_reader_that_went_away_ends_quietly_with_141():
     assert err == ""
 
 
+def test_help_to_a_reader_that_went_away_ends_quietly_with_141():
+    """``chestnut launch --help`` whose reader is gone: argparse dropped the EPIPE and it exited 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "chestnut.launch.cli", "launch", "--help"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert (proc.wait(timeout=60), err) == (141, "")
+
+
 def test_the_console_script_is_launch_entry_main():
     """pyproject.toml names it and the environment's installed ``chestnut`` is that one (launch/setup.sh installs
     again when pyproject.toml is newer than its stamp)."""
@@ -152,9 +162,11 @@ def test_a_ctrl_c_while_the_console_script_imports_is_one_line_and_130(tmp_path:
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-@pytest.mark.parametrize("command", [["model", "paths"], ["twin", "kinds"]])
+@pytest.mark.parametrize("command", [["model", "paths"], ["twin", "kinds"], ["--help"], ["launch", "--help"],
+                                     ["model", "prepare", "--help"], ["twin", "serve", "--help"]])
 def test_a_standard_output_that_takes_no_more_is_one_line_and_exit_1(command: list[str]) -> None:
-    """``> /dev/full`` (a full disk alike) was a 16-line OSError traceback; an error of another file is not this."""
+    """``> /dev/full`` (a full disk alike) was a 16-line OSError traceback; an error of another file is not this.
+    ``--help`` exited 0 with nothing said (argparse drops an error writing its messages)."""
     with open("/dev/full", "w") as full:
         done = subprocess.run([sys.executable, "-m", "chestnut.launch.cli", *command], stdout=full,
                               stderr=subprocess.PIPE, text=True, timeout=60)
