@@ -3,14 +3,15 @@
 Text line: ``<logMonoTime s> <service> valid=<bool> <member as JSON>``; ``Data`` fields are shown as
 ``"<N bytes>"``. ``--json``: one JSON object per line with ``logMonoTime`` (ns), ``service``, ``valid``
 and the member under its service name. ``--raw``: no decoding: ``<receive time s> <service> <N> bytes
-<hex of the first 32 bytes>`` (malformed messages show too). ``-n COUNT`` stops after COUNT messages.
-Ctrl-C (or a closed pipe) ends it with exit code 0. Malformed messages are counted and dropped as in
-every subscriber; after a ``-n`` run their counts per reason go to stderr. A service that no live
-process publishes yet (no holder of its publisher lock, ``msgs/messaging.py`` :func:`publisher_pid`) is
-named in one line on stderr at the start; dump then waits for it. A service whose socket path holds something
-that is not a socket of ours (a symlink, a regular file, a directory, another user's socket) is refused in one
-line, never connected through (``msgs/paths.py`` :func:`check_socket_path`, the publishers' rule): exit 2, as
-for an unknown service.
+<hex of the first 32 bytes>`` (malformed messages show too). ``-n COUNT`` stops after COUNT messages (exit 0).
+Ctrl-C ends it quietly with exit 130, a SIGTERM with 143 (``launch/cli.py`` ``as_ctrl_c``) and a reader that
+went away (``chestnut dump SERVICE | head -1``) with 141, as every command without a stop of its own. Malformed
+messages are counted and dropped as in every subscriber; after a ``-n`` run their counts per reason go to stderr.
+A service that no live process publishes yet (no holder of its publisher lock, ``msgs/messaging.py``
+:func:`publisher_pid`) is named in one line on stderr at the start; dump then waits for it. A service whose
+socket path holds something that is not a socket of ours (a symlink, a regular file, a directory, another
+user's socket) is refused in one line, never connected through (``msgs/paths.py`` :func:`check_socket_path`,
+the publishers' rule): exit 2, as for an unknown service.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from chestnut.msgs.services import SERVICE_LIST, UnknownServiceError
 
 RAW_HEX_BYTES = 32  # bytes of each raw message shown in hex
 POLL_MS = 100  # ms between checks for Ctrl-C / closed pipes when nothing arrives
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: launch/cli.py's, which this lower layer does not import
 
 
 def _plain(value: Any) -> Any:
@@ -159,12 +161,9 @@ def run(args: argparse.Namespace) -> int:
     except (UnknownServiceError, SocketPathError) as e:
         print(f"chestnut dump: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 0
-    except BrokenPipeError:
-        # the reader went away (e.g. `| head`): silence the interpreter's final flush of stdout
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    except KeyboardInterrupt:  # Ctrl-C, the usual end: no line; chestnut's main makes it 143 for a SIGTERM
+        return EXIT_INTERRUPTED
+    # a BrokenPipeError (the reader went away: `| head`) goes to chestnut's main: quietly, exit 141
     for service, reasons in malformed.items():
         if reasons:
             print(f"{service}: dropped malformed messages: {reasons}", file=sys.stderr)
