@@ -14,7 +14,7 @@ import logging
 import signal
 import sys
 from types import FrameType
-from typing import IO, Any, NoReturn
+from typing import Any, NoReturn
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -60,7 +60,7 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help)\n")
 
-    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+    def _print_message(self, message: str, file: Any = None) -> None:
         """As argparse's, except that a message for standard output (``--help``) is flushed and an error writing it
         is raised, for :func:`main` to say as any command's (one line, exit 1; a reader gone: 141): argparse drops
         it, and ``chestnut --help > /dev/full`` exited 0 with nothing said. What goes to another file (an error to
