@@ -7,6 +7,18 @@ import select
 import signal
 import time
 
+SIGNAL_NAMES = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}
+"""The stop signals as a line says them."""
+
+
+def stop_words(e: KeyboardInterrupt) -> tuple[str, int]:
+    """What a ``KeyboardInterrupt`` stands for, as a line says it, and the shell's status for it: SIGTERM, 143, where
+    its argument names it (``launch/cli.py`` ``as_ctrl_c`` raises ``KeyboardInterrupt("SIGTERM")`` for a SIGTERM),
+    else SIGINT (Ctrl-C), 130 (Python raises it bare). A SIGTERM while ``chestnut launch`` checked was said
+    "stopped by SIGINT (Ctrl-C) ... (exit 130)" and exited 143."""
+    sig = signal.SIGTERM if e.args[:1] == (signal.SIGTERM.name,) else signal.SIGINT
+    return SIGNAL_NAMES[sig], 128 + sig
+
 
 class StopFlag:
     """Installs SIGINT and SIGTERM handlers that set :attr:`stop` (and remember :attr:`signum`, and in

@@ -34,8 +34,7 @@ never ran: ``launch/supervise.py`` ``not_started_lines``, a summary line each; f
 ``dock_never_taken``), 2 for arguments and planted paths refused before anything starts, 130 for a Ctrl-C (143 for
 a SIGTERM) that cut a timed run (``--seconds N``) short. With ``--seconds 0`` Ctrl-C is the normal end of the run,
 so it exits 0 or 1 like a timed run that ran out. A Ctrl-C before the stack started (while :func:`prepare`
-checks) exits 130 after one line, whatever ``--seconds``; a SIGTERM then (``launch/cli.py`` ``as_ctrl_c``) is named
-in that line and exits 143.
+checks) exits 130 after one line (a SIGTERM: 143, named so), whatever ``--seconds``.
 """
 
 from __future__ import annotations
@@ -46,7 +45,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -67,8 +65,8 @@ from chestnut.launch.frames import (
 )
 from chestnut.launch.rundir import make_run_dir, refusal_undone, render_config
 from chestnut.launch.sampler import SAMPLE_SETTLE_S, ProcessSampler
+from chestnut.launch.signals import stop_words
 from chestnut.launch.summary import (
-    SIGNAL_NAMES,
     StackClock,
     check_contracts,
     json_target_problem,
@@ -269,15 +267,13 @@ def run(args: argparse.Namespace) -> int:
     """``chestnut launch``: refuse what cannot run (exit 2), start the stack, wait for it to come up, run it
     with its faults for ``--seconds``, stop it, and print the summary; returns the exit status
     (:func:`exit_code`). A Ctrl-C before the stack starts (the checks of :func:`prepare` can take seconds) is one
-    line and exit 130, the shell's status for it, a SIGTERM then (:func:`stop_signal`) one line naming it and exit
-    143; from :func:`start` on, a stop signal stops the stack."""
+    line and exit 130, the shell's status for it (a SIGTERM: 143); from :func:`start` on, a stop signal stops it."""
     try:
         prepared = refusal_undone(lambda: prepare(args))  # refused: the runtime directory as it was found
-    except KeyboardInterrupt as e:
-        signum = stop_signal(e)
-        log.warning("stopped by %s before the stack started: nothing was started (exit %d)",
-                    SIGNAL_NAMES.get(signum, signum.name), 128 + signum)
-        return 128 + signum
+    except KeyboardInterrupt as e:  # a SIGTERM too (launch/cli.py as_ctrl_c), which names itself in it
+        name, code = stop_words(e)
+        log.warning("stopped by %s before the stack started: nothing was started (exit %d)", name, code)
+        return code
     if isinstance(prepared, int):
         return prepared
     launch = start(args, *prepared)
@@ -292,14 +288,6 @@ def run(args: argparse.Namespace) -> int:
     code = verdict(launch, summary := finish_summary(launch))  # --json first: a reader gone (`| head`) exits 141
     print_summary(summary, launch.run_dir)
     return code
-
-
-def stop_signal(e: KeyboardInterrupt) -> signal.Signals:
-    """The signal a ``KeyboardInterrupt`` stands for: the one its argument names (``launch/cli.py`` ``as_ctrl_c``
-    raises ``KeyboardInterrupt("SIGTERM")`` for a SIGTERM), else SIGINT (Python raises it bare for a Ctrl-C). A
-    SIGTERM while the launch checked was said "stopped by SIGINT (Ctrl-C) ... (exit 130)" and exited 143."""
-    name = e.args[0] if e.args and isinstance(e.args[0], str) else ""
-    return signal.Signals[name] if name in signal.Signals.__members__ else signal.SIGINT
 
 
 def prepare(args: argparse.Namespace) -> tuple[str, Path, Path] | int:

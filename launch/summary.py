@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from chestnut.launch.signals import SIGNAL_NAMES
+
 log = logging.getLogger("chestnut.launch")
 
 NS = 1_000_000_000
@@ -335,9 +337,6 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("launch -> first modelOutput", f"{fo:.1f} s" if fo is not None else "never"),
         ("launch -> ChestnutActive", f"{fa:.1f} s" if fa is not None else "never"),
     ]
-
-
-SIGNAL_NAMES = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}
 
 
 def stop_figures(s: dict[str, Any], t_launch_ns: int, t_stop_ns: int, flag: Any, seconds: float) -> dict[str, Any]:
