@@ -122,24 +122,33 @@ def sigint_default():
         signal.signal(s, handler)
 
 
-def test_a_ctrl_c_while_the_launch_checks_is_one_line_and_exit_130(tmp_path, monkeypatch, caplog, sigint_default):
-    def ctrl_c(path: Path | None) -> dict[str, Any]:
-        os.kill(os.getpid(), signal.SIGINT)  # the handler runs before kill returns (a signal to this thread)
-        raise AssertionError("the Ctrl-C did not stop the checks")
+def _stopped_while_checking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+                            signum: signal.Signals, want: tuple[int, str]) -> None:
+    """``chestnut launch`` sent ``signum`` while it reads node.toml: ``want`` (exit code, its one WARNING line),
+    no traceback, the stack never started and no runs dir made."""
+    name = signum.name
+
+    def stop(path: Path | None) -> dict[str, Any]:
+        os.kill(os.getpid(), signum)  # the handler runs before kill returns (a signal to this thread)
+        raise AssertionError(f"the {name} did not stop the checks")
 
     def start(*_a: object) -> None:
-        raise AssertionError("the stack was started after a Ctrl-C")
+        raise AssertionError(f"the stack was started after a {name}")
 
-    monkeypatch.setattr(stack, "read_node_toml", ctrl_c)
+    monkeypatch.setattr(stack, "read_node_toml", stop)
     monkeypatch.setattr(stack, "start", start)
     caplog.set_level(logging.INFO)
     try:
         rc = stack.run(_args(tmp_path))
     except KeyboardInterrupt:
         pytest.fail("KeyboardInterrupt escaped chestnut launch (a traceback)")
-    assert (rc, [(r.levelname, r.getMessage()) for r in caplog.records]) == (130, [
-        ("WARNING", "stopped by SIGINT (Ctrl-C) before the stack started: nothing was started (exit 130)")])
+    assert (rc, [(r.levelname, r.getMessage()) for r in caplog.records]) == (want[0], [("WARNING", want[1])])
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_ctrl_c_while_the_launch_checks_is_one_line_and_exit_130(tmp_path, monkeypatch, caplog, sigint_default):
+    _stopped_while_checking(tmp_path, monkeypatch, caplog, signal.SIGINT, (
+        130, "stopped by SIGINT (Ctrl-C) before the stack started: nothing was started (exit 130)"))
 
 
 def test_a_sigterm_while_the_launch_checks_is_named_and_exit_143(tmp_path, monkeypatch, caplog, sigint_default):
@@ -147,25 +156,10 @@ def test_a_sigterm_while_the_launch_checks_is_named_and_exit_143(tmp_path, monke
     it: the line said "stopped by SIGINT (Ctrl-C) ... (exit 130)" while the process exited 143."""
     from chestnut.launch import cli
 
-    def sigterm(path: Path | None) -> dict[str, Any]:
-        os.kill(os.getpid(), signal.SIGTERM)
-        raise AssertionError("the SIGTERM did not stop the checks")
-
-    def start(*_a: object) -> None:
-        raise AssertionError("the stack was started after a SIGTERM")
-
     monkeypatch.setattr(cli, "_TERMINATED", [])
     signal.signal(signal.SIGTERM, cli.as_ctrl_c)  # as chestnut's main installs it; restored by sigint_default
-    monkeypatch.setattr(stack, "read_node_toml", sigterm)
-    monkeypatch.setattr(stack, "start", start)
-    caplog.set_level(logging.INFO)
-    try:
-        rc = stack.run(_args(tmp_path))
-    except KeyboardInterrupt:
-        pytest.fail("KeyboardInterrupt escaped chestnut launch (a traceback)")
-    assert (rc, [(r.levelname, r.getMessage()) for r in caplog.records]) == (143, [
-        ("WARNING", "stopped by SIGTERM before the stack started: nothing was started (exit 143)")])
-    assert not (tmp_path / "runs").exists()
+    _stopped_while_checking(tmp_path, monkeypatch, caplog, signal.SIGTERM, (
+        143, "stopped by SIGTERM before the stack started: nothing was started (exit 143)"))
 
 
 def test_a_ctrl_c_while_supervisord_starts_is_the_runs_stop(tmp_path, monkeypatch, sigint_default):
