@@ -371,17 +371,19 @@ def unanswered_frames(rec: Records, last_id: int | None = None) -> tuple[list[in
 
 
 @contextlib.contextmanager
-def running_node(cfg: Path, log_path: Path,
-                 frame_fn: Callable[[int], Any] | None = None) -> Iterator[tuple[NodeProcess, Bus]]:
-    """A :class:`Bus` (camera frames from ``frame_fn``, see :class:`Bus`) and ``chestnut run --config cfg`` on
-    ``$CHESTNUT_PREFIX``, logging to ``log_path``; on the way out the bus is closed, the node killed and the prefix's
-    runtime directory removed."""
+def running_node(cfg: Path, log_path: Path, frame_fn: Callable[[int], Any] | None = None, *,
+                 env: dict[str, str] | None = None,
+                 record_tensors: bool = False) -> Iterator[tuple[NodeProcess, Bus]]:
+    """A :class:`Bus` (camera frames from ``frame_fn``, see :class:`Bus`; ``record_tensors`` as there) and
+    ``chestnut run --config cfg`` on ``$CHESTNUT_PREFIX`` (``env``: more environment for it, see
+    :class:`NodeProcess`), logging to ``log_path``; on the way out the bus is closed, the node killed and the
+    prefix's runtime directory removed."""
     from chestnut.msgs.paths import runtime_dir
 
     prefix = os.environ["CHESTNUT_PREFIX"]
-    bus = Bus(prefix, frame_fn=frame_fn)
+    bus = Bus(prefix, frame_fn=frame_fn, record_tensors=record_tensors)
     bus.start()
-    node = NodeProcess(cfg, prefix, log_path).start()
+    node = NodeProcess(cfg, prefix, log_path, env=env).start()
     try:
         yield node, bus
     finally:

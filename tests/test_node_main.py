@@ -15,21 +15,27 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
 import pytest
-from nodeharness import Bus, NodeProcess, exit_of, record_fingerprint, unanswered_frames, write_node_config
+from nodeharness import (
+    Bus,
+    NodeProcess,
+    exit_of,
+    record_fingerprint,
+    running_node,
+    unanswered_frames,
+    write_node_config,
+)
 
 from chestnut.launch.camerad import fill_frame
-from chestnut.msgs.paths import runtime_dir
 from chestnut.node.main import EXIT_CONFIG, EXIT_NO_FALLBACK
 from chestnut.node.preprocess import preprocess
 
@@ -43,19 +49,10 @@ def frame(fid: int) -> np.ndarray:
     return np.random.default_rng(fid).integers(0, 256, (H, W, 3), dtype=np.uint8)
 
 
-@contextlib.contextmanager
 def running(tmp_path: Path, cfg: Path, frame_fn: Callable[[int], Any] = frame, env: dict[str, str] | None = None,
-            record_tensors: bool = False) -> Iterator[tuple[NodeProcess, Bus]]:
-    prefix = os.environ["CHESTNUT_PREFIX"]
-    bus = Bus(prefix, frame_fn=frame_fn, record_tensors=record_tensors)
-    bus.start()
-    node = NodeProcess(cfg, prefix, tmp_path / "node.log", env=env).start()
-    try:
-        yield node, bus
-    finally:
-        bus.close()
-        node.kill()
-        shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
+            record_tensors: bool = False) -> contextlib.AbstractContextManager[tuple[NodeProcess, Bus]]:
+    """:func:`nodeharness.running_node` with this module's frames, logging to ``tmp_path/node.log``."""
+    return running_node(cfg, tmp_path / "node.log", frame_fn, env=env, record_tensors=record_tensors)
 
 
 def finish(bus: Bus, node: NodeProcess, n_frames: int) -> Any:
