@@ -118,6 +118,7 @@ __all__ = [
     "SegmentFileReader",
     "code_generator_request",
     "find_log_files",
+    "first_item",
     "framed_message_size",
     "holds_only_json",
     "init_data_event",
@@ -1308,14 +1309,21 @@ def holds_only_json(path: Path | str, warn: bool = True) -> bool:
     p = Path(path)
     if p.suffix != ".mcap":
         return False
-    reader = SegmentFileReader(p, warn_json_only=warn)
+    item, reader = first_item(p, warn_json_only=warn)
+    return item is None and reader.json_messages > 0
+
+
+def first_item(path: Path | str, warn_json_only: bool = True) -> tuple[LogItem | None, SegmentFileReader]:
+    """``(the first item of the log file at path, its reader)``, the :class:`SegmentFileReader` read up to that
+    item and no further (``warn_json_only`` as there). None for a file that gives no item, read whole: the
+    reader's ``damage``, ``json_messages`` and ``unknown_members`` then say why. Raises ``ValueError`` for a file
+    whose suffix is neither ``.zst`` nor ``.mcap``."""
+    reader = SegmentFileReader(path, warn_json_only=warn_json_only)
     items = iter(reader)
     try:
-        if next(items, None) is not None:
-            return False
+        return next(items, None), reader
     finally:
         items.close()
-    return reader.json_messages > 0
 
 
 def _reorder(items: Iterable[LogItem], window_ns: int) -> Generator[LogItem, None, None]:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from chestnut.msgs.logfile import LOG_NAMES, SegmentFileReader, find_log_files, parse_segment_dir
+from chestnut.msgs.logfile import LOG_NAMES, find_log_files, first_item, parse_segment_dir
 from chestnut.msgs.outdir import OutputDirError, private_dir, write_private
 from chestnut.msgs.video import open_regular, segment_videos
 from chestnut.node.offline.contracts import CONTRACTS, CheckParams, CheckResult, check_timeline
@@ -633,19 +633,16 @@ class NotALogError(ValueError):
 
 def unreadable(path: Path | str) -> tuple[str, str] | None:
     """None when the log file at ``path`` gives a message to the reader ``chestnut check`` reads it with
-    (``msgs/logfile.py`` ``SegmentFileReader``, read up to its first message, as ``holds_only_json`` reads; damage
-    before or after that message is the log's, which check reports as it reads the copy). Else ``(why, what to
-    give)``: the reader's first damage (``"byte 0: empty file"``, ``"byte 0: zstd: ..."``, ``"byte 0: not an MCAP
-    file (bad magic)"``), ``"JSON channels only"`` (a Foxglove view), ``"only messages of a newer schema"`` or
-    ``"the log holds no message"``. Raises ``ValueError`` for a file whose suffix is neither ``.zst`` nor ``.mcap``
-    (``"PATH: not a log file (expected a .zst or .mcap suffix)"``, as check says it)."""
-    reader = SegmentFileReader(path, warn_json_only=False)
-    items = iter(reader)
-    try:
-        if next(items, None) is not None:
-            return None
-    finally:
-        items.close()
+    (``msgs/logfile.py`` ``SegmentFileReader``, read up to its first message by ``first_item``, as
+    ``holds_only_json`` reads; damage before or after that message is the log's, which check reports as it reads the
+    copy). Else ``(why, what to give)``: the reader's first damage (``"byte 0: empty file"``, ``"byte 0: zstd:
+    ..."``, ``"byte 0: not an MCAP file (bad magic)"``), ``"JSON channels only"`` (a Foxglove view), ``"only
+    messages of a newer schema"`` or ``"the log holds no message"``. Raises ``ValueError`` for a file whose suffix
+    is neither ``.zst`` nor ``.mcap`` (``"PATH: not a log file (expected a .zst or .mcap suffix)"``, as check says
+    it)."""
+    item, reader = first_item(path, warn_json_only=False)
+    if item is not None:
+        return None
     if reader.json_messages:
         return "JSON channels only", JSON_ONLY_FIX
     if reader.damage:
