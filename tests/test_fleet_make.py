@@ -6,7 +6,9 @@ refused in one line, exit 2, before anything is written (``node/offline/fleet.py
    ("no rlog.zst/mcap under OUT", exit 2): the copies are ``rlog.zst`` / ``rlog.mcap``, the route named after the
    file without its format suffix;
 2. a source that is no log (a 0-byte file, 5000 random bytes) was copied ("2 route(s), 2 segment(s)", exit 0): it is
-   read up to its first message with the reader check reads with, and refused, one line naming it and why;
+   read up to its first message with the reader check reads with, and refused, one line naming it and why; a clean
+   log of zero messages (its writer closed before the first), which check reads as 0 frames, was then refused ("not a
+   readable log (the log holds no message)"): it is copied as any other;
 3. a FIFO ``rlog.zst`` in the ``--from`` folder refused the whole folder, where check and replay skip it with one
    WARNING: fleet make skips it the same way (never opened) and copies the rest;
 4. an empty ``--from ''`` or ``OUT ''`` was the current folder (``Path('')`` is ``Path('.')``): the copies were written
@@ -123,6 +125,29 @@ def test_a_json_only_mcap_is_refused_with_the_rlog_to_give(tmp_path, capsys) -> 
         f"chestnut fleet make: {src}: not a readable log (JSON channels only); give the rlog.zst written beside it "
         "(or a log recorded with --mcap-encoding both)\n"))
     assert not out.exists()
+
+
+@pytest.mark.parametrize("fmt", ["zst", "mcap"])
+@pytest.mark.parametrize("whole", [False, True], ids=["file", "folder"])
+def test_a_clean_log_of_no_message_is_copied_as_check_reads_it(fmt, whole, tmp_path, capsys) -> None:
+    """A log file whose writer closed before its first message (a whole zstd frame / MCAP file holding none): check
+    reads it as 0 frames, no damage, so fleet make copies it as any other log."""
+    from chestnut.msgs.logfile import McapSegmentWriter, RlogSegmentWriter
+    from chestnut.node.offline.contracts import check_log
+
+    seg = tmp_path / "logs" / "2026-01-01--00-00-00--0"
+    seg.mkdir(parents=True)
+    src = seg / f"rlog.{fmt}"
+    (RlogSegmentWriter if fmt == "zst" else McapSegmentWriter)(src).close()
+    out = tmp_path / "fleet"
+    assert main(["fleet", "make", "--from", str(tmp_path / "logs" if whole else src), "--copies", "2", str(out)]) == 0
+    assert capsys.readouterr() == (f"2 route(s), 2 segment(s) in {out}\n", "")
+    copies = [out / f"2026-01-01--00-00-00-0000{k}--0" / f"rlog.{fmt}" for k in (1, 2)]
+    assert find_log_files(out) == copies
+    assert [c.read_bytes() == src.read_bytes() for c in copies] == [True, True]
+    for log in (src, *copies):
+        r = check_log(log)
+        assert (len(r.timeline.events), r.timeline.damage, r.violations) == (0, [], [])
 
 
 def test_a_folder_with_no_readable_log_is_refused_naming_its_first_file(tmp_path, capsys) -> None:

@@ -627,19 +627,20 @@ JSON_ONLY_FIX = "give the rlog.zst written beside it (or a log recorded with --m
 
 
 class NotALogError(ValueError):
-    """``fleet make --from`` gives no message to copy (:func:`make_fleet`); ``str()`` is one line: the path, why
-    and what to give."""
+    """``fleet make --from`` gives no log that ``chestnut check`` reads (:func:`make_fleet`); ``str()`` is one line:
+    the path, why and what to give."""
 
 
 def unreadable(path: Path | str) -> tuple[str, str] | None:
     """None when the log file at ``path`` gives a message to the reader ``chestnut check`` reads it with
     (``msgs/logfile.py`` ``SegmentFileReader``, read up to its first message by ``first_item``, as
     ``holds_only_json`` reads; damage before or after that message is the log's, which check reports as it reads the
-    copy). Else ``(why, what to give)``: the reader's first damage (``"byte 0: empty file"``, ``"byte 0: zstd:
-    ..."``, ``"byte 0: not an MCAP file (bad magic)"``), ``"JSON channels only"`` (a Foxglove view), ``"only
-    messages of a newer schema"`` or ``"the log holds no message"``. Raises ``ValueError`` for a file whose suffix
-    is neither ``.zst`` nor ``.mcap`` (``"PATH: not a log file (expected a .zst or .mcap suffix)"``, as check says
-    it)."""
+    copy), or is read whole without damage and holds no message at all (a clean, empty log: a writer closed before
+    its first message; check reads it as 0 frames, and its copies the same). Else ``(why, what to give)``: the
+    reader's first damage (``"byte 0: empty file"``, ``"byte 0: zstd: ..."``, ``"byte 0: not an MCAP file (bad
+    magic)"``), ``"JSON channels only"`` (a Foxglove view) or ``"only messages of a newer schema"``. Raises
+    ``ValueError`` for a file whose suffix is neither ``.zst`` nor ``.mcap`` (``"PATH: not a log file (expected a
+    .zst or .mcap suffix)"``, as check says it)."""
     item, reader = first_item(path, warn_json_only=False)
     if item is not None:
         return None
@@ -649,12 +650,12 @@ def unreadable(path: Path | str) -> tuple[str, str] | None:
         return f"byte {reader.damage[0].offset}: {reader.damage[0].reason}", READABLE_FIX
     if reader.unknown_members:
         return "only messages of a newer schema", READABLE_FIX
-    return "the log holds no message", READABLE_FIX
+    return None  # a clean log of no message: check reads it (0 frames), so it is copied as any other
 
 
 def _refuse_unreadable(source: Path, files: Sequence[Path]) -> None:
-    """Raise :class:`NotALogError` unless one of ``files`` (the log files under ``source``) gives a message
-    (:func:`unreadable`; read in order, up to the first that does)."""
+    """Raise :class:`NotALogError` unless one of ``files`` (the log files under ``source``) gives a message or is a
+    clean log of none (:func:`unreadable`; read in order, up to the first that is)."""
     refused: list[tuple[Path, str, str]] = []
     for f in files:
         try:
@@ -683,10 +684,12 @@ def make_fleet(source: Path | str, copies: int, out: Path | str, *,
     0700, files 0600, no symlink followed). Returns the segment directories written.
 
     Before anything is written, ``source`` is read up to its first message (:func:`unreadable`: the reader
-    ``chestnut check`` reads with): a log file that gives none (empty, not zstd or MCAP, damaged from its first
-    byte, JSON channels only), or a folder none of whose log files gives one, raises :class:`NotALogError` (a
-    ``ValueError``, one line naming the file and why). Past that, every log file is copied byte for byte, damaged
-    ones too: ``chestnut check`` of a copy reports what it reports of the source.
+    ``chestnut check`` reads with): a log file that gives none and is not a clean log of zero messages (0 bytes, not
+    zstd or MCAP, damaged from its first byte, JSON channels only), or a folder none of whose log files gives one
+    or is clean, raises :class:`NotALogError` (a ``ValueError``, one line naming the file and why). A clean log of
+    zero messages (its writer closed before the first) is copied as any other: check reads it, and its copies, as
+    0 frames. Past that, every log file is copied byte for byte, damaged ones too: ``chestnut check`` of a copy
+    reports what it reports of the source.
 
     ``on_skip`` (:func:`group_logs`, as ``check_fleet`` and ``replay_fleet`` take it): a log file found in a folder
     that is not a regular file (a FIFO, socket, device or symlink: never opened, a FIFO would block the copy for good)

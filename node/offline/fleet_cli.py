@@ -3,12 +3,13 @@
 ``fleet make`` writes a synthetic fleet (:func:`~chestnut.node.offline.fleet.make_fleet`): every log
 under ``--from`` copied ``N`` times under new route ids, each log file named ``rlog.zst`` / ``rlog.mcap`` as
 ``check`` and ``replay`` find it (``odd/copy_rlog.zst`` becomes ``copy_rlog-00001--0/rlog.zst``). Exit status 0,
-or 2 with one line when it cannot (no log, or none that gives a message to read: ``--from`` is read up to its first
-message before anything is written, :class:`~chestnut.node.offline.fleet.NotALogError`; ``OUT`` already holds one of
-the routes or is unfit; a count outside 1..100000, and an empty ``--from`` or ``OUT`` (``''`` is no path, not
-``.``), are refused by the parser, :func:`copy_count`, :func:`_given_path`). A log file found
-in the ``--from`` folder that is not a regular file (a FIFO ...) is skipped with one WARNING, as ``check`` and
-``replay`` skip it (:func:`skip_once`), and the rest copied.
+or 2 with one line when it cannot (no log, or none that check reads: ``--from`` is read up to its first message
+before anything is written, :class:`~chestnut.node.offline.fleet.NotALogError`; a clean log of zero messages is
+copied, as check reads it, 0 frames; ``OUT`` already holds one of the routes or is unfit; a count outside
+1..100000, and an empty ``--from`` or ``OUT`` (``''`` is no path, not ``.``), are refused by the parser,
+:func:`copy_count`, :func:`_given_path`). A log file found in the ``--from`` folder that is not a regular file (a
+FIFO ...) is skipped with one WARNING, as ``check`` and ``replay`` skip it (:func:`skip_once`), and the rest
+copied.
 
 The executor options (:func:`add_executor_arguments`): ``--executor local|ray``, ``--workers N``
 (local: processes, default 1; ray: actors, default one per CPU of the cluster; >= 1 checked as it is parsed,
@@ -260,11 +261,12 @@ MAKE_DESCRIPTION = (
     f"folder, <route>-<k>--<segment>/{COPY_NAME}.zst (or {COPY_NAME}.mcap, after the file's format); a log file "
     "outside a segment folder is a route named after the file without its format suffix: odd/copy_rlog.zst makes "
     f"copy_rlog-00001--0/{COPY_NAME}.zst. Before anything is written, --from is read up to its first message: a log "
-    "file that gives none (empty, not zstd or MCAP, damaged from its first byte, JSON channels only), or a folder "
-    "none of whose log files gives one, is refused; damaged files past that are copied as they are (check reports of "
-    "the copies what it reports of them). A log file in the --from folder that is not a regular file (a FIFO, "
-    "socket, device, symlink) is skipped with one WARNING, never opened, as check and replay skip it; --from naming "
-    "one, or such a video file, is refused."
+    "file that gives none (0 bytes, not zstd or MCAP, damaged from its first byte, JSON channels only), or a folder "
+    "none of whose log files gives one, is refused; a clean log of zero messages is copied, as check reads it (0 "
+    "frames), and damaged files past that are copied as they are (check reports of the copies what it reports of "
+    "them). A log file in the --from folder that is not a regular file (a FIFO, socket, device, symlink) is skipped "
+    "with one WARNING, never opened, as check and replay skip it; --from naming one, or such a video file, is "
+    "refused."
 )
 
 
