@@ -60,7 +60,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -324,6 +324,17 @@ def _stop_deferred(signum: int, frame: FrameType | None, pending: Callable[[], b
     return False
 
 
+@dataclass(frozen=True)
+class OutputDraft:
+    """What :meth:`Node._draft_output` set in the next ``modelOutput`` builder while the primary computed:
+    the frame id, each output's (name, shape, dtype) in the worker's declared order, and the builder's
+    ``outputs`` list, whose ``data`` only is left to set."""
+
+    frame_id: int
+    specs: tuple[tuple[str, tuple[int, ...], np.dtype], ...]
+    tensors: Any
+
+
 @dataclass
 class FrameResult:
     """One frame's published answer (:class:`~chestnut.node.policy.Answer`), whether the primary missed the
@@ -448,6 +459,7 @@ class Node:
         self.result_at_ns = 0            # receipt of the worker's last result (CLOCK_MONOTONIC ns)
         self.after_output: deque[Callable[[], object]] = deque()  # _after_output's work, until the output is out
         self.next_output: tuple[Any, Any] | None = None  # (Event builder, its modelOutput): _prepare_output
+        self.output_draft: OutputDraft | None = None  # what _draft_output set in next_output
         # the primary's adaptive deadline (node/deadline.py): its recent latencies (ms) and the deadline in force
         self.deadline_rule = DeadlineRule(ceiling_ms=t.deadline_ms, floor_ms=min(t.deadline_floor_ms, t.deadline_ms),
                                           host_late_ms=t.host_late_ms, adaptive=t.adaptive_deadline,
@@ -1074,8 +1086,9 @@ class Node:
                 submitted = True
             except ChestnutError as e:
                 why = self._submit_failed(seq, e)
-        if submitted:  # the stale check's input half while the primary computes (its output half after the result)
-            self.stale.see_input(inputs)
+        if submitted and w is not None:  # while the primary computes: the stale check's input half (its output
+            self.stale.see_input(inputs)  # half after the result) and the primary answer's message, but its values
+            self._draft_output(seq - self.seq_offset, w.outputs)
         fallback: Candidate | None = None
         if fallback_must_run(self.cfg.fallback.standby == "hot", self.sup.serving is Source.PRIMARY, submitted):
             fallback = self._run_fallback(inputs)
@@ -1315,13 +1328,47 @@ class Node:
     def _output_builder(self) -> tuple[Any, Any]:
         """A ``modelOutput`` Event builder and its member, made after the previous output was sent
         (:meth:`_prepare_output`): a fresh builder's allocation and first touches cost more than the rest of the
-        message at 20 Hz, where every frame finds the CPU's caches cold."""
+        message at 20 Hz, where every frame finds the CPU's caches cold. A builder :meth:`_draft_output` filled
+        for another answer is dropped (its fields are not this answer's)."""
         made, self.next_output = self.next_output, None
-        if made is None:
+        if made is None or self.output_draft is not None:
+            self.output_draft = None
             msg = new_message("modelOutput")
             return msg, msg.modelOutput
         made[0].logMonoTime = time.monotonic_ns()  # stamped when filled, as a new message would be
         return made
+
+    def _draft_output(self, frame_id: int, specs: tuple[TensorSpec, ...]) -> None:
+        """While the primary computes frame ``frame_id``: the next ``modelOutput`` builder filled with what the
+        primary's answer carries whatever its values -- the frame id, the primary's model id and each declared
+        output's name, shape and dtype (the worker's READY specs, in their order) -- so that only the values are
+        set once the result is in (:meth:`_publish_output`). Any other answer (the fallback's, no answer, outputs
+        of another shape, order or dtype: the output checks refuse those) takes a fresh builder instead."""
+        self._prepare_output()
+        assert self.next_output is not None
+        mo = self.next_output[1]
+        mo.frameId = frame_id
+        mo.modelId = self.primary_model_id
+        tensors = mo.init("outputs", len(specs))
+        for t, spec in zip(tensors, specs, strict=True):
+            t.name = spec.name
+            t.shape = list(spec.shape)
+            t.dtype = np.dtype(spec.dtype).name
+        self.output_draft = OutputDraft(frame_id, tuple((s.name, s.shape, np.dtype(s.dtype)) for s in specs),
+                                        tensors)
+
+    def _drafted(self, frame_id: int, source: Source, outputs: Mapping[str, np.ndarray]) -> Any | None:
+        """The drafted builder's tensor list when :meth:`_draft_output` drafted exactly this answer (the primary's
+        for ``frame_id``, ``outputs`` of the drafted names, order, shapes and dtypes), its builder then taken
+        (:meth:`_output_builder`); else None."""
+        d = self.output_draft
+        if d is None or source is not Source.PRIMARY or d.frame_id != frame_id or len(outputs) != len(d.specs):
+            return None
+        for (name, arr), (want, shape, dtype) in zip(outputs.items(), d.specs, strict=True):
+            if name != want or arr.shape != shape or arr.dtype != dtype:
+                return None
+        self.output_draft = None
+        return d.tensors
 
     def _prepare_output(self) -> None:
         """The next frame's ``modelOutput`` builder (:meth:`_output_builder`), made while no frame waits."""
@@ -1331,21 +1378,26 @@ class Node:
 
     def _publish_output(self, frame_id: int, cf: Any, r: FrameResult, clock: FrameClock, drop_perc: float) -> None:
         a = r.answer
+        source = a.source
+        outputs = a.outputs or {}
+        drafted = self._drafted(frame_id, source, outputs)
         msg, mo = self._output_builder()
         msg.valid = a.valid
-        source = a.source
-        mo.frameId = frame_id
         mo.source = source.value
-        mo.modelId = (self.primary_model_id if source is Source.PRIMARY else self.fallback.model_id
-                      if source is Source.FALLBACK and self.fallback is not None else "")
-        outputs = a.outputs or {}
-        outs = mo.init("outputs", len(outputs))
-        for t, (name, arr) in zip(outs, outputs.items(), strict=True):
-            c = np.ascontiguousarray(arr)
-            t.name = name
-            t.shape = list(c.shape)  # a numpy shape holds Python ints
-            t.dtype = _dtype_name(c.dtype)
-            t.data = c.tobytes()
+        if drafted is not None:  # frame id, model id, names, shapes and dtypes set while the primary computed
+            for t, arr in zip(drafted, outputs.values(), strict=True):
+                t.data = np.ascontiguousarray(arr).tobytes()
+        else:
+            mo.frameId = frame_id
+            mo.modelId = (self.primary_model_id if source is Source.PRIMARY else self.fallback.model_id
+                          if source is Source.FALLBACK and self.fallback is not None else "")
+            outs = mo.init("outputs", len(outputs))
+            for t, (name, arr) in zip(outs, outputs.items(), strict=True):
+                c = np.ascontiguousarray(arr)
+                t.name = name
+                t.shape = list(c.shape)  # a numpy shape holds Python ints
+                t.dtype = _dtype_name(c.dtype)
+                t.data = c.tobytes()
         # a fresh builder holds every default (0, false, ""): only what differs is set, each set costs at 20 Hz
         mo.executionTime = float(a.exec_s)
         mo.frameAge = frame_age_s(clock, int(cf.timestampEof), int(msg.logMonoTime))
