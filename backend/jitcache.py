@@ -70,7 +70,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from chestnut.msgs.paths import base_problem
+from chestnut.msgs.paths import changeable_folder
 
 log = logging.getLogger("chestnut.jitcache")
 
@@ -488,15 +488,16 @@ class JitCache:
 
     def _open_root(self, create: bool) -> int:
         """An fd of the checked cache directory (created 0700 when ``create``, with any missing folder above it:
-        ``mkdir``'s ``parents`` would make those at the default 0755); raises CacheRefused or OSError."""
+        ``mkdir``'s ``parents`` would make those at the default 0755; nothing is made when a folder above it that
+        exists is refused: ``msgs/paths.py`` ``changeable_folder``); raises CacheRefused or OSError."""
+        real = Path(os.path.realpath(self.root))
+        # the folders above it first, before one is made: a refused $CHESTNUT_CACHE (0777) was left with jit/ and
+        # tinygrad/ made in it
+        if (above := changeable_folder(real.parent, os.geteuid())) is not None:
+            raise CacheRefused(f"{above[0]} (above the cache directory) {above[1]}")
         if create:
             for folder in reversed([p for p in (self.root, *self.root.parents) if not p.exists()]):
                 folder.mkdir(mode=0o700, exist_ok=True)
-        real = Path(os.path.realpath(self.root))
-        for parent in reversed(real.parents):
-            problem = base_problem(os.stat(parent), os.geteuid())
-            if problem is not None:
-                raise CacheRefused(f"{parent} (above the cache directory) {problem}")
         fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         st = os.fstat(fd)
         if st.st_uid != os.geteuid():

@@ -338,6 +338,27 @@ def test_the_folders_made_for_a_new_cache_are_private(tmp_path):
     assert [stat.S_IMODE((tmp_path / p).stat().st_mode) for p in ("a", "a/b", "a/b/cache")] == [0o700] * 3
 
 
+def test_a_cache_under_a_folder_others_can_write_is_refused_before_anything_is_made_in_it(tmp_path, monkeypatch):
+    """``CHESTNUT_CACHE`` a 0777 folder: ``chestnut model prepare`` refused the compile cache and tinygrad's, but made
+    ``jit/`` and ``tinygrad/`` in it first."""
+    from chestnut.backend.jitcache import CacheRefused, default_cache_dir, private_tinygrad_cache, tinygrad_cache_dir
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("CHESTNUT_CACHE", str(shared))
+    why = f"{shared} (above the cache directory) is writable by group/other without the sticky bit (mode 0777)"
+    with pytest.raises(CacheRefused) as e:
+        JitCache()._open_root(create=True)
+    assert str(e.value) == why
+    assert JitCache().store(KEY, "ours", {}) is None
+    environ: dict[str, str] = {}
+    assert private_tinygrad_cache(environ=environ) is None
+    assert environ == {"CACHELEVEL": "0"}
+    assert (default_cache_dir(), tinygrad_cache_dir()) == (shared / "jit", shared / "tinygrad")
+    assert list(shared.iterdir()) == []
+
+
 # ---------------------------------------------------------------- a bad key is the key's problem, not an entry's
 
 
