@@ -508,6 +508,8 @@ def test_a_planted_publisher_lock_refuses_the_start_in_one_line_and_leaves_no_so
 
 LATENCY_WANT = "give a latency in microseconds >= 0 and <= 100000 (a thirtieth of the 3000 ms device wait timeout)"
 LINK_WANT = "give a link rate in Mbps >= 12 (USB 1.1 Full Speed) and <= 40000 (USB4)"
+PRIORITY_WANT = ("give a SCHED_RR priority >= 0 (0: normal scheduling) and <= 49 (below the node's realtime "
+                 "priority)")
 
 
 @pytest.mark.parametrize(("args", "line"), [
@@ -522,8 +524,15 @@ LINK_WANT = "give a link rate in Mbps >= 12 (USB 1.1 Full Speed) and <= 40000 (U
     (["--latency-us", "abc"], f"argument --latency-us: 'abc': {LATENCY_WANT}"),
     (["--latency-us", "1e12"], f"argument --latency-us: '1e12': {LATENCY_WANT}"),  # was taken: chestnut launch's bound
     (["--latency-us", "-1"], f"argument --latency-us: '-1': {LATENCY_WANT}"),
+    # these were a bare line without the program's name ("--priority and --compute-priority must be in 0..49 ...")
+    (["--priority", "60"], f"argument --priority: '60': {PRIORITY_WANT}"),
+    (["--priority", "-1"], f"argument --priority: '-1': {PRIORITY_WANT}"),
+    (["--compute-priority", "50"], f"argument --compute-priority: '50': {PRIORITY_WANT}"),
+    (["--bus", "999"], "argument --bus: '999': give a USB bus number >= 1 and <= 255"),
+    (["--bus", "0"], "argument --bus: '0': give a USB bus number >= 1 and <= 255"),
+    (["--address", "128"], "argument --address: '128': give a USB device address >= 1 and <= 127"),
 ])
-def test_serve_refuses_a_timing_model_it_could_not_keep_in_one_line(args, line):
+def test_serve_refuses_a_timing_model_priority_or_usb_number_it_could_not_keep_in_one_line(args, line):
     r = subprocess.run([sys.executable, "-m", "chestnut.launch.cli", "twin", "serve", *args], env=dict(os.environ),
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2

@@ -32,6 +32,7 @@ from chestnut.msgs.argtypes import (
     MAX_LINK_MBPS,
     MIN_LINK_MBPS,
     checked_float,
+    checked_int,
     dock_latency_us,
     link_mbps,
 )
@@ -49,6 +50,26 @@ def _training_delay_ms(text: str) -> float:
     return checked_float(text, lambda v: 0 <= v < math.inf, "give a time in milliseconds >= 0")
 
 
+MAX_BUS, MAX_ADDRESS = 255, 127  # a USB bus number and device address (usbfs: bus 1..255, address 1..127)
+
+
+def _bus(text: str) -> int:
+    return checked_int(text, lambda n: 1 <= n <= MAX_BUS, f"give a USB bus number >= 1 and <= {MAX_BUS}")
+
+
+def _address(text: str) -> int:
+    return checked_int(text, lambda n: 1 <= n <= MAX_ADDRESS, f"give a USB device address >= 1 and <= {MAX_ADDRESS}")
+
+
+def _priority(text: str) -> int:
+    """``--priority`` / ``--compute-priority``: 0 (normal scheduling) to :data:`MAX_PRIORITY`; refused in
+    ``OneLineParser``'s one line (``chestnut twin serve: error: argument --priority: '60': ...``, exit 2), as every
+    other refused number: it was a bare line without the program's name."""
+    return checked_int(text, lambda n: 0 <= n <= MAX_PRIORITY,
+                       f"give a SCHED_RR priority >= 0 (0: normal scheduling) and <= {MAX_PRIORITY} (below the "
+                       "node's realtime priority)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix", help="runtime prefix of the twin (default: $CHESTNUT_PREFIX)")
     sub = parser.add_subparsers(dest="twin_command", metavar="SUBCOMMAND", required=True)
@@ -56,8 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s = sub.add_parser("serve", help="run the twin daemon in the foreground")
     s.add_argument("--training-delay-ms", type=_training_delay_ms, default=20.0,
                    help="PCIe link training time after 0xF3 on")
-    s.add_argument("--bus", type=int, help="USB bus number (default: derived from the prefix)")
-    s.add_argument("--address", type=int, help="first USB device address (default: derived from the prefix)")
+    s.add_argument("--bus", type=_bus, help=f"USB bus number, 1 to {MAX_BUS} (default: derived from the prefix)")
+    s.add_argument("--address", type=_address,
+                   help=f"first USB device address, 1 to {MAX_ADDRESS} (default: derived from the prefix)")
     s.add_argument("--link-mbps", type=link_mbps,
                    help=f"timing model: link bandwidth, Mbps (e.g. 5000; {MIN_LINK_MBPS:g} to "
                         f"{MAX_LINK_MBPS:g}); off by default")
@@ -65,10 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"timing model: per-transfer latency, us (e.g. 125; at most {MAX_DOCK_LATENCY_US:g})")
     s.add_argument("--engine", choices=("tinygrad", "onnxruntime"), default="tinygrad",
                    help="how the GPU engine executes programs (default tinygrad: bit-exact with the CPU reference)")
-    s.add_argument("--priority", type=int, default=DEFAULT_BRIDGE_PRIORITY, metavar="N",
+    s.add_argument("--priority", type=_priority, default=DEFAULT_BRIDGE_PRIORITY, metavar="N",
                    help="SCHED_RR priority of the threads that answer USB (0: normal scheduling; at most "
                         f"{MAX_PRIORITY}, below the node's; default {DEFAULT_BRIDGE_PRIORITY})")
-    s.add_argument("--compute-priority", type=int, default=DEFAULT_COMPUTE_PRIORITY, metavar="N",
+    s.add_argument("--compute-priority", type=_priority, default=DEFAULT_COMPUTE_PRIORITY, metavar="N",
                    help="SCHED_RR priority of a program RUN in the engine's compute process (0: normal; compiles "
                         f"always run at normal scheduling; default {DEFAULT_COMPUTE_PRIORITY})")
 
@@ -143,13 +165,6 @@ def run(args: argparse.Namespace) -> int:
                             training_delay_s=args.training_delay_ms / 1000, link_mbps=args.link_mbps,
                             latency_us=args.latency_us, program_engine=args.engine,
                             bridge_priority=args.priority, compute_priority=args.compute_priority)
-        if not (1 <= config.bus <= 255 and 1 <= config.first_address <= 127):
-            print("--bus must be in 1..255 and --address in 1..127", file=sys.stderr)
-            return 2
-        if not (0 <= args.priority <= MAX_PRIORITY and 0 <= args.compute_priority <= MAX_PRIORITY):
-            print(f"--priority and --compute-priority must be in 0..{MAX_PRIORITY} (below the node's realtime "
-                  "priority)", file=sys.stderr)
-            return 2
         code = serve(config, prefix)
         # The daemon has released its lock and socket. Exit without interpreter shutdown: an engine thread
         # may be inside a tinygrad compile whose process pool would otherwise be joined at exit, holding
