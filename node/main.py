@@ -70,7 +70,6 @@ from typing import Any
 import numpy as np
 import zmq
 
-from chestnut.backend.classify import link_speed_text
 from chestnut.backend.errors import ChestnutError, ConfigError, Layer, ModelError
 from chestnut.backend.interface import ModelSpec, StepResult
 from chestnut.backend.jitcache import JitCache
@@ -147,6 +146,7 @@ from chestnut.node.policy import (
     run_risk_excuse,
     shadow_vote,
     slow_copy_excuse,
+    slow_link_while,
     start_failure,
     start_timed_out,
     timed_out_start_failure,
@@ -194,6 +194,7 @@ DISAGREE_RUN = DEFAULT_DEBOUNCE[Layer.OUTPUT].fail_after  # disagreeing frames i
 BAD_FRAME_LOG_PERIOD_S = 1.0  # a repeated per-frame error is logged at most this often (then counted)
 DEADLINE_LOG_PERIOD_S = 10.0  # the adaptive deadline is logged when its basis changes, else at most this often
 MISS_STAGES_KEPT = 20          # stage times of late results kept for a miss run's blame: 1 s at 20 Hz
+LINK_READINGS_KEPT = 300      # the link's speed readings kept for a start's blame: 5 min at the 1 Hz probe
 MISS_WARNS_KEPT = 8           # deadline-miss WARN reasons kept (mark_deadline_miss): more than a run before a failover
 
 
@@ -441,6 +442,8 @@ class Node:
         self.worker: WorkerHandle | None = None
         self.worker_ready_seen = False   # this worker's readiness was taken in (fed QUALIFIED/LOADED)
         self.link_speed_mbps: int | None = None  # the dock's USB speed at the last probe or enumeration (Mbps)
+        # every such reading, (ns, Mbps): the link while a start's wait went on (node/policy.py slow_link_while)
+        self.link_readings: deque[tuple[int, int]] = deque(maxlen=LINK_READINGS_KEPT)
         self.draining = False            # failed over; the worker only finishes what is in flight
         self.worker_beats = 0
         self.probe_seen_at_s = 0.0       # receipt time of the last probe result applied to health
@@ -800,9 +803,10 @@ class Node:
         why = (f"primary worker {w.pid} not ready {self.cfg.timing.start_timeout_s:g} s after spawn "
                f"(stuck {state.name.lower()}, heartbeat {w.heartbeat_age_s() * 1e3:.0f} ms old)")
         layer = Layer.GPU
-        if (speed := link_speed_text(self.link_speed_mbps)) is not None:
+        spawned_ns = int(w.spawned_at_s * NS) if w.spawned_at_s is not None else time.monotonic_ns()
+        if (link := slow_link_while(self.link_readings, spawned_ns)) is not None:
             # on a USB 2 link the load's copies are ~10x slower: the link's failure, not the GPU's
-            layer, why = Layer.USB, f"{why} on a {speed} link (copies ~10x slower than SuperSpeed)"
+            layer, why = Layer.USB, f"{why} on a {link} (copies ~10x slower than SuperSpeed)"
         log.error("%s; killing it", why)
         self.health.apply([Evidence(layer, Level.ERROR, why, hard=True, tag="start_timeout")], time.monotonic_ns())
         self._kill_worker(why)
@@ -823,8 +827,9 @@ class Node:
         why = (f"primary worker {w.pid} made no progress for {prog.stalled_s * 1e3:.0f} ms while {what}: waiting "
                f"on the dock longer than the wait timeout + margin ({c.wait_timeout_ms:g} + {c.stall_margin_ms:g} ms)")
         layer = Layer.GPU
-        if (speed := link_speed_text(self.link_speed_mbps)) is not None:
-            layer, why = Layer.USB, f"{why} on a {speed} link"
+        # the link while it waited, not only at the last look: a write a USB 2 link truncated is never completed
+        if (link := slow_link_while(self.link_readings, time.monotonic_ns() - int(prog.stalled_s * NS))) is not None:
+            layer, why = Layer.USB, f"{why} on a {link}"
         log.error("%s; killing it", why)
         self.health.apply([Evidence(layer, Level.ERROR, why, hard=True, tag="stall")], time.monotonic_ns())
         self._kill_worker(why)
@@ -1563,7 +1568,7 @@ class Node:
                 if (self.cfg.dock.kind != "cpu" and probe is not None and probe.observation is not None
                         and probe.at_s > self.probe_seen_at_s):
                     self.probe_seen_at_s = probe.at_s
-                    self.link_speed_mbps = probe.observation.speed_mbps
+                    self._read_link(probe.observation.speed_mbps, now)
                     self._apply_health(self._excuse_slow_copies(evidence_from_observation(probe.observation), now),
                                        now)
                 w.request_probe()
@@ -1595,11 +1600,17 @@ class Node:
             self._apply_health([Evidence(Layer.USB, Level.ERROR, gone.detail, hard=True, tag="absent")], now)
         link = self.looker.take(LOOK_LINK)
         if link is not None and link.observation is not None and self.worker is not None:
-            self.link_speed_mbps = link.observation.speed_mbps
+            self._read_link(link.observation.speed_mbps, now)
             if not self.worker_ready_seen:
                 self._apply_health(evidence_from_observation(link.observation), now)
         if retry is not None:
             self._feed(Event.DOCK_FOUND if retry.present else Event.DOCK_ABSENT, retry.detail, Layer.USB)
+
+    def _read_link(self, mbps: int, now: int) -> None:
+        """The link's speed as a probe or the node's own look read it at ``now``: the current one (a run of misses'
+        blame) and one more reading of the link's history (a start's stalled wait, :meth:`_stalled`)."""
+        self.link_speed_mbps = mbps
+        self.link_readings.append((now, mbps))
 
     def _excuse_slow_copies(self, evidence: list[Evidence], now: int) -> list[Evidence]:
         """A probe's copy-path usb WARN (slow copies or a slow fence) made advisory, with why, while

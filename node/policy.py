@@ -22,7 +22,8 @@ worker declared failed :func:`count_miss`: ``miss_run`` consecutive frames witho
                        counted, unless the dock is slower than the camera while the node itself was not
                        starved (:func:`host_excuse`); a run while the link failed transfers, or on a link
                        below SuperSpeed with the copies over half the dock's time, is the usb layer's
-                       (:func:`miss_run_blame`);
+                       (:func:`miss_run_blame`), and so is a start's wait that outlasted its bound on a
+                       link below SuperSpeed while it waited (:func:`slow_link_while`);
                        :func:`is_primary_fault`: an ERROR that leaves its layer at ERROR; a start that
                        fails (:func:`start_failure`) or takes too long (:func:`start_timed_out`); on a
                        failover a worker with requests in flight drains (:func:`drains_on_fail_over`)
@@ -48,6 +49,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from chestnut.backend.classify import link_speed_text
 from chestnut.backend.errors import Layer
 from chestnut.node.health import SUPERSPEED_MBPS
 from chestnut.node.supervisor import Source
@@ -443,6 +445,26 @@ def miss_run_blame(reason: str, transfer_errors: int, link_mbps: int | None = No
                        f"{copies:.1f} of the dock's {own:.1f} ms a frame (copy-in {copy_in:.1f}, compute "
                        f"{compute:.1f}, copy-out {copy_out:.1f} ms; median of {len(stages_ms)} result(s) since the "
                        "last one in time)")
+
+
+def slow_link_while(readings: Sequence[tuple[int, int]], began_ns: int) -> str | None:
+    """The link below SuperSpeed while a start's wait on the dock went on, for the blame of a wait that outlasted
+    its bound (``node/main.py``: a stall while qualifying or loading, ``_stalled``; a start that timed out,
+    ``_start_timed_out``): ``"480 Mbps, USB 2 link"``, or None (SuperSpeed throughout, or no reading: the gpu's).
+
+    ``readings``: the link's speed readings, (ns, Mbps) oldest first (the worker's probes and the node's own
+    looks, CLOCK_MONOTONIC); ``began_ns``: when the wait began. The link while it waited is the reading in force
+    when it began (the last at or before ``began_ns``) and every one since, at its slowest: a bulk write a USB 2
+    link truncated leaves the GPU waiting for data that never arrives, also once the link reads SuperSpeed again
+    (a reload that stalled in a twin's ``usb2`` fault was blamed on the gpu: the fault ended and the node's next
+    look read 5000 Mbps before the stall was found). When the latest reading is faster the text says so:
+    ``"480 Mbps, USB 2 link while it waited (5000 Mbps at the last reading)"``. Readings before the one in force
+    at the wait's start are not its link."""
+    seen = [mbps for t, mbps in readings if t <= began_ns][-1:] + [mbps for t, mbps in readings if t > began_ns]
+    speed = link_speed_text(min(seen)) if seen else None
+    if speed is None or seen[-1] == min(seen):
+        return f"{speed} link" if speed is not None else None
+    return f"{speed} link while it waited ({seen[-1]} Mbps at the last reading)"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,13 +21,19 @@ import pytest
 from nodeharness import Bus, NodeProcess, Records, record_fingerprint, write_node_config
 
 from chestnut.backend import progress
+from chestnut.backend.errors import Layer
+from chestnut.backend.interface import DockObservation
 from chestnut.backend.progress import ProgressUSB3
 from chestnut.backend.sim.client import TwinClient, TwinDaemon
 from chestnut.msgs.paths import runtime_dir
 from chestnut.node import shm
-from chestnut.node.shm import IO_GAP_NS, ControlBlock
+from chestnut.node.config import load_config
+from chestnut.node.docklook import Look
+from chestnut.node.health import Level
+from chestnut.node.main import LOOK_LINK, Node
+from chestnut.node.shm import IO_GAP_NS, ControlBlock, WorkerState
 from chestnut.node.watchdog import WatchdogConfig
-from chestnut.node.worker_handle import stalled_ns
+from chestnut.node.worker_handle import WorkerProgress, stalled_ns
 
 MS = 1_000_000
 STALL_MS = WatchdogConfig().stall_timeout_ms  # 3000 ms wait timeout + 100 ms
@@ -125,6 +132,80 @@ def test_progress_usb3_reports_bulk_bytes_as_progress_and_polls_as_io_only() -> 
         assert usb.usb._async_err == 0
     finally:
         progress.set_sink(None)
+
+
+# ---------------------------------------------------------------- the stall's blame, in the node
+class _Looker:
+    """Stands in for the node's :class:`~chestnut.node.docklook.DockLooker`: hands out the looks a test sets."""
+
+    def __init__(self) -> None:
+        self.looks: dict[str, Look] = {}
+
+    def ask(self, purpose: str) -> None:
+        pass
+
+    def take(self, purpose: str) -> Look | None:
+        return self.looks.pop(purpose, None)
+
+    def close(self) -> None:
+        pass
+
+
+class _StalledWorker:
+    """A worker loading the model, stalled (no progress while waiting on the dock) for ``stalled_s``."""
+
+    pid, alive, spawned_at_s = 4242, True, None
+
+    def __init__(self, stalled_s: float) -> None:
+        self.stalled_s = stalled_s
+
+    def progress(self) -> WorkerProgress:
+        return WorkerProgress(0.0, WorkerState.LOADING, None, None, 0, 0, 0, stalled_s=self.stalled_s)
+
+    def kill(self) -> None:
+        self.alive = False
+
+    def stop(self, timeout_s: float) -> None:
+        pass
+
+
+def _stall_after_looks(tmp_path: Path, tiny_onnx: Path, looks_mbps: list[tuple[float, int]]) -> tuple[Layer, str]:
+    """A node (no dock: in this process) whose own looks read the link at ``looks_mbps`` ((s before now, Mbps)) while
+    its worker loads, then finds the worker stalled for 3.2 s: the stall's layer and reason in the health."""
+    node = Node(load_config(write_node_config(tmp_path / "node.toml", tiny_onnx, dock="none")))
+    node.looker.close()
+    node.looker = _Looker()  # type: ignore[assignment]
+    node.worker = w = _StalledWorker(0.0)  # type: ignore[assignment]
+    now = time.monotonic_ns()
+    for ago_s, mbps in looks_mbps:
+        node.looker.looks[LOOK_LINK] = Look(True, "add1:0001", DockObservation(True, (0xADD1, 1), (1, 2), mbps))
+        node._take_looks(now - int(ago_s * 1e9))
+    w.stalled_s = 3.2
+    assert node._stalled(w)  # type: ignore[arg-type]
+    assert node.worker is None and not w.alive
+    st = [node.health.status(layer) for layer in (Layer.USB, Layer.GPU)]
+    failed = [x for x in st if x.level is Level.ERROR]
+    assert len(failed) == 1, st
+    return failed[0].layer, failed[0].reason
+
+
+def test_a_load_stalled_on_a_usb2_link_is_the_usbs_after_the_link_reads_superspeed_again(
+        tmp_path: Path, tiny_onnx: Path) -> None:
+    """The repro (a launch with usb2@18+6): the reload's bulk write truncated at 480 Mbps and its wait stalled; the
+    fault ended and the node's next two looks read 5000 Mbps before the stall was found. It was ``load_failed
+    (gpu)``: the blame read only the last look. The link as it was while the wait went on is the usb layer's."""
+    layer, reason = _stall_after_looks(tmp_path, tiny_onnx, [(4.0, 480), (3.0, 480), (1.5, 5000), (0.5, 5000)])
+    assert layer is Layer.USB, reason
+    assert reason.startswith("primary worker 4242 made no progress for 3200 ms while loading: waiting on the dock "
+                             "longer than the wait timeout + margin (3000 + 100 ms) on a 480 Mbps, USB 2 link while "
+                             "it waited (5000 Mbps at the last reading)"), reason
+
+
+def test_a_load_stalled_on_a_superspeed_link_stays_the_gpus(tmp_path: Path, tiny_onnx: Path) -> None:
+    """A GPU hang during the load: SuperSpeed while the wait went on, whatever the link read before."""
+    layer, reason = _stall_after_looks(tmp_path, tiny_onnx, [(9.0, 480), (4.0, 5000), (2.0, 5000), (0.5, 5000)])
+    assert layer is Layer.GPU, reason
+    assert "Mbps" not in reason
 
 
 # ---------------------------------------------------------------- with real processes

@@ -47,6 +47,7 @@ from chestnut.node.policy import (
     pair_response,
     primary_serves,
     shadow_vote,
+    slow_link_while,
     start_failure,
     start_timed_out,
     timed_out_start_failure,
@@ -489,3 +490,23 @@ def test_a_miss_run_on_a_usb2_link_whose_copies_dominate_is_the_usb_layers():
     assert miss_run_blame(why, 0, None, usb2) == (Layer.GPU, why)
     # failed transfers come first: the transport was retrying
     assert miss_run_blame(why, 4, 480, usb2) == (Layer.USB, why + "; the link failed 4 transfer attempt(s) meanwhile")
+
+
+def test_a_starts_wait_is_blamed_on_the_link_as_it_was_while_it_waited():
+    """A stall while loading (or a start that timed out) is the usb layer's when the link was below SuperSpeed while
+    the wait went on: the reading in force when it began and every one since, at its slowest -- not only the last
+    one. A reload that stalled in a twin's usb2 fault (a bulk write truncated at 480 Mbps, the GPU waiting for the
+    rest) was blamed on the gpu: the fault ended and the node's next look read 5000 Mbps before the stall was found."""
+    s = 1_000 * MS
+    began = 10 * s
+    usb2_then_back = [(8 * s, 480), (9 * s, 480), (11 * s, 5000), (12 * s, 5000)]  # the repro's looks
+    assert slow_link_while(usb2_then_back, began) == ("480 Mbps, USB 2 link while it waited (5000 Mbps at the last "
+                                                      "reading)")
+    assert slow_link_while([(9 * s, 5000), (11 * s, 480)], began) == "480 Mbps, USB 2 link"  # fell while it waited
+    assert slow_link_while([(began, 480)], began) == "480 Mbps, USB 2 link"  # a reading at the start is in force
+    assert slow_link_while([(11 * s, 12), (12 * s, 480)], began) == ("12 Mbps, USB 1 link while it waited (480 Mbps "
+                                                                     "at the last reading)")
+    # SuperSpeed while it waited: the gpu's (a GPU hang during the load), whatever the link was before
+    assert slow_link_while([(8 * s, 5000), (11 * s, 5000)], began) is None
+    assert slow_link_while([(7 * s, 480), (9 * s, 5000), (11 * s, 5000)], began) is None
+    assert slow_link_while([], began) is None  # no reading: not known to be slow
