@@ -26,6 +26,10 @@ decides like openpilot's control daemon (``selfdrive/controls/controlsd.py``; th
   starts, ``soft disable: 0.00 s left of 3.0 s: disengaged, 3.00 s after the first failing step`` when
   control is exited, ``soft disable cleared: 1.20 s left of 3.0 s`` when every condition cleared first.
 - ``allowSourceSwitch`` tells the node when it may swap the model source: only while not engaged.
+- ``--frame-rate HZ``: the rate the stack's camera sends frames at (``chestnut launch --rate``, which passes it on,
+  ``launch/supervisord.conf``). The services the node sends once a frame (:data:`FRAME_SERVICES`) are judged
+  alive and freq_ok against it, not the 20 Hz of ``msgs/services.py``; ``chestnutHealth`` keeps its own 5 Hz
+  (the node's timer, whatever the frame rate).
 
 :class:`ControlLogic` is the pure decision (clock passed in); :func:`run` is the process loop.
 """
@@ -38,10 +42,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from chestnut.launch.frames import MAX_RATE_HZ as MAX_FRAME_RATE_HZ
+from chestnut.launch.frames import launch_rate_hz
 from chestnut.launch.signals import StopFlag
-from chestnut.msgs.argtypes import checked_float
+from chestnut.msgs.argtypes import MIN_FRAME_RATE_HZ, checked_float
 from chestnut.msgs.messaging import PubMaster, SubMaster, new_message
-from chestnut.msgs.services import SOFT_DISABLE_S, soft_disable_left
+from chestnut.msgs.services import SOFT_DISABLE_S, get_service, soft_disable_left
 from chestnut.msgs.submaster import SubMasterChecks
 from chestnut.node.policy import DEADLINE_MISS, HOST_LATE
 from chestnut.node.realtime import CONTROL_PRIORITY, add_priority_argument, apply_priority
@@ -57,6 +63,8 @@ or 4 of 20 frames), so the driver is told either way."""
 LATE_FRAME_EVENTS = frozenset({"hostLate", "deadlineMissed"})
 ENGAGE_STABLE_S = 1.0  # auto-engage after all checks passed continuously this long
 SERVICES = ("modelOutput", "chestnutActive", "chestnutHealth")
+FRAME_SERVICES = ("modelOutput", "chestnutActive")
+"""The services the node sends once a camera frame (``node/main.py``): their nominal rate is the frame rate."""
 STEP_ON = "chestnutActive"
 """The service whose message wakes the daemon's step (its SubMaster's ``poll``; else each step waits its period): the
 node sends a frame's ``modelOutput``, then yields its CPU, then the frame's ``chestnutActive`` (``node/main.py``), and
@@ -64,6 +72,7 @@ a ``chestnutActive`` alone when ``active`` drops between frames. Woken by any me
 between a frame's two: ``chestnutActive.freq_ok`` a message behind ``modelOutput``'s, a WARNING ``checks failed:
 chestnutActive.freq_ok ...`` and ``checks pass again`` in the same millisecond as a stall's gap left the windows,
 and ``controlState`` at ~40 Hz for its 20. A frame's messages are judged together now; a real drop still fails."""
+DEFAULT_FRAME_RATE_HZ = get_service("cameraFrame").frequency_hz  # --frame-rate default: the registry's 20 Hz
 NS = 1_000_000_000
 MAX_RATE_HZ = 1000.0  # --rate: the loop's period is whole milliseconds, at least 1
 MIN_RATE_HZ = 1.0
@@ -245,9 +254,15 @@ def checks_line(failed: tuple[str, ...], last_failed: tuple[str, ...], passed_on
     return None
 
 
-def control_submaster(prefix: str | None = None) -> SubMaster:
-    """The daemon's SubMaster: :data:`SERVICES`, its steps woken by :data:`STEP_ON`."""
-    return SubMaster(list(SERVICES), poll=STEP_ON, prefix=prefix)
+def frame_frequencies(frame_rate_hz: float) -> dict[str, float]:
+    """The nominal rates (Hz) of :data:`FRAME_SERVICES` when the camera sends ``frame_rate_hz`` frames a second."""
+    return dict.fromkeys(FRAME_SERVICES, frame_rate_hz)
+
+
+def control_submaster(prefix: str | None = None, frame_rate_hz: float = DEFAULT_FRAME_RATE_HZ) -> SubMaster:
+    """The daemon's SubMaster: :data:`SERVICES` (:data:`FRAME_SERVICES` at ``frame_rate_hz``), its steps woken by
+    :data:`STEP_ON`."""
+    return SubMaster(list(SERVICES), poll=STEP_ON, prefix=prefix, frequency_hz=frame_frequencies(frame_rate_hz))
 
 
 def fill_control_state(st: ControlState) -> object:
@@ -277,6 +292,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--rate", type=control_rate, default=20.0,
         help=f"controlState rate, Hz (default 20, {MIN_RATE_HZ:g} to {MAX_RATE_HZ:g})",
     )
+    p.add_argument(
+        "--frame-rate", type=launch_rate_hz, default=DEFAULT_FRAME_RATE_HZ,
+        help=f"the stack's camera rate, Hz, the rate {' and '.join(FRAME_SERVICES)} are judged at (default "
+        f"{DEFAULT_FRAME_RATE_HZ:g}, {MIN_FRAME_RATE_HZ:g} to {MAX_FRAME_RATE_HZ:g}; chestnut launch passes its "
+        "--rate)",
+    )
     add_priority_argument(p, CONTROL_PRIORITY, "control daemon")
 
 
@@ -284,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
     flag = StopFlag()
     logic = ControlLogic(auto_engage=not args.no_auto_engage)
     period_ms = max(1, int(1000 / args.rate))
-    with control_submaster() as sm, PubMaster(["controlState"]) as pm:
+    with control_submaster(frame_rate_hz=args.frame_rate) as sm, PubMaster(["controlState"]) as pm:
         # its sockets are open (a runtime directory it must not use was refused by then, the refusal alone): now
         # its realtime priority, for every thread, zmq's I/O thread included
         apply_priority(getattr(args, "rt_priority", 0), "control", log)

@@ -11,7 +11,29 @@ import os
 from pathlib import Path
 from typing import Any
 
-from chestnut.msgs.argtypes import MAX_DOCK_LATENCY_US, MAX_LINK_MBPS, MIN_LINK_MBPS, dock_latency_us, link_mbps
+from chestnut.msgs.argtypes import (
+    MAX_DOCK_LATENCY_US,
+    MAX_LINK_MBPS,
+    MIN_FRAME_RATE_HZ,
+    MIN_LINK_MBPS,
+    checked_float,
+    dock_latency_us,
+    link_mbps,
+)
+
+MAX_RATE_HZ = 100.0
+"""``chestnut launch --rate`` upper bound, Hz (``chestnut control --frame-rate`` takes the same range): five times
+openpilot's 20 Hz model rate (``msgs/services.py``), a 10 ms frame period. The stack's figures (deadlines,
+freq_ok, missing outputs) are about the node, not about a camera that cannot keep its own grid: far above it the
+camera only skips ticks (``launch/camerad.py`` ``ticks_to_skip``) and every contract fails by construction. The
+lower bound is the camera's own (``msgs/argtypes.py`` ``MIN_FRAME_RATE_HZ``, 1 Hz)."""
+RATE_WANT = f"give a camera rate in [{MIN_FRAME_RATE_HZ:g}, {MAX_RATE_HZ:g}] Hz (default 20, openpilot's model rate)"
+
+
+def launch_rate_hz(text: str) -> float:
+    """``--rate``: Hz in [``MIN_FRAME_RATE_HZ``, :data:`MAX_RATE_HZ`]; raises ``argparse.ArgumentTypeError``."""
+    return checked_float(text, lambda hz: MIN_FRAME_RATE_HZ <= hz <= MAX_RATE_HZ, RATE_WANT)
+
 
 FRAME_SIZES = ("model", "native")
 """``--frames``: ``model`` -- the camera resizes to the model's input (``[model] shape`` H, W);

@@ -54,10 +54,13 @@ from typing import Any
 from chestnut.launch.faultplan import FaultPlan, FaultRunner
 from chestnut.launch.frames import (
     FRAME_SIZES,
+    MAX_RATE_HZ,
+    RATE_WANT,
     FrameOptions,
     add_dock_timing_arguments,
     check_model_file,
     frame_options,
+    launch_rate_hz,
     model_file_problem,
     model_input_problem,
     read_node_toml,
@@ -90,7 +93,7 @@ from chestnut.launch.supervise import (
     supervisorctl,
     wait_for,
 )
-from chestnut.msgs.argtypes import MAX_RUN_SECONDS, MIN_FRAME_RATE_HZ, checked_float, checked_int, path_arg, run_seconds
+from chestnut.msgs.argtypes import MAX_RUN_SECONDS, MIN_FRAME_RATE_HZ, checked_int, path_arg, run_seconds
 from chestnut.msgs.outdir import OutputDirError
 
 log = logging.getLogger("chestnut.launch")
@@ -103,20 +106,6 @@ answer to the clear -- a fresh worker's qualification takes a few seconds on the
 
 
 PREPARE_FIX = "run `chestnut model prepare` again (it checks the file's sha256 and rebuilds a damaged one)"
-
-
-MAX_RATE_HZ = 100.0
-"""``--rate`` upper bound, Hz: five times openpilot's 20 Hz model rate (``msgs/services.py``), a 10 ms
-frame period. The stack's figures (deadlines, freq_ok, missing outputs) are about the node, not about
-a camera that cannot keep its own grid: far above it the camera only skips ticks (``launch/camerad.py``
-``ticks_to_skip``) and every contract fails by construction. The lower bound is the camera's own
-(``msgs/argtypes.py`` ``MIN_FRAME_RATE_HZ``, 1 Hz)."""
-RATE_WANT = f"give a camera rate in [{MIN_FRAME_RATE_HZ:g}, {MAX_RATE_HZ:g}] Hz (default 20, openpilot's model rate)"
-
-
-def launch_rate_hz(text: str) -> float:
-    """``--rate``: Hz in [``MIN_FRAME_RATE_HZ``, :data:`MAX_RATE_HZ`]; raises ``argparse.ArgumentTypeError``."""
-    return checked_float(text, lambda hz: MIN_FRAME_RATE_HZ <= hz <= MAX_RATE_HZ, RATE_WANT)
 
 
 def argument_problem(

@@ -470,15 +470,16 @@ def log_coverage_line(s: dict[str, Any]) -> str:
 
 def control_lines(s: dict[str, Any]) -> list[str]:
     """The summary's ``control`` lines in time order: each engage / disengage (``s["control"]``) and each
-    soft-disable episode (``s["soft_disable_episodes"]``; ``s["stop_s"]`` marks those during the stop).
-    Times are s since the log's first message; an engage and an episode at the same time keep that order."""
+    soft-disable episode (``s["soft_disable_episodes"]``; ``s["stop_s"]`` marks those during the stop), or that
+    control never engaged. Times: s since the log's first message; an engage and an episode at once keep that order."""
     rows: list[tuple[float, int, str]] = [(when, 0, what) for when, what in s["control"]]
     for e in s.get("soft_disable_episodes", []):
         dur = f"for {e['duration_s']:.2f} s" if e["duration_s"] is not None else "until the end"
         at_stop = " (during the stop)" if s.get("stop_s") is not None and e["t_s"] >= s["stop_s"] else ""
         then = ", then disengaged" if e["disengaged"] else ""
         rows.append((e["t_s"], 1, f"soft disable {dur}{then}{at_stop}: {e['cause'] or '?'}"))
-    return [f"control {when:6.1f} s  {what}" for when, _, what in sorted(rows, key=lambda r: (r[0], r[1]))]
+    never = [] if s["control"] else ["control never engaged during the run (control.log says what it waited for)"]
+    return never + [f"control {when:6.1f} s  {what}" for when, _, what in sorted(rows, key=lambda r: (r[0], r[1]))]
 
 
 def json_target_problem(path: Path) -> str | None:

@@ -44,7 +44,7 @@ import stat
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -1153,7 +1153,8 @@ class SubMaster(SubMasterChecks):
     given, else on any), then drains every socket and re-evaluates the checks at the clock's time.
     All state (``updated``, ``recv_time_ns``, ``recv_frame``, ``alive``, ``freq_ok``, ``valid``,
     ``malformed``, ``sm[service]``, ``all_checks()`` ...) is that of
-    :class:`~chestnut.msgs.submaster.SubMasterChecks`. ``mono_time_ns`` is the clock (ns).
+    :class:`~chestnut.msgs.submaster.SubMasterChecks`, and so are ``frequency_hz`` (rates that replace the
+    registry's) and its ``ValueError``. ``mono_time_ns`` is the clock (ns).
     Raises :class:`UnknownServiceError` for an unregistered service and :class:`SocketPathError` for a socket
     path that holds something not a socket of ours (:func:`sub_sock`); the sockets made so far are closed.
     """
@@ -1167,8 +1168,9 @@ class SubMaster(SubMasterChecks):
         ignore_avg_freq: Iterable[str] = (),
         prefix: str | None = None,
         mono_time_ns: Callable[[], int] = time.monotonic_ns,
+        frequency_hz: Mapping[str, float] | None = None,
     ) -> None:
-        super().__init__(services, ignore_alive, ignore_valid, ignore_avg_freq)
+        super().__init__(services, ignore_alive, ignore_valid, ignore_avg_freq, frequency_hz)
         self.mono_time_ns = mono_time_ns
         polled = [poll] if isinstance(poll, str) else list(poll or ())
         for s in polled:

@@ -26,6 +26,10 @@ The rules (openpilot cereal's ``SubMaster``, ``cereal/messaging/__init__.py``; t
     intervals at 30 Hz, 1.7 s), and it recovers once either window is back within the bound. A gap of 10
     periods or more fails ``alive`` all the same.
 - **valid**: the ``valid`` flag of the newest message; a service never received is not valid.
+- **rates**: each service's nominal rate ``f`` is its registry rate (``msgs/services.py``), as cereal's
+  ``SERVICE_LIST``; ``frequency_hz`` overrides it per service (our addition), for a stack that runs at another
+  rate: ``chestnut launch --rate 10`` sends frames at 10 Hz, and the node answers each with a ``modelOutput`` and
+  a ``chestnutActive``.
 - ``all_alive / all_freq_ok / all_valid`` skip the services in ``ignore_alive / ignore_avg_freq /
   ignore_valid``; ``all_checks = all_alive and all_freq_ok and all_valid``.
 
@@ -38,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from chestnut.msgs.schema import log
@@ -120,8 +124,10 @@ class SubMasterChecks:
     received), ``logMonoTime`` (ns, the
     publisher's stamp), ``alive``, ``freq_ok``, ``valid``, ``malformed`` (``Counter`` reason -> count,
     filled by the socket layer), ``freq_tracker``. ``self[service]`` is the newest message's union
-    member (a default-valued one before any). ``frame`` counts updates.
-    Raises :class:`~chestnut.msgs.services.UnknownServiceError` for an unregistered service.
+    member (a default-valued one before any). ``frame`` counts updates. ``frequency_hz``: nominal rates (Hz) that
+    replace the registry's for some of ``services`` (each a finite number > 0, for a service that has a rate).
+    Raises :class:`~chestnut.msgs.services.UnknownServiceError` for an unregistered service and ``ValueError`` for
+    a rate it cannot take.
     """
 
     def __init__(
@@ -130,6 +136,7 @@ class SubMasterChecks:
         ignore_alive: Iterable[str] = (),
         ignore_valid: Iterable[str] = (),
         ignore_avg_freq: Iterable[str] = (),
+        frequency_hz: Mapping[str, float] | None = None,
     ) -> None:
         self.services: list[str] = list(dict.fromkeys(services))
         for s in self.services:
@@ -140,6 +147,14 @@ class SubMasterChecks:
         for s in self.ignore_alive | self.ignore_valid | self.ignore_avg_freq:
             get_service(s)
         self.frequency_hz = {s: get_service(s).frequency_hz for s in self.services}
+        for s, hz in (frequency_hz or {}).items():
+            if s not in self.frequency_hz:
+                get_service(s)
+                raise ValueError(f"a rate for {s!r}, which is not among the subscribed services {self.services}")
+            if not (math.isfinite(hz) and hz > 0) or self.frequency_hz[s] == 0:
+                raise ValueError(f"{s}: a nominal rate must be a finite number > 0 for a service that has one "
+                                 f"(registry: {self.frequency_hz[s]:g} Hz), got {hz!r}")
+            self.frequency_hz[s] = float(hz)
         self.frame = 0
         self.data: dict[str, Any] = {s: default_member(s) for s in self.services}
         self.updated = dict.fromkeys(self.services, False)

@@ -187,6 +187,36 @@ def test_unknown_services_are_clear_errors():
         sm.all_valid(["modelV2"])
 
 
+def test_a_rate_given_per_service_replaces_the_registrys():
+    """``chestnut launch --rate 10``: cameraFrame at 10 Hz is alive for 1 s and freq_ok over 10 and 50 intervals,
+    where the registry's 20 Hz would fail it (10 Hz is below 0.8 x 20); the services not named keep theirs."""
+    sm = SubMasterChecks([CAM, HEALTH], frequency_hz={CAM: 10.0})
+    assert sm.frequency_hz == {CAM: 10.0, HEALTH: 5.0}
+    tr = sm.freq_tracker[CAM]
+    assert (tr.short_intervals, tr.long_intervals, tr.min_hz, tr.max_hz) == (10, 50, 8.0, 12.0)
+    assert feed(sm, periodic(0, 100 * MS, 51))[-1] == (True, True, True)
+    assert feed(SubMasterChecks([CAM]), periodic(0, 100 * MS, 51))[-1] == (True, False, True)
+    sm.update_msgs(5000 * MS + 1000 * MS - 1, [])  # 10 / 10 Hz = 1 s
+    assert sm.alive[CAM] is True
+    sm.update_msgs(5000 * MS + 1000 * MS, [])
+    assert sm.alive[CAM] is False
+
+
+@pytest.mark.parametrize("rates, match", [
+    ({"nodeState": 1.0}, "a rate for 'nodeState', which is not among the subscribed services"),
+    ({CAM: 0.0}, "cameraFrame: a nominal rate must be a finite number > 0"),
+    ({CAM: float("nan")}, "cameraFrame: a nominal rate must be a finite number > 0"),
+    ({CAM: float("inf")}, "cameraFrame: a nominal rate must be a finite number > 0"),
+    ({INIT: 5.0}, "initData: a nominal rate must be a finite number > 0 for a service that has one "
+                  "\\(registry: 0 Hz\\)"),
+])
+def test_a_rate_it_cannot_take_is_a_clear_error(rates, match):
+    with pytest.raises(ValueError, match=match):
+        SubMasterChecks([CAM, INIT], frequency_hz=rates)
+    with pytest.raises(UnknownServiceError, match="unknown service 'modelV2'"):
+        SubMasterChecks([CAM], frequency_hz={"modelV2": 20.0})
+
+
 def test_frequency_tracker_rates_and_window_sizes():
     tr = FrequencyTracker(20.0)
     assert (tr.short_intervals, tr.long_intervals, tr.min_hz, tr.max_hz) == (20, 100, 16.0, 24.0)
