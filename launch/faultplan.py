@@ -186,6 +186,15 @@ class FaultRunner:
         return rows
 
 
+FAULTS_FILE_KEYS = ("fault_schedule", "fault_events")
+
+
+def faults_file_text(summary: dict[str, Any]) -> str:
+    """The run directory's ``faults.json``: the summary's ``fault_schedule`` (:meth:`FaultRunner.schedule_rows`)
+    and ``fault_events`` (the twin's, ``launch/summary.py`` ``summarize``), as ``--json`` carries them."""
+    return json.dumps({key: summary.get(key, []) for key in FAULTS_FILE_KEYS}, indent=1)
+
+
 def _named(kind: str, fault_id: int | None) -> str:
     """A fault as the twin's events name it, ``gpu_hang#1`` (the kind alone without an id)."""
     return kind if fault_id is None else f"{kind}#{fault_id}"

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -51,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chestnut.launch.faultplan import FaultPlan, FaultRunner
+from chestnut.launch.faultplan import FaultPlan, FaultRunner, faults_file_text
 from chestnut.launch.frames import (
     FRAME_SIZES,
     MAX_RATE_HZ,
@@ -540,13 +539,13 @@ def drive(launch: Launch) -> None:
 
 def finish_summary(launch: Launch) -> dict[str, Any]:
     """The run's summary from its log (:func:`~chestnut.launch.summary.summarize`) with what launch itself
-    knows (the stop time and a signal that cut the run short, the fault schedule, also in ``faults.json``, the
-    processes, the contracts and the report); :func:`run` prints it."""
+    knows (the stop time and a signal that cut the run short, the fault schedule, in ``faults.json`` with the twin's
+    fault events, the processes, the contracts and the report); :func:`run` prints it."""
     run_dir = launch.run_dir
     summary = summarize(run_dir / "logs", launch.t_launch_ns)
     summary.update(stop_figures(summary, launch.t_launch_ns, launch.t_stop_ns, launch.flag, launch.args.seconds))
     summary["fault_schedule"] = launch.faults.schedule_rows(summary["t_zero_ns"] or launch.t_launch_ns)
-    summary["outputs_lost"] = write_run_file(run_dir / "faults.json", json.dumps(summary["fault_schedule"], indent=1))
+    summary["outputs_lost"] = write_run_file(run_dir / "faults.json", faults_file_text(summary))
     summary["processes"] = launch.sampler.report()
     from chestnut.launch.restarts import last_error, run_restarts
 

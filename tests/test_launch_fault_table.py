@@ -4,7 +4,7 @@ contradiction. A one-shot fault fires once and is spent as it fires (``backend/s
 ``Fault.expired``); the launch's clear at the end of its DURATION then finds nothing left to remove. The table
 now says so: ``spent (twin)`` with what the fault left behind, and the clear with what the twin removed
 (``launch/summary.py`` ``fault_rows``, ``launch/faultplan.py`` ``ScheduleStep``); the ``--json`` summary carries
-the same (``fault_events[].fired`` / ``spent``, ``fault_schedule[].id`` / ``removed``)."""
+the same (``fault_events[].fired`` / ``spent``, ``fault_schedule[].id`` / ``removed``), and so does ``faults.json``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from drivelog import write_drive
 
 from chestnut.backend.sim.faults import spent_on_expiry
-from chestnut.launch.faultplan import FaultPlan, FaultRunner
+from chestnut.launch.faultplan import FaultPlan, FaultRunner, faults_file_text
 from chestnut.launch.summary import fault_rows, print_summary, summarize, write_summary_json
 from chestnut.msgs.messaging import new_message
 
@@ -138,6 +138,9 @@ def test_a_one_shot_hang_reads_spent_as_it_fires_and_its_clear_finds_nothing_lef
     assert write_summary_json(tmp_path / "s.json", s) is None
     back = json.loads((tmp_path / "s.json").read_text())
     assert (back["fault_events"], back["fault_schedule"]) == (s["fault_events"], s["fault_schedule"])
+    # the run directory's faults.json carries the same (it held the schedule alone)
+    assert json.loads(faults_file_text(s)) == {"fault_schedule": back["fault_schedule"],
+                                               "fault_events": back["fault_events"]}
 
 
 def test_a_fault_that_lasts_until_cleared_is_removed_and_a_for_fault_expires(
