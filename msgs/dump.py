@@ -3,7 +3,9 @@
 Text line: ``<logMonoTime s> <service> valid=<bool> <member as JSON>``; ``Data`` fields are shown as
 ``"<N bytes>"``. ``--json``: one JSON object per line with ``logMonoTime`` (ns), ``service``, ``valid``
 and the member under its service name. ``--raw``: no decoding: ``<receive time s> <service> <N> bytes
-<hex of the first 32 bytes>`` (malformed messages show too). ``-n COUNT`` stops after COUNT messages (exit 0).
+<hex of the first 32 bytes>`` (malformed messages show too). ``-n COUNT`` stops after COUNT messages (exit 0);
+``-n 0`` prints none and stops once every SERVICE has a live publisher (it waits for one as below; over TCP, where
+no publisher holds a lock, at once).
 Ctrl-C ends it quietly with exit 130, a SIGTERM with 143 (``launch/cli.py`` ``as_ctrl_c``) and a reader that
 went away (``chestnut dump SERVICE | head -1``) with 141, as every command without a stop of its own. Malformed
 messages are counted and dropped as in every subscriber; after a ``-n`` run their counts per reason go to stderr.
@@ -81,8 +83,8 @@ def format_raw(service: str, data: bytes, recv_time_ns: int) -> str:
 
 
 def count_arg(text: str) -> int:
-    """``-n COUNT``: how many messages to print, an integer >= 0 (0: none; dump stops once its sockets are
-    connected); raises ``argparse.ArgumentTypeError`` (one line) otherwise."""
+    """``-n COUNT``: how many messages to print, an integer >= 0 (0: none; dump stops once every service has a live
+    publisher); raises ``argparse.ArgumentTypeError`` (one line) otherwise."""
     return checked_int(text, lambda n: n >= 0, "give a number of messages >= 0 (leave -n out to never stop)")
 
 
@@ -97,7 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=count_arg,
         default=None,
         metavar="COUNT",
-        help="stop after COUNT messages, COUNT >= 0 (0: print none, stop once connected; default: never stop)",
+        help="stop after COUNT messages, COUNT >= 0 (0: print none, stop once each SERVICE has a publisher; "
+        "default: never stop)",
     )
     parser.add_argument("--prefix", default=None, help="runtime prefix of the stack (default: $CHESTNUT_PREFIX)")
 
@@ -114,7 +117,9 @@ def dump(
     """Print messages of ``services`` to ``out`` until ``count`` are printed (or forever).
 
     The services nobody publishes yet on ``prefix`` are named in one line on ``err`` once the sockets are
-    connected (``ipc://`` endpoints only: a TCP publisher holds no lock).
+    connected (``ipc://`` endpoints only: a TCP publisher holds no lock). ``count`` 0 prints nothing and returns
+    once each of them has a live publisher, looked at every :data:`POLL_MS` (it returned at once, after saying
+    "waiting"); over TCP at once.
 
     Returns the malformed-message counts per service (reason -> count). Raises
     :class:`UnknownServiceError` for an unregistered service, :class:`SocketPathError` for a socket path that
@@ -136,6 +141,9 @@ def dump(
                     file=err,
                     flush=True,
                 )
+            while count == 0 and silent:  # -n 0: "stop once connected", so not before a publisher is there
+                time.sleep(POLL_MS / 1000)
+                silent = [s for s in silent if publisher_pid(s, prefix) is None]
         printed = 0
         while count is None or printed < count:
             if not poller.poll(POLL_MS):

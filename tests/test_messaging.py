@@ -726,7 +726,7 @@ def test_dump_ends_quietly_with_the_status_of_what_stopped_it(stop, status):
 
 @pytest.mark.parametrize("count", ["-1", "three"])
 def test_dump_refuses_a_negative_count_in_one_line(count, capsys):
-    """``dump -n -1`` was accepted (and, as -n 0 does, printed nothing and stopped at once)."""
+    """``dump -n -1`` was accepted (and printed nothing and stopped at once, as -n 0 then did)."""
     from chestnut.launch.cli import main
 
     with pytest.raises(SystemExit) as info:

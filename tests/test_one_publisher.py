@@ -170,6 +170,56 @@ def test_dump_with_no_publisher_says_so_in_one_line_then_waits_for_one():
     assert len(out.splitlines()) == 1 and " controlState valid=True " in out
 
 
+def _dump_n_0_waiting(*services: str) -> subprocess.Popen:
+    """``chestnut dump SERVICES -n 0`` started with nothing publishing, once it said so (SIGINT as a terminal's)."""
+    import select
+    import signal
+
+    proc = subprocess.Popen([CHESTNUT, "dump", *services, "-n", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stderr is not None
+    ready, _, _ = select.select([proc.stderr], [], [], 30)
+    assert ready, "dump said nothing"
+    assert proc.stderr.readline() == (
+        f"chestnut dump: nothing publishes {', '.join(services)} on prefix {current_prefix()!r} yet (start a stack "
+        "with chestnut launch, or set CHESTNUT_PREFIX to the running stack's); waiting\n"
+    )
+    return proc
+
+
+def test_dump_n_0_waits_for_a_publisher_then_stops_without_a_message():
+    """``-n 0`` ("print none, stop once connected") said "waiting" and exited 0 at once, nothing publishing."""
+    import time
+
+    proc = _dump_n_0_waiting("controlState", "nodeState")
+    try:
+        with PubMaster(["controlState"]):
+            time.sleep(1.0)
+            assert proc.poll() is None  # one of the two publishes: still waiting
+            with PubMaster(["nodeState"]):
+                out, err = proc.communicate(timeout=30)  # no message sent: a publisher there is enough
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (proc.returncode, out, err) == (0, "", "")
+
+
+def test_dump_n_0_waiting_ends_with_ctrl_c_as_dump_does():
+    import signal
+    import time
+
+    proc = _dump_n_0_waiting("controlState")
+    try:
+        time.sleep(0.5)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (proc.returncode, out, err) == (130, "", "")
+
+
 def test_dump_with_a_live_publisher_says_nothing_of_it(holder):
     holder("controlState")
     r = subprocess.run([CHESTNUT, "dump", "controlState", "-n", "1"], capture_output=True, text=True, timeout=60)

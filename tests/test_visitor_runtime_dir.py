@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 
@@ -20,13 +21,28 @@ pytestmark = [pytest.mark.timeout(60)]
 
 
 def chestnut(*argv: str) -> subprocess.CompletedProcess:
-    """``chestnut ARGV`` in a process of its own, under the test's ``$XDG_RUNTIME_DIR`` and prefix."""
-    return subprocess.run([sys.executable, "-m", "chestnut.launch.cli", *argv], capture_output=True, text=True,
-                          timeout=50)
+    """``chestnut ARGV`` in a process of its own, under the test's ``$XDG_RUNTIME_DIR`` and prefix. A ``dump`` (which
+    waits for a publisher, ``-n 0`` too) is stopped with Ctrl-C once it said it waits: exit 130."""
+    if argv[0] != "dump":
+        return subprocess.run([sys.executable, "-m", "chestnut.launch.cli", *argv], capture_output=True, text=True,
+                              timeout=50)
+    proc = subprocess.Popen([sys.executable, "-m", "chestnut.launch.cli", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stderr is not None
+        waiting = proc.stderr.readline()
+        assert waiting.endswith("; waiting\n"), waiting
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, waiting + err)
 
 
 @pytest.mark.parametrize(("argv", "code"), [
-    (["dump", "controlState", "-n", "0"], 0),
+    (["dump", "controlState", "-n", "0"], 130),
     (["probe", "--twin"], 1),
     (["twin", "status"], 1),
     (["twin", "clear"], 1),
@@ -40,7 +56,7 @@ def test_a_visit_to_a_prefix_nobody_runs_leaves_nothing(argv, code, run_base):
 def test_a_directory_there_before_and_one_filled_meanwhile_stay(run_base):
     uid_dir = run_base / f"chestnut-{os.getuid()}"
     before = runtime_dir("there-before")
-    assert chestnut("dump", "controlState", "-n", "0", "--prefix", "there-before").returncode == 0
+    assert chestnut("dump", "controlState", "-n", "0", "--prefix", "there-before").returncode == 130
     assert sorted(os.listdir(uid_dir)) == ["there-before"] and os.listdir(before) == []
     with made_dirs_removed():
         filled = runtime_dir("filled")
