@@ -1606,11 +1606,13 @@ class Node:
         if retry is not None:
             self._feed(Event.DOCK_FOUND if retry.present else Event.DOCK_ABSENT, retry.detail, Layer.USB)
 
-    def _read_link(self, mbps: int, now: int) -> None:
-        """The link's speed as a probe or the node's own look read it at ``now``: the current one (a run of misses'
-        blame) and one more reading of the link's history (a start's stalled wait, :meth:`_stalled`)."""
+    def _read_link(self, mbps: int | None, now: int) -> None:
+        """The link's speed as a probe or the node's own look read it at ``now`` (None: not known): the current
+        one (a run of misses' blame) and one more reading of the link's history (a start's stalled wait,
+        :meth:`_stalled`)."""
         self.link_speed_mbps = mbps
-        self.link_readings.append((now, mbps))
+        if mbps is not None:
+            self.link_readings.append((now, mbps))
 
     def _excuse_slow_copies(self, evidence: list[Evidence], now: int) -> list[Evidence]:
         """A probe's copy-path usb WARN (slow copies or a slow fence) made advisory, with why, while
