@@ -495,6 +495,7 @@ class Node:
         self.stale_frames = 0            # frames read over timing.max_frame_age_ms after their EOF
         self.stale_log = LogEvery()
         self.fallback_invalid = 0        # fallback outputs that failed their checks
+        self.primary_invalid, self.primary_invalid_log = 0, LogEvery()  # serving primary outputs that failed theirs
         self.timestamp_log, self.fallback_log = LogEvery(), LogEvery()
         self.submit_failures, self.submit_log = 0, LogEvery()  # frames the primary worker would not take
         self.fallback_failures, self.fallback_fail_log = 0, LogEvery()  # fallback runs that raised
@@ -1127,8 +1128,23 @@ class Node:
         if fallback is None and not primary_serves(self.sup.serving, primary):
             fallback = self._run_fallback(inputs)
         answer = choose_answer(self.sup.serving, self.sup.reason, primary, fallback, outcome.why)
+        if self.sup.serving is Source.PRIMARY and primary is not None and report is not None and not report.ok:
+            self._primary_rejected(seq - self.seq_offset, report, answer)
         return FrameResult(answer, outcome.missed, report, res.stages if res is not None and res.ok else None,
                            deadline_ms if sub.verdict is not Submit.SKIP and not refusal else 0.0)
+
+    def _primary_rejected(self, frame_id: int, report: ValidityReport, answer: Answer) -> None:
+        """A frame the serving primary answered with an output that failed its checks (``answer``: the fallback's
+        instead, or none valid): counted, logged at WARNING at once for a new cause (the failing checks and
+        outputs), then at most once a :data:`BAD_FRAME_LOG_PERIOD_S` (s), with the count so far. One such frame
+        clears ``ChestnutActive`` and was otherwise only in its ``modelOutput`` reason."""
+        self.primary_invalid += 1
+        cause = ", ".join(sorted({f"{r.check.value} {r.output}".rstrip() for r in report.results if not r.ok}))
+        if self.primary_invalid_log.due(cause):
+            by = ("the fallback answered it" if answer.valid and answer.source is Source.FALLBACK
+                  else "no source gave a valid output for it")
+            log.warning("primary output invalid on frame %d: %s; %s (%d such frames so far)", frame_id,
+                        report.reason, by, self.primary_invalid)
 
     def _judge_run(self, res: WorkerResult, report: ValidityReport, now: int) -> None:
         """A primary result's evidence: its layers advanced (:func:`evidence_from_run`), its output checks, and
