@@ -122,6 +122,7 @@ __all__ = [
     "framed_message_size",
     "holds_only_json",
     "init_data_event",
+    "json_only_fix",
     "new_route_name",
     "package_versions",
     "parse_segment_dir",
@@ -1293,10 +1294,23 @@ def find_log_files(paths: Iterable[Path | str] | Path | str, name: str = "rlog",
     return sorted(dict.fromkeys(found), key=key)
 
 
+def json_only_fix(path: Path | str) -> str:
+    """What to give instead of the ``.mcap`` of JSON channels only at ``path`` (:func:`holds_only_json`), the end of
+    every line that names one (:func:`warn_json_only`, ``chestnut check`` / ``replay``'s refusal, ``fleet make``'s):
+    the ``.zst`` beside it when there is one (``chestnut record``'s default writes ``rlog.zst`` beside its view),
+    else how ``chestnut record`` writes a log that can be read. It named the rlog.zst beside a ``--format mcap
+    --mcap-encoding json`` log too, where there is none."""
+    zst = Path(path).with_suffix(".zst")
+    if zst.is_file():
+        return f"give the {zst.name} written beside it (or a log recorded with --mcap-encoding both)"
+    return (f"there is no {zst.name} beside it; chestnut record writes a log that check and replay read with "
+            "--mcap-encoding capnproto or both, or in its default format (an rlog.zst beside the MCAP)")
+
+
 def warn_json_only(path: Path) -> None:
-    """The one WARNING for an ``.mcap`` of JSON channels only (:func:`holds_only_json`), on ``chestnut.logs``."""
-    _log.warning("%s holds only JSON channels (a Foxglove view, msgs/jsonschema.py): read the rlog.zst beside it, "
-                 "or write MCAP with --mcap-encoding both", path)
+    """The one WARNING for an ``.mcap`` of JSON channels only (:func:`holds_only_json`), on ``chestnut.logs``,
+    ending in what to give instead (:func:`json_only_fix`)."""
+    _log.warning("%s holds only JSON channels (a Foxglove view, msgs/jsonschema.py): %s", path, json_only_fix(path))
 
 
 def holds_only_json(path: Path | str, warn: bool = True) -> bool:
@@ -1304,7 +1318,7 @@ def holds_only_json(path: Path | str, warn: bool = True) -> bool:
     writes beside an rlog by default (``--mcap-encoding auto``), from which nothing can be replayed or checked
     (readers here skip JSON channels). Reads up to the file's first Cap'n Proto message (a ``capnproto`` or
     ``both`` file: its first chunk); a file of JSON only is read whole and, with ``warn``, its one WARNING said
-    (:func:`warn_json_only`, "... holds only JSON channels ...: read the rlog.zst beside it"). False for an
+    (:func:`warn_json_only`, "... holds only JSON channels ...: give the rlog.zst written beside it ..."). False for an
     ``.zst``, an empty or unreadable file (its damage is reported where it is read)."""
     p = Path(path)
     if p.suffix != ".mcap":

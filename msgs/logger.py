@@ -10,6 +10,8 @@ writes one format only.
 schema, frames as ``foxglove.RawImage``: what Foxglove opens, :mod:`chestnut.msgs.jsonschema`),
 ``capnproto`` (the published bytes) or ``both``; ``auto`` (default) is ``json`` when the rlog is
 also written (it already holds the exact bytes for replay) and ``both`` when MCAP is the only format.
+``--format mcap --mcap-encoding json`` (JSON only, no rlog) is said in one WARNING at the start: Foxglove opens such
+a log, but ``chestnut check`` and ``replay`` cannot read it (:data:`JSON_ONLY_WARNING`).
 
 - ``--frames video`` (default): each segment's camera frames go to ``<segment>/fcamera.mkv``
   (``msgs/video.py``: ``--video-codec ffv1``, lossless, the default, so replay sees the camera's bytes;
@@ -72,6 +74,13 @@ DRAIN_MAX_MESSAGES = 200  # per socket per loop, so one busy service cannot star
 STATUS_INTERVAL_S = 60.0  # s between INFO lines with the counters
 STOP_DRAIN_S = 2.0  # s, at most, to write what the sockets hold at a stop (supervisord waits 10 s: stopwaitsecs)
 STOP_DRAIN_POLL_MS = 20  # ms without a message that ends the stop's drain
+
+
+JSON_ONLY_WARNING = ("--format mcap --mcap-encoding json writes JSON channels only and no rlog.zst: Foxglove opens "
+                     "the log, but chestnut check and replay cannot read it (--mcap-encoding capnproto or both, or "
+                     "the default --format both, writes a log they read)")
+"""The WARNING ``run`` says once at the start of a recording of JSON channels only; it recorded in silence, and
+check's refusal of the log then named an rlog.zst that is not there."""
 
 
 def logged_services() -> list[str]:
@@ -363,6 +372,7 @@ def run(args: argparse.Namespace) -> int:
         current_prefix()
     services = args.services or logged_services()
     formats = FORMATS if args.format == "both" else (args.format,)
+    encodings = mcap_encodings(getattr(args, "mcap_encoding", "auto"), formats)
     try:
         policy = FlushPolicy(args.flush_messages, args.flush_seconds, args.fsync)
         for s in services:
@@ -384,6 +394,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     runtime_dir(args.prefix)  # a runtime directory someone planted: refused before a log file is made (its
     # RuntimeDirError is the CLI's one line, exit 2, as for every program: launch/cli.py)
+    if "zst" not in formats and "capnproto" not in encodings:  # past every refusal: said once, when it records
+        _log.warning("%s", JSON_ONLY_WARNING)
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     recorder = None
     try:
@@ -395,7 +407,7 @@ def run(args: argparse.Namespace) -> int:
             segment_seconds=args.segment_seconds,
             policy=policy,
             config={"services": services, "rcvhwm": args.rcvhwm},
-            mcap_encodings=mcap_encodings(getattr(args, "mcap_encoding", "auto"), formats),
+            mcap_encodings=encodings,
             video=video,
             mcap_video=not getattr(args, "no_mcap_video", False),
             mcap_video_drop=True,  # live: a frame the view's encoder has no room for is left out of the view

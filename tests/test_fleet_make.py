@@ -117,13 +117,19 @@ def test_a_file_that_is_no_log_is_refused_in_one_line_and_nothing_is_written(nam
     assert (_tree(out) if out_there else out.exists()) == ([] if out_there else False)
 
 
-def test_a_json_only_mcap_is_refused_with_the_rlog_to_give(tmp_path, capsys) -> None:
+@pytest.mark.parametrize("rlog_beside", [True, False])
+def test_a_json_only_mcap_is_refused_with_the_rlog_to_give(rlog_beside, tmp_path, capsys) -> None:
+    """The rlog.zst beside it is named only where there is one (``record --format mcap --mcap-encoding json``
+    writes none: it was named all the same)."""
     src = _json_only(tmp_path / "view")
+    if rlog_beside:
+        _log(tmp_path / "zst").rename(src.with_suffix(".zst"))
     out = tmp_path / "fleet"
     assert main(["fleet", "make", "--from", str(src), "--copies", "1", str(out)]) == 2
-    assert capsys.readouterr() == ("", (
-        f"chestnut fleet make: {src}: not a readable log (JSON channels only); give the rlog.zst written beside it "
-        "(or a log recorded with --mcap-encoding both)\n"))
+    fix = ("give the rlog.zst written beside it (or a log recorded with --mcap-encoding both)" if rlog_beside else
+           "there is no rlog.zst beside it; chestnut record writes a log that check and replay read with "
+           "--mcap-encoding capnproto or both, or in its default format (an rlog.zst beside the MCAP)")
+    assert capsys.readouterr() == ("", f"chestnut fleet make: {src}: not a readable log (JSON channels only); {fix}\n")
     assert not out.exists()
 
 

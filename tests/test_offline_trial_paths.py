@@ -29,6 +29,8 @@ CHESTNUT = "import sys; from chestnut.launch.cli import main; sys.exit(main(sys.
 LOG_FIX = "give a log file (rlog.zst / rlog.mcap) or a folder of them"
 LONG_NAME = "x" * 300  # over NAME_MAX (255 bytes on Linux): ENAMETOOLONG
 JSON_FIX = "give the rlog.zst written beside it (or a log recorded with --mcap-encoding both)"
+NO_RLOG_FIX = ("there is no rlog.zst beside it; chestnut record writes a log that check and replay read with "
+               "--mcap-encoding capnproto or both, or in its default format (an rlog.zst beside the MCAP)")
 
 
 def _errors(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
@@ -129,20 +131,31 @@ def test_an_export_file_name_too_long_is_one_line_exit_2(zst_log, tmp_path, capl
 
 @pytest.mark.parametrize("command", ["check", "replay"])
 def test_a_folder_of_json_only_mcap_is_one_line_exit_2(command, json_only, caplog, capsys) -> None:
-    """Nothing left to read: the refusal alone (the file's own WARNING said the same a line earlier)."""
+    """Nothing left to read: the refusal alone (the file's own WARNING said the same a line earlier). No rlog.zst
+    beside it (``record --format mcap --mcap-encoding json``): it was told to give the rlog.zst beside it."""
     assert main([command, str(json_only.parent.parent)]) == 2
     assert _errors(caplog, "chestnut.logs") == []
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == f"chestnut {command}: nothing to {command} in {json_only} (JSON channels only): {JSON_FIX}\n"
+    assert captured.err == (f"chestnut {command}: nothing to {command} in {json_only} (JSON channels only): "
+                            f"{NO_RLOG_FIX}\n")
+
+
+@pytest.mark.parametrize("command", ["check", "replay"])
+def test_a_json_only_mcap_named_beside_its_rlog_names_the_rlog_to_give(command, json_only, zst_log, capsys) -> None:
+    """``record``'s default: an rlog.zst beside the JSON view, which the user named instead of the folder."""
+    (rlog,) = zst_log.rglob("rlog.zst")
+    rlog.rename(json_only.parent / "rlog.zst")
+    assert main([command, str(json_only)]) == 2
+    assert capsys.readouterr() == ("", f"chestnut {command}: nothing to {command} in {json_only} (JSON channels "
+                                       f"only): {JSON_FIX}\n")
 
 
 def test_a_json_only_mcap_beside_a_readable_log_is_left_out_with_its_warning_once(json_only, zst_log, caplog,
                                                                                    capsys) -> None:
     assert main(["check", str(json_only), str(zst_log)]) == 0
     assert _errors(caplog, "chestnut.logs") == [
-        f"{json_only} holds only JSON channels (a Foxglove view, msgs/jsonschema.py): read the rlog.zst beside it, "
-        "or write MCAP with --mcap-encoding both"
+        f"{json_only} holds only JSON channels (a Foxglove view, msgs/jsonschema.py): {NO_RLOG_FIX}"
     ]
     assert capsys.readouterr().out.splitlines()[-1] == "0 violation(s)"
 
@@ -222,3 +235,56 @@ def test_record_refuses_a_bad_prefix_before_it_makes_anything(given, tmp_path, c
         "'..' (e.g. CHESTNUT_PREFIX=bench1), or unset CHESTNUT_PREFIX for 'default'\n"
     )
     assert (os.listdir(log_dir) == []) if given == "existing" else not log_dir.exists()
+
+
+# ---------------------------------------------------------------- 6. record --format mcap --mcap-encoding json
+
+
+def _record_until_written(log_dir: Path, caplog: pytest.LogCaptureFixture, *args: str) -> tuple[int, list[str]]:
+    """``chestnut record --log-dir LOG_DIR ARGS`` in this process, stopped (SIGINT, its Ctrl-C) once its first log
+    file is there; its exit status and its WARNING lines and worse."""
+    import signal
+    import threading
+    import time
+
+    def stop() -> None:
+        deadline = time.monotonic() + 30
+        while not list(log_dir.glob("*/rlog.*")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)  # record's own handler (installed before its first file) takes it
+
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    try:
+        rc = main(["record", "--log-dir", str(log_dir), "--services", "nodeState", *args])
+    finally:
+        stopper.join()
+    return rc, _errors(caplog, "chestnut.record")
+
+
+JSON_ONLY_WARNING = ("--format mcap --mcap-encoding json writes JSON channels only and no rlog.zst: Foxglove opens "
+                     "the log, but chestnut check and replay cannot read it (--mcap-encoding capnproto or both, or "
+                     "the default --format both, writes a log they read)")
+
+
+@pytest.mark.parametrize(("args", "warned"), [
+    (["--format", "mcap", "--mcap-encoding", "json"], [JSON_ONLY_WARNING]),
+    (["--format", "mcap"], []),  # auto: both encodings
+    (["--mcap-encoding", "json"], []),  # the rlog.zst beside it
+    (["--format", "mcap", "--mcap-encoding", "capnproto"], []),
+])
+def test_record_says_once_at_the_start_that_a_json_only_log_cannot_be_checked(args, warned, tmp_path,
+                                                                                caplog) -> None:
+    """It recorded in silence, exit 0, and check's refusal then named an rlog.zst that is not there."""
+    assert _record_until_written(tmp_path / "logs", caplog, *args) == (0, warned)
+
+
+def test_check_of_a_json_only_recording_says_how_to_record_one_it_reads(tmp_path, caplog, capsys) -> None:
+    log_dir = tmp_path / "logs"
+    assert _record_until_written(log_dir, caplog, "--format", "mcap", "--mcap-encoding", "json") == (
+        0, [JSON_ONLY_WARNING])
+    (mcap,) = log_dir.glob("*/rlog.mcap")
+    capsys.readouterr()
+    assert main(["check", str(log_dir)]) == 2
+    assert capsys.readouterr() == ("", f"chestnut check: nothing to check in {mcap} (JSON channels only): "
+                                       f"{NO_RLOG_FIX}\n")

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from chestnut.msgs.logfile import LOG_NAMES, find_log_files, first_item, parse_segment_dir
+from chestnut.msgs.logfile import LOG_NAMES, find_log_files, first_item, json_only_fix, parse_segment_dir
 from chestnut.msgs.outdir import OutputDirError, private_dir, write_private
 from chestnut.msgs.video import open_regular, segment_videos
 from chestnut.node.offline.contracts import CONTRACTS, CheckParams, CheckResult, check_timeline
@@ -623,7 +623,6 @@ def check_copies(copies: int) -> int:
 
 
 READABLE_FIX = "give a log that chestnut check reads (rlog.zst / rlog.mcap) or a folder of them"
-JSON_ONLY_FIX = "give the rlog.zst written beside it (or a log recorded with --mcap-encoding both)"
 
 
 class NotALogError(ValueError):
@@ -638,14 +637,15 @@ def unreadable(path: Path | str) -> tuple[str, str] | None:
     copy), or is read whole without damage and holds no message at all (a clean, empty log: a writer closed before
     its first message; check reads it as 0 frames, and its copies the same). Else ``(why, what to give)``: the
     reader's first damage (``"byte 0: empty file"``, ``"byte 0: zstd: ..."``, ``"byte 0: not an MCAP file (bad
-    magic)"``), ``"JSON channels only"`` (a Foxglove view) or ``"only messages of a newer schema"``. Raises
+    magic)"``), ``"JSON channels only"`` (a Foxglove view; what to give: ``msgs/logfile.py`` ``json_only_fix``, the
+    rlog.zst beside it only when there is one) or ``"only messages of a newer schema"``. Raises
     ``ValueError`` for a file whose suffix is neither ``.zst`` nor ``.mcap`` (``"PATH: not a log file (expected a
     .zst or .mcap suffix)"``, as check says it)."""
     item, reader = first_item(path, warn_json_only=False)
     if item is not None:
         return None
     if reader.json_messages:
-        return "JSON channels only", JSON_ONLY_FIX
+        return "JSON channels only", json_only_fix(path)
     if reader.damage:
         return f"byte {reader.damage[0].offset}: {reader.damage[0].reason}", READABLE_FIX
     if reader.unknown_members:

@@ -129,9 +129,11 @@ def readable_logs(logs: list[Path], on_skip: Callable[[Path, str], None], comman
     rlog, :func:`~chestnut.msgs.logfile.holds_only_json`) is left out, with its one WARNING when other files are
     read. None when no file is left, after one line alone (:func:`refuse`; the caller exits :data:`EXIT_REFUSED`,
     the status of a check or replay that cannot start): ``chestnut check: nothing to check in D/rlog.mcap (JSON
-    channels only): give the rlog.zst written beside it (or a log recorded with --mcap-encoding both)``. It was
-    "0 frames ... 0 mismatch(es)", exit 0, and the WARNING twice. Raises what ``find_log_files`` raises."""
-    from chestnut.msgs.logfile import find_log_files, holds_only_json, warn_json_only
+    channels only): give the rlog.zst written beside it (or a log recorded with --mcap-encoding both)``, or, with
+    no rlog.zst beside it (``record --format mcap --mcap-encoding json``), how ``chestnut record`` writes a log
+    that can be read (:func:`~chestnut.msgs.logfile.json_only_fix`). It was "0 frames ... 0 mismatch(es)", exit 0,
+    and the WARNING twice. Raises what ``find_log_files`` raises."""
+    from chestnut.msgs.logfile import find_log_files, holds_only_json, json_only_fix, warn_json_only
 
     files = find_log_files(logs, on_skip=on_skip)
     json_only = [f for f in files if holds_only_json(f, warn=False)]
@@ -140,8 +142,7 @@ def readable_logs(logs: list[Path], on_skip: Callable[[Path, str], None], comman
             warn_json_only(f)
         return [f for f in files if f not in json_only]
     named = str(json_only[0]) + (f" and {len(json_only) - 1} more" if len(json_only) > 1 else "")
-    refuse(command, f"nothing to {verb} in {named} (JSON channels only): give the rlog.zst written beside it "
-           "(or a log recorded with --mcap-encoding both)")
+    refuse(command, f"nothing to {verb} in {named} (JSON channels only): {json_only_fix(json_only[0])}")
     return None
 
 
