@@ -141,21 +141,35 @@ def test_a_malformed_prefix_raises_the_prefix_error(monkeypatch):
         runtime_dir("../x")
 
 
-def test_dump_with_no_publisher_says_so_in_one_line_then_waits_for_one():
+def _dump_waiting(count: str, *services: str) -> subprocess.Popen:
+    """``chestnut dump SERVICES -n COUNT`` started with nothing publishing, once it said so in its one line (SIGINT
+    as a terminal's: a shell started in the background ignores it, and children inherit that)."""
     import select
-    import time
+    import signal
 
-    proc = subprocess.Popen(
-        [CHESTNUT, "dump", "controlState", "-n", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen([CHESTNUT, "dump", *services, "-n", count], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stderr is not None
         ready, _, _ = select.select([proc.stderr], [], [], 30)
         assert ready, "dump said nothing"
         assert proc.stderr.readline() == (
-            f"chestnut dump: nothing publishes controlState on prefix {current_prefix()!r} yet (start a stack "
-            "with chestnut launch, or set CHESTNUT_PREFIX to the running stack's); waiting\n"
+            f"chestnut dump: nothing publishes {', '.join(services)} on prefix {current_prefix()!r} yet (start a "
+            "stack with chestnut launch, or set CHESTNUT_PREFIX to the running stack's); waiting\n"
         )
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    return proc
+
+
+def test_dump_with_no_publisher_says_so_in_one_line_then_waits_for_one():
+    import time
+
+    proc = _dump_waiting("1", "controlState")
+    try:
         with PubMaster(["controlState"]) as pm:
             for _ in range(600):  # until the late publisher's message reaches it
                 if proc.poll() is not None:
@@ -170,28 +184,11 @@ def test_dump_with_no_publisher_says_so_in_one_line_then_waits_for_one():
     assert len(out.splitlines()) == 1 and " controlState valid=True " in out
 
 
-def _dump_n_0_waiting(*services: str) -> subprocess.Popen:
-    """``chestnut dump SERVICES -n 0`` started with nothing publishing, once it said so (SIGINT as a terminal's)."""
-    import select
-    import signal
-
-    proc = subprocess.Popen([CHESTNUT, "dump", *services, "-n", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    assert proc.stderr is not None
-    ready, _, _ = select.select([proc.stderr], [], [], 30)
-    assert ready, "dump said nothing"
-    assert proc.stderr.readline() == (
-        f"chestnut dump: nothing publishes {', '.join(services)} on prefix {current_prefix()!r} yet (start a stack "
-        "with chestnut launch, or set CHESTNUT_PREFIX to the running stack's); waiting\n"
-    )
-    return proc
-
-
 def test_dump_n_0_waits_for_a_publisher_then_stops_without_a_message():
     """``-n 0`` ("print none, stop once connected") said "waiting" and exited 0 at once, nothing publishing."""
     import time
 
-    proc = _dump_n_0_waiting("controlState", "nodeState")
+    proc = _dump_waiting("0", "controlState", "nodeState")
     try:
         with PubMaster(["controlState"]):
             time.sleep(1.0)
@@ -208,7 +205,7 @@ def test_dump_n_0_waiting_ends_with_ctrl_c_as_dump_does():
     import signal
     import time
 
-    proc = _dump_n_0_waiting("controlState")
+    proc = _dump_waiting("0", "controlState")
     try:
         time.sleep(0.5)
         assert proc.poll() is None
