@@ -42,6 +42,7 @@ from chestnut.backend import protocol as P
 from chestnut.backend.errors import ChestnutError
 from chestnut.backend.interface import LadderReport, LadderStep, ModelSpec, StepResult
 from chestnut.msgs.argtypes import MAX_WAIT_TIMEOUT_MS, checked_int, path_arg
+from chestnut.msgs.outdir import OutputDirError, file_target_problem, write_private
 
 MARKS = {StepResult.PASS: "PASS", StepResult.WARN: "WARN", StepResult.FAIL: "FAIL", StepResult.SKIPPED: "SKIP"}
 OS_RELEASE_MAX_BYTES = 64 << 10  # /etc/os-release is a few hundred bytes (os-release(5))
@@ -207,16 +208,12 @@ def model_path_problem(path: Path) -> str | None:
 
 def fingerprint_target_problem(path: Path) -> str | None:
     """Why ``--record-fingerprint`` cannot write to ``path`` (checked before the model is loaded or
-    compiled), or None: its folder must exist and ``path`` must not be a folder or another non-regular file; a
-    path the OS refuses to look up (a name over 255 bytes: ``ENAMETOOLONG``) is named with its reason."""
-    try:
-        if not path.parent.is_dir():
-            return f"--record-fingerprint {path}: folder {path.parent} does not exist; create it or give another path"
-        if path.exists() and not path.is_file():
-            return f"--record-fingerprint {path} exists and is not a regular file; give another path"
-    except OSError as e:
-        return f"--record-fingerprint {path} cannot be written ({e.strerror or e}); give another path"
-    return None
+    compiled), or None: the rule of every output file named on a command line (``msgs/outdir.py``
+    ``file_target_problem``, as ``launch --json``): its folder must exist and be a real folder of ours that no one
+    else can write to (not ``/tmp`` itself), and ``path`` must not be a symlink (never followed), a folder or
+    another non-regular file; a path the OS refuses to look up (a name over 255 bytes) is named with its reason."""
+    problem = file_target_problem(path)
+    return None if problem is None else f"--record-fingerprint {problem}"
 
 
 PROGRESS_AFTER_S = 2.0  # a step still running after this long is said to be running ...
@@ -384,9 +381,12 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             fp = record_fingerprint(spec)
-            args.record_fingerprint.write_text(json.dumps(fp, indent=1))
+            write_private(args.record_fingerprint, json.dumps(fp, indent=1))  # 0600, temp file + rename, no symlink
         except ChestnutError as e:  # not an ONNX model, a shape it cannot take: one line
             print(f"chestnut probe: no fingerprint for {spec.name}: {e}", file=sys.stderr)
+            return 2
+        except OutputDirError as e:  # the target turned into a symlink, its folder into another's since the check
+            print(f"chestnut probe: --record-fingerprint {e}", file=sys.stderr)
             return 2
         except OSError as e:
             print(f"chestnut probe: --record-fingerprint {args.record_fingerprint}: {e.strerror or e}",

@@ -485,21 +485,12 @@ def control_lines(s: dict[str, Any]) -> list[str]:
 def json_target_problem(path: Path) -> str | None:
     """Why the summary cannot be written to ``path`` (checked before the run, so a run is never lost to a
     typo), or None: its folder must exist (it is not created) and be one of ours that no one else can write to,
-    not a symlink (``msgs/outdir.py`` ``private_dir``: a world-writable folder such as ``/tmp`` would let another
-    user swap the file), and ``path`` must not be a symlink or a folder."""
-    from chestnut.msgs.outdir import OutputDirError, missing_folder, private_dir
+    not a symlink (a world-writable folder such as ``/tmp`` would let another user swap the file), and ``path``
+    must not be a symlink or a folder: ``msgs/outdir.py`` ``file_target_problem``, the rule of every file named
+    on a command line."""
+    from chestnut.msgs.outdir import file_target_problem
 
-    if (missing := missing_folder(path)) is not None:
-        return missing
-    try:
-        private_dir(path.parent)  # it exists: only checked, never created or changed
-    except OutputDirError as e:
-        return f"{path}: folder {e.path} {e.problem}; give a folder of yours that no one else can write to"
-    if path.is_symlink():
-        return f"{path} is a symlink: remove it (rm {path}) or give another path"
-    if path.exists() and not path.is_file():
-        return f"{path} exists and is not a regular file; give another path"
-    return None
+    return file_target_problem(path)
 
 
 def write_summary_json(path: Path, summary: dict[str, Any]) -> str | None:

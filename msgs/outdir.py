@@ -124,6 +124,33 @@ def missing_folder(path: str | os.PathLike[str]) -> str | None:
     return f"{path}: folder {folder} does not exist; create it or give another path"
 
 
+def file_target_problem(path: Path) -> str | None:
+    """Why a file the user named on the command line (``launch --json FILE``, ``probe --record-fingerprint OUT``)
+    cannot be written (checked before the work, so none is lost to a typo), or None: its folder must exist (it is
+    not created: :func:`missing_folder`'s line) and be one of ours that no one else can write to, not a symlink
+    (:func:`private_dir`: a world-writable folder such as ``/tmp`` would let another user swap the file), and
+    ``path`` must not be a symlink (never followed) or anything but a regular file; a path the OS refuses to look
+    up (a name over 255 bytes) is named with its reason. Write it with :func:`write_private`, which refuses the
+    same again at the write."""
+    if (missing := missing_folder(path)) is not None:
+        return missing
+    try:
+        private_dir(path.parent)  # it exists: only checked, never created or changed
+    except OutputDirError as e:
+        return f"{path}: folder {e.path} {e.problem}; give a folder of yours that no one else can write to"
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:  # ENAMETOOLONG
+        return f"{path} cannot be written ({e.strerror or e}); give another path"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symlink: remove it (rm {path}) or give another path"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path} exists and is not a regular file; give another path"
+    return None
+
+
 def private_dir(path: str | os.PathLike[str], targets: Iterable[str] = ()) -> Path:
     """Create ``path`` (0700, with any missing parents) or accept it if it is fit; returns it as a ``Path``.
 
@@ -339,6 +366,7 @@ __all__ = [
     "OutputExistsError",
     "check_folders_above",
     "dir_problem",
+    "file_target_problem",
     "new_private_dir",
     "open_private",
     "os_reason",

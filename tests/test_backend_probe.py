@@ -194,6 +194,50 @@ def test_a_record_fingerprint_path_the_os_refuses_is_one_line(capsys, tmp_path):
                                        "too long); give another path\n")
 
 
+def test_record_fingerprint_never_writes_through_a_symlink_nor_into_a_shared_folder(capsys, tmp_path, tiny_onnx):
+    """A planted symlink was followed (its target overwritten, exit 0) and ``/tmp`` itself taken, as no other output
+    path of chestnut's is (``msgs/outdir.py`` ``file_target_problem``)."""
+    from chestnut.launch.cli import main
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    link = tmp_path / "fp.json"
+    link.symlink_to(victim)
+    assert main(["probe", "--record-fingerprint", str(link), "--model", str(tiny_onnx)]) == 2
+    assert capsys.readouterr().err == (f"chestnut probe: --record-fingerprint {link} is a symlink: remove it "
+                                       f"(rm {link}) or give another path\n")
+    assert victim.read_text() == "precious\n"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # as /tmp
+    target = shared / "fp.json"
+    assert main(["probe", "--record-fingerprint", str(target), "--model", str(tiny_onnx)]) == 2
+    assert capsys.readouterr().err == (f"chestnut probe: --record-fingerprint {target}: folder {shared} is writable "
+                                       "by group/other (mode 1777); give a folder of yours that no one else can "
+                                       "write to\n")
+    assert list(shared.iterdir()) == []
+
+
+def test_a_recorded_fingerprint_is_0600_whatever_the_umask_and_replaces_an_old_file(capsys, tmp_path, tiny_onnx):
+    """It was written with the umask's mode (0644 under 022), an old file's mode kept."""
+    import stat
+
+    from chestnut.launch.cli import main
+
+    target = tmp_path / "fp.json"
+    target.write_text("old")
+    target.chmod(0o644)
+    old = os.umask(0o022)
+    try:
+        assert main(["probe", "--record-fingerprint", str(target), "--model", str(tiny_onnx)]) == 0
+    finally:
+        os.umask(old)
+    assert capsys.readouterr().err == ""
+    assert stat.S_IMODE(os.lstat(target).st_mode) == 0o600
+    assert json.loads(target.read_text())["outputs"]["prob"]["shape"] == [1, 1, 16, 32]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fp.json"]  # no temporary left beside it
+
+
 # ------------------------------------------------------------------ the dock's lock (backend/docklock.py)
 def twin_resets(twin) -> int:
     """The twin's GPU resets so far: its log's ``PCIe power off: GPU reset`` lines (``backend/sim/twin.py``)."""
