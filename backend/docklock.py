@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from chestnut.backend.errors import UsbLayerError
-from chestnut.msgs.paths import PROC_LOCKS, flock_holders
+from chestnut.msgs.paths import PROC_LOCKS, UMASK_LOCK, flock_holders
 
 LOCK_DEVPREF = "am"  # tinygrad 0.14 USBPCIDevice("AM", ...) -> lock "am_usb:<bus>-<addr>.lock"
 LOCK_CREATE_MODE = 0o600  # ours: private (tinygrad 0.14 flock_acquire creates 0666 under umask 0)
@@ -260,16 +260,17 @@ def keep_umask_around_tinygrads_lock() -> None:
         if held is not None and held.fd is not None:  # ours already: shared, never released in between
             self.lock_fd = os.dup(held.fd)  # as tinygrad's own call sets it
             return int(self.lock_fd)
-        before = os.umask(0o077)
-        os.umask(before)
-        try:  # a missing file is made here, 0600 (tinygrad would make it 0666); tinygrad then opens ours
-            os.close(open_dock_lock(Path(tempfile.gettempdir()) / name))  # helpers.temp's place
-        except UsbLayerError:
-            pass  # a file no one can use: tinygrad's own open below fails on it as it always did
-        try:
-            return int(real(self, name))
-        finally:
+        with UMASK_LOCK:  # no socket bind's umask window (msgs/paths.py bind_private_socket) interleaves with this one
+            before = os.umask(0o077)
             os.umask(before)
+            try:  # a missing file is made here, 0600 (tinygrad would make it 0666); tinygrad then opens ours
+                os.close(open_dock_lock(Path(tempfile.gettempdir()) / name))  # helpers.temp's place
+            except UsbLayerError:
+                pass  # a file no one can use: tinygrad's own open below fails on it as it always did
+            try:
+                return int(real(self, name))  # LOCK_NB: never waits with the lock held
+            finally:
+                os.umask(before)
 
     flock_acquire._chestnut_real = real  # type: ignore[attr-defined]
     cls.flock_acquire = flock_acquire  # type: ignore[method-assign]

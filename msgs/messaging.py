@@ -57,6 +57,7 @@ from chestnut.msgs.paths import (
     PROC_LOCKS,
     RuntimeDirError,
     SocketPathError,
+    bind_private_socket,
     check_socket_path,
     current_prefix,
     flock_holders,
@@ -891,7 +892,10 @@ def pub_sock(service: str, prefix: str | None = None, tcp_port: int | None = Non
         if lock_fd >= 0:  # the lock is ours: nobody else binds here now
             check_socket_path(addr.removeprefix("ipc://"))
         sock.setsockopt(zmq.LINGER, 0)
-        sock.bind(addr)
+        if addr.startswith("ipc://"):  # the socket file 0600 whatever the umask (msgs/paths.py bind_private_socket)
+            bind_private_socket(addr.removeprefix("ipc://"), lambda: sock.bind(addr))
+        else:
+            sock.bind(addr)
         if lock_fd >= 0:
             st = os.lstat(addr.removeprefix("ipc://"))
             sock.ipc_file, sock.ipc_file_id = addr.removeprefix("ipc://"), (st.st_dev, st.st_ino)

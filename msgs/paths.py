@@ -33,7 +33,8 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from chestnut.msgs.services import SERVICE_LIST
@@ -50,6 +51,11 @@ control socket (``launch/supervise.py`` ``STACK_SOCKETS``)."""
 LONGEST_SOCKET_NAME = max((*SERVICE_LIST, *STACK_SOCKET_NAMES), key=len)
 BASE_ENVS = ("RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR")  # in order of preference; then the temp dir
 PRIVATE_MODE = 0o700
+SOCKET_MODE = 0o600
+UMASK_LOCK = threading.Lock()
+"""Held around every change of this process's umask that is set back again (:func:`bind_private_socket`, and
+``backend/docklock.py``'s wrapper of tinygrad's lock call, which sets ``umask(0)``): ``os.umask`` is process-wide, so
+two such windows in two threads must not interleave (the later one would set the first one's mask back for good)."""
 
 
 class RuntimeDirError(PermissionError):
@@ -95,6 +101,24 @@ def check_socket_path(path: str | os.PathLike[str]) -> None:
     what = ("a symlink" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
             else "a regular file" if stat.S_ISREG(st.st_mode) else "a special file")
     raise SocketPathError(path, f"{what}, not a socket")
+
+
+def bind_private_socket(path: str | os.PathLike[str], bind: Callable[[], object]) -> None:
+    """Run ``bind`` (the bind of a Unix socket at ``path``: ``sock.bind(path)``, ZeroMQ's ``sock.bind("ipc://"
+    + path)``) with group/other cleared from the umask, so the socket file is born with no permission for another
+    user whatever the process umask (a login shell's 022 made ``chestnut twin serve``'s and ``chestnut run``'s
+    sockets ``srwxr-xr-x``: connectable by anyone who could reach the folder), then make it :data:`SOCKET_MODE`
+    (0600; the owner's execute bit, meaningless on a socket, goes). There is no moment at which another user could
+    connect. The umask is only narrowed (``old | 0o077``: a thread creating a file meanwhile gets no wider mode) and
+    set back under :data:`UMASK_LOCK`. An error from ``bind`` propagates, the umask set back."""
+    with UMASK_LOCK:
+        old = os.umask(0o077)
+        os.umask(old | 0o077)
+        try:
+            bind()
+        finally:
+            os.umask(old)
+    os.chmod(path, SOCKET_MODE)
 
 
 class PrefixError(ValueError):

@@ -82,7 +82,7 @@ import numpy as np
 
 from chestnut.msgs.frames import frame_shape, frame_view
 from chestnut.msgs.messaging import REASON_FRAMING, REASON_UNKNOWN_MEMBER, MalformedMessageError
-from chestnut.msgs.paths import SocketPathError, check_socket_path, runtime_dir
+from chestnut.msgs.paths import SocketPathError, bind_private_socket, check_socket_path, runtime_dir
 from chestnut.msgs.schema import log as schema
 from chestnut.msgs.services import FRAME_MAX_BYTES
 
@@ -387,11 +387,7 @@ class FrameRing:
             finally:
                 probe.close()
         lst = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        old = os.umask(0o177)  # born 0600 (the directory is 0700 already)
-        try:
-            lst.bind(self.path)
-        finally:
-            os.umask(old)
+        bind_private_socket(self.path, lambda: lst.bind(self.path))  # 0600, never reachable by another user
         lst.listen(16)
         lst.settimeout(0.1)
         return lst

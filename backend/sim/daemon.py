@@ -55,7 +55,7 @@ from chestnut.backend.sim.hostwait import FILE_NAME as HOSTWAIT_FILE
 from chestnut.backend.sim.hostwait import WaitPublisher
 from chestnut.backend.sim.libusb_codes import LIBUSB_ERROR_INVALID_PARAM, LIBUSB_ERROR_OTHER, UsbError
 from chestnut.backend.sim.twin import Twin, TwinConfig
-from chestnut.msgs.paths import RuntimeDirError, check_socket_path, runtime_dir
+from chestnut.msgs.paths import RuntimeDirError, bind_private_socket, check_socket_path, runtime_dir
 
 log = logging.getLogger(__name__)
 
@@ -337,8 +337,7 @@ class TwinServer:
             finally:
                 probe.close()
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.bind(str(self.path))
-        os.chmod(self.path, 0o600)
+        bind_private_socket(self.path, lambda: s.bind(str(self.path)))  # 0600, never reachable by another user
         s.listen(MAX_CONNECTIONS)
         s.settimeout(ACCEPT_POLL_S)
         self._listener = s
