@@ -89,6 +89,8 @@ class FrameOptions:
     native_hw: tuple[int, int] | None = None
     model_frame: str = ""
     warp_given: bool = False
+    rate_hz: float = 20.0              # --rate: the camera's
+    node_frame_period_ms: float = 50.0  # the node TOML's [timing] frame_period_ms (node/config.py's default)
 
     def problem(self) -> str | None:
         """The one line that refuses these options together, or None when they can run."""
@@ -182,6 +184,15 @@ class FrameOptions:
         return {k: v for k, v in want.items() if v != have[k]}
 
 
+    @property
+    def node_timing_changes(self) -> dict[str, float]:
+        """The ``[timing]`` keys this run's node configuration changes: ``frame_period_ms``, the camera's period at
+        ``--rate`` (the node shares it out among the primary's stages and bounds its runs by it: ``node/health.py``
+        ``StageBudget``; the adaptive deadline aims inside it: ``node/deadline.py``), when the TOML's differs."""
+        period_ms = 1000.0 / self.rate_hz
+        return {} if abs(period_ms - self.node_frame_period_ms) < 1e-9 else {"frame_period_ms": period_ms}
+
+
 def read_node_toml(path: Path | None) -> dict[str, Any]:
     """The node TOML ``chestnut launch`` gives the node (``path``, else ``launch/node.toml`` when present) as a
     table; raises :class:`~chestnut.backend.errors.ConfigError` (one line) for one that cannot be read: read as
@@ -203,10 +214,12 @@ def read_node_toml(path: Path | None) -> dict[str, Any]:
 def frame_options(args: argparse.Namespace, node_toml: dict[str, Any]) -> FrameOptions:
     """:class:`FrameOptions` from ``chestnut launch``'s arguments and the node TOML's table (missing keys:
     ``node/config.py``'s defaults)."""
-    from chestnut.node.config import DockConfig, ModelConfig
+    from chestnut.node.config import DockConfig, ModelConfig, TimingConfig
 
     model = node_toml.get("model", {}) if isinstance(node_toml.get("model"), dict) else {}
     dock = node_toml.get("dock", {}) if isinstance(node_toml.get("dock"), dict) else {}
+    timing = node_toml.get("timing", {}) if isinstance(node_toml.get("timing"), dict) else {}
+    period = timing.get("frame_period_ms", TimingConfig().frame_period_ms)
     shape = model.get("shape", ModelConfig().shape)
     try:
         hw = (int(shape[2]), int(shape[3]))
@@ -234,6 +247,10 @@ def frame_options(args: argparse.Namespace, node_toml: dict[str, Any]) -> FrameO
         native_hw=native_hw,
         model_frame=str(model.get("frame", "")),
         warp_given=args.warp is not None,
+        rate_hz=float(args.rate),
+        # a malformed period is the node's to name: kept, so that the run's own config leaves it as given
+        node_frame_period_ms=float(period) if isinstance(period, int | float) and not isinstance(period, bool)
+        else 1000.0 / float(args.rate),
     )
 
 
@@ -313,8 +330,9 @@ def model_input_problem(path: Path, input_name: str, shape: tuple[int, ...], mod
 
 
 def write_frame_node_config(run_dir: Path, node_toml: dict[str, Any], opts: FrameOptions) -> Path:
-    """The node configuration of this run when the frames need the warp: ``node_toml`` with the ``[model]``
-    keys of :attr:`FrameOptions.node_config_changes` (``preprocess``, ``frame``), written 0600 to
+    """The node configuration of this run when the frames need the warp or another frame period: ``node_toml``
+    with the ``[model]`` keys of :attr:`FrameOptions.node_config_changes` (``preprocess``, ``frame``) and the
+    ``[timing]`` keys of :attr:`FrameOptions.node_timing_changes` (``frame_period_ms``), written 0600 to
     ``<run dir>/node.toml`` and checked by loading it (``node/config.py`` ``load_config``; raises its
     ``ConfigError``)."""
     from chestnut.launch.acceptance import write_node_toml
@@ -322,6 +340,8 @@ def write_frame_node_config(run_dir: Path, node_toml: dict[str, Any], opts: Fram
 
     data = {k: dict(v) for k, v in node_toml.items() if isinstance(v, dict)}
     data.setdefault("model", {}).update(opts.node_config_changes)
+    if opts.node_timing_changes:
+        data.setdefault("timing", {}).update(opts.node_timing_changes)
     path = run_dir / "node.toml"
     write_node_toml(path, data)
     load_config(path)

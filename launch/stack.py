@@ -365,7 +365,7 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path, Path] | int:
         log.error("--runs-dir: %s", e)
         return 2
     node_args = ["--config", str(args.node_config.resolve())] if args.node_config else []
-    if frames.node_config_changes:  # the frames need the warp: this run's own node config
+    if frames.node_config_changes or frames.node_timing_changes:  # the warp or --rate: this run's own node config
         try:
             node_conf = write_frame_node_config(run_dir, node_toml, frames)
         except ConfigError as e:
@@ -373,10 +373,12 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path, Path] | int:
             return 2
         node_args = ["--config", str(node_conf)]
         log.info(
-            "node: %s for %s %s frames (%s)",
-            ", ".join(f"model.{k} = {v!r}" for k, v in frames.node_config_changes.items()),
+            "node: %s for %s %s frames at %g Hz (%s)",
+            ", ".join([f"model.{k} = {v!r}" for k, v in frames.node_config_changes.items()]
+                      + [f"timing.{k} = {v:g}" for k, v in frames.node_timing_changes.items()]),
             frames.frames,
             frames.frame_format(),
+            frames.rate_hz,
             node_conf,
         )
     conf = render_config(

@@ -623,7 +623,7 @@ class StageVerdict:
 class RiskVerdict:
     """The frame deadline over the window: the primary's run time, median ``p50_s`` and the
     :data:`RISK_RANK`-th slowest ``slow_s``, against the frame period ``frame_period_s`` and the bound
-    ``bound_s`` (the deadline ``deadline_s`` less one frame period), s."""
+    ``bound_s`` on a run that one more frame's delay would push past the deadline ``deadline_s``, s."""
 
     p50_s: float
     slow_s: float
@@ -632,23 +632,36 @@ class RiskVerdict:
 
     @property
     def bound_s(self) -> float:
-        return self.deadline_s - self.frame_period_s
+        """The longest run ``r`` that one more frame's delay does not push past the deadline ``D``: the next frame
+        waits ``r - P`` behind it (``P`` the frame period; none when ``r <= P``), counted as at most one period
+        (the median run keeps up with the camera, or :attr:`at_risk` says so already), so
+        ``r + min(max(r - P, 0), P) <= D``: ``D - P`` when ``D >= 3P`` (150 - 50 = 100 ms at openpilot's
+        20 Hz), ``(D + P) / 2`` when ``P < D < 3P`` (125 ms for a 10 Hz camera), ``D`` when ``D <= P``."""
+        d, p = self.deadline_s, self.frame_period_s
+        return max(min(d, (d + p) / 2), d - p)  # the three cases in one (continuous where they meet)
+
+    def _bound_terms(self) -> str:
+        """How :attr:`bound_s` is made, for :meth:`describe`."""
+        d, p = self.deadline_s, self.frame_period_s
+        dt, pt = f"{d * 1e3:g} ms deadline", f"{p * 1e3:g} ms frame"
+        if d - p >= min(d, (d + p) / 2) - 1e-12:
+            return f"{dt} - {pt}"
+        return f"({dt} + {pt}) / 2" if (d + p) / 2 < d else dt
 
     @property
     def at_risk(self) -> bool:
         """The deadline is at risk: the median run is longer than the frame period (one frame at a time, the
         node falls behind its camera and the queue grows until frames miss), or the second slowest run is past
-        the deadline less one frame period (one more frame's delay and it misses)."""
+        :attr:`bound_s` (one more frame's delay and it misses)."""
         return self.p50_s > self.frame_period_s or self.slow_s > self.bound_s
 
     def describe(self) -> str:
         """E.g. ``"run p50 20.0 ms <= 50 ms frame, 2nd slowest 24.0 ms <= 100 ms (150 ms deadline - 50 ms
-        frame)"``."""
+        frame)"``; the bound as :attr:`bound_s` makes it (``((150 ms deadline + 100 ms frame) / 2)`` at 10 Hz)."""
         op50 = ">" if self.p50_s > self.frame_period_s else "<="
         op_slow = ">" if self.slow_s > self.bound_s else "<="
         return (f"run p50 {self.p50_s * 1e3:.1f} ms {op50} {self.frame_period_s * 1e3:g} ms frame, 2nd slowest "
-                f"{self.slow_s * 1e3:.1f} ms {op_slow} {self.bound_s * 1e3:g} ms ({self.deadline_s * 1e3:g} ms "
-                f"deadline - {self.frame_period_s * 1e3:g} ms frame)")
+                f"{self.slow_s * 1e3:.1f} ms {op_slow} {self.bound_s * 1e3:g} ms ({self._bound_terms()})")
 
 
 class StageBudget:
@@ -666,7 +679,8 @@ class StageBudget:
     is not at risk. *At risk* (:class:`RiskVerdict`) is judged on the primary's run times over the same
     window: the median run over the frame period (50 ms: the node runs one frame at a time and falls behind
     its camera), or the second slowest run of the window (:data:`RISK_RANK`) over the deadline less one frame
-    period (150 - 50 = 100 ms: one more frame's delay and it misses). Then the WARN is not advisory and
+    period (150 - 50 = 100 ms: one more frame's delay and it misses; :attr:`RiskVerdict.bound_s` for a camera
+    slower than a third of the deadline). Then the WARN is not advisory and
     ``ChestnutActive`` drops (tag ``deadline_at_risk``); a deadline at risk with no stage over its share is
     the gpu layer's, as a deadline miss is (the time is outside the timed stages). Within budget and not at
     risk the source says OK. The conditions' source is :data:`STAGE_SOURCE`, so a WARN holds while the
@@ -674,8 +688,8 @@ class StageBudget:
     advisory follow the window at once. The evidence is not *counted* (:attr:`Evidence.counted`): it rates
     frames the completed runs already observed, so a frame is still one observation towards a layer's
     recovery from ERROR. It never fails the primary over: deadline misses and errors do that. Pure: no
-    clock of its own. Raises ``ValueError`` for a share outside (0, 1], a period or window that is not
-    positive, a deadline not longer than the frame period.
+    clock of its own. ``frame_period_s``: the camera's (``timing.frame_period_ms``). Raises ``ValueError`` for a
+    share outside (0, 1], a period, deadline or window that is not positive.
     """
 
     def __init__(self, frame_period_s: float = FRAME_PERIOD_S, shares: Mapping[str, float] | None = None,
@@ -686,8 +700,8 @@ class StageBudget:
             raise ValueError(f"stage shares must give each of {', '.join(STAGES)} a share in (0, 1]: {shares}")
         if not frame_period_s > 0 or window < 1 or not 1 <= min_frames <= window or not max_age_s > 0:
             raise ValueError("frame_period_s and max_age_s must be > 0, 1 <= min_frames <= window")
-        if not deadline_s > frame_period_s:
-            raise ValueError(f"deadline_s ({deadline_s}) must be longer than frame_period_s ({frame_period_s})")
+        if not deadline_s > 0:
+            raise ValueError(f"deadline_s ({deadline_s}) must be > 0")
         self.frame_period_s, self.shares, self.deadline_s = frame_period_s, shares, deadline_s
         self.window, self.min_frames, self.max_age_ns = window, min_frames, int(max_age_s * 1e9)
         self.samples: list[tuple[int, StageTimes, float]] = []  # (ns, stages s, run s)

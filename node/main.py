@@ -419,7 +419,8 @@ class Node:
         self.fallback: FallbackModel | None = None
         self.health = HealthMonitor(hold_until_reported=True)  # every ERROR reaches a chestnutHealth
         # the primary's copy-in / compute / copy-out against the frame, its run times against the deadline
-        self.stage_budget = StageBudget(deadline_s=cfg.timing.deadline_ms / 1e3)
+        # the stages share the camera's frame period (timing.frame_period_ms: chestnut launch sets its --rate's)
+        self.stage_budget = StageBudget(cfg.timing.frame_period_ms / 1e3, deadline_s=cfg.timing.deadline_ms / 1e3)
         self.primary_timed = False  # the primary's last result carried stage times (the budget must judge them)
         t = cfg.timing
         self.watchdog = Watchdog(WatchdogConfig(frame_deadline_ms=t.deadline_ms,

@@ -221,6 +221,29 @@ def test_the_runs_node_config_is_the_given_one_with_the_warp(tmp_path):
     )
 
 
+@pytest.mark.parametrize(("rate", "given", "changes"), [
+    (10.0, "", {"frame_period_ms": 100.0}),
+    (20.0, "", {}),                                       # node/config.py's default period, 50 ms
+    (40.0, "[timing]\nframe_period_ms = 25\n", {}),      # the given config's own period is the camera's
+    (20.0, "[timing]\nframe_period_ms = 25\n", {"frame_period_ms": 50.0}),
+], ids=["10Hz", "20Hz", "given-40Hz", "given-other"])
+def test_the_runs_node_config_takes_the_cameras_frame_period(tmp_path, rate, given, changes):
+    """``--rate`` is the camera's: the node's ``timing.frame_period_ms`` follows it (its stage budget and the bound
+    on its runs, ``node/health.py`` ``StageBudget``, judge the frames the camera sends)."""
+    toml = tmp_path / "given.toml"
+    toml.write_text(given)
+    table = read_node_toml(toml)
+    args = argparse.Namespace(frames="model", synthetic=False, pixel_format="bgr24", transport="auto",
+                              dock_timing=False, link_mbps=None, latency_us=None, warp=None, rate=rate)
+    opts = frame_options(args, table)
+    assert (opts.node_config_changes, opts.node_timing_changes) == ({}, changes)
+    if changes:
+        run_dir = tmp_path / "run"
+        run_dir.mkdir(mode=0o700)
+        cfg = load_config(write_frame_node_config(run_dir, table, opts))
+        assert cfg.timing.frame_period_ms == changes["frame_period_ms"]
+
+
 def test_the_default_node_config_gives_the_models_size_and_preprocess():
     table = read_node_toml(None)  # launch/node.toml
     assert table["model"]["shape"] == [1, 3, 128, 256] and table["model"]["preprocess"] == "ppocr"
@@ -278,6 +301,7 @@ def test_native_video_frames_are_the_traffic_videos_own_size():
         link_mbps=None,
         latency_us=None,
         warp="primary",
+        rate=20.0,
     )
     assert source_size(traffic_video_path()) == source_size(traffic_video_path(), "nv12") == (576, 704)
     opts = frame_options(args, read_node_toml(None))

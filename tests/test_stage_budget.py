@@ -257,10 +257,10 @@ def test_a_run_longer_than_the_frame_is_at_risk_and_blamed_on_the_gpu_when_no_st
     )
     risk = b.risk(4 * 50 * MS)
     assert risk is not None
-    assert (risk.p50_s, risk.slow_s, risk.bound_s, risk.at_risk) == (0.060, 0.060, 0.15 - 0.05, True)
+    assert (risk.p50_s, risk.slow_s, risk.bound_s, risk.at_risk) == (0.060, 0.060, pytest.approx(0.1, abs=1e-12), True)
     assert b.risk(10_000 * MS) is None  # too old to rate
     with pytest.raises(ValueError, match="deadline_s"):
-        StageBudget(deadline_s=0.05)
+        StageBudget(deadline_s=0.0)
     with pytest.raises(ValueError, match="only a WARN"):
         Evidence(Layer.GPU, Level.OK, "x", advisory=True)
 
@@ -281,6 +281,36 @@ def test_a_configured_deadline_moves_the_bound() -> None:
         ("deadline_at_risk", False, "run p50 40.0 ms <= 50 ms frame, 2nd slowest 200.0 ms > 100 ms (150 ms deadline - "
          "50 ms frame)"),
     ]
+
+
+@pytest.mark.parametrize(("period_s", "runs_s", "want"), [
+    # 10 Hz: the full-size twin's runs (55-83 ms) never hold the next frame back: not at risk
+    (0.1, (0.055, 0.083, 0.060, 0.062, 0.058),
+     ("slow_compute", True, "run p50 60.0 ms <= 100 ms frame, 2nd slowest 62.0 ms <= 125 ms ((150 ms deadline + 100 "
+      "ms frame) / 2)")),
+    # 10 Hz: two runs of 130 ms hold their next frames back 30 ms each: 160 ms, past the deadline
+    (0.1, (0.060, 0.130, 0.060, 0.130, 0.060),
+     ("deadline_at_risk", False, "run p50 60.0 ms <= 100 ms frame, 2nd slowest 130.0 ms > 125 ms ((150 ms deadline + "
+      "100 ms frame) / 2)")),
+    # 5 Hz: no frame waits behind a run within the deadline
+    (0.2, (0.060, 0.140, 0.060, 0.145, 0.060),
+     ("slow_compute", True, "run p50 60.0 ms <= 200 ms frame, 2nd slowest 140.0 ms <= 150 ms (150 ms deadline)")),
+    # 20 Hz, openpilot's: the deadline less one frame, as ever
+    (0.05, (0.040, 0.101, 0.040, 0.102, 0.040),
+     ("deadline_at_risk", False, "run p50 40.0 ms <= 50 ms frame, 2nd slowest 101.0 ms > 100 ms (150 ms deadline - "
+      "50 ms frame)")),
+], ids=["10Hz-fits", "10Hz-at-risk", "5Hz-fits", "20Hz-at-risk"])
+def test_the_bound_follows_the_cameras_frame_period(period_s: float, runs_s: tuple[float, ...],
+                                                      want: tuple[str, bool, str]) -> None:
+    """``timing.frame_period_ms`` (``chestnut launch --rate``): a run ``r`` holds the next frame back ``r - P``
+    (at most one period), and ``r`` plus that must stay within the deadline (:attr:`RiskVerdict.bound_s`)."""
+    b = StageBudget(period_s)
+    slow = StageTimes(0.0012, 0.6 * period_s, 0.0004)  # compute over its 30 % share: advisory unless at risk
+    for i, run_s in enumerate(runs_s):
+        ev = b.observe(slow, i * 50 * MS, run_s=run_s)
+    risk = b.risk(4 * 50 * MS)
+    assert risk is not None
+    assert (ev[1].tag, ev[1].advisory, risk.describe()) == want
 
 
 def test_an_advisory_warn_is_published_and_active_beside_it_keeps_the_contract(tmp_path: Path) -> None:
