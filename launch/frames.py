@@ -183,7 +183,6 @@ class FrameOptions:
         have = {"preprocess": self.preprocess, "frame": self.model_frame}
         return {k: v for k, v in want.items() if v != have[k]}
 
-
     @property
     def node_timing_changes(self) -> dict[str, float]:
         """The ``[timing]`` keys this run's node configuration changes: ``frame_period_ms``, the camera's period at
