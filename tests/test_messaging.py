@@ -32,6 +32,7 @@ from chestnut.msgs.messaging import (
     new_message,
     pub_sock,
     recv_one,
+    recv_one_or_none,
     sub_sock,
 )
 from chestnut.msgs.paths import current_prefix
@@ -212,9 +213,10 @@ def test_log_from_bytes_round_trips_every_field_exactly():
     assert log_from_bytes(bytearray(data)).to_dict() == log_from_bytes(memoryview(data)).to_dict() == msg.to_dict()
 
 
-def test_a_decoded_event_holds_its_bytes_once_and_lets_them_go_with_it():
+def test_a_decoded_event_holds_its_bytes_once_and_lets_them_go_by_the_next_decode():
     # at 64 KiB and more the check reads cameraFrame.data through a view (no copy); pycapnp's view leaks a
-    # reference that the decoder gives back, so the bytes are held by the returned reader alone and freed with it
+    # reference that the decoder gives back at the start of the next decode (or once a queue is drained), so the
+    # bytes are held by the returned reader and, after it, by that one reference until then
     msg = new_message(CAM)
     msg.cameraFrame.data = bytes(range(256)) * 256
     data = msg.to_bytes()
@@ -224,8 +226,36 @@ def test_a_decoded_event_holds_its_bytes_once_and_lets_them_go_with_it():
     assert sys.getrefcount(data) == base + 1
     assert bytes(event.cameraFrame.data) == bytes(range(256)) * 256
     del event
+    log_from_bytes(good_frame(1))
     assert sys.getrefcount(data) == base
     assert messaging._DATA_VIEW_LEAK in (0, 1)
+    assert not messaging._viewed
+
+
+def test_the_views_of_a_decode_are_given_back_once_the_queue_is_drained_and_never_pile_up():
+    big = new_message(CAM)
+    big.cameraFrame.data = bytes(range(256)) * 400  # 102400 bytes: decoded in place, its data checked by a view
+    data = big.to_bytes()
+    pub, sub = _connected_pair()
+    try:
+        for _ in range(5):
+            pub.send(data)
+        assert sub.poll(5000)
+        seen = 0
+        deadline = time.monotonic() + 5
+        while seen < 5 and time.monotonic() < deadline:
+            event = recv_one_or_none(sub)
+            if event is None:
+                assert not messaging._viewed  # the drained queue gave back the last event's view
+                sub.poll(100)
+                continue
+            seen += 1
+            assert len(messaging._viewed) == messaging._DATA_VIEW_LEAK  # this decode's only: the last ones went first
+        assert seen == 5
+        assert recv_one_or_none(sub) is None and not messaging._viewed
+    finally:
+        pub.close()
+        sub.close()
 
 
 @pytest.mark.parametrize("data", [None, b""], ids=["absent", "empty"])
@@ -239,6 +269,7 @@ def test_a_frame_without_pixels_decodes_and_lets_its_bytes_go(data):
     event = log_from_bytes(raw)
     assert (event.cameraFrame.frameId, event.cameraFrame.data) == (3, b"")
     assert messaging._walk_struct(messaging._reader(raw, None), messaging._EVENT_PLAN, True) == CAM  # the view path
+    messaging._give_back_views()
     del event
     assert sys.getrefcount(raw) == base
 
