@@ -56,11 +56,12 @@ import logging
 import os
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -80,6 +81,7 @@ from chestnut.fallback.standby import FallbackModel
 from chestnut.msgs.frames import CAMERA_RESTART_MIN_STEP
 from chestnut.msgs.messaging import PubMaster, SubMaster, iter_events, new_message, sub_sock
 from chestnut.msgs.paths import runtime_dir
+from chestnut.msgs.template import TemplateError
 from chestnut.msgs.visionipc import FrameBufferError, FrameReader
 from chestnut.node import config as node_config
 from chestnut.node.config import NodeConfig
@@ -114,6 +116,7 @@ from chestnut.node.health import (
     layer_usable,
 )
 from chestnut.node.hostload import HostMeter
+from chestnut.node.output_template import PrimaryOutputTemplate
 from chestnut.node.policy import (
     HOST_LATE,
     Answer,
@@ -325,17 +328,6 @@ def _stop_deferred(signum: int, frame: FrameType | None, pending: Callable[[], b
     return False
 
 
-@dataclass(frozen=True)
-class OutputDraft:
-    """What :meth:`Node._draft_output` set in the next ``modelOutput`` builder while the primary computed:
-    the frame id, each output's (name, shape, dtype) in the worker's declared order, and the builder's
-    ``outputs`` list, whose ``data`` only is left to set."""
-
-    frame_id: int
-    specs: tuple[tuple[str, tuple[int, ...], np.dtype], ...]
-    tensors: Any
-
-
 @dataclass
 class FrameResult:
     """One frame's published answer (:class:`~chestnut.node.policy.Answer`), whether the primary missed the
@@ -463,7 +455,8 @@ class Node:
         self.result_at_ns = 0            # receipt of the worker's last result (CLOCK_MONOTONIC ns)
         self.after_output: deque[Callable[[], object]] = deque()  # _after_output's work, until the output is out
         self.next_output: tuple[Any, Any] | None = None  # (Event builder, its modelOutput): _prepare_output
-        self.output_draft: OutputDraft | None = None  # what _draft_output set in next_output
+        self.output_template: PrimaryOutputTemplate | None = None  # the primary's answer: _ready_output_template
+        self.template_refused: tuple[str, tuple[TensorSpec, ...]] | None = None  # a (model, specs) it cannot be
         # the primary's adaptive deadline (node/deadline.py): its recent latencies (ms) and the deadline in force
         self.deadline_rule = DeadlineRule(ceiling_ms=t.deadline_ms, floor_ms=min(t.deadline_floor_ms, t.deadline_ms),
                                           host_late_ms=t.host_late_ms, adaptive=t.adaptive_deadline,
@@ -1094,8 +1087,8 @@ class Node:
             except ChestnutError as e:
                 why = self._submit_failed(seq, e)
         if submitted and w is not None:  # while the primary computes: the stale check's input half (its output
-            self.stale.see_input(inputs)  # half after the result) and the primary answer's message, but its values
-            self._draft_output(seq - self.seq_offset, w.outputs)
+            self.stale.see_input(inputs)  # half after the result) and, once per worker, its answer's template
+            self._ready_output_template(w.outputs)
         fallback: Candidate | None = None
         if fallback_must_run(self.cfg.fallback.standby == "hot", self.sup.serving is Source.PRIMARY, submitted):
             fallback = self._run_fallback(inputs)
@@ -1350,47 +1343,30 @@ class Node:
     def _output_builder(self) -> tuple[Any, Any]:
         """A ``modelOutput`` Event builder and its member, made after the previous output was sent
         (:meth:`_prepare_output`): a fresh builder's allocation and first touches cost more than the rest of the
-        message at 20 Hz, where every frame finds the CPU's caches cold. A builder :meth:`_draft_output` filled
-        for another answer is dropped (its fields are not this answer's)."""
+        message at 20 Hz, where every frame finds the CPU's caches cold."""
         made, self.next_output = self.next_output, None
-        if made is None or self.output_draft is not None:
-            self.output_draft = None
+        if made is None:
             msg = new_message("modelOutput")
             return msg, msg.modelOutput
         made[0].logMonoTime = time.monotonic_ns()  # stamped when filled, as a new message would be
         return made
 
-    def _draft_output(self, frame_id: int, specs: tuple[TensorSpec, ...]) -> None:
-        """While the primary computes frame ``frame_id``: the next ``modelOutput`` builder filled with what the
-        primary's answer carries whatever its values -- the frame id, the primary's model id and each declared
-        output's name, shape and dtype (the worker's READY specs, in their order) -- so that only the values are
-        set once the result is in (:meth:`_publish_output`). Any other answer (the fallback's, no answer, outputs
-        of another shape, order or dtype: the output checks refuse those) takes a fresh builder instead."""
-        self._prepare_output()
-        assert self.next_output is not None
-        mo = self.next_output[1]
-        mo.frameId = frame_id
-        mo.modelId = self.primary_model_id
-        tensors = mo.init("outputs", len(specs))
-        for t, spec in zip(tensors, specs, strict=True):
-            t.name = spec.name
-            t.shape = list(spec.shape)
-            t.dtype = np.dtype(spec.dtype).name
-        self.output_draft = OutputDraft(frame_id, tuple((s.name, s.shape, np.dtype(s.dtype)) for s in specs),
-                                        tensors)
-
-    def _drafted(self, frame_id: int, source: Source, outputs: Mapping[str, np.ndarray]) -> Any | None:
-        """The drafted builder's tensor list when :meth:`_draft_output` drafted exactly this answer (the primary's
-        for ``frame_id``, ``outputs`` of the drafted names, order, shapes and dtypes), its builder then taken
-        (:meth:`_output_builder`); else None."""
-        d = self.output_draft
-        if d is None or source is not Source.PRIMARY or d.frame_id != frame_id or len(outputs) != len(d.specs):
-            return None
-        for (name, arr), (want, shape, dtype) in zip(outputs.items(), d.specs, strict=True):
-            if name != want or arr.shape != shape or arr.dtype != dtype:
-                return None
-        self.output_draft = None
-        return d.tensors
+    def _ready_output_template(self, specs: tuple[TensorSpec, ...]) -> None:
+        """The template of the primary's answer (``node/output_template.py``) for its model and the worker's
+        output ``specs``, made once per worker while the primary computes (a few builds of the message); one the
+        message cannot have (a tensor of no bytes) is said at DEBUG once, and such answers are built field by
+        field."""
+        tpl = self.output_template
+        if tpl is not None and tpl.specs is specs and tpl.model_id == self.primary_model_id:
+            return
+        key = (self.primary_model_id, specs)
+        if self.template_refused == key:
+            return
+        try:
+            self.output_template = PrimaryOutputTemplate(self.primary_model_id, specs)
+        except TemplateError as e:
+            self.output_template, self.template_refused = None, key
+            log.debug("the primary's modelOutput is built field by field: %s", e)
 
     def _prepare_output(self) -> None:
         """The next frame's ``modelOutput`` builder (:meth:`_output_builder`), made while no frame waits."""
@@ -1399,27 +1375,42 @@ class Node:
             self.next_output = (msg, msg.modelOutput)
 
     def _publish_output(self, frame_id: int, cf: Any, r: FrameResult, clock: FrameClock, drop_perc: float) -> None:
+        """Publish frame ``frame_id``'s ``modelOutput``: the primary's answer as it should be (valid, no reason,
+        the template's tensors) from its template (:meth:`_ready_output_template`), any other built field by field;
+        the bytes are the same either way."""
         a = r.answer
         source = a.source
         outputs = a.outputs or {}
-        drafted = self._drafted(frame_id, source, outputs)
+        report = r.report
+        # hot standby's figures: (agreementChecked, primaryAgrees, maxAbsDiff)
+        agreement = ((True, report.primary_agrees, float(report.max_abs_diff))
+                     if report is not None and report.agreement_checked else (False, False, 0.0))
+        stages = published_stages(r)
+        tpl = self.output_template
+        if tpl is not None and source is Source.PRIMARY and a.valid and not a.reason and tpl.matches(outputs):
+            now = time.monotonic_ns()
+            try:
+                data = tpl.fill((now, frame_id, float(a.exec_s), frame_age_s(clock, int(cf.timestampEof), now),
+                                 float(drop_perc), r.deadline_missed, agreement[1], agreement[0], agreement[2],
+                                 *stages.as_list(), float(r.deadline_ms) / 1e3), outputs)
+            except (struct.error, OverflowError, ValueError):
+                pass  # a value the field cannot hold as it is: the builder converts it as for any other answer
+            else:
+                self._sent_output(data)
+                return
         msg, mo = self._output_builder()
         msg.valid = a.valid
         mo.source = source.value
-        if drafted is not None:  # frame id, model id, names, shapes and dtypes set while the primary computed
-            for t, arr in zip(drafted, outputs.values(), strict=True):
-                t.data = np.ascontiguousarray(arr).tobytes()
-        else:
-            mo.frameId = frame_id
-            mo.modelId = (self.primary_model_id if source is Source.PRIMARY else self.fallback.model_id
-                          if source is Source.FALLBACK and self.fallback is not None else "")
-            outs = mo.init("outputs", len(outputs))
-            for t, (name, arr) in zip(outs, outputs.items(), strict=True):
-                c = np.ascontiguousarray(arr)
-                t.name = name
-                t.shape = list(c.shape)  # a numpy shape holds Python ints
-                t.dtype = _dtype_name(c.dtype)
-                t.data = c.tobytes()
+        mo.frameId = frame_id
+        mo.modelId = (self.primary_model_id if source is Source.PRIMARY else self.fallback.model_id
+                      if source is Source.FALLBACK and self.fallback is not None else "")
+        outs = mo.init("outputs", len(outputs))
+        for t, (name, arr) in zip(outs, outputs.items(), strict=True):
+            c = np.ascontiguousarray(arr)
+            t.name = name
+            t.shape = list(c.shape)  # a numpy shape holds Python ints
+            t.dtype = _dtype_name(c.dtype)
+            t.data = c.tobytes()
         # a fresh builder holds every default (0, false, ""): only what differs is set, each set costs at 20 Hz
         mo.executionTime = float(a.exec_s)
         mo.frameAge = frame_age_s(clock, int(cf.timestampEof), int(msg.logMonoTime))
@@ -1429,18 +1420,18 @@ class Node:
             mo.deadlineMissed = True
         if r.deadline_ms:
             mo.deadline = float(r.deadline_ms) / 1e3
-        report = r.report
-        if report is not None and report.agreement_checked:
-            mo.agreementChecked = True
-            mo.primaryAgrees = report.primary_agrees
-            mo.maxAbsDiff = float(report.max_abs_diff)
+        if agreement[0]:
+            mo.agreementChecked, mo.primaryAgrees, mo.maxAbsDiff = agreement
         if a.reason:
             mo.reason = a.reason
-        stages = published_stages(r)
         if stages.copy_in or stages.copy_out:
             mo.copyInTime, mo.computeTime, mo.copyOutTime = stages.as_list()
         elif stages.compute:
             mo.computeTime = stages.compute
+        self._sent_output(msg)
+
+    def _sent_output(self, msg: Any) -> None:
+        """Send a frame's ``modelOutput`` (a builder or its bytes), then give the CPU up once."""
         self.pm.send("modelOutput", msg)
         os.sched_yield()  # the bookkeeping after this waits (docs/architecture.md, "Hand-overs on the per-frame path")
         self.frames_out += 1

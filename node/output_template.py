@@ -1,0 +1,77 @@
+"""The primary's ``modelOutput``, made from a template (``msgs/template.py``) instead of built field by field.
+
+Every answer the primary gives as it should (it serves, its output passed every check: ``valid`` true, no
+``reason``) carries the same source, model id and tensor names, shapes and dtypes; only the publish time, the
+frame id, the times and figures below and each tensor's bytes change from frame to frame. The node makes the
+template once per model and worker (while the primary computes its first frame: ``Node._ready_output_template``)
+and fills a copy of its bytes per frame (:meth:`PrimaryOutputTemplate.fill`); the message published is byte for
+byte the one a fresh build of the same values serialises to (``tests/test_output_template.py``). Any other
+answer -- the fallback's, none, one not valid or with a reason, outputs of another name, order, shape or dtype
+-- is built field by field (``Node._publish_output``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from chestnut.backend.model import TensorSpec
+from chestnut.msgs.messaging import new_message
+from chestnut.msgs.template import MessageTemplate
+
+SCALARS = (("logMonoTime", "u64"), ("frameId", "u32"), ("executionTime", "f32"), ("frameAge", "f32"),
+           ("frameDropPerc", "f32"), ("deadlineMissed", "bool"), ("primaryAgrees", "bool"),
+           ("agreementChecked", "bool"), ("maxAbsDiff", "f32"), ("copyInTime", "f32"), ("computeTime", "f32"),
+           ("copyOutTime", "f32"), ("deadline", "f32"))
+"""The fields a frame sets, in :meth:`PrimaryOutputTemplate.fill`'s order (``logMonoTime`` is the ``Event``'s,
+the rest ``ModelOutput``'s, ``msgs/log.capnp``); each tensor's ``data`` follows."""
+
+
+class PrimaryOutputTemplate:
+    """The ``modelOutput`` of model ``model_id`` answering with tensors ``specs`` (the worker's READY outputs,
+    in their order; each of at least one byte), as a :class:`~chestnut.msgs.template.MessageTemplate`.
+
+    Raises :class:`~chestnut.msgs.template.TemplateError` when the message cannot be one (a tensor of no
+    bytes; a layout the template does not reproduce)."""
+
+    def __init__(self, model_id: str, specs: tuple[TensorSpec, ...]) -> None:
+        self.model_id = model_id
+        self.specs = specs
+        self._want = tuple((s.name, s.shape, np.dtype(s.dtype)) for s in specs)
+        names = tuple((s.name, "data") for s in specs)
+        self.template = MessageTemplate.make(self._build, SCALARS + names, [s.nbytes for s in specs])
+
+    def _build(self, values: Sequence[Any]) -> Any:
+        """A fresh ``Event`` builder of the answer with ``values`` (:data:`SCALARS`, then each tensor's bytes)."""
+        msg = new_message("modelOutput")
+        msg.logMonoTime = values[0]
+        mo = msg.modelOutput
+        mo.frameId = values[1]
+        mo.source = "primary"
+        mo.modelId = self.model_id
+        tensors = mo.init("outputs", len(self.specs))
+        for t, (name, shape, dtype), data in zip(tensors, self._want, values[len(SCALARS):], strict=True):
+            t.name = name
+            t.shape = list(shape)
+            t.dtype = dtype.name
+            t.data = bytes(data)
+        (mo.executionTime, mo.frameAge, mo.frameDropPerc, mo.deadlineMissed, mo.primaryAgrees, mo.agreementChecked,
+         mo.maxAbsDiff, mo.copyInTime, mo.computeTime, mo.copyOutTime, mo.deadline) = values[2:len(SCALARS)]
+        return msg
+
+    def matches(self, outputs: Mapping[str, np.ndarray]) -> bool:
+        """``outputs`` are this template's tensors: the same names in the same order, shapes and dtypes."""
+        if len(outputs) != len(self._want):
+            return False
+        for (name, arr), (want, shape, dtype) in zip(outputs.items(), self._want, strict=True):
+            if name != want or arr.shape != shape or arr.dtype != dtype:
+                return False
+        return True
+
+    def fill(self, scalars: Sequence[Any], outputs: Mapping[str, np.ndarray]) -> bytearray:
+        """The serialised ``Event``: ``scalars`` in :data:`SCALARS` order (ns, ids, s, %, bools), ``outputs``
+        (:meth:`matches` true) in their order. Raises ``struct.error`` (a value outside its field's type: an id
+        over 32 bits, a float beyond binary32) and ``ValueError``; nothing is made then."""
+        return self.template.fill((*scalars, *(np.ascontiguousarray(a) for a in outputs.values())))

@@ -1,0 +1,242 @@
+"""A message made from a template (msgs/template.py ``MessageTemplate``) is byte for byte the one a fresh build of
+the same values serialises to; the node publishes the primary's answer from one (node/output_template.py,
+node/main.py ``Node._publish_output``) and every other answer field by field, the same bytes either way."""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chestnut.backend.model import TensorSpec
+from chestnut.backend.stages import StageTimes
+from chestnut.msgs.messaging import log_from_bytes, new_message
+from chestnut.msgs.template import MessageTemplate, TemplateError
+from chestnut.node.main import FrameResult, Node
+from chestnut.node.output_template import SCALARS, PrimaryOutputTemplate
+from chestnut.node.policy import Answer, FrameClock, Source
+from chestnut.node.validity import Check, CheckResult, ValidityReport
+
+SPECS = (TensorSpec("prob", (1, 1, 2, 2), "float32"), TensorSpec("aux", (3,), "int32"))
+PRIMARY_ID, FALLBACK_ID = "tiny@0123456789abcdef", "tiny-fallback@fedcba9876543210"
+
+# ---------------------------------------------------------------- the template itself
+
+ACTIVE_FIELDS = (("logMonoTime", "u64"), ("since", "u64"), ("active", "bool"))
+
+
+def _active(values: Sequence[Any]) -> Any:
+    msg = new_message("chestnutActive")
+    msg.logMonoTime = values[0]
+    a = msg.chestnutActive
+    a.since, a.active = values[1], values[2]
+    a.source = "primary"
+    a.reason = "all layers OK"
+    return msg
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1), st.booleans())
+def test_a_filled_template_is_the_bytes_of_a_fresh_build(t: int, since: int, active: bool) -> None:
+    tpl = MessageTemplate.make(_active, ACTIVE_FIELDS)
+    assert tpl.fill((t, since, active)) == _active((t, since, active)).to_bytes()
+    assert tpl.nbytes == len(_active((0, 0, False)).to_bytes())
+
+
+def test_a_template_refuses_what_it_cannot_write() -> None:
+    def reason(values: Sequence[Any]) -> Any:  # a Text field: its 4 bytes are 8 characters, and a NUL
+        msg = _active((1, 2, True))
+        msg.chestnutActive.reason = bytes(values[0]).hex()
+        return msg
+
+    with pytest.raises(TemplateError, match="not one of"):
+        MessageTemplate.make(_active, (("logMonoTime", "u16"), ("since", "u64"), ("active", "bool")))
+    with pytest.raises(TemplateError, match="does not show"):
+        MessageTemplate.make(lambda v: _active((1, 2, True)), (("ignored", "u32"),))
+    with pytest.raises(TemplateError, match="needs its size"):
+        MessageTemplate.make(_active, (*ACTIVE_FIELDS, ("data", "data")))
+    with pytest.raises(TemplateError, match="data sizes"):
+        MessageTemplate.make(_active, ACTIVE_FIELDS, [4])
+    with pytest.raises(TemplateError, match="not one u32"):  # a value the build changes: it shows in 5 bytes
+        MessageTemplate.make(lambda v: _active((v[0] * 3, 2, True)), (("logMonoTime", "u32"),))
+    with pytest.raises(TemplateError, match="hold another value"):  # ... or in 4 bytes, not as written
+        MessageTemplate.make(lambda v: _active((v[0] ^ 0x10, 2, True)), (("logMonoTime", "u32"),))
+
+    def valid(values: Sequence[Any]) -> Any:  # Event.valid defaults to true: stored XORed, its bit set for false
+        msg = _active((1, 2, True))
+        msg.valid = values[0]
+        return msg
+
+    with pytest.raises(TemplateError, match="default other than false"):
+        MessageTemplate.make(valid, (("valid", "bool"),))
+    with pytest.raises(TemplateError, match="8 byte"):
+        MessageTemplate.make(reason, (("reason", "data"),), [4])
+
+
+def test_a_fill_with_a_value_its_field_cannot_hold_raises_and_makes_nothing() -> None:
+    tpl = MessageTemplate.make(lambda v: _tensor_msg(v, 8), (("logMonoTime", "u64"), ("t", "data")), [8])
+    with pytest.raises(ValueError, match="4 bytes for a field of 8"):
+        tpl.fill((1, np.zeros(1, np.float32)))
+    with pytest.raises(struct.error):
+        tpl.fill((-1, np.zeros(2, np.float32)))
+    two = np.arange(2, dtype=np.float32)
+    assert tpl.fill((5, two)) == _tensor_msg((5, two), 8).to_bytes()
+
+
+def _tensor_msg(values: Sequence[Any], n: int) -> Any:
+    msg = new_message("modelOutput")
+    msg.logMonoTime = values[0]
+    t = msg.modelOutput.init("outputs", 1)[0]
+    t.name = "t"
+    t.data = bytes(memoryview(np.ascontiguousarray(values[1])).cast("B"))
+    assert len(t.data) == n
+    return msg
+
+
+# ---------------------------------------------------------------- the node's modelOutput
+
+
+class _Pub:
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def send(self, service: str, msg: Any) -> None:
+        assert service == "modelOutput"
+        self.sent.append(bytes(msg) if isinstance(msg, bytes | bytearray) else msg.to_bytes())
+
+
+class _Publisher:
+    """The node's publishing half alone: its own methods, the attributes they read."""
+
+    _prepare_output = Node._prepare_output
+    _ready_output_template = Node._ready_output_template
+    _output_builder = Node._output_builder
+    _publish_output = Node._publish_output
+    _sent_output = Node._sent_output
+
+    def __init__(self, template: bool = True) -> None:
+        self.next_output: Any = None
+        self.output_template: Any = None
+        self.template_refused: Any = None
+        self.primary_model_id = PRIMARY_ID
+        self.fallback = SimpleNamespace(model_id=FALLBACK_ID)
+        self.pm = _Pub()
+        self.frames_out = 0
+        if template:
+            self._ready_output_template(SPECS)
+
+    def publish(self, frame_id: int, answer: Answer, report: ValidityReport | None = None,
+                stages: StageTimes | None = None, drop: float = 0.0) -> tuple[dict[str, Any], bytes]:
+        """(the published modelOutput as a dict less its publish-time stamp, the message's bytes less it)"""
+        cf = SimpleNamespace(timestampEof=1)
+        self._publish_output(frame_id, cf, FrameResult(answer, False, report, stages, 45.0), FrameClock(1, "unknown"),
+                             drop)
+        data = self.pm.sent[-1]
+        d = log_from_bytes(data).to_dict()
+        d.pop("logMonoTime")
+        # less logMonoTime: the Event's data section, after the segment table and the root pointer, starts with it
+        return d, data[:16] + data[24:]
+
+
+def _outputs(order: tuple[str, ...] = ("prob", "aux"), aux_dtype: str = "int32") -> dict[str, np.ndarray]:
+    made = {"prob": np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2) / 8, "aux": np.array([1, -2, 3], aux_dtype)}
+    return {k: made[k] for k in order}
+
+
+def _fresh(frame_id: int, answer: Answer, **kw: Any) -> tuple[dict[str, Any], bytes]:
+    return _Publisher(template=False).publish(frame_id, answer, **kw)
+
+
+def _agreement(ok: bool, diff: float) -> ValidityReport:
+    return ValidityReport((CheckResult(Check.FINITE, "prob", True, "ok"),
+                           CheckResult(Check.AGREEMENT, "prob", ok, "ok" if ok else "differs", diff)))
+
+
+def test_the_primary_answer_from_its_template_is_the_message_a_fresh_build_makes() -> None:
+    p = _Publisher()
+    assert p.output_template is not None
+    answer = Answer(Source.PRIMARY, _outputs(), 0.004, True, "")
+    got, data = p.publish(7, answer, stages=StageTimes(0.001, 0.002, 0.0005), drop=2.5)
+    assert p.next_output is None  # no builder was taken
+    assert (got, data) == _fresh(7, answer, stages=StageTimes(0.001, 0.002, 0.0005), drop=2.5)
+    mo = got["modelOutput"]
+    assert (mo["frameId"], mo["source"], mo["modelId"]) == (7, "primary", PRIMARY_ID)
+    assert [(t["name"], t["shape"], t["dtype"]) for t in mo["outputs"]] == [
+        ("prob", [1, 1, 2, 2], "float32"), ("aux", [3], "int32")]
+    assert mo["outputs"][0]["data"] == (np.arange(4, dtype=np.float32) / 8).tobytes()
+    assert mo["outputs"][1]["data"] == np.array([1, -2, 3], np.int32).tobytes()
+    assert (mo["copyInTime"], mo["computeTime"], mo["copyOutTime"]) == pytest.approx((0.001, 0.002, 0.0005))
+    assert mo["frameDropPerc"] == 2.5 and mo["deadline"] == pytest.approx(0.045)
+    for ok, diff in ((True, 0.0625), (False, 3.0)):  # hot standby: the agreement's figures
+        report = _agreement(ok, diff)
+        got, data = p.publish(9, answer, report=report)
+        assert (got, data) == _fresh(9, answer, report=report)
+        mo = got["modelOutput"]
+        assert (mo["agreementChecked"], mo.get("primaryAgrees", False), mo["maxAbsDiff"]) == (True, ok, diff)
+    assert p.next_output is None
+
+
+@pytest.mark.parametrize("answer", [
+    Answer(Source.FALLBACK, _outputs(), 0.002, True, "fallback answered: the primary missed its deadline"),
+    Answer(Source.NONE, None, 0.0, False, "no model answered"),
+    Answer(Source.PRIMARY, _outputs(), 0.004, False, "input not valid: the camera published this frame ..."),
+    Answer(Source.PRIMARY, _outputs(("aux", "prob")), 0.004, True, ""),
+    Answer(Source.PRIMARY, _outputs(aux_dtype="int64"), 0.004, False, "aux: dtype int64 != declared int32"),
+    Answer(Source.PRIMARY, {"prob": _outputs()["prob"]}, 0.004, False, "missing output(s) ['aux']"),
+    Answer(Source.PRIMARY, _outputs(), 1e39, True, ""),  # beyond binary32: the builder's conversion (inf)
+], ids=["fallback", "none", "not-valid", "other-order", "other-dtype", "fewer", "f32-overflow"])
+def test_any_other_answer_is_built_field_by_field_to_the_same_bytes(answer: Answer) -> None:
+    p = _Publisher()
+    got, data = p.publish(7, answer)
+    assert (got, data) == _fresh(7, answer)
+    assert p.pm.sent[-1] != b"" and p.next_output is None
+    mo = got["modelOutput"]
+    assert mo["frameId"] == 7
+    assert mo.get("modelId", "") == {Source.PRIMARY: PRIMARY_ID, Source.FALLBACK: FALLBACK_ID}.get(answer.source, "")
+    assert [t["name"] for t in mo.get("outputs", [])] == list(answer.outputs or {})
+    assert got["valid"] is answer.valid and mo.get("reason", "") == answer.reason
+
+
+def test_a_model_whose_answer_cannot_be_a_template_is_built_field_by_field_and_asked_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    p = _Publisher(template=False)
+    empty = (TensorSpec("prob", (1, 1, 2, 2), "float32"), TensorSpec("none", (0,), "float32"))
+    with caplog.at_level(logging.DEBUG, logger="chestnut.node"):
+        p._ready_output_template(empty)
+        p._ready_output_template(empty)
+    assert p.output_template is None and p.template_refused == (PRIMARY_ID, empty)
+    assert [r.getMessage() for r in caplog.records] == [
+        "the primary's modelOutput is built field by field: field 'none': a data field needs its size (bytes, at "
+        "least 1)"]
+    outs = {"prob": _outputs()["prob"], "none": np.zeros(0, np.float32)}
+    answer = Answer(Source.PRIMARY, outs, 0.004, True, "")
+    assert p.publish(7, answer) == _fresh(7, answer)
+
+
+def test_a_new_worker_or_model_makes_a_new_template_and_the_same_one_is_kept() -> None:
+    p = _Publisher()
+    first = p.output_template
+    p._ready_output_template(SPECS)
+    assert p.output_template is first
+    p.primary_model_id = "tiny@ffffffffffffffff"
+    p._ready_output_template(SPECS)
+    assert p.output_template is not first and p.output_template.model_id == "tiny@ffffffffffffffff"
+    answer = Answer(Source.PRIMARY, _outputs(), 0.004, True, "")
+    got, _ = p.publish(3, answer)
+    assert got["modelOutput"]["modelId"] == "tiny@ffffffffffffffff"
+
+
+def test_the_template_sets_every_field_a_frame_changes() -> None:
+    assert [name for name, _ in SCALARS] == ["logMonoTime", "frameId", "executionTime", "frameAge", "frameDropPerc",
+                                            "deadlineMissed", "primaryAgrees", "agreementChecked", "maxAbsDiff",
+                                            "copyInTime", "computeTime", "copyOutTime", "deadline"]
+    tpl = PrimaryOutputTemplate(PRIMARY_ID, SPECS)
+    assert tpl.template.data_sizes == (16, 12)
+    assert tpl.matches(_outputs()) and not tpl.matches(_outputs(("aux", "prob")))
