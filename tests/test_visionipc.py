@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,7 @@ from chestnut.msgs.visionipc import (
     RingFrame,
     buffer_problem,
     inline_event,
+    notice_pipe_problem,
     socket_path,
     streaming_copy_tunables,
 )
@@ -218,23 +220,29 @@ def test_a_second_live_camera_on_the_prefix_is_refused():
         )
 
 
-def _serve_once(lst: socket.socket, fd: int) -> None:
+def _serve_once(lst: socket.socket, fd: int, notice_fd: int | None) -> None:
     import json
 
     srv, _ = lst.accept()
     hello = {"session": 5, "slots": 2, "stride": 4096, "frame_bytes": 4096 - 64, "size": 8192}
-    socket.send_fds(srv, [json.dumps(hello).encode()], [fd])
+    read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_DIRECT)  # a camera's notice pipe
+    try:
+        socket.send_fds(srv, [json.dumps(hello).encode()], [fd, read_end if notice_fd is None else notice_fd])
+    finally:
+        os.close(read_end)
+        os.close(write_end)
     srv.close()
 
 
-def _refusal(fd: int) -> str:
-    """What a subscriber says when a camera of ours hands over ``fd`` as its ring."""
+def _refusal(fd: int, notice_fd: int | None = None) -> str:
+    """What a subscriber says when a camera of ours hands over ``fd`` as its ring and ``notice_fd`` as the read end
+    of its notice pipe (default: a packet-mode pipe of ours, as a camera's)."""
     import threading
 
     lst = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     lst.bind(socket_path())
     lst.listen(1)
-    t = threading.Thread(target=_serve_once, args=(lst, fd))
+    t = threading.Thread(target=_serve_once, args=(lst, fd, notice_fd))
     t.start()
     try:
         with pytest.raises(FrameBufferError) as e:
@@ -295,6 +303,51 @@ def test_buffer_problem_names_every_rule():
         os.fchmod(f.fileno(), 0o600)
         st = os.fstat(f.fileno())
         assert buffer_problem(st, 0, os.getuid(), 0) == "is a file with a name (a ring is an unlinked memfd)"
+
+
+def test_notice_pipe_problem_names_every_rule_and_a_non_pipe_is_refused():
+    read_end, write_end = os.pipe()
+    try:
+        st, uid = os.fstat(read_end), os.getuid()
+        assert stat.S_IMODE(st.st_mode) == 0o600  # a pipe's inode is born private to its creator
+        assert notice_pipe_problem(st, uid) is None
+        assert notice_pipe_problem(st, uid + 1) == f"belongs to uid {uid}, not to uid {uid + 1}"
+        os.fchmod(read_end, 0o620)
+        assert notice_pipe_problem(os.fstat(read_end), uid) == "is reachable by group/other (mode 0620)"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    ring_fd = os.memfd_create("chestnut-frames", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    other = os.memfd_create("chestnut-frames", os.MFD_CLOEXEC)
+    try:
+        os.fchmod(ring_fd, 0o600)
+        os.ftruncate(ring_fd, 8192)
+        fcntl.fcntl(ring_fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        msg = _refusal(ring_fd, notice_fd=other)  # a sound ring, but a file where the notice pipe belongs
+    finally:
+        os.close(ring_fd)
+        os.close(other)
+    assert msg == (
+        f"notice pipe from {socket_path()} is not a pipe: refused; only a camera of uid {os.getuid()} may serve "
+        "frames here"
+    )
+
+
+def test_write_copies_any_frames_bytes_in_c_order_and_refuses_one_too_big():
+    img = np.arange(4 * 8 * 3, dtype=np.uint8).reshape(4, 8, 3)
+    wide = np.arange(48, dtype=np.uint16)  # 1-D, items of two bytes: copied as its bytes
+    frames = [img, img.reshape(-1), img[:, ::-1], img.reshape(-1)[::-1], wide, img.tobytes()[::-1],
+              memoryview(img.tobytes())]
+    with FrameRing(img.nbytes, slots=len(frames)) as ring:
+        for pixels in frames:
+            index, seq = ring.write(pixels)
+            start = index * ring.stride + 64
+            want = np.ascontiguousarray(pixels).tobytes() if isinstance(pixels, np.ndarray) else bytes(pixels)
+            assert bytes(ring.map[start:start + len(want)]) == want
+            assert ring._words[index * ring.stride // 8] == 2 * seq  # done: holds frame seq
+        with pytest.raises(ValueError, match="frame of 97 bytes does not fit the ring's 96-byte slots"):
+            ring.write(np.zeros(97, np.uint8))
+        assert ring.seq == len(frames)  # refused before the slot was touched
 
 
 def test_a_subscriber_of_another_uid_is_refused_by_the_camera_and_cannot_reach_the_socket():
@@ -520,8 +573,7 @@ def test_announce_sends_the_record_notify_sends_and_checks_the_geometry_first():
         wrong_size[40:44] = (95).to_bytes(4, "little")  # size: 95 bytes for an 8x4 bgr888 frame
         with pytest.raises(MalformedMessageError, match="a notice naming frame 1: 95 bytes in the ring for bgr888 8x4"):
             RingFrame.unpack(bytes(wrong_size))
-        conn = ring._notified[0]
-        conn.shutdown(socket.SHUT_RDWR)  # the subscriber's end is gone: the camera's next send fails, it is dropped
+        reader.shm.ring.notices.close()  # the subscriber's end is gone: the camera's next send fails, it is dropped
         assert ring.announce(1, 1, 2, 8, 4, "bgr888", frame.index, frame.seq, 96) == 0
         assert ring._notified == [] and ring.subscribers == 0
     reader.close()
@@ -540,9 +592,9 @@ def test_notices_reach_a_polling_reader_once_per_frame_with_the_bus_copy_skipped
         sent = [_notice(ring, pixels, i) for i in (1, 2)]
         assert [ring.notify(frame) for frame, _ in sent] == [1, 1]
         woke = dict(poller.poll(5000))
-        assert woke == {reader.shm.ring.conn.fileno(): zmq.POLLIN}  # the notice wakes the poll
+        assert woke == {reader.shm.ring.fd: zmq.POLLIN}  # the notice wakes the poll
         assert reader.only_notices(woke) and not reader.only_notices({})
-        assert not reader.only_notices({**woke, reader.shm.ring.conn.fileno() + 1: zmq.POLLIN})  # the bus too
+        assert not reader.only_notices({**woke, reader.shm.ring.fd + 1: zmq.POLLIN})  # the bus too
         got: list[RingFrame] = []
         _wait_for(lambda: got.extend(reader.notices()) or len(got) == 2)
         assert [(f.frameId, f.seq, f.index, f.timestampSof, f.timestampEof) for f in got] == [(1, 2, 1, 1, 2),
@@ -553,13 +605,13 @@ def test_notices_reach_a_polling_reader_once_per_frame_with_the_bus_copy_skipped
         assert view.shape == (4, 8, 3) and not view.flags.writeable
         reader.verify(got[1])
         assert reader.first_sight(log_from_bytes(_notice(ring, pixels, 3)[1]).cameraFrame)  # bus first
-        conn = ring._notified[0]
+        pipe = ring._notified[0][0]  # the write end of the reader's notice pipe
         good = sent[0][0].pack()
         bad_encoding = good[:-4] + bytes([9]) + good[-3:]
         other = RingFrame(frame_id=5, sof_ns=1, eof_ns=2, width=8, height=4, encoding="bgr888",
                           session=ring.session ^ 2, index=0, seq=9, size=96)
         for record in (b"\x00" * 16, bad_encoding, other.pack(), good + bytes(8)):
-            conn.send(record)
+            pipe.write(record)
         late: list[RingFrame] = []
         _wait_for(lambda: late.extend(reader.notices()) or reader.bad_notices == 4)
         assert late == []
@@ -568,7 +620,7 @@ def test_notices_reach_a_polling_reader_once_per_frame_with_the_bus_copy_skipped
         with pytest.raises(ValueError, match=f"a notice for session {ring.session ^ 2:x} on the ring of session "):
             ring.notify(other)
     assert _wait_for(reader.camera_gone) and reader.shm.ring is None
-    assert poller.sockets == []  # the ring's connection left the poller with the mapping
+    assert poller.sockets == []  # the ring's notice pipe left the poller with the mapping
     reader.close()
 
 
@@ -730,7 +782,7 @@ def test_a_polling_reader_takes_one_queued_notice_a_call_and_the_poll_wakes_it_f
             assert ring.notify(_notice(ring, pixels, i)[0]) == 1
         taken = []
         for _ in range(3):
-            assert dict(poller.poll(5000)) == {reader.shm.ring.conn.fileno(): zmq.POLLIN}
+            assert dict(poller.poll(5000)) == {reader.shm.ring.fd: zmq.POLLIN}
             got = reader.notices()
             assert len(got) == 1
             taken.append(got[0].frameId)

@@ -11,7 +11,7 @@ that a transport and its baseline meet the machine's pace alike: a busy minute n
 only. Each transport's figures pool its frames of every round:
 
 - **shm**: ``msgs/visionipc.py``: the camera copies the pixels into its ring (``FrameRing.write``,
-  seqlock), sends the frame's 56-byte notice on each subscriber's ring connection (``FrameRing.announce``,
+  seqlock), sends the frame's 56-byte notice into each subscriber's notice pipe (``FrameRing.announce``,
   a ``RingFrame`` record), then a metadata-only ``cameraFrame`` on the bus; the subscriber, polling both
   as the node does, takes whichever comes first (``FrameReader.notices``: one checked record, or
   ``drain_sock``: bounded, validated; ``first_sight`` skips the other) and takes a read-only view of the
