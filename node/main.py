@@ -118,6 +118,7 @@ from chestnut.node.health import (
 from chestnut.node.hostload import HostMeter
 from chestnut.node.output_template import PrimaryOutputTemplate
 from chestnut.node.policy import (
+    BUSY_WAIT_SAMPLES,
     HOST_LATE,
     Answer,
     Candidate,
@@ -130,6 +131,7 @@ from chestnut.node.policy import (
     active_as_published,
     active_for_output,
     agreement_reference,
+    busy_wait_window,
     choose_answer,
     count_miss,
     decide_submission,
@@ -454,6 +456,8 @@ class Node:
         self.miss_warns: deque[str] = deque(maxlen=MISS_WARNS_KEPT)  # the last deadline misses' gpu WARN reasons
         self.result_at_ns = 0            # receipt of the worker's last result (CLOCK_MONOTONIC ns)
         self.after_output: deque[Callable[[], object]] = deque()  # _after_output's work, until the output is out
+        self.submitted_s = 0.0  # when the last frame was submitted to the worker (time.monotonic)
+        self.roundtrips: deque[float] = deque(maxlen=BUSY_WAIT_SAMPLES)  # the worker's last round trips (s)
         self.next_output: tuple[Any, Any] | None = None  # (Event builder, its modelOutput): _prepare_output
         self.output_template: PrimaryOutputTemplate | None = None  # the primary's answer: _ready_output_template
         self.template_refused: tuple[str, tuple[TensorSpec, ...]] | None = None  # a (model, specs) it cannot be
@@ -702,6 +706,7 @@ class Node:
                               require_fingerprint=self.spec_in.fingerprint is not None)
         rt = self.cfg.realtime
         self.worker = WorkerHandle(realtime=(rt.policy, worker_priority(rt.priority), rt.cpus))
+        self.roundtrips.clear()  # another worker: its own pace
         self.worker_ready_seen = False
         self.worker_beats = 0
         self.probe_seen_at_s = 0.0
@@ -1081,6 +1086,7 @@ class Node:
         elif sub.verdict is Submit.SUBMIT and w is not None:
             try:
                 w.submit(seq, primary_inputs(w.inputs, inputs, full))
+                self.submitted_s = time.monotonic()
                 if actions := self.watchdog.request(seq, clock.base_ns, RequestKind.FRAME, deadline_ms):
                     self._watchdog_actions(actions)
                 submitted = True
@@ -1307,12 +1313,23 @@ class Node:
     def _await_primary(self, w: WorkerHandle, frame_id: int, deadline_ns: int, deadline_ms: float) -> PrimaryOutcome:
         """Wait for frame ``frame_id``'s result until its deadline (``deadline_ns``, CLOCK_MONOTONIC; the
         deadline in force ``deadline_ms`` after the frame's base)."""
+        sleep_s, spin_s = busy_wait_window(time.monotonic() - self.submitted_s, self.roundtrips)
         while True:
             if not self._is_current(w) or self.draining:  # failed over on the way: the fallback answers now
                 return PrimaryOutcome(None, False, self.sup.reason)
             now = time.monotonic_ns()
-            res = w.poll_result(timeout_s=max(0.0, (deadline_ns - now) / NS)) if w.alive else None
+            res = None
+            if w.alive:
+                if spin_s and now + int((sleep_s + spin_s) * NS) < deadline_ns:
+                    res = self._sleep_before_busy_wait(w, sleep_s)
+                    if res is None:
+                        res = w.poll_result(timeout_s=max(0.0, (deadline_ns - time.monotonic_ns()) / NS), spin_s=spin_s)
+                    spin_s = 0.0  # once per frame
+                else:
+                    res = w.poll_result(timeout_s=max(0.0, (deadline_ns - now) / NS))
             now = time.monotonic_ns()
+            if res is not None and res.error is None:
+                self.roundtrips.append(res.roundtrip_s)
             if res is None:
                 if not w.alive:
                     self._check_worker_alive()
@@ -1337,6 +1354,17 @@ class Node:
             if pairing is Pairing.LATE:
                 return PrimaryOutcome(None, True, late_result_reason(verdict.elapsed_ns / 1e6, deadline_ms))
             return PrimaryOutcome(res, False, "")
+
+    @staticmethod
+    def _sleep_before_busy_wait(w: WorkerHandle, sleep_s: float) -> WorkerResult | None:
+        """Sleep ``sleep_s`` (s) before the busy wait for a result: in ``poll`` for its whole milliseconds (a result
+        that comes then wakes the node: returned), then in ``time.sleep`` for the rest (under 1 ms, the finer
+        timer ``poll`` lacks; a result that comes then is seen right after)."""
+        whole = int(sleep_s * 1000) / 1000
+        res = w.poll_result(timeout_s=whole) if whole > 0 else None
+        if res is None and sleep_s > whole:
+            time.sleep(sleep_s - whole)
+        return res
 
     # ---------------------------------------------------------------- publishing
 

@@ -174,6 +174,35 @@ def pair_response(seq: int, frame_seq: int, failed: bool, in_time: bool) -> Pair
     return Pairing.ANSWER if in_time else Pairing.LATE
 
 
+BUSY_WAIT_LEAD_S = 0.0003
+"""How long before the earliest of the worker's recent round trips the node stops sleeping for the result and
+looks for it without sleeping (s): the round trips of one model on one dock differ from frame to frame by
+about this much at their fastest (the tiny model on the host-CPU runner: 3.4 ms to 5 ms, most within 0.3 ms
+of the fastest few, ``tests/bench/bench_node.py``)."""
+
+BUSY_WAIT_MAX_S = 0.001
+"""The longest busy wait for one result (s): 2 % of one CPU at 20 Hz at most; a result that has not come by
+then is slept for (``poll``) as any other."""
+
+BUSY_WAIT_SAMPLES = 8
+"""The round trips the window is judged from: the last this many successful ones of the current worker."""
+
+
+def busy_wait_window(since_submit_s: float, roundtrips_s: Sequence[float]) -> tuple[float, float]:
+    """(sleep, then busy-wait) in seconds for the result of a request submitted ``since_submit_s`` ago, from the
+    worker's recent successful round trips (``roundtrips_s``, submit to receipt): the busy wait starts
+    :data:`BUSY_WAIT_LEAD_S` before the earliest of the last :data:`BUSY_WAIT_SAMPLES` and lasts at most
+    :data:`BUSY_WAIT_MAX_S`, whatever of it is left; (0, 0) until there are that many (a new worker, a new model).
+
+    Why: woken by the result, the node pays a process wake-up that on a virtual machine's idle CPU is tens of us
+    (the worker-hop floor, ``tests/bench/bench_node.py``); looking without sleeping, it pays none. The
+    interpreter's own caches stay as cold (what the node last touched a frame ago)."""
+    if len(roundtrips_s) < BUSY_WAIT_SAMPLES:
+        return 0.0, 0.0
+    start = min(roundtrips_s) - BUSY_WAIT_LEAD_S - since_submit_s
+    return max(0.0, start), max(0.0, BUSY_WAIT_MAX_S + min(0.0, start))
+
+
 def no_result_reason(deadline_ms: float) -> str:
     return f"no primary result within the deadline ({round(deadline_ms, 1):g} ms after the frame)"
 

@@ -459,15 +459,24 @@ class WorkerHandle:
                 raise ModelError("bad_input", f"input {s.name!r}: got {a.dtype}{list(a.shape)}, "
                                               f"want {s.dtype}{list(s.shape)}")
 
-    def poll_result(self, timeout_s: float = 0.0, *, copy: bool = True) -> WorkerResult | None:
+    def poll_result(self, timeout_s: float = 0.0, *, copy: bool = True, spin_s: float = 0.0) -> WorkerResult | None:
         """The next result, oldest request first, waiting at most ``timeout_s``; None if none came.
 
         A failed run comes back as a result with ``error`` set (the runner's typed error, or
         :class:`WorkerError`). When the worker dies or is killed, every request in flight comes
         back with :class:`WorkerError` ``"worker_exited"``. ``copy=False`` returns read-only views
-        of shared memory, valid until the next :meth:`submit`.
+        of shared memory, valid until the next :meth:`submit`. ``spin_s``: the first part of the wait (s, at
+        most ``timeout_s``) looks for the result without sleeping (a busy wait: a result that comes then wakes
+        no process, ``node/policy.py`` ``busy_wait_window``); the rest sleeps in ``poll``.
         """
-        deadline = time.monotonic() + max(0.0, timeout_s)
+        now = time.monotonic()
+        deadline = now + max(0.0, timeout_s)
+        spin_end = min(deadline, now + spin_s)
+        while now < spin_end and self._sock is not None and not self._eof:
+            self._pump()
+            if self._done:
+                return self._deliver(copy)
+            now = time.monotonic()
         while True:
             self._pump()
             if self._done:

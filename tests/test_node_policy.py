@@ -14,6 +14,7 @@ import pytest
 from chestnut.backend.errors import Layer
 from chestnut.backend.model import TensorSpec
 from chestnut.node.policy import (
+    BUSY_WAIT_MAX_S,
     UNAVAILABLE,
     Answer,
     Candidate,
@@ -29,6 +30,7 @@ from chestnut.node.policy import (
     active_as_published,
     active_for_output,
     agreement_reference,
+    busy_wait_window,
     choose_answer,
     count_miss,
     decide_submission,
@@ -510,3 +512,13 @@ def test_a_starts_wait_is_blamed_on_the_link_as_it_was_while_it_waited():
     assert slow_link_while([(8 * s, 5000), (11 * s, 5000)], began) is None
     assert slow_link_while([(7 * s, 480), (9 * s, 5000), (11 * s, 5000)], began) is None
     assert slow_link_while([], began) is None  # no reading: not known to be slow
+
+
+def test_the_busy_wait_for_a_result_starts_just_before_the_fastest_recent_round_trip_and_is_bounded():
+    eight = [0.0041, 0.0035, 0.0050, 0.0038, 0.0036, 0.0049, 0.0044, 0.0037]
+    assert busy_wait_window(0.0005, eight[:7]) == (0.0, 0.0)  # fewer than 8 round trips: no busy wait
+    sleep, spin = busy_wait_window(0.0005, eight)
+    assert sleep == pytest.approx(0.0035 - 0.0003 - 0.0005) and spin == BUSY_WAIT_MAX_S == 0.001
+    sleep, spin = busy_wait_window(0.0036, eight)  # past its start already: what is left of the window
+    assert sleep == 0.0 and spin == pytest.approx(0.001 - 0.0004)
+    assert busy_wait_window(0.010, eight) == (0.0, 0.0)  # past the whole window: sleep in poll at once

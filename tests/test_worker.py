@@ -238,7 +238,14 @@ def test_cpu_round_trip_equals_running_the_model_directly(tiny_onnx):
         view = h.poll_result(timeout_s=10, copy=False)
         assert view is not None and not view.outputs["prob"].flags.writeable
         np.testing.assert_array_equal(view.outputs["prob"], direct.run({"x": x})["prob"])
-        assert h.progress().runs_done == 4  # requests only: the ladder's warm-up is not one
+        h.submit(11, {"x": x})  # looked for without sleeping (busy wait) for the whole wait
+        r = h.poll_result(timeout_s=60, spin_s=60)
+        assert r is not None and r.ok and r.seq == 11
+        np.testing.assert_array_equal(r.outputs["prob"], direct.run({"x": x})["prob"])
+        t0 = time.monotonic()  # nothing in flight: a busy wait, then a sleep, then None at the timeout
+        assert h.poll_result(timeout_s=0.05, spin_s=0.02) is None
+        assert time.monotonic() - t0 >= 0.05
+        assert h.progress().runs_done == 5  # requests only: the ladder's warm-up is not one
     assert_gone(procs)
     assert children() == []
 
