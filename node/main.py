@@ -542,7 +542,7 @@ class Node:
         never ready to serve (a process manager starts consumers on ``READY=1``, not before)."""
         self.poller = zmq.Poller()  # the frames and their connection monitor: a lost connection wakes the loop
         self.frames = sub_sock(self.cfg.timing.frame_service, self.poller, prefix=self.prefix)
-        # and the mapped ring's connection: its camera's notices come one socket hop after the pixels, before
+        # and the mapped ring's notice pipe: its camera's notices come one pipe write after the pixels, before
         # the same frame's bus message (msgs/visionipc.py); each frame is taken once, by whichever comes first
         self.frame_reader.shm.poller = self.poller
 
@@ -1774,7 +1774,7 @@ class Node:
         if not self.frame_reader.only_notices(ready):
             for ev in iter_events(self.frames):
                 yield ev.cameraFrame, ev.valid, ev.logMonoTime
-        for notice in self.frame_reader.notices():  # the camera's own record on its own connection: no flag
+        for notice in self.frame_reader.notices():  # the camera's own record in its own pipe: no flag
             yield notice, True, 0
 
     def request_stop(self, signum: int, frame: FrameType | None = None) -> None:
