@@ -949,6 +949,9 @@ class Node:
         if stale := stale_frame_reason(eof, now, self.cfg.timing.max_frame_age_ms, int(sent_ns)):
             self._stale_frame(frame_id, cf, stale, drop_perc, now)
             return
+        w = self.worker
+        if w is not None and self.sup.runs_primary:  # a frame the primary will likely take: its worker stays
+            w.wake()  # awake for it, and its wake-up overlaps the frame's reading and preprocessing (Msg.WAKE)
         try:
             img = self.frame_reader.view(cf)  # a ring frame is read in place: no copy before preprocessing
             inputs = preprocess(self.cfg.model.preprocess, img, self.cfg.model.input, tuple(self.cfg.model.shape),
@@ -1110,12 +1113,12 @@ class Node:
                                    reference=agreement_reference(fallback))
             self._note_agreement(report)
             self.miss_run = 0
-            self.errors_at_good = self._transfer_errors()
-            self.run_stages.clear()
+            self._after_output(self._good_result)
             self.primary_timed = res.stages is not None
             if report.ok:  # OK and the stage budget's WARNs: nothing that could change this frame's answer
                 self._after_output(functools.partial(self._judge_run, res, report, now))
-            else:
+            else:  # the result's own record first (the watchdog's response): the judgement may fail it over
+                self._run_after_output()
                 self._judge_run(res, report, now)
             if self.sup.state in (State.SHADOWING, State.AWAITING_SWITCH):
                 # without a fallback (fallback.required = false) nothing can agree: the primary's own checks vote
@@ -1132,6 +1135,12 @@ class Node:
             self._primary_rejected(seq - self.seq_offset, report, answer)
         return FrameResult(answer, outcome.missed, report, res.stages if res is not None and res.ok else None,
                            deadline_ms if sub.verdict is not Submit.SKIP and not refusal else 0.0)
+
+    def _good_result(self) -> None:
+        """After a primary result with outputs: the transfer errors so far are the baseline of the next miss run's,
+        and the stage times kept for its blame start again (``_miss_run_blame``)."""
+        self.errors_at_good = self._transfer_errors()
+        self.run_stages.clear()
 
     def _primary_rejected(self, frame_id: int, report: ValidityReport, answer: Answer) -> None:
         """A frame the serving primary answered with an output that failed its checks (``answer``: the fallback's
@@ -1339,6 +1348,13 @@ class Node:
                 self.host.loop_woke(deadline_ns, now)
                 self._watchdog_actions(self.watchdog.check(now, self._host_late(now)))
                 return PrimaryOutcome(None, True, no_result_reason(deadline_ms))
+            if (res.error is None and res.seq == frame_id and self.sup.serving is Source.PRIMARY
+                    and self.watchdog.in_time(res.seq, now)):
+                # the serving primary's answer to this frame, in time: nothing else decides this frame's answer, so
+                # the response's record (the watchdog's PASS, the host's figures, the deadline's sample) waits
+                # until the output is out (Watchdog.in_time; _infer runs it first where a judgement could fail over)
+                self._after_output(functools.partial(self._take_response, res, now))
+                return PrimaryOutcome(res, False, "")
             host = self._host_late_result(res, now)
             verdict = self.watchdog.response(res.seq, now, host)
             if verdict.actions:
@@ -1354,6 +1370,18 @@ class Node:
             if pairing is Pairing.LATE:
                 return PrimaryOutcome(None, True, late_result_reason(verdict.elapsed_ns / 1e6, deadline_ms))
             return PrimaryOutcome(res, False, "")
+
+    def _take_response(self, res: WorkerResult, now: int) -> None:
+        """The record of a result :meth:`_await_primary` answered with at once (in time, by
+        ``Watchdog.in_time``): the host's figures, the watchdog's response, the adaptive deadline's sample. A
+        verdict that does not let the result be used would be a watchdog bug, said at ERROR."""
+        host = self._host_late_result(res, now)
+        verdict = self.watchdog.response(res.seq, now, host)
+        if verdict.actions or not verdict.use_result:
+            log.error("frame %d: the watchdog's response disagrees with its in-time look (%s)", res.seq,
+                      "; ".join(a.reason for a in verdict.actions) or "result not usable")
+            self._watchdog_actions(list(verdict.actions))
+        self._observe_latency(res, verdict.elapsed_ns, host)
 
     @staticmethod
     def _sleep_before_busy_wait(w: WorkerHandle, sleep_s: float) -> WorkerResult | None:

@@ -367,6 +367,18 @@ class Watchdog:
         p = self._pending.get(seq)
         return p.start_ns if p is not None else None
 
+    def in_time(self, seq: int, now_ns: int) -> bool:
+        """Whether :meth:`response` for frame request ``seq`` at ``now_ns`` would let its result be used (its
+        ``use_result``), without recording it: the oldest request outstanding, a frame not yet answered from the
+        fallback, from a worker no entity has expired, within ``[min, frame_deadline]``. Such a response changes
+        no entity's status beyond a PASS and returns no action, so a caller may answer with the result first and
+        record the response right after (``node/main.py`` ``Node._await_primary``)."""
+        p = self._pending.get(seq)
+        if p is None or p.kind is not RequestKind.FRAME or p.answered or next(iter(self._pending)) != seq:
+            return False
+        elapsed = now_ns - p.start_ns
+        return self._deadline_min_ns <= elapsed <= p.deadline_ns and not self.expired
+
     def response(self, seq: int, now_ns: int, host: str | Callable[[], str] = "") -> Verdict:
         """The worker answered request ``seq`` at ``now_ns``.
 

@@ -46,6 +46,7 @@ from chestnut.node.wire import (
     HEARTBEAT_PERIOD_S,
     PACKET_MAX_BYTES,
     STATUS_ERROR,
+    WAKE_SPIN_S,
     Msg,
     WorkerError,
     error_to_json,
@@ -192,6 +193,20 @@ class _WorkerLoop:
             return None
         return (*unpack(data), fds)
 
+    def recv_awake(self, spin_s: float = WAKE_SPIN_S) -> tuple[Msg, int, int, int, int, bytes, list[int]] | None:
+        """:meth:`recv` after a WAKE: the next command looked for without sleeping for up to ``spin_s`` (s), so
+        that a RUN which comes meanwhile finds the worker running; then asleep in :meth:`recv` as always."""
+        end = time.monotonic() + spin_s
+        while time.monotonic() < end:
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(self.sock, PACKET_MAX_BYTES, 1, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            if not data:
+                return None
+            return (*unpack(data), fds)
+        return self.recv()
+
     def serve(self) -> int:
         try:
             return self._serve()
@@ -216,8 +231,10 @@ class _WorkerLoop:
         progress.set_sink(None)
         self.count_transfer_errors()
         self.serve_realtime()
+        awake = False
         while True:
-            got = self.recv()
+            got = self.recv_awake() if awake else self.recv()
+            awake = False
             if got is None:
                 log.warning("command socket closed by the node; exiting")
                 self.close_runner()
@@ -225,6 +242,8 @@ class _WorkerLoop:
             kind, _status, slot, seq, _value, payload, fds = got
             if kind is Msg.RUN:
                 self.run(seq, slot)
+            elif kind is Msg.WAKE:
+                awake = True
             elif kind is Msg.BUFFERS:
                 try:
                     self.map_buffers(payload, fds)

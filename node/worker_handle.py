@@ -427,6 +427,17 @@ class WorkerHandle:
         self._awaiting.append(seq)
         self._last_seq = seq
 
+    def wake(self) -> None:
+        """Tell the worker a RUN is coming (WAKE, ``node/wire.py`` ``WAKE_SPIN_S``): it looks for the command
+        without sleeping for a while, so its wake-up from an idle CPU overlaps the caller's work before the
+        :meth:`submit`. Nothing is sent while the worker is not ready; never raises (a worker gone is noted as by
+        any send, and the submit says it)."""
+        if self._ready and not self._eof and self._free_slots:
+            try:
+                self._send(pack(Msg.WAKE))
+            except WorkerError:  # its socket's buffer is full: the worker is not reading; the submit says it
+                pass
+
     def next_inputs(self) -> Mapping[str, np.ndarray] | None:
         """The input arrays of the slot the next :meth:`submit` fills (writable views of the shared segment the
         worker reads, name -> array of the input spec's shape and dtype), or None while none is free or the worker

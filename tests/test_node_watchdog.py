@@ -364,6 +364,45 @@ def test_every_frame_gets_exactly_one_answer(script):
     assert all(n == 1 for n in answers.values()), answers
 
 
+@settings(max_examples=300)
+@given(ops)
+def test_in_time_says_whether_a_response_is_used_and_such_a_response_has_no_action(script):
+    """Watchdog.in_time (the node answers with a result first and records its response after the output) is
+    response().use_result, for every state the worker can drive the watchdog into; a response it calls in time
+    returns no action."""
+    wd = Watchdog(WatchdogConfig(alive_enabled=False, frame_deadline_min_ms=2))
+    now, seq = 0, 0
+    outstanding: list[int] = []
+    wd.worker_started(0)
+    for op, dt_ms in script:
+        now += dt_ms * MS
+        if op == "request":
+            seq += 1
+            outstanding.append(seq)
+            wd.request(seq, now)
+        elif op in ("respond", "respond_wrong") and (outstanding or op == "respond_wrong"):
+            s = outstanding.pop(0) if op == "respond" else seq + 1000
+            said = wd.in_time(s, now)
+            assert wd.in_time(s, now) is said  # it records nothing
+            v = wd.response(s, now)
+            assert said is v.use_result and (v.actions == () or not said), (op, s, v)
+        elif op == "check":
+            wd.check(now)
+        elif op in ("stop", "start"):
+            (wd.worker_stopped if op == "stop" else wd.worker_started)(now)
+            outstanding.clear()
+
+
+def test_in_time_at_the_bounds():
+    wd = Watchdog(WatchdogConfig(alive_enabled=False, frame_deadline_min_ms=2))
+    wd.request(1, 0)
+    assert [wd.in_time(1, t) for t in (2 * MS - 1, 2 * MS, 150 * MS, 150 * MS + 1)] == [False, True, True, False]
+    assert not wd.in_time(2, 10 * MS)  # no such request
+    wd.request(2, 1 * MS)
+    assert not wd.in_time(2, 10 * MS)  # not the oldest outstanding
+    assert wd.response(1, 10 * MS).use_result and wd.in_time(2, 10 * MS)
+
+
 # ---------------------------------------------------------------- frame drops (openpilot modeld's measure)
 
 ALPHA = 0.05 / (10.0 + 0.05)  # FirstOrderFilter(0., 10., 1/20): alpha = dt / (rc + dt)
