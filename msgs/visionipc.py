@@ -444,7 +444,13 @@ class FrameRing:
                 _log.warning("frame ring: no pipe for a subscriber's notices", exc_info=True)
                 conn.close()
                 continue
-            pipe = open(write_end, "wb", buffering=0)  # noqa: SIM115 -- closed when its subscriber is dropped
+            try:
+                pipe = open(write_end, "wb", buffering=0)  # noqa: SIM115 -- closed when its subscriber is dropped
+            except OSError:
+                os.close(write_end)
+                os.close(read_end)
+                conn.close()
+                continue
             with self._lock:  # counted before the hand-over: a subscriber that holds the ring is always counted
                 if self._closed.is_set():
                     conn.close()
@@ -601,8 +607,6 @@ class _Mapping:
 
     def __init__(self, conn: socket.socket, hello: dict[str, int], fd: int, notice_fd: int) -> None:
         self.conn = conn
-        # FileIO: a read of the empty pipe answers None, not a BlockingIOError; a closed one raises ValueError
-        self.notices = open(notice_fd, "rb", buffering=0)  # noqa: SIM115 -- closed with the mapping
         self.fd = notice_fd  # what the poller watches, and how zmq.Poller names it in a poll's result
         self.session = hello["session"]
         self.slots, self.stride, self.frame_bytes = hello["slots"], hello["stride"], hello["frame_bytes"]
@@ -618,6 +622,9 @@ class _Mapping:
         # the last view handed out per slot, by (size, shape): a camera sends one geometry, so a frame's view is
         # a lookup, not two numpy calls
         self.views: list[tuple[int, tuple[int, ...], np.ndarray] | None] = [None] * self.slots
+        # FileIO: a read of the empty pipe answers None, not a BlockingIOError; a closed one raises ValueError.
+        # Made last: until it is, the descriptor is the caller's to close (one owner, never closed twice)
+        self.notices = open(notice_fd, "rb", buffering=0)  # noqa: SIM115 -- closed with the mapping
 
     def word(self, index: int) -> int:
         """Slot ``index``'s seqlock word (``2*seq``: holds frame ``seq``; odd: being written)."""
@@ -664,7 +671,8 @@ def notice_pipe_problem(st: os.stat_result, uid: int) -> str | None:
 def _read_hello(conn: socket.socket, uid: int, path: str) -> tuple[dict[str, int], int, int]:
     """The hello's figures, the ring's memfd and the read end of the notice pipe, each checked; the descriptors
     are the caller's to close. Raises :class:`FrameBufferError` (one line)."""
-    msg, fds, _flags, _addr = socket.recv_fds(conn, HELLO_MAX_BYTES, 2)
+    # close-on-exec: a child of the subscriber never holds the pipe's read end (the camera would never see it gone)
+    msg, fds, _flags, _addr = socket.recv_fds(conn, HELLO_MAX_BYTES, 2, socket.MSG_CMSG_CLOEXEC)
     try:
         if not msg and not fds:
             raise FrameBufferError(

@@ -159,7 +159,7 @@ from chestnut.node.policy import (
     with_input_validity,
 )
 from chestnut.node.preprocess import preprocess, primary_warp
-from chestnut.node.realtime import worker_priority
+from chestnut.node.realtime import cpus_apart, worker_priority
 from chestnut.node.runner_loader import dock_runner_spec
 from chestnut.node.shm import WorkerState
 from chestnut.node.supervisor import (
@@ -456,7 +456,9 @@ class Node:
         self.miss_warns: deque[str] = deque(maxlen=MISS_WARNS_KEPT)  # the last deadline misses' gpu WARN reasons
         self.result_at_ns = 0            # receipt of the worker's last result (CLOCK_MONOTONIC ns)
         self.after_output: deque[Callable[[], object]] = deque()  # _after_output's work, until the output is out
-        self.submitted_s = 0.0  # when the last frame was submitted to the worker (time.monotonic)
+        # the node and its worker can run on two CPUs at once (their affinity): only then does a busy wait for
+        # the worker (the node's for a result, the worker's after a WAKE) leave the other one a CPU
+        self.cpus_apart = cpus_apart(cfg.realtime.cpus)
         self.roundtrips: deque[float] = deque(maxlen=BUSY_WAIT_SAMPLES)  # the worker's last round trips (s)
         self.next_output: tuple[Any, Any] | None = None  # (Event builder, its modelOutput): _prepare_output
         self.output_template: PrimaryOutputTemplate | None = None  # the primary's answer: _ready_output_template
@@ -949,9 +951,6 @@ class Node:
         if stale := stale_frame_reason(eof, now, self.cfg.timing.max_frame_age_ms, int(sent_ns)):
             self._stale_frame(frame_id, cf, stale, drop_perc, now)
             return
-        w = self.worker
-        if w is not None and self.sup.runs_primary:  # a frame the primary will likely take: its worker stays
-            w.wake()  # awake for it, and its wake-up overlaps the frame's reading and preprocessing (Msg.WAKE)
         try:
             img = self.frame_reader.view(cf)  # a ring frame is read in place: no copy before preprocessing
             inputs = preprocess(self.cfg.model.preprocess, img, self.cfg.model.input, tuple(self.cfg.model.shape),
@@ -1089,15 +1088,13 @@ class Node:
         elif sub.verdict is Submit.SUBMIT and w is not None:
             try:
                 w.submit(seq, primary_inputs(w.inputs, inputs, full))
-                self.submitted_s = time.monotonic()
                 if actions := self.watchdog.request(seq, clock.base_ns, RequestKind.FRAME, deadline_ms):
                     self._watchdog_actions(actions)
                 submitted = True
             except ChestnutError as e:
                 why = self._submit_failed(seq, e)
-        if submitted and w is not None:  # while the primary computes: the stale check's input half (its output
-            self.stale.see_input(inputs)  # half after the result) and, once per worker, its answer's template
-            self._ready_output_template(w.outputs)
+        if submitted:  # while the primary computes: the stale check's input half (its output half after the result)
+            self.stale.see_input(inputs)
         fallback: Candidate | None = None
         if fallback_must_run(self.cfg.fallback.standby == "hot", self.sup.serving is Source.PRIMARY, submitted):
             fallback = self._run_fallback(inputs)
@@ -1322,7 +1319,9 @@ class Node:
     def _await_primary(self, w: WorkerHandle, frame_id: int, deadline_ns: int, deadline_ms: float) -> PrimaryOutcome:
         """Wait for frame ``frame_id``'s result until its deadline (``deadline_ns``, CLOCK_MONOTONIC; the
         deadline in force ``deadline_ms`` after the frame's base)."""
-        sleep_s, spin_s = busy_wait_window(time.monotonic() - self.submitted_s, self.roundtrips)
+        sent_s = w.submitted_at(frame_id)
+        sleep_s, spin_s = (busy_wait_window(time.monotonic() - sent_s, self.roundtrips)
+                           if self.cpus_apart and sent_s is not None else (0.0, 0.0))
         while True:
             if not self._is_current(w) or self.draining:  # failed over on the way: the fallback answers now
                 return PrimaryOutcome(None, False, self.sup.reason)
@@ -1389,7 +1388,7 @@ class Node:
         that comes then wakes the node: returned), then in ``time.sleep`` for the rest (under 1 ms, the finer
         timer ``poll`` lacks; a result that comes then is seen right after)."""
         whole = int(sleep_s * 1000) / 1000
-        res = w.poll_result(timeout_s=whole) if whole > 0 else None
+        res = w.poll_result(timeout_s=whole)
         if res is None and sleep_s > whole:
             time.sleep(sleep_s - whole)
         return res
@@ -1409,9 +1408,9 @@ class Node:
 
     def _ready_output_template(self, specs: tuple[TensorSpec, ...]) -> None:
         """The template of the primary's answer (``node/output_template.py``) for its model and the worker's
-        output ``specs``, made once per worker while the primary computes (a few builds of the message); one the
-        message cannot have (a tensor of no bytes) is said at DEBUG once, and such answers are built field by
-        field."""
+        output ``specs``, made once per worker between frames (:meth:`_housekeeping`: a few builds of the message,
+        0.5 ms for the tiny model's 2 KB, ~4 ms at ``TEMPLATE_MAX_BYTES``); one it cannot be (a tensor of no
+        bytes, outputs over that size) is said at DEBUG once, and such answers are built field by field."""
         tpl = self.output_template
         if tpl is not None and tpl.specs is specs and tpl.model_id == self.primary_model_id:
             return
@@ -1654,6 +1653,8 @@ class Node:
         self._consumer(now)
         self._publish_housekeeping(time.monotonic_ns())
         self._prepare_output()
+        if w is not None and self._is_current(w) and w.ready:
+            self._ready_output_template(w.outputs)
 
     def _take_looks(self, now: int) -> None:
         """The node's finished looks at the dock (:class:`~chestnut.node.docklook.DockLooker`): the supervisor's
@@ -1773,6 +1774,9 @@ class Node:
                 if self.stop_requested:  # a signal during the poll: nothing more of this turn, close() stops
                     break
                 if ready:
+                    if self.worker is not None and self.cpus_apart and self.sup.runs_primary:  # a frame the primary
+                        self.worker.wake()  # will likely take: its worker's wake-up overlaps the frame's receipt,
+                        # decoding and preprocessing instead of following the RUN (Msg.WAKE)
                     for cf, valid, sent_ns in self._frames_woken(ready):
                         if self.stop_requested:
                             break

@@ -19,7 +19,7 @@ import numpy as np
 
 from chestnut.backend.model import TensorSpec
 from chestnut.msgs.messaging import new_message
-from chestnut.msgs.template import MessageTemplate
+from chestnut.msgs.template import MessageTemplate, TemplateError
 
 SCALARS = (("logMonoTime", "u64"), ("frameId", "u32"), ("executionTime", "f32"), ("frameAge", "f32"),
            ("frameDropPerc", "f32"), ("deadlineMissed", "bool"), ("primaryAgrees", "bool"),
@@ -29,14 +29,23 @@ SCALARS = (("logMonoTime", "u64"), ("frameId", "u32"), ("executionTime", "f32"),
 the rest ``ModelOutput``'s, ``msgs/log.capnp``); each tensor's ``data`` follows."""
 
 
+TEMPLATE_MAX_BYTES = 256 * 1024
+"""The most output bytes (all tensors together) a template is made for: making one builds the message ~20 times
+(``msgs/template.py`` ``MessageTemplate.make``), ~4 ms at this size on the test machine and ~60 ms at 1 MiB,
+which the node spends between two frames; above it the per-frame copy of the tensors dominates either way. The
+prepared PP-OCRv4 detector's output at 128x256 (1x1x128x256 float32) is 128 KiB."""
+
+
 class PrimaryOutputTemplate:
     """The ``modelOutput`` of model ``model_id`` answering with tensors ``specs`` (the worker's READY outputs,
     in their order; each of at least one byte), as a :class:`~chestnut.msgs.template.MessageTemplate`.
 
     Raises :class:`~chestnut.msgs.template.TemplateError` when the message cannot be one (a tensor of no
-    bytes; a layout the template does not reproduce)."""
+    bytes; outputs over :data:`TEMPLATE_MAX_BYTES`; a layout the template does not reproduce)."""
 
     def __init__(self, model_id: str, specs: tuple[TensorSpec, ...]) -> None:
+        if (total := sum(s.nbytes for s in specs)) > TEMPLATE_MAX_BYTES:
+            raise TemplateError(f"outputs of {total} bytes, over the {TEMPLATE_MAX_BYTES} a template is made for")
         self.model_id = model_id
         self.specs = specs
         self._want = tuple((s.name, s.shape, np.dtype(s.dtype)) for s in specs)

@@ -84,6 +84,18 @@ def worker_priority(priority: int) -> int:
     return max(1, priority - WORKER_PRIORITY_BELOW)
 
 
+def cpus_apart(cpus: tuple[int, ...]) -> bool:
+    """Whether the node and its worker can run at the same time on two CPUs: ``cpus`` (``realtime.cpus``, where both
+    are pinned; empty: any) names two or more, or, empty, this process may run on two or more (its affinity). On
+    one CPU the node, a priority above its worker, would hold the worker off while it busy-waits for it."""
+    if cpus:
+        return len(set(cpus)) >= 2
+    try:
+        return len(os.sched_getaffinity(0)) >= 2
+    except (AttributeError, OSError):
+        return (os.cpu_count() or 1) >= 2
+
+
 def _why(e: BaseException) -> str:
     if isinstance(e, PermissionError):
         return "EPERM: not permitted"

@@ -427,6 +427,11 @@ class WorkerHandle:
         self._awaiting.append(seq)
         self._last_seq = seq
 
+    def submitted_at(self, seq: int) -> float | None:
+        """When request ``seq`` was sent (``time.monotonic()``, s, taken before the send), while it is in flight."""
+        held = self._in_flight.get(seq)
+        return held[1] if held is not None else None
+
     def wake(self) -> None:
         """Tell the worker a RUN is coming (WAKE, ``node/wire.py`` ``WAKE_SPIN_S``): it looks for the command
         without sleeping for a while, so its wake-up from an idle CPU overlaps the caller's work before the

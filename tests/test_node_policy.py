@@ -7,6 +7,7 @@ real output checks (``node/validity.py``).
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -522,3 +523,12 @@ def test_the_busy_wait_for_a_result_starts_just_before_the_fastest_recent_round_
     sleep, spin = busy_wait_window(0.0036, eight)  # past its start already: what is left of the window
     assert sleep == 0.0 and spin == pytest.approx(0.001 - 0.0004)
     assert busy_wait_window(0.010, eight) == (0.0, 0.0)  # past the whole window: sleep in poll at once
+
+
+def test_a_busy_wait_for_the_worker_needs_two_cpus_the_node_and_its_worker_can_share():
+    from chestnut.node.realtime import cpus_apart
+
+    assert cpus_apart((1,)) is False  # both pinned to one CPU: the node would hold its worker off
+    assert cpus_apart((0, 1)) is True
+    assert cpus_apart((1, 1)) is False
+    assert cpus_apart(()) is (len(os.sched_getaffinity(0)) >= 2)  # any CPU: this process's own set

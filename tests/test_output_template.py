@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 from chestnut.backend.model import TensorSpec
 from chestnut.backend.stages import StageTimes
 from chestnut.msgs.messaging import log_from_bytes, new_message
+from chestnut.msgs.schema import log
 from chestnut.msgs.template import MessageTemplate, TemplateError
 from chestnut.node.main import FrameResult, Node
-from chestnut.node.output_template import SCALARS, PrimaryOutputTemplate
+from chestnut.node.output_template import SCALARS, TEMPLATE_MAX_BYTES, PrimaryOutputTemplate
 from chestnut.node.policy import Answer, FrameClock, Source
 from chestnut.node.validity import Check, CheckResult, ValidityReport
 
@@ -141,8 +142,16 @@ class _Publisher:
         data = self.pm.sent[-1]
         d = log_from_bytes(data).to_dict()
         d.pop("logMonoTime")
-        # less logMonoTime: the Event's data section, after the segment table and the root pointer, starts with it
-        return d, data[:16] + data[24:]
+        return d, _without_log_mono_time(data)
+
+
+def _without_log_mono_time(data: bytes) -> bytes:
+    """``data`` less the Event's ``logMonoTime`` (the first word of its data section: after the segment table, at
+    the root pointer's word offset after it; https://capnproto.org/encoding.html)."""
+    segments = struct.unpack_from("<I", data)[0] + 1
+    table = (4 * (segments + 1) + 7) // 8 * 8
+    at = table + 8 + 8 * (struct.unpack_from("<i", data, table)[0] >> 2)
+    return data[:at] + data[at + 8:]
 
 
 def _outputs(order: tuple[str, ...] = ("prob", "aux"), aux_dtype: str = "int32") -> dict[str, np.ndarray]:
@@ -234,9 +243,23 @@ def test_a_new_worker_or_model_makes_a_new_template_and_the_same_one_is_kept() -
 
 
 def test_the_template_sets_every_field_a_frame_changes() -> None:
-    assert [name for name, _ in SCALARS] == ["logMonoTime", "frameId", "executionTime", "frameAge", "frameDropPerc",
-                                            "deadlineMissed", "primaryAgrees", "agreementChecked", "maxAbsDiff",
-                                            "copyInTime", "computeTime", "copyOutTime", "deadline"]
+    """Every ModelOutput field but those the primary's answer holds fixed (its source, model id, tensor list and
+    no reason) is one the template writes: a field added to the schema fails this until it is one."""
+    fixed = {"source", "modelId", "outputs", "reason"}
+    assert [name for name, _ in SCALARS] == ["logMonoTime"] + [
+        f for f in log.ModelOutput.schema.fieldnames if f not in fixed]
     tpl = PrimaryOutputTemplate(PRIMARY_ID, SPECS)
     assert tpl.template.data_sizes == (16, 12)
     assert tpl.matches(_outputs()) and not tpl.matches(_outputs(("aux", "prob")))
+
+
+def test_outputs_over_the_template_size_are_built_field_by_field() -> None:
+    big = (TensorSpec("prob", (1, 1, 256, 257), "float32"),)  # 263168 bytes, just over 256 KiB
+    assert big[0].nbytes > TEMPLATE_MAX_BYTES >= 128 * 1024  # the prepared detector's 1x1x128x256 float32 fits
+    with pytest.raises(TemplateError, match="outputs of 263168 bytes, over the 262144"):
+        PrimaryOutputTemplate(PRIMARY_ID, big)
+    p = _Publisher(template=False)
+    p._ready_output_template(big)
+    assert p.output_template is None and p.template_refused == (PRIMARY_ID, big)
+    answer = Answer(Source.PRIMARY, {"prob": np.ones((1, 1, 256, 257), np.float32)}, 0.004, True, "")
+    assert p.publish(5, answer) == _fresh(5, answer)

@@ -828,3 +828,30 @@ def test_the_cameras_end_read_by_notices_unmaps_the_ring_at_the_next_camera_gone
     assert _wait_for(lambda: reader.notices() == [] and reader.shm._eof)
     assert reader.camera_gone() and reader.shm.ring is None and poller.sockets == []
     reader.close()
+
+
+def test_a_mapping_that_fails_leaves_the_notice_pipe_to_its_caller_and_closes_nothing_twice():
+    """``_Mapping`` takes the pipe's read end only once the ring is mapped: when the mapping fails, the caller's
+    close is the only one, and a descriptor that reuses the number later is left alone."""
+    import gc
+
+    from chestnut.msgs.visionipc import _Mapping
+
+    read_end, write_end = os.pipe()
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        hello = {"session": 1, "slots": 1, "stride": 64, "frame_bytes": 8, "size": 64}
+        with pytest.raises(OSError):  # a pipe cannot be mapped
+            _Mapping(a, hello, write_end, read_end)
+        os.close(read_end)  # the caller's close (FrameReader._connect), the only one
+        gc.collect()
+        reused = os.open(os.devnull, os.O_RDONLY)
+        try:
+            gc.collect()  # a second owner collected now would close the reused number
+            os.fstat(reused)
+        finally:
+            os.close(reused)
+    finally:
+        os.close(write_end)
+        a.close()
+        b.close()
