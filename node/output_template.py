@@ -3,7 +3,7 @@
 Every answer the primary gives as it should (it serves, its output passed every check: ``valid`` true, no
 ``reason``) carries the same source, model id and tensor names, shapes and dtypes; only the publish time, the
 frame id, the times and figures below and each tensor's bytes change from frame to frame. The node makes the
-template once per model and worker (while the primary computes its first frame: ``Node._ready_output_template``)
+template once per model and worker, between two frames (``Node._ready_output_template``, from its housekeeping)
 and fills a copy of its bytes per frame (:meth:`PrimaryOutputTemplate.fill`); the message published is byte for
 byte the one a fresh build of the same values serialises to (``tests/test_output_template.py``). Any other
 answer -- the fallback's, none, one not valid or with a reason, outputs of another name, order, shape or dtype
