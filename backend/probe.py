@@ -289,8 +289,8 @@ def print_summary(report: LadderReport, out: TextIO = sys.stdout, twin: bool = F
         return
     print(f"first failure: {fail.name} ({fail.layer.value} layer) -- {fail.detail}", file=out)
     print(f"what to do: {fail.advice}", file=out)
-    if twin and fail.reason == "no_dock":
-        print("(the twin: is its daemon running for this prefix? start it with `chestnut twin serve`)", file=out)
+    if twin and fail.reason == "no_dock":  # its daemon answered before the ladder (twin_daemon_missing)
+        print("(the twin: its daemon runs, but its dock is unplugged; `chestnut twin plug` plugs it in)", file=out)
 
 
 def twin_daemon_missing(prefix: str | None) -> tuple[int, str] | None:

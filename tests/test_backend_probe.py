@@ -304,3 +304,26 @@ def test_a_dock_whose_lock_another_process_holds_is_refused_at_usb_ids_and_never
     assert resets_after == resets == 0  # the first probe powered the link on; nothing reset it since
     assert (after["bridge"], after["pcie"]) == (st["bridge"], st["pcie"])
     assert (after["bridge"]["pcie_power"], after["bridge"]["ltssm"]) == (True, 0x78)
+
+
+def test_a_twin_dock_that_is_unplugged_is_named_so_not_a_daemon_that_is_not_running():
+    """The twin's daemon answered before the ladder ran (``twin_daemon_missing``), so a ladder that finds no dock
+    says the dock is unplugged and how to plug it in."""
+    import io
+
+    from chestnut.backend.errors import Layer
+    from chestnut.backend.interface import LadderReport, LadderStep, StepResult
+    from chestnut.backend.probe import print_summary
+
+    report = LadderReport([LadderStep("usb_ids", Layer.USB, StepResult.FAIL, 0.01, "no device 174c:2464",
+                                      "check the cable and power", "no_dock")])
+    out = io.StringIO()
+    print_summary(report, out, twin=True)
+    assert out.getvalue().splitlines() == [
+        "first failure: usb_ids (usb layer) -- no device 174c:2464",
+        "what to do: check the cable and power",
+        "(the twin: its daemon runs, but its dock is unplugged; `chestnut twin plug` plugs it in)",
+    ]
+    out = io.StringIO()
+    print_summary(report, out, twin=False)  # a real dock: the ladder's own advice only
+    assert len(out.getvalue().splitlines()) == 2

@@ -110,8 +110,11 @@ def test_importing_the_entry_loads_nothing_but_it():
 # through an inherited pipe, that the import of the module it names begins, then waits there: the test's SIGINT
 # interrupts the wait, and Python's handler raises KeyboardInterrupt out of that import, as a Ctrl-C then would.
 SITECUSTOMIZE = """
-import os, sys, time
+import os, signal, sys, time
 
+# the test's SIGINT is a terminal's Ctrl-C: a child started with SIGINT ignored (a suite run as a background job
+# of a non-interactive shell passes SIG_IGN down, and Python then installs no handler) is given Python's own
+signal.signal(signal.SIGINT, signal.default_int_handler)
 _target = os.environ.pop("CHESTNUT_TEST_SIGINT_AT")
 _fd = int(os.environ.pop("CHESTNUT_TEST_READY_FD"))
 
