@@ -322,13 +322,19 @@ def _record_fingerprint_subprocess(spec: ModelSpec) -> dict[str, Any]:
         return read_fingerprint_file(out)  # the bounded reader of every fingerprint file
 
 
-def dock_in_use(report: LadderReport) -> str | None:
-    """The holder's words when ``usb_ids`` found the dock's lock held by another process (its ``lock_held``:
-    ``backend/ladder.py`` ``DockQualifier.take_lock``), else None."""
+def dock_refused(report: LadderReport) -> str | None:
+    """The one line for a dock whose lock the probe could not take, when ``usb_ids`` failed for it
+    (``backend/ladder.py`` ``DockQualifier.take_lock``): ``lock_held`` (another process holds it: its holder's
+    words, and to stop it first) or ``lock_unusable`` (the lock file is not one the node would use:
+    ``backend/docklock.py``, its words and fix); else None. Nothing of the dock was touched in either case."""
     fail = report.first_failure
-    if fail is None or fail.name != "usb_ids" or fail.reason != "lock_held" or fail.error is None:
+    if fail is None or fail.name != "usb_ids" or fail.error is None:
         return None
-    return fail.error.detail
+    if fail.reason == "lock_held":
+        return f"{fail.error.detail}; stop it first, then probe again"
+    if fail.reason == "lock_unusable":
+        return str(fail.error.detail)
+    return None
 
 
 def prepare_on_dock(model: Path, fingerprint: Path) -> int:
@@ -460,8 +466,8 @@ def run(args: argparse.Namespace) -> int:
         runner.close()
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
-    if (busy := dock_in_use(report)) is not None:
-        print(f"chestnut probe: {busy}; stop it first, then probe again", file=sys.stderr)
+    if (refused := dock_refused(report)) is not None:
+        print(f"chestnut probe: {refused}", file=sys.stderr)
         return 2
     if not args.json:
         print("identity: " + "; ".join(f"{k} {v}" for k, v in identity.items()))

@@ -327,3 +327,33 @@ def test_a_twin_dock_that_is_unplugged_is_named_so_not_a_daemon_that_is_not_runn
     out = io.StringIO()
     print_summary(report, out, twin=False)  # a real dock: the ladder's own advice only
     assert len(out.getvalue().splitlines()) == 2
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants a file of another uid (needs root)")
+def test_a_dock_lock_file_another_user_planted_is_one_line_and_exit_2_as_a_held_lock():
+    """``lock_unusable`` (the lock file belongs to another uid) was the ladder's table, a "first failure" and a
+    "what to do" line, exit 1; it is the held lock's one line now, exit 2, and the dock untouched."""
+    from chestnut.backend.docklock import dock_lock_path
+
+    with running_twin() as twin:
+        assert probe("--twin").returncode == 0
+        st = twin.status()
+        path = dock_lock_path(st["usb"]["bus"], st["usb"]["address"])
+        saved = os.stat(path) if os.path.exists(path) else None
+        if saved is None:
+            path.touch(mode=0o600)
+        os.chown(path, 65534, 65534)
+        try:
+            resets = twin_resets(twin)
+            out = probe("--twin")
+            resets_after = twin_resets(twin)
+        finally:
+            if saved is None:
+                path.unlink()
+            else:
+                os.chown(path, saved.st_uid, saved.st_gid)
+    assert out.returncode == 2
+    assert out.stderr.startswith(f"chestnut probe: the dock's lock file {path} ") and out.stderr.count("\n") == 1
+    assert "65534" in out.stderr
+    assert "first failure" not in out.stdout and "what to do" not in out.stdout
+    assert resets_after == resets
