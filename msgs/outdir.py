@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Literal
 
-from chestnut.msgs.paths import changeable_folder
+from chestnut.msgs.paths import changeable_folder, owned_problem
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -56,14 +56,9 @@ class OutputExistsError(OutputDirError, FileExistsError):
 
 
 def dir_problem(st: os.stat_result, uid: int) -> str | None:
-    """Why a directory with status ``st`` cannot take our output (None when it can)."""
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a directory"
-    if st.st_uid != uid:
-        return f"belongs to uid {st.st_uid}, not to uid {uid}"
-    if stat.S_IMODE(st.st_mode) & 0o022:
-        return f"is writable by group/other (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
+    """Why a directory with status ``st`` cannot take our output (None when it can): ``uid``'s, no group/other
+    write."""
+    return owned_problem(st, uid, stat.S_ISDIR, "is not a directory", 0o022)
 
 
 def _open_dir(path: Path) -> int:

@@ -217,15 +217,24 @@ def lookup_folders(path: str | os.PathLike[str]) -> list[Path]:
     return folders
 
 
-def private_problem(st: os.stat_result, uid: int) -> str | None:
-    """Why a directory with status ``st`` cannot be a private runtime directory of ``uid`` (None when it can)."""
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a directory"
+def owned_problem(st: os.stat_result, uid: int, is_kind: Callable[[int], bool], not_kind: str,
+                  mask: int = 0o077, must: str = "") -> str | None:
+    """Why a file with status ``st`` fails the rule every file or descriptor the project takes from outside meets
+    (None when it passes): of its kind (``is_kind(st.st_mode)``, a ``stat.S_IS*``; else ``not_kind``), ``uid``'s,
+    and none of ``mask``'s permission bits set (0o077: no group/other access at all, said "reachable"; 0o022: no
+    group/other write, said "writable"), ``must`` added to the mode when set (e.g. ", must be 0700")."""
+    if not is_kind(st.st_mode):
+        return not_kind
     if st.st_uid != uid:
         return f"belongs to uid {st.st_uid}, not to uid {uid}"
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        return f"is reachable by group/other (mode {stat.S_IMODE(st.st_mode):04o}, must be 0700)"
+    if (mode := stat.S_IMODE(st.st_mode)) & mask:
+        return f"is {'writable' if mask == 0o022 else 'reachable'} by group/other (mode {mode:04o}{must})"
     return None
+
+
+def private_problem(st: os.stat_result, uid: int) -> str | None:
+    """Why a directory with status ``st`` cannot be a private runtime directory of ``uid`` (None when it can)."""
+    return owned_problem(st, uid, stat.S_ISDIR, "is not a directory", 0o077, ", must be 0700")
 
 
 def _open_private(parent_fd: int, parent: Path, name: str, uid: int, per_prefix: bool) -> int:

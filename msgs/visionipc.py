@@ -90,7 +90,7 @@ import numpy as np
 
 from chestnut.msgs.frames import frame_shape, frame_view
 from chestnut.msgs.messaging import REASON_FRAMING, REASON_UNKNOWN_MEMBER, MalformedMessageError
-from chestnut.msgs.paths import SocketPathError, bind_private_socket, check_socket_path, runtime_dir
+from chestnut.msgs.paths import SocketPathError, bind_private_socket, check_socket_path, owned_problem, runtime_dir
 from chestnut.msgs.schema import log as schema
 from chestnut.msgs.services import FRAME_MAX_BYTES
 
@@ -202,12 +202,8 @@ def buffer_problem(st: os.stat_result, seals: int, uid: int, size: int) -> str |
     """Why a received descriptor with status ``st`` and seals ``seals`` cannot be a ring of ``size`` bytes
     for ``uid`` (None when it can): it must be a regular file of ours with no group/other permission,
     unlinked (a memfd has no name in any directory), exactly ``size`` bytes, sealed against resizing."""
-    if not stat.S_ISREG(st.st_mode):
-        return "is not a memory file"
-    if st.st_uid != uid:
-        return f"belongs to uid {st.st_uid}, not to uid {uid}"
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        return f"is reachable by group/other (mode {stat.S_IMODE(st.st_mode):04o})"
+    if (problem := owned_problem(st, uid, stat.S_ISREG, "is not a memory file")) is not None:
+        return problem
     if st.st_nlink != 0:
         return "is a file with a name (a ring is an unlinked memfd)"
     if st.st_size != size:
@@ -659,13 +655,7 @@ def notice_pipe_problem(st: os.stat_result, uid: int) -> str | None:
     creator's). Packet mode (``O_DIRECT``, ``pipe(7)``) is a flag of the camera's write end only, so it cannot be
     checked here; a pipe without it could run two notices together, which the reader's checks of every record
     (its length, fields, ring and slot word) drop as malformed."""
-    if not stat.S_ISFIFO(st.st_mode):
-        return "is not a pipe"
-    if st.st_uid != uid:
-        return f"belongs to uid {st.st_uid}, not to uid {uid}"
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        return f"is reachable by group/other (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
+    return owned_problem(st, uid, stat.S_ISFIFO, "is not a pipe")
 
 
 def _read_hello(conn: socket.socket, uid: int, path: str) -> tuple[dict[str, int], int, int]:
