@@ -466,8 +466,8 @@ def run(args: argparse.Namespace) -> int:
         runner.close()
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
-    if (refused := dock_refused(report)) is not None:
-        print(f"chestnut probe: {refused}", file=sys.stderr)
+    if (lock_refusal := dock_refused(report)) is not None:
+        print(f"chestnut probe: {lock_refusal}", file=sys.stderr)
         return 2
     if not args.json:
         print("identity: " + "; ".join(f"{k} {v}" for k, v in identity.items()))
