@@ -1107,7 +1107,7 @@ class Node:
         if res is not None and res.ok:
             now = time.monotonic_ns()
             report = check_outputs(res.outputs, self.contracts, stale=self.stale,
-                                   reference=agreement_reference(fallback))
+                                   reference=agreement_reference(fallback), reference_checked=True)
             self._note_agreement(report)
             self.miss_run = 0
             self._after_output(self._good_result)

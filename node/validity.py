@@ -73,6 +73,11 @@ class CheckResult:
         return self.check in HARD_CHECKS
 
 
+BOUNDED_MAGNITUDE = 1e30
+"""A contract range within +-this (and a tensor that passed it) bounds both sides of an agreement compare so far
+below float32's largest (3.4e38) that their difference cannot overflow: :func:`compare_tensors` ``bounded``."""
+
+
 @dataclass(frozen=True)
 class OutputContract:
     """The declared contract of one output: its spec, an optional value range and the agreement tolerance.
@@ -90,6 +95,8 @@ class OutputContract:
     shape: tuple[int, ...] = field(init=False, repr=False, compare=False)
     dtype: np.dtype | None = field(init=False, repr=False, compare=False)
     passed: tuple[CheckResult, ...] = field(init=False, repr=False, compare=False)
+    bounded: bool = field(init=False, repr=False, compare=False)
+    """Its range lies within +-:data:`BOUNDED_MAGNITUDE` (an output that passed it compares ``bounded``)."""
 
     def __post_init__(self) -> None:
         name = self.spec.name
@@ -102,6 +109,8 @@ class OutputContract:
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "passed", tuple(_ok(c, name) for c in (Check.SHAPE, Check.DTYPE, Check.FINITE,
                                                                            Check.RANGE)))
+        r = self.value_range
+        object.__setattr__(self, "bounded", r is not None and max(abs(r[0]), abs(r[1])) <= BOUNDED_MAGNITUDE)
 
 
 def contracts_from_specs(specs: Iterable[TensorSpec], ranges: Mapping[str, tuple[float, float]] | None = None,
@@ -297,7 +306,7 @@ class Comparison:
     first_mismatch: tuple[int, ...] | None
 
 
-def compare_tensors(a: np.ndarray, b: np.ndarray, tol: float) -> Comparison:
+def compare_tensors(a: np.ndarray, b: np.ndarray, tol: float, *, bounded: bool = False) -> Comparison:
     """``|a-b| <= max(tol, tol*max(|a|,|b|))`` element-wise (openpilot process replay).
 
     Computed in the wider float type of the two (at least float32: float32 outputs are compared in
@@ -305,9 +314,20 @@ def compare_tensors(a: np.ndarray, b: np.ndarray, tol: float) -> Comparison:
     infinity only the same infinity (taken literally, ``tol*max(|a|,|b|)`` would be infinite and let
     +inf match anything). Shapes must be equal (raises ``ValueError`` otherwise: the caller checks
     shapes first). The common case (everything finite and within tolerance) takes one fast pass.
+    ``bounded``: the caller checked both tensors finite and within +-:data:`BOUNDED_MAGNITUDE` (an output that
+    passed a contract range that narrow, and the reference the same contract's checked output): of one float
+    dtype, they are then compared without numpy's type promotion or error-state guard (neither can be needed:
+    no operand is NaN or infinite and no difference overflows), which at 20 Hz, on caches each frame finds cold,
+    cost more than the compare itself (``docs/architecture.md``); the result is the same.
     """
     if a.shape != b.shape:
         raise ValueError(f"cannot compare shapes {a.shape} and {b.shape}")
+    if bounded and a.dtype == b.dtype and a.dtype.kind == "f" and a.dtype.itemsize >= 4 and a.size:
+        diff = np.subtract(a, b)
+        np.abs(diff, out=diff)
+        dmax = float(diff.max())
+        if dmax <= float(a.dtype.type(tol)):
+            return Comparison(True, dmax, 0, None)
     dt = np.result_type(a.dtype, b.dtype, np.float32)
     x, y = np.asarray(a, dtype=dt), np.asarray(b, dtype=dt)
     if x.size == 0:
@@ -344,12 +364,14 @@ def _compare_slow(x: np.ndarray, y: np.ndarray, tol: float) -> Comparison:
     return Comparison(n_mismatch == 0, float(diff.max()) if diff.size else 0.0, n_mismatch, first)
 
 
-def check_agreement(name: str, primary: np.ndarray, fallback: np.ndarray, tol: float) -> CheckResult:
-    """The primary's tensor against the fallback's under :func:`compare_tensors`; reports the max abs diff."""
+def check_agreement(name: str, primary: np.ndarray, fallback: np.ndarray, tol: float,
+                    bounded: bool = False) -> CheckResult:
+    """The primary's tensor against the fallback's under :func:`compare_tensors` (``bounded``: its own);
+    reports the max abs diff."""
     if primary.shape != fallback.shape:
         return CheckResult(Check.AGREEMENT, name, False,
                            f"{name}: primary shape {primary.shape} != fallback shape {fallback.shape}", np.inf)
-    c = compare_tensors(primary, fallback, tol)
+    c = compare_tensors(primary, fallback, tol, bounded=bounded)
     if c.ok:
         return CheckResult(Check.AGREEMENT, name, True, "ok", c.max_abs_diff)
     return CheckResult(Check.AGREEMENT, name, False,
@@ -400,16 +422,21 @@ class ValidityReport:
 
 def check_outputs(outputs: Mapping[str, np.ndarray], contracts: Iterable[OutputContract], *,
                   inputs: Tensors | None = None, stale: StaleDetector | None = None,
-                  reference: Mapping[str, np.ndarray] | None = None) -> ValidityReport:
+                  reference: Mapping[str, np.ndarray] | None = None,
+                  reference_checked: bool = False) -> ValidityReport:
     """Run every check on one frame's output (see the module table for order and severity).
 
     ``stale`` enables the stale check, against ``inputs`` (the frame's model inputs) or, without them, the input
     the detector saw last (:meth:`StaleDetector.see_input`);
     ``reference`` (the fallback's outputs for the same frame) enables the agreement check for every
-    declared output present in both. Never raises for bad output data: every problem is a result.
+    declared output present in both; ``reference_checked``: the reference passed these same contracts (the node's
+    valid fallback output, ``node/policy.py`` ``agreement_reference``), so an output that passed a range within
+    +-:data:`BOUNDED_MAGNITUDE` is compared ``bounded`` (:func:`compare_tensors`). Never raises for bad output
+    data: every problem is a result.
     """
     contracts = tuple(contracts)
     results = [check_present(outputs, contracts)]
+    bounded: set[str] = set()  # outputs that passed a range narrow enough for a bounded compare
     for c in contracts:
         arr = outputs.get(c.name)
         if arr is None:
@@ -418,6 +445,8 @@ def check_outputs(outputs: Mapping[str, np.ndarray], contracts: Iterable[OutputC
         fine = _finite_and_in_range(arr, c.value_range)  # the common case in two reductions, no temporaries
         if fine and arr.shape == c.shape and c.dtype is not None and arr.dtype == c.dtype:
             results += c.passed  # the four passed checks, made once per contract
+            if reference_checked and c.bounded:
+                bounded.add(c.name)
             continue
         results.append(check_shape(c.name, arr, c.spec))
         results.append(check_dtype(c.name, arr, c.spec))
@@ -433,5 +462,5 @@ def check_outputs(outputs: Mapping[str, np.ndarray], contracts: Iterable[OutputC
         for c in contracts:
             if c.name in outputs and c.name in reference:
                 results.append(check_agreement(c.name, np.asarray(outputs[c.name]), np.asarray(reference[c.name]),
-                                               c.tol))
+                                               c.tol, c.name in bounded))
     return ValidityReport(tuple(results))

@@ -283,3 +283,41 @@ def test_stale_output_without_a_seen_input_passes_and_the_next_frame_is_a_first_
     assert d.check_output({"prob": OK_PROB.copy()}).ok
     d.see_input(_frame(4))
     assert not d.check_output({"prob": OK_PROB.copy()}).ok  # from here on as ever
+
+
+_BOUNDED_F32 = hnp.arrays(np.float32, (2, 3), elements=st.floats(-1.0, 1.0, width=32))
+
+
+@given(_BOUNDED_F32, _BOUNDED_F32, st.sampled_from([0.0, 1e-3, 0.5]))
+def test_a_bounded_compare_is_the_general_one(a, b, tol):
+    """compare_tensors(bounded=True) (both sides checked finite and within the bound: no promotion, no error-state
+    guard) gives the general compare's answer, field for field."""
+    assert compare_tensors(a, b, tol, bounded=True) == compare_tensors(a, b, tol)
+    assert compare_tensors(a, b.astype(np.float64), tol, bounded=True) == compare_tensors(a, b.astype(np.float64), tol)
+
+
+def test_only_an_output_that_passed_a_narrow_range_against_a_checked_reference_compares_bounded(monkeypatch):
+    from chestnut.node import validity
+
+    assert [validity.OutputContract(TensorSpec("p", (2,), "float32"), r).bounded
+            for r in ((0.0, 1.0), (-1e30, 1e30), (-1e31, 1.0), None)] == [True, True, False, False]
+    seen: list[bool] = []
+    compare = validity.compare_tensors
+
+    def spy(a, b, tol, *, bounded=False):
+        seen.append(bounded)
+        return compare(a, b, tol, bounded=bounded)
+
+    monkeypatch.setattr(validity, "compare_tensors", spy)
+    contracts = contracts_from_specs([TensorSpec("p", (2,), "float32"), TensorSpec("q", (2,), "float32")],
+                                     {"p": (0.0, 1.0)})
+    out = {"p": np.array([0.25, 0.5], np.float32), "q": np.array([3.0, 4.0], np.float32)}
+    ref = {"p": np.array([0.25, 0.5], np.float32), "q": np.array([3.0, 4.0], np.float32)}
+    checked = validity.check_outputs(out, contracts, reference=ref, reference_checked=True)
+    plain = validity.check_outputs(out, contracts, reference=ref)
+    assert checked == plain and checked.ok
+    assert seen == [True, False, False, False]  # p bounded only with a checked reference; q has no range
+    seen.clear()
+    validity.check_outputs({"p": np.array([0.25, 1.5], np.float32), "q": out["q"]}, contracts, reference=ref,
+                           reference_checked=True)
+    assert seen == [False, False]  # p failed its range: the general compare
