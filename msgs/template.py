@@ -64,7 +64,6 @@ class MessageTemplate:
                  data_sizes: tuple[int, ...]) -> None:
         self.base = base
         self.fields = fields
-        self._slots = slots
         self.data_sizes = data_sizes
         """The byte length of each ``"data"`` field, in field order (a value must have exactly that many)."""
         self._plan = tuple((s.kind, s.offset, s.size, s.mask, _SCALAR.get(s.kind)) for s in slots)

@@ -173,7 +173,7 @@ from chestnut.node.supervisor import (
     fill_node_state,
 )
 from chestnut.node.validity import Check, StaleDetector, ValidityReport, check_outputs
-from chestnut.node.watchdog import ActionKind, RequestKind, Watchdog, WatchdogAction, WatchdogConfig
+from chestnut.node.watchdog import ActionKind, RequestKind, Verdict, Watchdog, WatchdogAction, WatchdogConfig
 from chestnut.node.worker_handle import WorkerHandle, WorkerResult, describe_returncode
 
 log = logging.getLogger("chestnut.node")
@@ -1354,10 +1354,7 @@ class Node:
                 # until the output is out (Watchdog.in_time; _infer runs it first where a judgement could fail over)
                 self._after_output(functools.partial(self._take_response, res, now))
                 return PrimaryOutcome(res, False, "")
-            host = self._host_late_result(res, now)
-            verdict = self.watchdog.response(res.seq, now, host)
-            if verdict.actions:
-                self._watchdog_actions(list(verdict.actions))
+            verdict, host = self._record_response(res, now)
             self._after_output(functools.partial(self._observe_latency, res, verdict.elapsed_ns, host))
             if res.error is not None:
                 self._on_primary_error(res)
@@ -1370,16 +1367,23 @@ class Node:
                 return PrimaryOutcome(None, True, late_result_reason(verdict.elapsed_ns / 1e6, deadline_ms))
             return PrimaryOutcome(res, False, "")
 
-    def _take_response(self, res: WorkerResult, now: int) -> None:
-        """The record of a result :meth:`_await_primary` answered with at once (in time, by
-        ``Watchdog.in_time``): the host's figures, the watchdog's response, the adaptive deadline's sample. A
-        verdict that does not let the result be used would be a watchdog bug, said at ERROR."""
+    def _record_response(self, res: WorkerResult, now: int) -> tuple[Verdict, HostJudge]:
+        """A result received at ``now`` recorded: the host's figures for it (:meth:`_host_late_result`), the
+        watchdog's response and its actions applied; returns the verdict and the host's judge."""
         host = self._host_late_result(res, now)
         verdict = self.watchdog.response(res.seq, now, host)
+        if verdict.actions:
+            self._watchdog_actions(list(verdict.actions))
+        return verdict, host
+
+    def _take_response(self, res: WorkerResult, now: int) -> None:
+        """The record of a result :meth:`_await_primary` answered with at once (in time, by
+        ``Watchdog.in_time``): :meth:`_record_response`, the adaptive deadline's sample. A verdict that does not
+        let the result be used would be a watchdog bug, said at ERROR."""
+        verdict, host = self._record_response(res, now)
         if verdict.actions or not verdict.use_result:
             log.error("frame %d: the watchdog's response disagrees with its in-time look (%s)", res.seq,
                       "; ".join(a.reason for a in verdict.actions) or "result not usable")
-            self._watchdog_actions(list(verdict.actions))
         self._observe_latency(res, verdict.elapsed_ns, host)
 
     @staticmethod
@@ -1618,9 +1622,7 @@ class Node:
             # results of frames already answered (late ones, or a draining worker's): pair them for the
             # logical check; their errors are evidence
             while self._is_current(w) and (res := w.poll_result(0.0)) is not None:
-                host = self._host_late_result(res, now)
-                verdict = self.watchdog.response(res.seq, now, host)
-                self._watchdog_actions(list(verdict.actions))
+                verdict, host = self._record_response(res, now)
                 self._observe_latency(res, verdict.elapsed_ns, host)
                 if res.error is not None:
                     self._on_primary_error(res)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import ctypes
 import dataclasses
 import json
@@ -187,8 +188,10 @@ class _WorkerLoop:
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
-    def recv(self) -> tuple[Msg, int, int, int, int, bytes, list[int]] | None:
-        data, fds, _flags, _addr = socket.recv_fds(self.sock, PACKET_MAX_BYTES, 1)
+    def recv(self, flags: int = 0) -> tuple[Msg, int, int, int, int, bytes, list[int]] | None:
+        """The next command (None: the node closed the socket). ``flags``: ``recv`` flags (``MSG_DONTWAIT``:
+        raises ``BlockingIOError`` when none is queued)."""
+        data, fds, _flags, _addr = socket.recv_fds(self.sock, PACKET_MAX_BYTES, 1, flags)
         if not data:
             return None
         return (*unpack(data), fds)
@@ -198,13 +201,8 @@ class _WorkerLoop:
         that a RUN which comes meanwhile finds the worker running; then asleep in :meth:`recv` as always."""
         end = time.monotonic() + spin_s
         while time.monotonic() < end:
-            try:
-                data, fds, _flags, _addr = socket.recv_fds(self.sock, PACKET_MAX_BYTES, 1, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                continue
-            if not data:
-                return None
-            return (*unpack(data), fds)
+            with contextlib.suppress(BlockingIOError):
+                return self.recv(socket.MSG_DONTWAIT)
         return self.recv()
 
     def serve(self) -> int:

@@ -488,17 +488,14 @@ class WorkerHandle:
         now = time.monotonic()
         deadline = now + max(0.0, timeout_s)
         spin_end = min(deadline, now + spin_s)
-        while now < spin_end and self._sock is not None and not self._eof:
-            self._pump()
-            if self._done:
-                return self._deliver(copy)
-            now = time.monotonic()
         while True:
             self._pump()
             if self._done:
                 return self._deliver(copy)
             if self._eof or self._sock is None:
                 return None
+            if time.monotonic() < spin_end:  # the busy wait: look again at once
+                continue
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
                 if self._proc is not None and self._proc.poll() is not None:
