@@ -91,7 +91,7 @@ def bgr_to_input(img: np.ndarray) -> np.ndarray:
     """uint8 [H,W,3] BGR -> float32 [1,3,H,W] normalised as PP-OCR expects (``node.preprocess`` ``ppocr``)."""
     from chestnut.node.preprocess import PREPROCESSORS
 
-    return PREPROCESSORS["ppocr"](img)
+    return PREPROCESSORS["ppocr"](img, None)
 
 
 def graph_problem(model: Any) -> str | None:

@@ -159,7 +159,7 @@ from chestnut.node.policy import (
     with_input_validity,
 )
 from chestnut.node.preprocess import preprocess, primary_warp
-from chestnut.node.realtime import cpus_apart, worker_priority
+from chestnut.node.realtime import IdleCollector, cpus_apart, worker_priority
 from chestnut.node.runner_loader import dock_runner_spec
 from chestnut.node.shm import WorkerState
 from chestnut.node.supervisor import (
@@ -459,6 +459,7 @@ class Node:
         # the node and its worker can run on two CPUs at once (their affinity): only then does a busy wait for
         # the worker (the node's for a result, the worker's after a WAKE) leave the other one a CPU
         self.cpus_apart = cpus_apart(cfg.realtime.cpus)
+        self.collector = IdleCollector()  # engaged once answering (run): cycle collections between frames only
         self.roundtrips: deque[float] = deque(maxlen=BUSY_WAIT_SAMPLES)  # the worker's last round trips (s)
         self.next_output: tuple[Any, Any] | None = None  # (Event builder, its modelOutput): _prepare_output
         self.output_template: PrimaryOutputTemplate | None = None  # the primary's answer: _ready_output_template
@@ -954,7 +955,8 @@ class Node:
         try:
             img = self.frame_reader.view(cf)  # a ring frame is read in place: no copy before preprocessing
             inputs = preprocess(self.cfg.model.preprocess, img, self.cfg.model.input, tuple(self.cfg.model.shape),
-                                str(cf.encoding))  # "warp:<name>" resizes / converts a full frame (node/preprocess.py)
+                                str(cf.encoding), self._input_slot())  # "warp:<name>" resizes / converts a full
+            # frame (node/preprocess.py); written where the primary's worker reads it when it will likely take it
             # the primary's own warp takes the full frame (checked always; copied, before the torn-frame
             # check below, while there is a worker to send it to)
             full, refusal = None, ""
@@ -992,6 +994,21 @@ class Node:
         self._publish_active(result.answer.source, result.answer.valid, result.answer.reason,
                              host_frame=frame_id if host and by_fallback else None,
                              missed_frame=frame_id if result.deadline_missed and by_fallback else None)
+
+    def _input_slot(self) -> np.ndarray | None:
+        """Where the preprocess writes this frame's model input when the primary will likely take the same
+        tensor (its worker ready with a free slot, its one input the fallback's by name, shape and dtype, no
+        ``model.frame`` warp of its own): the worker's next input slot (``WorkerHandle.next_inputs``), so the
+        request sends it with no copy and no check. None otherwise: a new array. The fallback reads the same
+        array; nothing writes a slot while a request holds it."""
+        w = self.worker
+        if w is None or self.warp is not None or not self.sup.runs_primary or self.draining or len(w.inputs) != 1:
+            return None
+        slot = w.next_inputs()
+        dst = slot.get(self.cfg.model.input) if slot is not None else None
+        if dst is None or dst.dtype != np.float32 or dst.shape != tuple(self.cfg.model.shape):
+            return None
+        return dst
 
     def _copy_full_frame(self, full: np.ndarray) -> np.ndarray:
         """``full``, a frame the primary takes whole (its program warps it), copied once out of the frame ring:
@@ -1758,6 +1775,7 @@ class Node:
                 log.info("stopped during start-up")  # then), before the loop: never ready, stopping
                 return EXIT_OK
             self.subscribe_frames()
+            self.collector.engage()  # from here on, Python's cycle collections only between frames
             self.answering = True
             self.notify.notify("READY=1")
             if self.cfg.dock.kind == "none":  # said once: the supervisor's retries are DEBUG (_log_transition)
@@ -1793,6 +1811,7 @@ class Node:
                 if not answered and not self.stop_requested:  # a turn that answered a frame has just done it
                     self._housekeeping()
                 self.notify.watchdog()
+                self.collector.collect_due()  # the frames of this turn are answered; the next one is not here yet
         finally:
             self.close()
         return self.exit_code
@@ -1845,6 +1864,7 @@ class Node:
         qualifying, never silences them: ``chestnut check``'s ``health_not_silent``); then a final
         ``chestnutActive``, ``chestnutHealth`` and ``nodeState`` stopping, the node's last word."""
         self.starting = False
+        self.collector.release()  # the stop sequence's garbage collected as any program's
         self.notify.notify("STOPPING=1")
         self._feed(Event.STOP, self.stop_reason)
         self.looker.close()

@@ -27,17 +27,24 @@ from chestnut.backend.errors import ConfigError
 from chestnut.backend.warp import WarpSpec, WarpSpecError, warp_numpy
 
 
-def _ppocr(img: np.ndarray) -> np.ndarray:
-    x = img.astype(np.float32) * np.float32(1 / 255.0)
-    x = (x - np.float32(0.5)) / np.float32(0.5)
-    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
+def _ppocr(img: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    x = _unit(img, out)
+    x -= np.float32(0.5)  # in place, in numpy's order of the expression ((img/255 - 0.5)/0.5): the same floats
+    x /= np.float32(0.5)
+    return x
 
 
-def _unit(img: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray((img.astype(np.float32) * np.float32(1 / 255.0)).transpose(2, 0, 1)[None])
+def _unit(img: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``img`` uint8 [H, W, 3] -> float32 [1, 3, H, W] ``img/255``, in one pass: each pixel converted to float32
+    and multiplied by float32(1/255) (the same float as ``img.astype(np.float32) * np.float32(1/255)``), written
+    through the transpose into ``out`` (float32 C-contiguous [1, 3, H, W]) or a new array."""
+    if out is None:
+        out = np.empty((1, img.shape[2], img.shape[0], img.shape[1]), np.float32)
+    np.multiply(img.transpose(2, 0, 1)[None], np.float32(1 / 255.0), out=out, dtype=np.float32, casting="unsafe")
+    return out
 
 
-PREPROCESSORS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"ppocr": _ppocr, "unit": _unit}
+PREPROCESSORS: dict[str, Callable[[np.ndarray, np.ndarray | None], np.ndarray]] = {"ppocr": _ppocr, "unit": _unit}
 WARP_PREFIX = "warp:"  # "warp:<name>": warp any frame to the model's input, then <name>
 
 
@@ -103,11 +110,15 @@ def warp_input(norm: str, img: np.ndarray, input_shape: tuple[int, ...], encodin
 
 
 def preprocess(
-    name: str, img: np.ndarray, input_name: str, input_shape: tuple[int, ...], encoding: str = "bgr888"
+    name: str, img: np.ndarray, input_name: str, input_shape: tuple[int, ...], encoding: str = "bgr888",
+    out: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """A frame (uint8 [H, W, 3] BGR; with ``warp:``, any :func:`warp` takes) -> ``{input_name: float32
     [1, 3, H, W]}`` for ``input_shape`` (N, C, H, W). ``encoding`` is the frame's ``CameraFrame``
-    pixel encoding.
+    pixel encoding. ``out``: where to write the tensor when it is float32, C-contiguous, writable and of
+    ``input_shape`` (the node passes the primary worker's next input slot, ``WorkerHandle.next_inputs``, so the
+    request needs no copy); the result is then ``out`` itself. Any other ``out``, or a ``warp:`` preprocess,
+    leaves it alone and makes a new array.
 
     Raises ``KeyError`` for an unknown preprocessor and ``ValueError`` when the frame does not match
     ``input_shape`` without ``warp:`` — a wrong-sized frame is rejected, never resized silently.
@@ -128,7 +139,10 @@ def preprocess(
             f"frame is {img.shape[1]}x{img.shape[0]} (WxH), the model wants {want[1]}x{want[0]} "
             f"(WxH, from its input shape N,C,H,W {[int(d) for d in input_shape]})"
         )
-    return {input_name: PREPROCESSORS[base](img)}
+    if out is not None and not (out.dtype == np.float32 and out.shape == (1, 3, *want) and out.flags.c_contiguous
+                                and out.flags.writeable):
+        out = None
+    return {input_name: PREPROCESSORS[base](img, out)}
 
 
 def primary_warp(frame: str, preprocess_name: str, shape: tuple[int, ...]) -> WarpSpec | None:

@@ -14,6 +14,7 @@ process runs on with the policy it had (sched_setscheduler(2), sched_setaffinity
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from typing import Any
@@ -158,3 +159,65 @@ def normal_policy() -> None:
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     except (OSError, AttributeError):
         pass
+
+
+class IdleCollector:
+    """Python's cyclic garbage collector run between frames, never in the middle of one.
+
+    CPython collects generation 0 whenever its allocations outnumber its deallocations by the first threshold
+    (700, ``gc.get_threshold()``), wherever that allocation happens: on a node answering at 20 Hz that is every
+    few frames, in the middle of one, and now and then a full collection of every object the imports and the
+    model left (21 ms for one such, measured with ``gc.callbacks`` in a node serving the tiny model of
+``tests/bench/bench_node.py``). openpilot turns the collector
+    off in its realtime processes (``common/realtime.py`` ``config_realtime_process`` calls ``gc.disable()``)
+    and lives with what reference counting leaves; here the collector keeps its work but moves it:
+
+    - :meth:`engage`, once the process is ready (its imports done, its model loaded): a full collection, then
+      ``gc.freeze()`` (every object alive then is kept out of all later collections: they are the process's
+      code and model, alive until it exits), then ``gc.disable()``;
+    - :meth:`collect_due`, where a frame's output is out and before the next one is waited for: the collection
+      CPython would have made by now, the oldest generation whose count passed its threshold (``gc.get_count()``
+      against ``gc.get_threshold()``; Python's ``Modules/gcmodule.c`` ``collect_generations``), if any;
+    - :meth:`release`, when the process stops serving: the collector as it was.
+
+    Cycles are collected as often as before, counted the same way, only later by at most one frame. Not
+    thread-safe: one thread (the process's loop) calls it."""
+
+    def __init__(self) -> None:
+        self.engaged = False
+        self.collections = [0, 0, 0]  # made by collect_due, per generation
+        self._was_enabled = True
+        self._thresholds: tuple[int, ...] = (0, 0, 0)
+
+    def engage(self) -> None:
+        """Collect everything once, freeze what survives, turn automatic collection off (idempotent)."""
+        if self.engaged:
+            return
+        self._thresholds = gc.get_threshold()
+        gc.collect()
+        gc.freeze()
+        self._was_enabled = gc.isenabled()
+        gc.disable()
+        self.engaged = True
+
+    def collect_due(self) -> int | None:
+        """The collection due now, made: the generation collected (0, 1 or 2), or None when none is due (or
+        the collector is not engaged, or a threshold of 0 turned collection off, as it does for CPython)."""
+        if not self.engaged:
+            return None
+        counts = gc.get_count()
+        if not self._thresholds[0] or counts[0] <= self._thresholds[0]:
+            return None
+        gen = next(g for g in (2, 1, 0) if g == 0 or counts[g] > self._thresholds[g])
+        gc.collect(gen)
+        self.collections[gen] += 1
+        return gen
+
+    def release(self) -> None:
+        """Automatic collection as it was before :meth:`engage`, every frozen object collectable again."""
+        if not self.engaged:
+            return
+        self.engaged = False
+        gc.unfreeze()
+        if self._was_enabled:
+            gc.enable()

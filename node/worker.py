@@ -40,7 +40,7 @@ from chestnut.backend.errors import ChestnutError, OutputLayerError
 from chestnut.backend.interface import LadderReport, ModelSpec, PrimaryRunner
 from chestnut.backend.model import TensorSpec
 from chestnut.backend.stages import StageTimes
-from chestnut.node.realtime import POLICIES, config_realtime_process, normal_policy
+from chestnut.node.realtime import POLICIES, IdleCollector, config_realtime_process, normal_policy
 from chestnut.node.runner_loader import RunnerSpec, resolve_runner
 from chestnut.node.shm import ControlBlock, SharedSegment, SlotBuffers, SlotLayout, WorkerState
 from chestnut.node.wire import (
@@ -229,6 +229,8 @@ class _WorkerLoop:
         progress.set_sink(None)
         self.count_transfer_errors()
         self.serve_realtime()
+        collector = IdleCollector()  # the runner loaded: Python's cycle collections only between runs
+        collector.engage()
         awake = False
         while True:
             got = self.recv_awake() if awake else self.recv()
@@ -240,6 +242,7 @@ class _WorkerLoop:
             kind, _status, slot, seq, _value, payload, fds = got
             if kind is Msg.RUN:
                 self.run(seq, slot)
+                collector.collect_due()  # the RESULT is sent: while the node publishes it
             elif kind is Msg.WAKE:
                 awake = True
             elif kind is Msg.BUFFERS:

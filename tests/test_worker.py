@@ -336,13 +336,18 @@ def test_an_input_written_into_the_next_slot_is_sent_without_a_second_copy(worke
     copies: list[tuple[int, ...]] = []  # shapes only: a view kept here would keep the segment mapped
     real_copyto = np.copyto
     monkeypatch.setattr(np, "copyto", lambda dst, *a, **k: (copies.append(dst.shape), real_copyto(dst, *a, **k)))
+    checked: list[list[str]] = []
+    real_check = worker.check_inputs
+    monkeypatch.setattr(worker, "check_inputs", lambda inputs: (checked.append(sorted(inputs)), real_check(inputs)))
     worker.submit(1, {"x": slot["x"]})
     del slot
     assert copies == []  # the worker reads it where it was written
+    assert checked == []  # the slot's own array is of its spec: nothing to check
     r = worker.poll_result(timeout_s=5)
     assert r is not None and r.seq == 1 and r.outputs["y"].tolist() == [8.0, 8.0, 8.0]  # as frame(2.0) gives
-    worker.submit(2, frame(1.0))  # an array of the caller's own is copied in, as before
+    worker.submit(2, frame(1.0))  # an array of the caller's own is checked and copied in, as before
     assert copies == [X_SPEC.shape]
+    assert checked == [["x"]]
     worker.submit(3, frame(1.0))
     assert worker.next_inputs() is None  # both slots in flight: nothing to write into
     assert [worker.poll_result(timeout_s=5).seq, worker.poll_result(timeout_s=5).seq] == [2, 3]
