@@ -56,7 +56,7 @@ from chestnut.msgs.frames import fill_frame, frame_shape
 from chestnut.msgs.messaging import PubMaster, context
 from chestnut.msgs.services import FRAME_MAX_BYTES, get_service
 from chestnut.msgs.visionipc import INLINE_MAX_BYTES, FrameBufferError, FrameRing
-from chestnut.node.realtime import CAMERA_PRIORITY, add_priority_argument, apply_priority
+from chestnut.node.realtime import CAMERA_PRIORITY, IdleCollector, add_priority_argument, apply_priority
 
 log = logging.getLogger("chestnut.camera")
 
@@ -447,6 +447,8 @@ def _publish(
         # every check passed and its socket is open (a runtime directory it must not use was refused by then, the
         # refusal alone): now it publishes, at its priority -- every thread, zmq's I/O thread included
         apply_priority(getattr(args, "rt_priority", 0), "camera", log)
+        collector = IdleCollector()  # Python's cycle collections right after a frame goes out, never before its tick
+        collector.engage()
         rows, cols = pending[0].shape[:2]
         log.info(
             "camera: %s at %.1f Hz, %dx%d %s, %s",
@@ -486,10 +488,12 @@ def _publish(
             pm.send("cameraFrame", msg)
             sent += 1
             frame_id += 1
+            collector.collect_due()
         # deliver the last frames to every subscriber before the sockets go: destroy() closes them with the
         # linger and terminates the context, which waits it out; a close alone does not, since pyzmq never
         # terminates the context at exit (its Context __del__ skips it once the interpreter exits), and the
         # frames still queued for a subscriber behind the stream -- the logger, full-size frames inline -- died
         context().destroy(linger=STOP_LINGER_MS)
+        collector.release()
     log.info("camera: sent %d frames, skipped %d ticks", sent, skipped)
     return 0

@@ -50,7 +50,7 @@ from chestnut.msgs.messaging import PubMaster, SubMaster, new_message
 from chestnut.msgs.services import SOFT_DISABLE_S, get_service, soft_disable_left
 from chestnut.msgs.submaster import SubMasterChecks
 from chestnut.node.policy import DEADLINE_MISS, HOST_LATE
-from chestnut.node.realtime import CONTROL_PRIORITY, add_priority_argument, apply_priority
+from chestnut.node.realtime import CONTROL_PRIORITY, IdleCollector, add_priority_argument, apply_priority
 
 log = logging.getLogger("chestnut.control")
 
@@ -309,6 +309,8 @@ def run(args: argparse.Namespace) -> int:
         # its sockets are open (a runtime directory it must not use was refused by then, the refusal alone): now
         # its realtime priority, for every thread, zmq's I/O thread included
         apply_priority(getattr(args, "rt_priority", 0), "control", log)
+        collector = IdleCollector()  # Python's cycle collections after a step is sent, never in one
+        collector.engage()
         was_engaged = False
         last_failed: tuple[str, ...] = ()
         passed_once = False  # until every check has passed once, the stack is starting: nothing has failed yet
@@ -336,4 +338,6 @@ def run(args: argparse.Namespace) -> int:
                 log.info("controlState: engaged=%s events=%s", st.engaged, st.events)
                 was_engaged = st.engaged
             pm.send("controlState", fill_control_state(st))
+            collector.collect_due()
+        collector.release()
     return 0
