@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from chestnut.msgs.frames import fill_frame, frame_to_array
 from chestnut.msgs.messaging import MalformedMessageError, log_from_bytes, recv_one, sub_sock
 from chestnut.msgs.paths import runtime_dir
 from chestnut.msgs.visionipc import (
+    HELLO_VERSION,
     NOTICE_BYTES,
     SOCKET_NAME,
     FrameBufferError,
@@ -220,29 +222,31 @@ def test_a_second_live_camera_on_the_prefix_is_refused():
         )
 
 
-def _serve_once(lst: socket.socket, fd: int, notice_fd: int | None) -> None:
+def _serve_once(lst: socket.socket, fd: int, notice_fd: int | None, version: object, pipe: bool) -> None:
     import json
 
     srv, _ = lst.accept()
-    hello = {"session": 5, "slots": 2, "stride": 4096, "frame_bytes": 4096 - 64, "size": 8192}
+    hello = {"version": version, "session": 5, "slots": 2, "stride": 4096, "frame_bytes": 4096 - 64, "size": 8192}
     read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_DIRECT)  # a camera's notice pipe
     try:
-        socket.send_fds(srv, [json.dumps(hello).encode()], [fd, read_end if notice_fd is None else notice_fd])
+        fds = [fd, read_end if notice_fd is None else notice_fd] if pipe else [fd]
+        socket.send_fds(srv, [json.dumps(hello).encode()], fds)
     finally:
         os.close(read_end)
         os.close(write_end)
     srv.close()
 
 
-def _refusal(fd: int, notice_fd: int | None = None) -> str:
+def _refusal(fd: int, notice_fd: int | None = None, version: object = HELLO_VERSION, pipe: bool = True) -> str:
     """What a subscriber says when a camera of ours hands over ``fd`` as its ring and ``notice_fd`` as the read end
-    of its notice pipe (default: a packet-mode pipe of ours, as a camera's)."""
+    of its notice pipe (default: a packet-mode pipe of ours, as a camera's; ``pipe`` False: the ring alone, as a
+    camera of hello version 3 did), with ``version`` in its hello."""
     import threading
 
     lst = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     lst.bind(socket_path())
     lst.listen(1)
-    t = threading.Thread(target=_serve_once, args=(lst, fd, notice_fd))
+    t = threading.Thread(target=_serve_once, args=(lst, fd, notice_fd, version, pipe))
     t.start()
     try:
         with pytest.raises(FrameBufferError) as e:
@@ -282,6 +286,28 @@ def test_a_frame_buffer_of_another_user_is_refused():
     assert msg.endswith(
         "is not sealed against resizing (F_SEAL_SHRINK | F_SEAL_GROW): refused; only a camera of "
         f"uid {os.getuid()} may serve frames here"
+    )
+
+
+def test_a_camera_of_another_hello_version_is_named_by_its_version_before_its_descriptors_are_counted():
+    """A camera of hello version 3 sends its ring alone (its notices came on the socket): the subscriber said "the
+    camera sent 1 descriptors, not 2", which names a symptom; the version is checked first and named."""
+    assert HELLO_VERSION == 4
+    fd = os.memfd_create("chestnut-frames", os.MFD_CLOEXEC)
+    try:
+        older = _refusal(fd, version=3, pipe=False)
+        newer = _refusal(fd, version=5)  # the count is right, the version is not
+        text = _refusal(fd, version="4")
+        one = _refusal(fd, pipe=False)  # this version, one descriptor short: the count, in the singular
+    finally:
+        os.close(fd)
+    path = socket_path()
+    fix = "the camera and this subscriber run different chestnut versions; restart both from one install"
+    assert older == f"frame socket {path}: camera hello version 3, want 4: {fix}"
+    assert newer == f"frame socket {path}: camera hello version 5, want 4: {fix}"
+    assert text == f"frame socket {path}: camera hello version '4', want 4: {fix}"
+    assert one == (
+        f"frame socket {path}: the camera sent 1 descriptor, not 2 (its ring and a notice pipe); restart the camera"
     )
 
 
@@ -640,6 +666,95 @@ def test_a_reader_that_reads_no_notices_still_sees_its_camera_go():
         assert not reader.camera_gone() and reader.notices() == []
     assert _wait_for(reader.camera_gone)
     reader.close()
+
+
+class _HeldPipe:
+    """A subscriber's notice pipe whose ``write`` stops half way (until ``go``), as FileIO's write does in its system
+    call, the GIL released and the descriptor's number already read; ``events`` is the order of writes and closes.
+    ``decided`` is set once the ring's ``close`` has either closed it or found the ring's lock held."""
+
+    def __init__(self, pipe: object, decided: threading.Event) -> None:
+        self.pipe, self.decided = pipe, decided
+        self.inside, self.go = threading.Event(), threading.Event()
+        self.events: list[str] = []
+
+    def write(self, data: bytes) -> int | None:
+        self.events.append("write begins")
+        self.inside.set()
+        assert self.go.wait(30)
+        n = self.pipe.write(data)  # type: ignore[attr-defined]
+        self.events.append("write ends")
+        return n  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.events.append("close")
+        self.pipe.close()  # type: ignore[attr-defined]
+        self.decided.set()
+
+
+class _WatchedLock:
+    """The ring's lock, setting ``decided`` when an acquire finds it held (and then waiting for it, as it would)."""
+
+    def __init__(self, lock: threading.Lock, decided: threading.Event) -> None:
+        self.lock, self.decided = lock, decided
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self.lock.acquire(False):
+            return True
+        self.decided.set()
+        return self.lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def test_a_ring_closed_while_a_notice_is_being_written_closes_the_pipe_only_after_the_write():
+    """``FrameRing.close`` on one thread while ``notify`` on another is inside a pipe's write: the pipe must not be
+    closed under the write (its descriptor's number could be reused by the next file opened, and the write would
+    land there). The order is forced, not raced: the write stops half way until the close has either closed the
+    pipe (the fault) or found the ring's lock held by the notice (it waits: the fix)."""
+    pixels = np.zeros((4, 8, 3), np.uint8)
+    ring = FrameRing(pixels.nbytes)
+    reader = FrameReader()
+    threads: list[threading.Thread] = []
+    decided = threading.Event()
+    held: _HeldPipe | None = None
+    try:
+        reader.view(log_from_bytes(_ring_msg(ring, pixels, 0).to_bytes()).cameraFrame)
+        _wait_for(lambda: ring._notified)
+        frame = _notice(ring, pixels, 1)[0]
+        (pipe, conn), = ring._notified
+        held = _HeldPipe(pipe, decided)
+        ring._notified, ring._pipes[conn] = [(held, conn)], held  # type: ignore[list-item, assignment]
+        ring._lock = _WatchedLock(ring._lock, decided)  # type: ignore[assignment]
+        took: list[int] = []
+        threads.append(threading.Thread(target=lambda: took.append(ring.notify(frame))))
+        threads[-1].start()
+        assert held.inside.wait(30)  # the notice is inside its write
+        threads.append(threading.Thread(target=ring.close))
+        threads[-1].start()
+        assert decided.wait(30)
+        at_decision = list(held.events)
+        held.go.set()
+        for t in threads:
+            t.join(30)
+        assert at_decision == ["write begins"]  # the close waited for the lock: the pipe was open throughout
+        assert held.events == ["write begins", "write ends", "close"]
+        assert took == [1]
+        assert ring.notify(frame) == 0  # a notice after the close writes nowhere
+    finally:
+        if held is not None:
+            held.go.set()
+        for t in threads:
+            t.join(30)
+        ring.close()
+        reader.close()
 
 
 def _forged(ring: FrameRing, frame_id: int, index: int, seq: int, nbytes: int) -> bytes:
