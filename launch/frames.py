@@ -96,9 +96,9 @@ class FrameOptions:
         """The one line that refuses these options together, or None when they can run."""
         if self.warp_given and not self.warp:
             return (
-                f"--warp {self.warp_on} chooses where frames that are not the model's input are warped, and these "
-                "are (--frames model, --pixel-format bgr24): add --frames native or --pixel-format nv12, or leave "
-                "--warp out"
+                f"--warp {self.warp_on} refused: the camera's frames are already the model's input (--frames model, "
+                "--pixel-format bgr24), so nothing is warped; add --frames native or --pixel-format nv12 for frames "
+                "that need the warp, or leave --warp out"
             )
         if not self.dock_timing and (self.link_mbps is not None or self.latency_us is not None):
             given = "--link-mbps" if self.link_mbps is not None else "--latency-us"

@@ -26,8 +26,9 @@ def test_seconds_nan_and_inf_are_refused(seconds):
 @pytest.mark.parametrize("where", ["node", "primary"])
 def test_warp_without_frames_that_need_it_is_refused(where):
     line = (
-        f"--warp {where} chooses where frames that are not the model's input are warped, and these are "
-        "(--frames model, --pixel-format bgr24): add --frames native or --pixel-format nv12, or leave --warp out"
+        f"--warp {where} refused: the camera's frames are already the model's input (--frames model, --pixel-format "
+        "bgr24), so nothing is warped; add --frames native or --pixel-format nv12 for frames that need the warp, or "
+        "leave --warp out"
     )
     assert FrameOptions(warp_on=where, warp_given=True).problem() == line
     assert FrameOptions(warp_on=where).problem() is None  # not given: the default, no word
@@ -60,7 +61,7 @@ def test_warp_node_alone_stops_the_launch_before_anything_starts(tmp_path):
     r = _launch(tmp_path, "--warp", "node")
     assert r.returncode == 2, r.stderr[-2000:]
     lines = r.stderr.splitlines()
-    assert len(lines) == 1 and " ERROR chestnut.launch: --warp node chooses where frames" in lines[0]
+    assert len(lines) == 1 and " ERROR chestnut.launch: --warp node refused: the camera's frames are" in lines[0]
     assert not (tmp_path / "runs").exists()
 
 
