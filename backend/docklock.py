@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from chestnut.backend.errors import UsbLayerError
-from chestnut.msgs.paths import PROC_LOCKS, UMASK_LOCK, flock_holders
+from chestnut.msgs.paths import PROC_LOCKS, UMASK_LOCK, flock_holders, trusted_owners
 
 LOCK_DEVPREF = "am"  # tinygrad 0.14 USBPCIDevice("AM", ...) -> lock "am_usb:<bus>-<addr>.lock"
 LOCK_CREATE_MODE = 0o600  # ours: private (tinygrad 0.14 flock_acquire creates 0666 under umask 0)
@@ -125,7 +125,7 @@ def lock_file_problem(st: os.stat_result, euid: int) -> str | None:
     mode = stat.S_IMODE(st.st_mode)
     why = []
     if st.st_uid not in (euid, 0):
-        why.append(f"not to this user (uid {euid}) or root")
+        why.append(f"not to {trusted_owners(euid)}")
     if mode & 0o022:
         why.append("writable by group/other")
     if not why:

@@ -31,7 +31,7 @@ import numpy as np
 
 from chestnut.backend.errors import ConfigError, ModelError
 from chestnut.backend.jitcache import CacheKey, JitCache, damaged_tinygrad_cache, private_tinygrad_cache
-from chestnut.msgs.paths import base_problem, lookup_folders
+from chestnut.msgs.paths import base_problem, lookup_folders, trusted_owners
 
 log = logging.getLogger("chestnut.model")
 
@@ -76,7 +76,7 @@ def untrusted_file(path: Path, st: os.stat_result, what: str) -> str | None:
     folder = path.resolve().parent
     for kind, where, s_ in (("file", path, st), ("folder", folder, os.stat(folder))):
         if s_.st_uid not in (uid, 0):
-            return (f"{what} {kind} {where} is owned by uid {s_.st_uid}, not by uid {uid} or root: another user "
+            return (f"{what} {kind} {where} is owned by uid {s_.st_uid}, not by {trusted_owners(uid)}: another user "
                     f"could change what the node computes (copy it to a folder you own)")
         sticky_dir = kind == "folder" and s_.st_mode & stat.S_ISVTX
         if s_.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky_dir:

@@ -156,12 +156,18 @@ def runtime_base() -> Path:
     return Path(tempfile.gettempdir())
 
 
+def trusted_owners(uid: int) -> str:
+    """The owners a file or folder that ``uid`` relies on may have, as a refusal names them: ``"uid 1000 or
+    root"``, and for root itself (uid 0) ``"root"`` ("uid 0 or root" named one owner twice)."""
+    return "root" if uid == 0 else f"uid {uid} or root"
+
+
 def base_problem(st: os.stat_result, uid: int) -> str | None:
     """Why a directory with status ``st`` cannot be ``<base>`` for ``uid`` (None when it can)."""
     if not stat.S_ISDIR(st.st_mode):
         return "is not a directory"
     if st.st_uid not in (uid, 0):
-        return f"belongs to uid {st.st_uid}, not to uid {uid} or root"
+        return f"belongs to uid {st.st_uid}, not to {trusted_owners(uid)}"
     if stat.S_IMODE(st.st_mode) & 0o022 and not st.st_mode & stat.S_ISVTX:
         return f"is writable by group/other without the sticky bit (mode {stat.S_IMODE(st.st_mode):04o})"
     return None

@@ -295,18 +295,23 @@ def test_a_config_of_another_user_is_refused_and_one_of_root_is_not(tmp_path, mo
     path.write_text("[fallback]\nthreads = 1\n")
     os.chown(path, 65534, 65534)
     assert _read_refusal(path) == (
-        f"config: node configuration file {path} is owned by uid 65534, not by uid 0 or root: another user could "
+        f"config: node configuration file {path} is owned by uid 65534, not by root: another user could "
         "change what the node computes (copy it to a folder you own)"
     )
     os.chown(path, 0, 0)
     os.chown(folder, 65534, 65534)
     assert _read_refusal(path) == (
-        f"config: node configuration folder {folder} is owned by uid 65534, not by uid 0 or root: another user "
+        f"config: node configuration folder {folder} is owned by uid 65534, not by root: another user "
         "could change what the node computes (copy it to a folder you own)"
     )
     os.chown(folder, 0, 0)
     monkeypatch.setattr(os, "getuid", lambda: 4242)  # a service user reading root's 0644 /etc/chestnut/node.toml
     assert load_config(path).fallback.threads == 1
+    os.chown(path, 65534, 65534)  # for a user other than root, the line names both owners it would take
+    assert _read_refusal(path) == (
+        f"config: node configuration file {path} is owned by uid 65534, not by uid 4242 or root: another user "
+        "could change what the node computes (copy it to a folder you own)"
+    )
 
 
 def test_chestnut_run_refuses_a_config_others_can_change_in_one_line_and_exit_2(tmp_path):

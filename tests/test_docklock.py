@@ -158,12 +158,17 @@ def test_a_lock_file_planted_by_another_user_is_refused_naming_owner_and_mode(tm
     with pytest.raises(UsbLayerError) as info:
         DockLock(path).acquire(timeout_s=1.0)
     assert info.value.reason == "lock_unusable"
-    why = "not to this user (uid 0) or root" + (", writable by group/other" if mode & 0o022 else "")
+    why = "not to root" + (", writable by group/other" if mode & 0o022 else "")
     assert info.value.detail == (
         f"the dock's lock file {path} belongs to uid 65534 with mode {mode:04o} ({why}: refused, another user "
         f"could hold it); remove it (sudo rm {path}) once no process uses the dock"
     )
     assert path.read_text() == "important\n" and stat.S_IMODE(path.stat().st_mode) == mode
+    # for a user other than root, the owners it would take are that user and root
+    assert docklock.lock_file_problem(path.stat(), 4242) == (
+        f"belongs to uid 65534 with mode {mode:04o} (not to uid 4242 or root"
+        + (", writable by group/other" if mode & 0o022 else "") + ": refused, another user could hold it)"
+    )
 
 
 @pytest.mark.parametrize("mode", [0o666, 0o620, 0o602])

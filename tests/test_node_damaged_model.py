@@ -161,4 +161,4 @@ def test_a_model_reached_through_another_users_folder_is_refused_in_one_line(tmp
         read_model_file(link, "fallback model")
     assert str(e.value) == (
         f"untrusted_model: fallback model file {link} is reached through {theirs}, which belongs to uid 65534, not to "
-        "uid 0 or root: another user could change what the node computes (give a path that does not pass through it)")
+        "root: another user could change what the node computes (give a path that does not pass through it)")
