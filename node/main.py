@@ -79,8 +79,8 @@ from chestnut.backend.sim.hostwait import FILE_NAME as HOSTWAIT_FILE
 from chestnut.backend.stages import StageTimes
 from chestnut.fallback.standby import FallbackModel
 from chestnut.msgs.frames import CAMERA_RESTART_MIN_STEP
-from chestnut.msgs.messaging import PubMaster, SubMaster, iter_events, new_message, sub_sock
-from chestnut.msgs.paths import runtime_dir
+from chestnut.msgs.messaging import PublisherBusyError, PubMaster, SubMaster, iter_events, new_message, sub_sock
+from chestnut.msgs.paths import PrefixError, RuntimeDirError, runtime_dir
 from chestnut.msgs.template import TemplateError
 from chestnut.msgs.visionipc import FrameBufferError, FrameReader
 from chestnut.node import config as node_config
@@ -400,6 +400,7 @@ class Node:
         self.prefix = prefix
         self.stop_requested = False
         self.stop_reason = "stop requested"  # the stop's reason in nodeState: a signal's, or why start-up failed
+        self.stop_said = False  # the stop's reason is a refusal the caller prints (run, main): not logged again
         self.starting = True
         self.stop_pending = False  # a stop during start-up deferred out of an import (:func:`_stop_deferred`)
         self.exit_code = EXIT_OK
@@ -648,6 +649,8 @@ class Node:
             # the first move into degraded once at INFO, so the log shows every state the node was in
             level = logging.DEBUG if self.dock_off_logged or t.to_state is not State.DEGRADED else logging.INFO
             self.dock_off_logged = self.dock_off_logged or level == logging.INFO
+        elif t.to_state is State.STOPPING and self.stop_said:  # a refusal at start: its one line is the caller's
+            level = logging.DEBUG
         else:
             level = logging.WARNING if t.to_state.value == "degraded" else logging.INFO
         log.log(level, "%s -> %s on %s: %s", t.from_state.value, t.to_state.value, t.event.value, t.reason)
@@ -1770,6 +1773,7 @@ class Node:
                 return EXIT_OK
             except Exception as e:  # refused while opening (a publisher busy, a runtime directory): said by the caller
                 self.stop_reason = str(e).partition("\n")[0] or type(e).__name__
+                self.stop_said = isinstance(e, (RuntimeDirError, PrefixError, PublisherBusyError))
                 raise
             if self.stop_requested:  # a signal after the fallback was warm (or one deferred out of an import until
                 log.info("stopped during start-up")  # then), before the loop: never ready, stopping

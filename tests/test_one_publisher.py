@@ -90,6 +90,8 @@ def test_a_second_node_is_refused_naming_the_holder(holder):
     r = subprocess.run([CHESTNUT, "run", "--dock", "twin"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert _stderr_lines(r) == [_busy_line("run", "modelOutput", first.pid)]
+    said = _busy_line("run", "modelOutput", first.pid).removeprefix("chestnut run: ")
+    assert r.stderr.count(said) == 1  # said once: the node's own stop line does not repeat it
 
 
 def test_the_lock_is_freed_when_its_holder_dies_or_closes(holder):
