@@ -27,7 +27,7 @@ from typing import Any
 
 from chestnut.msgs.argtypes import path_arg
 from chestnut.msgs.clock import logged_unix_offset_ns
-from chestnut.msgs.logfile import FlushPolicy, LogPathError, LogReader, McapSegmentWriter
+from chestnut.msgs.logfile import FlushPolicy, LogPathError, LogReader, McapSegmentWriter, first_item
 from chestnut.msgs.outdir import OutputDirError, missing_folder
 from chestnut.msgs.video import LoggedFrames, NotRegularFileError, VideoFrameError
 
@@ -36,8 +36,21 @@ _log = logging.getLogger("chestnut.export")
 
 def _offset(logs: list[Path]) -> int | None:
     """The Unix-time offset the log was written with (``msgs/clock.py``), from its first ``initData``; None
-    (taken now) for a log without one."""
-    for t, service, event in LogReader(logs):  # every segment file starts with one: found at once
+    (taken now) for a log without one.
+
+    The first is the earliest segment header (each file's first message in file order, ``msgs/logfile.py``), not
+    the earliest ``initData`` by time: a segment after the first repeats the node's most recent ``initData`` right
+    after its header with the original's older ``logMonoTime`` (``CARRIED_SERVICES``), whose own wall time is the
+    node's, not the route's offset. A log whose files do not start with a header: its first ``initData`` by time."""
+    headers = []
+    for path in LogReader(logs).files:
+        item, _ = first_item(path, warn_json_only=False)
+        if item is not None and item[1] == "initData":
+            headers.append((item[0], item[3]))
+    if headers:
+        t, event = min(headers, key=lambda h: h[0])
+        return logged_unix_offset_ns(t, event.initData)
+    for t, service, event in LogReader(logs):
         if service == "initData":
             return logged_unix_offset_ns(t, event.initData)
     return None

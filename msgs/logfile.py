@@ -5,7 +5,11 @@
 (``-2``, ``-3`` ... appended if that route already exists), ``n`` counts segments from 0, ``name`` is
 ``rlog`` (every logged message) or ``qlog`` (the light log: every ``decimation``-th message of a
 service, :data:`chestnut.msgs.services.SERVICE_LIST`). The first message of every file is an
-``initData`` header (package versions, hostname, schema sha256, wall time, segment length, config).
+``initData`` header (package versions, hostname, schema sha256, wall time, segment length, config). Right
+after it, a segment after the first repeats the most recent message of each :data:`CARRIED_SERVICES` service
+written before it (the node's ``initData``: its configuration), byte for byte with its own ``logMonoTime``, and
+the header's config lists them under :data:`CARRIED_KEY`, so a segment read alone has the run's configuration
+(:class:`RouteWriter`).
 
 **rlog** (``.zst``, openpilot's layout): one zstd frame holding the concatenation of ``Event``
 messages, each in standard unpacked Cap'n Proto framing (segment table + segments, pycapnp
@@ -102,6 +106,8 @@ from chestnut.msgs.video import (
 )
 
 __all__ = [
+    "CARRIED_KEY",
+    "CARRIED_SERVICES",
     "FLUSH_EVERY_MESSAGES",
     "FLUSH_INTERVAL_S",
     "FORMATS",
@@ -116,6 +122,7 @@ __all__ = [
     "RlogSegmentWriter",
     "RouteWriter",
     "SegmentFileReader",
+    "carried_items",
     "code_generator_request",
     "find_log_files",
     "first_item",
@@ -150,6 +157,17 @@ CAPNP_MAX_SEGMENTS = 512  # segment-table limit (libcapnp's readMessage refuses 
 MCAP_RECORD_LIMIT_BYTES = 2 * MAX_MESSAGE_BYTES + MCAP_CHUNK_BYTES  # one chunk: <= chunk size + one message
 MAX_DAMAGE_PER_FILE = 100  # a file this damaged is abandoned after its 100th report
 DEFAULT_REORDER_WINDOW_NS = 1_000_000_000  # ns of logMonoTime a file may be out of order by
+CARRIED_SERVICES = ("initData",)
+"""Services whose most recent message written to a route begins every later segment again (:class:`RouteWriter`),
+as openpilot's loggerd writes its ``init_data`` at the start of every segment (``system/loggerd/logger.cc``
+``LoggerState::next``: ``write(init_data.asBytes(), true)`` after opening each segment's rlog and qlog). Here the
+configuration is the node's, published on the bus as ``initData`` (at its start and every 10 s: ``node/main.py``
+``INIT_DATA_PERIOD_S``), so a segment whose span had none would otherwise be judged by ``chestnut check`` and
+``replay`` against ``launch/node.toml``'s defaults. One publisher per service and prefix (the publisher lock,
+``msgs/messaging.py`` ``take_pub_lock``), so the most recent per service is the most recent of its publisher."""
+CARRIED_KEY = "carried"
+"""The key of a segment header's config that lists the messages repeated after it: ``[[service, logMonoTime ns],
+...]`` (absent when none is), so a reader tells a repeated copy from a message published in the segment."""
 
 _log = logging.getLogger("chestnut.logs")
 
@@ -274,6 +292,23 @@ def init_data_event(segment_seconds: float, config: dict[str, Any] | None = None
     init.schemaHash = SCHEMA_SHA256
     init.segmentSeconds = float(segment_seconds)
     return msg.to_bytes()
+
+
+def carried_items(init_data: Any) -> frozenset[tuple[str, int]]:
+    """The messages a segment header says were repeated after it (:data:`CARRIED_KEY`): ``(service,
+    logMonoTime ns)`` pairs, from an ``initData`` reader (``Event.initData``). Empty for any other ``initData``
+    (the node's, a header from before this key, a config that is not JSON or lists something else)."""
+    try:
+        config = json.loads(init_data.config or "{}")
+    except (ValueError, UnicodeDecodeError):
+        return frozenset()
+    listed = config.get(CARRIED_KEY) if isinstance(config, dict) else None
+    if not isinstance(listed, list):
+        return frozenset()
+    return frozenset(
+        (item[0], item[1]) for item in listed
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and type(item[1]) is int
+    )
 
 
 # ---------------------------------------------------------------- segment file writers
@@ -671,6 +706,12 @@ class RouteWriter:
     None: taken now), kept in every segment's ``initData`` config and used for the MCAP times. ``mcap_video``:
     the JSON MCAP's ``/camera/video`` (:class:`McapSegmentWriter` ``video``; ``mcap_video_drop``: its
     ``video_drop``).
+
+    ``carry`` (default :data:`CARRIED_SERVICES`): the most recent message of each of these services written with
+    :meth:`write` (the greatest ``logMonoTime``; the bytes as given, up to the service's ``max_bytes``, so at most
+    1 MiB per service is held for an ``initData``) is written again right after the header of every segment opened
+    later, in every file of the segment that logs the service, and listed in that header's config under
+    :data:`CARRIED_KEY`. It is not counted in :attr:`messages`.
     """
 
     def __init__(
@@ -690,8 +731,11 @@ class RouteWriter:
         unix_offset_ns: int | None = None,
         mcap_video: bool = True,
         mcap_video_drop: bool = False,
+        carry: Iterable[str] = CARRIED_SERVICES,
     ) -> None:
         self.formats = tuple(dict.fromkeys(formats))
+        self.carry = frozenset(carry)
+        self._carried: dict[str, tuple[int, bytes]] = {}  # service -> (logMonoTime ns, bytes): the next segments'
         self.mcap_video, self.mcap_video_drop = mcap_video, mcap_video_drop
         self.unix_offset_ns = unix_offset_ns_now() if unix_offset_ns is None else int(unix_offset_ns)
         self.mcap_encodings = tuple(dict.fromkeys(mcap_encodings))
@@ -767,6 +811,9 @@ class RouteWriter:
             "frames": "raw" if self.video is None else f"video {self.video.codec}",
             UNIX_OFFSET_KEY: self.unix_offset_ns,
         }
+        carried = sorted(self._carried.items())
+        if carried:
+            config[CARRIED_KEY] = [[service, t] for service, (t, _) in carried]
         header = init_data_event(self.segment_seconds, config)
         header_time = log_from_bytes(header).logMonoTime
         meta = {"route": self.route, "segment": str(n), "schema_sha256": SCHEMA_SHA256}
@@ -788,6 +835,9 @@ class RouteWriter:
                     writer = _WRITERS[fmt](path, self.policy, self._clock)
                 started.append(writer)
                 writer.write("initData", header_time, header)
+                for service, (t, data) in carried:
+                    if name == "rlog" or self._in_light_log(service):
+                        writer.write(service, t, data)
                 writer.flush()
                 self._files[(name, fmt)] = writer
         self._segment_end_s = self._clock() + self.segment_seconds
@@ -829,6 +879,8 @@ class RouteWriter:
 
     def _append(self, service: str, log_mono_time_ns: int, data: bytes, pixels: Any = None) -> None:
         """:meth:`write` into the open segment, whatever the time."""
+        if service in self.carry:
+            self._carry(service, log_mono_time_ns, data)
         self.messages += 1
         for name in self.names:
             if name == "qlog" and not self._keep_light(service):
@@ -861,6 +913,22 @@ class RouteWriter:
     def video_files(self) -> list[Path]:
         """The open segment's video files (none before its first frame)."""
         return [] if self._video is None else list(self._video.paths)
+
+    def _carry(self, service: str, log_mono_time_ns: int, data: bytes) -> None:
+        """Keep ``data`` as the message of ``service`` the next segments begin with, if it is the most recent
+        (``logMonoTime``) and within the service's bound (``msgs/services.py`` ``max_bytes``: what a subscriber
+        accepts, so the logger never holds more than the bus lets in)."""
+        entry = SERVICE_LIST.get(service)
+        if entry is None or len(data) > entry.max_bytes:
+            return
+        held = self._carried.get(service)
+        if held is None or log_mono_time_ns >= held[0]:
+            self._carried[service] = (int(log_mono_time_ns), bytes(data))
+
+    def _in_light_log(self, service: str) -> bool:
+        """Whether the light log keeps any message of ``service`` (a decimation; ``_keep_light`` picks which)."""
+        entry = SERVICE_LIST.get(service)
+        return entry is not None and entry.decimation is not None
 
     def _keep_light(self, service: str) -> bool:
         entry = SERVICE_LIST.get(service)

@@ -298,8 +298,10 @@ def resolve_plan(
 def find_node_config(files: Iterable[Path]) -> dict[str, Any]:
     """The node's configuration as logged: the first ``initData`` whose config has a ``model`` section
     (the logger's own segment headers lack it), searched in the first log file only (the node publishes
-    it when it starts; a full scan would cost a second pass over every frame), and read no further than
-    :data:`CONFIG_HORIZON_S` past that config. ``{}`` when absent.
+    it when it starts, and the logger repeats its most recent one after the header of every later segment:
+    ``msgs/logfile.py`` ``CARRIED_SERVICES``; a full scan would cost a second pass over every frame), and read
+    no further than :data:`CONFIG_HORIZON_S` past that config, or past the file's start for a repeated copy (its
+    ``logMonoTime`` is the original's, from an earlier segment). ``{}`` when absent.
 
     The twin's program engine (``twinState.programEngine``, 1 Hz) is added as
     ``config["twin"]["program_engine"]`` when the same file carries it: it decides how replay must run
@@ -307,8 +309,10 @@ def find_node_config(files: Iterable[Path]) -> dict[str, Any]:
     config: dict[str, Any] = {}
     engine = ""
     found_ns: int | None = None
+    opened_ns: int | None = None  # the file's first message in file order: its header, when the segment opened
     for path in list(files)[:1]:
-        for t, service, event in LogReader(path):
+        for t, service, event in LogReader(path, reorder_window_ns=0):  # file order: the header comes first
+            opened_ns = t if opened_ns is None else opened_ns
             if found_ns is not None and t - found_ns > CONFIG_HORIZON_S * NS_PER_S:
                 break  # twinState is 1 Hz: none this long after the node's config means no twin engine logged
             if service == "twinState" and not engine:
@@ -319,7 +323,7 @@ def find_node_config(files: Iterable[Path]) -> dict[str, Any]:
                 except ValueError:
                     continue
                 if isinstance(found, dict) and isinstance(found.get("model"), dict):
-                    config, found_ns = found, t
+                    config, found_ns = found, max(t, opened_ns)
             if config and engine:
                 break
     if config and engine:

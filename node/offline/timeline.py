@@ -20,6 +20,12 @@ goes down between two ``nodeState`` messages is a restart: the old session ends 
 message before the largest silence between those two, the new one starts with the first after it.
 Contracts use sessions for what a dead node owes and what a consumer still believes
 (``docs/contracts.md`` "Restarts").
+
+**Repeated headers.** A segment after the first begins with a copy of the node's most recent ``initData``
+(``msgs/logfile.py`` ``CARRIED_SERVICES``: its configuration, so a segment read alone is judged by the run's
+settings), listed in the segment header's config. Such a copy is an :class:`InitRec` with ``carried`` set: it
+gives the configuration and nothing else -- no node session, no file span, no clock of its own (its
+``logMonoTime`` is the original's, from an earlier segment).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chestnut.msgs.logfile import LogDamage, LogReader, find_log_files
+from chestnut.msgs.logfile import LogDamage, LogReader, carried_items, find_log_files
 
 log = logging.getLogger("chestnut.check")
 
@@ -153,6 +159,7 @@ class InitRec:
     config: dict[str, Any]
     wall_ns: int = 0  # initData.wallTimeNanos: ns since the Unix epoch when the log (segment) started
     service: str = "initData"
+    carried: bool = False  # a copy the logger repeated after a segment's header (see the module docstring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +333,7 @@ class FileRecorder:
         self._last_frame: int | None = None
         self._prev_ns: int | None = None  # logMonoTime of the message read before (file order)
         self._open_gap: int | None | bool = False  # False: no gap open; else its start (None = before anything)
+        self._carried: frozenset[tuple[str, int]] = frozenset()  # copies the file's header lists (msgs/logfile.py)
 
     def on_damage(self, dmg: LogDamage) -> None:
         x = self.extract
@@ -338,6 +346,12 @@ class FileRecorder:
         takes the time of the message read before it (None is returned, and nothing recorded, for one
         that has no message before it: it cannot be placed)."""
         x = self.extract
+        if service == "initData":
+            if (service, t_ns) in self._carried:  # a repeated copy: the configuration, and no time of the file's
+                copy = dataclasses.replace(_init_record(t_ns, event), carried=True)
+                x.records.append(copy)
+                return copy
+            self._carried = self._carried | carried_items(event.initData)
         if t_ns == 0:
             if self._prev_ns is None:
                 x.unstamped.append(UnstampedRec(x.path, service, 0, _frame_id_of(service, event)))
@@ -371,18 +385,20 @@ class FileRecorder:
         """Records whose time is absurd (:func:`misstamped`) take the time of the record before them in the
         file, as one stamped 0 does; the file's first and last times are then those of its records."""
         x = self.extract
-        flags = misstamped([r.t_ns for r in x.records])
+        own = [r for r in x.records if not (isinstance(r, InitRec) and r.carried)]  # a copy is not of its clock
+        flags = misstamped([r.t_ns for r in own])
         if not any(flags):
             return
         placed: list[Record] = []
-        for r, bad in zip(x.records, flags, strict=True):
+        for r, bad in zip(own, flags, strict=True):
             if bad:
-                at = placed[-1].t_ns if placed else next(q.t_ns for q, b in zip(x.records, flags, strict=True) if not b)
+                at = placed[-1].t_ns if placed else next(q.t_ns for q, b in zip(own, flags, strict=True) if not b)
                 x.misstamped.append(MisstampedRec(x.path, r.service, at, r.t_ns, getattr(r, "frame_id", None)))
                 r = (dataclasses.replace(r, t_ns=at, placed=True) if isinstance(r, FrameRec)
                      else dataclasses.replace(r, t_ns=at))
             placed.append(r)
-        x.records = placed
+        it = iter(placed)  # the file's order kept: each of its own records replaced by its placed one
+        x.records = [r if isinstance(r, InitRec) and r.carried else next(it) for r in x.records]
         x.first_ns, x.last_ns = min(r.t_ns for r in placed), max(r.t_ns for r in placed)
 
 
@@ -424,7 +440,8 @@ def node_sessions(events: Sequence[Record]) -> list[Session]:
     times: list[int] = []
     states: list[tuple[int, NodeStateRec]] = []  # (index into times, record)
     for r in events:
-        if isinstance(r, NODE_RECORDS) or (isinstance(r, InitRec) and isinstance(r.config.get("model"), dict)):
+        if isinstance(r, NODE_RECORDS) or (isinstance(r, InitRec) and not r.carried
+                                           and isinstance(r.config.get("model"), dict)):
             if isinstance(r, NodeStateRec):
                 states.append((len(times), r))
             times.append(r.t_ns)
