@@ -27,9 +27,16 @@ a log, but ``chestnut check`` and ``replay`` cannot read it (:data:`JSON_ONLY_WA
   ``buffer`` kept in the log), so a log holds every frame's pixels whichever way it travelled; a ring
   frame the camera overwrote before the logger read it is logged without them and counted
   (``frames_unread``).
+- Every segment after the first begins, right after the logger's own header, with the most recent ``initData``
+  the logger wrote (the node's configuration; ``msgs/logfile.py`` ``CARRIED_SERVICES``, as openpilot's loggerd
+  writes its ``init_data`` into every segment), so ``chestnut check`` / ``replay`` of one segment alone judge it by
+  the run's configuration, not ``launch/node.toml``'s.
 - Every received message is checked with :func:`~chestnut.msgs.messaging.log_from_bytes` (bounded
   traversal); malformed ones, and ones whose union member is not the socket's service, are counted
-  per (service, reason), the first of each logged, and skipped.
+  per (service, reason), the first of each logged, and skipped. A message over its service's bound never
+  arrives: ZeroMQ drops it with the connection, which is made again and said in one WARNING line naming the
+  service and the bound, at most one a minute with the count since (``msgs/messaging.py`` ``SubSocket.heal``);
+  the log itself holds no record of it (the schema has none, and its size is never read).
 - Buffers are bounded: ZeroMQ keeps at most ``--rcvhwm`` messages per service (newer ones are
   dropped by ZeroMQ while the logger lags), one loop drains at most :data:`DRAIN_MAX_MESSAGES` per
   socket, and the writers hold one zstd block / one MCAP chunk (1 MiB) per file. Messages drained

@@ -20,11 +20,13 @@
   connection *without* reconnecting; a :class:`SubSocket` therefore watches its own connection
   (a ZeroMQ socket monitor, ``ZMQ_EVENT_DISCONNECTED``) and connects again itself
   (:meth:`SubSocket.heal`, run by every receive function here), counting each such loss in
-  :attr:`SubSocket.disconnects`. ZeroMQ's event is the same for both causes; the publisher's own files
-  tell them apart while it runs (:func:`loss_cause`): a refused message while the publisher still runs is
-  logged at WARNING naming the service's bound; a publisher gone by then at INFO, naming the bound too (it may
-  have sent a message over it just before), each cause once (:func:`loss_line`). Give :func:`sub_sock` the
-  loop's ``poller`` so that a lost connection wakes the loop even when no message arrives.
+  :attr:`SubSocket.disconnects`. ZeroMQ's event is the same for both causes; whether a publisher still
+  listens at the socket's path tells them apart (:func:`loss_cause`): a connection lost while the publisher
+  still runs is the message ZeroMQ dropped, one WARNING line naming the service and its bound -- the first at
+  once, then at most one every :data:`DROP_LINE_INTERVAL_S` with the count since (a flood cannot fill the log);
+  a publisher gone by then is INFO, once, naming the bound too (it may have sent a message over it just before:
+  :func:`loss_line`). Give :func:`sub_sock` the loop's ``poller`` so that a lost connection wakes the loop even
+  when no message arrives.
 - Subscribers refuse planted socket paths as publishers do: a :class:`SubSocket` never connects through a
   symlink, nor to a regular file, a directory or another user's socket at its ``ipc://`` path
   (:class:`SocketPathError`, :meth:`SubSocket.connect`); a path with nothing there yet is waited for.
@@ -40,6 +42,7 @@ import errno
 import fcntl
 import logging
 import os
+import socket
 import stat
 import sys
 import time
@@ -575,6 +578,11 @@ def context() -> zmq.Context:
 
 REFUSED_PATH_RECHECK_S = 1.0
 """How often :meth:`SubSocket.heal` looks again at a socket path it refused (s): the 1 Hz of a node's state."""
+DROP_LINE_INTERVAL_S = 60.0
+"""At most one WARNING line per subscriber this often (s) for messages ZeroMQ dropped over the bound
+(:meth:`SubSocket.heal`): the first at once, each later one with the count since the line before. Our choice: the
+logger's status interval (``msgs/logger.py`` ``STATUS_INTERVAL_S``); a flood of 20 Hz oversized frames is then one
+line a minute, not 20 a second."""
 
 
 class SubSocket(zmq.Socket):
@@ -585,7 +593,9 @@ class SubSocket(zmq.Socket):
     :data:`ZERO_COPY_MIN_BYTES` or more are decoded in place: the service's bound allows them), ``addr``
     (the endpoint), ``conn_monitor`` (the
     ``ZMQ_EVENT_DISCONNECTED`` monitor, a PAIR socket), ``disconnects`` (connections lost and made
-    again: a message over ``max_bytes`` refused by ZeroMQ, or a publisher that went away).
+    again: a message over ``max_bytes`` refused by ZeroMQ, or a publisher that went away), ``dropped_over_bound``
+    (the losses among them that were a message refused while its publisher ran, or over TCP a cause unknown:
+    :func:`loss_cause`).
     """
 
     service: str = ""
@@ -596,6 +606,9 @@ class SubSocket(zmq.Socket):
     conn_monitor: zmq.Socket | None = None
     disconnects: int = 0
     losses_logged: frozenset[str] = frozenset()  # the causes of a lost connection logged so far (heal)
+    dropped_over_bound: int = 0  # losses that were a dropped message (LOSS_REFUSED / LOSS_UNKNOWN): heal
+    drops_unsaid: int = 0  # of those, not yet in a line (heal: one line per DROP_LINE_INTERVAL_S at most)
+    drop_said_ns: int | None = None  # when the last such line was said (monotonic ns)
     path_refused_ns: int | None = None  # heal: when the endpoint's path was last refused (left disconnected)
     _poller: zmq.Poller | None = None
 
@@ -609,6 +622,11 @@ class SubSocket(zmq.Socket):
         start, but a running program keeps running on its other inputs: one WARNING line, the endpoint left
         disconnected and the path checked again at most every :data:`REFUSED_PATH_RECHECK_S` on later calls
         (connected once it is clean, one INFO line).
+
+        Each loss is said as :func:`loss_cause` finds it (:func:`loss_line`): a publisher gone, INFO, once; a
+        message dropped over the bound (or over TCP, either), WARNING, the first at once and then at most one line
+        every :data:`DROP_LINE_INTERVAL_S` with the count since the last line (``dropped_over_bound`` counts them
+        all). Never raises for a cause it cannot read: the line names what is known.
         """
         if self.path_refused_ns is not None:
             if time.monotonic_ns() - self.path_refused_ns < int(REFUSED_PATH_RECHECK_S * 1e9):
@@ -627,16 +645,33 @@ class SubSocket(zmq.Socket):
         if not lost:
             return False
         self.disconnects += lost
-        cause, _holder = loss_cause(self.addr)
+        cause, holder = loss_cause(self.addr)
         with contextlib.suppress(zmq.ZMQError):
             self.disconnect(self.addr)
-        if not self._connect_checked():
+        if cause != LOSS_PUBLISHER_GONE:
+            self.dropped_over_bound += lost
+            self.drops_unsaid += lost
+        if not self._connect_checked():  # said by _connect_checked; the drops are said with the next line
             return False
-        if cause not in self.losses_logged:  # each cause once; the rest are only counted in ``disconnects``
-            self.losses_logged = self.losses_logged | {cause}
-            level = logging.INFO if cause == LOSS_PUBLISHER_GONE else logging.WARNING
-            _log.log(level, "%s", loss_line(self.service, cause, self.max_bytes))
+        if cause == LOSS_PUBLISHER_GONE:
+            if cause not in self.losses_logged:  # once; the rest are only counted in ``disconnects``
+                self.losses_logged = self.losses_logged | {cause}
+                _log.info("%s", loss_line(self.service, cause, self.max_bytes))
+        else:
+            self._say_drops(cause, holder)
         return True
+
+    def _say_drops(self, cause: str, holder: int | None) -> None:
+        """Say the messages dropped over the bound (``drops_unsaid``): at once for the first, then at most one
+        line every :data:`DROP_LINE_INTERVAL_S` with every drop since the last line."""
+        now = time.monotonic_ns()
+        if self.drop_said_ns is not None and now - self.drop_said_ns < int(DROP_LINE_INTERVAL_S * 1e9):
+            return
+        first = self.drop_said_ns is None
+        self.losses_logged = self.losses_logged | {cause}
+        _log.warning("%s", loss_line(self.service, cause, self.max_bytes, holder=holder, dropped=self.drops_unsaid,
+                                     first=first))
+        self.drop_said_ns, self.drops_unsaid = now, 0
 
     def _connect_checked(self) -> bool:
         """:meth:`connect` to ``addr`` again from :meth:`heal`; False (logged once per refusal) when the path is
@@ -699,42 +734,65 @@ def size_text(n: int) -> str:
     return f"{n} bytes"
 
 
-def loss_line(service: str, cause: str, max_bytes: int) -> str:
+def loss_line(service: str, cause: str, max_bytes: int, *, holder: int | None = None, dropped: int = 1,
+              first: bool = True) -> str:
     """The one line a subscriber of ``service`` logs for a lost connection of ``cause`` (:func:`loss_cause`).
 
-    ZeroMQ's event does not say why (see :func:`loss_cause`): a message over the service's bound (``max_bytes``,
-    ``ZMQ_MAXMSGSIZE``) while the publisher still runs is named as such; a publisher gone (a stack's stop, a restart)
-    is said first and calmly, with the bound after it (a message over it just before the stop leaves the same
-    traces); over TCP the line names both causes it may have been."""
+    ZeroMQ's event does not say why (see :func:`loss_cause`). A connection lost while the publisher still listens
+    (:data:`LOSS_REFUSED`) is a message over the service's bound (``max_bytes``, ``ZMQ_MAXMSGSIZE``) that ZeroMQ
+    dropped: said as a drop, with the bound and the publisher's pid where its lock names one (``holder``). Its size
+    is not known here and the line says so: libzmq refuses the message at its length header (``v2_decoder_t::
+    size_ready``, ``EMSGSIZE``), before a byte of it is buffered, and reports only the lost connection. ``dropped``
+    (messages) and ``first`` word the later, rate-limited lines (:data:`DROP_LINE_INTERVAL_S`). A publisher gone
+    (a stack's stop, a restart) is said first and calmly, with the bound after it (a message over it just before
+    the stop leaves the same traces); over TCP (:data:`LOSS_UNKNOWN`) the line names both causes it may have been.
+    """
     bound = f"the service's {size_text(max_bytes)} bound"
-    if cause == LOSS_REFUSED:
-        return (f"{service}: a message over {bound} was refused (the connection is dropped by ZeroMQ's maxmsgsize); "
-                "connected again (further ones are only counted)")
     if cause == LOSS_PUBLISHER_GONE:
         return (f"{service}: its publisher stopped or restarted; waiting for its next message (one over {bound} sent "
                 "just before the stop would have been dropped with the connection: ZeroMQ's maxmsgsize)")
-    return (f"{service}: lost the connection to its publisher: it went away or sent a message over {bound} (ZeroMQ's "
-            "maxmsgsize drops the connection; over TCP the two cannot be told apart); connected again (further ones "
-            "are only counted)")
+    later = (f"further drops: at most one line every {DROP_LINE_INTERVAL_S:g} s, with their count" if first
+             else f"at most one line every {DROP_LINE_INTERVAL_S:g} s")
+    what = (("a message" if dropped == 1 else f"{dropped} messages") if first
+            else f"{dropped} message(s) since the last such line")
+    if cause == LOSS_REFUSED:
+        who = "its publisher" + (f" (pid {holder})" if holder is not None else "")
+        return (f"{service}: dropped {what} over {bound}: ZeroMQ's maxmsgsize refuses one at its length header, "
+                f"unread, so its size is not known here, and drops the connection while {who} still runs; connected "
+                f"again ({later})")
+    times = "" if first else f" {dropped} time(s) since the last such line"
+    return (f"{service}: lost the connection to its publisher{times}: it went away or sent a message over {bound} "
+            f"(ZeroMQ's maxmsgsize drops the connection; over TCP the two cannot be told apart); connected again "
+            f"({later})")
 
 
 def loss_cause(addr: str, proc_locks: str | None = None) -> tuple[str, int | None]:
-    """Why a subscriber of ``addr`` lost its connection, as far as the publisher's own files tell.
+    """Why a subscriber of ``addr`` lost its connection: whether a publisher still listens at the socket's path.
 
     libzmq 4.3 reports both a publisher that went away and a message over ``ZMQ_MAXMSGSIZE`` as
     ``ZMQ_EVENT_DISCONNECTED`` (``stream_engine_base_t::error`` emits no other event for a protocol error
     after the handshake; ``ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL`` covers the handshake only), so the event
-    alone cannot tell them apart. The publisher's files can, for ``ipc://``: :meth:`PubSocket.close` unlinks
-    the socket file before it closes the socket and releases the publisher lock after, and a killed
-    publisher's lock goes with its process. So: the socket file gone, or no live process holding the
-    lock, is :data:`LOSS_PUBLISHER_GONE`; a live holder with its socket file still there is
-    :data:`LOSS_REFUSED` (with the holder's pid). TCP: :data:`LOSS_UNKNOWN`. Returns ``(cause, pid)``.
+    alone cannot tell them apart. The socket's path can, for ``ipc://``: :meth:`PubSocket.close` unlinks the
+    socket file before it closes the socket, and a killed publisher's file stays with no listener behind it (the
+    kernel closed it with the process). So a connect to the path (a plain Unix socket, closed at once: the
+    publisher's libzmq sees a peer that left during its greeting and goes on) tells: nothing there, or refused
+    (``ECONNREFUSED``), is :data:`LOSS_PUBLISHER_GONE`; accepted (or its backlog full, ``EAGAIN``) is a
+    publisher that still runs, so the connection was dropped for a message over the bound:
+    :data:`LOSS_REFUSED`, with the pid of the publisher lock's holder where one holds it (None for a publisher
+    that took no lock: one of ours holds it while it runs, ``take_pub_lock``; any other ZeroMQ PUB bound there
+    does not). A path the probe may not use (``EACCES``) falls back on the lock: no live holder is gone. TCP:
+    :data:`LOSS_UNKNOWN`. Returns ``(cause, pid)``.
 
-    The files are read when the loss is handled, not when it happened: a publisher that sent a message over the
-    bound and then stopped (or was killed) before that reads as gone, which :func:`loss_line` words as such. A
-    socket monitor that also reported ``ZMQ_EVENT_CONNECT_RETRIED`` (libzmq reconnects after a publisher went
-    away, not after a protocol error) would tell them apart, but it fires every ``RECONNECT_IVL_MS`` while a
-    publisher is away, and libzmq blocks its I/O thread once an unread monitor's queue is full."""
+    Before, a live socket file without a live lock holder read as a publisher gone, so a message over the bound
+    from a publisher that took no lock (a script's own ZeroMQ socket) was said as "its publisher stopped or
+    restarted" and its drop nowhere.
+
+    The path is read when the loss is handled, not when it happened: a publisher that sent a message over the
+    bound and then stopped (or was killed) before that reads as gone, which :func:`loss_line` words as such; one
+    that went away and was back before it reads as running. A socket monitor that also reported
+    ``ZMQ_EVENT_CONNECT_RETRIED`` (libzmq reconnects after a publisher went away, not after a protocol error)
+    would tell them apart, but it fires every ``RECONNECT_IVL_MS`` while a publisher is away, and libzmq blocks
+    its I/O thread once an unread monitor's queue is full."""
     if not addr.startswith("ipc://"):
         return LOSS_UNKNOWN, None
     path = addr.removeprefix("ipc://")
@@ -744,7 +802,28 @@ def loss_cause(addr: str, proc_locks: str | None = None) -> tuple[str, int | Non
     except OSError:
         return LOSS_PUBLISHER_GONE, None
     holder = _flock_holder(path + PUB_LOCK_SUFFIX, PROC_LOCKS if proc_locks is None else proc_locks)
-    return (LOSS_PUBLISHER_GONE, None) if holder is None else (LOSS_REFUSED, holder)
+    listening = _listening(path)
+    if listening is None:  # the probe could not tell: the lock does
+        return (LOSS_PUBLISHER_GONE, None) if holder is None else (LOSS_REFUSED, holder)
+    return (LOSS_REFUSED, holder) if listening else (LOSS_PUBLISHER_GONE, None)
+
+
+def _listening(path: str) -> bool | None:
+    """Whether something accepts connections on the Unix socket at ``path``: a non-blocking connect, closed at
+    once. True: accepted, or its backlog is full (``EAGAIN``); False: nothing there or refused (a socket file its
+    process left behind); None: the connect was not allowed (``EACCES``, ...), so it cannot tell."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+    try:
+        probe.connect(path)
+    except BlockingIOError:
+        return True
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return True
 
 
 PUB_LOCK_SUFFIX = ".pub.lock"

@@ -1,13 +1,15 @@
 """A subscriber's lost connection says what it was (``msgs/messaging.py`` ``loss_cause``): a publisher
 that went away (an orderly stop, a kill) is INFO, once, naming the service's bound too (a publisher that sent
-a message over it and then went away leaves the same traces); a message refused by ZeroMQ while the publisher
-still runs is the WARNING naming the bound."""
+a message over it and then went away leaves the same traces); a message dropped by ZeroMQ while the publisher
+still listens -- one of ours, or any ZeroMQ PUB bound at the path -- is the WARNING naming the drop and the
+bound, at once for the first and then at most once a minute with the count since."""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +23,8 @@ from chestnut.msgs.messaging import (
     LOSS_REFUSED,
     LOSS_UNKNOWN,
     drain_sock,
+    endpoint,
+    iter_events,
     loss_cause,
     loss_line,
     new_message,
@@ -120,15 +124,23 @@ def test_the_cause_is_read_from_the_publishers_own_files():
     assert loss_cause("tcp://127.0.0.1:5555") == (LOSS_UNKNOWN, None)
 
 
-def test_a_live_socket_file_without_a_live_lock_holder_is_a_publisher_gone(tmp_path):
+def test_a_publisher_that_listens_without_the_lock_is_running_and_a_dead_ones_socket_file_is_gone(tmp_path):
+    """What decides is whether something listens at the path: a ZeroMQ PUB that took no lock still runs (it
+    was read as gone, so its dropped message was said as a publisher restart); the socket file a killed
+    publisher left behind accepts nothing."""
     s = zmq.Context.instance().socket(zmq.PUB)
     path = tmp_path / "nodeState"
     s.bind(f"ipc://{path}")
     try:
         (tmp_path / "nodeState.pub.lock").write_text("12345\n")  # written, never locked
-        assert loss_cause(f"ipc://{path}") == (LOSS_PUBLISHER_GONE, None)
+        assert loss_cause(f"ipc://{path}") == (LOSS_REFUSED, None)
     finally:
         s.close(linger=0)
+    stale = tmp_path / "cameraFrame"
+    left = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    left.bind(str(stale))  # bound, never listened on, closed: the file stays, as a killed process leaves it
+    left.close()
+    assert stale.is_socket() and loss_cause(f"ipc://{stale}") == (LOSS_PUBLISHER_GONE, None)
 
 
 def test_a_message_over_the_bound_from_a_publisher_gone_since_names_the_bound(caplog):
@@ -156,15 +168,93 @@ def test_a_message_over_the_bound_from_a_publisher_gone_since_names_the_bound(ca
                             "connection: ZeroMQ's maxmsgsize)")]
 
 
-@pytest.mark.parametrize(("cause", "line"), [
-    (LOSS_REFUSED, "cameraFrame: a message over the service's 16 MiB bound was refused (the connection is dropped "
-                   "by ZeroMQ's maxmsgsize); connected again (further ones are only counted)"),
-    (LOSS_UNKNOWN, "cameraFrame: lost the connection to its publisher: it went away or sent a message over the "
-                   "service's 16 MiB bound (ZeroMQ's maxmsgsize drops the connection; over TCP the two cannot be "
-                   "told apart); connected again (further ones are only counted)"),
+@pytest.mark.parametrize(("cause", "kw", "line"), [
+    (LOSS_REFUSED, {"holder": 4242},
+     "cameraFrame: dropped a message over the service's 16 MiB bound: ZeroMQ's maxmsgsize refuses one at its length "
+     "header, unread, so its size is not known here, and drops the connection while its publisher (pid 4242) still "
+     "runs; connected again (further drops: at most one line every 60 s, with their count)"),
+    (LOSS_REFUSED, {"dropped": 7, "first": False},
+     "cameraFrame: dropped 7 message(s) since the last such line over the service's 16 MiB bound: ZeroMQ's "
+     "maxmsgsize refuses one at its length header, unread, so its size is not known here, and drops the connection "
+     "while its publisher still runs; connected again (at most one line every 60 s)"),
+    (LOSS_UNKNOWN, {},
+     "cameraFrame: lost the connection to its publisher: it went away or sent a message over the service's 16 MiB "
+     "bound (ZeroMQ's maxmsgsize drops the connection; over TCP the two cannot be told apart); connected again "
+     "(further drops: at most one line every 60 s, with their count)"),
 ])
-def test_each_cause_is_one_line_naming_the_bound(cause, line):
-    assert loss_line("cameraFrame", cause, 16 << 20) == line
+def test_each_cause_is_one_line_naming_the_bound(cause, kw, line):
+    assert loss_line("cameraFrame", cause, 16 << 20, **kw) == line
+
+
+_RAW_PUBLISHER = textwrap.dedent(
+    """
+    import sys, time
+    import zmq
+    from chestnut.msgs.messaging import new_message
+    pub = zmq.Context.instance().socket(zmq.PUB)  # a script's own socket: no publisher lock taken
+    pub.bind(sys.argv[1])
+    print("bound", flush=True)
+    for line in sys.stdin:  # one message per line asked for: "small" or "big" (17 MiB, over the 16 MiB bound)
+        pub.send(new_message("cameraFrame").to_bytes() if line.strip() == "small" else bytes(17 << 20))
+    """
+)
+
+
+def _oversize_lines(caplog) -> list[tuple[str, str]]:
+    return [(r.levelname, r.getMessage()) for r in caplog.records
+            if r.name == "chestnut.msgs.messaging" and r.exc_info is None]
+
+
+def test_a_flood_over_the_bound_from_a_running_publisher_is_one_drop_line_a_minute_never_a_restart(caplog):
+    """The user's trial: 17 MiB on cameraFrame from a publisher that keeps running (a script's own ZeroMQ
+    socket, no lock) -- real sockets, another process. Each is dropped by ZeroMQ and said as a drop naming the
+    bound; a flood is one line, and the next line after the interval carries the count; never a restart."""
+    caplog.set_level(logging.INFO, "chestnut.msgs.messaging")
+    poller = zmq.Poller()
+    sub = sub_sock("cameraFrame", poller)
+    p = subprocess.Popen([sys.executable, "-c", _RAW_PUBLISHER, endpoint("cameraFrame")], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdin is not None and p.stdout is not None
+
+    def send(what: str) -> None:
+        p.stdin.write(what + "\n")
+        p.stdin.flush()
+
+    def wait_for(cond, what: str) -> None:
+        deadline = time.monotonic() + 20
+        while not cond():
+            assert time.monotonic() < deadline, what
+            if poller.poll(50):
+                list(iter_events(sub))  # runs heal() once the queue is empty, as the node's loop does
+
+    try:
+        assert p.stdout.readline() == "bound\n"
+
+        def joined() -> bool:  # ZeroMQ drops what a publisher sends before the subscription reached it
+            send("small")
+            return bool(sub.poll(50)) and bool(list(iter_events(sub)))
+
+        wait_for(joined, "the subscriber never joined the publisher")
+        for k in range(1, 4):  # three in a row, each once the connection is made again
+            send("big")
+            wait_for(lambda k=k: sub.disconnects == k, f"oversized message {k} not dropped")
+            wait_for(joined, "not connected again")
+        assert sub.drop_said_ns is not None
+        sub.drop_said_ns -= int(60e9)  # the minute has passed
+        send("big")
+        wait_for(lambda: sub.disconnects == 4, "oversized message 4 not dropped")
+    finally:
+        p.stdin.close()
+        p.wait(10)
+        sub.close()
+    assert sub.dropped_over_bound == 4 and sub.drops_unsaid == 0
+    first = ("WARNING", "cameraFrame: dropped a message over the service's 16 MiB bound: ZeroMQ's maxmsgsize refuses "
+             "one at its length header, unread, so its size is not known here, and drops the connection while its "
+             "publisher still runs; connected again (further drops: at most one line every 60 s, with their count)")
+    later = ("WARNING", "cameraFrame: dropped 3 message(s) since the last such line over the service's 16 MiB bound: "
+             "ZeroMQ's maxmsgsize refuses one at its length header, unread, so its size is not known here, and drops "
+             "the connection while its publisher still runs; connected again (at most one line every 60 s)")
+    assert _oversize_lines(caplog) == [first, later]
 
 
 def test_a_bound_reads_in_the_unit_it_was_given_in():
