@@ -61,7 +61,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -116,7 +116,7 @@ from chestnut.node.health import (
     layer_usable,
 )
 from chestnut.node.hostload import HostMeter
-from chestnut.node.output_template import PrimaryOutputTemplate
+from chestnut.node.output_template import STEADY_FRAMES, OutputTemplate
 from chestnut.node.policy import (
     BUSY_WAIT_SAMPLES,
     HOST_LATE,
@@ -463,8 +463,14 @@ class Node:
         self.collector = IdleCollector()  # engaged once answering (run): cycle collections between frames only
         self.roundtrips: deque[float] = deque(maxlen=BUSY_WAIT_SAMPLES)  # the worker's last round trips (s)
         self.next_output: tuple[Any, Any] | None = None  # (Event builder, its modelOutput): _prepare_output
-        self.output_template: PrimaryOutputTemplate | None = None  # the primary's answer: _ready_output_template
+        self.output_template: OutputTemplate | None = None  # the primary's answer: _ready_output_template
         self.template_refused: tuple[str, tuple[TensorSpec, ...]] | None = None  # a (model, specs) it cannot be
+        # the fallback's steady answer: (model id, reason, ((name, shape, dtype str), ...)), frames in a row seen
+        self.answer_seen: tuple[str, str, tuple[tuple[str, tuple[int, ...], str], ...]] | None = None
+        self.answer_streak = 0
+        self.answer_template: OutputTemplate | None = None  # made for answer_template_key (_ready_answer_template)
+        self.answer_template_key: object = None
+        self.answer_refused: object = None  # a steady answer whose template cannot be made
         # the primary's adaptive deadline (node/deadline.py): its recent latencies (ms) and the deadline in force
         self.deadline_rule = DeadlineRule(ceiling_ms=t.deadline_ms, floor_ms=min(t.deadline_floor_ms, t.deadline_ms),
                                           host_late_ms=t.host_late_ms, adaptive=t.adaptive_deadline,
@@ -1442,10 +1448,38 @@ class Node:
         if self.template_refused == key:
             return
         try:
-            self.output_template = PrimaryOutputTemplate(self.primary_model_id, specs)
+            self.output_template = OutputTemplate(self.primary_model_id, specs)
         except TemplateError as e:
             self.output_template, self.template_refused = None, key
             log.debug("the primary's modelOutput is built field by field: %s", e)
+
+    def _note_answer(self, model_id: str, reason: str, outputs: Mapping[str, np.ndarray]) -> None:
+        """A valid answer of the fallback built field by field: counted towards its template (``STEADY_FRAMES``
+        in a row the same, :meth:`_ready_answer_template`)."""
+        key = (model_id, reason, tuple((n, a.shape, a.dtype.str) for n, a in outputs.items()))
+        if key == self.answer_seen:
+            self.answer_streak += 1
+        else:
+            self.answer_seen, self.answer_streak = key, 1
+
+    def _ready_answer_template(self) -> None:
+        """The template of the fallback's answer (``node/output_template.py``) once it has been the same for
+        ``STEADY_FRAMES`` frames in a row (the node in one state: its reason, the supervisor's, is the same), made
+        between frames from :meth:`_housekeeping`; one it cannot be is said at DEBUG once and not tried again."""
+        seen = self.answer_seen
+        if seen is None or self.answer_streak < STEADY_FRAMES or seen == self.answer_template_key:
+            return
+        if seen == self.answer_refused:
+            return
+        model_id, reason, tensors = seen
+        specs = tuple(TensorSpec(n, shape, np.dtype(dt).name) for n, shape, dt in tensors)
+        try:
+            self.answer_template = OutputTemplate(model_id, specs, Source.FALLBACK.value, reason)
+        except TemplateError as e:
+            self.answer_refused = seen
+            log.debug("the fallback's modelOutput is built field by field: %s", e)
+            return
+        self.answer_template_key = seen
 
     def _prepare_output(self) -> None:
         """The next frame's ``modelOutput`` builder (:meth:`_output_builder`), made while no frame waits."""
@@ -1455,8 +1489,9 @@ class Node:
 
     def _publish_output(self, frame_id: int, cf: Any, r: FrameResult, clock: FrameClock, drop_perc: float) -> None:
         """Publish frame ``frame_id``'s ``modelOutput``: the primary's answer as it should be (valid, no reason,
-        the template's tensors) from its template (:meth:`_ready_output_template`), any other built field by field;
-        the bytes are the same either way."""
+        the template's tensors) from its template (:meth:`_ready_output_template`), the fallback's steady valid
+        answer from its own (:meth:`_ready_answer_template`), any other built field by field; the bytes are the
+        same either way."""
         a = r.answer
         source = a.source
         outputs = a.outputs or {}
@@ -1465,8 +1500,11 @@ class Node:
         agreement = ((True, report.primary_agrees, float(report.max_abs_diff))
                      if report is not None and report.agreement_checked else (False, False, 0.0))
         stages = published_stages(r)
-        tpl = self.output_template
-        if tpl is not None and source is Source.PRIMARY and a.valid and not a.reason and tpl.matches(outputs):
+        model_id = (self.primary_model_id if source is Source.PRIMARY else self.fallback.model_id
+                    if source is Source.FALLBACK and self.fallback is not None else "")
+        tpl = self.output_template if source is Source.PRIMARY else self.answer_template
+        if (tpl is not None and a.valid and tpl.answers(source.value, model_id, a.reason)
+                and tpl.matches(outputs)):
             now = time.monotonic_ns()
             try:
                 data = tpl.fill((now, frame_id, float(a.exec_s), frame_age_s(clock, int(cf.timestampEof), now),
@@ -1481,8 +1519,7 @@ class Node:
         msg.valid = a.valid
         mo.source = source.value
         mo.frameId = frame_id
-        mo.modelId = (self.primary_model_id if source is Source.PRIMARY else self.fallback.model_id
-                      if source is Source.FALLBACK and self.fallback is not None else "")
+        mo.modelId = model_id
         outs = mo.init("outputs", len(outputs))
         for t, (name, arr) in zip(outs, outputs.items(), strict=True):
             c = np.ascontiguousarray(arr)
@@ -1508,6 +1545,8 @@ class Node:
         elif stages.compute:
             mo.computeTime = stages.compute
         self._sent_output(msg)
+        if source is Source.FALLBACK and a.valid and outputs:
+            self._note_answer(model_id, a.reason, outputs)
 
     def _sent_output(self, msg: Any) -> None:
         """Send a frame's ``modelOutput`` (a builder or its bytes), then give the CPU up once."""
@@ -1677,6 +1716,7 @@ class Node:
         self._prepare_output()
         if w is not None and self._is_current(w) and w.ready:
             self._ready_output_template(w.outputs)
+        self._ready_answer_template()
 
     def _take_looks(self, now: int) -> None:
         """The node's finished looks at the dock (:class:`~chestnut.node.docklook.DockLooker`): the supervisor's

@@ -1,13 +1,16 @@
-"""The primary's ``modelOutput``, made from a template (``msgs/template.py``) instead of built field by field.
+"""A steady ``modelOutput``, made from a template (``msgs/template.py``) instead of built field by field.
 
 Every answer the primary gives as it should (it serves, its output passed every check: ``valid`` true, no
 ``reason``) carries the same source, model id and tensor names, shapes and dtypes; only the publish time, the
-frame id, the times and figures below and each tensor's bytes change from frame to frame. The node makes the
-template once per model and worker, between two frames (``Node._ready_output_template``, from its housekeeping)
-and fills a copy of its bytes per frame (:meth:`PrimaryOutputTemplate.fill`); the message published is byte for
-byte the one a fresh build of the same values serialises to (``tests/test_output_template.py``). Any other
-answer -- the fallback's, none, one not valid or with a reason, outputs of another name, order, shape or dtype
--- is built field by field (``Node._publish_output``).
+frame id, the times and figures below and each tensor's bytes change from frame to frame. So does every valid
+answer of the fallback while the node stays in one state: the same source, model id and reason (the
+supervisor's, e.g. the dock disabled or failed over) frame after frame. The node makes the primary's template
+once per model and worker, and the fallback's once its answer has been the same for
+:data:`STEADY_FRAMES` frames, between two frames (``Node._ready_output_template``, from its housekeeping), and
+fills a copy of its bytes per frame (:meth:`OutputTemplate.fill`); the message published is byte for byte the
+one a fresh build of the same values serialises to (``tests/test_output_template.py``). Any other answer --
+none, one not valid, outputs of another name, order, shape or dtype, another reason -- is built field by field
+(``Node._publish_output``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ SCALARS = (("logMonoTime", "u64"), ("frameId", "u32"), ("executionTime", "f32"),
            ("frameDropPerc", "f32"), ("deadlineMissed", "bool"), ("primaryAgrees", "bool"),
            ("agreementChecked", "bool"), ("maxAbsDiff", "f32"), ("copyInTime", "f32"), ("computeTime", "f32"),
            ("copyOutTime", "f32"), ("deadline", "f32"))
-"""The fields a frame sets, in :meth:`PrimaryOutputTemplate.fill`'s order (``logMonoTime`` is the ``Event``'s,
+"""The fields a frame sets, in :meth:`OutputTemplate.fill`'s order (``logMonoTime`` is the ``Event``'s,
 the rest ``ModelOutput``'s, ``msgs/log.capnp``); each tensor's ``data`` follows."""
 
 
@@ -36,18 +39,27 @@ which the node spends between two frames; above it the per-frame copy of the ten
 prepared PP-OCRv4 detector's output at 128x256 (1x1x128x256 float32) is 128 KiB."""
 
 
-class PrimaryOutputTemplate:
-    """The ``modelOutput`` of model ``model_id`` answering with tensors ``specs`` (the worker's READY outputs,
-    in their order; each of at least one byte), as a :class:`~chestnut.msgs.template.MessageTemplate`.
+STEADY_FRAMES = 3
+"""How many frames in a row a non-primary answer must have been the same (source, model id, reason, tensors)
+before the node makes its template: a reason that changes every frame never costs a template's builds."""
+
+
+class OutputTemplate:
+    """The valid ``modelOutput`` of ``source`` (``"primary"`` or ``"fallback"``), model ``model_id``, with
+    ``reason`` (empty: none) and tensors ``specs`` (in their order; each of at least one byte), as a
+    :class:`~chestnut.msgs.template.MessageTemplate`.
 
     Raises :class:`~chestnut.msgs.template.TemplateError` when the message cannot be one (a tensor of no
     bytes; outputs over :data:`TEMPLATE_MAX_BYTES`; a layout the template does not reproduce)."""
 
-    def __init__(self, model_id: str, specs: tuple[TensorSpec, ...]) -> None:
+    def __init__(self, model_id: str, specs: tuple[TensorSpec, ...], source: str = "primary",
+                 reason: str = "") -> None:
         if (total := sum(s.nbytes for s in specs)) > TEMPLATE_MAX_BYTES:
             raise TemplateError(f"outputs of {total} bytes, over the {TEMPLATE_MAX_BYTES} a template is made for")
         self.model_id = model_id
         self.specs = specs
+        self.source = source
+        self.reason = reason
         self._want = tuple((s.name, s.shape, np.dtype(s.dtype)) for s in specs)
         names = tuple((s.name, "data") for s in specs)
         self.template = MessageTemplate.make(self._build, SCALARS + names, [s.nbytes for s in specs])
@@ -58,7 +70,7 @@ class PrimaryOutputTemplate:
         msg.logMonoTime = values[0]
         mo = msg.modelOutput
         mo.frameId = values[1]
-        mo.source = "primary"
+        mo.source = self.source
         mo.modelId = self.model_id
         tensors = mo.init("outputs", len(self.specs))
         for t, (name, shape, dtype), data in zip(tensors, self._want, values[len(SCALARS):], strict=True):
@@ -66,9 +78,16 @@ class PrimaryOutputTemplate:
             t.shape = list(shape)
             t.dtype = dtype.name
             t.data = bytes(data)
+        if self.reason:  # where the node's builder sets it, after the tensors (the text's place in the message
+            mo.reason = self.reason  # follows the order of the sets); an empty one is never set (a set one is a
+            # pointer to "")
         (mo.executionTime, mo.frameAge, mo.frameDropPerc, mo.deadlineMissed, mo.primaryAgrees, mo.agreementChecked,
          mo.maxAbsDiff, mo.copyInTime, mo.computeTime, mo.copyOutTime, mo.deadline) = values[2:len(SCALARS)]
         return msg
+
+    def answers(self, source: str, model_id: str, reason: str) -> bool:
+        """This template is the valid answer of ``source``, ``model_id`` with ``reason``."""
+        return source == self.source and reason == self.reason and model_id == self.model_id
 
     def matches(self, outputs: Mapping[str, np.ndarray]) -> bool:
         """``outputs`` are this template's tensors: the same names in the same order, shapes and dtypes."""

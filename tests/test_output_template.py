@@ -21,7 +21,7 @@ from chestnut.msgs.messaging import log_from_bytes, new_message
 from chestnut.msgs.schema import log
 from chestnut.msgs.template import MessageTemplate, TemplateError
 from chestnut.node.main import FrameResult, Node
-from chestnut.node.output_template import SCALARS, TEMPLATE_MAX_BYTES, PrimaryOutputTemplate
+from chestnut.node.output_template import SCALARS, STEADY_FRAMES, TEMPLATE_MAX_BYTES, OutputTemplate
 from chestnut.node.policy import Answer, FrameClock, Source
 from chestnut.node.validity import Check, CheckResult, ValidityReport
 
@@ -118,7 +118,11 @@ class _Publisher:
 
     _prepare_output = Node._prepare_output
     _ready_output_template = Node._ready_output_template
-    _output_builder = Node._output_builder
+    _ready_answer_template = Node._ready_answer_template
+    _note_answer = Node._note_answer
+    def _output_builder(self) -> tuple[Any, Any]:
+        self.built += 1
+        return Node._output_builder(self)  # type: ignore[arg-type]
     _publish_output = Node._publish_output
     _sent_output = Node._sent_output
 
@@ -126,6 +130,12 @@ class _Publisher:
         self.next_output: Any = None
         self.output_template: Any = None
         self.template_refused: Any = None
+        self.answer_seen: Any = None
+        self.answer_streak = 0
+        self.answer_template: Any = None
+        self.answer_template_key: Any = None
+        self.answer_refused: Any = None
+        self.built = 0  # answers built field by field
         self.primary_model_id = PRIMARY_ID
         self.fallback = SimpleNamespace(model_id=FALLBACK_ID)
         self.pm = _Pub()
@@ -248,7 +258,7 @@ def test_the_template_sets_every_field_a_frame_changes() -> None:
     fixed = {"source", "modelId", "outputs", "reason"}
     assert [name for name, _ in SCALARS] == ["logMonoTime"] + [
         f for f in log.ModelOutput.schema.fieldnames if f not in fixed]
-    tpl = PrimaryOutputTemplate(PRIMARY_ID, SPECS)
+    tpl = OutputTemplate(PRIMARY_ID, SPECS)
     assert tpl.template.data_sizes == (16, 12)
     assert tpl.matches(_outputs()) and not tpl.matches(_outputs(("aux", "prob")))
 
@@ -257,9 +267,55 @@ def test_outputs_over_the_template_size_are_built_field_by_field() -> None:
     big = (TensorSpec("prob", (1, 1, 256, 257), "float32"),)  # 263168 bytes, just over 256 KiB
     assert big[0].nbytes > TEMPLATE_MAX_BYTES >= 128 * 1024  # the prepared detector's 1x1x128x256 float32 fits
     with pytest.raises(TemplateError, match="outputs of 263168 bytes, over the 262144"):
-        PrimaryOutputTemplate(PRIMARY_ID, big)
+        OutputTemplate(PRIMARY_ID, big)
     p = _Publisher(template=False)
     p._ready_output_template(big)
     assert p.output_template is None and p.template_refused == (PRIMARY_ID, big)
     answer = Answer(Source.PRIMARY, {"prob": np.ones((1, 1, 256, 257), np.float32)}, 0.004, True, "")
     assert p.publish(5, answer) == _fresh(5, answer)
+
+
+FALLBACK_REASON = "the dock is disabled (dock.kind = none)"
+
+
+def test_the_fallbacks_steady_answer_is_made_a_template_and_is_the_message_a_fresh_build_makes() -> None:
+    p = _Publisher(template=False)
+    answer = Answer(Source.FALLBACK, _outputs(), 0.002, True, FALLBACK_REASON)
+    for frame in range(1, STEADY_FRAMES):
+        assert p.publish(frame, answer) == _fresh(frame, answer)
+        p._ready_answer_template()  # the housekeeping between frames
+        assert p.answer_template is None  # not yet steady
+    assert p.publish(STEADY_FRAMES, answer) == _fresh(STEADY_FRAMES, answer)
+    assert p.built == STEADY_FRAMES
+    p._ready_answer_template()
+    tpl = p.answer_template
+    assert tpl is not None and (tpl.source, tpl.model_id, tpl.reason) == ("fallback", FALLBACK_ID, FALLBACK_REASON)
+    got, data = p.publish(10, answer, drop=5.0)
+    assert p.built == STEADY_FRAMES  # from the template
+    assert (got, data) == _fresh(10, answer, drop=5.0)
+    assert got["modelOutput"]["reason"] == FALLBACK_REASON and got["modelOutput"]["source"] == "fallback"
+    p._ready_answer_template()
+    assert p.answer_template is tpl  # kept, not made again
+    other = Answer(Source.FALLBACK, _outputs(), 0.002, True, "failed over: the USB link is down")
+    assert p.publish(11, other) == _fresh(11, other)  # another reason: built field by field
+    assert p.built == STEADY_FRAMES + 1
+    assert p.publish(12, answer) == _fresh(12, answer)  # the template still answers its own reason
+    assert p.built == STEADY_FRAMES + 1
+
+
+@pytest.mark.parametrize("answers", [
+    # the reason changes every frame: never steady
+    [Answer(Source.FALLBACK, _outputs(), 0.002, True, f"deadline miss {i}") for i in range(6)],
+    # the tensors change: a streak starts again
+    [Answer(Source.FALLBACK, _outputs(), 0.002, True, "r"), Answer(Source.FALLBACK, _outputs(), 0.002, True, "r"),
+     Answer(Source.FALLBACK, _outputs(aux_dtype="int64"), 0.002, True, "r")],
+    # not valid, or no model: never a template
+    [Answer(Source.FALLBACK, _outputs(), 0.002, False, "input not valid")] * 4,
+    [Answer(Source.NONE, None, 0.0, False, "no source ran")] * 4,
+], ids=["reason-per-frame", "tensors-change", "not-valid", "none"])
+def test_an_answer_that_is_not_steady_and_valid_is_never_made_a_template(answers: list[Answer]) -> None:
+    p = _Publisher(template=False)
+    for frame, answer in enumerate(answers, 1):
+        assert p.publish(frame, answer) == _fresh(frame, answer)
+        p._ready_answer_template()
+    assert p.answer_template is None and p.built == len(answers)
