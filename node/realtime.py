@@ -181,7 +181,7 @@ class IdleCollector:
     - :meth:`release`, when the process stops serving: the collector as it was.
 
     Cycles are collected as often as before, counted the same way, only later by at most one frame. Used by the
-    node (after a turn's frames are answered), its worker (after each RESULT), the camera (after each frame) and
+    node (after a turn's frames are answered), its worker (after each command but a WAKE, whose RUN follows), the camera (after each frame) and
     the control daemon (after each step). Not thread-safe: one thread (the process's loop) calls it."""
 
     def __init__(self) -> None:

@@ -229,7 +229,7 @@ class _WorkerLoop:
         progress.set_sink(None)
         self.count_transfer_errors()
         self.serve_realtime()
-        collector = IdleCollector()  # the runner loaded: Python's cycle collections only between runs
+        collector = IdleCollector()  # the runner loaded: Python's cycle collections only between commands
         collector.engage()
         awake = False
         while True:
@@ -242,9 +242,9 @@ class _WorkerLoop:
             kind, _status, slot, seq, _value, payload, fds = got
             if kind is Msg.RUN:
                 self.run(seq, slot)
-                collector.collect_due()  # the RESULT is sent: while the node publishes it
             elif kind is Msg.WAKE:
-                awake = True
+                awake = True  # a RUN follows: nothing between them
+                continue
             elif kind is Msg.BUFFERS:
                 try:
                     self.map_buffers(payload, fds)
@@ -261,6 +261,7 @@ class _WorkerLoop:
             else:
                 log.error("unexpected command %s", kind.name)
                 return EXIT_PROTOCOL
+            collector.collect_due()  # a command answered (a RUN's RESULT sent: while the node publishes it)
 
     def start(self, spec: RunnerSpec, model: ModelSpec, ladder: Mapping[str, Any]) -> int | None:
         """The qualification ladder (chestnut.backend.ladder): the runner's dock steps, then
