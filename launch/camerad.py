@@ -443,12 +443,12 @@ def _publish(
     encoding: str,
 ) -> int:
     sent = skipped = 0
-    with PubMaster(["cameraFrame"]) as pm:
+    # Python's cycle collections right after a frame goes out, never before its tick; the full one on entry,
+    # before the priority
+    with PubMaster(["cameraFrame"]) as pm, IdleCollector() as collector:
         # every check passed and its socket is open (a runtime directory it must not use was refused by then, the
         # refusal alone): now it publishes, at its priority -- every thread, zmq's I/O thread included
         apply_priority(getattr(args, "rt_priority", 0), "camera", log)
-        collector = IdleCollector()  # Python's cycle collections right after a frame goes out, never before its tick
-        collector.engage()
         rows, cols = pending[0].shape[:2]
         log.info(
             "camera: %s at %.1f Hz, %dx%d %s, %s",
@@ -494,6 +494,5 @@ def _publish(
         # terminates the context at exit (its Context __del__ skips it once the interpreter exits), and the
         # frames still queued for a subscriber behind the stream -- the logger, full-size frames inline -- died
         context().destroy(linger=STOP_LINGER_MS)
-        collector.release()
     log.info("camera: sent %d frames, skipped %d ticks", sent, skipped)
     return 0

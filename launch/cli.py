@@ -216,15 +216,15 @@ def _main(argv: list[str] | None) -> int:
         level=logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from chestnut.msgs.messaging import PublisherBusyError
-    from chestnut.msgs.paths import PrefixError, RuntimeDirError, made_dirs_removed
+    from chestnut.msgs.messaging import START_REFUSALS
+    from chestnut.msgs.paths import made_dirs_removed
 
     signal.signal(signal.SIGTERM, as_ctrl_c)  # a command with a handler of its own replaces this one
 
     try:
         with made_dirs_removed() if visits_only(args) else contextlib.nullcontext():
             return int(importlib.import_module(args._module).run(args) or 0)
-    except (RuntimeDirError, PrefixError, PublisherBusyError) as e:
+    except START_REFUSALS as e:
         # a subverted runtime directory, a malformed CHESTNUT_PREFIX, a service another live process
         # already publishes: one line, no traceback, the program cannot go on
         print(f"chestnut {args.command}: {e}", file=sys.stderr)

@@ -305,12 +305,12 @@ def run(args: argparse.Namespace) -> int:
     flag = StopFlag()
     logic = ControlLogic(auto_engage=not args.no_auto_engage)
     period_ms = max(1, int(1000 / args.rate))
-    with control_submaster(frame_rate_hz=args.frame_rate) as sm, PubMaster(["controlState"]) as pm:
+    # Python's cycle collections after a step is sent, never in one; the full one on entry, before the priority
+    with control_submaster(frame_rate_hz=args.frame_rate) as sm, PubMaster(["controlState"]) as pm, \
+            IdleCollector() as collector:
         # its sockets are open (a runtime directory it must not use was refused by then, the refusal alone): now
         # its realtime priority, for every thread, zmq's I/O thread included
         apply_priority(getattr(args, "rt_priority", 0), "control", log)
-        collector = IdleCollector()  # Python's cycle collections after a step is sent, never in one
-        collector.engage()
         was_engaged = False
         last_failed: tuple[str, ...] = ()
         passed_once = False  # until every check has passed once, the stack is starting: nothing has failed yet
@@ -339,5 +339,4 @@ def run(args: argparse.Namespace) -> int:
                 was_engaged = st.engaged
             pm.send("controlState", fill_control_state(st))
             collector.collect_due()
-        collector.release()
     return 0

@@ -58,6 +58,7 @@ from zmq.utils.monitor import parse_monitor_message
 from chestnut.msgs.paths import (
     PREFIX_ENV,
     PROC_LOCKS,
+    PrefixError,
     RuntimeDirError,
     SocketPathError,
     bind_private_socket,
@@ -609,6 +610,7 @@ class SubSocket(zmq.Socket):
     dropped_over_bound: int = 0  # losses that were a dropped message (LOSS_REFUSED / LOSS_UNKNOWN): heal
     drops_unsaid: int = 0  # of those, not yet in a line (heal: one line per DROP_LINE_INTERVAL_S at most)
     drop_said_ns: int | None = None  # when the last such line was said (monotonic ns)
+    drop_cause: tuple[str, int | None] | None = None  # the last drop's cause and publisher pid (heal)
     path_refused_ns: int | None = None  # heal: when the endpoint's path was last refused (left disconnected)
     _poller: zmq.Poller | None = None
 
@@ -625,13 +627,16 @@ class SubSocket(zmq.Socket):
 
         Each loss is said as :func:`loss_cause` finds it (:func:`loss_line`): a publisher gone, INFO, once; a
         message dropped over the bound (or over TCP, either), WARNING, the first at once and then at most one line
-        every :data:`DROP_LINE_INTERVAL_S` with the count since the last line (``dropped_over_bound`` counts them
-        all). Never raises for a cause it cannot read: the line names what is known.
+        every :data:`DROP_LINE_INTERVAL_S` with the count since the last line, said by the first call after the
+        interval whether or not another drop came (``dropped_over_bound`` counts them all). Never raises for a
+        cause it cannot read: the line names what is known.
         """
         if self.path_refused_ns is not None:
             if time.monotonic_ns() - self.path_refused_ns < int(REFUSED_PATH_RECHECK_S * 1e9):
                 return False
             return self._connect_checked()
+        if self.drops_unsaid and self.drop_cause is not None:  # a burst's tail: said once its interval is over,
+            self._say_drops(*self.drop_cause)  # with no drop after it as with one
         if self.conn_monitor is None or not int(self.conn_monitor.get(zmq.EVENTS)) & zmq.POLLIN:
             return False
         lost = 0
@@ -651,6 +656,7 @@ class SubSocket(zmq.Socket):
         if cause != LOSS_PUBLISHER_GONE:
             self.dropped_over_bound += lost
             self.drops_unsaid += lost
+            self.drop_cause = (cause, holder)
         if not self._connect_checked():  # said by _connect_checked; the drops are said with the next line
             return False
         if cause == LOSS_PUBLISHER_GONE:
@@ -850,6 +856,12 @@ class PublisherBusyError(RuntimeError):
         self.prefix = prefix
         self.path = path
         self.holder = holder
+
+
+START_REFUSALS: tuple[type[Exception], ...] = (RuntimeDirError, PrefixError, PublisherBusyError)
+"""What refuses a program's start in one line, exit 2, said by its caller (``launch/cli.py`` ``main``, ``node/main.py``
+``main``): a subverted runtime directory or socket path, a malformed ``CHESTNUT_PREFIX``, a service another live
+process already publishes."""
 
 
 class PubLockError(RuntimeDirError):

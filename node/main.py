@@ -79,8 +79,8 @@ from chestnut.backend.sim.hostwait import FILE_NAME as HOSTWAIT_FILE
 from chestnut.backend.stages import StageTimes
 from chestnut.fallback.standby import FallbackModel
 from chestnut.msgs.frames import CAMERA_RESTART_MIN_STEP
-from chestnut.msgs.messaging import PublisherBusyError, PubMaster, SubMaster, iter_events, new_message, sub_sock
-from chestnut.msgs.paths import PrefixError, RuntimeDirError, runtime_dir
+from chestnut.msgs.messaging import START_REFUSALS, PubMaster, SubMaster, iter_events, new_message, sub_sock
+from chestnut.msgs.paths import runtime_dir
 from chestnut.msgs.template import TemplateError
 from chestnut.msgs.visionipc import FrameBufferError, FrameReader
 from chestnut.node import config as node_config
@@ -470,7 +470,7 @@ class Node:
         self.answer_streak = 0
         self.answer_template: OutputTemplate | None = None  # made for answer_template_key (_ready_answer_template)
         self.answer_template_key: object = None
-        self.answer_refused: object = None  # a steady answer whose template cannot be made
+        self.answer_refused: set[object] = set()  # tensors whose template cannot be made (their sizes decide it)
         # the primary's adaptive deadline (node/deadline.py): its recent latencies (ms) and the deadline in force
         self.deadline_rule = DeadlineRule(ceiling_ms=t.deadline_ms, floor_ms=min(t.deadline_floor_ms, t.deadline_ms),
                                           host_late_ms=t.host_late_ms, adaptive=t.adaptive_deadline,
@@ -1010,27 +1010,28 @@ class Node:
         ``model.frame`` warp of its own): the worker's next input slot (``WorkerHandle.next_inputs``), so the
         request sends it with no copy and no check. None otherwise: a new array. The fallback reads the same
         array; nothing writes a slot while a request holds it."""
+        if self.warp is not None or not self.sup.runs_primary or self.draining:
+            return None
+        return self._slot_array(self.cfg.model.input, tuple(self.cfg.model.shape), np.dtype(np.float32))
+
+    def _slot_array(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+        """The array of the worker's next input slot (``WorkerHandle.next_inputs``) when the primary has one
+        input, ``name``, of ``shape`` and ``dtype``; else None (no worker, none ready or free, another input)."""
         w = self.worker
-        if w is None or self.warp is not None or not self.sup.runs_primary or self.draining or len(w.inputs) != 1:
-            return None
-        slot = w.next_inputs()
-        dst = slot.get(self.cfg.model.input) if slot is not None else None
-        if dst is None or dst.dtype != np.float32 or dst.shape != tuple(self.cfg.model.shape):
-            return None
-        return dst
+        slot = w.next_inputs() if w is not None and len(w.inputs) == 1 else None
+        dst = slot.get(name) if slot is not None else None
+        return dst if dst is not None and dst.shape == shape and dst.dtype == dtype else None
 
     def _copy_full_frame(self, full: np.ndarray) -> np.ndarray:
         """``full``, a frame the primary takes whole (its program warps it), copied once out of the frame ring:
-        straight into the worker's next input slot when it is the primary's one input (``WorkerHandle.next_inputs``;
-        the submit then sends it without a second copy), else into a new array."""
+        straight into the worker's next input slot when it is the primary's one input (:meth:`_slot_array`; the
+        submit then sends it without a second copy), else into a new array."""
         w = self.worker
-        slot = w.next_inputs() if w is not None else None
-        if slot is not None and w is not None and len(w.inputs) == 1:
-            dst = slot.get(w.inputs[0].name)
-            if dst is not None and dst.shape == full.shape and dst.dtype == full.dtype:
-                np.copyto(dst, full)
-                return dst
-        return np.array(full)
+        dst = self._slot_array(w.inputs[0].name, full.shape, full.dtype) if w is not None and w.inputs else None
+        if dst is None:
+            return np.array(full)
+        np.copyto(dst, full)
+        return dst
 
     def _frame_format_refused(self, why: str) -> None:
         """A frame the primary's warp cannot take (``model.frame`` is another format): counted, logged once per
@@ -1469,14 +1470,14 @@ class Node:
         seen = self.answer_seen
         if seen is None or self.answer_streak < STEADY_FRAMES or seen == self.answer_template_key:
             return
-        if seen == self.answer_refused:
-            return
         model_id, reason, tensors = seen
+        if tensors in self.answer_refused:
+            return
         specs = tuple(TensorSpec(n, shape, np.dtype(dt).name) for n, shape, dt in tensors)
         try:
             self.answer_template = OutputTemplate(model_id, specs, Source.FALLBACK.value, reason)
         except TemplateError as e:
-            self.answer_refused = seen
+            self.answer_refused.add(tensors)
             log.debug("the fallback's modelOutput is built field by field: %s", e)
             return
         self.answer_template_key = seen
@@ -1522,11 +1523,11 @@ class Node:
         mo.modelId = model_id
         outs = mo.init("outputs", len(outputs))
         for t, (name, arr) in zip(outs, outputs.items(), strict=True):
-            c = np.ascontiguousarray(arr)
+            c = np.asarray(arr)  # not ascontiguousarray: it makes a 0-d tensor 1-d
             t.name = name
             t.shape = list(c.shape)  # a numpy shape holds Python ints
             t.dtype = _dtype_name(c.dtype)
-            t.data = c.tobytes()
+            t.data = c.tobytes()  # C order, whatever the strides
         # a fresh builder holds every default (0, false, ""): only what differs is set, each set costs at 20 Hz
         mo.executionTime = float(a.exec_s)
         mo.frameAge = frame_age_s(clock, int(cf.timestampEof), int(msg.logMonoTime))
@@ -1813,7 +1814,7 @@ class Node:
                 return EXIT_OK
             except Exception as e:  # refused while opening (a publisher busy, a runtime directory): said by the caller
                 self.stop_reason = str(e).partition("\n")[0] or type(e).__name__
-                self.stop_said = isinstance(e, (RuntimeDirError, PrefixError, PublisherBusyError))
+                self.stop_said = isinstance(e, START_REFUSALS)
                 raise
             if self.stop_requested:  # a signal after the fallback was warm (or one deferred out of an import until
                 log.info("stopped during start-up")  # then), before the loop: never ready, stopping
@@ -1995,9 +1996,6 @@ def main(argv: list[str] | None = None) -> int:
     with ``--config`` from ``$CHESTNUT_CONFIG`` when it is set and ``argv`` has none. Logs at INFO to
     stderr; a runtime directory that must not be used, a malformed ``$CHESTNUT_PREFIX`` or a service
     another live process already publishes is one line on stderr and exit code 2."""
-    from chestnut.msgs.messaging import PublisherBusyError
-    from chestnut.msgs.paths import PrefixError, RuntimeDirError
-
     p = argparse.ArgumentParser(prog="chestnut run", description="run the supervised inference node")
     add_arguments(p)
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -2007,7 +2005,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return run(args)
-    except (RuntimeDirError, PrefixError, PublisherBusyError) as e:
+    except START_REFUSALS as e:
         print(f"chestnut run: {e}", file=sys.stderr)
         return 2
 

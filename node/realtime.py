@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
 from typing import Any
 
 POLICIES = {"fifo": "SCHED_FIFO", "rr": "SCHED_RR", "other": "SCHED_OTHER"}
@@ -165,24 +166,29 @@ class IdleCollector:
     """Python's cyclic garbage collector run between frames, never in the middle of one.
 
     CPython collects generation 0 whenever its allocations outnumber its deallocations by the first threshold
-    (700, ``gc.get_threshold()``), wherever that allocation happens: on a node answering at 20 Hz that is every
-    few frames, in the middle of one, and now and then a full collection of every object the imports and the
-    model left (21 ms for one such, measured with ``gc.callbacks`` in a node serving the tiny model of
-``tests/bench/bench_node.py``). openpilot turns the collector
-    off in its realtime processes (``common/realtime.py`` ``config_realtime_process`` calls ``gc.disable()``)
-    and lives with what reference counting leaves; here the collector keeps its work but moves it:
+    (700, ``gc.get_threshold()``), wherever that allocation happens -- in the middle of a frame as likely as
+    anywhere -- and now and then every object the imports and the model left (a full collection: 17-21 ms in a
+    node serving the tiny model of ``tests/bench/bench_node.py``, timed with ``gc.callbacks``). openpilot turns
+    the collector off in its realtime processes (``common/realtime.py`` ``config_realtime_process`` calls
+    ``gc.disable()``) and lives with what reference counting leaves; here the collector keeps its work but
+    moves it:
 
-    - :meth:`engage`, once the process is ready (its imports done, its model loaded): a full collection, then
-      ``gc.freeze()`` (every object alive then is kept out of all later collections: they are the process's
-      code and model, alive until it exits), then ``gc.disable()``;
-    - :meth:`collect_due`, where a frame's output is out and before the next one is waited for: the collection
-      CPython would have made by now, the oldest generation whose count passed its threshold (``gc.get_count()``
-      against ``gc.get_threshold()``; Python's ``Modules/gcmodule.c`` ``collect_generations``), if any;
-    - :meth:`release`, when the process stops serving: the collector as it was.
+    - :meth:`engage`, once the process is ready (its imports done, its model loaded) and before it raises its
+      scheduling priority: a full collection, then ``gc.freeze()`` (every object alive then is kept out of all
+      later collections: the process's code and models, alive until it exits), then ``gc.disable()``;
+    - :meth:`collect_due`, where a frame's output is out and before the next one is waited for: the oldest
+      generation whose count passed its threshold (``gc.get_count()`` against ``gc.get_threshold()``), if any --
+      CPython 3.11's choice in ``Modules/gcmodule.c`` ``collect_generations`` less one of its checks, which
+      puts a full collection off until the objects promoted since the last one are a quarter of those it kept:
+      with the heap frozen a full collection walks only what was made since, so it is not put off here;
+    - :meth:`release`, when the process stops serving: the collector as it was. As a context manager:
+      :meth:`engage` on entry, :meth:`release` on exit.
 
-    Cycles are collected as often as before, counted the same way, only later by at most one frame. Used by the
-    node (after a turn's frames are answered), its worker (after each command but a WAKE, whose RUN follows), the camera (after each frame) and
-    the control daemon (after each step). Not thread-safe: one thread (the process's loop) calls it."""
+    Cycles are collected as they were, only later by at most one frame. Used by the node (after a turn's frames
+    are answered), its worker (after each command but a WAKE, whose RUN follows), the camera (after each frame)
+    and the control daemon (after each step). On CPython 3.14 and later, whose collector is incremental
+    (``gc.get_count()`` and the thresholds mean other things there), it does nothing: CPython's own collector
+    stays in charge. Not thread-safe: one thread (the process's loop) calls it."""
 
     def __init__(self) -> None:
         self.engaged = False
@@ -190,9 +196,17 @@ class IdleCollector:
         self._was_enabled = True
         self._thresholds: tuple[int, ...] = (0, 0, 0)
 
+    def __enter__(self) -> IdleCollector:
+        self.engage()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
     def engage(self) -> None:
-        """Collect everything once, freeze what survives, turn automatic collection off (idempotent)."""
-        if self.engaged:
+        """Collect everything once, freeze what survives, turn automatic collection off (idempotent; nothing on
+        CPython 3.14 and later)."""
+        if self.engaged or sys.version_info >= (3, 14):
             return
         self._thresholds = gc.get_threshold()
         gc.collect()

@@ -228,9 +228,9 @@ class _WorkerLoop:
         # serving: a frame has its own supervision (the node's hang check); the per-frame path reports nothing
         progress.set_sink(None)
         self.count_transfer_errors()
+        collector = IdleCollector()  # the runner loaded: Python's cycle collections only between commands; its
+        collector.engage()  # full collection before the realtime policy, as any heavy work (serve_realtime)
         self.serve_realtime()
-        collector = IdleCollector()  # the runner loaded: Python's cycle collections only between commands
-        collector.engage()
         awake = False
         while True:
             got = self.recv_awake() if awake else self.recv()

@@ -134,7 +134,7 @@ class _Publisher:
         self.answer_streak = 0
         self.answer_template: Any = None
         self.answer_template_key: Any = None
-        self.answer_refused: Any = None
+        self.answer_refused: set[Any] = set()
         self.built = 0  # answers built field by field
         self.primary_model_id = PRIMARY_ID
         self.fallback = SimpleNamespace(model_id=FALLBACK_ID)
@@ -319,3 +319,32 @@ def test_an_answer_that_is_not_steady_and_valid_is_never_made_a_template(answers
         assert p.publish(frame, answer) == _fresh(frame, answer)
         p._ready_answer_template()
     assert p.answer_template is None and p.built == len(answers)
+
+
+def test_a_0d_tensor_keeps_its_empty_shape_built_or_from_a_template() -> None:
+    p = _Publisher(template=False)
+    answer = Answer(Source.FALLBACK, {"score": np.array(3.5, np.float32)}, 0.002, True, FALLBACK_REASON)
+    for frame in range(1, STEADY_FRAMES + 2):
+        got, data = p.publish(frame, answer)
+        assert (got, data) == _fresh(frame, answer)
+        (t,) = got["modelOutput"]["outputs"]
+        assert (t.get("shape", []), t["dtype"], t["data"]) == ([], "float32", np.float32(3.5).tobytes())
+        p._ready_answer_template()
+    assert p.answer_template is not None and p.built == STEADY_FRAMES  # the last one from the template
+
+
+def test_a_fallback_answer_that_cannot_be_a_template_is_tried_once_whatever_its_reason(
+        caplog: pytest.LogCaptureFixture) -> None:
+    p = _Publisher(template=False)
+    outs = {"prob": _outputs()["prob"], "none": np.zeros(0, np.float32)}  # a tensor of no bytes: no template
+    with caplog.at_level(logging.DEBUG, logger="chestnut.node"):
+        for reason in ("dock disabled", "failed over"):  # two states, each steady in turn, twice
+            for _ in range(2):
+                answer = Answer(Source.FALLBACK, outs, 0.002, True, reason)
+                for frame in range(STEADY_FRAMES):
+                    assert p.publish(frame, answer) == _fresh(frame, answer)
+                    p._ready_answer_template()
+    assert p.answer_template is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "the fallback's modelOutput is built field by field: field 'none': a data field needs its size (bytes, at "
+        "least 1)"]
