@@ -443,3 +443,19 @@ def test_can_work_is_false_while_a_fault_state_stops_the_dock():
         assert not t.can_work(), (attr, value)
         setattr(engine, attr, before)
     assert t.can_work()
+
+
+def test_a_faults_injection_and_firing_are_logged_as_one_readable_line_each(twin, caplog):
+    """The log once read ``fault 1 gpu_hang fired (None)`` and ``injected: FaultSpec(kind='timeout', ...)``: a
+    fault is said as its kind and the parameters given, a firing names its transfer only where it has one."""
+    caplog.set_level("INFO", logger="chestnut.backend.sim.twin")
+    twin.inject(FaultSpec("gpu_hang"))
+    twin.inject(FaultSpec("timeout", for_s=2.0, on="bulk_in", repeat=True))
+    with twin.lock:
+        twin.fire("gpu_hang")
+        twin.fire("timeout", TransferSite("in", "bulk"))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fault ")]
+    assert lines == ["fault 1 injected: gpu_hang",
+                     "fault 2 injected: timeout repeat=yes for_s=2 on=bulk_in",
+                     "fault 1 gpu_hang fired",
+                     "fault 2 timeout fired on bulk in #1"]

@@ -341,6 +341,15 @@ class FaultSpec:
         """The parameters given beyond the kind: the fields that differ from their defaults."""
         return {k: v for k, v in asdict(self).items() if k != "kind" and v != _SPEC_DEFAULTS[k]}
 
+    def describe(self) -> str:
+        """The fault for a log line: its kind, then each parameter given beyond the kind as ``key=value``
+        (``"slow_gpu delay_ms=400 for_s=10"``, ``"gpu_hang"`` for the kind's defaults), not the dataclass's repr."""
+        def shown(v: Any) -> str:
+            if isinstance(v, bool):
+                return "yes" if v else "no"
+            return f"{v:g}" if isinstance(v, float) else str(v)
+        return " ".join([self.kind, *(f"{k}={shown(v)}" for k, v in self.non_defaults().items())])
+
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> FaultSpec:
         names = set(cls.__dataclass_fields__)

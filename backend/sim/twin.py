@@ -71,6 +71,7 @@ from chestnut.backend.sim.faults import (
     Phase,
     PhaseEvent,
     TransferSite,
+    describe_site,
 )
 from chestnut.backend.sim.libusb_codes import (
     LIBUSB_ERROR_BUSY,
@@ -287,7 +288,8 @@ class Twin:
         """One opportunity for faults of ``kind``; returns the fault that fires (and marks the phase). Lock held."""
         f = self.faults.check(kind, self.clock(), self.phase, site)
         if f is not None:
-            log.info("fault %d %s fired (%s)", f.id, kind, site)
+            hit = "" if site is None else f" on {describe_site(kind, site, f.opportunities)}"
+            log.info("fault %d %s fired%s", f.id, kind, hit)
             if KINDS[kind].recovers:
                 self.phase_event(PhaseEvent.FAULT)
         return f
@@ -296,7 +298,7 @@ class Twin:
         """Add a fault; returns its status entry. Raises ``ValueError`` for a bad spec."""
         with self.lock:
             f = self.faults.add(spec.validate(), self.clock())
-            log.info("fault %d injected: %s", f.id, spec)
+            log.info("fault %d injected: %s", f.id, f.spec.describe())
             self._sync_lock_file()
             self.cv.notify_all()
             return f.to_json(self.clock())
