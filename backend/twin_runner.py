@@ -98,6 +98,30 @@ class VramHeap:
         self.next = self.start
 
 
+class TwinDock(UsbDock):
+    """:class:`~chestnut.backend.ladder.UsbDock` over the twin daemon of ``prefix``: a dock not found says whether
+    the twin daemon runs (``backend/sim/client.py`` ``daemon_missing``), as the node's own looks at it do
+    (``node/docklook.py``). The node's first ``dock_absent``, from its worker's ``usb_ids``, read as a dock's cable
+    and power where its later ones, from its looks, said to start the twin."""
+
+    def __init__(self, backend: Any, prefix: str, ctrl_timeout_ms: int = P.USB_CTRL_TIMEOUT_MS,
+                 link_errors: Callable[[Any], int | None] | None = None) -> None:
+        super().__init__(backend, ctrl_timeout_ms, link_errors=link_errors)
+        self.prefix = prefix
+
+    def find(self) -> Any:
+        try:
+            return super().find()
+        except UsbLayerError as e:
+            if e.reason != "no_dock":
+                raise
+            from chestnut.backend.sim.client import daemon_missing
+
+            if (missing := daemon_missing(self.prefix)) is None:
+                raise
+            raise UsbLayerError("no_dock", f"{e.detail}: {missing[1]}") from e
+
+
 class TwinRunner:
     """:class:`~chestnut.backend.interface.PrimaryRunner` over the twin daemon of ``prefix``.
 
@@ -142,8 +166,9 @@ class TwinRunner:
         self.lock_first = lock_first
         self.config = config or LadderConfig(wait_timeout_ms=wait_timeout_ms)
         self._TwinClient, self._TwinNotRunning = TwinClient, TwinNotRunning
-        self.dock = UsbDock(
-            twin_backend(self.prefix, cached=False), self.config.ctrl_timeout_ms, link_errors=self._link_errors
+        self.dock = TwinDock(
+            twin_backend(self.prefix, cached=False), self.prefix, self.config.ctrl_timeout_ms,
+            link_errors=self._link_errors,
         )
         self.qualifier: DockQualifier | None = None
         self.usb: Any = None

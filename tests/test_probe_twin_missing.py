@@ -79,3 +79,22 @@ def test_the_nodes_look_at_a_twin_nobody_runs_names_the_missing_daemon():
     assert look("twin", prefix) == (False, f"no Chestnut dock enumerated: the twin daemon is not running on prefix "
                                            f"{prefix!r}: start it with `chestnut twin --prefix {prefix} serve` (or run "
                                            "a whole stack with `chestnut launch`)", None)
+
+
+def test_the_ladder_on_a_twin_nobody_runs_says_how_to_start_it():
+    """The node's first ``dock_absent`` comes from its worker's ``usb_ids`` rung: it said ``no Chestnut dock found (no
+    USB device ... enumerated)``, a dock's cable and power, where every later one, from the node's own looks
+    (``node/docklook.py``), said that the twin daemon is not running and how to start it."""
+    from chestnut.backend.twin_runner import TwinRunner
+
+    prefix = os.environ["CHESTNUT_PREFIX"]
+    runner = TwinRunner(prefix)
+    try:
+        failure = runner.qualify().first_failure
+    finally:
+        runner.close()
+    assert failure is not None and failure.name == "usb_ids"
+    assert str(failure.error) == (
+        "no_dock: no Chestnut dock found (no USB device 0xADD1:0x0001, 0x3801:0x0001 enumerated): the twin daemon is "
+        f"not running on prefix {prefix!r}: start it with `chestnut twin --prefix {prefix} serve` (or run a whole "
+        "stack with `chestnut launch`)")
