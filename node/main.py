@@ -1924,7 +1924,7 @@ class Node:
             w, self.worker = self.worker, None
             self.draining = False
             report = w.stop(WORKER_STOP_BUDGET_S, while_waiting=lambda: self._publish_housekeeping(time.monotonic_ns()))
-            log.info("worker stopped: %s", report)
+            log.info("worker pid %s stopped: %s", w.pid, report.describe())
         self.next_health_ns = min(self.next_health_ns, time.monotonic_ns())  # a final health, whenever it is due
         self._publish_stopping()
         self.pm.close()

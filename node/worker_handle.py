@@ -152,6 +152,19 @@ class StopReport:
     returncode: int | None
     duration_s: float
 
+    HOW_WORDS = {"asked": "exited when asked", "terminated": "ended by SIGTERM", "killed": "ended by SIGKILL",
+                 "already_exited": "had exited on its own", "not_started": "was never started",
+                 "not_reaped": "not reaped after SIGKILL (stuck in the kernel, e.g. in uninterruptible USB I/O)"}
+
+    def describe(self) -> str:
+        """One line for a person: how it stopped, its exit status (:func:`describe_returncode`) and how long the
+        stop took, e.g. ``"exited when asked (exit code 0) in 120 ms"``."""
+        how = self.HOW_WORDS.get(self.how, self.how)
+        if self.how == "not_started":
+            return how
+        took = f"{self.duration_s * 1e3:.0f} ms" if self.duration_s < 1.0 else f"{self.duration_s:.1f} s"
+        return f"{how} ({describe_returncode(self.returncode)}) in {took}"
+
 
 IDENTITY_MAX_ITEMS = 32       # identity fields kept from a worker (backend/probe.py IDENTITY_KEYS has 8)
 IDENTITY_MAX_CHARS = 1024     # per key or value
@@ -236,6 +249,7 @@ class WorkerHandle:
         self._ever_ready = False
         self._eof = False
         self._exit_noted = False
+        self._exit_unsaid: int | None = None  # the level of an exit seen before it was reaped, said once it is
         self._last_seq: int | None = None
         self._probe_pending = False
         self._free_slots: deque[int] = deque()
@@ -527,17 +541,28 @@ class WorkerHandle:
     def kill(self, reap_timeout_s: float = STOP_KILL_S) -> bool:
         """SIGKILL the worker now and reap it (waiting at most ``reap_timeout_s``); True if reaped.
 
-        For the watchdog. Requests in flight come back from poll_result with ``"worker_exited"``.
-        Call :meth:`stop` afterwards to release the descriptors and shared memory.
+        A worker whose command socket has closed is exiting on its own (it reported a failure, its interpreter is
+        ending): it gets the first half of ``reap_timeout_s`` to be reaped as it is, with its own exit status,
+        before it is killed. For the watchdog. Requests in flight come back from poll_result with
+        ``"worker_exited"``. Call :meth:`stop` afterwards to release the descriptors and shared memory.
         """
         if self._proc is None:
             return True
-        was_running = self._proc.poll() is None
+        proc = self._proc
+        end = time.monotonic() + max(0.0, reap_timeout_s)
+        if self._eof and proc.poll() is None:
+            self._wait(reap_timeout_s / 2)
+        was_running = proc.poll() is None
         if was_running:
-            log.warning("killing worker pid %d", self._proc.pid)
-            self._proc.kill()
-        reaped = self._wait(reap_timeout_s)
+            if self._eof:
+                log.warning("killing worker pid %d: its command socket closed, but it had not exited %.0f ms later",
+                            proc.pid, reap_timeout_s / 2 * 1e3)
+            else:
+                log.warning("killing worker pid %d", proc.pid)
+            proc.kill()
+        reaped = self._wait(max(0.0, end - time.monotonic()))
         self._note_exit(("killed by the node" if reaped else "SIGKILL sent, not yet reaped") if was_running else None)
+        self._say_exit()
         return reaped
 
     def stop(self, budget_s: float = STOP_BUDGET_S, while_waiting: Callable[[], None] | None = None) -> StopReport:
@@ -545,7 +570,9 @@ class WorkerHandle:
 
         openpilot modeld's sequence (openpilot's manager): send STOP and wait 2 s, SIGTERM and wait 0.5 s,
         SIGKILL and wait 0.5 s (3 s in all). With a smaller budget the wait after STOP shrinks
-        first. The descriptors and shared memory are released in every case; unreturned results
+        first. A worker whose command socket has closed is exiting on its own: no STOP can reach it, and the
+        wait after STOP is its time to exit (``"already_exited"`` when it does). The descriptors and shared
+        memory are released in every case; unreturned results
         are dropped. ``while_waiting`` is called about every :data:`STOP_TICK_S` while the worker is
         waited for (the node keeps publishing its health and state through a slow stop); what it raises
         propagates, and the worker is then left as it is (``__exit__`` or a later ``stop`` finishes it).
@@ -554,18 +581,21 @@ class WorkerHandle:
         if self._proc is None:
             return StopReport("not_started", None, 0.0)
         proc = self._proc
-        if proc.poll() is not None:
+        ask_s = min(STOP_ASK_S, max(0.0, budget_s - STOP_TERMINATE_S - STOP_KILL_S))
+        if proc.poll() is not None or (self._eof and self._wait(ask_s, while_waiting)):
             how = "already_exited"
         else:
-            ask_s = min(STOP_ASK_S, max(0.0, budget_s - STOP_TERMINATE_S - STOP_KILL_S))
             term_s = min(STOP_TERMINATE_S, max(0.0, (budget_s - ask_s) / 2))
             kill_s = min(STOP_KILL_S, max(0.0, budget_s - ask_s - term_s))
             how = "not_reaped"
-            try:
-                self._send(pack(Msg.STOP))
-            except WorkerError:  # its command socket is full: it is not listening, escalate below
-                pass
-            if self._wait(ask_s, while_waiting):
+            asked = False
+            if not self._eof:
+                try:
+                    self._send(pack(Msg.STOP))
+                except WorkerError:  # its command socket is full: it is not listening, escalate below
+                    pass
+                asked = self._wait(ask_s, while_waiting)
+            if asked:
                 how = "asked"
             else:
                 log.warning("worker pid %d did not stop within %.1f s; SIGTERM", proc.pid, ask_s)
@@ -580,6 +610,7 @@ class WorkerHandle:
                     else:
                         log.error("worker pid %d not reaped %.1f s after SIGKILL", proc.pid, kill_s)
         self._note_exit(f"stopped by the node ({how})", logging.INFO)
+        self._say_exit()
         self._release()
         return StopReport(how, proc.poll(), time.monotonic() - t0)
 
@@ -701,7 +732,9 @@ class WorkerHandle:
         self._exit_noted = True
         self._ready = False
         rc = self._proc.poll() if self._proc is not None else None
-        detail = f"worker pid {self.pid} {how or 'exited (' + describe_returncode(rc) + ')'}"
+        if how is None and rc is None:  # its socket closed before it was reaped: its status is said once it is
+            self._exit_unsaid = level
+        detail = f"worker pid {self.pid} {how or 'exited' + ('' if rc is None else f' ({describe_returncode(rc)})')}"
         if not self._ever_ready and self.start_error is None:
             self.start_error = WorkerError("worker_exited", f"{detail} before it was ready")
         now_s = time.monotonic()
@@ -712,7 +745,16 @@ class WorkerHandle:
         if self._probe_pending:
             self._probe_pending = False
             self.latest_probe = ProbeResult(now_s, None, WorkerError("worker_exited", detail))
-        log.log(level, "%s", detail)
+        if self._exit_unsaid is None:
+            log.log(level, "%s", detail)
+
+    def _say_exit(self) -> None:
+        """The line of an exit seen (its socket closed) before the worker was reaped, with the exit status it
+        has now (:meth:`kill` and :meth:`stop` reap it): once."""
+        if self._exit_unsaid is None or self._proc is None:
+            return
+        level, self._exit_unsaid = self._exit_unsaid, None
+        log.log(level, "worker pid %d exited (%s)", self._proc.pid, describe_returncode(self._proc.poll()))
 
     def _protocol_violation(self, detail: str) -> None:
         log.error("worker pid %s broke the protocol: %s; killing it", self.pid, detail)

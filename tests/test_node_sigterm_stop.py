@@ -5,6 +5,7 @@ too -- logs no ``worker_died`` failover and leaves no leaked multiprocessing sem
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -77,6 +78,9 @@ def test_sigterm_stops_the_node_without_a_failover(tmp_path: Path, tiny_onnx: Pa
     assert "worker_died" not in log and "-> degraded" not in log, log
     assert "leaked semaphore" not in log, log
     assert "active -> stopping on stop: stop: stop requested" in log, log
+    if not to_group:  # the stop's line reads as one (it was ``worker stopped: StopReport(how='asked', ...)``)
+        assert re.search(r"INFO chestnut\.node: worker pid \d+ stopped: exited when asked \(exit code 0\) in "
+                         r"\d+(?: ms|\.\d s)\n", log), log
 
 
 CHILD = """

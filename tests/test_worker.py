@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import select
 import signal
@@ -34,7 +35,7 @@ from chestnut.backend.model import TensorSpec
 from chestnut.node.runner_loader import RunnerSpec, resolve_runner, trust_refusal
 from chestnut.node.shm import SlotLayout, WorkerState
 from chestnut.node.wire import HEADER_BYTES, Msg, WorkerError, error_from_json, error_to_json, pack, unpack
-from chestnut.node.worker_handle import WorkerHandle
+from chestnut.node.worker_handle import StopReport, WorkerHandle
 
 pytestmark = pytest.mark.slow
 
@@ -52,8 +53,12 @@ class ScriptedRunner:
 
     kind = "scripted"
 
-    def __init__(self, qualify_fail: bool = False, load_fail: bool = False) -> None:
+    def __init__(self, qualify_fail: bool = False, load_fail: bool = False, linger_s: float = 0.0) -> None:
         self.qualify_fail, self.load_fail, self.calls = qualify_fail, load_fail, 0
+        if linger_s:  # the worker's exit lingers after its command socket has closed (tinygrad's teardown does)
+            import atexit
+
+            atexit.register(time.sleep, linger_s)
 
     def qualify(self) -> LadderReport:
         if self.qualify_fail:
@@ -593,6 +598,35 @@ def test_a_stopped_worker_ages_its_heartbeat_and_kill_reaps_it(worker):
 
 
 @pytest.mark.timeout(30)
+def test_a_worker_that_exits_on_its_own_is_reaped_with_its_status_never_killed(caplog):
+    """A worker that failed its start closes its socket, then exits: the node saw the EOF before it could reap it and
+    logged ``worker pid N exited (exit status not yet known)``, then ``killing worker pid N`` for a worker on its way
+    out. It is given time to exit, and its line says its real exit status, once."""
+    caplog.set_level(logging.INFO, logger="chestnut.node.worker")
+    with WorkerHandle() as h:
+        start_scripted(h, load_fail=True, linger_s=0.3)
+        with pytest.raises(ModelError):
+            wait_ready(h)
+        deadline = time.monotonic() + 10
+        while h.alive:  # its socket's EOF, with the process still lingering
+            assert time.monotonic() < deadline, "the worker's socket never closed"
+            select.select([h], [], [], 0.1)
+            with pytest.raises(ModelError):  # what takes the socket's messages in raises the start's error again
+                h.poll_ready()
+        assert h.kill(reap_timeout_s=4.0) is True and h.returncode == 3
+        assert h.stop().how == "already_exited"
+    lines = [r.getMessage() for r in caplog.records if r.name == "chestnut.node.worker" and "spawned" not in r.message]
+    assert lines == [f"worker pid {h.pid} exited (exit code 3)"]
+
+
+def test_a_stop_report_reads_as_one_line():
+    assert StopReport("asked", 0, 0.1204).describe() == "exited when asked (exit code 0) in 120 ms"
+    assert StopReport("killed", -signal.SIGKILL, 2.51).describe() == "ended by SIGKILL (killed by SIGKILL) in 2.5 s"
+    assert StopReport("already_exited", 3, 0.0).describe() == "had exited on its own (exit code 3) in 0 ms"
+    assert StopReport("not_started", None, 0.0).describe() == "was never started"
+
+
+@pytest.mark.timeout(30)
 def test_stop_asks_first_and_leaves_no_child():
     h = WorkerHandle()
     start_scripted(h)
@@ -641,7 +675,7 @@ from pathlib import Path
 from chestnut.backend.interface import ModelSpec
 from chestnut.backend.ladder import LadderConfig
 from chestnut.node.runner_loader import RunnerSpec
-from chestnut.node.worker_handle import WorkerHandle
+from chestnut.node.worker_handle import StopReport, WorkerHandle
 h = WorkerHandle()
 h.start(RunnerSpec(sys.argv[1] + ":ScriptedRunner"), ModelSpec(Path("scripted.onnx"), "scripted"),
         LadderConfig(require_fingerprint=False))
