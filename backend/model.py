@@ -73,14 +73,19 @@ def untrusted_file(path: Path, st: os.stat_result, what: str) -> str | None:
     (``lookup_folders``: those along ``path`` as given -- a symlink's own folder and the folders above it -- and
     along each symlink's target): whoever can write one could swap the symlink or a folder below it."""
     uid = os.getuid()
-    folder = path.resolve().parent
-    for kind, where, s_ in (("file", path, st), ("folder", folder, os.stat(folder))):
+    target = path.resolve()
+    folder = target.parent
+    # ``st`` is the target's: a path reached through a symlink is named with the file it leads to
+    linked = target != Path(os.path.abspath(path))
+    file_shown = f"{path} -> {target}" if linked else path
+    for kind, where, shown, s_ in (("file", target if linked else path, file_shown, st),
+                                   ("folder", folder, folder, os.stat(folder))):
         if s_.st_uid not in (uid, 0):
-            return (f"{what} {kind} {where} is owned by uid {s_.st_uid}, not by {trusted_owners(uid)}: another user "
+            return (f"{what} {kind} {shown} is owned by uid {s_.st_uid}, not by {trusted_owners(uid)}: another user "
                     f"could change what the node computes (copy it to a folder you own)")
         sticky_dir = kind == "folder" and s_.st_mode & stat.S_ISVTX
         if s_.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky_dir:
-            return (f"{what} {kind} {where} is writable by group or other (mode {stat.S_IMODE(s_.st_mode):04o}): "
+            return (f"{what} {kind} {shown} is writable by group or other (mode {stat.S_IMODE(s_.st_mode):04o}): "
                     f"another user could change what the node computes (chmod go-w {where})")
     for where in lookup_folders(path):
         fst = os.stat(where)

@@ -314,6 +314,37 @@ def test_a_config_of_another_user_is_refused_and_one_of_root_is_not(tmp_path, mo
     )
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="a file of another user needs root to make")
+def test_a_config_reached_through_a_symlink_names_the_file_it_leads_to(tmp_path):
+    """``--config link.toml``, a link of ours to another user's file, said ``link.toml is owned by uid 65534``: the
+    link is ours; the file it leads to is named."""
+    folder = tmp_path.resolve() / "cfg"
+    folder.mkdir(mode=0o755)
+    target = folder / "theirs.toml"
+    target.write_text("[fallback]\nthreads = 1\n")
+    os.chown(target, 65534, 65534)
+    link = folder / "link.toml"
+    link.symlink_to(target)
+    assert _read_refusal(link) == (
+        f"config: node configuration file {link} -> {target} is owned by uid 65534, not by root: another user could "
+        "change what the node computes (copy it to a folder you own)"
+    )
+
+
+def test_a_config_reached_through_a_symlink_that_others_can_change_names_the_file_it_leads_to(tmp_path):
+    folder = tmp_path.resolve() / "cfg"
+    folder.mkdir(mode=0o755)
+    target = folder / "theirs.toml"
+    target.write_text("[fallback]\nthreads = 1\n")
+    target.chmod(0o666)
+    link = folder / "link.toml"
+    link.symlink_to(target)
+    assert _read_refusal(link) == (
+        f"config: node configuration file {link} -> {target} is writable by group or other (mode 0666): another "
+        f"user could change what the node computes (chmod go-w {target})"
+    )
+
+
 def test_chestnut_run_refuses_a_config_others_can_change_in_one_line_and_exit_2(tmp_path):
     import subprocess
     import sys
