@@ -52,6 +52,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import shlex
 import stat
 import tempfile
 import time
@@ -150,21 +151,31 @@ def lock_holders(path: Path, proc_locks: Path = Path(PROC_LOCKS)) -> list[int]:
 
 def holder_command(pid: int, proc: Path = Path("/proc")) -> str | None:
     """The command line of process ``pid`` as one line: ``/proc/<pid>/cmdline`` (proc(5): the arguments, each
-    ended by a NUL) read up to :data:`CMDLINE_MAX_BYTES`, the arguments joined by spaces, every character that
-    is not printable (a newline in an argument) shown as ``?``, cut to :data:`HOLDER_COMMAND_MAX_CHARS` with
-    ``...``. None when it cannot be read or is empty (a process gone meanwhile, a kernel thread)."""
+    ended by a NUL) read up to :data:`CMDLINE_MAX_BYTES`, the arguments quoted as a shell would take them
+    (``shlex.join``: an empty argument shows as ``''``, one with spaces in quotes), every character that is not
+    printable (a newline in an argument) shown as ``?``; over :data:`HOLDER_COMMAND_MAX_CHARS`, the whole arguments
+    that fit and `` ...`` (a first argument longer than that is cut, with ``...``). None when it cannot be read or
+    is empty (a process gone meanwhile, a kernel thread)."""
     try:
         with open(proc / str(pid) / "cmdline", "rb") as f:
             raw = f.read(CMDLINE_MAX_BYTES)
     except OSError:
         return None
-    text = " ".join(raw.rstrip(b"\0").decode(errors="replace").split("\0"))
-    text = "".join(c if c.isprintable() else "?" for c in text).strip()
-    if not text:
+    if not raw.strip(b"\0"):
         return None
-    if len(text) > HOLDER_COMMAND_MAX_CHARS:
-        text = text[: HOLDER_COMMAND_MAX_CHARS - 3] + "..."
-    return text
+    args = [shlex.quote(a) for a in raw.decode(errors="replace").removesuffix("\0").split("\0")]
+    args = ["".join(c if c.isprintable() else "?" for c in a) for a in args]
+    text = " ".join(args)
+    if len(text) <= HOLDER_COMMAND_MAX_CHARS:
+        return text
+    if len(args[0]) > HOLDER_COMMAND_MAX_CHARS - 4:
+        return args[0][: HOLDER_COMMAND_MAX_CHARS - 3] + "..."
+    shown = args[0]
+    for a in args[1:]:
+        if len(shown) + 1 + len(a) + 4 > HOLDER_COMMAND_MAX_CHARS:
+            break
+        shown += " " + a
+    return shown + " ..."
 
 
 def describe_holders(path: Path, proc_locks: Path = Path("/proc/locks")) -> str:

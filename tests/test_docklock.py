@@ -195,17 +195,22 @@ def test_a_holder_is_named_by_pid_and_command_in_one_bounded_line(tmp_path):
 
     path = tmp_path / "am_usb:3-7.lock"
     code = "import fcntl,os,sys;fcntl.flock(os.open(sys.argv[1],os.O_RDWR|os.O_CREAT),2);print(1,flush=True);input()"
-    holder = subprocess.Popen([sys.executable, "-c", code, str(path), "a\nb", "x" * 300], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", code, path.name, "a\nb", "x" * 300], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "1\n"
-        shown = f"{sys.executable} -c {code} {path} a?b {'x' * 300}"[: HOLDER_COMMAND_MAX_CHARS - 3] + "..."
-        assert HOLDER_COMMAND_MAX_CHARS == 200 and len(shown) == 200
+        # quoted as a shell takes them, cut after the last whole argument that fits
+        shown = f"{sys.executable} -c '{code}' {path.name} 'a?b' ..."
+        assert HOLDER_COMMAND_MAX_CHARS == 200 and len(shown) <= 200
         assert holder_command(holder.pid) == shown
         assert describe_holders(path) == f"pid {holder.pid} ({shown})"
     finally:
         holder.communicate("\n", timeout=10)
     assert describe_holders(path) == "another process"  # gone: /proc/locks names nobody
+    # the node's worker: its --rt-cpus is empty (any CPU), said as '' (it read as a bare "--rt-cpus)")
+    (tmp_path / "proc" / "6").mkdir(parents=True)
+    (tmp_path / "proc" / "6" / "cmdline").write_bytes(b"python\0-m\0chestnut.node.worker\0--rt-cpus\0\0")
+    assert holder_command(6, proc=tmp_path / "proc") == "python -m chestnut.node.worker --rt-cpus ''"
     (tmp_path / "proc" / "7").mkdir(parents=True)
     (tmp_path / "proc" / "7" / "cmdline").write_bytes(b"")  # a kernel thread's
     assert holder_command(7, proc=tmp_path / "proc") is None

@@ -10,6 +10,7 @@ tinygrad sees one after a replug).
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -44,11 +45,12 @@ HOLD = ("import sys;from chestnut.backend.docklock import *;DockLock(dock_lock_p
 
 def hold_dock_lock(bus: int, address: int) -> tuple[subprocess.Popen[str], str]:
     """A child process that holds the lock of the dock at ``bus``-``address`` until :func:`let_go`, once it holds
-    it; returns it and its ``-c`` code (its command line is ``<python> -c <code>``, what a holder's line names)."""
+    it; returns it and its ``-c`` code as a holder's line names it (its command line is ``<python> -c <code>``, the
+    code quoted as a shell takes it: ``backend/docklock.py`` ``holder_command``)."""
     code = HOLD.format(bus=bus, address=address)
     holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-    return holder, code
+    return holder, shlex.quote(code)
 
 
 def let_go(holder: subprocess.Popen[str]) -> None:
