@@ -139,3 +139,28 @@ def test_into_a_pipe_a_line_of_the_report_is_one_line_however_long(drive, tmp_pa
     summary = [line for line in lines if line.startswith("4 file(s), 9.0 s, 180 frames, 180 outputs; ")]
     assert len(summary) == 1 and len(summary[0]) > 80, lines[:4]
     assert summary[0].endswith("wait timeout 3000 + 250 ms (configuration: the log's node initData)"), summary
+
+
+def test_the_header_says_the_per_frame_deadline_the_check_judged_by_not_only_the_ceiling(drive, tmp_path, capsys):
+    """``deadline_or_fallback`` judges each primary output by its frame's published deadline (adaptive, at most
+    ``timing.deadline_ms``): the header said ``deadline 150 ms`` -- the ceiling -- for a node that ran at 45 ms."""
+    out, n = [], 0
+    for it in drive:
+        if it[1] == "modelOutput":
+            with log.Event.from_bytes(it[2]) as reader:
+                b: Any = reader.as_builder()
+            if b.modelOutput.source == "primary":
+                b.modelOutput.deadline = max(0.045, 0.150 - 0.005 * n)  # 150 ms down to 45 ms
+                n += 1
+                it = (it[0], it[1], b.to_bytes())
+        out.append(it)
+    assert n > 21
+    logs = tmp_path / "logs"
+    write_drive(out, logs)
+    capsys.readouterr()
+    assert main(["check", str(logs)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    summary = [line for line in lines if line.startswith("4 file(s), 9.0 s, 180 frames, 180 outputs; ")]
+    assert summary == ["4 file(s), 9.0 s, 180 frames, 180 outputs; deadline per frame 45.0 ms at the end (45.0 .. "
+                       "150.0 ms; adaptive, ceiling 150 ms), slack 100 ms, wait timeout 3000 + 250 ms (configuration: "
+                       "the log's node initData)"], lines[:4]

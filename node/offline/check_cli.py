@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from chestnut.msgs.argtypes import checked_float, path_arg
 from chestnut.msgs.outdir import OutputDirError
 from chestnut.node.config import MAX_MS, deadline_refusal
-from chestnut.node.offline.contracts import CONTRACTS, CheckResult
+from chestnut.node.offline.contracts import CONTRACTS, CheckParams, CheckResult, frame_deadline_ms
 from chestnut.node.offline.executor import ExecutorError
 from chestnut.node.offline.fleet import (
     check_fleet,
@@ -48,7 +48,7 @@ from chestnut.node.offline.fleet_cli import (
     stdout_console,
 )
 from chestnut.node.offline.report import write_report
-from chestnut.node.offline.timeline import SLACK_MS
+from chestnut.node.offline.timeline import SLACK_MS, OutputRec
 
 log = logging.getLogger("chestnut.check")
 
@@ -170,6 +170,20 @@ def print_anomalies(result: CheckResult, console: Any) -> None:
     console.print(table)
 
 
+def deadline_words(outputs: Sequence[OutputRec], p: CheckParams) -> str:
+    """The deadline ``deadline_or_fallback`` judged the primary's outputs by, for the check's header: each frame's own
+    (``modelOutput.deadline``, the adaptive deadline in force, at most ``p.deadline_ms``: ``contracts.py``
+    ``frame_deadline_ms``), said with its value at the end and its range, and the ceiling; ``p.deadline_ms`` alone
+    for a log whose primary outputs carry none (an older log). It said ``deadline 150 ms`` -- the ceiling -- for a
+    node that ran at 45 ms."""
+    own = [ms for o in outputs if o.source == "primary" for ms, which in [frame_deadline_ms(o, p)]
+           if which == "deadline in force"]
+    if not own:
+        return f"deadline {p.deadline_ms:g} ms"
+    return (f"deadline per frame {own[-1]:.1f} ms at the end ({min(own):.1f} .. {max(own):.1f} ms; adaptive, "
+            f"ceiling {p.deadline_ms:g} ms)")
+
+
 def run(args: argparse.Namespace) -> int:
     console = stdout_console()  # a closed pipe: exit 141, quietly (launch/cli.py main)
     executor = open_executor(args, "chestnut check")
@@ -205,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"times: s since the log's first message, {tl.wall_start()}")
         console.print(
             f"{len(tl.files)} file(s), {tl.seconds(tl.end_ns):.1f} s, {len(tl.frames)} frames, "
-            f"{len(tl.outputs)} outputs; deadline {p.deadline_ms:g} ms, slack {p.slack_ms:g} ms, "
+            f"{len(tl.outputs)} outputs; {deadline_words(tl.outputs, p)}, slack {p.slack_ms:g} ms, "
             f"wait timeout {p.wait_timeout_ms:g} + {p.hang_margin_ms:g} ms (configuration: "
             f"{result.config_origin})"
         )

@@ -142,8 +142,9 @@ def plot_timeline(tl: Timeline, violations: Sequence[Violation], path: Path,
                            label=f"frameAge ({src})")
             ax_lat.scatter(t, [max(o.execution_time_s * 1e3, LATENCY_FLOOR_MS) for o in outs], s=9, color=color,
                            marker="x", alpha=0.6, label=f"executionTime ({src})")
-        ax_lat.axhline(deadline_ms, color="#d62728", linestyle="--", linewidth=1, label=f"deadline {deadline_ms:g} ms")
         asked = [o for o in tl.outputs if o.deadline_s > 0]  # the primary's deadline in force, per frame
+        ceiling = "deadline ceiling" if asked else "deadline"  # with a deadline per frame, this line is its ceiling
+        ax_lat.axhline(deadline_ms, color="#d62728", linestyle="--", linewidth=1, label=f"{ceiling} {deadline_ms:g} ms")
         if asked:
             ax_lat.step([sec(o.t_ns) for o in asked], [o.deadline_s * 1e3 for o in asked], where="post",
                         color="#d62728", linewidth=1, alpha=0.7, label="deadline in force (modelOutput.deadline)")
