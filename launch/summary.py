@@ -30,7 +30,9 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
 
     One clock: every time (``t_s``, transitions, control, soft disables, fault events) is in seconds since
     the log's first message (``t_zero_ns``, its wall-clock time ``wall_start``), as ``chestnut check``
-    and the report count; only the two "launch ->" durations count from ``t_launch_ns``.
+    and the report count, ``first_output_t_s`` and ``first_active_t_s`` (the first ``modelOutput``, the first
+    ``chestnutActive`` true) included; only ``first_output_s`` and ``first_active_s``, the same two moments as
+    durations since the stack was started (``t_launch_ns``, before its first message), count from ``t_launch_ns``.
 
     ``fault_events``: each ``twinFault`` (``msgs/chestnut.capnp``) as ``{"t_s", "fault": "<kind>#<id>", "action"
     (armed | fired | spent | cleared | expired, as the fault table says), "site", "params", "fired" (times fired
@@ -169,8 +171,10 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
         # the primary's adaptive deadline: in force at the end, and its range over the run (ms)
         "deadline_ms": round(deadlines[-1], 1) if deadlines else None,
         "deadline_ms_range": [round(min(deadlines), 1), round(max(deadlines), 1)] if deadlines else None,
-        "first_output_s": (first_out_ns - t_launch_ns) / NS if first_out_ns else None,
+        "first_output_s": (first_out_ns - t_launch_ns) / NS if first_out_ns else None,  # since the stack was started
         "first_active_s": (first_active_ns - t_launch_ns) / NS if first_active_ns else None,
+        "first_output_t_s": round((first_out_ns - t_zero) / NS, 3) if first_out_ns else None,  # on the stack's clock
+        "first_active_t_s": round((first_active_ns - t_zero) / NS, 3) if first_active_ns else None,
         "transitions": transitions,
         "control": engaged_events,
         "soft_disables": dict(soft_disables),
@@ -334,9 +338,20 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("frame age p50 / p99", f"{s['frame_age_ms_p50']:.1f} / {s['frame_age_ms_p99']:.1f} ms"),
         *stage_rows(s),
         ("primary deadline (range)", _deadline_text(s)),
-        ("launch -> first modelOutput", f"{fo:.1f} s" if fo is not None else "never"),
-        ("launch -> ChestnutActive", f"{fa:.1f} s" if fa is not None else "never"),
+        ("first modelOutput", _first_text(s.get("first_output_t_s"), fo)),
+        ("first ChestnutActive true", _first_text(s.get("first_active_t_s"), fa)),
     ]
+
+
+def _first_text(t_s: float | None, since_start_s: float | None) -> str:
+    """A first moment on the stack's clock (``t=``, as every other table of the summary counts: s since its first
+    message), with its time since the stack was started in words: the rows said ``launch -> first modelOutput
+    4.9 s`` beside a state table that counts from the first message, 1-2 s later."""
+    if since_start_s is None:
+        return "never"
+    if t_s is None:  # a summary from before the stack's clock was kept
+        return f"{since_start_s:.1f} s after the stack was started"
+    return f"t={t_s:.1f} s  ({since_start_s:.1f} s after the stack was started)"
 
 
 def stop_figures(s: dict[str, Any], t_launch_ns: int, t_stop_ns: int, flag: Any, seconds: float) -> dict[str, Any]:

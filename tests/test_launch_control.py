@@ -330,3 +330,36 @@ def test_a_publisher_too_fast_or_too_slow_for_good_is_still_a_freq_check_named_w
     assert describe_check(slow, "modelOutput.freq_ok", 0) == (
         "modelOutput.freq_ok (too slow: 12.00 Hz over 20, 12.00 Hz over 100 intervals; allowed 16..24 Hz)"
     )
+
+
+def test_the_first_output_and_active_are_on_the_stacks_clock_with_the_time_since_the_start_said_as_such(tmp_path):
+    """The rows said ``launch -> first modelOutput 4.9 s`` and ``launch -> ChestnutActive 6.5 s``, counted from the
+    stack's start, beside tables that count from its first message (``active`` at 4.0 s): each is said on the stack's
+    clock, the time since the start named as that. ``--json`` keeps ``first_output_s`` / ``first_active_s`` (since
+    the start) and adds ``first_output_t_s`` / ``first_active_t_s`` (the stack's clock)."""
+    from drivelog import write_drive
+
+    from chestnut.launch.summary import summarize, summary_rows
+
+    base = 10_000 * 10**9
+    started = base - 2_500 * MS  # the stack was started 2.5 s before its first message
+    state = new_message("nodeState")  # the log's first message (after its initData, 1 ms before)
+    state.logMonoTime = base
+    items = [(base, "nodeState", state.to_bytes())]
+    for k in range(3):
+        m = new_message("modelOutput")
+        m.modelOutput.frameId = k
+        m.logMonoTime = base + 1_000 * MS + k * 50 * MS
+        items.append((m.logMonoTime, "modelOutput", m.to_bytes()))
+    a = new_message("chestnutActive")
+    a.chestnutActive.active = True
+    a.logMonoTime = base + 2_400 * MS
+    items.append((a.logMonoTime, "chestnutActive", a.to_bytes()))
+    write_drive(items, tmp_path / "logs")
+    s = summarize(tmp_path / "logs", started)
+    assert (s["first_output_t_s"], s["first_active_t_s"]) == (1.001, 2.401)  # since the initData
+    assert (round(s["first_output_s"], 3), round(s["first_active_s"], 3)) == (3.5, 4.9)
+    rows = dict(summary_rows(s))
+    assert "launch -> first modelOutput" not in rows and "launch -> ChestnutActive" not in rows
+    assert rows["first modelOutput"] == "t=1.0 s  (3.5 s after the stack was started)"
+    assert rows["first ChestnutActive true"] == "t=2.4 s  (4.9 s after the stack was started)"
