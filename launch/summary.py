@@ -3,8 +3,8 @@ printing (:func:`print_summary`; the main table's rows come from :func:`summary_
 JSON (:func:`write_summary_json`), the contract check and its report (:func:`check_contracts`), and the
 run's one clock (:class:`StackClock`).
 
-One clock: every time in the summary is in seconds since the log's first message; only the two
-"launch ->" durations count from the launch."""
+One clock: every time in the summary is in seconds since the log's first message (``t=``); the first output's
+and first ``ChestnutActive``'s also say, in words, how long after the stack was started they came."""
 
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ def summarize(log_dir: Path, t_launch_ns: int) -> dict[str, Any]:
 
     One clock: every time (``t_s``, transitions, control, soft disables, fault events) is in seconds since
     the log's first message (``t_zero_ns``, its wall-clock time ``wall_start``), as ``chestnut check``
-    and the report count, ``first_output_t_s`` and ``first_active_t_s`` (the first ``modelOutput``, the first
-    ``chestnutActive`` true) included; only ``first_output_s`` and ``first_active_s``, the same two moments as
-    durations since the stack was started (``t_launch_ns``, before its first message), count from ``t_launch_ns``.
+    and the report count, ``first_output_t_s`` and ``first_active_t_s`` included; only ``first_output_s`` and
+    ``first_active_s``, the same two moments since the stack was started (before its first message), count from
+    ``t_launch_ns``.
 
     ``fault_events``: each ``twinFault`` (``msgs/chestnut.capnp``) as ``{"t_s", "fault": "<kind>#<id>", "action"
     (armed | fired | spent | cleared | expired, as the fault table says), "site", "params", "fired" (times fired
@@ -344,14 +344,9 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _first_text(t_s: float | None, since_start_s: float | None) -> str:
-    """A first moment on the stack's clock (``t=``, as every other table of the summary counts: s since its first
-    message), with its time since the stack was started in words: the rows said ``launch -> first modelOutput
-    4.9 s`` beside a state table that counts from the first message, 1-2 s later."""
-    if since_start_s is None:
-        return "never"
-    if t_s is None:  # a summary from before the stack's clock was kept
-        return f"{since_start_s:.1f} s after the stack was started"
-    return f"t={t_s:.1f} s  ({since_start_s:.1f} s after the stack was started)"
+    """A first moment on the stack's clock (``t=``, as every table here) and, in words, since the stack started."""
+    after = f"{since_start_s:.1f} s after the stack was started" if since_start_s is not None else "never"
+    return after if t_s is None or since_start_s is None else f"t={t_s:.1f} s  ({after})"
 
 
 def stop_figures(s: dict[str, Any], t_launch_ns: int, t_stop_ns: int, flag: Any, seconds: float) -> dict[str, Any]:
@@ -360,8 +355,7 @@ def stop_figures(s: dict[str, Any], t_launch_ns: int, t_stop_ns: int, flag: Any,
     the runs that exit 130 or 143: then ``signal`` (its name), ``t_s`` (when it came), ``run_s`` (s of the
     planned ``--seconds`` run, counted from the first output; None when no output came first), ``planned_s`` and
     ``in_stop`` (it came only once the stop had begun: the run had ended; it still sets the exit status).
-    Times are s since the stack's first message (``t_s`` < 0: the signal came before it), ``s`` is
-    :func:`summarize`'s."""
+    Times are s since the stack's first message (``t_s`` < 0: the signal came before it); ``s``: ``summarize``'s."""
     t_zero = s.get("t_zero_ns") or t_launch_ns
     signum = getattr(flag, "signum", None)
     cut = None
