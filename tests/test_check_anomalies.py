@@ -129,14 +129,19 @@ def test_a_node_that_stamps_its_own_output_absurdly_is_still_a_violation(drive, 
     assert r.violations[0].t_ns == frame_time_of(drive, 90)  # where the logger wrote it: after frame 90
 
 
-def test_into_a_pipe_a_line_of_the_report_is_one_line_however_long(drive, tmp_path, capsys):
-    """Not a terminal (capsys, like ``| grep``): rich's 80-column fold is off, so the one summary line stays one."""
+def _checked_summary(items, tmp_path, capsys) -> tuple[list[str], list[str]]:
+    """``chestnut check`` (exit 0) of ``items`` written as a log: its summary lines and all its output's lines."""
     logs = tmp_path / "logs"
-    write_drive(drive, logs)
+    write_drive(items, logs)
     capsys.readouterr()
     assert main(["check", str(logs)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    summary = [line for line in lines if line.startswith("4 file(s), 9.0 s, 180 frames, 180 outputs; ")]
+    return [line for line in lines if line.startswith("4 file(s), 9.0 s, 180 frames, 180 outputs; ")], lines
+
+
+def test_into_a_pipe_a_line_of_the_report_is_one_line_however_long(drive, tmp_path, capsys):
+    """Not a terminal (capsys, like ``| grep``): rich's 80-column fold is off, so the one summary line stays one."""
+    summary, lines = _checked_summary(drive, tmp_path, capsys)
     assert len(summary) == 1 and len(summary[0]) > 80, lines[:4]
     assert summary[0].endswith("wait timeout 3000 + 250 ms (configuration: the log's node initData)"), summary
 
@@ -155,12 +160,7 @@ def test_the_header_says_the_per_frame_deadline_the_check_judged_by_not_only_the
                 it = (it[0], it[1], b.to_bytes())
         out.append(it)
     assert n > 21
-    logs = tmp_path / "logs"
-    write_drive(out, logs)
-    capsys.readouterr()
-    assert main(["check", str(logs)]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    summary = [line for line in lines if line.startswith("4 file(s), 9.0 s, 180 frames, 180 outputs; ")]
+    summary, lines = _checked_summary(out, tmp_path, capsys)
     assert summary == ["4 file(s), 9.0 s, 180 frames, 180 outputs; deadline per frame 45.0 ms at the end (45.0 .. "
                        "150.0 ms; adaptive, ceiling 150 ms), slack 100 ms, wait timeout 3000 + 250 ms (configuration: "
                        "the log's node initData)"], lines[:4]
