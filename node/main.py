@@ -865,12 +865,13 @@ class Node:
             # a stop is not a failure: the SIGTERM that stops the node reaches its worker too when it is sent to
             # the process group (``timeout``, a terminal, systemd's control-group kill); close() reaps the worker
             return
-        how = describe_returncode(w.returncode)
         now = time.monotonic_ns()
+        # reaped first (one whose socket closed gets its time to exit on its own: WorkerHandle.kill), so the reason
+        # names its exit status; the watchdog answers what it held from the fallback (worker_stopped)
+        self._kill_worker("it exited")
+        how = describe_returncode(w.returncode)
         self.health.apply([Evidence(Layer.GPU, Level.ERROR, f"primary worker exited ({how})", hard=True,
                                     tag="worker_died")], now)
-        self._watchdog_actions(self.watchdog.worker_stopped(now))
-        self._kill_worker("it exited")
         self._feed(Event.WORKER_DIED, f"primary worker exited ({how})", Layer.GPU)
 
     def _watchdog_actions(self, actions: list[WatchdogAction]) -> set[int]:
