@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import pwd
+import secrets
 import stat
 import sys
 import time
@@ -64,6 +66,10 @@ def render_config(
     text = TEMPLATE.read_text().format(
         run_dir=run_dir,
         sock_dir=runtime_dir(prefix),
+        # as root, supervisord's own line for it: it runs as root by choice (supervisor/options.py
+        # set_uid_or_exit: "you can set user=root in the config file to avoid this message", a CRIT line)
+        user_line=f"user={pwd.getpwuid(0).pw_name}" if os.getuid() == 0 else "",
+        ctl_password=secrets.token_hex(16),  # this run's, in this 0600 file only (supervisorctl -c reads it)
         python=py,
         prefix=prefix,
         rate=rate_hz,

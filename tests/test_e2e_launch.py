@@ -67,6 +67,16 @@ def test_stack_stopped_cleanly(run):
     assert stack_pids(f"e2e{os.getpid()}") == []
 
 
+def test_supervisord_logs_nothing_critical(run):
+    """An alarm must mean the dock failed: supervisord's CRIT lines ("running as root" where the stack runs as
+    root by choice, "running without any HTTP authentication" on a socket only its user reaches) are not said."""
+    _, _, tmp = run
+    (run_dir,) = (tmp / "runs").iterdir()
+    log = (run_dir / "supervisord.log").read_text()
+    assert [ln for ln in log.splitlines() if " CRIT " in ln] == []
+    assert "supervisord started with pid" in log
+
+
 def test_the_report_and_summary_show_the_injected_gpu_hang(run):
     _, s, tmp = run
     events = [(e["fault"].split("#")[0], e["action"]) for e in s["fault_events"]]
