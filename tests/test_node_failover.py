@@ -188,9 +188,6 @@ def check_case(st: Stack, cause: Cause, run: CaseRun) -> None:
     assert any(h.layers[cause.layer][0] == "error" for h in healths), (
         sorted({h.layers[cause.layer] for h in healths}), ctx)
     assert any(a.reason.startswith(f"{cause.layer} ") for a in acts), ([a.reason for a in acts][:12], ctx)
-    if cause.name == "worker_sigkill":  # the failover names how the worker ended, its status reaped first
-        reasons = [s.reason for s in rec.states if s.mono_ns >= run.t_inject_ns and s.state == "degraded"]
-        assert reasons and "primary worker exited (killed by SIGKILL)" in reasons[0], (reasons, ctx)
     # the failed worker is gone (killed and reaped) within the wait timeout + 10 % (+ allowance)
     replaced = next((s for s in rec.states if s.mono_ns >= run.t_inject_ns and s.worker_pid != run.old_pid), None)
     assert replaced is not None, ctx

@@ -19,7 +19,9 @@ worker died are retried (``attempts`` counts the tries); a unit that still fails
 
 from __future__ import annotations
 
+import logging
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -49,6 +51,8 @@ from chestnut.node.offline.units import (
     run_unit,
     worker_id,
 )
+
+log = logging.getLogger("chestnut.fleet")
 
 
 class Executor(Protocol):
@@ -167,7 +171,8 @@ class LocalExecutor:
         ctx = mp.get_context("spawn")
         todo = list(reversed(units))
         attempts: dict[tuple[str, int], int] = {}
-        with DeferredInterrupt() as sigint:  # Ctrl-C taken at the loop's wait, never inside the pool's own code
+        with DeferredInterrupt() as sigint, _ManagerRaceQuiet():  # Ctrl-C taken at the loop's wait, never inside
+            # the pool's own code
             while todo:
                 ex = ProcessPoolExecutor(
                     max_workers=min(self.workers, len(todo)), mp_context=ctx, initializer=_init_pool_process
@@ -225,6 +230,31 @@ class LocalExecutor:
 
     def close(self) -> None:
         pass
+
+
+class _ManagerRaceQuiet:
+    """While a pool runs: CPython 3.11's executor manager thread, finding the pool broken by a Ctrl-C that reached
+    its workers as they started, counts them by iterating the executor's process dict while the main thread's
+    submit may still add one (``concurrent/futures/process.py`` ``_ExecutorManagerThread.get_n_children_alive``):
+    its ``RuntimeError: dictionary changed size during iteration`` went to stderr as a thread's traceback. That one
+    error of that thread is logged at DEBUG instead; every other thread exception goes to the hook before."""
+
+    def __enter__(self) -> _ManagerRaceQuiet:
+        self._previous = threading.excepthook
+        threading.excepthook = self._hook
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        threading.excepthook = self._previous
+
+    def _hook(self, args: threading.ExceptHookArgs) -> None:
+        from concurrent.futures.process import _ExecutorManagerThread  # type: ignore[attr-defined]
+
+        if (isinstance(args.thread, _ExecutorManagerThread) and args.exc_type is RuntimeError
+                and "changed size during iteration" in str(args.exc_value)):
+            log.debug("process pool manager thread: %s (a Ctrl-C broke the pool as it started)", args.exc_value)
+            return
+        self._previous(args)
 
 
 def make_executor(
