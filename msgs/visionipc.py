@@ -88,6 +88,7 @@ from typing import Any
 
 import numpy as np
 
+from chestnut.msgs.fdpass import recv_fds
 from chestnut.msgs.frames import frame_shape, frame_view
 from chestnut.msgs.messaging import REASON_FRAMING, REASON_UNKNOWN_MEMBER, MalformedMessageError
 from chestnut.msgs.paths import SocketPathError, bind_private_socket, check_socket_path, owned_problem, runtime_dir
@@ -675,8 +676,9 @@ def _read_hello(conn: socket.socket, uid: int, path: str) -> tuple[dict[str, int
     The hello's ``version`` is checked before anything it governs (:data:`HELLO_VERSION`; how many descriptors
     come with it is one such thing: a version 3 camera sends its ring alone), so a camera of another version is
     named as that, "camera hello version 3, want 4", not as a count of descriptors."""
-    # close-on-exec: a child of the subscriber never holds the pipe's read end (the camera would never see it gone)
-    msg, fds, _flags, _addr = socket.recv_fds(conn, HELLO_MAX_BYTES, 2, socket.MSG_CMSG_CLOEXEC)
+    # close-on-exec: a child of the subscriber never holds the pipe's read end (the camera would never see it gone);
+    # msgs/fdpass.py: the stdlib's recv_fds drops the flag
+    msg, fds, _flags = recv_fds(conn, HELLO_MAX_BYTES, 2, socket.MSG_CMSG_CLOEXEC)
     try:
         if not msg and not fds:
             raise FrameBufferError(

@@ -145,8 +145,10 @@ from chestnut.node.policy import (
     late_result_reason,
     mark_deadline_miss,
     miss_run_blame,
+    needs_wake,
     no_result_reason,
     pair_response,
+    prewake_at,
     primary_serves,
     run_risk_excuse,
     shadow_vote,
@@ -457,9 +459,11 @@ class Node:
         self.miss_warns: deque[str] = deque(maxlen=MISS_WARNS_KEPT)  # the last deadline misses' gpu WARN reasons
         self.result_at_ns = 0            # receipt of the worker's last result (CLOCK_MONOTONIC ns)
         self.after_output: deque[Callable[[], object]] = deque()  # _after_output's work, until the output is out
-        # the node and its worker can run on two CPUs at once (their affinity): only then does a busy wait for
-        # the worker (the node's for a result, the worker's after a WAKE) leave the other one a CPU
+        # the node and its worker can run on two CPUs at once (their affinity): only then does the node's busy wait
+        # for a result leave the worker a CPU, and a WAKE let the worker's wake-up overlap the node's own work
         self.cpus_apart = cpus_apart(cfg.realtime.cpus)
+        self.prewake_ns = 0              # when to wake before the next frame to WAKE the worker (0: not to)
+        self.worker_woken_ns = 0         # when the last WAKE went to the worker (CLOCK_MONOTONIC ns)
         self.collector = IdleCollector()  # engaged once answering (run): cycle collections between frames only
         self.roundtrips: deque[float] = deque(maxlen=BUSY_WAIT_SAMPLES)  # the worker's last round trips (s)
         self.next_output: tuple[Any, Any] | None = None  # (Event builder, its modelOutput): _prepare_output
@@ -1832,17 +1836,20 @@ class Node:
                          self.cfg.timing.frame_service)
             while not self.stop_requested:
                 nxt = self.watchdog.next_check_ns()
-                timeout_ms = LOOP_PERIOD_MS if nxt is None else max(0, min(LOOP_PERIOD_MS,
-                                                                            (nxt - time.monotonic_ns()) // 1_000_000))
-                asked_ns = time.monotonic_ns() + timeout_ms * 1_000_000
+                now = time.monotonic_ns()
+                timeout_ms = LOOP_PERIOD_MS if nxt is None else max(0, min(LOOP_PERIOD_MS, (nxt - now) // 1_000_000))
+                if self.prewake_ns:  # its whole milliseconds (the poll's unit): the rest in _prewake
+                    timeout_ms = max(0, min(timeout_ms, (self.prewake_ns - now) // 1_000_000))
+                asked_ns = now + timeout_ms * 1_000_000
                 answered = False
                 ready = dict(self.poller.poll(timeout_ms))
                 if self.stop_requested:  # a signal during the poll: nothing more of this turn, close() stops
                     break
+                received_ns = time.monotonic_ns()
                 if ready:
-                    if self.worker is not None and self.cpus_apart and self.sup.runs_primary:  # a frame the primary
-                        self.worker.wake()  # will likely take: its worker's wake-up overlaps the frame's receipt,
-                        # decoding and preprocessing instead of following the RUN (Msg.WAKE)
+                    if needs_wake(self.worker_woken_ns, received_ns):  # a frame the primary will likely take,
+                        self._wake_worker()  # no pre-frame WAKE for it: the worker's wake-up overlaps the frame's
+                        # receipt, decoding and preprocessing instead of following the RUN (Msg.WAKE)
                     for cf, valid, sent_ns in self._frames_woken(ready):
                         if self.stop_requested:
                             break
@@ -1853,14 +1860,46 @@ class Node:
                         if not self.stop_requested:
                             self._housekeeping()  # between two queued frames too: results, the watchdog, health
                 else:
-                    self.host.loop_woke(asked_ns, time.monotonic_ns())
+                    self.host.loop_woke(asked_ns, received_ns)
+                    if self._prewake(received_ns):  # the next frame is due: the WAKE alone, nothing to delay it
+                        continue
                 if not answered and not self.stop_requested:  # a turn that answered a frame has just done it
                     self._housekeeping()
                 self.notify.watchdog()
                 self.collector.collect_due()  # the frames of this turn are answered; the next one is not here yet
+                if answered:  # the next frame's pre-frame wake, from this turn's receipt
+                    self.prewake_ns = prewake_at(received_ns, self.frame_periods) if self._wakes_worker() else 0
         finally:
             self.close()
         return self.exit_code
+
+    def _wakes_worker(self) -> bool:
+        """Whether a frame now would likely go to the primary's worker and that worker is worth a WAKE: one runs
+        the primary, and it can run on another CPU than the node (``cpus_apart``: on one CPU the WAKE's look
+        without sleeping would only hold the node off)."""
+        return self.worker is not None and self.cpus_apart and self.sup.runs_primary
+
+    def _wake_worker(self) -> None:
+        """A WAKE for the worker (``WorkerHandle.wake``) when :meth:`_wakes_worker`; when it went out is kept for
+        :func:`~chestnut.node.policy.needs_wake`."""
+        w = self.worker
+        if w is not None and self._wakes_worker() and w.wake():
+            self.worker_woken_ns = time.monotonic_ns()
+
+    def _prewake(self, now: int) -> bool:
+        """The pre-frame wake (``node/policy.py`` ``prewake_at``): woken at ``now`` (CLOCK_MONOTONIC ns) with
+        no frame, within a millisecond of :attr:`prewake_ns`, the node sleeps the rest (the poll's timeout has
+        whole milliseconds) and WAKEs the worker, once per frame; the frame's receipt then sends none
+        (``needs_wake``) unless it came late. Returns whether this was that wake (the loop then goes back to
+        waiting for the frame at once: housekeeping and collections wait until the frame is answered)."""
+        at = self.prewake_ns
+        if not at or now < at - 1_000_000:
+            return False
+        self.prewake_ns = 0
+        if at > now:
+            time.sleep((at - now) / NS)
+        self._wake_worker()
+        return True
 
     def _frames_woken(self, ready: dict[Any, int]) -> Iterator[tuple[Any, bool, int]]:
         """The frames of one wake-up (``ready``: the poll's result), oldest first: the bus's ``cameraFrame``

@@ -203,6 +203,38 @@ def busy_wait_window(since_submit_s: float, roundtrips_s: Sequence[float]) -> tu
     return max(0.0, start), max(0.0, BUSY_WAIT_MAX_S + min(0.0, start))
 
 
+PREWAKE_LEAD_S = 0.001
+"""How long before the next frame is due (s) the node wakes and sends its worker a WAKE (:func:`prewake_at`),
+so that neither the WAKE's send nor the two processes' wake-ups from idle fall between the frame's receipt and
+its RUN. The receipt of a frame on an idle host varies from frame to frame by a tenth to a fifth of this at
+20 Hz (the pub/sub floor's p50 to p90, ``tests/bench/bench_node.py``); a frame later than twice this after
+that WAKE (a loaded host, a camera that paused) gets one of its own on its receipt (:func:`needs_wake`)."""
+
+PREWAKE_PERIODS = 5
+"""The frame periods (the camera's start-of-frame spacing per frame id) the next frame's time is judged from:
+their median, so one late or dropped frame moves no pre-frame wake."""
+
+
+def prewake_at(receipt_ns: int, periods_ms: Sequence[float], lead_s: float = PREWAKE_LEAD_S) -> int:
+    """When (CLOCK_MONOTONIC ns) to wake before the frame after the one received at ``receipt_ns``: one frame
+    period later (the median of the last :data:`PREWAKE_PERIODS` of ``periods_ms``, the camera's own spacing
+    in ms), less ``lead_s``; 0 (no pre-frame wake) until that many periods are known, or where the period is
+    not over twice the lead (a camera that fast leaves no idle time to wake in)."""
+    if len(periods_ms) < PREWAKE_PERIODS:
+        return 0
+    recent = sorted(list(periods_ms)[-PREWAKE_PERIODS:])
+    period_ns = round(recent[PREWAKE_PERIODS // 2] * 1e6)
+    lead_ns = round(lead_s * 1e9)
+    return receipt_ns + period_ns - lead_ns if period_ns > 2 * lead_ns else 0
+
+
+def needs_wake(woken_ns: int, now_ns: int, lead_s: float = PREWAKE_LEAD_S) -> bool:
+    """Whether a frame received at ``now_ns`` needs its own WAKE for the worker: the last one went out at
+    ``woken_ns`` (0: never), over twice ``lead_s`` ago (not this frame's pre-frame WAKE, or the frame came that
+    much later than it was due)."""
+    return now_ns - woken_ns >= round(2 * lead_s * 1e9)
+
+
 def no_result_reason(deadline_ms: float) -> str:
     return f"no primary result within the deadline ({round(deadline_ms, 1):g} ms after the frame)"
 

@@ -48,7 +48,7 @@ class Msg(IntEnum):
     RUN = 3        # seq, slot: inputs are in the slot
     PROBE = 4
     STOP = 5
-    WAKE = 6       # a RUN is likely within WAKE_SPIN_S: look for it without sleeping (node/worker.py)
+    WAKE = 6       # a RUN is likely soon: the worker wakes for it (takes it and waits again, node/worker.py)
     # worker -> node
     READY = 16         # payload: {"inputs", "outputs", "ladder", "kind"}: ladder passed, model loaded
     START_FAILED = 17  # payload: {"error", "ladder"}; the worker exits next
@@ -56,15 +56,6 @@ class Msg(IntEnum):
     RESULT = 19        # seq, slot, value = runner time in ns; status 1: payload is the error (JSON); status 0:
                        # payload empty or <3d copy_in, compute, copy_out in s (result_payload)
     PROBE_RESULT = 20  # payload: {"observation"} or {"error"}
-
-
-WAKE_SPIN_S = 0.002
-"""How long a worker woken by WAKE looks for the next command without sleeping (s) before it sleeps in ``recv``
-again. The node sends WAKE when it wakes with a frame its primary will likely take, before it receives,
-decodes and preprocesses the frame (``node/main.py`` ``Node.run``), so the worker's wake-up from an idle CPU
-(~0.1 ms on the test machine's virtual CPUs: ``tests/bench/bench_node.py``'s worker-hop floor is two) overlaps
-that work instead of following the RUN, which comes a few tenths of a millisecond after the WAKE. At most
-4 % of one CPU at 20 Hz when no RUN follows (a frame the primary did not take)."""
 
 
 _MSG_OF = {int(m): m for m in Msg}  # a kind's member in one lookup (Msg(kind) runs the enum's Python __call__);

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import ctypes
 import dataclasses
 import json
@@ -40,6 +39,7 @@ from chestnut.backend.errors import ChestnutError, OutputLayerError
 from chestnut.backend.interface import LadderReport, ModelSpec, PrimaryRunner
 from chestnut.backend.model import TensorSpec
 from chestnut.backend.stages import StageTimes
+from chestnut.msgs.fdpass import recv_fds
 from chestnut.node.realtime import POLICIES, IdleCollector, config_realtime_process, normal_policy
 from chestnut.node.runner_loader import RunnerSpec, resolve_runner
 from chestnut.node.shm import ControlBlock, SharedSegment, SlotBuffers, SlotLayout, WorkerState
@@ -47,7 +47,6 @@ from chestnut.node.wire import (
     HEARTBEAT_PERIOD_S,
     PACKET_MAX_BYTES,
     STATUS_ERROR,
-    WAKE_SPIN_S,
     Msg,
     WorkerError,
     error_to_json,
@@ -188,22 +187,13 @@ class _WorkerLoop:
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
-    def recv(self, flags: int = 0) -> tuple[Msg, int, int, int, int, bytes, list[int]] | None:
-        """The next command (None: the node closed the socket). ``flags``: ``recv`` flags (``MSG_DONTWAIT``:
-        raises ``BlockingIOError`` when none is queued)."""
-        data, fds, _flags, _addr = socket.recv_fds(self.sock, PACKET_MAX_BYTES, 1, flags)
+    def recv(self) -> tuple[Msg, int, int, int, int, bytes, list[int]] | None:
+        """The next command, waited for (None: the node closed the socket); a descriptor it carries closes on
+        ``exec``."""
+        data, fds, _flags = recv_fds(self.sock, PACKET_MAX_BYTES, 1, socket.MSG_CMSG_CLOEXEC)
         if not data:
             return None
         return (*unpack(data), fds)
-
-    def recv_awake(self, spin_s: float = WAKE_SPIN_S) -> tuple[Msg, int, int, int, int, bytes, list[int]] | None:
-        """:meth:`recv` after a WAKE: the next command looked for without sleeping for up to ``spin_s`` (s), so
-        that a RUN which comes meanwhile finds the worker running; then asleep in :meth:`recv` as always."""
-        end = time.monotonic() + spin_s
-        while time.monotonic() < end:
-            with contextlib.suppress(BlockingIOError):
-                return self.recv(socket.MSG_DONTWAIT)
-        return self.recv()
 
     def serve(self) -> int:
         try:
@@ -231,10 +221,8 @@ class _WorkerLoop:
         collector = IdleCollector()  # the runner loaded: Python's cycle collections only between commands; its
         collector.engage()  # full collection before the realtime policy, as any heavy work (serve_realtime)
         self.serve_realtime()
-        awake = False
         while True:
-            got = self.recv_awake() if awake else self.recv()
-            awake = False
+            got = self.recv()
             if got is None:
                 log.warning("command socket closed by the node; exiting")
                 self.close_runner()
@@ -242,9 +230,8 @@ class _WorkerLoop:
             kind, _status, slot, seq, _value, payload, fds = got
             if kind is Msg.RUN:
                 self.run(seq, slot)
-            elif kind is Msg.WAKE:
-                awake = True  # a RUN follows: nothing between them
-                continue
+            elif kind is Msg.WAKE:  # woken ahead of a RUN (its CPU out of idle, its wake-up off the RUN's path):
+                continue  # nothing between them, the RUN is waited for at once
             elif kind is Msg.BUFFERS:
                 try:
                     self.map_buffers(payload, fds)

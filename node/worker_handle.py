@@ -87,6 +87,7 @@ STOP_TICK_S = 0.05      # a stop that waits calls its ``while_waiting`` this oft
 STOP_BUDGET_S = 5.0     # the process manager's stop budget (openpilot's manager gives modeld 5 s)
 DEFAULT_SLOTS = 2
 _SEQ_TYPES = (int, np.integer)  # a request's seq: any integer but a bool (a tuple: isinstance's fast form)
+_WAKE = pack(Msg.WAKE)  # packed once
 
 
 @dataclass
@@ -453,16 +454,18 @@ class WorkerHandle:
         held = self._in_flight.get(seq)
         return held[1] if held is not None else None
 
-    def wake(self) -> None:
-        """Tell the worker a RUN is coming (WAKE, ``node/wire.py`` ``WAKE_SPIN_S``): it looks for the command
-        without sleeping for a while, so its wake-up from an idle CPU overlaps the caller's work before the
-        :meth:`submit`. Nothing is sent while the worker is not ready; never raises (a worker gone is noted as by
-        any send, and the submit says it)."""
+    def wake(self) -> bool:
+        """Tell the worker a RUN is likely soon (WAKE, ``node/wire.py``): woken by it, the worker takes it and
+        waits again, so its wake-up from an idle CPU is done before the :meth:`submit` (``node/policy.py``
+        ``prewake_at``). Nothing is sent while the worker is not ready or has no free slot; returns whether it
+        was sent. Never raises (a worker gone is noted as by any send, and the submit says it)."""
         if self._ready and not self._eof and self._free_slots:
             try:
-                self._send(pack(Msg.WAKE))
+                self._send(_WAKE)
             except WorkerError:  # its socket's buffer is full: the worker is not reading; the submit says it
-                pass
+                return False
+            return not self._eof
+        return False
 
     def next_inputs(self) -> Mapping[str, np.ndarray] | None:
         """The input arrays of the slot the next :meth:`submit` fills (writable views of the shared segment the

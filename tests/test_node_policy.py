@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections import deque
 
 import numpy as np
 import pytest
@@ -523,6 +524,32 @@ def test_the_busy_wait_for_a_result_starts_just_before_the_fastest_recent_round_
     sleep, spin = busy_wait_window(0.0036, eight)  # past its start already: what is left of the window
     assert sleep == 0.0 and spin == pytest.approx(0.001 - 0.0004)
     assert busy_wait_window(0.010, eight) == (0.0, 0.0)  # past the whole window: sleep in poll at once
+
+
+def test_the_pre_frame_wake_is_one_median_frame_period_after_the_last_receipt_less_the_lead():
+    from chestnut.node.policy import PREWAKE_LEAD_S, PREWAKE_PERIODS, prewake_at
+
+    assert PREWAKE_LEAD_S == 0.001 and PREWAKE_PERIODS == 5
+    t = 7_000_000_000
+    assert prewake_at(t, [50.0] * 4) == 0  # fewer than 5 periods known (a camera just started): no pre-frame wake
+    assert prewake_at(t, [50.0] * 5) == t + 50_000_000 - 1_000_000
+    # the median of the last five: one late frame (the 80 ms) and an older period (the 10 ms) move nothing
+    assert prewake_at(t, [10.0, 49.0, 50.0, 80.0, 50.5, 49.5]) == t + 50_000_000 - 1_000_000
+    assert prewake_at(t, [33.3] * 5, lead_s=0.002) == t + 33_300_000 - 2_000_000
+    assert prewake_at(t, [2.0] * 5) == 0  # a period not over twice the lead: no idle time to wake in
+    assert prewake_at(t, [2.5] * 5) == t + 2_500_000 - 1_000_000
+    assert prewake_at(t, deque([50.0] * 20, maxlen=20)) == t + 49_000_000  # the node's own deque of periods
+
+
+def test_a_frame_gets_its_own_wake_unless_one_went_out_within_twice_the_lead():
+    from chestnut.node.policy import needs_wake
+
+    now = 5_000_000_000
+    assert needs_wake(0, now) is True  # no WAKE sent yet
+    assert needs_wake(now - 1_000_000, now) is False  # its pre-frame WAKE, a lead (1 ms) before: on time
+    assert needs_wake(now - 1_999_999, now) is False
+    assert needs_wake(now - 2_000_000, now) is True  # the frame came a lead later than it was due: a WAKE of its own
+    assert needs_wake(now - 3_000_000, now, lead_s=0.002) is False
 
 
 def test_a_busy_wait_for_the_worker_needs_two_cpus_the_node_and_its_worker_can_share():

@@ -243,21 +243,25 @@ def test_cpu_round_trip_equals_running_the_model_directly(tiny_onnx):
         view = h.poll_result(timeout_s=10, copy=False)
         assert view is not None and not view.outputs["prob"].flags.writeable
         np.testing.assert_array_equal(view.outputs["prob"], direct.run({"x": x})["prob"])
-        WorkerHandle().wake()  # a worker not started (not ready): nothing is sent, nothing raised
-        h.wake()  # a RUN is coming: the worker stays awake for it, then runs it as any other
+        assert WorkerHandle().wake() is False  # a worker not started (not ready): nothing is sent, nothing raised
+        assert h.wake() is True  # a RUN is coming: the worker wakes, then runs it as any other
         h.submit(11, {"x": x})  # looked for without sleeping (busy wait) for the whole wait
         r = h.poll_result(timeout_s=60, spin_s=60)
         assert r is not None and r.ok and r.seq == 11
         np.testing.assert_array_equal(r.outputs["prob"], direct.run({"x": x})["prob"])
-        h.wake()  # no RUN follows: the worker sleeps again after WAKE_SPIN_S and still serves
+        assert h.wake() is True  # no RUN follows: the worker waits again and still serves
         time.sleep(0.05)
         h.submit(12, {"x": x})
         r = h.poll_result(timeout_s=60)
         assert r is not None and r.ok and r.seq == 12
+        assert h.wake() is True and h.wake() is True  # two before one RUN: each taken, the RUN runs once
+        h.submit(13, {"x": x})
+        r = h.poll_result(timeout_s=60)
+        assert r is not None and r.ok and r.seq == 13
         t0 = time.monotonic()  # nothing in flight: a busy wait, then a sleep, then None at the timeout
         assert h.poll_result(timeout_s=0.05, spin_s=0.02) is None
         assert time.monotonic() - t0 >= 0.05
-        assert h.progress().runs_done == 6  # requests only: the ladder's warm-up is not one
+        assert h.progress().runs_done == 7  # requests only: the ladder's warm-up is not one
     assert_gone(procs)
     assert children() == []
 
