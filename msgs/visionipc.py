@@ -678,7 +678,7 @@ def _read_hello(conn: socket.socket, uid: int, path: str) -> tuple[dict[str, int
     named as that, "camera hello version 3, want 4", not as a count of descriptors."""
     # close-on-exec: a child of the subscriber never holds the pipe's read end (the camera would never see it gone);
     # msgs/fdpass.py: the stdlib's recv_fds drops the flag
-    msg, fds, _flags = recv_fds(conn, HELLO_MAX_BYTES, 2, socket.MSG_CMSG_CLOEXEC)
+    msg, fds, flags = recv_fds(conn, HELLO_MAX_BYTES, 2, socket.MSG_CMSG_CLOEXEC)
     try:
         if not msg and not fds:
             raise FrameBufferError(
@@ -695,6 +695,11 @@ def _read_hello(conn: socket.socket, uid: int, path: str) -> tuple[dict[str, int
             raise FrameBufferError(
                 f"frame socket {path}: camera hello version {version!r}, want {HELLO_VERSION}: the camera and this "
                 "subscriber run different chestnut versions; restart both from one install"
+            )
+        if flags & socket.MSG_CTRUNC:  # more than two: the kernel dropped the rest; a hello carries two
+            raise FrameBufferError(
+                f"frame socket {path}: the camera sent more than 2 descriptors (its ring and a notice pipe); "
+                "refused; restart the camera"
             )
         if len(fds) != 2:
             raise FrameBufferError(

@@ -460,7 +460,7 @@ class Node:
         self.result_at_ns = 0            # receipt of the worker's last result (CLOCK_MONOTONIC ns)
         self.after_output: deque[Callable[[], object]] = deque()  # _after_output's work, until the output is out
         # the node and its worker can run on two CPUs at once (their affinity): only then does the node's busy wait
-        # for a result leave the worker a CPU, and a WAKE let the worker's wake-up overlap the node's own work
+        # for a result leave the worker a CPU, and the worker's wake-up on a WAKE stay off the node's CPU
         self.cpus_apart = cpus_apart(cfg.realtime.cpus)
         self.prewake_ns = 0              # when to wake before the next frame to WAKE the worker (0: not to)
         self.worker_woken_ns = 0         # when the last WAKE went to the worker (CLOCK_MONOTONIC ns)
@@ -1838,7 +1838,7 @@ class Node:
                 nxt = self.watchdog.next_check_ns()
                 now = time.monotonic_ns()
                 timeout_ms = LOOP_PERIOD_MS if nxt is None else max(0, min(LOOP_PERIOD_MS, (nxt - now) // 1_000_000))
-                if self.prewake_ns:  # its whole milliseconds (the poll's unit): the rest in _prewake
+                if self.prewake_ns:  # its whole milliseconds (the poll's unit): up to one early
                     timeout_ms = max(0, min(timeout_ms, (self.prewake_ns - now) // 1_000_000))
                 asked_ns = now + timeout_ms * 1_000_000
                 answered = False
@@ -1847,14 +1847,14 @@ class Node:
                     break
                 received_ns = time.monotonic_ns()
                 if ready:
-                    if needs_wake(self.worker_woken_ns, received_ns):  # a frame the primary will likely take,
-                        self._wake_worker()  # no pre-frame WAKE for it: the worker's wake-up overlaps the frame's
-                        # receipt, decoding and preprocessing instead of following the RUN (Msg.WAKE)
                     for cf, valid, sent_ns in self._frames_woken(ready):
                         if self.stop_requested:
                             break
                         if not self.frame_reader.first_sight(cf):
-                            continue
+                            continue  # the bus's copy of a frame its ring notice brought: no WAKE, no answer
+                        if not answered and needs_wake(self.worker_woken_ns, time.monotonic_ns()):  # no pre-frame
+                            self._wake_worker()  # WAKE for it: the worker's wake-up overlaps the frame's
+                            # preprocessing instead of following the RUN (Msg.WAKE)
                         self.on_frame(cf, valid, sent_ns)
                         answered = True
                         if not self.stop_requested:
@@ -1875,8 +1875,8 @@ class Node:
 
     def _wakes_worker(self) -> bool:
         """Whether a frame now would likely go to the primary's worker and that worker is worth a WAKE: one runs
-        the primary, and it can run on another CPU than the node (``cpus_apart``: on one CPU the WAKE's look
-        without sleeping would only hold the node off)."""
+        the primary, and it can run on another CPU than the node (``cpus_apart``: on one CPU the node, a priority
+        above its worker, would hold the woken worker off until the RUN anyway)."""
         return self.worker is not None and self.cpus_apart and self.sup.runs_primary
 
     def _wake_worker(self) -> None:
@@ -1888,16 +1888,15 @@ class Node:
 
     def _prewake(self, now: int) -> bool:
         """The pre-frame wake (``node/policy.py`` ``prewake_at``): woken at ``now`` (CLOCK_MONOTONIC ns) with
-        no frame, within a millisecond of :attr:`prewake_ns`, the node sleeps the rest (the poll's timeout has
-        whole milliseconds) and WAKEs the worker, once per frame; the frame's receipt then sends none
-        (``needs_wake``) unless it came late. Returns whether this was that wake (the loop then goes back to
-        waiting for the frame at once: housekeeping and collections wait until the frame is answered)."""
+        no frame, within a millisecond of :attr:`prewake_ns` (the poll's timeout has whole milliseconds: up to
+        one early), the node WAKEs the worker, once per frame; the frame's receipt then sends none
+        (``needs_wake``) unless it came late. No sleep for the rest of that millisecond: a frame that came
+        meanwhile would wait for it. Returns whether this was that wake (the loop then goes back to waiting for
+        the frame at once: housekeeping and collections wait until the frame is answered)."""
         at = self.prewake_ns
         if not at or now < at - 1_000_000:
             return False
         self.prewake_ns = 0
-        if at > now:
-            time.sleep((at - now) / NS)
         self._wake_worker()
         return True
 

@@ -207,8 +207,9 @@ PREWAKE_LEAD_S = 0.001
 """How long before the next frame is due (s) the node wakes and sends its worker a WAKE (:func:`prewake_at`),
 so that neither the WAKE's send nor the two processes' wake-ups from idle fall between the frame's receipt and
 its RUN. The receipt of a frame on an idle host varies from frame to frame by a tenth to a fifth of this at
-20 Hz (the pub/sub floor's p50 to p90, ``tests/bench/bench_node.py``); a frame later than twice this after
-that WAKE (a loaded host, a camera that paused) gets one of its own on its receipt (:func:`needs_wake`)."""
+20 Hz (the pub/sub floor's p50 to p90, ``tests/bench/bench_node.py``); the WAKE goes out up to a millisecond
+earlier still (the poll's timeout has whole milliseconds), and a frame later than three times this after it
+(a loaded host, a camera that paused) gets one of its own (:func:`needs_wake`)."""
 
 PREWAKE_PERIODS = 5
 """The frame periods (the camera's start-of-frame spacing per frame id) the next frame's time is judged from:
@@ -230,9 +231,9 @@ def prewake_at(receipt_ns: int, periods_ms: Sequence[float], lead_s: float = PRE
 
 def needs_wake(woken_ns: int, now_ns: int, lead_s: float = PREWAKE_LEAD_S) -> bool:
     """Whether a frame received at ``now_ns`` needs its own WAKE for the worker: the last one went out at
-    ``woken_ns`` (0: never), over twice ``lead_s`` ago (not this frame's pre-frame WAKE, or the frame came that
-    much later than it was due)."""
-    return now_ns - woken_ns >= round(2 * lead_s * 1e9)
+    ``woken_ns`` (0: never), at least three times ``lead_s`` ago (not this frame's pre-frame WAKE, which goes out
+    between one and two leads before the frame is due, or the frame came that much later than it was due)."""
+    return now_ns - woken_ns >= round(3 * lead_s * 1e9)
 
 
 def no_result_reason(deadline_ms: float) -> str:

@@ -185,8 +185,8 @@ class IdleCollector:
       :meth:`engage` on entry, :meth:`release` on exit.
 
     Cycles are collected as they were, only later by at most one frame. Used by the node (after a turn's frames
-    are answered), its worker (after each command but a WAKE, whose RUN follows), the camera (after each frame)
-    and the control daemon (after each step). On CPython 3.14 and later, whose collector is incremental
+    are answered), its worker (after each command but a WAKE, which comes just before a RUN), the camera (after
+    each frame) and the control daemon (after each step). On CPython 3.14 and later, whose collector is incremental
     (``gc.get_count()`` and the thresholds mean other things there), it does nothing: CPython's own collector
     stays in charge. Not thread-safe: one thread (the process's loop) calls it."""
 

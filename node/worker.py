@@ -228,6 +228,9 @@ class _WorkerLoop:
                 self.close_runner()
                 return EXIT_PARENT_GONE
             kind, _status, slot, seq, _value, payload, fds = got
+            if fds and kind is not Msg.BUFFERS:  # a descriptor only BUFFERS carries: any other is not kept open
+                for fd in fds:
+                    os.close(fd)
             if kind is Msg.RUN:
                 self.run(seq, slot)
             elif kind is Msg.WAKE:  # woken ahead of a RUN (its CPU out of idle, its wake-up off the RUN's path):

@@ -18,6 +18,7 @@ def pair():
     b.close()
 
 
+@pytest.mark.timeout(10)  # the stdlib's recv_fds would block here for good
 def test_dontwait_on_an_empty_socket_raises_instead_of_blocking(pair):
     _a, b = pair
     with pytest.raises(BlockingIOError):

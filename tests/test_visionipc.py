@@ -222,14 +222,15 @@ def test_a_second_live_camera_on_the_prefix_is_refused():
         )
 
 
-def _serve_once(lst: socket.socket, fd: int, notice_fd: int | None, version: object, pipe: bool) -> None:
+def _serve_once(lst: socket.socket, fd: int, notice_fd: int | None, version: object, pipe: bool,
+                extra: bool = False) -> None:
     import json
 
     srv, _ = lst.accept()
     hello = {"version": version, "session": 5, "slots": 2, "stride": 4096, "frame_bytes": 4096 - 64, "size": 8192}
     read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_DIRECT)  # a camera's notice pipe
     try:
-        fds = [fd, read_end if notice_fd is None else notice_fd] if pipe else [fd]
+        fds = ([fd, read_end if notice_fd is None else notice_fd] if pipe else [fd]) + ([fd] if extra else [])
         socket.send_fds(srv, [json.dumps(hello).encode()], fds)
     finally:
         os.close(read_end)
@@ -237,16 +238,17 @@ def _serve_once(lst: socket.socket, fd: int, notice_fd: int | None, version: obj
     srv.close()
 
 
-def _refusal(fd: int, notice_fd: int | None = None, version: object = HELLO_VERSION, pipe: bool = True) -> str:
+def _refusal(fd: int, notice_fd: int | None = None, version: object = HELLO_VERSION, pipe: bool = True,
+             extra: bool = False) -> str:
     """What a subscriber says when a camera of ours hands over ``fd`` as its ring and ``notice_fd`` as the read end
     of its notice pipe (default: a packet-mode pipe of ours, as a camera's; ``pipe`` False: the ring alone, as a
-    camera of hello version 3 did), with ``version`` in its hello."""
+    camera of hello version 3 did; ``extra``: a third descriptor too), with ``version`` in its hello."""
     import threading
 
     lst = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     lst.bind(socket_path())
     lst.listen(1)
-    t = threading.Thread(target=_serve_once, args=(lst, fd, notice_fd, version, pipe))
+    t = threading.Thread(target=_serve_once, args=(lst, fd, notice_fd, version, pipe, extra))
     t.start()
     try:
         with pytest.raises(FrameBufferError) as e:
@@ -299,6 +301,7 @@ def test_a_camera_of_another_hello_version_is_named_by_its_version_before_its_de
         newer = _refusal(fd, version=5)  # the count is right, the version is not
         text = _refusal(fd, version="4")
         one = _refusal(fd, pipe=False)  # this version, one descriptor short: the count, in the singular
+        three = _refusal(fd, extra=True)  # one too many: the kernel drops it (MSG_CTRUNC), the hello is refused
     finally:
         os.close(fd)
     path = socket_path()
@@ -309,6 +312,8 @@ def test_a_camera_of_another_hello_version_is_named_by_its_version_before_its_de
     assert one == (
         f"frame socket {path}: the camera sent 1 descriptor, not 2 (its ring and a notice pipe); restart the camera"
     )
+    assert three == (f"frame socket {path}: the camera sent more than 2 descriptors (its ring and a notice pipe); "
+                     "refused; restart the camera")
 
 
 def test_buffer_problem_names_every_rule():
