@@ -1,8 +1,8 @@
 """Receiving descriptors over a Unix socket (``SCM_RIGHTS``, ``unix(7)``) with the receive flags honoured.
 
-CPython's ``socket.recv_fds`` ignores its ``flags`` argument (3.11 here, still in 3.13) (it calls ``recvmsg``
-without them: python/cpython issues #107898 and #128881): ``MSG_DONTWAIT`` blocks and ``MSG_CMSG_CLOEXEC``
-leaves the received descriptors inheritable by a later ``exec``. :func:`recv_fds` passes them.
+CPython's ``socket.recv_fds`` ignores its ``flags`` argument: it calls ``recvmsg`` without them (3.11 here, still
+in 3.13: python/cpython issues #107898 and #128881), so ``MSG_DONTWAIT`` blocks and ``MSG_CMSG_CLOEXEC`` leaves
+the received descriptors inheritable by a later ``exec``. :func:`recv_fds` passes them.
 """
 
 from __future__ import annotations

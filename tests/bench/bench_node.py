@@ -94,11 +94,12 @@ class Setup:
 
 
 def start(setup: Setup, cfg: Path, prefix: str, profile: Path | None = None,
-          between: Bus | None = None) -> tuple[NodeProcess, Bus]:
+          between: Bus | None = None, env: dict[str, str] | None = None) -> tuple[NodeProcess, Bus]:
+    """A bus and a node on ``prefix``; ``env``: more of the node's environment (``tests/bench/bench_timeline.py``)."""
     bus = Bus(prefix, height=setup.args.height, width=setup.args.width, between=between)
     bus.start()
     python_args = ("-m", "cProfile", "-o", str(profile)) if profile is not None else ()
-    node = NodeProcess(cfg, prefix, setup.tmp / f"{prefix}.log", python_args=python_args).start()
+    node = NodeProcess(cfg, prefix, setup.tmp / f"{prefix}.log", env=env, python_args=python_args).start()
     return node, bus
 
 

@@ -1,10 +1,11 @@
 """Benchmark: where one frame's time goes, step by step, across the camera, the node and its primary worker.
 
-A node (``chestnut run`` as a child process, the tiny test model, ``dock.kind = "cpu"``, warm standby: the
-primary in a host-CPU worker) answers ``--frames`` frames at 20 Hz from a bus in this process
-(``tests/nodeharness.py``). The node and its worker carry time stamps (CLOCK_MONOTONIC, one list append each,
-no profiler): an interpreter start-up hook (``sitecustomize``, written into this run's temporary directory and
-put on the node's ``PYTHONPATH`` only; the worker inherits it) wraps a few functions at their entry or exit:
+A node (``chestnut run`` as a child process, started as ``bench_node.py`` starts its rows: the tiny test model,
+``dock.kind = "cpu"``, warm standby: the primary in a host-CPU worker) answers ``--frames`` frames at 20 Hz from a
+bus in this process (``tests/nodeharness.py``). The node and its worker carry time stamps (CLOCK_MONOTONIC, one
+list append each, no profiler): an interpreter start-up hook (``sitecustomize``, written into this run's temporary
+directory and put on the node's ``PYTHONPATH`` only; the worker inherits it) wraps a few functions at their entry
+or exit:
 
 - node: the main loop's poll returning with something ready; each command sent to the worker (WAKE or RUN,
   by the packet's kind byte, ``node/wire.py``); each worker message taken in (``WorkerHandle._dispatch``);
@@ -29,8 +30,6 @@ import argparse
 import bisect
 import json
 import os
-import shutil
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -39,10 +38,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nodeharness import Bus, NodeProcess, record_fingerprint, write_node_config  # noqa: E402
-from tinymodel import make_tiny_onnx  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chestnut.msgs.paths import runtime_dir  # noqa: E402
+from bench_node import Setup, start, stop  # noqa: E402
+
 from chestnut.node.wire import Msg  # noqa: E402
 
 # The start-up hook, written as sitecustomize.py into a directory on the node's PYTHONPATH. It acts only with
@@ -155,16 +154,11 @@ def main() -> int:
         hook.mkdir()
         out.mkdir()
         (hook / "sitecustomize.py").write_text(HOOK)
-        model = make_tiny_onnx(tmp / "tiny.onnx", 32, 64)
-        cfg = write_node_config(tmp / "node.toml", model, fingerprint=record_fingerprint(model, tmp / "fp.json"),
-                                dock="cpu", standby="warm", shape=(1, 3, 32, 64), preprocess="unit",
-                                ranges={"prob": (0.0, 1.0)})
-        prefix = f"bench-timeline-{os.getpid()}"
+        setup = Setup(argparse.Namespace(model=None, height=32, width=64, preprocess="unit"), tmp)
+        prefix = setup.prefix("timeline")
         pythonpath = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH", "")]))
-        bus = Bus(prefix, 32, 64)
-        bus.start()
-        node = NodeProcess(cfg, prefix, tmp / "node.log",
-                           env={"PYTHONPATH": pythonpath, "CHESTNUT_TIMELINE_OUT": str(out)}).start()
+        node, bus = start(setup, setup.config("cpu", "warm"), prefix,
+                          env={"PYTHONPATH": pythonpath, "CHESTNUT_TIMELINE_OUT": str(out)})
         try:
             bus.wait_for(lambda r: len(r.outputs) >= 40 and all(o.source == "primary" for o in r.outputs[-10:]),
                          90.0, "the primary serving")
@@ -172,10 +166,7 @@ def main() -> int:
             rec = bus.wait_for(lambda r: r if len(r.outputs) >= skip + args.frames else None,
                                args.frames / 20 * 3 + 30, f"{args.frames} frames")
         finally:
-            node.stop(signal.SIGTERM)
-            node.kill()
-            bus.close()
-            shutil.rmtree(runtime_dir(prefix), ignore_errors=True)
+            stop(node, bus)
         events = sorted((tuple(e) for f in out.glob("*.json") for e in json.loads(f.read_text())),
                         key=lambda e: e[1])
     steps: dict[str, list[float]] = {label: [] for label, _, _ in STEPS}
