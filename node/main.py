@@ -120,6 +120,7 @@ from chestnut.node.output_template import STEADY_FRAMES, OutputTemplate
 from chestnut.node.policy import (
     BUSY_WAIT_SAMPLES,
     HOST_LATE,
+    WARM_MAX_BYTES,
     Answer,
     Candidate,
     FrameClock,
@@ -157,6 +158,7 @@ from chestnut.node.policy import (
     start_failure,
     start_timed_out,
     timed_out_start_failure,
+    warm_window,
     with_frame_clock,
     with_input_validity,
 )
@@ -1132,7 +1134,8 @@ class Node:
             fallback = self._run_fallback(inputs)
         outcome = PrimaryOutcome(None, False, why)
         if submitted and w is not None:
-            outcome = self._await_primary(w, seq, clock.base_ns + int(deadline_ms * 1e6), deadline_ms)
+            outcome = self._await_primary(w, seq, clock.base_ns + int(deadline_ms * 1e6), deadline_ms,
+                                          agreement_reference(fallback) is not None)
         res = outcome.result
         primary: Candidate | None = None
         report: ValidityReport | None = None
@@ -1348,11 +1351,13 @@ class Node:
             log.warning("deadline miss while the host was late, not counted against the dock: %s (%d so far)",
                         reason, self.host_misses)
 
-    def _await_primary(self, w: WorkerHandle, frame_id: int, deadline_ns: int, deadline_ms: float) -> PrimaryOutcome:
+    def _await_primary(self, w: WorkerHandle, frame_id: int, deadline_ns: int, deadline_ms: float,
+                       compared: bool = False) -> PrimaryOutcome:
         """Wait for frame ``frame_id``'s result until its deadline (``deadline_ns``, CLOCK_MONOTONIC; the
-        deadline in force ``deadline_ms`` after the frame's base)."""
+        deadline in force ``deadline_ms`` after the frame's base). ``compared``: the result will be compared with
+        the fallback's output (hot standby), which the warm-up before the busy wait then warms too."""
         sent_s = w.submitted_at(frame_id)
-        sleep_s, spin_s = (busy_wait_window(time.monotonic() - sent_s, self.roundtrips)
+        sleep_s, spin_s = (warm_window(*busy_wait_window(time.monotonic() - sent_s, self.roundtrips))
                            if self.cpus_apart and sent_s is not None else (0.0, 0.0))
         while True:
             if not self._is_current(w) or self.draining:  # failed over on the way: the fallback answers now
@@ -1363,6 +1368,7 @@ class Node:
                 if spin_s and now + int((sleep_s + spin_s) * NS) < deadline_ns:
                     res = self._sleep_before_busy_wait(w, sleep_s)
                     if res is None:
+                        self._warm_result_path(compared)
                         res = w.poll_result(timeout_s=max(0.0, (deadline_ns - time.monotonic_ns()) / NS), spin_s=spin_s)
                     spin_s = 0.0  # once per frame
                 else:
@@ -1417,6 +1423,20 @@ class Node:
             log.error("frame %d: the watchdog's response disagrees with its in-time look (%s)", res.seq,
                       "; ".join(a.reason for a in verdict.actions) or "result not usable")
         self._observe_latency(res, verdict.elapsed_ns, host)
+
+    def _warm_result_path(self, compared: bool) -> None:
+        """The result's path run once, before the result comes (``node/policy.py`` ``WARM_LEAD_S``): the output
+        checks on the last checked output (``StaleDetector.last_output``; without the stale check, which keeps
+        state, and against itself as the reference when ``compared``) and the primary's template filled with it,
+        their results dropped. Pure: nothing here changes what any frame is answered with. Skipped with no
+        output checked yet for this worker, or one over :data:`~chestnut.node.policy.WARM_MAX_BYTES`."""
+        held = self.stale.last_output
+        if not held or sum(a.nbytes for a in held.values()) > WARM_MAX_BYTES:
+            return
+        check_outputs(held, self.contracts, reference=held if compared else None, reference_checked=True)
+        tpl = self.output_template
+        if tpl is not None and tpl.matches(held):
+            tpl.warm(held)
 
     @staticmethod
     def _sleep_before_busy_wait(w: WorkerHandle, sleep_s: float) -> WorkerResult | None:
@@ -1834,44 +1854,53 @@ class Node:
             else:
                 log.info("ready: answering %s from the fallback while the primary qualifies",
                          self.cfg.timing.frame_service)
-            while not self.stop_requested:
-                nxt = self.watchdog.next_check_ns()
-                now = time.monotonic_ns()
-                timeout_ms = LOOP_PERIOD_MS if nxt is None else max(0, min(LOOP_PERIOD_MS, (nxt - now) // 1_000_000))
-                if self.prewake_ns:  # its whole milliseconds (the poll's unit): up to one early
-                    timeout_ms = max(0, min(timeout_ms, (self.prewake_ns - now) // 1_000_000))
-                asked_ns = now + timeout_ms * 1_000_000
-                answered = False
-                ready = dict(self.poller.poll(timeout_ms))
-                if self.stop_requested:  # a signal during the poll: nothing more of this turn, close() stops
-                    break
-                received_ns = time.monotonic_ns()
-                if ready:
-                    for cf, valid, sent_ns in self._frames_woken(ready):
-                        if self.stop_requested:
-                            break
-                        if not self.frame_reader.first_sight(cf):
-                            continue  # the bus's copy of a frame its ring notice brought: no WAKE, no answer
-                        if not answered and needs_wake(self.worker_woken_ns, time.monotonic_ns()):  # no pre-frame
-                            self._wake_worker()  # WAKE for it: the worker's wake-up overlaps the frame's
-                            # preprocessing instead of following the RUN (Msg.WAKE)
-                        self.on_frame(cf, valid, sent_ns)
-                        answered = True
-                        if not self.stop_requested:
-                            self._housekeeping()  # between two queued frames too: results, the watchdog, health
-                else:
-                    self.host.loop_woke(asked_ns, received_ns)
-                    if self._prewake(received_ns):  # the next frame is due: the WAKE alone, nothing to delay it
-                        continue
-                if not answered and not self.stop_requested:  # a turn that answered a frame has just done it
-                    self._housekeeping()
-                self.notify.watchdog()
-                self.collector.collect_due()  # the frames of this turn are answered; the next one is not here yet
-                if answered:  # the next frame's pre-frame wake, from this turn's receipt
-                    self.prewake_ns = prewake_at(received_ns, self.frame_periods) if self._wakes_worker() else 0
+            while not self.stop_requested and self._turn():
+                pass
         finally:
             self.close()
         return self.exit_code
+
+    def _turn(self) -> bool:
+        """One turn of the main loop: wait for a frame (at most :data:`LOOP_PERIOD_MS`, until the watchdog's next
+        check or the pre-frame wake, whichever is first), then answer the frames that came, or, with none, send
+        the pre-frame wake when due and nothing else, else do the housekeeping; then the service manager's
+        watchdog notice, a due cycle collection and the next pre-frame wake. False when a stop was asked during
+        the wait (the loop ends: :meth:`close` stops)."""
+        nxt = self.watchdog.next_check_ns()
+        now = time.monotonic_ns()
+        timeout_ms = LOOP_PERIOD_MS if nxt is None else max(0, min(LOOP_PERIOD_MS, (nxt - now) // 1_000_000))
+        if self.prewake_ns:  # its whole milliseconds (the poll's unit): up to one early
+            timeout_ms = max(0, min(timeout_ms, (self.prewake_ns - now) // 1_000_000))
+        asked_ns = now + timeout_ms * 1_000_000
+        answered = False
+        ready = dict(self.poller.poll(timeout_ms))
+        if self.stop_requested:  # a signal during the poll: nothing more of this turn, close() stops
+            return False
+        received_ns = time.monotonic_ns()
+        if ready:
+            for cf, valid, sent_ns in self._frames_woken(ready):
+                if self.stop_requested:
+                    break
+                if not self.frame_reader.first_sight(cf):
+                    continue  # the bus's copy of a frame its ring notice brought: no WAKE, no answer
+                if not answered and needs_wake(self.worker_woken_ns, time.monotonic_ns()):  # no pre-frame
+                    self._wake_worker()  # WAKE for it: the worker's wake-up overlaps the frame's
+                    # preprocessing instead of following the RUN (Msg.WAKE)
+                self.on_frame(cf, valid, sent_ns)
+                answered = True
+                if not self.stop_requested:
+                    self._housekeeping()  # between two queued frames too: results, the watchdog, health
+        else:
+            self.host.loop_woke(asked_ns, received_ns)
+            if self._prewake(received_ns):  # the next frame is due: the WAKE alone, nothing to delay it
+                return True
+        if not answered and not self.stop_requested:  # a turn that answered a frame has just done it
+            self._housekeeping()
+        self.notify.watchdog()
+        self.collector.collect_due()  # the frames of this turn are answered; the next one is not here yet
+        if answered:  # the next frame's pre-frame wake, from this turn's receipt
+            self.prewake_ns = prewake_at(received_ns, self.frame_periods) if self._wakes_worker() else 0
+        return True
 
     def _wakes_worker(self) -> bool:
         """Whether a frame now would likely go to the primary's worker and that worker is worth a WAKE: one runs

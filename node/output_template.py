@@ -31,6 +31,9 @@ SCALARS = (("logMonoTime", "u64"), ("frameId", "u32"), ("executionTime", "f32"),
 """The fields a frame sets, in :meth:`OutputTemplate.fill`'s order (``logMonoTime`` is the ``Event``'s,
 the rest ``ModelOutput``'s, ``msgs/log.capnp``); each tensor's ``data`` follows."""
 
+ZERO_SCALARS = tuple(False if kind == "bool" else 0.0 if kind == "f32" else 0 for _, kind in SCALARS)
+"""Every :data:`SCALARS` field at its zero (0, 0.0, False)."""
+
 
 TEMPLATE_MAX_BYTES = 256 * 1024
 """The most output bytes (all tensors together) a template is made for: making one builds the message ~20 times
@@ -97,6 +100,11 @@ class OutputTemplate:
             if name != want or arr.shape != shape or arr.dtype != dtype:
                 return False
         return True
+
+    def warm(self, outputs: Mapping[str, np.ndarray]) -> None:
+        """:meth:`fill` once at zero values with ``outputs`` (:meth:`matches` true), the bytes dropped: the caches
+        the next fill will find warm (``node/policy.py`` ``WARM_LEAD_S``). Raises what :meth:`fill` raises."""
+        self.fill(ZERO_SCALARS, outputs)
 
     def fill(self, scalars: Sequence[Any], outputs: Mapping[str, np.ndarray]) -> bytearray:
         """The serialised ``Event``: ``scalars`` in :data:`SCALARS` order (ns, ids, s, %, bools), ``outputs``

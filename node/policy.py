@@ -181,8 +181,9 @@ about this much at their fastest (the tiny model on the host-CPU runner: 3.4 ms 
 of the fastest few, ``tests/bench/bench_node.py``)."""
 
 BUSY_WAIT_MAX_S = 0.001
-"""The longest busy wait for one result (s): 2 % of one CPU at 20 Hz at most; a result that has not come by
-then is slept for (``poll``) as any other."""
+"""The longest busy wait for one result (s): 2 % of one CPU at 20 Hz at most (with :func:`warm_window`'s lead
+and its warm-up, up to 1.2 ms and one pass of the result's path: 2.4 % plus that pass); a result that has not
+come by then is slept for (``poll``) as any other."""
 
 BUSY_WAIT_SAMPLES = 8
 """The round trips the window is judged from: the last this many successful ones of the current worker."""
@@ -201,6 +202,27 @@ def busy_wait_window(since_submit_s: float, roundtrips_s: Sequence[float]) -> tu
         return 0.0, 0.0
     start = min(roundtrips_s) - BUSY_WAIT_LEAD_S - since_submit_s
     return max(0.0, start), max(0.0, BUSY_WAIT_MAX_S + min(0.0, start))
+
+
+WARM_LEAD_S = 0.0002
+"""How much of the sleep before the busy wait goes to warming the result's path instead (s): the node runs its
+output checks and the answer's template once on the last checked output, then busy-waits the rest. Longer than
+that warm-up takes on cold caches (the tiny model's: 50-150 us, ``tests/bench/bench_timeline.py``), so it is
+done before the result comes (docs/architecture.md, "The result's path warmed before the result")."""
+
+WARM_MAX_BYTES = 256 * 1024
+"""The largest output (bytes, all tensors together) whose path is warmed: a larger one's checks cost more than
+cold caches add to them (their reductions stream the tensors), so it would only double them."""
+
+
+def warm_window(sleep_s: float, spin_s: float) -> tuple[float, float]:
+    """:func:`busy_wait_window`'s (sleep, busy-wait) with the warm-up between them: the sleep shortened by
+    :data:`WARM_LEAD_S` (at most all of it), the busy wait lengthened as much, so the window ends where it did.
+    (0, 0) stays (0, 0): no busy wait, no warm-up."""
+    if not spin_s:
+        return sleep_s, spin_s
+    lead = min(sleep_s, WARM_LEAD_S)
+    return sleep_s - lead, spin_s + lead
 
 
 PREWAKE_LEAD_S = 0.001

@@ -290,6 +290,11 @@ class StaleDetector:
         return CheckResult(Check.STALE, "", False,
                            f"output identical to the previous frame's while the input changed ({self.run} in a row)")
 
+    @property
+    def last_output(self) -> Mapping[str, np.ndarray] | None:
+        """The last checked frame's outputs (the detector's own copies: read them, never write them), or None."""
+        return self._prev_output.arrays
+
     def check(self, inputs: Tensors, outputs: Tensors) -> CheckResult:
         """:meth:`see_input` then :meth:`check_output`, for a frame whose inputs and outputs are both in hand."""
         self.see_input(inputs)

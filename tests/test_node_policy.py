@@ -526,6 +526,19 @@ def test_the_busy_wait_for_a_result_starts_just_before_the_fastest_recent_round_
     assert busy_wait_window(0.010, eight) == (0.0, 0.0)  # past the whole window: sleep in poll at once
 
 
+def test_the_warm_up_takes_its_lead_from_the_sleep_and_the_window_ends_where_it_did():
+    from chestnut.node.policy import WARM_LEAD_S, warm_window
+
+    assert WARM_LEAD_S == 0.0002
+    sleep, spin = warm_window(0.0027, 0.001)
+    assert sleep == pytest.approx(0.0025) and spin == pytest.approx(0.0012)
+    sleep, spin = warm_window(0.0001, 0.001)  # less sleep than the lead: all of it
+    assert sleep == 0.0 and spin == pytest.approx(0.0011)
+    assert warm_window(0.0, 0.0006) == (0.0, 0.0006)  # past the window's start: nothing to take
+    assert warm_window(0.0, 0.0) == (0.0, 0.0)  # no busy wait (fewer than 8 round trips, past it): no warm-up
+    assert warm_window(0.003, 0.0) == (0.003, 0.0)
+
+
 def test_the_pre_frame_wake_is_one_median_frame_period_after_the_last_receipt_less_the_lead():
     from chestnut.node.policy import PREWAKE_LEAD_S, PREWAKE_PERIODS, prewake_at
 

@@ -18,6 +18,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -335,6 +336,25 @@ def test_results_pair_up_with_their_sequence_numbers_and_a_late_result_stays_its
     worker.submit(12, frame(1.0))
     r = worker.poll_result(timeout_s=5)
     assert r is not None and r.seq == 12 and r.outputs["y"].tolist() == [4.0, 4.0, 4.0]
+
+
+def test_a_descriptor_on_any_command_but_buffers_is_closed_by_the_worker(worker):
+    """Only BUFFERS hands the worker descriptors it keeps (the slots' memfds); one riding on a WAKE is closed
+    at once. Seen from here: a pipe whose only other write end went to the worker reads EOF."""
+    r, w = os.pipe()
+    try:
+        socket.send_fds(worker._sock, [pack(Msg.WAKE)], [w])  # the handle's own socket, as the node's WAKE goes
+        os.close(w)
+        w = -1
+        ready, _, _ = select.select([r], [], [], 30)  # returns on EOF: the worker closed its copy
+        assert ready == [r] and os.read(r, 1) == b""
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+    worker.submit(1, frame(1.0))  # and it still serves
+    got = worker.poll_result(timeout_s=5)
+    assert got is not None and got.seq == 1 and got.outputs["y"].tolist() == [4.0, 4.0, 4.0]
 
 
 def test_an_input_written_into_the_next_slot_is_sent_without_a_second_copy(worker, monkeypatch):
