@@ -520,9 +520,12 @@ def run(args: argparse.Namespace) -> int:
             ("road_image", road_image_path),
         ):
             try:
-                print(f"{name}: {fn()}")
+                path = fn()
             except ModelError as e:
                 print(f"{name}: {e}")
+                continue
+            missing = name == "model" and not path.exists()
+            print(f"{name}: {path}" + (" (not prepared: `chestnut model prepare` makes it)" if missing else ""))
         return 0
     try:
         shape = parse_shape(args.shape)

@@ -275,3 +275,11 @@ def test_a_sample_read_that_fails_is_one_warning_line_and_a_random_input(monkeyp
     assert [r.getMessage() for r in caplog.records] == [
         "no real frame for the agreement check ([Errno 22] Invalid argument); using a fixed random input"
     ]
+
+
+def test_paths_says_where_the_model_goes_and_that_it_is_not_prepared_yet(tmp_path):
+    env = {**os.environ, "CHESTNUT_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([CHESTNUT, "model", "paths"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0
+    where = tmp_path / "cache" / "models" / "ppocr_det_128x256.onnx"
+    assert r.stdout.splitlines()[0] == f"model: {where} (not prepared: `chestnut model prepare` makes it)"

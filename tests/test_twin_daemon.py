@@ -442,6 +442,17 @@ def test_sigterm_stops_the_daemon_and_a_second_daemon_refuses_the_socket():
 
 
 # ---------------------------------------------------------------------- the command line
+def test_a_bad_fault_value_is_named_before_any_daemon_is_asked():
+    prefix = f"nodaemon{os.getpid()}"  # no twin serves here
+    bad = cli("fault", "timeout", "--probability", "2", prefix=prefix)
+    assert (bad.returncode, bad.stderr) == (2, "chestnut twin fault: rejected: probability 2.0 is not in [0, 1]\n")
+    nan = cli("fault", "gpu_hang", "--for", "nan", prefix=prefix)
+    assert (nan.returncode, nan.stderr) == (2, "chestnut twin fault: rejected: for_s (--for) = nan is not a duration "
+                                               "in seconds; give e.g. for_s=10\n")
+    good = cli("fault", "gpu_hang", prefix=prefix)  # a good one: the missing daemon is what is said
+    assert good.returncode == 1 and good.stderr.startswith("no twin daemon at ")
+
+
 def test_cli_injects_lists_and_clears_faults_and_moves_the_dock(twin):
     r = cli("fault", "timeout", "--repeat", "--on", "0xE4", "--phase", "serving")
     assert r.returncode == 0 and r.stdout.startswith("fault 1: timeout -- the device NAKs")

@@ -26,7 +26,7 @@ from typing import Any
 
 from chestnut.backend.sim.compute import DEFAULT_BRIDGE_PRIORITY, MAX_PRIORITY
 from chestnut.backend.sim.compute import DEFAULT_PRIORITY as DEFAULT_COMPUTE_PRIORITY
-from chestnut.backend.sim.faults import KINDS, MAX_AFTER, TLP_STATUSES, Phase
+from chestnut.backend.sim.faults import KINDS, MAX_AFTER, TLP_STATUSES, FaultSpec, Phase
 from chestnut.msgs.argtypes import (
     MAX_DOCK_LATENCY_US,
     MAX_LINK_MBPS,
@@ -191,12 +191,19 @@ def run(args: argparse.Namespace) -> int:
 
     from chestnut.backend.sim.client import TwinClient, TwinNotRunning, TwinSocketRefused
 
+    spec: FaultSpec | None = None
+    if cmd == "fault":  # checked before the daemon is asked, as `chestnut launch --fault` does: named either way
+        try:
+            spec = FaultSpec(args.kind, repeat=args.repeat, probability=args.probability, for_s=args.for_s,
+                             phase=args.phase, after=args.after, on=args.on, status=args.status,
+                             delay_ms=args.delay_ms, off_s=args.off_s, nbytes=args.nbytes, seed=args.seed).validate()
+        except ValueError as e:
+            print(f"chestnut twin fault: rejected: {e}", file=sys.stderr)
+            return 2
     try:
         with TwinClient(prefix) as client:
-            if cmd == "fault":
-                entry = client.fault(args.kind, repeat=args.repeat, probability=args.probability, for_s=args.for_s,
-                                     phase=args.phase, after=args.after, on=args.on, status=args.status,
-                                     delay_ms=args.delay_ms, off_s=args.off_s, nbytes=args.nbytes, seed=args.seed)
+            if spec is not None:
+                entry = client.inject(spec)
                 print(f"fault {entry['id']}: {entry['kind']} -- {entry['symptom']}")
             elif cmd == "clear":
                 n = client.clear(args.id)

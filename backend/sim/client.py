@@ -62,6 +62,11 @@ transfer's own timeout. The daemon answers those in tens of microseconds (``test
 control round trip p50 18-72 us), so a second only passes when it hangs."""
 
 
+_HUNG_OR_FULL = "hung, or already serving the most clients it takes at once: its log says which"
+"""What a daemon that does not answer in time may be: hung, or full (``backend/sim/daemon.py``
+``MAX_CONNECTIONS``: a new client waits, its request unread, until one closes)."""
+
+
 class TwinNotRunning(ConnectionError):
     """No twin daemon answers at the socket (or it went away)."""
 
@@ -255,7 +260,7 @@ class TwinClient:
             except TimeoutError:  # the request is on the wire in part: the stream cannot be resumed
                 self._gone()
                 raise _failure(admin, LIBUSB_ERROR_TIMEOUT, f"the twin daemon at {self.path} took no request within "
-                               f"{bound_s:g} s (hung?); connection closed") from None
+                               f"{bound_s:g} s ({_HUNG_OR_FULL}); connection closed") from None
             except OSError:
                 self._gone()
                 raise self._went_away(admin) from None
@@ -274,7 +279,8 @@ class TwinClient:
                 self._recv_body(s, memoryview(body), deadline)
             except TimeoutError:
                 raise _failure(admin, LIBUSB_ERROR_TIMEOUT,
-                               f"the twin daemon at {self.path} did not answer within {bound_s:g} s (hung?)") from None
+                               f"the twin daemon at {self.path} did not answer within {bound_s:g} s "
+                               f"({_HUNG_OR_FULL})") from None
             except OSError:
                 self._gone()
                 raise self._went_away(admin) from None
