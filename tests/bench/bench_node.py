@@ -303,6 +303,7 @@ PARTS = (
     ("  wait for the primary", "node/main.py", "_await_primary"),
     ("  fallback run (model)", "fallback/standby.py", "run"),
     ("  output checks (check_outputs)", "node/validity.py", "check_outputs"),
+    ("  warm-up before the result, off the path", "node/main.py", "_warm_result_path"),
     ("  health + supervisor (apply)", "node/health.py", "apply"),
     ("  publish modelOutput", "node/main.py", "_publish_output"),
     ("  publish chestnutActive", "node/main.py", "_publish_active"),
@@ -318,9 +319,11 @@ def by_part(profile: Path) -> list[tuple[str, float, int]]:
     frames = sum(v[1] for (f, _, fn), v in stats.items() if f.endswith("node/main.py") and fn == "on_frame") or 1
     out = []
     for label, path, name in PARTS:
-        hits = [(v[3], v[1]) for (f, _, fn), v in stats.items() if f.endswith(path) and fn == name]
-        cum = sum(h[0] for h in hits)
-        out.append((label, cum / frames * 1e6, sum(h[1] for h in hits)))
+        hits = [(v[3], v[1], v[4]) for (f, _, fn), v in stats.items() if f.endswith(path) and fn == name]
+        # a part's calls from the warm-up (node/main.py _warm_result_path) are the warm-up's row, not the part's
+        warm = [c for h in hits for (_, _, caller), c in h[2].items() if caller == "_warm_result_path"]
+        cum = sum(h[0] for h in hits) - sum(c[3] for c in warm)
+        out.append((label, cum / frames * 1e6, sum(h[1] for h in hits) - sum(c[1] for c in warm)))
     return out
 
 
